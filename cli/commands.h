@@ -1,0 +1,16 @@
+/* The subcommand table. Add one line per command; the function
+ * int shoal_cmd_NAME(int argc, char **argv) is defined in its module
+ * (argv[0] is the command name). */
+#ifndef SHOAL_COMMANDS_H
+#define SHOAL_COMMANDS_H
+
+#include "cli/version.h"
+
+#define SHOAL_COMMANDS(X)                                                   \
+    X(version, "print the version and the kernel ISA")
+
+#define SHOAL_CMD_DECL(name, help) int shoal_cmd_##name(int argc, char **argv);
+SHOAL_COMMANDS(SHOAL_CMD_DECL)
+#undef SHOAL_CMD_DECL
+
+#endif

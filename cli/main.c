@@ -1,0 +1,50 @@
+/* shoal: one executable, subcommands dispatched from this table. Each
+ * subcommand lives in its module (coordinator/ or worker/) as
+ * int shoal_cmd_<name>(int argc, char **argv) and returns an exit code:
+ * 0 ok, 2 usage error, 3 invalid model or config, 4 run failed part-way. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "common/log.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+#define SHOAL_CMD(name, help) {#name, shoal_cmd_##name, help},
+    SHOAL_COMMANDS(SHOAL_CMD)
+#undef SHOAL_CMD
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: shoal COMMAND [ARGS...]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\nRun 'shoal COMMAND --help' for a command's options.\n"
+               "\nexit codes:\n"
+               "  0  ok\n"
+               "  2  usage error\n"
+               "  3  invalid model or config\n"
+               "  4  the run failed part-way (the reason is printed)\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "shoal: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,4 @@
+#ifndef SHOAL_VERSION_H
+#define SHOAL_VERSION_H
+#define SHOAL_VERSION "0.1.0"
+#endif

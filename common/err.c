@@ -1,0 +1,93 @@
+#include "common/err.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *shoal_err_name(int code)
+{
+    switch (code) {
+#define SHOAL_ERR_NAME(name, val, msg)                                      \
+    case -(val):                                                            \
+        return "E_" #name;
+        SHOAL_ERRNO_MAP(SHOAL_ERR_NAME)
+#undef SHOAL_ERR_NAME
+    default:
+        break;
+    }
+    if (code == 0)
+        return "OK";
+    return code < 0 ? strerrorname_np(-code) ? strerrorname_np(-code) : "E?" : "E?";
+}
+
+const char *shoal_strerror(int code)
+{
+    switch (code) {
+#define SHOAL_ERR_MSG(name, val, msg)                                       \
+    case -(val):                                                            \
+        return msg;
+        SHOAL_ERRNO_MAP(SHOAL_ERR_MSG)
+#undef SHOAL_ERR_MSG
+    default:
+        break;
+    }
+    if (code == 0)
+        return "success";
+    return code < 0 ? strerror(-code) : "unknown error";
+}
+
+int shoal_err_set(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+void shoal__panic(const char *file, int line, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "shoal: fatal at %s:%d: ", file, line);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    abort();
+}
+
+void *shoal_xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        SHOAL_PANIC("out of memory allocating %zu bytes", n);
+    return p;
+}
+
+void *shoal_xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p)
+        SHOAL_PANIC("out of memory allocating %zu x %zu bytes", n, size);
+    return p;
+}
+
+void *shoal_xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q)
+        SHOAL_PANIC("out of memory reallocating %zu bytes", n);
+    return q;
+}
+
+char *shoal_xstrdup(const char *s)
+{
+    char *p = strdup(s);
+    if (!p)
+        SHOAL_PANIC("out of memory duplicating a string");
+    return p;
+}

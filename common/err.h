@@ -1,0 +1,56 @@
+/* Error codes for the whole tree: one X-macro table generates the enum, the
+ * names and the messages. Fallible functions return 0 or a negative code from
+ * this table, or -errno for system errors. Every module that reports detail
+ * writes a message into a caller-provided (char *err, size_t errlen) buffer. */
+#ifndef SHOAL_ERR_H
+#define SHOAL_ERR_H
+
+#include <stddef.h>
+
+#define SHOAL_ERRNO_MAP(X)                                                   \
+    X(INVAL, 1000, "invalid argument")                                       \
+    X(FORMAT, 1001, "malformed input")                                       \
+    X(RANGE, 1002, "value out of range")                                     \
+    X(NOTFOUND, 1003, "not found")                                           \
+    X(MODEL, 1004, "invalid model")                                          \
+    X(CONFIG, 1005, "invalid configuration")                                 \
+    X(NOMEM, 1006, "out of memory")                                          \
+    X(IO, 1007, "input/output error")                                        \
+    X(PROTO, 1008, "protocol violation")                                     \
+    X(VERSION, 1009, "version mismatch")                                     \
+    X(FINGERPRINT, 1010, "model fingerprint mismatch")                       \
+    X(TIMEOUT, 1011, "deadline exceeded")                                    \
+    X(PEER, 1012, "peer failed")                                             \
+    X(UNSUPPORTED, 1013, "unsupported")                                      \
+    X(BUSY, 1014, "resource busy")                                           \
+    X(CANCELED, 1015, "canceled")                                            \
+    X(INTERNAL, 1016, "internal error")
+
+typedef enum {
+#define SHOAL_ERR_ENUM(name, val, msg) SHOAL_E##name = -(val),
+    SHOAL_ERRNO_MAP(SHOAL_ERR_ENUM)
+#undef SHOAL_ERR_ENUM
+} shoal_errcode;
+
+/* Short name ("E_FORMAT", "ENOENT") and message for any code (table or -errno). */
+const char *shoal_err_name(int code);
+const char *shoal_strerror(int code);
+
+/* snprintf into err (if non-NULL) and return code; for one-line error returns:
+ *   return shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: header too long", path); */
+int shoal_err_set(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Abort with file:line on a broken invariant or out-of-memory (never on input). */
+#define SHOAL_PANIC(...) shoal__panic(__FILE__, __LINE__, __VA_ARGS__)
+void shoal__panic(const char *file, int line, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 3, 4)));
+
+/* malloc/calloc/realloc that panic on OOM, and count allocations for the
+ * decode-loop guard (shoal_alloc_guard: a debug build aborts when it is armed). */
+void *shoal_xmalloc(size_t n);
+void *shoal_xcalloc(size_t n, size_t size);
+void *shoal_xrealloc(void *p, size_t n);
+char *shoal_xstrdup(const char *s);
+
+#endif

@@ -1,0 +1,117 @@
+/* kernels: every hot loop of shoal and the only intrinsics in the tree.
+ * Callers: the coordinator's model forward and the worker's expert execution.
+ *
+ * Contracts (enforced by tests/unit/test_kernels.c, FP contract in kernels/README.md):
+ * - Outputs first, then inputs, then sizes. Matrices are row-major exactly as
+ *   stored in the checkpoint: W[rows, cols], y = W x ("x @ W^T").
+ * - Kernels never allocate and never log; scratch is passed in by the caller.
+ * - Determinism: every GEMM/GEMV output element y[t][r] depends only on row r
+ *   of W and on x[t]; it is bit-identical for any T, any batch composition, any
+ *   OpenMP thread count, and for every ISA variant (the scalar version defines
+ *   the summation order; SIMD variants reproduce it). Batched prefill therefore
+ *   equals token-by-token decode bit for bit, and an expert computed on any
+ *   worker equals the in-process one.
+ * - Parallelism is over output rows (or heads) only, never inside a dot product.
+ * - Widths passed to the matrix kernels are multiples of 32 (every K3 width is).
+ */
+#ifndef SHOAL_KERNELS_H
+#define SHOAL_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { SHOAL_ISA_SCALAR = 0, SHOAL_ISA_AVX2 = 1, SHOAL_ISA_AVX512 = 2 } shoal_isa;
+
+/* Pick the best variant the CPU supports (CPUID), unless SHOAL_ISA=scalar|avx2|avx512
+ * overrides it (refused with SHOAL_EUNSUPPORTED if the CPU lacks it). Idempotent;
+ * the caller logs shoal_isa_name(shoal_kernels_isa()). */
+int shoal_kernels_init(void);
+shoal_isa shoal_kernels_isa(void);
+int shoal_kernels_set_isa(shoal_isa isa); /* tests and benchmarks; 0 or SHOAL_EUNSUPPORTED */
+int shoal_kernels_cpu_has(shoal_isa isa);
+const char *shoal_isa_name(shoal_isa isa);
+
+/* ---- matrix kernels ---------------------------------------------------- */
+
+/* y[T, rows] = x[T, cols] · W[rows, cols]^T; W row-major bf16. */
+void shoal_gemm_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int T);
+/* Same with W row-major fp32 (float32 checkpoints). */
+void shoal_gemm_f32(float *y, const float *w, const float *x, int rows, int cols, int T);
+/* Same with W in compressed-tensors MXFP4 (SPEC §4.2): packed[rows, cols/2]
+ * (element 2j in the low nibble of byte j), scale[rows, cols/32] E8M0 (2^(e-127)).
+ * Computed straight from the packed bytes; never a dequantized copy. */
+void shoal_gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows,
+                      int cols, int T);
+/* y[cols] = W[rows, cols]^T · x[rows] (sums over r in increasing order); W bf16.
+ * Used for the absorbed MLA query (W_UK^T q_nope). */
+void shoal_gemv_t_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols);
+void shoal_gemv_t_f32(float *y, const float *w, const float *x, int rows, int cols);
+
+/* ---- elementwise / small fp32 ops (scalar is the spec) ----------------- */
+
+/* y[n] = w ⊙ (x / sqrt(mean(x²) + eps)); w may be NULL (no weight). y may alias x. */
+void shoal_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+/* x[n] /= sqrt(Σ x² + eps), in place (FLA's l2norm form, eps inside the sqrt). */
+void shoal_l2norm(float *x, int n, float eps);
+void shoal_softmax(float *x, int n); /* in place, max-subtracted */
+float shoal_sigmoid(float x);
+/* y[n] = [b1·tanh(g/b1)·sigmoid(g)] · [b2·tanh(u/b2)] (SiTU-GLU). y may alias g. */
+void shoal_situ_glu(float *y, const float *g, const float *u, int n, float b1, float b2);
+
+/* ---- KDA --------------------------------------------------------------- */
+
+/* One token of the causal depthwise short conv + SiLU, per channel c < C:
+ * out[c] = SiLU(Σ_{j<K-1} taps[c*K+j]·window[j*C+c] + taps[c*K+K-1]·x[c]);
+ * window[(K-1), C] holds the previous K-1 pre-conv inputs, oldest first, zero at
+ * sequence start; it is shifted and x appended. taps as stored ([C,1,K] fp32). */
+void shoal_kda_conv_step(float *out, float *window, const float *x, const float *taps, int C, int K);
+
+/* Decay gate g[H*D] (log space) from z[H*D] = f_b(f_a(x)):
+ * lower_bound form: g = lb · sigmoid(exp(A_log[h]) · (z + dt_bias));
+ * softplus form:    g = -exp(A_log[h]) · softplus(z + dt_bias)   (lb ignored). */
+void shoal_kda_gate(float *g, const float *z, const float *A_log, const float *dt_bias, int H, int D,
+                    int lower_bound_form, float lb);
+
+/* One delta-rule step for all heads (parallel over heads). S[H, D(k), D(v)] fp32;
+ * q, k [H, D] already L2-normalised (q also scaled by D^-1/2); v [H, D]; g [H, D];
+ * beta [H] (post-sigmoid). Per head: S = diag(exp g) S; u = v - S^T k;
+ * S += k (beta u)^T; o = S^T q. */
+void shoal_kda_step(float *o, float *S, const float *q, const float *k, const float *v, const float *g,
+                    const float *beta, int H, int D);
+
+/* Gated output norm per head: y[h,i] = o[h,i]/sqrt(mean_i(o[h,:]²)+eps) · w[i] · sigmoid(gate[h,i]). */
+void shoal_gated_rmsnorm(float *y, const float *o, const float *gate, const float *w, int H, int D, float eps);
+
+/* ---- MLA (absorbed form; one query token against S cached tokens) ------ */
+
+/* ctx[H, R] = Σ_s p[h,s] · c_s[0:R], p[h,:] = softmax_s(scale · (q_lat[h]·c_s[0:R] + q_pe[h]·c_s[R:R+P]))
+ * cache[S, R+P] rows (ĉ ‖ k_pe); scratch[H*S]. Parallel over heads. */
+void shoal_mla_attend(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S, int H, int R,
+                      int P, float scale, float *scratch);
+
+/* ---- router ------------------------------------------------------------ */
+
+/* idx[k] = indices of the k largest score[n], ties broken by the lower index;
+ * returned in ascending index order (the canonical expert order). */
+void shoal_topk(int32_t *idx, const float *score, int n, int k);
+
+/* ---- one routed expert (shared by the in-process engine and the worker) -- */
+
+typedef enum { SHOAL_EXPERT_MXFP4 = 0, SHOAL_EXPERT_BF16 = 1, SHOAL_EXPERT_F32 = 2 } shoal_expert_kind;
+
+typedef struct {
+    shoal_expert_kind kind;
+    int d; /* latent width (in of w1/w3, out of w2) */
+    int f; /* expert intermediate width */
+    /* MXFP4: w?_packed + w?_scale; BF16/F32: w? (scale NULL). Borrowed views. */
+    const void *w1, *w3, *w2;
+    const uint8_t *w1_scale, *w3_scale, *w2_scale;
+} shoal_expert_w;
+
+/* y[T, d] = bf16( W2 · SiTU(W1 x, W3 x) ) for T tokens x[T, d]; each output
+ * rounded to bf16 (SPEC §3.6 step 4) and stored as bf16 bits.
+ * scratch: 2*T*f floats. */
+void shoal_expert_ffn(uint16_t *y, const shoal_expert_w *e, const float *x, int T, float b1, float b2,
+                      float *scratch);
+
+#endif
