@@ -1,0 +1,195 @@
+/* Engine: the Kimi K3 forward (../shared/k3/SPEC.md §3) in one process.
+ * Owns two kinds of object:
+ *   shoal_model -- opened once from a model directory: the config, every trunk
+ *                  tensor bound by name (mapped read-only, never copied except
+ *                  small vectors widened to fp32 once), the routed-expert
+ *                  backend (in-process by default, or one plugged in by the
+ *                  distributed client), and all forward scratch, sized at open
+ *                  from the config and the options;
+ *   shoal_seq   -- one sequence's state: the KDA recurrent states and conv
+ *                  windows plus the MLA latent cache (kv_lora + rope values per
+ *                  token per MLA layer), and its position. Owned by the caller.
+ * Callers: `shoal run` (coordinator/run.c), the HTTP server, the distributed
+ * client (through shoal_model_set_experts), tests and benchmarks.
+ *
+ * Numerics (SPEC §3.9 engine default): fp32 from the stored values everywhere
+ * (F32 tensors as stored, bf16 weights widened exactly, activations and the
+ * AttnRes prefix sums in fp32); the one bf16 rounding kept is each routed
+ * expert's output. Every per-token result is bit-identical whether the token
+ * runs in a prefill chunk of any size, alone in decode, or in a decode batch
+ * next to other sequences' tokens, and for any OpenMP thread count.
+ *
+ * Memory: nothing in prefill/decode allocates (scratch is sized at open; a
+ * sequence's state at shoal_seq_create). Debug builds arm an allocation guard
+ * around every forward that aborts on any malloc (shoal_engine_alloc_count).
+ *
+ * Thread-safety: after open, a model is immutable except for its scratch, its
+ * counters and its expert backend. Every call that runs the forward
+ * (shoal_seq_prefill, shoal_seq_decode, shoal_model_decode_batch) on any
+ * sequence of one model must come from one thread at a time (they share the
+ * scratch and the OpenMP team); the engine itself parallelises each call.
+ * Calls that do not run the forward (create/free/reset/copy/fork, getters)
+ * touch only the sequences named and may run on other threads, as long as no
+ * forward is using those sequences at the same time. Different models are
+ * independent. The cancel flag may be written from any thread. */
+#ifndef SHOAL_ENGINE_H
+#define SHOAL_ENGINE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/k3cfg.h"
+#include "common/st.h"
+#include "coordinator/experts.h"
+#include "kernels/kernels.h"
+
+typedef struct shoal_model shoal_model;
+typedef struct shoal_seq shoal_seq;
+
+typedef struct {
+    /* Default capacity (tokens: prompt + generated) of a sequence created with
+     * capacity 0, and the largest capacity allowed. Required, > 0. */
+    int max_context;
+    /* Most tokens one forward chunk runs: a longer prefill is split into
+     * chunks of this size, and decode_batch takes at most this many sequences.
+     * 0 means 256. Scratch grows linearly with it. */
+    int max_batch;
+    /* OpenMP threads for the process (omp_set_num_threads at open); 0 leaves
+     * the OpenMP default. Results do not depend on it. */
+    int threads;
+    /* 1: the routed experts run elsewhere. Their tensors are neither required
+     * nor bound here, and shoal_model_set_experts must be called before the
+     * first forward (a forward without a backend fails with SHOAL_EINVAL). */
+    int remote_experts;
+    /* 1: no info logs at open (warnings and errors still go to stderr). */
+    int quiet;
+} shoal_model_opts;
+
+/* What a caller may need to know about an open model. Plain values; cfg is
+ * borrowed and lives until shoal_model_close. */
+typedef struct {
+    const shoal_k3cfg *cfg;
+    int vocab;       /* logits per token */
+    int max_context; /* opts.max_context */
+    int max_batch;   /* effective opts.max_batch */
+    /* Stop ids: config.json eos_token_id, and tokenizer_config.json eos_token
+     * resolved through its added_tokens_decoder (real K3: 163586 and 163585),
+     * deduplicated, ascending. */
+    int n_eos;
+    int32_t eos[SHOAL_MAX_EOS];
+    /* Per-sequence state: fixed part (KDA states + conv windows, fp32) and
+     * bytes per token of capacity (MLA latent cache ĉ‖k_pe, fp32, all MLA
+     * layers). */
+    size_t seq_fixed_bytes;
+    size_t seq_bytes_per_token;
+    /* Weight bytes one token reads in decode, outside the routed experts: every
+     * trunk matrix and vector once, plus one embedding row (the table itself is
+     * not read). */
+    uint64_t trunk_bytes_per_token;
+    /* Bytes of one routed expert's three matrices (w1, w3, w2, incl. scales). */
+    uint64_t expert_bytes;
+    shoal_expert_kind expert_kind;
+    int remote_experts;
+} shoal_model_info;
+
+/* Counters, cumulative since open or the last reset. Updated by the forward. */
+typedef struct {
+    uint64_t tokens;       /* tokens run through the forward */
+    uint64_t chunks;       /* forward chunks (a decode step is one chunk) */
+    uint64_t trunk_bytes;  /* trunk weight bytes read: every matrix once per chunk */
+    uint64_t expert_bytes; /* routed-expert bytes read: each distinct (layer, expert) once per chunk */
+    uint64_t expert_pairs; /* (token, routed expert) pairs computed */
+    double forward_s;      /* wall seconds inside the forward */
+    double experts_s;      /* of which: between experts submit and gather return */
+} shoal_model_stats;
+
+/* Open the model in dir (config.json, safetensors file(s) or index,
+ * tokenizer_config.json optional). Validates the config, binds every tensor the
+ * forward needs with shape and dtype checks (bf16 or f32 trunk; MXFP4 or
+ * unquantized experts; vision tensors ignored) and refuses the model naming
+ * every missing or mis-shaped tensor in err. Logs, per F32 tensor kind, how
+ * many elements have non-zero low 16 bits (SPEC §3.9).
+ * Returns 0, SHOAL_EMODEL / SHOAL_ECONFIG (invalid model), SHOAL_EINVAL (bad
+ * opts), or -errno. On failure *out is NULL. */
+int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts *opts, char *err,
+                     size_t errlen);
+/* Closes the expert backend (vt->close) and unmaps everything. All sequences
+ * of the model must be freed first. Accepts NULL. */
+void shoal_model_close(shoal_model *m);
+
+void shoal_model_get_info(const shoal_model *m, shoal_model_info *out);
+/* The model's tensor store (borrowed, lives until close): an in-process or
+ * test backend may read expert views from it. */
+const shoal_st *shoal_model_store(const shoal_model *m);
+
+/* Replace the routed-expert backend. The model takes ownership of *b: it calls
+ * b->vt->close(b->self) at model close or when replaced, and zeroes *b. The
+ * backend sees submit(layer, T, k, z, ids) for every MoE layer of every chunk,
+ * with T <= max_batch and k = cfg->experts_per_token. Not while a forward
+ * runs. Returns 0 or SHOAL_EINVAL. */
+int shoal_model_set_experts(shoal_model *m, shoal_experts *b, char *err, size_t errlen);
+
+void shoal_model_get_stats(const shoal_model *m, shoal_model_stats *out);
+void shoal_model_reset_stats(shoal_model *m);
+
+/* Cooperative cancellation: when *flag is non-zero at a chunk boundary, the
+ * running prefill/decode returns SHOAL_ECANCELED. The sequence then holds
+ * exactly the chunks that completed (shoal_seq_pos says how many tokens); it
+ * is consistent and may be continued, reset or overwritten. flag is borrowed
+ * until replaced (NULL disables). */
+void shoal_model_set_cancel(shoal_model *m, const atomic_int *flag);
+
+/* ---- sequences ---------------------------------------------------------- */
+
+/* A fresh sequence (position 0) with room for capacity tokens (0: the model's
+ * max_context; more than max_context is refused). Allocates its whole state
+ * here: seq_fixed_bytes + capacity * seq_bytes_per_token. The sequence borrows
+ * the model, which must outlive it. */
+int shoal_seq_create(shoal_seq **out, shoal_model *m, int capacity, char *err, size_t errlen);
+void shoal_seq_free(shoal_seq *s); /* accepts NULL */
+/* Back to position 0 (states zeroed). No allocation. */
+void shoal_seq_reset(shoal_seq *s);
+int shoal_seq_pos(const shoal_seq *s);      /* tokens processed so far */
+int shoal_seq_capacity(const shoal_seq *s); /* tokens it can hold */
+size_t shoal_seq_bytes(const shoal_seq *s); /* state bytes it owns */
+
+/* Keep / restore / fork for prefix reuse. KDA state is recurrent, so a prefix
+ * cannot be "truncated" back: keep a copy taken at the position to return to.
+ * copy: dst becomes an exact copy of src (same model; dst capacity must be >=
+ * src's position, else SHOAL_ERANGE). No allocation; O(state at src pos).
+ * fork: create (capacity 0 = max_context, else >= src pos) + copy. */
+int shoal_seq_copy(shoal_seq *dst, const shoal_seq *src, char *err, size_t errlen);
+int shoal_seq_fork(shoal_seq **out, const shoal_seq *src, int capacity, char *err, size_t errlen);
+
+/* ---- forward ------------------------------------------------------------ */
+
+typedef enum {
+    SHOAL_LOGITS_NONE = 0, /* logits may be NULL */
+    SHOAL_LOGITS_LAST = 1, /* logits[vocab]: the last token's */
+    SHOAL_LOGITS_ALL = 2,  /* logits[n, vocab]: every token's (teacher forcing) */
+} shoal_logits_mode;
+
+/* Run n >= 1 tokens of s at positions pos..pos+n-1 (batched, in chunks of
+ * max_batch: GEMMs over the chunk, each routed expert's weights read once per
+ * chunk for all tokens routed to it) and append them to the state. Ids must be
+ * in [0, vocab) and pos+n <= capacity (checked before anything runs: on such an
+ * error the sequence is unchanged). On a failure part-way (expert backend,
+ * cancellation) the sequence holds the completed chunks. */
+int shoal_seq_prefill(shoal_seq *s, const int32_t *ids, int n, shoal_logits_mode mode, float *logits,
+                      char *err, size_t errlen);
+/* One token; logits[vocab] receives its logits (may be NULL). Same as a
+ * prefill of one token, bit for bit. Never allocates. */
+int shoal_seq_decode(shoal_seq *s, int32_t id, float *logits, char *err, size_t errlen);
+/* One token for each of n distinct sequences of this model in one chunk
+ * (n <= max_batch): ids[i] goes to seqs[i]; logits[n, vocab] (may be NULL).
+ * Each sequence's result is bit-identical to shoal_seq_decode on it alone.
+ * Validation is done for all before anything runs. */
+int shoal_model_decode_batch(shoal_model *m, shoal_seq *const *seqs, const int32_t *ids, int n, float *logits,
+                             char *err, size_t errlen);
+
+/* Allocations seen by the engine's guard while a forward was running (debug
+ * builds abort on the first instead; 0 in a correct build). Tests read it. */
+uint64_t shoal_engine_alloc_count(void);
+
+#endif
