@@ -1,0 +1,1393 @@
+/* Safetensors store (common/st.h).
+ *
+ * The headers are read with a strict, streaming JSON scanner written for the
+ * two shapes this module reads (a shard header and model.safetensors.index.json)
+ * instead of jansson: jansson 2.14 needs ~3 s to build and walk the DOM of the
+ * real K3 layout (96 shard headers, 497,220 tensors, plus a 497,220-entry
+ * index; measured in docs/DEPENDENCIES.md), above the 2 s budget. The scanner
+ * accepts exactly RFC 8259 JSON (no trailing commas, no comments, no leading
+ * zeros, valid UTF-8, escapes decoded, depth-limited) and is fuzzed by
+ * tests/fuzz/fuzz_st.c. Everything in a header is checked before a view is
+ * handed out; the first problem found is reported naming the file and, where
+ * one is concerned, the tensor. */
+#include "common/st.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/err.h"
+
+/* safetensors' own reader refuses headers over 100,000,000 bytes; so do we. */
+#define ST_MAX_HEADER 100000000ull
+#define ST_MAX_DEPTH 64
+#define ST_MAX_FILES 65536
+
+/* ---- dtypes ---------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    size_t size;
+} dtypes[SHOAL_DT_COUNT] = {
+    [SHOAL_DT_BF16] = {"BF16", 2},    [SHOAL_DT_F16] = {"F16", 2},
+    [SHOAL_DT_F32] = {"F32", 4},      [SHOAL_DT_F64] = {"F64", 8},
+    [SHOAL_DT_U8] = {"U8", 1},        [SHOAL_DT_I8] = {"I8", 1},
+    [SHOAL_DT_I16] = {"I16", 2},      [SHOAL_DT_I32] = {"I32", 4},
+    [SHOAL_DT_I64] = {"I64", 8},      [SHOAL_DT_BOOL] = {"BOOL", 1},
+    [SHOAL_DT_F8_E4M3] = {"F8_E4M3", 1}, [SHOAL_DT_F8_E5M2] = {"F8_E5M2", 1},
+};
+
+size_t shoal_dtype_size(shoal_dtype dt)
+{
+    return (unsigned)dt < SHOAL_DT_COUNT ? dtypes[dt].size : 0;
+}
+
+const char *shoal_dtype_name(shoal_dtype dt)
+{
+    return (unsigned)dt < SHOAL_DT_COUNT ? dtypes[dt].name : "?";
+}
+
+int shoal_dtype_parse(const char *s, shoal_dtype *out)
+{
+    for (int i = 0; i < SHOAL_DT_COUNT; i++)
+        if (!strcmp(s, dtypes[i].name)) {
+            *out = (shoal_dtype)i;
+            return 0;
+        }
+    return SHOAL_EFORMAT;
+}
+
+/* ---- string arena: stable pointers for tensor names ------------------------ */
+
+typedef struct arena_chunk {
+    struct arena_chunk *next;
+    size_t used, cap;
+    char data[];
+} arena_chunk;
+
+static char *arena_strdup(arena_chunk **head, const char *s, size_t n)
+{
+    arena_chunk *c = *head;
+    if (!c || c->cap - c->used < n + 1) {
+        size_t cap = n + 1 > (1u << 20) ? n + 1 : (1u << 20);
+        c = shoal_xmalloc(sizeof *c + cap);
+        c->next = *head;
+        c->used = 0;
+        c->cap = cap;
+        *head = c;
+    }
+    char *p = c->data + c->used;
+    memcpy(p, s, n);
+    p[n] = 0;
+    c->used += n + 1;
+    return p;
+}
+
+static void arena_free(arena_chunk *c)
+{
+    while (c) {
+        arena_chunk *n = c->next;
+        free(c);
+        c = n;
+    }
+}
+
+/* ---- string hash set: open addressing over indices into a caller's array ---- */
+
+/* 8 bytes at a time; multiply-xorshift mixing (names differ mostly in their
+ * middle digits, which every round mixes into all 64 bits). */
+static uint64_t hash_str(const char *s, size_t n)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ (n * 0xc4ceb9fe1a85ec53ull);
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+        s += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, s, n);
+    h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 29;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 32;
+    return h;
+}
+
+typedef struct {
+    uint32_t idx; /* index + 1, 0 = empty */
+    uint32_t tag; /* high bits of the hash, to skip most string compares */
+} strslot;
+
+typedef struct {
+    strslot *s;
+    size_t cap, n; /* cap is a power of two, load kept <= 1/2 */
+} strset;
+
+typedef const char *(*strset_key_fn)(const void *ctx, uint32_t idx);
+
+static void strset_free(strset *h)
+{
+    free(h->s);
+    memset(h, 0, sizeof *h);
+}
+
+/* Sizes the table for `want` keys (rehashing what it holds). */
+static void strset_reserve(strset *h, size_t want, strset_key_fn key, const void *ctx)
+{
+    size_t cap = 64;
+    while (cap < 2 * want)
+        cap <<= 1;
+    if (cap <= h->cap)
+        return;
+    strslot *s = shoal_xcalloc(cap, sizeof *s);
+    for (size_t i = 0; i < h->cap; i++) {
+        if (!h->s[i].idx)
+            continue;
+        const char *k = key(ctx, h->s[i].idx - 1);
+        uint64_t hv = hash_str(k, strlen(k));
+        size_t j = (size_t)hv & (cap - 1);
+        while (s[j].idx)
+            j = (j + 1) & (cap - 1);
+        s[j] = h->s[i];
+    }
+    free(h->s);
+    h->s = s;
+    h->cap = cap;
+}
+
+/* Returns the index already stored under s (n bytes), or stores idx and returns -1. */
+static int64_t strset_insert(strset *h, const char *s, size_t n, uint32_t idx, strset_key_fn key,
+                             const void *ctx)
+{
+    if (2 * (h->n + 1) > h->cap)
+        strset_reserve(h, 2 * (h->n + 1), key, ctx);
+    uint64_t hv = hash_str(s, n);
+    uint32_t tg = (uint32_t)(hv >> 32);
+    size_t j = (size_t)hv & (h->cap - 1);
+    while (h->s[j].idx) {
+        if (h->s[j].tag == tg && !strcmp(key(ctx, h->s[j].idx - 1), s))
+            return h->s[j].idx - 1;
+        j = (j + 1) & (h->cap - 1);
+    }
+    h->s[j].idx = idx + 1;
+    h->s[j].tag = tg;
+    h->n++;
+    return -1;
+}
+
+static int64_t strset_find(const strset *h, const char *s, size_t n, strset_key_fn key, const void *ctx)
+{
+    if (!h->cap)
+        return -1;
+    uint64_t hv = hash_str(s, n);
+    uint32_t tg = (uint32_t)(hv >> 32);
+    size_t j = (size_t)hv & (h->cap - 1);
+    while (h->s[j].idx) {
+        if (h->s[j].tag == tg && !strcmp(key(ctx, h->s[j].idx - 1), s))
+            return h->s[j].idx - 1;
+        j = (j + 1) & (h->cap - 1);
+    }
+    return -1;
+}
+
+/* ---- the store --------------------------------------------------------------- */
+
+typedef struct {
+    char *path;
+    int fd;
+    uint64_t size;      /* file size */
+    uint64_t data_off;  /* 8 + header length */
+    void *map;          /* whole file, read-only; NULL when map=0 */
+} st_file;
+
+struct shoal_st {
+    st_file *files;
+    int nfiles;
+    shoal_tensor *t;
+    size_t n, cap;
+    strset names;
+    arena_chunk *arena;
+};
+
+static const char *tensor_key(const void *ctx, uint32_t idx)
+{
+    return ((const shoal_st *)ctx)->t[idx].name;
+}
+
+/* ---- strict JSON scanner ------------------------------------------------------ */
+
+typedef struct {
+    const char *p, *end, *base;
+    const char *file;   /* for messages */
+    const char *tensor; /* tensor being read, for messages (may be NULL) */
+    char *err;
+    size_t errlen;
+    int rc;
+    char *sbuf; /* decoded string (escapes) scratch */
+    size_t scap;
+} jscan;
+
+static int jfail(jscan *j, const char *what)
+{
+    if (j->rc)
+        return j->rc;
+    if (j->tensor)
+        j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT,
+                              "%s: malformed JSON at byte %zu (tensor '%s'): %s", j->file,
+                              (size_t)(j->p - j->base), j->tensor, what);
+    else
+        j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT, "%s: malformed JSON at byte %zu: %s",
+                              j->file, (size_t)(j->p - j->base), what);
+    return j->rc;
+}
+
+/* Valid JSON that is not a valid header/index (wrong types, keys, counts). */
+static int jinvalid(jscan *j, const char *what)
+{
+    if (j->rc)
+        return j->rc;
+    if (j->tensor)
+        j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT, "%s: tensor '%s': %s", j->file, j->tensor, what);
+    else
+        j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT, "%s: %s (at byte %zu)", j->file, what,
+                              (size_t)(j->p - j->base));
+    return j->rc;
+}
+
+static void jws(jscan *j)
+{
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t'))
+        j->p++;
+}
+
+static int jexpect(jscan *j, char c, const char *what)
+{
+    jws(j);
+    if (j->p >= j->end || *j->p != c)
+        return jfail(j, what);
+    j->p++;
+    return 0;
+}
+
+/* Peeks the next non-blank byte (0 at end). */
+static char jpeek(jscan *j)
+{
+    jws(j);
+    return j->p < j->end ? *j->p : 0;
+}
+
+static void sbuf_put(jscan *j, size_t *n, const char *s, size_t k)
+{
+    if (*n + k + 1 > j->scap) {
+        size_t cap = j->scap ? j->scap : 256;
+        while (cap < *n + k + 1)
+            cap *= 2;
+        j->sbuf = shoal_xrealloc(j->sbuf, cap);
+        j->scap = cap;
+    }
+    memcpy(j->sbuf + *n, s, k);
+    *n += k;
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+static int read_u4(jscan *j, unsigned *out)
+{
+    if (j->end - j->p < 4)
+        return jfail(j, "truncated \\u escape");
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        int h = hexval(j->p[i]);
+        if (h < 0)
+            return jfail(j, "bad \\u escape");
+        v = v << 4 | (unsigned)h;
+    }
+    j->p += 4;
+    *out = v;
+    return 0;
+}
+
+/* Length of a valid UTF-8 sequence at s (s < end, *s >= 0x80), or 0. */
+static size_t utf8_len(const unsigned char *s, const unsigned char *end)
+{
+    unsigned c = s[0];
+    size_t n;
+    unsigned min;
+    if (c >= 0xc2 && c <= 0xdf)
+        n = 2, min = 0x80;
+    else if (c >= 0xe0 && c <= 0xef)
+        n = 3, min = 0x800;
+    else if (c >= 0xf0 && c <= 0xf4)
+        n = 4, min = 0x10000;
+    else
+        return 0;
+    if ((size_t)(end - s) < n)
+        return 0;
+    unsigned v = c & (0xff >> (n + 1));
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        v = v << 6 | (s[i] & 0x3f);
+    }
+    if (v < min || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff))
+        return 0;
+    return n;
+}
+
+/* Reads a string into j->sbuf (NUL-terminated, *len bytes). Strings with an
+ * embedded NUL (\u0000) are refused: names are C strings. */
+static int jstring(jscan *j, size_t *len)
+{
+    if (jexpect(j, '"', "expected a string"))
+        return j->rc;
+    size_t n = 0;
+    for (;;) {
+        const char *s = j->p;
+        while (j->p < j->end) {
+            unsigned char c = (unsigned char)*j->p;
+            if (c == '"' || c == '\\' || c < 0x20 || c >= 0x80)
+                break;
+            j->p++;
+        }
+        if (j->p > s)
+            sbuf_put(j, &n, s, (size_t)(j->p - s));
+        if (j->p >= j->end)
+            return jfail(j, "unterminated string");
+        unsigned char c = (unsigned char)*j->p;
+        if (c == '"') {
+            j->p++;
+            break;
+        }
+        if (c < 0x20)
+            return jfail(j, "control character in string");
+        if (c >= 0x80) {
+            size_t k = utf8_len((const unsigned char *)j->p, (const unsigned char *)j->end);
+            if (!k)
+                return jfail(j, "invalid UTF-8 in string");
+            sbuf_put(j, &n, j->p, k);
+            j->p += k;
+            continue;
+        }
+        /* escape */
+        j->p++;
+        if (j->p >= j->end)
+            return jfail(j, "unterminated escape");
+        char e = *j->p++;
+        char out[4];
+        size_t k = 1;
+        switch (e) {
+        case '"': out[0] = '"'; break;
+        case '\\': out[0] = '\\'; break;
+        case '/': out[0] = '/'; break;
+        case 'b': out[0] = '\b'; break;
+        case 'f': out[0] = '\f'; break;
+        case 'n': out[0] = '\n'; break;
+        case 'r': out[0] = '\r'; break;
+        case 't': out[0] = '\t'; break;
+        case 'u': {
+            unsigned cp;
+            if (read_u4(j, &cp))
+                return j->rc;
+            if (cp >= 0xdc00 && cp <= 0xdfff)
+                return jfail(j, "lone low surrogate in \\u escape");
+            if (cp >= 0xd800 && cp <= 0xdbff) {
+                unsigned lo;
+                if (j->end - j->p < 2 || j->p[0] != '\\' || j->p[1] != 'u')
+                    return jfail(j, "lone high surrogate in \\u escape");
+                j->p += 2;
+                if (read_u4(j, &lo))
+                    return j->rc;
+                if (lo < 0xdc00 || lo > 0xdfff)
+                    return jfail(j, "bad surrogate pair in \\u escape");
+                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+            }
+            if (cp == 0)
+                return jfail(j, "NUL character in string");
+            if (cp < 0x80) {
+                out[0] = (char)cp;
+            } else if (cp < 0x800) {
+                out[0] = (char)(0xc0 | cp >> 6);
+                out[1] = (char)(0x80 | (cp & 0x3f));
+                k = 2;
+            } else if (cp < 0x10000) {
+                out[0] = (char)(0xe0 | cp >> 12);
+                out[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
+                out[2] = (char)(0x80 | (cp & 0x3f));
+                k = 3;
+            } else {
+                out[0] = (char)(0xf0 | cp >> 18);
+                out[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
+                out[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
+                out[3] = (char)(0x80 | (cp & 0x3f));
+                k = 4;
+            }
+            break;
+        }
+        default:
+            return jfail(j, "bad escape in string");
+        }
+        sbuf_put(j, &n, out, k);
+    }
+    sbuf_put(j, &n, "", 0);
+    j->sbuf[n] = 0;
+    *len = n;
+    return 0;
+}
+
+/* Validates one JSON number; if it is a non-negative integer that fits,
+ * *u receives it and *is_uint = 1. */
+static int jnumber(jscan *j, uint64_t *u, int *is_uint)
+{
+    jws(j);
+    const char *s = j->p;
+    int neg = 0, frac = 0, overflow = 0;
+    uint64_t v = 0;
+    if (j->p < j->end && *j->p == '-')
+        neg = 1, j->p++;
+    if (j->p >= j->end || *j->p < '0' || *j->p > '9')
+        return jfail(j, "expected a number");
+    if (*j->p == '0') {
+        j->p++;
+        if (j->p < j->end && *j->p >= '0' && *j->p <= '9')
+            return jfail(j, "leading zero in number");
+    } else {
+        while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
+            unsigned d = (unsigned)(*j->p++ - '0');
+            if (v > (UINT64_MAX - d) / 10)
+                overflow = 1;
+            else
+                v = v * 10 + d;
+        }
+    }
+    if (j->p < j->end && *j->p == '.') {
+        frac = 1;
+        j->p++;
+        if (j->p >= j->end || *j->p < '0' || *j->p > '9')
+            return jfail(j, "bad fraction in number");
+        while (j->p < j->end && *j->p >= '0' && *j->p <= '9')
+            j->p++;
+    }
+    if (j->p < j->end && (*j->p == 'e' || *j->p == 'E')) {
+        frac = 1;
+        j->p++;
+        if (j->p < j->end && (*j->p == '+' || *j->p == '-'))
+            j->p++;
+        if (j->p >= j->end || *j->p < '0' || *j->p > '9')
+            return jfail(j, "bad exponent in number");
+        while (j->p < j->end && *j->p >= '0' && *j->p <= '9')
+            j->p++;
+    }
+    (void)s;
+    *is_uint = !neg && !frac && !overflow;
+    *u = v;
+    return 0;
+}
+
+static int jliteral(jscan *j, const char *lit)
+{
+    size_t n = strlen(lit);
+    if ((size_t)(j->end - j->p) < n || memcmp(j->p, lit, n))
+        return jfail(j, "bad literal");
+    j->p += n;
+    return 0;
+}
+
+/* Validates and skips any JSON value. */
+static int jskip(jscan *j, int depth)
+{
+    if (depth > ST_MAX_DEPTH)
+        return jfail(j, "nesting too deep");
+    char c = jpeek(j);
+    size_t len;
+    uint64_t u;
+    int isu;
+    switch (c) {
+    case '"':
+        return jstring(j, &len);
+    case '{':
+        j->p++;
+        if (jpeek(j) == '}') {
+            j->p++;
+            return 0;
+        }
+        for (;;) {
+            if (jstring(j, &len) || jexpect(j, ':', "expected ':'") || jskip(j, depth + 1))
+                return j->rc;
+            c = jpeek(j);
+            j->p++;
+            if (c == '}')
+                return 0;
+            if (c != ',') {
+                j->p--;
+                return jfail(j, "expected ',' or '}'");
+            }
+        }
+    case '[':
+        j->p++;
+        if (jpeek(j) == ']') {
+            j->p++;
+            return 0;
+        }
+        for (;;) {
+            if (jskip(j, depth + 1))
+                return j->rc;
+            c = jpeek(j);
+            j->p++;
+            if (c == ']')
+                return 0;
+            if (c != ',') {
+                j->p--;
+                return jfail(j, "expected ',' or ']'");
+            }
+        }
+    case 't':
+        return jliteral(j, "true");
+    case 'f':
+        return jliteral(j, "false");
+    case 'n':
+        return jliteral(j, "null");
+    default:
+        return jnumber(j, &u, &isu);
+    }
+}
+
+/* After a member: 1 = another follows (','), 0 = object closed ('}'). */
+static int jnext(jscan *j, char close, int *more)
+{
+    char c = jpeek(j);
+    if (c == ',') {
+        j->p++;
+        *more = 1;
+        return 0;
+    }
+    if (c == close) {
+        j->p++;
+        *more = 0;
+        return 0;
+    }
+    return jfail(j, close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
+}
+
+static int jend(jscan *j)
+{
+    jws(j);
+    if (j->p != j->end)
+        return jfail(j, "trailing bytes after the JSON object");
+    return 0;
+}
+
+/* ---- one shard header ------------------------------------------------------- */
+
+static int read_uint_array(jscan *j, uint64_t *v, int max, int *n, const char *field)
+{
+    char msg[96];
+    if (jpeek(j) != '[')
+        return jinvalid(j, field[0] == 's' ? "shape must be an array" : "data_offsets must be an array");
+    j->p++;
+    *n = 0;
+    if (jpeek(j) == ']') {
+        j->p++;
+        return 0;
+    }
+    for (;;) {
+        uint64_t u;
+        int isu;
+        char c = jpeek(j);
+        if (c != '-' && (c < '0' || c > '9')) {
+            snprintf(msg, sizeof msg, "%s entries must be non-negative integers below 2^63", field);
+            return jinvalid(j, msg);
+        }
+        if (jnumber(j, &u, &isu))
+            return j->rc;
+        if (!isu || u > (uint64_t)INT64_MAX) {
+            snprintf(msg, sizeof msg, "%s entries must be non-negative integers below 2^63", field);
+            return jinvalid(j, msg);
+        }
+        if (*n >= max) {
+            snprintf(msg, sizeof msg, "%s has more than %d entries", field, max);
+            return jinvalid(j, msg);
+        }
+        v[(*n)++] = u;
+        int more;
+        if (jnext(j, ']', &more))
+            return j->rc;
+        if (!more)
+            return 0;
+    }
+}
+
+static shoal_tensor *push_tensor(shoal_st *st)
+{
+    if (st->n == st->cap) {
+        st->cap = st->cap ? 2 * st->cap : 1024;
+        st->t = shoal_xrealloc(st->t, st->cap * sizeof *st->t);
+    }
+    shoal_tensor *t = &st->t[st->n++];
+    memset(t, 0, sizeof *t);
+    return t;
+}
+
+/* Parses one tensor entry {"dtype":..,"shape":[..],"data_offsets":[b,e]} for
+ * the tensor just pushed (t->name set). begin/end are relative to the data section. */
+static int parse_entry(jscan *j, shoal_tensor *t, uint64_t *begin, uint64_t *end)
+{
+    int have_dt = 0, have_shape = 0, have_off = 0;
+    if (jpeek(j) != '{')
+        return jinvalid(j, "tensor entry must be an object");
+    j->p++;
+    if (jpeek(j) == '}')
+        return jinvalid(j, "tensor entry is empty (needs dtype, shape, data_offsets)");
+    for (;;) {
+        size_t len;
+        if (jstring(j, &len) || jexpect(j, ':', "expected ':'"))
+            return j->rc;
+        if (!strcmp(j->sbuf, "dtype")) {
+            if (have_dt++)
+                return jinvalid(j, "duplicate key 'dtype' in tensor entry");
+            if (jpeek(j) != '"')
+                return jinvalid(j, "dtype must be a string");
+            if (jstring(j, &len))
+                return j->rc;
+            shoal_dtype dt;
+            if (shoal_dtype_parse(j->sbuf, &dt)) {
+                j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT, "%s: tensor '%s': unknown dtype '%.64s'",
+                                      j->file, t->name, j->sbuf);
+                return j->rc;
+            }
+            t->dtype = dt;
+        } else if (!strcmp(j->sbuf, "shape")) {
+            if (have_shape++)
+                return jinvalid(j, "duplicate key 'shape' in tensor entry");
+            uint64_t v[SHOAL_ST_MAX_DIMS];
+            int n;
+            if (read_uint_array(j, v, SHOAL_ST_MAX_DIMS, &n, "shape"))
+                return j->rc;
+            t->ndim = n;
+            for (int i = 0; i < n; i++)
+                t->shape[i] = (int64_t)v[i];
+        } else if (!strcmp(j->sbuf, "data_offsets")) {
+            if (have_off++)
+                return jinvalid(j, "duplicate key 'data_offsets' in tensor entry");
+            uint64_t v[2];
+            int n;
+            if (read_uint_array(j, v, 2, &n, "data_offsets"))
+                return j->rc;
+            if (n != 2)
+                return jinvalid(j, "data_offsets must have exactly 2 entries");
+            *begin = v[0];
+            *end = v[1];
+        } else {
+            char msg[128];
+            snprintf(msg, sizeof msg, "unknown key '%.64s' in tensor entry", j->sbuf);
+            return jinvalid(j, msg);
+        }
+        int more;
+        if (jnext(j, '}', &more))
+            return j->rc;
+        if (!more)
+            break;
+    }
+    if (!have_dt || !have_shape || !have_off)
+        return jinvalid(j, !have_dt ? "tensor entry lacks 'dtype'"
+                        : !have_shape ? "tensor entry lacks 'shape'" : "tensor entry lacks 'data_offsets'");
+    return 0;
+}
+
+typedef struct {
+    uint64_t begin, end;
+    uint32_t idx;
+} span;
+
+static int cmp_span(const void *a, const void *b)
+{
+    const span *x = a, *y = b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* Opens, maps (optionally) and indexes one .safetensors file as file number fi. */
+static int load_file(shoal_st *st, int fi, int map, jscan *j)
+{
+    st_file *f = &st->files[fi];
+    const char *path = f->path;
+    char *err = j->err;
+    size_t errlen = j->errlen;
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (f->fd < 0)
+        return shoal_err_set(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(f->fd, &sb) < 0)
+        return shoal_err_set(err, errlen, -errno, "%s: cannot stat: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: not a regular file", path);
+    f->size = (uint64_t)sb.st_size;
+    if (f->size < 8)
+        return shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: %llu bytes, too short for a safetensors header",
+                             path, (unsigned long long)f->size);
+    unsigned char lenb[8];
+    ssize_t r = pread(f->fd, lenb, 8, 0);
+    if (r != 8)
+        return shoal_err_set(err, errlen, SHOAL_EIO, "%s: cannot read the header length", path);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = hlen << 8 | lenb[i];
+    if (hlen > ST_MAX_HEADER)
+        return shoal_err_set(err, errlen, SHOAL_EFORMAT,
+                             "%s: header length %llu is absurd (limit %llu bytes)", path,
+                             (unsigned long long)hlen, (unsigned long long)ST_MAX_HEADER);
+    if (hlen > f->size - 8)
+        return shoal_err_set(err, errlen, SHOAL_EFORMAT,
+                             "%s: header length %llu runs past the end of the file (%llu bytes)", path,
+                             (unsigned long long)hlen, (unsigned long long)f->size);
+    if (hlen < 2)
+        return shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: header length %llu is too short for a JSON object",
+                             path, (unsigned long long)hlen);
+    f->data_off = 8 + hlen;
+    uint64_t data_len = f->size - f->data_off;
+
+    char *hdr = shoal_xmalloc((size_t)hlen);
+    size_t got = 0;
+    while (got < hlen) {
+        r = pread(f->fd, hdr + got, (size_t)hlen - got, (off_t)(8 + got));
+        if (r <= 0) {
+            free(hdr);
+            return shoal_err_set(err, errlen, SHOAL_EIO, "%s: cannot read the header", path);
+        }
+        got += (size_t)r;
+    }
+    if (map) {
+        f->map = mmap(NULL, (size_t)f->size, PROT_READ, MAP_SHARED, f->fd, 0);
+        if (f->map == MAP_FAILED) {
+            f->map = NULL;
+            free(hdr);
+            return shoal_err_set(err, errlen, -errno, "%s: mmap failed: %s", path, strerror(errno));
+        }
+    }
+
+    j->p = j->base = hdr;
+    j->end = hdr + hlen;
+    j->file = path;
+    j->tensor = NULL;
+    j->rc = 0;
+    size_t first = st->n;
+    span *sp = NULL;
+    size_t nsp = 0, capsp = 0;
+    int rc = 0;
+    if (jpeek(j) != '{') {
+        rc = jinvalid(j, "the header must be a JSON object");
+        goto out;
+    }
+    j->p++;
+    if (jpeek(j) == '}') {
+        j->p++;
+    } else {
+        for (;;) {
+            size_t len;
+            if (jstring(j, &len) || jexpect(j, ':', "expected ':'")) {
+                rc = j->rc;
+                goto out;
+            }
+            if (!strcmp(j->sbuf, "__metadata__")) {
+                /* free-form string map; validated as JSON, otherwise ignored */
+                if (jpeek(j) != '{') {
+                    rc = jinvalid(j, "__metadata__ must be an object");
+                    goto out;
+                }
+                if (jskip(j, 0)) {
+                    rc = j->rc;
+                    goto out;
+                }
+            } else {
+                if (len == 0) {
+                    rc = jinvalid(j, "empty tensor name");
+                    goto out;
+                }
+                shoal_tensor *t = push_tensor(st);
+                t->name = arena_strdup(&st->arena, j->sbuf, len);
+                t->file = fi;
+                j->tensor = t->name;
+                uint64_t b = 0, e = 0;
+                if (parse_entry(j, t, &b, &e)) {
+                    rc = j->rc;
+                    goto out;
+                }
+                if (b > e) {
+                    rc = shoal_err_set(err, errlen, SHOAL_EFORMAT,
+                                       "%s: tensor '%s': data_offsets begin %llu > end %llu", path, t->name,
+                                       (unsigned long long)b, (unsigned long long)e);
+                    goto out;
+                }
+                if (e > data_len) {
+                    rc = shoal_err_set(err, errlen, SHOAL_EFORMAT,
+                                       "%s: tensor '%s': data_offsets end %llu is past the data section (%llu bytes)",
+                                       path, t->name, (unsigned long long)e, (unsigned long long)data_len);
+                    goto out;
+                }
+                uint64_t nb = shoal_dtype_size(t->dtype);
+                int ovf = 0;
+                for (int i = 0; i < t->ndim; i++)
+                    ovf |= __builtin_mul_overflow(nb, (uint64_t)t->shape[i], &nb);
+                if (ovf) {
+                    rc = shoal_err_set(err, errlen, SHOAL_EFORMAT,
+                                       "%s: tensor '%s': byte size of shape x %s overflows 64 bits", path,
+                                       t->name, shoal_dtype_name(t->dtype));
+                    goto out;
+                }
+                if (nb != e - b) {
+                    char shp[160];
+                    size_t o = 0;
+                    shp[0] = 0;
+                    for (int i = 0; i < t->ndim && o < sizeof shp - 24; i++)
+                        o += (size_t)snprintf(shp + o, sizeof shp - o, "%s%lld", i ? "," : "",
+                                              (long long)t->shape[i]);
+                    rc = shoal_err_set(err, errlen, SHOAL_EFORMAT,
+                                       "%s: tensor '%s': data_offsets span %llu bytes but shape [%s] x %s "
+                                       "needs %llu",
+                                       path, t->name, (unsigned long long)(e - b), shp,
+                                       shoal_dtype_name(t->dtype), (unsigned long long)nb);
+                    goto out;
+                }
+                t->nbytes = nb;
+                t->file_offset = f->data_off + b;
+                if (nsp == capsp) {
+                    capsp = capsp ? 2 * capsp : 256;
+                    sp = shoal_xrealloc(sp, capsp * sizeof *sp);
+                }
+                sp[nsp++] = (span){b, e, (uint32_t)(st->n - 1)};
+                j->tensor = NULL;
+            }
+            int more;
+            if (jnext(j, '}', &more)) {
+                rc = j->rc;
+                goto out;
+            }
+            if (!more)
+                break;
+        }
+    }
+    if (jend(j)) {
+        rc = j->rc;
+        goto out;
+    }
+
+    /* overlaps: sort this file's tensors by offset; zero-size tensors never overlap */
+    qsort(sp, nsp, sizeof *sp, cmp_span);
+    {
+        uint64_t reach = 0;
+        size_t owner = SIZE_MAX;
+        for (size_t i = 0; i < nsp; i++) {
+            if (sp[i].begin == sp[i].end)
+                continue;
+            if (owner != SIZE_MAX && sp[i].begin < reach) {
+                rc = shoal_err_set(err, errlen, SHOAL_EFORMAT,
+                                   "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap", path,
+                                   st->t[sp[owner].idx].name, (unsigned long long)sp[owner].begin,
+                                   (unsigned long long)sp[owner].end, st->t[sp[i].idx].name,
+                                   (unsigned long long)sp[i].begin, (unsigned long long)sp[i].end);
+                goto out;
+            }
+            reach = sp[i].end;
+            owner = i;
+        }
+    }
+    /* reorder this file's slice into offset order ("file order") */
+    if (nsp > 1) {
+        shoal_tensor *tmp = shoal_xmalloc(nsp * sizeof *tmp);
+        for (size_t i = 0; i < nsp; i++)
+            tmp[i] = st->t[sp[i].idx];
+        memcpy(&st->t[first], tmp, nsp * sizeof *tmp);
+        free(tmp);
+    }
+    for (size_t i = first; i < st->n; i++) {
+        shoal_tensor *t = &st->t[i];
+        if (f->map)
+            t->data = (const char *)f->map + t->file_offset;
+        int64_t prev = strset_insert(&st->names, t->name, strlen(t->name), (uint32_t)i, tensor_key, st);
+        if (prev >= 0) {
+            const shoal_tensor *o = &st->t[prev];
+            if (o->file == fi)
+                rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: duplicate tensor name '%s'", path, t->name);
+            else
+                rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "tensor '%s' appears in both %s and %s", t->name,
+                                   st->files[o->file].path, path);
+            goto out;
+        }
+    }
+out:
+    free(sp);
+    free(hdr);
+    j->tensor = NULL;
+    return rc;
+}
+
+/* ---- index ------------------------------------------------------------------ */
+
+typedef struct {
+    char **names; /* shard file names as written in the index */
+    int n, cap;
+    strset set;
+} shard_list;
+
+static const char *shard_key(const void *ctx, uint32_t idx)
+{
+    return ((const shard_list *)ctx)->names[idx];
+}
+
+typedef struct {
+    const char *name; /* in the index arena */
+    size_t len;
+    int shard;
+} index_entry;
+
+static int is_safe_shard_name(const char *s)
+{
+    /* a file beside the index: no directories, no hidden or parent names */
+    return s[0] && s[0] != '.' && !strchr(s, '/');
+}
+
+static char *path_join(const char *dir, const char *name)
+{
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = shoal_xmalloc(a + b + 2);
+    memcpy(p, dir, a);
+    p[a] = '/';
+    memcpy(p + a + 1, name, b + 1);
+    return p;
+}
+
+static int read_whole(const char *path, char **buf, size_t *len, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return shoal_err_set(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return shoal_err_set(err, errlen, SHOAL_EIO, "%s: not a readable regular file", path);
+    }
+    if ((uint64_t)sb.st_size > (1ull << 32)) {
+        close(fd);
+        return shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: %lld bytes is absurd for an index", path,
+                             (long long)sb.st_size);
+    }
+    size_t n = (size_t)sb.st_size, got = 0;
+    char *b = shoal_xmalloc(n + 1);
+    while (got < n) {
+        ssize_t r = read(fd, b + got, n - got);
+        if (r <= 0) {
+            free(b);
+            close(fd);
+            return shoal_err_set(err, errlen, SHOAL_EIO, "%s: read failed", path);
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    b[n] = 0;
+    *buf = b;
+    *len = n;
+    return 0;
+}
+
+/* Parses the index text into entries and shard names. */
+static int parse_index(jscan *j, shard_list *sl, index_entry **out, size_t *nout, arena_chunk **arena)
+{
+    index_entry *e = NULL;
+    size_t n = 0, cap = 0;
+    int have_map = 0;
+    int64_t last = -1;
+    *out = NULL;
+    *nout = 0;
+    if (jpeek(j) != '{')
+        return jinvalid(j, "the index must be a JSON object");
+    j->p++;
+    if (jpeek(j) != '}') {
+        for (;;) {
+            size_t len;
+            if (jstring(j, &len) || jexpect(j, ':', "expected ':'"))
+                goto fail;
+            if (strcmp(j->sbuf, "weight_map")) {
+                if (jskip(j, 0))
+                    goto fail;
+            } else {
+                if (have_map++) {
+                    jinvalid(j, "duplicate key 'weight_map'");
+                    goto fail;
+                }
+                if (jpeek(j) != '{') {
+                    jinvalid(j, "weight_map must be an object");
+                    goto fail;
+                }
+                j->p++;
+                if (jpeek(j) == '}') {
+                    j->p++;
+                } else {
+                    for (;;) {
+                        if (jstring(j, &len))
+                            goto fail;
+                        if (!len) {
+                            jinvalid(j, "empty tensor name in weight_map");
+                            goto fail;
+                        }
+                        const char *name = arena_strdup(arena, j->sbuf, len);
+                        j->tensor = name;
+                        if (jexpect(j, ':', "expected ':'"))
+                            goto fail;
+                        if (jpeek(j) != '"') {
+                            jinvalid(j, "shard name must be a string");
+                            goto fail;
+                        }
+                        if (jstring(j, &len))
+                            goto fail;
+                        if (!is_safe_shard_name(j->sbuf)) {
+                            j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT,
+                                                  "%s: tensor '%s': shard name '%.200s' is not a plain file "
+                                                  "name beside the index",
+                                                  j->file, name, j->sbuf);
+                            goto fail;
+                        }
+                        /* find or add the shard */
+                        /* consecutive entries mostly share a shard */
+                        int64_t si = last >= 0 && !strcmp(sl->names[last], j->sbuf)
+                                         ? last
+                                         : strset_find(&sl->set, j->sbuf, len, shard_key, sl);
+                        if (si < 0) {
+                            if (sl->n >= ST_MAX_FILES) {
+                                jinvalid(j, "more than 65536 shard files");
+                                goto fail;
+                            }
+                            if (sl->n == sl->cap) {
+                                sl->cap = sl->cap ? 2 * sl->cap : 16;
+                                sl->names = shoal_xrealloc(sl->names, (size_t)sl->cap * sizeof *sl->names);
+                            }
+                            sl->names[sl->n] = shoal_xstrdup(j->sbuf);
+                            strset_insert(&sl->set, j->sbuf, len, (uint32_t)sl->n, shard_key, sl);
+                            si = sl->n++;
+                        }
+                        if (n == cap) {
+                            cap = cap ? 2 * cap : 4096;
+                            e = shoal_xrealloc(e, cap * sizeof *e);
+                        }
+                        e[n++] = (index_entry){name, strlen(name), (int)si};
+                        last = si;
+                        j->tensor = NULL;
+                        int more;
+                        if (jnext(j, '}', &more))
+                            goto fail;
+                        if (!more)
+                            break;
+                    }
+                }
+            }
+            int more;
+            if (jnext(j, '}', &more))
+                goto fail;
+            if (!more)
+                break;
+        }
+    } else {
+        j->p++;
+    }
+    if (jend(j))
+        goto fail;
+    if (!have_map) {
+        j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT, "%s: no 'weight_map' object", j->file);
+        goto fail;
+    }
+    if (!n) {
+        j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT, "%s: weight_map is empty", j->file);
+        goto fail;
+    }
+    *out = e;
+    *nout = n;
+    return 0;
+fail:
+    free(e);
+    j->tensor = NULL;
+    return j->rc ? j->rc : SHOAL_EFORMAT;
+}
+
+static int cmp_str_idx(const void *a, const void *b, void *ctx)
+{
+    const shard_list *sl = ctx;
+    return strcmp(sl->names[*(const int *)a], sl->names[*(const int *)b]);
+}
+
+static int open_index(shoal_st *st, const char *index_path, int map, jscan *j)
+{
+    char *err = j->err;
+    size_t errlen = j->errlen;
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = read_whole(index_path, &buf, &len, err, errlen);
+    if (rc)
+        return rc;
+    /* directory of the index */
+    char *dir = shoal_xstrdup(index_path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = 0;
+    else
+        strcpy(dir, ".");
+
+    shard_list sl = {0};
+    index_entry *ent = NULL;
+    size_t nent = 0;
+    arena_chunk *iarena = NULL;
+    uint8_t *claimed = NULL;
+    j->p = j->base = buf;
+    j->end = buf + len;
+    j->file = index_path;
+    j->tensor = NULL;
+    j->rc = 0;
+    rc = parse_index(j, &sl, &ent, &nent, &iarena);
+    if (rc)
+        goto out;
+
+    /* files in lexicographic order of their names: deterministic file numbers */
+    int *order = shoal_xmalloc((size_t)sl.n * sizeof *order), *fileof = shoal_xmalloc((size_t)sl.n * sizeof *fileof);
+    for (int i = 0; i < sl.n; i++)
+        order[i] = i;
+    qsort_r(order, (size_t)sl.n, sizeof *order, cmp_str_idx, &sl);
+    st->files = shoal_xcalloc((size_t)sl.n, sizeof *st->files);
+    for (int i = 0; i < sl.n; i++) {
+        st->files[i].fd = -1;
+        st->files[i].path = path_join(dir, sl.names[order[i]]);
+        fileof[order[i]] = i;
+    }
+    st->nfiles = sl.n;
+    free(order);
+    strset_reserve(&st->names, nent, tensor_key, st);
+    for (int i = 0; i < st->nfiles; i++) {
+        if (access(st->files[i].path, F_OK) != 0) {
+            /* name a tensor that points at the missing shard */
+            const char *who = "?";
+            for (size_t k = 0; k < nent; k++)
+                if (fileof[ent[k].shard] == i) {
+                    who = ent[k].name;
+                    break;
+                }
+            rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: tensor '%s' is in shard %s, which is missing",
+                               index_path, who, st->files[i].path);
+            free(fileof);
+            goto out;
+        }
+        rc = load_file(st, i, map, j);
+        if (rc) {
+            free(fileof);
+            goto out;
+        }
+    }
+    /* every index entry names a tensor of its shard, exactly once, and every
+     * tensor of the shards is listed */
+    claimed = shoal_xcalloc(st->n ? st->n : 1, 1);
+    for (size_t k = 0; k < nent; k++) {
+        int fi = fileof[ent[k].shard];
+        int64_t ti = strset_find(&st->names, ent[k].name, ent[k].len, tensor_key, st);
+        if (ti < 0) {
+            rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: tensor '%s' is not in shard %s (nor any other)",
+                               index_path, ent[k].name, st->files[fi].path);
+            break;
+        }
+        if (st->t[ti].file != fi) {
+            rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: tensor '%s' is listed in shard %s but is in %s",
+                               index_path, ent[k].name, st->files[fi].path, st->files[st->t[ti].file].path);
+            break;
+        }
+        if (claimed[ti]++) {
+            rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: duplicate tensor name '%s' in weight_map",
+                               index_path, ent[k].name);
+            break;
+        }
+    }
+    if (!rc)
+        for (size_t i = 0; i < st->n; i++)
+            if (!claimed[i]) {
+                rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: tensor '%s' is not listed in %s",
+                                   st->files[st->t[i].file].path, st->t[i].name, index_path);
+                break;
+            }
+    free(fileof);
+out:
+    free(claimed);
+    free(ent);
+    arena_free(iarena);
+    for (int i = 0; i < sl.n; i++)
+        free(sl.names[i]);
+    free(sl.names);
+    strset_free(&sl.set);
+    free(dir);
+    free(buf);
+    return rc;
+}
+
+/* ---- public API ------------------------------------------------------------- */
+
+static int ends_with(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+int shoal_st_open(shoal_st **out, const char *path, const shoal_st_opts *opts, char *err, size_t errlen)
+{
+    *out = NULL;
+    int map = opts ? opts->map : 1;
+    struct stat sb;
+    if (stat(path, &sb) < 0)
+        return shoal_err_set(err, errlen, -errno, "%s: %s", path, strerror(errno));
+    shoal_st *st = shoal_xcalloc(1, sizeof *st);
+    jscan j = {.err = err, .errlen = errlen};
+    int rc;
+    char *idx = NULL, *single = NULL;
+    if (S_ISDIR(sb.st_mode)) {
+        idx = path_join(path, "model.safetensors.index.json");
+        if (access(idx, F_OK) != 0) {
+            free(idx);
+            idx = NULL;
+            single = path_join(path, "model.safetensors");
+            if (access(single, F_OK) != 0) {
+                rc = shoal_err_set(err, errlen, SHOAL_ENOTFOUND,
+                                   "%s: neither model.safetensors.index.json nor model.safetensors", path);
+                goto done;
+            }
+        }
+    } else if (ends_with(path, ".json")) {
+        idx = shoal_xstrdup(path);
+    } else {
+        single = shoal_xstrdup(path);
+    }
+    if (idx) {
+        rc = open_index(st, idx, map, &j);
+    } else {
+        st->files = shoal_xcalloc(1, sizeof *st->files);
+        st->files[0].fd = -1;
+        st->files[0].path = single;
+        single = NULL;
+        st->nfiles = 1;
+        rc = load_file(st, 0, map, &j);
+    }
+done:
+    free(idx);
+    free(single);
+    free(j.sbuf);
+    if (rc) {
+        shoal_st_close(st);
+        return rc;
+    }
+    /* the mappings keep the data; descriptors stay open for pread users */
+    *out = st;
+    return 0;
+}
+
+void shoal_st_close(shoal_st *st)
+{
+    if (!st)
+        return;
+    for (int i = 0; i < st->nfiles; i++) {
+        st_file *f = &st->files[i];
+        if (f->map)
+            munmap(f->map, (size_t)f->size);
+        if (f->fd >= 0)
+            close(f->fd);
+        free(f->path);
+    }
+    free(st->files);
+    free(st->t);
+    strset_free(&st->names);
+    arena_free(st->arena);
+    free(st);
+}
+
+const shoal_tensor *shoal_st_find(const shoal_st *st, const char *name)
+{
+    int64_t i = strset_find(&st->names, name, strlen(name), tensor_key, st);
+    return i < 0 ? NULL : &st->t[i];
+}
+
+size_t shoal_st_count(const shoal_st *st)
+{
+    return st->n;
+}
+
+const shoal_tensor *shoal_st_at(const shoal_st *st, size_t i)
+{
+    return i < st->n ? &st->t[i] : NULL;
+}
+
+int shoal_st_nfiles(const shoal_st *st)
+{
+    return st->nfiles;
+}
+
+const char *shoal_st_file_path(const shoal_st *st, int file)
+{
+    return file >= 0 && file < st->nfiles ? st->files[file].path : NULL;
+}
+
+static float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) {
+                man <<= 1;
+                exp--;
+            }
+            man &= 0x3ff;
+            u = sign | exp << 23 | man << 13;
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | man << 13;
+    } else {
+        u = sign | (exp + 127 - 15) << 23 | man << 13;
+    }
+    union { uint32_t u; float f; } v = {.u = u};
+    return v.f;
+}
+
+int shoal_tensor_to_f32(const shoal_tensor *t, float *dst, size_t n)
+{
+    size_t es = shoal_dtype_size(t->dtype);
+    if (!t->data || !es || t->nbytes / es != n)
+        return SHOAL_EINVAL;
+    const unsigned char *s = t->data;
+    switch (t->dtype) {
+    case SHOAL_DT_BF16:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = shoal_bf16_to_f32((uint16_t)(s[2 * i] | s[2 * i + 1] << 8));
+        return 0;
+    case SHOAL_DT_F16:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = f16_to_f32((uint16_t)(s[2 * i] | s[2 * i + 1] << 8));
+        return 0;
+    case SHOAL_DT_F32:
+        memcpy(dst, s, n * 4); /* little-endian host (x86-64) */
+        return 0;
+    default:
+        return SHOAL_EUNSUPPORTED;
+    }
+}
