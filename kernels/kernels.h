@@ -75,7 +75,7 @@ void shoal_kda_gate(float *g, const float *z, const float *A_log, const float *d
 /* One delta-rule step for all heads (parallel over heads). S[H, D(k), D(v)] fp32;
  * q, k [H, D] already L2-normalised (q also scaled by D^-1/2); v [H, D]; g [H, D];
  * beta [H] (post-sigmoid). Per head: S = diag(exp g) S; u = v - S^T k;
- * S += k (beta u)^T; o = S^T q. */
+ * S += k (beta u)^T; o = S^T q. D <= 256. */
 void shoal_kda_step(float *o, float *S, const float *q, const float *k, const float *v, const float *g,
                     const float *beta, int H, int D);
 

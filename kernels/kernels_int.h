@@ -1,0 +1,89 @@
+/* kernels: private declarations shared by the kernels' .c files (dispatch in
+ * kernels.c, the scalar specification in gemm.c / ops.c, the SIMD variants in
+ * gemm_avx2.c / gemm_avx512.c). Nothing outside kernels/ includes this.
+ *
+ * The matrix kernels are split into a row-range worker per ISA (no threading
+ * inside) and one OpenMP wrapper in kernels.c that partitions output rows.
+ * Every worker computes each output element with the canonical order written
+ * in kernels/README.md, so the partition and the ISA never change a bit. */
+#ifndef SHOAL_KERNELS_INT_H
+#define SHOAL_KERNELS_INT_H
+
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+
+/* y[t*rows + r] for r in [r0, r1), every t < T. */
+typedef void (*shoal__gemm_bf16_fn)(float *y, const uint16_t *w, const float *x, int rows, int cols, int T,
+                                    int r0, int r1);
+typedef void (*shoal__gemm_f32_fn)(float *y, const float *w, const float *x, int rows, int cols, int T, int r0,
+                                   int r1);
+typedef void (*shoal__gemm_mxfp4_fn)(float *y, const uint8_t *packed, const uint8_t *scale, const float *x,
+                                     int rows, int cols, int T, int r0, int r1);
+/* y[c] for c in [c0, c1) of y = W^T x (W [rows, cols]). */
+typedef void (*shoal__gemv_t_bf16_fn)(float *y, const uint16_t *w, const float *x, int rows, int cols, int c0,
+                                      int c1);
+typedef void (*shoal__gemv_t_f32_fn)(float *y, const float *w, const float *x, int rows, int cols, int c0,
+                                     int c1);
+/* One KDA head (S [D, D], u scratch [D]). */
+typedef void (*shoal__kda_head_fn)(float *o, float *S, const float *q, const float *k, const float *v,
+                                   const float *g, float beta, int D);
+
+typedef struct {
+    shoal__gemm_bf16_fn gemm_bf16;
+    shoal__gemm_f32_fn gemm_f32;
+    shoal__gemm_mxfp4_fn gemm_mxfp4;
+    shoal__gemv_t_bf16_fn gemv_t_bf16;
+    shoal__gemv_t_f32_fn gemv_t_f32;
+    shoal__kda_head_fn kda_head;
+} shoal__kernels_table;
+
+/* Scalar specification (always built). */
+void shoal__kernels_gemm_bf16_scalar(float *y, const uint16_t *w, const float *x, int rows, int cols, int T,
+                                     int r0, int r1);
+void shoal__kernels_gemm_f32_scalar(float *y, const float *w, const float *x, int rows, int cols, int T, int r0,
+                                    int r1);
+void shoal__kernels_gemm_mxfp4_scalar(float *y, const uint8_t *packed, const uint8_t *scale, const float *x,
+                                      int rows, int cols, int T, int r0, int r1);
+void shoal__kernels_gemv_t_bf16_scalar(float *y, const uint16_t *w, const float *x, int rows, int cols, int c0,
+                                       int c1);
+void shoal__kernels_gemv_t_f32_scalar(float *y, const float *w, const float *x, int rows, int cols, int c0,
+                                      int c1);
+void shoal__kernels_kda_head_scalar(float *o, float *S, const float *q, const float *k, const float *v,
+                                    const float *g, float beta, int D);
+/* One MXFP4 row dot product (the spec of one output element); x [cols]. */
+float shoal__kernels_dot_mxfp4_scalar(const uint8_t *packed, const uint8_t *scale, const float *x, int cols);
+/* Canonical 16-lane dot product of fp32 vectors (lane = i mod 16, fmaf, then
+ * the fixed tree of shoal__kernels_reduce16); used by MLA scores. */
+float shoal__kernels_dot_f32_scalar(const float *a, const float *b, int n);
+float shoal__kernels_reduce16(const float a[16]);
+float shoal__kernels_reduce8(const float a[8]);
+
+/* One MLA head (absorbed decode form); p [S] scratch for the probabilities. */
+void shoal__kernels_mla_head(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S, int R,
+                             int P, float scale, float *p);
+
+/* Filled by the ISA files; each returns 0 when the variant was not compiled in. */
+int shoal__kernels_fill_avx2(shoal__kernels_table *t);
+int shoal__kernels_fill_avx512(shoal__kernels_table *t);
+
+extern const shoal__kernels_table *shoal__kernels_active;
+
+/* E2M1 code -> 2 * value, as a signed integer (codes 8..15 negate 0..7). */
+extern const int8_t shoal__kernels_e2m1x2[16];
+/* Multiplier applied to a group's scaled partial sum for E8M0 code e:
+ * 2^(e-152) for 3 <= e <= 254 (the group sum carries a 2^25 factor, see
+ * README "MXFP4"), NaN for e = 255; entries 0..2 are unused (those codes take
+ * the two-step path). */
+extern const float shoal__kernels_e8m0_mul[256];
+
+static inline float shoal__bf16f(uint16_t h)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+
+#endif

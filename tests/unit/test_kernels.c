@@ -1,0 +1,955 @@
+/* kernels/: every op against an independent double-precision computation
+ * written here from SPEC §3/§4.2 (not from the kernels' code), plus the
+ * determinism contract of kernels/kernels.h: bit-identical results across ISA
+ * variants, OpenMP thread counts, T and batch composition. A variant the CPU
+ * lacks is reported SKIPPED, never passed. */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "common/st.h"
+#include "kernels/kernels.h"
+#include "test.h"
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+static float frand(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(rnd() & 0xffffff) / (float)0x1000000;
+}
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        abort();
+    return p;
+}
+static float *frand_vec(size_t n, float lo, float hi)
+{
+    float *v = xmalloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++)
+        v[i] = frand(lo, hi);
+    return v;
+}
+static uint16_t *bf16_vec(size_t n)
+{
+    uint16_t *v = xmalloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++)
+        v[i] = shoal_f32_to_bf16(frand(-1.0f, 1.0f));
+    return v;
+}
+static uint8_t *byte_vec(size_t n, int lo, int hi)
+{
+    uint8_t *v = xmalloc(n);
+    for (size_t i = 0; i < n; i++)
+        v[i] = (uint8_t)(lo + (int)(rnd() % (unsigned)(hi - lo + 1)));
+    return v;
+}
+
+/* E2M1 from SPEC §4.2, written out independently of the kernels' table. */
+static double e2m1_value(unsigned code)
+{
+    static const double mag[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+    return (code & 8) ? -mag[code & 7] : mag[code & 7];
+}
+static double mxfp4_weight(const uint8_t *packed, const uint8_t *scale, int cols, int r, int c)
+{
+    uint8_t b = packed[(size_t)r * (cols / 2) + c / 2];
+    unsigned code = (c & 1) ? (b >> 4) : (b & 15);
+    return ldexp(e2m1_value(code), (int)scale[(size_t)r * (cols / 32) + c / 32] - 127);
+}
+
+static int isas[3];
+static int nisas;
+static void collect_isas(void)
+{
+    nisas = 0;
+    for (int i = SHOAL_ISA_SCALAR; i <= SHOAL_ISA_AVX512; i++)
+        if (shoal_kernels_cpu_has((shoal_isa)i))
+            isas[nisas++] = i;
+}
+
+/* Bounds of the rounding error of an fp32 dot product of n terms split in 16
+ * interleaved chains then a 4-level tree: (n/16 + 4) unit roundoffs of sum|w x|
+ * (plus one for the product), with a margin of 2. */
+static double dot_tol(int n, double abs_sum)
+{
+    return 2.0 * (n / 16.0 + 6.0) * 0x1p-24 * abs_sum + 1e-30;
+}
+
+/* ---- dispatch ------------------------------------------------------------ */
+
+static void t_dispatch(void)
+{
+    CHECK_EQ_INT(shoal_kernels_init(), 0);
+    CHECK_EQ_INT(shoal_kernels_init(), 0); /* idempotent */
+    CHECK(shoal_kernels_cpu_has(SHOAL_ISA_SCALAR));
+    CHECK(!strcmp(shoal_isa_name(SHOAL_ISA_SCALAR), "scalar"));
+    CHECK(!strcmp(shoal_isa_name(SHOAL_ISA_AVX2), "avx2"));
+    CHECK(!strcmp(shoal_isa_name(SHOAL_ISA_AVX512), "avx512"));
+    shoal_isa start = shoal_kernels_isa();
+    CHECK(shoal_kernels_cpu_has(start));
+    for (int i = SHOAL_ISA_SCALAR; i <= SHOAL_ISA_AVX512; i++) {
+        int rc = shoal_kernels_set_isa((shoal_isa)i);
+        if (shoal_kernels_cpu_has((shoal_isa)i)) {
+            CHECK_EQ_INT(rc, 0);
+            CHECK_EQ_INT(shoal_kernels_isa(), i);
+        } else {
+            CHECK_EQ_INT(rc, SHOAL_EUNSUPPORTED);
+        }
+    }
+    CHECK_EQ_INT(shoal_kernels_set_isa((shoal_isa)7), SHOAL_EUNSUPPORTED);
+    /* the default is the best the CPU has */
+    const char *env = getenv("SHOAL_ISA");
+    if (!env || !*env) {
+        shoal_isa best = shoal_kernels_cpu_has(SHOAL_ISA_AVX512) ? SHOAL_ISA_AVX512
+                         : shoal_kernels_cpu_has(SHOAL_ISA_AVX2) ? SHOAL_ISA_AVX2
+                                                                 : SHOAL_ISA_SCALAR;
+        CHECK_EQ_INT(start, best);
+    }
+    shoal_kernels_set_isa(start);
+}
+
+/* ---- MXFP4 decoding (SPEC §4.2) ------------------------------------------ */
+
+/* y = W e_c reads back one dequantized weight exactly (a single product). */
+static float mxfp4_probe(const uint8_t *packed, const uint8_t *scale, int cols, int c)
+{
+    float *x = calloc((size_t)cols, sizeof *x);
+    x[c] = 1.0f;
+    float y = NAN;
+    shoal_gemm_mxfp4(&y, packed, scale, x, 1, cols, 1);
+    free(x);
+    return y;
+}
+
+static void mxfp4_spec_one_isa(void)
+{
+    uint8_t packed[16] = {0}, scale[1] = {124};
+    /* SPEC §4.2 example: byte 0x2B -> element 2j = 0xB = -1.5, 2j+1 = 0x2 = +1.0;
+     * with scale byte 124 (2^-3): -0.1875 and 0.125. Put it at byte j = 5. */
+    packed[5] = 0x2B;
+    CHECK(mxfp4_probe(packed, scale, 32, 10) == -0.1875f);
+    CHECK(mxfp4_probe(packed, scale, 32, 11) == 0.125f);
+    CHECK(mxfp4_probe(packed, scale, 32, 0) == 0.0f);
+    /* every code, both nibbles, a spread of ordinary scales */
+    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    int escales[] = {1, 3, 26, 100, 127, 128, 140, 200, 254};
+    for (size_t si = 0; si < sizeof escales / sizeof escales[0]; si++) {
+        int e = escales[si];
+        scale[0] = (uint8_t)e;
+        for (unsigned code = 0; code < 16; code++) {
+            memset(packed, 0, sizeof packed);
+            packed[7] = (uint8_t)(code | ((15 - code) << 4));
+            double lo = ldexp((code & 8) ? -mag[code & 7] : mag[code & 7], e - 127);
+            unsigned c2 = 15 - code;
+            double hi = ldexp((c2 & 8) ? -mag[c2 & 7] : mag[c2 & 7], e - 127);
+            float ylo = mxfp4_probe(packed, scale, 32, 14), yhi = mxfp4_probe(packed, scale, 32, 15);
+            CHECK_MSG(ylo == (float)lo, "code %u e %d: %g vs %g", code, e, ylo, lo);
+            CHECK_MSG(yhi == (float)hi, "code %u e %d: %g vs %g", c2, e, yhi, hi);
+        }
+    }
+    /* E8M0 edge codes (README "E8M0 edge codes"): e = 0 is 2^-127 (a
+     * subnormal fp32, exact); e = 255 is NaN (OCP MX), whatever the element. */
+    memset(packed, 0, sizeof packed);
+    packed[0] = 0x72; /* element 0 = 1.0, element 1 = 6.0 */
+    scale[0] = 0;
+    CHECK(mxfp4_probe(packed, scale, 32, 0) == 0x1p-127f);
+    CHECK(mxfp4_probe(packed, scale, 32, 1) == 6.0f * 0x1p-127f);
+    scale[0] = 2;
+    CHECK(mxfp4_probe(packed, scale, 32, 1) == 6.0f * 0x1p-125f);
+    scale[0] = 255;
+    CHECK(isnan(mxfp4_probe(packed, scale, 32, 0)));
+    CHECK(isnan(mxfp4_probe(packed, scale, 32, 5))); /* a zero element of a NaN-scaled group */
+    /* e = 0 in a larger dot product: sum of 1.0 * 2^-127 * x over a group */
+    {
+        uint8_t p2[32], s2[2] = {0, 127};
+        memset(p2, 0x22, sizeof p2); /* every element 1.0 */
+        float x[64];
+        for (int i = 0; i < 64; i++)
+            x[i] = i < 32 ? 1.0f : 0.0f;
+        float y;
+        shoal_gemm_mxfp4(&y, p2, s2, x, 1, 64, 1);
+        CHECK(y == 32.0f * 0x1p-127f);
+    }
+}
+
+static void for_each_isa(void (*fn)(void), const char *what)
+{
+    shoal_isa keep = shoal_kernels_isa();
+    for (int i = 0; i < nisas; i++) {
+        shoal_kernels_set_isa((shoal_isa)isas[i]);
+        int before = test_case_failed;
+        fn();
+        if (test_case_failed && !before)
+            fprintf(stderr, "  (%s failed with ISA %s)\n", what, shoal_isa_name((shoal_isa)isas[i]));
+    }
+    shoal_kernels_set_isa(keep);
+}
+
+static void t_mxfp4_decode(void)
+{
+    for_each_isa(mxfp4_spec_one_isa, "mxfp4 decode");
+}
+
+/* ---- matrix kernels against double precision ------------------------------ */
+
+typedef enum { K_BF16, K_F32, K_MXFP4 } mkind;
+
+typedef struct {
+    mkind kind;
+    int rows, cols;
+    uint16_t *wb;
+    float *wf;
+    uint8_t *packed, *scale;
+} mat;
+
+static mat mat_new(mkind kind, int rows, int cols)
+{
+    mat m = {.kind = kind, .rows = rows, .cols = cols};
+    size_t n = (size_t)rows * cols;
+    if (kind == K_BF16)
+        m.wb = bf16_vec(n);
+    else if (kind == K_F32)
+        m.wf = frand_vec(n, -1.0f, 1.0f);
+    else {
+        m.packed = byte_vec(n / 2, 0, 255);
+        m.scale = byte_vec(n / 32, 118, 130);
+    }
+    return m;
+}
+static void mat_free(mat *m)
+{
+    free(m->wb);
+    free(m->wf);
+    free(m->packed);
+    free(m->scale);
+}
+static double mat_w(const mat *m, int r, int c)
+{
+    switch (m->kind) {
+    case K_BF16:
+        return shoal_bf16_to_f32(m->wb[(size_t)r * m->cols + c]);
+    case K_F32:
+        return m->wf[(size_t)r * m->cols + c];
+    default:
+        return mxfp4_weight(m->packed, m->scale, m->cols, r, c);
+    }
+}
+static void mat_gemm(const mat *m, float *y, const float *x, int T)
+{
+    switch (m->kind) {
+    case K_BF16:
+        shoal_gemm_bf16(y, m->wb, x, m->rows, m->cols, T);
+        break;
+    case K_F32:
+        shoal_gemm_f32(y, m->wf, x, m->rows, m->cols, T);
+        break;
+    default:
+        shoal_gemm_mxfp4(y, m->packed, m->scale, x, m->rows, m->cols, T);
+        break;
+    }
+}
+
+static const char *kind_name[] = {"bf16", "f32", "mxfp4"};
+
+/* shapes: rows arbitrary, cols multiples of 32 incl. odd numbers of groups */
+static const int shape_rows[] = {1, 3, 4, 5, 17, 33};
+static const int shape_cols[] = {32, 64, 96, 160, 544};
+static const int shape_T[] = {1, 2, 3, 5, 9};
+
+static void gemm_vs_double_one_isa(void)
+{
+    for (int k = 0; k < 3; k++)
+        for (size_t ri = 0; ri < sizeof shape_rows / sizeof *shape_rows; ri++)
+            for (size_t ci = 0; ci < sizeof shape_cols / sizeof *shape_cols; ci++) {
+                int rows = shape_rows[ri], cols = shape_cols[ci], T = shape_T[(ri + ci) % 5];
+                mat m = mat_new((mkind)k, rows, cols);
+                float *x = frand_vec((size_t)T * cols, -2.0f, 2.0f);
+                float *y = xmalloc((size_t)T * rows * sizeof *y);
+                mat_gemm(&m, y, x, T);
+                for (int t = 0; t < T; t++)
+                    for (int r = 0; r < rows; r++) {
+                        double ref = 0, abs_sum = 0;
+                        for (int c = 0; c < cols; c++) {
+                            double p = mat_w(&m, r, c) * x[(size_t)t * cols + c];
+                            ref += p;
+                            abs_sum += fabs(p);
+                        }
+                        double got = y[(size_t)t * rows + r];
+                        CHECK_MSG(fabs(got - ref) <= dot_tol(cols, abs_sum), "%s %dx%d T=%d t=%d r=%d: %.9g vs %.9g",
+                                  kind_name[k], rows, cols, T, t, r, got, ref);
+                    }
+                free(x);
+                free(y);
+                mat_free(&m);
+            }
+}
+
+static void t_gemm_vs_double(void)
+{
+    for_each_isa(gemm_vs_double_one_isa, "gemm vs double");
+}
+
+static void t_gemv_t_vs_double(void)
+{
+    shoal_isa keep = shoal_kernels_isa();
+    for (int ii = 0; ii < nisas; ii++) {
+        shoal_kernels_set_isa((shoal_isa)isas[ii]);
+        int shapes[][2] = {{1, 32}, {7, 64}, {64, 96}, {130, 512}, {3, 1056}};
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            int rows = shapes[s][0], cols = shapes[s][1];
+            uint16_t *wb = bf16_vec((size_t)rows * cols);
+            float *wf = frand_vec((size_t)rows * cols, -1, 1), *x = frand_vec((size_t)rows, -2, 2);
+            float *yb = xmalloc((size_t)cols * 4), *yf = xmalloc((size_t)cols * 4);
+            shoal_gemv_t_bf16(yb, wb, x, rows, cols);
+            shoal_gemv_t_f32(yf, wf, x, rows, cols);
+            for (int c = 0; c < cols; c++) {
+                double rb = 0, rf = 0, ab = 0, af = 0;
+                for (int r = 0; r < rows; r++) {
+                    double pb = (double)shoal_bf16_to_f32(wb[(size_t)r * cols + c]) * x[r];
+                    double pf = (double)wf[(size_t)r * cols + c] * x[r];
+                    rb += pb, ab += fabs(pb), rf += pf, af += fabs(pf);
+                }
+                double tb = 2.0 * (rows + 1) * 0x1p-24 * ab + 1e-30, tf = 2.0 * (rows + 1) * 0x1p-24 * af + 1e-30;
+                CHECK_MSG(fabs(yb[c] - rb) <= tb, "bf16 %dx%d c=%d", rows, cols, c);
+                CHECK_MSG(fabs(yf[c] - rf) <= tf, "f32 %dx%d c=%d", rows, cols, c);
+            }
+            free(wb), free(wf), free(x), free(yb), free(yf);
+        }
+    }
+    shoal_kernels_set_isa(keep);
+}
+
+/* ---- determinism ----------------------------------------------------------- */
+
+/* Every ISA the CPU has equals the scalar specification bit for bit. */
+static void t_isa_bit_identical(void)
+{
+    if (nisas < 2)
+        SKIP("only the scalar variant runs on this CPU");
+    shoal_isa keep = shoal_kernels_isa();
+    int rows_list[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 33, 64, 67};
+    int cols_list[] = {32, 64, 96, 128, 160, 224, 544, 1056};
+    int T_list[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17};
+    int n = 0;
+    for (int k = 0; k < 3; k++)
+        for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
+            for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++) {
+                int rows = rows_list[ri], cols = cols_list[ci];
+                int T = T_list[(ri * 3 + ci) % 10];
+                mat m = mat_new((mkind)k, rows, cols);
+                float *x = frand_vec((size_t)T * cols, -3.0f, 3.0f);
+                /* some exact zeros, wide magnitudes and signed zeros in x */
+                for (size_t i = 0; i < (size_t)T * cols; i += 7)
+                    x[i] = (i % 3) ? 0.0f : -0.0f;
+                for (size_t i = 3; i < (size_t)T * cols; i += 11)
+                    x[i] *= 1e-20f;
+                if (k == K_MXFP4) /* rare E8M0 codes: 0..2 two-step path, 255 NaN */
+                    for (size_t g = 0; g < (size_t)rows * cols / 32; g += 5)
+                        m.scale[g] = (uint8_t)(g % 4 == 0 ? 0 : g % 4 == 1 ? 2 : g % 4 == 2 ? 254 : 130);
+                size_t ny = (size_t)T * rows;
+                float *ref = xmalloc(ny * 4), *got = xmalloc(ny * 4);
+                shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+                mat_gemm(&m, ref, x, T);
+                for (int i = 1; i < nisas; i++) {
+                    shoal_kernels_set_isa((shoal_isa)isas[i]);
+                    memset(got, 0x5a, ny * 4);
+                    mat_gemm(&m, got, x, T);
+                    CHECK_MSG(!memcmp(ref, got, ny * 4), "%s %s %dx%d T=%d differs from scalar", kind_name[k],
+                              shoal_isa_name((shoal_isa)isas[i]), rows, cols, T);
+                    n++;
+                }
+                free(ref), free(got), free(x);
+                mat_free(&m);
+            }
+    /* gemv_t */
+    for (int s = 0; s < 4; s++) {
+        int rows = 1 + s * 37, cols = 32 * (1 + s * 5);
+        uint16_t *wb = bf16_vec((size_t)rows * cols);
+        float *wf = frand_vec((size_t)rows * cols, -1, 1), *x = frand_vec((size_t)rows, -2, 2);
+        float *r1 = xmalloc((size_t)cols * 4), *r2 = xmalloc((size_t)cols * 4), *g1 = xmalloc((size_t)cols * 4),
+              *g2 = xmalloc((size_t)cols * 4);
+        shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+        shoal_gemv_t_bf16(r1, wb, x, rows, cols);
+        shoal_gemv_t_f32(r2, wf, x, rows, cols);
+        for (int i = 1; i < nisas; i++) {
+            shoal_kernels_set_isa((shoal_isa)isas[i]);
+            shoal_gemv_t_bf16(g1, wb, x, rows, cols);
+            shoal_gemv_t_f32(g2, wf, x, rows, cols);
+            CHECK(!memcmp(r1, g1, (size_t)cols * 4));
+            CHECK(!memcmp(r2, g2, (size_t)cols * 4));
+        }
+        free(wb), free(wf), free(x), free(r1), free(r2), free(g1), free(g2);
+    }
+    shoal_kernels_set_isa(keep);
+    CHECK(n > 0);
+    for (int i = 0; i <= SHOAL_ISA_AVX512; i++)
+        if (!shoal_kernels_cpu_has((shoal_isa)i))
+            printf("  note: ISA %s not on this CPU: its bit-identity is not checked here (see t_isa_avx512)\n",
+                   shoal_isa_name((shoal_isa)i));
+}
+
+/* The AVX-512 variant is compiled in but cannot run on a CPU without it. */
+static void t_isa_avx512(void)
+{
+    if (!shoal_kernels_cpu_has(SHOAL_ISA_AVX512))
+        SKIP("CPU lacks AVX-512F/BW/VL/DQ: avx512 variants not run");
+    CHECK(shoal_kernels_set_isa(SHOAL_ISA_AVX512) == 0);
+    shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+}
+
+static void t_isa_avx2(void)
+{
+    if (!shoal_kernels_cpu_has(SHOAL_ISA_AVX2))
+        SKIP("CPU lacks AVX2/FMA/F16C: avx2 variants not run");
+    CHECK(shoal_kernels_set_isa(SHOAL_ISA_AVX2) == 0);
+    shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+}
+
+static void threads_one_isa(void)
+{
+    int nthreads[] = {1, 2, 3, 4, 7};
+    for (int k = 0; k < 3; k++) {
+        int rows = 261, cols = 544, T = 5; /* 17 groups: an odd count */
+        mat m = mat_new((mkind)k, rows, cols);
+        float *x = frand_vec((size_t)T * cols, -2, 2);
+        size_t ny = (size_t)T * rows;
+        float *ref = xmalloc(ny * 4), *got = xmalloc(ny * 4);
+        omp_set_num_threads(1);
+        mat_gemm(&m, ref, x, T);
+        for (size_t i = 1; i < sizeof nthreads / sizeof *nthreads; i++) {
+            omp_set_num_threads(nthreads[i]);
+            mat_gemm(&m, got, x, T);
+            CHECK_MSG(!memcmp(ref, got, ny * 4), "%s threads=%d", kind_name[k], nthreads[i]);
+        }
+        free(ref), free(got), free(x);
+        mat_free(&m);
+    }
+    /* KDA step and MLA attention, parallel over heads */
+    int H = 6, D = 32, S = 40, R = 64, P = 32;
+    float *S0 = frand_vec((size_t)H * D * D, -1, 1), *S1 = xmalloc((size_t)H * D * D * 4);
+    float *q = frand_vec((size_t)H * D, -0.2f, 0.2f), *kk = frand_vec((size_t)H * D, -0.2f, 0.2f);
+    float *v = frand_vec((size_t)H * D, -1, 1), *g = frand_vec((size_t)H * D, -2, 0), *beta = frand_vec(H, 0, 1);
+    float *o1 = xmalloc((size_t)H * D * 4), *o2 = xmalloc((size_t)H * D * 4);
+    float *cache = frand_vec((size_t)S * (R + P), -1, 1), *ql = frand_vec((size_t)H * R, -1, 1),
+          *qp = frand_vec((size_t)H * P, -1, 1);
+    float *c1 = xmalloc((size_t)H * R * 4), *c2 = xmalloc((size_t)H * R * 4), *scr = xmalloc((size_t)H * S * 4);
+    memcpy(S1, S0, (size_t)H * D * D * 4);
+    omp_set_num_threads(1);
+    shoal_kda_step(o1, S0, q, kk, v, g, beta, H, D);
+    shoal_mla_attend(c1, ql, qp, cache, S, H, R, P, 0.1f, scr);
+    omp_set_num_threads(3);
+    shoal_kda_step(o2, S1, q, kk, v, g, beta, H, D);
+    shoal_mla_attend(c2, ql, qp, cache, S, H, R, P, 0.1f, scr);
+    CHECK(!memcmp(o1, o2, (size_t)H * D * 4));
+    CHECK(!memcmp(S0, S1, (size_t)H * D * D * 4));
+    CHECK(!memcmp(c1, c2, (size_t)H * R * 4));
+    free(S0), free(S1), free(q), free(kk), free(v), free(g), free(beta), free(o1), free(o2);
+    free(cache), free(ql), free(qp), free(c1), free(c2), free(scr);
+    omp_set_num_threads(2);
+}
+
+static void t_thread_invariance(void)
+{
+    for_each_isa(threads_one_isa, "thread invariance");
+}
+
+/* y[t] of a batch equals y of that token alone, and of the tokens in any
+ * order (batch composition), bit for bit. */
+static void t_invariance_one_isa(void)
+{
+    int T = 11;
+    for (int k = 0; k < 3; k++) {
+        int rows = 37, cols = 352;
+        mat m = mat_new((mkind)k, rows, cols);
+        float *x = frand_vec((size_t)T * cols, -2, 2);
+        float *yb = xmalloc((size_t)T * rows * 4), *y1 = xmalloc((size_t)rows * 4);
+        mat_gemm(&m, yb, x, T);
+        for (int t = 0; t < T; t++) {
+            mat_gemm(&m, y1, x + (size_t)t * cols, 1);
+            CHECK_MSG(!memcmp(y1, yb + (size_t)t * rows, (size_t)rows * 4), "%s token %d", kind_name[k], t);
+        }
+        /* reversed batch of the first 6 tokens */
+        float *xr = xmalloc((size_t)6 * cols * 4), *yr = xmalloc((size_t)6 * rows * 4);
+        for (int t = 0; t < 6; t++)
+            memcpy(xr + (size_t)t * cols, x + (size_t)(5 - t) * cols, (size_t)cols * 4);
+        mat_gemm(&m, yr, xr, 6);
+        for (int t = 0; t < 6; t++)
+            CHECK(!memcmp(yr + (size_t)t * rows, yb + (size_t)(5 - t) * rows, (size_t)rows * 4));
+        free(x), free(yb), free(y1), free(xr), free(yr);
+        mat_free(&m);
+    }
+}
+
+static void t_token_invariance(void)
+{
+    for_each_isa(t_invariance_one_isa, "T invariance");
+}
+
+/* ---- NaN / Inf propagation by class -------------------------------------- */
+
+static void nan_inf_one_isa(void)
+{
+    int rows = 4, cols = 64;
+    for (int k = 0; k < 3; k++) {
+        mat m = mat_new((mkind)k, rows, cols);
+        float *x = frand_vec((size_t)cols, 0.5f, 1.0f);
+        float y[4];
+        /* make column 9 of every row a positive nonzero weight */
+        for (int r = 0; r < rows; r++) {
+            if (k == K_BF16)
+                m.wb[(size_t)r * cols + 9] = shoal_f32_to_bf16(0.75f);
+            else if (k == K_F32)
+                m.wf[(size_t)r * cols + 9] = 0.75f;
+            else {
+                uint8_t *b = &m.packed[(size_t)r * (cols / 2) + 4];
+                *b = (uint8_t)((*b & 0x0f) | (0x3 << 4)); /* element 9 = 1.5 */
+            }
+        }
+        x[9] = NAN;
+        mat_gemm(&m, y, x, 1);
+        for (int r = 0; r < rows; r++)
+            CHECK_MSG(isnan(y[r]), "%s: NaN in x must give NaN", kind_name[k]);
+        x[9] = INFINITY;
+        mat_gemm(&m, y, x, 1);
+        for (int r = 0; r < rows; r++)
+            CHECK_MSG(isinf(y[r]) && y[r] > 0, "%s: +inf x with positive weight must give +inf", kind_name[k]);
+        x[9] = -INFINITY;
+        mat_gemm(&m, y, x, 1);
+        for (int r = 0; r < rows; r++)
+            CHECK_MSG(isinf(y[r]) && y[r] < 0, "%s: -inf x with positive weight must give -inf", kind_name[k]);
+        /* inf times a zero weight is NaN */
+        for (int r = 0; r < rows; r++) {
+            if (k == K_BF16)
+                m.wb[(size_t)r * cols + 9] = 0;
+            else if (k == K_F32)
+                m.wf[(size_t)r * cols + 9] = 0.0f;
+            else
+                m.packed[(size_t)r * (cols / 2) + 4] &= 0x0f;
+        }
+        mat_gemm(&m, y, x, 1);
+        for (int r = 0; r < rows; r++)
+            CHECK_MSG(isnan(y[r]), "%s: inf x zero weight must give NaN", kind_name[k]);
+        x[9] = 1.0f;
+        /* non-finite weights */
+        if (k == K_BF16) {
+            m.wb[2 * cols + 40] = 0x7fc0; /* NaN */
+            m.wb[3 * cols + 40] = 0xff80; /* -inf */
+            mat_gemm(&m, y, x, 1);
+            CHECK(isnan(y[2]) && isinf(y[3]) && y[3] < 0 && isfinite(y[0]) && isfinite(y[1]));
+        } else if (k == K_F32) {
+            m.wf[2 * cols + 40] = NAN;
+            m.wf[3 * cols + 40] = -INFINITY;
+            mat_gemm(&m, y, x, 1);
+            CHECK(isnan(y[2]) && isinf(y[3]) && y[3] < 0 && isfinite(y[0]) && isfinite(y[1]));
+        } else {
+            m.scale[1 * (cols / 32) + 1] = 255; /* row 1, group 1: NaN scale */
+            mat_gemm(&m, y, x, 1);
+            CHECK(isnan(y[1]) && isfinite(y[0]) && isfinite(y[2]) && isfinite(y[3]));
+        }
+        free(x);
+        mat_free(&m);
+    }
+}
+
+static void t_nan_inf(void)
+{
+    for_each_isa(nan_inf_one_isa, "nan/inf");
+}
+
+/* ---- small fp32 ops ---------------------------------------------------------- */
+
+static double dsig(double x)
+{
+    return 1.0 / (1.0 + exp(-x));
+}
+
+static void t_norms_softmax(void)
+{
+    int n = 7168;
+    float *x = frand_vec((size_t)n, -3, 3), *w = frand_vec((size_t)n, 0.5f, 1.5f), *y = xmalloc((size_t)n * 4);
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    shoal_rmsnorm(y, x, w, n, 1e-5f);
+    double r = 1.0 / sqrt(ss / n + 1e-5);
+    for (int i = 0; i < n; i++)
+        CHECK_NEAR(y[i], x[i] * r * w[i], 4e-7 * fabs(x[i] * r * w[i]) + 1e-30);
+    shoal_rmsnorm(y, x, NULL, n, 1e-5f);
+    for (int i = 0; i < n; i++)
+        CHECK_NEAR(y[i], x[i] * r, 4e-7 * fabs(x[i] * r) + 1e-30);
+    memcpy(y, x, (size_t)n * 4);
+    shoal_rmsnorm(y, y, w, n, 1e-5f); /* aliasing allowed */
+    for (int i = 0; i < n; i++)
+        CHECK_NEAR(y[i], x[i] * r * w[i], 4e-7 * fabs(x[i] * r * w[i]) + 1e-30);
+    /* l2norm: eps inside the sqrt of the sum (FLA), distinguishable from
+     * max(|x|, eps) on a tiny vector */
+    float t[4] = {1e-4f, 0, 0, 0};
+    shoal_l2norm(t, 4, 1e-6f);
+    CHECK_NEAR(t[0], 1e-4 / sqrt(1e-8 + 1e-6), 1e-8);
+    memcpy(y, x, 128 * 4);
+    shoal_l2norm(y, 128, 1e-6f);
+    double s2 = 0;
+    for (int i = 0; i < 128; i++)
+        s2 += (double)x[i] * x[i];
+    for (int i = 0; i < 128; i++)
+        CHECK_NEAR(y[i], x[i] / sqrt(s2 + 1e-6), 3e-7 * fabs(y[i]) + 1e-30);
+    /* softmax: large offsets need the max subtraction */
+    float sm[5] = {1000.0f, 1001.0f, 999.0f, -50.0f, 1001.0f};
+    double ref[5], den = 0;
+    for (int i = 0; i < 5; i++)
+        den += exp((double)sm[i] - 1001.0);
+    for (int i = 0; i < 5; i++)
+        ref[i] = exp((double)sm[i] - 1001.0) / den;
+    shoal_softmax(sm, 5);
+    for (int i = 0; i < 5; i++)
+        CHECK_NEAR(sm[i], ref[i], 1e-7);
+    CHECK(sm[1] == sm[4]);
+    /* sigmoid saturates without NaN */
+    CHECK(shoal_sigmoid(-200.0f) == 0.0f);
+    CHECK(shoal_sigmoid(200.0f) == 1.0f);
+    CHECK_NEAR(shoal_sigmoid(0.3f), dsig(0.3), 1e-7);
+    free(x), free(w), free(y);
+}
+
+static void t_situ_glu(void)
+{
+    /* values that saturate each tanh (|g| >> 4, |u| >> 25) and ordinary ones */
+    float g[8] = {-30.0f, -4.0f, -0.5f, 0.0f, 0.7f, 4.0f, 12.0f, 90.0f};
+    float u[8] = {-100.0f, -25.0f, -1.0f, 3.0f, 0.1f, 25.0f, 60.0f, 1.0f};
+    float y[8];
+    shoal_situ_glu(y, g, u, 8, 4.0f, 25.0f);
+    for (int i = 0; i < 8; i++) {
+        double a = 4.0 * tanh(g[i] / 4.0) * dsig(g[i]), b = 25.0 * tanh(u[i] / 25.0);
+        CHECK_NEAR(y[i], a * b, 2e-6 * fabs(a * b) + 1e-30);
+    }
+    float g2[8];
+    memcpy(g2, g, sizeof g);
+    shoal_situ_glu(g2, g2, u, 8, 4.0f, 25.0f); /* y aliases g */
+    CHECK(!memcmp(g2, y, sizeof y));
+}
+
+static void t_topk(void)
+{
+    /* ties broken by the lower index; ascending output; NaN never beats a number */
+    float s[12] = {0.5f, 0.9f, 0.9f, NAN, 0.1f, 0.9f, 0.7f, -1.0f, 0.7f, 0.2f, 0.9f, 0.3f};
+    int32_t idx[5];
+    shoal_topk(idx, s, 12, 5);
+    int32_t want[5] = {1, 2, 5, 6, 10}; /* four 0.9s, then the lower-index 0.7 */
+    for (int i = 0; i < 5; i++)
+        CHECK_EQ_INT(idx[i], want[i]);
+    shoal_topk(idx, s, 12, 1);
+    CHECK_EQ_INT(idx[0], 1);
+    int32_t all[12];
+    shoal_topk(all, s, 12, 12);
+    for (int i = 0; i < 12; i++)
+        CHECK_EQ_INT(all[i], i);
+    /* a bias that reorders: selection by s + bias */
+    float sb[896];
+    for (int i = 0; i < 896; i++)
+        sb[i] = (float)((i * 7919) % 896) / 896.0f;
+    int32_t k16[16];
+    shoal_topk(k16, sb, 896, 16);
+    for (int i = 0; i < 16; i++) {
+        CHECK(sb[k16[i]] >= (float)(896 - 16) / 896.0f);
+        if (i)
+            CHECK(k16[i] > k16[i - 1]);
+    }
+}
+
+static void t_kda_conv_gate(void)
+{
+    int C = 24, K = 4, steps = 6;
+    float *taps = frand_vec((size_t)C * K, -1, 1), *win = calloc((size_t)(K - 1) * C, 4);
+    float *xs = frand_vec((size_t)steps * C, -2, 2), out[24];
+    for (int t = 0; t < steps; t++) {
+        shoal_kda_conv_step(out, win, xs + (size_t)t * C, taps, C, K);
+        for (int c = 0; c < C; c++) {
+            double acc = 0; /* tap K-1 multiplies the current token; before start is 0 */
+            for (int j = 0; j < K; j++) {
+                int src = t - (K - 1) + j;
+                if (src >= 0)
+                    acc += (double)taps[c * K + j] * xs[(size_t)src * C + c];
+            }
+            double ref = acc * dsig(acc);
+            CHECK_NEAR(out[c], ref, 1e-6 * (fabs(ref) + 1));
+        }
+    }
+    free(taps), free(win), free(xs);
+    /* gates */
+    int H = 3, D = 8;
+    float *z = frand_vec((size_t)H * D, -3, 3), *al = frand_vec(H, -1, 2.5f), *dt = frand_vec((size_t)H * D, -1, 1);
+    float g[24];
+    shoal_kda_gate(g, z, al, dt, H, D, 1, -5.0f);
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < D; i++) {
+            double zz = (double)z[h * D + i] + dt[h * D + i], ref = -5.0 * dsig(exp(al[h]) * zz);
+            CHECK_NEAR(g[h * D + i], ref, 2e-6 * fabs(ref) + 1e-7);
+            CHECK(g[h * D + i] <= 0 && g[h * D + i] >= -5); /* (-5, 0), closed by fp32 saturation */
+        }
+    shoal_kda_gate(g, z, al, dt, H, D, 0, 0.0f);
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < D; i++) {
+            double zz = (double)z[h * D + i] + dt[h * D + i], ref = -exp(al[h]) * log1p(exp(zz));
+            CHECK_NEAR(g[h * D + i], ref, 2e-6 * fabs(ref) + 1e-7);
+        }
+    free(z), free(al), free(dt);
+}
+
+/* Delta rule against the closed form S_t = (I - b k k^T) Diag(e^g) S + b k v^T,
+ * o = S^T q, in double over several tokens. */
+static void kda_one_isa(void)
+{
+    int H = 3, D = 64, steps = 5;
+    size_t n = (size_t)H * D * D;
+    float *S = calloc(n, 4);
+    double *Sd = calloc(n, sizeof(double));
+    for (int t = 0; t < steps; t++) {
+        float *q = frand_vec((size_t)H * D, -1, 1), *k = frand_vec((size_t)H * D, -1, 1);
+        float *v = frand_vec((size_t)H * D, -1, 1), *g = frand_vec((size_t)H * D, -1.5f, 0);
+        float *beta = frand_vec(H, 0.1f, 0.9f), *o = xmalloc((size_t)H * D * 4);
+        for (int h = 0; h < H; h++) {
+            shoal_l2norm(q + h * D, D, 1e-6f);
+            shoal_l2norm(k + h * D, D, 1e-6f);
+            for (int i = 0; i < D; i++)
+                q[h * D + i] *= 0.125f;
+        }
+        shoal_kda_step(o, S, q, k, v, g, beta, H, D);
+        for (int h = 0; h < H; h++) {
+            double *M = Sd + (size_t)h * D * D, u[64], oo[64];
+            const float *kh = k + h * D, *qh = q + h * D, *vh = v + h * D, *gh = g + h * D;
+            for (int i = 0; i < D; i++)
+                for (int j = 0; j < D; j++)
+                    M[i * D + j] *= exp(gh[i]);
+            for (int j = 0; j < D; j++) {
+                double s = 0;
+                for (int i = 0; i < D; i++)
+                    s += M[i * D + j] * kh[i];
+                u[j] = vh[j] - s;
+            }
+            for (int i = 0; i < D; i++)
+                for (int j = 0; j < D; j++)
+                    M[i * D + j] += kh[i] * beta[h] * u[j];
+            for (int j = 0; j < D; j++) {
+                oo[j] = 0;
+                for (int i = 0; i < D; i++)
+                    oo[j] += M[i * D + j] * qh[i];
+                CHECK_NEAR(o[h * D + j], oo[j], 2e-5);
+            }
+        }
+        free(q), free(k), free(v), free(g), free(beta), free(o);
+    }
+    for (size_t i = 0; i < n; i++)
+        CHECK_NEAR(S[i], Sd[i], 2e-5);
+    free(S), free(Sd);
+}
+
+static void t_kda_step(void)
+{
+    for_each_isa(kda_one_isa, "kda step");
+    /* bit-identical across ISAs */
+    if (nisas < 2)
+        return;
+    int H = 4, D = 128;
+    float *S0 = frand_vec((size_t)H * D * D, -1, 1), *S1 = xmalloc((size_t)H * D * D * 4);
+    memcpy(S1, S0, (size_t)H * D * D * 4);
+    float *q = frand_vec((size_t)H * D, -0.1f, 0.1f), *k = frand_vec((size_t)H * D, -0.1f, 0.1f);
+    float *v = frand_vec((size_t)H * D, -1, 1), *g = frand_vec((size_t)H * D, -3, 0), *b = frand_vec(H, 0, 1);
+    float *o0 = xmalloc((size_t)H * D * 4), *o1 = xmalloc((size_t)H * D * 4);
+    shoal_isa keep = shoal_kernels_isa();
+    shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+    shoal_kda_step(o0, S0, q, k, v, g, b, H, D);
+    for (int i = 1; i < nisas; i++) {
+        float *S2 = xmalloc((size_t)H * D * D * 4);
+        memcpy(S2, S1, (size_t)H * D * D * 4);
+        shoal_kernels_set_isa((shoal_isa)isas[i]);
+        shoal_kda_step(o1, S2, q, k, v, g, b, H, D);
+        CHECK(!memcmp(o0, o1, (size_t)H * D * 4));
+        CHECK(!memcmp(S0, S2, (size_t)H * D * D * 4));
+        free(S2);
+    }
+    shoal_kernels_set_isa(keep);
+    free(S0), free(S1), free(q), free(k), free(v), free(g), free(b), free(o0), free(o1);
+}
+
+static void t_gated_rmsnorm(void)
+{
+    int H = 3, D = 16;
+    float *o = frand_vec((size_t)H * D, -2, 2), *gate = frand_vec((size_t)H * D, -4, 4), *w = frand_vec(D, 0.5f, 2);
+    float y[48];
+    shoal_gated_rmsnorm(y, o, gate, w, H, D, 1e-5f);
+    for (int h = 0; h < H; h++) {
+        double ss = 0;
+        for (int i = 0; i < D; i++)
+            ss += (double)o[h * D + i] * o[h * D + i];
+        for (int i = 0; i < D; i++) {
+            double ref = o[h * D + i] / sqrt(ss / D + 1e-5) * w[i] * dsig(gate[h * D + i]);
+            CHECK_NEAR(y[h * D + i], ref, 1e-6 * fabs(ref) + 1e-30);
+        }
+    }
+    free(o), free(gate), free(w);
+}
+
+/* Absorbed MLA against the plain formula in double. */
+static void t_mla_attend(void)
+{
+    int S = 37, H = 5, R = 64, P = 32;
+    float scale = 1.0f / sqrtf(192.0f);
+    float *cache = frand_vec((size_t)S * (R + P), -1, 1), *ql = frand_vec((size_t)H * R, -1, 1);
+    float *qp = frand_vec((size_t)H * P, -1, 1), *ctx = xmalloc((size_t)H * R * 4), *scr = xmalloc((size_t)H * S * 4);
+    shoal_mla_attend(ctx, ql, qp, cache, S, H, R, P, scale, scr);
+    for (int h = 0; h < H; h++) {
+        double sc[37], m = -1e300, den = 0;
+        for (int s = 0; s < S; s++) {
+            double d = 0;
+            for (int i = 0; i < R; i++)
+                d += (double)ql[h * R + i] * cache[(size_t)s * (R + P) + i];
+            for (int i = 0; i < P; i++)
+                d += (double)qp[h * P + i] * cache[(size_t)s * (R + P) + R + i];
+            sc[s] = d * scale;
+            m = sc[s] > m ? sc[s] : m;
+        }
+        for (int s = 0; s < S; s++)
+            den += exp(sc[s] - m);
+        for (int i = 0; i < R; i++) {
+            double ref = 0;
+            for (int s = 0; s < S; s++)
+                ref += exp(sc[s] - m) / den * cache[(size_t)s * (R + P) + i];
+            CHECK_NEAR(ctx[h * R + i], ref, 2e-6);
+        }
+    }
+    free(cache), free(ql), free(qp), free(ctx), free(scr);
+}
+
+/* y = bf16(W2 SiTU(W1 x, W3 x)) against double, for each weight kind. Each
+ * output may differ from the correctly rounded bf16 of the double value by
+ * one bf16 ulp (fp32 accumulation can sit on the other side of a tie). */
+static void t_expert_ffn(void)
+{
+    int d = 96, f = 64, T = 3; /* d > f: W2 output is computed in two chunks */
+    for (int k = 0; k < 3; k++) {
+        mat w1 = mat_new((mkind)k, f, d), w3 = mat_new((mkind)k, f, d), w2 = mat_new((mkind)k, d, f);
+        shoal_expert_w e = {.kind = k == K_BF16 ? SHOAL_EXPERT_BF16 : k == K_F32 ? SHOAL_EXPERT_F32 : SHOAL_EXPERT_MXFP4,
+                            .d = d,
+                            .f = f};
+        if (k == K_MXFP4) {
+            e.w1 = w1.packed, e.w3 = w3.packed, e.w2 = w2.packed;
+            e.w1_scale = w1.scale, e.w3_scale = w3.scale, e.w2_scale = w2.scale;
+        } else if (k == K_BF16) {
+            e.w1 = w1.wb, e.w3 = w3.wb, e.w2 = w2.wb;
+        } else {
+            e.w1 = w1.wf, e.w3 = w3.wf, e.w2 = w2.wf;
+        }
+        float *x = frand_vec((size_t)T * d, -1, 1), *scr = xmalloc((size_t)2 * T * f * 4);
+        uint16_t *y = xmalloc((size_t)T * d * 2);
+        shoal_expert_ffn(y, &e, x, T, 4.0f, 25.0f, scr);
+        for (int t = 0; t < T; t++) {
+            double h[64];
+            for (int j = 0; j < f; j++) {
+                double a = 0, b = 0;
+                for (int c = 0; c < d; c++) {
+                    a += mat_w(&w1, j, c) * x[t * d + c];
+                    b += mat_w(&w3, j, c) * x[t * d + c];
+                }
+                h[j] = 4.0 * tanh(a / 4.0) * dsig(a) * 25.0 * tanh(b / 25.0);
+            }
+            for (int r = 0; r < d; r++) {
+                double ref = 0;
+                for (int j = 0; j < f; j++)
+                    ref += mat_w(&w2, r, j) * h[j];
+                double got = shoal_bf16_to_f32(y[t * d + r]);
+                double ulp = fabs(ref) * 0x1p-7 + 1e-20;
+                CHECK_MSG(fabs(got - ref) <= ulp + 1e-5 * (1 + fabs(ref)), "%s t=%d r=%d: %g vs %g", kind_name[k], t,
+                          r, got, ref);
+            }
+        }
+        free(x), free(scr), free(y);
+        mat_free(&w1), mat_free(&w2), mat_free(&w3);
+    }
+}
+
+/* SHOAL_ISA is read once, at init: run this binary again with it set. */
+static void isa_probe(const char *value, char *out, size_t outlen)
+{
+    char self[1024], cmd[1200];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        SKIP("cannot resolve /proc/self/exe");
+    self[n] = 0;
+    snprintf(cmd, sizeof cmd, "SHOAL_ISA=%s '%s' --isa-probe", value, self);
+    out[0] = 0;
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return;
+    if (!fgets(out, (int)outlen, f))
+        out[0] = 0;
+    pclose(f);
+    out[strcspn(out, "\n")] = 0;
+}
+
+static void t_isa_env_override(void)
+{
+    char out[128];
+    isa_probe("scalar", out, sizeof out);
+    CHECK(!strcmp(out, "scalar"));
+    isa_probe("sse9", out, sizeof out);
+    CHECK(!strcmp(out, "E_INVAL"));
+    isa_probe("avx2", out, sizeof out);
+    CHECK(!strcmp(out, shoal_kernels_cpu_has(SHOAL_ISA_AVX2) ? "avx2" : "E_UNSUPPORTED"));
+    isa_probe("avx512", out, sizeof out);
+    CHECK(!strcmp(out, shoal_kernels_cpu_has(SHOAL_ISA_AVX512) ? "avx512" : "E_UNSUPPORTED"));
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 2 && !strcmp(argv[1], "--isa-probe")) {
+        int rc = shoal_kernels_init();
+        printf("%s\n", rc ? shoal_err_name(rc) : shoal_isa_name(shoal_kernels_isa()));
+        return 0;
+    }
+    test_binary = "test_kernels";
+    if (shoal_kernels_init() != 0) {
+        fprintf(stderr, "shoal_kernels_init failed (SHOAL_ISA=%s)\n", getenv("SHOAL_ISA"));
+        return 1;
+    }
+    collect_isas();
+    printf("kernels: active ISA %s; variants run here:", shoal_isa_name(shoal_kernels_isa()));
+    for (int i = 0; i < nisas; i++)
+        printf(" %s", shoal_isa_name((shoal_isa)isas[i]));
+    printf("\n");
+    omp_set_num_threads(2);
+    RUN(t_dispatch);
+    RUN(t_isa_env_override);
+    RUN(t_isa_avx2);
+    RUN(t_isa_avx512);
+    RUN(t_mxfp4_decode);
+    RUN(t_gemm_vs_double);
+    RUN(t_gemv_t_vs_double);
+    RUN(t_isa_bit_identical);
+    RUN(t_thread_invariance);
+    RUN(t_token_invariance);
+    RUN(t_nan_inf);
+    RUN(t_norms_softmax);
+    RUN(t_situ_glu);
+    RUN(t_topk);
+    RUN(t_kda_conv_gate);
+    RUN(t_kda_step);
+    RUN(t_gated_rmsnorm);
+    RUN(t_mla_attend);
+    RUN(t_expert_ffn);
+    return test_finish();
+}
