@@ -7,7 +7,8 @@
 #include "cli/version.h"
 
 #define SHOAL_COMMANDS(X)                                                   \
-    X(version, "print the version and the kernel ISA")
+    X(version, "print the version and the kernel ISA")                     \
+    X(inspect, "check a K3 config / model directory: schedule, inventory, bytes")
 
 #define SHOAL_CMD_DECL(name, help) int shoal_cmd_##name(int argc, char **argv);
 SHOAL_COMMANDS(SHOAL_CMD_DECL)

@@ -88,7 +88,7 @@ def index_dir(name, shards, weight_map, msg, raw_index=None):
         put(os.path.join(d, fn), st_bytes(hdr(h), b"\0" * off))
     text = raw_index if raw_index is not None else json.dumps({"metadata": {}, "weight_map": weight_map})
     put(os.path.join(d, "model.safetensors.index.json"), text.encode())
-    rows.append(("st", f"tests/bad/st/{name}", msg))
+    rows.append(("st", f"tests/bad/st/{name}/model.safetensors.index.json", msg))
 
 
 A = {"a": ("U8", [4], 4)}
