@@ -1,0 +1,200 @@
+/* proto: pure encode/decode of the coordinator <-> expert-server messages of
+ * proto/PROTOCOL.md (the contract; version SHOAL_PROTO_MAJOR.MINOR). No sockets,
+ * no model: callers are the worker's server loop, the coordinator's expert client,
+ * the tests and the fuzz target.
+ *
+ * Encoders write a control frame (MessagePack) into a caller buffer and never
+ * allocate. Decoders take the frames of one multipart message as borrowed
+ * (pointer, length) pairs; decoded tensors and strings point into those frames
+ * or into fixed arrays of the message struct, so a decoded message lives as long
+ * as the frames it came from. Only a HELLO reply's ownership list is allocated
+ * (shoal_proto_msg_clear frees it). Every byte is bounds-checked; nothing from
+ * the wire reaches an assert. Thread-safety: no shared state. */
+#ifndef SHOAL_PROTO_H
+#define SHOAL_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SHOAL_PROTO_MAJOR 1
+#define SHOAL_PROTO_MINOR 0
+
+#define SHOAL_PROTO_MAX_CONTROL (4u << 20) /* control frame bytes */
+#define SHOAL_PROTO_MAX_FRAMES 3
+#define SHOAL_PROTO_MAX_KEYS 64       /* keys in one body map */
+#define SHOAL_PROTO_MAX_TEXT 1024     /* ERROR message bytes */
+#define SHOAL_PROTO_MAX_ID 64         /* peer / worker id bytes */
+#define SHOAL_PROTO_MAX_RANGES 262144 /* owned ranges in a HELLO reply */
+#define SHOAL_PROTO_TENSOR_HDR 16
+#define SHOAL_PROTO_FP_BYTES 32
+
+typedef enum {
+    SHOAL_MSG_HELLO = 1,
+    SHOAL_MSG_ERROR = 2,
+    SHOAL_MSG_PING = 3,
+    SHOAL_MSG_PONG = 4,
+    SHOAL_MSG_STATS = 5,
+    SHOAL_MSG_STATS_REPLY = 6,
+    SHOAL_MSG_SHUTDOWN = 7,
+    SHOAL_MSG_SHUTDOWN_ACK = 8,
+    SHOAL_MSG_EXPERT_BATCH = 9,
+    SHOAL_MSG_EXPERT_RESULT = 10,
+} shoal_msg_type;
+
+const char *shoal_msg_type_name(int type); /* "HELLO", ...; "?" if unknown */
+
+/* ERROR codes on the wire (PROTOCOL.md §3.2), with the shoal error code each
+ * maps to on the coordinator side. */
+#define SHOAL_PERR_MAP(X)                                                                                              \
+    X(MALFORMED, 1, SHOAL_EPROTO)                                                                                      \
+    X(VERSION, 2, SHOAL_EVERSION)                                                                                      \
+    X(FINGERPRINT, 3, SHOAL_EFINGERPRINT)                                                                              \
+    X(NO_HELLO, 4, SHOAL_EPROTO)                                                                                       \
+    X(UNKNOWN_TYPE, 5, SHOAL_EPROTO)                                                                                   \
+    X(BAD_SHAPE, 6, SHOAL_ERANGE)                                                                                      \
+    X(NOT_OWNED, 7, SHOAL_ERANGE)                                                                                      \
+    X(BAD_ROUTE, 8, SHOAL_ERANGE)                                                                                      \
+    X(UNSUPPORTED, 9, SHOAL_EUNSUPPORTED)                                                                              \
+    X(SHUTTING_DOWN, 10, SHOAL_ECANCELED)                                                                              \
+    X(INTERNAL, 11, SHOAL_EINTERNAL)
+
+typedef enum {
+    SHOAL_PERR_OK = 0,
+#define SHOAL_PERR_ENUM(name, val, code) SHOAL_PERR_##name = val,
+    SHOAL_PERR_MAP(SHOAL_PERR_ENUM)
+#undef SHOAL_PERR_ENUM
+} shoal_perr;
+
+const char *shoal_perr_name(int perr); /* "MALFORMED", ...; "?" if unknown */
+int shoal_perr_to_err(int perr);       /* common/err.h code; SHOAL_EPEER if unknown */
+
+/* Tensor frame dtypes (PROTOCOL.md §4) and the dtype names used in bodies. */
+typedef enum { SHOAL_WIRE_F32 = 1, SHOAL_WIRE_BF16 = 2, SHOAL_WIRE_I32 = 3 } shoal_wire_dtype;
+size_t shoal_wire_dtype_size(int dt);      /* 0 if unknown */
+const char *shoal_wire_dtype_name(int dt); /* "f32", "bf16", "i32" */
+#define SHOAL_WIRE_MASK(dt) (1u << (dt))
+
+/* One frame of a multipart message (borrowed). */
+typedef struct {
+    const uint8_t *data;
+    size_t len;
+} shoal_frame;
+
+/* A decoded tensor frame: data points at the payload inside the frame
+ * (unaligned in general: copy before using it as float/int arrays). */
+typedef struct {
+    int dtype; /* shoal_wire_dtype */
+    uint32_t rows, cols;
+    const uint8_t *data;
+    size_t nbytes;
+} shoal_proto_tensor;
+
+/* Inclusive range of owned experts: layers l_lo..l_hi × experts e_lo..e_hi. */
+typedef struct {
+    uint32_t l_lo, l_hi, e_lo, e_hi;
+} shoal_proto_range;
+
+typedef struct {
+    uint32_t major, minor;
+    uint8_t fingerprint[SHOAL_PROTO_FP_BYTES];
+    char id[SHOAL_PROTO_MAX_ID + 1]; /* request: "peer"; reply: "worker" */
+    /* reply only */
+    shoal_proto_range *owned; /* decoded: allocated; encoding: borrowed */
+    size_t nowned;
+    uint32_t act_mask, out_mask; /* SHOAL_WIRE_MASK bits */
+    uint32_t max_tokens;
+    char isa[17];
+    uint32_t threads;
+    uint64_t expert_bytes, mem_total;
+} shoal_proto_hello;
+
+typedef struct {
+    char worker[SHOAL_PROTO_MAX_ID + 1];
+    uint64_t uptime_us, requests, errors, batches, tokens, pairs, bytes_in, bytes_out, queue_us, compute_us;
+} shoal_proto_stats;
+
+typedef struct {
+    int type;     /* shoal_msg_type */
+    uint64_t rid; /* request id (0 when the envelope did not decode) */
+    shoal_proto_hello hello;
+    struct {
+        uint32_t code; /* shoal_perr */
+        char message[SHOAL_PROTO_MAX_TEXT + 1];
+    } error;
+    shoal_proto_stats stats;
+    struct {
+        uint32_t layer;
+        int out; /* shoal_wire_dtype: BF16 or F32 */
+        shoal_proto_tensor act, route;
+    } batch;
+    struct {
+        uint64_t queue_us, compute_us;
+        shoal_proto_tensor y;
+    } result;
+} shoal_proto_msg;
+
+void shoal_proto_msg_clear(shoal_proto_msg *m); /* frees hello.owned if decoded; zeroes m */
+
+/* ---- encoding (control frames; tensor frame headers) ------------------- */
+/* Each writes at most cap bytes into buf and sets *len; returns 0 or SHOAL_ERANGE
+ * when buf is too small or a field exceeds its wire limit. */
+int shoal_proto_enc_hello(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, const shoal_proto_hello *h, int reply);
+int shoal_proto_enc_error(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, int code, const char *message);
+/* PING, PONG, STATS, SHUTDOWN, SHUTDOWN_ACK: empty body. */
+int shoal_proto_enc_empty(uint8_t *buf, size_t cap, size_t *len, int type, uint64_t rid);
+int shoal_proto_enc_stats(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, const shoal_proto_stats *s);
+int shoal_proto_enc_batch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t layer, int out_dtype);
+int shoal_proto_enc_result(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint64_t queue_us, uint64_t compute_us);
+/* hdr[16] for a tensor frame of rows × cols elements of dtype. 0 or SHOAL_ERANGE. */
+int shoal_proto_tensor_hdr(uint8_t hdr[SHOAL_PROTO_TENSOR_HDR], int dtype, uint32_t rows, uint32_t cols);
+/* Byte length of such a frame (header included) into *len; SHOAL_ERANGE on overflow. */
+int shoal_proto_tensor_len(int dtype, uint32_t rows, uint32_t cols, size_t *len);
+
+/* ---- decoding ---------------------------------------------------------- */
+
+typedef enum {
+    SHOAL_SIDE_WORKER = 0,      /* decode requests: HELLO, PING, STATS, SHUTDOWN, EXPERT_BATCH */
+    SHOAL_SIDE_COORDINATOR = 1, /* decode replies: HELLO, ERROR, PONG, STATS_REPLY, SHUTDOWN_ACK, EXPERT_RESULT */
+} shoal_proto_side;
+
+/* Decode one message (frames[0] control, then its tensor frames). Returns 0, or
+ * SHOAL_EPROTO with *perr set to the ERROR code to answer with (MALFORMED or
+ * UNKNOWN_TYPE) and err naming the fault; m->rid is set as soon as the envelope
+ * decoded (else 0). Structure only: dimensions against the model are checked by
+ * shoal_proto_check_batch. m must be zeroed or cleared before the call. */
+int shoal_proto_decode(const shoal_frame *frames, int nframes, shoal_proto_side side, shoal_proto_msg *m, int *perr,
+                       char *err, size_t errlen);
+
+/* Read a tensor frame (header, exact length). 0 or SHOAL_EPROTO. */
+int shoal_proto_tensor_decode(const shoal_frame *f, shoal_proto_tensor *t, char *err, size_t errlen);
+
+/* What a worker accepts, for shoal_proto_check_batch. */
+typedef struct {
+    int num_layers;
+    const uint8_t *is_moe; /* [num_layers] */
+    int num_experts;
+    int k; /* experts per token */
+    int d; /* latent width */
+    int max_tokens;
+    uint32_t act_mask, out_mask;
+    /* ownership predicate; NULL = owns everything */
+    int (*owns)(const void *ctx, int layer, int expert);
+    const void *owns_ctx;
+} shoal_proto_limits;
+
+/* Check an EXPERT_BATCH against the model, limits and ownership (PROTOCOL.md
+ * §3.5, §6). Returns SHOAL_PERR_OK or the ERROR code, with err naming the field. */
+int shoal_proto_check_batch(const shoal_proto_msg *m, const shoal_proto_limits *lim, char *err, size_t errlen);
+
+/* Route pair i of a checked batch (the frame is little-endian, unaligned). */
+static inline void shoal_proto_route_pair(const shoal_proto_tensor *route, uint32_t i, int32_t *t, int32_t *e)
+{
+    const uint8_t *p = route->data + (size_t)i * 8;
+    *t = (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+    *e = (int32_t)((uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24);
+}
+
+/* 64 lowercase hex digits + NUL. */
+void shoal_proto_hex(const uint8_t fp[SHOAL_PROTO_FP_BYTES], char out[2 * SHOAL_PROTO_FP_BYTES + 1]);
+
+#endif

@@ -1,0 +1,932 @@
+/* proto: golden bytes (hand-written here, and tests/fixtures/proto/golden.json
+ * written by tools/proto_golden.py with the Python msgpack package from
+ * PROTOCOL.md), round trips, refusals of malformed input, batch checks, expert
+ * ownership ranges, the model fingerprint, and a two-process exchange over a
+ * socketpair. */
+#include <jansson.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "proto/fprint.h"
+#include "proto/proto.h"
+#include "proto/shard.h"
+#include "tests/unit/test.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+typedef struct {
+    int n;
+    uint8_t *data[SHOAL_PROTO_MAX_FRAMES];
+    size_t len[SHOAL_PROTO_MAX_FRAMES];
+} gmsg;
+
+static json_t *golden_doc;
+
+static size_t unhex(const char *h, uint8_t *out)
+{
+    size_t n = strlen(h) / 2;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        sscanf(h + 2 * i, "%2x", &v);
+        out[i] = (uint8_t)v;
+    }
+    return n;
+}
+
+static int golden(const char *name, gmsg *g)
+{
+    memset(g, 0, sizeof *g);
+    if (!golden_doc) {
+        json_error_t je;
+        golden_doc = json_load_file(test_src_path("tests/fixtures/proto/golden.json"), 0, &je);
+        if (!golden_doc) {
+            fprintf(stderr, "cannot read golden.json: %s\n", je.text);
+            return -1;
+        }
+    }
+    json_t *frames = json_object_get(json_object_get(golden_doc, "messages"), name);
+    if (!json_is_array(frames))
+        return -1;
+    g->n = (int)json_array_size(frames);
+    for (int i = 0; i < g->n; i++) {
+        const char *h = json_string_value(json_array_get(frames, (size_t)i));
+        g->data[i] = malloc(strlen(h) / 2 + 1);
+        g->len[i] = unhex(h, g->data[i]);
+    }
+    return 0;
+}
+
+static void gfree(gmsg *g)
+{
+    for (int i = 0; i < g->n; i++)
+        free(g->data[i]);
+}
+
+static void to_frames(const gmsg *g, shoal_frame *f)
+{
+    for (int i = 0; i < g->n; i++)
+        f[i] = (shoal_frame){g->data[i], g->len[i]};
+}
+
+static int same_bytes(const uint8_t *a, size_t na, const uint8_t *b, size_t nb)
+{
+    if (na != nb) {
+        fprintf(stderr, "  length %zu vs %zu\n", na, nb);
+        return 0;
+    }
+    for (size_t i = 0; i < na; i++)
+        if (a[i] != b[i]) {
+            fprintf(stderr, "  first difference at byte %zu: %02x vs %02x\n", i, a[i], b[i]);
+            return 0;
+        }
+    return 1;
+}
+
+static int decode_g(const gmsg *g, shoal_proto_side side, shoal_proto_msg *m, int *perr, char *err)
+{
+    shoal_frame f[SHOAL_PROTO_MAX_FRAMES];
+    to_frames(g, f);
+    memset(m, 0, sizeof *m);
+    return shoal_proto_decode(f, g->n, side, m, perr, err, 256);
+}
+
+static uint8_t fp_test[32];
+static void init_fp(void)
+{
+    for (int i = 0; i < 32; i++)
+        fp_test[i] = (uint8_t)i;
+}
+
+/* ---- hand-written golden bytes (from PROTOCOL.md, not from any encoder) -- */
+
+static void t_hand_golden(void)
+{
+    uint8_t buf[256];
+    size_t len;
+    /* [3, 1, {}] : fixarray(3) 0x93, fixint 3, fixint 1, fixmap(0) 0x80 */
+    static const uint8_t ping[] = {0x93, 0x03, 0x01, 0x80};
+    CHECK(shoal_proto_enc_empty(buf, sizeof buf, &len, SHOAL_MSG_PING, 1) == 0);
+    CHECK(same_bytes(buf, len, ping, sizeof ping));
+    /* [1, 7, {"proto": [1, 0], "fingerprint": bin32 00..1f, "peer": "C"}] */
+    uint8_t hello[128];
+    size_t k = 0;
+    hello[k++] = 0x93, hello[k++] = 0x01, hello[k++] = 0x07, hello[k++] = 0x83;
+    hello[k++] = 0xa5, memcpy(hello + k, "proto", 5), k += 5;
+    hello[k++] = 0x92, hello[k++] = 0x01, hello[k++] = 0x00;
+    hello[k++] = 0xab, memcpy(hello + k, "fingerprint", 11), k += 11;
+    hello[k++] = 0xc4, hello[k++] = 0x20;
+    for (int i = 0; i < 32; i++)
+        hello[k++] = (uint8_t)i;
+    hello[k++] = 0xa4, memcpy(hello + k, "peer", 4), k += 4;
+    hello[k++] = 0xa1, hello[k++] = 'C';
+    shoal_proto_hello h = {.major = 1, .minor = 0, .id = "C"};
+    memcpy(h.fingerprint, fp_test, 32);
+    CHECK(shoal_proto_enc_hello(buf, sizeof buf, &len, 7, &h, 0) == 0);
+    CHECK(same_bytes(buf, len, hello, k));
+    /* rid 2^32 needs uint64 (0xcf), 300 needs uint16 (0xcd 01 2c):
+     * [9, 4294967296, {"layer": 300, "out": "f32"}] */
+    static const uint8_t batch[] = {0x93, 0x09, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0, 0x82, 0xa5, 'l', 'a', 'y', 'e', 'r',
+                                    0xcd, 0x01, 0x2c, 0xa3, 'o', 'u', 't', 0xa3, 'f', '3', '2'};
+    CHECK(shoal_proto_enc_batch(buf, sizeof buf, &len, 1ull << 32, 300, SHOAL_WIRE_F32) == 0);
+    CHECK(same_bytes(buf, len, batch, sizeof batch));
+    /* tensor header: "SHTF", dtype 2 (bf16), 0 0 0, rows 3, cols 258 (LE) */
+    static const uint8_t th[16] = {'S', 'H', 'T', 'F', 2, 0, 0, 0, 3, 0, 0, 0, 0x02, 0x01, 0, 0};
+    uint8_t hdr[16];
+    CHECK(shoal_proto_tensor_hdr(hdr, SHOAL_WIRE_BF16, 3, 258) == 0);
+    CHECK(same_bytes(hdr, 16, th, 16));
+    size_t tl;
+    CHECK(shoal_proto_tensor_len(SHOAL_WIRE_BF16, 3, 258, &tl) == 0 && tl == 16 + 3 * 258 * 2);
+}
+
+/* ---- golden.json: the C encoder produces the Python bytes ---------------- */
+
+static void t_golden_encode(void)
+{
+    uint8_t buf[4096];
+    size_t len;
+    gmsg g;
+    shoal_proto_hello h = {.major = 1, .minor = 0};
+    memcpy(h.fingerprint, fp_test, 32);
+
+    strcpy(h.id, "coordinator 4242");
+    CHECK(golden("hello_request", &g) == 0);
+    CHECK(shoal_proto_enc_hello(buf, sizeof buf, &len, 1, &h, 0) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    gfree(&g);
+
+    shoal_proto_range owned[2] = {{1, 8, 0, 11}, {2, 2, 300, 70000}};
+    strcpy(h.id, "w1");
+    h.owned = owned;
+    h.nowned = 2;
+    h.act_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_F32) | SHOAL_WIRE_MASK(SHOAL_WIRE_BF16);
+    h.out_mask = h.act_mask;
+    h.max_tokens = 8192;
+    strcpy(h.isa, "avx2");
+    h.threads = 2;
+    h.expert_bytes = 17547264ull * 448;
+    h.mem_total = 25769803776ull;
+    CHECK(golden("hello_reply", &g) == 0);
+    CHECK(shoal_proto_enc_hello(buf, sizeof buf, &len, 1, &h, 1) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    gfree(&g);
+
+    CHECK(golden("error", &g) == 0);
+    CHECK(shoal_proto_enc_error(buf, sizeof buf, &len, 9, SHOAL_PERR_NOT_OWNED,
+                                "EXPERT_BATCH: layer 3 expert 5 is not owned by this worker") == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    gfree(&g);
+
+    static const struct {
+        const char *name;
+        int type;
+        uint64_t rid;
+    } empties[] = {{"ping", SHOAL_MSG_PING, 3},
+                   {"pong", SHOAL_MSG_PONG, 3},
+                   {"stats", SHOAL_MSG_STATS, 4},
+                   {"shutdown", SHOAL_MSG_SHUTDOWN, 5},
+                   {"shutdown_ack", SHOAL_MSG_SHUTDOWN_ACK, 5}};
+    for (size_t i = 0; i < sizeof empties / sizeof empties[0]; i++) {
+        CHECK(golden(empties[i].name, &g) == 0);
+        CHECK(shoal_proto_enc_empty(buf, sizeof buf, &len, empties[i].type, empties[i].rid) == 0);
+        CHECK_MSG(same_bytes(buf, len, g.data[0], g.len[0]), "%s", empties[i].name);
+        gfree(&g);
+    }
+
+    shoal_proto_stats s = {.worker = "w1", .uptime_us = 5000000000ull, .requests = 70000, .errors = 3,
+                           .batches = 65536, .tokens = 131072, .pairs = 300, .bytes_in = 1ull << 40,
+                           .bytes_out = (1ull << 32) + 1, .queue_us = 255, .compute_us = 256};
+    CHECK(golden("stats_reply", &g) == 0);
+    CHECK(shoal_proto_enc_stats(buf, sizeof buf, &len, 4, &s) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    gfree(&g);
+
+    /* EXPERT_BATCH: control + act f32 [2,32] + route i32 [3,2] */
+    CHECK(golden("expert_batch", &g) == 0);
+    CHECK(g.n == 3);
+    CHECK(shoal_proto_enc_batch(buf, sizeof buf, &len, (1ull << 40) + 7, 3, SHOAL_WIRE_BF16) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    uint8_t frame[16 + 2 * 32 * 4];
+    CHECK(shoal_proto_tensor_hdr(frame, SHOAL_WIRE_F32, 2, 32) == 0);
+    for (int i = 0; i < 64; i++) {
+        float v = (float)i * 0.25f - 3.0f;
+        memcpy(frame + 16 + 4 * i, &v, 4);
+    }
+    CHECK(same_bytes(frame, sizeof frame, g.data[1], g.len[1]));
+    int32_t route[6] = {0, 1, 0, 5, 1, 2};
+    uint8_t rframe[16 + 24];
+    CHECK(shoal_proto_tensor_hdr(rframe, SHOAL_WIRE_I32, 3, 2) == 0);
+    memcpy(rframe + 16, route, 24);
+    CHECK(same_bytes(rframe, sizeof rframe, g.data[2], g.len[2]));
+    gfree(&g);
+
+    CHECK(golden("expert_result", &g) == 0);
+    CHECK(shoal_proto_enc_result(buf, sizeof buf, &len, (1ull << 40) + 7, 12, 3456) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    uint8_t yframe[16 + 3 * 32 * 2];
+    CHECK(shoal_proto_tensor_hdr(yframe, SHOAL_WIRE_BF16, 3, 32) == 0);
+    for (uint32_t i = 0; i < 96; i++) {
+        uint16_t v = (uint16_t)((i * 2654435761u) >> 16);
+        memcpy(yframe + 16 + 2 * i, &v, 2);
+    }
+    CHECK(same_bytes(yframe, sizeof yframe, g.data[1], g.len[1]));
+    gfree(&g);
+}
+
+/* ---- golden.json: the C decoder reads the Python bytes ------------------- */
+
+static void t_golden_decode(void)
+{
+    gmsg g;
+    shoal_proto_msg m;
+    int perr;
+    char err[256];
+
+    CHECK(golden("hello_request", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.type == SHOAL_MSG_HELLO && m.rid == 1 && m.hello.major == 1 && m.hello.minor == 0);
+    CHECK(!memcmp(m.hello.fingerprint, fp_test, 32));
+    CHECK(!strcmp(m.hello.id, "coordinator 4242"));
+    shoal_proto_msg_clear(&m);
+    /* a HELLO request is not a reply */
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == SHOAL_EPROTO);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+
+    CHECK(golden("hello_reply", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0);
+    CHECK(m.type == SHOAL_MSG_HELLO && !strcmp(m.hello.id, "w1") && m.hello.nowned == 2);
+    CHECK(m.hello.nowned == 2 && m.hello.owned[1].e_lo == 300 && m.hello.owned[1].e_hi == 70000 &&
+          m.hello.owned[0].l_hi == 8);
+    CHECK(m.hello.act_mask == (SHOAL_WIRE_MASK(SHOAL_WIRE_F32) | SHOAL_WIRE_MASK(SHOAL_WIRE_BF16)));
+    CHECK(m.hello.max_tokens == 8192 && m.hello.threads == 2 && !strcmp(m.hello.isa, "avx2"));
+    CHECK(m.hello.expert_bytes == 17547264ull * 448 && m.hello.mem_total == 25769803776ull);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+
+    CHECK(golden("hello_version_2_0", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.hello.major == 2 && m.hello.minor == 0 && !strcmp(m.hello.id, "future"));
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+
+    CHECK(golden("error", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0);
+    CHECK(m.type == SHOAL_MSG_ERROR && m.rid == 9 && m.error.code == SHOAL_PERR_NOT_OWNED);
+    CHECK_STR_CONTAINS(m.error.message, "layer 3 expert 5");
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+
+    CHECK(golden("stats_reply", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0);
+    CHECK(m.stats.uptime_us == 5000000000ull && m.stats.bytes_in == (1ull << 40) && m.stats.queue_us == 255 &&
+          m.stats.compute_us == 256 && m.stats.batches == 65536 && !strcmp(m.stats.worker, "w1"));
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+
+    CHECK(golden("expert_batch", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.type == SHOAL_MSG_EXPERT_BATCH && m.rid == (1ull << 40) + 7 && m.batch.layer == 3 &&
+          m.batch.out == SHOAL_WIRE_BF16);
+    CHECK(m.batch.act.dtype == SHOAL_WIRE_F32 && m.batch.act.rows == 2 && m.batch.act.cols == 32);
+    float v;
+    memcpy(&v, m.batch.act.data + 4 * 5, 4);
+    CHECK(v == 5 * 0.25f - 3.0f);
+    CHECK(m.batch.route.rows == 3 && m.batch.route.cols == 2);
+    int32_t t, e;
+    shoal_proto_route_pair(&m.batch.route, 1, &t, &e);
+    CHECK(t == 0 && e == 5);
+    /* as a reply it is an unknown type */
+    shoal_proto_msg_clear(&m);
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == SHOAL_EPROTO && perr == SHOAL_PERR_UNKNOWN_TYPE);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+
+    CHECK(golden("expert_result", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0);
+    CHECK(m.result.queue_us == 12 && m.result.compute_us == 3456 && m.result.y.rows == 3 &&
+          m.result.y.dtype == SHOAL_WIRE_BF16);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+
+    CHECK(golden("expert_batch_bf16", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.batch.act.dtype == SHOAL_WIRE_BF16 && m.batch.out == SHOAL_WIRE_F32 && m.batch.layer == 1);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+
+    const char *empties[] = {"ping", "stats", "shutdown"};
+    for (int i = 0; i < 3; i++) {
+        CHECK(golden(empties[i], &g) == 0);
+        CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+        shoal_proto_msg_clear(&m);
+        gfree(&g);
+    }
+}
+
+/* ---- round trips --------------------------------------------------------- */
+
+static void t_roundtrip(void)
+{
+    size_t cap = 1 << 20, len;
+    uint8_t *buf = malloc(cap);
+    shoal_proto_msg m;
+    int perr;
+    char err[256];
+    /* a large ownership list, values at their limits */
+    size_t nr = 5000;
+    shoal_proto_range *r = malloc(nr * sizeof *r);
+    for (size_t i = 0; i < nr; i++)
+        r[i] = (shoal_proto_range){(uint32_t)i, (uint32_t)i + 1, (uint32_t)(i * 977u), UINT32_MAX - (uint32_t)i};
+    shoal_proto_hello h = {.major = 65535, .minor = 65535, .owned = r, .nowned = nr, .max_tokens = UINT32_MAX,
+                           .threads = 1, .expert_bytes = UINT64_MAX, .mem_total = 0,
+                           .act_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_BF16), .out_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_F32)};
+    memset(h.id, 'x', SHOAL_PROTO_MAX_ID);
+    strcpy(h.isa, "avx512");
+    for (int i = 0; i < 32; i++)
+        h.fingerprint[i] = (uint8_t)(255 - i);
+    CHECK(shoal_proto_enc_hello(buf, cap, &len, UINT64_MAX, &h, 1) == 0);
+    shoal_frame f = {buf, len};
+    memset(&m, 0, sizeof m);
+    CHECK(shoal_proto_decode(&f, 1, SHOAL_SIDE_COORDINATOR, &m, &perr, err, sizeof err) == 0);
+    CHECK(m.rid == UINT64_MAX && m.hello.major == 65535 && m.hello.nowned == nr);
+    CHECK(m.hello.owned && !memcmp(m.hello.owned, r, nr * sizeof *r));
+    CHECK(!memcmp(m.hello.fingerprint, h.fingerprint, 32) && strlen(m.hello.id) == SHOAL_PROTO_MAX_ID);
+    CHECK(m.hello.act_mask == h.act_mask && m.hello.out_mask == h.out_mask && m.hello.expert_bytes == UINT64_MAX);
+    shoal_proto_msg_clear(&m);
+    /* too small a buffer is refused, not overrun */
+    CHECK(shoal_proto_enc_hello(buf, 100, &len, 1, &h, 1) == SHOAL_ERANGE);
+    /* an id over the limit is refused */
+    char longid[SHOAL_PROTO_MAX_ID + 2];
+    memset(longid, 'y', sizeof longid - 1);
+    longid[sizeof longid - 1] = 0;
+    shoal_proto_hello h2 = {.major = 1};
+    memcpy(h2.id, longid, SHOAL_PROTO_MAX_ID);
+    h2.id[SHOAL_PROTO_MAX_ID] = 0;
+    CHECK(shoal_proto_enc_hello(buf, cap, &len, 1, &h2, 0) == 0);
+    /* an ERROR message longer than the limit is cut */
+    char *big = malloc(5000);
+    memset(big, 'z', 4999);
+    big[4999] = 0;
+    CHECK(shoal_proto_enc_error(buf, cap, &len, 77, SHOAL_PERR_INTERNAL, big) == 0);
+    f = (shoal_frame){buf, len};
+    memset(&m, 0, sizeof m);
+    CHECK(shoal_proto_decode(&f, 1, SHOAL_SIDE_COORDINATOR, &m, &perr, err, sizeof err) == 0);
+    CHECK(strlen(m.error.message) == SHOAL_PROTO_MAX_TEXT && m.error.code == SHOAL_PERR_INTERNAL);
+    free(big);
+    free(r);
+    free(buf);
+}
+
+/* ---- refusals ------------------------------------------------------------ */
+
+static int dec1(const uint8_t *b, size_t n, shoal_proto_side side, int *perr, uint64_t *rid)
+{
+    shoal_proto_msg m;
+    memset(&m, 0, sizeof m);
+    shoal_frame f = {b, n};
+    char err[256];
+    int rc = shoal_proto_decode(&f, 1, side, &m, perr, err, sizeof err);
+    if (rid)
+        *rid = m.rid;
+    shoal_proto_msg_clear(&m);
+    return rc;
+}
+
+static void t_refusals(void)
+{
+    int perr;
+    uint64_t rid;
+    /* array32 declaring 2^32-1 elements in 5 bytes: refused before any allocation */
+    static const uint8_t huge[] = {0xdd, 0xff, 0xff, 0xff, 0xff};
+    CHECK(dec1(huge, sizeof huge, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO && perr == SHOAL_PERR_MALFORMED);
+    static const uint8_t hugemap[] = {0x93, 0x03, 0x01, 0xdf, 0x7f, 0xff, 0xff, 0xff, 0x00};
+    CHECK(dec1(hugemap, sizeof hugemap, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO);
+    static const uint8_t bin[] = {0xc6, 0xff, 0xff, 0xff, 0xf0, 0x00};
+    CHECK(dec1(bin, sizeof bin, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO);
+    /* 0xc1 is never valid */
+    static const uint8_t c1[] = {0x93, 0x03, 0x01, 0xc1};
+    CHECK(dec1(c1, sizeof c1, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO);
+    /* deep nesting */
+    static const uint8_t deep[] = {0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x00};
+    CHECK(dec1(deep, sizeof deep, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO);
+    /* trailing bytes after a valid PING */
+    static const uint8_t trail[] = {0x93, 0x03, 0x01, 0x80, 0x00};
+    CHECK(dec1(trail, sizeof trail, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO);
+    /* envelope of 2 elements */
+    static const uint8_t two[] = {0x92, 0x03, 0x01};
+    CHECK(dec1(two, sizeof two, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO);
+    /* unknown type 11, rid still reported */
+    static const uint8_t unk[] = {0x93, 0x0b, 0x2a, 0x80};
+    CHECK(dec1(unk, sizeof unk, SHOAL_SIDE_WORKER, &perr, &rid) == SHOAL_EPROTO && perr == SHOAL_PERR_UNKNOWN_TYPE &&
+          rid == 42);
+    /* a reply type sent to the worker */
+    static const uint8_t pong[] = {0x93, 0x04, 0x2a, 0x80};
+    CHECK(dec1(pong, sizeof pong, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO && perr == SHOAL_PERR_UNKNOWN_TYPE);
+    /* negative type */
+    static const uint8_t neg[] = {0x93, 0xff, 0x01, 0x80};
+    CHECK(dec1(neg, sizeof neg, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO);
+    /* PING with a non-map body, with a duplicate key, with an int key */
+    static const uint8_t nomap[] = {0x93, 0x03, 0x01, 0x90};
+    CHECK(dec1(nomap, sizeof nomap, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO);
+    static const uint8_t dup[] = {0x93, 0x03, 0x01, 0x82, 0xa1, 'a', 0x01, 0xa1, 'a', 0x02};
+    CHECK(dec1(dup, sizeof dup, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO);
+    static const uint8_t intkey[] = {0x93, 0x03, 0x01, 0x81, 0x01, 0x01};
+    CHECK(dec1(intkey, sizeof intkey, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO);
+    /* unknown keys are ignored (minor-version additions) */
+    static const uint8_t extra[] = {0x93, 0x03, 0x01, 0x81, 0xa3, 'n', 'e', 'w', 0xcb, 0, 0, 0, 0, 0, 0, 0, 0};
+    CHECK(dec1(extra, sizeof extra, SHOAL_SIDE_WORKER, &perr, NULL) == 0);
+    /* the uint8 encoding of a small value is accepted (any integer encoding) */
+    static const uint8_t u8[] = {0x93, 0xcc, 0x03, 0xd0, 0x01, 0x80};
+    CHECK(dec1(u8, sizeof u8, SHOAL_SIDE_WORKER, &perr, &rid) == 0 && rid == 1);
+
+    /* every strict prefix of every golden message fails cleanly */
+    const char *names[] = {"hello_request", "hello_reply", "error", "ping", "stats_reply", "expert_batch",
+                           "expert_result"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        gmsg g;
+        CHECK(golden(names[i], &g) == 0);
+        shoal_proto_side side = (!strcmp(names[i], "hello_reply") || !strcmp(names[i], "error") ||
+                                 !strcmp(names[i], "stats_reply") || !strcmp(names[i], "expert_result"))
+                                    ? SHOAL_SIDE_COORDINATOR
+                                    : SHOAL_SIDE_WORKER;
+        for (int fr = 0; fr < g.n; fr++) {
+            size_t full = g.len[fr];
+            for (size_t cut = 0; cut < full; cut++) {
+                shoal_proto_msg m;
+                int p;
+                char err[256];
+                g.len[fr] = cut;
+                CHECK_MSG(decode_g(&g, side, &m, &p, err) == SHOAL_EPROTO, "%s frame %d cut at %zu", names[i], fr,
+                          cut);
+                shoal_proto_msg_clear(&m);
+            }
+            g.len[fr] = full;
+        }
+        /* one frame too many / too few */
+        if (g.n < SHOAL_PROTO_MAX_FRAMES) {
+            shoal_frame f[SHOAL_PROTO_MAX_FRAMES];
+            to_frames(&g, f);
+            f[g.n] = f[0];
+            shoal_proto_msg m = {0};
+            int p;
+            CHECK(shoal_proto_decode(f, g.n + 1, side, &m, &p, NULL, 0) == SHOAL_EPROTO);
+            shoal_proto_msg_clear(&m);
+        }
+        if (g.n > 1) {
+            shoal_proto_msg m = {0};
+            int p;
+            shoal_frame f[SHOAL_PROTO_MAX_FRAMES];
+            to_frames(&g, f);
+            CHECK(shoal_proto_decode(f, g.n - 1, side, &m, &p, NULL, 0) == SHOAL_EPROTO);
+            shoal_proto_msg_clear(&m);
+        }
+        gfree(&g);
+    }
+
+    /* tensor frames: bad magic, reserved bytes, unknown dtype, zero dims, length mismatch, overflow */
+    uint8_t t[16 + 8];
+    shoal_proto_tensor ten;
+    shoal_frame f = {t, sizeof t};
+    CHECK(shoal_proto_tensor_hdr(t, SHOAL_WIRE_F32, 1, 2) == 0);
+    CHECK(shoal_proto_tensor_decode(&f, &ten, NULL, 0) == 0 && ten.rows == 1 && ten.cols == 2 && ten.nbytes == 8);
+    t[0] = 'X';
+    CHECK(shoal_proto_tensor_decode(&f, &ten, NULL, 0) == SHOAL_EPROTO);
+    t[0] = 'S';
+    t[6] = 1;
+    CHECK(shoal_proto_tensor_decode(&f, &ten, NULL, 0) == SHOAL_EPROTO);
+    t[6] = 0;
+    t[4] = 9;
+    CHECK(shoal_proto_tensor_decode(&f, &ten, NULL, 0) == SHOAL_EPROTO);
+    t[4] = SHOAL_WIRE_BF16; /* bf16 [1,2] is 4 bytes, frame has 8 */
+    CHECK(shoal_proto_tensor_decode(&f, &ten, NULL, 0) == SHOAL_EPROTO);
+    CHECK(shoal_proto_tensor_hdr(t, SHOAL_WIRE_F32, 0, 2) == SHOAL_ERANGE);
+    t[4] = SHOAL_WIRE_F32;
+    memset(t + 8, 0xff, 8); /* rows = cols = 2^32-1 */
+    CHECK(shoal_proto_tensor_decode(&f, &ten, NULL, 0) == SHOAL_EPROTO);
+    f.len = 15;
+    CHECK(shoal_proto_tensor_decode(&f, &ten, NULL, 0) == SHOAL_EPROTO);
+}
+
+/* ---- semantic checks of EXPERT_BATCH ------------------------------------ */
+
+static int own_even(const void *ctx, int layer, int e)
+{
+    (void)ctx;
+    (void)layer;
+    return e % 2 == 0;
+}
+
+typedef struct {
+    uint8_t act[16 + 4 * 4 * 32];
+    uint8_t route[16 + 8 * 16];
+    shoal_proto_msg m;
+} batch_fx;
+
+/* act f32 [T, d], route pairs given flat */
+static void mk_batch(batch_fx *b, uint32_t layer, int act_dt, uint32_t T, uint32_t d, const int32_t *pairs, uint32_t n)
+{
+    memset(&b->m, 0, sizeof b->m);
+    size_t alen, rlen;
+    shoal_proto_tensor_hdr(b->act, act_dt, T, d);
+    shoal_proto_tensor_len(act_dt, T, d, &alen);
+    shoal_proto_tensor_hdr(b->route, SHOAL_WIRE_I32, n, 2);
+    shoal_proto_tensor_len(SHOAL_WIRE_I32, n, 2, &rlen);
+    memcpy(b->route + 16, pairs, (size_t)n * 8);
+    shoal_frame fa = {b->act, alen}, fr = {b->route, rlen};
+    b->m.type = SHOAL_MSG_EXPERT_BATCH;
+    b->m.batch.layer = layer;
+    b->m.batch.out = SHOAL_WIRE_BF16;
+    shoal_proto_tensor_decode(&fa, &b->m.batch.act, NULL, 0);
+    shoal_proto_tensor_decode(&fr, &b->m.batch.route, NULL, 0);
+}
+
+static void t_check_batch(void)
+{
+    uint8_t is_moe[4] = {0, 1, 1, 1};
+    shoal_proto_limits lim = {.num_layers = 4, .is_moe = is_moe, .num_experts = 8, .k = 2, .d = 32,
+                              .max_tokens = 4, .act_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_F32),
+                              .out_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_BF16), .owns = own_even};
+    char err[256];
+    batch_fx b;
+    static const int32_t ok[] = {0, 0, 0, 2, 1, 4, 2, 0};
+    mk_batch(&b, 1, SHOAL_WIRE_F32, 3, 32, ok, 4);
+    CHECK_EQ_INT(shoal_proto_check_batch(&b.m, &lim, err, sizeof err), SHOAL_PERR_OK);
+    mk_batch(&b, 0, SHOAL_WIRE_F32, 3, 32, ok, 4); /* dense layer */
+    CHECK_EQ_INT(shoal_proto_check_batch(&b.m, &lim, err, sizeof err), SHOAL_PERR_BAD_SHAPE);
+    mk_batch(&b, 4, SHOAL_WIRE_F32, 3, 32, ok, 4); /* beyond the model */
+    CHECK_EQ_INT(shoal_proto_check_batch(&b.m, &lim, err, sizeof err), SHOAL_PERR_BAD_SHAPE);
+    mk_batch(&b, 1, SHOAL_WIRE_F32, 3, 64, ok, 4); /* wrong width */
+    CHECK_EQ_INT(shoal_proto_check_batch(&b.m, &lim, err, sizeof err), SHOAL_PERR_BAD_SHAPE);
+    CHECK_STR_CONTAINS(err, "64 columns");
+    mk_batch(&b, 1, SHOAL_WIRE_BF16, 3, 32, ok, 4); /* dtype not offered */
+    CHECK_EQ_INT(shoal_proto_check_batch(&b.m, &lim, err, sizeof err), SHOAL_PERR_UNSUPPORTED);
+    mk_batch(&b, 1, SHOAL_WIRE_F32, 3, 32, ok, 4);
+    b.m.batch.out = SHOAL_WIRE_F32;
+    CHECK_EQ_INT(shoal_proto_check_batch(&b.m, &lim, err, sizeof err), SHOAL_PERR_UNSUPPORTED);
+    static const int32_t many[] = {0, 0, 0, 2, 1, 0, 1, 2, 2, 0, 3, 0, 3, 2, 3, 4};
+    mk_batch(&b, 1, SHOAL_WIRE_F32, 4, 32, many, 8); /* 8 pairs for 4 tokens, but token 3 has 3 > k */
+    CHECK_EQ_INT(shoal_proto_check_batch(&b.m, &lim, err, sizeof err), SHOAL_PERR_BAD_ROUTE);
+    static const int32_t notown[] = {0, 0, 0, 3};
+    mk_batch(&b, 2, SHOAL_WIRE_F32, 1, 32, notown, 2);
+    CHECK_EQ_INT(shoal_proto_check_batch(&b.m, &lim, err, sizeof err), SHOAL_PERR_NOT_OWNED);
+    CHECK_STR_CONTAINS(err, "layer 2 expert 3");
+    static const int32_t order[] = {0, 2, 0, 0};
+    mk_batch(&b, 1, SHOAL_WIRE_F32, 1, 32, order, 2);
+    CHECK_EQ_INT(shoal_proto_check_batch(&b.m, &lim, err, sizeof err), SHOAL_PERR_BAD_ROUTE);
+    static const int32_t dupl[] = {0, 2, 0, 2};
+    mk_batch(&b, 1, SHOAL_WIRE_F32, 1, 32, dupl, 2);
+    CHECK_EQ_INT(shoal_proto_check_batch(&b.m, &lim, err, sizeof err), SHOAL_PERR_BAD_ROUTE);
+    static const int32_t tok[] = {0, 0, 5, 0};
+    mk_batch(&b, 1, SHOAL_WIRE_F32, 2, 32, tok, 2);
+    CHECK_EQ_INT(shoal_proto_check_batch(&b.m, &lim, err, sizeof err), SHOAL_PERR_BAD_ROUTE);
+    static const int32_t negt[] = {-1, 0};
+    mk_batch(&b, 1, SHOAL_WIRE_F32, 1, 32, negt, 1);
+    CHECK_EQ_INT(shoal_proto_check_batch(&b.m, &lim, err, sizeof err), SHOAL_PERR_BAD_ROUTE);
+    static const int32_t bige[] = {0, 8};
+    mk_batch(&b, 1, SHOAL_WIRE_F32, 1, 32, bige, 1);
+    CHECK_EQ_INT(shoal_proto_check_batch(&b.m, &lim, err, sizeof err), SHOAL_PERR_BAD_ROUTE);
+    static const int32_t skip[] = {0, 0, 2, 0}; /* row 1 unused */
+    mk_batch(&b, 1, SHOAL_WIRE_F32, 3, 32, skip, 2);
+    CHECK_EQ_INT(shoal_proto_check_batch(&b.m, &lim, err, sizeof err), SHOAL_PERR_BAD_ROUTE);
+    static const int32_t tail[] = {0, 0}; /* row 1 unused at the end */
+    mk_batch(&b, 1, SHOAL_WIRE_F32, 2, 32, tail, 1);
+    CHECK_EQ_INT(shoal_proto_check_batch(&b.m, &lim, err, sizeof err), SHOAL_PERR_BAD_ROUTE);
+    lim.max_tokens = 2;
+    mk_batch(&b, 1, SHOAL_WIRE_F32, 3, 32, ok, 4);
+    CHECK_EQ_INT(shoal_proto_check_batch(&b.m, &lim, err, sizeof err), SHOAL_PERR_BAD_SHAPE);
+}
+
+/* ---- ownership ranges ---------------------------------------------------- */
+
+static void t_shard(void)
+{
+    shoal_proto_range *r;
+    size_t n;
+    char err[512], buf[256];
+    CHECK(shoal_shard_parse("1-92:0-447", &r, &n, err, sizeof err) == 0);
+    CHECK(n == 1 && r[0].l_lo == 1 && r[0].l_hi == 92 && r[0].e_lo == 0 && r[0].e_hi == 447);
+    free(r);
+    CHECK(shoal_shard_parse("1-4:0-7,5:3,6-8:2", &r, &n, err, sizeof err) == 0);
+    CHECK(n == 3 && r[1].l_lo == 5 && r[1].l_hi == 5 && r[1].e_lo == 3 && r[2].e_hi == 2);
+    CHECK(shoal_shard_format(r, n, buf, sizeof buf) == 0);
+    CHECK(!strcmp(buf, "1-4:0-7,5:3,6-8:2"));
+    CHECK(shoal_shard_format(r, n, buf, 8) == SHOAL_ERANGE);
+    free(r);
+    const char *bad[] = {"", "1-92", "1-92:", ":3", "3-1:0", "1:5-4", "1:2,", ",1:2", "1:2 ", "a:b", "1--2:3",
+                         "99999999999:1", "1:2:3", "1-2-3:4"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_MSG(shoal_shard_parse(bad[i], &r, &n, err, sizeof err) == SHOAL_EINVAL, "'%s'", bad[i]);
+        CHECK(r == NULL);
+    }
+    uint8_t is_moe[6] = {0, 1, 1, 0, 1, 1};
+    CHECK(shoal_shard_parse("1-2:0-3", &r, &n, err, sizeof err) == 0);
+    CHECK(shoal_shard_check(r, n, 6, is_moe, 4, err, sizeof err) == 0);
+    free(r);
+    CHECK(shoal_shard_parse("1-4:0-3", &r, &n, err, sizeof err) == 0);
+    CHECK(shoal_shard_check(r, n, 6, is_moe, 4, err, sizeof err) == SHOAL_ERANGE);
+    CHECK_STR_CONTAINS(err, "layer 3 is not an MoE layer");
+    free(r);
+    CHECK(shoal_shard_parse("1:4", &r, &n, err, sizeof err) == 0);
+    CHECK(shoal_shard_check(r, n, 6, is_moe, 4, err, sizeof err) == SHOAL_ERANGE);
+    free(r);
+    CHECK(shoal_shard_parse("6:0", &r, &n, err, sizeof err) == 0);
+    CHECK(shoal_shard_check(r, n, 6, is_moe, 4, err, sizeof err) == SHOAL_ERANGE);
+    free(r);
+
+    /* bitmap */
+    shoal_shard *s;
+    CHECK(shoal_shard_parse("1-2:0-1,5:3,1:1", &r, &n, err, sizeof err) == 0);
+    CHECK(shoal_shard_open(&s, r, n, 6, is_moe, 4, err, sizeof err) == 0);
+    CHECK(shoal_shard_count(s) == 5);
+    CHECK(shoal_shard_owns(s, 1, 1) && shoal_shard_owns(s, 5, 3) && !shoal_shard_owns(s, 5, 2) &&
+          !shoal_shard_owns(s, 4, 0) && !shoal_shard_owns(s, -1, 0) && !shoal_shard_owns(s, 6, 0) &&
+          !shoal_shard_owns(s, 1, 4));
+    shoal_shard_close(s);
+    free(r);
+
+    /* even split over 3 workers of 8 experts: 0-1, 2-4, 5-7; layer runs 1-2 and 4-5 */
+    shoal_proto_range *parts[3];
+    size_t np[3];
+    const char *names[3] = {"w0", "w1", "w2"};
+    for (int w = 0; w < 3; w++)
+        CHECK(shoal_shard_split(w, 3, 6, is_moe, 8, &parts[w], &np[w], err, sizeof err) == 0);
+    CHECK(shoal_shard_format(parts[1], np[1], buf, sizeof buf) == 0);
+    CHECK_MSG(!strcmp(buf, "1-2:2-4,4-5:2-4"), "%s", buf);
+    int32_t owner[6 * 8];
+    CHECK(shoal_shard_cover(3, (const shoal_proto_range *const *)parts, np, names, 6, is_moe, 8, owner, err,
+                            sizeof err) == 0);
+    CHECK(owner[0] == -1 && owner[1 * 8 + 0] == 0 && owner[1 * 8 + 4] == 1 && owner[5 * 8 + 7] == 2 &&
+          owner[3 * 8 + 1] == -1);
+    CHECK(shoal_shard_split(0, 9, 6, is_moe, 8, &r, &n, err, sizeof err) == SHOAL_EINVAL);
+    /* gaps and overlaps, merged over layers (the non-MoE layer 3 between 2 and 4 is skipped) */
+    shoal_proto_range b[] = {{1, 2, 3, 5}, {4, 5, 3, 5}, {5, 5, 7, 7}};
+    shoal_proto_range a2[] = {{1, 2, 0, 3}, {4, 5, 0, 3}};
+    shoal_proto_range *ab[2] = {a2, b};
+    size_t nab[2] = {2, 3};
+    CHECK(shoal_shard_cover(2, (const shoal_proto_range *const *)ab, nab, names, 6, is_moe, 8, owner, err,
+                            sizeof err) == SHOAL_ECONFIG);
+    CHECK_STR_CONTAINS(err, "layers 1-5 expert 3: owned by w0 and w1");
+    CHECK_STR_CONTAINS(err, "layers 1-4 experts 6-7: owned by no worker");
+    CHECK_STR_CONTAINS(err, "layer 5 expert 6: owned by no worker");
+    CHECK_STR_CONTAINS(err, "(2 gaps, 1 overlap)");
+    for (int w = 0; w < 3; w++)
+        free(parts[w]);
+}
+
+/* ---- fingerprint (expected value from tools/proto_golden.py) ------------- */
+
+static void t_fingerprint(void)
+{
+    CHECK(golden_doc || (golden("ping", &(gmsg){0}) == 0));
+    json_t *fpj = json_object_get(golden_doc, "fingerprint");
+    const char *want = json_string_value(json_object_get(fpj, "blake2b_256"));
+    CHECK(want != NULL);
+    if (!want)
+        return;
+    shoal_k3cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.num_layers = 4;
+    cfg.hidden_size = 96;
+    cfg.vocab_size = 4096;
+    cfg.latent_size = 64;
+    cfg.moe_intermediate_size = 32;
+    cfg.num_experts = 3;
+    cfg.experts_per_token = 2;
+    cfg.first_k_dense = 1;
+    cfg.moe_layer_freq = 1;
+    cfg.expert_format = SHOAL_EXPERTS_MXFP4;
+    cfg.expert_group_size = 32;
+    cfg.situ_beta = 0.1f;
+    cfg.situ_linear_beta = 25.0f;
+    cfg.is_moe[1] = cfg.is_moe[2] = cfg.is_moe[3] = 1;
+    shoal_fprint f;
+    shoal_fprint_begin(&f, &cfg);
+    int d = 64, ff = 32;
+    for (int l = 1; l <= 3; l++)
+        for (int e = 0; e < 3; e++)
+            for (int wi = 0; wi < 3; wi++) {
+                int w = wi == 0 ? 1 : wi == 1 ? 3 : 2;
+                int64_t rows = w == 2 ? d : ff, cols = w == 2 ? ff : d;
+                char name[256];
+                int64_t sp[2] = {rows, cols / 2}, ss[2] = {rows, cols / 32};
+                CHECK(shoal_fprint_expert_name(name, sizeof name, "language_model.model.layers.", l, e, w,
+                                               "weight_packed") == 0);
+                shoal_fprint_tensor(&f, name, "U8", 2, sp, (uint64_t)(rows * cols / 2));
+                shoal_fprint_expert_name(name, sizeof name, "language_model.model.layers.", l, e, w, "weight_scale");
+                shoal_fprint_tensor(&f, name, "U8", 2, ss, (uint64_t)(rows * cols / 32));
+            }
+    uint8_t out[32];
+    char hex[65];
+    shoal_fprint_end(&f, out);
+    shoal_proto_hex(out, hex);
+    CHECK_MSG(!strcmp(hex, want), "%s vs %s", hex, want);
+    /* one changed constant changes it */
+    cfg.situ_beta = 4.0f;
+    shoal_fprint_begin(&f, &cfg);
+    shoal_fprint_end(&f, out);
+    shoal_proto_hex(out, hex);
+    CHECK(strcmp(hex, want) != 0);
+}
+
+/* ---- a two-process exchange over a socketpair --------------------------- */
+/* Framing over SOCK_SEQPACKET: one packet with the frame count, one per frame. */
+
+static int sp_send(int fd, const shoal_frame *f, int n)
+{
+    uint32_t cnt = (uint32_t)n;
+    if (send(fd, &cnt, 4, 0) != 4)
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (send(fd, f[i].data, f[i].len, 0) != (ssize_t)f[i].len)
+            return -1;
+    return 0;
+}
+
+static int sp_recv(int fd, uint8_t bufs[][4096], shoal_frame *f)
+{
+    uint32_t cnt;
+    if (recv(fd, &cnt, 4, 0) != 4 || cnt > SHOAL_PROTO_MAX_FRAMES)
+        return -1;
+    for (uint32_t i = 0; i < cnt; i++) {
+        ssize_t r = recv(fd, bufs[i], 4096, 0);
+        if (r < 0)
+            return -1;
+        f[i] = (shoal_frame){bufs[i], (size_t)r};
+    }
+    return (int)cnt;
+}
+
+/* child: answers HELLO (checks fingerprint), EXPERT_BATCH (y = bf16 of act[t]
+ * + expert id, per pair), errors for anything else; exits on SHUTDOWN. */
+static int sp_child(int fd)
+{
+    static uint8_t bufs[SHOAL_PROTO_MAX_FRAMES][4096];
+    uint8_t out[4096], y[4096];
+    for (;;) {
+        shoal_frame f[SHOAL_PROTO_MAX_FRAMES];
+        int n = sp_recv(fd, bufs, f);
+        if (n < 0)
+            return 1;
+        shoal_proto_msg m = {0};
+        int perr;
+        char err[256];
+        size_t len;
+        shoal_frame rep[2];
+        int nrep = 1;
+        if (shoal_proto_decode(f, n, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err)) {
+            shoal_proto_enc_error(out, sizeof out, &len, m.rid, perr, err);
+        } else if (m.type == SHOAL_MSG_HELLO) {
+            if (memcmp(m.hello.fingerprint, fp_test, 32)) {
+                shoal_proto_enc_error(out, sizeof out, &len, m.rid, SHOAL_PERR_FINGERPRINT, "fingerprint");
+            } else {
+                shoal_proto_range own = {1, 1, 0, 7};
+                shoal_proto_hello h = {.major = 1, .id = "child", .owned = &own, .nowned = 1,
+                                       .act_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_F32),
+                                       .out_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_BF16), .max_tokens = 4, .isa = "scalar",
+                                       .threads = 1};
+                memcpy(h.fingerprint, fp_test, 32);
+                shoal_proto_enc_hello(out, sizeof out, &len, m.rid, &h, 1);
+            }
+        } else if (m.type == SHOAL_MSG_EXPERT_BATCH) {
+            uint8_t is_moe[2] = {0, 1};
+            shoal_proto_limits lim = {.num_layers = 2, .is_moe = is_moe, .num_experts = 8, .k = 2, .d = 32,
+                                      .max_tokens = 4, .act_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_F32),
+                                      .out_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_BF16)};
+            int pe = shoal_proto_check_batch(&m, &lim, err, sizeof err);
+            if (pe) {
+                shoal_proto_enc_error(out, sizeof out, &len, m.rid, pe, err);
+            } else {
+                uint32_t np = m.batch.route.rows;
+                shoal_proto_tensor_hdr(y, SHOAL_WIRE_BF16, np, 32);
+                for (uint32_t i = 0; i < np; i++) {
+                    int32_t t, e;
+                    shoal_proto_route_pair(&m.batch.route, i, &t, &e);
+                    for (int c = 0; c < 32; c++) {
+                        float v;
+                        memcpy(&v, m.batch.act.data + ((size_t)t * 32 + c) * 4, 4);
+                        uint16_t b = shoal_f32_to_bf16(v + (float)e);
+                        memcpy(y + 16 + ((size_t)i * 32 + c) * 2, &b, 2);
+                    }
+                }
+                shoal_proto_enc_result(out, sizeof out, &len, m.rid, 1, 2);
+                rep[1] = (shoal_frame){y, 16 + (size_t)np * 64};
+                nrep = 2;
+            }
+        } else if (m.type == SHOAL_MSG_SHUTDOWN) {
+            shoal_proto_enc_empty(out, sizeof out, &len, SHOAL_MSG_SHUTDOWN_ACK, m.rid);
+            rep[0] = (shoal_frame){out, len};
+            sp_send(fd, rep, 1);
+            return 0;
+        } else {
+            shoal_proto_enc_empty(out, sizeof out, &len, SHOAL_MSG_PONG, m.rid);
+        }
+        shoal_proto_msg_clear(&m);
+        rep[0] = (shoal_frame){out, len};
+        if (sp_send(fd, rep, nrep))
+            return 1;
+    }
+}
+
+static void t_socketpair(void)
+{
+    int sv[2];
+    CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(sv[0]);
+        _exit(sp_child(sv[1]));
+    }
+    close(sv[1]);
+    int fd = sv[0];
+    static uint8_t bufs[SHOAL_PROTO_MAX_FRAMES][4096];
+    uint8_t out[4096];
+    size_t len;
+    shoal_frame f[3], rf[SHOAL_PROTO_MAX_FRAMES];
+    shoal_proto_msg m = {0};
+    int perr;
+    char err[256];
+
+    shoal_proto_hello h = {.major = 1, .id = "parent"};
+    memcpy(h.fingerprint, fp_test, 32);
+    CHECK(shoal_proto_enc_hello(out, sizeof out, &len, 1, &h, 0) == 0);
+    f[0] = (shoal_frame){out, len};
+    CHECK(sp_send(fd, f, 1) == 0);
+    int n = sp_recv(fd, bufs, rf);
+    CHECK(n == 1 && shoal_proto_decode(rf, n, SHOAL_SIDE_COORDINATOR, &m, &perr, err, sizeof err) == 0);
+    CHECK(m.type == SHOAL_MSG_HELLO && m.rid == 1 && !strcmp(m.hello.id, "child") && m.hello.nowned == 1);
+    shoal_proto_msg_clear(&m);
+
+    /* batch: 2 tokens, pairs (0,1) (0,6) (1,3) */
+    uint8_t act[16 + 2 * 32 * 4], route[16 + 3 * 8];
+    shoal_proto_tensor_hdr(act, SHOAL_WIRE_F32, 2, 32);
+    for (int i = 0; i < 64; i++) {
+        float v = (float)i * 0.5f;
+        memcpy(act + 16 + 4 * i, &v, 4);
+    }
+    int32_t pairs[6] = {0, 1, 0, 6, 1, 3};
+    shoal_proto_tensor_hdr(route, SHOAL_WIRE_I32, 3, 2);
+    memcpy(route + 16, pairs, 24);
+    CHECK(shoal_proto_enc_batch(out, sizeof out, &len, 2, 1, SHOAL_WIRE_BF16) == 0);
+    f[0] = (shoal_frame){out, len};
+    f[1] = (shoal_frame){act, sizeof act};
+    f[2] = (shoal_frame){route, sizeof route};
+    CHECK(sp_send(fd, f, 3) == 0);
+    n = sp_recv(fd, bufs, rf);
+    CHECK(n == 2 && shoal_proto_decode(rf, n, SHOAL_SIDE_COORDINATOR, &m, &perr, err, sizeof err) == 0);
+    CHECK(m.type == SHOAL_MSG_EXPERT_RESULT && m.rid == 2 && m.result.y.rows == 3 && m.result.y.cols == 32);
+    if (m.result.y.rows == 3) {
+        uint16_t b;
+        memcpy(&b, m.result.y.data + (2 * 32 + 5) * 2, 2); /* pair 2: token 1 col 5 + expert 3 */
+        CHECK(shoal_bf16_to_f32(b) == (float)(32 + 5) * 0.5f + 3.0f);
+    }
+    shoal_proto_msg_clear(&m);
+
+    /* garbage and a wrong fingerprint: ERROR replies, the child keeps serving */
+    static const uint8_t junk[] = {0xde, 0xad, 0xbe, 0xef};
+    f[0] = (shoal_frame){junk, sizeof junk};
+    CHECK(sp_send(fd, f, 1) == 0);
+    n = sp_recv(fd, bufs, rf);
+    CHECK(n == 1 && shoal_proto_decode(rf, n, SHOAL_SIDE_COORDINATOR, &m, &perr, err, sizeof err) == 0);
+    CHECK(m.type == SHOAL_MSG_ERROR && m.error.code == SHOAL_PERR_MALFORMED);
+    shoal_proto_msg_clear(&m);
+    h.fingerprint[0] ^= 1;
+    shoal_proto_enc_hello(out, sizeof out, &len, 3, &h, 0);
+    f[0] = (shoal_frame){out, len};
+    CHECK(sp_send(fd, f, 1) == 0);
+    n = sp_recv(fd, bufs, rf);
+    CHECK(n == 1 && shoal_proto_decode(rf, n, SHOAL_SIDE_COORDINATOR, &m, &perr, err, sizeof err) == 0);
+    CHECK(m.type == SHOAL_MSG_ERROR && m.error.code == SHOAL_PERR_FINGERPRINT && m.rid == 3);
+    shoal_proto_msg_clear(&m);
+
+    shoal_proto_enc_empty(out, sizeof out, &len, SHOAL_MSG_SHUTDOWN, 4);
+    f[0] = (shoal_frame){out, len};
+    CHECK(sp_send(fd, f, 1) == 0);
+    n = sp_recv(fd, bufs, rf);
+    CHECK(n == 1 && shoal_proto_decode(rf, n, SHOAL_SIDE_COORDINATOR, &m, &perr, err, sizeof err) == 0);
+    CHECK(m.type == SHOAL_MSG_SHUTDOWN_ACK && m.rid == 4);
+    int st = -1;
+    CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(fd);
+}
+
+int main(void)
+{
+    test_binary = "test_proto";
+    init_fp();
+    RUN(t_hand_golden);
+    RUN(t_golden_encode);
+    RUN(t_golden_decode);
+    RUN(t_roundtrip);
+    RUN(t_refusals);
+    RUN(t_check_batch);
+    RUN(t_shard);
+    RUN(t_fingerprint);
+    RUN(t_socketpair);
+    if (golden_doc)
+        json_decref(golden_doc);
+    return test_finish();
+}

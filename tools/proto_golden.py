@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Golden bytes for proto/PROTOCOL.md, written from the spec with the Python
+`msgpack` package and `struct`/`hashlib` -- independently of shoal's C encoder.
+
+Writes tests/fixtures/proto/golden.json: for every message of the protocol, its
+frames as hex (control frame first, then tensor frames), plus one model
+fingerprint computed from a synthetic config and expert inventory.
+tests/unit/test_proto.c checks that the C encoder produces exactly these bytes
+and that the C decoder reads back the fields below;
+tests/e2e/test_proto_golden.sh regenerates the file and diffs it.
+
+Usage: tools/proto_golden.py [OUT.json]   (default tests/fixtures/proto/golden.json)
+"""
+import hashlib
+import json
+import os
+import struct
+import sys
+
+import msgpack
+import numpy as np
+
+HELLO, ERROR, PING, PONG, STATS, STATS_REPLY, SHUTDOWN, SHUTDOWN_ACK, BATCH, RESULT = range(1, 11)
+F32, BF16, I32 = 1, 2, 3
+
+FP = bytes(range(32))  # a test fingerprint: 00 01 .. 1f
+
+
+def control(mtype, rid, body):
+    # PROTOCOL.md §2.1: [type, rid, body], shortest integer encodings, str keys, bin bytes
+    return msgpack.packb([mtype, rid, body], use_bin_type=True)
+
+
+def tensor(dtype, arr):
+    # PROTOCOL.md §4: "SHTF", dtype, 3 zero bytes, rows u32, cols u32, LE row-major payload
+    rows, cols = arr.shape
+    return b"SHTF" + bytes([dtype, 0, 0, 0]) + struct.pack("<II", rows, cols) + arr.tobytes()
+
+
+def messages():
+    m = {}
+    m["hello_request"] = [control(HELLO, 1, {"proto": [1, 0], "fingerprint": FP, "peer": "coordinator 4242"})]
+    m["hello_reply"] = [control(HELLO, 1, {
+        "proto": [1, 0],
+        "fingerprint": FP,
+        "worker": "w1",
+        "owned": [[1, 8, 0, 11], [2, 2, 300, 70000]],
+        "act": ["f32", "bf16"],
+        "out": ["bf16", "f32"],
+        "max_tokens": 8192,
+        "isa": "avx2",
+        "threads": 2,
+        "expert_bytes": 17547264 * 448,
+        "mem_total": 25769803776,
+    })]
+    m["hello_version_2_0"] = [control(HELLO, 2, {"proto": [2, 0], "fingerprint": FP, "peer": "future"})]
+    m["error"] = [control(ERROR, 9, {"code": 7, "message": "EXPERT_BATCH: layer 3 expert 5 is not owned by this worker"})]
+    m["ping"] = [control(PING, 3, {})]
+    m["pong"] = [control(PONG, 3, {})]
+    m["stats"] = [control(STATS, 4, {})]
+    m["stats_reply"] = [control(STATS_REPLY, 4, {
+        "worker": "w1", "uptime_us": 5000000000, "requests": 70000, "errors": 3, "batches": 65536,
+        "tokens": 131072, "pairs": 300, "bytes_in": 2**40, "bytes_out": 2**32 + 1, "queue_us": 255,
+        "compute_us": 256})]
+    m["shutdown"] = [control(SHUTDOWN, 5, {})]
+    m["shutdown_ack"] = [control(SHUTDOWN_ACK, 5, {})]
+    act = (np.arange(2 * 32, dtype=np.float32) * 0.25 - 3.0).reshape(2, 32).astype("<f4")
+    route = np.array([[0, 1], [0, 5], [1, 2]], dtype="<i4")
+    m["expert_batch"] = [control(BATCH, 2**40 + 7, {"layer": 3, "out": "bf16"}), tensor(F32, act), tensor(I32, route)]
+    y = ((np.arange(3 * 32, dtype=np.uint32) * 2654435761) >> 16).astype("<u2").reshape(3, 32)
+    m["expert_result"] = [control(RESULT, 2**40 + 7, {"queue_us": 12, "compute_us": 3456}), tensor(BF16, y)]
+    act16 = (np.arange(1 * 32, dtype=np.uint32) + 0x3f80).astype("<u2").reshape(1, 32)
+    m["expert_batch_bf16"] = [control(BATCH, 8, {"layer": 1, "out": "f32"}), tensor(BF16, act16),
+                              tensor(I32, np.array([[0, 0]], dtype="<i4"))]
+    return m
+
+
+def fingerprint_case():
+    """PROTOCOL.md §5 over a synthetic model: 4 layers (MoE 1..3), 3 experts,
+    latent 64, expert width 32, MXFP4 group 32, situ_beta 0.1 (tests %.9g)."""
+    cfg = dict(num_layers=4, hidden_size=96, vocab_size=4096, latent_size=64, moe_intermediate_size=32,
+               num_experts=3, experts_per_token=2, first_k_dense=1, moe_layer_freq=1)
+    f32 = lambda v: float(np.float32(v))
+    lines = ["shoal model fingerprint 1"]
+    lines += [f"{k}={v}" for k, v in cfg.items()]
+    lines += ["expert_format=mxfp4", "expert_group_size=32",
+              "situ_beta=%.9g" % f32(0.1), "situ_linear_beta=%.9g" % f32(25.0), "moe_layers=1,2,3"]
+    d, f = cfg["latent_size"], cfg["moe_intermediate_size"]
+    shapes = {1: (f, d), 3: (f, d), 2: (d, f)}  # logical [rows, cols]
+    for layer in (1, 2, 3):
+        for e in range(3):
+            for w in (1, 3, 2):
+                rows, cols = shapes[w]
+                pre = f"language_model.model.layers.{layer}.block_sparse_moe.experts.{e}.w{w}."
+                lines.append(f"tensor {pre}weight_packed U8 [{rows},{cols // 2}] {rows * cols // 2}")
+                lines.append(f"tensor {pre}weight_scale U8 [{rows},{cols // 32}] {rows * cols // 32}")
+    text = "".join(line + "\n" for line in lines)
+    return {"text": text, "blake2b_256": hashlib.blake2b(text.encode(), digest_size=32).hexdigest()}
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "proto", "golden.json")
+    doc = {
+        "generator": "tools/proto_golden.py (Python msgpack %s)" % ".".join(map(str, msgpack.version)),
+        "protocol": "1.0",
+        "messages": {k: [fr.hex() for fr in v] for k, v in messages().items()},
+        "fingerprint": fingerprint_case(),
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as fh:
+        json.dump(doc, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+
+
+if __name__ == "__main__":
+    main()
