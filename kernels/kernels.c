@@ -3,6 +3,9 @@
  * columns) over OpenMP threads and call the active ISA's worker. A worker
  * computes every output element in the canonical order, so neither the split
  * nor the thread count changes a bit (kernels/README.md). */
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +41,15 @@ const char *shoal_isa_name(shoal_isa isa)
     return "?";
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+/* clang 14 rejects __builtin_cpu_supports("f16c"): read CPUID leaf 1 instead. */
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 int shoal_kernels_cpu_has(shoal_isa isa)
 {
     switch (isa) {
@@ -45,7 +57,7 @@ int shoal_kernels_cpu_has(shoal_isa isa)
         return 1;
 #if defined(__x86_64__) || defined(__i386__)
     case SHOAL_ISA_AVX2:
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case SHOAL_ISA_AVX512:
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
