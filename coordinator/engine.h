@@ -174,8 +174,11 @@ typedef enum {
  * max_batch: GEMMs over the chunk, each routed expert's weights read once per
  * chunk for all tokens routed to it) and append them to the state. Ids must be
  * in [0, vocab) and pos+n <= capacity (checked before anything runs: on such an
- * error the sequence is unchanged). On a failure part-way (expert backend,
- * cancellation) the sequence holds the completed chunks. */
+ * error the sequence is unchanged). Cancellation (checked between chunks)
+ * leaves the sequence consistent, holding the completed chunks. A failure
+ * inside a chunk (the expert backend) leaves its state half-updated: the
+ * sequence is then marked broken and every forward on it fails with
+ * SHOAL_EINVAL until shoal_seq_reset or a shoal_seq_copy into it. */
 int shoal_seq_prefill(shoal_seq *s, const int32_t *ids, int n, shoal_logits_mode mode, float *logits,
                       char *err, size_t errlen);
 /* One token; logits[vocab] receives its logits (may be NULL). Same as a

@@ -15,6 +15,7 @@
 #include "common/k3cfg.h"
 #include "common/st.h"
 #include "coordinator/experts.h"
+#include "kernels/kernels.h"
 
 /* Binds experts.E.w{1,3,2}.{weight_packed,weight_scale} (MXFP4) or
  * experts.E.w{1,3,2}.weight (BF16/F32) under prefix (e.g.
@@ -27,6 +28,6 @@ int shoal_experts_local_open(shoal_experts *out, const shoal_st *st, const shoal
                              int max_tokens, char *err, size_t errlen);
 
 /* Bytes of one routed expert's three matrices as stored (incl. scales). */
-size_t shoal_experts_local_expert_bytes(const shoal_k3cfg *cfg);
+size_t shoal_experts_local_expert_bytes(const shoal_k3cfg *cfg, shoal_expert_kind kind);
 
 #endif

@@ -1,0 +1,475 @@
+/* The K3 forward of one chunk (SPEC §3), engine numerics of §3.9: fp32 from
+ * the stored values, AttnRes prefix sums in fp32, routed-expert outputs
+ * rounded to bf16 (by the expert kernel).
+ *
+ * Batched prefill and token-by-token decode are bit-identical because every
+ * per-token value is produced by the same sequence of operations either way:
+ * the matrix kernels give each output row independently of T (kernels.h), and
+ * everything else here is a per-token loop over that token's own row, or, for
+ * the recurrent KDA state and the MLA cache, a loop over tokens in chunk order.
+ * Nothing here sums across tokens. */
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+#include <omp.h>
+
+#include "common/err.h"
+#include "coordinator/engine_int.h"
+#include "kernels/kernels.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static size_t max_z(size_t a, size_t b)
+{
+    return a > b ? a : b;
+}
+
+static int nblocks_max(const shoal_k3cfg *c)
+{
+    int n = 0;
+    for (int L = 0; L < c->num_layers; L++)
+        n += c->block_start[L] ? 1 : 0;
+    return n;
+}
+
+/* Widths of the per-layer work area, per token. */
+static size_t work_width(const shoal_k3cfg *c)
+{
+    size_t C = (size_t)c->kda_heads * c->kda_head_dim;
+    size_t qdim = (size_t)c->mla_heads * (c->qk_nope_dim + c->qk_rope_dim);
+    size_t mla_o = (size_t)c->mla_heads * c->v_head_dim;
+    size_t kv = (size_t)c->kv_lora_rank + c->qk_rope_dim;
+    size_t fshared = (size_t)c->num_shared_experts * c->moe_intermediate_size;
+    /* KDA: q~, k~, v~, G, z, o, o', f_a out (rank = f_a rows = kda_head_dim), beta logits */
+    size_t kda = c->num_kda ? 7 * C + (size_t)c->kda_head_dim + (size_t)c->kda_heads : 0;
+    /* MLA: q_a out, q, c_kv, G, o */
+    size_t mla = c->num_mla ? (size_t)c->q_lora_rank + qdim + kv + 2 * mla_o : 0;
+    size_t dense = 2 * (size_t)c->intermediate_size;
+    /* MoE: router logits, z, r, shared gate + up, r_up */
+    size_t moe = c->num_moe ? (size_t)c->num_experts + 2 * (size_t)c->latent_size + 2 * fshared + (size_t)c->hidden_size
+                            : 0;
+    return max_z(max_z(kda, mla), max_z(dense, moe));
+}
+
+size_t shoal__engine_scratch_layout(shoal__scratch *sc, float *base, const shoal_k3cfg *c, int Tmax,
+                                    int max_context)
+{
+    size_t off = 0;
+    size_t T = (size_t)Tmax, d = (size_t)c->hidden_size;
+    size_t C = (size_t)c->kda_heads * c->kda_head_dim;
+#define TAKE(field, n)                                                                  \
+    do {                                                                                \
+        sc->field = base ? (void *)(base + off) : NULL;                                 \
+        off += ((size_t)(n) + 15) & ~(size_t)15; /* 64-byte granules keep rows aligned */ \
+    } while (0)
+    sc->work_w = (work_width(c) + 15) & ~(size_t)15;
+    TAKE(P, T * d);
+    TAKE(blocks, (size_t)nblocks_max(c) * T * d);
+    TAKE(x, T * d);
+    TAKE(xn, T * d);
+    TAKE(a, T * d);
+    TAKE(work, T * sc->work_w);
+    TAKE(tq, C);
+    TAKE(tk, C);
+    TAKE(tv, C);
+    TAKE(tg, C);
+    TAKE(beta, c->kda_heads);
+    TAKE(q_lat, (size_t)c->mla_heads * c->kv_lora_rank);
+    TAKE(ctx, (size_t)c->mla_heads * c->kv_lora_rank);
+    TAKE(q_pe, (size_t)c->mla_heads * c->qk_rope_dim);
+    TAKE(att, (size_t)c->mla_heads * (size_t)max_context);
+    TAKE(res_s, nblocks_max(c) + 1);
+    TAKE(rsig, 2 * (size_t)c->num_experts);
+    TAKE(tpos, T);
+    TAKE(seen, c->num_experts);
+#undef TAKE
+    return off;
+}
+
+/* y[T, rows] = x[T, cols] · W^T for W as stored. */
+static void mm(float *y, const shoal__wmat *w, const float *x, int T)
+{
+    if (w->dt == SHOAL_DT_BF16)
+        shoal_gemm_bf16(y, (const uint16_t *)w->p, x, w->rows, w->cols, T);
+    else
+        shoal_gemm_f32(y, (const float *)w->p, x, w->rows, w->cols, T);
+}
+
+/* AttnRes (SPEC §3.2): out = Σ_i softmax(s)_i v_i over V = [blocks 0..nb-1 of
+ * token t, p], s_i = Σ_j (v_i[j] / rms(v_i)) · w_norm[j] · w_proj[j]. The mixed
+ * values are the raw v_i. fp32 throughout, candidates in list order. */
+static void attn_res(float *out, const float *blocks, size_t bstride, int nb, const float *p, const float *wn,
+                     const float *wp, int d, float eps, float *s)
+{
+    for (int i = 0; i <= nb; i++) {
+        const float *v = i < nb ? blocks + (size_t)i * bstride : p;
+        float ss = 0.0f;
+        for (int j = 0; j < d; j++)
+            ss += v[j] * v[j];
+        float inv = 1.0f / sqrtf(ss / (float)d + eps);
+        float acc = 0.0f;
+        for (int j = 0; j < d; j++)
+            acc += (v[j] * inv) * wn[j] * wp[j];
+        s[i] = acc;
+    }
+    shoal_softmax(s, nb + 1);
+    for (int j = 0; j < d; j++)
+        out[j] = 0.0f;
+    for (int i = 0; i <= nb; i++) {
+        const float *v = i < nb ? blocks + (size_t)i * bstride : p;
+        float ai = s[i];
+        for (int j = 0; j < d; j++)
+            out[j] += ai * v[j];
+    }
+}
+
+/* ---- KDA (SPEC §3.3) ---------------------------------------------------- */
+
+static void kda_layer(shoal_model *m, const shoal__layer *ly, shoal_seq *const *seqs, int T)
+{
+    const shoal_k3cfg *c = &m->cfg;
+    shoal__scratch *sc = &m->sc;
+    int H = c->kda_heads, D = c->kda_head_dim, K = c->conv_kernel;
+    size_t C = (size_t)H * D;
+    float *qt = sc->work, *kt = qt + (size_t)T * C, *vt = kt + (size_t)T * C, *G = vt + (size_t)T * C;
+    float *z = G + (size_t)T * C, *o = z + (size_t)T * C, *on = o + (size_t)T * C;
+    float *fa = on + (size_t)T * C, *bl = fa + (size_t)T * ly->f_a.rows;
+    const float *xn = sc->xn;
+
+    mm(qt, &ly->q_proj, xn, T);
+    mm(kt, &ly->k_proj, xn, T);
+    mm(vt, &ly->v_proj, xn, T);
+    mm(G, &ly->g_proj, xn, T);
+    mm(fa, &ly->f_a, xn, T);
+    mm(z, &ly->f_b, fa, T);
+    mm(bl, &ly->b_proj, xn, T);
+
+    const float qscale = 1.0f / sqrtf((float)D);
+    size_t win = (size_t)(K - 1) * C;
+    for (int t = 0; t < T; t++) {
+        shoal_seq *s = seqs[t];
+        float *S = s->kda_S + (size_t)ly->kda_idx * H * (size_t)D * D;
+        float *w = s->kda_conv + (size_t)ly->kda_idx * 3 * win;
+        shoal_kda_conv_step(sc->tq, w, qt + (size_t)t * C, ly->q_conv, (int)C, K);
+        shoal_kda_conv_step(sc->tk, w + win, kt + (size_t)t * C, ly->k_conv, (int)C, K);
+        shoal_kda_conv_step(sc->tv, w + 2 * win, vt + (size_t)t * C, ly->v_conv, (int)C, K);
+        for (int h = 0; h < H; h++) {
+            shoal_l2norm(sc->tq + (size_t)h * D, D, 1e-6f);
+            shoal_l2norm(sc->tk + (size_t)h * D, D, 1e-6f);
+        }
+        for (size_t i = 0; i < C; i++)
+            sc->tq[i] *= qscale;
+        shoal_kda_gate(sc->tg, z + (size_t)t * C, ly->A_log, ly->dt_bias, H, D, c->gate == SHOAL_GATE_LOWER_BOUND,
+                       c->gate_lower_bound);
+        for (int h = 0; h < H; h++)
+            sc->beta[h] = shoal_sigmoid(bl[(size_t)t * H + h]);
+        shoal_kda_step(o + (size_t)t * C, S, sc->tq, sc->tk, sc->tv, sc->tg, sc->beta, H, D);
+        shoal_gated_rmsnorm(on + (size_t)t * C, o + (size_t)t * C, G + (size_t)t * C, ly->o_norm, H, D,
+                            c->rms_norm_eps);
+    }
+    mm(sc->a, &ly->o_proj, on, T);
+}
+
+/* ---- gated NoPE MLA, absorbed (SPEC §3.4) -------------------------------- */
+
+static void mla_layer(shoal_model *m, const shoal__layer *ly, shoal_seq *const *seqs, int T)
+{
+    const shoal_k3cfg *c = &m->cfg;
+    shoal__scratch *sc = &m->sc;
+    int Hm = c->mla_heads, dn = c->qk_nope_dim, dr = c->qk_rope_dim, dv = c->v_head_dim, R = c->kv_lora_rank;
+    int qr = c->q_lora_rank, qh = dn + dr, row = R + dr;
+    size_t qdim = (size_t)Hm * qh, od = (size_t)Hm * dv;
+    float *qa = sc->work, *q = qa + (size_t)T * qr, *ckv = q + (size_t)T * qdim, *G = ckv + (size_t)T * row;
+    float *o = G + (size_t)T * od;
+    const float *xn = sc->xn;
+
+    mm(qa, &ly->q_a, xn, T);
+    for (int t = 0; t < T; t++)
+        shoal_rmsnorm(qa + (size_t)t * qr, qa + (size_t)t * qr, ly->q_a_norm, qr, 1e-6f);
+    mm(q, &ly->q_b, qa, T);
+    mm(ckv, &ly->kv_a, xn, T);
+    mm(G, &ly->g_proj, xn, T);
+    /* cache rows first: token t attends to positions 0..tpos[t] of its own
+     * sequence, which includes earlier tokens of this chunk */
+    for (int t = 0; t < T; t++) {
+        float *r = ckv + (size_t)t * row;
+        shoal_rmsnorm(r, r, ly->kv_a_norm, R, 1e-6f);
+        shoal_seq *s = seqs[t];
+        float *dst = s->mla + ((size_t)ly->mla_idx * s->capacity + (size_t)sc->tpos[t]) * row;
+        memcpy(dst, r, sizeof(float) * (size_t)row);
+    }
+    const float scale = 1.0f / sqrtf((float)qh);
+    const shoal__wmat *kvb = &ly->kv_b;
+    size_t esz = kvb->dt == SHOAL_DT_BF16 ? 2 : 4;
+    for (int t = 0; t < T; t++) {
+        shoal_seq *s = seqs[t];
+        const float *qt = q + (size_t)t * qdim;
+        /* q_lat[h] = W_UK_h^T q_nope_h: W_UK_h = kv_b rows [h*(dn+dv), +dn) */
+#pragma omp parallel for schedule(static)
+        for (int h = 0; h < Hm; h++) {
+            const char *wuk = (const char *)kvb->p + (size_t)h * (dn + dv) * R * esz;
+            if (kvb->dt == SHOAL_DT_BF16)
+                shoal_gemv_t_bf16(sc->q_lat + (size_t)h * R, (const uint16_t *)wuk, qt + (size_t)h * qh, dn, R);
+            else
+                shoal_gemv_t_f32(sc->q_lat + (size_t)h * R, (const float *)wuk, qt + (size_t)h * qh, dn, R);
+            memcpy(sc->q_pe + (size_t)h * dr, qt + (size_t)h * qh + dn, sizeof(float) * (size_t)dr);
+        }
+        const float *cache = s->mla + (size_t)ly->mla_idx * s->capacity * row;
+        shoal_mla_attend(sc->ctx, sc->q_lat, sc->q_pe, cache, sc->tpos[t] + 1, Hm, R, dr, scale, sc->att);
+        float *ot = o + (size_t)t * od;
+        /* o_h = W_UV_h ctx_h: W_UV_h = kv_b rows [h*(dn+dv)+dn, +dv) */
+#pragma omp parallel for schedule(static)
+        for (int h = 0; h < Hm; h++) {
+            const char *wuv = (const char *)kvb->p + ((size_t)h * (dn + dv) + dn) * R * esz;
+            if (kvb->dt == SHOAL_DT_BF16)
+                shoal_gemm_bf16(ot + (size_t)h * dv, (const uint16_t *)wuv, sc->ctx + (size_t)h * R, dv, R, 1);
+            else
+                shoal_gemm_f32(ot + (size_t)h * dv, (const float *)wuv, sc->ctx + (size_t)h * R, dv, R, 1);
+        }
+        const float *gt = G + (size_t)t * od;
+        for (size_t i = 0; i < od; i++)
+            ot[i] *= shoal_sigmoid(gt[i]);
+    }
+    mm(sc->a, &ly->o_proj, o, T);
+}
+
+/* ---- FFNs ---------------------------------------------------------------- */
+
+static void dense_mlp(shoal_model *m, const shoal__layer *ly, int T)
+{
+    const shoal_k3cfg *c = &m->cfg;
+    shoal__scratch *sc = &m->sc;
+    size_t F = (size_t)c->intermediate_size;
+    float *g = sc->work, *u = g + (size_t)T * F;
+    mm(g, &ly->mlp_gate, sc->xn, T);
+    mm(u, &ly->mlp_up, sc->xn, T);
+    shoal_situ_glu(g, g, u, (int)((size_t)T * F), c->situ_beta, c->situ_linear_beta);
+    mm(sc->a, &ly->mlp_down, g, T);
+}
+
+/* Router (SPEC §3.5): fp32 logits, sigmoid, bias for selection only, top-k
+ * (ties to the lower id, returned ascending), renormalised unbiased weights. */
+static void route(shoal_model *m, const shoal__layer *ly, const float *logits, int T, uint64_t *distinct)
+{
+    const shoal_k3cfg *c = &m->cfg;
+    int E = c->num_experts, k = c->experts_per_token;
+    float *sig = m->sc.rsig, *choice = sig + E;
+    int32_t stamp = ++m->stamp;
+    for (int t = 0; t < T; t++) {
+        const float *lg = logits + (size_t)t * E;
+        for (int e = 0; e < E; e++) {
+            sig[e] = shoal_sigmoid(lg[e]);
+            choice[e] = sig[e] + ly->router_bias[e];
+        }
+        int32_t *ids = m->topk_ids + (size_t)t * k;
+        float *w = m->topk_w + (size_t)t * k;
+        shoal_topk(ids, choice, E, k);
+        float sum = 0.0f;
+        for (int j = 0; j < k; j++) {
+            w[j] = sig[ids[j]];
+            sum += w[j];
+        }
+        for (int j = 0; j < k; j++) {
+            if (c->renormalize)
+                w[j] = w[j] / (sum + 1e-20f);
+            w[j] *= c->routed_scaling;
+            if (m->sc.seen[ids[j]] != stamp) {
+                m->sc.seen[ids[j]] = stamp;
+                (*distinct)++;
+            }
+        }
+    }
+}
+
+static int moe_layer(shoal_model *m, const shoal__layer *ly, int L, int T, char *err, size_t errlen)
+{
+    const shoal_k3cfg *c = &m->cfg;
+    shoal__scratch *sc = &m->sc;
+    int E = c->num_experts, k = c->experts_per_token, lat = c->latent_size, d = c->hidden_size;
+    size_t Fs = (size_t)c->num_shared_experts * c->moe_intermediate_size;
+    float *lg = sc->work, *z = lg + (size_t)T * E, *r = z + (size_t)T * lat, *sg = r + (size_t)T * lat;
+    float *su = sg + (size_t)T * Fs, *ru = su + (size_t)T * Fs;
+
+    mm(lg, &ly->router, sc->xn, T);
+    uint64_t distinct = 0;
+    route(m, ly, lg, T, &distinct);
+    mm(z, &ly->rdown, sc->xn, T);
+
+    double t0 = now_s();
+    int rc = m->experts.vt->submit(m->experts.self, L, T, k, z, m->topk_ids, err, errlen);
+    if (rc)
+        return rc;
+    /* shared experts while the backend works */
+    mm(sg, &ly->sh_gate, sc->xn, T);
+    mm(su, &ly->sh_up, sc->xn, T);
+    shoal_situ_glu(sg, sg, su, (int)((size_t)T * Fs), c->situ_beta, c->situ_linear_beta);
+    mm(sc->a, &ly->sh_down, sg, T);
+    rc = m->experts.vt->gather(m->experts.self, m->ex_y, err, errlen);
+    m->stats.experts_s += now_s() - t0;
+    if (rc)
+        return rc;
+    m->stats.expert_bytes += distinct * m->info.expert_bytes;
+    m->stats.expert_pairs += (uint64_t)T * (uint64_t)k;
+
+    /* weighted sum in ascending expert-id order (the slots' order), fp32, then
+     * the latent norm after the full sum */
+    for (int t = 0; t < T; t++) {
+        float *rt = r + (size_t)t * lat;
+        const float *w = m->topk_w + (size_t)t * k;
+        const uint16_t *y = m->ex_y + (size_t)t * k * lat;
+        for (int i = 0; i < lat; i++)
+            rt[i] = 0.0f;
+        for (int j = 0; j < k; j++) {
+            const uint16_t *yj = y + (size_t)j * lat;
+            for (int i = 0; i < lat; i++)
+                rt[i] += w[j] * shoal_bf16_to_f32(yj[i]);
+        }
+        if (c->latent_norm)
+            shoal_rmsnorm(rt, rt, ly->rnorm, lat, c->rms_norm_eps);
+    }
+    mm(ru, &ly->rup, r, T);
+    size_t n = (size_t)T * d;
+    for (size_t i = 0; i < n; i++)
+        sc->a[i] = ru[i] + sc->a[i];
+    return 0;
+}
+
+/* ---- one chunk ------------------------------------------------------------ */
+
+int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t *ids, int T, float *logits,
+                          int all_logits, char *err, size_t errlen)
+{
+    const shoal_k3cfg *c = &m->cfg;
+    shoal__scratch *sc = &m->sc;
+    int d = c->hidden_size;
+    size_t dd = (size_t)d;
+    float eps = c->rms_norm_eps;
+    double t0 = now_s();
+
+    if (T < 1 || T > m->info.max_batch)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "forward: %d tokens (max_batch %d)", T, m->info.max_batch);
+    if (!m->have_experts && c->num_moe > 0)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "forward: no routed-expert backend set");
+    /* positions: a sequence's k-th token in this chunk is at its pos + k */
+    for (int t = 0; t < T; t++)
+        sc->tpos[t] = seqs[t]->pos++;
+    for (int t = T - 1; t >= 0; t--)
+        seqs[t]->pos = sc->tpos[t];
+    for (int t = 0; t < T; t++) {
+        if (seqs[t]->m != m)
+            return shoal_err_set(err, errlen, SHOAL_EINVAL, "forward: sequence of another model");
+        if (sc->tpos[t] >= seqs[t]->capacity)
+            return shoal_err_set(err, errlen, SHOAL_ERANGE, "forward: sequence full (capacity %d tokens)",
+                                 seqs[t]->capacity);
+        if (seqs[t]->broken)
+            return shoal_err_set(err, errlen, SHOAL_EINVAL,
+                                 "forward: sequence broken by an earlier failure (reset or copy into it first)");
+        if (ids[t] < 0 || ids[t] >= c->vocab_size)
+            return shoal_err_set(err, errlen, SHOAL_ERANGE, "forward: token id %d outside [0, %d)", (int)ids[t],
+                                 c->vocab_size);
+    }
+
+    shoal__engine_guard_arm(1);
+
+    /* embedding rows (exact widening) */
+    for (int t = 0; t < T; t++) {
+        float *p = sc->P + (size_t)t * dd;
+        if (m->embed.dt == SHOAL_DT_BF16) {
+            const uint16_t *e = (const uint16_t *)m->embed.p + (size_t)ids[t] * dd;
+            for (int j = 0; j < d; j++)
+                p[j] = shoal_bf16_to_f32(e[j]);
+        } else {
+            memcpy(p, (const float *)m->embed.p + (size_t)ids[t] * dd, sizeof(float) * dd);
+        }
+    }
+
+    int nb = 0, rc = 0;
+    size_t bstride = (size_t)T * dd; /* blocks[b][t] at blocks + b*bstride + t*d */
+    for (int L = 0; L < c->num_layers; L++) {
+        const shoal__layer *ly = &m->layers[L];
+        /* 1. x = AttnRes(B, h) (h itself while B is empty) */
+        for (int t = 0; t < T; t++) {
+            float *x = sc->x + (size_t)t * dd;
+            const float *p = sc->P + (size_t)t * dd;
+            if (nb > 0)
+                attn_res(x, sc->blocks + (size_t)t * dd, bstride, nb, p, ly->attn_res_norm, ly->attn_res_proj, d,
+                         eps, sc->res_s);
+            else
+                memcpy(x, p, sizeof(float) * dd);
+        }
+        /* 2. a block boundary saves the layer input and restarts the prefix */
+        int restart = c->block_start[L];
+        if (restart)
+            memcpy(sc->blocks + (size_t)nb++ * bstride, sc->P, sizeof(float) * bstride);
+        /* 3. attention on RMSNorm(x) */
+        for (int t = 0; t < T; t++)
+            shoal_rmsnorm(sc->xn + (size_t)t * dd, sc->x + (size_t)t * dd, ly->in_norm, d, eps);
+        if (ly->kind == SHOAL_ATTN_KDA)
+            kda_layer(m, ly, seqs, T);
+        else
+            mla_layer(m, ly, seqs, T);
+        /* 4. prefix */
+        if (restart)
+            memcpy(sc->P, sc->a, sizeof(float) * bstride);
+        else
+            for (size_t i = 0; i < bstride; i++)
+                sc->P[i] = sc->P[i] + sc->a[i];
+        /* 5-6. FFN on RMSNorm(AttnRes(B, P)) */
+        for (int t = 0; t < T; t++) {
+            float *x = sc->x + (size_t)t * dd;
+            attn_res(x, sc->blocks + (size_t)t * dd, bstride, nb, sc->P + (size_t)t * dd, ly->mlp_res_norm,
+                     ly->mlp_res_proj, d, eps, sc->res_s);
+            shoal_rmsnorm(sc->xn + (size_t)t * dd, x, ly->post_norm, d, eps);
+        }
+        if (ly->moe) {
+            rc = moe_layer(m, ly, L, T, err, errlen);
+            if (rc)
+                goto fail;
+        } else {
+            dense_mlp(m, ly, T);
+        }
+        /* 7. prefix */
+        for (size_t i = 0; i < bstride; i++)
+            sc->P[i] = sc->P[i] + sc->a[i];
+        if (m->trace)
+            m->trace(m->trace_ctx, L, T, sc->P, d);
+    }
+    /* final AttnRes, norm, head */
+    for (int t = 0; t < T; t++) {
+        float *x = sc->x + (size_t)t * dd;
+        attn_res(x, sc->blocks + (size_t)t * dd, bstride, nb, sc->P + (size_t)t * dd, m->out_res_norm,
+                 m->out_res_proj, d, eps, sc->res_s);
+        shoal_rmsnorm(sc->xn + (size_t)t * dd, x, m->final_norm, d, eps);
+    }
+    if (m->trace)
+        m->trace(m->trace_ctx, c->num_layers, T, sc->x, d);
+    if (logits) {
+        if (all_logits)
+            mm(logits, &m->lm_head, sc->xn, T);
+        else
+            mm(logits, &m->lm_head, sc->xn + (size_t)(T - 1) * dd, 1);
+        m->stats.trunk_bytes += m->lm_head_bytes;
+    }
+    shoal__engine_guard_arm(0);
+
+    for (int t = 0; t < T; t++)
+        seqs[t]->pos = sc->tpos[t] + 1;
+    m->stats.tokens += (uint64_t)T;
+    m->stats.chunks++;
+    m->stats.trunk_bytes += m->trunk_bytes_fixed + (uint64_t)T * m->embed_row_bytes;
+    m->stats.forward_s += now_s() - t0;
+    return 0;
+fail:
+    /* the states already hold part of this chunk: unusable until reset/copy */
+    for (int t = 0; t < T; t++)
+        seqs[t]->broken = 1;
+    shoal__engine_guard_arm(0);
+    m->stats.forward_s += now_s() - t0;
+    return rc;
+}
