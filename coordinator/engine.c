@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+
 #include "common/err.h"
 #include "coordinator/engine_int.h"
 
@@ -34,9 +36,23 @@
 
 static atomic_ullong guard_hits;
 static _Thread_local int guard_armed;
+static _Thread_local int omp_warm_threads;
 
 void shoal__engine_guard_arm(int on)
 {
+    /* libgomp builds a thread's pool and team on its first parallel region
+     * (and again when the thread count changes): do that before arming, on
+     * the thread that runs the forward */
+    if (on && omp_warm_threads != omp_get_max_threads()) {
+        omp_warm_threads = omp_get_max_threads();
+        volatile int sink = 0;
+#pragma omp parallel
+        {
+#pragma omp atomic
+            sink++;
+        }
+        (void)sink;
+    }
     guard_armed = on;
 }
 

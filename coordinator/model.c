@@ -339,7 +339,7 @@ static int tokenizer_eos(const char *dir, int vocab, int *out_id, char *err, siz
         return 0;
     fclose(f);
     json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
+    json_t *root = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
     if (!root)
         return shoal_err_set(err, errlen, SHOAL_ECONFIG, "%s:%d: %s", path, je.line, je.text);
     int rc = 0;
@@ -418,6 +418,11 @@ int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts 
     const shoal_k3cfg *c = &m->cfg;
     if (opts->threads > 0)
         omp_set_num_threads(opts->threads);
+    rc = shoal_kernels_init();
+    if (rc) {
+        shoal_err_set(err, errlen, rc, "kernels: cannot select an ISA (SHOAL_ISA?)");
+        goto fail;
+    }
 
     shoal_st_opts so = {.map = 1};
     rc = shoal_st_open(&m->st, dir, &so, err, errlen);
@@ -433,16 +438,32 @@ int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts 
              shoal_st_find(m->st, "language_model.model.embed_tokens.weight") ? "language_model." : "");
     m->layers = shoal_xcalloc((size_t)c->num_layers, sizeof *m->layers);
     bind_all(&b);
-    if (!opts->remote_experts && c->num_moe > 0 && pr.n == 0) {
-        char eb[4096];
+    if (!opts->remote_experts && c->num_moe > 0) {
+        /* the backend appends its own problems (one per line) to err */
         char pre[80];
         snprintf(pre, sizeof pre, "%smodel.layers.", b.prefix);
+        char *eb = NULL;
+        size_t eblen = 0;
+        if (err && errlen > pr.used + 2) {
+            eb = err + pr.used + (pr.used ? 1 : 0);
+            eblen = errlen - pr.used - (pr.used ? 1 : 0);
+        }
         int erc = shoal_experts_local_open(&m->experts, m->st, c, pre, opts->max_batch ? opts->max_batch : 256, eb,
-                                           sizeof eb);
-        if (erc)
-            problem(&pr, "%s", eb);
-        else
+                                           eblen);
+        if (erc) {
+            if (eb && *eb) {
+                if (pr.used)
+                    err[pr.used] = '\n';
+                for (const char *q = eb; *q; q++)
+                    pr.n += *q == '\n';
+                pr.n++;
+                pr.used += strlen(eb) + (pr.used ? 1 : 0);
+            } else {
+                pr.n++;
+            }
+        } else {
             m->have_experts = 1;
+        }
     }
     if (pr.n) {
         char tail[64];
@@ -494,12 +515,13 @@ int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts 
 
     if (!opts->quiet) {
         SHOAL_INFO("model: %s: %d layers (%d KDA, %d MLA, %d MoE), d=%d, vocab %d, experts %d top-%d (%s%s), "
-                   "trunk %s, gate %s",
+                   "trunk %s, gate %s, kernels %s, %d threads",
                    dir, c->num_layers, c->num_kda, c->num_mla, c->num_moe, c->hidden_size, c->vocab_size,
                    c->num_experts, c->experts_per_token,
                    c->expert_format == SHOAL_EXPERTS_MXFP4 ? "MXFP4" : "unquantized",
                    opts->remote_experts ? ", remote" : "", m->embed.dt == SHOAL_DT_F32 ? "F32" : "BF16",
-                   c->gate == SHOAL_GATE_LOWER_BOUND ? "lower-bound" : "softplus");
+                   c->gate == SHOAL_GATE_LOWER_BOUND ? "lower-bound" : "softplus",
+                   shoal_isa_name(shoal_kernels_isa()), omp_get_max_threads());
         SHOAL_INFO("model: sequence state %zu B fixed (KDA states + conv windows) + %zu B per token (MLA latent "
                    "cache); forward scratch %zu MiB for %d tokens per chunk, %d max context",
                    in->seq_fixed_bytes, in->seq_bytes_per_token, sizeof(float) * m->scratch_floats >> 20, B,

@@ -1,0 +1,386 @@
+/* `shoal run`: one prompt through the in-process engine, a continuation and a
+ * run report (engine.h, sampler.h). */
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "coordinator/engine.h"
+#include "coordinator/sampler.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: shoal run --model DIR (--ids 1,2,3 | --prompt TEXT | --prompt-file FILE) [options]\n"
+            "\n"
+            "Runs the prompt through the model in this process (batched prefill, then\n"
+            "incremental decode) and prints the continuation and a run report.\n"
+            "\n"
+            "  --model DIR          model directory (config.json, safetensors, tokenizer files)\n"
+            "  --ids LIST           prompt token ids, comma-separated (no tokenizer needed)\n"
+            "  --prompt TEXT        prompt text (needs the model's tokenizer)\n"
+            "  --prompt-file FILE   prompt text read from FILE\n"
+            "  --gen N              tokens to generate at most (default 16); stops early on an\n"
+            "                       EOS id (config.json eos_token_id, tokenizer_config.json eos_token)\n"
+            "  --threads N          OpenMP threads (default: OpenMP's); results do not depend on it\n"
+            "  --temperature T      0 (default) = greedy; > 0 samples\n"
+            "  --top-p P            nucleus mass in (0, 1] (default 1 = off)\n"
+            "  --top-k K            keep the K most likely (default 0 = off)\n"
+            "  --seed S             PRNG seed (default 0); same seed, same ids\n"
+            "  --max-context N      sequence capacity (default: prompt + gen)\n"
+            "  --batch N            prefill chunk size (default 256)\n"
+            "  --dump-logits FILE   write the logits of every generated step: raw float32\n"
+            "                       little-endian, [steps, vocab], row i = the logits that chose\n"
+            "                       generated token i\n"
+            "  --json               print one JSON object instead of the text report\n"
+            "\n"
+            "exit codes:\n"
+            "  0  ok\n"
+            "  2  usage error\n"
+            "  3  invalid model or config (the reason is printed)\n"
+            "  4  the run failed part-way (the reason is printed)\n");
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* "1,2,3" -> ids (caller frees) */
+static int parse_ids(const char *s, int32_t **out, int *n)
+{
+    int cap = 16, k = 0;
+    int32_t *ids = shoal_xmalloc(sizeof(int32_t) * (size_t)cap);
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+            free(ids);
+            return -1;
+        }
+        if (k == cap) {
+            cap *= 2;
+            ids = shoal_xrealloc(ids, sizeof(int32_t) * (size_t)cap);
+        }
+        ids[k++] = (int32_t)v;
+        p = *end ? end + 1 : end;
+        if (*end == ',' && !*p) {
+            free(ids);
+            return -1;
+        }
+    }
+    if (!k) {
+        free(ids);
+        return -1;
+    }
+    *out = ids;
+    *n = k;
+    return 0;
+}
+
+static uint64_t peak_rss_bytes(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru))
+        return 0;
+    return (uint64_t)ru.ru_maxrss * 1024u;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int shoal_cmd_run(int argc, char **argv)
+{
+    const char *model = NULL, *ids_s = NULL, *prompt = NULL, *prompt_file = NULL, *dump = NULL;
+    long gen = 16, threads = 0, top_k = 0, max_ctx = 0, batch = 256;
+    double temp = 0.0, top_p = 1.0;
+    unsigned long long seed = 0;
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+#define VAL()                                                                  \
+    do {                                                                       \
+        if (!v) {                                                              \
+            fprintf(stderr, "shoal run: %s needs a value\n", a);               \
+            return 2;                                                          \
+        }                                                                      \
+        i++;                                                                   \
+    } while (0)
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--model")) {
+            VAL();
+            model = v;
+        } else if (!strcmp(a, "--ids")) {
+            VAL();
+            ids_s = v;
+        } else if (!strcmp(a, "--prompt")) {
+            VAL();
+            prompt = v;
+        } else if (!strcmp(a, "--prompt-file")) {
+            VAL();
+            prompt_file = v;
+        } else if (!strcmp(a, "--gen")) {
+            VAL();
+            bad = parse_int(v, 0, 1 << 24, &gen);
+        } else if (!strcmp(a, "--threads")) {
+            VAL();
+            bad = parse_int(v, 1, 4096, &threads);
+        } else if (!strcmp(a, "--temperature")) {
+            VAL();
+            bad = parse_float(v, &temp) || temp < 0;
+        } else if (!strcmp(a, "--top-p")) {
+            VAL();
+            bad = parse_float(v, &top_p) || !(top_p > 0 && top_p <= 1);
+        } else if (!strcmp(a, "--top-k")) {
+            VAL();
+            bad = parse_int(v, 0, INT_MAX, &top_k);
+        } else if (!strcmp(a, "--seed")) {
+            VAL();
+            char *end;
+            errno = 0;
+            seed = strtoull(v, &end, 10);
+            bad = errno || end == v || *end || v[0] == '-';
+        } else if (!strcmp(a, "--max-context")) {
+            VAL();
+            bad = parse_int(v, 1, INT_MAX, &max_ctx);
+        } else if (!strcmp(a, "--batch")) {
+            VAL();
+            bad = parse_int(v, 1, 1 << 16, &batch);
+        } else if (!strcmp(a, "--dump-logits")) {
+            VAL();
+            dump = v;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else {
+            fprintf(stderr, "shoal run: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+#undef VAL
+        if (bad) {
+            fprintf(stderr, "shoal run: bad value for %s: '%s'\n", a, v);
+            return 2;
+        }
+    }
+    if (!model || (!!ids_s + !!prompt + !!prompt_file) != 1) {
+        fprintf(stderr, "shoal run: need --model and exactly one of --ids, --prompt, --prompt-file\n");
+        usage(stderr);
+        return 2;
+    }
+    int32_t *prompt_ids = NULL;
+    int n_prompt = 0;
+    if (ids_s) {
+        if (parse_ids(ids_s, &prompt_ids, &n_prompt)) {
+            fprintf(stderr, "shoal run: --ids must be comma-separated non-negative integers\n");
+            return 2;
+        }
+    } else {
+        /* text prompts need the tokenizer module (issue 6) */
+        fprintf(stderr, "shoal run: text prompts need the tokenizer, which this build does not have yet; "
+                        "use --ids\n");
+        return 2;
+    }
+
+    shoal_log_set_role("C");
+    char err[8192];
+    shoal_model_opts mo = {
+        .max_context = max_ctx ? (int)max_ctx : n_prompt + (int)gen + 1,
+        .max_batch = (int)batch,
+        .threads = (int)threads,
+        .quiet = json,
+    };
+    shoal_model *m = NULL;
+    int rc = shoal_model_open(&m, model, &mo, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "shoal run: %s: %s\n%s\n", model, shoal_strerror(rc), err);
+        free(prompt_ids);
+        return 3;
+    }
+    shoal_model_info info;
+    shoal_model_get_info(m, &info);
+    int status = 0;
+    shoal_seq *seq = NULL;
+    shoal_sampler *smp = NULL;
+    float *logits = shoal_xmalloc(sizeof(float) * (size_t)info.vocab);
+    int32_t *out_ids = shoal_xmalloc(sizeof(int32_t) * (size_t)(gen + 1));
+    double *step_s = shoal_xmalloc(sizeof(double) * (size_t)(gen + 1));
+    FILE *df = NULL;
+    int n_out = 0;
+    const char *stop = "length";
+    double prefill_s = 0, decode_s = 0;
+    shoal_model_stats ps = {0}, ds = {0};
+
+    if (n_prompt + gen > mo.max_context) {
+        fprintf(stderr, "shoal run: prompt (%d) + gen (%ld) exceeds --max-context %d\n", n_prompt, gen,
+                mo.max_context);
+        status = 2;
+        goto done;
+    }
+    if ((rc = shoal_seq_create(&seq, m, 0, err, sizeof err))) {
+        fprintf(stderr, "shoal run: %s\n", err);
+        status = 4;
+        goto done;
+    }
+    shoal_sampler_opts so = {.temperature = (float)temp, .top_p = (float)top_p, .top_k = (int)top_k, .seed = seed};
+    if ((rc = shoal_sampler_create(&smp, &so, info.vocab, err, sizeof err))) {
+        fprintf(stderr, "shoal run: %s\n", err);
+        status = 2;
+        goto done;
+    }
+    if (dump && !(df = fopen(dump, "wb"))) {
+        fprintf(stderr, "shoal run: %s: %s\n", dump, strerror(errno));
+        status = 2;
+        goto done;
+    }
+
+    double t0 = now_s();
+    rc = shoal_seq_prefill(seq, prompt_ids, n_prompt, SHOAL_LOGITS_LAST, logits, err, sizeof err);
+    prefill_s = now_s() - t0;
+    shoal_model_get_stats(m, &ps);
+    shoal_model_reset_stats(m);
+    if (rc) {
+        fprintf(stderr, "shoal run: prefill failed: %s: %s\n", shoal_strerror(rc), err);
+        status = 4;
+        goto done;
+    }
+    for (int step = 0; step < gen; step++) {
+        if (df && fwrite(logits, sizeof(float), (size_t)info.vocab, df) != (size_t)info.vocab) {
+            fprintf(stderr, "shoal run: %s: write failed\n", dump);
+            status = 4;
+            goto done;
+        }
+        int32_t id = shoal_sampler_sample(smp, logits);
+        out_ids[n_out++] = id;
+        int is_eos = 0;
+        for (int e = 0; e < info.n_eos; e++)
+            is_eos |= info.eos[e] == id;
+        if (is_eos) {
+            stop = "eos";
+            break;
+        }
+        if (step + 1 == gen)
+            break;
+        double s0 = now_s();
+        rc = shoal_seq_decode(seq, id, logits, err, sizeof err);
+        step_s[n_out - 1] = now_s() - s0;
+        decode_s += step_s[n_out - 1];
+        if (rc) {
+            fprintf(stderr, "shoal run: decode step %d failed: %s: %s\n", step + 1, shoal_strerror(rc), err);
+            status = 4;
+            goto done;
+        }
+    }
+    shoal_model_get_stats(m, &ds);
+
+done:;
+    int n_steps = (int)ds.tokens;
+    double prefill_tps = prefill_s > 0 ? n_prompt / prefill_s : 0;
+    double decode_tps = decode_s > 0 ? n_steps / decode_s : 0;
+    double wb_decode = n_steps ? (double)(ds.trunk_bytes + ds.expert_bytes) / n_steps : 0;
+    double wb_prefill = ps.tokens ? (double)(ps.trunk_bytes + ps.expert_bytes) / (double)ps.tokens : 0;
+    uint64_t rss = peak_rss_bytes();
+    if (status == 0 || status == 4) {
+        if (json) {
+            json_t *o = json_object();
+            json_t *pa = json_array(), *ga = json_array(), *sa = json_array();
+            for (int i = 0; i < n_prompt; i++)
+                json_array_append_new(pa, json_integer(prompt_ids[i]));
+            for (int i = 0; i < n_out; i++)
+                json_array_append_new(ga, json_integer(out_ids[i]));
+            for (int i = 0; i < n_steps; i++)
+                json_array_append_new(sa, json_real(step_s[i] * 1e3));
+            json_object_set_new(o, "prompt_ids", pa);
+            json_object_set_new(o, "generated_ids", ga);
+            json_object_set_new(o, "stop_reason", json_string(status ? "error" : stop));
+            json_object_set_new(o, "prefill_tokens", json_integer(n_prompt));
+            json_object_set_new(o, "prefill_s", json_real(prefill_s));
+            json_object_set_new(o, "prefill_tokens_per_s", json_real(prefill_tps));
+            json_object_set_new(o, "decode_tokens", json_integer(n_steps));
+            json_object_set_new(o, "decode_s", json_real(decode_s));
+            json_object_set_new(o, "decode_tokens_per_s", json_real(decode_tps));
+            json_object_set_new(o, "decode_step_ms", sa);
+            json_object_set_new(o, "decode_weight_bytes_per_token", json_real(wb_decode));
+            json_object_set_new(o, "prefill_weight_bytes_per_token", json_real(wb_prefill));
+            json_object_set_new(o, "seq_state_bytes_per_token", json_integer((json_int_t)info.seq_bytes_per_token));
+            json_object_set_new(o, "seq_state_fixed_bytes", json_integer((json_int_t)info.seq_fixed_bytes));
+            json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)rss));
+            json_object_set_new(o, "threads", json_integer(threads));
+            json_object_set_new(o, "isa", json_string(shoal_isa_name(shoal_kernels_isa())));
+            char *s = json_dumps(o, JSON_COMPACT);
+            printf("%s\n", s);
+            free(s);
+            json_decref(o);
+        } else {
+            printf("prompt ids:");
+            for (int i = 0; i < n_prompt; i++)
+                printf(" %d", (int)prompt_ids[i]);
+            printf("\ngenerated ids:");
+            for (int i = 0; i < n_out; i++)
+                printf(" %d", (int)out_ids[i]);
+            printf("\n\n-- run report --\n");
+            printf("stop: %s\n", status ? "error" : stop);
+            printf("prefill: %d tokens in %.3f s = %.2f tokens/s, %.0f weight bytes read per prompt token\n",
+                   n_prompt, prefill_s, prefill_tps, wb_prefill);
+            printf("decode: %d steps in %.3f s = %.3f tokens/s, %.0f weight bytes touched per token\n", n_steps,
+                   decode_s, decode_tps, wb_decode);
+            if (n_steps) {
+                qsort(step_s, (size_t)n_steps, sizeof(double), cmp_double);
+                printf("decode step ms: min %.2f median %.2f max %.2f\n", step_s[0] * 1e3,
+                       step_s[n_steps / 2] * 1e3, step_s[n_steps - 1] * 1e3);
+            }
+            printf("sequence state: %zu B fixed + %zu B per token\n", info.seq_fixed_bytes,
+                   info.seq_bytes_per_token);
+            printf("peak RSS: %llu B (%.1f MiB)\n", (unsigned long long)rss, (double)rss / (1 << 20));
+            printf("kernels: %s\n", shoal_isa_name(shoal_kernels_isa()));
+        }
+    }
+    if (df)
+        fclose(df);
+    shoal_sampler_free(smp);
+    shoal_seq_free(seq);
+    shoal_model_close(m);
+    free(logits);
+    free(out_ids);
+    free(step_s);
+    free(prompt_ids);
+    return status;
+}
