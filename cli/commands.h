@@ -8,7 +8,7 @@
 
 #define SHOAL_COMMANDS(X)                                                   \
     X(version, "print the version and the kernel ISA")                     \
-    X(inspect, "check a K3 config / model directory: schedule, inventory, bytes")                     \
+    X(inspect, "check a K3 config / model directory: schedule, inventory, bytes") \
     X(run, "run a prompt through the model in this process")
 
 #define SHOAL_CMD_DECL(name, help) int shoal_cmd_##name(int argc, char **argv);
