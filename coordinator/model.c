@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include "common/err.h"
+#include "common/k3schema.h"
 #include "common/log.h"
 #include "coordinator/engine_int.h"
 #include "coordinator/experts_local.h"
@@ -38,6 +39,29 @@ static void problem(problems *pr, const char *fmt, ...)
         if (w > 0)
             pr->used += (size_t)w < pr->errlen - pr->used ? (size_t)w : pr->errlen - pr->used - 1;
     }
+}
+
+/* ---- inventory (common/k3schema) ------------------------------------------- */
+
+typedef struct {
+    problems *pr;
+    int remote_experts;
+    uint64_t unexpected;
+} inventory;
+
+static void on_inventory_problem(const char *line, void *ctx)
+{
+    inventory *in = ctx;
+    /* routed experts live on the expert servers when they are remote
+     * ("shared_experts." does not contain ".experts.") */
+    if (in->remote_experts && strstr(line, ".experts."))
+        return;
+    if (!strncmp(line, "unexpected", 10)) {
+        if (in->unexpected++ < 8)
+            SHOAL_WARN("model: %s (ignored)", line);
+        return;
+    }
+    problem(in->pr, "%s", line);
 }
 
 /* ---- binding -------------------------------------------------------------- */
@@ -437,8 +461,16 @@ int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts 
     snprintf(b.prefix, sizeof b.prefix, "%s",
              shoal_st_find(m->st, "language_model.model.embed_tokens.weight") ? "language_model." : "");
     m->layers = shoal_xcalloc((size_t)c->num_layers, sizeof *m->layers);
-    bind_all(&b);
-    if (!opts->remote_experts && c->num_moe > 0) {
+    /* the schema names every tensor the model must have; only a complete
+     * inventory is bound (the binder re-checks what it reads) */
+    inventory inv = {.pr = &pr, .remote_experts = opts->remote_experts};
+    char sum[512];
+    shoal_k3schema_check(c, m->st, NULL, on_inventory_problem, &inv, sum, sizeof sum);
+    if (inv.unexpected > 8)
+        SHOAL_WARN("model: %llu unexpected text tensors in all (ignored)", (unsigned long long)inv.unexpected);
+    if (pr.n == 0)
+        bind_all(&b);
+    if (!opts->remote_experts && c->num_moe > 0 && pr.n == 0) {
         /* the backend appends its own problems (one per line) to err */
         char pre[80];
         snprintf(pre, sizeof pre, "%smodel.layers.", b.prefix);
