@@ -1,0 +1,246 @@
+/* Engine benchmark (docs/PERFORMANCE.md, engine section): decode seconds per
+ * token against the bandwidth bound, and prefill tokens/s, on one model.
+ *
+ *   bench_engine MODEL [--threads N] [--steps N] [--prefill 128,512] [--reps R]
+ *
+ * 1. Reads every mapped tensor of the model once (warms the page cache), then
+ *    measures read bandwidth over the same mapped bytes: R timed passes of a
+ *    multi-threaded 64-bit XOR sweep; the best pass is the bandwidth.
+ * 2. Decode: a 4-token prompt, then N greedy steps. Each step: seconds, and the
+ *    weight bytes it touched (engine counters: trunk matrices and vectors, one
+ *    embedding row, lm_head, the distinct routed experts of every MoE layer).
+ *    Bound = bytes / bandwidth; ratio = seconds / bound.
+ * 3. Prefill: for each prompt length P, R runs of a fresh sequence: seconds,
+ *    tokens/s and weight bytes read per prompt token.
+ * Output: "key=value" rows (one per measurement) on stdout, for docs/data/. */
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "common/err.h"
+#include "common/st.h"
+#include "coordinator/engine.h"
+#include "coordinator/sampler.h"
+#include "kernels/kernels.h"
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* XOR of every 64-bit word of [p, p+n) (n rounded down to 32 bytes), four
+ * independent chains so the loads, not the XORs, set the pace */
+static uint64_t sweep(const uint8_t *p, size_t n)
+{
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    size_t words = (n / 32) * 4;
+    const uint64_t *w = (const uint64_t *)(const void *)p;
+    for (size_t i = 0; i < words; i += 4) {
+        a ^= w[i];
+        b ^= w[i + 1];
+        c ^= w[i + 2];
+        d ^= w[i + 3];
+    }
+    return a ^ b ^ c ^ d;
+}
+
+typedef struct {
+    const uint8_t *p;
+    size_t n;
+} region;
+
+/* one pass over all regions, split into 1 MiB pieces across threads */
+static double read_pass(const region *r, int nr, uint64_t *sink)
+{
+    size_t total_pieces = 0;
+    for (int i = 0; i < nr; i++)
+        total_pieces += (r[i].n + (1u << 20) - 1) >> 20;
+    double t0 = now();
+    uint64_t acc = 0;
+#pragma omp parallel for schedule(static) reduction(^ : acc)
+    for (size_t k = 0; k < total_pieces; k++) {
+        size_t kk = k;
+        int i = 0;
+        while (kk >= ((r[i].n + (1u << 20) - 1) >> 20)) {
+            kk -= (r[i].n + (1u << 20) - 1) >> 20;
+            i++;
+        }
+        size_t off = kk << 20, len = r[i].n - off < (1u << 20) ? r[i].n - off : (1u << 20);
+        acc ^= sweep(r[i].p + off, len);
+    }
+    *sink ^= acc;
+    return now() - t0;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || argv[1][0] == '-') {
+        fprintf(stderr, "usage: %s MODEL [--threads N] [--steps N] [--prefill 128,512] [--reps R]\n", argv[0]);
+        return 2;
+    }
+    const char *model = argv[1];
+    int threads = 0, steps = 16, reps = 3;
+    int plen[8] = {128, 512}, np = 2;
+    for (int i = 2; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--threads"))
+            threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--steps"))
+            steps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--reps"))
+            reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--prefill")) {
+            np = 0;
+            for (char *s = argv[i + 1]; *s && np < 8;) {
+                plen[np++] = (int)strtol(s, &s, 10);
+                if (*s == ',')
+                    s++;
+            }
+        } else {
+            fprintf(stderr, "unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    int maxp = 0;
+    for (int i = 0; i < np; i++)
+        maxp = plen[i] > maxp ? plen[i] : maxp;
+    char err[8192];
+    shoal_model_opts mo = {.max_context = (maxp > 4 + steps ? maxp : 4 + steps) + 1,
+                           .max_batch = maxp > 0 ? maxp : 1,
+                           .threads = threads};
+    shoal_model *m = NULL;
+    if (shoal_model_open(&m, model, &mo, err, sizeof err)) {
+        fprintf(stderr, "open %s: %s\n", model, err);
+        return 3;
+    }
+    shoal_model_info info;
+    shoal_model_get_info(m, &info);
+    printf("row=config model=%s threads=%d isa=%s vocab=%d layers=%d experts=%d topk=%d trunk_bytes_per_token=%llu "
+           "expert_bytes=%llu\n",
+           model, omp_get_max_threads(), shoal_isa_name(shoal_kernels_isa()), info.vocab, info.cfg->num_layers,
+           info.cfg->num_experts, info.cfg->experts_per_token, (unsigned long long)info.trunk_bytes_per_token,
+           (unsigned long long)info.expert_bytes);
+
+    /* 1. bandwidth over the model's own mapped bytes */
+    const shoal_st *st = shoal_model_store(m);
+    size_t nt = shoal_st_count(st);
+    region *rg = calloc(nt, sizeof *rg);
+    int nr = 0;
+    uint64_t mapped = 0;
+    for (size_t i = 0; i < nt; i++) {
+        const shoal_tensor *t = shoal_st_at(st, i);
+        if (!t->data || t->nbytes < 32)
+            continue;
+        /* align the start to 8 bytes for the word sweep */
+        uintptr_t a = ((uintptr_t)t->data + 7) & ~(uintptr_t)7;
+        size_t skip = a - (uintptr_t)t->data;
+        if (t->nbytes <= skip + 32)
+            continue;
+        rg[nr].p = (const uint8_t *)a;
+        rg[nr].n = t->nbytes - skip;
+        mapped += rg[nr].n;
+        nr++;
+    }
+    uint64_t sink = 0;
+    double warm = read_pass(rg, nr, &sink);
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double s = read_pass(rg, nr, &sink);
+        printf("row=bandwidth pass=%d bytes=%llu seconds=%.6f gbps=%.3f\n", r, (unsigned long long)mapped, s,
+               (double)mapped / s / 1e9);
+        best = s < best ? s : best;
+    }
+    double bw = (double)mapped / best;
+    printf("row=bandwidth_best bytes=%llu warm_seconds=%.3f gbps=%.3f sink=%llu\n", (unsigned long long)mapped, warm,
+           bw / 1e9, (unsigned long long)(sink & 1));
+
+    /* 2. decode */
+    float *lg = malloc(sizeof(float) * (size_t)info.vocab);
+    shoal_seq *s = NULL;
+    if (shoal_seq_create(&s, m, 0, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 4;
+    }
+    int32_t prompt[4] = {1, 2, 3, 4};
+    if (shoal_seq_prefill(s, prompt, 4, SHOAL_LOGITS_LAST, lg, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 4;
+    }
+    double *st_s = malloc(sizeof(double) * (size_t)(steps > 0 ? steps : 1));
+    double *ratio = malloc(sizeof(double) * (size_t)(steps > 0 ? steps : 1));
+    uint64_t bytes_sum = 0;
+    for (int i = 0; i < steps; i++) {
+        shoal_model_stats a, b;
+        shoal_model_get_stats(m, &a);
+        int32_t id = shoal_argmax(lg, info.vocab);
+        double t0 = now();
+        if (shoal_seq_decode(s, id, lg, err, sizeof err)) {
+            fprintf(stderr, "%s\n", err);
+            return 4;
+        }
+        double dt = now() - t0;
+        shoal_model_get_stats(m, &b);
+        uint64_t bytes = (b.trunk_bytes - a.trunk_bytes) + (b.expert_bytes - a.expert_bytes);
+        double bound = (double)bytes / bw;
+        st_s[i] = dt;
+        ratio[i] = dt / bound;
+        bytes_sum += bytes;
+        printf("row=decode step=%d seconds=%.6f bytes=%llu bound_seconds=%.6f ratio=%.3f experts_seconds=%.6f\n", i,
+               dt, (unsigned long long)bytes, bound, dt / bound, b.experts_s - a.experts_s);
+    }
+    if (steps > 0) {
+        qsort(st_s, (size_t)steps, sizeof(double), cmp_d);
+        qsort(ratio, (size_t)steps, sizeof(double), cmp_d);
+        printf("row=decode_summary steps=%d median_seconds=%.6f min_seconds=%.6f max_seconds=%.6f "
+               "mean_bytes=%.0f median_ratio=%.3f min_ratio=%.3f max_ratio=%.3f\n",
+               steps, st_s[steps / 2], st_s[0], st_s[steps - 1], (double)bytes_sum / steps, ratio[steps / 2],
+               ratio[0], ratio[steps - 1]);
+    }
+    fflush(stdout);
+
+    /* 3. prefill */
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(maxp > 0 ? maxp : 1));
+    for (int i = 0; i < maxp; i++)
+        ids[i] = (int32_t)((i * 2654435761u) % (unsigned)(info.vocab < 3000 ? info.vocab : 3000));
+    for (int pi = 0; pi < np; pi++) {
+        for (int r = 0; r < reps; r++) {
+            shoal_seq_reset(s);
+            shoal_model_stats a, b;
+            shoal_model_get_stats(m, &a);
+            double t0 = now();
+            if (shoal_seq_prefill(s, ids, plen[pi], SHOAL_LOGITS_LAST, lg, err, sizeof err)) {
+                fprintf(stderr, "%s\n", err);
+                return 4;
+            }
+            double dt = now() - t0;
+            shoal_model_get_stats(m, &b);
+            uint64_t bytes = (b.trunk_bytes - a.trunk_bytes) + (b.expert_bytes - a.expert_bytes);
+            printf("row=prefill tokens=%d rep=%d seconds=%.4f tokens_per_s=%.3f bytes_per_token=%.0f "
+                   "experts_seconds=%.4f\n",
+                   plen[pi], r, dt, plen[pi] / dt, (double)bytes / plen[pi], b.experts_s - a.experts_s);
+            fflush(stdout);
+        }
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("row=rss peak_bytes=%llu\n", (unsigned long long)ru.ru_maxrss * 1024ull);
+    shoal_seq_free(s);
+    shoal_model_close(m);
+    free(lg);
+    free(ids);
+    free(st_s);
+    free(ratio);
+    free(rg);
+    return 0;
+}
