@@ -9,7 +9,8 @@
 #define SHOAL_COMMANDS(X)                                                   \
     X(version, "print the version and the kernel ISA")                     \
     X(inspect, "check a K3 config / model directory: schedule, inventory, bytes") \
-    X(run, "run a prompt through the model in this process")
+    X(run, "run a prompt through the model in this process")               \
+    X(bench, "benchmarks: 'bench kernels [--threads N] [--json]'")
 
 #define SHOAL_CMD_DECL(name, help) int shoal_cmd_##name(int argc, char **argv);
 SHOAL_COMMANDS(SHOAL_CMD_DECL)

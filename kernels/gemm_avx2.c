@@ -1,8 +1,428 @@
-/* kernels: avx2 variants (placeholder until the SIMD workers land). */
+/* kernels: AVX2+FMA workers. Each reproduces the scalar specification in
+ * gemm.c / ops.c bit for bit (kernels/README.md, "Canonical orders"):
+ * the same lane of the same partial sum receives the same products, in the
+ * same order, with the same fused multiply-adds, and the same reduction tree.
+ * Register blocking (several rows or tokens at once) only interleaves
+ * independent chains; it never changes a chain. Widths must be multiples of
+ * 32 (kernels.h); any other width falls back to the scalar worker. */
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
+
+#include <immintrin.h>
+#include <math.h>
+#include <stddef.h>
+
 #include "kernels/kernels_int.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* reduce16 of lanes (a = lanes 0..7, b = lanes 8..15) */
+INLINE float hsum16(__m256 a, __m256 b)
+{
+    __m256 v = _mm256_add_ps(a, b);                                           /* a[j] + a[j+8] */
+    __m128 c = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* + [j+4] */
+    __m128 d = _mm_add_ps(c, _mm_movehl_ps(c, c));                            /* c0+c2, c1+c3 */
+    __m128 e = _mm_add_ss(d, _mm_movehdup_ps(d));                             /* (c0+c2)+(c1+c3) */
+    return _mm_cvtss_f32(e);
+}
+
+/* reduce8 of one register */
+INLINE float hsum8(__m256 v)
+{
+    __m128 c = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 d = _mm_add_ps(c, _mm_movehl_ps(c, c));
+    __m128 e = _mm_add_ss(d, _mm_movehdup_ps(d));
+    return _mm_cvtss_f32(e);
+}
+
+/* 8 bf16 -> 8 fp32, exact */
+INLINE __m256 ld_bf16(const uint16_t *p)
+{
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+/* ---- bf16 / f32: R rows x TT tokens tile, 16 lanes per (row, token) ------ */
+
+#define PF_DIST 768 /* bytes ahead on each weight row stream */
+
+INLINE void tile_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int r, int t, int R, int TT)
+{
+    __m256 acc[4][3][2];
+    for (int a = 0; a < R; a++)
+        for (int b = 0; b < TT; b++)
+            acc[a][b][0] = acc[a][b][1] = _mm256_setzero_ps();
+    const uint16_t *wr[4];
+    for (int a = 0; a < R; a++)
+        wr[a] = w + (size_t)(r + a) * cols;
+    const float *xt[3];
+    for (int b = 0; b < TT; b++)
+        xt[b] = x + (size_t)(t + b) * cols;
+    for (int i = 0; i < cols; i += 16) {
+        __m256 w0[4], w1[4];
+        for (int a = 0; a < R; a++) {
+            _mm_prefetch((const char *)(wr[a] + i) + PF_DIST, _MM_HINT_T0);
+            w0[a] = ld_bf16(wr[a] + i);
+            w1[a] = ld_bf16(wr[a] + i + 8);
+        }
+        for (int b = 0; b < TT; b++) {
+            __m256 x0 = _mm256_loadu_ps(xt[b] + i), x1 = _mm256_loadu_ps(xt[b] + i + 8);
+            for (int a = 0; a < R; a++) {
+                acc[a][b][0] = _mm256_fmadd_ps(w0[a], x0, acc[a][b][0]);
+                acc[a][b][1] = _mm256_fmadd_ps(w1[a], x1, acc[a][b][1]);
+            }
+        }
+    }
+    for (int a = 0; a < R; a++)
+        for (int b = 0; b < TT; b++)
+            y[(size_t)(t + b) * rows + r + a] = hsum16(acc[a][b][0], acc[a][b][1]);
+}
+
+INLINE void tile_f32(float *y, const float *w, const float *x, int rows, int cols, int r, int t, int R, int TT)
+{
+    __m256 acc[4][3][2];
+    for (int a = 0; a < R; a++)
+        for (int b = 0; b < TT; b++)
+            acc[a][b][0] = acc[a][b][1] = _mm256_setzero_ps();
+    const float *wr[4];
+    for (int a = 0; a < R; a++)
+        wr[a] = w + (size_t)(r + a) * cols;
+    const float *xt[3];
+    for (int b = 0; b < TT; b++)
+        xt[b] = x + (size_t)(t + b) * cols;
+    for (int i = 0; i < cols; i += 16) {
+        __m256 w0[4], w1[4];
+        for (int a = 0; a < R; a++) {
+            _mm_prefetch((const char *)(wr[a] + i) + 2 * PF_DIST, _MM_HINT_T0);
+            w0[a] = _mm256_loadu_ps(wr[a] + i);
+            w1[a] = _mm256_loadu_ps(wr[a] + i + 8);
+        }
+        for (int b = 0; b < TT; b++) {
+            __m256 x0 = _mm256_loadu_ps(xt[b] + i), x1 = _mm256_loadu_ps(xt[b] + i + 8);
+            for (int a = 0; a < R; a++) {
+                acc[a][b][0] = _mm256_fmadd_ps(w0[a], x0, acc[a][b][0]);
+                acc[a][b][1] = _mm256_fmadd_ps(w1[a], x1, acc[a][b][1]);
+            }
+        }
+    }
+    for (int a = 0; a < R; a++)
+        for (int b = 0; b < TT; b++)
+            y[(size_t)(t + b) * rows + r + a] = hsum16(acc[a][b][0], acc[a][b][1]);
+}
+
+/* Instantiate the tiles with constant shapes (GCC keeps the accumulator
+ * arrays in registers once the loops over a and b are unrolled). */
+#define TILE_FNS(K, WT)                                                                                     \
+    static void K##_4x1(float *y, const WT *w, const float *x, int rows, int cols, int r, int t)            \
+    {                                                                                                       \
+        tile_##K(y, w, x, rows, cols, r, t, 4, 1);                                                          \
+    }                                                                                                       \
+    static void K##_1x1(float *y, const WT *w, const float *x, int rows, int cols, int r, int t)            \
+    {                                                                                                       \
+        tile_##K(y, w, x, rows, cols, r, t, 1, 1);                                                          \
+    }                                                                                                       \
+    static void K##_2x3(float *y, const WT *w, const float *x, int rows, int cols, int r, int t)            \
+    {                                                                                                       \
+        tile_##K(y, w, x, rows, cols, r, t, 2, 3);                                                          \
+    }                                                                                                       \
+    static void K##_1x3(float *y, const WT *w, const float *x, int rows, int cols, int r, int t)            \
+    {                                                                                                       \
+        tile_##K(y, w, x, rows, cols, r, t, 1, 3);                                                          \
+    }                                                                                                       \
+    static void K##_2x1(float *y, const WT *w, const float *x, int rows, int cols, int r, int t)            \
+    {                                                                                                       \
+        tile_##K(y, w, x, rows, cols, r, t, 2, 1);                                                          \
+    }                                                                                                       \
+    static void K##_rows(float *y, const WT *w, const float *x, int rows, int cols, int T, int r0, int r1)  \
+    {                                                                                                       \
+        int r = r0;                                                                                         \
+        if (T == 1) {                                                                                       \
+            for (; r + 4 <= r1; r += 4)                                                                     \
+                K##_4x1(y, w, x, rows, cols, r, 0);                                                         \
+            for (; r < r1; r++)                                                                             \
+                K##_1x1(y, w, x, rows, cols, r, 0);                                                         \
+            return;                                                                                         \
+        }                                                                                                   \
+        /* weights of a 2-row strip stay in L1/L2 while every token passes */                               \
+        for (; r + 2 <= r1; r += 2) {                                                                       \
+            int t = 0;                                                                                      \
+            for (; t + 3 <= T; t += 3)                                                                      \
+                K##_2x3(y, w, x, rows, cols, r, t);                                                         \
+            for (; t < T; t++)                                                                              \
+                K##_2x1(y, w, x, rows, cols, r, t);                                                         \
+        }                                                                                                   \
+        for (; r < r1; r++) {                                                                               \
+            int t = 0;                                                                                      \
+            for (; t + 3 <= T; t += 3)                                                                      \
+                K##_1x3(y, w, x, rows, cols, r, t);                                                         \
+            for (; t < T; t++)                                                                              \
+                K##_1x1(y, w, x, rows, cols, r, t);                                                         \
+        }                                                                                                   \
+    }
+
+TILE_FNS(bf16, uint16_t)
+TILE_FNS(f32, float)
+
+static void gemm_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int T, int r0, int r1)
+{
+    if (cols % 32)
+        shoal__kernels_gemm_bf16_scalar(y, w, x, rows, cols, T, r0, r1);
+    else
+        bf16_rows(y, w, x, rows, cols, T, r0, r1);
+}
+
+static void gemm_f32(float *y, const float *w, const float *x, int rows, int cols, int T, int r0, int r1)
+{
+    if (cols % 32)
+        shoal__kernels_gemm_f32_scalar(y, w, x, rows, cols, T, r0, r1);
+    else
+        f32_rows(y, w, x, rows, cols, T, r0, r1);
+}
+
+/* ---- MXFP4 ------------------------------------------------------------------ */
+
+/* Decode of one 32-column group (16 packed bytes) into four fp32 vectors
+ * f[k] = columns 8k..8k+7 in natural order, each value E2M1 * 2^25:
+ *  1. broadcast the 16 bytes to both 128-bit lanes;
+ *  2. ARR: lane 0 takes bytes {0,1,4,5,8,9,12,13} (columns 0-3, 8-11, 16-19,
+ *     24-27), lane 1 bytes {2,3,6,7,10,11,14,15}; each list twice;
+ *  3. shift the upper qword of each lane right by 4 and mask 0x0F: each lane
+ *     now holds 8 low-nibble codes then 8 high-nibble codes;
+ *  4. LUT: code -> int8 2*E2M1;
+ *  5. SPREAD_k: put the int8 of column 8k+i into byte 3 of dword i (zeros
+ *     below), so the dword is (2*E2M1) << 24 and int32->fp32 is exact. */
+typedef struct {
+    __m256i arr, shift, mask, lut, spread[4];
+} mx_consts;
+
+INLINE mx_consts mx_make(void)
+{
+    mx_consts c;
+    c.arr = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 2, 3, 6, 7,
+                             10, 11, 14, 15);
+    c.shift = _mm256_setr_epi64x(0, 4, 0, 4);
+    c.mask = _mm256_set1_epi8(0x0f);
+    c.lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8, 12, 0, -1,
+                             -2, -3, -4, -6, -8, -12);
+    for (int k = 0; k < 4; k++) {
+        char s0 = (char)(2 * k), s1 = (char)(8 + 2 * k), s2 = (char)(2 * k + 1), s3 = (char)(9 + 2 * k);
+        const char z = (char)0x80;
+        c.spread[k] = _mm256_setr_epi8(z, z, z, s0, z, z, z, s1, z, z, z, s2, z, z, z, s3, z, z, z, s0, z, z, z, s1, z, z,
+                                       z, s2, z, z, z, s3);
+    }
+    return c;
+}
+
+INLINE void mx_decode(__m256 f[4], const uint8_t *p, const mx_consts *c)
+{
+    __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    t = _mm256_shuffle_epi8(t, c->arr);
+    t = _mm256_and_si256(_mm256_srlv_epi64(t, c->shift), c->mask);
+    __m256i v = _mm256_shuffle_epi8(c->lut, t);
+    for (int k = 0; k < 4; k++)
+        f[k] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(v, c->spread[k]));
+}
+
+/* 2^(e-127) for the rare codes e <= 2, whose 2^(e-152) is not an fp32 */
+static const float e8m0_low[3] = {0x1p-127f, 0x1p-126f, 0x1p-125f};
+
+/* acc = fmaf(G, 2^(e-152), acc), or the two-step form for e <= 2 (README). */
+INLINE __m256 mx_scale_acc(__m256 G, unsigned e, __m256 acc)
+{
+    if (__builtin_expect(e < 3, 0))
+        return _mm256_fmadd_ps(_mm256_mul_ps(G, _mm256_set1_ps(0x1p-25f)), _mm256_broadcast_ss(&e8m0_low[e]), acc);
+    return _mm256_fmadd_ps(G, _mm256_broadcast_ss(&shoal__kernels_e8m0_mul[e]), acc);
+}
+
+INLINE __m256 mx_group_sum(const __m256 f[4], const float *xg)
+{
+    __m256 G = _mm256_mul_ps(f[0], _mm256_loadu_ps(xg));
+    G = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xg + 8), G);
+    G = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(xg + 16), G);
+    G = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xg + 24), G);
+    return G;
+}
+
+#define MX_PF 1024 /* bytes ahead on the packed stream */
+
+/* Group g's FMAs into the accumulators A (A[b] for token b), f decoded. */
+INLINE void mx_fma(__m256 *A, const __m256 f[4], unsigned e, const float *xt, int cols, int g, int TT)
+{
+    for (int b = 0; b < TT; b++)
+        A[b] = mx_scale_acc(mx_group_sum(f, xt + (size_t)b * cols + 32 * g), e, A[b]);
+}
+
+/* One row, TT tokens (1..4); even groups into acc0, odd groups into acc1.
+ * Software-pipelined: group g+1 is decoded before group g's FMAs are issued,
+ * so the FMAs find their operands ready instead of filling the scheduler
+ * (the decode-to-accumulate chain is ~30 cycles long). */
+INLINE void mx_row(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int r, int t,
+                   int TT, const mx_consts *c)
+{
+    __m256 acc0[4], acc1[4];
+    for (int b = 0; b < TT; b++)
+        acc0[b] = acc1[b] = _mm256_setzero_ps();
+    int ng = cols / 32, g = 0;
+    const float *xt = x + (size_t)t * cols;
+    __m256 fa[4], fb[4];
+    mx_decode(fa, p, c);
+    for (; g + 2 < ng; g += 2) {
+        if ((g & 3) == 0)
+            _mm_prefetch((const char *)p + 16 * g + MX_PF, _MM_HINT_T0);
+        mx_decode(fb, p + 16 * (g + 1), c);
+        mx_fma(acc0, fa, s[g], xt, cols, g, TT);
+        mx_decode(fa, p + 16 * (g + 2), c);
+        mx_fma(acc1, fb, s[g + 1], xt, cols, g + 1, TT);
+    }
+    /* g is even; 1 or 2 groups left, fa holds group g */
+    if (g + 1 < ng) {
+        mx_decode(fb, p + 16 * (g + 1), c);
+        mx_fma(acc0, fa, s[g], xt, cols, g, TT);
+        mx_fma(acc1, fb, s[g + 1], xt, cols, g + 1, TT);
+    } else {
+        mx_fma(acc0, fa, s[g], xt, cols, g, TT);
+    }
+    for (int b = 0; b < TT; b++)
+        y[(size_t)(t + b) * rows + r] = hsum8(_mm256_add_ps(acc0[b], acc1[b]));
+}
+
+static void mx_row1(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int r, int t,
+                    const mx_consts *c)
+{
+    mx_row(y, p, s, x, rows, cols, r, t, 1, c);
+}
+
+static void mx_row4(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int r, int t,
+                    const mx_consts *c)
+{
+    mx_row(y, p, s, x, rows, cols, r, t, 4, c);
+}
+
+static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
+                       int T, int r0, int r1)
+{
+    if (cols % 32) {
+        shoal__kernels_gemm_mxfp4_scalar(y, packed, scale, x, rows, cols, T, r0, r1);
+        return;
+    }
+    mx_consts c = mx_make();
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *p = packed + (size_t)r * (cols / 2), *s = scale + (size_t)r * (cols / 32);
+        int t = 0;
+        for (; t + 4 <= T; t += 4)
+            mx_row4(y, p, s, x, rows, cols, r, t, &c);
+        for (; t < T; t++)
+            mx_row1(y, p, s, x, rows, cols, r, t, &c);
+    }
+}
+
+/* ---- gemv_t: y[c] chains over r, eight columns per register -------------- */
+
+#define GT_COLS 64
+
+static void gemv_t_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int c0, int c1)
+{
+    int c = c0;
+    for (; c + GT_COLS <= c1; c += GT_COLS) {
+        __m256 acc[GT_COLS / 8];
+        for (int j = 0; j < GT_COLS / 8; j++)
+            acc[j] = _mm256_setzero_ps();
+        for (int r = 0; r < rows; r++) {
+            const uint16_t *wr = w + (size_t)r * cols + c;
+            __m256 xr = _mm256_set1_ps(x[r]);
+            for (int j = 0; j < GT_COLS / 8; j++)
+                acc[j] = _mm256_fmadd_ps(ld_bf16(wr + 8 * j), xr, acc[j]);
+        }
+        for (int j = 0; j < GT_COLS / 8; j++)
+            _mm256_storeu_ps(y + c + 8 * j, acc[j]);
+    }
+    if (c < c1)
+        shoal__kernels_gemv_t_bf16_scalar(y, w, x, rows, cols, c, c1);
+}
+
+static void gemv_t_f32(float *y, const float *w, const float *x, int rows, int cols, int c0, int c1)
+{
+    int c = c0;
+    for (; c + GT_COLS <= c1; c += GT_COLS) {
+        __m256 acc[GT_COLS / 8];
+        for (int j = 0; j < GT_COLS / 8; j++)
+            acc[j] = _mm256_setzero_ps();
+        for (int r = 0; r < rows; r++) {
+            const float *wr = w + (size_t)r * cols + c;
+            __m256 xr = _mm256_set1_ps(x[r]);
+            for (int j = 0; j < GT_COLS / 8; j++)
+                acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(wr + 8 * j), xr, acc[j]);
+        }
+        for (int j = 0; j < GT_COLS / 8; j++)
+            _mm256_storeu_ps(y + c + 8 * j, acc[j]);
+    }
+    if (c < c1)
+        shoal__kernels_gemv_t_f32_scalar(y, w, x, rows, cols, c, c1);
+}
+
+/* ---- KDA head: vectorised over the value column j --------------------------- */
+
+#define KDA_JB 64 /* columns per register block (8 accumulators) */
+
+static void kda_head(float *o, float *S, const float *q, const float *k, const float *v, const float *g, float beta,
+                     int D)
+{
+    if (D % KDA_JB) {
+        shoal__kernels_kda_head_scalar(o, S, q, k, v, g, beta, D);
+        return;
+    }
+    float e[256];
+    for (int i = 0; i < D; i++)
+        e[i] = expf(g[i]);
+    __m256 bv = _mm256_set1_ps(beta);
+    for (int j0 = 0; j0 < D; j0 += KDA_JB) {
+        __m256 acc[KDA_JB / 8];
+        for (int j = 0; j < KDA_JB / 8; j++)
+            acc[j] = _mm256_setzero_ps();
+        for (int i = 0; i < D; i++) {
+            float *Si = S + (size_t)i * D + j0;
+            __m256 ei = _mm256_set1_ps(e[i]), ki = _mm256_set1_ps(k[i]);
+            for (int j = 0; j < KDA_JB / 8; j++) {
+                __m256 sv = _mm256_mul_ps(_mm256_loadu_ps(Si + 8 * j), ei);
+                _mm256_storeu_ps(Si + 8 * j, sv);
+                acc[j] = _mm256_fmadd_ps(sv, ki, acc[j]);
+            }
+        }
+        /* acc -> beta * (v - acc), the update vector for these columns */
+        __m256 o_acc[KDA_JB / 8];
+        for (int j = 0; j < KDA_JB / 8; j++) {
+            acc[j] = _mm256_mul_ps(bv, _mm256_sub_ps(_mm256_loadu_ps(v + j0 + 8 * j), acc[j]));
+            o_acc[j] = _mm256_setzero_ps();
+        }
+        for (int i = 0; i < D; i++) {
+            float *Si = S + (size_t)i * D + j0;
+            __m256 ki = _mm256_set1_ps(k[i]), qi = _mm256_set1_ps(q[i]);
+            for (int j = 0; j < KDA_JB / 8; j++) {
+                __m256 sv = _mm256_fmadd_ps(ki, acc[j], _mm256_loadu_ps(Si + 8 * j));
+                _mm256_storeu_ps(Si + 8 * j, sv);
+                o_acc[j] = _mm256_fmadd_ps(sv, qi, o_acc[j]);
+            }
+        }
+        for (int j = 0; j < KDA_JB / 8; j++)
+            _mm256_storeu_ps(o + j0 + 8 * j, o_acc[j]);
+    }
+}
 
 int shoal__kernels_fill_avx2(shoal__kernels_table *t)
 {
-    (void)t;
+    t->gemm_bf16 = gemm_bf16;
+    t->gemm_f32 = gemm_f32;
+    t->gemm_mxfp4 = gemm_mxfp4;
+    t->gemv_t_bf16 = gemv_t_bf16;
+    t->gemv_t_f32 = gemv_t_f32;
+    t->kda_head = kda_head;
     return 1;
 }
+
+#else
+#include "kernels/kernels_int.h"
+int shoal__kernels_fill_avx2(shoal__kernels_table *t)
+{
+    (void)t;
+    return 0;
+}
+#endif

@@ -1,0 +1,430 @@
+/* shoal bench kernels: the matrix kernels at the real K3 shapes, against a
+ * STREAM-like read bandwidth measured in the same run (docs/PERFORMANCE.md).
+ *
+ * Every weight working set is at least BENCH_SET_BYTES (several distinct copies
+ * of a small matrix, cycled), far above the last-level cache, so each call
+ * streams its weights from DRAM. A "run" calls the kernel once per copy; the
+ * figure per row is the median over --reps runs, with min and max. GB/s counts
+ * weight bytes (MXFP4: packed + scale bytes) per call, whatever T is, so at
+ * T = 128 the weight bytes per token are bytes/128. Timings never go into
+ * tests; this command only measures. */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/commands.h"
+#include "common/err.h"
+#include "common/st.h"
+#include "kernels/kernels.h"
+
+#define BENCH_SET_BYTES ((size_t)320 << 20) /* 10x the 32 MiB L3 of the dev machine */
+#define READ_BYTES ((size_t)512 << 20)
+
+typedef struct {
+    int threads, json, reps;
+    const char *only; /* substring filter on the op/shape, NULL = all */
+    int quick;        /* T = 1 only, small set: smoke test */
+} bench_opts;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct {
+    double med, min, max;
+} stat3;
+
+static stat3 stats(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    stat3 s = {.min = v[0], .max = v[n - 1]};
+    s.med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    return s;
+}
+
+static void *big_alloc(size_t n)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, n ? n : 1))
+        return NULL;
+    return p;
+}
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+static inline uint64_t next_rand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static void fill_bytes(uint8_t *p, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t r = next_rand();
+        memcpy(p + i, &r, 8);
+    }
+    for (; i < n; i++)
+        p[i] = (uint8_t)next_rand();
+}
+
+/* bf16 values in (-1, 1): random sign, exponent 112..126, random mantissa */
+static void fill_bf16(uint16_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t r = next_rand();
+        p[i] = (uint16_t)(((r & 1) << 15) | ((112 + (r >> 1) % 15) << 7) | ((r >> 8) & 0x7f));
+    }
+}
+
+static void fill_f32(float *p, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = lo + (hi - lo) * (float)(next_rand() >> 40) / (float)(1 << 24);
+}
+
+/* ---- STREAM-like read bandwidth ------------------------------------------ */
+
+static uint64_t read_sink;
+
+/* Each thread sums its contiguous share of buf as 64-bit words (four
+ * independent chains); a sum, so the loads cannot be elided. */
+static double read_bw_once(const uint64_t *buf, size_t nwords)
+{
+    uint64_t total = 0;
+    double t0 = now_s();
+#pragma omp parallel reduction(+ : total)
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        size_t per = nwords / (size_t)nt, a = per * (size_t)id, b = id == nt - 1 ? nwords : a + per;
+        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (size_t i = a; i + 4 <= b; i += 4) {
+            s0 += buf[i];
+            s1 += buf[i + 1];
+            s2 += buf[i + 2];
+            s3 += buf[i + 3];
+        }
+        total += s0 + s1 + s2 + s3;
+    }
+    double dt = now_s() - t0;
+    read_sink += total;
+    return (double)(nwords * 8) / dt / 1e9;
+}
+
+/* ---- rows ---------------------------------------------------------------- */
+
+typedef enum { W_BF16, W_MXFP4 } wkind;
+
+typedef struct {
+    const char *op;    /* "gemv_bf16", "gemm_mxfp4", ... */
+    const char *layer; /* which K3 weight */
+    wkind kind;
+    int rows, cols;
+} mat_shape;
+
+static const mat_shape shapes[] = {
+    {"mxfp4", "expert.w1/w3", W_MXFP4, 3072, 3584},
+    {"mxfp4", "expert.w2", W_MXFP4, 3584, 3072},
+    {"bf16", "kda.q/k/v", W_BF16, 12288, 7168},
+    {"bf16", "kda.o_proj", W_BF16, 7168, 12288},
+    {"bf16", "router", W_BF16, 896, 7168},
+    {"bf16", "lm_head", W_BF16, 163840, 7168},
+};
+
+static void print_row(const bench_opts *o, const char *op, const char *layer, const char *shape, int T,
+                      size_t bytes, stat3 sec, double read_gbps)
+{
+    double gbps = (double)bytes / sec.med / 1e9, gmin = (double)bytes / sec.max / 1e9,
+           gmax = (double)bytes / sec.min / 1e9;
+    double us_tok = sec.med * 1e6 / T;
+    const char *isa = shoal_isa_name(shoal_kernels_isa());
+    if (o->json) {
+        printf("{\"op\":\"%s\",\"layer\":\"%s\",\"shape\":\"%s\",\"tokens\":%d,\"threads\":%d,\"isa\":\"%s\","
+               "\"gbps\":%.3f,\"gbps_min\":%.3f,\"gbps_max\":%.3f,\"read_gbps\":%.3f,\"ratio\":%.3f,"
+               "\"ms\":%.4f,\"us_per_token\":%.2f,\"weight_bytes\":%zu,\"weight_bytes_per_token\":%.1f,\"reps\":%d}\n",
+               op, layer, shape, T, o->threads, isa, gbps, gmin, gmax, read_gbps, read_gbps > 0 ? gbps / read_gbps : 0,
+               sec.med * 1e3, us_tok, bytes, (double)bytes / T, o->reps);
+    } else {
+        printf("%-11s %-13s %-13s %4d %3d %-6s %7.2f [%6.2f,%6.2f] %7.2f %6.3f %10.1f %12.0f\n", op, layer, shape, T,
+               o->threads, isa, gbps, gmin, gmax, read_gbps, read_gbps > 0 ? gbps / read_gbps : 0, us_tok,
+               (double)bytes / T);
+    }
+    fflush(stdout);
+}
+
+/* Median-of-reps timing of one matrix op at T tokens over ncopies copies. */
+static int bench_matrix(const bench_opts *o, const mat_shape *s, const int *Ts, int nT, double read_gbps)
+{
+    size_t rows = (size_t)s->rows, cols = (size_t)s->cols;
+    size_t wbytes = s->kind == W_BF16 ? rows * cols * 2 : rows * cols / 2;
+    size_t sbytes = s->kind == W_MXFP4 ? rows * cols / 32 : 0;
+    size_t per = wbytes + sbytes;
+    size_t set = o->quick ? BENCH_SET_BYTES / 4 : BENCH_SET_BYTES;
+    int ncopies = (int)((set + per - 1) / per);
+    if (ncopies < 1)
+        ncopies = 1;
+    uint8_t *w = big_alloc(wbytes * (size_t)ncopies), *sc = sbytes ? big_alloc(sbytes * (size_t)ncopies) : NULL;
+    int Tmax = 1;
+    for (int i = 0; i < nT; i++)
+        Tmax = Ts[i] > Tmax ? Ts[i] : Tmax;
+    float *x = big_alloc((size_t)Tmax * cols * sizeof(float)), *y = big_alloc((size_t)Tmax * rows * sizeof(float));
+    if (!w || (sbytes && !sc) || !x || !y) {
+        fprintf(stderr, "bench: out of memory for %s %zux%zu x%d\n", s->layer, rows, cols, ncopies);
+        free(w), free(sc), free(x), free(y);
+        return 4;
+    }
+    if (s->kind == W_BF16)
+        fill_bf16((uint16_t *)w, wbytes / 2 * (size_t)ncopies);
+    else {
+        fill_bytes(w, wbytes * (size_t)ncopies);
+        for (size_t i = 0; i < sbytes * (size_t)ncopies; i++)
+            sc[i] = (uint8_t)(118 + next_rand() % 12); /* ordinary E8M0 scales */
+    }
+    fill_f32(x, (size_t)Tmax * cols, -1.0f, 1.0f);
+    char shape[32], op[32];
+    snprintf(shape, sizeof shape, "%zux%zu", rows, cols);
+    for (int ti = 0; ti < nT; ti++) {
+        int T = Ts[ti];
+        snprintf(op, sizeof op, "%s_%s", T == 1 ? "gemv" : "gemm", s->op);
+        double *sec = calloc((size_t)o->reps, sizeof *sec);
+        /* big single matrices at large T: fewer copies per run keep runs short */
+        int nc = ncopies;
+        for (int rep = -1; rep < o->reps; rep++) {
+            double t0 = now_s();
+            for (int c = 0; c < nc; c++) {
+                if (s->kind == W_BF16)
+                    shoal_gemm_bf16(y, (const uint16_t *)(w + wbytes * (size_t)c), x, s->rows, s->cols, T);
+                else
+                    shoal_gemm_mxfp4(y, w + wbytes * (size_t)c, sc + sbytes * (size_t)c, x, s->rows, s->cols, T);
+            }
+            double dt = (now_s() - t0) / nc;
+            if (rep >= 0)
+                sec[rep] = dt;
+        }
+        print_row(o, op, s->layer, shape, T, per, stats(sec, o->reps), read_gbps);
+        free(sec);
+    }
+    free(w), free(sc), free(x), free(y);
+    return 0;
+}
+
+/* KDA recurrent step (96 heads x 128 x 128 fp32 state, 6 MiB) with distinct
+ * states cycled so each step reads and writes its state from DRAM. */
+static int bench_kda(const bench_opts *o, double read_gbps)
+{
+    int H = 96, D = 128;
+    size_t sn = (size_t)H * D * D;
+    int nst = (int)(BENCH_SET_BYTES / (sn * 4));
+    float *S = big_alloc(sn * 4 * (size_t)nst), *q = big_alloc((size_t)H * D * 4), *k = big_alloc((size_t)H * D * 4),
+          *v = big_alloc((size_t)H * D * 4), *g = big_alloc((size_t)H * D * 4), *b = big_alloc((size_t)H * 4),
+          *out = big_alloc((size_t)H * D * 4);
+    if (!S || !q || !k || !v || !g || !b || !out) {
+        fprintf(stderr, "bench: out of memory for the KDA state\n");
+        return 4;
+    }
+    fill_f32(S, sn * (size_t)nst, -0.1f, 0.1f);
+    fill_f32(q, (size_t)H * D, -0.05f, 0.05f);
+    fill_f32(k, (size_t)H * D, -0.05f, 0.05f);
+    fill_f32(v, (size_t)H * D, -1, 1);
+    fill_f32(g, (size_t)H * D, -0.5f, 0);
+    fill_f32(b, (size_t)H, 0, 1);
+    double *sec = calloc((size_t)o->reps, sizeof *sec);
+    for (int rep = -1; rep < o->reps; rep++) {
+        double t0 = now_s();
+        for (int c = 0; c < nst; c++)
+            shoal_kda_step(out, S + sn * (size_t)c, q, k, v, g, b, H, D);
+        if (rep >= 0)
+            sec[rep] = (now_s() - t0) / nst;
+    }
+    /* bytes: the state is read and written once per step */
+    print_row(o, "kda_step", "kda.state", "96x128x128", 1, sn * 4 * 2, stats(sec, o->reps), read_gbps);
+    free(sec), free(S), free(q), free(k), free(v), free(g), free(b), free(out);
+    return 0;
+}
+
+/* MLA decode attention at S cached tokens (absorbed form): the W_UK^T query
+ * absorption (96 gemv_t of 128x512 bf16), the attention over the latent cache
+ * (576 fp32 per token), and W_UV (96 gemv of 128x512 bf16). Several layers'
+ * caches are cycled so the cache comes from DRAM. */
+static int bench_mla(const bench_opts *o, int S, double read_gbps)
+{
+    int H = 96, R = 512, P = 64, Dn = 128;
+    size_t cn = (size_t)S * (R + P);
+    int ncache = (int)(BENCH_SET_BYTES / (cn * 4));
+    if (ncache < 2)
+        ncache = 2;
+    if (ncache > 24)
+        ncache = 24; /* one per MLA layer at most */
+    float *cache = big_alloc(cn * 4 * (size_t)ncache);
+    uint16_t *wkvb = big_alloc((size_t)H * 2 * Dn * R * 2); /* kv_b_proj [96*256, 512] */
+    float *qn = big_alloc((size_t)H * Dn * 4), *qpe = big_alloc((size_t)H * P * 4), *qlat = big_alloc((size_t)H * R * 4),
+          *ctx = big_alloc((size_t)H * R * 4), *outv = big_alloc((size_t)H * Dn * 4),
+          *scr = big_alloc((size_t)H * S * 4);
+    if (!cache || !wkvb || !qn || !qpe || !qlat || !ctx || !outv || !scr) {
+        fprintf(stderr, "bench: out of memory for the MLA cache\n");
+        return 4;
+    }
+    fill_f32(cache, cn * (size_t)ncache, -1, 1);
+    fill_bf16(wkvb, (size_t)H * 2 * Dn * R);
+    fill_f32(qn, (size_t)H * Dn, -1, 1);
+    fill_f32(qpe, (size_t)H * P, -1, 1);
+    double *sec = calloc((size_t)o->reps, sizeof *sec);
+    for (int rep = -1; rep < o->reps; rep++) {
+        double t0 = now_s();
+        for (int c = 0; c < ncache; c++) {
+            for (int h = 0; h < H; h++) /* q_lat[h] = W_UK_h^T q_nope[h] */
+                shoal_gemv_t_bf16(qlat + (size_t)h * R, wkvb + (size_t)h * 2 * Dn * R, qn + (size_t)h * Dn, Dn, R);
+            shoal_mla_attend(ctx, qlat, qpe, cache + cn * (size_t)c, S, H, R, P, 1.0f / sqrtf(192.0f), scr);
+            for (int h = 0; h < H; h++) /* o[h] = W_UV_h ctx[h] */
+                shoal_gemm_bf16(outv + (size_t)h * Dn, wkvb + ((size_t)h * 2 + 1) * Dn * R, ctx + (size_t)h * R, Dn,
+                                R, 1);
+        }
+        if (rep >= 0)
+            sec[rep] = (now_s() - t0) / ncache;
+    }
+    char shape[48];
+    snprintf(shape, sizeof shape, "S=%d", S);
+    print_row(o, "mla_decode", "mla.attn", shape, 1, cn * 4 + (size_t)H * 2 * Dn * R * 2, stats(sec, o->reps),
+              read_gbps);
+    free(sec), free(cache), free(wkvb), free(qn), free(qpe), free(qlat), free(ctx), free(outv), free(scr);
+    return 0;
+}
+
+static int usage(FILE *f)
+{
+    fprintf(f, "usage: shoal bench kernels [--threads N] [--json] [--reps N] [--only SUBSTR] [--quick]\n"
+               "  Matrix kernels at the K3 shapes (T = 1, 16, 128), the KDA step and MLA decode\n"
+               "  attention, each next to a STREAM-like read bandwidth measured in the same run.\n"
+               "  --threads N   OpenMP threads (default: all)\n"
+               "  --json        one JSON object per row\n"
+               "  --reps N      timed runs per row, >= 5 (default 5); median, min, max reported\n"
+               "  --only S      only rows whose layer name contains S (e.g. expert, lm_head, kda, mla)\n"
+               "  --quick       T = 1 only and smaller working sets (smoke test, not for figures)\n"
+               "  The kernel ISA is chosen by CPUID or SHOAL_ISA=scalar|avx2|avx512.\n");
+    return f == stdout ? 0 : 2;
+}
+
+static int bench_kernels(int argc, char **argv)
+{
+    bench_opts o = {.threads = omp_get_max_threads(), .reps = 5};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 1 || v > 1024) {
+                fprintf(stderr, "bench: --threads must be an integer in 1..1024, got '%s'\n", argv[i]);
+                return 2;
+            }
+            o.threads = (int)v;
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 5 || v > 1000) {
+                fprintf(stderr, "bench: --reps must be an integer in 5..1000, got '%s'\n", argv[i]);
+                return 2;
+            }
+            o.reps = (int)v;
+        } else if (!strcmp(argv[i], "--json")) {
+            o.json = 1;
+        } else if (!strcmp(argv[i], "--quick")) {
+            o.quick = 1;
+        } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
+            o.only = argv[++i];
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            return usage(stdout);
+        } else {
+            fprintf(stderr, "bench kernels: unknown option '%s'\n", argv[i]);
+            return usage(stderr);
+        }
+    }
+    int rc = shoal_kernels_init();
+    if (rc) {
+        fprintf(stderr, "bench: kernel ISA: %s (SHOAL_ISA=%s)\n", rc == SHOAL_EUNSUPPORTED ? "unsupported on this CPU" : "invalid name",
+                getenv("SHOAL_ISA"));
+        return 3;
+    }
+    omp_set_num_threads(o.threads);
+    /* read bandwidth: median of reps over a buffer far above the LLC */
+    size_t nwords = (o.quick ? READ_BYTES / 4 : READ_BYTES) / 8;
+    uint64_t *buf = big_alloc(nwords * 8);
+    if (!buf) {
+        fprintf(stderr, "bench: out of memory for the read-bandwidth buffer\n");
+        return 4;
+    }
+    fill_bytes((uint8_t *)buf, nwords * 8);
+    double *bw = calloc((size_t)o.reps, sizeof *bw);
+    read_bw_once(buf, nwords);
+    for (int r = 0; r < o.reps; r++)
+        bw[r] = read_bw_once(buf, nwords);
+    stat3 rb = stats(bw, o.reps);
+    free(bw);
+    free(buf);
+    if (o.json)
+        printf("{\"op\":\"read_bw\",\"layer\":\"stream_read\",\"shape\":\"%zuMiB\",\"tokens\":0,\"threads\":%d,"
+               "\"isa\":\"%s\",\"gbps\":%.3f,\"gbps_min\":%.3f,\"gbps_max\":%.3f,\"read_gbps\":%.3f,\"ratio\":1.0,"
+               "\"reps\":%d}\n",
+               (nwords * 8) >> 20, o.threads, shoal_isa_name(shoal_kernels_isa()), rb.med, rb.min, rb.max, rb.med,
+               o.reps);
+    else {
+        printf("# shoal bench kernels: isa %s, threads %d, reps %d (median [min,max]); weights cycled over >= %zu MiB\n",
+               shoal_isa_name(shoal_kernels_isa()), o.threads, o.reps,
+               (o.quick ? BENCH_SET_BYTES / 4 : BENCH_SET_BYTES) >> 20);
+        printf("# read bandwidth (%zu MiB, 64-bit loads): %.2f GB/s [%.2f, %.2f]\n", (nwords * 8) >> 20, rb.med, rb.min,
+               rb.max);
+        printf("%-11s %-13s %-13s %4s %3s %-6s %7s %15s %7s %6s %10s %12s\n", "op", "layer", "shape", "T", "thr", "isa",
+               "GB/s", "[min,max]", "read", "ratio", "us/token", "wbytes/tok");
+    }
+    int Tfull[] = {1, 16, 128}, Tq[] = {1};
+    const int *Ts = o.quick ? Tq : Tfull;
+    int nT = o.quick ? 1 : 3;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        if (o.only && !strstr(shapes[i].layer, o.only) && !strstr(shapes[i].op, o.only))
+            continue;
+        if (o.quick && !strcmp(shapes[i].layer, "lm_head"))
+            continue;
+        rc = bench_matrix(&o, &shapes[i], Ts, nT, rb.med);
+        if (rc)
+            return rc;
+    }
+    if (!o.only || strstr("kda.state", o.only)) {
+        rc = bench_kda(&o, rb.med);
+        if (rc)
+            return rc;
+    }
+    if (!o.only || strstr("mla.attn", o.only)) {
+        int Ss[] = {1024, 8192};
+        for (int i = 0; i < (o.quick ? 1 : 2); i++) {
+            rc = bench_mla(&o, Ss[i], rb.med);
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+int shoal_cmd_bench(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fprintf(argc < 2 ? stderr : stdout, "usage: shoal bench kernels [options]   (shoal bench kernels --help)\n");
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "kernels"))
+        return bench_kernels(argc - 1, argv + 1);
+    fprintf(stderr, "shoal bench: unknown benchmark '%s' (known: kernels)\n", argv[1]);
+    return 2;
+}
