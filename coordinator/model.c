@@ -125,6 +125,8 @@ static void census(binder *b, const shoal_tensor *t)
     }
     b->f32[i].nonzero += nz;
     b->f32[i].total += n;
+    SHOAL_DEBUG("model: F32 %s: %llu of %llu elements have non-zero low 16 bits", t->name, (unsigned long long)nz,
+                (unsigned long long)n);
 }
 
 static const shoal_tensor *find(binder *b, const char *suffix, int layer)
