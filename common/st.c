@@ -234,6 +234,8 @@ typedef struct {
     int rc;
     char *sbuf; /* decoded string (escapes) scratch */
     size_t scap;
+    char *hbuf; /* header buffer, reused across the shards of one open */
+    size_t hcap;
 } jscan;
 
 static int jfail(jscan *j, const char *what)
@@ -352,6 +354,13 @@ static size_t utf8_len(const unsigned char *s, const unsigned char *end)
     return n;
 }
 
+/* Plain string bytes: printable ASCII other than '"' and '\\' (one unsigned
+ * compare covers both controls and non-ASCII). */
+static inline int str_plain(unsigned char c)
+{
+    return (unsigned char)(c - 0x20) < 0x60 && c != '"' && c != '\\';
+}
+
 /* Reads a string into j->sbuf (NUL-terminated, *len bytes). Strings with an
  * embedded NUL (\u0000) are refused: names are C strings. */
 static int jstring(jscan *j, size_t *len)
@@ -361,12 +370,8 @@ static int jstring(jscan *j, size_t *len)
     size_t n = 0;
     for (;;) {
         const char *s = j->p;
-        while (j->p < j->end) {
-            unsigned char c = (unsigned char)*j->p;
-            if (c == '"' || c == '\\' || c < 0x20 || c >= 0x80)
-                break;
+        while (j->p < j->end && str_plain((unsigned char)*j->p))
             j->p++;
-        }
         if (j->p > s)
             sbuf_put(j, &n, s, (size_t)(j->p - s));
         if (j->p >= j->end)
@@ -766,21 +771,23 @@ static int load_file(shoal_st *st, int fi, int map, jscan *j)
     f->data_off = 8 + hlen;
     uint64_t data_len = f->size - f->data_off;
 
-    char *hdr = shoal_xmalloc((size_t)hlen);
+    if (hlen > j->hcap) {
+        free(j->hbuf);
+        j->hcap = (size_t)hlen + (size_t)hlen / 2;
+        j->hbuf = shoal_xmalloc(j->hcap);
+    }
+    char *hdr = j->hbuf;
     size_t got = 0;
     while (got < hlen) {
         r = pread(f->fd, hdr + got, (size_t)hlen - got, (off_t)(8 + got));
-        if (r <= 0) {
-            free(hdr);
+        if (r <= 0)
             return shoal_err_set(err, errlen, SHOAL_EIO, "%s: cannot read the header", path);
-        }
         got += (size_t)r;
     }
     if (map) {
         f->map = mmap(NULL, (size_t)f->size, PROT_READ, MAP_SHARED, f->fd, 0);
         if (f->map == MAP_FAILED) {
             f->map = NULL;
-            free(hdr);
             return shoal_err_set(err, errlen, -errno, "%s: mmap failed: %s", path, strerror(errno));
         }
     }
@@ -892,7 +899,11 @@ static int load_file(shoal_st *st, int fi, int map, jscan *j)
     }
 
     /* overlaps: sort this file's tensors by offset; zero-size tensors never overlap */
-    qsort(sp, nsp, sizeof *sp, cmp_span);
+    int sorted = 1;
+    for (size_t i = 1; i < nsp && sorted; i++)
+        sorted = cmp_span(&sp[i - 1], &sp[i]) <= 0;
+    if (!sorted)
+        qsort(sp, nsp, sizeof *sp, cmp_span);
     {
         uint64_t reach = 0;
         size_t owner = SIZE_MAX;
@@ -912,7 +923,7 @@ static int load_file(shoal_st *st, int fi, int map, jscan *j)
         }
     }
     /* reorder this file's slice into offset order ("file order") */
-    if (nsp > 1) {
+    if (nsp > 1 && !sorted) {
         shoal_tensor *tmp = shoal_xmalloc(nsp * sizeof *tmp);
         for (size_t i = 0; i < nsp; i++)
             tmp[i] = st->t[sp[i].idx];
@@ -936,7 +947,6 @@ static int load_file(shoal_st *st, int fi, int map, jscan *j)
     }
 out:
     free(sp);
-    free(hdr);
     j->tensor = NULL;
     return rc;
 }
@@ -1178,6 +1188,8 @@ static int open_index(shoal_st *st, const char *index_path, int map, jscan *j)
     st->nfiles = sl.n;
     free(order);
     strset_reserve(&st->names, nent, tensor_key, st);
+    st->cap = nent;
+    st->t = shoal_xmalloc(nent * sizeof *st->t);
     for (int i = 0; i < st->nfiles; i++) {
         if (access(st->files[i].path, F_OK) != 0) {
             /* name a tensor that points at the missing shard */
@@ -1291,6 +1303,7 @@ done:
     free(idx);
     free(single);
     free(j.sbuf);
+    free(j.hbuf);
     if (rc) {
         shoal_st_close(st);
         return rc;
