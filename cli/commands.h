@@ -10,7 +10,8 @@
     X(version, "print the version and the kernel ISA")                     \
     X(inspect, "check a K3 config / model directory: schedule, inventory, bytes") \
     X(run, "run a prompt through the model in this process")               \
-    X(bench, "benchmarks: 'bench kernels [--threads N] [--json]'")
+    X(bench, "benchmarks: 'bench kernels [--threads N] [--json]'")         \
+    X(trace, "routing traces: 'trace stats FILE [--plan plan.json]'")
 
 #define SHOAL_CMD_DECL(name, help) int shoal_cmd_##name(int argc, char **argv);
 SHOAL_COMMANDS(SHOAL_CMD_DECL)
