@@ -11,7 +11,9 @@
     X(inspect, "check a K3 config / model directory: schedule, inventory, bytes") \
     X(run, "run a prompt through the model in this process")               \
     X(bench, "benchmarks: 'bench kernels [--threads N] [--json]'")         \
-    X(trace, "routing traces: 'trace stats FILE [--plan plan.json]'")
+    X(trace, "routing traces: 'trace stats FILE [--plan plan.json]'")      \
+    X(tokenize, "print the token ids of a text (K3 tokenizer)")            \
+    X(detokenize, "print the text of token ids (K3 tokenizer)")
 
 #define SHOAL_CMD_DECL(name, help) int shoal_cmd_##name(int argc, char **argv);
 SHOAL_COMMANDS(SHOAL_CMD_DECL)
