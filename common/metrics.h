@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 /* ---- counters and gauges ---------------------------------------------- */
 
@@ -48,6 +49,14 @@ static inline void shoal_metrics_gauge_add(shoal_metrics_gauge *g, int64_t d)
 static inline int64_t shoal_metrics_gauge_get(const shoal_metrics_gauge *g)
 {
     return atomic_load_explicit(&((shoal_metrics_gauge *)g)->v, memory_order_relaxed);
+}
+
+/* CLOCK_MONOTONIC in nanoseconds (for durations; no allocation, no lock). */
+static inline uint64_t shoal_metrics_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- latency histograms ----------------------------------------------- */

@@ -72,6 +72,9 @@ def parse(text):
             assert name in helps, f"line {ln}: TYPE for {name} without HELP before it"
             assert name not in seen_type, f"line {ln}: second TYPE for {name}"
             assert parts[3] in ("counter", "gauge", "histogram", "summary"), f"line {ln}: type {parts[3]}"
+            base = name[:-6] if name.endswith("_total") else name
+            clash = [n for n in seen_type if (n[:-6] if n.endswith("_total") else n) == base]
+            assert not clash, f"line {ln}: family {name} clashes with {clash[0]} (same name without _total)"
             seen_type[name] = parts[3]
         elif line and not line.startswith("#"):
             sname = line.split("{")[0].split(" ")[0]

@@ -88,4 +88,31 @@ def summary():
 
 
 R.check("summary_quantiles", summary)
+
+
+def coordinator_exposition():
+    """The coordinator's families (tests/unit/test_cmetrics.c's hand case:
+    worker a: 3 + 5 pairs, rtt 1 ms and 2 ms, queue 100 us, compute 2.1 ms;
+    worker b\"x: 1 + 3 pairs) parse and carry the hand-computed values."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "c.prom")
+        env = dict(os.environ, SHOAL_METRICS_DUMP=path)
+        env.pop("SHOAL_TEST_RESULTS", None)
+        subprocess.run([os.path.join(build, "tests", "test_cmetrics")], env=env, check=True, timeout=60)
+        f = promcheck.parse(open(path).read())
+    v = promcheck.value
+    assert f["shoal_worker_rtt_seconds"].type == "histogram"
+    assert f["shoal_worker_layer_rtt_seconds"].type == "summary"
+    assert v(f, "shoal_worker_pairs", "shoal_worker_pairs_total", worker="a") == 8
+    assert v(f, "shoal_worker_pairs", "shoal_worker_pairs_total", worker='b"x') == 4
+    assert abs(v(f, "shoal_worker_load_share", worker="a") - 8 / 12) < 1e-12
+    assert abs(v(f, "shoal_worker_network_seconds", "shoal_worker_network_seconds_total", worker="a") - 800e-6) < 1e-12
+    assert v(f, "shoal_worker_rtt_seconds", "shoal_worker_rtt_seconds_count", worker="a") == 2
+    assert v(f, "shoal_layer_imbalance", layer="1") == 1.5
+    assert v(f, "shoal_worker_info", worker="a", endpoint="ipc:///tmp/a") == 1
+    phases = {l["phase"] for l, _ in promcheck.samples(f, "shoal_phase_seconds", "shoal_phase_seconds_total")}
+    assert phases == {"attention", "routing", "experts", "shared", "combine", "dense", "head", "sampling"}, phases
+
+
+R.check("coordinator_exposition", coordinator_exposition)
 R.finish()

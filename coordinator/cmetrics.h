@@ -1,0 +1,128 @@
+/* cmetrics: the coordinator's metrics (docs/METRICS.md, "Coordinator"):
+ * per-token time by phase of the forward, and per expert server ("worker")
+ * round trips split into network, queue and compute time using the
+ * queue_us / compute_us each EXPERT_RESULT carries (no clock sync needed),
+ * bytes, load share against the fair share, per-layer imbalance and the time
+ * spent waiting on the slowest worker; written as Prometheus text for
+ * `shoal serve`'s /metrics and as a plain report for `shoal run`.
+ *
+ * Callers: the engine's forward (phases), the sampler's caller (sampling
+ * phase), the expert client (exchanges, failures, worker state), run/serve
+ * (open, workers, report, exposition), tests.
+ *
+ * Thread-safety: after shoal_cmetrics_set_worker calls are done (start-up),
+ * every update is lock-free and callable from any thread, and the writer and
+ * the report may run concurrently with updates (each value is read
+ * atomically; a scrape is not one instant). set_worker is not concurrent with
+ * anything else. Updates never allocate and never log. */
+#ifndef SHOAL_CMETRICS_H
+#define SHOAL_CMETRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/metrics.h"
+
+/* Where the forward's time goes (per token = seconds / tokens). */
+typedef enum {
+    SHOAL_PHASE_ATTENTION, /* embedding, AttnRes mixing, norms, KDA/MLA, residual prefix */
+    SHOAL_PHASE_ROUTING,   /* router logits, sigmoid + top-k, latent down-projection */
+    SHOAL_PHASE_EXPERTS,   /* inside the expert backend's submit() and gather(): in-process,
+                              the routed experts' compute; remote, sending and the wait for
+                              replies not hidden behind the shared experts */
+    SHOAL_PHASE_SHARED,    /* shared experts (overlap the remote experts) */
+    SHOAL_PHASE_COMBINE,   /* weighted sum of expert outputs, latent norm, up-projection, residual */
+    SHOAL_PHASE_DENSE,     /* dense MLP layers */
+    SHOAL_PHASE_HEAD,      /* final AttnRes, norm, LM head */
+    SHOAL_PHASE_SAMPLING,  /* the sampler (outside the engine) */
+    SHOAL_PHASE_COUNT
+} shoal_cmetrics_phase;
+
+const char *shoal_cmetrics_phase_name(int phase); /* "attention", ... */
+
+typedef struct {
+    int num_layers;        /* model layers, 1..SHOAL_MAX_LAYERS */
+    const uint8_t *is_moe; /* [num_layers], copied */
+    int num_experts;       /* routed experts per MoE layer */
+    uint64_t expert_bytes; /* bytes of one routed expert's weights (for weight GB/s) */
+    int max_workers;       /* 0 for an in-process run */
+} shoal_cmetrics_opts;
+
+typedef struct shoal_cmetrics shoal_cmetrics;
+
+int shoal_cmetrics_open(shoal_cmetrics **out, const shoal_cmetrics_opts *o, char *err, size_t errlen);
+void shoal_cmetrics_close(shoal_cmetrics *cm); /* accepts NULL */
+
+/* Describe worker w (0 <= w < max_workers) at start-up, from its HELLO: its
+ * id, endpoint, (layer, expert) pairs owned, bytes of the experts it serves
+ * and its host's memory. Strings are copied (truncated to 64 / 256 bytes).
+ * The number of workers is 1 + the highest w described. */
+int shoal_cmetrics_set_worker(shoal_cmetrics *cm, int w, const char *id, const char *endpoint, uint64_t owned,
+                              uint64_t expert_bytes, uint64_t mem_total);
+/* 1 = answered its HELLO and every request so far; 0 = failed (deadline,
+ * error, disconnect). */
+void shoal_cmetrics_worker_up(shoal_cmetrics *cm, int w, int up);
+
+/* ---- hot-path updates --------------------------------------------------- */
+
+void shoal_cmetrics_add_phase(shoal_cmetrics *cm, shoal_cmetrics_phase ph, uint64_t ns);
+/* One forward chunk of T tokens completed. */
+void shoal_cmetrics_forward(shoal_cmetrics *cm, uint32_t T);
+
+/* One EXPERT_BATCH exchange with worker w for MoE layer `layer`, as seen by
+ * the coordinator: rtt_ns from the first byte sent to the reply received;
+ * queue_us / compute_us as the worker reported them. */
+typedef struct {
+    uint32_t tokens;    /* activation rows sent */
+    uint32_t pairs;     /* (token, expert) pairs */
+    uint32_t experts;   /* distinct experts in the request (weights read once each) */
+    uint64_t bytes_out; /* bytes of all frames sent */
+    uint64_t bytes_in;  /* bytes of all frames received */
+    uint64_t rtt_ns;
+    uint64_t queue_us, compute_us;
+} shoal_cmetrics_xchg;
+
+void shoal_cmetrics_exchange(shoal_cmetrics *cm, int w, int layer, const shoal_cmetrics_xchg *x);
+/* One MoE layer's gather finished: wait_ns = time blocked waiting for
+ * replies (after the shared experts), slowest = the worker whose reply came
+ * last (-1 if none). */
+void shoal_cmetrics_layer_wait(shoal_cmetrics *cm, int layer, uint64_t wait_ns, int slowest);
+
+typedef enum {
+    SHOAL_CMETRICS_TIMEOUT, /* no reply within the deadline */
+    SHOAL_CMETRICS_ERROR,   /* an ERROR reply, a malformed reply, a send failure */
+    SHOAL_CMETRICS_STALE,   /* a late reply to a request already given up, dropped */
+} shoal_cmetrics_failure;
+
+void shoal_cmetrics_failure_add(shoal_cmetrics *cm, int w, shoal_cmetrics_failure f);
+
+/* ---- reading ------------------------------------------------------------ */
+
+/* Append the coordinator's families to b (docs/METRICS.md). */
+void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b);
+/* The plain-text report of `shoal run`: per-token breakdown, and when there
+ * are workers, the per-worker and per-layer tables. */
+void shoal_cmetrics_report(shoal_cmetrics *cm, FILE *f);
+
+/* Values for reports and tests. */
+typedef struct {
+    uint64_t tokens, chunks;
+    double phase_s[SHOAL_PHASE_COUNT];
+} shoal_cmetrics_totals;
+void shoal_cmetrics_get_totals(shoal_cmetrics *cm, shoal_cmetrics_totals *out);
+
+typedef struct {
+    uint64_t requests, tokens, pairs, experts, bytes_out, bytes_in, weight_bytes;
+    uint64_t timeouts, errors, stale, slowest;
+    double queue_s, compute_s, network_s, rtt_s;
+    double share, fair; /* pairs / all pairs; 1 / workers */
+    double rtt_p50, rtt_p90, rtt_p99; /* seconds, NaN when none */
+    int up;
+} shoal_cmetrics_worker_totals;
+int shoal_cmetrics_workers(shoal_cmetrics *cm); /* workers described */
+void shoal_cmetrics_get_worker(shoal_cmetrics *cm, int w, shoal_cmetrics_worker_totals *out);
+/* max_w pairs(w, layer) / mean_w pairs(w, layer); 0 without pairs or workers */
+double shoal_cmetrics_layer_imbalance(shoal_cmetrics *cm, int layer);
+
+#endif
