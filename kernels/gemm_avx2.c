@@ -212,7 +212,7 @@ INLINE mx_consts mx_make(void)
     return c;
 }
 
-INLINE void mx_decode(__m256 f[4], const uint8_t *p, const mx_consts *c)
+INLINE void mx_decode(__m256 *f, const uint8_t *p, const mx_consts *c)
 {
     __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
     t = _mm256_shuffle_epi8(t, c->arr);
@@ -233,7 +233,7 @@ INLINE __m256 mx_scale_acc(__m256 G, unsigned e, __m256 acc)
     return _mm256_fmadd_ps(G, _mm256_broadcast_ss(&shoal__kernels_e8m0_mul[e]), acc);
 }
 
-INLINE __m256 mx_group_sum(const __m256 f[4], const float *xg)
+INLINE __m256 mx_group_sum(const __m256 *f, const float *xg)
 {
     __m256 G = _mm256_mul_ps(f[0], _mm256_loadu_ps(xg));
     G = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xg + 8), G);
@@ -245,7 +245,7 @@ INLINE __m256 mx_group_sum(const __m256 f[4], const float *xg)
 #define MX_PF 1024 /* bytes ahead on the packed stream */
 
 /* Group g's FMAs into the accumulators A (A[b] for token b), f decoded. */
-INLINE void mx_fma(__m256 *A, const __m256 f[4], unsigned e, const float *xt, int cols, int g, int TT)
+INLINE void mx_fma(__m256 *A, const __m256 *f, unsigned e, const float *xt, int cols, int g, int TT)
 {
     for (int b = 0; b < TT; b++)
         A[b] = mx_scale_acc(mx_group_sum(f, xt + (size_t)b * cols + 32 * g), e, A[b]);
@@ -285,16 +285,52 @@ INLINE void mx_row(float *y, const uint8_t *p, const uint8_t *s, const float *x,
         y[(size_t)(t + b) * rows + r] = hsum8(_mm256_add_ps(acc0[b], acc1[b]));
 }
 
-static void mx_row1(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int r, int t,
+__attribute__((noinline)) static void mx_row1(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int r, int t,
                     const mx_consts *c)
 {
     mx_row(y, p, s, x, rows, cols, r, t, 1, c);
 }
 
-static void mx_row4(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int r, int t,
+__attribute__((noinline)) static void mx_row4(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int r, int t,
                     const mx_consts *c)
 {
     mx_row(y, p, s, x, rows, cols, r, t, 4, c);
+}
+
+/* T > 1: one row is decoded once into an L1-resident buffer (f[g][k] as in
+ * mx_decode, 128 bytes per group; a transient copy of one row, never of the
+ * matrix), then every token runs the same chains over it, TT tokens at a
+ * time sharing each weight load. */
+#define MX_ROWBUF_COLS 8192
+
+INLINE void mx_tokens(float *y, const __m256 *buf, const uint8_t *s, const float *x, int rows, int cols, int r,
+                      int t, int TT)
+{
+    __m256 acc0[4], acc1[4];
+    for (int b = 0; b < TT; b++)
+        acc0[b] = acc1[b] = _mm256_setzero_ps();
+    int ng = cols / 32, g = 0;
+    const float *xt = x + (size_t)t * cols;
+    for (; g + 2 <= ng; g += 2) {
+        mx_fma(acc0, buf + 4 * g, s[g], xt, cols, g, TT);
+        mx_fma(acc1, buf + 4 * (g + 1), s[g + 1], xt, cols, g + 1, TT);
+    }
+    if (g < ng)
+        mx_fma(acc0, buf + 4 * g, s[g], xt, cols, g, TT);
+    for (int b = 0; b < TT; b++)
+        y[(size_t)(t + b) * rows + r] = hsum8(_mm256_add_ps(acc0[b], acc1[b]));
+}
+
+__attribute__((noinline)) static void mx_tokens4(float *y, const __m256 *buf, const uint8_t *s, const float *x, int rows, int cols, int r,
+                       int t)
+{
+    mx_tokens(y, buf, s, x, rows, cols, r, t, 4);
+}
+
+__attribute__((noinline)) static void mx_tokens1(float *y, const __m256 *buf, const uint8_t *s, const float *x, int rows, int cols, int r,
+                       int t)
+{
+    mx_tokens(y, buf, s, x, rows, cols, r, t, 1);
 }
 
 static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
@@ -305,13 +341,27 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
         return;
     }
     mx_consts c = mx_make();
+    if (T == 1 || cols > MX_ROWBUF_COLS) {
+        for (int r = r0; r < r1; r++) {
+            const uint8_t *p = packed + (size_t)r * (cols / 2), *s = scale + (size_t)r * (cols / 32);
+            int t = 0;
+            for (; t + 4 <= T; t += 4)
+                mx_row4(y, p, s, x, rows, cols, r, t, &c);
+            for (; t < T; t++)
+                mx_row1(y, p, s, x, rows, cols, r, t, &c);
+        }
+        return;
+    }
+    __m256 buf[MX_ROWBUF_COLS / 8];
     for (int r = r0; r < r1; r++) {
         const uint8_t *p = packed + (size_t)r * (cols / 2), *s = scale + (size_t)r * (cols / 32);
+        for (int g = 0; g < cols / 32; g++)
+            mx_decode(buf + 4 * g, p + 16 * g, &c);
         int t = 0;
         for (; t + 4 <= T; t += 4)
-            mx_row4(y, p, s, x, rows, cols, r, t, &c);
+            mx_tokens4(y, buf, s, x, rows, cols, r, t);
         for (; t < T; t++)
-            mx_row1(y, p, s, x, rows, cols, r, t, &c);
+            mx_tokens1(y, buf, s, x, rows, cols, r, t);
     }
 }
 

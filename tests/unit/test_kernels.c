@@ -343,7 +343,7 @@ static void t_isa_bit_identical(void)
         SKIP("only the scalar variant runs on this CPU");
     shoal_isa keep = shoal_kernels_isa();
     int rows_list[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 33, 64, 67};
-    int cols_list[] = {32, 64, 96, 128, 160, 224, 544, 1056};
+    int cols_list[] = {32, 64, 96, 128, 160, 224, 544, 1056, 8224};
     int T_list[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17};
     int n = 0;
     for (int k = 0; k < 3; k++)
