@@ -2,6 +2,7 @@
  * run report (engine.h, sampler.h). */
 #include <errno.h>
 #include <jansson.h>
+#include <omp.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include "common/log.h"
 #include "coordinator/engine.h"
 #include "coordinator/sampler.h"
+#include "coordinator/tokenizer.h"
 
 static void usage(FILE *f)
 {
@@ -24,8 +26,11 @@ static void usage(FILE *f)
             "\n"
             "  --model DIR          model directory (config.json, safetensors, tokenizer files)\n"
             "  --ids LIST           prompt token ids, comma-separated (no tokenizer needed)\n"
-            "  --prompt TEXT        prompt text (needs the model's tokenizer)\n"
+            "  --prompt TEXT        prompt text, encoded with the model's tokenizer\n"
+            "                       (tiktoken.model + tokenizer_config.json in DIR)\n"
             "  --prompt-file FILE   prompt text read from FILE\n"
+            "  --allow-special      let special-token names in the prompt text become their ids\n"
+            "                       (default: they are ordinary text)\n"
             "  --gen N              tokens to generate at most (default 16); stops early on an\n"
             "                       EOS id (config.json eos_token_id, tokenizer_config.json eos_token)\n"
             "  --threads N          OpenMP threads (default: OpenMP's); results do not depend on it\n"
@@ -38,7 +43,10 @@ static void usage(FILE *f)
             "  --dump-logits FILE   write the logits of every generated step: raw float32\n"
             "                       little-endian, [steps, vocab], row i = the logits that chose\n"
             "                       generated token i\n"
-            "  --json               print one JSON object instead of the text report\n"
+            "  --json               print one JSON object instead of the text report; it has\n"
+            "                       prompt_ids, generated_ids, text (when the tokenizer loads),\n"
+            "                       stop_reason, prefill/decode tokens and tokens_per_s,\n"
+            "                       decode_step_ms, weight bytes per token, peak_rss_bytes\n"
             "\n"
             "exit codes:\n"
             "  0  ok\n"
@@ -118,6 +126,24 @@ static uint64_t peak_rss_bytes(void)
     return (uint64_t)ru.ru_maxrss * 1024u;
 }
 
+/* append to a growable text buffer, echoing to stdout when echo */
+static void append_text(char **buf, size_t *len, size_t *cap, const char *p, size_t n, int echo)
+{
+    if (!n)
+        return;
+    if (*len + n + 1 > *cap) {
+        *cap = (*len + n + 1) * 2;
+        *buf = shoal_xrealloc(*buf, *cap);
+    }
+    memcpy(*buf + *len, p, n);
+    *len += n;
+    (*buf)[*len] = 0;
+    if (echo) {
+        fwrite(p, 1, n, stdout);
+        fflush(stdout);
+    }
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -130,7 +156,7 @@ int shoal_cmd_run(int argc, char **argv)
     long gen = 16, threads = 0, top_k = 0, max_ctx = 0, batch = 256;
     double temp = 0.0, top_p = 1.0;
     unsigned long long seed = 0;
-    int json = 0;
+    int json = 0, allow_special = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -190,6 +216,8 @@ int shoal_cmd_run(int argc, char **argv)
             dump = v;
         } else if (!strcmp(a, "--json")) {
             json = 1;
+        } else if (!strcmp(a, "--allow-special")) {
+            allow_special = 1;
         } else {
             fprintf(stderr, "shoal run: unknown option '%s'\n", a);
             usage(stderr);
@@ -206,22 +234,61 @@ int shoal_cmd_run(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    shoal_log_set_role("C");
+    char err[8192];
+    /* the tokenizer: required for text prompts, optional (for the text of the
+     * continuation) with --ids */
+    shoal_tok *tok = NULL;
+    int trc = shoal_tok_open(&tok, model, NULL, err, sizeof err);
+    if (trc && !ids_s) {
+        fprintf(stderr, "shoal run: %s: tokenizer: %s: %s\n", model, shoal_strerror(trc), err);
+        return 3;
+    }
     int32_t *prompt_ids = NULL;
     int n_prompt = 0;
     if (ids_s) {
         if (parse_ids(ids_s, &prompt_ids, &n_prompt)) {
             fprintf(stderr, "shoal run: --ids must be comma-separated non-negative integers\n");
+            shoal_tok_close(tok);
             return 2;
         }
     } else {
-        /* text prompts need the tokenizer module (issue 6) */
-        fprintf(stderr, "shoal run: text prompts need the tokenizer, which this build does not have yet; "
-                        "use --ids\n");
-        return 2;
+        char *text = NULL;
+        size_t tlen = 0;
+        if (prompt_file) {
+            FILE *pf = fopen(prompt_file, "rb");
+            if (!pf) {
+                fprintf(stderr, "shoal run: %s: %s\n", prompt_file, strerror(errno));
+                shoal_tok_close(tok);
+                return 2;
+            }
+            size_t cap = 4096;
+            text = shoal_xmalloc(cap);
+            size_t r;
+            while ((r = fread(text + tlen, 1, cap - tlen, pf)) > 0) {
+                tlen += r;
+                if (tlen == cap)
+                    text = shoal_xrealloc(text, cap *= 2);
+            }
+            fclose(pf);
+        } else {
+            tlen = strlen(prompt);
+            text = shoal_xmalloc(tlen + 1);
+            memcpy(text, prompt, tlen);
+        }
+        shoal_tok_ids ti = {0};
+        trc = shoal_tok_encode(tok, text, tlen, allow_special, &ti, err, sizeof err);
+        free(text);
+        if (trc || ti.n == 0) {
+            fprintf(stderr, "shoal run: the prompt %s\n", trc ? err : "encodes to no tokens");
+            shoal_tok_ids_free(&ti);
+            shoal_tok_close(tok);
+            return trc ? 4 : 2;
+        }
+        prompt_ids = ti.v; /* ownership moves here (malloc'd by the tokenizer) */
+        n_prompt = (int)ti.n;
     }
 
-    shoal_log_set_role("C");
-    char err[8192];
     shoal_model_opts mo = {
         .max_context = max_ctx ? (int)max_ctx : n_prompt + (int)gen + 1,
         .max_batch = (int)batch,
@@ -233,6 +300,7 @@ int shoal_cmd_run(int argc, char **argv)
     if (rc) {
         fprintf(stderr, "shoal run: %s: %s\n%s\n", model, shoal_strerror(rc), err);
         free(prompt_ids);
+        shoal_tok_close(tok);
         return 3;
     }
     shoal_model_info info;
@@ -248,7 +316,24 @@ int shoal_cmd_run(int argc, char **argv)
     const char *stop = "length";
     double prefill_s = 0, decode_s = 0;
     shoal_model_stats ps = {0}, ds = {0};
+    /* the continuation's text, when a tokenizer is loaded (specials as their
+     * names; streamed to stdout in the text report) */
+    shoal_detok *dt = NULL;
+    char *otext = NULL;
+    size_t otext_len = 0, otext_cap = 0;
+    if (tok) {
+        shoal_detok_opts dto = {.skip_special = 0};
+        if (shoal_detok_open(&dt, tok, &dto))
+            dt = NULL;
+    }
 
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt_ids[i] >= info.vocab) {
+            fprintf(stderr, "shoal run: prompt id %d (index %d) is outside the vocabulary [0, %d)\n",
+                    (int)prompt_ids[i], i, info.vocab);
+            status = 2;
+            goto done;
+        }
     if (n_prompt + gen > mo.max_context) {
         fprintf(stderr, "shoal run: prompt (%d) + gen (%ld) exceeds --max-context %d\n", n_prompt, gen,
                 mo.max_context);
@@ -282,6 +367,10 @@ int shoal_cmd_run(int argc, char **argv)
         status = 4;
         goto done;
     }
+    if (!json) {
+        printf("prompt: %d tokens\ncontinuation: ", n_prompt);
+        fflush(stdout);
+    }
     for (int step = 0; step < gen; step++) {
         if (df && fwrite(logits, sizeof(float), (size_t)info.vocab, df) != (size_t)info.vocab) {
             fprintf(stderr, "shoal run: %s: write failed\n", dump);
@@ -290,6 +379,12 @@ int shoal_cmd_run(int argc, char **argv)
         }
         int32_t id = shoal_sampler_sample(smp, logits);
         out_ids[n_out++] = id;
+        if (dt) {
+            const char *piece;
+            size_t plen;
+            if (shoal_detok_feed(dt, id, &piece, &plen) == 0)
+                append_text(&otext, &otext_len, &otext_cap, piece, plen, !json);
+        }
         int is_eos = 0;
         for (int e = 0; e < info.n_eos; e++)
             is_eos |= info.eos[e] == id;
@@ -312,6 +407,16 @@ int shoal_cmd_run(int argc, char **argv)
     shoal_model_get_stats(m, &ds);
 
 done:;
+    if (dt) {
+        const char *piece;
+        size_t plen;
+        shoal_detok_flush(dt, &piece, &plen);
+        append_text(&otext, &otext_len, &otext_cap, piece, plen, !json);
+    }
+    if (!json && status != 2) {
+        printf("%s\n", dt ? "" : "(no tokenizer: ids below)");
+        fflush(stdout);
+    }
     int n_steps = (int)ds.tokens;
     double prefill_tps = prefill_s > 0 ? n_prompt / prefill_s : 0;
     double decode_tps = decode_s > 0 ? n_steps / decode_s : 0;
@@ -330,6 +435,8 @@ done:;
                 json_array_append_new(sa, json_real(step_s[i] * 1e3));
             json_object_set_new(o, "prompt_ids", pa);
             json_object_set_new(o, "generated_ids", ga);
+            if (dt)
+                json_object_set_new(o, "text", json_stringn(otext ? otext : "", otext_len));
             json_object_set_new(o, "stop_reason", json_string(status ? "error" : stop));
             json_object_set_new(o, "prefill_tokens", json_integer(n_prompt));
             json_object_set_new(o, "prefill_s", json_real(prefill_s));
@@ -343,14 +450,14 @@ done:;
             json_object_set_new(o, "seq_state_bytes_per_token", json_integer((json_int_t)info.seq_bytes_per_token));
             json_object_set_new(o, "seq_state_fixed_bytes", json_integer((json_int_t)info.seq_fixed_bytes));
             json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)rss));
-            json_object_set_new(o, "threads", json_integer(threads));
+            json_object_set_new(o, "threads", json_integer(omp_get_max_threads()));
             json_object_set_new(o, "isa", json_string(shoal_isa_name(shoal_kernels_isa())));
             char *s = json_dumps(o, JSON_COMPACT);
             printf("%s\n", s);
             free(s);
             json_decref(o);
         } else {
-            printf("prompt ids:");
+            printf("\nprompt ids:");
             for (int i = 0; i < n_prompt; i++)
                 printf(" %d", (int)prompt_ids[i]);
             printf("\ngenerated ids:");
@@ -370,11 +477,14 @@ done:;
             printf("sequence state: %zu B fixed + %zu B per token\n", info.seq_fixed_bytes,
                    info.seq_bytes_per_token);
             printf("peak RSS: %llu B (%.1f MiB)\n", (unsigned long long)rss, (double)rss / (1 << 20));
-            printf("kernels: %s\n", shoal_isa_name(shoal_kernels_isa()));
+            printf("kernels: %s, %d threads\n", shoal_isa_name(shoal_kernels_isa()), omp_get_max_threads());
         }
     }
     if (df)
         fclose(df);
+    shoal_detok_close(dt);
+    shoal_tok_close(tok);
+    free(otext);
     shoal_sampler_free(smp);
     shoal_seq_free(seq);
     shoal_model_close(m);
