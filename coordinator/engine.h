@@ -41,7 +41,9 @@
 
 #include "common/k3cfg.h"
 #include "common/st.h"
+#include "coordinator/cmetrics.h"
 #include "coordinator/experts.h"
+#include "coordinator/trace.h"
 #include "kernels/kernels.h"
 
 typedef struct shoal_model shoal_model;
@@ -139,6 +141,12 @@ void shoal_model_reset_stats(shoal_model *m);
  * is consistent and may be continued, reset or overwritten. flag is borrowed
  * until replaced (NULL disables). */
 void shoal_model_set_cancel(shoal_model *m, const atomic_int *flag);
+
+/* Monitoring (docs/METRICS.md): the forward adds its time by phase to cm
+ * (shoal_cmetrics_add_phase, shoal_cmetrics_forward) and records every routing
+ * decision in trace (shoal_trace_record). Both borrowed until replaced; NULL
+ * disables either. Not while a forward runs. */
+void shoal_model_set_monitor(shoal_model *m, shoal_cmetrics *cm, shoal_trace *trace);
 
 /* ---- sequences ---------------------------------------------------------- */
 

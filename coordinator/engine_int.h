@@ -102,6 +102,11 @@ struct shoal_model {
 
     const atomic_int *cancel;
     shoal_model_stats stats;
+    /* monitoring (shoal_model_set_monitor): borrowed; t_mark is the end of
+     * the last timed phase of the running forward */
+    shoal_cmetrics *cm;
+    shoal_trace *rtrace;
+    uint64_t t_mark;
     /* test/debug hook: called after each layer (layer = num_layers for the
      * final AttnRes mix) with the chunk's [T, d] layer outputs P */
     void (*trace)(void *ctx, int layer, int T, const float *P, int d);

@@ -25,6 +25,17 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Monitoring: charge the time since the previous mark to phase ph (nothing
+ * without a cmetrics object; two clock reads per mark, no allocation). */
+static inline void mark(shoal_model *m, shoal_cmetrics_phase ph)
+{
+    if (!m->cm)
+        return;
+    uint64_t t = shoal_metrics_now_ns();
+    shoal_cmetrics_add_phase(m->cm, ph, t - m->t_mark);
+    m->t_mark = t;
+}
+
 static size_t max_z(size_t a, size_t b)
 {
     return a > b ? a : b;
@@ -300,9 +311,13 @@ static int moe_layer(shoal_model *m, const shoal__layer *ly, int L, int T, char 
     uint64_t distinct = 0;
     route(m, ly, lg, T, &distinct);
     mm(z, &ly->rdown, sc->xn, T);
+    if (m->rtrace)
+        shoal_trace_record(m->rtrace, L, T, k, m->topk_ids);
+    mark(m, SHOAL_PHASE_ROUTING);
 
     double t0 = now_s();
     int rc = m->experts.vt->submit(m->experts.self, L, T, k, z, m->topk_ids, err, errlen);
+    mark(m, SHOAL_PHASE_EXPERTS);
     if (rc)
         return rc;
     /* shared experts while the backend works */
@@ -310,7 +325,9 @@ static int moe_layer(shoal_model *m, const shoal__layer *ly, int L, int T, char 
     mm(su, &ly->sh_up, sc->xn, T);
     shoal_situ_glu(sg, sg, su, (int)((size_t)T * Fs), c->situ_beta, c->situ_linear_beta);
     mm(sc->a, &ly->sh_down, sg, T);
+    mark(m, SHOAL_PHASE_SHARED);
     rc = m->experts.vt->gather(m->experts.self, m->ex_y, err, errlen);
+    mark(m, SHOAL_PHASE_EXPERTS);
     m->stats.experts_s += now_s() - t0;
     if (rc)
         return rc;
@@ -376,6 +393,8 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
     }
 
     shoal__engine_guard_arm(1);
+    if (m->cm)
+        m->t_mark = shoal_metrics_now_ns();
 
     /* embedding rows (exact widening) */
     for (int t = 0; t < T; t++) {
@@ -427,6 +446,7 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
                      ly->mlp_res_proj, d, eps, sc->res_s);
             shoal_rmsnorm(sc->xn + (size_t)t * dd, x, ly->post_norm, d, eps);
         }
+        mark(m, SHOAL_PHASE_ATTENTION);
         if (ly->moe) {
             rc = moe_layer(m, ly, L, T, err, errlen);
             if (rc)
@@ -437,6 +457,7 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
         /* 7. prefix */
         for (size_t i = 0; i < bstride; i++)
             sc->P[i] = sc->P[i] + sc->a[i];
+        mark(m, ly->moe ? SHOAL_PHASE_COMBINE : SHOAL_PHASE_DENSE);
         if (m->trace)
             m->trace(m->trace_ctx, L, T, sc->P, d);
     }
@@ -456,6 +477,8 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
             mm(logits, &m->lm_head, sc->xn + (size_t)(T - 1) * dd, 1);
         m->stats.trunk_bytes += m->lm_head_bytes;
     }
+    mark(m, SHOAL_PHASE_HEAD);
+    shoal_cmetrics_forward(m->cm, (uint32_t)T);
     shoal__engine_guard_arm(0);
 
     for (int t = 0; t < T; t++)

@@ -629,3 +629,9 @@ void shoal_model_set_cancel(shoal_model *m, const atomic_int *flag)
 {
     m->cancel = flag;
 }
+
+void shoal_model_set_monitor(shoal_model *m, shoal_cmetrics *cm, shoal_trace *trace)
+{
+    m->cm = cm;
+    m->rtrace = trace;
+}
