@@ -465,10 +465,16 @@ static double ms(double s)
     return s * 1e3;
 }
 
-void shoal_cmetrics_report(shoal_cmetrics *cm, FILE *f)
+void shoal_cmetrics_report(shoal_cmetrics *cm, FILE *f, const shoal_cmetrics_totals *since)
 {
     shoal_cmetrics_totals t;
     shoal_cmetrics_get_totals(cm, &t);
+    if (since) {
+        t.tokens -= since->tokens;
+        t.chunks -= since->chunks;
+        for (int p = 0; p < SHOAL_PHASE_COUNT; p++)
+            t.phase_s[p] -= since->phase_s[p];
+    }
     double sum = 0;
     for (int p = 0; p < SHOAL_PHASE_COUNT; p++)
         sum += t.phase_s[p];

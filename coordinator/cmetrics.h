@@ -101,15 +101,18 @@ void shoal_cmetrics_failure_add(shoal_cmetrics *cm, int w, shoal_cmetrics_failur
 
 /* Append the coordinator's families to b (docs/METRICS.md). */
 void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b);
-/* The plain-text report of `shoal run`: per-token breakdown, and when there
- * are workers, the per-worker and per-layer tables. */
-void shoal_cmetrics_report(shoal_cmetrics *cm, FILE *f);
+/* The plain-text report of `shoal run`: the per-token breakdown of the
+ * forward tokens since `since` (totals taken earlier; NULL = since open),
+ * and when there are workers, the per-worker and per-layer tables (since
+ * open). */
+typedef struct shoal_cmetrics_totals shoal_cmetrics_totals;
+void shoal_cmetrics_report(shoal_cmetrics *cm, FILE *f, const shoal_cmetrics_totals *since);
 
 /* Values for reports and tests. */
-typedef struct {
+struct shoal_cmetrics_totals {
     uint64_t tokens, chunks;
     double phase_s[SHOAL_PHASE_COUNT];
-} shoal_cmetrics_totals;
+};
 void shoal_cmetrics_get_totals(shoal_cmetrics *cm, shoal_cmetrics_totals *out);
 
 typedef struct {

@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "coordinator/engine.h"
 #include "coordinator/sampler.h"
+#include "proto/fprint.h"
 #include "coordinator/tokenizer.h"
 
 static void usage(FILE *f)
@@ -43,6 +44,8 @@ static void usage(FILE *f)
             "  --dump-logits FILE   write the logits of every generated step: raw float32\n"
             "                       little-endian, [steps, vocab], row i = the logits that chose\n"
             "                       generated token i\n"
+            "  --trace FILE         record every routing decision (token, layer, experts) in\n"
+            "                       FILE (format: docs/METRICS.md; read by 'shoal trace stats')\n"
             "  --json               print one JSON object instead of the text report; it has\n"
             "                       prompt_ids, generated_ids, text (when the tokenizer loads),\n"
             "                       stop_reason, prefill/decode tokens and tokens_per_s,\n"
@@ -152,7 +155,7 @@ static int cmp_double(const void *a, const void *b)
 
 int shoal_cmd_run(int argc, char **argv)
 {
-    const char *model = NULL, *ids_s = NULL, *prompt = NULL, *prompt_file = NULL, *dump = NULL;
+    const char *model = NULL, *ids_s = NULL, *prompt = NULL, *prompt_file = NULL, *dump = NULL, *trace_path = NULL;
     long gen = 16, threads = 0, top_k = 0, max_ctx = 0, batch = 256;
     double temp = 0.0, top_p = 1.0;
     unsigned long long seed = 0;
@@ -214,6 +217,9 @@ int shoal_cmd_run(int argc, char **argv)
         } else if (!strcmp(a, "--dump-logits")) {
             VAL();
             dump = v;
+        } else if (!strcmp(a, "--trace")) {
+            VAL();
+            trace_path = v;
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "--allow-special")) {
@@ -316,6 +322,32 @@ int shoal_cmd_run(int argc, char **argv)
     const char *stop = "length";
     double prefill_s = 0, decode_s = 0;
     shoal_model_stats ps = {0}, ds = {0};
+    /* monitoring: per-phase time (always) and the routing trace (--trace) */
+    shoal_cmetrics *cm = NULL;
+    shoal_trace *tr = NULL;
+    shoal_cmetrics_totals cm_prefill = {0};
+    shoal_cmetrics_opts cmo = {.num_layers = info.cfg->num_layers, .is_moe = info.cfg->is_moe,
+                               .num_experts = info.cfg->num_experts, .expert_bytes = info.expert_bytes};
+    if ((rc = shoal_cmetrics_open(&cm, &cmo, err, sizeof err))) {
+        fprintf(stderr, "shoal run: %s\n", err);
+        status = 4;
+        goto done;
+    }
+    if (trace_path) {
+        shoal_trace_hdr th = {.num_layers = (uint32_t)info.cfg->num_layers,
+                              .num_experts = (uint32_t)info.cfg->num_experts,
+                              .k = (uint32_t)info.cfg->experts_per_token};
+        /* the fingerprint names the model the trace belongs to; a coordinator
+         * without the expert tensors writes zeros (unknown) */
+        if (shoal_fprint_model(th.fingerprint, info.cfg, shoal_model_store(m), err, sizeof err))
+            memset(th.fingerprint, 0, sizeof th.fingerprint);
+        if ((rc = shoal_trace_create(&tr, trace_path, &th, err, sizeof err))) {
+            fprintf(stderr, "shoal run: %s\n", err);
+            status = 2;
+            goto done;
+        }
+    }
+    shoal_model_set_monitor(m, cm, tr);
     /* the continuation's text, when a tokenizer is loaded (specials as their
      * names; streamed to stdout in the text report) */
     shoal_detok *dt = NULL;
@@ -362,6 +394,7 @@ int shoal_cmd_run(int argc, char **argv)
     prefill_s = now_s() - t0;
     shoal_model_get_stats(m, &ps);
     shoal_model_reset_stats(m);
+    shoal_cmetrics_get_totals(cm, &cm_prefill);
     if (rc) {
         fprintf(stderr, "shoal run: prefill failed: %s: %s\n", shoal_strerror(rc), err);
         status = 4;
@@ -377,7 +410,9 @@ int shoal_cmd_run(int argc, char **argv)
             status = 4;
             goto done;
         }
+        uint64_t ts0 = shoal_metrics_now_ns();
         int32_t id = shoal_sampler_sample(smp, logits);
+        shoal_cmetrics_add_phase(cm, SHOAL_PHASE_SAMPLING, shoal_metrics_now_ns() - ts0);
         out_ids[n_out++] = id;
         if (dt) {
             const char *piece;
@@ -407,6 +442,17 @@ int shoal_cmd_run(int argc, char **argv)
     shoal_model_get_stats(m, &ds);
 
 done:;
+    shoal_model_set_monitor(m, NULL, NULL);
+    if (tr) {
+        uint64_t nrec = shoal_trace_count(tr);
+        if (shoal_trace_close(tr, err, sizeof err)) {
+            fprintf(stderr, "shoal run: %s\n", err);
+            if (!status)
+                status = 4;
+        } else if (!json) {
+            fprintf(stderr, "shoal run: trace %s: %llu routing records\n", trace_path, (unsigned long long)nrec);
+        }
+    }
     if (dt) {
         const char *piece;
         size_t plen;
@@ -452,6 +498,17 @@ done:;
             json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)rss));
             json_object_set_new(o, "threads", json_integer(omp_get_max_threads()));
             json_object_set_new(o, "isa", json_string(shoal_isa_name(shoal_kernels_isa())));
+            if (cm) {
+                /* decode only: totals since the end of the prefill */
+                shoal_cmetrics_totals ct;
+                shoal_cmetrics_get_totals(cm, &ct);
+                json_t *ph = json_object();
+                uint64_t nt = ct.tokens - cm_prefill.tokens;
+                for (int p = 0; p < SHOAL_PHASE_COUNT; p++)
+                    json_object_set_new(ph, shoal_cmetrics_phase_name(p),
+                                        json_real(nt ? (ct.phase_s[p] - cm_prefill.phase_s[p]) * 1e3 / (double)nt : 0));
+                json_object_set_new(o, "decode_phase_ms_per_token", ph);
+            }
             char *s = json_dumps(o, JSON_COMPACT);
             printf("%s\n", s);
             free(s);
@@ -478,6 +535,10 @@ done:;
                    info.seq_bytes_per_token);
             printf("peak RSS: %llu B (%.1f MiB)\n", (unsigned long long)rss, (double)rss / (1 << 20));
             printf("kernels: %s, %d threads\n", shoal_isa_name(shoal_kernels_isa()), omp_get_max_threads());
+            if (cm) {
+                printf("decode ");
+                shoal_cmetrics_report(cm, stdout, &cm_prefill);
+            }
         }
     }
     if (df)
@@ -488,6 +549,7 @@ done:;
     shoal_sampler_free(smp);
     shoal_seq_free(seq);
     shoal_model_close(m);
+    shoal_cmetrics_close(cm);
     free(logits);
     free(out_ids);
     free(step_s);

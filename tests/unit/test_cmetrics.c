@@ -176,7 +176,7 @@ static void t_exposition(void)
     char *txt = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&txt, &len);
-    shoal_cmetrics_report(cm, f);
+    shoal_cmetrics_report(cm, f, NULL);
     fclose(f);
     CHECK_STR_CONTAINS(txt, "over 3 forward tokens");
     CHECK_STR_CONTAINS(txt, "attention      1.0000"); /* 3 ms / 3 tokens */
