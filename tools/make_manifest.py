@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Writes tests/fixtures/MANIFEST.json: how the fixtures were made, the sha256 of
+every committed model and fixture file, and the tolerances per quantity.
+
+Tolerances are derived from measurements, not guessed: TOL_FACTOR x the largest
+difference measured between the reference's own computation variants (full
+sequence on 1 and 2 threads, incremental, chunked prefill; robustness.json of
+each model), rounded up to two significant digits.
+"""
+import hashlib
+import json
+import math
+import os
+import platform
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = ["tiny-k3", "tiny-k3-plain"]
+TOL_FACTOR = 4.0
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def up2(x):
+    if x <= 0:
+        return 0.0
+    e = math.floor(math.log10(x)) - 1
+    return float("%.2g" % (math.ceil(x / 10 ** e) * 10 ** e))
+
+
+def versions():
+    out = {"python": platform.python_version()}
+    for mod in ("torch", "numpy", "safetensors", "tiktoken", "regex"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001
+            out[mod] = None
+    return out
+
+
+def main():
+    files = {}
+    for d in [f"tests/models/{m}" for m in MODELS] + [f"tests/fixtures/{m}" for m in MODELS] + \
+            ["tests/fixtures/k3-scale", "tools/vocab"]:
+        full = os.path.join(ROOT, d)
+        if not os.path.isdir(full):
+            continue
+        for fn in sorted(os.listdir(full)):
+            files[f"{d}/{fn}"] = sha256(os.path.join(full, fn))
+    tol = {}
+    measured = {}
+    for m in MODELS:
+        r = json.load(open(os.path.join(ROOT, f"tests/fixtures/{m}/robustness.json")))
+        g = [x for x in r["greedy_prompts_tried"] if x["ok"]][-1]
+        lg = max(r["teacher_forced"]["logit_max_abs_diff"], g["logit_max_abs_diff"])
+        hid = r["hidden_summary_rel_max_diff_full_vs_incremental"]
+        measured[m] = {"logit_max_abs_diff": lg, "hidden_summary_rel_max_diff": hid,
+                       "min_argmax_margin_teacher_forced": r["teacher_forced"]["min_argmax_margin"],
+                       "min_argmax_margin_greedy": g["min_argmax_margin"]}
+        tol[m] = {
+            "teacher_forced_argmax": "exact",
+            "greedy_generated_ids": "exact",
+            "sampled_generated_ids": "exact (sampler.h contract; see sampled.json min_mass_margin)",
+            "logits_abs": up2(TOL_FACTOR * lg),
+            "hidden_summary_rel": up2(TOL_FACTOR * hid),
+        }
+    ks = os.path.join(ROOT, "tests/fixtures/k3-scale/robustness.json")
+    if os.path.exists(ks):
+        r = json.load(open(ks))
+        measured["k3-scale"] = {"logit_max_abs_diff": r["logit_max_abs_diff"]}
+        tol["k3-scale"] = {"argmax": "exact", "logits_abs": up2(TOL_FACTOR * r["logit_max_abs_diff"])}
+    man = {
+        "about": "Golden fixtures of the fp32 reference (tools/reference.py); docs/TESTING.md explains every field.",
+        "generator": {
+            "models": "tools/regen_models.sh  (python3 tools/make_tiny_k3.py --preset MODEL --seed 1 --out tests/models/MODEL)",
+            "fixtures": "tools/regen_fixtures.sh  (python3 tools/make_fixtures.py --model tests/models/MODEL --out tests/fixtures/MODEL; torch single-threaded)",
+            "scale": "tools/regen_fixtures.sh --scale  (python3 tools/make_tiny_k3.py --preset k3-scale --seed 1 --out DIR; python3 tools/make_scale_fixture.py --model DIR --out tests/fixtures/k3-scale)",
+            "seed": 1,
+            "torch_threads": 1,
+        },
+        "versions": versions(),
+        "tolerance_factor": TOL_FACTOR,
+        "measured": measured,
+        "tolerances": tol,
+        "sha256": files,
+    }
+    with open(os.path.join(ROOT, "tests/fixtures/MANIFEST.json"), "w") as f:
+        f.write(json.dumps(man, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
