@@ -115,4 +115,30 @@ def coordinator_exposition():
 
 
 R.check("coordinator_exposition", coordinator_exposition)
+
+
+def worker_exposition():
+    """The expert server's families (tests/unit/test_wmetrics.c's hand case:
+    3 EXPERT_BATCH received, 2 served with 3 + 2 pairs, 2 + 2 distinct experts
+    of 1000 bytes)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "w.prom")
+        env = dict(os.environ, SHOAL_METRICS_DUMP=path)
+        env.pop("SHOAL_TEST_RESULTS", None)
+        subprocess.run([os.path.join(build, "tests", "test_wmetrics")], env=env, check=True, timeout=60)
+        f = promcheck.parse(open(path).read())
+    v = promcheck.value
+    w = 'w"0'
+    assert v(f, "shoal_expert_server_requests", "shoal_expert_server_requests_total", worker=w,
+             type="EXPERT_BATCH") == 3
+    assert v(f, "shoal_expert_server_pairs", "shoal_expert_server_pairs_total", worker=w) == 5
+    assert v(f, "shoal_expert_server_weight_bytes", "shoal_expert_server_weight_bytes_total", worker=w) == 4000
+    assert v(f, "shoal_expert_server_errors", "shoal_expert_server_errors_total", worker=w, code="NOT_OWNED") == 1
+    hits = {(l["layer"], l["expert"]): x for l, x in
+            promcheck.samples(f, "shoal_expert_server_expert_pairs", "shoal_expert_server_expert_pairs_total")}
+    assert hits == {("1", "0"): 2, ("1", "5"): 1, ("2", "1"): 1, ("2", "2"): 1}, hits
+    assert f["shoal_expert_server_compute_time_seconds"].type == "histogram"
+
+
+R.check("worker_exposition", worker_exposition)
 R.finish()

@@ -1,0 +1,360 @@
+/* wmetrics: expert-server counters, their exposition, and the /metrics
+ * responder. Names: docs/METRICS.md. */
+#include "worker/wmetrics.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "common/k3cfg.h"
+#include "common/log.h"
+#include "proto/proto.h"
+
+#define NTYPES 11  /* message types 0 (undecodable) .. 10 */
+#define NPERR 12   /* ERROR codes 0 (unknown) .. 11 */
+
+struct shoal_wmetrics {
+    char id[SHOAL_PROTO_MAX_ID + 1];
+    int num_layers, num_experts;
+    uint8_t is_moe[SHOAL_MAX_LAYERS];
+    uint64_t expert_bytes, owned, start_ns;
+    shoal_metrics_counter requests[NTYPES], errors[NPERR];
+    shoal_metrics_counter bytes_in, bytes_out, send_failed;
+    shoal_metrics_counter batches, tokens, pairs, experts, queue_us, compute_us;
+    shoal_metrics_hist queue_h, compute_h;
+    shoal_metrics_counter *hits; /* [num_layers * num_experts] */
+    /* HTTP responder */
+    int lfd;
+    pthread_t th;
+    int running;
+    atomic_int stop;
+};
+
+int shoal_wmetrics_open(shoal_wmetrics **out, const shoal_wmetrics_opts *o, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (o->num_layers < 1 || o->num_layers > SHOAL_MAX_LAYERS || !o->is_moe || o->num_experts < 1 ||
+        o->num_experts > 65536)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "wmetrics: %d layers x %d experts out of range",
+                             o->num_layers, o->num_experts);
+    shoal_wmetrics *wm = shoal_xcalloc(1, sizeof *wm);
+    snprintf(wm->id, sizeof wm->id, "%s", o->id ? o->id : "");
+    wm->num_layers = o->num_layers;
+    wm->num_experts = o->num_experts;
+    memcpy(wm->is_moe, o->is_moe, (size_t)o->num_layers);
+    wm->expert_bytes = o->expert_bytes;
+    wm->owned = o->owned;
+    wm->start_ns = shoal_metrics_now_ns();
+    wm->hits = shoal_xcalloc((size_t)o->num_layers * (size_t)o->num_experts, sizeof *wm->hits);
+    wm->lfd = -1;
+    *out = wm;
+    return 0;
+}
+
+void shoal_wmetrics_close(shoal_wmetrics *wm)
+{
+    if (!wm)
+        return;
+    if (wm->running) {
+        atomic_store(&wm->stop, 1);
+        pthread_join(wm->th, NULL);
+    }
+    if (wm->lfd >= 0)
+        close(wm->lfd);
+    free(wm->hits);
+    free(wm);
+}
+
+/* ---- updates ------------------------------------------------------------ */
+
+void shoal_wmetrics_request(shoal_wmetrics *wm, int type, uint64_t bytes)
+{
+    if (!wm)
+        return;
+    shoal_metrics_add(&wm->requests[type > 0 && type < NTYPES ? type : 0], 1);
+    shoal_metrics_add(&wm->bytes_in, bytes);
+}
+
+void shoal_wmetrics_reply(shoal_wmetrics *wm, uint64_t bytes, int perr)
+{
+    if (!wm)
+        return;
+    shoal_metrics_add(&wm->bytes_out, bytes);
+    if (perr)
+        shoal_metrics_add(&wm->errors[perr > 0 && perr < NPERR ? perr : 0], 1);
+}
+
+void shoal_wmetrics_send_failed(shoal_wmetrics *wm)
+{
+    if (wm)
+        shoal_metrics_add(&wm->send_failed, 1);
+}
+
+void shoal_wmetrics_batch(shoal_wmetrics *wm, uint32_t T, uint32_t n, uint32_t distinct, uint64_t queue_us,
+                          uint64_t compute_us)
+{
+    if (!wm)
+        return;
+    shoal_metrics_add(&wm->batches, 1);
+    shoal_metrics_add(&wm->tokens, T);
+    shoal_metrics_add(&wm->pairs, n);
+    shoal_metrics_add(&wm->experts, distinct);
+    shoal_metrics_add(&wm->queue_us, queue_us);
+    shoal_metrics_add(&wm->compute_us, compute_us);
+    shoal_metrics_observe(&wm->queue_h, queue_us * 1000u);
+    shoal_metrics_observe(&wm->compute_h, compute_us * 1000u);
+}
+
+void shoal_wmetrics_expert(shoal_wmetrics *wm, int layer, int expert, uint32_t count)
+{
+    if (!wm || layer < 0 || layer >= wm->num_layers || expert < 0 || expert >= wm->num_experts)
+        return;
+    shoal_metrics_add(&wm->hits[(size_t)layer * wm->num_experts + expert], count);
+}
+
+uint64_t shoal_wmetrics_expert_hits(shoal_wmetrics *wm, int layer, int expert)
+{
+    if (!wm || layer < 0 || layer >= wm->num_layers || expert < 0 || expert >= wm->num_experts)
+        return 0;
+    return shoal_metrics_get(&wm->hits[(size_t)layer * wm->num_experts + expert]);
+}
+
+/* ---- exposition --------------------------------------------------------- */
+
+uint64_t shoal_wmetrics_rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f)
+        return 0;
+    unsigned long long size = 0, rss = 0;
+    int n = fscanf(f, "%llu %llu", &size, &rss);
+    fclose(f);
+    if (n != 2)
+        return 0;
+    long page = sysconf(_SC_PAGESIZE);
+    return rss * (unsigned long long)(page > 0 ? page : 4096);
+}
+
+static void one(shoal_metrics_buf *b, const char *name, shoal_metrics_type t, const char *help,
+                const shoal_metrics_label *l, double v)
+{
+    shoal_metrics_family(b, name, t, help);
+    shoal_metrics_sample(b, name, l, 1, v);
+}
+
+void shoal_wmetrics_write(shoal_wmetrics *wm, shoal_metrics_buf *b)
+{
+    shoal_metrics_label wl[1] = {{"worker", wm->id}};
+    one(b, "shoal_expert_server_uptime_seconds", SHOAL_METRICS_GAUGE, "Seconds since the expert server started.", wl,
+        (double)(shoal_metrics_now_ns() - wm->start_ns) / 1e9);
+    one(b, "shoal_expert_server_resident_bytes", SHOAL_METRICS_GAUGE,
+        "Resident memory of the expert server process (mapped expert weights it touched included).", wl,
+        (double)shoal_wmetrics_rss_bytes());
+    one(b, "shoal_expert_server_experts_owned", SHOAL_METRICS_GAUGE, "(layer, expert) pairs this server owns.", wl,
+        (double)wm->owned);
+    one(b, "shoal_expert_server_expert_bytes", SHOAL_METRICS_GAUGE, "Bytes of the expert weights this server owns.",
+        wl, (double)(wm->owned * wm->expert_bytes));
+
+    shoal_metrics_family(b, "shoal_expert_server_requests_total", SHOAL_METRICS_COUNTER,
+                         "Messages received, by type (\"?\" for those whose type did not decode).");
+    for (int t = 0; t < NTYPES; t++) {
+        uint64_t v = shoal_metrics_get(&wm->requests[t]);
+        const char *tn = t ? shoal_msg_type_name(t) : "?";
+        if (!v && (t == 0 || t % 2 == 0)) /* replies never arrive: list request types always, others if seen */
+            continue;
+        shoal_metrics_label l[2] = {{"worker", wm->id}, {"type", tn}};
+        shoal_metrics_sample(b, "shoal_expert_server_requests_total", l, 2, (double)v);
+    }
+    shoal_metrics_family(b, "shoal_expert_server_errors_total", SHOAL_METRICS_COUNTER,
+                         "ERROR replies sent, by PROTOCOL.md error code.");
+    for (int e = 1; e < NPERR; e++) {
+        shoal_metrics_label l[2] = {{"worker", wm->id}, {"code", shoal_perr_name(e)}};
+        shoal_metrics_sample(b, "shoal_expert_server_errors_total", l, 2, (double)shoal_metrics_get(&wm->errors[e]));
+    }
+    one(b, "shoal_expert_server_send_failures_total", SHOAL_METRICS_COUNTER,
+        "Replies that could not be sent (peer gone, ZeroMQ error).", wl, (double)shoal_metrics_get(&wm->send_failed));
+    one(b, "shoal_expert_server_received_bytes_total", SHOAL_METRICS_COUNTER, "Bytes of all frames received.", wl,
+        (double)shoal_metrics_get(&wm->bytes_in));
+    one(b, "shoal_expert_server_sent_bytes_total", SHOAL_METRICS_COUNTER, "Bytes of all reply frames sent.", wl,
+        (double)shoal_metrics_get(&wm->bytes_out));
+    one(b, "shoal_expert_server_batches_total", SHOAL_METRICS_COUNTER, "EXPERT_BATCH requests served.", wl,
+        (double)shoal_metrics_get(&wm->batches));
+    one(b, "shoal_expert_server_tokens_total", SHOAL_METRICS_COUNTER, "Activation rows in served batches.", wl,
+        (double)shoal_metrics_get(&wm->tokens));
+    one(b, "shoal_expert_server_pairs_total", SHOAL_METRICS_COUNTER, "(token, expert) pairs computed.", wl,
+        (double)shoal_metrics_get(&wm->pairs));
+    one(b, "shoal_expert_server_weight_bytes_total", SHOAL_METRICS_COUNTER,
+        "Expert weight bytes read: each distinct expert of a batch once.", wl,
+        (double)shoal_metrics_get(&wm->experts) * (double)wm->expert_bytes);
+    one(b, "shoal_expert_server_queue_seconds_total", SHOAL_METRICS_COUNTER,
+        "Seconds served batches waited behind earlier requests (the replies' queue_us).", wl,
+        (double)shoal_metrics_get(&wm->queue_us) / 1e6);
+    one(b, "shoal_expert_server_compute_seconds_total", SHOAL_METRICS_COUNTER,
+        "Seconds computing served batches (the replies' compute_us).", wl,
+        (double)shoal_metrics_get(&wm->compute_us) / 1e6);
+    shoal_metrics_snap s;
+    shoal_metrics_family(b, "shoal_expert_server_queue_wait_seconds", SHOAL_METRICS_HISTOGRAM,
+                         "Per served batch: time from taking it off the socket to starting it.");
+    shoal_metrics_snapshot(&wm->queue_h, &s);
+    shoal_metrics_hist_samples(b, "shoal_expert_server_queue_wait_seconds", wl, 1, &s);
+    shoal_metrics_family(b, "shoal_expert_server_compute_time_seconds", SHOAL_METRICS_HISTOGRAM,
+                         "Per served batch: time computing its experts.");
+    shoal_metrics_snapshot(&wm->compute_h, &s);
+    shoal_metrics_hist_samples(b, "shoal_expert_server_compute_time_seconds", wl, 1, &s);
+
+    shoal_metrics_family(b, "shoal_expert_server_expert_pairs_total", SHOAL_METRICS_COUNTER,
+                         "Tokens routed to one (layer, expert) of this server; experts never hit are omitted.");
+    for (int l = 0; l < wm->num_layers; l++) {
+        if (!wm->is_moe[l])
+            continue;
+        for (int e = 0; e < wm->num_experts; e++) {
+            uint64_t v = shoal_metrics_get(&wm->hits[(size_t)l * wm->num_experts + e]);
+            if (!v)
+                continue;
+            char ls[16], es[16];
+            snprintf(ls, sizeof ls, "%d", l);
+            snprintf(es, sizeof es, "%d", e);
+            shoal_metrics_label lab[3] = {{"worker", wm->id}, {"layer", ls}, {"expert", es}};
+            shoal_metrics_sample(b, "shoal_expert_server_expert_pairs_total", lab, 3, (double)v);
+        }
+    }
+}
+
+/* ---- /metrics responder -------------------------------------------------- */
+
+static void send_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void respond(int fd, int status, const char *reason, const char *ctype, const char *body, size_t blen)
+{
+    char hdr[256];
+    int n = snprintf(hdr, sizeof hdr,
+                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", status,
+                     reason, ctype, blen);
+    send_all(fd, hdr, (size_t)n);
+    send_all(fd, body, blen);
+}
+
+/* One connection: read the request head (8 KiB at most, 2 s at most), answer,
+ * close. Only the request line matters. */
+static void serve_conn(shoal_wmetrics *wm, int fd)
+{
+    struct timeval tv = {.tv_sec = 2};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    char req[8192];
+    size_t len = 0;
+    while (len < sizeof req - 1) {
+        ssize_t r = recv(fd, req + len, sizeof req - 1 - len, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+        req[len] = 0;
+        if (strstr(req, "\r\n\r\n") || strstr(req, "\n\n"))
+            break;
+    }
+    req[len] = 0;
+    char *eol = strpbrk(req, "\r\n");
+    if (!eol) {
+        static const char m[] = "bad request\n";
+        respond(fd, 400, "Bad Request", "text/plain", m, sizeof m - 1);
+        return;
+    }
+    *eol = 0;
+    char method[16], path[1024], version[16];
+    if (sscanf(req, "%15s %1023s %15s", method, path, version) != 3 || strncmp(version, "HTTP/1.", 7)) {
+        static const char m[] = "bad request\n";
+        respond(fd, 400, "Bad Request", "text/plain", m, sizeof m - 1);
+        return;
+    }
+    if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
+        static const char m[] = "only GET\n";
+        respond(fd, 405, "Method Not Allowed", "text/plain", m, sizeof m - 1);
+        return;
+    }
+    char *q = strchr(path, '?');
+    if (q)
+        *q = 0;
+    if (strcmp(path, "/metrics")) {
+        static const char m[] = "not found: try /metrics\n";
+        respond(fd, 404, "Not Found", "text/plain", m, sizeof m - 1);
+        return;
+    }
+    shoal_metrics_buf b = {0};
+    shoal_wmetrics_write(wm, &b);
+    respond(fd, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", strcmp(method, "HEAD") ? b.p : "",
+            strcmp(method, "HEAD") ? b.len : 0);
+    shoal_metrics_buf_free(&b);
+}
+
+static void *http_main(void *arg)
+{
+    shoal_wmetrics *wm = arg;
+    while (!atomic_load(&wm->stop)) {
+        struct pollfd p = {.fd = wm->lfd, .events = POLLIN};
+        int r = poll(&p, 1, 200);
+        if (r <= 0)
+            continue;
+        int fd = accept(wm->lfd, NULL, NULL);
+        if (fd < 0)
+            continue;
+        serve_conn(wm, fd);
+        close(fd);
+    }
+    return NULL;
+}
+
+int shoal_wmetrics_listen(shoal_wmetrics *wm, const char *host, int port, int *bound, char *err, size_t errlen)
+{
+    if (wm->running || port < 0 || port > 65535)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "metrics: bad port %d (or already listening)", port);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (!host || !strcmp(host, "localhost"))
+        host = "127.0.0.1";
+    if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "metrics: '%s' is not an IPv4 address", host);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return shoal_err_set(err, errlen, -errno, "metrics: socket: %s", strerror(errno));
+    int one_ = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one_, sizeof one_);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 16)) {
+        int e = errno;
+        close(fd);
+        return shoal_err_set(err, errlen, -e, "metrics: bind %s:%d: %s", host, port, strerror(e));
+    }
+    socklen_t al = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &al);
+    wm->lfd = fd;
+    if (pthread_create(&wm->th, NULL, http_main, wm)) {
+        wm->lfd = -1;
+        close(fd);
+        return shoal_err_set(err, errlen, SHOAL_EINTERNAL, "metrics: cannot start the HTTP thread");
+    }
+    wm->running = 1;
+    if (bound)
+        *bound = ntohs(a.sin_port);
+    return 0;
+}
