@@ -22,7 +22,7 @@ status=0
 
 run_suite() { # dir label-args...
     local dir="$1"; shift
-    local junit="$dir/junit.xml"
+    local junit="$here/$dir/junit.xml"   # absolute: ctest runs inside $dir
     (cd "$dir" && ctest --output-on-failure -j"$jobs" --output-junit "$junit" "$@")
     local rc=$?
     # A CTest test that failed without recording a FAIL case (crash, timeout)
@@ -39,7 +39,8 @@ for tc in root.iter("testcase"):
     name = tc.get("name")
     st = tc.get("status", "")
     failed = tc.find("failure") is not None or st == "fail"
-    if failed and not any(l.startswith("FAIL\t") and name in l.split("\t")[1] for l in lines):
+    short = name[4:] if name.startswith("e2e_") else name
+    if failed and not any(l.startswith("FAIL\t") and short in l.split("\t")[1] for l in lines):
         open(results, "a").write(f"FAIL\t{name}\tctest reported failure (crash or timeout) in {d}\n")
 PY
     return $rc
