@@ -12,6 +12,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "coordinator/dist.h"
 #include "coordinator/engine.h"
 #include "coordinator/sampler.h"
 #include "proto/fprint.h"
@@ -50,6 +51,9 @@ static void usage(FILE *f)
             "                       prompt_ids, generated_ids, text (when the tokenizer loads),\n"
             "                       stop_reason, prefill/decode tokens and tokens_per_s,\n"
             "                       decode_step_ms, weight bytes per token, peak_rss_bytes\n"
+            "\n");
+    shoal_dist_usage(f);
+    fprintf(f,
             "\n"
             "exit codes:\n"
             "  0  ok\n"
@@ -159,7 +163,9 @@ int shoal_cmd_run(int argc, char **argv)
     long gen = 16, threads = 0, top_k = 0, max_ctx = 0, batch = 256;
     double temp = 0.0, top_p = 1.0;
     unsigned long long seed = 0;
-    int json = 0, allow_special = 0;
+    int json = 0, allow_special = 0, dr;
+    shoal_dist_opts dopts = {0};
+    shoal_dist *dist = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -224,6 +230,9 @@ int shoal_cmd_run(int argc, char **argv)
             json = 1;
         } else if (!strcmp(a, "--allow-special")) {
             allow_special = 1;
+        } else if ((dr = shoal_dist_parse_arg(&dopts, "shoal run", argc, argv, &i)) != 0) {
+            if (dr < 0)
+                return 2;
         } else {
             fprintf(stderr, "shoal run: unknown option '%s'\n", a);
             usage(stderr);
@@ -238,6 +247,10 @@ int shoal_cmd_run(int argc, char **argv)
     if (!model || (!!ids_s + !!prompt + !!prompt_file) != 1) {
         fprintf(stderr, "shoal run: need --model and exactly one of --ids, --prompt, --prompt-file\n");
         usage(stderr);
+        return 2;
+    }
+    if (shoal_dist_enabled(&dopts) < 0) {
+        fprintf(stderr, "shoal run: --worker and --workers are exclusive\n");
         return 2;
     }
     shoal_log_set_role("C");
@@ -300,6 +313,7 @@ int shoal_cmd_run(int argc, char **argv)
         .max_batch = (int)batch,
         .threads = (int)threads,
         .quiet = json,
+        .remote_experts = shoal_dist_enabled(&dopts),
     };
     shoal_model *m = NULL;
     int rc = shoal_model_open(&m, model, &mo, err, sizeof err);
@@ -308,6 +322,13 @@ int shoal_cmd_run(int argc, char **argv)
         free(prompt_ids);
         shoal_tok_close(tok);
         return 3;
+    }
+    if (shoal_dist_enabled(&dopts) && (rc = shoal_dist_start(&dist, &dopts, model, m, err, sizeof err))) {
+        fprintf(stderr, "shoal run: expert workers: %s: %s\n", shoal_strerror(rc), err);
+        shoal_model_close(m);
+        free(prompt_ids);
+        shoal_tok_close(tok);
+        return rc == SHOAL_EFINGERPRINT || rc == SHOAL_EVERSION || rc == SHOAL_ECONFIG || rc == SHOAL_ERANGE ? 3 : 4;
     }
     shoal_model_info info;
     shoal_model_get_info(m, &info);
@@ -394,6 +415,7 @@ int shoal_cmd_run(int argc, char **argv)
     prefill_s = now_s() - t0;
     shoal_model_get_stats(m, &ps);
     shoal_model_reset_stats(m);
+    shoal_dist_mark(dist, "prefill", n_prompt);
     shoal_cmetrics_get_totals(cm, &cm_prefill);
     if (rc) {
         fprintf(stderr, "shoal run: prefill failed: %s: %s\n", shoal_strerror(rc), err);
@@ -464,6 +486,8 @@ done:;
         fflush(stdout);
     }
     int n_steps = (int)ds.tokens;
+    if (ps.tokens)
+        shoal_dist_mark(dist, "decode", n_steps);
     double prefill_tps = prefill_s > 0 ? n_prompt / prefill_s : 0;
     double decode_tps = decode_s > 0 ? n_steps / decode_s : 0;
     double wb_decode = n_steps ? (double)(ds.trunk_bytes + ds.expert_bytes) / n_steps : 0;
@@ -498,6 +522,7 @@ done:;
             json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)rss));
             json_object_set_new(o, "threads", json_integer(omp_get_max_threads()));
             json_object_set_new(o, "isa", json_string(shoal_isa_name(shoal_kernels_isa())));
+            shoal_dist_json(dist, o);
             if (cm) {
                 /* decode only: totals since the end of the prefill */
                 shoal_cmetrics_totals ct;
@@ -535,6 +560,7 @@ done:;
                    info.seq_bytes_per_token);
             printf("peak RSS: %llu B (%.1f MiB)\n", (unsigned long long)rss, (double)rss / (1 << 20));
             printf("kernels: %s, %d threads\n", shoal_isa_name(shoal_kernels_isa()), omp_get_max_threads());
+            shoal_dist_print(dist, stdout);
             if (cm) {
                 printf("decode ");
                 shoal_cmetrics_report(cm, stdout, &cm_prefill);
@@ -548,7 +574,8 @@ done:;
     free(otext);
     shoal_sampler_free(smp);
     shoal_seq_free(seq);
-    shoal_model_close(m);
+    shoal_model_close(m); /* closes the expert client */
+    shoal_dist_stop(dist);
     shoal_cmetrics_close(cm);
     free(logits);
     free(out_ids);

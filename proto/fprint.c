@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/k3schema.h"
 
 static void line(shoal_fprint *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void line(shoal_fprint *f, const char *fmt, ...)
@@ -64,57 +65,28 @@ void shoal_fprint_end(shoal_fprint *f, uint8_t out[SHOAL_PROTO_FP_BYTES])
     crypto_generichash_final(&f->st, out, SHOAL_PROTO_FP_BYTES);
 }
 
-int shoal_fprint_expert_name(char *buf, size_t cap, const char *prefix, int layer, int expert, int w,
-                             const char *part)
-{
-    int n = snprintf(buf, cap, "%s%d.block_sparse_moe.experts.%d.w%d.%s", prefix, layer, expert, w, part);
-    return n < 0 || (size_t)n >= cap ? SHOAL_ERANGE : 0;
-}
-
-const char *shoal_fprint_prefix(const shoal_st *st, const shoal_k3cfg *cfg)
-{
-    static const char *prefixes[] = {"language_model.model.layers.", "model.layers."};
-    const char *part = cfg->expert_format == SHOAL_EXPERTS_MXFP4 ? "weight_packed" : "weight";
-    int first = -1;
-    for (int l = 0; l < cfg->num_layers && first < 0; l++)
-        if (cfg->is_moe[l])
-            first = l;
-    if (first < 0)
-        return NULL;
-    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
-        char name[256];
-        if (!shoal_fprint_expert_name(name, sizeof name, prefixes[i], first, 0, 1, part) && shoal_st_find(st, name))
-            return prefixes[i];
-    }
-    return NULL;
-}
-
 int shoal_fprint_model(uint8_t out[SHOAL_PROTO_FP_BYTES], const shoal_k3cfg *cfg, const shoal_st *st, char *err,
                        size_t errlen)
 {
-    const char *prefix = shoal_fprint_prefix(st, cfg);
-    if (!prefix)
-        return shoal_err_set(err, errlen, SHOAL_EMODEL, "no routed-expert tensors found (expected e.g. "
-                             "language_model.model.layers.L.block_sparse_moe.experts.0.w1.*)");
-    static const int ws[3] = {1, 3, 2};
-    static const char *mx[2] = {"weight_packed", "weight_scale"}, *plain[1] = {"weight"};
-    int mxfp4 = cfg->expert_format == SHOAL_EXPERTS_MXFP4;
+    /* k3schema enumerates an expert's tensors in the order of PROTOCOL.md §5:
+     * w1, w3, w2, each weight_packed then weight_scale (or weight alone). */
     shoal_fprint f;
     shoal_fprint_begin(&f, cfg);
     for (int l = 0; l < cfg->num_layers; l++) {
         if (!cfg->is_moe[l])
             continue;
-        for (int e = 0; e < cfg->num_experts; e++)
-            for (int w = 0; w < 3; w++)
-                for (int p = 0; p < (mxfp4 ? 2 : 1); p++) {
-                    char name[256];
-                    if (shoal_fprint_expert_name(name, sizeof name, prefix, l, e, ws[w], mxfp4 ? mx[p] : plain[p]))
-                        return shoal_err_set(err, errlen, SHOAL_EMODEL, "expert tensor name too long");
-                    const shoal_tensor *t = shoal_st_find(st, name);
-                    if (!t)
-                        return shoal_err_set(err, errlen, SHOAL_EMODEL, "missing routed-expert tensor %s", name);
-                    shoal_fprint_tensor(&f, name, shoal_dtype_name(t->dtype), t->ndim, t->shape, t->nbytes);
-                }
+        for (int e = 0; e < cfg->num_experts; e++) {
+            shoal_k3schema_entry ent[SHOAL_K3SCHEMA_EXPERT_MAX];
+            int n = shoal_k3schema_expert(cfg, l, e, ent);
+            if (n < 0)
+                return shoal_err_set(err, errlen, SHOAL_EMODEL, "layer %d expert %d: not in the K3 schema", l, e);
+            for (int i = 0; i < n; i++) {
+                const shoal_tensor *t = shoal_st_find(st, ent[i].name);
+                if (!t)
+                    return shoal_err_set(err, errlen, SHOAL_EMODEL, "missing routed-expert tensor %s", ent[i].name);
+                shoal_fprint_tensor(&f, t->name, shoal_dtype_name(t->dtype), t->ndim, t->shape, t->nbytes);
+            }
+        }
     }
     shoal_fprint_end(&f, out);
     return 0;

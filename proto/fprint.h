@@ -3,7 +3,8 @@
  * and one line per routed-expert tensor (name, dtype, shape, bytes). Weight
  * bytes are not hashed. Callers: the worker and the coordinator at start-up,
  * tests. The incremental API is pure; shoal_fprint_model reads tensor headers
- * from an open store (no weight bytes). */
+ * from an open store (no weight bytes), enumerating the experts with
+ * common/k3schema.h. */
 #ifndef SHOAL_FPRINT_H
 #define SHOAL_FPRINT_H
 
@@ -25,16 +26,6 @@ void shoal_fprint_begin(shoal_fprint *f, const shoal_k3cfg *cfg);
 void shoal_fprint_tensor(shoal_fprint *f, const char *name, const char *dtype, int ndim, const int64_t *shape,
                          uint64_t nbytes);
 void shoal_fprint_end(shoal_fprint *f, uint8_t out[SHOAL_PROTO_FP_BYTES]);
-
-/* Layer-name prefix of the expert tensors in st ("language_model.model.layers."
- * or "model.layers."), found by probing the first MoE layer's expert 0; NULL if
- * neither is present. */
-const char *shoal_fprint_prefix(const shoal_st *st, const shoal_k3cfg *cfg);
-
-/* Name of one routed-expert tensor: w is 1, 3 or 2; part "weight_packed",
- * "weight_scale" or "weight". 0 or SHOAL_ERANGE (too long). */
-int shoal_fprint_expert_name(char *buf, size_t cap, const char *prefix, int layer, int expert, int w,
-                             const char *part);
 
 /* The fingerprint of the model in st: every routed-expert tensor must exist
  * (refused with SHOAL_EMODEL naming the first missing one). */

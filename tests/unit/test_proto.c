@@ -713,10 +713,11 @@ static void t_fingerprint(void)
                 int64_t rows = w == 2 ? d : ff, cols = w == 2 ? ff : d;
                 char name[256];
                 int64_t sp[2] = {rows, cols / 2}, ss[2] = {rows, cols / 32};
-                CHECK(shoal_fprint_expert_name(name, sizeof name, "language_model.model.layers.", l, e, w,
-                                               "weight_packed") == 0);
+                snprintf(name, sizeof name, "language_model.model.layers.%d.block_sparse_moe.experts.%d.w%d.%s", l, e,
+                         w, "weight_packed");
                 shoal_fprint_tensor(&f, name, "U8", 2, sp, (uint64_t)(rows * cols / 2));
-                shoal_fprint_expert_name(name, sizeof name, "language_model.model.layers.", l, e, w, "weight_scale");
+                snprintf(name, sizeof name, "language_model.model.layers.%d.block_sparse_moe.experts.%d.w%d.%s", l, e,
+                         w, "weight_scale");
                 shoal_fprint_tensor(&f, name, "U8", 2, ss, (uint64_t)(rows * cols / 32));
             }
     uint8_t out[32];

@@ -1,0 +1,62 @@
+/* dist: the coordinator's distributed-experts options and wiring, for the
+ * commands that run the model (`shoal run`, later `shoal serve`): parses
+ * --worker ENDPOINT (repeatable) / --workers N / --expert-timeout-ms ..., spawns
+ * local workers when asked (coordinator/spawn.h), opens the expert client
+ * (coordinator/expert_client.h) with the model's fingerprint, and plugs it into
+ * the model as its routed-expert backend. Also keeps per-phase wire counters
+ * for the run report. One owner; not thread-safe.
+ *
+ * Use from a command:
+ *   shoal_dist_opts d = {0};                      // then, for an unknown argv[i]:
+ *   int r = shoal_dist_parse_arg(&d, argc, argv, &i);   // 1 taken, 0 not ours, -1 bad
+ *   mo.remote_experts = shoal_dist_enabled(&d);
+ *   shoal_model_open(&m, ...); shoal_dist_start(&dist, &d, dir, m, ...);
+ *   ... shoal_dist_mark(dist, "prefill", n) ... shoal_dist_mark(dist, "decode", n)
+ *   shoal_dist_json(dist, obj) or shoal_dist_print(dist, stdout);
+ *   shoal_model_close(m); shoal_dist_stop(dist);   // the model closes the client first */
+#ifndef SHOAL_DIST_H
+#define SHOAL_DIST_H
+
+#include <jansson.h>
+#include <stdio.h>
+
+#include "coordinator/engine.h"
+#include "coordinator/expert_client.h"
+
+typedef struct {
+    const char *worker[SHOAL_EXPERT_CLIENT_MAX_WORKERS]; /* --worker, borrowed from argv */
+    int nworker;
+    int nlocal;           /* --workers N */
+    int worker_threads;   /* --worker-threads (local workers) */
+    int timeout_ms;       /* --expert-timeout-ms; 0: 30000 */
+    int hello_timeout_ms; /* --hello-timeout-ms; 0: 60000 */
+} shoal_dist_opts;
+
+/* Options of a command line: consumes argv[*i] (and its value, advancing *i)
+ * if it is one of ours. Returns 1 consumed, 0 not ours, -1 bad value (printed
+ * to stderr, prefixed with cmd). */
+int shoal_dist_parse_arg(shoal_dist_opts *o, const char *cmd, int argc, char **argv, int *i);
+void shoal_dist_usage(FILE *f);
+/* 1 when experts run on workers (then open the model with remote_experts = 1);
+ * -1 when both --worker and --workers were given (a usage error). */
+int shoal_dist_enabled(const shoal_dist_opts *o);
+
+typedef struct shoal_dist shoal_dist;
+
+/* Spawns the local workers (--workers), connects and HELLOs every worker,
+ * checks that they own every expert exactly once, and sets the model's expert
+ * backend. max_tokens: the model's max_batch. */
+int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *model_dir, shoal_model *m, char *err,
+                     size_t errlen);
+/* Closes the spawned workers (after shoal_model_close, which closes the
+ * client). Accepts NULL. */
+void shoal_dist_stop(shoal_dist *d);
+
+/* Record the wire counters since the previous mark as phase name over tokens. */
+void shoal_dist_mark(shoal_dist *d, const char *phase, int tokens);
+/* Adds "workers" and, per marked phase, "<phase>_wire_bytes_per_token",
+ * "<phase>_wire_messages_per_token", "<phase>_expert_wait_s" to o. */
+void shoal_dist_json(const shoal_dist *d, json_t *o);
+void shoal_dist_print(const shoal_dist *d, FILE *f);
+
+#endif

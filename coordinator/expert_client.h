@@ -1,0 +1,80 @@
+/* expert_client: the routed-expert backend (coordinator/experts.h) that runs
+ * experts on expert servers over ZeroMQ (proto/PROTOCOL.md). One DEALER per
+ * worker; HELLO with each at open (protocol version, model fingerprint,
+ * ownership); every expert of every MoE layer must be owned by exactly one
+ * worker, else open refuses naming the gaps and overlaps.
+ *
+ * Per MoE layer: submit() builds one EXPERT_BATCH per involved worker (only the
+ * tokens routed to it, pairs in (token, expert) order) and hands them to the
+ * client's I/O thread, which sends them all before reading any reply; the
+ * caller computes the shared experts meanwhile; gather() waits until every
+ * involved worker has answered or the deadline passed, then places each
+ * expert output at its (t, slot). A worker that is silent, disconnects or
+ * answers with ERROR fails the whole request with an error naming it; y is
+ * then not to be used (never a partial mixture). Late replies (after a
+ * timeout) carry an old request id and are dropped.
+ *
+ * Threads: the I/O thread owns every socket after open. submit()/gather() run
+ * on the caller's thread (the engine's forward) and never allocate: request
+ * buffers are sized at open for max_tokens; the hand-off is a mutex, a
+ * condition variable and an eventfd. One outstanding request per client. */
+#ifndef SHOAL_EXPERT_CLIENT_H
+#define SHOAL_EXPERT_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/k3cfg.h"
+#include "coordinator/experts.h"
+#include "proto/proto.h"
+
+#define SHOAL_EXPERT_CLIENT_MAX_WORKERS 256
+
+typedef struct {
+    const char *const *endpoints; /* one per worker */
+    int nworkers;
+    const shoal_k3cfg *cfg;       /* borrowed for the client's lifetime */
+    const uint8_t *fingerprint;   /* SHOAL_PROTO_FP_BYTES: the coordinator's model */
+    int max_tokens;               /* largest T of a submit (the engine's max_batch) */
+    int timeout_ms;               /* deadline of each gather; 0: 30000 */
+    int hello_timeout_ms;         /* deadline for every worker's HELLO at open; 0: 60000 */
+    int act_bf16;                 /* 1: send activations as bf16 (not bit-identical to in-process) */
+    const char *peer;             /* our name in HELLO; NULL: "coordinator <pid>" */
+    /* Called about every 100 ms while waiting for HELLOs; non-zero aborts the
+     * open with that code and its message (e.g. a spawned worker exited). */
+    int (*check)(void *ctx, char *err, size_t errlen);
+    void *check_ctx;
+} shoal_expert_client_opts;
+
+typedef struct shoal_expert_client shoal_expert_client;
+
+/* Connects, HELLOs, checks ownership and starts the I/O thread. Errors: SHOAL_ETIMEOUT (a worker did not answer HELLO,
+ * named), SHOAL_EVERSION / SHOAL_EFINGERPRINT (named, both values),
+ * SHOAL_ECONFIG (ownership gaps/overlaps), SHOAL_ERANGE, SHOAL_EINVAL. */
+int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_client_opts *o, char *err,
+                             size_t errlen);
+/* The backend view of c: {vt, c}. vt->close(c) closes the client (the engine
+ * calls it when it owns the backend; after that c is gone). */
+shoal_experts shoal_expert_client_backend(shoal_expert_client *c);
+void shoal_expert_client_close(shoal_expert_client *c); /* accepts NULL */
+
+typedef struct {
+    uint64_t requests;      /* submits that reached the I/O thread */
+    uint64_t messages;      /* EXPERT_BATCH messages sent (one per involved worker) */
+    uint64_t pairs;         /* (token, expert) pairs sent */
+    uint64_t bytes_out;     /* frame bytes sent (all frames) */
+    uint64_t bytes_in;      /* frame bytes received */
+    uint64_t late_replies;  /* replies dropped because their request had already failed */
+    uint64_t failures;      /* requests that failed */
+    uint64_t worker_queue_us, worker_compute_us; /* sums reported by the workers */
+    double wait_s;          /* time gather() spent waiting */
+} shoal_expert_client_stats;
+
+/* Not while a request is outstanding (stats are updated by the I/O thread). */
+void shoal_expert_client_get_stats(shoal_expert_client *c, shoal_expert_client_stats *out);
+void shoal_expert_client_reset_stats(shoal_expert_client *c);
+int shoal_expert_client_nworkers(const shoal_expert_client *c);
+/* "id (endpoint)" of worker i; lives as long as c. */
+const char *shoal_expert_client_worker_name(const shoal_expert_client *c, int i);
+
+#endif

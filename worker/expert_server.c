@@ -1,0 +1,394 @@
+/* `shoal expert`: the expert server's socket loop and CLI (see expert_server.h).
+ *
+ * Loop: poll the ROUTER; take every message already waiting into a small FIFO
+ * (stamped on arrival, so queue_us is the time spent behind earlier requests);
+ * answer the head; repeat. One thread owns the socket. Replies are written
+ * straight into ZeroMQ messages (no copy of the expert outputs). */
+#include "worker/expert_server.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "cli/commands.h"
+#include "common/err.h"
+#include "common/k3cfg.h"
+#include "common/log.h"
+#include "common/st.h"
+#include "kernels/kernels.h"
+#include "proto/fprint.h"
+#include "proto/proto.h"
+#include "proto/shard.h"
+#include "worker/bank.h"
+#include "worker/serve.h"
+
+#define QCAP 64
+#define MAX_PARTS (1 + SHOAL_PROTO_MAX_FRAMES) /* routing id + frames */
+
+typedef struct {
+    zmq_msg_t part[MAX_PARTS];
+    int nparts;
+    int too_many; /* more frames than the protocol allows (dropped) */
+    uint64_t arrived_us;
+} qreq;
+
+typedef struct {
+    zmq_msg_t msg;
+    int live;
+} out_frame;
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void *alloc_frame(void *ctx, size_t len)
+{
+    out_frame *o = ctx;
+    if (zmq_msg_init_size(&o->msg, len))
+        return NULL;
+    o->live = 1;
+    return zmq_msg_data(&o->msg);
+}
+
+/* Receive one whole multipart message if one is waiting. 1 got, 0 none, <0 error. */
+static int recv_one(void *sock, qreq *r)
+{
+    r->nparts = 0;
+    r->too_many = 0;
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, sock, r->nparts == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            int e = errno;
+            zmq_msg_close(&m);
+            if (r->nparts == 0)
+                return e == EAGAIN || e == EINTR ? 0 : -e;
+            /* the rest of a multipart message is always there; keep what we have */
+            return 1;
+        }
+        int more = zmq_msg_more(&m);
+        if (r->nparts < MAX_PARTS) {
+            r->part[r->nparts++] = m;
+        } else {
+            r->too_many = 1;
+            zmq_msg_close(&m);
+        }
+        if (!more)
+            break;
+    }
+    r->arrived_us = now_us();
+    return 1;
+}
+
+static void qreq_close(qreq *r)
+{
+    for (int i = 0; i < r->nparts; i++)
+        zmq_msg_close(&r->part[i]);
+    r->nparts = 0;
+}
+
+/* Send [routing id, control, data?]. A peer that has gone (EHOSTUNREACH) or a
+ * full queue is logged and counted; the server goes on. */
+static void send_reply(void *sock, zmq_msg_t *rid, const shoal_serve_reply *rep, out_frame *of, uint64_t *dropped)
+{
+    int rc = zmq_send(sock, zmq_msg_data(rid), zmq_msg_size(rid), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    if (rc >= 0)
+        rc = zmq_send(sock, rep->frames[0].data, rep->frames[0].len, (rep->n == 2 ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
+    if (rc >= 0 && rep->n == 2) {
+        rc = zmq_msg_send(&of->msg, sock, ZMQ_DONTWAIT);
+        if (rc >= 0)
+            of->live = 0; /* ZeroMQ owns it now */
+    }
+    if (rc < 0) {
+        (*dropped)++;
+        SHOAL_WARN("reply not sent: %s", zmq_strerror(errno));
+    }
+    if (of->live) {
+        zmq_msg_close(&of->msg);
+        of->live = 0;
+    }
+}
+
+static void handle(void *sock, shoal_serve *srv, qreq *r, int stopping, unsigned delay_us, int *shutdown,
+                   uint64_t *dropped)
+{
+    if (r->nparts < 2) { /* no routing id or no frame: nothing to answer */
+        qreq_close(r);
+        return;
+    }
+    shoal_frame f[SHOAL_PROTO_MAX_FRAMES];
+    int nf = r->nparts - 1;
+    for (int i = 0; i < nf; i++)
+        f[i] = (shoal_frame){zmq_msg_data(&r->part[i + 1]), zmq_msg_size(&r->part[i + 1])};
+    shoal_serve_reply rep;
+    out_frame of = {.live = 0};
+    if (r->too_many) {
+        shoal_serve_refuse(srv, f, nf, SHOAL_PERR_MALFORMED, "message has more frames than the protocol allows",
+                           &rep);
+    } else if (stopping) {
+        shoal_serve_refuse(srv, f, nf, SHOAL_PERR_SHUTTING_DOWN, "the worker is shutting down", &rep);
+    } else {
+        if (delay_us)
+            usleep(delay_us);
+        uint64_t q = now_us() - r->arrived_us;
+        shoal_serve_handle(srv, zmq_msg_data(&r->part[0]), zmq_msg_size(&r->part[0]), f, nf, q, alloc_frame, &of,
+                           &rep);
+    }
+    send_reply(sock, &r->part[0], &rep, &of, dropped);
+    if (rep.shutdown)
+        *shutdown = 1;
+    qreq_close(r);
+}
+
+static uint64_t mem_total(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+}
+
+typedef struct {
+    shoal_k3cfg cfg;
+    shoal_st *st;
+    shoal_proto_range *ranges;
+    size_t nranges;
+    shoal_shard *own;
+    shoal_bank *bank;
+    shoal_serve *srv;
+    void *zctx, *sock;
+    qreq *q;
+} server;
+
+static void server_free(server *s)
+{
+    if (s->sock)
+        zmq_close(s->sock);
+    if (s->zctx)
+        zmq_ctx_term(s->zctx);
+    shoal_serve_close(s->srv);
+    shoal_bank_close(s->bank);
+    shoal_shard_close(s->own);
+    free(s->ranges);
+    shoal_st_close(s->st);
+    free(s->q);
+}
+
+static int load_model(server *s, const char *dir, int map, uint8_t fp[SHOAL_PROTO_FP_BYTES], char *err, size_t errlen)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    int rc = shoal_k3cfg_load(&s->cfg, path, err, errlen);
+    if (rc)
+        return rc;
+    shoal_st_opts so = {.map = map};
+    if ((rc = shoal_st_open(&s->st, dir, &so, err, errlen)))
+        return rc;
+    return shoal_fprint_model(fp, &s->cfg, s->st, err, errlen);
+}
+
+int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t errlen)
+{
+    if (!o->model || !o->experts || !o->listen)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--model, --experts and --listen are required");
+    server s = {0};
+    uint8_t fp[SHOAL_PROTO_FP_BYTES];
+    int rc = load_model(&s, o->model, 1, fp, err, errlen);
+    if (rc)
+        goto out;
+    if ((rc = shoal_shard_parse(o->experts, &s.ranges, &s.nranges, err, errlen)) ||
+        (rc = shoal_shard_open(&s.own, s.ranges, s.nranges, s.cfg.num_layers, s.cfg.is_moe, s.cfg.num_experts, err,
+                               errlen)) ||
+        (rc = shoal_bank_open(&s.bank, s.st, &s.cfg, s.own, err, errlen)))
+        goto out;
+    if (o->threads > 0)
+        omp_set_num_threads(o->threads);
+    shoal_kernels_init();
+    const char *id = o->id ? o->id : o->listen;
+    shoal_serve_opts so = {.id = id, .fingerprint = fp, .owned = s.ranges, .nowned = s.nranges, .own = s.own,
+                           .num_layers = s.cfg.num_layers, .is_moe = s.cfg.is_moe, .num_experts = s.cfg.num_experts,
+                           .k = s.cfg.experts_per_token, .max_tokens = o->max_tokens > 0 ? o->max_tokens : 8192,
+                           .isa = shoal_isa_name(shoal_kernels_isa()), .threads = omp_get_max_threads(),
+                           .mem_total = mem_total()};
+    if ((rc = shoal_serve_open(&s.srv, &so, s.bank, err, errlen)))
+        goto out;
+
+    s.zctx = zmq_ctx_new();
+    s.sock = zmq_socket(s.zctx, ZMQ_ROUTER);
+    int one = 1, linger = 2000;
+    int64_t maxmsg = 16 + (int64_t)so.max_tokens * s.cfg.latent_size * 4;
+    if (maxmsg < (int64_t)SHOAL_PROTO_MAX_CONTROL)
+        maxmsg = SHOAL_PROTO_MAX_CONTROL;
+    zmq_setsockopt(s.sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    zmq_setsockopt(s.sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    zmq_setsockopt(s.sock, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_bind(s.sock, o->listen)) {
+        rc = shoal_err_set(err, errlen, -errno, "cannot listen on %s: %s", o->listen, zmq_strerror(errno));
+        goto out;
+    }
+    SHOAL_INFO("serving %zu experts (%s, %.1f MiB) of %s on %s; isa %s, %d threads, max %d tokens per request",
+               shoal_shard_count(s.own), o->experts, (double)shoal_bank_bytes(s.bank) / 1048576.0, o->model,
+               o->listen, so.isa, so.threads, so.max_tokens);
+
+    s.q = shoal_xcalloc(QCAP, sizeof *s.q);
+    int head = 0, count = 0, shutdown = 0;
+    uint64_t dropped = 0;
+    while (!shutdown && !(o->stop && *o->stop)) {
+        if (count == 0) {
+            zmq_pollitem_t pi = {.socket = s.sock, .events = ZMQ_POLLIN};
+            int pr = zmq_poll(&pi, 1, 100);
+            if (pr < 0 && errno != EINTR) {
+                rc = shoal_err_set(err, errlen, -errno, "poll on %s failed: %s", o->listen, zmq_strerror(errno));
+                goto out;
+            }
+        }
+        while (count < QCAP) { /* take what is waiting, stamped on arrival */
+            int g = recv_one(s.sock, &s.q[(head + count) % QCAP]);
+            if (g <= 0)
+                break;
+            count++;
+        }
+        if (count == 0)
+            continue;
+        handle(s.sock, s.srv, &s.q[head], 0, o->delay_us, &shutdown, &dropped);
+        head = (head + 1) % QCAP;
+        count--;
+    }
+    /* stopping: what is queued (and what is already waiting) is refused, not computed */
+    for (;;) {
+        while (count < QCAP && recv_one(s.sock, &s.q[(head + count) % QCAP]) > 0)
+            count++;
+        if (count == 0)
+            break;
+        handle(s.sock, s.srv, &s.q[head], 1, 0, &shutdown, &dropped);
+        head = (head + 1) % QCAP;
+        count--;
+    }
+    shoal_proto_stats st;
+    shoal_serve_stats(s.srv, &st);
+    SHOAL_INFO("stopping (%s): %llu requests, %llu batches, %llu pairs, %llu errors, %llu replies dropped",
+               shutdown ? "SHUTDOWN" : "signal", (unsigned long long)st.requests, (unsigned long long)st.batches,
+               (unsigned long long)st.pairs, (unsigned long long)st.errors, (unsigned long long)dropped);
+    rc = 0;
+out:
+    server_free(&s);
+    return rc;
+}
+
+/* ---- CLI ------------------------------------------------------------------ */
+
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: shoal expert --model DIR --experts RANGES --listen ENDPOINT [options]\n"
+               "\n"
+               "Serve the routed experts RANGES of the model in DIR to coordinators over ZeroMQ\n"
+               "(proto/PROTOCOL.md). RANGES: comma-separated LAYERS:EXPERTS groups, each side 'a' or\n"
+               "'a-b' (inclusive, absolute 0-indexed layers), e.g. 1-92:0-447. ENDPOINT: tcp://HOST:PORT\n"
+               "or ipc:///PATH.\n"
+               "\n"
+               "options:\n"
+               "  --threads N          OpenMP threads (default: all cores)\n"
+               "  --id NAME            worker id in HELLO and logs (default: the endpoint)\n"
+               "  --max-tokens N       largest token count per request (default 8192)\n"
+               "  --print-fingerprint  print the model fingerprint (PROTOCOL.md section 5) and exit\n"
+               "  --test-delay-ms N    (tests) sleep N ms before computing each batch\n"
+               "\n"
+               "SIGTERM/SIGINT: finish the request in flight, refuse queued ones, exit 0.\n");
+}
+
+int shoal_cmd_expert(int argc, char **argv)
+{
+    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
+                                             {"experts", required_argument, 0, 'e'},
+                                             {"listen", required_argument, 0, 'l'},
+                                             {"threads", required_argument, 0, 't'},
+                                             {"id", required_argument, 0, 'i'},
+                                             {"max-tokens", required_argument, 0, 'x'},
+                                             {"print-fingerprint", no_argument, 0, 'p'},
+                                             {"test-delay-ms", required_argument, 0, 'd'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    shoal_expert_server_opts o = {.stop = &stop_flag};
+    int print_fp = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        char *end = NULL;
+        long v = 0;
+        if (c == 't' || c == 'x' || c == 'd') {
+            errno = 0;
+            v = strtol(optarg, &end, 10);
+            if (errno || !end || *end || v < 0 || v > 1000000) {
+                fprintf(stderr, "shoal expert: bad number '%s'\n", optarg);
+                return 2;
+            }
+        }
+        switch (c) {
+        case 'm': o.model = optarg; break;
+        case 'e': o.experts = optarg; break;
+        case 'l': o.listen = optarg; break;
+        case 'i': o.id = optarg; break;
+        case 't': o.threads = (int)v; break;
+        case 'x': o.max_tokens = (int)v; break;
+        case 'd': o.delay_us = (unsigned)v * 1000u; break;
+        case 'p': print_fp = 1; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "shoal expert: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    char err[4096] = "";
+    if (print_fp) {
+        if (!o.model) {
+            fprintf(stderr, "shoal expert: --print-fingerprint needs --model\n");
+            return 2;
+        }
+        server s = {0};
+        uint8_t fp[SHOAL_PROTO_FP_BYTES];
+        int rc = load_model(&s, o.model, 0, fp, err, sizeof err);
+        server_free(&s);
+        if (rc) {
+            fprintf(stderr, "shoal expert: %s\n", err);
+            return 3;
+        }
+        char hex[65];
+        shoal_proto_hex(fp, hex);
+        printf("%s\n", hex);
+        return 0;
+    }
+    if (!o.model || !o.experts || !o.listen) {
+        usage(stderr);
+        return 2;
+    }
+    char role[16] = "W";
+    if (o.id && o.id[0] == 'w' && o.id[1] && strspn(o.id + 1, "0123456789") == strlen(o.id + 1))
+        snprintf(role, sizeof role, "W%.12s", o.id + 1);
+    shoal_log_set_role(role);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    int rc = shoal_expert_server_run(&o, err, sizeof err);
+    if (rc) {
+        SHOAL_ERROR("%s", err);
+        return rc == SHOAL_EINVAL ? 2 : (rc == SHOAL_ECONFIG || rc == SHOAL_EMODEL || rc == SHOAL_ERANGE) ? 3 : 4;
+    }
+    return 0;
+}

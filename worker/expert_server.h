@@ -1,0 +1,33 @@
+/* expert_server: the `shoal expert` process -- loads a model's config and the
+ * owned experts, binds a ZeroMQ ROUTER socket and answers PROTOCOL.md requests
+ * until SHUTDOWN or the stop flag (SIGTERM/SIGINT in the CLI). The request being
+ * computed is always finished and answered; requests queued behind it when the
+ * stop comes are answered with ERROR SHUTTING_DOWN. The one thread that calls
+ * shoal_expert_server_run owns the socket; the experts run on OpenMP threads
+ * inside the kernels. Callers: cli (shoal_cmd_expert), tests (in a thread). */
+#ifndef SHOAL_EXPERT_SERVER_H
+#define SHOAL_EXPERT_SERVER_H
+
+#include <signal.h>
+#include <stddef.h>
+
+typedef struct {
+    const char *model;    /* model directory (config.json + safetensors) */
+    const char *experts;  /* RANGES, PROTOCOL.md §7 */
+    const char *listen;   /* ZeroMQ endpoint to bind */
+    const char *id;       /* worker id in HELLO and logs; NULL: the endpoint */
+    int threads;          /* OpenMP threads; 0: the OpenMP default */
+    int max_tokens;       /* largest T per request; 0: 8192 */
+    /* Polled between requests; non-zero stops the server. NULL: never. */
+    volatile sig_atomic_t *stop;
+    /* Test hook: microseconds to sleep before computing each EXPERT_BATCH
+     * (fault tests: a worker that is slow or gets killed mid-request). 0 off. */
+    unsigned delay_us;
+} shoal_expert_server_opts;
+
+/* Runs the server. Returns 0 after a clean stop, or an error code with err:
+ * SHOAL_EINVAL (options), SHOAL_ECONFIG / SHOAL_EMODEL (model), SHOAL_ERANGE
+ * (ranges outside the model), -errno (bind, I/O). */
+int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,384 @@
+/* The worker's request handler (see serve.h). */
+#include "worker/serve.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "common/st.h"
+#include "kernels/kernels.h"
+
+#define MAX_PEERS 256
+
+typedef struct {
+    uint8_t id[256];
+    size_t len;
+    uint64_t used; /* LRU stamp; 0 = free slot */
+} peer;
+
+struct shoal_serve {
+    shoal_serve_opts o;
+    char id[SHOAL_PROTO_MAX_ID + 1];
+    uint8_t fingerprint[SHOAL_PROTO_FP_BYTES];
+    const shoal_bank *bank;
+    shoal_proto_limits lim;
+    int d, f;
+    /* control frame buffer: HELLO reply with every range fits */
+    uint8_t *ctl;
+    size_t ctlcap;
+    /* scratch, sized at open for max_tokens */
+    float *xe;       /* [max_tokens, d] gathered activations of one expert */
+    uint16_t *ye;    /* [max_tokens, d] its outputs */
+    float *h;        /* [2 * max_tokens * f] kernel scratch */
+    int32_t *cnt;    /* [num_experts] pairs per expert (zero between requests) */
+    int32_t *start;  /* [num_experts] */
+    int32_t *perm;   /* [max_tokens * k] pair indices grouped by expert */
+    int32_t *touched; /* [max_tokens * k] distinct experts of the request */
+    peer peers[MAX_PEERS];
+    uint64_t clock;
+    shoal_proto_stats st;
+    uint64_t t0_us;
+    uint64_t logged_errors;
+};
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+int shoal_serve_open(shoal_serve **out, const shoal_serve_opts *o, const shoal_bank *bank, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!o->id || strlen(o->id) > SHOAL_PROTO_MAX_ID)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "worker id must be 1..%d bytes", SHOAL_PROTO_MAX_ID);
+    if (o->max_tokens < 1 || o->k < 1 || o->num_experts < 1 || o->num_layers < 1 ||
+        o->nowned > SHOAL_PROTO_MAX_RANGES)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "serve: bad limits");
+    int d = shoal_bank_d(bank), f = shoal_bank_f(bank);
+    if (d <= 0 || f <= 0)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "serve: the bank owns no expert");
+    shoal_serve *s = shoal_xcalloc(1, sizeof *s);
+    s->o = *o;
+    snprintf(s->id, sizeof s->id, "%s", o->id);
+    s->o.id = s->id;
+    memcpy(s->fingerprint, o->fingerprint, SHOAL_PROTO_FP_BYTES);
+    s->bank = bank;
+    s->d = d;
+    s->f = f;
+    s->lim = (shoal_proto_limits){.num_layers = o->num_layers, .is_moe = o->is_moe, .num_experts = o->num_experts,
+                                  .k = o->k, .d = d, .max_tokens = o->max_tokens,
+                                  .act_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_F32) | SHOAL_WIRE_MASK(SHOAL_WIRE_BF16),
+                                  .out_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_BF16) | SHOAL_WIRE_MASK(SHOAL_WIRE_F32),
+                                  .owns = shoal_shard_owns, .owns_ctx = o->own};
+    s->ctlcap = 4096 + SHOAL_PROTO_MAX_TEXT + o->nowned * 32;
+    s->ctl = shoal_xmalloc(s->ctlcap);
+    size_t mt = (size_t)o->max_tokens, pairs = mt * (size_t)o->k;
+    s->xe = shoal_xmalloc(mt * (size_t)d * sizeof *s->xe);
+    s->ye = shoal_xmalloc(mt * (size_t)d * sizeof *s->ye);
+    s->h = shoal_xmalloc(2 * mt * (size_t)f * sizeof *s->h);
+    s->cnt = shoal_xcalloc((size_t)o->num_experts, sizeof *s->cnt);
+    s->start = shoal_xcalloc((size_t)o->num_experts, sizeof *s->start);
+    s->perm = shoal_xmalloc(pairs * sizeof *s->perm);
+    s->touched = shoal_xmalloc(pairs * sizeof *s->touched);
+    snprintf(s->st.worker, sizeof s->st.worker, "%s", s->id);
+    s->t0_us = now_us();
+    *out = s;
+    return 0;
+}
+
+void shoal_serve_close(shoal_serve *s)
+{
+    if (!s)
+        return;
+    free(s->ctl);
+    free(s->xe);
+    free(s->ye);
+    free(s->h);
+    free(s->cnt);
+    free(s->start);
+    free(s->perm);
+    free(s->touched);
+    free(s);
+}
+
+/* ---- peers ---------------------------------------------------------------- */
+
+static peer *peer_find(shoal_serve *s, const uint8_t *id, size_t len)
+{
+    for (int i = 0; i < MAX_PEERS; i++)
+        if (s->peers[i].used && s->peers[i].len == len && !memcmp(s->peers[i].id, id, len))
+            return &s->peers[i];
+    return NULL;
+}
+
+static void peer_add(shoal_serve *s, const uint8_t *id, size_t len)
+{
+    if (len > sizeof s->peers[0].id)
+        len = sizeof s->peers[0].id;
+    peer *p = peer_find(s, id, len);
+    if (!p) {
+        p = &s->peers[0];
+        for (int i = 1; i < MAX_PEERS && p->used; i++) /* a free slot, else the least recently used */
+            if (!s->peers[i].used || s->peers[i].used < p->used)
+                p = &s->peers[i];
+        memcpy(p->id, id, len);
+        p->len = len;
+    }
+    p->used = ++s->clock;
+}
+
+/* ---- replies -------------------------------------------------------------- */
+
+static void reply_ctl(shoal_serve_reply *rep, shoal_serve *s, int type, size_t len)
+{
+    rep->frames[0] = (shoal_frame){s->ctl, len};
+    rep->n = 1;
+    rep->type = type;
+}
+
+static void reply_error(shoal_serve *s, shoal_serve_reply *rep, uint64_t rid, int perr, const char *msg)
+{
+    size_t len = 0;
+    if (shoal_proto_enc_error(s->ctl, s->ctlcap, &len, rid, perr, msg))
+        SHOAL_PANIC("ERROR reply does not fit its buffer");
+    reply_ctl(rep, s, SHOAL_MSG_ERROR, len);
+    s->st.errors++;
+    /* exceptional, but a misbehaving peer must not flood the log */
+    if (s->logged_errors < 20 || s->logged_errors % 1000 == 0)
+        SHOAL_WARN("replied ERROR %s (rid %llu): %s", shoal_perr_name(perr), (unsigned long long)rid, msg);
+    s->logged_errors++;
+}
+
+static void count_out(shoal_serve *s, const shoal_serve_reply *rep)
+{
+    for (int i = 0; i < rep->n; i++)
+        s->st.bytes_out += rep->frames[i].len;
+}
+
+static void do_hello(shoal_serve *s, const shoal_proto_msg *m, const uint8_t *peer_id, size_t peerlen,
+                     shoal_serve_reply *rep)
+{
+    char msg[512];
+    const shoal_proto_hello *h = &m->hello;
+    if (h->major != SHOAL_PROTO_MAJOR) {
+        snprintf(msg, sizeof msg, "protocol major version mismatch: coordinator %u.%u, worker %d.%d", h->major,
+                 h->minor, SHOAL_PROTO_MAJOR, SHOAL_PROTO_MINOR);
+        reply_error(s, rep, m->rid, SHOAL_PERR_VERSION, msg);
+        return;
+    }
+    if (memcmp(h->fingerprint, s->fingerprint, SHOAL_PROTO_FP_BYTES)) {
+        char a[65], b[65];
+        shoal_proto_hex(h->fingerprint, a);
+        shoal_proto_hex(s->fingerprint, b);
+        snprintf(msg, sizeof msg, "model fingerprint mismatch: coordinator %s, worker %s", a, b);
+        reply_error(s, rep, m->rid, SHOAL_PERR_FINGERPRINT, msg);
+        return;
+    }
+    shoal_proto_hello r = {.major = SHOAL_PROTO_MAJOR, .minor = SHOAL_PROTO_MINOR,
+                           .owned = (shoal_proto_range *)s->o.owned, .nowned = s->o.nowned,
+                           .act_mask = s->lim.act_mask, .out_mask = s->lim.out_mask,
+                           .max_tokens = (uint32_t)s->o.max_tokens, .threads = (uint32_t)s->o.threads,
+                           .expert_bytes = shoal_bank_bytes(s->bank), .mem_total = s->o.mem_total};
+    memcpy(r.fingerprint, s->fingerprint, SHOAL_PROTO_FP_BYTES);
+    snprintf(r.id, sizeof r.id, "%s", s->id);
+    snprintf(r.isa, sizeof r.isa, "%s", s->o.isa ? s->o.isa : "?");
+    size_t len = 0;
+    if (shoal_proto_enc_hello(s->ctl, s->ctlcap, &len, m->rid, &r, 1))
+        SHOAL_PANIC("HELLO reply does not fit its buffer");
+    reply_ctl(rep, s, SHOAL_MSG_HELLO, len);
+    peer_add(s, peer_id, peerlen);
+    SHOAL_INFO("HELLO from '%s' (protocol %u.%u)", h->id, h->major, h->minor);
+}
+
+static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us, shoal_serve_alloc_fn alloc,
+                     void *actx, shoal_serve_reply *rep)
+{
+    char msg[512];
+    int perr = shoal_proto_check_batch(m, &s->lim, msg, sizeof msg);
+    if (perr) {
+        reply_error(s, rep, m->rid, perr, msg);
+        return;
+    }
+    uint64_t t0 = now_us();
+    const shoal_proto_tensor *act = &m->batch.act, *route = &m->batch.route;
+    uint32_t n = route->rows;
+    int d = s->d, layer = (int)m->batch.layer;
+    int out_dt = m->batch.out;
+    size_t oes = shoal_wire_dtype_size(out_dt), ylen;
+    if (shoal_proto_tensor_len(out_dt, n, (uint32_t)d, &ylen)) {
+        reply_error(s, rep, m->rid, SHOAL_PERR_BAD_SHAPE, "EXPERT_BATCH: reply size overflows");
+        return;
+    }
+    /* group the pairs by expert (counting sort, stable in pair order) */
+    int ntouched = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        int32_t t, e;
+        shoal_proto_route_pair(route, i, &t, &e);
+        if (s->cnt[e]++ == 0)
+            s->touched[ntouched++] = e;
+    }
+    /* ascending expert order: the order the in-process engine uses */
+    for (int i = 1; i < ntouched; i++) {
+        int32_t v = s->touched[i];
+        int j = i;
+        for (; j > 0 && s->touched[j - 1] > v; j--)
+            s->touched[j] = s->touched[j - 1];
+        s->touched[j] = v;
+    }
+    int32_t at = 0;
+    for (int i = 0; i < ntouched; i++) {
+        s->start[s->touched[i]] = at;
+        at += s->cnt[s->touched[i]];
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        int32_t t, e;
+        shoal_proto_route_pair(route, i, &t, &e);
+        s->perm[s->start[e]++] = (int32_t)i;
+    }
+    /* start[e] now points past e's pairs. Every expert must have weights
+     * (ownership says so; a mismatch is a broken invariant, answered, not fatal) */
+    int missing = -1;
+    for (int i = 0; i < ntouched && missing < 0; i++)
+        if (!shoal_bank_get(s->bank, layer, s->touched[i]))
+            missing = s->touched[i];
+    uint8_t *y = missing < 0 ? alloc(actx, ylen) : NULL;
+    if (!y) {
+        for (int i = 0; i < ntouched; i++)
+            s->cnt[s->touched[i]] = 0;
+        if (missing >= 0)
+            snprintf(msg, sizeof msg, "EXPERT_BATCH: layer %d expert %d is owned but has no weights bound", layer,
+                     missing);
+        else
+            snprintf(msg, sizeof msg, "EXPERT_BATCH: cannot allocate the %zu-byte reply", ylen);
+        reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, msg);
+        return;
+    }
+    shoal_proto_tensor_hdr(y, out_dt, n, (uint32_t)d);
+    const float b1 = shoal_bank_b1(s->bank), b2 = shoal_bank_b2(s->bank);
+    size_t row_in = (size_t)d * shoal_wire_dtype_size(act->dtype);
+    for (int i = 0; i < ntouched; i++) {
+        int32_t e = s->touched[i], ne = s->cnt[e];
+        const int32_t *pi = s->perm + (s->start[e] - ne);
+        const shoal_expert_w *w = shoal_bank_get(s->bank, layer, e);
+        for (int j = 0; j < ne; j++) {
+            int32_t t, ee;
+            shoal_proto_route_pair(route, (uint32_t)pi[j], &t, &ee);
+            const uint8_t *src = act->data + (size_t)t * row_in;
+            float *dst = s->xe + (size_t)j * d;
+            if (act->dtype == SHOAL_WIRE_F32) {
+                memcpy(dst, src, row_in);
+            } else {
+                for (int c = 0; c < d; c++)
+                    dst[c] = shoal_bf16_to_f32((uint16_t)(src[2 * c] | src[2 * c + 1] << 8));
+            }
+        }
+        shoal_expert_ffn(s->ye, w, s->xe, ne, b1, b2, s->h);
+        for (int j = 0; j < ne; j++) {
+            uint8_t *dst = y + SHOAL_PROTO_TENSOR_HDR + (size_t)pi[j] * d * oes;
+            const uint16_t *src = s->ye + (size_t)j * d;
+            if (out_dt == SHOAL_WIRE_BF16) {
+                memcpy(dst, src, (size_t)d * 2);
+            } else {
+                for (int c = 0; c < d; c++) {
+                    float v = shoal_bf16_to_f32(src[c]);
+                    memcpy(dst + 4 * (size_t)c, &v, 4);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < ntouched; i++)
+        s->cnt[s->touched[i]] = 0;
+    uint64_t compute_us = now_us() - t0;
+    size_t len = 0;
+    if (shoal_proto_enc_result(s->ctl, s->ctlcap, &len, m->rid, queue_us, compute_us))
+        SHOAL_PANIC("EXPERT_RESULT does not fit its buffer");
+    reply_ctl(rep, s, SHOAL_MSG_EXPERT_RESULT, len);
+    rep->frames[1] = (shoal_frame){y, ylen};
+    rep->n = 2;
+    s->st.batches++;
+    s->st.tokens += act->rows;
+    s->st.pairs += n;
+    s->st.queue_us += queue_us;
+    s->st.compute_us += compute_us;
+}
+
+void shoal_serve_handle(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, const shoal_frame *in, int nin,
+                        uint64_t queue_us, shoal_serve_alloc_fn alloc, void *actx, shoal_serve_reply *rep)
+{
+    memset(rep, 0, sizeof *rep);
+    s->st.requests++;
+    for (int i = 0; i < nin; i++)
+        s->st.bytes_in += in[i].len;
+    shoal_proto_msg m;
+    memset(&m, 0, sizeof m);
+    int perr = 0;
+    char msg[512];
+    if (shoal_proto_decode(in, nin, SHOAL_SIDE_WORKER, &m, &perr, msg, sizeof msg)) {
+        reply_error(s, rep, m.rid, perr ? perr : SHOAL_PERR_MALFORMED, msg);
+        goto done;
+    }
+    if (m.type == SHOAL_MSG_HELLO) {
+        do_hello(s, &m, peer_id, peerlen, rep);
+        goto done;
+    }
+    peer *p = peer_find(s, peer_id, peerlen > 256 ? 256 : peerlen);
+    if (!p) {
+        snprintf(msg, sizeof msg, "%s before HELLO on this connection", shoal_msg_type_name(m.type));
+        reply_error(s, rep, m.rid, SHOAL_PERR_NO_HELLO, msg);
+        goto done;
+    }
+    p->used = ++s->clock;
+    size_t len = 0;
+    switch (m.type) {
+    case SHOAL_MSG_PING:
+        shoal_proto_enc_empty(s->ctl, s->ctlcap, &len, SHOAL_MSG_PONG, m.rid);
+        reply_ctl(rep, s, SHOAL_MSG_PONG, len);
+        break;
+    case SHOAL_MSG_STATS: {
+        shoal_proto_stats st;
+        shoal_serve_stats(s, &st);
+        shoal_proto_enc_stats(s->ctl, s->ctlcap, &len, m.rid, &st);
+        reply_ctl(rep, s, SHOAL_MSG_STATS_REPLY, len);
+        break;
+    }
+    case SHOAL_MSG_SHUTDOWN:
+        shoal_proto_enc_empty(s->ctl, s->ctlcap, &len, SHOAL_MSG_SHUTDOWN_ACK, m.rid);
+        reply_ctl(rep, s, SHOAL_MSG_SHUTDOWN_ACK, len);
+        rep->shutdown = 1;
+        break;
+    case SHOAL_MSG_EXPERT_BATCH:
+        do_batch(s, &m, queue_us, alloc, actx, rep);
+        break;
+    default: /* decode only passes requests */
+        reply_error(s, rep, m.rid, SHOAL_PERR_UNKNOWN_TYPE, "not a request");
+        break;
+    }
+done:
+    shoal_proto_msg_clear(&m);
+    count_out(s, rep);
+}
+
+void shoal_serve_refuse(shoal_serve *s, const shoal_frame *in, int nin, int perr, const char *msg,
+                        shoal_serve_reply *rep)
+{
+    memset(rep, 0, sizeof *rep);
+    s->st.requests++;
+    shoal_proto_msg m;
+    memset(&m, 0, sizeof m);
+    int dummy;
+    shoal_proto_decode(in, nin, SHOAL_SIDE_WORKER, &m, &dummy, NULL, 0);
+    reply_error(s, rep, m.rid, perr, msg);
+    shoal_proto_msg_clear(&m);
+    count_out(s, rep);
+}
+
+void shoal_serve_stats(const shoal_serve *s, shoal_proto_stats *out)
+{
+    *out = s->st;
+    out->uptime_us = now_us() - s->t0_us;
+}

@@ -1,0 +1,70 @@
+/* serve: the worker's request handler -- one decoded request in, exactly one
+ * reply out (PROTOCOL.md §3), with no sockets, so the tests and the fuzz target
+ * drive it directly. It keeps the per-peer HELLO state, validates every request
+ * (proto/proto.h decode + shoal_proto_check_batch against the model and the
+ * ownership), computes EXPERT_BATCH grouped by expert (each expert's weights read
+ * once per request, shoal_expert_ffn over the tokens routed to it, experts in
+ * ascending id order) and answers anything wrong with ERROR -- never a crash.
+ * Callers: the worker's server loop (worker/expert_server.c), tests, fuzzing.
+ * Scratch is sized at open from max_tokens; a request allocates only its reply
+ * data frame, through the caller's allocator (so the server can write straight
+ * into a ZeroMQ message). Not thread-safe: one thread owns a shoal_serve. */
+#ifndef SHOAL_SERVE_H
+#define SHOAL_SERVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/proto.h"
+#include "proto/shard.h"
+#include "worker/bank.h"
+
+typedef struct {
+    const char *id;                        /* worker id, at most 64 bytes */
+    const uint8_t *fingerprint;            /* SHOAL_PROTO_FP_BYTES */
+    const shoal_proto_range *owned;        /* the --experts ranges, for HELLO; borrowed */
+    size_t nowned;
+    const shoal_shard *own;                /* ownership bitmap; borrowed */
+    int num_layers;
+    const uint8_t *is_moe;                 /* [num_layers]; borrowed */
+    int num_experts;
+    int k;                                 /* experts per token */
+    int max_tokens;                        /* largest T accepted (> 0) */
+    const char *isa;                       /* kernel variant name */
+    int threads;
+    uint64_t mem_total;
+} shoal_serve_opts;
+
+typedef struct shoal_serve shoal_serve;
+
+/* Allocates the reply's data frame (len bytes); NULL on failure (answered
+ * with ERROR INTERNAL). ctx is the caller's. Called at most once per request,
+ * and only when the reply will carry the frame (rep->n == 2): the caller owns
+ * and sends (or frees) it. */
+typedef void *(*shoal_serve_alloc_fn)(void *ctx, size_t len);
+
+typedef struct {
+    shoal_frame frames[2]; /* [0] control (the serve's buffer, valid until the next call), [1] data */
+    int n;                 /* 1 or 2 */
+    int type;              /* reply message type */
+    int shutdown;          /* 1: SHUTDOWN was acknowledged; exit once sent */
+} shoal_serve_reply;
+
+/* o and bank are borrowed and must outlive the handler. */
+int shoal_serve_open(shoal_serve **out, const shoal_serve_opts *o, const shoal_bank *bank, char *err, size_t errlen);
+void shoal_serve_close(shoal_serve *s); /* accepts NULL */
+
+/* Handle one message from peer (ZeroMQ routing id bytes; any bytes identify a
+ * connection). queue_us: how long it waited in the server's queue. */
+void shoal_serve_handle(shoal_serve *s, const uint8_t *peer, size_t peerlen, const shoal_frame *in, int nin,
+                        uint64_t queue_us, shoal_serve_alloc_fn alloc, void *actx, shoal_serve_reply *rep);
+
+/* ERROR perr for a request that will not be served (e.g. SHUTTING_DOWN), with
+ * the request's rid when its envelope decodes. */
+void shoal_serve_refuse(shoal_serve *s, const shoal_frame *in, int nin, int perr, const char *msg,
+                        shoal_serve_reply *rep);
+
+/* Counters since open (STATS_REPLY). */
+void shoal_serve_stats(const shoal_serve *s, shoal_proto_stats *out);
+
+#endif
