@@ -758,6 +758,13 @@ fail:
     return rc;
 }
 
+void shoal_expert_client_set_timeout(shoal_expert_client *c, int timeout_ms)
+{
+    pthread_mutex_lock(&c->mu);
+    c->o.timeout_ms = timeout_ms > 0 ? timeout_ms : 30000;
+    pthread_mutex_unlock(&c->mu);
+}
+
 void shoal_expert_client_get_stats(shoal_expert_client *c, shoal_expert_client_stats *out)
 {
     pthread_mutex_lock(&c->mu);

@@ -70,6 +70,10 @@ typedef struct {
     double wait_s;          /* time gather() spent waiting */
 } shoal_expert_client_stats;
 
+/* Deadline of the following gathers (e.g. longer for a long prefill). Between
+ * requests only. */
+void shoal_expert_client_set_timeout(shoal_expert_client *c, int timeout_ms);
+
 /* Not while a request is outstanding (stats are updated by the I/O thread). */
 void shoal_expert_client_get_stats(shoal_expert_client *c, shoal_expert_client_stats *out);
 void shoal_expert_client_reset_stats(shoal_expert_client *c);

@@ -1,0 +1,375 @@
+/* expert_client against real expert servers (worker/expert_server.h in
+ * threads of this process, real ZeroMQ sockets over ipc://) on the tiny model:
+ * the gathered outputs equal the in-process backend's bit for bit for random
+ * batches and any assignment of experts to workers; ownership gaps/overlaps and
+ * fingerprint mismatches are refused naming the workers; a silent worker fails
+ * the request within the deadline naming it, its late reply is dropped and the
+ * next request succeeds; a stopped worker fails the next request at once; and
+ * submit/gather do not allocate on the calling thread. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "common/k3cfg.h"
+#include "common/log.h"
+#include "common/st.h"
+#include "coordinator/engine.h"
+#include "coordinator/engine_int.h"
+#include "coordinator/expert_client.h"
+#include "coordinator/experts_local.h"
+#include "kernels/kernels.h"
+#include "proto/fprint.h"
+#include "tests/unit/test.h"
+#include "worker/expert_server.h"
+
+#define MAXW 4
+
+static char model[4096];
+static shoal_k3cfg cfg;
+static shoal_st *store;
+static uint8_t fp[SHOAL_PROTO_FP_BYTES];
+static int have_model;
+
+typedef struct {
+    shoal_expert_server_opts o;
+    volatile sig_atomic_t stop;
+    int rc;
+    char err[1024], ep[128], ranges[256];
+    pthread_t th;
+    int running;
+} srv;
+
+static void *srv_main(void *arg)
+{
+    srv *s = arg;
+    s->o.stop = &s->stop;
+    s->rc = shoal_expert_server_run(&s->o, s->err, sizeof s->err);
+    return NULL;
+}
+
+static int tag;
+static void srv_start(srv *s, const char *ranges, unsigned delay_us)
+{
+    memset(s, 0, sizeof *s);
+    snprintf(s->ep, sizeof s->ep, "ipc://@shoal-test-client-%d-%d", (int)getpid(), tag++);
+    snprintf(s->ranges, sizeof s->ranges, "%s", ranges);
+    s->o = (shoal_expert_server_opts){.model = model, .experts = s->ranges, .listen = s->ep, .threads = 1,
+                                      .delay_us = delay_us, .max_tokens = 64};
+    s->running = pthread_create(&s->th, NULL, srv_main, s) == 0;
+}
+
+static void srv_stop(srv *s)
+{
+    if (!s->running)
+        return;
+    s->stop = 1;
+    pthread_join(s->th, NULL);
+    s->running = 0;
+}
+
+static int open_client(shoal_expert_client **c, srv *w, int n, const uint8_t *fpr, int timeout_ms, char *err,
+                       size_t errlen)
+{
+    const char *eps[MAXW];
+    for (int i = 0; i < n; i++)
+        eps[i] = w[i].ep;
+    shoal_expert_client_opts o = {.endpoints = eps, .nworkers = n, .cfg = &cfg, .fingerprint = fpr,
+                                  .max_tokens = 16, .timeout_ms = timeout_ms, .hello_timeout_ms = 5000};
+    return shoal_expert_client_open(c, &o, err, errlen);
+}
+
+static uint32_t rng = 88172645u;
+static uint32_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 17;
+    rng ^= rng << 5;
+    return rng;
+}
+
+/* Random routing: T tokens, k distinct ascending experts each. */
+static void random_batch(int T, float *z, int32_t *ids)
+{
+    int d = cfg.latent_size, k = cfg.experts_per_token, E = cfg.num_experts;
+    for (int i = 0; i < T * d; i++)
+        z[i] = (float)((int)(rnd() % 20001) - 10000) / 3000.0f;
+    for (int t = 0; t < T; t++) {
+        int chosen[256] = {0}, n = 0;
+        while (n < k) {
+            int e = (int)(rnd() % (uint32_t)E);
+            if (!chosen[e]) {
+                chosen[e] = 1;
+                n++;
+            }
+        }
+        for (int e = 0, s = 0; e < E; e++)
+            if (chosen[e])
+                ids[t * k + s++] = e;
+    }
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Compare the client with the in-process backend over random batches. */
+static void compare(shoal_expert_client *c, int trials)
+{
+    char err[1024];
+    shoal_experts local;
+    CHECK(shoal_experts_local_open(&local, store, &cfg, "language_model.model.layers.", 16, err, sizeof err) == 0);
+    shoal_experts remote = shoal_expert_client_backend(c);
+    int d = cfg.latent_size, k = cfg.experts_per_token;
+    float *z = malloc(sizeof(float) * 16 * (size_t)d);
+    int32_t *ids = malloc(sizeof(int32_t) * 16 * (size_t)k);
+    uint16_t *ya = malloc(2 * 16 * (size_t)k * (size_t)d), *yb = malloc(2 * 16 * (size_t)k * (size_t)d);
+    for (int trial = 0; trial < trials; trial++) {
+        int T = 1 + (int)(rnd() % 16), layer = 1 + (int)(rnd() % 8);
+        random_batch(T, z, ids);
+        memset(ya, 0x11, 2 * (size_t)T * k * d);
+        memset(yb, 0x22, 2 * (size_t)T * k * d);
+        CHECK(local.vt->submit(local.self, layer, T, k, z, ids, err, sizeof err) == 0);
+        CHECK(local.vt->gather(local.self, ya, err, sizeof err) == 0);
+        CHECK_MSG(remote.vt->submit(remote.self, layer, T, k, z, ids, err, sizeof err) == 0, "%s", err);
+        CHECK_MSG(remote.vt->gather(remote.self, yb, err, sizeof err) == 0, "%s", err);
+        CHECK_MSG(!memcmp(ya, yb, 2 * (size_t)T * k * d), "trial %d: T %d layer %d", trial, T, layer);
+    }
+    local.vt->close(local.self);
+    free(z);
+    free(ids);
+    free(ya);
+    free(yb);
+}
+
+static void t_matches_local(void)
+{
+    if (!have_model)
+        SKIP("tests/models/tiny-k3 not present");
+    static const char *layouts[][MAXW] = {
+        {"1-8:0-23"},                                           /* one worker */
+        {"1-8:0-11", "1-8:12-23"},                              /* contiguous */
+        {"1-8:0-5,1-8:12-17", "1-8:6-11,1-8:18-23"},            /* interleaved blocks */
+        {"1-8:0-20", "1-8:21", "1-4:22-23", "5-8:22-23"},       /* uneven, split by layers too */
+    };
+    static const int nws[] = {1, 2, 2, 4};
+    for (int li = 0; li < 4; li++) {
+        srv w[MAXW];
+        for (int i = 0; i < nws[li]; i++)
+            srv_start(&w[i], layouts[li][i], 0);
+        shoal_expert_client *c = NULL;
+        char err[2048];
+        int rc = open_client(&c, w, nws[li], fp, 10000, err, sizeof err);
+        CHECK_MSG(rc == 0, "layout %d: %s", li, err);
+        if (!rc) {
+            compare(c, 25);
+            shoal_expert_client_stats st;
+            shoal_expert_client_get_stats(c, &st);
+            CHECK(st.requests == 25 && st.failures == 0 && st.late_replies == 0 && st.bytes_out > 0);
+            CHECK(st.messages >= 25 && st.messages <= 25u * (unsigned)nws[li]);
+        }
+        shoal_expert_client_close(c);
+        for (int i = 0; i < nws[li]; i++) {
+            srv_stop(&w[i]);
+            CHECK_MSG(w[i].rc == 0, "%s", w[i].err);
+        }
+    }
+}
+
+static void t_refuses_gaps_and_overlaps(void)
+{
+    if (!have_model)
+        SKIP("tests/models/tiny-k3 not present");
+    srv w[2];
+    srv_start(&w[0], "1-8:0-11", 0);
+    srv_start(&w[1], "1-8:10-20", 0);
+    shoal_expert_client *c = NULL;
+    char err[2048];
+    CHECK(open_client(&c, w, 2, fp, 1000, err, sizeof err) == SHOAL_ECONFIG && c == NULL);
+    CHECK_STR_CONTAINS(err, "layers 1-8 experts 10-11: owned by");
+    CHECK_STR_CONTAINS(err, w[0].ep);
+    CHECK_STR_CONTAINS(err, w[1].ep);
+    CHECK_STR_CONTAINS(err, "layers 1-8 experts 21-23: owned by no worker");
+    srv_stop(&w[0]);
+    srv_stop(&w[1]);
+}
+
+static void t_refuses_fingerprint(void)
+{
+    if (!have_model)
+        SKIP("tests/models/tiny-k3 not present");
+    srv w[1];
+    srv_start(&w[0], "1-8:0-23", 0);
+    uint8_t other[SHOAL_PROTO_FP_BYTES];
+    memcpy(other, fp, sizeof other);
+    other[5] ^= 0x40;
+    shoal_expert_client *c = NULL;
+    char err[2048], a[65], b[65];
+    CHECK(open_client(&c, w, 1, other, 1000, err, sizeof err) == SHOAL_EFINGERPRINT);
+    shoal_proto_hex(other, a);
+    shoal_proto_hex(fp, b);
+    CHECK_STR_CONTAINS(err, a);
+    CHECK_STR_CONTAINS(err, b);
+    CHECK_STR_CONTAINS(err, w[0].ep);
+    srv_stop(&w[0]);
+}
+
+static void t_no_hello_deadline(void)
+{
+    if (!have_model)
+        SKIP("tests/models/tiny-k3 not present");
+    srv w[1];
+    memset(w, 0, sizeof w);
+    snprintf(w[0].ep, sizeof w[0].ep, "ipc://@shoal-test-nobody-%d", (int)getpid());
+    const char *eps[1] = {w[0].ep};
+    shoal_expert_client_opts o = {.endpoints = eps, .nworkers = 1, .cfg = &cfg, .fingerprint = fp, .max_tokens = 4,
+                                  .hello_timeout_ms = 300};
+    shoal_expert_client *c = NULL;
+    char err[1024];
+    double t0 = now_s();
+    CHECK(shoal_expert_client_open(&c, &o, err, sizeof err) == SHOAL_ETIMEOUT && c == NULL);
+    double dt = now_s() - t0;
+    CHECK_MSG(dt >= 0.25 && dt < 2.0, "took %.3f s", dt);
+    CHECK_STR_CONTAINS(err, w[0].ep);
+    CHECK_STR_CONTAINS(err, "not connected");
+}
+
+static void t_silent_worker_deadline(void)
+{
+    if (!have_model)
+        SKIP("tests/models/tiny-k3 not present");
+    srv w[2];
+    srv_start(&w[0], "1-8:0-11", 0);
+    srv_start(&w[1], "1-8:12-23", 700000); /* 0.7 s per batch */
+    shoal_expert_client *c = NULL;
+    char err[2048];
+    CHECK(open_client(&c, w, 2, fp, 200, err, sizeof err) == 0);
+    if (c) {
+        shoal_experts b = shoal_expert_client_backend(c);
+        int d = cfg.latent_size, k = cfg.experts_per_token;
+        float z[4 * 64];
+        int32_t ids[4 * 16];
+        uint16_t *y = malloc(2 * 4 * (size_t)k * (size_t)d);
+        CHECK(d <= 64 && k <= 16);
+        random_batch(4, z, ids);
+        ids[0] = 12; /* make sure w1 is involved: token 0 gets expert 12.. */
+        for (int s = 1; s < k; s++)
+            ids[s] = 12 + s;
+        double t0 = now_s();
+        CHECK(b.vt->submit(b.self, 2, 4, k, z, ids, err, sizeof err) == 0);
+        int rc = b.vt->gather(b.self, y, err, sizeof err);
+        double dt = now_s() - t0;
+        CHECK_MSG(rc == SHOAL_ETIMEOUT, "rc %d: %s", rc, err);
+        CHECK_MSG(dt >= 0.19 && dt < 0.6, "failed after %.3f s (deadline 0.2 s)", dt);
+        CHECK_STR_CONTAINS(err, w[1].ep);
+        CHECK_STR_CONTAINS(err, "within 200 ms");
+        /* the next request, with a longer deadline, succeeds; the late reply is dropped */
+        shoal_expert_client_set_timeout(c, 5000);
+        compare(c, 2);
+        shoal_expert_client_stats st;
+        shoal_expert_client_get_stats(c, &st);
+        CHECK(st.late_replies == 1 && st.failures == 1);
+        free(y);
+    }
+    shoal_expert_client_close(c);
+    srv_stop(&w[0]);
+    srv_stop(&w[1]);
+}
+
+static void t_stopped_worker_fails_fast(void)
+{
+    if (!have_model)
+        SKIP("tests/models/tiny-k3 not present");
+    srv w[2];
+    srv_start(&w[0], "1-8:0-11", 0);
+    srv_start(&w[1], "1-8:12-23", 0);
+    shoal_expert_client *c = NULL;
+    char err[2048];
+    CHECK(open_client(&c, w, 2, fp, 10000, err, sizeof err) == 0);
+    if (c) {
+        compare(c, 2);
+        srv_stop(&w[1]);
+        usleep(200000); /* the disconnect is seen */
+        shoal_experts b = shoal_expert_client_backend(c);
+        int d = cfg.latent_size, k = cfg.experts_per_token;
+        float z[64];
+        int32_t ids[16];
+        uint16_t *y = malloc(2 * (size_t)k * (size_t)d);
+        random_batch(1, z, ids);
+        ids[k - 1] = 23;
+        for (int s = 0; s < k - 1; s++)
+            ids[s] = s;
+        double t0 = now_s();
+        CHECK(b.vt->submit(b.self, 3, 1, k, z, ids, err, sizeof err) == 0);
+        int rc = b.vt->gather(b.self, y, err, sizeof err);
+        double dt = now_s() - t0;
+        CHECK_MSG(rc == SHOAL_EPEER && dt < 1.0, "rc %d after %.3f s: %s", rc, dt, err);
+        CHECK_STR_CONTAINS(err, w[1].ep);
+        free(y);
+    }
+    shoal_expert_client_close(c);
+    srv_stop(&w[0]);
+}
+
+static void t_no_alloc_on_caller(void)
+{
+    if (!have_model)
+        SKIP("tests/models/tiny-k3 not present");
+    srv w[2];
+    srv_start(&w[0], "1-8:0-11", 0);
+    srv_start(&w[1], "1-8:12-23", 0);
+    shoal_expert_client *c = NULL;
+    char err[2048];
+    CHECK(open_client(&c, w, 2, fp, 10000, err, sizeof err) == 0);
+    if (c) {
+        shoal_experts b = shoal_expert_client_backend(c);
+        int d = cfg.latent_size, k = cfg.experts_per_token;
+        float *z = malloc(sizeof(float) * 16 * (size_t)d);
+        int32_t *ids = malloc(sizeof(int32_t) * 16 * (size_t)k);
+        uint16_t *y = malloc(2 * 16 * (size_t)k * (size_t)d);
+        random_batch(16, z, ids);
+        uint64_t before = shoal_engine_alloc_count();
+        shoal__engine_guard_arm(1); /* counts (and in debug builds aborts on) any malloc on this thread */
+        for (int r = 0; r < 5; r++) {
+            b.vt->submit(b.self, 1 + r, 16, k, z, ids, err, sizeof err);
+            b.vt->gather(b.self, y, err, sizeof err);
+        }
+        shoal__engine_guard_arm(0);
+        CHECK_EQ_INT(shoal_engine_alloc_count() - before, 0);
+        free(z);
+        free(ids);
+        free(y);
+    }
+    shoal_expert_client_close(c);
+    srv_stop(&w[0]);
+    srv_stop(&w[1]);
+}
+
+int main(void)
+{
+    test_binary = "test_expert_client";
+    shoal_log_set_level(SHOAL_LOG_ERROR);
+    shoal_kernels_init();
+    snprintf(model, sizeof model, "%s", test_src_path("tests/models/tiny-k3"));
+    char path[4200], err[1024];
+    snprintf(path, sizeof path, "%s/config.json", model);
+    shoal_st_opts so = {.map = 1};
+    have_model = access(path, R_OK) == 0 && shoal_k3cfg_load(&cfg, path, err, sizeof err) == 0 &&
+                 shoal_st_open(&store, model, &so, err, sizeof err) == 0 &&
+                 shoal_fprint_model(fp, &cfg, store, err, sizeof err) == 0;
+    RUN(t_matches_local);
+    RUN(t_refuses_gaps_and_overlaps);
+    RUN(t_refuses_fingerprint);
+    RUN(t_no_hello_deadline);
+    RUN(t_silent_worker_deadline);
+    RUN(t_stopped_worker_fails_fast);
+    RUN(t_no_alloc_on_caller);
+    shoal_st_close(store);
+    return test_finish();
+}
