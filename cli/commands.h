@@ -13,7 +13,7 @@
     X(bench, "benchmarks: 'bench kernels [--threads N] [--json]'")         \
     X(trace, "routing traces: 'trace stats FILE [--plan plan.json]'")      \
     X(tokenize, "print the token ids of a text (K3 tokenizer)")            \
-    X(detokenize, "print the text of token ids (K3 tokenizer)")               \
+    X(detokenize, "print the text of token ids (K3 tokenizer)")            \
     X(expert, "serve a shard of the routed experts to coordinators (ZeroMQ)")
 
 #define SHOAL_CMD_DECL(name, help) int shoal_cmd_##name(int argc, char **argv);
