@@ -1,0 +1,604 @@
+/* `shoal top`: a live per-shard view of a running coordinator, read from its
+ * Prometheus /metrics (docs/METRICS.md): one row per expert server with its
+ * status, experts owned, load share against its fair share, round-trip p50 /
+ * p99, weight GB/s while computing, and memory. ncurses, plain ASCII, no
+ * mouse, redrawn every --interval seconds or on a key, resize-aware: usable
+ * over SSH. `--once` prints the same table once as plain text for scripts.
+ *
+ * The HTTP GET here is a small blocking client with deadlines (connect, read)
+ * and a size cap; every byte from the socket is checked (status line,
+ * headers, chunked framing) before the exposition parser sees the body. */
+#include <arpa/inet.h>
+#include <curses.h>
+#include <errno.h>
+#include <math.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "common/metrics.h"
+
+#define MAX_BODY (64u << 20)
+#define MAX_ROWS 4096
+#define ID_MAX 64
+
+/* ---- HTTP GET ------------------------------------------------------------ */
+
+typedef struct {
+    char host[256], port[8], path[512];
+} url_t;
+
+static int parse_url(const char *u, url_t *out, char *err, size_t errlen)
+{
+    if (strncmp(u, "http://", 7))
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "coordinator URL '%s' must start with http://", u);
+    const char *h = u + 7, *slash = strchr(h, '/');
+    size_t hl = slash ? (size_t)(slash - h) : strlen(h);
+    if (hl == 0 || hl >= sizeof out->host)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "coordinator URL '%s': bad host", u);
+    char hp[256];
+    memcpy(hp, h, hl);
+    hp[hl] = 0;
+    char *colon = strrchr(hp, ':');
+    snprintf(out->port, sizeof out->port, "80");
+    if (colon && !strchr(colon, ']')) {
+        *colon = 0;
+        char *end;
+        long p = strtol(colon + 1, &end, 10);
+        if (*end || p < 1 || p > 65535)
+            return shoal_err_set(err, errlen, SHOAL_EINVAL, "coordinator URL '%s': bad port", u);
+        snprintf(out->port, sizeof out->port, "%ld", p);
+    }
+    if (!*hp)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "coordinator URL '%s': bad host", u);
+    snprintf(out->host, sizeof out->host, "%s", hp);
+    const char *path = slash && strcmp(slash, "/") ? slash : "/metrics";
+    if (strlen(path) >= sizeof out->path)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "coordinator URL '%s': path too long", u);
+    snprintf(out->path, sizeof out->path, "%s", path);
+    return 0;
+}
+
+static double mono_s(void)
+{
+    return (double)shoal_metrics_now_ns() / 1e9;
+}
+
+/* Decode a chunked body in place; returns the decoded length or -1. */
+static long dechunk(char *b, size_t n)
+{
+    size_t in = 0, out = 0;
+    for (;;) {
+        char *eol = memchr(b + in, '\n', n - in);
+        if (!eol)
+            return -1;
+        char *end;
+        errno = 0;
+        unsigned long sz = strtoul(b + in, &end, 16);
+        if (errno || end == b + in || sz > n)
+            return -1;
+        in = (size_t)(eol - b) + 1;
+        if (sz == 0)
+            return (long)out;
+        if (sz > n - in)
+            return -1;
+        memmove(b + out, b + in, sz);
+        out += sz;
+        in += sz;
+        if (in < n && b[in] == '\r')
+            in++;
+        if (in >= n || b[in] != '\n')
+            return -1;
+        in++;
+    }
+}
+
+/* GET url; on success *body (malloc'd, NUL-terminated) and *blen. */
+static int http_get(const url_t *u, double timeout_s, char **body, size_t *blen, char *err, size_t errlen)
+{
+    *body = NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    int gr = getaddrinfo(u->host, u->port, &hints, &ai);
+    if (gr)
+        return shoal_err_set(err, errlen, SHOAL_EIO, "%s: %s", u->host, gai_strerror(gr));
+    double deadline = mono_s() + timeout_s;
+    int fd = -1, rc = 0;
+    for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0)
+            continue;
+        if (connect(fd, a->ai_addr, a->ai_addrlen) && errno != EINPROGRESS) {
+            close(fd);
+            fd = -1;
+            continue;
+        }
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int ms = (int)((deadline - mono_s()) * 1000);
+        int soerr = 0;
+        socklen_t sl = sizeof soerr;
+        if (ms <= 0 || poll(&p, 1, ms) != 1 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) || soerr) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(ai);
+    if (fd < 0)
+        return shoal_err_set(err, errlen, SHOAL_EIO, "cannot connect to %s:%s", u->host, u->port);
+    char req[1024];
+    int rl = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s:%s\r\nAccept: text/plain\r\nConnection: close\r\n\r\n",
+                      u->path, u->host, u->port);
+    size_t off = 0;
+    while (off < (size_t)rl) {
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int ms = (int)((deadline - mono_s()) * 1000);
+        if (ms <= 0 || poll(&p, 1, ms) != 1) {
+            rc = shoal_err_set(err, errlen, SHOAL_ETIMEOUT, "%s:%s: timed out sending", u->host, u->port);
+            goto out;
+        }
+        ssize_t w = send(fd, req + off, (size_t)rl - off, MSG_NOSIGNAL);
+        if (w < 0 && errno != EAGAIN && errno != EINTR) {
+            rc = shoal_err_set(err, errlen, -errno, "%s:%s: %s", u->host, u->port, strerror(errno));
+            goto out;
+        }
+        if (w > 0)
+            off += (size_t)w;
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *buf = shoal_xmalloc(cap);
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int ms = (int)((deadline - mono_s()) * 1000);
+        if (ms <= 0 || poll(&p, 1, ms) != 1) {
+            free(buf);
+            rc = shoal_err_set(err, errlen, SHOAL_ETIMEOUT, "%s:%s: no complete answer within %.0f s", u->host,
+                               u->port, timeout_s);
+            goto out;
+        }
+        if (len + 1 >= cap) {
+            if (cap >= MAX_BODY) {
+                free(buf);
+                rc = shoal_err_set(err, errlen, SHOAL_ERANGE, "%s:%s: answer larger than %u bytes", u->host,
+                                   u->port, MAX_BODY);
+                goto out;
+            }
+            cap *= 2;
+            buf = shoal_xrealloc(buf, cap);
+        }
+        ssize_t r = recv(fd, buf + len, cap - 1 - len, 0);
+        if (r < 0 && (errno == EAGAIN || errno == EINTR))
+            continue;
+        if (r < 0) {
+            free(buf);
+            rc = shoal_err_set(err, errlen, -errno, "%s:%s: %s", u->host, u->port, strerror(errno));
+            goto out;
+        }
+        if (r == 0)
+            break;
+        len += (size_t)r;
+    }
+    buf[len] = 0;
+    /* status line, headers */
+    int status = 0;
+    if (len < 12 || strncmp(buf, "HTTP/1.", 7) || sscanf(buf + 9, "%3d", &status) != 1) {
+        free(buf);
+        rc = shoal_err_set(err, errlen, SHOAL_EPROTO, "%s:%s: not an HTTP/1.x answer", u->host, u->port);
+        goto out;
+    }
+    char *hend = strstr(buf, "\r\n\r\n");
+    size_t hl = 4;
+    if (!hend) {
+        hend = strstr(buf, "\n\n");
+        hl = 2;
+    }
+    if (!hend) {
+        free(buf);
+        rc = shoal_err_set(err, errlen, SHOAL_EPROTO, "%s:%s: truncated HTTP header", u->host, u->port);
+        goto out;
+    }
+    if (status != 200) {
+        char line[128];
+        size_t ll = strcspn(buf, "\r\n");
+        snprintf(line, sizeof line, "%.*s", (int)(ll < 100 ? ll : 100), buf);
+        free(buf);
+        rc = shoal_err_set(err, errlen, SHOAL_EPEER, "GET http://%s:%s%s: %s", u->host, u->port, u->path, line);
+        goto out;
+    }
+    int chunked = 0;
+    for (char *h = strchr(buf, '\n') + 1; h < hend; h = strchr(h, '\n') + 1)
+        if (!strncasecmp(h, "transfer-encoding:", 18) && strstr(h, "chunked") && strstr(h, "chunked") < hend)
+            chunked = 1;
+    char *b = hend + hl;
+    size_t n = len - (size_t)(b - buf);
+    if (chunked) {
+        long d = dechunk(b, n);
+        if (d < 0) {
+            free(buf);
+            rc = shoal_err_set(err, errlen, SHOAL_EPROTO, "%s:%s: bad chunked body", u->host, u->port);
+            goto out;
+        }
+        n = (size_t)d;
+    }
+    memmove(buf, b, n);
+    buf[n] = 0;
+    *body = buf;
+    *blen = n;
+out:
+    close(fd);
+    return rc;
+}
+
+/* ---- the model of the table ---------------------------------------------- */
+
+typedef struct {
+    char id[ID_MAX + 1], endpoint[160];
+    int up;
+    double owned, share, fair, p50, p99, weight_bytes, compute_s, expert_bytes, mem_total;
+    double requests, errors, timeouts;
+} row_t;
+
+typedef struct {
+    row_t *rows;
+    int n;
+    double tokens, uptime, worst_imb;
+    int worst_layer;
+} view_t;
+
+static row_t *row_of(view_t *v, const char *id)
+{
+    for (int i = 0; i < v->n; i++)
+        if (!strcmp(v->rows[i].id, id))
+            return &v->rows[i];
+    if (v->n == MAX_ROWS)
+        return NULL;
+    row_t *r = &v->rows[v->n++];
+    memset(r, 0, sizeof *r);
+    snprintf(r->id, sizeof r->id, "%s", id);
+    r->p50 = r->p99 = NAN;
+    r->up = -1;
+    return r;
+}
+
+static int collect(void *ctx, const shoal_metrics_parsed *s)
+{
+    view_t *v = ctx;
+    const char *n = s->name;
+    if (!strcmp(n, "shoal_forward_tokens_total"))
+        v->tokens = s->value;
+    else if (!strcmp(n, "shoal_coordinator_uptime_seconds"))
+        v->uptime = s->value;
+    else if (!strcmp(n, "shoal_layer_imbalance")) {
+        const char *l = shoal_metrics_label_get(s, "layer");
+        if (l && s->value > v->worst_imb) {
+            v->worst_imb = s->value;
+            v->worst_layer = atoi(l);
+        }
+    }
+    if (strncmp(n, "shoal_worker_", 13))
+        return 0;
+    const char *w = shoal_metrics_label_get(s, "worker");
+    if (!w || strlen(w) > ID_MAX)
+        return 0;
+    row_t *r = row_of(v, w);
+    if (!r)
+        return 0;
+    n += 13;
+    const char *q = shoal_metrics_label_get(s, "quantile");
+    if (!strcmp(n, "info")) {
+        const char *e = shoal_metrics_label_get(s, "endpoint");
+        snprintf(r->endpoint, sizeof r->endpoint, "%s", e ? e : "");
+    } else if (!strcmp(n, "up"))
+        r->up = s->value != 0;
+    else if (!strcmp(n, "experts_owned"))
+        r->owned = s->value;
+    else if (!strcmp(n, "load_share"))
+        r->share = s->value;
+    else if (!strcmp(n, "fair_share"))
+        r->fair = s->value;
+    else if (!strcmp(n, "rtt_quantile_seconds") && q && !strcmp(q, "0.5"))
+        r->p50 = s->value;
+    else if (!strcmp(n, "rtt_quantile_seconds") && q && !strcmp(q, "0.99"))
+        r->p99 = s->value;
+    else if (!strcmp(n, "weight_bytes_total"))
+        r->weight_bytes = s->value;
+    else if (!strcmp(n, "compute_seconds_total"))
+        r->compute_s = s->value;
+    else if (!strcmp(n, "expert_bytes"))
+        r->expert_bytes = s->value;
+    else if (!strcmp(n, "memory_total_bytes"))
+        r->mem_total = s->value;
+    else if (!strcmp(n, "requests_total"))
+        r->requests = s->value;
+    else if (!strcmp(n, "errors_total"))
+        r->errors = s->value;
+    else if (!strcmp(n, "timeouts_total"))
+        r->timeouts = s->value;
+    return 0;
+}
+
+static int fetch(const url_t *u, view_t *v, char *err, size_t errlen)
+{
+    char *body = NULL;
+    size_t blen = 0;
+    int rc = http_get(u, 5.0, &body, &blen, err, errlen);
+    if (rc)
+        return rc;
+    v->n = 0;
+    v->tokens = v->uptime = v->worst_imb = 0;
+    v->worst_layer = -1;
+    rc = shoal_metrics_parse(body, blen, collect, v, err, errlen);
+    free(body);
+    return rc;
+}
+
+/* ---- sorting and rendering ----------------------------------------------- */
+
+typedef enum { SORT_NAME, SORT_SHARE, SORT_P50, SORT_P99, SORT_GBPS, SORT_MEM, SORT_ERRORS } sort_key;
+static const char *const sort_names[] = {"name", "share", "p50", "p99", "gbps", "mem", "errors"};
+static sort_key g_sort;
+static int g_reverse;
+
+static double gbps(const row_t *r)
+{
+    return r->compute_s > 0 ? r->weight_bytes / r->compute_s / 1e9 : 0;
+}
+
+static double key_of(const row_t *r, sort_key k)
+{
+    switch (k) {
+    case SORT_SHARE: return r->share;
+    case SORT_P50: return isnan(r->p50) ? -1 : r->p50;
+    case SORT_P99: return isnan(r->p99) ? -1 : r->p99;
+    case SORT_GBPS: return gbps(r);
+    case SORT_MEM: return r->expert_bytes;
+    case SORT_ERRORS: return r->errors + r->timeouts;
+    case SORT_NAME: return 0;
+    }
+    return 0;
+}
+
+/* name ascending; numbers descending (the busiest / slowest first); ties by
+ * name; --reverse / 'r' flips */
+static int cmp_rows(const void *a, const void *b)
+{
+    const row_t *x = a, *y = b;
+    int c = 0;
+    if (g_sort != SORT_NAME) {
+        double kx = key_of(x, g_sort), ky = key_of(y, g_sort);
+        c = kx > ky ? -1 : kx < ky ? 1 : 0;
+    }
+    if (!c)
+        c = strcmp(x->id, y->id);
+    return g_reverse ? -c : c;
+}
+
+static void fmt_ms(char *b, size_t n, double s)
+{
+    if (isnan(s))
+        snprintf(b, n, "-");
+    else
+        snprintf(b, n, "%.3f", s * 1e3);
+}
+
+static void fmt_gib(char *b, size_t n, double bytes)
+{
+    if (bytes >= 1024.0 * 1024 * 1024 * 10)
+        snprintf(b, n, "%.0fG", bytes / (1024.0 * 1024 * 1024));
+    else if (bytes >= 1024.0 * 1024 * 1024)
+        snprintf(b, n, "%.1fG", bytes / (1024.0 * 1024 * 1024));
+    else
+        snprintf(b, n, "%.1fM", bytes / (1024.0 * 1024));
+}
+
+#define LINE_MAX_ 256
+
+/* The table as text lines (shared by --once and the live view). Returns the
+ * number of lines written into lines[max]. */
+static int render(const view_t *v, const char *url, char (*lines)[LINE_MAX_], int max)
+{
+    int k = 0;
+    double maxshare = 0, sumshare = 0;
+    int up = 0;
+    for (int i = 0; i < v->n; i++) {
+        maxshare = fmax(maxshare, v->rows[i].share);
+        sumshare += v->rows[i].share;
+        up += v->rows[i].up == 1;
+    }
+    double imb = v->n && sumshare > 0 ? maxshare / (sumshare / v->n) : 0;
+    if (k < max)
+        snprintf(lines[k++], LINE_MAX_, "shoal top - %s - up %.0f s, %.0f tokens, %d/%d shards up", url, v->uptime,
+                 v->tokens, up, v->n);
+    if (k < max) {
+        if (v->worst_layer >= 0)
+            snprintf(lines[k++], LINE_MAX_,
+                     "load imbalance (max/mean share) %.3f; worst layer %d at %.3f; sorted by %s%s", imb,
+                     v->worst_layer, v->worst_imb, sort_names[g_sort], g_reverse ? " (reversed)" : "");
+        else
+            snprintf(lines[k++], LINE_MAX_, "load imbalance (max/mean share) %.3f; sorted by %s%s", imb,
+                     sort_names[g_sort], g_reverse ? " (reversed)" : "");
+    }
+    if (k < max)
+        snprintf(lines[k++], LINE_MAX_, "%-20s %-6s %8s %7s %7s %6s %9s %9s %7s %13s %9s %6s", "SHARD", "STATUS",
+                 "EXPERTS", "SHARE", "FAIR", "xFAIR", "P50(ms)", "P99(ms)", "GB/s", "MEM/HOST", "REQS", "ERR");
+    for (int i = 0; i < v->n && k < max; i++) {
+        const row_t *r = &v->rows[i];
+        char p50[16], p99[16], mem[16], host[16], mh[40];
+        fmt_ms(p50, sizeof p50, r->p50);
+        fmt_ms(p99, sizeof p99, r->p99);
+        fmt_gib(mem, sizeof mem, r->expert_bytes);
+        fmt_gib(host, sizeof host, r->mem_total);
+        snprintf(mh, sizeof mh, "%s/%s", mem, host);
+        snprintf(lines[k++], LINE_MAX_, "%-20.20s %-6s %8.0f %7.3f %7.3f %6.2f %9s %9s %7.3f %13s %9.0f %6.0f", r->id,
+                 r->up == 1 ? "up" : r->up == 0 ? "DOWN" : "?", r->owned, r->share, r->fair,
+                 r->fair > 0 ? r->share / r->fair : 0, p50, p99, gbps(r), mh, r->requests, r->errors + r->timeouts);
+    }
+    return k;
+}
+
+/* ---- the command ---------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: shoal top --coordinator http://HOST:PORT [--once] [--interval S] [--sort KEY] [--reverse]\n"
+               "\n"
+               "One row per expert server (shard) of a running `shoal serve`, from its /metrics:\n"
+               "status, experts owned, load share vs fair share (1/N) and their ratio,\n"
+               "round-trip p50/p99 (ms), weight GB/s while computing, expert weights / host\n"
+               "memory, requests, errors + timeouts.\n"
+               "\n"
+               "  --coordinator URL  the coordinator's HTTP address (path default /metrics)\n"
+               "  --once             print the table once as plain text and exit\n"
+               "  --interval S       refresh period of the live view (default 2)\n"
+               "  --sort KEY         name, share, p50, p99, gbps, mem, errors (default share)\n"
+               "  --reverse          reverse the order\n"
+               "\n"
+               "keys in the live view: n s p l g m e = sort by name, share, p50, p99 (latency),\n"
+               "GB/s, memory, errors; r = reverse; space = refresh now; q = quit.\n"
+               "\n"
+               "exit codes: 0 ok, 2 usage error, 4 the coordinator could not be read\n");
+}
+
+static int parse_sort(const char *s, sort_key *out)
+{
+    for (int i = 0; i < (int)(sizeof sort_names / sizeof sort_names[0]); i++)
+        if (!strcmp(s, sort_names[i])) {
+            *out = (sort_key)i;
+            return 0;
+        }
+    return -1;
+}
+
+static int live(const url_t *u, const char *url, double interval, view_t *v)
+{
+    static char lines[MAX_ROWS + 8][LINE_MAX_];
+    char err[512] = "";
+    int have = 0;
+    if (!initscr()) {
+        fprintf(stderr, "shoal top: cannot initialise the terminal (TERM=%s)\n", getenv("TERM") ? getenv("TERM") : "");
+        return 4;
+    }
+    cbreak();
+    noecho();
+    keypad(stdscr, TRUE);
+    curs_set(0);
+    double next = 0;
+    for (;;) {
+        if (mono_s() >= next) {
+            err[0] = 0;
+            have = fetch(u, v, err, sizeof err) == 0;
+            next = mono_s() + interval;
+        }
+        if (have)
+            qsort(v->rows, (size_t)v->n, sizeof *v->rows, cmp_rows);
+        int n = have ? render(v, url, lines, MAX_ROWS + 8) : 0;
+        erase();
+        int H = LINES, W = COLS;
+        for (int i = 0; i < n && i < H - 1; i++) {
+            if (i == 2)
+                attron(A_REVERSE);
+            mvaddnstr(i, 0, lines[i], W);
+            if (i == 2)
+                attroff(A_REVERSE);
+        }
+        if (!have)
+            mvaddnstr(0, 0, "shoal top: waiting for the coordinator", W);
+        if (err[0])
+            mvaddnstr(H - 2 > n ? n + 1 : H - 2, 0, err, W);
+        mvaddnstr(H - 1, 0, "sort: n)ame s)hare p)50 l)atency p99 g)b/s m)em e)rrors  r)everse  q)uit", W);
+        refresh();
+        int ms = (int)((next - mono_s()) * 1000);
+        timeout(ms > 0 ? ms : 0);
+        int c = getch();
+        if (c == 'q' || c == 'Q')
+            break;
+        switch (c) {
+        case 'n': g_sort = SORT_NAME; break;
+        case 's': g_sort = SORT_SHARE; break;
+        case 'p': g_sort = SORT_P50; break;
+        case 'l': g_sort = SORT_P99; break;
+        case 'g': g_sort = SORT_GBPS; break;
+        case 'm': g_sort = SORT_MEM; break;
+        case 'e': g_sort = SORT_ERRORS; break;
+        case 'r': g_reverse = !g_reverse; break;
+        case ' ': next = 0; break;
+        default: break;
+        }
+    }
+    endwin();
+    return 0;
+}
+
+int shoal_cmd_top(int argc, char **argv)
+{
+    const char *url = NULL;
+    int once = 0;
+    double interval = 2;
+    g_sort = SORT_SHARE;
+    g_reverse = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--coordinator") && val) {
+            url = val;
+            i++;
+        } else if (!strcmp(a, "--once")) {
+            once = 1;
+        } else if (!strcmp(a, "--reverse")) {
+            g_reverse = 1;
+        } else if (!strcmp(a, "--interval") && val) {
+            char *end;
+            interval = strtod(val, &end);
+            if (*end || !(interval >= 0.1 && interval <= 3600)) {
+                fprintf(stderr, "shoal top: --interval must be 0.1 .. 3600 seconds\n");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--sort") && val) {
+            if (parse_sort(val, &g_sort)) {
+                fprintf(stderr, "shoal top: unknown --sort key '%s'\n", val);
+                return 2;
+            }
+            i++;
+        } else {
+            fprintf(stderr, "shoal top: unknown or incomplete option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!url) {
+        usage(stderr);
+        return 2;
+    }
+    url_t u;
+    char err[512];
+    if (parse_url(url, &u, err, sizeof err)) {
+        fprintf(stderr, "shoal top: %s\n", err);
+        return 2;
+    }
+    view_t v = {.rows = shoal_xcalloc(MAX_ROWS, sizeof(row_t))};
+    int status = 0;
+    if (once) {
+        if (fetch(&u, &v, err, sizeof err)) {
+            fprintf(stderr, "shoal top: %s\n", err);
+            status = 4;
+        } else {
+            static char lines[MAX_ROWS + 8][LINE_MAX_];
+            qsort(v.rows, (size_t)v.n, sizeof *v.rows, cmp_rows);
+            int n = render(&v, url, lines, MAX_ROWS + 8);
+            for (int i = 0; i < n; i++)
+                printf("%s\n", lines[i]);
+        }
+    } else {
+        status = live(&u, url, interval, &v);
+    }
+    free(v.rows);
+    return status;
+}

@@ -1,0 +1,179 @@
+"""`shoal top` against a /metrics endpoint serving the coordinator exposition
+of tests/unit/test_cmetrics.c's hand case (worker a: share 8/12, up, rtt 1 ms
+and 2 ms, 1 error; worker b"x: share 4/12, down, rtt 0.5 ms and 4 ms, 1
+timeout): `--once` prints the expected rows in each sort order; the live
+ncurses view runs under tmux, its screen is captured and checked, keys
+re-sort it and q quits; unreachable or malformed endpoints are refused."""
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import promcheck  # noqa: E402
+
+R = promcheck.Results("test_top")
+build = os.environ.get("SHOAL_BUILD", "build")
+shoal = os.environ.get("SHOAL_BIN", os.path.join(build, "bin", "shoal"))
+
+tmp = tempfile.mkdtemp(prefix="shoal_top_")
+dump = os.path.join(tmp, "c.prom")
+env = dict(os.environ, SHOAL_METRICS_DUMP=dump)
+env.pop("SHOAL_TEST_RESULTS", None)
+subprocess.run([os.path.join(build, "tests", "test_cmetrics")], env=env, check=True, timeout=60)
+BODY = open(dump, "rb").read()
+
+
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = {"/metrics": BODY, "/bad": b"shoal_worker_up{worker=\"a\" 1\n"}.get(self.path)
+        if body is None:
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+URL = f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+def top(*args):
+    return subprocess.run([shoal, "top", "--coordinator", URL, *args], capture_output=True, text=True, timeout=30)
+
+
+def rows(text):
+    lines = text.strip().split("\n")
+    i = next(i for i, l in enumerate(lines) if l.startswith("SHARD"))
+    return [l.split() for l in lines[i + 1:] if l.strip()]
+
+
+def once_default():
+    p = top("--once")
+    assert p.returncode == 0, p.stderr
+    r = rows(p.stdout)
+    # SHARD STATUS EXPERTS SHARE FAIR xFAIR P50 P99 GB/s MEM/HOST REQS ERR
+    assert [x[0] for x in r] == ["a", 'b"x'], r
+    a, b = r
+    assert a[1:6] == ["up", "4", "0.667", "0.500", "1.33"], a
+    assert b[1:6] == ["DOWN", "4", "0.333", "0.500", "0.67"], b
+    assert a[10:] == ["2", "1"] and b[10:] == ["2", "1"], (a, b)
+    # p50/p99 from log buckets: within a factor 1.19 of the order statistics
+    assert 1 / 1.19 <= float(a[6]) <= 1.19 and 2 / 1.19 <= float(a[7]) <= 2.0, a
+    assert 4 / 1.19 <= float(b[7]) <= 4.0, b
+    # GB/s = weight bytes / compute seconds: a 5 x 1000 B / 2.1 ms = 0.002
+    assert a[8] == "0.002", a
+    assert "1/2 shards up" in p.stdout and "3 tokens" in p.stdout, p.stdout
+    # share imbalance 0.667 / 0.5; worst layer 1 (3 vs 1 pairs: 1.5)
+    assert "load imbalance (max/mean share) 1.333; worst layer 1 at 1.500" in p.stdout, p.stdout
+
+
+R.check("once_default_sort_by_share", once_default)
+
+
+def once_sorts():
+    assert [x[0] for x in rows(top("--once", "--sort", "p99").stdout)] == ['b"x', "a"]
+    assert [x[0] for x in rows(top("--once", "--sort", "name").stdout)] == ["a", 'b"x']
+    assert [x[0] for x in rows(top("--once", "--sort", "name", "--reverse").stdout)] == ['b"x', "a"]
+    assert [x[0] for x in rows(top("--once", "--sort", "p50").stdout)] == ["a", 'b"x']
+
+
+R.check("once_sort_keys", once_sorts)
+
+
+def refusals():
+    p = top("--once", "--sort", "bogus")
+    assert p.returncode == 2, p
+    p = subprocess.run([shoal, "top", "--coordinator", "ftp://x", "--once"], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 2 and "http://" in p.stderr, p
+    p = subprocess.run([shoal, "top", "--coordinator", URL + "/bad", "--once"], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 4 and "metrics line 1" in p.stderr, (p.returncode, p.stderr)
+    p = subprocess.run([shoal, "top", "--coordinator", URL + "/nope", "--once"], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 4 and "404" in p.stderr, (p.returncode, p.stderr)
+    # a closed port: refused quickly, named
+    s = __import__("socket").socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    p = subprocess.run([shoal, "top", "--coordinator", f"http://127.0.0.1:{port}", "--once"], capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 4 and f"127.0.0.1:{port}" in p.stderr, (p.returncode, p.stderr)
+
+
+R.check("refusals", refusals)
+
+tmux = shutil.which("tmux")
+sock = f"shoal_top_test_{os.getpid()}"
+
+
+def tm(*args, check=True):
+    return subprocess.run([tmux, "-L", sock, *args], capture_output=True, text=True, timeout=30, check=check)
+
+
+def screen():
+    return tm("capture-pane", "-p", "-t", "top").stdout
+
+
+def wait_for(pred, what, t=10):
+    end = time.time() + t
+    while time.time() < end:
+        s = screen()
+        if pred(s):
+            return s
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; screen:\n{screen()}")
+
+
+def first_row(s):
+    lines = s.split("\n")
+    i = next(i for i, l in enumerate(lines) if l.startswith("SHARD"))
+    return lines[i + 1].split()[0]
+
+
+def interactive():
+    if not tmux:
+        raise promcheck.SkipCase("tmux not installed (scripts/deps.sh installs it)")
+    tm("new-session", "-d", "-s", "top", "-x", "140", "-y", "20",
+       f"{shoal} top --coordinator {URL} --interval 0.3")
+    try:
+        s = wait_for(lambda s: "SHARD" in s and 'b"x' in s, "the table")
+        assert first_row(s) == "a", s  # default: by share
+        assert "DOWN" in s and "0.667" in s and "sorted by share" in s, s
+        assert "q)uit" in s, s
+        tm("send-keys", "-t", "top", "l")  # p99 latency
+        s = wait_for(lambda s: "sorted by p99" in s, "sort by p99")
+        assert first_row(s) == 'b"x', s
+        tm("send-keys", "-t", "top", "r")
+        s = wait_for(lambda s: "(reversed)" in s, "reverse")
+        assert first_row(s) == "a", s
+        tm("send-keys", "-t", "top", "n")
+        s = wait_for(lambda s: "sorted by name (reversed)" in s, "sort by name")
+        assert first_row(s) == 'b"x', s
+        tm("send-keys", "-t", "top", "q")
+        end = time.time() + 10
+        while time.time() < end and tm("has-session", "-t", "top", check=False).returncode == 0:
+            time.sleep(0.1)
+        assert tm("has-session", "-t", "top", check=False).returncode != 0, "q did not quit"
+    finally:
+        tm("kill-server", check=False)
+
+
+R.check("interactive_under_tmux", interactive)
+srv.shutdown()
+shutil.rmtree(tmp, ignore_errors=True)
+R.finish()
