@@ -41,121 +41,112 @@ INLINE __m256 ld_bf16(const uint16_t *p)
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
-/* ---- bf16 / f32: R rows x TT tokens tile, 16 lanes per (row, token) ------ */
+/* ---- bf16 / f32: R rows x TT tokens tile, 16 lanes per (row, token) ------
+ * A tile accumulates columns [k0, k1) into its 2*R*TT lane registers; the
+ * registers start at zero (init) or are reloaded from st, and at the end are
+ * reduced into y (fin) or saved to st. Saving and reloading a lane between
+ * column blocks changes nothing in its chain, so K-blocking (which keeps the
+ * x tile in L1 at large T) is bit-identical to one pass. */
 
 #define PF_DIST 768 /* bytes ahead on each weight row stream */
 
-INLINE void tile_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int r, int t, int R, int TT)
-{
-    __m256 acc[4][3][2];
-    for (int a = 0; a < R; a++)
-        for (int b = 0; b < TT; b++)
-            acc[a][b][0] = acc[a][b][1] = _mm256_setzero_ps();
-    const uint16_t *wr[4];
-    for (int a = 0; a < R; a++)
-        wr[a] = w + (size_t)(r + a) * cols;
-    const float *xt[3];
-    for (int b = 0; b < TT; b++)
-        xt[b] = x + (size_t)(t + b) * cols;
-    for (int i = 0; i < cols; i += 16) {
-        __m256 w0[4], w1[4];
-        for (int a = 0; a < R; a++) {
-            _mm_prefetch((const char *)(wr[a] + i) + PF_DIST, _MM_HINT_T0);
-            w0[a] = ld_bf16(wr[a] + i);
-            w1[a] = ld_bf16(wr[a] + i + 8);
-        }
-        for (int b = 0; b < TT; b++) {
-            __m256 x0 = _mm256_loadu_ps(xt[b] + i), x1 = _mm256_loadu_ps(xt[b] + i + 8);
-            for (int a = 0; a < R; a++) {
-                acc[a][b][0] = _mm256_fmadd_ps(w0[a], x0, acc[a][b][0]);
-                acc[a][b][1] = _mm256_fmadd_ps(w1[a], x1, acc[a][b][1]);
-            }
-        }
+#define DEFINE_TILE(K, WT, LOADW, PF)                                                                       \
+    INLINE void tile_##K(float *y, __m256 *st, const WT *w, const float *x, int rows, int cols, int r, int t, \
+                         int R, int TT, int k0, int k1, int init, int fin)                                  \
+    {                                                                                                       \
+        __m256 acc[4][3][2];                                                                                \
+        for (int a = 0; a < R; a++)                                                                         \
+            for (int b = 0; b < TT; b++)                                                                    \
+                for (int h = 0; h < 2; h++)                                                                 \
+                    acc[a][b][h] = init ? _mm256_setzero_ps() : st[(a * TT + b) * 2 + h];                   \
+        const WT *wr[4];                                                                                    \
+        for (int a = 0; a < R; a++)                                                                         \
+            wr[a] = w + (size_t)(r + a) * cols;                                                             \
+        const float *xt[3];                                                                                 \
+        for (int b = 0; b < TT; b++)                                                                        \
+            xt[b] = x + (size_t)(t + b) * cols;                                                             \
+        for (int i = k0; i < k1; i += 16) {                                                                 \
+            __m256 w0[4], w1[4];                                                                            \
+            for (int a = 0; a < R; a++) {                                                                   \
+                _mm_prefetch((const char *)(wr[a] + i) + (PF), _MM_HINT_T0);                                \
+                w0[a] = LOADW(wr[a] + i);                                                                   \
+                w1[a] = LOADW(wr[a] + i + 8);                                                               \
+            }                                                                                               \
+            for (int b = 0; b < TT; b++) {                                                                  \
+                __m256 x0 = _mm256_loadu_ps(xt[b] + i), x1 = _mm256_loadu_ps(xt[b] + i + 8);                \
+                for (int a = 0; a < R; a++) {                                                               \
+                    acc[a][b][0] = _mm256_fmadd_ps(w0[a], x0, acc[a][b][0]);                                \
+                    acc[a][b][1] = _mm256_fmadd_ps(w1[a], x1, acc[a][b][1]);                                \
+                }                                                                                           \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int a = 0; a < R; a++)                                                                         \
+            for (int b = 0; b < TT; b++) {                                                                  \
+                if (fin)                                                                                    \
+                    y[(size_t)(t + b) * rows + r + a] = hsum16(acc[a][b][0], acc[a][b][1]);                 \
+                else                                                                                        \
+                    for (int h = 0; h < 2; h++)                                                             \
+                        st[(a * TT + b) * 2 + h] = acc[a][b][h];                                            \
+            }                                                                                               \
     }
-    for (int a = 0; a < R; a++)
-        for (int b = 0; b < TT; b++)
-            y[(size_t)(t + b) * rows + r + a] = hsum16(acc[a][b][0], acc[a][b][1]);
-}
 
-INLINE void tile_f32(float *y, const float *w, const float *x, int rows, int cols, int r, int t, int R, int TT)
-{
-    __m256 acc[4][3][2];
-    for (int a = 0; a < R; a++)
-        for (int b = 0; b < TT; b++)
-            acc[a][b][0] = acc[a][b][1] = _mm256_setzero_ps();
-    const float *wr[4];
-    for (int a = 0; a < R; a++)
-        wr[a] = w + (size_t)(r + a) * cols;
-    const float *xt[3];
-    for (int b = 0; b < TT; b++)
-        xt[b] = x + (size_t)(t + b) * cols;
-    for (int i = 0; i < cols; i += 16) {
-        __m256 w0[4], w1[4];
-        for (int a = 0; a < R; a++) {
-            _mm_prefetch((const char *)(wr[a] + i) + 2 * PF_DIST, _MM_HINT_T0);
-            w0[a] = _mm256_loadu_ps(wr[a] + i);
-            w1[a] = _mm256_loadu_ps(wr[a] + i + 8);
-        }
-        for (int b = 0; b < TT; b++) {
-            __m256 x0 = _mm256_loadu_ps(xt[b] + i), x1 = _mm256_loadu_ps(xt[b] + i + 8);
-            for (int a = 0; a < R; a++) {
-                acc[a][b][0] = _mm256_fmadd_ps(w0[a], x0, acc[a][b][0]);
-                acc[a][b][1] = _mm256_fmadd_ps(w1[a], x1, acc[a][b][1]);
-            }
-        }
-    }
-    for (int a = 0; a < R; a++)
-        for (int b = 0; b < TT; b++)
-            y[(size_t)(t + b) * rows + r + a] = hsum16(acc[a][b][0], acc[a][b][1]);
-}
+DEFINE_TILE(bf16, uint16_t, ld_bf16, PF_DIST)
+DEFINE_TILE(f32, float, _mm256_loadu_ps, 2 * PF_DIST)
 
-/* Instantiate the tiles with constant shapes (GCC keeps the accumulator
- * arrays in registers once the loops over a and b are unrolled). */
+/* GEMV (T = 1): four rows share each x load, 8 independent chains.
+ * GEMM (T > 1): rows in blocks of 16, tokens in tiles of 3, columns in blocks
+ * of KBLOCK: a 3-token x block (24 KiB) stays in L1 and the 16-row weight
+ * block in L2 while every tile passes; each weight is read from DRAM once. */
+#define KBLOCK 2048
+#define RBLOCK 16
+
 #define TILE_FNS(K, WT)                                                                                     \
-    static void K##_4x1(float *y, const WT *w, const float *x, int rows, int cols, int r, int t)            \
+    __attribute__((noinline)) static void K##_4x1(float *y, const WT *w, const float *x, int rows, int cols, \
+                                                  int r)                                                   \
     {                                                                                                       \
-        tile_##K(y, w, x, rows, cols, r, t, 4, 1);                                                          \
+        tile_##K(y, NULL, w, x, rows, cols, r, 0, 4, 1, 0, cols, 1, 1);                                     \
     }                                                                                                       \
-    static void K##_1x1(float *y, const WT *w, const float *x, int rows, int cols, int r, int t)            \
+    __attribute__((noinline)) static void K##_1x1(float *y, const WT *w, const float *x, int rows, int cols, \
+                                                  int r)                                                   \
     {                                                                                                       \
-        tile_##K(y, w, x, rows, cols, r, t, 1, 1);                                                          \
+        tile_##K(y, NULL, w, x, rows, cols, r, 0, 1, 1, 0, cols, 1, 1);                                     \
     }                                                                                                       \
-    static void K##_2x3(float *y, const WT *w, const float *x, int rows, int cols, int r, int t)            \
+    /* one (R, TT) tile over columns [k0, k1) */                                                            \
+    __attribute__((noinline)) static void K##_tile(float *y, __m256 *st, const WT *w, const float *x, int rows, \
+                                                   int cols, int r, int t, int R, int TT, int k0, int k1)   \
     {                                                                                                       \
-        tile_##K(y, w, x, rows, cols, r, t, 2, 3);                                                          \
-    }                                                                                                       \
-    static void K##_1x3(float *y, const WT *w, const float *x, int rows, int cols, int r, int t)            \
-    {                                                                                                       \
-        tile_##K(y, w, x, rows, cols, r, t, 1, 3);                                                          \
-    }                                                                                                       \
-    static void K##_2x1(float *y, const WT *w, const float *x, int rows, int cols, int r, int t)            \
-    {                                                                                                       \
-        tile_##K(y, w, x, rows, cols, r, t, 2, 1);                                                          \
+        int init = k0 == 0, fin = k1 == cols;                                                               \
+        if (R == 2 && TT == 3)                                                                              \
+            tile_##K(y, st, w, x, rows, cols, r, t, 2, 3, k0, k1, init, fin);                               \
+        else if (R == 2)                                                                                    \
+            tile_##K(y, st, w, x, rows, cols, r, t, 2, 1, k0, k1, init, fin);                               \
+        else if (TT == 3)                                                                                   \
+            tile_##K(y, st, w, x, rows, cols, r, t, 1, 3, k0, k1, init, fin);                               \
+        else                                                                                                \
+            tile_##K(y, st, w, x, rows, cols, r, t, 1, 1, k0, k1, init, fin);                               \
     }                                                                                                       \
     static void K##_rows(float *y, const WT *w, const float *x, int rows, int cols, int T, int r0, int r1)  \
     {                                                                                                       \
-        int r = r0;                                                                                         \
         if (T == 1) {                                                                                       \
+            int r = r0;                                                                                     \
             for (; r + 4 <= r1; r += 4)                                                                     \
-                K##_4x1(y, w, x, rows, cols, r, 0);                                                         \
+                K##_4x1(y, w, x, rows, cols, r);                                                            \
             for (; r < r1; r++)                                                                             \
-                K##_1x1(y, w, x, rows, cols, r, 0);                                                         \
+                K##_1x1(y, w, x, rows, cols, r);                                                            \
             return;                                                                                         \
         }                                                                                                   \
-        /* weights of a 2-row strip stay in L1/L2 while every token passes */                               \
-        for (; r + 2 <= r1; r += 2) {                                                                       \
-            int t = 0;                                                                                      \
-            for (; t + 3 <= T; t += 3)                                                                      \
-                K##_2x3(y, w, x, rows, cols, r, t);                                                         \
-            for (; t < T; t++)                                                                              \
-                K##_2x1(y, w, x, rows, cols, r, t);                                                         \
-        }                                                                                                   \
-        for (; r < r1; r++) {                                                                               \
-            int t = 0;                                                                                      \
-            for (; t + 3 <= T; t += 3)                                                                      \
-                K##_1x3(y, w, x, rows, cols, r, t);                                                         \
-            for (; t < T; t++)                                                                              \
-                K##_1x1(y, w, x, rows, cols, r, t);                                                         \
+        __m256 st[RBLOCK / 2][12];                                                                          \
+        for (int rb = r0; rb < r1; rb += RBLOCK) {                                                          \
+            int re = rb + RBLOCK < r1 ? rb + RBLOCK : r1;                                                   \
+            for (int t = 0; t < T;) {                                                                       \
+                int TT = T - t >= 3 ? 3 : 1;                                                                \
+                for (int k0 = 0; k0 < cols; k0 += KBLOCK) {                                                 \
+                    int k1 = k0 + KBLOCK < cols ? k0 + KBLOCK : cols;                                       \
+                    for (int r = rb; r < re; r += 2)                                                        \
+                        K##_tile(y, st[(r - rb) / 2], w, x, rows, cols, r, t, re - r >= 2 ? 2 : 1, TT, k0, k1); \
+                }                                                                                           \
+                t += TT;                                                                                    \
+            }                                                                                               \
         }                                                                                                   \
     }
 
@@ -225,10 +216,12 @@ INLINE void mx_decode(__m256 *f, const uint8_t *p, const mx_consts *c)
 /* 2^(e-127) for the rare codes e <= 2, whose 2^(e-152) is not an fp32 */
 static const float e8m0_low[3] = {0x1p-127f, 0x1p-126f, 0x1p-125f};
 
-/* acc = fmaf(G, 2^(e-152), acc), or the two-step form for e <= 2 (README). */
-INLINE __m256 mx_scale_acc(__m256 G, unsigned e, __m256 acc)
+/* acc = fmaf(G, 2^(e-152), acc), or the two-step form for e <= 2 (README).
+ * low = 0 is the variant for rows known to hold no code below 3 (row_low),
+ * which keeps the rare branch out of the hot loops. */
+INLINE __m256 mx_scale_acc(__m256 G, unsigned e, __m256 acc, int low)
 {
-    if (__builtin_expect(e < 3, 0))
+    if (low && e < 3)
         return _mm256_fmadd_ps(_mm256_mul_ps(G, _mm256_set1_ps(0x1p-25f)), _mm256_broadcast_ss(&e8m0_low[e]), acc);
     return _mm256_fmadd_ps(G, _mm256_broadcast_ss(&shoal__kernels_e8m0_mul[e]), acc);
 }
@@ -245,10 +238,10 @@ INLINE __m256 mx_group_sum(const __m256 *f, const float *xg)
 #define MX_PF 1024 /* bytes ahead on the packed stream */
 
 /* Group g's FMAs into the accumulators A (A[b] for token b), f decoded. */
-INLINE void mx_fma(__m256 *A, const __m256 *f, unsigned e, const float *xt, int cols, int g, int TT)
+INLINE void mx_fma(__m256 *A, const __m256 *f, unsigned e, const float *xt, int cols, int g, int TT, int low)
 {
     for (int b = 0; b < TT; b++)
-        A[b] = mx_scale_acc(mx_group_sum(f, xt + (size_t)b * cols + 32 * g), e, A[b]);
+        A[b] = mx_scale_acc(mx_group_sum(f, xt + (size_t)b * cols + 32 * g), e, A[b], low);
 }
 
 /* One row, TT tokens (1..4); even groups into acc0, odd groups into acc1.
@@ -256,7 +249,7 @@ INLINE void mx_fma(__m256 *A, const __m256 *f, unsigned e, const float *xt, int 
  * so the FMAs find their operands ready instead of filling the scheduler
  * (the decode-to-accumulate chain is ~30 cycles long). */
 INLINE void mx_row(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int r, int t,
-                   int TT, const mx_consts *c)
+                   int TT, const mx_consts *c, int low)
 {
     __m256 acc0[4], acc1[4];
     for (int b = 0; b < TT; b++)
@@ -269,69 +262,96 @@ INLINE void mx_row(float *y, const uint8_t *p, const uint8_t *s, const float *x,
         if ((g & 3) == 0)
             _mm_prefetch((const char *)p + 16 * g + MX_PF, _MM_HINT_T0);
         mx_decode(fb, p + 16 * (g + 1), c);
-        mx_fma(acc0, fa, s[g], xt, cols, g, TT);
+        mx_fma(acc0, fa, s[g], xt, cols, g, TT, low);
         mx_decode(fa, p + 16 * (g + 2), c);
-        mx_fma(acc1, fb, s[g + 1], xt, cols, g + 1, TT);
+        mx_fma(acc1, fb, s[g + 1], xt, cols, g + 1, TT, low);
     }
     /* g is even; 1 or 2 groups left, fa holds group g */
     if (g + 1 < ng) {
         mx_decode(fb, p + 16 * (g + 1), c);
-        mx_fma(acc0, fa, s[g], xt, cols, g, TT);
-        mx_fma(acc1, fb, s[g + 1], xt, cols, g + 1, TT);
+        mx_fma(acc0, fa, s[g], xt, cols, g, TT, low);
+        mx_fma(acc1, fb, s[g + 1], xt, cols, g + 1, TT, low);
     } else {
-        mx_fma(acc0, fa, s[g], xt, cols, g, TT);
+        mx_fma(acc0, fa, s[g], xt, cols, g, TT, low);
     }
     for (int b = 0; b < TT; b++)
         y[(size_t)(t + b) * rows + r] = hsum8(_mm256_add_ps(acc0[b], acc1[b]));
 }
 
-__attribute__((noinline)) static void mx_row1(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int r, int t,
-                    const mx_consts *c)
+#define MX_ROW_FN(name, TT, LOW)                                                                            \
+    __attribute__((noinline)) static void name(float *y, const uint8_t *p, const uint8_t *s, const float *x,   \
+                                               int rows, int cols, int r, int t, const mx_consts *c)         \
+    {                                                                                                       \
+        mx_row(y, p, s, x, rows, cols, r, t, TT, c, LOW);                                                   \
+    }
+MX_ROW_FN(mx_row1, 1, 0)
+MX_ROW_FN(mx_row4, 4, 0)
+MX_ROW_FN(mx_row1_low, 1, 1)
+MX_ROW_FN(mx_row4_low, 4, 1)
+
+/* 1 if any E8M0 code of the row is below 3 (the two-step scaling) */
+static int row_low(const uint8_t *s, int n)
 {
-    mx_row(y, p, s, x, rows, cols, r, t, 1, c);
+    int i = 0;
+    const __m256i three = _mm256_set1_epi8(3);
+    for (; i + 32 <= n; i += 32) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(s + i));
+        if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v, three), v)) != -1)
+            return 1;
+    }
+    for (; i < n; i++)
+        if (s[i] < 3)
+            return 1;
+    return 0;
 }
 
-__attribute__((noinline)) static void mx_row4(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int r, int t,
-                    const mx_consts *c)
-{
-    mx_row(y, p, s, x, rows, cols, r, t, 4, c);
-}
+/* T > 1: a block of rows is decoded once into a stack buffer (f[g][k] as in
+ * mx_decode, 128 bytes per group per row: a transient copy of a few rows,
+ * never of the matrix); then tiles of 3 tokens run the same chains over it,
+ * sharing each weight load, in column blocks of MX_KB so the x tile stays in
+ * L1. The even/odd group accumulators are saved between column blocks
+ * (unchanged bits); MX_KB is a multiple of 64 columns so a block always
+ * starts on an even group. */
+#define MX_BUF_FLOATS 32768 /* 128 KiB of stack */
+#define MX_KB 1024
+#define MX_RB_MAX 16
 
-/* T > 1: one row is decoded once into an L1-resident buffer (f[g][k] as in
- * mx_decode, 128 bytes per group; a transient copy of one row, never of the
- * matrix), then every token runs the same chains over it, TT tokens at a
- * time sharing each weight load. */
-#define MX_ROWBUF_COLS 8192
-
-INLINE void mx_tokens(float *y, const __m256 *buf, const uint8_t *s, const float *x, int rows, int cols, int r,
-                      int t, int TT)
+INLINE void mx_tile(float *y, __m256 *st, const __m256 *wb, const uint8_t *s, const float *x, int rows, int cols,
+                    int r, int t, int TT, int g0, int g1, int init, int fin, int low)
 {
-    __m256 acc0[4], acc1[4];
-    for (int b = 0; b < TT; b++)
-        acc0[b] = acc1[b] = _mm256_setzero_ps();
-    int ng = cols / 32, g = 0;
+    __m256 acc0[3], acc1[3];
+    for (int b = 0; b < TT; b++) {
+        acc0[b] = init ? _mm256_setzero_ps() : st[2 * b];
+        acc1[b] = init ? _mm256_setzero_ps() : st[2 * b + 1];
+    }
     const float *xt = x + (size_t)t * cols;
-    for (; g + 2 <= ng; g += 2) {
-        mx_fma(acc0, buf + 4 * g, s[g], xt, cols, g, TT);
-        mx_fma(acc1, buf + 4 * (g + 1), s[g + 1], xt, cols, g + 1, TT);
+    int g = g0;
+    for (; g + 2 <= g1; g += 2) {
+        mx_fma(acc0, wb + 4 * g, s[g], xt, cols, g, TT, low);
+        mx_fma(acc1, wb + 4 * (g + 1), s[g + 1], xt, cols, g + 1, TT, low);
     }
-    if (g < ng)
-        mx_fma(acc0, buf + 4 * g, s[g], xt, cols, g, TT);
-    for (int b = 0; b < TT; b++)
-        y[(size_t)(t + b) * rows + r] = hsum8(_mm256_add_ps(acc0[b], acc1[b]));
+    if (g < g1)
+        mx_fma(acc0, wb + 4 * g, s[g], xt, cols, g, TT, low);
+    for (int b = 0; b < TT; b++) {
+        if (fin) {
+            y[(size_t)(t + b) * rows + r] = hsum8(_mm256_add_ps(acc0[b], acc1[b]));
+        } else {
+            st[2 * b] = acc0[b];
+            st[2 * b + 1] = acc1[b];
+        }
+    }
 }
 
-__attribute__((noinline)) static void mx_tokens4(float *y, const __m256 *buf, const uint8_t *s, const float *x, int rows, int cols, int r,
-                       int t)
-{
-    mx_tokens(y, buf, s, x, rows, cols, r, t, 4);
-}
-
-__attribute__((noinline)) static void mx_tokens1(float *y, const __m256 *buf, const uint8_t *s, const float *x, int rows, int cols, int r,
-                       int t)
-{
-    mx_tokens(y, buf, s, x, rows, cols, r, t, 1);
-}
+#define MX_TILE_FN(name, TT, LOW)                                                                           \
+    __attribute__((noinline)) static void name(float *y, __m256 *st, const __m256 *wb, const uint8_t *s,       \
+                                               const float *x, int rows, int cols, int r, int t, int g0, int g1) \
+    {                                                                                                       \
+        mx_tile(y, st, wb, s, x, rows, cols, r, t, TT, g0, g1, g0 == 0, g1 == cols / 32, LOW);              \
+    }
+MX_TILE_FN(mx_tile3, 3, 0)
+MX_TILE_FN(mx_tile1, 1, 0)
+MX_TILE_FN(mx_tile3_low, 3, 1)
+MX_TILE_FN(mx_tile1_low, 1, 1)
 
 static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
                        int T, int r0, int r1)
@@ -341,27 +361,46 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
         return;
     }
     mx_consts c = mx_make();
-    if (T == 1 || cols > MX_ROWBUF_COLS) {
+    int ng = cols / 32;
+    if (T == 1 || cols > MX_BUF_FLOATS) {
         for (int r = r0; r < r1; r++) {
-            const uint8_t *p = packed + (size_t)r * (cols / 2), *s = scale + (size_t)r * (cols / 32);
-            int t = 0;
+            const uint8_t *p = packed + (size_t)r * (cols / 2), *s = scale + (size_t)r * ng;
+            int low = row_low(s, ng), t = 0;
             for (; t + 4 <= T; t += 4)
-                mx_row4(y, p, s, x, rows, cols, r, t, &c);
+                (low ? mx_row4_low : mx_row4)(y, p, s, x, rows, cols, r, t, &c);
             for (; t < T; t++)
-                mx_row1(y, p, s, x, rows, cols, r, t, &c);
+                (low ? mx_row1_low : mx_row1)(y, p, s, x, rows, cols, r, t, &c);
         }
         return;
     }
-    __m256 buf[MX_ROWBUF_COLS / 8];
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *p = packed + (size_t)r * (cols / 2), *s = scale + (size_t)r * (cols / 32);
-        for (int g = 0; g < cols / 32; g++)
-            mx_decode(buf + 4 * g, p + 16 * g, &c);
-        int t = 0;
-        for (; t + 4 <= T; t += 4)
-            mx_tokens4(y, buf, s, x, rows, cols, r, t);
-        for (; t < T; t++)
-            mx_tokens1(y, buf, s, x, rows, cols, r, t);
+    __m256 buf[MX_BUF_FLOATS / 8];
+    __m256 st[MX_RB_MAX][6];
+    int rb = MX_BUF_FLOATS / cols;
+    rb = rb > MX_RB_MAX ? MX_RB_MAX : rb;
+    for (int ra = r0; ra < r1; ra += rb) {
+        int re = ra + rb < r1 ? ra + rb : r1;
+        for (int r = ra; r < re; r++) {
+            const uint8_t *p = packed + (size_t)r * (cols / 2);
+            __m256 *wr = buf + (size_t)(r - ra) * (cols / 8);
+            for (int g = 0; g < ng; g++)
+                mx_decode(wr + 4 * g, p + 16 * g, &c);
+        }
+        for (int t = 0; t < T;) {
+            int TT = T - t >= 3 ? 3 : 1;
+            for (int g0 = 0; g0 < ng; g0 += MX_KB / 32) {
+                int g1 = g0 + MX_KB / 32 < ng ? g0 + MX_KB / 32 : ng;
+                for (int r = ra; r < re; r++) {
+                    const __m256 *wr = buf + (size_t)(r - ra) * (cols / 8);
+                    const uint8_t *s = scale + (size_t)r * ng;
+                    int low = row_low(s + g0, g1 - g0);
+                    if (TT == 3)
+                        (low ? mx_tile3_low : mx_tile3)(y, st[r - ra], wr, s, x, rows, cols, r, t, g0, g1);
+                    else
+                        (low ? mx_tile1_low : mx_tile1)(y, st[r - ra], wr, s, x, rows, cols, r, t, g0, g1);
+                }
+            }
+            t += TT;
+        }
     }
 }
 
