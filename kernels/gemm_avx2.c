@@ -490,6 +490,60 @@ static void kda_head(float *o, float *S, const float *q, const float *k, const f
     }
 }
 
+/* ---- MLA heads: scores and context per block of up to 6 heads ----------------
+ * Scores: the canonical 16-lane dot over q_lat ‖ q_pe against a cached row;
+ * the row is loaded once per head block. Softmax: shoal_softmax (scalar, so
+ * identical). Context: ctx[h][i] chains over s from +0; each 16-column chunk
+ * of a cached row is loaded once and feeds every head of the block. */
+#define MLA_MAXH 6
+
+static void mla_heads(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S, int R, int P,
+                      float scale, float *scratch, int h0, int h1)
+{
+    if (R % 16 || P % 16 || h1 - h0 > MLA_MAXH) {
+        shoal__kernels_mla_heads_scalar(ctx, q_lat, q_pe, cache, S, R, P, scale, scratch, h0, h1);
+        return;
+    }
+    size_t W = (size_t)R + P;
+    int nh = h1 - h0;
+    for (int s = 0; s < S; s++) {
+        const float *c = cache + (size_t)s * W;
+        for (int h = h0; h < h1; h++) {
+            const float *ql = q_lat + (size_t)h * R, *qp = q_pe + (size_t)h * P;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            for (int i = 0; i < R; i += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(ql + i), _mm256_loadu_ps(c + i), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(ql + i + 8), _mm256_loadu_ps(c + i + 8), a1);
+            }
+            for (int i = 0; i < P; i += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qp + i), _mm256_loadu_ps(c + R + i), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qp + i + 8), _mm256_loadu_ps(c + R + i + 8), a1);
+            }
+            scratch[(size_t)h * S + s] = scale * hsum16(a0, a1);
+        }
+    }
+    for (int h = h0; h < h1; h++)
+        shoal_softmax(scratch + (size_t)h * S, S);
+    for (int i = 0; i < R; i += 16) {
+        __m256 acc[MLA_MAXH][2];
+        for (int h = 0; h < nh; h++)
+            acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+        for (int s = 0; s < S; s++) {
+            const float *c = cache + (size_t)s * W + i;
+            __m256 c0 = _mm256_loadu_ps(c), c1 = _mm256_loadu_ps(c + 8);
+            for (int h = 0; h < nh; h++) {
+                __m256 pv = _mm256_broadcast_ss(scratch + (size_t)(h0 + h) * S + s);
+                acc[h][0] = _mm256_fmadd_ps(pv, c0, acc[h][0]);
+                acc[h][1] = _mm256_fmadd_ps(pv, c1, acc[h][1]);
+            }
+        }
+        for (int h = 0; h < nh; h++) {
+            _mm256_storeu_ps(ctx + (size_t)(h0 + h) * R + i, acc[h][0]);
+            _mm256_storeu_ps(ctx + (size_t)(h0 + h) * R + i + 8, acc[h][1]);
+        }
+    }
+}
+
 int shoal__kernels_fill_avx2(shoal__kernels_table *t)
 {
     t->gemm_bf16 = gemm_bf16;
@@ -498,11 +552,66 @@ int shoal__kernels_fill_avx2(shoal__kernels_table *t)
     t->gemv_t_bf16 = gemv_t_bf16;
     t->gemv_t_f32 = gemv_t_f32;
     t->kda_head = kda_head;
+    t->mla_heads = mla_heads;
     return 1;
 }
 
 #else
 #include "kernels/kernels_int.h"
+/* ---- MLA heads: scores and context per block of up to 6 heads ----------------
+ * Scores: the canonical 16-lane dot over q_lat ‖ q_pe against a cached row;
+ * the row is loaded once per head block. Softmax: shoal_softmax (scalar, so
+ * identical). Context: ctx[h][i] chains over s from +0; each 16-column chunk
+ * of a cached row is loaded once and feeds every head of the block. */
+#define MLA_MAXH 6
+
+static void mla_heads(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S, int R, int P,
+                      float scale, float *scratch, int h0, int h1)
+{
+    if (R % 16 || P % 16 || h1 - h0 > MLA_MAXH) {
+        shoal__kernels_mla_heads_scalar(ctx, q_lat, q_pe, cache, S, R, P, scale, scratch, h0, h1);
+        return;
+    }
+    size_t W = (size_t)R + P;
+    int nh = h1 - h0;
+    for (int s = 0; s < S; s++) {
+        const float *c = cache + (size_t)s * W;
+        for (int h = h0; h < h1; h++) {
+            const float *ql = q_lat + (size_t)h * R, *qp = q_pe + (size_t)h * P;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            for (int i = 0; i < R; i += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(ql + i), _mm256_loadu_ps(c + i), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(ql + i + 8), _mm256_loadu_ps(c + i + 8), a1);
+            }
+            for (int i = 0; i < P; i += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qp + i), _mm256_loadu_ps(c + R + i), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qp + i + 8), _mm256_loadu_ps(c + R + i + 8), a1);
+            }
+            scratch[(size_t)h * S + s] = scale * hsum16(a0, a1);
+        }
+    }
+    for (int h = h0; h < h1; h++)
+        shoal_softmax(scratch + (size_t)h * S, S);
+    for (int i = 0; i < R; i += 16) {
+        __m256 acc[MLA_MAXH][2];
+        for (int h = 0; h < nh; h++)
+            acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+        for (int s = 0; s < S; s++) {
+            const float *c = cache + (size_t)s * W + i;
+            __m256 c0 = _mm256_loadu_ps(c), c1 = _mm256_loadu_ps(c + 8);
+            for (int h = 0; h < nh; h++) {
+                __m256 pv = _mm256_broadcast_ss(scratch + (size_t)(h0 + h) * S + s);
+                acc[h][0] = _mm256_fmadd_ps(pv, c0, acc[h][0]);
+                acc[h][1] = _mm256_fmadd_ps(pv, c1, acc[h][1]);
+            }
+        }
+        for (int h = 0; h < nh; h++) {
+            _mm256_storeu_ps(ctx + (size_t)(h0 + h) * R + i, acc[h][0]);
+            _mm256_storeu_ps(ctx + (size_t)(h0 + h) * R + i + 8, acc[h][1]);
+        }
+    }
+}
+
 int shoal__kernels_fill_avx2(shoal__kernels_table *t)
 {
     (void)t;

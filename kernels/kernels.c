@@ -20,6 +20,7 @@ static const shoal__kernels_table scalar_table = {
     .gemv_t_bf16 = shoal__kernels_gemv_t_bf16_scalar,
     .gemv_t_f32 = shoal__kernels_gemv_t_f32_scalar,
     .kda_head = shoal__kernels_kda_head_scalar,
+    .mla_heads = shoal__kernels_mla_heads_scalar,
 };
 
 static shoal__kernels_table isa_tables[3];
@@ -204,11 +205,17 @@ void shoal_kda_step(float *o, float *S, const float *q, const float *k, const fl
     }
 }
 
+/* Heads in blocks of MLA_HB: a block shares each cached row while it is in L1. */
+#define MLA_HB 6
+
 void shoal_mla_attend(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S, int H, int R,
                       int P, float scale, float *scratch)
 {
+    shoal__mla_heads_fn fn = shoal__kernels_active->mla_heads;
+    int nb = (H + MLA_HB - 1) / MLA_HB;
 #pragma omp parallel for schedule(static) if ((long)H * S * (R + P) >= PAR_MIN_WORK)
-    for (int h = 0; h < H; h++)
-        shoal__kernels_mla_head(ctx + (size_t)h * R, q_lat + (size_t)h * R, q_pe + (size_t)h * P, cache, S, R, P,
-                                scale, scratch + (size_t)h * S);
+    for (int b = 0; b < nb; b++) {
+        int h0 = b * MLA_HB, h1 = h0 + MLA_HB < H ? h0 + MLA_HB : H;
+        fn(ctx, q_lat, q_pe, cache, S, R, P, scale, scratch, h0, h1);
+    }
 }

@@ -29,6 +29,10 @@ typedef void (*shoal__gemv_t_f32_fn)(float *y, const float *w, const float *x, i
 typedef void (*shoal__kda_head_fn)(float *o, float *S, const float *q, const float *k, const float *v,
                                    const float *g, float beta, int D);
 
+/* MLA heads [h0, h1) of shoal_mla_attend (full arrays; p = scratch). */
+typedef void (*shoal__mla_heads_fn)(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S,
+                                    int R, int P, float scale, float *scratch, int h0, int h1);
+
 typedef struct {
     shoal__gemm_bf16_fn gemm_bf16;
     shoal__gemm_f32_fn gemm_f32;
@@ -36,6 +40,7 @@ typedef struct {
     shoal__gemv_t_bf16_fn gemv_t_bf16;
     shoal__gemv_t_f32_fn gemv_t_f32;
     shoal__kda_head_fn kda_head;
+    shoal__mla_heads_fn mla_heads;
 } shoal__kernels_table;
 
 /* Scalar specification (always built). */
@@ -62,6 +67,9 @@ float shoal__kernels_reduce8(const float a[8]);
 /* One MLA head (absorbed decode form); p [S] scratch for the probabilities. */
 void shoal__kernels_mla_head(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S, int R,
                              int P, float scale, float *p);
+
+void shoal__kernels_mla_heads_scalar(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S,
+                                     int R, int P, float scale, float *scratch, int h0, int h1);
 
 /* Filled by the ISA files; each returns 0 when the variant was not compiled in. */
 int shoal__kernels_fill_avx2(shoal__kernels_table *t);

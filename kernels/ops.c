@@ -179,6 +179,14 @@ void shoal__kernels_mla_head(float *ctx, const float *q_lat, const float *q_pe, 
     }
 }
 
+void shoal__kernels_mla_heads_scalar(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S,
+                                     int R, int P, float scale, float *scratch, int h0, int h1)
+{
+    for (int h = h0; h < h1; h++)
+        shoal__kernels_mla_head(ctx + (size_t)h * R, q_lat + (size_t)h * R, q_pe + (size_t)h * P, cache, S, R, P,
+                                scale, scratch + (size_t)h * S);
+}
+
 /* ---- router ------------------------------------------------------------- */
 
 /* a ranks before b: larger score, then lower index; NaN ranks after every number. */

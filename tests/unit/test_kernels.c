@@ -395,6 +395,21 @@ static void t_isa_bit_identical(void)
         }
         free(wb), free(wf), free(x), free(r1), free(r2), free(g1), free(g2);
     }
+    /* MLA attention (H = 13: head blocks with a remainder) */
+    {
+        int S = 37, H = 13, R = 64, P = 32;
+        float *cache = frand_vec((size_t)S * (R + P), -1, 1), *ql = frand_vec((size_t)H * R, -1, 1);
+        float *qp = frand_vec((size_t)H * P, -1, 1), *c0 = xmalloc((size_t)H * R * 4), *c1 = xmalloc((size_t)H * R * 4);
+        float *scr = xmalloc((size_t)H * S * 4);
+        shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+        shoal_mla_attend(c0, ql, qp, cache, S, H, R, P, 0.07f, scr);
+        for (int i = 1; i < nisas; i++) {
+            shoal_kernels_set_isa((shoal_isa)isas[i]);
+            shoal_mla_attend(c1, ql, qp, cache, S, H, R, P, 0.07f, scr);
+            CHECK_MSG(!memcmp(c0, c1, (size_t)H * R * 4), "mla %s differs from scalar", shoal_isa_name((shoal_isa)isas[i]));
+        }
+        free(cache), free(ql), free(qp), free(c0), free(c1), free(scr);
+    }
     shoal_kernels_set_isa(keep);
     CHECK(n > 0);
     for (int i = 0; i <= SHOAL_ISA_AVX512; i++)
