@@ -143,6 +143,16 @@ void shoal_dist_stop(shoal_dist *d)
     free(d);
 }
 
+int shoal_dist_nworkers(const shoal_dist *d)
+{
+    return d ? d->nworkers : 0;
+}
+
+int shoal_dist_set_metrics(shoal_dist *d, shoal_cmetrics *cm, char *err, size_t errlen)
+{
+    return d ? shoal_expert_client_set_metrics(d->client, cm, err, errlen) : 0;
+}
+
 void shoal_dist_mark(shoal_dist *d, const char *name, int tokens)
 {
     if (!d || d->nph == MAX_PHASES)

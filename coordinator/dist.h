@@ -52,6 +52,12 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
  * client). Accepts NULL. */
 void shoal_dist_stop(shoal_dist *d);
 
+/* Workers in use (0 for NULL): for shoal_cmetrics_opts.max_workers. */
+int shoal_dist_nworkers(const shoal_dist *d);
+/* Report the expert exchanges to cm (see shoal_expert_client_set_metrics).
+ * cm must outlive the model (which closes the client). 0 for a NULL d. */
+int shoal_dist_set_metrics(shoal_dist *d, shoal_cmetrics *cm, char *err, size_t errlen);
+
 /* Record the wire counters since the previous mark as phase name over tokens. */
 void shoal_dist_mark(shoal_dist *d, const char *phase, int tokens);
 /* Adds "workers" and, per marked phase, "<phase>_wire_bytes_per_token",

@@ -24,6 +24,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/st.h"
+#include "coordinator/cmetrics.h"
 #include "proto/shard.h"
 
 enum { IDLE, SUBMITTED, INFLIGHT, DONE };
@@ -35,13 +36,15 @@ typedef struct {
     shoal_proto_range *owned;
     size_t nowned;
     uint32_t max_tokens;
+    char id[SHOAL_PROTO_MAX_ID + 1];
+    uint64_t expert_bytes, mem_total;
     /* request (caller thread in IDLE) */
     uint8_t ctl[64];
     size_t ctl_len;
     uint8_t *act;     /* [16 + max_tokens * d * 4] */
     uint8_t *route;   /* [16 + max_tokens * k * 8] */
     int32_t *dest;    /* [max_tokens * k]: destination row t*k + slot of pair i */
-    uint32_t ntok, npairs;
+    uint32_t ntok, npairs, nexperts;
     int last_t;
     uint64_t rid;
     int involved;
@@ -49,6 +52,7 @@ typedef struct {
     zmq_msg_t rmsg;
     int have_rmsg, answered;
     uint64_t queue_us, compute_us;
+    uint64_t sent_ns, bytes_out; /* this request */
 } worker;
 
 struct shoal_expert_client {
@@ -70,7 +74,18 @@ struct shoal_expert_client {
     uint64_t deadline_us;
     uint64_t next_rid;
     shoal_expert_client_stats st;
+    uint32_t *seen; /* [E]: request tag that last counted expert e (distinct experts per request) */
+    uint32_t tag;
+    shoal_cmetrics *cm; /* optional, borrowed */
+    int last_answer;    /* worker whose reply completed the request */
 };
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static uint64_t now_us(void)
 {
@@ -153,6 +168,9 @@ static int take_hello(shoal_expert_client *c, worker *w, const shoal_frame *f, i
         goto out;
     }
     w->max_tokens = h->max_tokens;
+    snprintf(w->id, sizeof w->id, "%s", h->id);
+    w->expert_bytes = h->expert_bytes;
+    w->mem_total = h->mem_total;
     w->owned = h->owned;
     w->nowned = h->nowned;
     m.hello.owned = NULL; /* taken */
@@ -300,6 +318,10 @@ static void send_all(shoal_expert_client *c)
             zmq_send(w->sock, w->route, rlen, ZMQ_DONTWAIT) < 0) {
             int e = errno;
             c->state = INFLIGHT;
+            if (c->cm) {
+                shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
+                shoal_cmetrics_worker_up(c->cm, i, 0);
+            }
             finish(c, SHOAL_EPEER, "expert worker %s: cannot send layer %d: %s", w->name, c->layer,
                    e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
             return;
@@ -307,6 +329,8 @@ static void send_all(shoal_expert_client *c)
         c->st.messages++;
         c->st.pairs += w->npairs;
         c->st.bytes_out += w->ctl_len + alen + rlen;
+        w->bytes_out = w->ctl_len + alen + rlen;
+        w->sent_ns = now_ns();
     }
     c->state = INFLIGHT;
 }
@@ -330,6 +354,14 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
     if (truncated)
         snprintf(why, sizeof why, "more frames than the protocol allows");
     int current = c->state == INFLIGHT && w->involved && !w->answered && m.rid == w->rid;
+    int bad = drc || m.type != SHOAL_MSG_EXPERT_RESULT || m.result.y.dtype != SHOAL_WIRE_BF16 ||
+              m.result.y.rows != w->npairs || m.result.y.cols != (uint32_t)c->d;
+    if (c->cm && !current)
+        shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_STALE);
+    if (c->cm && current && bad) {
+        shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
+        shoal_cmetrics_worker_up(c->cm, i, 0);
+    }
     if (!current) {
         c->st.late_replies++; /* a reply to a request that already failed (or junk) */
     } else if (drc) {
@@ -340,8 +372,7 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
     } else if (m.type != SHOAL_MSG_EXPERT_RESULT) {
         finish(c, SHOAL_EPROTO, "expert worker %s answered layer %d with %s", w->name, c->layer,
                shoal_msg_type_name(m.type));
-    } else if (m.result.y.dtype != SHOAL_WIRE_BF16 || m.result.y.rows != w->npairs ||
-               m.result.y.cols != (uint32_t)c->d) {
+    } else if (bad) {
         finish(c, SHOAL_EPROTO, "expert worker %s: layer %d reply is %s [%u, %u], expected bf16 [%u, %d]", w->name,
                c->layer, shoal_wire_dtype_name(m.result.y.dtype), m.result.y.rows, m.result.y.cols, w->npairs, c->d);
     } else {
@@ -349,6 +380,13 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
         w->compute_us = m.result.compute_us;
         c->st.worker_queue_us += m.result.queue_us;
         c->st.worker_compute_us += m.result.compute_us;
+        if (c->cm) {
+            shoal_cmetrics_xchg x = {.tokens = w->ntok, .pairs = w->npairs, .experts = w->nexperts,
+                                     .bytes_out = w->bytes_out, .bytes_in = bytes, .rtt_ns = now_ns() - w->sent_ns,
+                                     .queue_us = m.result.queue_us, .compute_us = m.result.compute_us};
+            shoal_cmetrics_exchange(c->cm, i, c->layer, &x);
+        }
+        c->last_answer = i;
         zmq_msg_init(&w->rmsg);
         zmq_msg_move(&w->rmsg, &parts[1]); /* keep the y frame until the next request */
         w->have_rmsg = 1;
@@ -419,6 +457,10 @@ static void drain_monitor(shoal_expert_client *c, int i)
         if (id & ZMQ_EVENT_DISCONNECTED) {
             worker *w = &c->w[i];
             pthread_mutex_lock(&c->mu);
+            if (c->state == INFLIGHT && w->involved && !w->answered && c->cm) {
+                shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
+                shoal_cmetrics_worker_up(c->cm, i, 0);
+            }
             if (c->state == INFLIGHT && w->involved && !w->answered)
                 finish(c, SHOAL_EPEER, "expert worker %s disconnected before answering layer %d (the worker died?)",
                        w->name, c->layer);
@@ -447,8 +489,13 @@ static void *io_main(void *arg)
                 size_t at = 0;
                 char names[768] = "";
                 for (int i = 0; i < c->nw && at < sizeof names; i++)
-                    if (c->w[i].involved && !c->w[i].answered)
+                    if (c->w[i].involved && !c->w[i].answered) {
                         at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", at ? ", " : "", c->w[i].name);
+                        if (c->cm) {
+                            shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_TIMEOUT);
+                            shoal_cmetrics_worker_up(c->cm, i, 0);
+                        }
+                    }
                 finish(c, SHOAL_ETIMEOUT, "no reply to layer %d within %d ms from expert worker %s", c->layer,
                        c->o.timeout_ms, names);
             } else {
@@ -503,8 +550,12 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
                              c->o.max_tokens, k, c->k);
     int d = c->d, bf16 = c->o.act_bf16;
     size_t row = (size_t)d * (bf16 ? 2 : 4);
+    if (++c->tag == 0) { /* wrapped: forget old stamps */
+        memset(c->seen, 0, sizeof *c->seen * (size_t)c->E);
+        c->tag = 1;
+    }
     for (int i = 0; i < c->nw; i++) {
-        c->w[i].ntok = c->w[i].npairs = 0;
+        c->w[i].ntok = c->w[i].npairs = c->w[i].nexperts = 0;
         c->w[i].last_t = -1;
         c->w[i].involved = 0;
     }
@@ -535,6 +586,10 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
             memcpy(w->route + SHOAL_PROTO_TENSOR_HDR + (size_t)w->npairs * 8, pair, 8);
             w->dest[w->npairs++] = t * k + s;
             w->involved = 1;
+            if (c->seen[e] != c->tag) {
+                c->seen[e] = c->tag;
+                w->nexperts++;
+            }
         }
     }
     for (int i = 0; i < c->nw; i++) {
@@ -588,6 +643,8 @@ static int gather(void *self, uint16_t *y, char *err, size_t errlen)
         }
     }
     int rc = c->rc;
+    if (c->cm)
+        shoal_cmetrics_layer_wait(c->cm, c->layer, (now_us() - t0) * 1000u, rc ? -1 : c->last_answer);
     if (rc) {
         shoal_err_set(err, errlen, rc, "%s", c->err);
     } else {
@@ -653,6 +710,7 @@ void shoal_expert_client_close(shoal_expert_client *c)
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     free(c->owner);
+    free(c->seen);
     free(c->w);
     free(c);
 }
@@ -684,6 +742,7 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
     pthread_cond_init(&c->cv, &ca);
     pthread_condattr_destroy(&ca);
     c->w = shoal_xcalloc((size_t)c->nw, sizeof *c->w);
+    c->seen = shoal_xcalloc((size_t)c->E, sizeof *c->seen);
     c->zctx = zmq_ctx_new();
     int rc = 0;
     size_t mt = (size_t)o->max_tokens;
@@ -755,6 +814,27 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
     return 0;
 fail:
     shoal_expert_client_close(c);
+    return rc;
+}
+
+int shoal_expert_client_set_metrics(shoal_expert_client *c, shoal_cmetrics *cm, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&c->mu);
+    int rc = 0;
+    for (int i = 0; i < c->nw && cm && !rc; i++) {
+        uint64_t owned = 0;
+        for (size_t j = 0; j < (size_t)c->L * (size_t)c->E; j++)
+            owned += c->owner[j] == i;
+        rc = shoal_cmetrics_set_worker(cm, i, c->w[i].id, c->w[i].endpoint, owned, c->w[i].expert_bytes,
+                                       c->w[i].mem_total);
+        if (!rc)
+            shoal_cmetrics_worker_up(cm, i, 1);
+    }
+    if (rc)
+        shoal_err_set(err, errlen, rc, "expert client: the metrics do not take %d workers", c->nw);
+    else
+        c->cm = cm;
+    pthread_mutex_unlock(&c->mu);
     return rc;
 }
 

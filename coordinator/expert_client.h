@@ -70,6 +70,13 @@ typedef struct {
     double wait_s;          /* time gather() spent waiting */
 } shoal_expert_client_stats;
 
+/* Report every exchange, layer wait and failure to cm (coordinator/cmetrics.h,
+ * opened with max_workers >= the client's workers; borrowed, must outlive the
+ * client or be unset with NULL first). Describes each worker from its HELLO.
+ * Between requests only. 0 or SHOAL_EINVAL. */
+typedef struct shoal_cmetrics shoal_cmetrics;
+int shoal_expert_client_set_metrics(shoal_expert_client *c, shoal_cmetrics *cm, char *err, size_t errlen);
+
 /* Deadline of the following gathers (e.g. longer for a long prefill). Between
  * requests only. */
 void shoal_expert_client_set_timeout(shoal_expert_client *c, int timeout_ms);

@@ -348,8 +348,14 @@ int shoal_cmd_run(int argc, char **argv)
     shoal_trace *tr = NULL;
     shoal_cmetrics_totals cm_prefill = {0};
     shoal_cmetrics_opts cmo = {.num_layers = info.cfg->num_layers, .is_moe = info.cfg->is_moe,
-                               .num_experts = info.cfg->num_experts, .expert_bytes = info.expert_bytes};
+                               .num_experts = info.cfg->num_experts, .expert_bytes = info.expert_bytes,
+                               .max_workers = shoal_dist_nworkers(dist)};
     if ((rc = shoal_cmetrics_open(&cm, &cmo, err, sizeof err))) {
+        fprintf(stderr, "shoal run: %s\n", err);
+        status = 4;
+        goto done;
+    }
+    if ((rc = shoal_dist_set_metrics(dist, cm, err, sizeof err))) {
         fprintf(stderr, "shoal run: %s\n", err);
         status = 4;
         goto done;
