@@ -872,8 +872,7 @@ static void begin_stop(shoal_http *h)
         uv_close((uv_handle_t *)&h->sigterm, NULL);
     }
     for (conn *c = h->conns; c; c = c->next)
-        if (!c->closing)
-            conn_close(c, 0);
+        conn_close(c, 0); /* lingering ones too: stopping does not wait for them */
     /* from here posts are refused (their callers clean up themselves); the
      * ones already queued run at the end of shoal_http_run */
     pthread_mutex_lock(&h->mu);

@@ -264,6 +264,8 @@ static void *loop_main(void *arg)
     return NULL;
 }
 
+static int write_timeout_ms = 300;
+
 static int srv_start(srv *s, int req_ms, int idle_ms)
 {
     memset(s, 0, sizeof *s);
@@ -275,7 +277,7 @@ static int srv_start(srv *s, int req_ms, int idle_ms)
         .max_connections = 8,
         .request_timeout_ms = req_ms,
         .idle_timeout_ms = idle_ms,
-        .write_timeout_ms = 300,
+        .write_timeout_ms = write_timeout_ms,
         .max_write_queue = 1 << 20,
         .on_request = handler,
         .ud = s,
@@ -527,6 +529,27 @@ static void t_server_non_reader_dropped(void)
     srv_stop(&s);
 }
 
+static void t_server_stop_prompt(void)
+{
+    /* a refused client lingers (the server waits for its EOF up to the write
+     * deadline); stopping must not wait for that */
+    write_timeout_ms = 10000;
+    srv s;
+    int port = srv_start(&s, 2000, 2000);
+    write_timeout_ms = 300;
+    int fd = dial(port);
+    char buf[4096];
+    int eof;
+    sends(fd, "GARBAGE\r\n\r\n");
+    read_until(fd, buf, sizeof buf, "}}", 2000, &eof);
+    CHECK_STR_CONTAINS(buf, " 400 ");
+    double t0 = now_ms();
+    srv_stop(&s);
+    double dt = now_ms() - t0;
+    CHECK_MSG(dt < 2000, "stop took %.0f ms", dt);
+    close(fd);
+}
+
 static void count_post(void *arg)
 {
     atomic_fetch_add((atomic_int *)arg, 1);
@@ -560,5 +583,6 @@ int main(void)
     RUN(t_server_disconnect_aborts);
     RUN(t_server_non_reader_dropped);
     RUN(t_server_post_after_stop_refused);
+    RUN(t_server_stop_prompt);
     return test_finish();
 }

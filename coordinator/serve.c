@@ -1,0 +1,303 @@
+/* `shoal serve`: the OpenAI-compatible HTTP server. Wires the pieces in
+ * order -- model (engine), tokenizer, scheduler (model thread), API, HTTP
+ * listener -- marks the server ready once the model (and every worker)
+ * answered, runs the loop on this thread until SIGINT/SIGTERM, then takes
+ * everything down in reverse. Flags are documented in docs/CONFIG.md. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "coordinator/api.h"
+#include "coordinator/engine.h"
+#include "coordinator/http.h"
+#include "coordinator/sched.h"
+#include "coordinator/tokenizer.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: shoal serve --model DIR [options]\n"
+            "\n"
+            "Serves the OpenAI-compatible API (docs/API.md) for the model in DIR.\n"
+            "\n"
+            "  --model DIR            model directory (config.json, safetensors, tiktoken.model)\n"
+            "  --host ADDR            bind address (default 127.0.0.1); any non-loopback\n"
+            "                         address requires --api-key unless --insecure\n"
+            "  --port N               TCP port (default 8000; 0 picks a free one)\n"
+            "  --api-key KEY          require 'Authorization: Bearer KEY' (all but /health)\n"
+            "  --api-key-file PATH    the same, the key read from the first line of PATH\n"
+            "  --insecure             allow a non-loopback --host without an API key\n"
+            "  --model-name NAME      the model id clients use (default: DIR's base name)\n"
+            "  --queue N              requests that may wait for the model (default 64);\n"
+            "                         more are refused with 429\n"
+            "  --max-context N        tokens per sequence, prompt + completion\n"
+            "                         (default: the model's max_position_embeddings, at most 16384)\n"
+            "  --keep N               sequence states kept for conversation reuse (default 8, 0 off)\n"
+            "  --keep-mb N            memory those states may use, MiB (default 1024)\n"
+            "  --memo N               deterministic responses memoised (default 256, 0 off)\n"
+            "  --memo-mb N            memory the memo may use, MiB (default 64)\n"
+            "  --threads N            OpenMP threads for the forward (default: all)\n"
+            "  --max-body-kb N        request body limit, KiB (default 4096)\n"
+            "  --max-header-kb N      request line + headers limit, KiB (default 16)\n"
+            "  --max-connections N    open client connections (default 256)\n"
+            "  --request-timeout S    seconds a client has to send one request (default 30)\n"
+            "  --idle-timeout S       seconds a kept-alive connection may idle (default 60)\n"
+            "  --write-timeout S      seconds a response may stall unread (default 30)\n");
+}
+
+static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "shoal serve: %s must be an integer in %ld..%ld (got '%s')\n", flag, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int is_loopback(const char *host)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6);
+    return 0;
+}
+
+static int read_key_file(const char *path, char *out, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "shoal serve: --api-key-file %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    if (!fgets(out, (int)cap, f)) {
+        fclose(f);
+        fprintf(stderr, "shoal serve: --api-key-file %s is empty\n", path);
+        return -1;
+    }
+    fclose(f);
+    out[strcspn(out, "\r\n")] = '\0';
+    if (!out[0]) {
+        fprintf(stderr, "shoal serve: --api-key-file %s: the first line is empty\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+int shoal_cmd_serve(int argc, char **argv)
+{
+    const char *model_dir = NULL, *host = "127.0.0.1", *api_key = NULL, *key_file = NULL;
+    char model_name[128] = "";
+    long port = 8000, queue = 64, max_context = 0, keep = 8, keep_mb = 1024, memo = 256, memo_mb = 64;
+    long threads = 0, max_body_kb = 4096, max_header_kb = 16, max_conn = 256;
+    long req_to = 30, idle_to = 60, write_to = 30;
+    int insecure = 0;
+    enum {
+        O_HOST = 256, O_PORT, O_KEY, O_KEYFILE, O_INSECURE, O_NAME, O_QUEUE, O_CTX, O_KEEP, O_KEEPMB, O_MEMO,
+        O_MEMOMB, O_THREADS, O_BODY, O_HDR, O_CONN, O_RTO, O_ITO, O_WTO, O_MODEL, O_HELP
+    };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, O_MODEL},       {"host", required_argument, 0, O_HOST},
+        {"port", required_argument, 0, O_PORT},         {"api-key", required_argument, 0, O_KEY},
+        {"api-key-file", required_argument, 0, O_KEYFILE}, {"insecure", no_argument, 0, O_INSECURE},
+        {"model-name", required_argument, 0, O_NAME},   {"queue", required_argument, 0, O_QUEUE},
+        {"max-context", required_argument, 0, O_CTX},   {"keep", required_argument, 0, O_KEEP},
+        {"keep-mb", required_argument, 0, O_KEEPMB},    {"memo", required_argument, 0, O_MEMO},
+        {"memo-mb", required_argument, 0, O_MEMOMB},    {"threads", required_argument, 0, O_THREADS},
+        {"max-body-kb", required_argument, 0, O_BODY},  {"max-header-kb", required_argument, 0, O_HDR},
+        {"max-connections", required_argument, 0, O_CONN}, {"request-timeout", required_argument, 0, O_RTO},
+        {"idle-timeout", required_argument, 0, O_ITO},  {"write-timeout", required_argument, 0, O_WTO},
+        {"help", no_argument, 0, O_HELP},               {0, 0, 0, 0}};
+    optind = 1;
+    opterr = 0;
+    int c, bad = 0;
+    while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case O_MODEL: model_dir = optarg; break;
+        case O_HOST: host = optarg; break;
+        case O_PORT: bad = parse_long("--port", optarg, 0, 65535, &port); break;
+        case O_KEY: api_key = optarg; break;
+        case O_KEYFILE: key_file = optarg; break;
+        case O_INSECURE: insecure = 1; break;
+        case O_NAME:
+            if (strlen(optarg) >= sizeof model_name) {
+                fprintf(stderr, "shoal serve: --model-name is longer than %zu bytes\n", sizeof model_name - 1);
+                bad = 1;
+            }
+            snprintf(model_name, sizeof model_name, "%s", optarg);
+            break;
+        case O_QUEUE: bad = parse_long("--queue", optarg, 1, 1000000, &queue); break;
+        case O_CTX: bad = parse_long("--max-context", optarg, 16, 1 << 24, &max_context); break;
+        case O_KEEP: bad = parse_long("--keep", optarg, 0, 64, &keep); break;
+        case O_KEEPMB: bad = parse_long("--keep-mb", optarg, 0, 1 << 20, &keep_mb); break;
+        case O_MEMO: bad = parse_long("--memo", optarg, 0, 4096, &memo); break;
+        case O_MEMOMB: bad = parse_long("--memo-mb", optarg, 0, 1 << 16, &memo_mb); break;
+        case O_THREADS: bad = parse_long("--threads", optarg, 0, 4096, &threads); break;
+        case O_BODY: bad = parse_long("--max-body-kb", optarg, 1, 1 << 20, &max_body_kb); break;
+        case O_HDR: bad = parse_long("--max-header-kb", optarg, 1, 1024, &max_header_kb); break;
+        case O_CONN: bad = parse_long("--max-connections", optarg, 1, 100000, &max_conn); break;
+        case O_RTO: bad = parse_long("--request-timeout", optarg, 1, 3600, &req_to); break;
+        case O_ITO: bad = parse_long("--idle-timeout", optarg, 1, 3600, &idle_to); break;
+        case O_WTO: bad = parse_long("--write-timeout", optarg, 1, 3600, &write_to); break;
+        case O_HELP: usage(stdout); return 0;
+        default:
+            fprintf(stderr, "shoal serve: unknown or incomplete option '%s'\n", argv[optind - 1]);
+            bad = 1;
+        }
+    }
+    if (bad)
+        return 2;
+    if (optind < argc) {
+        fprintf(stderr, "shoal serve: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!model_dir) {
+        fprintf(stderr, "shoal serve: --model DIR is required\n");
+        usage(stderr);
+        return 2;
+    }
+    if (api_key && key_file) {
+        fprintf(stderr, "shoal serve: give --api-key or --api-key-file, not both\n");
+        return 2;
+    }
+    char key_buf[512];
+    if (key_file) {
+        if (read_key_file(key_file, key_buf, sizeof key_buf))
+            return 2;
+        api_key = key_buf;
+    }
+    if (api_key && !api_key[0]) {
+        fprintf(stderr, "shoal serve: --api-key must not be empty\n");
+        return 2;
+    }
+    if (!is_loopback(host) && !api_key && !insecure) {
+        fprintf(stderr,
+                "shoal serve: --host %s is reachable from other machines: give --api-key (or --api-key-file),\n"
+                "             or --insecure to serve it without authentication\n",
+                host);
+        return 2;
+    }
+    if (!model_name[0]) { /* the directory's base name */
+        char tmp[PATH_MAX];
+        snprintf(tmp, sizeof tmp, "%s", model_dir);
+        size_t l = strlen(tmp);
+        while (l > 1 && tmp[l - 1] == '/')
+            tmp[--l] = '\0';
+        const char *b = strrchr(tmp, '/');
+        snprintf(model_name, sizeof model_name, "%s", b ? b + 1 : tmp);
+    }
+    shoal_log_set_role("C");
+
+    char err[1024];
+    int rc, status = 3;
+    shoal_model *model = NULL;
+    shoal_tok *tok = NULL;
+    shoal_sched *sched = NULL;
+    shoal_api *api = NULL;
+    shoal_http *http = NULL;
+
+    shoal_tok_opts to = {0};
+    rc = shoal_tok_open(&tok, model_dir, &to, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "shoal serve: tokenizer: %s\n", err);
+        goto out;
+    }
+    if (!max_context) {
+        shoal_k3cfg cfg;
+        char cpath[PATH_MAX];
+        snprintf(cpath, sizeof cpath, "%s/config.json", model_dir);
+        rc = shoal_k3cfg_load(&cfg, cpath, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "shoal serve: %s\n", err);
+            goto out;
+        }
+        max_context = cfg.max_position < 16384 ? cfg.max_position : 16384;
+    }
+    shoal_model_opts mo = {.max_context = (int)max_context, .threads = (int)threads};
+    rc = shoal_model_open(&model, model_dir, &mo, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "shoal serve: model: %s\n", err);
+        goto out;
+    }
+    shoal_model_info info;
+    shoal_model_get_info(model, &info);
+    shoal_sched_opts so = {
+        .model = model,
+        .tok = tok,
+        .queue_size = (int)queue,
+        .slots = 1,
+        .keep_seqs = (int)keep,
+        .keep_bytes = (size_t)keep_mb << 20,
+        .memo_entries = (int)memo,
+        .memo_bytes = (size_t)memo_mb << 20,
+        .threads = (int)threads,
+    };
+    rc = shoal_sched_open(&sched, &so, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "shoal serve: %s\n", err);
+        goto out;
+    }
+    shoal_api_opts ao = {
+        .limits = {.model_name = model_name, .vocab = shoal_tok_n_vocab(tok), .max_context = info.max_context},
+        .api_key = api_key,
+        .sched = sched,
+    };
+    rc = shoal_api_open(&api, &ao, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "shoal serve: %s\n", err);
+        status = 2;
+        goto out;
+    }
+    shoal_http_opts ho = {
+        .host = host,
+        .port = (int)port,
+        .max_header_bytes = (size_t)max_header_kb << 10,
+        .max_body_bytes = (size_t)max_body_kb << 10,
+        .max_connections = (int)max_conn,
+        .request_timeout_ms = (int)req_to * 1000,
+        .idle_timeout_ms = (int)idle_to * 1000,
+        .write_timeout_ms = (int)write_to * 1000,
+        .max_write_queue = 64u << 20,
+        .handle_signals = 1,
+        .on_request = shoal_api_on_request,
+        .ud = api,
+    };
+    rc = shoal_http_open(&http, &ho, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "shoal serve: %s\n", err);
+        status = 4;
+        goto out;
+    }
+    shoal_api_set_http(api, http);
+    shoal_api_set_ready(api, 1);
+    SHOAL_INFO("serve: model '%s' (%s), context %d, queue %ld, %s", model_name, model_dir, info.max_context, queue,
+               api_key ? "API key required" : "no API key");
+    /* one machine-readable line on stdout for scripts and tests */
+    printf("shoal serve: listening on http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "", host,
+           strchr(host, ':') ? "]" : "", shoal_http_port(http));
+    fflush(stdout);
+    shoal_http_run(http);
+    status = 0;
+out:
+    shoal_sched_close(sched); /* after the loop: every exchange is aborted by now */
+    shoal_api_close(api);
+    shoal_http_close(http);
+    shoal_model_close(model);
+    shoal_tok_close(tok);
+    if (key_file)
+        memset(key_buf, 0, sizeof key_buf);
+    return status;
+}
