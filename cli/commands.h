@@ -15,7 +15,8 @@
     X(tokenize, "print the token ids of a text (K3 tokenizer)")            \
     X(detokenize, "print the text of token ids (K3 tokenizer)")            \
     X(expert, "serve a shard of the routed experts to coordinators (ZeroMQ)") \
-    X(top, "live per-shard view of a running coordinator (--once: text)")
+    X(top, "live per-shard view of a running coordinator (--once: text)")  \
+    X(serve, "serve the OpenAI-compatible HTTP API (docs/API.md)")
 
 #define SHOAL_CMD_DECL(name, help) int shoal_cmd_##name(int argc, char **argv);
 SHOAL_COMMANDS(SHOAL_CMD_DECL)
