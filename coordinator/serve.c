@@ -197,7 +197,12 @@ int shoal_cmd_serve(int argc, char **argv)
         while (l > 1 && tmp[l - 1] == '/')
             tmp[--l] = '\0';
         const char *b = strrchr(tmp, '/');
-        snprintf(model_name, sizeof model_name, "%s", b ? b + 1 : tmp);
+        b = b ? b + 1 : tmp;
+        if (strlen(b) >= sizeof model_name) {
+            fprintf(stderr, "shoal serve: the model directory's name is too long: give --model-name\n");
+            return 2;
+        }
+        memcpy(model_name, b, strlen(b) + 1);
     }
     shoal_log_set_role("C");
 
