@@ -119,7 +119,7 @@ static void send_reply(void *sock, zmq_msg_t *rid, const shoal_serve_reply *rep,
 }
 
 static void handle(void *sock, shoal_serve *srv, qreq *r, int stopping, unsigned delay_us, int *shutdown,
-                   uint64_t *dropped)
+                   uint64_t *dropped, shoal_wmetrics *wm)
 {
     if (r->nparts < 2) { /* no routing id or no frame: nothing to answer */
         qreq_close(r);
@@ -143,7 +143,10 @@ static void handle(void *sock, shoal_serve *srv, qreq *r, int stopping, unsigned
         shoal_serve_handle(srv, zmq_msg_data(&r->part[0]), zmq_msg_size(&r->part[0]), f, nf, q, alloc_frame, &of,
                            &rep);
     }
+    uint64_t before = *dropped;
     send_reply(sock, &r->part[0], &rep, &of, dropped);
+    if (*dropped != before)
+        shoal_wmetrics_send_failed(wm);
     if (rep.shutdown)
         *shutdown = 1;
     qreq_close(r);
@@ -165,6 +168,7 @@ typedef struct {
     shoal_serve *srv;
     void *zctx, *sock;
     qreq *q;
+    shoal_wmetrics *wm;
 } server;
 
 static void server_free(server *s)
@@ -174,6 +178,7 @@ static void server_free(server *s)
     if (s->zctx)
         zmq_ctx_term(s->zctx);
     shoal_serve_close(s->srv);
+    shoal_wmetrics_close(s->wm);
     shoal_bank_close(s->bank);
     shoal_shard_close(s->own);
     free(s->ranges);
@@ -212,11 +217,24 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
         omp_set_num_threads(o->threads);
     shoal_kernels_init();
     const char *id = o->id ? o->id : o->listen;
+    shoal_wmetrics_opts wo = {.id = id, .num_layers = s.cfg.num_layers, .is_moe = s.cfg.is_moe,
+                              .num_experts = s.cfg.num_experts, .owned = shoal_shard_count(s.own),
+                              .expert_bytes = shoal_shard_count(s.own) ? shoal_bank_bytes(s.bank) /
+                                                                             shoal_shard_count(s.own)
+                                                                       : 0};
+    if ((rc = shoal_wmetrics_open(&s.wm, &wo, err, errlen)))
+        goto out;
+    if (o->metrics_port > 0) {
+        int port = 0;
+        if ((rc = shoal_wmetrics_listen(s.wm, o->metrics_host, o->metrics_port, &port, err, errlen)))
+            goto out;
+        SHOAL_INFO("metrics on http://%s:%d/metrics", o->metrics_host ? o->metrics_host : "127.0.0.1", port);
+    }
     shoal_serve_opts so = {.id = id, .fingerprint = fp, .owned = s.ranges, .nowned = s.nranges, .own = s.own,
                            .num_layers = s.cfg.num_layers, .is_moe = s.cfg.is_moe, .num_experts = s.cfg.num_experts,
                            .k = s.cfg.experts_per_token, .max_tokens = o->max_tokens > 0 ? o->max_tokens : 8192,
                            .isa = shoal_isa_name(shoal_kernels_isa()), .threads = omp_get_max_threads(),
-                           .mem_total = mem_total()};
+                           .mem_total = mem_total(), .metrics = s.wm};
     if ((rc = shoal_serve_open(&s.srv, &so, s.bank, err, errlen)))
         goto out;
 
@@ -257,7 +275,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
         }
         if (count == 0)
             continue;
-        handle(s.sock, s.srv, &s.q[head], 0, o->delay_us, &shutdown, &dropped);
+        handle(s.sock, s.srv, &s.q[head], 0, o->delay_us, &shutdown, &dropped, s.wm);
         head = (head + 1) % QCAP;
         count--;
     }
@@ -267,7 +285,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
             count++;
         if (count == 0)
             break;
-        handle(s.sock, s.srv, &s.q[head], 1, 0, &shutdown, &dropped);
+        handle(s.sock, s.srv, &s.q[head], 1, 0, &shutdown, &dropped, s.wm);
         head = (head + 1) % QCAP;
         count--;
     }
@@ -305,6 +323,8 @@ static void usage(FILE *f)
                "  --threads N          OpenMP threads (default: all cores)\n"
                "  --id NAME            worker id in HELLO and logs (default: the endpoint)\n"
                "  --max-tokens N       largest token count per request (default 8192)\n"
+               "  --metrics-port N     serve Prometheus metrics on http://HOST:N/metrics (docs/METRICS.md)\n"
+               "  --metrics-host HOST  address for --metrics-port (default 127.0.0.1)\n"
                "  --print-fingerprint  print the model fingerprint (PROTOCOL.md section 5) and exit\n"
                "  --test-delay-ms N    (tests) sleep N ms before computing each batch\n"
                "\n"
@@ -320,6 +340,8 @@ int shoal_cmd_expert(int argc, char **argv)
                                              {"id", required_argument, 0, 'i'},
                                              {"max-tokens", required_argument, 0, 'x'},
                                              {"print-fingerprint", no_argument, 0, 'p'},
+                                             {"metrics-port", required_argument, 0, 'M'},
+                                             {"metrics-host", required_argument, 0, 'H'},
                                              {"test-delay-ms", required_argument, 0, 'd'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
@@ -329,7 +351,7 @@ int shoal_cmd_expert(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         char *end = NULL;
         long v = 0;
-        if (c == 't' || c == 'x' || c == 'd') {
+        if (c == 't' || c == 'x' || c == 'd' || c == 'M') {
             errno = 0;
             v = strtol(optarg, &end, 10);
             if (errno || !end || *end || v < 0 || v > 1000000) {
@@ -346,6 +368,14 @@ int shoal_cmd_expert(int argc, char **argv)
         case 'x': o.max_tokens = (int)v; break;
         case 'd': o.delay_us = (unsigned)v * 1000u; break;
         case 'p': print_fp = 1; break;
+        case 'M':
+            if (v < 1 || v > 65535) {
+                fprintf(stderr, "shoal expert: --metrics-port must be 1..65535\n");
+                return 2;
+            }
+            o.metrics_port = (int)v;
+            break;
+        case 'H': o.metrics_host = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

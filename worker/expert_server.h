@@ -23,6 +23,10 @@ typedef struct {
     /* Test hook: microseconds to sleep before computing each EXPERT_BATCH
      * (fault tests: a worker that is slow or gets killed mid-request). 0 off. */
     unsigned delay_us;
+    /* Prometheus /metrics (docs/METRICS.md) on metrics_host:metrics_port
+     * (host NULL: 127.0.0.1); port 0: off. */
+    int metrics_port;
+    const char *metrics_host;
 } shoal_expert_server_opts;
 
 /* Runs the server. Returns 0 after a clean stop, or an error code with err:

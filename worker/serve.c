@@ -42,6 +42,7 @@ struct shoal_serve {
     shoal_proto_stats st;
     uint64_t t0_us;
     uint64_t logged_errors;
+    int last_perr; /* ERROR code of the reply being built (0: not an ERROR) */
 };
 
 static uint64_t now_us(void)
@@ -148,16 +149,23 @@ static void reply_error(shoal_serve *s, shoal_serve_reply *rep, uint64_t rid, in
         SHOAL_PANIC("ERROR reply does not fit its buffer");
     reply_ctl(rep, s, SHOAL_MSG_ERROR, len);
     s->st.errors++;
+    s->last_perr = perr;
     /* exceptional, but a misbehaving peer must not flood the log */
     if (s->logged_errors < 20 || s->logged_errors % 1000 == 0)
         SHOAL_WARN("replied ERROR %s (rid %llu): %s", shoal_perr_name(perr), (unsigned long long)rid, msg);
     s->logged_errors++;
 }
 
-static void count_out(shoal_serve *s, const shoal_serve_reply *rep)
+static void count_out(shoal_serve *s, const shoal_serve_reply *rep, int type, const shoal_frame *in, int nin)
 {
+    uint64_t in_bytes = 0, out_bytes = 0;
+    for (int i = 0; i < nin; i++)
+        in_bytes += in[i].len;
     for (int i = 0; i < rep->n; i++)
-        s->st.bytes_out += rep->frames[i].len;
+        out_bytes += rep->frames[i].len;
+    s->st.bytes_out += out_bytes;
+    shoal_wmetrics_request(s->o.metrics, type, in_bytes);
+    shoal_wmetrics_reply(s->o.metrics, out_bytes, s->last_perr);
 }
 
 static void do_hello(shoal_serve *s, const shoal_proto_msg *m, const uint8_t *peer_id, size_t peerlen,
@@ -278,6 +286,7 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
             }
         }
         shoal_expert_ffn(s->ye, w, s->xe, ne, b1, b2, s->h);
+        shoal_wmetrics_expert(s->o.metrics, layer, e, (uint32_t)ne);
         for (int j = 0; j < ne; j++) {
             uint8_t *dst = y + SHOAL_PROTO_TENSOR_HDR + (size_t)pi[j] * d * oes;
             const uint16_t *src = s->ye + (size_t)j * d;
@@ -305,12 +314,14 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
     s->st.pairs += n;
     s->st.queue_us += queue_us;
     s->st.compute_us += compute_us;
+    shoal_wmetrics_batch(s->o.metrics, act->rows, n, (uint32_t)ntouched, queue_us, compute_us);
 }
 
 void shoal_serve_handle(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, const shoal_frame *in, int nin,
                         uint64_t queue_us, shoal_serve_alloc_fn alloc, void *actx, shoal_serve_reply *rep)
 {
     memset(rep, 0, sizeof *rep);
+    s->last_perr = 0;
     s->st.requests++;
     for (int i = 0; i < nin; i++)
         s->st.bytes_in += in[i].len;
@@ -359,22 +370,23 @@ void shoal_serve_handle(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, 
         break;
     }
 done:
+    count_out(s, rep, m.type, in, nin);
     shoal_proto_msg_clear(&m);
-    count_out(s, rep);
 }
 
 void shoal_serve_refuse(shoal_serve *s, const shoal_frame *in, int nin, int perr, const char *msg,
                         shoal_serve_reply *rep)
 {
     memset(rep, 0, sizeof *rep);
+    s->last_perr = 0;
     s->st.requests++;
     shoal_proto_msg m;
     memset(&m, 0, sizeof m);
     int dummy;
     shoal_proto_decode(in, nin, SHOAL_SIDE_WORKER, &m, &dummy, NULL, 0);
     reply_error(s, rep, m.rid, perr, msg);
+    count_out(s, rep, m.type, in, nin);
     shoal_proto_msg_clear(&m);
-    count_out(s, rep);
 }
 
 void shoal_serve_stats(const shoal_serve *s, shoal_proto_stats *out)

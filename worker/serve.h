@@ -18,6 +18,7 @@
 #include "proto/proto.h"
 #include "proto/shard.h"
 #include "worker/bank.h"
+#include "worker/wmetrics.h"
 
 typedef struct {
     const char *id;                        /* worker id, at most 64 bytes */
@@ -33,6 +34,7 @@ typedef struct {
     const char *isa;                       /* kernel variant name */
     int threads;
     uint64_t mem_total;
+    shoal_wmetrics *metrics;               /* optional (NULL): counters for /metrics; borrowed */
 } shoal_serve_opts;
 
 typedef struct shoal_serve shoal_serve;
