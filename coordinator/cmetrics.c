@@ -267,14 +267,16 @@ static const double qs[3] = {0.5, 0.9, 0.99};
 
 #define WL(i) shoal_metrics_label wl[1] = {{"worker", cm->w[i].id}}
 
+/* value = counter * mul / div (division last: seconds from integer µs or ns
+ * print exactly as the workers print them) */
 static void worker_counter(shoal_cmetrics *cm, shoal_metrics_buf *b, const char *name, const char *help,
-                           size_t off, double scale)
+                           size_t off, double mul, double div)
 {
     shoal_metrics_family(b, name, SHOAL_METRICS_COUNTER, help);
     for (int i = 0; i < cm->nworkers; i++) {
         WL(i);
         const shoal_metrics_counter *c = (const shoal_metrics_counter *)((const char *)&cm->w[i] + off);
-        shoal_metrics_sample(b, name, wl, 1, (double)shoal_metrics_get(c) * scale);
+        shoal_metrics_sample(b, name, wl, 1, (double)shoal_metrics_get(c) * mul / div);
     }
 }
 
@@ -359,37 +361,37 @@ void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b)
         shoal_metrics_sample(b, "shoal_worker_memory_total_bytes", wl, 1, (double)cm->w[i].mem_total);
     }
     worker_counter(cm, b, "shoal_worker_requests_total", "EXPERT_BATCH exchanges completed with the worker.",
-                   offsetof(worker, requests), 1);
+                   offsetof(worker, requests), 1, 1);
     worker_counter(cm, b, "shoal_worker_tokens_total", "Activation rows sent to the worker.",
-                   offsetof(worker, tokens), 1);
+                   offsetof(worker, tokens), 1, 1);
     worker_counter(cm, b, "shoal_worker_pairs_total", "(token, expert) pairs the worker computed.",
-                   offsetof(worker, pairs), 1);
+                   offsetof(worker, pairs), 1, 1);
     worker_counter(cm, b, "shoal_worker_weight_bytes_total",
                    "Expert weight bytes the worker read for us: each distinct expert of a request once.",
-                   offsetof(worker, experts), (double)cm->expert_bytes);
+                   offsetof(worker, experts), (double)cm->expert_bytes, 1);
     worker_counter(cm, b, "shoal_worker_sent_bytes_total", "Bytes of all frames sent to the worker.",
-                   offsetof(worker, bytes_out), 1);
+                   offsetof(worker, bytes_out), 1, 1);
     worker_counter(cm, b, "shoal_worker_received_bytes_total", "Bytes of all frames received from the worker.",
-                   offsetof(worker, bytes_in), 1);
+                   offsetof(worker, bytes_in), 1, 1);
     worker_counter(cm, b, "shoal_worker_queue_seconds_total",
                    "Seconds requests waited in the worker's queue, as the worker reported them.",
-                   offsetof(worker, queue_us), 1e-6);
+                   offsetof(worker, queue_us), 1, 1e6);
     worker_counter(cm, b, "shoal_worker_compute_seconds_total",
                    "Seconds the worker computed our requests, as the worker reported them.",
-                   offsetof(worker, compute_us), 1e-6);
+                   offsetof(worker, compute_us), 1, 1e6);
     worker_counter(cm, b, "shoal_worker_network_seconds_total",
                    "Round-trip seconds not spent queued or computing on the worker: network, ZeroMQ, "
                    "(de)serialisation.",
-                   offsetof(worker, network_ns), 1e-9);
+                   offsetof(worker, network_ns), 1, 1e9);
     worker_counter(cm, b, "shoal_worker_timeouts_total", "Requests to the worker that passed their deadline.",
-                   offsetof(worker, timeouts), 1);
+                   offsetof(worker, timeouts), 1, 1);
     worker_counter(cm, b, "shoal_worker_errors_total",
                    "ERROR replies, malformed replies and send failures from or to the worker.",
-                   offsetof(worker, errors), 1);
+                   offsetof(worker, errors), 1, 1);
     worker_counter(cm, b, "shoal_worker_stale_replies_total",
-                   "Late replies to requests already given up on, dropped.", offsetof(worker, stale), 1);
+                   "Late replies to requests already given up on, dropped.", offsetof(worker, stale), 1, 1);
     worker_counter(cm, b, "shoal_worker_slowest_total",
-                   "MoE layer exchanges in which this worker's reply arrived last.", offsetof(worker, slowest), 1);
+                   "MoE layer exchanges in which this worker's reply arrived last.", offsetof(worker, slowest), 1, 1);
 
     uint64_t tot = all_pairs(cm);
     shoal_metrics_family(b, "shoal_worker_load_share", SHOAL_METRICS_GAUGE,

@@ -47,6 +47,8 @@ static void usage(FILE *f)
             "                       generated token i\n"
             "  --trace FILE         record every routing decision (token, layer, experts) in\n"
             "                       FILE (format: docs/METRICS.md; read by 'shoal trace stats')\n"
+            "  --metrics-file FILE  write the coordinator's metrics (Prometheus text, the families\n"
+            "                       of shoal serve's /metrics: docs/METRICS.md) to FILE at the end\n"
             "  --json               print one JSON object instead of the text report; it has\n"
             "                       prompt_ids, generated_ids, text (when the tokenizer loads),\n"
             "                       stop_reason, prefill/decode tokens and tokens_per_s,\n"
@@ -159,7 +161,7 @@ static int cmp_double(const void *a, const void *b)
 
 int shoal_cmd_run(int argc, char **argv)
 {
-    const char *model = NULL, *ids_s = NULL, *prompt = NULL, *prompt_file = NULL, *dump = NULL, *trace_path = NULL;
+    const char *model = NULL, *ids_s = NULL, *prompt = NULL, *prompt_file = NULL, *dump = NULL, *trace_path = NULL, *metrics_path = NULL;
     long gen = 16, threads = 0, top_k = 0, max_ctx = 0, batch = 256;
     double temp = 0.0, top_p = 1.0;
     unsigned long long seed = 0;
@@ -226,6 +228,9 @@ int shoal_cmd_run(int argc, char **argv)
         } else if (!strcmp(a, "--trace")) {
             VAL();
             trace_path = v;
+        } else if (!strcmp(a, "--metrics-file")) {
+            VAL();
+            metrics_path = v;
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "--allow-special")) {
@@ -471,6 +476,20 @@ int shoal_cmd_run(int argc, char **argv)
 
 done:;
     shoal_model_set_monitor(m, NULL, NULL);
+    if (metrics_path && cm) {
+        shoal_metrics_buf mb = {0};
+        shoal_cmetrics_write(cm, &mb);
+        FILE *mf = fopen(metrics_path, "w");
+        int bad = !mf || fwrite(mb.p, 1, mb.len, mf) != mb.len;
+        if (mf && fclose(mf))
+            bad = 1;
+        if (bad) {
+            fprintf(stderr, "shoal run: %s: cannot write the metrics\n", metrics_path);
+            if (!status)
+                status = 4;
+        }
+        shoal_metrics_buf_free(&mb);
+    }
     if (tr) {
         uint64_t nrec = shoal_trace_count(tr);
         if (shoal_trace_close(tr, err, sizeof err)) {

@@ -6,6 +6,7 @@ cumulative with +Inf == _count, summary quantile labels)."""
 import math
 import os
 import sys
+import traceback
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -36,7 +37,8 @@ class Results:
         except SkipCase as e:
             self.record("SKIP", case, str(e))
         except Exception as e:  # noqa: BLE001 - every failure is reported
-            self.record("FAIL", case, f"{type(e).__name__}: {e}")
+            tb = traceback.extract_tb(e.__traceback__)[-1]
+            self.record("FAIL", case, f"{type(e).__name__} at line {tb.lineno}: {e}")
         else:
             self.record("PASS", case)
 
