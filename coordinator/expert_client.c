@@ -182,6 +182,36 @@ out:
     return rc;
 }
 
+/* Read the events waiting on a monitor socket; 1 if one was a disconnect. */
+static int monitor_disconnected(void *mon)
+{
+    int disc = 0;
+    for (;;) {
+        zmq_msg_t ev;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return disc;
+        }
+        uint16_t id = 0;
+        if (zmq_msg_size(&ev) >= 2)
+            memcpy(&id, zmq_msg_data(&ev), 2);
+        int more = zmq_msg_more(&ev);
+        zmq_msg_close(&ev);
+        while (more) { /* the endpoint frame */
+            zmq_msg_t addr;
+            zmq_msg_init(&addr);
+            if (zmq_msg_recv(&addr, mon, 0) < 0) {
+                zmq_msg_close(&addr);
+                break;
+            }
+            more = zmq_msg_more(&addr);
+            zmq_msg_close(&addr);
+        }
+        disc |= (id & ZMQ_EVENT_DISCONNECTED) != 0;
+    }
+}
+
 /* Connect every worker, send HELLO as soon as its connection is up, collect
  * every reply before the deadline. */
 static int hello_all(shoal_expert_client *c, char *err, size_t errlen)
@@ -189,7 +219,7 @@ static int hello_all(shoal_expert_client *c, char *err, size_t errlen)
     int hello_ms = c->o.hello_timeout_ms > 0 ? c->o.hello_timeout_ms : 60000;
     uint64_t deadline = now_us() + (uint64_t)hello_ms * 1000u;
     int *sent = shoal_xcalloc((size_t)c->nw, sizeof *sent), *got = shoal_xcalloc((size_t)c->nw, sizeof *got);
-    zmq_pollitem_t *pi = shoal_xcalloc((size_t)c->nw, sizeof *pi);
+    zmq_pollitem_t *pi = shoal_xcalloc(2 * (size_t)c->nw, sizeof *pi);
     int ngot = 0, rc = 0;
     uint64_t next_check = now_us();
     while (ngot < c->nw) {
@@ -223,15 +253,21 @@ static int hello_all(shoal_expert_client *c, char *err, size_t errlen)
                 }
             }
             pi[i] = (zmq_pollitem_t){.socket = c->w[i].sock, .events = (short)(sent[i] ? ZMQ_POLLIN : ZMQ_POLLOUT)};
+            pi[c->nw + i] = (zmq_pollitem_t){.socket = c->w[i].mon, .events = ZMQ_POLLIN};
         }
         long ms = (long)((deadline - now) / 1000u) + 1;
         if (ms > 100)
             ms = 100;
-        if (zmq_poll(pi, c->nw, ms) < 0 && errno != EINTR) {
+        if (zmq_poll(pi, 2 * c->nw, ms) < 0 && errno != EINTR) {
             rc = shoal_err_set(err, errlen, -errno, "zmq_poll: %s", zmq_strerror(errno));
             break;
         }
         for (int i = 0; i < c->nw; i++) {
+            if ((pi[c->nw + i].revents & ZMQ_POLLIN) && monitor_disconnected(c->w[i].mon) && sent[i] && !got[i]) {
+                rc = shoal_err_set(err, errlen, SHOAL_EPEER, "expert worker %s disconnected before answering HELLO",
+                                   c->w[i].endpoint);
+                goto out;
+            }
             if (!sent[i] || got[i] || !(pi[i].revents & ZMQ_POLLIN))
                 continue;
             /* keep at most MAX_FRAMES + 1 parts: one too many is enough to refuse */
@@ -432,42 +468,20 @@ static void drain_socket(shoal_expert_client *c, int i)
 
 static void drain_monitor(shoal_expert_client *c, int i)
 {
-    for (;;) {
-        zmq_msg_t ev, addr;
-        zmq_msg_init(&ev);
-        if (zmq_msg_recv(&ev, c->w[i].mon, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&ev);
-            return;
+    if (!monitor_disconnected(c->w[i].mon))
+        return;
+    worker *w = &c->w[i];
+    pthread_mutex_lock(&c->mu);
+    if (c->state == INFLIGHT && w->involved && !w->answered) {
+        if (c->cm) {
+            shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
+            shoal_cmetrics_worker_up(c->cm, i, 0);
         }
-        uint16_t id = 0;
-        if (zmq_msg_size(&ev) >= 2)
-            memcpy(&id, zmq_msg_data(&ev), 2);
-        while (zmq_msg_more(&ev)) { /* the endpoint frame */
-            zmq_msg_init(&addr);
-            if (zmq_msg_recv(&addr, c->w[i].mon, 0) < 0) {
-                zmq_msg_close(&addr);
-                break;
-            }
-            int more = zmq_msg_more(&addr);
-            zmq_msg_close(&addr);
-            if (!more)
-                break;
-        }
-        zmq_msg_close(&ev);
-        if (id & ZMQ_EVENT_DISCONNECTED) {
-            worker *w = &c->w[i];
-            pthread_mutex_lock(&c->mu);
-            if (c->state == INFLIGHT && w->involved && !w->answered && c->cm) {
-                shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
-                shoal_cmetrics_worker_up(c->cm, i, 0);
-            }
-            if (c->state == INFLIGHT && w->involved && !w->answered)
-                finish(c, SHOAL_EPEER, "expert worker %s disconnected before answering layer %d (the worker died?)",
-                       w->name, c->layer);
-            pthread_mutex_unlock(&c->mu);
-            SHOAL_WARN("expert worker %s disconnected", w->name);
-        }
+        finish(c, SHOAL_EPEER, "expert worker %s disconnected before answering layer %d (the worker died?)", w->name,
+               c->layer);
     }
+    pthread_mutex_unlock(&c->mu);
+    SHOAL_WARN("expert worker %s disconnected", w->name);
 }
 
 static void *io_main(void *arg)

@@ -118,8 +118,8 @@ static void send_reply(void *sock, zmq_msg_t *rid, const shoal_serve_reply *rep,
     }
 }
 
-static void handle(void *sock, shoal_serve *srv, qreq *r, int stopping, unsigned delay_us, int *shutdown,
-                   uint64_t *dropped, shoal_wmetrics *wm)
+static void handle(void *sock, shoal_serve *srv, qreq *r, int stopping, int *shutdown, uint64_t *dropped,
+                   shoal_wmetrics *wm)
 {
     if (r->nparts < 2) { /* no routing id or no frame: nothing to answer */
         qreq_close(r);
@@ -137,8 +137,6 @@ static void handle(void *sock, shoal_serve *srv, qreq *r, int stopping, unsigned
     } else if (stopping) {
         shoal_serve_refuse(srv, f, nf, SHOAL_PERR_SHUTTING_DOWN, "the worker is shutting down", &rep);
     } else {
-        if (delay_us)
-            usleep(delay_us);
         uint64_t q = now_us() - r->arrived_us;
         shoal_serve_handle(srv, zmq_msg_data(&r->part[0]), zmq_msg_size(&r->part[0]), f, nf, q, alloc_frame, &of,
                            &rep);
@@ -234,7 +232,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                            .num_layers = s.cfg.num_layers, .is_moe = s.cfg.is_moe, .num_experts = s.cfg.num_experts,
                            .k = s.cfg.experts_per_token, .max_tokens = o->max_tokens > 0 ? o->max_tokens : 8192,
                            .isa = shoal_isa_name(shoal_kernels_isa()), .threads = omp_get_max_threads(),
-                           .mem_total = mem_total(), .metrics = s.wm};
+                           .mem_total = mem_total(), .metrics = s.wm, .delay_us = o->delay_us};
     if ((rc = shoal_serve_open(&s.srv, &so, s.bank, err, errlen)))
         goto out;
 
@@ -275,7 +273,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
         }
         if (count == 0)
             continue;
-        handle(s.sock, s.srv, &s.q[head], 0, o->delay_us, &shutdown, &dropped, s.wm);
+        handle(s.sock, s.srv, &s.q[head], 0, &shutdown, &dropped, s.wm);
         head = (head + 1) % QCAP;
         count--;
     }
@@ -285,7 +283,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
             count++;
         if (count == 0)
             break;
-        handle(s.sock, s.srv, &s.q[head], 1, 0, &shutdown, &dropped, s.wm);
+        handle(s.sock, s.srv, &s.q[head], 1, &shutdown, &dropped, s.wm);
         head = (head + 1) % QCAP;
         count--;
     }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "common/log.h"
@@ -212,6 +213,8 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
         reply_error(s, rep, m->rid, perr, msg);
         return;
     }
+    if (s->o.delay_us) /* fault tests: a slow worker, or one killed mid-request */
+        usleep(s->o.delay_us);
     uint64_t t0 = now_us();
     const shoal_proto_tensor *act = &m->batch.act, *route = &m->batch.route;
     uint32_t n = route->rows;

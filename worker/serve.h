@@ -35,6 +35,7 @@ typedef struct {
     int threads;
     uint64_t mem_total;
     shoal_wmetrics *metrics;               /* optional (NULL): counters for /metrics; borrowed */
+    unsigned delay_us;                     /* test hook: sleep before computing each EXPERT_BATCH */
 } shoal_serve_opts;
 
 typedef struct shoal_serve shoal_serve;
