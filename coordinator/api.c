@@ -659,6 +659,12 @@ static void metrics(shoal_api *a, shoal_http_ex *ex)
     metric(&b, "shoal_kept_sequences", "gauge", "Sequence states kept for conversation reuse.", ss.kept_seqs);
     metric(&b, "shoal_kept_bytes", "gauge", "Bytes of the kept sequence states.", ss.kept_bytes);
     metric(&b, "shoal_ready", "gauge", "1 when the model and every worker answered.", (uint64_t)atomic_load(&a->ready));
+    if (a->o.metrics) {
+        shoal_metrics_buf mb = {0};
+        shoal_cmetrics_write(a->o.metrics, &mb);
+        sb_add(&b, mb.p, mb.len);
+        shoal_metrics_buf_free(&mb);
+    }
     shoal_http_respond(ex, 200, "text/plain; version=0.0.4", NULL, b.p, b.n);
     free(b.p);
 }

@@ -69,6 +69,9 @@ typedef struct {
      * on the loop thread for /health and before admitting a request. */
     int (*workers)(void *ud, shoal_api_worker *w, int cap);
     void *workers_ud;
+    /* Optional: /metrics appends the coordinator's families (per-phase time,
+     * per-worker exchanges: docs/METRICS.md). Borrowed; outlives the API. */
+    shoal_cmetrics *metrics;
 } shoal_api_opts;
 
 int shoal_api_open(shoal_api **out, const shoal_api_opts *o, char *err, size_t errlen);

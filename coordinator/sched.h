@@ -116,6 +116,9 @@ typedef struct {
      * thread count is a per-thread setting, so the one given to
      * shoal_model_open on another thread does not reach the model thread. */
     int threads;
+    /* Optional: the sampler's time goes to its "sampling" phase (borrowed;
+     * outlives the scheduler). */
+    shoal_cmetrics *metrics;
 } shoal_sched_opts;
 
 typedef struct {

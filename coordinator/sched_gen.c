@@ -514,7 +514,9 @@ static void step(shoal_sched *s, shoal_slot *sl)
         release(s, sl, &add);
         return;
     }
+    uint64_t ts0 = shoal_metrics_now_ns();
     int32_t id = shoal_sampler_sample(sl->sampler, sl->logits);
+    shoal_cmetrics_add_phase(s->o.metrics, SHOAL_PHASE_SAMPLING, shoal_metrics_now_ns() - ts0);
     sl->out[sl->n_out++] = id;
     int stop = output_token(s, sl, id);
     if (stop == 2) {
