@@ -19,6 +19,8 @@
 #include "coordinator/http.h"
 #include "coordinator/sched.h"
 #include "coordinator/tokenizer.h"
+#include "coordinator/trace.h"
+#include "proto/fprint.h"
 
 static void usage(FILE *f)
 {
@@ -49,7 +51,12 @@ static void usage(FILE *f)
             "  --max-connections N    open client connections (default 256)\n"
             "  --request-timeout S    seconds a client has to send one request (default 30)\n"
             "  --idle-timeout S       seconds a kept-alive connection may idle (default 60)\n"
-            "  --write-timeout S      seconds a response may stall unread (default 30)\n");
+            "  --write-timeout S      seconds a response may stall unread (default 30)\n"
+            "  --trace FILE           record every routing decision in FILE (docs/METRICS.md;\n"
+            "                         read by 'shoal trace stats')\n"
+            "\n"
+            "GET /metrics: Prometheus text -- HTTP, scheduler, and the coordinator's families\n"
+            "(per-phase time per token; per expert server with workers: docs/METRICS.md).\n");
 }
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
@@ -99,7 +106,7 @@ static int read_key_file(const char *path, char *out, size_t cap)
 
 int shoal_cmd_serve(int argc, char **argv)
 {
-    const char *model_dir = NULL, *host = "127.0.0.1", *api_key = NULL, *key_file = NULL;
+    const char *model_dir = NULL, *host = "127.0.0.1", *api_key = NULL, *key_file = NULL, *trace_path = NULL;
     char model_name[128] = "";
     long port = 8000, queue = 64, max_context = 0, keep = 8, keep_mb = 1024, memo = 256, memo_mb = 64;
     long threads = 0, max_body_kb = 4096, max_header_kb = 16, max_conn = 256;
@@ -107,7 +114,7 @@ int shoal_cmd_serve(int argc, char **argv)
     int insecure = 0;
     enum {
         O_HOST = 256, O_PORT, O_KEY, O_KEYFILE, O_INSECURE, O_NAME, O_QUEUE, O_CTX, O_KEEP, O_KEEPMB, O_MEMO,
-        O_MEMOMB, O_THREADS, O_BODY, O_HDR, O_CONN, O_RTO, O_ITO, O_WTO, O_MODEL, O_HELP
+        O_MEMOMB, O_THREADS, O_BODY, O_HDR, O_CONN, O_RTO, O_ITO, O_WTO, O_MODEL, O_HELP, O_TRACE
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},       {"host", required_argument, 0, O_HOST},
@@ -120,6 +127,7 @@ int shoal_cmd_serve(int argc, char **argv)
         {"max-body-kb", required_argument, 0, O_BODY},  {"max-header-kb", required_argument, 0, O_HDR},
         {"max-connections", required_argument, 0, O_CONN}, {"request-timeout", required_argument, 0, O_RTO},
         {"idle-timeout", required_argument, 0, O_ITO},  {"write-timeout", required_argument, 0, O_WTO},
+        {"trace", required_argument, 0, O_TRACE},
         {"help", no_argument, 0, O_HELP},               {0, 0, 0, 0}};
     optind = 1;
     opterr = 0;
@@ -152,6 +160,7 @@ int shoal_cmd_serve(int argc, char **argv)
         case O_RTO: bad = parse_long("--request-timeout", optarg, 1, 3600, &req_to); break;
         case O_ITO: bad = parse_long("--idle-timeout", optarg, 1, 3600, &idle_to); break;
         case O_WTO: bad = parse_long("--write-timeout", optarg, 1, 3600, &write_to); break;
+        case O_TRACE: trace_path = optarg; break;
         case O_HELP: usage(stdout); return 0;
         default:
             fprintf(stderr, "shoal serve: unknown or incomplete option '%s'\n", argv[optind - 1]);
@@ -213,6 +222,8 @@ int shoal_cmd_serve(int argc, char **argv)
     shoal_sched *sched = NULL;
     shoal_api *api = NULL;
     shoal_http *http = NULL;
+    shoal_cmetrics *cm = NULL;
+    shoal_trace *tr = NULL;
 
     shoal_tok_opts to = {0};
     rc = shoal_tok_open(&tok, model_dir, &to, err, sizeof err);
@@ -239,6 +250,29 @@ int shoal_cmd_serve(int argc, char **argv)
     }
     shoal_model_info info;
     shoal_model_get_info(model, &info);
+    /* monitoring (docs/METRICS.md): per-phase time (and, with workers, per
+     * worker exchanges) on /metrics; every routing decision with --trace */
+    shoal_cmetrics_opts cmo = {.num_layers = info.cfg->num_layers, .is_moe = info.cfg->is_moe,
+                               .num_experts = info.cfg->num_experts, .expert_bytes = info.expert_bytes};
+    rc = shoal_cmetrics_open(&cm, &cmo, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "shoal serve: %s\n", err);
+        goto out;
+    }
+    if (trace_path) {
+        shoal_trace_hdr th = {.num_layers = (uint32_t)info.cfg->num_layers,
+                              .num_experts = (uint32_t)info.cfg->num_experts,
+                              .k = (uint32_t)info.cfg->experts_per_token};
+        if (shoal_fprint_model(th.fingerprint, info.cfg, shoal_model_store(model), err, sizeof err))
+            memset(th.fingerprint, 0, sizeof th.fingerprint); /* unknown without the expert tensors */
+        rc = shoal_trace_create(&tr, trace_path, &th, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "shoal serve: %s\n", err);
+            status = 2;
+            goto out;
+        }
+    }
+    shoal_model_set_monitor(model, cm, tr);
     shoal_sched_opts so = {
         .model = model,
         .tok = tok,
@@ -249,6 +283,7 @@ int shoal_cmd_serve(int argc, char **argv)
         .memo_entries = (int)memo,
         .memo_bytes = (size_t)memo_mb << 20,
         .threads = (int)threads,
+        .metrics = cm,
     };
     rc = shoal_sched_open(&sched, &so, err, sizeof err);
     if (rc) {
@@ -259,6 +294,7 @@ int shoal_cmd_serve(int argc, char **argv)
         .limits = {.model_name = model_name, .vocab = shoal_tok_n_vocab(tok), .max_context = info.max_context},
         .api_key = api_key,
         .sched = sched,
+        .metrics = cm,
     };
     rc = shoal_api_open(&api, &ao, err, sizeof err);
     if (rc) {
@@ -300,7 +336,20 @@ out:
     shoal_sched_close(sched); /* after the loop: every exchange is aborted by now */
     shoal_api_close(api);
     shoal_http_close(http);
+    if (model)
+        shoal_model_set_monitor(model, NULL, NULL);
+    if (tr) {
+        uint64_t nrec = shoal_trace_count(tr);
+        if (shoal_trace_close(tr, err, sizeof err)) {
+            fprintf(stderr, "shoal serve: %s\n", err);
+            if (!status)
+                status = 4;
+        } else {
+            SHOAL_INFO("trace %s: %llu routing records", trace_path, (unsigned long long)nrec);
+        }
+    }
     shoal_model_close(model);
+    shoal_cmetrics_close(cm);
     shoal_tok_close(tok);
     if (key_file)
         memset(key_buf, 0, sizeof key_buf);
