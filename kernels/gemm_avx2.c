@@ -490,49 +490,64 @@ static void kda_head(float *o, float *S, const float *q, const float *k, const f
     }
 }
 
-/* ---- MLA heads: scores and context per block of up to 6 heads ----------------
- * Scores: the canonical 16-lane dot over q_lat ‖ q_pe against a cached row;
- * the row is loaded once per head block. Softmax: shoal_softmax (scalar, so
- * identical). Context: ctx[h][i] chains over s from +0; each 16-column chunk
- * of a cached row is loaded once and feeds every head of the block. */
+/* ---- MLA heads ---------------------------------------------------------------
+ * Scores: the canonical 16-lane dot over q_lat ‖ q_pe against a cached row.
+ * Softmax: shoal_softmax (scalar, so identical). Context: ctx[h][i] chains
+ * over s from +0. The cache is walked in blocks of MLA_SB rows (in L2); every
+ * head of this worker's range uses a block before the next is read, so the
+ * cache comes from DRAM once per call per thread. Heads go 6 at a time
+ * through the registers (12 independent chains, one load of each cached
+ * chunk per 6 heads); partial context chains are parked in ctx between row
+ * blocks, which changes no bit. */
 #define MLA_MAXH 6
+#define MLA_SB 48
 
-static void mla_heads(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S, int R, int P,
-                      float scale, float *scratch, int h0, int h1)
+INLINE void mla_scores(float *scratch, const float *q_lat, const float *q_pe, const float *cache, int S, int R, int P,
+                       float scale, int h0, int nh, int s0, int s1)
 {
-    if (R % 16 || P % 16 || h1 - h0 > MLA_MAXH) {
-        shoal__kernels_mla_heads_scalar(ctx, q_lat, q_pe, cache, S, R, P, scale, scratch, h0, h1);
-        return;
-    }
     size_t W = (size_t)R + P;
-    int nh = h1 - h0;
-    for (int s = 0; s < S; s++) {
+    for (int s = s0; s < s1; s++) {
         const float *c = cache + (size_t)s * W;
-        for (int h = h0; h < h1; h++) {
-            const float *ql = q_lat + (size_t)h * R, *qp = q_pe + (size_t)h * P;
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            for (int i = 0; i < R; i += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(ql + i), _mm256_loadu_ps(c + i), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(ql + i + 8), _mm256_loadu_ps(c + i + 8), a1);
+        __m256 a[MLA_MAXH][2];
+        for (int h = 0; h < nh; h++)
+            a[h][0] = a[h][1] = _mm256_setzero_ps();
+        for (int i = 0; i < R; i += 16) {
+            __m256 c0 = _mm256_loadu_ps(c + i), c1 = _mm256_loadu_ps(c + i + 8);
+            for (int h = 0; h < nh; h++) {
+                const float *ql = q_lat + (size_t)(h0 + h) * R + i;
+                a[h][0] = _mm256_fmadd_ps(_mm256_loadu_ps(ql), c0, a[h][0]);
+                a[h][1] = _mm256_fmadd_ps(_mm256_loadu_ps(ql + 8), c1, a[h][1]);
             }
-            for (int i = 0; i < P; i += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qp + i), _mm256_loadu_ps(c + R + i), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qp + i + 8), _mm256_loadu_ps(c + R + i + 8), a1);
-            }
-            scratch[(size_t)h * S + s] = scale * hsum16(a0, a1);
         }
+        for (int i = 0; i < P; i += 16) {
+            __m256 c0 = _mm256_loadu_ps(c + R + i), c1 = _mm256_loadu_ps(c + R + i + 8);
+            for (int h = 0; h < nh; h++) {
+                const float *qp = q_pe + (size_t)(h0 + h) * P + i;
+                a[h][0] = _mm256_fmadd_ps(_mm256_loadu_ps(qp), c0, a[h][0]);
+                a[h][1] = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 8), c1, a[h][1]);
+            }
+        }
+        for (int h = 0; h < nh; h++)
+            scratch[(size_t)(h0 + h) * S + s] = scale * hsum16(a[h][0], a[h][1]);
     }
-    for (int h = h0; h < h1; h++)
-        shoal_softmax(scratch + (size_t)h * S, S);
+}
+
+INLINE void mla_ctx(float *ctx, const float *p, const float *cache, int S, int R, int P, int h0, int nh, int s0,
+                    int s1)
+{
+    size_t W = (size_t)R + P;
     for (int i = 0; i < R; i += 16) {
         __m256 acc[MLA_MAXH][2];
-        for (int h = 0; h < nh; h++)
-            acc[h][0] = acc[h][1] = _mm256_setzero_ps();
-        for (int s = 0; s < S; s++) {
+        for (int h = 0; h < nh; h++) {
+            float *o = ctx + (size_t)(h0 + h) * R + i;
+            acc[h][0] = s0 ? _mm256_loadu_ps(o) : _mm256_setzero_ps();
+            acc[h][1] = s0 ? _mm256_loadu_ps(o + 8) : _mm256_setzero_ps();
+        }
+        for (int s = s0; s < s1; s++) {
             const float *c = cache + (size_t)s * W + i;
             __m256 c0 = _mm256_loadu_ps(c), c1 = _mm256_loadu_ps(c + 8);
             for (int h = 0; h < nh; h++) {
-                __m256 pv = _mm256_broadcast_ss(scratch + (size_t)(h0 + h) * S + s);
+                __m256 pv = _mm256_broadcast_ss(p + (size_t)(h0 + h) * S + s);
                 acc[h][0] = _mm256_fmadd_ps(pv, c0, acc[h][0]);
                 acc[h][1] = _mm256_fmadd_ps(pv, c1, acc[h][1]);
             }
@@ -540,6 +555,56 @@ static void mla_heads(float *ctx, const float *q_lat, const float *q_pe, const f
         for (int h = 0; h < nh; h++) {
             _mm256_storeu_ps(ctx + (size_t)(h0 + h) * R + i, acc[h][0]);
             _mm256_storeu_ps(ctx + (size_t)(h0 + h) * R + i + 8, acc[h][1]);
+        }
+    }
+}
+
+#define MLA_FN(n)                                                                                           \
+    __attribute__((noinline)) static void mla_scores##n(float *scratch, const float *q_lat, const float *q_pe, \
+                                                        const float *cache, int S, int R, int P, float scale, \
+                                                        int h0, int s0, int s1)                              \
+    {                                                                                                       \
+        mla_scores(scratch, q_lat, q_pe, cache, S, R, P, scale, h0, n, s0, s1);                             \
+    }                                                                                                       \
+    __attribute__((noinline)) static void mla_ctx##n(float *ctx, const float *p, const float *cache, int S,   \
+                                                     int R, int P, int h0, int s0, int s1)                   \
+    {                                                                                                       \
+        mla_ctx(ctx, p, cache, S, R, P, h0, n, s0, s1);                                                     \
+    }
+MLA_FN(1)
+MLA_FN(2)
+MLA_FN(3)
+MLA_FN(4)
+MLA_FN(5)
+MLA_FN(6)
+
+static void mla_heads(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S, int R, int P,
+                      float scale, float *scratch, int h0, int h1)
+{
+    typedef void (*scores_fn)(float *, const float *, const float *, const float *, int, int, int, float, int, int,
+                              int);
+    typedef void (*ctx_fn)(float *, const float *, const float *, int, int, int, int, int, int);
+    static const scores_fn sc[MLA_MAXH + 1] = {NULL, mla_scores1, mla_scores2, mla_scores3,
+                                               mla_scores4, mla_scores5, mla_scores6};
+    static const ctx_fn cx[MLA_MAXH + 1] = {NULL, mla_ctx1, mla_ctx2, mla_ctx3, mla_ctx4, mla_ctx5, mla_ctx6};
+    if (R % 16 || P % 16) {
+        shoal__kernels_mla_heads_scalar(ctx, q_lat, q_pe, cache, S, R, P, scale, scratch, h0, h1);
+        return;
+    }
+    for (int s0 = 0; s0 < S; s0 += MLA_SB) {
+        int s1 = s0 + MLA_SB < S ? s0 + MLA_SB : S;
+        for (int h = h0; h < h1; h += MLA_MAXH) {
+            int n = h1 - h < MLA_MAXH ? h1 - h : MLA_MAXH;
+            sc[n](scratch, q_lat, q_pe, cache, S, R, P, scale, h, s0, s1);
+        }
+    }
+    for (int h = h0; h < h1; h++)
+        shoal_softmax(scratch + (size_t)h * S, S);
+    for (int s0 = 0; s0 < S; s0 += MLA_SB) {
+        int s1 = s0 + MLA_SB < S ? s0 + MLA_SB : S;
+        for (int h = h0; h < h1; h += MLA_MAXH) {
+            int n = h1 - h < MLA_MAXH ? h1 - h : MLA_MAXH;
+            cx[n](ctx, scratch, cache, S, R, P, h, s0, s1);
         }
     }
 }
@@ -558,60 +623,6 @@ int shoal__kernels_fill_avx2(shoal__kernels_table *t)
 
 #else
 #include "kernels/kernels_int.h"
-/* ---- MLA heads: scores and context per block of up to 6 heads ----------------
- * Scores: the canonical 16-lane dot over q_lat ‖ q_pe against a cached row;
- * the row is loaded once per head block. Softmax: shoal_softmax (scalar, so
- * identical). Context: ctx[h][i] chains over s from +0; each 16-column chunk
- * of a cached row is loaded once and feeds every head of the block. */
-#define MLA_MAXH 6
-
-static void mla_heads(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S, int R, int P,
-                      float scale, float *scratch, int h0, int h1)
-{
-    if (R % 16 || P % 16 || h1 - h0 > MLA_MAXH) {
-        shoal__kernels_mla_heads_scalar(ctx, q_lat, q_pe, cache, S, R, P, scale, scratch, h0, h1);
-        return;
-    }
-    size_t W = (size_t)R + P;
-    int nh = h1 - h0;
-    for (int s = 0; s < S; s++) {
-        const float *c = cache + (size_t)s * W;
-        for (int h = h0; h < h1; h++) {
-            const float *ql = q_lat + (size_t)h * R, *qp = q_pe + (size_t)h * P;
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            for (int i = 0; i < R; i += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(ql + i), _mm256_loadu_ps(c + i), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(ql + i + 8), _mm256_loadu_ps(c + i + 8), a1);
-            }
-            for (int i = 0; i < P; i += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qp + i), _mm256_loadu_ps(c + R + i), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qp + i + 8), _mm256_loadu_ps(c + R + i + 8), a1);
-            }
-            scratch[(size_t)h * S + s] = scale * hsum16(a0, a1);
-        }
-    }
-    for (int h = h0; h < h1; h++)
-        shoal_softmax(scratch + (size_t)h * S, S);
-    for (int i = 0; i < R; i += 16) {
-        __m256 acc[MLA_MAXH][2];
-        for (int h = 0; h < nh; h++)
-            acc[h][0] = acc[h][1] = _mm256_setzero_ps();
-        for (int s = 0; s < S; s++) {
-            const float *c = cache + (size_t)s * W + i;
-            __m256 c0 = _mm256_loadu_ps(c), c1 = _mm256_loadu_ps(c + 8);
-            for (int h = 0; h < nh; h++) {
-                __m256 pv = _mm256_broadcast_ss(scratch + (size_t)(h0 + h) * S + s);
-                acc[h][0] = _mm256_fmadd_ps(pv, c0, acc[h][0]);
-                acc[h][1] = _mm256_fmadd_ps(pv, c1, acc[h][1]);
-            }
-        }
-        for (int h = 0; h < nh; h++) {
-            _mm256_storeu_ps(ctx + (size_t)(h0 + h) * R + i, acc[h][0]);
-            _mm256_storeu_ps(ctx + (size_t)(h0 + h) * R + i + 8, acc[h][1]);
-        }
-    }
-}
-
 int shoal__kernels_fill_avx2(shoal__kernels_table *t)
 {
     (void)t;

@@ -205,17 +205,16 @@ void shoal_kda_step(float *o, float *S, const float *q, const float *k, const fl
     }
 }
 
-/* Heads in blocks of MLA_HB: a block shares each cached row while it is in L1. */
-#define MLA_HB 6
-
+/* Each thread takes a contiguous range of heads and walks the cache once. */
 void shoal_mla_attend(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S, int H, int R,
                       int P, float scale, float *scratch)
 {
     shoal__mla_heads_fn fn = shoal__kernels_active->mla_heads;
-    int nb = (H + MLA_HB - 1) / MLA_HB;
-#pragma omp parallel for schedule(static) if ((long)H * S * (R + P) >= PAR_MIN_WORK)
-    for (int b = 0; b < nb; b++) {
-        int h0 = b * MLA_HB, h1 = h0 + MLA_HB < H ? h0 + MLA_HB : H;
-        fn(ctx, q_lat, q_pe, cache, S, R, P, scale, scratch, h0, h1);
+#pragma omp parallel if ((long)H * S * (R + P) >= PAR_MIN_WORK)
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int h0 = (int)((long)H * id / nt), h1 = (int)((long)H * (id + 1) / nt);
+        if (h1 > h0)
+            fn(ctx, q_lat, q_pe, cache, S, R, P, scale, scratch, h0, h1);
     }
 }
