@@ -148,6 +148,13 @@ int shoal_dist_nworkers(const shoal_dist *d)
     return d ? d->nworkers : 0;
 }
 
+const char *shoal_dist_worker_name(const shoal_dist *d, int i)
+{
+    if (!d || i < 0 || i >= d->nworkers)
+        return NULL;
+    return shoal_expert_client_worker_name(d->client, i);
+}
+
 int shoal_dist_set_metrics(shoal_dist *d, shoal_cmetrics *cm, char *err, size_t errlen)
 {
     return d ? shoal_expert_client_set_metrics(d->client, cm, err, errlen) : 0;

@@ -54,6 +54,9 @@ void shoal_dist_stop(shoal_dist *d);
 
 /* Workers in use (0 for NULL): for shoal_cmetrics_opts.max_workers. */
 int shoal_dist_nworkers(const shoal_dist *d);
+/* "id (endpoint)" of worker i (0 <= i < nworkers), as the expert client names
+ * it in its errors; lives as long as d. NULL when out of range. */
+const char *shoal_dist_worker_name(const shoal_dist *d, int i);
 /* Report the expert exchanges to cm (see shoal_expert_client_set_metrics).
  * cm must outlive the model (which closes the client). 0 for a NULL d. */
 int shoal_dist_set_metrics(shoal_dist *d, shoal_cmetrics *cm, char *err, size_t errlen);
