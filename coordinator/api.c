@@ -4,7 +4,6 @@
  * the open exchange, the scheduler's notify (one reference per posted drain),
  * and nobody else -- whichever drops the last reference frees it, on any
  * thread, and it owns no loop resource by then. */
-#include <inttypes.h>
 #include <sodium.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -38,27 +37,6 @@ static void sb_add(sbuf *b, const char *s, size_t n)
     b->p[b->n] = '\0';
 }
 
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...)
-{
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    if ((size_t)n < sizeof tmp) {
-        sb_add(b, tmp, (size_t)n);
-        return;
-    }
-    char *big = shoal_xmalloc((size_t)n + 1);
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    sb_add(b, big, (size_t)n);
-    free(big);
-}
 
 /* A JSON string from bytes that should be UTF-8; invalid bytes become U+FFFD
  * rather than an invalid response. */
@@ -495,26 +473,6 @@ static void on_abort(void *arg)
 
 /* ---- endpoints ------------------------------------------------------------ */
 
-static int workers_down(shoal_api *a, char *names, size_t cap)
-{
-    if (!a->o.workers)
-        return 0;
-    shoal_api_worker w[64];
-    int n = a->o.workers(a->o.workers_ud, w, 64);
-    int down = 0;
-    names[0] = '\0';
-    for (int i = 0; i < n && i < 64; i++) {
-        if (w[i].up)
-            continue;
-        size_t l = strlen(names);
-        int k = snprintf(names + l, cap - l, "%s%s (%s)", down ? ", " : "", w[i].name, w[i].state);
-        down++;
-        if (k < 0 || (size_t)k >= cap - l)
-            break; /* the list is cut; the count stays right */
-    }
-    return down;
-}
-
 static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req, int ep, shoal_gen_kind kind)
 {
     shoal_api_req q;
@@ -523,19 +481,15 @@ static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *
         respond_error(a, ex, ep, &err, NULL);
         return;
     }
-    char down[512];
     if (!atomic_load(&a->ready)) {
         shoal_api_req_free(&q);
         respond_simple_error(a, ex, ep, 503, "server_error", "not_ready", NULL, "Retry-After: 1\r\n",
                              "the model is still loading");
         return;
     }
-    if (workers_down(a, down, sizeof down)) {
-        shoal_api_req_free(&q);
-        respond_simple_error(a, ex, ep, 503, "server_error", "worker_unavailable", NULL, "Retry-After: 5\r\n",
-                             "expert worker unavailable: %s", down);
-        return;
-    }
+    /* No admission check on the workers' states: a request that reaches a
+     * down worker fails at once with 503 naming it (coordinator/sched_gen.c),
+     * and one that finds it back (restarted) is served. */
     areq *r = shoal_xcalloc(1, sizeof *r);
     atomic_init(&r->refs, 1); /* the exchange's */
     r->api = a;
@@ -594,7 +548,7 @@ static json_t *model_object(shoal_api *a)
 static void health(shoal_api *a, shoal_http_ex *ex)
 {
     shoal_api_worker w[64];
-    int n = a->o.workers ? a->o.workers(a->o.workers_ud, w, 64) : 0;
+    int n = a->o.workers ? a->o.workers(a->o.ud, w, 64) : 0;
     json_t *ws = json_array();
     int all_up = 1;
     for (int i = 0; i < n && i < 64; i++) {
@@ -611,62 +565,62 @@ static void health(shoal_api *a, shoal_http_ex *ex)
     respond_json(a, ex, EP_HEALTH, ready ? 200 : 503, body, NULL);
 }
 
-static void metric(sbuf *b, const char *name, const char *type, const char *help, uint64_t v)
+static void metric(shoal_metrics_buf *b, const char *name, shoal_metrics_type type, const char *help, double v)
 {
-    sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %" PRIu64 "\n", name, help, name, type, name, v);
+    shoal_metrics_family(b, name, type, help);
+    shoal_metrics_sample(b, name, NULL, 0, v);
 }
 
 static void metrics(shoal_api *a, shoal_http_ex *ex)
 {
     count(a, EP_METRICS, 200); /* counted before formatting, so it includes itself */
-    sbuf b = {0};
-    sb_printf(&b, "# HELP shoal_http_responses_total HTTP responses of the API, by endpoint and status.\n"
-                  "# TYPE shoal_http_responses_total counter\n");
+    shoal_metrics_buf b = {0};
+    const shoal_metrics_type C = SHOAL_METRICS_COUNTER, G = SHOAL_METRICS_GAUGE;
+    shoal_metrics_family(&b, "shoal_http_responses_total", C, "HTTP responses of the API, by endpoint and status.");
     for (int i = 0; i < MAX_STATUS_SLOTS && a->st[i].status; i++)
         for (int e = 0; e < EP_N; e++)
-            if (a->st[i].count[e])
-                sb_printf(&b, "shoal_http_responses_total{endpoint=\"%s\",status=\"%d\"} %" PRIu64 "\n",
-                          ep_names[e], a->st[i].status, a->st[i].count[e]);
+            if (a->st[i].count[e]) {
+                char status[16];
+                snprintf(status, sizeof status, "%d", a->st[i].status);
+                shoal_metrics_label l[2] = {{"endpoint", ep_names[e]}, {"status", status}};
+                shoal_metrics_sample(&b, "shoal_http_responses_total", l, 2, (double)a->st[i].count[e]);
+            }
     shoal_http_stats hs;
     shoal_http_get_stats(a->http, &hs);
-    metric(&b, "shoal_http_connections_total", "counter", "TCP connections accepted.", hs.connections);
-    metric(&b, "shoal_http_refused_connections_total", "counter", "Connections over the limit, closed at once.",
-           hs.refused_connections);
-    metric(&b, "shoal_http_open_connections", "gauge", "Open client connections.", (uint64_t)hs.open_connections);
-    metric(&b, "shoal_http_requests_total", "counter", "Complete HTTP requests parsed.", hs.requests);
-    metric(&b, "shoal_http_bad_requests_total", "counter", "Requests refused by the HTTP parser.", hs.bad_requests);
-    metric(&b, "shoal_http_timeouts_total", "counter", "Slow or stalled clients timed out.", hs.timeouts);
-    metric(&b, "shoal_http_aborted_total", "counter", "Exchanges whose client went away first.", hs.aborted);
-    metric(&b, "shoal_http_received_bytes_total", "counter", "Bytes received.", hs.bytes_in);
-    metric(&b, "shoal_http_sent_bytes_total", "counter", "Bytes sent.", hs.bytes_out);
+    metric(&b, "shoal_http_connections_total", C, "TCP connections accepted.", (double)hs.connections);
+    metric(&b, "shoal_http_refused_connections_total", C, "Connections over the limit, closed at once.",
+           (double)hs.refused_connections);
+    metric(&b, "shoal_http_open_connections", G, "Open client connections.", hs.open_connections);
+    metric(&b, "shoal_http_requests_total", C, "Complete HTTP requests parsed.", (double)hs.requests);
+    metric(&b, "shoal_http_bad_requests_total", C, "Requests refused by the HTTP parser.", (double)hs.bad_requests);
+    metric(&b, "shoal_http_timeouts_total", C, "Slow or stalled clients timed out.", (double)hs.timeouts);
+    metric(&b, "shoal_http_aborted_total", C, "Exchanges whose client went away first.", (double)hs.aborted);
+    metric(&b, "shoal_http_received_bytes_total", C, "Bytes received.", (double)hs.bytes_in);
+    metric(&b, "shoal_http_sent_bytes_total", C, "Bytes sent.", (double)hs.bytes_out);
     shoal_sched_stats ss;
     shoal_sched_get_stats(a->o.sched, &ss);
-    metric(&b, "shoal_sched_queued", "gauge", "Requests waiting in the queue.", (uint64_t)ss.queued);
-    metric(&b, "shoal_sched_running", "gauge", "Requests generating.", (uint64_t)ss.running);
-    metric(&b, "shoal_sched_submitted_total", "counter", "Requests accepted into the queue.", ss.submitted);
-    metric(&b, "shoal_sched_refused_total", "counter", "Requests refused because the queue was full.",
-           ss.refused_full);
-    metric(&b, "shoal_sched_completed_total", "counter", "Requests generated to the end.", ss.completed);
-    metric(&b, "shoal_sched_canceled_total", "counter", "Requests canceled by their client.", ss.canceled);
-    metric(&b, "shoal_sched_failed_total", "counter", "Requests ended by an error.", ss.failed);
-    metric(&b, "shoal_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", ss.prompt_tokens);
-    metric(&b, "shoal_completion_tokens_total", "counter", "Tokens generated.", ss.completion_tokens);
-    metric(&b, "shoal_reused_tokens_total", "counter", "Prompt tokens continued from a kept sequence.",
-           ss.reused_tokens);
-    metric(&b, "shoal_memo_hits_total", "counter", "Requests answered from the response memo.", ss.memo_hits);
-    metric(&b, "shoal_memo_entries", "gauge", "Responses in the memo.", ss.memo_entries);
-    metric(&b, "shoal_memo_bytes", "gauge", "Bytes held by the memo.", ss.memo_bytes);
-    metric(&b, "shoal_kept_sequences", "gauge", "Sequence states kept for conversation reuse.", ss.kept_seqs);
-    metric(&b, "shoal_kept_bytes", "gauge", "Bytes of the kept sequence states.", ss.kept_bytes);
-    metric(&b, "shoal_ready", "gauge", "1 when the model and every worker answered.", (uint64_t)atomic_load(&a->ready));
-    if (a->o.metrics) {
-        shoal_metrics_buf mb = {0};
-        shoal_cmetrics_write(a->o.metrics, &mb);
-        sb_add(&b, mb.p, mb.len);
-        shoal_metrics_buf_free(&mb);
-    }
-    shoal_http_respond(ex, 200, "text/plain; version=0.0.4", NULL, b.p, b.n);
-    free(b.p);
+    metric(&b, "shoal_sched_queued", G, "Requests waiting in the queue.", ss.queued);
+    metric(&b, "shoal_sched_running", G, "Requests generating.", ss.running);
+    metric(&b, "shoal_sched_submitted_total", C, "Requests accepted into the queue.", (double)ss.submitted);
+    metric(&b, "shoal_sched_refused_total", C, "Requests refused because the queue was full.",
+           (double)ss.refused_full);
+    metric(&b, "shoal_sched_completed_total", C, "Requests generated to the end.", (double)ss.completed);
+    metric(&b, "shoal_sched_canceled_total", C, "Requests canceled by their client.", (double)ss.canceled);
+    metric(&b, "shoal_sched_failed_total", C, "Requests ended by an error.", (double)ss.failed);
+    metric(&b, "shoal_prompt_tokens_total", C, "Prompt tokens of admitted requests.", (double)ss.prompt_tokens);
+    metric(&b, "shoal_completion_tokens_total", C, "Tokens generated.", (double)ss.completion_tokens);
+    metric(&b, "shoal_reused_tokens_total", C, "Prompt tokens continued from a kept sequence.",
+           (double)ss.reused_tokens);
+    metric(&b, "shoal_memo_hits_total", C, "Requests answered from the response memo.", (double)ss.memo_hits);
+    metric(&b, "shoal_memo_entries", G, "Responses in the memo.", (double)ss.memo_entries);
+    metric(&b, "shoal_memo_bytes", G, "Bytes held by the memo.", (double)ss.memo_bytes);
+    metric(&b, "shoal_kept_sequences", G, "Sequence states kept for conversation reuse.", (double)ss.kept_seqs);
+    metric(&b, "shoal_kept_bytes", G, "Bytes of the kept sequence states.", (double)ss.kept_bytes);
+    metric(&b, "shoal_ready", G, "1 when the model and every worker answered.", atomic_load(&a->ready));
+    if (a->o.metrics)
+        a->o.metrics(a->o.ud, &b);
+    shoal_http_respond(ex, 200, "text/plain; version=0.0.4", NULL, b.p, b.len);
+    shoal_metrics_buf_free(&b);
 }
 
 static int authorized(shoal_api *a, const shoal_http_request *req)

@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 
+#include "common/metrics.h"
 #include "coordinator/http.h"
 #include "coordinator/sched.h"
 
@@ -66,12 +67,12 @@ typedef struct {
     shoal_sched *sched;        /* borrowed */
     /* Worker states: fills up to cap entries of w, returns how many workers
      * there are (0 when the experts run in-process). NULL: no workers. Called
-     * on the loop thread for /health and before admitting a request. */
+     * on the loop thread for /health. */
     int (*workers)(void *ud, shoal_api_worker *w, int cap);
-    void *workers_ud;
-    /* Optional: /metrics appends the coordinator's families (per-phase time,
-     * per-worker exchanges: docs/METRICS.md). Borrowed; outlives the API. */
-    shoal_cmetrics *metrics;
+    /* Appends further metric families to /metrics (the coordinator's
+     * cmetrics: forward phases, per-worker exchanges). NULL: none. Loop thread. */
+    void (*metrics)(void *ud, shoal_metrics_buf *b);
+    void *ud;
 } shoal_api_opts;
 
 int shoal_api_open(shoal_api **out, const shoal_api_opts *o, char *err, size_t errlen);

@@ -116,9 +116,9 @@ typedef struct {
      * thread count is a per-thread setting, so the one given to
      * shoal_model_open on another thread does not reach the model thread. */
     int threads;
-    /* Optional: the sampler's time goes to its "sampling" phase (borrowed;
-     * outlives the scheduler). */
-    shoal_cmetrics *metrics;
+    /* Coordinator metrics (borrowed; NULL: none): the scheduler adds the
+     * sampler's time to the SAMPLING phase. */
+    struct shoal_cmetrics *cm;
 } shoal_sched_opts;
 
 typedef struct {

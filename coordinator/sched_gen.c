@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "coordinator/chat.h"
 #include "coordinator/chatparse.h"
+#include "coordinator/cmetrics.h"
 #include "coordinator/sampler.h"
 #include "coordinator/sched_int.h"
 
@@ -373,10 +374,8 @@ static void fail_forward(shoal_sched *s, shoal_slot *sl, int rc, const char *err
     add.failed = 1;
     if (rc == SHOAL_EPEER || rc == SHOAL_ETIMEOUT || rc == SHOAL_EPROTO || rc == SHOAL_EVERSION) {
         /* the engine's message names the worker (endpoint) that failed */
-        char msg[256];
-        snprintf(msg, sizeof msg, "expert worker unavailable: %s", err);
-        SHOAL_WARN("sched: %s", msg);
-        emit_error(s, sl, 503, "worker_unavailable", NULL, msg);
+        SHOAL_WARN("sched: %s", err);
+        emit_error(s, sl, 503, "worker_unavailable", NULL, err);
     } else {
         SHOAL_ERROR("sched: forward failed: %s (%s)", err, shoal_err_name(rc));
         emit_error(s, sl, 500, "internal_error", NULL, "the model failed while generating; see the server log");
@@ -514,9 +513,10 @@ static void step(shoal_sched *s, shoal_slot *sl)
         release(s, sl, &add);
         return;
     }
-    uint64_t ts0 = shoal_metrics_now_ns();
+    uint64_t t0 = s->o.cm ? shoal_metrics_now_ns() : 0;
     int32_t id = shoal_sampler_sample(sl->sampler, sl->logits);
-    shoal_cmetrics_add_phase(s->o.metrics, SHOAL_PHASE_SAMPLING, shoal_metrics_now_ns() - ts0);
+    if (s->o.cm)
+        shoal_cmetrics_add_phase(s->o.cm, SHOAL_PHASE_SAMPLING, shoal_metrics_now_ns() - t0);
     sl->out[sl->n_out++] = id;
     int stop = output_token(s, sl, id);
     if (stop == 2) {

@@ -5,7 +5,6 @@
  * everything down in reverse. Flags are documented in docs/CONFIG.md. */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <getopt.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +14,8 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "coordinator/api.h"
+#include "coordinator/cmetrics.h"
+#include "coordinator/dist.h"
 #include "coordinator/engine.h"
 #include "coordinator/http.h"
 #include "coordinator/sched.h"
@@ -52,11 +53,40 @@ static void usage(FILE *f)
             "  --request-timeout S    seconds a client has to send one request (default 30)\n"
             "  --idle-timeout S       seconds a kept-alive connection may idle (default 60)\n"
             "  --write-timeout S      seconds a response may stall unread (default 30)\n"
-            "  --trace FILE           record every routing decision in FILE (docs/METRICS.md;\n"
-            "                         read by 'shoal trace stats')\n"
-            "\n"
-            "GET /metrics: Prometheus text -- HTTP, scheduler, and the coordinator's families\n"
-            "(per-phase time per token; per expert server with workers: docs/METRICS.md).\n");
+            "  --trace FILE           record every routing decision (docs/METRICS.md)\n"
+            "\n");
+    shoal_dist_usage(f);
+}
+
+/* What the API's callbacks read: worker states and the coordinator metrics. */
+typedef struct {
+    shoal_dist *dist;
+    shoal_cmetrics *cm;
+} serve_ctx;
+
+static int workers_cb(void *ud, shoal_api_worker *w, int cap)
+{
+    serve_ctx *c = ud;
+    int n = shoal_dist_nworkers(c->dist);
+    for (int i = 0; i < n && i < cap; i++) {
+        const char *name = shoal_dist_worker_name(c->dist, i);
+        shoal_cmetrics_worker_totals t;
+        shoal_cmetrics_get_worker(c->cm, i, &t);
+        snprintf(w[i].name, sizeof w[i].name, "%s", name ? name : "?");
+        w[i].up = t.up;
+        if (t.up)
+            snprintf(w[i].state, sizeof w[i].state, "ready");
+        else
+            snprintf(w[i].state, sizeof w[i].state, "down (%llu timeouts, %llu errors)",
+                     (unsigned long long)t.timeouts, (unsigned long long)t.errors);
+    }
+    return n;
+}
+
+static void metrics_cb(void *ud, shoal_metrics_buf *b)
+{
+    serve_ctx *c = ud;
+    shoal_cmetrics_write(c->cm, b);
 }
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
@@ -106,71 +136,88 @@ static int read_key_file(const char *path, char *out, size_t cap)
 
 int shoal_cmd_serve(int argc, char **argv)
 {
-    const char *model_dir = NULL, *host = "127.0.0.1", *api_key = NULL, *key_file = NULL, *trace_path = NULL;
+    const char *model_dir = NULL, *host = "127.0.0.1", *api_key = NULL, *key_file = NULL;
     char model_name[128] = "";
     long port = 8000, queue = 64, max_context = 0, keep = 8, keep_mb = 1024, memo = 256, memo_mb = 64;
     long threads = 0, max_body_kb = 4096, max_header_kb = 16, max_conn = 256;
     long req_to = 30, idle_to = 60, write_to = 30;
     int insecure = 0;
-    enum {
-        O_HOST = 256, O_PORT, O_KEY, O_KEYFILE, O_INSECURE, O_NAME, O_QUEUE, O_CTX, O_KEEP, O_KEEPMB, O_MEMO,
-        O_MEMOMB, O_THREADS, O_BODY, O_HDR, O_CONN, O_RTO, O_ITO, O_WTO, O_MODEL, O_HELP, O_TRACE
+    const char *trace_path = NULL;
+    shoal_dist_opts dopts = {0};
+    int bad = 0;
+    /* flags take their value as the next argument; the distributed-experts
+     * flags are parsed by coordinator/dist.c */
+    static const struct {
+        const char *flag;
+        long lo, hi;
+    } nums[] = {
+        {"--port", 0, 65535},         {"--queue", 1, 1000000},   {"--max-context", 16, 1 << 24},
+        {"--keep", 0, 64},            {"--keep-mb", 0, 1 << 20}, {"--memo", 0, 4096},
+        {"--memo-mb", 0, 1 << 16},    {"--threads", 0, 4096},    {"--max-body-kb", 1, 1 << 20},
+        {"--max-header-kb", 1, 1024}, {"--max-connections", 1, 100000},
+        {"--request-timeout", 1, 3600}, {"--idle-timeout", 1, 3600}, {"--write-timeout", 1, 3600},
     };
-    static const struct option opts[] = {
-        {"model", required_argument, 0, O_MODEL},       {"host", required_argument, 0, O_HOST},
-        {"port", required_argument, 0, O_PORT},         {"api-key", required_argument, 0, O_KEY},
-        {"api-key-file", required_argument, 0, O_KEYFILE}, {"insecure", no_argument, 0, O_INSECURE},
-        {"model-name", required_argument, 0, O_NAME},   {"queue", required_argument, 0, O_QUEUE},
-        {"max-context", required_argument, 0, O_CTX},   {"keep", required_argument, 0, O_KEEP},
-        {"keep-mb", required_argument, 0, O_KEEPMB},    {"memo", required_argument, 0, O_MEMO},
-        {"memo-mb", required_argument, 0, O_MEMOMB},    {"threads", required_argument, 0, O_THREADS},
-        {"max-body-kb", required_argument, 0, O_BODY},  {"max-header-kb", required_argument, 0, O_HDR},
-        {"max-connections", required_argument, 0, O_CONN}, {"request-timeout", required_argument, 0, O_RTO},
-        {"idle-timeout", required_argument, 0, O_ITO},  {"write-timeout", required_argument, 0, O_WTO},
-        {"trace", required_argument, 0, O_TRACE},
-        {"help", no_argument, 0, O_HELP},               {0, 0, 0, 0}};
-    optind = 1;
-    opterr = 0;
-    int c, bad = 0;
-    while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case O_MODEL: model_dir = optarg; break;
-        case O_HOST: host = optarg; break;
-        case O_PORT: bad = parse_long("--port", optarg, 0, 65535, &port); break;
-        case O_KEY: api_key = optarg; break;
-        case O_KEYFILE: key_file = optarg; break;
-        case O_INSECURE: insecure = 1; break;
-        case O_NAME:
-            if (strlen(optarg) >= sizeof model_name) {
+    long *dsts[] = {&port, &queue, &max_context, &keep, &keep_mb, &memo, &memo_mb, &threads, &max_body_kb,
+                    &max_header_kb, &max_conn, &req_to, &idle_to, &write_to};
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int dr = shoal_dist_parse_arg(&dopts, "shoal serve", argc, argv, &i);
+        if (dr < 0)
+            return 2;
+        if (dr > 0)
+            continue;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--insecure")) {
+            insecure = 1;
+            continue;
+        }
+        int found = 0;
+        for (size_t n = 0; n < sizeof nums / sizeof nums[0]; n++) {
+            if (strcmp(a, nums[n].flag))
+                continue;
+            found = 1;
+            if (!v) {
+                fprintf(stderr, "shoal serve: %s needs a value\n", a);
+                bad = 1;
+            } else {
+                bad = parse_long(a, v, nums[n].lo, nums[n].hi, dsts[n]) != 0;
+                i++;
+            }
+        }
+        if (found)
+            continue;
+        const char **sdst = !strcmp(a, "--model")          ? &model_dir
+                            : !strcmp(a, "--host")         ? &host
+                            : !strcmp(a, "--api-key")      ? &api_key
+                            : !strcmp(a, "--api-key-file") ? &key_file
+                            : !strcmp(a, "--trace")        ? &trace_path
+                                                           : NULL;
+        if (sdst || !strcmp(a, "--model-name")) {
+            if (!v) {
+                fprintf(stderr, "shoal serve: %s needs a value\n", a);
+                bad = 1;
+            } else if (sdst) {
+                *sdst = v;
+            } else if (strlen(v) >= sizeof model_name) {
                 fprintf(stderr, "shoal serve: --model-name is longer than %zu bytes\n", sizeof model_name - 1);
                 bad = 1;
+            } else {
+                memcpy(model_name, v, strlen(v) + 1);
             }
-            snprintf(model_name, sizeof model_name, "%s", optarg);
-            break;
-        case O_QUEUE: bad = parse_long("--queue", optarg, 1, 1000000, &queue); break;
-        case O_CTX: bad = parse_long("--max-context", optarg, 16, 1 << 24, &max_context); break;
-        case O_KEEP: bad = parse_long("--keep", optarg, 0, 64, &keep); break;
-        case O_KEEPMB: bad = parse_long("--keep-mb", optarg, 0, 1 << 20, &keep_mb); break;
-        case O_MEMO: bad = parse_long("--memo", optarg, 0, 4096, &memo); break;
-        case O_MEMOMB: bad = parse_long("--memo-mb", optarg, 0, 1 << 16, &memo_mb); break;
-        case O_THREADS: bad = parse_long("--threads", optarg, 0, 4096, &threads); break;
-        case O_BODY: bad = parse_long("--max-body-kb", optarg, 1, 1 << 20, &max_body_kb); break;
-        case O_HDR: bad = parse_long("--max-header-kb", optarg, 1, 1024, &max_header_kb); break;
-        case O_CONN: bad = parse_long("--max-connections", optarg, 1, 100000, &max_conn); break;
-        case O_RTO: bad = parse_long("--request-timeout", optarg, 1, 3600, &req_to); break;
-        case O_ITO: bad = parse_long("--idle-timeout", optarg, 1, 3600, &idle_to); break;
-        case O_WTO: bad = parse_long("--write-timeout", optarg, 1, 3600, &write_to); break;
-        case O_TRACE: trace_path = optarg; break;
-        case O_HELP: usage(stdout); return 0;
-        default:
-            fprintf(stderr, "shoal serve: unknown or incomplete option '%s'\n", argv[optind - 1]);
-            bad = 1;
+            i++;
+            continue;
         }
+        fprintf(stderr, "shoal serve: unknown option '%s' (see --help)\n", a);
+        bad = 1;
     }
     if (bad)
         return 2;
-    if (optind < argc) {
-        fprintf(stderr, "shoal serve: unexpected argument '%s'\n", argv[optind]);
+    if (shoal_dist_enabled(&dopts) < 0) {
+        fprintf(stderr, "shoal serve: give --worker ENDPOINT ... or --workers N, not both\n");
         return 2;
     }
     if (!model_dir) {
@@ -222,8 +269,8 @@ int shoal_cmd_serve(int argc, char **argv)
     shoal_sched *sched = NULL;
     shoal_api *api = NULL;
     shoal_http *http = NULL;
-    shoal_cmetrics *cm = NULL;
-    shoal_trace *tr = NULL;
+    shoal_trace *trace = NULL;
+    serve_ctx ctx = {0};
 
     shoal_tok_opts to = {0};
     rc = shoal_tok_open(&tok, model_dir, &to, err, sizeof err);
@@ -242,7 +289,8 @@ int shoal_cmd_serve(int argc, char **argv)
         }
         max_context = cfg.max_position < 16384 ? cfg.max_position : 16384;
     }
-    shoal_model_opts mo = {.max_context = (int)max_context, .threads = (int)threads};
+    shoal_model_opts mo = {.max_context = (int)max_context, .threads = (int)threads,
+                           .remote_experts = shoal_dist_enabled(&dopts)};
     rc = shoal_model_open(&model, model_dir, &mo, err, sizeof err);
     if (rc) {
         fprintf(stderr, "shoal serve: model: %s\n", err);
@@ -250,13 +298,19 @@ int shoal_cmd_serve(int argc, char **argv)
     }
     shoal_model_info info;
     shoal_model_get_info(model, &info);
-    /* monitoring (docs/METRICS.md): per-phase time (and, with workers, per
-     * worker exchanges) on /metrics; every routing decision with --trace */
+    /* every worker must answer its HELLO (and own its experts) before we serve */
+    if (shoal_dist_enabled(&dopts) && (rc = shoal_dist_start(&ctx.dist, &dopts, model_dir, model, err, sizeof err))) {
+        fprintf(stderr, "shoal serve: workers: %s\n", err);
+        status = 4;
+        goto out;
+    }
     shoal_cmetrics_opts cmo = {.num_layers = info.cfg->num_layers, .is_moe = info.cfg->is_moe,
-                               .num_experts = info.cfg->num_experts, .expert_bytes = info.expert_bytes};
-    rc = shoal_cmetrics_open(&cm, &cmo, err, sizeof err);
-    if (rc) {
+                               .num_experts = info.cfg->num_experts, .expert_bytes = info.expert_bytes,
+                               .max_workers = shoal_dist_nworkers(ctx.dist)};
+    if ((rc = shoal_cmetrics_open(&ctx.cm, &cmo, err, sizeof err)) ||
+        (rc = shoal_dist_set_metrics(ctx.dist, ctx.cm, err, sizeof err))) {
         fprintf(stderr, "shoal serve: %s\n", err);
+        status = 4;
         goto out;
     }
     if (trace_path) {
@@ -264,15 +318,14 @@ int shoal_cmd_serve(int argc, char **argv)
                               .num_experts = (uint32_t)info.cfg->num_experts,
                               .k = (uint32_t)info.cfg->experts_per_token};
         if (shoal_fprint_model(th.fingerprint, info.cfg, shoal_model_store(model), err, sizeof err))
-            memset(th.fingerprint, 0, sizeof th.fingerprint); /* unknown without the expert tensors */
-        rc = shoal_trace_create(&tr, trace_path, &th, err, sizeof err);
-        if (rc) {
+            memset(th.fingerprint, 0, sizeof th.fingerprint); /* no expert tensors here: unknown */
+        if ((rc = shoal_trace_create(&trace, trace_path, &th, err, sizeof err))) {
             fprintf(stderr, "shoal serve: %s\n", err);
             status = 2;
             goto out;
         }
     }
-    shoal_model_set_monitor(model, cm, tr);
+    shoal_model_set_monitor(model, ctx.cm, trace);
     shoal_sched_opts so = {
         .model = model,
         .tok = tok,
@@ -283,7 +336,7 @@ int shoal_cmd_serve(int argc, char **argv)
         .memo_entries = (int)memo,
         .memo_bytes = (size_t)memo_mb << 20,
         .threads = (int)threads,
-        .metrics = cm,
+        .cm = ctx.cm,
     };
     rc = shoal_sched_open(&sched, &so, err, sizeof err);
     if (rc) {
@@ -294,7 +347,9 @@ int shoal_cmd_serve(int argc, char **argv)
         .limits = {.model_name = model_name, .vocab = shoal_tok_n_vocab(tok), .max_context = info.max_context},
         .api_key = api_key,
         .sched = sched,
-        .metrics = cm,
+        .workers = workers_cb,
+        .metrics = metrics_cb,
+        .ud = &ctx,
     };
     rc = shoal_api_open(&api, &ao, err, sizeof err);
     if (rc) {
@@ -324,7 +379,8 @@ int shoal_cmd_serve(int argc, char **argv)
     }
     shoal_api_set_http(api, http);
     shoal_api_set_ready(api, 1);
-    SHOAL_INFO("serve: model '%s' (%s), context %d, queue %ld, %s", model_name, model_dir, info.max_context, queue,
+    SHOAL_INFO("serve: model '%s' (%s), context %d, queue %ld, %d expert worker%s, %s", model_name, model_dir,
+               info.max_context, queue, shoal_dist_nworkers(ctx.dist), shoal_dist_nworkers(ctx.dist) == 1 ? "" : "s",
                api_key ? "API key required" : "no API key");
     /* one machine-readable line on stdout for scripts and tests */
     printf("shoal serve: listening on http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "", host,
@@ -338,18 +394,19 @@ out:
     shoal_http_close(http);
     if (model)
         shoal_model_set_monitor(model, NULL, NULL);
-    if (tr) {
-        uint64_t nrec = shoal_trace_count(tr);
-        if (shoal_trace_close(tr, err, sizeof err)) {
-            fprintf(stderr, "shoal serve: %s\n", err);
+    shoal_model_close(model); /* closes the expert client */
+    shoal_dist_stop(ctx.dist); /* then the spawned workers */
+    shoal_cmetrics_close(ctx.cm);
+    if (trace) {
+        uint64_t nrec = shoal_trace_count(trace);
+        if (shoal_trace_close(trace, err, sizeof err)) {
+            fprintf(stderr, "shoal serve: trace: %s\n", err);
             if (!status)
                 status = 4;
         } else {
             SHOAL_INFO("trace %s: %llu routing records", trace_path, (unsigned long long)nrec);
         }
     }
-    shoal_model_close(model);
-    shoal_cmetrics_close(cm);
     shoal_tok_close(tok);
     if (key_file)
         memset(key_buf, 0, sizeof key_buf);

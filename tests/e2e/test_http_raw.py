@@ -46,7 +46,7 @@ def run(case, fn, *a):
 
 class Server:
     def __init__(self, *args):
-        self.p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", "0", "--model-name", "tiny", "--threads", "1", *args],
+        self.p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", "0", "--model-name", "tiny", "--threads", "1", "--workers", "2", "--worker-threads", "1", *args],
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.p.stdout.readline()
         check("listening on" in line, f"server did not start: {line!r}")

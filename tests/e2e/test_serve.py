@@ -2,12 +2,14 @@
 
 Runs the real engine on tests/models/tiny-k3 (random weights: its text is
 gibberish, so the checks are on protocol shapes and invariants, never on
-prose). Experts run in-process; see docs/API.md for the distributed setup.
-Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS.
+prose), with the routed experts on two local expert servers (--workers 2,
+ZeroMQ over ipc://). Each case appends PASS/FAIL/SKIP lines to
+$SHOAL_TEST_RESULTS.
 
-Servers: A (memo off, reuse on), B (memo on, reuse off, API key). Comparing
-A and B gives the conversation-reuse identity check; B gives the memo and
-authentication checks.
+Servers: A (memo off, reuse on), B (memo on, reuse off, API key), both with
+two workers. Comparing A and B gives the conversation-reuse identity check;
+B gives the memo and authentication checks. C (two workers, one of which the
+test kills) gives the worker-down checks.
 """
 import json
 import os
@@ -38,7 +40,8 @@ def record(status, case, why=""):
 
 class Server:
     def __init__(self, *args, key=None):
-        cmd = [BIN, "serve", "--model", MODEL, "--port", "0", "--model-name", "tiny", "--threads", "1", *args]
+        cmd = [BIN, "serve", "--model", MODEL, "--port", "0", "--model-name", "tiny", "--threads", "1",
+               "--workers", "2", "--worker-threads", "1", *args]
         if key:
             cmd += ["--api-key", key]
         self.key = key
@@ -460,6 +463,15 @@ def t_health_metrics(A):
     check(m.get('shoal_http_responses_total{endpoint="/v1/chat/completions",status="400"}', 0) > 0, "400s counted")
     check(m.get("shoal_completion_tokens_total", 0) > 0, "tokens counted")
     check(m.get("shoal_ready") == 1, "ready gauge")
+    # the coordinator's families are there too: one up-gauge per worker
+    check(len([k for k in m if k.startswith("shoal_worker_up{")]) == 2, "shoal_worker_up per worker")
+    # the whole exposition passes the official parser and the format rules
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import promcheck
+    with urllib.request.urlopen(A.url + "/metrics", timeout=10) as r:
+        check(r.headers["Content-Type"].startswith("text/plain; version=0.0.4"), "exposition content type")
+        fams = promcheck.parse(r.read().decode())
+    check("shoal_http_responses" in fams or "shoal_http_responses_total" in fams, "families parsed")
 
 
 def t_disconnect_frees(A):
@@ -519,6 +531,61 @@ def t_queue_full(A):
             time.sleep(0.2)
 
 
+def children(pid):
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    st = f.read()
+                if int(st.rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def t_worker_down():
+    """Kill one of two expert servers: a request fails with 503 naming it,
+    /health turns 503 listing it down, and the server still exits cleanly."""
+    import openai
+    import signal
+    C = Server("--memo", "0")
+    try:
+        with urllib.request.urlopen(C.url + "/health", timeout=10) as r:
+            h = json.loads(r.read())
+        check(len(h["workers"]) == 2 and all(w["up"] for w in h["workers"]), f"two workers up: {h}")
+        r = C.client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=2, temperature=0)
+        check(r.usage.completion_tokens == 2, "served by the workers")
+        kids = children(C.p.pid)
+        check(len(kids) == 2, f"two worker processes: {kids}")
+        with open(f"/proc/{kids[0]}/cmdline") as f:
+            argv = f.read().split("\0")
+        wid = argv[argv.index("--id") + 1]
+        os.kill(kids[0], signal.SIGKILL)
+        time.sleep(0.5)
+        try:
+            C.client.completions.create(model="tiny", prompt=[1, 2, 4], max_tokens=2, temperature=0)
+            raise AssertionError("served with a worker down")
+        except openai.APIStatusError as e:
+            check(e.status_code == 503 and e.code == "worker_unavailable", f"503 worker_unavailable: {e.status_code} {e.code}")
+            check(wid in e.message, f"the message names worker {wid}: {e.message}")
+        try:
+            urllib.request.urlopen(C.url + "/health", timeout=10)
+            raise AssertionError("healthy with a worker down")
+        except urllib.error.HTTPError as e:
+            check(e.code == 503, f"health {e.code}")
+            h = json.loads(e.read())
+            down = [w for w in h["workers"] if not w["up"]]
+            check(h["ready"] is False and len(down) == 1 and wid in down[0]["endpoint"], f"health lists {wid} down: {h}")
+        m = C.metrics()
+        check(m.get("shoal_ready") == 1, "the model itself stays loaded")
+    finally:
+        rc = C.stop()
+    check(rc == 0, f"exit code {rc}")
+    check(not children(C.p.pid), "no worker left behind")
+
+
 def t_security_flags(A):
     # a non-loopback address without a key is refused before anything is bound
     p = subprocess.run([BIN, "serve", "--model", MODEL, "--port", "0", "--host", "0.0.0.0"],
@@ -559,6 +626,7 @@ def main():
     finally:
         rca, rcb = A.stop(), B.stop()
     run("clean_shutdown", lambda: check(rca == 0 and rcb == 0, f"exit codes {rca} {rcb}"))
+    run("worker_down", t_worker_down)
     if counts["FAIL"]:
         return 1
     if counts["PASS"] == 0:

@@ -90,7 +90,7 @@ def main():
     if not os.path.exists(BIN):
         record("SKIP", "all", f"{BIN} not built")
         return 77
-    p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", "0", "--model-name", "tiny", "--threads", "1", "--queue",
+    p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", "0", "--model-name", "tiny", "--threads", "1", "--workers", "2", "--worker-threads", "1", "--queue",
                           str(QUEUE), "--memo", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = p.stdout.readline()
     if "listening on" not in line:
