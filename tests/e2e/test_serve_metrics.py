@@ -3,7 +3,8 @@ with prometheus_client and follows the format's rules (every family of the
 server: HTTP, scheduler and the coordinator's); after completions, the
 forward token counter equals the routing trace's token span, the phases
 (sampling included) have moved, and the trace holds one record per
-(token, MoE layer); `shoal top --once` reads the live endpoint."""
+(token, MoE layer); `shoal top --once` reads the live endpoint; with
+--workers 2 the per-worker families add up."""
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -70,7 +72,14 @@ def after():
     for prompt in ([1, 2, 3, 4], [5, 6, 7]):
         r = post("/v1/completions", {"model": "tiny-k3", "prompt": prompt, "max_tokens": 5, "temperature": 0})
         gen += r["usage"]["completion_tokens"]
-    f = get_metrics()
+    # the scheduler counts a request's tokens when it releases the request,
+    # which may be just after the response went out: wait for it (bounded)
+    end = time.time() + 10
+    while True:
+        f = get_metrics()
+        if promcheck.value(f, "shoal_completion_tokens", "shoal_completion_tokens_total") == gen or time.time() > end:
+            break
+        time.sleep(0.05)
     st["f"] = f
     tokens = promcheck.value(f, "shoal_forward_tokens", "shoal_forward_tokens_total")
     assert tokens > 0
@@ -119,6 +128,44 @@ def trace_matches():
 
 
 R.check("trace_covers_every_forward_token", trace_matches)
+
+
+def with_two_workers():
+    """serve --workers 2: after a completion, /metrics has both workers up with
+    shares summing to 1 and pairs = forward tokens x MoE layers x k; shoal top
+    --once shows both shards."""
+    lg = open(os.path.join(tmp, "serve2.log"), "w")
+    q = subprocess.Popen([shoal, "serve", "--model", model, "--port", "0", "--threads", "1", "--workers", "2"],
+                         stdout=subprocess.PIPE, stderr=lg, text=True)
+    try:
+        line = q.stdout.readline()
+        assert "listening on" in line, open(os.path.join(tmp, "serve2.log")).read()[-2000:]
+        url = line.strip().split("listening on ")[1]
+        req = urllib.request.Request(url + "/v1/completions", data=json.dumps(
+            {"model": "tiny-k3", "prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0}).encode(),
+            headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=120).read()
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+            f = promcheck.parse(r.read().decode())
+        ups = promcheck.samples(f, "shoal_worker_up")
+        assert len(ups) == 2 and all(v == 1 for _, v in ups), ups
+        shares = [v for _, v in promcheck.samples(f, "shoal_worker_load_share")]
+        assert abs(sum(shares) - 1) < 1e-12, shares
+        tokens = promcheck.value(f, "shoal_forward_tokens", "shoal_forward_tokens_total")
+        pairs = sum(v for _, v in promcheck.samples(f, "shoal_worker_pairs", "shoal_worker_pairs_total"))
+        assert pairs == tokens * len(moe) * K, (pairs, tokens)
+        t = subprocess.run([shoal, "top", "--coordinator", url, "--once"], capture_output=True, text=True, timeout=30)
+        assert t.returncode == 0 and "2/2 shards up" in t.stdout, (t.returncode, t.stdout, t.stderr)
+    finally:
+        q.send_signal(signal.SIGTERM)
+        try:
+            q.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            q.kill()
+        lg.close()
+
+
+R.check("serve_with_two_workers", with_two_workers)
 log.close()
 subprocess.run(["rm", "-rf", tmp])
 R.finish()
