@@ -203,14 +203,25 @@ INLINE mx_consts mx_make(void)
     return c;
 }
 
-INLINE void mx_decode(__m256 *f, const uint8_t *p, const mx_consts *c)
+/* steps 1-4: 16 packed bytes -> 32 int8 values (the long-latency half) */
+INLINE __m256i mx_stage1(const uint8_t *p, const mx_consts *c)
 {
     __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
     t = _mm256_shuffle_epi8(t, c->arr);
     t = _mm256_and_si256(_mm256_srlv_epi64(t, c->shift), c->mask);
-    __m256i v = _mm256_shuffle_epi8(c->lut, t);
+    return _mm256_shuffle_epi8(c->lut, t);
+}
+
+/* step 5 */
+INLINE void mx_stage2(__m256 *f, __m256i v, const mx_consts *c)
+{
     for (int k = 0; k < 4; k++)
         f[k] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(v, c->spread[k]));
+}
+
+INLINE void mx_decode(__m256 *f, const uint8_t *p, const mx_consts *c)
+{
+    mx_stage2(f, mx_stage1(p, c), c);
 }
 
 /* 2^(e-127) for the rare codes e <= 2, whose 2^(e-152) is not an fp32 */
@@ -245,8 +256,9 @@ INLINE void mx_fma(__m256 *A, const __m256 *f, unsigned e, const float *xt, int 
 }
 
 /* One row, TT tokens (1..4); even groups into acc0, odd groups into acc1.
- * (A software-pipelined form that decodes group g+1 before group g's FMAs
- * measured slower here: it needs eight live weight registers and spills.) */
+ * The first half of the decode (load, arrange, nibbles, LUT: one register)
+ * runs two groups ahead, so the conversions and FMAs find it ready; a fully
+ * pipelined decode (eight live weight registers) spills and measured slower. */
 INLINE void mx_row(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int r, int t,
                    int TT, const mx_consts *c, int low)
 {
@@ -256,13 +268,25 @@ INLINE void mx_row(float *y, const uint8_t *p, const uint8_t *s, const float *x,
     int ng = cols / 32, g = 0;
     const float *xt = x + (size_t)t * cols;
     __m256 f[4];
-    for (; g + 2 <= ng; g += 2) {
-        if ((g & 3) == 0)
-            _mm_prefetch((const char *)p + 16 * g + MX_PF, _MM_HINT_T0);
-        mx_decode(f, p + 16 * g, c);
+    if (ng >= 2) {
+        __m256i v0 = mx_stage1(p, c), v1 = mx_stage1(p + 16, c);
+        for (; g + 4 <= ng; g += 2) {
+            if ((g & 3) == 0)
+                _mm_prefetch((const char *)p + 16 * g + MX_PF, _MM_HINT_T0);
+            __m256i n0 = mx_stage1(p + 16 * (g + 2), c);
+            mx_stage2(f, v0, c);
+            mx_fma(acc0, f, s[g], xt, cols, g, TT, low);
+            v0 = n0;
+            __m256i n1 = mx_stage1(p + 16 * (g + 3), c);
+            mx_stage2(f, v1, c);
+            mx_fma(acc1, f, s[g + 1], xt, cols, g + 1, TT, low);
+            v1 = n1;
+        }
+        mx_stage2(f, v0, c);
         mx_fma(acc0, f, s[g], xt, cols, g, TT, low);
-        mx_decode(f, p + 16 * (g + 1), c);
+        mx_stage2(f, v1, c);
         mx_fma(acc1, f, s[g + 1], xt, cols, g + 1, TT, low);
+        g += 2;
     }
     if (g < ng) {
         mx_decode(f, p + 16 * g, c);
@@ -272,11 +296,14 @@ INLINE void mx_row(float *y, const uint8_t *p, const uint8_t *s, const float *x,
         y[(size_t)(t + b) * rows + r] = hsum8(_mm256_add_ps(acc0[b], acc1[b]));
 }
 
+/* The constants are built here, not passed by pointer: as memory operands
+ * they cost seven extra loads per group, which made the loop load-bound. */
 #define MX_ROW_FN(name, TT, LOW)                                                                            \
     __attribute__((noinline)) static void name(float *y, const uint8_t *p, const uint8_t *s, const float *x,   \
-                                               int rows, int cols, int r, int t, const mx_consts *c)         \
+                                               int rows, int cols, int r, int t)                             \
     {                                                                                                       \
-        mx_row(y, p, s, x, rows, cols, r, t, TT, c, LOW);                                                   \
+        mx_consts c = mx_make();                                                                            \
+        mx_row(y, p, s, x, rows, cols, r, t, TT, &c, LOW);                                                  \
     }
 MX_ROW_FN(mx_row1, 1, 0)
 MX_ROW_FN(mx_row4, 4, 0)
@@ -361,9 +388,9 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
             const uint8_t *p = packed + (size_t)r * (cols / 2), *s = scale + (size_t)r * ng;
             int low = row_low(s, ng), t = 0;
             for (; t + 4 <= T; t += 4)
-                (low ? mx_row4_low : mx_row4)(y, p, s, x, rows, cols, r, t, &c);
+                (low ? mx_row4_low : mx_row4)(y, p, s, x, rows, cols, r, t);
             for (; t < T; t++)
-                (low ? mx_row1_low : mx_row1)(y, p, s, x, rows, cols, r, t, &c);
+                (low ? mx_row1_low : mx_row1)(y, p, s, x, rows, cols, r, t);
         }
         return;
     }
