@@ -1,7 +1,9 @@
 """`shoal run --trace` on tests/models/tiny-k3: the trace (read here with an
 independent Python reader of the format in docs/METRICS.md) holds exactly one
 record per (token, MoE layer), k ascending experts each; the same routing
-whatever the thread count and prefill chunking; `shoal trace stats` agrees;
+whatever the thread count and prefill chunking; the routing decisions of a
+prefill equal the reference's (tests/fixtures/*/hidden.json), in-process
+and with two expert servers; `shoal trace stats` agrees;
 and the run report carries the per-token phase breakdown."""
 import json
 import os
@@ -111,5 +113,40 @@ def phase_breakdown():
 
 
 R.check("decode_phase_breakdown", phase_breakdown)
+
+
+def matches_reference(mname, *extra):
+    """The trace of a prefill of tests/fixtures/<model>/hidden.json's ids holds
+    exactly the reference's routed expert sets (tools/reference.py; the
+    fixture is audited so that every routing decision is robust)."""
+    def case():
+        fx = json.load(open(os.path.join(src, "tests", "fixtures", mname, "hidden.json")))
+        ids = fx["ids"]
+        t = os.path.join(tmp, f"ref-{mname}.trace")
+        p = subprocess.run([shoal, "run", "--model", os.path.join(src, "tests", "models", mname), "--ids",
+                            ",".join(map(str, ids)), "--gen", "1", "--trace", t, "--json", *extra],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, f"exit {p.returncode}: {p.stderr[-2000:]}"
+        b = open(t, "rb").read()
+        k = struct.unpack_from("<I", b, 24)[0]
+        hb, rb = struct.unpack_from("<I", b, 12)[0], struct.unpack_from("<I", b, 28)[0]
+        got = {}
+        for off in range(hb, len(b), rb):
+            tok, layer, n = struct.unpack_from("<IHH", b, off)
+            got[(tok, layer)] = list(struct.unpack_from(f"<{n}H", b, off + 8))
+        want = {}
+        for ly in fx["layers"]:
+            if ly["ffn"] == "moe":
+                for tok, ex in enumerate(ly["experts"]):
+                    want[(tok, ly["layer"])] = sorted(ex)
+        assert len(want) == len(ids) * len([l for l in fx["layers"] if l["ffn"] == "moe"]) and k > 0
+        bad = [(key, got.get(key), want[key]) for key in sorted(want) if got.get(key) != want[key]]
+        assert not bad and len(got) == len(want), f"{len(bad)} of {len(want)} differ, e.g. {bad[:3]}"
+    return case
+
+
+R.check("routing_matches_reference_tiny_k3", matches_reference("tiny-k3"))
+R.check("routing_matches_reference_tiny_k3_plain", matches_reference("tiny-k3-plain"))
+R.check("routing_matches_reference_two_workers", matches_reference("tiny-k3", "--workers", "2"))
 subprocess.run(["rm", "-rf", tmp])
 R.finish()
