@@ -70,14 +70,19 @@ static double tolerance(const char *model, const char *key)
     return t;
 }
 
+/* the model directory of a fixture set: tests/models/<name>, or the
+ * directory given with --scale */
+static const char *scale_dir;
+
 static shoal_model *open_model(const char *model, int max_batch, int max_context)
 {
     char rel[256], err[4096];
     snprintf(rel, sizeof rel, "tests/models/%s", model);
+    const char *dir = scale_dir ? scale_dir : test_src_path(rel);
     shoal_model_opts o = {.max_context = max_context, .max_batch = max_batch, .quiet = 1};
     shoal_model *m = NULL;
-    int rc = shoal_model_open(&m, test_src_path(rel), &o, err, sizeof err);
-    CHECK_MSG(rc == 0, "open %s: %s", model, err);
+    int rc = shoal_model_open(&m, dir, &o, err, sizeof err);
+    CHECK_MSG(rc == 0, "open %s: %s", dir, err);
     return m;
 }
 
@@ -96,15 +101,10 @@ static float *all_logits(shoal_model *m, const int32_t *ids, int n)
     return lg;
 }
 
-static void t_teacher_forced_and_logits(void)
+/* tf: {ids, argmax}; lj: {ids, top_ids, top_values, full_rows} */
+static void check_tf_logits(const char *name, json_t *tf, json_t *lj, double tol)
 {
-    for (int mi = 0; mi < 2; mi++) {
-        const char *name = MODELS[mi];
-        json_t *tf = fixture(name, "teacher_forced.json"), *lj = fixture(name, "logits.json");
-        double tol = tolerance(name, "logits_abs");
-        CHECK(tf && lj && tol > 0);
-        if (!tf || !lj || tol <= 0)
-            return;
+    {
         int n;
         int32_t *ids = jids(json_object_get(tf, "ids"), &n);
         shoal_model *m = open_model(name, 5, n);
@@ -156,9 +156,21 @@ static void t_teacher_forced_and_logits(void)
         free(ids);
         free(ids2);
         free(lg);
+        shoal_model_close(m);
+    }
+}
+
+static void t_teacher_forced_and_logits(void)
+{
+    for (int mi = 0; mi < 2; mi++) {
+        const char *name = MODELS[mi];
+        json_t *tf = fixture(name, "teacher_forced.json"), *lj = fixture(name, "logits.json");
+        double tol = tolerance(name, "logits_abs");
+        CHECK(tf && lj && tol > 0);
+        if (tf && lj && tol > 0)
+            check_tf_logits(name, tf, lj, tol);
         json_decref(tf);
         json_decref(lj);
-        shoal_model_close(m);
     }
 }
 
@@ -195,15 +207,10 @@ static void on_layer(void *ctx, int layer, int T, const float *P, int d)
     }
 }
 
-static void t_hidden(void)
+/* hj: {ids, layers} */
+static void check_hidden(const char *name, json_t *hj, double tol)
 {
-    for (int mi = 0; mi < 2; mi++) {
-        const char *name = MODELS[mi];
-        json_t *hj = fixture(name, "hidden.json");
-        double tol = tolerance(name, "hidden_summary_rel");
-        CHECK(hj && tol > 0);
-        if (!hj || tol <= 0)
-            return;
+    {
         int n;
         int32_t *ids = jids(json_object_get(hj, "ids"), &n);
         shoal_model *m = open_model(name, n, n); /* one chunk: the hook sees positions 0..n-1 */
@@ -266,8 +273,20 @@ static void t_hidden(void)
         free(h.head4);
         free(h.experts);
         free(ids);
-        json_decref(hj);
         shoal_model_close(m);
+    }
+}
+
+static void t_hidden(void)
+{
+    for (int mi = 0; mi < 2; mi++) {
+        const char *name = MODELS[mi];
+        json_t *hj = fixture(name, "hidden.json");
+        double tol = tolerance(name, "hidden_summary_rel");
+        CHECK(hj && tol > 0);
+        if (hj && tol > 0)
+            check_hidden(name, hj, tol);
+        json_decref(hj);
     }
 }
 
@@ -306,28 +325,33 @@ static void check_ids(const char *what, const int32_t *got, const int32_t *want,
     CHECK_MSG(first < 0, "%s differs from the reference", what);
 }
 
+/* g: {prompt_ids, generated_ids} */
+static void check_greedy(const char *name, json_t *g)
+{
+    int np, ng;
+    int32_t *prompt = jids(json_object_get(g, "prompt_ids"), &np);
+    int32_t *want = jids(json_object_get(g, "generated_ids"), &ng);
+    CHECK(np > 0 && ng > 0);
+    shoal_model *m = open_model(name, 8, np + ng);
+    if (m && np > 0 && ng > 0) {
+        int32_t *got = generate(m, prompt, np, ng, NULL);
+        char what[64];
+        snprintf(what, sizeof what, "%s greedy", name);
+        check_ids(what, got, want, ng);
+        free(got);
+    }
+    shoal_model_close(m);
+    free(prompt);
+    free(want);
+}
+
 static void t_greedy(void)
 {
     for (int mi = 0; mi < 2; mi++) {
-        const char *name = MODELS[mi];
-        json_t *g = fixture(name, "greedy.json");
+        json_t *g = fixture(MODELS[mi], "greedy.json");
         CHECK(g != NULL);
-        if (!g)
-            return;
-        int np, ng;
-        int32_t *prompt = jids(json_object_get(g, "prompt_ids"), &np);
-        int32_t *want = jids(json_object_get(g, "generated_ids"), &ng);
-        shoal_model *m = open_model(name, 8, np + ng);
-        if (m) {
-            int32_t *got = generate(m, prompt, np, ng, NULL);
-            char what[64];
-            snprintf(what, sizeof what, "%s greedy", name);
-            check_ids(what, got, want, ng);
-            free(got);
-            shoal_model_close(m);
-        }
-        free(prompt);
-        free(want);
+        if (g)
+            check_greedy(MODELS[mi], g);
         json_decref(g);
     }
 }
@@ -367,8 +391,46 @@ static void t_sampled(void)
     }
 }
 
-int main(void)
+/* ---- the real-width scale model (run by tests/e2e/test_engine_scale.sh) --- */
+
+static json_t *scale_fx;
+
+static void t_scale_teacher_forced_and_logits(void)
 {
+    double tol = tolerance("k3-scale", "logits_abs");
+    CHECK(tol > 0);
+    if (tol > 0)
+        check_tf_logits("k3-scale", scale_fx, scale_fx, tol);
+}
+
+static void t_scale_hidden(void)
+{
+    double tol = tolerance("k3-scale", "hidden_summary_rel");
+    CHECK(tol > 0);
+    if (tol > 0)
+        check_hidden("k3-scale", scale_fx, tol);
+}
+
+static void t_scale_greedy(void)
+{
+    check_greedy("k3-scale", scale_fx);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && !strcmp(argv[1], "--scale")) {
+        /* tests/fixtures/k3-scale/scale.json against the model in argv[2] */
+        test_binary = "test_engine_scale";
+        scale_dir = argv[2];
+        scale_fx = load_json("tests/fixtures/k3-scale/scale.json");
+        if (!scale_fx)
+            return 1;
+        RUN(t_scale_teacher_forced_and_logits);
+        RUN(t_scale_hidden);
+        RUN(t_scale_greedy);
+        json_decref(scale_fx);
+        return test_finish();
+    }
     test_binary = "test_engine_ref";
     omp_set_num_threads(1); /* test_engine shows thread count does not matter */
     RUN(t_teacher_forced_and_logits);
