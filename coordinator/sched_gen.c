@@ -595,3 +595,54 @@ void *shoal__sched_main(void *arg)
     shoal_model_set_cancel(s->o.model, NULL);
     return NULL;
 }
+
+int shoal__sched_replay(shoal_sched *s, shoal_sched_job *j, const int32_t *ids, int n)
+{
+    shoal_slot sl = {.s = s, .job = j, .last_ch = SHOAL_CH_CONTENT};
+    char err[256];
+    int rc = shoal_seq_create(&sl.seq, s->o.model, 16, err, sizeof err);
+    if (rc)
+        return rc;
+    shoal_sched_job_ref(j); /* released by finish(), like the queue's reference */
+    sl.logits = shoal_xcalloc((size_t)s->vocab, sizeof *sl.logits);
+    sl.ids = shoal_xcalloc((size_t)s->max_context, sizeof *sl.ids);
+    sl.out = shoal_xcalloc((size_t)s->max_context, sizeof *sl.out);
+    sl.rec_tail = &sl.rec;
+    sl.recording = j->has_memo && s->o.memo_entries > 0;
+    sl.max_new = n;
+    pthread_mutex_lock(&s->mu);
+    s->running++;
+    pthread_mutex_unlock(&s->mu);
+    if (output_begin(s, &sl)) {
+        shoal_sched_stats add = {.failed = 1};
+        release(s, &sl, &add);
+        rc = SHOAL_EINTERNAL;
+    } else {
+        emit(s, &sl, shoal__sched_ev_new(SHOAL_EV_START));
+        int done = 0;
+        for (int i = 0; i < n && !done; i++) {
+            sl.out[sl.n_out++] = ids[i];
+            int r = output_token(s, &sl, ids[i]);
+            if (r < 0) {
+                shoal_sched_stats add = {.failed = 1};
+                release(s, &sl, &add);
+                rc = SHOAL_EINTERNAL;
+                done = 1;
+            } else if (r > 0) {
+                finish(s, &sl, "stop", r == 1);
+                done = 1;
+            }
+        }
+        if (!done)
+            finish(s, &sl, "length", 0);
+    }
+    shoal_seq_free(sl.seq);
+    free(sl.logits);
+    free(sl.ids);
+    free(sl.out);
+    shoal_detok_close(sl.detok);
+    shoal_chatparse_close(sl.parser);
+    free(sl.held[0].p);
+    free(sl.held[1].p);
+    return rc;
+}

@@ -95,5 +95,10 @@ int shoal__sched_slots_init(shoal_sched *s, char *err, size_t errlen);
 void shoal__sched_slots_free(shoal_sched *s);
 void shoal__sched_cancel_running(shoal_sched *s);
 void *shoal__sched_main(void *arg);
+/* Test entry: runs the model thread's output path (chat parser or
+ * detokenizer, stop strings, events, memo) over given ids as if they had
+ * been sampled, without a forward. The job gets START (prompt 0 tokens), the
+ * events, DONE. Call while the scheduler is idle. Returns 0 or an error. */
+int shoal__sched_replay(shoal_sched *s, shoal_sched_job *j, const int32_t *ids, int n);
 
 #endif
