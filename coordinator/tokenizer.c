@@ -964,6 +964,18 @@ static int encode_ordinary(const shoal_tok *t, enc_scratch *sc, const uint8_t *s
     while (off < n) {
         int rc = t->jit ? pcre2_jit_match(t->re, s, n, off, PCRE2_NO_UTF_CHECK, sc->md, sc->mc)
                         : pcre2_match(t->re, s, n, off, PCRE2_NO_UTF_CHECK, sc->md, sc->mc);
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !sc->js) {
+            /* letter runs backtrack through a group per character: long runs
+             * (up to 25,000 characters) outgrow the default 32 KiB JIT stack.
+             * Give this call a large one and match again (matching has no
+             * state to undo). */
+            sc->js = pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, NULL);
+            sc->mc = pcre2_match_context_create(NULL);
+            if (!sc->js || !sc->mc)
+                SHOAL_PANIC("out of memory (pcre2 jit stack)");
+            pcre2_jit_stack_assign(sc->mc, NULL, sc->js);
+            continue;
+        }
         if (rc == PCRE2_ERROR_NOMATCH)
             break;
         if (rc < 0) {
@@ -1017,19 +1029,12 @@ int shoal_tok_encode(const shoal_tok *t, const char *text, size_t len, int allow
         s = (const uint8_t *)clean;
         len = cl;
     }
+    /* per-call scratch keeps the tokenizer shareable between threads; the
+     * JIT stack is only made when a match needs it (see encode_ordinary) */
     enc_scratch sc = {0};
-    sc.md = pcre2_match_data_create_from_pattern(t->re, NULL);
-    sc.mc = pcre2_match_context_create(NULL);
-    if (!sc.md || !sc.mc)
+    sc.md = pcre2_match_data_create(1, NULL);
+    if (!sc.md)
         SHOAL_PANIC("out of memory (pcre2 match data)");
-    if (t->jit) {
-        /* letter runs backtrack through a group per character; 25,000-character
-         * runs need more than the default 32 KiB JIT stack */
-        sc.js = pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, NULL);
-        if (!sc.js)
-            SHOAL_PANIC("out of memory (pcre2 jit stack)");
-        pcre2_jit_stack_assign(sc.mc, NULL, sc.js);
-    }
     int rc = 0;
     ids_reserve(out, len / 4 + 16);
     if (len <= MAX_RUN_CHARS) {
@@ -1070,7 +1075,8 @@ int shoal_tok_encode(const shoal_tok *t, const char *text, size_t len, int allow
     }
     pcre2_match_data_free(sc.md);
     pcre2_match_context_free(sc.mc);
-    pcre2_jit_stack_free(sc.js);
+    if (sc.js)
+        pcre2_jit_stack_free(sc.js);
     free(clean);
     return rc;
 }
