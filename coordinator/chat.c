@@ -716,7 +716,9 @@ int shoal_chat_opts_from_request(const json_t *body, shoal_chat_opts *o, char *e
                                  "chat_template_kwargs.thinking: must be a boolean");
         o->thinking_off = json_is_false(v);
     }
-    static const char *effort_keys[] = {"thinking_effort", "reasoning_effort"};
+    /* later wins: body.reasoning_effort < body.thinking_effort <
+     * chat_template_kwargs.reasoning_effort < chat_template_kwargs.thinking_effort */
+    static const char *effort_keys[] = {"reasoning_effort", "thinking_effort"};
     const json_t *scopes[] = {body, kw};
     for (int s = 0; s < 2; s++)
         for (int k = 0; k < 2; k++) {
