@@ -38,6 +38,7 @@ struct shoal_tok {
     uint64_t *slots;   /* hash: (tag << 32) | (rank + 1); 0 = empty */
     uint32_t mask;
     int32_t *pair;     /* rank of each 2-byte string (65536), RANK_NONE if none */
+    int32_t byte_rank[256];
     char **sname;      /* n_reserved special names (named or reserved_token_ID) */
     size_t *sname_len;
     uint8_t *skippable; /* n_reserved flags */
@@ -251,6 +252,25 @@ static inline uint64_t hash_bytes(const uint8_t *p, size_t n)
     return h;
 }
 
+/* memcmp(a, b, n) == 0 for the short strings of BPE, without a libc call */
+static inline int same_bytes(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    while (n >= 8) {
+        uint64_t x, y;
+        memcpy(&x, a, 8);
+        memcpy(&y, b, 8);
+        if (x != y)
+            return 0;
+        a += 8;
+        b += 8;
+        n -= 8;
+    }
+    while (n--)
+        if (*a++ != *b++)
+            return 0;
+    return 1;
+}
+
 static inline int32_t rank_of(const shoal_tok *t, const uint8_t *p, size_t n)
 {
     uint64_t h = hash_bytes(p, n);
@@ -261,7 +281,7 @@ static inline int32_t rank_of(const shoal_tok *t, const uint8_t *p, size_t n)
             return RANK_NONE;
         if ((uint32_t)(s >> 32) == tag) {
             uint32_t r = (uint32_t)s - 1;
-            if (t->off[r + 1] - t->off[r] == n && !memcmp(t->bytes + t->off[r], p, n))
+            if (t->off[r + 1] - t->off[r] == n && same_bytes(t->bytes + t->off[r], p, n))
                 return (int32_t)r;
         }
         i = (i + 1) & t->mask;
@@ -470,6 +490,10 @@ static int load_ranks(shoal_tok *t, const char *path, char *err, size_t errlen)
     free(dec);
     if (rc)
         return rc;
+    for (int b = 0; b < 256; b++) {
+        uint8_t c = (uint8_t)b;
+        t->byte_rank[b] = rank_of(t, &c, 1);
+    }
     t->pair = shoal_xmalloc(65536 * sizeof *t->pair);
     for (int i = 0; i < 65536; i++) {
         uint8_t two[2] = {(uint8_t)(i >> 8), (uint8_t)i};
@@ -779,14 +803,17 @@ void shoal_tok_ids_push(shoal_tok_ids *ids, int32_t id)
 static void bpe_small(const shoal_tok *t, const uint8_t *p, size_t n, shoal_tok_ids *out)
 {
     uint32_t start[BPE_SMALL_MAX + 1];
-    int32_t rank[BPE_SMALL_MAX + 1];
+    int32_t rank[BPE_SMALL_MAX + 1]; /* of merging part i with part i+1 */
+    int32_t tok[BPE_SMALL_MAX + 1];  /* the token of part i */
     size_t m = n + 1;
     for (size_t i = 0; i + 1 < n; i++) {
         start[i] = (uint32_t)i;
         rank[i] = t->pair[(unsigned)p[i] << 8 | p[i + 1]];
+        tok[i] = t->byte_rank[p[i]];
     }
     start[n - 1] = (uint32_t)(n - 1);
     rank[n - 1] = RANK_NONE;
+    tok[n - 1] = t->byte_rank[p[n - 1]];
     start[n] = (uint32_t)n;
     rank[n] = RANK_NONE;
     for (;;) {
@@ -799,21 +826,20 @@ static void bpe_small(const shoal_tok *t, const uint8_t *p, size_t n, shoal_tok_
             }
         if (best == RANK_NONE)
             break;
+        /* parts bi and bi+1 become the token `best` */
         if (bi > 0)
             rank[bi - 1] = bi + 2 < m ? rank_of(t, p + start[bi - 1], start[bi + 2] - start[bi - 1])
                                       : RANK_NONE;
         rank[bi] = bi + 3 < m ? rank_of(t, p + start[bi], start[bi + 3] - start[bi]) : RANK_NONE;
+        tok[bi] = best;
         memmove(start + bi + 1, start + bi + 2, (m - bi - 2) * sizeof *start);
         memmove(rank + bi + 1, rank + bi + 2, (m - bi - 2) * sizeof *rank);
+        memmove(tok + bi + 1, tok + bi + 2, (m - bi - 2) * sizeof *tok);
         m--;
     }
     ids_reserve(out, m - 1);
-    for (size_t i = 0; i + 1 < m; i++) {
-        int32_t r = rank_of(t, p + start[i], start[i + 1] - start[i]);
-        if (r == RANK_NONE)
-            SHOAL_PANIC("bpe: merged bytes without a rank");
-        out->v[out->n++] = r;
-    }
+    memcpy(out->v + out->n, tok, (m - 1) * sizeof *tok);
+    out->n += m - 1;
 }
 
 typedef struct {
@@ -954,14 +980,22 @@ typedef struct {
     pcre2_jit_stack *js;
 } enc_scratch;
 
-/* Regex-split s[0..n) (one subject: lookarounds do not see past it) and BPE
- * each match; text no alternative matches is skipped, as tiktoken does (the
- * K3 pattern matches every character, so none is). */
-static int encode_ordinary(const shoal_tok *t, enc_scratch *sc, const uint8_t *s, size_t n,
-                           shoal_tok_ids *out, char *err, size_t errlen)
+/* The next piece of s[0..n) (one subject: lookarounds do not see past it) at
+ * or after off: 1 with [*b, *e), 0 when nothing more matches (tiktoken skips
+ * text no alternative matches; the K3 pattern matches every character, so
+ * there is none), or a negative error. fast: try the ASCII path first. */
+static int next_piece(const shoal_tok *t, enc_scratch *sc, const uint8_t *s, size_t n, size_t off,
+                      int fast, size_t *b, size_t *e, char *err, size_t errlen)
 {
-    size_t off = 0;
-    while (off < n) {
+    if (fast) {
+        size_t end = shoal__tok_ascii_piece(s, n, off);
+        if (end) {
+            *b = off;
+            *e = end;
+            return 1;
+        }
+    }
+    for (;;) {
         int rc = t->jit ? pcre2_jit_match(t->re, s, n, off, PCRE2_NO_UTF_CHECK, sc->md, sc->mc)
                         : pcre2_match(t->re, s, n, off, PCRE2_NO_UTF_CHECK, sc->md, sc->mc);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !sc->js) {
@@ -977,7 +1011,7 @@ static int encode_ordinary(const shoal_tok *t, enc_scratch *sc, const uint8_t *s
             continue;
         }
         if (rc == PCRE2_ERROR_NOMATCH)
-            break;
+            return 0;
         if (rc < 0) {
             PCRE2_UCHAR m[256];
             pcre2_get_error_message(rc, m, sizeof m);
@@ -988,10 +1022,53 @@ static int encode_ordinary(const shoal_tok *t, enc_scratch *sc, const uint8_t *s
         if (ov[1] <= ov[0]) /* cannot happen: no alternative matches empty */
             return shoal_err_set(err, errlen, SHOAL_EINTERNAL, "tokenizer: empty match at %zu",
                                  (size_t)ov[0]);
-        encode_piece(t, s + ov[0], ov[1] - ov[0], out);
-        off = ov[1];
+        *b = ov[0];
+        *e = ov[1];
+        return 1;
+    }
+}
+
+/* Splits s[0..n) into pieces and BPE-encodes each. */
+static int encode_ordinary(const shoal_tok *t, enc_scratch *sc, const uint8_t *s, size_t n,
+                           shoal_tok_ids *out, char *err, size_t errlen)
+{
+    size_t off = 0, b, e;
+    while (off < n) {
+        int rc = next_piece(t, sc, s, n, off, 1, &b, &e, err, errlen);
+        if (rc <= 0)
+            return rc;
+        encode_piece(t, s + b, e - b, out);
+        off = e;
     }
     return 0;
+}
+
+static void scratch_free(enc_scratch *sc)
+{
+    pcre2_match_data_free(sc->md);
+    pcre2_match_context_free(sc->mc);
+    if (sc->js)
+        pcre2_jit_stack_free(sc->js);
+}
+
+int shoal__tok_split(const shoal_tok *t, const uint8_t *s, size_t n, int fast, shoal_tok_ids *ends)
+{
+    enc_scratch sc = {0};
+    sc.md = pcre2_match_data_create(1, NULL);
+    if (!sc.md)
+        SHOAL_PANIC("out of memory (pcre2 match data)");
+    size_t off = 0, b, e;
+    int rc = 0;
+    while (off < n) {
+        rc = next_piece(t, &sc, s, n, off, fast, &b, &e, NULL, 0);
+        if (rc <= 0)
+            break;
+        shoal_tok_ids_push(ends, (int32_t)b);
+        shoal_tok_ids_push(ends, (int32_t)e);
+        off = e;
+    }
+    scratch_free(&sc);
+    return rc < 0 ? rc : 0;
 }
 
 /* One part of the long-run split: specials (if allowed) then ordinary text. */
@@ -1073,10 +1150,7 @@ int shoal_tok_encode(const shoal_tok *t, const char *text, size_t len, int allow
             pos = i;
         }
     }
-    pcre2_match_data_free(sc.md);
-    pcre2_match_context_free(sc.mc);
-    if (sc.js)
-        pcre2_jit_stack_free(sc.js);
+    scratch_free(&sc);
     free(clean);
     return rc;
 }

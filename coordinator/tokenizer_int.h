@@ -32,4 +32,14 @@ int shoal__utf8_step(const uint8_t *p, size_t n, uint32_t *cp);
 void shoal__tok_bpe_forced(const shoal_tok *t, const uint8_t *p, size_t n, int heap,
                            shoal_tok_ids *out);
 
+/* The ASCII fast path of the pre-tokenizer (tokenizer_ascii.c): the end of the
+ * piece that starts at s[i] when the pattern's decision needs only ASCII
+ * characters, else 0 (let PCRE2 decide). */
+size_t shoal__tok_ascii_piece(const uint8_t *s, size_t n, size_t i);
+
+/* Pre-tokenizes s[0..n) (valid UTF-8, one subject) and appends each piece's
+ * start and end byte offsets to *ends; fast = 0 uses PCRE2 only. For the test
+ * and fuzz target that compare the two. */
+int shoal__tok_split(const shoal_tok *t, const uint8_t *s, size_t n, int fast, shoal_tok_ids *ends);
+
 #endif

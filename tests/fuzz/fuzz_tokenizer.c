@@ -2,8 +2,9 @@
  * special-token recognition on; the rest is the text. Checks, besides memory
  * safety: decode(encode(text)) is the text with invalid UTF-8 replaced, the
  * streaming detokenizer gives the same text without ever splitting a code
- * point, and the heap BPE agrees with tiktoken's quadratic loop on every
- * prefix up to 128 bytes. Any mismatch aborts. */
+ * point, the heap BPE agrees with tiktoken's quadratic loop on the first 128
+ * bytes, and the ASCII fast path of the split agrees with PCRE2 alone. Any
+ * mismatch aborts. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +60,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         shoal_tok_ids_free(&a);
         shoal_tok_ids_free(&b);
     }
+    shoal_tok_ids fa = {0}, pa = {0};
+    if (shoal__tok_split(t, (const uint8_t *)want, wl, 1, &fa) || shoal__tok_split(t, (const uint8_t *)want, wl, 0, &pa))
+        abort();
+    if (fa.n != pa.n || memcmp(fa.v, pa.v, fa.n * sizeof *fa.v))
+        abort();
+    shoal_tok_ids_free(&fa);
+    shoal_tok_ids_free(&pa);
     free(dec);
     free(want);
     shoal_tok_ids_free(&ids);

@@ -384,6 +384,45 @@ static void t_bpe_small_equals_heap(void)
     }
 }
 
+/* The ASCII fast path of the split against PCRE2 alone, on random text that is
+ * mostly ASCII of every class, with non-ASCII characters of the kinds that make
+ * it hand over (letters, digits, spaces, U+017F after an apostrophe, Han). */
+static void t_ascii_fast_path_equals_pcre2(void)
+{
+    shoal_tok *t = open_tiny();
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    static const char *atoms[] = {"a", "Z", "'", "'s", "'S", "'re", "'LL", "'d", "'x", " ", "  ", "\t", "\n",
+                                  "\r\n", "\v", "\f", "0", "12", "1234", "!", "?!", "(", "\x1c", "\x00", "\x7f",
+                                  "\xC3\xA9", "\xC3\x89", "\xC5\xBF", "\xC2\xA0", "\xE4\xB8\xAD", "\xD9\xA3",
+                                  "\xE2\x80\xA8", "\xCC\x81", "\xF0\x9F\x91\x8D", "Hello", "WORLD", "iPhone"};
+    int pieces = 0;
+    for (int iter = 0; iter < 20000; iter++) {
+        char text[256];
+        size_t n = 0, want = 1 + rnd() % 40;
+        while (n < want) {
+            const char *x = atoms[rnd() % (sizeof atoms / sizeof atoms[0])];
+            size_t l = strlen(x);
+            if (n + l >= sizeof text)
+                break;
+            memcpy(text + n, x, l);
+            n += l;
+        }
+        shoal_tok_ids a = {0}, b = {0};
+        CHECK(shoal__tok_split(t, (const uint8_t *)text, n, 1, &a) == 0);
+        CHECK(shoal__tok_split(t, (const uint8_t *)text, n, 0, &b) == 0);
+        int same = a.n == b.n && !memcmp(a.v, b.v, a.n * sizeof *a.v);
+        CHECK_MSG(same, "iteration %d: the split differs for \"%.*s\"", iter, (int)n, text);
+        pieces += (int)a.n / 2;
+        shoal_tok_ids_free(&a);
+        shoal_tok_ids_free(&b);
+        if (!same)
+            break;
+    }
+    CHECK(pieces > 100000);
+}
+
 /* ------------------------------------------------------------- encode -- */
 
 static void t_roundtrip_and_specials(void)
@@ -568,6 +607,7 @@ int main(void)
     RUN(t_load_tiny);
     RUN(t_load_refusals);
     RUN(t_bpe_small_equals_heap);
+    RUN(t_ascii_fast_path_equals_pcre2);
     RUN(t_roundtrip_and_specials);
     RUN(t_detok_streaming);
     RUN(t_real_k3_vectors);
