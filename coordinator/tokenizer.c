@@ -271,9 +271,8 @@ static inline int same_bytes(const uint8_t *a, const uint8_t *b, size_t n)
     return 1;
 }
 
-static inline int32_t rank_of(const shoal_tok *t, const uint8_t *p, size_t n)
+static inline int32_t rank_of_h(const shoal_tok *t, const uint8_t *p, size_t n, uint64_t h)
 {
-    uint64_t h = hash_bytes(p, n);
     uint32_t tag = (uint32_t)(h >> 32), i = (uint32_t)h & t->mask;
     for (;;) {
         uint64_t s = t->slots[i];
@@ -286,6 +285,11 @@ static inline int32_t rank_of(const shoal_tok *t, const uint8_t *p, size_t n)
         }
         i = (i + 1) & t->mask;
     }
+}
+
+static inline int32_t rank_of(const shoal_tok *t, const uint8_t *p, size_t n)
+{
+    return rank_of_h(t, p, n, hash_bytes(p, n));
 }
 
 static int b64val(int c)
@@ -957,28 +961,110 @@ void shoal__tok_bpe_forced(const shoal_tok *t, const uint8_t *p, size_t n, int h
         bpe_small(t, p, n, out);
 }
 
-static inline void encode_piece(const shoal_tok *t, const uint8_t *p, size_t n, shoal_tok_ids *out)
+/* -------------------------------------------------------------- encode -- */
+
+/* A cache of the ids of BPE-encoded pieces, per encode call (so the tokenizer
+ * stays immutable and shareable): text repeats its words, and BPE is most of
+ * the work once the split is fast. Only for long inputs (the table is 1.3 MiB)
+ * and short pieces; keys point into the call's text, which outlives it. */
+#define CACHE_MIN_TEXT 16384
+#define CACHE_SLOTS (1u << 16)
+#define CACHE_MAX_PIECE 48
+
+typedef struct {
+    uint64_t *hash;   /* CACHE_SLOTS; 0 = empty */
+    uint32_t *where;  /* piece offset in the text */
+    uint32_t *first;  /* its ids in store */
+    uint8_t *plen, *nids;
+    const uint8_t *base;
+    shoal_tok_ids store;
+    uint32_t used;
+} piece_cache;
+
+typedef struct {
+    pcre2_match_data *md;
+    pcre2_match_context *mc;
+    pcre2_jit_stack *js;
+    piece_cache *cache; /* NULL for short inputs */
+} enc_scratch;
+
+static void cache_init(enc_scratch *sc, const uint8_t *base, size_t len)
 {
-    /* tiktoken: a piece that is itself a token is that token, whatever the
-     * merges would say */
-    int32_t r = rank_of(t, p, n);
-    if (r != RANK_NONE) {
-        shoal_tok_ids_push(out, r);
+    if (len < CACHE_MIN_TEXT || len > UINT32_MAX)
         return;
-    }
+    piece_cache *c = shoal_xcalloc(1, sizeof *c);
+    c->hash = shoal_xcalloc(CACHE_SLOTS, sizeof *c->hash);
+    c->where = shoal_xmalloc(CACHE_SLOTS * sizeof *c->where);
+    c->first = shoal_xmalloc(CACHE_SLOTS * sizeof *c->first);
+    c->plen = shoal_xmalloc(CACHE_SLOTS);
+    c->nids = shoal_xmalloc(CACHE_SLOTS);
+    c->base = base;
+    sc->cache = c;
+}
+
+static void cache_free(piece_cache *c)
+{
+    if (!c)
+        return;
+    free(c->hash);
+    free(c->where);
+    free(c->first);
+    free(c->plen);
+    free(c->nids);
+    shoal_tok_ids_free(&c->store);
+    free(c);
+}
+
+static inline void bpe_any(const shoal_tok *t, const uint8_t *p, size_t n, shoal_tok_ids *out)
+{
     if (n <= BPE_SMALL_MAX)
         bpe_small(t, p, n, out);
     else
         bpe_heap(t, p, n, out);
 }
 
-/* -------------------------------------------------------------- encode -- */
-
-typedef struct {
-    pcre2_match_data *md;
-    pcre2_match_context *mc;
-    pcre2_jit_stack *js;
-} enc_scratch;
+static inline void encode_piece(const shoal_tok *t, piece_cache *c, const uint8_t *p, size_t n,
+                                shoal_tok_ids *out)
+{
+    uint64_t h = hash_bytes(p, n);
+    /* tiktoken: a piece that is itself a token is that token, whatever the
+     * merges would say */
+    int32_t r = rank_of_h(t, p, n, h);
+    if (r != RANK_NONE) {
+        shoal_tok_ids_push(out, r);
+        return;
+    }
+    if (!c || n > CACHE_MAX_PIECE) {
+        bpe_any(t, p, n, out);
+        return;
+    }
+    h |= 1; /* 0 marks an empty slot */
+    uint32_t i = (uint32_t)(h >> 20) & (CACHE_SLOTS - 1);
+    for (;;) {
+        if (!c->hash[i])
+            break;
+        if (c->hash[i] == h && c->plen[i] == n && same_bytes(c->base + c->where[i], p, n)) {
+            ids_reserve(out, c->nids[i]);
+            memcpy(out->v + out->n, c->store.v + c->first[i], c->nids[i] * sizeof *out->v);
+            out->n += c->nids[i];
+            return;
+        }
+        i = (i + 1) & (CACHE_SLOTS - 1);
+    }
+    size_t before = out->n;
+    bpe_any(t, p, n, out);
+    if (c->used >= CACHE_SLOTS / 2)
+        return; /* full enough: stop adding */
+    c->hash[i] = h;
+    c->where[i] = (uint32_t)(p - c->base);
+    c->plen[i] = (uint8_t)n;
+    c->nids[i] = (uint8_t)(out->n - before);
+    c->first[i] = (uint32_t)c->store.n;
+    ids_reserve(&c->store, out->n - before);
+    memcpy(c->store.v + c->store.n, out->v + before, (out->n - before) * sizeof *out->v);
+    c->store.n += out->n - before;
+    c->used++;
+}
 
 /* The next piece of s[0..n) (one subject: lookarounds do not see past it) at
  * or after off: 1 with [*b, *e), 0 when nothing more matches (tiktoken skips
@@ -1037,7 +1123,7 @@ static int encode_ordinary(const shoal_tok *t, enc_scratch *sc, const uint8_t *s
         int rc = next_piece(t, sc, s, n, off, 1, &b, &e, err, errlen);
         if (rc <= 0)
             return rc;
-        encode_piece(t, s + b, e - b, out);
+        encode_piece(t, sc->cache, s + b, e - b, out);
         off = e;
     }
     return 0;
@@ -1045,6 +1131,7 @@ static int encode_ordinary(const shoal_tok *t, enc_scratch *sc, const uint8_t *s
 
 static void scratch_free(enc_scratch *sc)
 {
+    cache_free(sc->cache);
     pcre2_match_data_free(sc->md);
     pcre2_match_context_free(sc->mc);
     if (sc->js)
@@ -1112,6 +1199,7 @@ int shoal_tok_encode(const shoal_tok *t, const char *text, size_t len, int allow
     sc.md = pcre2_match_data_create(1, NULL);
     if (!sc.md)
         SHOAL_PANIC("out of memory (pcre2 match data)");
+    cache_init(&sc, s, len);
     int rc = 0;
     ids_reserve(out, len / 4 + 16);
     if (len <= MAX_RUN_CHARS) {
