@@ -164,6 +164,12 @@ static void strset_reserve(strset *h, size_t want, strset_key_fn key, const void
     h->cap = cap;
 }
 
+/* Stored key k (NUL-terminated) equals s[0..n) (s holds no NUL byte). */
+static int key_eq(const char *k, const char *s, size_t n)
+{
+    return !strncmp(k, s, n) && k[n] == 0;
+}
+
 /* Returns the index already stored under s (n bytes), or stores idx and returns -1. */
 static int64_t strset_insert(strset *h, const char *s, size_t n, uint32_t idx, strset_key_fn key,
                              const void *ctx)
@@ -174,7 +180,7 @@ static int64_t strset_insert(strset *h, const char *s, size_t n, uint32_t idx, s
     uint32_t tg = (uint32_t)(hv >> 32);
     size_t j = (size_t)hv & (h->cap - 1);
     while (h->s[j].idx) {
-        if (h->s[j].tag == tg && !strcmp(key(ctx, h->s[j].idx - 1), s))
+        if (h->s[j].tag == tg && key_eq(key(ctx, h->s[j].idx - 1), s, n))
             return h->s[j].idx - 1;
         j = (j + 1) & (h->cap - 1);
     }
@@ -192,7 +198,7 @@ static int64_t strset_find(const strset *h, const char *s, size_t n, strset_key_
     uint32_t tg = (uint32_t)(hv >> 32);
     size_t j = (size_t)hv & (h->cap - 1);
     while (h->s[j].idx) {
-        if (h->s[j].tag == tg && !strcmp(key(ctx, h->s[j].idx - 1), s))
+        if (h->s[j].tag == tg && key_eq(key(ctx, h->s[j].idx - 1), s, n))
             return h->s[j].idx - 1;
         j = (j + 1) & (h->cap - 1);
     }
@@ -229,6 +235,7 @@ typedef struct {
     const char *p, *end, *base;
     const char *file;   /* for messages */
     const char *tensor; /* tensor being read, for messages (may be NULL) */
+    int tensor_n;       /* its length (not always NUL-terminated) */
     char *err;
     size_t errlen;
     int rc;
@@ -244,8 +251,8 @@ static int jfail(jscan *j, const char *what)
         return j->rc;
     if (j->tensor)
         j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT,
-                              "%s: malformed JSON at byte %zu (tensor '%s'): %s", j->file,
-                              (size_t)(j->p - j->base), j->tensor, what);
+                              "%s: malformed JSON at byte %zu (tensor '%.*s'): %s", j->file,
+                              (size_t)(j->p - j->base), j->tensor_n, j->tensor, what);
     else
         j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT, "%s: malformed JSON at byte %zu: %s",
                               j->file, (size_t)(j->p - j->base), what);
@@ -258,16 +265,18 @@ static int jinvalid(jscan *j, const char *what)
     if (j->rc)
         return j->rc;
     if (j->tensor)
-        j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT, "%s: tensor '%s': %s", j->file, j->tensor, what);
+        j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT, "%s: tensor '%.*s': %s", j->file, j->tensor_n,
+                              j->tensor, what);
     else
         j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT, "%s: %s (at byte %zu)", j->file, what,
                               (size_t)(j->p - j->base));
     return j->rc;
 }
 
-static void jws(jscan *j)
+static inline __attribute__((always_inline)) void jws(jscan *j)
 {
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t'))
+    while (j->p < j->end && (unsigned char)*j->p <= ' ' &&
+           (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t'))
         j->p++;
 }
 
@@ -361,23 +370,59 @@ static inline int str_plain(unsigned char c)
     return (unsigned char)(c - 0x20) < 0x60 && c != '"' && c != '\\';
 }
 
-/* Reads a string into j->sbuf (NUL-terminated, *len bytes). Strings with an
- * embedded NUL (\u0000) are refused: names are C strings. */
-static int jstring(jscan *j, size_t *len)
+/* For the 8 bytes at p (little-endian), a mask with the high bit set in each
+ * byte that is not plain (see str_plain): a quote, a backslash, a control
+ * byte (< 0x20) or a non-ASCII byte. The has-zero / has-less-than word tricks
+ * may also flag bytes above the first special one (borrows), never below it,
+ * so the lowest set bit locates the first special byte exactly. */
+static inline uint64_t swar_special(const char *p)
+{
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    uint64_t w;
+    memcpy(&w, p, 8);
+    uint64_t q = w ^ (ones * '"'), b = w ^ (ones * '\\');
+    uint64_t zq = (q - ones) & ~q, zb = (b - ones) & ~b, lt = (w - ones * 0x20) & ~w;
+    return (zq | zb | lt | w) & highs;
+}
+
+/* Reads a string. *out points at its *len bytes: into the input when the
+ * string has no escapes (not NUL-terminated there), else into j->sbuf (decoded,
+ * NUL-terminated, valid until the next string). A string never contains a
+ * NUL byte (\u0000 is refused: names are C strings), so (ptr, len) is exact. */
+static int jstring(jscan *j, const char **out, size_t *len)
 {
     if (jexpect(j, '"', "expected a string"))
         return j->rc;
+    const char *start = j->p;
+    int copying = 0;
     size_t n = 0;
     for (;;) {
         const char *s = j->p;
-        while (j->p < j->end && str_plain((unsigned char)*j->p))
-            j->p++;
-        if (j->p > s)
+        for (;;) {
+            if (j->end - j->p < 8) {
+                while (j->p < j->end && str_plain((unsigned char)*j->p))
+                    j->p++;
+                break;
+            }
+            uint64_t m = swar_special(j->p);
+            if (m) { /* the lowest flagged byte is exactly the first special one */
+                j->p += __builtin_ctzll(m) >> 3;
+                break;
+            }
+            j->p += 8;
+        }
+        if (copying && j->p > s)
             sbuf_put(j, &n, s, (size_t)(j->p - s));
         if (j->p >= j->end)
             return jfail(j, "unterminated string");
         unsigned char c = (unsigned char)*j->p;
         if (c == '"') {
+            if (!copying) {
+                *out = start;
+                *len = (size_t)(j->p - start);
+                j->p++;
+                return 0;
+            }
             j->p++;
             break;
         }
@@ -387,26 +432,31 @@ static int jstring(jscan *j, size_t *len)
             size_t k = utf8_len((const unsigned char *)j->p, (const unsigned char *)j->end);
             if (!k)
                 return jfail(j, "invalid UTF-8 in string");
-            sbuf_put(j, &n, j->p, k);
+            if (copying)
+                sbuf_put(j, &n, j->p, k);
             j->p += k;
             continue;
         }
-        /* escape */
+        /* escape: from here on the string is decoded into sbuf */
+        if (!copying) {
+            copying = 1;
+            sbuf_put(j, &n, start, (size_t)(j->p - start));
+        }
         j->p++;
         if (j->p >= j->end)
             return jfail(j, "unterminated escape");
         char e = *j->p++;
-        char out[4];
+        char ob[4];
         size_t k = 1;
         switch (e) {
-        case '"': out[0] = '"'; break;
-        case '\\': out[0] = '\\'; break;
-        case '/': out[0] = '/'; break;
-        case 'b': out[0] = '\b'; break;
-        case 'f': out[0] = '\f'; break;
-        case 'n': out[0] = '\n'; break;
-        case 'r': out[0] = '\r'; break;
-        case 't': out[0] = '\t'; break;
+        case '"': ob[0] = '"'; break;
+        case '\\': ob[0] = '\\'; break;
+        case '/': ob[0] = '/'; break;
+        case 'b': ob[0] = '\b'; break;
+        case 'f': ob[0] = '\f'; break;
+        case 'n': ob[0] = '\n'; break;
+        case 'r': ob[0] = '\r'; break;
+        case 't': ob[0] = '\t'; break;
         case 'u': {
             unsigned cp;
             if (read_u4(j, &cp))
@@ -427,21 +477,21 @@ static int jstring(jscan *j, size_t *len)
             if (cp == 0)
                 return jfail(j, "NUL character in string");
             if (cp < 0x80) {
-                out[0] = (char)cp;
+                ob[0] = (char)cp;
             } else if (cp < 0x800) {
-                out[0] = (char)(0xc0 | cp >> 6);
-                out[1] = (char)(0x80 | (cp & 0x3f));
+                ob[0] = (char)(0xc0 | cp >> 6);
+                ob[1] = (char)(0x80 | (cp & 0x3f));
                 k = 2;
             } else if (cp < 0x10000) {
-                out[0] = (char)(0xe0 | cp >> 12);
-                out[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-                out[2] = (char)(0x80 | (cp & 0x3f));
+                ob[0] = (char)(0xe0 | cp >> 12);
+                ob[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
+                ob[2] = (char)(0x80 | (cp & 0x3f));
                 k = 3;
             } else {
-                out[0] = (char)(0xf0 | cp >> 18);
-                out[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-                out[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-                out[3] = (char)(0x80 | (cp & 0x3f));
+                ob[0] = (char)(0xf0 | cp >> 18);
+                ob[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
+                ob[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
+                ob[3] = (char)(0x80 | (cp & 0x3f));
                 k = 4;
             }
             break;
@@ -449,12 +499,18 @@ static int jstring(jscan *j, size_t *len)
         default:
             return jfail(j, "bad escape in string");
         }
-        sbuf_put(j, &n, out, k);
+        sbuf_put(j, &n, ob, k);
     }
     sbuf_put(j, &n, "", 0);
     j->sbuf[n] = 0;
+    *out = j->sbuf;
     *len = n;
     return 0;
+}
+
+static int jeq(const char *s, size_t n, const char *lit)
+{
+    return strlen(lit) == n && !memcmp(s, lit, n);
 }
 
 /* Validates one JSON number; if it is a non-negative integer that fits,
@@ -475,11 +531,11 @@ static int jnumber(jscan *j, uint64_t *u, int *is_uint)
             return jfail(j, "leading zero in number");
     } else {
         while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
-            unsigned d = (unsigned)(*j->p++ - '0');
-            if (v > (UINT64_MAX - d) / 10)
+            uint64_t d = (uint64_t)(*j->p++ - '0');
+            if (__builtin_mul_overflow(v, 10, &v))
                 overflow = 1;
-            else
-                v = v * 10 + d;
+            if (__builtin_add_overflow(v, d, &v))
+                overflow = 1;
         }
     }
     if (j->p < j->end && *j->p == '.') {
@@ -521,12 +577,13 @@ static int jskip(jscan *j, int depth)
     if (depth > ST_MAX_DEPTH)
         return jfail(j, "nesting too deep");
     char c = jpeek(j);
+    const char *str;
     size_t len;
     uint64_t u;
     int isu;
     switch (c) {
     case '"':
-        return jstring(j, &len);
+        return jstring(j, &str, &len);
     case '{':
         j->p++;
         if (jpeek(j) == '}') {
@@ -534,7 +591,7 @@ static int jskip(jscan *j, int depth)
             return 0;
         }
         for (;;) {
-            if (jstring(j, &len) || jexpect(j, ':', "expected ':'") || jskip(j, depth + 1))
+            if (jstring(j, &str, &len) || jexpect(j, ':', "expected ':'") || jskip(j, depth + 1))
                 return j->rc;
             c = jpeek(j);
             j->p++;
@@ -661,24 +718,33 @@ static int parse_entry(jscan *j, shoal_tensor *t, uint64_t *begin, uint64_t *end
     if (jpeek(j) == '}')
         return jinvalid(j, "tensor entry is empty (needs dtype, shape, data_offsets)");
     for (;;) {
+        const char *k;
         size_t len;
-        if (jstring(j, &len) || jexpect(j, ':', "expected ':'"))
+        if (jstring(j, &k, &len))
             return j->rc;
-        if (!strcmp(j->sbuf, "dtype")) {
+        if (jexpect(j, ':', "expected ':'"))
+            return j->rc;
+        if (jeq(k, len, "dtype")) {
             if (have_dt++)
                 return jinvalid(j, "duplicate key 'dtype' in tensor entry");
             if (jpeek(j) != '"')
                 return jinvalid(j, "dtype must be a string");
-            if (jstring(j, &len))
+            const char *v;
+            if (jstring(j, &v, &len))
                 return j->rc;
+            char dts[16];
             shoal_dtype dt;
-            if (shoal_dtype_parse(j->sbuf, &dt)) {
-                j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT, "%s: tensor '%s': unknown dtype '%.64s'",
-                                      j->file, t->name, j->sbuf);
+            if (len < sizeof dts) {
+                memcpy(dts, v, len);
+                dts[len] = 0;
+            }
+            if (len >= sizeof dts || shoal_dtype_parse(dts, &dt)) {
+                j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT, "%s: tensor '%s': unknown dtype '%.*s'",
+                                      j->file, t->name, (int)(len < 64 ? len : 64), v);
                 return j->rc;
             }
             t->dtype = dt;
-        } else if (!strcmp(j->sbuf, "shape")) {
+        } else if (jeq(k, len, "shape")) {
             if (have_shape++)
                 return jinvalid(j, "duplicate key 'shape' in tensor entry");
             uint64_t v[SHOAL_ST_MAX_DIMS];
@@ -688,7 +754,7 @@ static int parse_entry(jscan *j, shoal_tensor *t, uint64_t *begin, uint64_t *end
             t->ndim = n;
             for (int i = 0; i < n; i++)
                 t->shape[i] = (int64_t)v[i];
-        } else if (!strcmp(j->sbuf, "data_offsets")) {
+        } else if (jeq(k, len, "data_offsets")) {
             if (have_off++)
                 return jinvalid(j, "duplicate key 'data_offsets' in tensor entry");
             uint64_t v[2];
@@ -701,7 +767,7 @@ static int parse_entry(jscan *j, shoal_tensor *t, uint64_t *begin, uint64_t *end
             *end = v[1];
         } else {
             char msg[128];
-            snprintf(msg, sizeof msg, "unknown key '%.64s' in tensor entry", j->sbuf);
+            snprintf(msg, sizeof msg, "unknown key '%.*s' in tensor entry", (int)(len < 64 ? len : 64), k);
             return jinvalid(j, msg);
         }
         int more;
@@ -810,12 +876,13 @@ static int load_file(shoal_st *st, int fi, int map, jscan *j)
         j->p++;
     } else {
         for (;;) {
+            const char *k;
             size_t len;
-            if (jstring(j, &len) || jexpect(j, ':', "expected ':'")) {
+            if (jstring(j, &k, &len) || jexpect(j, ':', "expected ':'")) {
                 rc = j->rc;
                 goto out;
             }
-            if (!strcmp(j->sbuf, "__metadata__")) {
+            if (jeq(k, len, "__metadata__")) {
                 /* free-form string map; validated as JSON, otherwise ignored */
                 if (jpeek(j) != '{') {
                     rc = jinvalid(j, "__metadata__ must be an object");
@@ -831,9 +898,10 @@ static int load_file(shoal_st *st, int fi, int map, jscan *j)
                     goto out;
                 }
                 shoal_tensor *t = push_tensor(st);
-                t->name = arena_strdup(&st->arena, j->sbuf, len);
+                t->name = arena_strdup(&st->arena, k, len);
                 t->file = fi;
                 j->tensor = t->name;
+                j->tensor_n = (int)len;
                 uint64_t b = 0, e = 0;
                 if (parse_entry(j, t, &b, &e)) {
                     rc = j->rc;
@@ -965,15 +1033,15 @@ static const char *shard_key(const void *ctx, uint32_t idx)
 }
 
 typedef struct {
-    const char *name; /* in the index arena */
+    const char *name; /* into the index text (not NUL-terminated), or the index arena */
     size_t len;
     int shard;
 } index_entry;
 
-static int is_safe_shard_name(const char *s)
+static int is_safe_shard_name(const char *s, size_t n)
 {
     /* a file beside the index: no directories, no hidden or parent names */
-    return s[0] && s[0] != '.' && !strchr(s, '/');
+    return n && s[0] != '.' && !memchr(s, '/', n);
 }
 
 static char *path_join(const char *dir, const char *name)
@@ -1033,10 +1101,11 @@ static int parse_index(jscan *j, shard_list *sl, index_entry **out, size_t *nout
     j->p++;
     if (jpeek(j) != '}') {
         for (;;) {
+            const char *k;
             size_t len;
-            if (jstring(j, &len) || jexpect(j, ':', "expected ':'"))
+            if (jstring(j, &k, &len) || jexpect(j, ':', "expected ':'"))
                 goto fail;
-            if (strcmp(j->sbuf, "weight_map")) {
+            if (!jeq(k, len, "weight_map")) {
                 if (jskip(j, 0))
                     goto fail;
             } else {
@@ -1053,34 +1122,38 @@ static int parse_index(jscan *j, shard_list *sl, index_entry **out, size_t *nout
                     j->p++;
                 } else {
                     for (;;) {
-                        if (jstring(j, &len))
+                        const char *name, *sh;
+                        size_t nlen;
+                        if (jstring(j, &name, &nlen))
                             goto fail;
-                        if (!len) {
+                        if (!nlen) {
                             jinvalid(j, "empty tensor name in weight_map");
                             goto fail;
                         }
-                        const char *name = arena_strdup(arena, j->sbuf, len);
+                        /* unescaped names stay in the index text (alive until the checks end) */
+                        if (name == j->sbuf)
+                            name = arena_strdup(arena, name, nlen);
                         j->tensor = name;
+                        j->tensor_n = (int)nlen;
                         if (jexpect(j, ':', "expected ':'"))
                             goto fail;
                         if (jpeek(j) != '"') {
                             jinvalid(j, "shard name must be a string");
                             goto fail;
                         }
-                        if (jstring(j, &len))
+                        if (jstring(j, &sh, &len))
                             goto fail;
-                        if (!is_safe_shard_name(j->sbuf)) {
+                        if (!is_safe_shard_name(sh, len)) {
                             j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT,
-                                                  "%s: tensor '%s': shard name '%.200s' is not a plain file "
+                                                  "%s: tensor '%.*s': shard name '%.*s' is not a plain file "
                                                   "name beside the index",
-                                                  j->file, name, j->sbuf);
+                                                  j->file, (int)nlen, name, (int)(len < 200 ? len : 200), sh);
                             goto fail;
                         }
-                        /* find or add the shard */
-                        /* consecutive entries mostly share a shard */
-                        int64_t si = last >= 0 && !strcmp(sl->names[last], j->sbuf)
+                        /* find or add the shard; consecutive entries mostly share one */
+                        int64_t si = last >= 0 && key_eq(sl->names[last], sh, len)
                                          ? last
-                                         : strset_find(&sl->set, j->sbuf, len, shard_key, sl);
+                                         : strset_find(&sl->set, sh, len, shard_key, sl);
                         if (si < 0) {
                             if (sl->n >= ST_MAX_FILES) {
                                 jinvalid(j, "more than 65536 shard files");
@@ -1090,15 +1163,17 @@ static int parse_index(jscan *j, shard_list *sl, index_entry **out, size_t *nout
                                 sl->cap = sl->cap ? 2 * sl->cap : 16;
                                 sl->names = shoal_xrealloc(sl->names, (size_t)sl->cap * sizeof *sl->names);
                             }
-                            sl->names[sl->n] = shoal_xstrdup(j->sbuf);
-                            strset_insert(&sl->set, j->sbuf, len, (uint32_t)sl->n, shard_key, sl);
+                            sl->names[sl->n] = shoal_xmalloc(len + 1);
+                            memcpy(sl->names[sl->n], sh, len);
+                            sl->names[sl->n][len] = 0;
+                            strset_insert(&sl->set, sh, len, (uint32_t)sl->n, shard_key, sl);
                             si = sl->n++;
                         }
                         if (n == cap) {
                             cap = cap ? 2 * cap : 4096;
                             e = shoal_xrealloc(e, cap * sizeof *e);
                         }
-                        e[n++] = (index_entry){name, strlen(name), (int)si};
+                        e[n++] = (index_entry){name, nlen, (int)si};
                         last = si;
                         j->tensor = NULL;
                         int more;
@@ -1194,13 +1269,15 @@ static int open_index(shoal_st *st, const char *index_path, int map, jscan *j)
         if (access(st->files[i].path, F_OK) != 0) {
             /* name a tensor that points at the missing shard */
             const char *who = "?";
+            int wn = 1;
             for (size_t k = 0; k < nent; k++)
                 if (fileof[ent[k].shard] == i) {
                     who = ent[k].name;
+                    wn = (int)ent[k].len;
                     break;
                 }
-            rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: tensor '%s' is in shard %s, which is missing",
-                               index_path, who, st->files[i].path);
+            rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: tensor '%.*s' is in shard %s, which is missing",
+                               index_path, wn, who, st->files[i].path);
             free(fileof);
             goto out;
         }
@@ -1217,18 +1294,18 @@ static int open_index(shoal_st *st, const char *index_path, int map, jscan *j)
         int fi = fileof[ent[k].shard];
         int64_t ti = strset_find(&st->names, ent[k].name, ent[k].len, tensor_key, st);
         if (ti < 0) {
-            rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: tensor '%s' is not in shard %s (nor any other)",
-                               index_path, ent[k].name, st->files[fi].path);
+            rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: tensor '%.*s' is not in shard %s (nor any other)",
+                               index_path, (int)ent[k].len, ent[k].name, st->files[fi].path);
             break;
         }
         if (st->t[ti].file != fi) {
-            rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: tensor '%s' is listed in shard %s but is in %s",
-                               index_path, ent[k].name, st->files[fi].path, st->files[st->t[ti].file].path);
+            rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: tensor '%.*s' is listed in shard %s but is in %s",
+                               index_path, (int)ent[k].len, ent[k].name, st->files[fi].path, st->files[st->t[ti].file].path);
             break;
         }
         if (claimed[ti]++) {
-            rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: duplicate tensor name '%s' in weight_map",
-                               index_path, ent[k].name);
+            rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: duplicate tensor name '%.*s' in weight_map",
+                               index_path, (int)ent[k].len, ent[k].name);
             break;
         }
     }

@@ -229,6 +229,49 @@ static void t_lookup_many(void)
     shoal_st_close(st);
 }
 
+/* Names with an escape, a multi-byte UTF-8 character or a forbidden control
+ * byte at every position relative to the 8-byte words the scanner reads. */
+static void t_string_positions(void)
+{
+    for (int k = 0; k < 20; k++) {
+        char pad[32];
+        memset(pad, 'a', (size_t)k);
+        pad[k] = 0;
+        static const struct {
+            const char *json, *want; /* in the header / decoded */
+        } cases[] = {{"\\\"q", "\"q"}, {"\\u00e9z", "\xc3\xa9z"}, {"\xc3\xa9z", "\xc3\xa9z"},
+                     {"\\\\", "\\"}, {"\\/x", "/x"}};
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            char hdr[256], want[64];
+            snprintf(hdr, sizeof hdr, "{\"%s%s%s\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", pad,
+                     cases[c].json, pad);
+            snprintf(want, sizeof want, "%s%s%s", pad, cases[c].want, pad);
+            write_st(tpath("pos.safetensors"), hdr, "x", 1);
+            shoal_st *st = NULL;
+            char err[512];
+            int rc = shoal_st_open(&st, tpath("pos.safetensors"), NULL, err, sizeof err);
+            CHECK_MSG(rc == 0, "k=%d case %zu: %s", k, c, err);
+            if (!rc) {
+                CHECK_MSG(shoal_st_find(st, want) != NULL, "k=%d case %zu: name not decoded as expected", k, c);
+                shoal_st_close(st);
+            }
+        }
+        /* a raw control byte or a bad UTF-8 byte is refused wherever it sits */
+        static const char *const badc[] = {"\x01", "\x1f", "\xff", "\xc3(", "\t"};
+        for (size_t c = 0; c < sizeof badc / sizeof badc[0]; c++) {
+            char hdr[256];
+            snprintf(hdr, sizeof hdr, "{\"%s%s%s\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", pad,
+                     badc[c], pad);
+            write_st(tpath("pos.safetensors"), hdr, "x", 1);
+            shoal_st *st = NULL;
+            char err[512];
+            CHECK_MSG(shoal_st_open(&st, tpath("pos.safetensors"), NULL, err, sizeof err) == SHOAL_EFORMAT,
+                      "k=%d bad %zu accepted", k, c);
+            CHECK_STR_CONTAINS(err, "malformed JSON");
+        }
+    }
+}
+
 /* The committed malformed fixtures: each refused with its own message. */
 static void t_bad_fixtures(void)
 {
@@ -284,6 +327,7 @@ int main(void)
     RUN(t_single_file);
     RUN(t_sharded);
     RUN(t_lookup_many);
+    RUN(t_string_positions);
     RUN(t_bad_fixtures);
     RUN(t_missing_path);
     char cmd[300];
