@@ -5,7 +5,9 @@
 # config summary, the layer schedule and the inventory check of every tensor
 # the engine needs), then two expert servers (`shoal expert`, each owning half
 # of every MoE layer's routed experts) and a coordinator (`shoal run --worker
-# ... --worker ...`) generating a continuation. Safe to rerun.
+# ... --worker ...`) generating a continuation; last, `shoal serve` on the same
+# two workers answers one chat request from the official `openai` client
+# (docs/API.md). Safe to rerun.
 # Usage: scripts/demo.sh
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,5 +29,27 @@ echo "== two expert servers and a coordinator ==" >&2
 ep0="ipc://@shoal-demo-$$-w0" ep1="ipc://@shoal-demo-$$-w1"
 build/bin/shoal expert --model "$model" --experts 1-8:0-11 --listen "$ep0" --id w0 --threads 1 & w0=$!
 build/bin/shoal expert --model "$model" --experts 1-8:12-23 --listen "$ep1" --id w1 --threads 1 & w1=$!
-trap 'kill "$w0" "$w1" 2>/dev/null; wait "$w0" "$w1" 2>/dev/null || true' EXIT
+srv=""
+trap 'kill $srv "$w0" "$w1" 2>/dev/null; wait $srv "$w0" "$w1" 2>/dev/null || true' EXIT
 build/bin/shoal run --model "$model" --prompt "The shoal of fish" --gen 24 --worker "$ep0" --worker "$ep1"
+
+echo "== shoal serve (OpenAI-compatible API) on the same workers, one chat request ==" >&2
+out="$(mktemp)"
+build/bin/shoal serve --model "$model" --model-name tiny-k3 --port 0 --threads 1 \
+    --worker "$ep0" --worker "$ep1" >"$out" & srv=$!
+for _ in $(seq 600); do grep -q "listening on" "$out" && break; kill -0 "$srv" || break; sleep 0.1; done
+url="$(sed -n 's/.*listening on //p' "$out")"; rm -f "$out"
+[ -n "$url" ] || { echo "demo: shoal serve did not start (see above)" >&2; exit 1; }
+SHOAL_URL="$url" .venv/bin/python3 - <<'PY'
+import os
+from openai import OpenAI
+client = OpenAI(base_url=os.environ["SHOAL_URL"] + "/v1", api_key="none")
+r = client.chat.completions.create(model="tiny-k3", messages=[{"role": "user", "content": "Hello, shoal!"}],
+                                   max_tokens=16, temperature=0)
+m = r.choices[0].message
+print("reasoning_content:", repr(m.reasoning_content))
+print("content:          ", repr(m.content))
+print("finish_reason:", r.choices[0].finish_reason, "| prompt_tokens:", r.usage.prompt_tokens,
+      "completion_tokens:", r.usage.completion_tokens)
+print("(tiny-k3 has random weights: the text is gibberish; the shapes are OpenAI's)")
+PY
