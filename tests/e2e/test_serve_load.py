@@ -127,6 +127,11 @@ def main():
                 "max": round(max(lat), 4) if lat else None},
             "refused_latency_s": {"p50": round(pct(rej, 50), 4), "max": round(max(rej), 4) if rej else None},
             "machine": platform.node(), "nproc": os.cpu_count(), "loadavg_1_5_15": load,
+            "server": "shoal serve --threads 1 --workers 2 --worker-threads 1 --queue %d --memo 0 (tiny-k3)" % QUEUE,
+            "request_mix": "1/4 each: completion, chat (thinking off), streamed completion, streamed chat; "
+                           "max_tokens 3, temperature 0",
+            "commit": subprocess.run(["git", "-C", SRC, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                     text=True).stdout.strip() or None,
         }
         print(json.dumps(report, indent=1))
         out = os.environ.get("SHOAL_BUILD")
