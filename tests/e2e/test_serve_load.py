@@ -1,8 +1,9 @@
 """Bounded loopback load test of `shoal serve` (real engine, tiny-k3):
 32 concurrent clients send 200 requests in all (mixed: completions and chat,
-streamed and not, short generations). Every request must end in a complete
-200 answer or a clean 429 (queue full) -- none lost, none malformed -- and the
-server must still be healthy afterwards. Latencies are reported (printed and
+streamed and not, short generations), twice: with a queue of 16 (so some are
+refused) and with a queue of 64 (none may be refused). Every request must end
+in a complete 200 answer or a clean 429 (queue full) -- none lost, none
+malformed -- and the server must be healthy and idle afterwards. Latencies are reported (printed and
 written to $SHOAL_BUILD/serve_load.json), not asserted: timing on a shared
 machine is evidence, not a pass criterion. Appends PASS/FAIL/SKIP lines to
 $SHOAL_TEST_RESULTS."""
@@ -36,9 +37,13 @@ def record(status, case, why=""):
 
 def pct(xs, p):
     if not xs:
-        return float("nan")
+        return None
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def rnd(x):
+    return None if x is None else round(x, 4)
 
 
 def one(url, i):
@@ -86,18 +91,18 @@ def one(url, i):
         return kind, 0, time.time() - t0, f"{type(e).__name__}: {e}"
 
 
-def main():
-    if not os.path.exists(BIN):
-        record("SKIP", "all", f"{BIN} not built")
-        return 77
-    p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", "0", "--model-name", "tiny", "--threads", "1", "--workers", "2", "--worker-threads", "1", "--queue",
-                          str(QUEUE), "--memo", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+def phase(name, queue):
+    """One server, 32 clients, 200 requests. Returns the report dict."""
+    p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", "0", "--model-name", "tiny", "--threads", "1",
+                          "--workers", "2", "--worker-threads", "1", "--queue", str(queue), "--memo", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = p.stdout.readline()
     if "listening on" not in line:
-        record("FAIL", "start", line)
+        record("FAIL", f"{name}_start", line)
         p.kill()
-        return 1
+        return None
     url = line.strip().split("listening on ")[1]
+    report = None
     try:
         t0 = time.time()
         with cf.ThreadPoolExecutor(CLIENTS) as ex:
@@ -107,40 +112,32 @@ def main():
         ok = [r for r in res if r[1] == 200 and not r[3]]
         refused = [r for r in res if r[1] == 429 and not r[3]]
         if len(res) == REQUESTS and not problems and len(ok) + len(refused) == REQUESTS and ok:
-            record("PASS", "all_answered_or_429", f"{len(ok)} answered, {len(refused)} refused (429)")
+            record("PASS", f"{name}_all_answered_or_429", f"{len(ok)} answered, {len(refused)} refused (429)")
         else:
-            record("FAIL", "all_answered_or_429",
-                   f"{len(ok)} ok, {len(refused)} 429, problems: {problems[:5]}")
+            record("FAIL", f"{name}_all_answered_or_429", f"{len(ok)} ok, {len(refused)} 429, problems: {problems[:5]}")
+        if queue >= CLIENTS and refused:
+            record("FAIL", f"{name}_no_refusal", f"{len(refused)} refused with a queue of {queue}")
         with urllib.request.urlopen(url + "/health", timeout=10) as r:
             h = json.loads(r.read())
-        if r.status == 200 and h["ready"] and h["queue"]["queued"] == 0:
-            record("PASS", "healthy_after")
+        if r.status == 200 and h["ready"] and h["queue"]["queued"] == 0 and h["queue"]["running"] == 0:
+            record("PASS", f"{name}_healthy_after")
         else:
-            record("FAIL", "healthy_after", str(h))
+            record("FAIL", f"{name}_healthy_after", str(h))
         lat = [r[2] for r in ok]
         rej = [r[2] for r in refused]
-        load = os.getloadavg()
         report = {
-            "clients": CLIENTS, "requests": REQUESTS, "queue": QUEUE, "answered": len(ok), "refused_429": len(refused),
-            "wall_s": round(wall, 3), "answered_latency_s": {
-                "p50": round(pct(lat, 50), 4), "p90": round(pct(lat, 90), 4), "p99": round(pct(lat, 99), 4),
+            "phase": name, "clients": CLIENTS, "requests": REQUESTS, "queue": queue, "answered": len(ok),
+            "refused_429": len(refused), "wall_s": round(wall, 3),
+            "answered_per_s": round(len(ok) / wall, 2),
+            "answered_latency_s": {
+                "p50": rnd(pct(lat, 50)), "p90": rnd(pct(lat, 90)), "p99": rnd(pct(lat, 99)),
                 "max": round(max(lat), 4) if lat else None},
-            "refused_latency_s": {"p50": round(pct(rej, 50), 4), "max": round(max(rej), 4) if rej else None},
-            "machine": platform.node(), "nproc": os.cpu_count(), "loadavg_1_5_15": load,
-            "server": "shoal serve --threads 1 --workers 2 --worker-threads 1 --queue %d --memo 0 (tiny-k3)" % QUEUE,
-            "request_mix": "1/4 each: completion, chat (thinking off), streamed completion, streamed chat; "
-                           "max_tokens 3, temperature 0",
-            "commit": subprocess.run(["git", "-C", SRC, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                     text=True).stdout.strip() or None,
+            "refused_latency_s": {"p50": rnd(pct(rej, 50)), "max": round(max(rej), 4) if rej else None},
+            "server": "shoal serve --threads 1 --workers 2 --worker-threads 1 --queue %d --memo 0 (tiny-k3)" % queue,
         }
-        print(json.dumps(report, indent=1))
-        out = os.environ.get("SHOAL_BUILD")
-        if out:
-            with open(os.path.join(out, "serve_load.json"), "w") as f:
-                json.dump(report, f, indent=1)
     except Exception as e:
         traceback.print_exc()
-        record("FAIL", "load", str(e))
+        record("FAIL", name, str(e))
     finally:
         p.terminate()
         try:
@@ -148,7 +145,27 @@ def main():
         except subprocess.TimeoutExpired:
             p.kill()
             rc = -9
-    record("PASS" if rc == 0 else "FAIL", "clean_shutdown", f"exit code {rc}")
+    record("PASS" if rc == 0 else "FAIL", f"{name}_clean_shutdown", f"exit code {rc}")
+    return report
+
+
+def main():
+    if not os.path.exists(BIN):
+        record("SKIP", "all", f"{BIN} not built")
+        return 77
+    reports = [phase("small_queue", QUEUE), phase("queue_fits_clients", 2 * CLIENTS)]
+    out = {
+        "phases": [r for r in reports if r],
+        "request_mix": "1/4 each: completion, chat (thinking off), streamed completion, streamed chat; "
+                       "max_tokens 3, temperature 0",
+        "machine": platform.node(), "nproc": os.cpu_count(), "loadavg_1_5_15_at_end": os.getloadavg(),
+        "commit": subprocess.run(["git", "-C", SRC, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                 text=True).stdout.strip() or None,
+    }
+    print(json.dumps(out, indent=1))
+    if os.environ.get("SHOAL_BUILD"):
+        with open(os.path.join(os.environ["SHOAL_BUILD"], "serve_load.json"), "w") as f:
+            json.dump(out, f, indent=1)
     return 1 if counts["FAIL"] else 0
 
 
