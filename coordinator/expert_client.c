@@ -52,7 +52,7 @@ typedef struct {
     zmq_msg_t rmsg;
     int have_rmsg, answered;
     uint64_t queue_us, compute_us;
-    uint64_t sent_ns, bytes_out; /* this request */
+    uint64_t sent_ns, bytes_out, rtt_ns; /* this request */
 } worker;
 
 struct shoal_expert_client {
@@ -67,7 +67,7 @@ struct shoal_expert_client {
     int io_started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int state, quit;
+    int state, quit, wake;
     int layer;
     int rc;
     char err[1024];
@@ -324,7 +324,18 @@ static void finish(shoal_expert_client *c, int rc, const char *fmt, ...)
         c->st.failures++;
     }
     c->state = DONE;
-    pthread_cond_broadcast(&c->cv);
+    c->wake = 1; /* signalled by io_unlock, after the mutex is released */
+}
+
+/* Unlock mu and wake gather() if a request finished: signalling after the
+ * unlock spares the woken thread from blocking again on the mutex. */
+static void io_unlock(shoal_expert_client *c)
+{
+    int wake = c->wake;
+    c->wake = 0;
+    pthread_mutex_unlock(&c->mu);
+    if (wake)
+        pthread_cond_signal(&c->cv);
 }
 
 static void release_replies(shoal_expert_client *c)
@@ -423,6 +434,7 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
             shoal_cmetrics_exchange(c->cm, i, c->layer, &x);
         }
         c->last_answer = i;
+        w->rtt_ns = now_ns() - w->sent_ns;
         zmq_msg_init(&w->rmsg);
         zmq_msg_move(&w->rmsg, &parts[1]); /* keep the y frame until the next request */
         w->have_rmsg = 1;
@@ -462,7 +474,7 @@ static void drain_socket(shoal_expert_client *c, int i)
             return;
         pthread_mutex_lock(&c->mu);
         on_reply(c, i, parts, np, truncated);
-        pthread_mutex_unlock(&c->mu);
+        io_unlock(c);
     }
 }
 
@@ -480,7 +492,7 @@ static void drain_monitor(shoal_expert_client *c, int i)
         finish(c, SHOAL_EPEER, "expert worker %s disconnected before answering layer %d (the worker died?)", w->name,
                c->layer);
     }
-    pthread_mutex_unlock(&c->mu);
+    io_unlock(c);
     SHOAL_WARN("expert worker %s disconnected", w->name);
 }
 
@@ -517,7 +529,7 @@ static void *io_main(void *arg)
             }
         }
         int quit = c->quit;
-        pthread_mutex_unlock(&c->mu);
+        io_unlock(c);
         if (quit)
             break;
         if (zmq_poll(pi, n, timeout) < 0) {
@@ -534,7 +546,7 @@ static void *io_main(void *arg)
             pthread_mutex_lock(&c->mu);
             if (c->state == SUBMITTED)
                 send_all(c);
-            pthread_mutex_unlock(&c->mu);
+            io_unlock(c);
         }
         for (int i = 0; i < c->nw; i++) {
             if (pi[1 + i].revents & ZMQ_POLLIN)
@@ -871,6 +883,20 @@ void shoal_expert_client_reset_stats(shoal_expert_client *c)
     pthread_mutex_lock(&c->mu);
     memset(&c->st, 0, sizeof c->st);
     pthread_mutex_unlock(&c->mu);
+}
+
+int shoal_expert_client_last(shoal_expert_client *c, int w, uint64_t *queue_us, uint64_t *compute_us,
+                             uint64_t *rtt_ns)
+{
+    pthread_mutex_lock(&c->mu);
+    int in = w >= 0 && w < c->nw && c->state == IDLE && c->rc == 0 && c->w[w].involved && c->w[w].answered;
+    if (in) {
+        *queue_us = c->w[w].queue_us;
+        *compute_us = c->w[w].compute_us;
+        *rtt_ns = c->w[w].rtt_ns;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return in;
 }
 
 int shoal_expert_client_nworkers(const shoal_expert_client *c)

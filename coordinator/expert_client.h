@@ -85,6 +85,11 @@ void shoal_expert_client_set_timeout(shoal_expert_client *c, int timeout_ms);
 void shoal_expert_client_get_stats(shoal_expert_client *c, shoal_expert_client_stats *out);
 void shoal_expert_client_reset_stats(shoal_expert_client *c);
 int shoal_expert_client_nworkers(const shoal_expert_client *c);
+/* Worker w's part in the last request that gathered successfully: 1 and its
+ * reported queue/compute microseconds and the round trip seen here (first byte
+ * sent to reply received, ns) when it was involved, else 0. Between requests. */
+int shoal_expert_client_last(shoal_expert_client *c, int w, uint64_t *queue_us, uint64_t *compute_us,
+                             uint64_t *rtt_ns);
 /* "id (endpoint)" of worker i; lives as long as c. */
 const char *shoal_expert_client_worker_name(const shoal_expert_client *c, int i);
 

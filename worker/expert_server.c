@@ -232,9 +232,12 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                            .num_layers = s.cfg.num_layers, .is_moe = s.cfg.is_moe, .num_experts = s.cfg.num_experts,
                            .k = s.cfg.experts_per_token, .max_tokens = o->max_tokens > 0 ? o->max_tokens : 8192,
                            .isa = shoal_isa_name(shoal_kernels_isa()), .threads = omp_get_max_threads(),
-                           .mem_total = mem_total(), .metrics = s.wm, .delay_us = o->delay_us};
+                           .mem_total = mem_total(), .metrics = s.wm, .delay_us = o->delay_us,
+                           .skip_compute = o->skip_compute};
     if ((rc = shoal_serve_open(&s.srv, &so, s.bank, err, errlen)))
         goto out;
+    if (o->skip_compute)
+        SHOAL_WARN("--bench-skip-compute: answering zeros instead of the experts (benchmarks only)");
 
     s.zctx = zmq_ctx_new();
     s.sock = zmq_socket(s.zctx, ZMQ_ROUTER);
@@ -325,6 +328,7 @@ static void usage(FILE *f)
                "  --metrics-host HOST  address for --metrics-port (default 127.0.0.1)\n"
                "  --print-fingerprint  print the model fingerprint (PROTOCOL.md section 5) and exit\n"
                "  --test-delay-ms N    (tests) sleep N ms before computing each batch\n"
+               "  --bench-skip-compute (benchmarks) answer zeros instead of running the experts\n"
                "\n"
                "SIGTERM/SIGINT: finish the request in flight, refuse queued ones, exit 0.\n");
 }
@@ -341,6 +345,7 @@ int shoal_cmd_expert(int argc, char **argv)
                                              {"metrics-port", required_argument, 0, 'M'},
                                              {"metrics-host", required_argument, 0, 'H'},
                                              {"test-delay-ms", required_argument, 0, 'd'},
+                                             {"bench-skip-compute", no_argument, 0, 's'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     shoal_expert_server_opts o = {.stop = &stop_flag};
@@ -366,6 +371,7 @@ int shoal_cmd_expert(int argc, char **argv)
         case 'x': o.max_tokens = (int)v; break;
         case 'd': o.delay_us = (unsigned)v * 1000u; break;
         case 'p': print_fp = 1; break;
+        case 's': o.skip_compute = 1; break;
         case 'M':
             if (v < 1 || v > 65535) {
                 fprintf(stderr, "shoal expert: --metrics-port must be 1..65535\n");

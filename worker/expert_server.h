@@ -23,6 +23,10 @@ typedef struct {
     /* Test hook: microseconds to sleep before computing each EXPERT_BATCH
      * (fault tests: a worker that is slow or gets killed mid-request). 0 off. */
     unsigned delay_us;
+    /* Benchmark hook: answer every batch with zero outputs, skipping only the
+     * expert FFNs (decode, checks, grouping, the reply all happen), so the cost
+     * of the exchange itself can be measured. */
+    int skip_compute;
     /* Prometheus /metrics (docs/METRICS.md) on metrics_host:metrics_port
      * (host NULL: 127.0.0.1); port 0: off. */
     int metrics_port;

@@ -288,7 +288,10 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
                     dst[c] = shoal_bf16_to_f32((uint16_t)(src[2 * c] | src[2 * c + 1] << 8));
             }
         }
-        shoal_expert_ffn(s->ye, w, s->xe, ne, b1, b2, s->h);
+        if (s->o.skip_compute) /* benchmarks of the exchange alone: everything but the FFNs */
+            memset(s->ye, 0, (size_t)ne * d * sizeof *s->ye);
+        else
+            shoal_expert_ffn(s->ye, w, s->xe, ne, b1, b2, s->h);
         shoal_wmetrics_expert(s->o.metrics, layer, e, (uint32_t)ne);
         for (int j = 0; j < ne; j++) {
             uint8_t *dst = y + SHOAL_PROTO_TENSOR_HDR + (size_t)pi[j] * d * oes;

@@ -36,6 +36,7 @@ typedef struct {
     uint64_t mem_total;
     shoal_wmetrics *metrics;               /* optional (NULL): counters for /metrics; borrowed */
     unsigned delay_us;                     /* test hook: sleep before computing each EXPERT_BATCH */
+    int skip_compute;                      /* benchmark hook: outputs zero instead of the expert FFNs */
 } shoal_serve_opts;
 
 typedef struct shoal_serve shoal_serve;
