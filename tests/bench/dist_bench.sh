@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Distributed-experts benchmarks (docs/PERFORMANCE.md, "Distributed experts").
+#   tests/bench/dist_bench.sh exchange [OUT]   per-layer exchange vs raw ZeroMQ round trip
+#   tests/bench/dist_bench.sh decode MODEL [OUT]  decode s/token in-process vs 1, 2, 4 local workers
+# Writes the raw output with a header (commit, command, machine, load) to OUT
+# (default docs/data/dist_<kind>_<date>.txt). Run without nice; other work on
+# the machine is recorded as the load average before and after.
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$here"
+kind="${1:?usage: dist_bench.sh exchange|decode ...}"
+bin="$here/build/bin/shoal"
+stamp="$(date -u +%Y%m%d)"
+header() {
+    echo "# commit $(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!docs' || echo ' (+ uncommitted changes)')"
+    echo "# date $(date -u +%FT%TZ)"
+    echo "# command $0 $*"
+    echo "# machine $(uname -srm); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(nproc) cores; $(free -g | awk '/Mem:/{print $2}') GiB"
+    echo "# kernels isa: $("$bin" version 2>/dev/null | tr '\n' ' ')"
+    echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+case "$kind" in
+exchange)
+    out="${2:-docs/data/dist_exchange_$stamp.txt}"
+    work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
+    {
+        header "$@"
+        for round in 1 2 3; do
+            for tr in ipc tcp; do
+                for w in 1 2 4; do
+                    echo "## round $round transport $tr workers $w tokens 1 (decode), compute skipped"
+                    SHOAL_SRC="$here" build/tests/bench_dist "$bin" "$work/m" --transport "$tr" --workers "$w" \
+                        --reps 500 --tokens 1 --skip-compute | grep '^#'
+                done
+                echo "## round $round transport $tr workers 1 tokens 16 (prefill chunk), compute skipped"
+                SHOAL_SRC="$here" build/tests/bench_dist "$bin" "$work/m" --transport "$tr" --workers 1 \
+                    --reps 200 --tokens 16 --skip-compute | grep '^#'
+            done
+        done
+        echo "## transport ipc workers 1 tokens 1, with the experts computed (width 32)"
+        SHOAL_SRC="$here" build/tests/bench_dist "$bin" "$work/m" --transport ipc --workers 1 --reps 300 | grep '^#'
+        echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+    } | tee "$out"
+    ;;
+decode)
+    model="${2:?usage: dist_bench.sh decode MODEL [OUT]}"
+    out="${3:-docs/data/dist_decode_$stamp.txt}"
+    ids="1000,2000,3000,4000,5000,6000,7000,8000,9000,10000,11000,12000,13000,14000,15000,16000"
+    {
+        header "$@"
+        echo "# model $model: $(python3 -c "import json,sys;c=json.load(open(sys.argv[1]+'/config.json'));t=c.get('text_config',c);print('layers',t['num_hidden_layers'],'experts',t['num_experts'],'top',t['num_experts_per_token'],'hidden',t['hidden_size'],'latent',t['routed_expert_hidden_size'])" "$model")"
+        "$bin" run --model "$model" --ids "$ids" --gen 2 --json >/dev/null 2>&1 # warm the page cache
+        for round in 1 2; do
+            for w in 0 1 2 4; do
+                args=(); [ "$w" -gt 0 ] && args=(--workers "$w")
+                echo "## round $round workers $w"
+                "$bin" run --model "$model" --ids "$ids" --gen 9 --json "${args[@]}" 2>/dev/null | tail -1
+            done
+        done
+        echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+    } | tee "$out"
+    ;;
+*) echo "usage: dist_bench.sh exchange|decode ..." >&2; exit 2 ;;
+esac
