@@ -348,6 +348,12 @@ int shoal_cmd_run(int argc, char **argv)
     const char *stop = "length";
     double prefill_s = 0, decode_s = 0;
     shoal_model_stats ps = {0}, ds = {0};
+    /* the continuation's text, when a tokenizer is loaded (specials as their
+     * names; streamed to stdout in the text report); declared before the
+     * first goto done, which reads them */
+    shoal_detok *dt = NULL;
+    char *otext = NULL;
+    size_t otext_len = 0, otext_cap = 0;
     /* monitoring: per-phase time (always) and the routing trace (--trace) */
     shoal_cmetrics *cm = NULL;
     shoal_trace *tr = NULL;
@@ -380,11 +386,6 @@ int shoal_cmd_run(int argc, char **argv)
         }
     }
     shoal_model_set_monitor(m, cm, tr);
-    /* the continuation's text, when a tokenizer is loaded (specials as their
-     * names; streamed to stdout in the text report) */
-    shoal_detok *dt = NULL;
-    char *otext = NULL;
-    size_t otext_len = 0, otext_cap = 0;
     if (tok) {
         shoal_detok_opts dto = {.skip_special = 0};
         if (shoal_detok_open(&dt, tok, &dto))
