@@ -142,6 +142,80 @@ def check_kda_layer_transformers(rep):
                                                     "out_rms": float(mine.pow(2).mean().sqrt()), "ok": d < 1e-4}
 
 
+def check_nemo_components(rep, nemo_path):
+    """NVIDIA NeMo AutoModel's own K3 (nemo_automodel/components/models/kimi_k3):
+    SiTU, Attention Residuals, the router and the gated NoPE MLA layer, each fed
+    the tiny-k3 weights. Its KDA needs fla's Triton kernels (no CPU backend)."""
+    sys.path.insert(0, nemo_path)
+    sys.modules["fla"] = None  # nemo's optional fla imports fall back to torch where they can
+    from nemo_automodel.components.models.common import BackendConfig
+    from nemo_automodel.components.models.kimi_k3 import model as NM
+    from nemo_automodel.components.models.kimi_k3.config import KimiK3Config
+    from nemo_automodel.components.models.kimi_k3.situ import _apply_attn_res, dense_situ
+    md = os.path.join(ROOT, "tests/models/tiny-k3")
+    m = R.Model(md)
+    c = m.cfg
+    tc = KimiK3Config.from_pretrained(md).text_config
+    gen = torch.Generator().manual_seed(11)
+    out = {"nemo_automodel_version": ver("nemo-automodel") or "0.7.0 (unpacked wheel)"}
+    # SiTU on saturating inputs
+    g = torch.randn(64, 192, generator=gen) * 12
+    u = torch.randn(64, 192, generator=gen) * 40
+    d = float((R.situ(g, u, c.beta1, c.beta2) - dense_situ(torch.cat([g, u], -1), c.beta1, c.beta2)).abs().max())
+    out["situ_max_abs_diff"] = d
+    # AttnRes with layer 5's mlp_res weights, 3 saved blocks
+    L = 5
+    T = 16
+    blocks = [torch.randn(T, c.d, generator=gen) * (i + 1) for i in range(3)]
+    p = torch.randn(T, c.d, generator=gen) * 2
+    norm = NM.KimiRMSNorm(c.d, eps=c.eps, dtype=torch.float32)
+    proj = torch.nn.Linear(c.d, 1, bias=False)
+    with torch.no_grad():
+        norm.weight.copy_(m.Lw(L, "mlp_res_norm.weight"))
+        proj.weight.copy_(m.Lw(L, "mlp_res_proj.weight"))
+        theirs = _apply_attn_res(p, torch.stack(blocks, 1), proj, norm)
+    mine = R.attn_res(blocks, p, m.Lw(L, "mlp_res_norm.weight"), m.Lw(L, "mlp_res_proj.weight"), c.eps)
+    out["attn_res_max_abs_diff"] = float((mine - theirs).abs().max())
+    # router of layer 1: same expert sets (as sets; nemo's topk order is unspecified) and weights
+    gate = NM.KimiK3Gate(NM._build_moe_config(tc, torch.float32, None))
+    x = torch.randn(256, c.d, generator=gen)
+    with torch.no_grad():
+        gate.weight.copy_(m.Lw(1, "block_sparse_moe.gate.weight"))
+        gate.e_score_correction_bias.copy_(m.Lw(1, "block_sparse_moe.gate.e_score_correction_bias"))
+        w2, i2, _ = gate(x, torch.ones(256, dtype=torch.bool))
+    ids, w = R.router(x, m.Lw(1, "block_sparse_moe.gate.weight"),
+                      m.Lw(1, "block_sparse_moe.gate.e_score_correction_bias"), c)
+    i2s, order = torch.sort(i2, -1)
+    w2s = torch.gather(w2, 1, order)
+    same = (i2s == ids).all(-1)
+    out["router_tokens"] = 256
+    out["router_same_expert_sets"] = int(same.sum())
+    out["router_weight_max_abs_diff"] = float((w2s[same] - w[same]).abs().max())
+    # the others must be exactly the deliberate tie (experts 5 and 17 have equal
+    # rows and bias): torch.topk in nemo may keep either, the spec keeps the lower
+    tie = {5, 17}
+    out["router_other_sets_are_the_5_17_tie"] = all(
+        set(ids[t].tolist()) ^ set(i2s[t].tolist()) == tie for t in range(256) if not bool(same[t]))
+    # gated NoPE MLA layer 3 (sdpa backend), 24 tokens, causal
+    L = 3
+    mla = NM.KimiMLAAttention(tc, L, BackendConfig(attn="sdpa")).float().eval()
+    sd = {k[len(f"language_model.model.layers.{L}.self_attn."):]: v for k, v in m.w.items()
+          if k.startswith(f"language_model.model.layers.{L}.self_attn.")}
+    mla.load_state_dict(sd, strict=False)
+    missing = [n for n, _ in mla.named_parameters() if n not in sd]
+    x = torch.randn(1, 24, c.d, generator=gen)
+    with torch.no_grad():
+        theirs = mla(x)
+        theirs = theirs[0] if isinstance(theirs, tuple) else theirs
+        mine, _ = R.mla_layer(m, L, x[0], R.mla_cache0(c))
+    out["mla_unloaded_params"] = missing
+    out["mla_max_abs_diff"] = float((mine - theirs.reshape(mine.shape)).abs().max())
+    out["mla_out_rms"] = float(mine.pow(2).mean().sqrt())
+    out["ok"] = (d < 1e-4 and out["attn_res_max_abs_diff"] < 1e-5 and out["router_other_sets_are_the_5_17_tie"]
+                 and out["router_weight_max_abs_diff"] < 1e-6 and not missing and out["mla_max_abs_diff"] < 1e-4)
+    rep["nemo_automodel_kimi_k3_components"] = out
+
+
 def transformers_in_subprocess(rep):
     """transformers picks fla's Triton kernels when fla is importable, and Triton
     has no CPU driver here; a child process with fla hidden takes transformers'
@@ -158,6 +232,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--transformers-only", action="store_true")
+    ap.add_argument("--nemo-path", help="directory holding an unpacked nemo-automodel wheel (nemo_automodel/)")
+    ap.add_argument("--nemo-only", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(1)
     if a.transformers_only:
@@ -166,12 +242,28 @@ def main():
         check_kda_layer_transformers(rep)
         print(json.dumps(rep))
         return 0
+    if a.nemo_only:
+        rep = {}
+        check_nemo_components(rep, a.nemo_path)
+        print(json.dumps(rep))
+        return 0
     rep = {"versions": {p: ver(p) for p in ("torch", "fla-core", "compressed-tensors", "transformers", "safetensors")}}
     for fn in (check_kda_fla, check_mxfp4_ct, transformers_in_subprocess):
         try:
             fn(rep)
         except Exception as e:  # noqa: BLE001 -- a check that cannot run is reported, never hidden
             rep[fn.__name__] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    if a.nemo_path:
+        import subprocess
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--nemo-only", "--nemo-path", a.nemo_path],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            rep.update(json.loads(r.stdout.strip().splitlines()[-1]))
+        else:
+            rep["nemo_automodel_kimi_k3_components"] = {"ok": False, "error": r.stderr.strip()[-400:]}
+    else:
+        rep["nemo_automodel_kimi_k3_components"] = {"skipped": "no --nemo-path (pip download --no-deps "
+                                                    "nemo-automodel==0.7.0, unzip the wheel, pass its directory)"}
     s = json.dumps(rep, indent=1, sort_keys=True)
     print(s)
     if a.json:

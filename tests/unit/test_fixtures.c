@@ -72,7 +72,7 @@ static void t_no_unlisted_files(void)
         SKIP("no manifest");
     json_t *files = json_object_get(manifest, "sha256");
     const char *dirs[] = {"tests/models/tiny-k3", "tests/models/tiny-k3-plain", "tests/fixtures/tiny-k3",
-                          "tests/fixtures/tiny-k3-plain"};
+                          "tests/fixtures/tiny-k3-plain", "tests/fixtures/k3-scale"};
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
         DIR *d = opendir(test_src_path(dirs[i]));
         CHECK_MSG(d != NULL, "missing directory %s", dirs[i]);
@@ -158,6 +158,33 @@ static void t_fixture_shapes(void)
     check_model_fixtures("tiny-k3-plain", 4096);
 }
 
+/* the scale fixture names every regenerated model file with size and sha256 */
+static void t_scale_fixture(void)
+{
+    if (!manifest)
+        SKIP("no manifest");
+    json_t *s = load_fixture("k3-scale", "scale.json");
+    if (!s)
+        return;
+    json_t *files = json_object_get(s, "model_files");
+    CHECK(json_is_object(files) && json_object_size(files) >= 6);
+    const char *fn;
+    json_t *v;
+    json_object_foreach(files, fn, v)
+    {
+        CHECK_MSG(json_is_string(json_object_get(v, "sha256")) &&
+                      strlen(json_string_value(json_object_get(v, "sha256"))) == 64,
+                  "scale.json: %s has no sha256", fn);
+        CHECK_MSG(json_is_integer(json_object_get(v, "bytes")), "scale.json: %s has no size", fn);
+    }
+    size_t n = arr_len(s, "ids");
+    CHECK(n >= 8 && arr_len(s, "argmax") == n && arr_len(s, "top_ids") == n);
+    CHECK(arr_len(s, "generated_ids") >= 4);
+    CHECK(json_is_number(json_object_get(json_object_get(json_object_get(manifest, "tolerances"), "k3-scale"),
+                                         "logits_abs")));
+    json_decref(s);
+}
+
 int main(void)
 {
     test_binary = "test_fixtures";
@@ -169,6 +196,7 @@ int main(void)
     RUN(t_sha256_all);
     RUN(t_no_unlisted_files);
     RUN(t_fixture_shapes);
+    RUN(t_scale_fixture);
     json_decref(manifest);
     return test_finish();
 }
