@@ -15,6 +15,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +30,7 @@
 #define ST_MAX_HEADER 100000000ull
 #define ST_MAX_DEPTH 64
 #define ST_MAX_FILES 65536
+#define ST_MAX_THREADS 8
 
 /* ---- dtypes ---------------------------------------------------------------- */
 
@@ -696,13 +699,22 @@ static int read_uint_array(jscan *j, uint64_t *v, int max, int *n, const char *f
     }
 }
 
-static shoal_tensor *push_tensor(shoal_st *st)
+/* One file's tensors as parsed (by any thread), before they join the store. */
+typedef struct {
+    shoal_tensor *t;
+    size_t n, cap;
+    arena_chunk *arena; /* their names */
+    int rc;
+    char err[1024];
+} tlist;
+
+static shoal_tensor *push_tensor(tlist *l)
 {
-    if (st->n == st->cap) {
-        st->cap = st->cap ? 2 * st->cap : 1024;
-        st->t = shoal_xrealloc(st->t, st->cap * sizeof *st->t);
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 1024;
+        l->t = shoal_xrealloc(l->t, l->cap * sizeof *l->t);
     }
-    shoal_tensor *t = &st->t[st->n++];
+    shoal_tensor *t = &l->t[l->n++];
     memset(t, 0, sizeof *t);
     return t;
 }
@@ -797,10 +809,11 @@ static int cmp_span(const void *a, const void *b)
     return x->idx < y->idx ? -1 : x->idx > y->idx;
 }
 
-/* Opens, maps (optionally) and indexes one .safetensors file as file number fi. */
-static int load_file(shoal_st *st, int fi, int map, jscan *j)
+/* Opens, maps (optionally) and validates one .safetensors file as file number
+ * fi, its tensors into out in offset order. Touches nothing shared: several
+ * files are loaded concurrently (one jscan per thread). */
+static int load_file(st_file *f, int fi, int map, tlist *out, jscan *j)
 {
-    st_file *f = &st->files[fi];
     const char *path = f->path;
     char *err = j->err;
     size_t errlen = j->errlen;
@@ -863,7 +876,6 @@ static int load_file(shoal_st *st, int fi, int map, jscan *j)
     j->file = path;
     j->tensor = NULL;
     j->rc = 0;
-    size_t first = st->n;
     span *sp = NULL;
     size_t nsp = 0, capsp = 0;
     int rc = 0;
@@ -897,8 +909,8 @@ static int load_file(shoal_st *st, int fi, int map, jscan *j)
                     rc = jinvalid(j, "empty tensor name");
                     goto out;
                 }
-                shoal_tensor *t = push_tensor(st);
-                t->name = arena_strdup(&st->arena, k, len);
+                shoal_tensor *t = push_tensor(out);
+                t->name = arena_strdup(&out->arena, k, len);
                 t->file = fi;
                 j->tensor = t->name;
                 j->tensor_n = (int)len;
@@ -949,7 +961,7 @@ static int load_file(shoal_st *st, int fi, int map, jscan *j)
                     capsp = capsp ? 2 * capsp : 256;
                     sp = shoal_xrealloc(sp, capsp * sizeof *sp);
                 }
-                sp[nsp++] = (span){b, e, (uint32_t)(st->n - 1)};
+                sp[nsp++] = (span){b, e, (uint32_t)(out->n - 1)};
                 j->tensor = NULL;
             }
             int more;
@@ -981,8 +993,8 @@ static int load_file(shoal_st *st, int fi, int map, jscan *j)
             if (owner != SIZE_MAX && sp[i].begin < reach) {
                 rc = shoal_err_set(err, errlen, SHOAL_EFORMAT,
                                    "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap", path,
-                                   st->t[sp[owner].idx].name, (unsigned long long)sp[owner].begin,
-                                   (unsigned long long)sp[owner].end, st->t[sp[i].idx].name,
+                                   out->t[sp[owner].idx].name, (unsigned long long)sp[owner].begin,
+                                   (unsigned long long)sp[owner].end, out->t[sp[i].idx].name,
                                    (unsigned long long)sp[i].begin, (unsigned long long)sp[i].end);
                 goto out;
             }
@@ -994,28 +1006,127 @@ static int load_file(shoal_st *st, int fi, int map, jscan *j)
     if (nsp > 1 && !sorted) {
         shoal_tensor *tmp = shoal_xmalloc(nsp * sizeof *tmp);
         for (size_t i = 0; i < nsp; i++)
-            tmp[i] = st->t[sp[i].idx];
-        memcpy(&st->t[first], tmp, nsp * sizeof *tmp);
+            tmp[i] = out->t[sp[i].idx];
+        memcpy(out->t, tmp, nsp * sizeof *tmp);
         free(tmp);
     }
+    if (f->map)
+        for (size_t i = 0; i < out->n; i++)
+            out->t[i].data = (const char *)f->map + out->t[i].file_offset;
+out:
+    free(sp);
+    j->tensor = NULL;
+    return rc;
+}
+
+/* Appends one loaded file's tensors to the store (file order), checking
+ * names against every tensor already there. Frees l's arrays, keeps its names. */
+static int merge_file(shoal_st *st, int fi, tlist *l, char *err, size_t errlen)
+{
+    int rc = 0;
+    if (st->n + l->n > st->cap) {
+        st->cap = st->n + l->n > 2 * st->cap ? st->n + l->n : 2 * st->cap;
+        st->t = shoal_xrealloc(st->t, st->cap * sizeof *st->t);
+    }
+    if (l->n)
+        memcpy(&st->t[st->n], l->t, l->n * sizeof *l->t);
+    size_t first = st->n;
+    st->n += l->n;
+    /* the names move to the store's arena */
+    arena_chunk **tail = &l->arena;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = st->arena;
+    st->arena = l->arena;
+    l->arena = NULL;
+    free(l->t);
+    l->t = NULL;
+    l->n = l->cap = 0;
+    strset_reserve(&st->names, st->n, tensor_key, st);
     for (size_t i = first; i < st->n; i++) {
-        shoal_tensor *t = &st->t[i];
-        if (f->map)
-            t->data = (const char *)f->map + t->file_offset;
+        const shoal_tensor *t = &st->t[i];
         int64_t prev = strset_insert(&st->names, t->name, strlen(t->name), (uint32_t)i, tensor_key, st);
         if (prev >= 0) {
             const shoal_tensor *o = &st->t[prev];
             if (o->file == fi)
-                rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: duplicate tensor name '%s'", path, t->name);
+                rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: duplicate tensor name '%s'",
+                                   st->files[fi].path, t->name);
             else
                 rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "tensor '%s' appears in both %s and %s", t->name,
-                                   st->files[o->file].path, path);
-            goto out;
+                                   st->files[o->file].path, st->files[fi].path);
+            break;
         }
     }
-out:
-    free(sp);
-    j->tensor = NULL;
+    return rc;
+}
+
+static void tlist_free(tlist *l)
+{
+    free(l->t);
+    arena_free(l->arena);
+    memset(l, 0, sizeof *l);
+}
+
+/* ---- loading the shards of an index: files parsed in parallel --------------- */
+
+typedef struct {
+    shoal_st *st;
+    tlist *res;
+    int map;
+    atomic_int next; /* next file to take */
+} load_job;
+
+static void *load_worker(void *arg)
+{
+    load_job *lj = arg;
+    jscan j = {0};
+    for (;;) {
+        int fi = atomic_fetch_add(&lj->next, 1);
+        if (fi >= lj->st->nfiles)
+            break;
+        tlist *l = &lj->res[fi];
+        j.err = l->err;
+        j.errlen = sizeof l->err;
+        l->rc = load_file(&lj->st->files[fi], fi, lj->map, l, &j);
+    }
+    free(j.sbuf);
+    free(j.hbuf);
+    return NULL;
+}
+
+/* Loads every file of st: parsing and per-file checks on up to ST_MAX_THREADS
+ * threads (independent files), then the merge in file order on this thread,
+ * so the store and the first error reported (lowest file) do not depend on
+ * the thread count. */
+static int load_files(shoal_st *st, int map, char *err, size_t errlen)
+{
+    load_job lj = {.st = st, .res = shoal_xcalloc((size_t)st->nfiles, sizeof(tlist)), .map = map};
+    atomic_init(&lj.next, 0);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nth = (int)(ncpu < 1 ? 1 : ncpu > ST_MAX_THREADS ? ST_MAX_THREADS : ncpu);
+    if (nth > st->nfiles)
+        nth = st->nfiles;
+    pthread_t th[ST_MAX_THREADS];
+    int started = 0;
+    for (int i = 1; i < nth; i++) {
+        if (pthread_create(&th[started], NULL, load_worker, &lj) != 0)
+            break; /* fewer threads: the others take the files */
+        started++;
+    }
+    load_worker(&lj);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    int rc = 0;
+    for (int fi = 0; fi < st->nfiles; fi++) {
+        if (!rc && lj.res[fi].rc) {
+            rc = lj.res[fi].rc;
+            shoal_err_set(err, errlen, rc, "%s", lj.res[fi].err);
+        }
+        if (!rc)
+            rc = merge_file(st, fi, &lj.res[fi], err, errlen);
+        tlist_free(&lj.res[fi]);
+    }
+    free(lj.res);
     return rc;
 }
 
@@ -1281,11 +1392,11 @@ static int open_index(shoal_st *st, const char *index_path, int map, jscan *j)
             free(fileof);
             goto out;
         }
-        rc = load_file(st, i, map, j);
-        if (rc) {
-            free(fileof);
-            goto out;
-        }
+    }
+    rc = load_files(st, map, err, errlen);
+    if (rc) {
+        free(fileof);
+        goto out;
     }
     /* every index entry names a tensor of its shard, exactly once, and every
      * tensor of the shards is listed */
@@ -1374,7 +1485,11 @@ int shoal_st_open(shoal_st **out, const char *path, const shoal_st_opts *opts, c
         st->files[0].path = single;
         single = NULL;
         st->nfiles = 1;
-        rc = load_file(st, 0, map, &j);
+        tlist l = {0};
+        rc = load_file(&st->files[0], 0, map, &l, &j);
+        if (!rc)
+            rc = merge_file(st, 0, &l, err, errlen);
+        tlist_free(&l);
     }
 done:
     free(idx);

@@ -194,6 +194,44 @@ static void t_sharded(void)
     shoal_st_close(st);
 }
 
+/* Shards are parsed on several threads; the refusal reported is always the
+ * first failing file in file order (names sorted), whatever finishes first. */
+static void t_first_error_is_deterministic(void)
+{
+    mktmp();
+    char dir[512], p[700];
+    snprintf(dir, sizeof dir, "%s/twobad", tmpdir);
+    mkdir(dir, 0755);
+    unsigned char d[64] = {0};
+    char idx[4096];
+    size_t o = (size_t)snprintf(idx, sizeof idx, "{\"weight_map\":{");
+    for (int i = 0; i < 12; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "m-%02d.safetensors", i);
+        snprintf(p, sizeof p, "%s/%s", dir, name);
+        /* files 5 and 9 are bad in different ways, the rest are fine */
+        if (i == 5)
+            write_st(p, "{\"t5\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[4,2]}}", d, 4);
+        else if (i == 9)
+            write_st(p, "{\"t9\":{\"dtype\":\"Q4\",\"shape\":[1],\"data_offsets\":[0,1]}}", d, 1);
+        else {
+            char h[128];
+            snprintf(h, sizeof h, "{\"t%d\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}", i);
+            write_st(p, h, d, 2);
+        }
+        o += (size_t)snprintf(idx + o, sizeof idx - o, "%s\"t%d\":\"%s\"", i ? "," : "", i, name);
+    }
+    snprintf(idx + o, sizeof idx - o, "}}");
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    write_text(p, idx);
+    for (int rep = 0; rep < 20; rep++) {
+        shoal_st *st = NULL;
+        char err[512];
+        CHECK_EQ_INT(shoal_st_open(&st, dir, NULL, err, sizeof err), SHOAL_EFORMAT);
+        CHECK_STR_CONTAINS(err, "m-05.safetensors: tensor 't5': data_offsets begin 4 > end 2");
+    }
+}
+
 /* Many tensors: every name found, absent names not found. */
 static void t_lookup_many(void)
 {
@@ -326,6 +364,7 @@ int main(void)
     RUN(t_dtypes);
     RUN(t_single_file);
     RUN(t_sharded);
+    RUN(t_first_error_is_deterministic);
     RUN(t_lookup_many);
     RUN(t_string_positions);
     RUN(t_bad_fixtures);
