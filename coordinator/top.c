@@ -56,9 +56,15 @@ static int parse_url(const char *u, url_t *out, char *err, size_t errlen)
             return shoal_err_set(err, errlen, SHOAL_EINVAL, "coordinator URL '%s': bad port", u);
         snprintf(out->port, sizeof out->port, "%ld", p);
     }
-    if (!*hp)
+    char *h0 = hp;
+    size_t hn = strlen(hp);
+    if (hn >= 2 && hp[0] == '[' && hp[hn - 1] == ']') { /* [IPv6] */
+        hp[hn - 1] = 0;
+        h0 = hp + 1;
+    }
+    if (!*h0)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "coordinator URL '%s': bad host", u);
-    snprintf(out->host, sizeof out->host, "%s", hp);
+    snprintf(out->host, sizeof out->host, "%s", h0);
     const char *path = slash && strcmp(slash, "/") ? slash : "/metrics";
     if (strlen(path) >= sizeof out->path)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "coordinator URL '%s': path too long", u);
@@ -132,8 +138,10 @@ static int http_get(const url_t *u, double timeout_s, char **body, size_t *blen,
     if (fd < 0)
         return shoal_err_set(err, errlen, SHOAL_EIO, "cannot connect to %s:%s", u->host, u->port);
     char req[1024];
-    int rl = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s:%s\r\nAccept: text/plain\r\nConnection: close\r\n\r\n",
-                      u->path, u->host, u->port);
+    int v6 = strchr(u->host, ':') != NULL;
+    int rl = snprintf(req, sizeof req,
+                      "GET %s HTTP/1.1\r\nHost: %s%s%s:%s\r\nAccept: text/plain\r\nConnection: close\r\n\r\n",
+                      u->path, v6 ? "[" : "", u->host, v6 ? "]" : "", u->port);
     size_t off = 0;
     while (off < (size_t)rl) {
         struct pollfd p = {.fd = fd, .events = POLLOUT};

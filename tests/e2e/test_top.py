@@ -117,6 +117,29 @@ def refusals():
 
 R.check("refusals", refusals)
 
+
+def ipv6_url():
+    import socket
+
+    class S6(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    try:
+        s6 = S6(("::1", 0), H)
+    except OSError as e:
+        raise promcheck.SkipCase(f"no IPv6 loopback here: {e}")
+    threading.Thread(target=s6.serve_forever, daemon=True).start()
+    try:
+        p = subprocess.run([shoal, "top", "--coordinator", f"http://[::1]:{s6.server_address[1]}", "--once"],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+        assert [x[0] for x in rows(p.stdout)] == ["a", 'b"x'], p.stdout
+    finally:
+        s6.shutdown()
+
+
+R.check("ipv6_url", ipv6_url)
+
 tmux = shutil.which("tmux")
 sock = f"shoal_top_test_{os.getpid()}"
 
