@@ -290,16 +290,19 @@ INLINE void mx_row(float *y, const uint8_t *p, const uint8_t *s, const float *x,
         y[(size_t)(t + b) * rows + r] = mx_finish(acc[b]);
 }
 
+/* constants built here so they can live in registers (see gemm_avx2.c) */
 __attribute__((noinline)) static void mx_row1(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows,
-                                              int cols, int r, int t, const mx_consts *c)
+                                              int cols, int r, int t)
 {
-    mx_row(y, p, s, x, rows, cols, r, t, 1, c);
+    mx_consts c = mx_make();
+    mx_row(y, p, s, x, rows, cols, r, t, 1, &c);
 }
 
 __attribute__((noinline)) static void mx_row4(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows,
-                                              int cols, int r, int t, const mx_consts *c)
+                                              int cols, int r, int t)
 {
-    mx_row(y, p, s, x, rows, cols, r, t, 4, c);
+    mx_consts c = mx_make();
+    mx_row(y, p, s, x, rows, cols, r, t, 4, &c);
 }
 
 static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
@@ -309,14 +312,13 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
         shoal__kernels_gemm_mxfp4_scalar(y, packed, scale, x, rows, cols, T, r0, r1);
         return;
     }
-    mx_consts c = mx_make();
     for (int r = r0; r < r1; r++) {
         const uint8_t *p = packed + (size_t)r * (cols / 2), *s = scale + (size_t)r * (cols / 32);
         int t = 0;
         for (; t + 4 <= T; t += 4)
-            mx_row4(y, p, s, x, rows, cols, r, t, &c);
+            mx_row4(y, p, s, x, rows, cols, r, t);
         for (; t < T; t++)
-            mx_row1(y, p, s, x, rows, cols, r, t, &c);
+            mx_row1(y, p, s, x, rows, cols, r, t);
     }
 }
 
