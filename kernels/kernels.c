@@ -135,8 +135,9 @@ int shoal_kernels_init(void)
 /* Rows per work item: a multiple of every worker's row blocking (4), large
  * enough that a thread streams long contiguous runs of W. */
 #define ROW_BLOCK 16
-/* Below this many multiply-adds a call runs on the calling thread only. */
-#define PAR_MIN_WORK (1L << 16)
+/* Below this many multiply-adds a call runs on the calling thread only: a
+ * parallel region costs microseconds, a 128x512 GEMV about ten. */
+#define PAR_MIN_WORK (1L << 18)
 
 #define ROW_SPLIT(call)                                                                                         \
     do {                                                                                                        \

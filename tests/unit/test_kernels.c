@@ -455,7 +455,7 @@ static void threads_one_isa(void)
         mat_free(&m);
     }
     /* KDA step and MLA attention, parallel over heads */
-    int H = 6, D = 32, S = 40, R = 64, P = 32;
+    int H = 6, D = 32, S = 700, R = 64, P = 32; /* MLA work above the parallel threshold */
     float *S0 = frand_vec((size_t)H * D * D, -1, 1), *S1 = xmalloc((size_t)H * D * D * 4);
     float *q = frand_vec((size_t)H * D, -0.2f, 0.2f), *kk = frand_vec((size_t)H * D, -0.2f, 0.2f);
     float *v = frand_vec((size_t)H * D, -1, 1), *g = frand_vec((size_t)H * D, -2, 0), *beta = frand_vec(H, 0, 1);
