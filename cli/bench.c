@@ -305,6 +305,77 @@ static int bench_mla(const bench_opts *o, int S, double read_gbps)
     return 0;
 }
 
+/* Compute ceiling: one thread, a matrix that fits in L2 (so no DRAM), timed
+ * with the thread's CPU clock so time-slicing by other processes on a shared
+ * machine does not count. GB/s of weight bytes per CPU-second. */
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void bench_incache(const bench_opts *o)
+{
+    const struct {
+        const char *op;
+        wkind kind;
+        int rows, cols;
+    } m[] = {{"gemv_mxfp4", W_MXFP4, 256, 3584}, {"gemv_bf16", W_BF16, 64, 7168}};
+    int keep = omp_get_max_threads();
+    omp_set_num_threads(1);
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
+        size_t n = (size_t)m[i].rows * m[i].cols;
+        size_t wb = m[i].kind == W_BF16 ? n * 2 : n / 2, sb = m[i].kind == W_MXFP4 ? n / 32 : 0;
+        uint8_t *w = big_alloc(wb), *sc = big_alloc(sb ? sb : 1);
+        float *x = big_alloc((size_t)m[i].cols * 4), *y = big_alloc((size_t)m[i].rows * 4);
+        if (!w || !sc || !x || !y) {
+            free(w), free(sc), free(x), free(y);
+            continue;
+        }
+        if (m[i].kind == W_BF16)
+            fill_bf16((uint16_t *)w, n);
+        else {
+            fill_bytes(w, wb);
+            for (size_t j = 0; j < sb; j++)
+                sc[j] = (uint8_t)(118 + next_rand() % 12);
+        }
+        fill_f32(x, (size_t)m[i].cols, -1, 1);
+        int calls = 200;
+        double *sec = calloc((size_t)o->reps, sizeof *sec);
+        for (int rep = -1; rep < o->reps; rep++) {
+            double t0 = thread_cpu_s();
+            for (int c = 0; c < calls; c++) {
+                if (m[i].kind == W_BF16)
+                    shoal_gemm_bf16(y, (const uint16_t *)w, x, m[i].rows, m[i].cols, 1);
+                else
+                    shoal_gemm_mxfp4(y, w, sc, x, m[i].rows, m[i].cols, 1);
+            }
+            if (rep >= 0)
+                sec[rep] = (thread_cpu_s() - t0) / calls;
+        }
+        stat3 st = stats(sec, o->reps);
+        double bytes = (double)(wb + sb);
+        const char *isa = shoal_isa_name(shoal_kernels_isa());
+        if (o->json)
+            printf("{\"op\":\"%s\",\"layer\":\"in_cache\",\"shape\":\"%dx%d\",\"tokens\":1,\"threads\":1,"
+                   "\"isa\":\"%s\",\"clock\":\"thread_cpu\",\"gbps\":%.3f,\"gbps_min\":%.3f,\"gbps_max\":%.3f,"
+                   "\"read_gbps\":0,\"ratio\":0,\"ns_per_32_weights\":%.3f,\"reps\":%d}\n",
+                   m[i].op, m[i].rows, m[i].cols, isa, bytes / st.med / 1e9, bytes / st.max / 1e9,
+                   bytes / st.min / 1e9, st.med * 1e9 / ((double)n / 32), o->reps);
+        else
+        {
+            char shape[32];
+            snprintf(shape, sizeof shape, "%dx%d", m[i].rows, m[i].cols);
+            printf("%-11s %-13s %-13s %4d %3d %-6s %7.2f [%6.2f,%6.2f]  (in L2, thread CPU time; %.2f ns per 32 weights)\n",
+                   m[i].op, "in_cache", shape, 1, 1, isa, bytes / st.med / 1e9, bytes / st.max / 1e9,
+                   bytes / st.min / 1e9, st.med * 1e9 / ((double)n / 32));
+        }
+        free(sec), free(w), free(sc), free(x), free(y);
+    }
+    omp_set_num_threads(keep);
+}
+
 static int usage(FILE *f)
 {
     fprintf(f, "usage: shoal bench kernels [--threads N] [--json] [--reps N] [--only SUBSTR] [--quick]\n"
@@ -315,6 +386,8 @@ static int usage(FILE *f)
                "  --reps N      timed runs per row, >= 5 (default 5); median, min, max reported\n"
                "  --only S      only rows whose layer name contains S (e.g. expert, lm_head, kda, mla)\n"
                "  --quick       T = 1 only and smaller working sets (smoke test, not for figures)\n"
+               "  The in_cache rows time one thread on an L2-resident matrix with the thread's CPU\n"
+               "  clock: the kernel's compute ceiling, unaffected by other processes' time slices.\n"
                "  The kernel ISA is chosen by CPUID or SHOAL_ISA=scalar|avx2|avx512.\n");
     return f == stdout ? 0 : 2;
 }
@@ -389,6 +462,8 @@ static int bench_kernels(int argc, char **argv)
         printf("%-11s %-13s %-13s %4s %3s %-6s %7s %15s %7s %6s %10s %12s\n", "op", "layer", "shape", "T", "thr", "isa",
                "GB/s", "[min,max]", "read", "ratio", "us/token", "wbytes/tok");
     }
+    if (!o.only || strstr("in_cache", o.only))
+        bench_incache(&o);
     int Tfull[] = {1, 16, 128}, Tq[] = {1};
     const int *Ts = o.quick ? Tq : Tfull;
     int nT = o.quick ? 1 : 3;
