@@ -95,9 +95,9 @@ DEFINE_TILE(f32, float, _mm256_loadu_ps, 2 * PF_DIST)
 
 /* GEMV (T = 1): four rows share each x load, 8 independent chains.
  * GEMM (T > 1): rows in blocks of 16, tokens in tiles of 3, columns in blocks
- * of KBLOCK: a 3-token x block (24 KiB) stays in L1 and the 16-row weight
+ * of KBLOCK: a 3-token x block (12 KiB) stays in L1 and the 16-row weight
  * block in L2 while every tile passes; each weight is read from DRAM once. */
-#define KBLOCK 2048
+#define KBLOCK 1024
 #define RBLOCK 16
 
 #define TILE_FNS(K, WT)                                                                                     \
