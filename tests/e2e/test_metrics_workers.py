@@ -283,6 +283,42 @@ def top_once_on_the_run():
 
 R.check("top_once_on_the_run", top_once_on_the_run)
 
+def timeout_counted():
+    """A worker slower than the deadline: the run fails naming it, and the
+    metrics written at exit count one timeout for it and mark it down, while
+    the other worker stays up with no failure."""
+    slow = []
+    try:
+        eps2 = []
+        for i, rg in enumerate(RANGES):
+            ep = f"ipc://{tmp}/s{i}.sock"
+            extra = ["--test-delay-ms", "4000"] if i == 1 else []
+            slow.append(subprocess.Popen([shoal, "expert", "--model", model, "--experts", rg, "--listen", ep,
+                                          "--id", f"s{i}", "--threads", "1", *extra],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            eps2.append(ep)
+        mfile = os.path.join(tmp, "slow.prom")
+        cmd = [shoal, "run", "--model", model, "--ids", "1,2,3", "--gen", "2", "--metrics-file", mfile,
+               "--expert-timeout-ms", "1000"]
+        for ep in eps2:
+            cmd += ["--worker", ep]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 4 and "s1" in p.stderr, (p.returncode, p.stderr[-1500:])
+        c = promcheck.parse(open(mfile).read())
+        v = lambda fam, w: promcheck.value(c, fam, fam + "_total", worker=w)  # noqa: E731
+        assert v("shoal_worker_timeouts", "s1") == 1, v("shoal_worker_timeouts", "s1")
+        assert promcheck.value(c, "shoal_worker_up", worker="s1") == 0
+        assert promcheck.value(c, "shoal_worker_up", worker="s0") == 1
+        assert v("shoal_worker_timeouts", "s0") == 0 and v("shoal_worker_errors", "s0") == 0
+        assert v("shoal_worker_requests", "s1") == 0 and v("shoal_worker_requests", "s0") == 1
+    finally:
+        for q in slow:
+            q.kill()
+            q.wait()
+
+
+R.check("timeout_counted_and_worker_marked_down", timeout_counted)
+
 for p in procs:
     p.terminate()
 for p in procs:
