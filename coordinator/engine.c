@@ -18,7 +18,9 @@
  * loop, a worker) may allocate freely meanwhile; kernels running on OpenMP
  * threads are covered by their own no-allocation contract and tests.
  * Sanitizer builds supply their own allocator, so the guard is compiled out
- * there (and shoal_engine_alloc_count stays 0). */
+ * there (and shoal_engine_alloc_count stays 0). The definitions are weak so
+ * that a statically linked sanitizer runtime (clang's, in fuzz targets built
+ * from uninstrumented libraries) wins instead of clashing. */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define GUARD 0
 #elif defined(__has_feature)
@@ -84,21 +86,21 @@ static void guard_hit(const char *what)
 #endif
 }
 
-void *malloc(size_t n)
+__attribute__((weak)) void *malloc(size_t n)
 {
     if (guard_armed)
         guard_hit("malloc");
     return __libc_malloc(n);
 }
 
-void *calloc(size_t n, size_t size)
+__attribute__((weak)) void *calloc(size_t n, size_t size)
 {
     if (guard_armed)
         guard_hit("calloc");
     return __libc_calloc(n, size);
 }
 
-void *realloc(void *p, size_t n)
+__attribute__((weak)) void *realloc(void *p, size_t n)
 {
     if (guard_armed)
         guard_hit("realloc");

@@ -1,7 +1,7 @@
 /* Engine benchmark (docs/PERFORMANCE.md, engine section): decode seconds per
  * token against the bandwidth bound, and prefill tokens/s, on one model.
  *
- *   bench_engine MODEL [--threads N] [--steps N] [--prefill 128,512] [--reps R]
+ *   bench_engine MODEL [--threads N] [--steps N] [--prefill 128,512] [--reps R] [--prefill-reps P]
  *
  * 1. Reads every mapped tensor of the model once (warms the page cache), then
  *    measures read bandwidth over the same mapped bytes: R timed passes of a
@@ -10,7 +10,7 @@
  *    weight bytes it touched (engine counters: trunk matrices and vectors, one
  *    embedding row, lm_head, the distinct routed experts of every MoE layer).
  *    Bound = bytes / bandwidth; ratio = seconds / bound.
- * 3. Prefill: for each prompt length P, R runs of a fresh sequence: seconds,
+ * 3. Prefill: for each prompt length, P runs (default R) of a fresh sequence: seconds,
  *    tokens/s and weight bytes read per prompt token.
  * Output: "key=value" rows (one per measurement) on stdout, for docs/data/. */
 #include <omp.h>
@@ -87,11 +87,12 @@ static int cmp_d(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     if (argc < 2 || argv[1][0] == '-') {
-        fprintf(stderr, "usage: %s MODEL [--threads N] [--steps N] [--prefill 128,512] [--reps R]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL [--threads N] [--steps N] [--prefill 128,512] [--reps R] [--prefill-reps P]\n",
+                argv[0]);
         return 2;
     }
     const char *model = argv[1];
-    int threads = 0, steps = 16, reps = 3;
+    int threads = 0, steps = 16, reps = 3, preps = -1;
     int plen[8] = {128, 512}, np = 2;
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--threads"))
@@ -100,6 +101,8 @@ int main(int argc, char **argv)
             steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--reps"))
             reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--prefill-reps"))
+            preps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--prefill")) {
             np = 0;
             for (char *s = argv[i + 1]; *s && np < 8;) {
@@ -213,8 +216,10 @@ int main(int argc, char **argv)
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(maxp > 0 ? maxp : 1));
     for (int i = 0; i < maxp; i++)
         ids[i] = (int32_t)((i * 2654435761u) % (unsigned)(info.vocab < 3000 ? info.vocab : 3000));
+    if (preps < 0)
+        preps = reps;
     for (int pi = 0; pi < np; pi++) {
-        for (int r = 0; r < reps; r++) {
+        for (int r = 0; r < preps; r++) {
             shoal_seq_reset(s);
             shoal_model_stats a, b;
             shoal_model_get_stats(m, &a);
