@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -792,6 +793,16 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
         int zero = 0, one = 1;
         zmq_setsockopt(w->sock, ZMQ_LINGER, &zero, sizeof zero);
         zmq_setsockopt(w->sock, ZMQ_IMMEDIATE, &one, sizeof one);
+        /* a routing id of our own: a transient reconnection to the same worker
+         * process keeps its HELLO state; a restarted worker has none (NO_HELLO) */
+        uint8_t rid[16];
+        if (getrandom(rid, sizeof rid, 0) != (ssize_t)sizeof rid) { /* never blocks once the pool is up */
+            uint64_t x = now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)i;
+            for (int j = 0; j < 16; j++, x = x * 6364136223846793005ull + 1442695040888963407ull)
+                rid[j] = (uint8_t)(x >> 56);
+        }
+        rid[0] |= 1; /* ZeroMQ reserves routing ids starting with a zero byte */
+        zmq_setsockopt(w->sock, ZMQ_ROUTING_ID, rid, sizeof rid);
         char mon[128];
         snprintf(mon, sizeof mon, "inproc://shoal-expert-client-%p-%d", (void *)c, i);
         if (zmq_socket_monitor(w->sock, mon, ZMQ_EVENT_DISCONNECTED)) {

@@ -72,7 +72,7 @@ int shoal_spawn_start(shoal_spawn **out, const shoal_spawn_opts *o, const shoal_
     int threads = o->threads > 0 ? o->threads : (int)(cores / o->n > 1 ? cores / o->n : 1);
     char threads_s[16], maxtok_s[16];
     snprintf(threads_s, sizeof threads_s, "%d", threads);
-    snprintf(maxtok_s, sizeof maxtok_s, "%d", o->max_tokens > 0 ? o->max_tokens : 8192);
+    snprintf(maxtok_s, sizeof maxtok_s, "%d", o->max_tokens > 0 ? o->max_tokens : 1024);
 
     shoal_spawn *s = shoal_xcalloc(1, sizeof *s);
     s->n = o->n;

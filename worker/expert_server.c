@@ -28,7 +28,7 @@
 #include "worker/bank.h"
 #include "worker/serve.h"
 
-#define QCAP 64
+#define QCAP 16 /* requests taken off the socket ahead of the one computed */
 #define MAX_PARTS (1 + SHOAL_PROTO_MAX_FRAMES) /* routing id + frames */
 
 typedef struct {
@@ -230,7 +230,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     }
     shoal_serve_opts so = {.id = id, .fingerprint = fp, .owned = s.ranges, .nowned = s.nranges, .own = s.own,
                            .num_layers = s.cfg.num_layers, .is_moe = s.cfg.is_moe, .num_experts = s.cfg.num_experts,
-                           .k = s.cfg.experts_per_token, .max_tokens = o->max_tokens > 0 ? o->max_tokens : 8192,
+                           .k = s.cfg.experts_per_token, .max_tokens = o->max_tokens > 0 ? o->max_tokens : 1024,
                            .isa = shoal_isa_name(shoal_kernels_isa()), .threads = omp_get_max_threads(),
                            .mem_total = mem_total(), .metrics = s.wm, .delay_us = o->delay_us,
                            .skip_compute = o->skip_compute};
@@ -248,6 +248,10 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     zmq_setsockopt(s.sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
     zmq_setsockopt(s.sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     zmq_setsockopt(s.sock, ZMQ_LINGER, &linger, sizeof linger);
+    /* memory a peer can make the worker hold: (RCVHWM + QCAP) messages of at
+     * most maxmsg bytes per connection */
+    int rcvhwm = 16;
+    zmq_setsockopt(s.sock, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
     if (zmq_bind(s.sock, o->listen)) {
         rc = shoal_err_set(err, errlen, -errno, "cannot listen on %s: %s", o->listen, zmq_strerror(errno));
         goto out;
@@ -323,7 +327,7 @@ static void usage(FILE *f)
                "options:\n"
                "  --threads N          OpenMP threads (default: all cores)\n"
                "  --id NAME            worker id in HELLO and logs (default: the endpoint)\n"
-               "  --max-tokens N       largest token count per request (default 8192)\n"
+               "  --max-tokens N       largest token count per request (default 1024)\n"
                "  --metrics-port N     serve Prometheus metrics on http://HOST:N/metrics (docs/METRICS.md)\n"
                "  --metrics-host HOST  address for --metrics-port (default 127.0.0.1)\n"
                "  --print-fingerprint  print the model fingerprint (PROTOCOL.md section 5) and exit\n"

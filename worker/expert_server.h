@@ -17,7 +17,7 @@ typedef struct {
     const char *listen;   /* ZeroMQ endpoint to bind */
     const char *id;       /* worker id in HELLO and logs; NULL: the endpoint */
     int threads;          /* OpenMP threads; 0: the OpenMP default */
-    int max_tokens;       /* largest T per request; 0: 8192 */
+    int max_tokens;       /* largest T per request; 0: 1024 */
     /* Polled between requests; non-zero stops the server. NULL: never. */
     volatile sig_atomic_t *stop;
     /* Test hook: microseconds to sleep before computing each EXPERT_BATCH
