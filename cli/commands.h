@@ -11,6 +11,7 @@
     X(inspect, "check a K3 config / model directory: schedule, inventory, bytes") \
     X(run, "run a prompt through the model in this process")               \
     X(bench, "benchmarks: 'bench kernels [--threads N] [--json]'")         \
+    X(plan, "place the routed experts on a cluster: plan.json (docs/CLUSTER.md)") \
     X(trace, "routing traces: 'trace stats FILE [--plan plan.json]'")      \
     X(tokenize, "print the token ids of a text (K3 tokenizer)")            \
     X(detokenize, "print the text of token ids (K3 tokenizer)")            \

@@ -1,0 +1,47 @@
+/* planfile: reading a placement plan (plan.json, docs/CLUSTER.md "plan.json";
+ * the minimal form is in docs/METRICS.md) for the processes that run from it:
+ * `shoal expert --plan FILE --name NAME` takes its RANGES and listen endpoint
+ * from its entry, `shoal run|serve --plan FILE` connects to every worker's
+ * endpoint, `shoal pack` writes one worker's experts. The planner
+ * (coordinator/plan.h) writes the file. In common/ because both the worker and
+ * the coordinator read it (neither includes the other).
+ *
+ * Only the keys those readers need are kept; ownership coverage is checked by
+ * the coordinator from the workers' HELLOs, and RANGES syntax by
+ * proto/shard.h where the ranges are used. The object is owned by the caller;
+ * strings inside live until shoal_planfile_free. Not thread-safe to build,
+ * read-only afterwards. */
+#ifndef SHOAL_PLANFILE_H
+#define SHOAL_PLANFILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SHOAL_PLANFILE_MAX_WORKERS 4096
+#define SHOAL_PLANFILE_MAX_NAME 64
+
+typedef struct {
+    char *name;     /* unique, 1..64 bytes */
+    char *experts;  /* RANGES (proto/PROTOCOL.md section 7) */
+    char *endpoint; /* where the coordinator connects, e.g. tcp://10.0.0.2:5555; NULL if absent */
+    char *listen;   /* where the worker binds, e.g. tcp://0.0.0.0:5555; NULL if absent */
+    char *host;     /* cluster host name; NULL if absent */
+} shoal_planfile_worker;
+
+typedef struct {
+    int nworkers;
+    shoal_planfile_worker *workers;
+    int has_fingerprint;
+    uint8_t fingerprint[32]; /* "model.fingerprint" (hex in the file) when present */
+} shoal_planfile;
+
+/* Read and check path: format "shoal-plan", version 1, 1..4096 workers with
+ * unique string names and string experts; optional strings endpoint, listen,
+ * host; an optional model.fingerprint of 64 hex digits. Errors name the key:
+ * SHOAL_EFORMAT, -errno. */
+int shoal_planfile_read(shoal_planfile *p, const char *path, char *err, size_t errlen);
+void shoal_planfile_free(shoal_planfile *p); /* accepts a zeroed or freed p */
+/* The worker called name, or NULL. */
+const shoal_planfile_worker *shoal_planfile_find(const shoal_planfile *p, const char *name);
+
+#endif

@@ -1,0 +1,77 @@
+/* plan: the cluster manifest (docs/CLUSTER.md) and the placement planner
+ * behind `shoal plan`: assigns every routed expert (layer, expert) of a model
+ * to one worker host so that each host's expert budget holds its share and the
+ * expected load is balanced (by routing-trace hits when given, else by
+ * bytes), deterministically for the same inputs.
+ *
+ * shoal_plan_compute is pure (arrays in, owner map out), so the tests drive it
+ * with hand-computed cases; shoal_plan_cluster_read parses the manifest; the
+ * command (plan_cmd.c) wires in the model config, the trace and writes
+ * plan.json. Callers: `shoal plan`, tests. Objects are owned by the caller. */
+#ifndef SHOAL_PLAN_H
+#define SHOAL_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SHOAL_PLAN_MAX_HOSTS 4096
+#define SHOAL_PLAN_MAX_NAME 64
+
+typedef struct {
+    char name[SHOAL_PLAN_MAX_NAME + 1]; /* unique; also the worker's name in the plan */
+    char address[256];                  /* DNS name or IP the coordinator and SSH reach */
+    char ssh_user[65];
+    int ssh_port;                       /* 22 unless given */
+    int cpus;                           /* >= 1 */
+    uint64_t expert_ram;                /* bytes of expert weights this host may hold (0: not a worker) */
+    uint64_t disk;                      /* bytes of disk for its pack; 0: not limited */
+    int port;                           /* worker port (the manifest's worker_port unless given) */
+} shoal_plan_host;
+
+typedef struct {
+    int nhosts;
+    shoal_plan_host *hosts;
+    int coordinator; /* index into hosts */
+    int worker_port;
+} shoal_plan_cluster;
+
+/* Parse a manifest; every bad or missing field is refused naming it
+ * (SHOAL_EFORMAT / SHOAL_ECONFIG), -errno on I/O. */
+int shoal_plan_cluster_read(shoal_plan_cluster *c, const char *path, char *err, size_t errlen);
+int shoal_plan_cluster_parse(shoal_plan_cluster *c, const char *json, size_t len, const char *what, char *err,
+                             size_t errlen);
+void shoal_plan_cluster_free(shoal_plan_cluster *c); /* accepts a zeroed or freed c */
+
+/* "400GiB", "1.5TB", "512MiB", "1000000" (bytes), or a JSON integer in the
+ * manifest: binary (KiB MiB GiB TiB) and decimal (KB MB GB TB) units. */
+int shoal_plan_parse_bytes(const char *s, uint64_t *out);
+
+typedef struct {
+    int num_layers, num_experts;
+    const uint8_t *is_moe;   /* [num_layers] */
+    uint64_t expert_bytes;   /* bytes of one routed expert */
+    const uint64_t *hits;    /* [num_layers * num_experts] routing-trace hits, or NULL: uniform */
+    int nworkers;
+    const uint64_t *budget;  /* [nworkers] bytes each worker may hold */
+} shoal_plan_in;
+
+/* owner[l * num_experts + e] = worker index for every expert of a MoE layer,
+ * -1 for the others. Method (docs/CLUSTER.md): 1) counts: each worker holds
+ * as equal a number of experts as the budgets allow (water filling, the
+ * remainder to the lowest indexes); 2) per layer, each worker's count is its
+ * remaining count over the remaining layers, largest remainders first (ties
+ * to the lower index); 3) inside a layer, without hits each worker takes a
+ * contiguous block in worker order; with hits the experts are taken hottest
+ * first (ties to the lower id) and each goes to the worker with the least
+ * load at that layer that still has room (ties to the lower index).
+ * Returns 0, SHOAL_ECONFIG with err saying by how much the budgets are short,
+ * or SHOAL_EINVAL. */
+int shoal_plan_compute(const shoal_plan_in *in, int32_t *owner, char *err, size_t errlen);
+
+/* Format worker w's experts from owner as a RANGES string (runs of experts,
+ * consecutive MoE layers with identical runs merged). *out allocated
+ * (free()). */
+int shoal_plan_ranges(const int32_t *owner, int num_layers, const uint8_t *is_moe, int num_experts, int w,
+                      char **out);
+
+#endif
