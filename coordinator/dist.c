@@ -7,6 +7,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/planfile.h"
 #include "coordinator/spawn.h"
 #include "proto/fprint.h"
 
@@ -55,6 +56,13 @@ int shoal_dist_parse_arg(shoal_dist_opts *o, const char *cmd, int argc, char **a
         }
         o->worker[o->nworker++] = v;
         r = 1;
+    } else if (!strcmp(a, "--plan")) {
+        if (!v) {
+            fprintf(stderr, "%s: --plan needs a plan.json\n", cmd);
+            return -1;
+        }
+        o->plan = v;
+        r = 1;
     } else if (!strcmp(a, "--workers")) {
         r = num(cmd, a, v, 1, SHOAL_EXPERT_CLIENT_MAX_WORKERS, &o->nlocal);
     } else if (!strcmp(a, "--worker-threads")) {
@@ -76,6 +84,8 @@ void shoal_dist_usage(FILE *f)
     fprintf(f, "distributed experts (proto/PROTOCOL.md):\n"
                "  --worker ENDPOINT    an expert server (`shoal expert`), e.g. tcp://10.0.0.2:5555;\n"
                "                       repeat for each; together they must own every expert once\n"
+               "  --plan FILE          connect to every worker of a placement plan (`shoal plan`,\n"
+               "                       docs/CLUSTER.md) at its endpoint\n"
                "  --workers N          start N local expert servers over ipc:// (experts split evenly),\n"
                "                       stopped on exit\n"
                "  --worker-threads N   OpenMP threads of each local server (default: cores / N)\n"
@@ -85,9 +95,43 @@ void shoal_dist_usage(FILE *f)
 
 int shoal_dist_enabled(const shoal_dist_opts *o)
 {
-    if (o->nworker && o->nlocal)
+    if ((o->nworker != 0) + (o->nlocal != 0) + (o->plan != NULL) > 1)
         return -1;
-    return o->nworker || o->nlocal;
+    return o->nworker || o->nlocal || o->plan;
+}
+
+/* The workers of plan.json: each must have an endpoint; a plan made for another
+ * model is refused before any connection. */
+static int plan_endpoints(const char *path, const uint8_t *fp, shoal_planfile *pf, const char **pe, char *err,
+                          size_t errlen)
+{
+    int rc = shoal_planfile_read(pf, path, err, errlen);
+    if (rc)
+        return rc;
+    if (pf->has_fingerprint && memcmp(pf->fingerprint, fp, SHOAL_PROTO_FP_BYTES)) {
+        char a[65], b[65];
+        shoal_proto_hex(pf->fingerprint, a);
+        shoal_proto_hex(fp, b);
+        shoal_planfile_free(pf);
+        return shoal_err_set(err, errlen, SHOAL_EFINGERPRINT, "plan %s was made for model %.16s..., this one is %.16s...",
+                             path, a, b);
+    }
+    if (pf->nworkers > SHOAL_EXPERT_CLIENT_MAX_WORKERS) {
+        rc = shoal_err_set(err, errlen, SHOAL_ERANGE, "plan %s: %d workers, at most %d", path, pf->nworkers,
+                           SHOAL_EXPERT_CLIENT_MAX_WORKERS);
+        shoal_planfile_free(pf);
+        return rc;
+    }
+    for (int w = 0; w < pf->nworkers; w++) {
+        if (!pf->workers[w].endpoint) {
+            rc = shoal_err_set(err, errlen, SHOAL_ECONFIG, "plan %s: worker \"%s\" has no \"endpoint\"", path,
+                               pf->workers[w].name);
+            shoal_planfile_free(pf);
+            return rc;
+        }
+        pe[w] = pf->workers[w].endpoint;
+    }
+    return 0;
 }
 
 int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *model_dir, shoal_model *m, char *err,
@@ -100,9 +144,13 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
     int rc = shoal_fprint_model(fp, info.cfg, shoal_model_store(m), err, errlen);
     if (rc)
         return rc;
+    shoal_planfile pf = {0};
+    const char *pe[SHOAL_EXPERT_CLIENT_MAX_WORKERS];
+    if (o->plan && (rc = plan_endpoints(o->plan, fp, &pf, pe, err, errlen)))
+        return rc;
     shoal_dist *d = shoal_xcalloc(1, sizeof *d);
-    const char *const *eps = o->worker;
-    int n = o->nworker;
+    const char *const *eps = o->plan ? pe : o->worker;
+    int n = o->plan ? pf.nworkers : o->nworker;
     if (o->nlocal) {
         shoal_spawn_opts so = {.model = model_dir, .n = o->nlocal, .threads = o->worker_threads,
                                .max_tokens = info.max_batch};
@@ -117,7 +165,9 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
                                    .max_tokens = info.max_batch, .timeout_ms = o->timeout_ms,
                                    .hello_timeout_ms = o->hello_timeout_ms,
                                    .check = d->spawn ? shoal_spawn_check : NULL, .check_ctx = d->spawn};
-    if ((rc = shoal_expert_client_open(&d->client, &co, err, errlen))) {
+    rc = shoal_expert_client_open(&d->client, &co, err, errlen);
+    shoal_planfile_free(&pf); /* the client copied the endpoints */
+    if (rc) {
         shoal_dist_stop(d);
         return rc;
     }

@@ -1,6 +1,6 @@
 /* dist: the coordinator's distributed-experts options and wiring, for the
  * commands that run the model (`shoal run`, later `shoal serve`): parses
- * --worker ENDPOINT (repeatable) / --workers N / --expert-timeout-ms ..., spawns
+ * --worker ENDPOINT (repeatable) / --workers N / --plan plan.json / --expert-timeout-ms ..., spawns
  * local workers when asked (coordinator/spawn.h), opens the expert client
  * (coordinator/expert_client.h) with the model's fingerprint, and plugs it into
  * the model as its routed-expert backend. Also keeps per-phase wire counters
@@ -30,6 +30,7 @@ typedef struct {
     int worker_threads;   /* --worker-threads (local workers) */
     int timeout_ms;       /* --expert-timeout-ms; 0: 30000 */
     int hello_timeout_ms; /* --hello-timeout-ms; 0: 60000 */
+    const char *plan;     /* --plan plan.json: every worker's endpoint (docs/CLUSTER.md), borrowed */
 } shoal_dist_opts;
 
 /* Options of a command line: consumes argv[*i] (and its value, advancing *i)
@@ -38,7 +39,7 @@ typedef struct {
 int shoal_dist_parse_arg(shoal_dist_opts *o, const char *cmd, int argc, char **argv, int *i);
 void shoal_dist_usage(FILE *f);
 /* 1 when experts run on workers (then open the model with remote_experts = 1);
- * -1 when both --worker and --workers were given (a usage error). */
+ * -1 when more than one of --worker, --workers, --plan was given (usage error). */
 int shoal_dist_enabled(const shoal_dist_opts *o);
 
 typedef struct shoal_dist shoal_dist;

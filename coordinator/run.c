@@ -255,7 +255,7 @@ int shoal_cmd_run(int argc, char **argv)
         return 2;
     }
     if (shoal_dist_enabled(&dopts) < 0) {
-        fprintf(stderr, "shoal run: --worker and --workers are exclusive\n");
+        fprintf(stderr, "shoal run: --worker, --workers and --plan are exclusive\n");
         return 2;
     }
     shoal_log_set_role("C");

@@ -217,7 +217,7 @@ int shoal_cmd_serve(int argc, char **argv)
     if (bad)
         return 2;
     if (shoal_dist_enabled(&dopts) < 0) {
-        fprintf(stderr, "shoal serve: give --worker ENDPOINT ... or --workers N, not both\n");
+        fprintf(stderr, "shoal serve: give --worker ENDPOINT ..., --workers N or --plan FILE, only one\n");
         return 2;
     }
     if (!model_dir) {
