@@ -20,6 +20,7 @@
 #include "common/err.h"
 #include "common/k3cfg.h"
 #include "common/log.h"
+#include "common/planfile.h"
 #include "common/st.h"
 #include "kernels/kernels.h"
 #include "proto/fprint.h"
@@ -206,6 +207,14 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     int rc = load_model(&s, o->model, 1, fp, err, errlen);
     if (rc)
         goto out;
+    if (o->plan_fingerprint && memcmp(o->plan_fingerprint, fp, SHOAL_PROTO_FP_BYTES)) {
+        char a[65], b[65];
+        shoal_proto_hex(o->plan_fingerprint, a);
+        shoal_proto_hex(fp, b);
+        rc = shoal_err_set(err, errlen, SHOAL_EFINGERPRINT, "the plan was made for model %.16s..., %s is %.16s...", a,
+                           o->model, b);
+        goto out;
+    }
     if ((rc = shoal_shard_parse(o->experts, &s.ranges, &s.nranges, err, errlen)) ||
         (rc = shoal_shard_open(&s.own, s.ranges, s.nranges, s.cfg.num_layers, s.cfg.is_moe, s.cfg.num_experts, err,
                                errlen)) ||
@@ -325,6 +334,8 @@ static void usage(FILE *f)
                "or ipc:///PATH.\n"
                "\n"
                "options:\n"
+               "  --plan FILE          take RANGES and ENDPOINT from plan.json (`shoal plan`, docs/CLUSTER.md)\n"
+               "  --name NAME          this worker's name in --plan (also its --id)\n"
                "  --threads N          OpenMP threads (default: all cores)\n"
                "  --id NAME            worker id in HELLO and logs (default: the endpoint)\n"
                "  --max-tokens N       largest token count per request (default 1024)\n"
@@ -350,10 +361,13 @@ int shoal_cmd_expert(int argc, char **argv)
                                              {"metrics-host", required_argument, 0, 'H'},
                                              {"test-delay-ms", required_argument, 0, 'd'},
                                              {"bench-skip-compute", no_argument, 0, 's'},
+                                             {"plan", required_argument, 0, 'P'},
+                                             {"name", required_argument, 0, 'N'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     shoal_expert_server_opts o = {.stop = &stop_flag};
     int print_fp = 0, c;
+    const char *plan = NULL, *name = NULL;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         char *end = NULL;
@@ -384,6 +398,8 @@ int shoal_cmd_expert(int argc, char **argv)
             o.metrics_port = (int)v;
             break;
         case 'H': o.metrics_host = optarg; break;
+        case 'P': plan = optarg; break;
+        case 'N': name = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -411,7 +427,33 @@ int shoal_cmd_expert(int argc, char **argv)
         printf("%s\n", hex);
         return 0;
     }
+    shoal_planfile pf = {0};
+    if (plan || name) {
+        const shoal_planfile_worker *pw;
+        if (!plan || !name || o.experts) {
+            fprintf(stderr, "shoal expert: --plan needs --name (and replaces --experts)\n");
+            return 2;
+        }
+        if (shoal_planfile_read(&pf, plan, err, sizeof err)) {
+            fprintf(stderr, "shoal expert: %s\n", err);
+            return 3;
+        }
+        if (!(pw = shoal_planfile_find(&pf, name)) || (!o.listen && !pw->listen)) {
+            fprintf(stderr, "shoal expert: plan %s has %s \"%s\"\n", plan,
+                    pw ? "no listen endpoint (give --listen) for worker" : "no worker", name);
+            shoal_planfile_free(&pf);
+            return 3;
+        }
+        o.experts = pw->experts;
+        if (!o.listen)
+            o.listen = pw->listen;
+        if (!o.id)
+            o.id = pw->name;
+        if (pf.has_fingerprint)
+            o.plan_fingerprint = pf.fingerprint;
+    }
     if (!o.model || !o.experts || !o.listen) {
+        shoal_planfile_free(&pf);
         usage(stderr);
         return 2;
     }
@@ -424,9 +466,12 @@ int shoal_cmd_expert(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     int rc = shoal_expert_server_run(&o, err, sizeof err);
+    shoal_planfile_free(&pf);
     if (rc) {
         SHOAL_ERROR("%s", err);
-        return rc == SHOAL_EINVAL ? 2 : (rc == SHOAL_ECONFIG || rc == SHOAL_EMODEL || rc == SHOAL_ERANGE) ? 3 : 4;
+        return rc == SHOAL_EINVAL ? 2
+               : (rc == SHOAL_ECONFIG || rc == SHOAL_EMODEL || rc == SHOAL_ERANGE || rc == SHOAL_EFINGERPRINT) ? 3
+                                                                                                           : 4;
     }
     return 0;
 }

@@ -31,6 +31,9 @@ typedef struct {
      * (host NULL: 127.0.0.1); port 0: off. */
     int metrics_port;
     const char *metrics_host;
+    /* The model fingerprint a placement plan was made for (SHOAL_PROTO_FP_BYTES,
+     * borrowed), or NULL: a different model is refused (SHOAL_EFINGERPRINT). */
+    const unsigned char *plan_fingerprint;
 } shoal_expert_server_opts;
 
 /* Runs the server. Returns 0 after a clean stop, or an error code with err:
