@@ -1,0 +1,84 @@
+/* store: a worker's routed experts under a RAM budget -- a fixed number of
+ * expert-sized slots allocated once at open, filled from the safetensors files
+ * with pread (O_DIRECT where the filesystem accepts it, into aligned buffers;
+ * buffered pread otherwise) when a request needs an expert that is not
+ * resident. Used instead of the bank (worker/bank.h, everything mapped) when
+ * `shoal expert --cache-gb/--cache-slots` is given. The views it hands out
+ * point at the same bytes the mapped bank would show (same offsets modulo the
+ * page), so shoal_expert_ffn computes bit-identical outputs.
+ *
+ * A request's experts are fetched in passes: each pass pins up to `slots`
+ * experts, issues every missing read of the pass at once to a small pool of
+ * I/O threads, waits for all of them, and hands back the views; the caller
+ * computes them and asks for the next pass. So any budget of at least the
+ * minimum (one token's experts: min(k, the most experts owned in one layer))
+ * serves any request; smaller budgets are refused at open naming the minimum.
+ *
+ * Callers: the worker's request handler (worker/serve.c), the server (open,
+ * close), tests. Not thread-safe: one thread (the request handler's) calls
+ * fetch; the I/O threads are internal. */
+#ifndef SHOAL_STORE_H
+#define SHOAL_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/cachepol.h"
+#include "common/k3cfg.h"
+#include "common/st.h"
+#include "kernels/kernels.h"
+#include "proto/shard.h"
+
+typedef struct shoal_store shoal_store;
+
+typedef struct {
+    uint64_t cache_bytes;       /* RAM budget for the slots; used when slots == 0 */
+    uint32_t slots;             /* explicit slot count (tests); 0: from cache_bytes */
+    shoal_cachepol_kind policy; /* default LFU (designated-initialiser zero is LRU: set it) */
+    int io_threads;             /* concurrent reads; 0: 8 */
+    int no_direct;              /* 1: never try O_DIRECT */
+} shoal_store_opts;
+
+typedef struct {
+    uint64_t hits, misses;    /* expert fetches found resident / read from disk */
+    uint64_t bytes_read;      /* bytes read from disk (aligned spans included) */
+    uint64_t read_us;         /* wall time spent waiting for reads */
+    uint32_t slots;           /* slots allocated */
+    uint32_t min_slots;       /* the minimum budget in slots */
+    uint64_t slot_bytes;      /* bytes of one slot */
+    uint64_t expert_bytes;    /* weight bytes of one expert (no alignment padding) */
+    uint64_t owned;           /* experts owned */
+    int direct;               /* 1: every file is read with O_DIRECT */
+} shoal_store_stats;
+
+/* st may be opened with map=0 (only headers and offsets are used); it must
+ * outlive the store (file paths). Refuses (SHOAL_ECONFIG) a budget below the
+ * minimum, naming the minimum in bytes and slots; SHOAL_EMODEL for a missing
+ * or mis-shaped tensor; -errno for a file that cannot be opened. The number of
+ * slots is capped at the experts owned (a budget above that is fully
+ * resident after the first reads). */
+int shoal_store_open(shoal_store **out, const shoal_st *st, const shoal_k3cfg *cfg, const shoal_shard *own,
+                     const shoal_store_opts *o, char *err, size_t errlen);
+void shoal_store_close(shoal_store *s); /* accepts NULL */
+
+/* The bytes one slot needs and the minimum slots, without opening (for the
+ * memory plan and refusals). 0 or an error as shoal_store_open. */
+int shoal_store_plan(const shoal_st *st, const shoal_k3cfg *cfg, const shoal_shard *own, uint64_t *slot_bytes,
+                     uint32_t *min_slots, char *err, size_t errlen);
+
+/* Make the leading experts of experts[n] (distinct, owned, of MoE layer
+ * `layer`) resident and pinned: returns m in 1..n, views[0..m-1] valid until
+ * the next fetch; or a negative error (a read failed: -errno / SHOAL_EIO
+ * naming the file; SHOAL_ERANGE: an expert not owned). */
+int shoal_store_fetch(shoal_store *s, int layer, const int32_t *experts, int n, const shoal_expert_w **views,
+                      char *err, size_t errlen);
+
+int shoal_store_owns(const shoal_store *s, int layer, int expert);
+int shoal_store_d(const shoal_store *s);
+int shoal_store_f(const shoal_store *s);
+float shoal_store_b1(const shoal_store *s);
+float shoal_store_b2(const shoal_store *s);
+uint64_t shoal_store_bytes(const shoal_store *s); /* weight bytes of the owned experts */
+void shoal_store_stats_get(const shoal_store *s, shoal_store_stats *out);
+
+#endif
