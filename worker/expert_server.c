@@ -28,6 +28,7 @@
 #include "proto/shard.h"
 #include "worker/bank.h"
 #include "worker/serve.h"
+#include "worker/store.h"
 
 #define QCAP 16 /* requests taken off the socket ahead of the one computed */
 #define MAX_PARTS (1 + SHOAL_PROTO_MAX_FRAMES) /* routing id + frames */
@@ -164,6 +165,7 @@ typedef struct {
     size_t nranges;
     shoal_shard *own;
     shoal_bank *bank;
+    shoal_store *store;
     shoal_serve *srv;
     void *zctx, *sock;
     qreq *q;
@@ -179,6 +181,7 @@ static void server_free(server *s)
     shoal_serve_close(s->srv);
     shoal_wmetrics_close(s->wm);
     shoal_bank_close(s->bank);
+    shoal_store_close(s->store);
     shoal_shard_close(s->own);
     free(s->ranges);
     shoal_st_close(s->st);
@@ -204,7 +207,11 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "--model, --experts and --listen are required");
     server s = {0};
     uint8_t fp[SHOAL_PROTO_FP_BYTES];
-    int rc = load_model(&s, o->model, 1, fp, err, errlen);
+    int cached = o->cache_bytes > 0 || o->cache_slots > 0;
+    shoal_cachepol_kind pol = SHOAL_CACHEPOL_LFU;
+    if (o->cache_policy && (shoal_cachepol_parse(o->cache_policy, &pol) || pol == SHOAL_CACHEPOL_OPT))
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--cache-policy: '%s' is not lfu or lru", o->cache_policy);
+    int rc = load_model(&s, o->model, !cached, fp, err, errlen);
     if (rc)
         goto out;
     if (o->plan_fingerprint && memcmp(o->plan_fingerprint, fp, SHOAL_PROTO_FP_BYTES)) {
@@ -217,17 +224,33 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     }
     if ((rc = shoal_shard_parse(o->experts, &s.ranges, &s.nranges, err, errlen)) ||
         (rc = shoal_shard_open(&s.own, s.ranges, s.nranges, s.cfg.num_layers, s.cfg.is_moe, s.cfg.num_experts, err,
-                               errlen)) ||
-        (rc = shoal_bank_open(&s.bank, s.st, &s.cfg, s.own, err, errlen)))
+                               errlen)))
         goto out;
+    if (cached) {
+        shoal_store_opts sto = {.cache_bytes = o->cache_bytes, .slots = o->cache_slots, .policy = pol,
+                                .io_threads = o->io_threads, .no_direct = o->no_direct};
+        if ((rc = shoal_store_open(&s.store, s.st, &s.cfg, s.own, &sto, err, errlen)))
+            goto out;
+        shoal_store_stats ss;
+        shoal_store_stats_get(s.store, &ss);
+        SHOAL_INFO("expert cache: %u of %llu experts resident at once (%u slots x %llu bytes = %.1f MiB; minimum %u "
+                   "slots = %.1f MiB; shard %.1f MiB), policy %s, %s reads",
+                   ss.slots, (unsigned long long)ss.owned, ss.slots, (unsigned long long)ss.slot_bytes,
+                   (double)ss.slots * (double)ss.slot_bytes / 1048576.0, ss.min_slots,
+                   (double)ss.min_slots * (double)ss.slot_bytes / 1048576.0,
+                   (double)shoal_store_bytes(s.store) / 1048576.0, shoal_cachepol_name(pol),
+                   ss.direct ? "O_DIRECT" : "buffered");
+    } else if ((rc = shoal_bank_open(&s.bank, s.st, &s.cfg, s.own, err, errlen))) {
+        goto out;
+    }
+    uint64_t owned_bytes = s.store ? shoal_store_bytes(s.store) : shoal_bank_bytes(s.bank);
     if (o->threads > 0)
         omp_set_num_threads(o->threads);
     shoal_kernels_init();
     const char *id = o->id ? o->id : o->listen;
     shoal_wmetrics_opts wo = {.id = id, .num_layers = s.cfg.num_layers, .is_moe = s.cfg.is_moe,
                               .num_experts = s.cfg.num_experts, .owned = shoal_shard_count(s.own),
-                              .expert_bytes = shoal_shard_count(s.own) ? shoal_bank_bytes(s.bank) /
-                                                                             shoal_shard_count(s.own)
+                              .expert_bytes = shoal_shard_count(s.own) ? owned_bytes / shoal_shard_count(s.own)
                                                                        : 0};
     if ((rc = shoal_wmetrics_open(&s.wm, &wo, err, errlen)))
         goto out;
@@ -242,7 +265,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                            .k = s.cfg.experts_per_token, .max_tokens = o->max_tokens > 0 ? o->max_tokens : 1024,
                            .isa = shoal_isa_name(shoal_kernels_isa()), .threads = omp_get_max_threads(),
                            .mem_total = mem_total(), .metrics = s.wm, .delay_us = o->delay_us,
-                           .skip_compute = o->skip_compute};
+                           .skip_compute = o->skip_compute, .store = s.store};
     if ((rc = shoal_serve_open(&s.srv, &so, s.bank, err, errlen)))
         goto out;
     if (o->skip_compute)
@@ -266,7 +289,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
         goto out;
     }
     SHOAL_INFO("serving %zu experts (%s, %.1f MiB) of %s on %s; isa %s, %d threads, max %d tokens per request",
-               shoal_shard_count(s.own), o->experts, (double)shoal_bank_bytes(s.bank) / 1048576.0, o->model,
+               shoal_shard_count(s.own), o->experts, (double)owned_bytes / 1048576.0, o->model,
                o->listen, so.isa, so.threads, so.max_tokens);
 
     s.q = shoal_xcalloc(QCAP, sizeof *s.q);
@@ -308,6 +331,14 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     SHOAL_INFO("stopping (%s): %llu requests, %llu batches, %llu pairs, %llu errors, %llu replies dropped",
                shutdown ? "SHUTDOWN" : "signal", (unsigned long long)st.requests, (unsigned long long)st.batches,
                (unsigned long long)st.pairs, (unsigned long long)st.errors, (unsigned long long)dropped);
+    if (s.store) {
+        shoal_store_stats ss;
+        shoal_store_stats_get(s.store, &ss);
+        SHOAL_INFO("expert cache: %llu hits, %llu misses (hit rate %.3f), %.1f MiB read from disk in %.3f s",
+                   (unsigned long long)ss.hits, (unsigned long long)ss.misses,
+                   ss.hits + ss.misses ? (double)ss.hits / (double)(ss.hits + ss.misses) : 0.0,
+                   (double)ss.bytes_read / 1048576.0, (double)ss.read_us / 1e6);
+    }
     rc = 0;
 out:
     server_free(&s);
@@ -341,6 +372,12 @@ static void usage(FILE *f)
                "  --max-tokens N       largest token count per request (default 1024)\n"
                "  --metrics-port N     serve Prometheus metrics on http://HOST:N/metrics (docs/METRICS.md)\n"
                "  --metrics-host HOST  address for --metrics-port (default 127.0.0.1)\n"
+               "  --cache-gb G         RAM budget for the experts in GiB (fractions allowed): experts are read\n"
+               "                       from disk into a fixed cache of that size instead of mapping the shard\n"
+               "  --cache-slots N      the same budget given as a number of experts\n"
+               "  --cache-policy P     lfu (default: frequency with aging) or lru\n"
+               "  --io-threads N       concurrent expert reads (default 8)\n"
+               "  --no-direct          buffered reads (no O_DIRECT)\n"
                "  --print-fingerprint  print the model fingerprint (PROTOCOL.md section 5) and exit\n"
                "  --test-delay-ms N    (tests) sleep N ms before computing each batch\n"
                "  --bench-skip-compute (benchmarks) answer zeros instead of running the experts\n"
@@ -363,6 +400,11 @@ int shoal_cmd_expert(int argc, char **argv)
                                              {"bench-skip-compute", no_argument, 0, 's'},
                                              {"plan", required_argument, 0, 'P'},
                                              {"name", required_argument, 0, 'N'},
+                                             {"cache-gb", required_argument, 0, 'G'},
+                                             {"cache-slots", required_argument, 0, 'S'},
+                                             {"cache-policy", required_argument, 0, 'Y'},
+                                             {"io-threads", required_argument, 0, 'I'},
+                                             {"no-direct", no_argument, 0, 'D'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     shoal_expert_server_opts o = {.stop = &stop_flag};
@@ -372,7 +414,7 @@ int shoal_cmd_expert(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         char *end = NULL;
         long v = 0;
-        if (c == 't' || c == 'x' || c == 'd' || c == 'M') {
+        if (c == 't' || c == 'x' || c == 'd' || c == 'M' || c == 'S' || c == 'I') {
             errno = 0;
             v = strtol(optarg, &end, 10);
             if (errno || !end || *end || v < 0 || v > 1000000) {
@@ -400,6 +442,28 @@ int shoal_cmd_expert(int argc, char **argv)
         case 'H': o.metrics_host = optarg; break;
         case 'P': plan = optarg; break;
         case 'N': name = optarg; break;
+        case 'S':
+            if (v < 1) {
+                fprintf(stderr, "shoal expert: --cache-slots must be at least 1\n");
+                return 2;
+            }
+            o.cache_slots = (uint32_t)v;
+            break;
+        case 'I': o.io_threads = (int)v; break;
+        case 'Y': o.cache_policy = optarg; break;
+        case 'D': o.no_direct = 1; break;
+        case 'G': {
+            errno = 0;
+            double g = strtod(optarg, &end);
+            if (errno || !end || *end || !(g > 0) || g > 1e6) {
+                fprintf(stderr, "shoal expert: bad --cache-gb '%s'\n", optarg);
+                return 2;
+            }
+            o.cache_bytes = (uint64_t)(g * 1073741824.0);
+            if (!o.cache_bytes)
+                o.cache_bytes = 1;
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -10,6 +10,7 @@
 
 #include <signal.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct {
     const char *model;    /* model directory (config.json + safetensors) */
@@ -34,6 +35,14 @@ typedef struct {
     /* The model fingerprint a placement plan was made for (SHOAL_PROTO_FP_BYTES,
      * borrowed), or NULL: a different model is refused (SHOAL_EFINGERPRINT). */
     const unsigned char *plan_fingerprint;
+    /* RAM budget for the experts (worker/store.h): cache_bytes or cache_slots
+     * non-zero serve from a fixed-slot cache filled by pread instead of
+     * mapping the whole shard. */
+    uint64_t cache_bytes;
+    uint32_t cache_slots;
+    const char *cache_policy; /* "lfu" (default) or "lru" */
+    int io_threads;           /* concurrent expert reads; 0: 8 */
+    int no_direct;            /* 1: buffered reads only (no O_DIRECT) */
 } shoal_expert_server_opts;
 
 /* Runs the server. Returns 0 after a clean stop, or an error code with err:

@@ -38,6 +38,7 @@ struct shoal_serve {
     int32_t *start;  /* [num_experts] */
     int32_t *perm;   /* [max_tokens * k] pair indices grouped by expert */
     int32_t *touched; /* [max_tokens * k] distinct experts of the request */
+    const shoal_expert_w **views; /* [max_tokens * k] the weights of touched[i] */
     peer peers[MAX_PEERS];
     uint64_t clock;
     shoal_proto_stats st;
@@ -61,7 +62,8 @@ int shoal_serve_open(shoal_serve **out, const shoal_serve_opts *o, const shoal_b
     if (o->max_tokens < 1 || o->k < 1 || o->num_experts < 1 || o->num_layers < 1 ||
         o->nowned > SHOAL_PROTO_MAX_RANGES)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "serve: bad limits");
-    int d = shoal_bank_d(bank), f = shoal_bank_f(bank);
+    int d = o->store ? shoal_store_d(o->store) : shoal_bank_d(bank);
+    int f = o->store ? shoal_store_f(o->store) : shoal_bank_f(bank);
     if (d <= 0 || f <= 0)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "serve: the bank owns no expert");
     shoal_serve *s = shoal_xcalloc(1, sizeof *s);
@@ -86,6 +88,7 @@ int shoal_serve_open(shoal_serve **out, const shoal_serve_opts *o, const shoal_b
     s->cnt = shoal_xcalloc((size_t)o->num_experts, sizeof *s->cnt);
     s->start = shoal_xcalloc((size_t)o->num_experts, sizeof *s->start);
     s->perm = shoal_xmalloc(pairs * sizeof *s->perm);
+    s->views = shoal_xmalloc(pairs * sizeof *s->views);
     s->touched = shoal_xmalloc(pairs * sizeof *s->touched);
     snprintf(s->st.worker, sizeof s->st.worker, "%s", s->id);
     s->t0_us = now_us();
@@ -104,6 +107,7 @@ void shoal_serve_close(shoal_serve *s)
     free(s->cnt);
     free(s->start);
     free(s->perm);
+    free(s->views);
     free(s->touched);
     free(s);
 }
@@ -192,7 +196,7 @@ static void do_hello(shoal_serve *s, const shoal_proto_msg *m, const uint8_t *pe
                            .owned = (shoal_proto_range *)s->o.owned, .nowned = s->o.nowned,
                            .act_mask = s->lim.act_mask, .out_mask = s->lim.out_mask,
                            .max_tokens = (uint32_t)s->o.max_tokens, .threads = (uint32_t)s->o.threads,
-                           .expert_bytes = shoal_bank_bytes(s->bank), .mem_total = s->o.mem_total};
+                           .expert_bytes = s->o.store ? shoal_store_bytes(s->o.store) : shoal_bank_bytes(s->bank), .mem_total = s->o.mem_total};
     memcpy(r.fingerprint, s->fingerprint, SHOAL_PROTO_FP_BYTES);
     snprintf(r.id, sizeof r.id, "%s", s->id);
     snprintf(r.isa, sizeof r.isa, "%s", s->o.isa ? s->o.isa : "?");
@@ -255,7 +259,8 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
      * (ownership says so; a mismatch is a broken invariant, answered, not fatal) */
     int missing = -1;
     for (int i = 0; i < ntouched && missing < 0; i++)
-        if (!shoal_bank_get(s->bank, layer, s->touched[i]))
+        if (s->o.store ? !shoal_store_owns(s->o.store, layer, s->touched[i])
+                       : !shoal_bank_get(s->bank, layer, s->touched[i]))
             missing = s->touched[i];
     uint8_t *y = missing < 0 ? alloc(actx, ylen) : NULL;
     if (!y) {
@@ -270,12 +275,34 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
         return;
     }
     shoal_proto_tensor_hdr(y, out_dt, n, (uint32_t)d);
-    const float b1 = shoal_bank_b1(s->bank), b2 = shoal_bank_b2(s->bank);
+    const float b1 = s->o.store ? shoal_store_b1(s->o.store) : shoal_bank_b1(s->bank);
+    const float b2 = s->o.store ? shoal_store_b2(s->o.store) : shoal_bank_b2(s->bank);
     size_t row_in = (size_t)d * shoal_wire_dtype_size(act->dtype);
+    /* weights: all at once from the bank, or in passes of what the store's
+     * slots hold (each pass's reads issued together). Outputs land in each
+     * pair's own row, so the pass order changes nothing. */
+    int ready = 0;
     for (int i = 0; i < ntouched; i++) {
         int32_t e = s->touched[i], ne = s->cnt[e];
         const int32_t *pi = s->perm + (s->start[e] - ne);
-        const shoal_expert_w *w = shoal_bank_get(s->bank, layer, e);
+        if (i == ready) {
+            if (s->o.store) {
+                int got = shoal_store_fetch(s->o.store, layer, s->touched + i, ntouched - i, s->views + i, msg,
+                                            sizeof msg);
+                if (got < 0) {
+                    for (int j = 0; j < ntouched; j++)
+                        s->cnt[s->touched[j]] = 0;
+                    reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, msg);
+                    return; /* the data frame is the caller's to free (rep->n == 1) */
+                }
+                ready = i + got;
+            } else {
+                for (int j = i; j < ntouched; j++)
+                    s->views[j] = shoal_bank_get(s->bank, layer, s->touched[j]);
+                ready = ntouched;
+            }
+        }
+        const shoal_expert_w *w = s->views[i];
         for (int j = 0; j < ne; j++) {
             int32_t t, ee;
             shoal_proto_route_pair(route, (uint32_t)pi[j], &t, &ee);

@@ -18,6 +18,7 @@
 #include "proto/proto.h"
 #include "proto/shard.h"
 #include "worker/bank.h"
+#include "worker/store.h"
 #include "worker/wmetrics.h"
 
 typedef struct {
@@ -37,14 +38,18 @@ typedef struct {
     shoal_wmetrics *metrics;               /* optional (NULL): counters for /metrics; borrowed */
     unsigned delay_us;                     /* test hook: sleep before computing each EXPERT_BATCH */
     int skip_compute;                      /* benchmark hook: outputs zero instead of the expert FFNs */
+    /* Optional: the experts come from this RAM-budgeted store (worker/store.h)
+     * instead of the bank, which is then NULL. Borrowed; one thread uses it. */
+    shoal_store *store;
 } shoal_serve_opts;
 
 typedef struct shoal_serve shoal_serve;
 
 /* Allocates the reply's data frame (len bytes); NULL on failure (answered
- * with ERROR INTERNAL). ctx is the caller's. Called at most once per request,
- * and only when the reply will carry the frame (rep->n == 2): the caller owns
- * and sends (or frees) it. */
+ * with ERROR INTERNAL). ctx is the caller's. Called at most once per request:
+ * the caller owns and sends (or frees) it. The reply carries it (rep->n == 2)
+ * unless reading an expert from the store failed afterwards (rep->n == 1, an
+ * ERROR): then the caller frees it. */
 typedef void *(*shoal_serve_alloc_fn)(void *ctx, size_t len);
 
 typedef struct {
@@ -54,7 +59,7 @@ typedef struct {
     int shutdown;          /* 1: SHUTDOWN was acknowledged; exit once sent */
 } shoal_serve_reply;
 
-/* o and bank are borrowed and must outlive the handler. */
+/* o and bank (or o->store) are borrowed and must outlive the handler. */
 int shoal_serve_open(shoal_serve **out, const shoal_serve_opts *o, const shoal_bank *bank, char *err, size_t errlen);
 void shoal_serve_close(shoal_serve *s); /* accepts NULL */
 
