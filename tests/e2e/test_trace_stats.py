@@ -1,8 +1,9 @@
 """`shoal trace stats` on a trace written here in Python from the format in
 docs/METRICS.md ("Routing traces"), independently of the C writer, with a
-plan.json; the printed figures are checked against values computed by hand
+plan.json, and with a plan written by `shoal plan` from a real trace; the printed figures are checked against values computed by hand
 (see the comments) -- the same case as tests/unit/test_trace.c, so the C
 writer and this writer must agree on every byte that matters."""
+import json
 import os
 import re
 import struct
@@ -66,9 +67,10 @@ def header_line():
 R.check("header_and_counts", header_line)
 
 
-def row(prefix_re):
-    m = re.search(prefix_re, text, re.M)
-    assert m, f"no line matching {prefix_re!r} in:\n{text}"
+def row(prefix_re, where=None):
+    where = text if where is None else where
+    m = re.search(prefix_re, where, re.M)
+    assert m, f"no line matching {prefix_re!r} in:\n{where}"
     return m
 
 
@@ -123,5 +125,70 @@ def refusals():
 
 
 R.check("refusals", refusals)
+
+
+def planner_plan():
+    """A plan written by `shoal plan` (the deployment issue's planner) from a
+    real trace of tests/models/tiny-k3 is read by `trace stats --plan`, and the
+    printed shares and imbalances equal the ones computed here from the trace
+    and the plan's RANGES (replicas split evenly)."""
+    src = os.environ.get("SHOAL_SRC", ".")
+    model = os.path.join(src, "tests", "models", "tiny-k3")
+    t = os.path.join(tmp, "real.trace")
+    p = subprocess.run([shoal, "run", "--model", model, "--ids", "1,2,3,4,5,6,7,8", "--gen", "8", "--trace", t],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-1000:]
+    cl = os.path.join(tmp, "cluster.json")
+    hosts = [{"name": "head", "address": "127.0.0.1", "ssh_user": "x", "cpus": 2, "expert_ram": 0}]
+    hosts += [{"name": f"w{i}", "address": "127.0.0.1", "ssh_user": "x", "cpus": 2, "expert_ram": "10MiB",
+               "port": 6001 + i} for i in range(3)]
+    with open(cl, "w") as f:
+        json.dump({"format": "shoal-cluster", "version": 1, "coordinator": "head", "worker_port": 5555,
+                   "hosts": hosts}, f)
+    pl = os.path.join(tmp, "plan.json")
+    p = subprocess.run([shoal, "plan", "--model", model, "--cluster", cl, "-o", pl], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-1000:]
+    plan = json.load(open(pl))
+    b = open(t, "rb").read()
+    hb, rb = struct.unpack_from("<I", b, 12)[0], struct.unpack_from("<I", b, 28)[0]
+    hits = {}
+    for off in range(hb, len(b), rb):
+        tok, layer, n = struct.unpack_from("<IHH", b, off)
+        for e in struct.unpack_from(f"<{n}H", b, off + 8):
+            hits[(layer, e)] = hits.get((layer, e), 0) + 1
+
+    def cells(spec):
+        out = set()
+        for g in spec.split(","):
+            ls, es = g.split(":")
+            l0, l1 = ls.split("-") if "-" in ls else (ls, ls)
+            e0, e1 = es.split("-") if "-" in es else (es, es)
+            out |= {(l, e) for l in range(int(l0), int(l1) + 1) for e in range(int(e0), int(e1) + 1)}
+        return out
+
+    own = {w["name"]: cells(w["experts"]) for w in plan["workers"]}
+    names = [w["name"] for w in plan["workers"]]
+    load = {w: {} for w in names}
+    for cell, h in hits.items():
+        owners = [w for w in names if cell in own[w]]
+        assert owners, f"plan leaves {cell} unowned"
+        for w in owners:
+            load[w][cell[0]] = load[w].get(cell[0], 0) + h / len(owners)
+    total = sum(hits.values())
+    share = {w: sum(load[w].values()) / total for w in names}
+    layers = sorted({c[0] for c in hits})
+    lw = sum(max(load[w].get(l, 0) for w in names) for l in layers) / \
+        sum(sum(load[w].get(l, 0) for w in names) / len(names) for l in layers)
+    p = subprocess.run([shoal, "trace", "stats", t, "--plan", pl], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    for w in names:
+        row(rf"^{w}\s+{len(own[w])}\s+{share[w]:.4f}\s+{1 / len(names):.4f}\s+" + re.escape(
+            f"{share[w] * len(names):.3f}") + "$", p.stdout)
+    row(r"^imbalance \(max/mean share\): " + re.escape(f"{max(share.values()) * len(names):.3f}") + "$", p.stdout)
+    row(r"layer-weighted .*: " + re.escape(f"{lw:.3f}") + "$", p.stdout)
+
+
+R.check("plan_written_by_shoal_plan", planner_plan)
 subprocess.run(["rm", "-rf", tmp])
 R.finish()
