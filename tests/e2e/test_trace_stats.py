@@ -1,8 +1,9 @@
 """`shoal trace stats` on a trace written here in Python from the format in
 docs/METRICS.md ("Routing traces"), independently of the C writer, with a
-plan.json, and with a plan written by `shoal plan` from a real trace; the printed figures are checked against values computed by hand
+plan.json; the printed figures are checked against values computed by hand
 (see the comments) -- the same case as tests/unit/test_trace.c, so the C
-writer and this writer must agree on every byte that matters."""
+writer and this writer must agree on every byte that matters. Also: a plan
+written by `shoal plan` from a real trace, checked against Python."""
 import json
 import os
 import re
