@@ -1,6 +1,7 @@
 /* trace: routing trace writer, reader, statistics, plans, and `shoal trace`.
  * Format and plan.json: docs/METRICS.md ("Routing traces"). */
 #include "coordinator/trace.h"
+#include "coordinator/replay.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -579,6 +580,7 @@ void shoal_trace_load_free(shoal_trace_load *l)
 static void trace_usage(FILE *f)
 {
     fprintf(f, "usage: shoal trace stats FILE [--plan plan.json] [--top N] [--all]\n"
+               "       shoal trace replay FILE --cache-slots N[,N...]  (expert cache policies; --help)\n"
                "\n"
                "Summarises a routing trace written by `shoal run|serve --trace FILE`\n"
                "(format: docs/METRICS.md, \"Routing traces\"):\n"
@@ -737,6 +739,8 @@ int shoal_cmd_trace(int argc, char **argv)
     }
     if (!strcmp(argv[1], "stats"))
         return trace_stats_cmd(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "replay")) /* coordinator/replay.c */
+        return shoal_replay_cmd(argc - 1, argv + 1);
     fprintf(stderr, "shoal trace: unknown subcommand '%s'\n", argv[1]);
     trace_usage(stderr);
     return 2;
