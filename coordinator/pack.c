@@ -1,0 +1,495 @@
+/* `shoal pack`: write one worker's routed experts from a model directory into
+ * a pack directory (docs/DEPLOY.md, "Packs"): one safetensors file per MoE
+ * layer holding that worker's experts (each expert's tensors back to back, in
+ * the schema order w1, w3, w2), the index, config.json, and the manifest
+ * shoal-pack.json with every file's size and BLAKE2b-256 (common/packfile.h).
+ *
+ * Resumable: a layer file is written as NAME.part, hashed while written,
+ * fsynced and renamed, then its checksum is stored beside it in NAME.blake2b.
+ * A rerun keeps a file whose header is the one it would write and whose bytes
+ * still hash to its NAME.blake2b, and rewrites anything else. The manifest is
+ * written last, so a directory without it is an unfinished pack (the worker
+ * refuses to serve it as a pack). */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "common/err.h"
+#include "common/k3cfg.h"
+#include "common/k3schema.h"
+#include "common/packfile.h"
+#include "common/planfile.h"
+#include "common/st.h"
+#include "proto/fprint.h"
+#include "proto/shard.h"
+
+#define CHUNK (8u << 20)
+
+typedef struct {
+    const shoal_st *st;
+    int *fds; /* per source file, opened lazily */
+    unsigned char *buf;
+    uint64_t total, done, skipped;
+    double t0, last;
+    int quiet;
+} packer;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void fmt_dur(double s, char *out, size_t n)
+{
+    if (s < 0 || s > 1e7)
+        snprintf(out, n, "?");
+    else if (s >= 3600)
+        snprintf(out, n, "%dh%02dm", (int)(s / 3600), (int)(s / 60) % 60);
+    else if (s >= 60)
+        snprintf(out, n, "%dm%02ds", (int)(s / 60), (int)s % 60);
+    else
+        snprintf(out, n, "%.0fs", s);
+}
+
+/* One line on stderr at most every second (and once at the end): bytes, rate
+ * of the bytes copied in this run, ETA. */
+static void progress(packer *p, int final)
+{
+    double t = now_s();
+    if (p->quiet || (!final && t - p->last < 1.0))
+        return;
+    p->last = t;
+    uint64_t have = p->done + p->skipped;
+    double rate = t > p->t0 ? (double)p->done / (t - p->t0) : 0;
+    char eta[32];
+    fmt_dur(rate > 0 ? (double)(p->total - have) / rate : -1, eta, sizeof eta);
+    fprintf(stderr, "pack: %.2f / %.2f GiB (%.1f%%), %.1f MiB/s, ETA %s%s\n", (double)have / 1073741824.0,
+            (double)p->total / 1073741824.0, p->total ? 100.0 * (double)have / (double)p->total : 100.0,
+            rate / 1048576.0, final ? "0s" : eta, p->skipped ? " (resumed: verified files kept)" : "");
+}
+
+static int write_all(int fd, const void *b, size_t n)
+{
+    const unsigned char *c = b;
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -errno;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int pread_all(int fd, void *b, size_t n, uint64_t off)
+{
+    unsigned char *c = b;
+    while (n) {
+        ssize_t r = pread(fd, c, n, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return r < 0 ? -errno : SHOAL_EIO;
+        c += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return 0;
+}
+
+/* Write path atomically (tmp + rename). */
+static int write_small(const char *path, const void *b, size_t n, char *err, size_t errlen)
+{
+    char tmp[4400];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return shoal_err_set(err, errlen, -errno, "%s: %s", tmp, strerror(errno));
+    int rc = write_all(fd, b, n);
+    if (!rc && fsync(fd))
+        rc = -errno;
+    close(fd);
+    if (!rc && rename(tmp, path))
+        rc = -errno;
+    if (rc)
+        return shoal_err_set(err, errlen, rc, "%s: %s", path, strerror(-rc));
+    return 0;
+}
+
+static int read_small(const char *path, char *buf, size_t cap, size_t *n)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    ssize_t r = read(fd, buf, cap);
+    close(fd);
+    if (r < 0)
+        return -errno;
+    *n = (size_t)r;
+    return 0;
+}
+
+typedef struct {
+    const shoal_tensor *t[SHOAL_K3SCHEMA_EXPERT_MAX * 4096];
+    int n;
+} tlist;
+
+/* The safetensors header of a layer file: tensors in the given order, data
+ * back to back; padded with spaces to a multiple of 8 bytes. */
+static char *make_header(const shoal_tensor *const *t, int n, size_t *hlen, uint64_t *data)
+{
+    json_t *h = json_object();
+    json_t *meta = json_object();
+    json_object_set_new(meta, "format", json_string("pt"));
+    json_object_set_new(meta, "shoal", json_string("pack 1"));
+    json_object_set_new(h, "__metadata__", meta);
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        json_t *o = json_object(), *sh = json_array(), *of = json_array();
+        json_object_set_new(o, "dtype", json_string(shoal_dtype_name(t[i]->dtype)));
+        for (int d = 0; d < t[i]->ndim; d++)
+            json_array_append_new(sh, json_integer(t[i]->shape[d]));
+        json_object_set_new(o, "shape", sh);
+        json_array_append_new(of, json_integer((json_int_t)off));
+        json_array_append_new(of, json_integer((json_int_t)(off + t[i]->nbytes)));
+        json_object_set_new(o, "data_offsets", of);
+        json_object_set_new(h, t[i]->name, o);
+        off += t[i]->nbytes;
+    }
+    char *s = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(h);
+    if (!s)
+        SHOAL_PANIC("json_dumps");
+    size_t n0 = strlen(s), n8 = (n0 + 7) / 8 * 8;
+    char *out = shoal_xmalloc(8 + n8);
+    uint64_t le = n8;
+    for (int i = 0; i < 8; i++)
+        out[i] = (char)(le >> (8 * i));
+    memcpy(out + 8, s, n0);
+    memset(out + 8 + n0, ' ', n8 - n0);
+    free(s);
+    *hlen = 8 + n8;
+    *data = off;
+    return out;
+}
+
+/* Is path already the file we would write (same header, same size, bytes
+ * still hashing to path.blake2b)? Fills hash when it is. */
+static int already_done(const char *path, const char *hdr, size_t hlen, uint64_t size, uint8_t *hash)
+{
+    char side[4400], hex[80];
+    size_t n = 0;
+    snprintf(side, sizeof side, "%s.blake2b", path);
+    struct stat sb;
+    if (stat(path, &sb) || (uint64_t)sb.st_size != size || read_small(side, hex, sizeof hex - 1, &n))
+        return 0;
+    hex[n] = 0;
+    if (n && hex[n - 1] == '\n')
+        hex[n - 1] = 0;
+    uint8_t want[32], got[32];
+    if (shoal_packfile_unhex(hex, want, 32))
+        return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    char *h = shoal_xmalloc(hlen);
+    int same = pread_all(fd, h, hlen, 0) == 0 && !memcmp(h, hdr, hlen);
+    free(h);
+    close(fd);
+    if (!same || shoal_packfile_hash(path, got, NULL, NULL, 0) || memcmp(got, want, 32))
+        return 0;
+    memcpy(hash, got, 32);
+    return 1;
+}
+
+static int write_layer(packer *p, const char *path, const shoal_tensor *const *t, int n, uint8_t *hash,
+                       uint64_t *bytes, char *err, size_t errlen)
+{
+    size_t hlen;
+    uint64_t data;
+    char *hdr = make_header(t, n, &hlen, &data);
+    *bytes = hlen + data;
+    if (already_done(path, hdr, hlen, hlen + data, hash)) {
+        free(hdr);
+        p->skipped += data;
+        progress(p, 0);
+        return 0;
+    }
+    char part[4400], side[4400];
+    snprintf(part, sizeof part, "%s.part", path);
+    snprintf(side, sizeof side, "%s.blake2b", path);
+    unlink(side);
+    int fd = open(part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        free(hdr);
+        return shoal_err_set(err, errlen, -errno, "%s: %s", part, strerror(errno));
+    }
+    crypto_generichash_state hs;
+    crypto_generichash_init(&hs, NULL, 0, 32);
+    crypto_generichash_update(&hs, (const unsigned char *)hdr, hlen);
+    int rc = write_all(fd, hdr, hlen);
+    free(hdr);
+    for (int i = 0; i < n && !rc; i++) {
+        int f = t[i]->file;
+        if (p->fds[f] < 0) {
+            const char *src = shoal_st_file_path(p->st, f);
+            if ((p->fds[f] = open(src, O_RDONLY | O_CLOEXEC)) < 0) {
+                rc = shoal_err_set(err, errlen, -errno, "%s: %s", src, strerror(errno));
+                break;
+            }
+        }
+        for (uint64_t off = 0; off < t[i]->nbytes && !rc;) {
+            size_t k = t[i]->nbytes - off < CHUNK ? (size_t)(t[i]->nbytes - off) : CHUNK;
+            if ((rc = pread_all(p->fds[f], p->buf, k, t[i]->file_offset + off))) {
+                rc = shoal_err_set(err, errlen, rc < 0 ? rc : SHOAL_EIO, "%s: reading %s failed",
+                                   shoal_st_file_path(p->st, f), t[i]->name);
+                break;
+            }
+            crypto_generichash_update(&hs, p->buf, k);
+            if ((rc = write_all(fd, p->buf, k))) {
+                rc = shoal_err_set(err, errlen, rc, "%s: %s", part, strerror(-rc));
+                break;
+            }
+            off += k;
+            p->done += k;
+            progress(p, 0);
+        }
+    }
+    if (!rc && fsync(fd))
+        rc = shoal_err_set(err, errlen, -errno, "%s: fsync: %s", part, strerror(errno));
+    close(fd);
+    if (!rc && rename(part, path))
+        rc = shoal_err_set(err, errlen, -errno, "%s: rename: %s", path, strerror(errno));
+    if (rc)
+        return rc;
+    crypto_generichash_final(&hs, hash, 32);
+    char hex[66];
+    shoal_packfile_hex(hash, 32, hex);
+    hex[64] = '\n';
+    hex[65] = 0;
+    return write_small(side, hex, 65, err, errlen);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: shoal pack --model DIR --plan plan.json --worker NAME -o OUT [--quiet]\n"
+               "\n"
+               "Write just worker NAME's routed experts (its RANGES in the plan) from the model in DIR\n"
+               "into the directory OUT: one safetensors file per MoE layer, the index, config.json and\n"
+               "the manifest shoal-pack.json with every file's size and BLAKE2b-256 (docs/DEPLOY.md).\n"
+               "`shoal expert --model OUT` serves from the pack (--verify checks the checksums first).\n"
+               "Resumable: a rerun keeps every finished file whose bytes still match its checksum.\n"
+               "Progress (bytes, rate, ETA) on stderr every second unless --quiet.\n"
+               "\n"
+               "exit codes: 0 ok, 2 usage error, 3 invalid model or plan, 4 I/O failure\n");
+}
+
+int shoal_cmd_pack(int argc, char **argv)
+{
+    const char *model = NULL, *plan = NULL, *worker = NULL, *out = NULL;
+    int quiet = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--quiet")) {
+            quiet = 1;
+            continue;
+        }
+        const char **dst = !strcmp(a, "--model") ? &model : !strcmp(a, "--plan") ? &plan
+                         : !strcmp(a, "--worker") ? &worker : (!strcmp(a, "-o") || !strcmp(a, "--out")) ? &out : NULL;
+        if (!dst || !v) {
+            fprintf(stderr, "shoal pack: %s '%s'\n", dst ? "missing value for" : "unexpected argument", a);
+            usage(stderr);
+            return 2;
+        }
+        *dst = v;
+        i++;
+    }
+    if (!model || !plan || !worker || !out) {
+        usage(stderr);
+        return 2;
+    }
+    char err[8192] = "", path[4096];
+    int rc, ret = 3;
+    shoal_k3cfg cfg;
+    shoal_st *st = NULL;
+    shoal_planfile pf = {0};
+    shoal_proto_range *r = NULL;
+    size_t nr = 0;
+    shoal_shard *own = NULL;
+    packer pk = {0};
+    tlist *tl = NULL;
+    json_t *files = NULL, *wmap = NULL;
+    char *cfgbuf = NULL;
+    snprintf(path, sizeof path, "%s/config.json", model);
+    if ((rc = shoal_k3cfg_load(&cfg, path, err, sizeof err)))
+        goto fail;
+    shoal_st_opts so = {.map = 0};
+    uint8_t fp[32];
+    if ((rc = shoal_st_open(&st, model, &so, err, sizeof err)) ||
+        (rc = shoal_fprint_model(fp, &cfg, st, err, sizeof err)) ||
+        (rc = shoal_planfile_read(&pf, plan, err, sizeof err)))
+        goto fail;
+    if (pf.has_fingerprint && memcmp(pf.fingerprint, fp, 32)) {
+        char a[65], b[65];
+        shoal_packfile_hex(pf.fingerprint, 32, a);
+        shoal_packfile_hex(fp, 32, b);
+        snprintf(err, sizeof err, "plan %s was made for model %.16s..., %s is %.16s...", plan, a, model, b);
+        goto fail;
+    }
+    const shoal_planfile_worker *pw = shoal_planfile_find(&pf, worker);
+    if (!pw) {
+        snprintf(err, sizeof err, "plan %s has no worker \"%s\"", plan, worker);
+        goto fail;
+    }
+    if ((rc = shoal_shard_parse(pw->experts, &r, &nr, err, sizeof err)) ||
+        (rc = shoal_shard_open(&own, r, nr, cfg.num_layers, cfg.is_moe, cfg.num_experts, err, sizeof err)))
+        goto fail;
+    if (mkdir(out, 0755) && errno != EEXIST) {
+        snprintf(err, sizeof err, "%s: %s", out, strerror(errno));
+        ret = 4;
+        goto fail;
+    }
+    /* what to copy: per MoE layer, the owned experts' tensors */
+    tl = shoal_xcalloc((size_t)cfg.num_layers, sizeof *tl);
+    for (int l = 0; l < cfg.num_layers; l++) {
+        if (!cfg.is_moe[l])
+            continue;
+        for (int e = 0; e < cfg.num_experts; e++) {
+            if (!shoal_shard_owns(own, l, e))
+                continue;
+            shoal_k3schema_entry ent[SHOAL_K3SCHEMA_EXPERT_MAX];
+            int n = shoal_k3schema_expert(&cfg, l, e, ent);
+            for (int i = 0; i < n; i++) {
+                const shoal_tensor *t = shoal_st_find(st, ent[i].name);
+                if (!t) {
+                    snprintf(err, sizeof err, "%s: missing routed-expert tensor %s", model, ent[i].name);
+                    goto fail;
+                }
+                if (tl[l].n == (int)(sizeof tl[l].t / sizeof tl[l].t[0])) {
+                    snprintf(err, sizeof err, "layer %d: too many experts for one pack file", l);
+                    goto fail;
+                }
+                tl[l].t[tl[l].n++] = t;
+                pk.total += t->nbytes;
+            }
+        }
+    }
+    pk.st = st;
+    pk.quiet = quiet;
+    pk.fds = shoal_xmalloc((size_t)shoal_st_nfiles(st) * sizeof *pk.fds);
+    for (int i = 0; i < shoal_st_nfiles(st); i++)
+        pk.fds[i] = -1;
+    pk.buf = shoal_xmalloc(CHUNK);
+    pk.t0 = pk.last = now_s();
+    files = json_array();
+    wmap = json_object();
+    uint64_t total_size = 0;
+    int nlayerfiles = 0;
+    for (int l = 0; l < cfg.num_layers; l++) {
+        if (!tl[l].n)
+            continue;
+        char name[64], fpath[4200];
+        snprintf(name, sizeof name, "experts-L%03d.safetensors", l);
+        snprintf(fpath, sizeof fpath, "%s/%s", out, name);
+        uint8_t h[32];
+        uint64_t bytes;
+        if ((rc = write_layer(&pk, fpath, tl[l].t, tl[l].n, h, &bytes, err, sizeof err))) {
+            ret = 4;
+            goto fail;
+        }
+        char hex[65];
+        shoal_packfile_hex(h, 32, hex);
+        json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "name", name, "bytes", (json_int_t)bytes,
+                                               "blake2b", hex));
+        for (int i = 0; i < tl[l].n; i++) {
+            json_object_set_new(wmap, tl[l].t[i]->name, json_string(name));
+            total_size += tl[l].t[i]->nbytes;
+        }
+        nlayerfiles++;
+    }
+    progress(&pk, 1);
+    /* config.json (copied byte for byte) and the index */
+    size_t cfgn = 0;
+    cfgbuf = shoal_xmalloc(1u << 24);
+    if ((rc = read_small(path, cfgbuf, 1u << 24, &cfgn))) {
+        snprintf(err, sizeof err, "%s: %s", path, strerror(-rc));
+        goto fail;
+    }
+    json_t *idx = json_pack("{s:{s:I}, s:O}", "metadata", "total_size", (json_int_t)total_size, "weight_map", wmap);
+    char *idxs = json_dumps(idx, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    json_decref(idx);
+    struct {
+        const char *name;
+        const char *b;
+        size_t n;
+    } small[2] = {{"config.json", cfgbuf, cfgn}, {"model.safetensors.index.json", idxs, strlen(idxs)}};
+    for (int i = 0; i < 2; i++) {
+        char fpath[4200], hex[65];
+        uint8_t h[32];
+        snprintf(fpath, sizeof fpath, "%s/%s", out, small[i].name);
+        if ((rc = write_small(fpath, small[i].b, small[i].n, err, sizeof err))) {
+            free(idxs);
+            ret = 4;
+            goto fail;
+        }
+        crypto_generichash(h, 32, (const unsigned char *)small[i].b, small[i].n, NULL, 0);
+        shoal_packfile_hex(h, 32, hex);
+        json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "name", small[i].name, "bytes",
+                                               (json_int_t)small[i].n, "blake2b", hex));
+    }
+    free(idxs);
+    char fph[65];
+    shoal_packfile_hex(fp, 32, fph);
+    json_t *man = json_pack("{s:s, s:i, s:s, s:s, s:s, s:I, s:O}", "format", "shoal-pack", "version", 1, "worker",
+                            worker, "experts", pw->experts, "model_fingerprint", fph, "expert_bytes",
+                            (json_int_t)total_size, "files", files);
+    char *mans = json_dumps(man, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(man);
+    snprintf(path, sizeof path, "%s/%s", out, SHOAL_PACKFILE_NAME);
+    rc = write_small(path, mans, strlen(mans), err, sizeof err);
+    free(mans);
+    if (rc) {
+        ret = 4;
+        goto fail;
+    }
+    printf("pack %s: worker %s, %zu experts in %d layer files, %.3f GiB (%.3f GiB copied, %.3f GiB kept from a "
+           "previous run)\n",
+           out, worker, shoal_shard_count(own), nlayerfiles, (double)total_size / 1073741824.0,
+           (double)pk.done / 1073741824.0, (double)pk.skipped / 1073741824.0);
+    ret = 0;
+    goto done;
+fail:
+    fprintf(stderr, "shoal pack: %s\n", err);
+done:
+    if (pk.fds)
+        for (int i = 0; i < shoal_st_nfiles(st); i++)
+            if (pk.fds[i] >= 0)
+                close(pk.fds[i]);
+    free(pk.fds);
+    free(pk.buf);
+    free(cfgbuf);
+    json_decref(files);
+    json_decref(wmap);
+    free(tl);
+    shoal_shard_close(own);
+    free(r);
+    shoal_planfile_free(&pf);
+    shoal_st_close(st);
+    return ret;
+}
