@@ -20,6 +20,7 @@
 #include "common/err.h"
 #include "common/k3cfg.h"
 #include "common/log.h"
+#include "common/packfile.h"
 #include "common/planfile.h"
 #include "common/st.h"
 #include "kernels/kernels.h"
@@ -188,17 +189,39 @@ static void server_free(server *s)
     free(s->q);
 }
 
-static int load_model(server *s, const char *dir, int map, uint8_t fp[SHOAL_PROTO_FP_BYTES], char *err, size_t errlen)
+/* A model directory, or a pack (`shoal pack`, common/packfile.h): a pack holds
+ * only some experts, so its fingerprint is the one recorded in its manifest
+ * (computed by `shoal pack` from the full model's headers); its files' sizes
+ * are always checked, their BLAKE2b checksums with verify. */
+static int load_model(server *s, const char *dir, int map, int verify, uint8_t fp[SHOAL_PROTO_FP_BYTES], char *err,
+                      size_t errlen)
 {
     char path[4096];
+    shoal_packfile pk = {0};
+    int rc, pack = shoal_packfile_is_pack(dir);
+    if (pack) {
+        if ((rc = shoal_packfile_read(&pk, dir, err, errlen)))
+            return rc;
+        rc = shoal_packfile_check(&pk, dir, verify, err, errlen);
+        memcpy(fp, pk.fingerprint, SHOAL_PROTO_FP_BYTES);
+        if (!rc)
+            SHOAL_INFO("pack %s: worker %s, experts %s, %d files%s", dir, pk.worker, pk.experts, pk.nfiles,
+                       verify ? ", checksums verified" : "");
+        shoal_packfile_free(&pk);
+        if (rc)
+            return rc;
+    } else if (verify) {
+        return shoal_err_set(err, errlen, SHOAL_EINVAL,
+                             "--verify: %s is not a pack (no %s); original shards carry no checksums", dir,
+                             SHOAL_PACKFILE_NAME);
+    }
     snprintf(path, sizeof path, "%s/config.json", dir);
-    int rc = shoal_k3cfg_load(&s->cfg, path, err, errlen);
-    if (rc)
+    if ((rc = shoal_k3cfg_load(&s->cfg, path, err, errlen)))
         return rc;
     shoal_st_opts so = {.map = map};
     if ((rc = shoal_st_open(&s->st, dir, &so, err, errlen)))
         return rc;
-    return shoal_fprint_model(fp, &s->cfg, s->st, err, errlen);
+    return pack ? 0 : shoal_fprint_model(fp, &s->cfg, s->st, err, errlen);
 }
 
 int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t errlen)
@@ -211,7 +234,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     shoal_cachepol_kind pol = SHOAL_CACHEPOL_LFU;
     if (o->cache_policy && (shoal_cachepol_parse(o->cache_policy, &pol) || pol == SHOAL_CACHEPOL_OPT))
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "--cache-policy: '%s' is not lfu or lru", o->cache_policy);
-    int rc = load_model(&s, o->model, !cached, fp, err, errlen);
+    int rc = load_model(&s, o->model, !cached, o->verify, fp, err, errlen);
     if (rc)
         goto out;
     if (o->plan_fingerprint && memcmp(o->plan_fingerprint, fp, SHOAL_PROTO_FP_BYTES)) {
@@ -362,11 +385,12 @@ static void usage(FILE *f)
                "Serve the routed experts RANGES of the model in DIR to coordinators over ZeroMQ\n"
                "(proto/PROTOCOL.md). RANGES: comma-separated LAYERS:EXPERTS groups, each side 'a' or\n"
                "'a-b' (inclusive, absolute 0-indexed layers), e.g. 1-92:0-447. ENDPOINT: tcp://HOST:PORT\n"
-               "or ipc:///PATH.\n"
+               "or ipc:///PATH. DIR may be a pack written by `shoal pack` (docs/DEPLOY.md).\n"
                "\n"
                "options:\n"
                "  --plan FILE          take RANGES and ENDPOINT from plan.json (`shoal plan`, docs/CLUSTER.md)\n"
                "  --name NAME          this worker's name in --plan (also its --id)\n"
+               "  --verify             DIR is a pack (`shoal pack`): check every file's BLAKE2b first\n"
                "  --threads N          OpenMP threads (default: all cores)\n"
                "  --id NAME            worker id in HELLO and logs (default: the endpoint)\n"
                "  --max-tokens N       largest token count per request (default 1024)\n"
@@ -399,6 +423,7 @@ int shoal_cmd_expert(int argc, char **argv)
                                              {"test-delay-ms", required_argument, 0, 'd'},
                                              {"bench-skip-compute", no_argument, 0, 's'},
                                              {"plan", required_argument, 0, 'P'},
+                                             {"verify", no_argument, 0, 'V'},
                                              {"name", required_argument, 0, 'N'},
                                              {"cache-gb", required_argument, 0, 'G'},
                                              {"cache-slots", required_argument, 0, 'S'},
@@ -441,6 +466,7 @@ int shoal_cmd_expert(int argc, char **argv)
             break;
         case 'H': o.metrics_host = optarg; break;
         case 'P': plan = optarg; break;
+        case 'V': o.verify = 1; break;
         case 'N': name = optarg; break;
         case 'S':
             if (v < 1) {
@@ -480,7 +506,7 @@ int shoal_cmd_expert(int argc, char **argv)
         }
         server s = {0};
         uint8_t fp[SHOAL_PROTO_FP_BYTES];
-        int rc = load_model(&s, o.model, 0, fp, err, sizeof err);
+        int rc = load_model(&s, o.model, 0, o.verify, fp, err, sizeof err);
         server_free(&s);
         if (rc) {
             fprintf(stderr, "shoal expert: %s\n", err);

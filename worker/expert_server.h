@@ -43,6 +43,9 @@ typedef struct {
     const char *cache_policy; /* "lfu" (default) or "lru" */
     int io_threads;           /* concurrent expert reads; 0: 8 */
     int no_direct;            /* 1: buffered reads only (no O_DIRECT) */
+    /* model is a pack (common/packfile.h): 1 checks every file's BLAKE2b
+     * before serving (sizes are always checked). */
+    int verify;
 } shoal_expert_server_opts;
 
 /* Runs the server. Returns 0 after a clean stop, or an error code with err:
