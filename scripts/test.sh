@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds shoal and runs the whole test suite:
 #   1. release build with -Werror, every CTest test (labels quick and full);
-#   2. ASan+UBSan build, the quick (unit + corpus replay) tests;
-#   3. bounded libFuzzer runs of every fuzz target (clang).
+#   2. ASan+UBSan build (gcc, build-asan/), the quick (unit + corpus replay) tests;
+#   3. bounded libFuzzer runs of every fuzz target (clang, build-fuzz/;
+#      SHOAL_FUZZ_SECONDS per target, default 15, up to nproc targets at once).
+# Prints the time of each stage.
 # Ends with one line "N passed, N failed, N skipped" (counted per test case)
 # and exits non-zero on any failure. Usage: scripts/test.sh [--quick]
 set -uo pipefail
@@ -46,26 +48,36 @@ PY
     return $rc
 }
 
+stage_start=0 # $SECONDS counts from the start of the script
+stage_times=()
+stage_done() { stage_times+=("$1 $((SECONDS - stage_start)) s"); stage_start=$SECONDS; }
+stage_done "deps"
+
 echo "== build (release, -Werror) =="
 cmake -S . -B build -DSHOAL_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null \
     && cmake --build build -j"$jobs" || { echo "test: build failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
+stage_done "release build"
 
 echo "== tests (release) =="
 if [ $quick -eq 1 ]; then run_suite build -L quick || status=1; else run_suite build || status=1; fi
+stage_done "release tests"
 
 if [ $quick -eq 0 ]; then
     echo "== build (ASan+UBSan) =="
     if cmake -S . -B build-asan -DSHOAL_WERROR=ON -DSHOAL_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug >/dev/null \
         && cmake --build build-asan -j"$jobs"; then
+        stage_done "sanitizer build"
         echo "== tests (ASan+UBSan, quick) =="
         ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
             run_suite build-asan -L quick || status=1
+        stage_done "sanitizer tests"
     else
         echo "FAIL	asan-build	sanitizer build failed" >> "$results"; status=1
     fi
 
     echo "== fuzz (bounded) =="
-    bash scripts/fuzz.sh "${SHOAL_FUZZ_SECONDS:-20}" || status=1
+    bash scripts/fuzz.sh "${SHOAL_FUZZ_SECONDS:-15}" || status=1
+    stage_done "fuzz build + runs"
 fi
 
 pass=$(grep -c '^PASS' "$results" || true)
@@ -79,5 +91,6 @@ if [ "$skip" -gt 0 ]; then
 fi
 [ "$fail" -gt 0 ] && status=1
 [ "$pass" -eq 0 ] && status=1
+echo "stage times: $(IFS=,; echo "${stage_times[*]}" | sed 's/,/, /g'); total $SECONDS s"
 echo "$pass passed, $fail failed, $skip skipped"
 exit $status
