@@ -33,6 +33,9 @@ struct shoal_wmetrics {
     shoal_metrics_counter batches, tokens, pairs, experts, queue_us, compute_us;
     shoal_metrics_hist queue_h, compute_h;
     shoal_metrics_counter *hits; /* [num_layers * num_experts] */
+    shoal_metrics_counter cache_hits, cache_misses, cache_bytes, cache_read_us;
+    uint32_t cache_slots;
+    uint64_t cache_slot_bytes;
     /* HTTP responder */
     int lfd;
     pthread_t th;
@@ -122,6 +125,24 @@ void shoal_wmetrics_expert(shoal_wmetrics *wm, int layer, int expert, uint32_t c
     shoal_metrics_add(&wm->hits[(size_t)layer * wm->num_experts + expert], count);
 }
 
+void shoal_wmetrics_cache_config(shoal_wmetrics *wm, uint32_t slots, uint64_t slot_bytes)
+{
+    if (!wm)
+        return;
+    wm->cache_slots = slots; /* set before the HTTP thread starts */
+    wm->cache_slot_bytes = slot_bytes;
+}
+
+void shoal_wmetrics_cache(shoal_wmetrics *wm, uint64_t hits, uint64_t misses, uint64_t bytes, uint64_t read_us)
+{
+    if (!wm)
+        return;
+    shoal_metrics_add(&wm->cache_hits, hits);
+    shoal_metrics_add(&wm->cache_misses, misses);
+    shoal_metrics_add(&wm->cache_bytes, bytes);
+    shoal_metrics_add(&wm->cache_read_us, read_us);
+}
+
 uint64_t shoal_wmetrics_expert_hits(shoal_wmetrics *wm, int layer, int expert)
 {
     if (!wm || layer < 0 || layer >= wm->num_layers || expert < 0 || expert >= wm->num_experts)
@@ -202,6 +223,20 @@ void shoal_wmetrics_write(shoal_wmetrics *wm, shoal_metrics_buf *b)
     one(b, "shoal_expert_server_compute_seconds_total", SHOAL_METRICS_COUNTER,
         "Seconds computing served batches (the replies' compute_us).", wl,
         (double)shoal_metrics_get(&wm->compute_us) / 1e6);
+    one(b, "shoal_expert_server_cache_slots", SHOAL_METRICS_GAUGE,
+        "Experts the RAM-budgeted expert cache holds at once (0: experts mapped, no cache).", wl,
+        (double)wm->cache_slots);
+    one(b, "shoal_expert_server_cache_bytes", SHOAL_METRICS_GAUGE, "Bytes allocated for the expert cache's slots.", wl,
+        (double)wm->cache_slots * (double)wm->cache_slot_bytes);
+    one(b, "shoal_expert_server_cache_hits_total", SHOAL_METRICS_COUNTER,
+        "Expert fetches found resident in the expert cache.", wl, (double)shoal_metrics_get(&wm->cache_hits));
+    one(b, "shoal_expert_server_cache_misses_total", SHOAL_METRICS_COUNTER,
+        "Expert fetches read from disk into the expert cache.", wl, (double)shoal_metrics_get(&wm->cache_misses));
+    one(b, "shoal_expert_server_disk_read_bytes_total", SHOAL_METRICS_COUNTER,
+        "Bytes the expert cache read from disk (aligned spans).", wl, (double)shoal_metrics_get(&wm->cache_bytes));
+    one(b, "shoal_expert_server_disk_read_seconds_total", SHOAL_METRICS_COUNTER,
+        "Seconds the request handler waited for expert reads.", wl,
+        (double)shoal_metrics_get(&wm->cache_read_us) / 1e6);
     shoal_metrics_snap s;
     shoal_metrics_family(b, "shoal_expert_server_queue_wait_seconds", SHOAL_METRICS_HISTOGRAM,
                          "Per served batch: time from taking it off the socket to starting it.");

@@ -51,6 +51,13 @@ void shoal_wmetrics_batch(shoal_wmetrics *wm, uint32_t T, uint32_t n, uint32_t d
 /* count tokens of a served batch were routed to (layer, expert). */
 void shoal_wmetrics_expert(shoal_wmetrics *wm, int layer, int expert, uint32_t count);
 
+/* The expert cache (worker/store.h): its size, set once at start (0 slots:
+ * experts mapped, no cache) ... */
+void shoal_wmetrics_cache_config(shoal_wmetrics *wm, uint32_t slots, uint64_t slot_bytes);
+/* ... and, per fetch pass, the experts found resident (hits), read from disk
+ * (misses), the bytes read and the microseconds waited for the reads. */
+void shoal_wmetrics_cache(shoal_wmetrics *wm, uint64_t hits, uint64_t misses, uint64_t bytes, uint64_t read_us);
+
 /* ---- reading ------------------------------------------------------------ */
 
 void shoal_wmetrics_write(shoal_wmetrics *wm, shoal_metrics_buf *b);
