@@ -277,6 +277,12 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                                                                        : 0};
     if ((rc = shoal_wmetrics_open(&s.wm, &wo, err, errlen)))
         goto out;
+    if (s.store) {
+        shoal_store_stats ss;
+        shoal_store_stats_get(s.store, &ss);
+        shoal_wmetrics_cache_config(s.wm, ss.slots, ss.slot_bytes);
+        shoal_store_set_metrics(s.store, s.wm);
+    }
     if (o->metrics_port > 0) {
         int port = 0;
         if ((rc = shoal_wmetrics_listen(s.wm, o->metrics_host, o->metrics_port, &port, err, errlen)))

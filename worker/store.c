@@ -67,6 +67,7 @@ struct shoal_store {
     int npass;
     shoal_expert_w *views; /* [nslots] */
     shoal_store_stats st;
+    shoal_wmetrics *wm;
     /* I/O pool */
     pthread_t *th;
     int nth;
@@ -443,6 +444,7 @@ int shoal_store_fetch(shoal_store *s, int layer, const int32_t *experts, int n, 
     if (n < 1)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "store fetch of no expert");
     int njobs = 0;
+    shoal_store_stats before = s->st;
     for (int i = 0; i < n && (uint32_t)s->npass < s->nslots; i++) {
         if (layer < 0 || layer >= s->num_layers || experts[i] < 0 || experts[i] >= s->num_experts)
             return shoal_err_set(err, errlen, SHOAL_ERANGE, "layer %d expert %d out of range", layer, experts[i]);
@@ -489,6 +491,8 @@ int shoal_store_fetch(shoal_store *s, int layer, const int32_t *experts, int n, 
         snprintf(msg, sizeof msg, "%s", s->io_msg);
         pthread_mutex_unlock(&s->mu);
         s->st.read_us += now_us() - t0;
+        shoal_wmetrics_cache(s->wm, s->st.hits - before.hits, s->st.misses - before.misses,
+                             s->st.bytes_read - before.bytes_read, s->st.read_us - before.read_us);
         if (rc) { /* the missed slots hold garbage: forget them */
             for (int i = 0; i < s->npass; i++)
                 if (s->pass_miss[i])
@@ -496,10 +500,17 @@ int shoal_store_fetch(shoal_store *s, int layer, const int32_t *experts, int n, 
             return shoal_err_set(err, errlen, rc, "expert store: %.400s", msg);
         }
     }
+    if (!njobs)
+        shoal_wmetrics_cache(s->wm, s->st.hits - before.hits, 0, 0, 0);
     return s->npass;
 }
 
 /* ---- accessors ------------------------------------------------------------ */
+
+void shoal_store_set_metrics(shoal_store *s, shoal_wmetrics *wm)
+{
+    s->wm = wm;
+}
 
 int shoal_store_owns(const shoal_store *s, int layer, int expert)
 {

@@ -28,6 +28,7 @@
 #include "common/st.h"
 #include "kernels/kernels.h"
 #include "proto/shard.h"
+#include "worker/wmetrics.h"
 
 typedef struct shoal_store shoal_store;
 
@@ -72,6 +73,9 @@ int shoal_store_plan(const shoal_st *st, const shoal_k3cfg *cfg, const shoal_sha
  * naming the file; SHOAL_ERANGE: an expert not owned). */
 int shoal_store_fetch(shoal_store *s, int layer, const int32_t *experts, int n, const shoal_expert_w **views,
                       char *err, size_t errlen);
+
+/* Report hits, misses and reads to wm from now on (borrowed; may be NULL). */
+void shoal_store_set_metrics(shoal_store *s, shoal_wmetrics *wm);
 
 int shoal_store_owns(const shoal_store *s, int layer, int expert);
 int shoal_store_d(const shoal_store *s);

@@ -13,10 +13,12 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 T = "test_mem_budgets"
 SRC = os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -145,6 +147,13 @@ def main():
             elif kind == "gb":
                 extra = ["--cache-gb", "%.9f" % (n * (slot_bytes or 16384) / 2**30 + 1e-6), "--cache-policy", pol]
             name = f"{pol}_{kind}_{n}" if kind != "bank" else "mapped_bank"
+            port = None
+            if kind == "slots" and n == k + 2:  # the counters on /metrics too
+                so = socket.socket()
+                so.bind(("127.0.0.1", 0))
+                port = so.getsockname()[1]
+                so.close()
+                extra += ["--metrics-port", str(port)]
             w = start(allr, *extra)
             if not wait_listening(w):
                 check(f"ids_{name}", False, "worker did not start: " + stop(w)[-400:])
@@ -153,8 +162,22 @@ def main():
             for pr in PROMPTS:
                 ids, err = run("--ids", pr, "--worker", w.ep)
                 ok &= check(f"ids_{name}_{pr.split(',')[0]}", ids == ref[pr], f"{ids} != {ref[pr]}: {err[-300:]}")
+            prom = None
+            if port:
+                try:
+                    prom = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+                except OSError as e:
+                    prom = str(e)
             log = stop(w)
             cn = counters(log)
+            if port and cn:
+                def metric(nm):
+                    m = re.search(r"^%s\{[^}]*\} (\S+)$" % nm, prom, re.M)
+                    return float(m.group(1)) if m else None
+                check(f"metrics_{name}", metric("shoal_expert_server_cache_hits_total") == cn[0] and
+                      metric("shoal_expert_server_cache_misses_total") == cn[1] and
+                      metric("shoal_expert_server_cache_slots") == n and
+                      (metric("shoal_expert_server_disk_read_bytes_total") or 0) > 0, f"{cn} vs {prom[-1500:]}")
             if kind == "bank":
                 continue
             if not check(f"counters_{name}", cn is not None, log[-400:]):
