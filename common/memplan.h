@@ -1,0 +1,35 @@
+/* memplan: how much memory this process may use, for the memory presets
+ * (`--cache-gb auto` on the expert server): the cgroup limit (v2 memory.max
+ * of the process's cgroup, or v1 memory.limit_in_bytes of its memory cgroup,
+ * found through /proc/self/cgroup), MemAvailable from /proc/meminfo, and the
+ * process's peak resident set (VmHWM) for the report at exit. Reads files
+ * only; every path is below `root` ("" for the real system) so tests can
+ * give a fake /proc and /sys. Thread-safe (no state). */
+#ifndef SHOAL_MEMPLAN_H
+#define SHOAL_MEMPLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    uint64_t cgroup_limit;  /* bytes; UINT64_MAX when there is none (or "max") */
+    int cgroup_version;     /* 1, 2, or 0 when no limit file was found */
+    char cgroup_file[512];  /* the limit file read (relative to root) */
+    uint64_t mem_available; /* /proc/meminfo MemAvailable; UINT64_MAX if unreadable */
+    uint64_t mem_total;     /* /proc/meminfo MemTotal; 0 if unreadable */
+} shoal_memplan_probe;
+
+/* Fills p; never fails (what cannot be read is reported as unlimited). */
+void shoal_memplan_read(const char *root, shoal_memplan_probe *p);
+
+/* The memory this process may plan for: min(cgroup limit, MemAvailable). */
+uint64_t shoal_memplan_usable(const shoal_memplan_probe *p);
+
+/* Peak resident set of this process in bytes (/proc/self/status VmHWM); 0
+ * if unreadable. */
+uint64_t shoal_memplan_peak_rss(void);
+
+/* "12.3 GiB" / "512.0 MiB" / "unlimited" into buf. */
+const char *shoal_memplan_fmt(uint64_t bytes, char *buf, size_t cap);
+
+#endif
