@@ -20,6 +20,7 @@
 #include "common/err.h"
 #include "common/k3cfg.h"
 #include "common/log.h"
+#include "common/memplan.h"
 #include "common/packfile.h"
 #include "common/planfile.h"
 #include "common/st.h"
@@ -224,13 +225,73 @@ static int load_model(server *s, const char *dir, int map, int verify, uint8_t f
     return pack ? 0 : shoal_fprint_model(fp, &s->cfg, s->st, err, errlen);
 }
 
+/* The memory plan, printed before the cache is allocated; a preset becomes a
+ * slot count here. */
+static int cache_plan(server *s, const shoal_expert_server_opts *o, shoal_store_opts *sto, char *err, size_t errlen)
+{
+    uint64_t sb;
+    uint32_t mins;
+    int rc = shoal_store_plan(s->st, &s->cfg, s->own, &sb, &mins, err, errlen);
+    if (rc)
+        return rc;
+    uint64_t owned = shoal_shard_count(s->own);
+    int mt = o->max_tokens > 0 ? o->max_tokens : 8192;
+    /* the request handler's scratch (worker/serve.c) */
+    uint64_t scratch = (uint64_t)mt * (uint64_t)s->cfg.latent_size * 6 +
+                       (uint64_t)mt * (uint64_t)s->cfg.moe_intermediate_size * 8 +
+                       (uint64_t)mt * (uint64_t)s->cfg.experts_per_token * 16;
+    shoal_memplan_probe p;
+    shoal_memplan_read("", &p);
+    uint64_t usable = shoal_memplan_usable(&p);
+    char a[32], b[32], c[32], d[32], e[32], g[32];
+    SHOAL_INFO("memory plan: usable %s (cgroup v%d limit %s%s%s, MemAvailable %s); shard %llu experts (%s in slots); "
+               "slot %llu bytes; minimum %u slots = %s; request scratch %s",
+               shoal_memplan_fmt(usable, a, sizeof a), p.cgroup_version, shoal_memplan_fmt(p.cgroup_limit, b, sizeof b),
+               p.cgroup_version ? " from " : "", p.cgroup_version ? p.cgroup_file : "",
+               shoal_memplan_fmt(p.mem_available, c, sizeof c), (unsigned long long)owned,
+               shoal_memplan_fmt(owned * sb, d, sizeof d), (unsigned long long)sb, mins,
+               shoal_memplan_fmt(mins * sb, e, sizeof e), shoal_memplan_fmt(scratch, g, sizeof g));
+    if (!o->cache_preset)
+        return 0;
+    const char *pr = o->cache_preset;
+    uint64_t slots;
+    if (!strcmp(pr, "small")) {
+        slots = mins;
+    } else if (!strcmp(pr, "medium")) {
+        slots = owned / 4 > mins ? owned / 4 : mins;
+    } else if (!strcmp(pr, "large")) {
+        slots = owned;
+    } else if (!strcmp(pr, "auto")) {
+        /* keep a reserve for the process itself, ZeroMQ, the scratch, and the
+         * kernel's own page cache (10% + 64 MiB) */
+        uint64_t reserve = scratch + (64ull << 20) + (usable == UINT64_MAX ? 0 : usable / 10);
+        uint64_t budget = usable > reserve ? usable - reserve : 0;
+        slots = budget / sb;
+        if (slots < mins)
+            return shoal_err_set(err, errlen, SHOAL_ECONFIG,
+                                 "--cache-gb auto: %s usable leaves %s for the expert cache after a %s reserve; the "
+                                 "minimum is %u slots = %s (raise the memory limit by the difference)",
+                                 shoal_memplan_fmt(usable, a, sizeof a), shoal_memplan_fmt(budget, b, sizeof b),
+                                 shoal_memplan_fmt(reserve, c, sizeof c), mins, shoal_memplan_fmt(mins * sb, d, sizeof d));
+        if (slots > owned)
+            slots = owned;
+    } else {
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--cache-gb: '%s' is not a size or small|medium|large|auto",
+                             pr);
+    }
+    sto->slots = (uint32_t)slots;
+    SHOAL_INFO("memory plan: preset %s -> %llu slots = %s", pr, (unsigned long long)slots,
+               shoal_memplan_fmt(slots * sb, a, sizeof a));
+    return 0;
+}
+
 int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t errlen)
 {
     if (!o->model || !o->experts || !o->listen)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "--model, --experts and --listen are required");
     server s = {0};
     uint8_t fp[SHOAL_PROTO_FP_BYTES];
-    int cached = o->cache_bytes > 0 || o->cache_slots > 0;
+    int cached = o->cache_bytes > 0 || o->cache_slots > 0 || o->cache_preset;
     shoal_cachepol_kind pol = SHOAL_CACHEPOL_LFU;
     if (o->cache_policy && (shoal_cachepol_parse(o->cache_policy, &pol) || pol == SHOAL_CACHEPOL_OPT))
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "--cache-policy: '%s' is not lfu or lru", o->cache_policy);
@@ -252,6 +313,8 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     if (cached) {
         shoal_store_opts sto = {.cache_bytes = o->cache_bytes, .slots = o->cache_slots, .policy = pol,
                                 .io_threads = o->io_threads, .no_direct = o->no_direct};
+        if ((rc = cache_plan(&s, o, &sto, err, errlen)))
+            goto out;
         if ((rc = shoal_store_open(&s.store, s.st, &s.cfg, s.own, &sto, err, errlen)))
             goto out;
         shoal_store_stats ss;
@@ -355,6 +418,8 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
         head = (head + 1) % QCAP;
         count--;
     }
+    char pk[32];
+    SHOAL_INFO("peak resident memory %s", shoal_memplan_fmt(shoal_memplan_peak_rss(), pk, sizeof pk));
     shoal_proto_stats st;
     shoal_serve_stats(s.srv, &st);
     SHOAL_INFO("stopping (%s): %llu requests, %llu batches, %llu pairs, %llu errors, %llu replies dropped",
@@ -403,7 +468,10 @@ static void usage(FILE *f)
                "  --metrics-port N     serve Prometheus metrics on http://HOST:N/metrics (docs/METRICS.md)\n"
                "  --metrics-host HOST  address for --metrics-port (default 127.0.0.1)\n"
                "  --cache-gb G         RAM budget for the experts in GiB (fractions allowed): experts are read\n"
-               "                       from disk into a fixed cache of that size instead of mapping the shard\n"
+               "                       from disk into a fixed cache of that size instead of mapping the shard;\n"
+               "                       or a preset: small (the minimum: one token's experts), medium (a quarter\n"
+               "                       of the shard), large (all of it), auto (the cgroup limit / MemAvailable\n"
+               "                       less a reserve)\n"
                "  --cache-slots N      the same budget given as a number of experts\n"
                "  --cache-policy P     lfu (default: frequency with aging) or lru\n"
                "  --io-threads N       concurrent expert reads (default 8)\n"
@@ -485,6 +553,10 @@ int shoal_cmd_expert(int argc, char **argv)
         case 'Y': o.cache_policy = optarg; break;
         case 'D': o.no_direct = 1; break;
         case 'G': {
+            if (strspn(optarg, "abcdefghijklmnopqrstuvwxyz") == strlen(optarg)) {
+                o.cache_preset = optarg; /* checked by the server, with the model */
+                break;
+            }
             errno = 0;
             double g = strtod(optarg, &end);
             if (errno || !end || *end || !(g > 0) || g > 1e6) {

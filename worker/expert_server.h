@@ -40,6 +40,10 @@ typedef struct {
      * mapping the whole shard. */
     uint64_t cache_bytes;
     uint32_t cache_slots;
+    /* Or a preset for the budget: "small" (the minimum), "medium" (a quarter
+     * of the shard), "large" (the whole shard), "auto" (what the cgroup limit
+     * and MemAvailable leave, common/memplan.h). */
+    const char *cache_preset;
     const char *cache_policy; /* "lfu" (default) or "lru" */
     int io_threads;           /* concurrent expert reads; 0: 8 */
     int no_direct;            /* 1: buffered reads only (no O_DIRECT) */

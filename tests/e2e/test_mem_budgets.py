@@ -188,6 +188,56 @@ def main():
             if n == k:
                 check(f"counters_{name}_misses", misses >= len(moe_layers) * k and mib > 0, f"{cn}")
 
+    # presets: small and medium serve the same ids; the plan is printed first
+    for pr in ("small", "medium"):
+        w = start(allr, "--cache-gb", pr)
+        if not wait_listening(w):
+            check(f"preset_{pr}", False, stop(w)[-400:])
+            continue
+        ids, err = run("--ids", PROMPTS[0], "--worker", w.ep)
+        log = stop(w)
+        want = k if pr == "small" else max(k, owned // 4)
+        check(f"preset_{pr}", ids == ref[PROMPTS[0]] and f"preset {pr} -> {want} slots" in log and
+              log.index("memory plan:") < log.index("expert cache:") and "peak resident memory" in log,
+              f"{ids}: {log[-600:]}")
+
+    # auto under a cgroup v1 memory cap (where this machine lets us make one)
+    cg = f"/sys/fs/cgroup/memory/shoal-test-mem-{tag}"
+    try:
+        os.mkdir(cg)
+    except OSError as e:
+        record("SKIP", "preset_auto_cgroup", f"cannot create a memory cgroup: {e}")
+        cg = None
+    if cg:
+        try:
+            for cap, ok in ((64 << 20, False), (512 << 20, True)):
+                with open(f"{cg}/memory.limit_in_bytes", "w") as f:
+                    f.write(str(cap))
+                e = ep()
+                log = tempfile.TemporaryFile()
+                p = subprocess.Popen(["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$0" "$@"', BIN, "expert",
+                                      "--model", TINY, "--experts", allr, "--listen", e, "--threads", "1",
+                                      "--cache-gb", "auto"], stdout=subprocess.DEVNULL, stderr=log)
+                p.log, p.ep = log, e
+                if ok:
+                    up = wait_listening(p)
+                    ids = run("--ids", PROMPTS[0], "--worker", e)[0] if up else None
+                    text = stop(p)
+                    check(f"preset_auto_cap_{cap >> 20}m", ids == ref[PROMPTS[0]] and
+                          f"cgroup v1 limit {cap >> 20}.0 MiB" in text and "preset auto ->" in text, text[-600:])
+                else:
+                    rc = p.wait(20)
+                    text = stop(p)
+                    check(f"preset_auto_cap_{cap >> 20}m_refused", rc == 3 and "the minimum is" in text and
+                          f"{cap >> 20}.0 MiB usable" in text, f"rc {rc}: {text[-600:]}")
+        finally:
+            for _ in range(50):
+                try:
+                    os.rmdir(cg)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
     # two workers, each with its minimum, and buffered reads on one
     half = E // 2
     a = start(f"{allr.split(':')[0]}:0-{half - 1}", "--cache-slots", str(k))
