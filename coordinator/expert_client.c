@@ -819,6 +819,7 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
     }
     if ((rc = hello_all(c, err, errlen)))
         goto fail;
+    c->next_rid = 1; /* HELLO used 1; batches start at 2 */
     /* ownership: every expert of every MoE layer exactly once */
     c->owner = shoal_xmalloc((size_t)c->L * (size_t)c->E * sizeof *c->owner);
     {
