@@ -235,7 +235,7 @@ static int cache_plan(server *s, const shoal_expert_server_opts *o, shoal_store_
     if (rc)
         return rc;
     uint64_t owned = shoal_shard_count(s->own);
-    int mt = o->max_tokens > 0 ? o->max_tokens : 8192;
+    int mt = o->max_tokens > 0 ? o->max_tokens : 1024; /* as the request handler below */
     /* the request handler's scratch (worker/serve.c) */
     uint64_t scratch = (uint64_t)mt * (uint64_t)s->cfg.latent_size * 6 +
                        (uint64_t)mt * (uint64_t)s->cfg.moe_intermediate_size * 8 +
