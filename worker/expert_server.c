@@ -14,9 +14,11 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sodium.h>
 #include <zmq.h>
 
 #include "cli/commands.h"
+#include "common/curve.h"
 #include "common/err.h"
 #include "common/k3cfg.h"
 #include "common/log.h"
@@ -170,6 +172,7 @@ typedef struct {
     shoal_store *store;
     shoal_serve *srv;
     void *zctx, *sock;
+    shoal_curve_zap *zap;
     qreq *q;
     shoal_wmetrics *wm;
 } server;
@@ -178,6 +181,7 @@ static void server_free(server *s)
 {
     if (s->sock)
         zmq_close(s->sock);
+    shoal_curve_zap_stop(s->zap);
     if (s->zctx)
         zmq_ctx_term(s->zctx);
     shoal_serve_close(s->srv);
@@ -285,6 +289,28 @@ static int cache_plan(server *s, const shoal_expert_server_opts *o, shoal_store_
     return 0;
 }
 
+/* CURVE server (PROTOCOL.md section 9): our key pair, and a ZAP handler that
+ * accepts only the listed coordinator keys. Before the bind. */
+static int setup_curve(server *s, const shoal_expert_server_opts *o, char *err, size_t errlen)
+{
+    shoal_curve_keypair kp;
+    char(*keys)[SHOAL_CURVE_Z85] = NULL;
+    int n = 0, rc;
+    if (!o->curve_allow)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--curve-secret needs --curve-allow FILE (coordinator keys)");
+    if ((rc = shoal_curve_read_pair(&kp, o->curve_secret, err, errlen)) ||
+        (rc = shoal_curve_read_allow(&keys, &n, o->curve_allow, err, errlen)))
+        return rc;
+    rc = shoal_curve_zap_start(&s->zap, s->zctx, (const char(*)[SHOAL_CURVE_Z85])keys, n, err, errlen);
+    free(keys);
+    if (!rc)
+        rc = shoal_curve_set_server(s->sock, &kp, err, errlen);
+    if (!rc)
+        SHOAL_INFO("CURVE on: worker public key %s, %d coordinator key%s allowed", kp.pub, n, n == 1 ? "" : "s");
+    sodium_memzero(&kp, sizeof kp);
+    return rc;
+}
+
 int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t errlen)
 {
     if (!o->model || !o->experts || !o->listen)
@@ -376,6 +402,8 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
      * most maxmsg bytes per connection */
     int rcvhwm = 16;
     zmq_setsockopt(s.sock, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
+    if (o->curve_secret && (rc = setup_curve(&s, o, err, errlen)))
+        goto out;
     if (zmq_bind(s.sock, o->listen)) {
         rc = shoal_err_set(err, errlen, -errno, "cannot listen on %s: %s", o->listen, zmq_strerror(errno));
         goto out;
@@ -462,6 +490,10 @@ static void usage(FILE *f)
                "  --plan FILE          take RANGES and ENDPOINT from plan.json (`shoal plan`, docs/CLUSTER.md)\n"
                "  --name NAME          this worker's name in --plan (also its --id)\n"
                "  --verify             DIR is a pack (`shoal pack`): check every file's BLAKE2b first\n"
+               "  --curve-secret FILE  CURVE key pair of this worker (`shoal keygen`): every link is\n"
+               "                       encrypted and authenticated (PROTOCOL.md section 9)\n"
+               "  --curve-allow FILE   public keys of the coordinators this worker accepts, one per line\n"
+               "  --insecure           plain TCP without CURVE (a tcp:// ENDPOINT needs CURVE or this)\n"
                "  --threads N          OpenMP threads (default: all cores)\n"
                "  --id NAME            worker id in HELLO and logs (default: the endpoint)\n"
                "  --max-tokens N       largest token count per request (default 1024)\n"
@@ -498,6 +530,9 @@ int shoal_cmd_expert(int argc, char **argv)
                                              {"bench-skip-compute", no_argument, 0, 's'},
                                              {"plan", required_argument, 0, 'P'},
                                              {"verify", no_argument, 0, 'V'},
+                                             {"curve-secret", required_argument, 0, 'K'},
+                                             {"curve-allow", required_argument, 0, 'A'},
+                                             {"insecure", no_argument, 0, 'U'},
                                              {"name", required_argument, 0, 'N'},
                                              {"cache-gb", required_argument, 0, 'G'},
                                              {"cache-slots", required_argument, 0, 'S'},
@@ -509,6 +544,7 @@ int shoal_cmd_expert(int argc, char **argv)
     shoal_expert_server_opts o = {.stop = &stop_flag};
     int print_fp = 0, c;
     const char *plan = NULL, *name = NULL;
+    int insecure = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         char *end = NULL;
@@ -541,6 +577,9 @@ int shoal_cmd_expert(int argc, char **argv)
         case 'H': o.metrics_host = optarg; break;
         case 'P': plan = optarg; break;
         case 'V': o.verify = 1; break;
+        case 'K': o.curve_secret = optarg; break;
+        case 'A': o.curve_allow = optarg; break;
+        case 'U': insecure = 1; break;
         case 'N': name = optarg; break;
         case 'S':
             if (v < 1) {
@@ -623,6 +662,17 @@ int shoal_cmd_expert(int argc, char **argv)
     if (!o.model || !o.experts || !o.listen) {
         shoal_planfile_free(&pf);
         usage(stderr);
+        return 2;
+    }
+    if (shoal_curve_needed(o.listen) && !o.curve_secret && !insecure) {
+        fprintf(stderr, "shoal expert: %s is not ipc://: give --curve-secret FILE and --curve-allow FILE "
+                        "(docs/DEPLOY.md, Keys), or --insecure for plain TCP\n", o.listen);
+        shoal_planfile_free(&pf);
+        return 2;
+    }
+    if (o.curve_secret && insecure) {
+        fprintf(stderr, "shoal expert: --insecure and --curve-secret are exclusive\n");
+        shoal_planfile_free(&pf);
         return 2;
     }
     char role[16] = "W";

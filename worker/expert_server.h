@@ -50,6 +50,11 @@ typedef struct {
     /* model is a pack (common/packfile.h): 1 checks every file's BLAKE2b
      * before serving (sizes are always checked). */
     int verify;
+    /* CURVE (common/curve.h, PROTOCOL.md section 9): this worker's key pair
+     * file and the file of allowed coordinator public keys; NULL: off (the
+     * CLI refuses a non-ipc endpoint without CURVE unless --insecure). */
+    const char *curve_secret;
+    const char *curve_allow;
 } shoal_expert_server_opts;
 
 /* Runs the server. Returns 0 after a clean stop, or an error code with err:
