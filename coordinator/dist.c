@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sodium.h>
+
+#include "common/curve.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/planfile.h"
@@ -63,6 +66,26 @@ int shoal_dist_parse_arg(shoal_dist_opts *o, const char *cmd, int argc, char **a
         }
         o->plan = v;
         r = 1;
+    } else if (!strcmp(a, "--curve-secret") || !strcmp(a, "--curve-keys") || !strcmp(a, "--worker-key")) {
+        if (!v) {
+            fprintf(stderr, "%s: %s needs a file\n", cmd, a);
+            return -1;
+        }
+        if (a[2] == 'w') {
+            if (o->nworker_key == SHOAL_EXPERT_CLIENT_MAX_WORKERS) {
+                fprintf(stderr, "%s: at most %d --worker-key\n", cmd, SHOAL_EXPERT_CLIENT_MAX_WORKERS);
+                return -1;
+            }
+            o->worker_key[o->nworker_key++] = v;
+        } else if (!strcmp(a, "--curve-keys")) {
+            o->curve_keys = v;
+        } else {
+            o->curve_secret = v;
+        }
+        r = 1;
+    } else if (!strcmp(a, "--insecure")) {
+        o->insecure = 1;
+        return 1;
     } else if (!strcmp(a, "--workers")) {
         r = num(cmd, a, v, 1, SHOAL_EXPERT_CLIENT_MAX_WORKERS, &o->nlocal);
     } else if (!strcmp(a, "--worker-threads")) {
@@ -86,6 +109,11 @@ void shoal_dist_usage(FILE *f)
                "                       repeat for each; together they must own every expert once\n"
                "  --plan FILE          connect to every worker of a placement plan (`shoal plan`,\n"
                "                       docs/CLUSTER.md) at its endpoint\n"
+               "  --curve-secret FILE  our CURVE key pair (`shoal keygen`): tcp:// links are encrypted\n"
+               "                       and authenticated (PROTOCOL.md section 9, docs/DEPLOY.md)\n"
+               "  --worker-key FILE    the public key pinned for each --worker, in the same order\n"
+               "  --curve-keys DIR     with --plan: DIR/NAME.pub is worker NAME's pinned public key\n"
+               "  --insecure           allow plain TCP to workers (without it a tcp:// worker needs CURVE)\n"
                "  --workers N          start N local expert servers over ipc:// (experts split evenly),\n"
                "                       stopped on exit\n"
                "  --worker-threads N   OpenMP threads of each local server (default: cores / N)\n"
@@ -134,6 +162,46 @@ static int plan_endpoints(const char *path, const uint8_t *fp, shoal_planfile *p
     return 0;
 }
 
+/* Per worker, the pinned CURVE public key (NULL for ipc:// or --insecure);
+ * refuses a tcp:// worker without one unless --insecure. */
+static int curve_keys(const shoal_dist_opts *o, const char *const *eps, int n, const shoal_planfile *pf,
+                      shoal_curve_keypair *kp, char (*keys)[SHOAL_CURVE_Z85], const char **pk, int *any, char *err,
+                      size_t errlen)
+{
+    int rc;
+    *any = 0;
+    if (o->curve_secret && o->insecure)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--insecure and --curve-secret are exclusive");
+    if (o->nworker_key && (o->plan || o->nworker_key != o->nworker))
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--worker-key: give one per --worker (%d), in the same order",
+                             o->nworker);
+    if (o->curve_secret && (rc = shoal_curve_read_pair(kp, o->curve_secret, err, errlen)))
+        return rc;
+    for (int i = 0; i < n; i++) {
+        pk[i] = NULL;
+        if (!shoal_curve_needed(eps[i]) || o->insecure)
+            continue;
+        const char *file = NULL;
+        char path[4096];
+        if (pf && o->curve_keys) {
+            snprintf(path, sizeof path, "%s/%s.pub", o->curve_keys, pf->workers[i].name);
+            file = path;
+        } else if (!pf && i < o->nworker_key) {
+            file = o->worker_key[i];
+        }
+        if (!o->curve_secret || !file)
+            return shoal_err_set(err, errlen, SHOAL_EINVAL,
+                                 "expert worker %s is not ipc://: give --curve-secret and its public key (%s), or "
+                                 "--insecure for plain TCP",
+                                 eps[i], pf ? "--curve-keys DIR" : "--worker-key FILE");
+        if ((rc = shoal_curve_read_public(keys[i], file, err, errlen)))
+            return rc;
+        pk[i] = keys[i];
+        *any = 1;
+    }
+    return 0;
+}
+
 int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *model_dir, shoal_model *m, char *err,
                      size_t errlen)
 {
@@ -161,11 +229,24 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
         eps = shoal_spawn_endpoints(d->spawn);
         n = o->nlocal;
     }
+    shoal_curve_keypair kp;
+    memset(&kp, 0, sizeof kp);
+    char(*keys)[SHOAL_CURVE_Z85] = shoal_xcalloc((size_t)n + 1, sizeof *keys);
+    const char **pk = shoal_xcalloc((size_t)n + 1, sizeof *pk);
+    int any = 0;
+    rc = curve_keys(o, eps, n, o->plan ? &pf : NULL, &kp, keys, pk, &any, err, errlen);
     shoal_expert_client_opts co = {.endpoints = eps, .nworkers = n, .cfg = info.cfg, .fingerprint = fp,
                                    .max_tokens = info.max_batch, .timeout_ms = o->timeout_ms,
                                    .hello_timeout_ms = o->hello_timeout_ms,
-                                   .check = d->spawn ? shoal_spawn_check : NULL, .check_ctx = d->spawn};
-    rc = shoal_expert_client_open(&d->client, &co, err, errlen);
+                                   .check = d->spawn ? shoal_spawn_check : NULL, .check_ctx = d->spawn,
+                                   .curve = any ? &kp : NULL, .curve_server_keys = any ? pk : NULL};
+    if (!rc)
+        rc = shoal_expert_client_open(&d->client, &co, err, errlen);
+    if (!rc && any)
+        SHOAL_INFO("CURVE on the tcp:// links (our public key %s)", kp.pub);
+    sodium_memzero(&kp, sizeof kp);
+    free(keys);
+    free(pk);
     shoal_planfile_free(&pf); /* the client copied the endpoints */
     if (rc) {
         shoal_dist_stop(d);

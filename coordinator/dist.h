@@ -31,6 +31,14 @@ typedef struct {
     int timeout_ms;       /* --expert-timeout-ms; 0: 30000 */
     int hello_timeout_ms; /* --hello-timeout-ms; 0: 60000 */
     const char *plan;     /* --plan plan.json: every worker's endpoint (docs/CLUSTER.md), borrowed */
+    /* CURVE (PROTOCOL.md section 9): --curve-secret (our key pair file),
+     * --worker-key FILE per --worker (same order), --curve-keys DIR (with
+     * --plan: DIR/NAME.pub per worker), --insecure (plain TCP allowed). */
+    const char *curve_secret;
+    const char *worker_key[SHOAL_EXPERT_CLIENT_MAX_WORKERS];
+    int nworker_key;
+    const char *curve_keys;
+    int insecure;
 } shoal_dist_opts;
 
 /* Options of a command line: consumes argv[*i] (and its value, advancing *i)

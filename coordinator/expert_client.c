@@ -803,6 +803,9 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
         }
         rid[0] |= 1; /* ZeroMQ reserves routing ids starting with a zero byte */
         zmq_setsockopt(w->sock, ZMQ_ROUTING_ID, rid, sizeof rid);
+        if (o->curve && o->curve_server_keys && o->curve_server_keys[i] &&
+            (rc = shoal_curve_set_client(w->sock, o->curve, o->curve_server_keys[i], err, errlen)))
+            goto fail;
         char mon[128];
         snprintf(mon, sizeof mon, "inproc://shoal-expert-client-%p-%d", (void *)c, i);
         if (zmq_socket_monitor(w->sock, mon, ZMQ_EVENT_DISCONNECTED)) {

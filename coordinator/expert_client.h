@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/curve.h"
 #include "common/k3cfg.h"
 #include "coordinator/experts.h"
 #include "proto/proto.h"
@@ -44,6 +45,11 @@ typedef struct {
      * open with that code and its message (e.g. a spawned worker exited). */
     int (*check)(void *ctx, char *err, size_t errlen);
     void *check_ctx;
+    /* CURVE (common/curve.h, PROTOCOL.md section 9): our key pair and, per
+     * worker, its pinned public key (Z85; NULL entry: that link is plain).
+     * Both NULL: no CURVE. Borrowed for open only. */
+    const shoal_curve_keypair *curve;
+    const char *const *curve_server_keys;
 } shoal_expert_client_opts;
 
 typedef struct shoal_expert_client shoal_expert_client;
