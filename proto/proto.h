@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define SHOAL_PROTO_MAJOR 1
-#define SHOAL_PROTO_MINOR 0
+#define SHOAL_PROTO_MINOR 1
 
 #define SHOAL_PROTO_MAX_CONTROL (4u << 20) /* control frame bytes */
 #define SHOAL_PROTO_MAX_FRAMES 3

@@ -208,8 +208,14 @@ static pid_t spawn_worker(const char *bin, const char *dir, const char *ranges, 
     pid_t p = fork();
     if (p == 0) {
         prctl(PR_SET_PDEATHSIG, SIGTERM);
-        execl(bin, bin, "expert", "--model", dir, "--experts", ranges, "--listen", ep, "--id", id, "--threads", "1",
-              "--max-tokens", "256", skip ? "--bench-skip-compute" : (char *)NULL, (char *)NULL);
+        /* plain TCP (--insecure): the benchmark measures the exchange without CURVE */
+        const char *plain = strncmp(ep, "tcp://", 6) ? NULL : "--insecure";
+        if (plain)
+            execl(bin, bin, "expert", "--model", dir, "--experts", ranges, "--listen", ep, "--id", id, "--threads",
+                  "1", "--max-tokens", "256", plain, skip ? "--bench-skip-compute" : (char *)NULL, (char *)NULL);
+        else
+            execl(bin, bin, "expert", "--model", dir, "--experts", ranges, "--listen", ep, "--id", id, "--threads",
+                  "1", "--max-tokens", "256", skip ? "--bench-skip-compute" : (char *)NULL, (char *)NULL);
         _exit(127);
     }
     return p;

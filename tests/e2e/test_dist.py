@@ -86,8 +86,9 @@ procs = []
 
 def start_worker(model, ranges, ep, *extra):
     log = tempfile.TemporaryFile()
+    plain = ["--insecure"] if ep.startswith("tcp://") else []  # CURVE is tested in test_curve.py
     p = subprocess.Popen([BIN, "expert", "--model", model, "--experts", ranges, "--listen", ep, "--threads", "1",
-                          *extra], stdout=subprocess.DEVNULL, stderr=log)
+                          *plain, *extra], stdout=subprocess.DEVNULL, stderr=log)
     p.log = log
     p.ep = ep
     procs.append(p)
@@ -114,7 +115,8 @@ def log_of(p):
 
 def run(model, *args, timeout=120):
     t0 = time.monotonic()
-    r = subprocess.run([BIN, "run", "--model", model, "--json", *args], capture_output=True, text=True,
+    plain = ["--insecure"] if any(str(a).startswith("tcp://") for a in args) else []
+    r = subprocess.run([BIN, "run", "--model", model, "--json", *args, *plain], capture_output=True, text=True,
                        timeout=timeout)
     r.elapsed = time.monotonic() - t0
     try:
@@ -281,7 +283,7 @@ def case_mismatches():
     c = Client(w.ep)
     (m, _) = c.hello(fp_tiny, major=2, minor=7)
     check("worker refuses protocol 2.7 naming both versions",
-          m[0] == 2 and m[2]["code"] == 2 and "coordinator 2.7, worker 1.0" in m[2]["message"], str(m))
+          m[0] == 2 and m[2]["code"] == 2 and "coordinator 2.7, worker 1.1" in m[2]["message"], str(m))
     (m, _) = c.hello(fp_plain)
     check("worker refuses another model's fingerprint naming both",
           m[0] == 2 and m[2]["code"] == 3 and fp_plain in m[2]["message"] and fp_tiny in m[2]["message"], str(m))
@@ -319,7 +321,7 @@ def case_mismatches():
         p.kill()
         out, errs = p.communicate()
     check("coordinator refuses a worker speaking protocol 2.0 (exit 3, both versions)",
-          ok and p.returncode == 3 and "coordinator 1.0, worker 2.0" in errs, f"rc {p.returncode}: {errs[-500:]}")
+          ok and p.returncode == 3 and "coordinator 1.1, worker 2.0" in errs, f"rc {p.returncode}: {errs[-500:]}")
     srv.close()
 
 
