@@ -154,15 +154,23 @@ def main():
                   open(os.path.join(TINY, "config.json"), "rb").read())
 
         ref, rr = run_ids()
+        keys = os.path.join(tmp, "keys")
+        os.mkdir(keys)
+        for n in ["coordinator"] + [w["name"] for w in pl["workers"]]:
+            sh("keygen", "-o", os.path.join(keys, n))
         if check("in-process reference", ref is not None, rr.stderr[-400:]):
             for w in pl["workers"]:
                 log = tempfile.TemporaryFile()
                 p = subprocess.Popen([BIN, "expert", "--model", packs[w["name"]], "--verify", "--plan", plan,
-                                      "--name", w["name"], "--threads", "1"], stdout=subprocess.DEVNULL, stderr=log)
+                                      "--name", w["name"], "--threads", "1",
+                                      "--curve-secret", os.path.join(keys, w["name"] + ".key"),
+                                      "--curve-allow", os.path.join(keys, "coordinator.pub")],
+                                     stdout=subprocess.DEVNULL, stderr=log)
                 p.log = log
                 procs.append(p)
-            got, rr = run_ids("--plan", plan)
-            check("2 workers serving from packs (--verify): ids identical to in-process", got == ref,
+            got, rr = run_ids("--plan", plan, "--curve-secret", os.path.join(keys, "coordinator.key"),
+                              "--curve-keys", keys)
+            check("2 workers serving from packs (--verify, CURVE): ids identical to in-process", got == ref,
                   f"got {got} want {ref}: {rr.stderr[-600:]}")
             for p in procs:
                 p.send_signal(signal.SIGTERM)
@@ -186,7 +194,7 @@ def main():
         os.remove(os.path.join(d, files[1]))  # as if interrupted before that file
         open(os.path.join(d, files[1] + ".part"), "wb").write(b"partial")
         r = sh("expert", "--model", d, "--verify", "--plan", plan, "--name", w0, "--listen",
-               f"tcp://127.0.0.1:{free_port()}", timeout=30)
+               f"tcp://127.0.0.1:{free_port()}", "--insecure", timeout=30)
         check("a damaged pack (flipped byte, missing file) is refused", r.returncode == 3,
               f"rc {r.returncode}: {r.stderr[-300:]}")
         r = sh("pack", "--model", TINY, "--plan", plan, "--worker", w0, "-o", d)
@@ -197,16 +205,16 @@ def main():
               os.stat(os.path.join(d, files[2])).st_mtime_ns == mt[files[2]], r.stderr[-300:])
         open(victim, "wb").write(bad)
         r = sh("expert", "--model", d, "--verify", "--plan", plan, "--name", w0, "--listen",
-               f"tcp://127.0.0.1:{free_port()}", timeout=30)
+               f"tcp://127.0.0.1:{free_port()}", "--insecure", timeout=30)
         check("corrupted pack refused by --verify naming the file", r.returncode == 3 and "checksum mismatch" in
               r.stderr and files[0] in r.stderr, f"rc {r.returncode}: {r.stderr[-300:]}")
         open(victim, "wb").write(good[:-7])
         r = sh("expert", "--model", d, "--plan", plan, "--name", w0, "--listen", f"tcp://127.0.0.1:{free_port()}",
-               timeout=30)
+               "--insecure", timeout=30)
         check("truncated pack refused without --verify", r.returncode == 3 and "manifest says" in r.stderr,
               f"rc {r.returncode}: {r.stderr[-300:]}")
         r = sh("expert", "--model", TINY, "--verify", "--plan", plan, "--name", w0, "--listen",
-               f"tcp://127.0.0.1:{free_port()}", timeout=30)
+               f"tcp://127.0.0.1:{free_port()}", "--insecure", timeout=30)
         check("--verify on original shards refused (no checksums)", r.returncode == 2 and "not a pack" in r.stderr,
               f"rc {r.returncode}: {r.stderr[-300:]}")
     finally:

@@ -187,10 +187,10 @@ def main():
             for w in plan["workers"]:
                 log = tempfile.TemporaryFile()
                 p = subprocess.Popen([BIN, "expert", "--model", TINY, "--plan", out, "--name", w["name"],
-                                      "--threads", "1"], stdout=subprocess.DEVNULL, stderr=log)
+                                      "--threads", "1", "--insecure"], stdout=subprocess.DEVNULL, stderr=log)
                 p.log = log
                 procs.append(p)
-            got, rr = run_ids("--plan", out)
+            got, rr = run_ids("--plan", out, "--insecure")
             check("3 workers from the plan: ids identical to in-process", got == ref,
                   f"got {got} want {ref}: {rr.stderr[-600:]}")
             for p in procs:
@@ -208,7 +208,7 @@ def main():
 
         # a worker with a plan made for another model
         p = subprocess.run([BIN, "expert", "--model", PLAIN, "--plan", out, "--name", "w0", "--listen",
-                            f"tcp://127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=30)
+                            f"tcp://127.0.0.1:{free_port()}", "--insecure"], capture_output=True, text=True, timeout=30)
         check("worker refuses a plan made for another model", p.returncode == 3 and "plan was made for" in p.stderr,
               f"rc {p.returncode}: {p.stderr[-300:]}")
         p = subprocess.run([BIN, "expert", "--model", TINY, "--plan", out, "--name", "nobody"], capture_output=True,
