@@ -83,7 +83,7 @@ int shoal_dist_parse_arg(shoal_dist_opts *o, const char *cmd, int argc, char **a
             o->curve_secret = v;
         }
         r = 1;
-    } else if (!strcmp(a, "--insecure")) {
+    } else if (!strcmp(a, "--insecure-workers")) { /* not --insecure: serve's own flag (HTTP) */
         o->insecure = 1;
         return 1;
     } else if (!strcmp(a, "--workers")) {
@@ -113,7 +113,7 @@ void shoal_dist_usage(FILE *f)
                "                       and authenticated (PROTOCOL.md section 9, docs/DEPLOY.md)\n"
                "  --worker-key FILE    the public key pinned for each --worker, in the same order\n"
                "  --curve-keys DIR     with --plan: DIR/NAME.pub is worker NAME's pinned public key\n"
-               "  --insecure           allow plain TCP to workers (without it a tcp:// worker needs CURVE)\n"
+               "  --insecure-workers   allow plain TCP to workers (without it a tcp:// worker needs CURVE)\n"
                "  --workers N          start N local expert servers over ipc:// (experts split evenly),\n"
                "                       stopped on exit\n"
                "  --worker-threads N   OpenMP threads of each local server (default: cores / N)\n"
@@ -171,7 +171,7 @@ static int curve_keys(const shoal_dist_opts *o, const char *const *eps, int n, c
     int rc;
     *any = 0;
     if (o->curve_secret && o->insecure)
-        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--insecure and --curve-secret are exclusive");
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--insecure-workers and --curve-secret are exclusive");
     if (o->nworker_key && (o->plan || o->nworker_key != o->nworker))
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "--worker-key: give one per --worker (%d), in the same order",
                              o->nworker);
@@ -192,7 +192,7 @@ static int curve_keys(const shoal_dist_opts *o, const char *const *eps, int n, c
         if (!o->curve_secret || !file)
             return shoal_err_set(err, errlen, SHOAL_EINVAL,
                                  "expert worker %s is not ipc://: give --curve-secret and its public key (%s), or "
-                                 "--insecure for plain TCP",
+                                 "--insecure-workers for plain TCP",
                                  eps[i], pf ? "--curve-keys DIR" : "--worker-key FILE");
         if ((rc = shoal_curve_read_public(keys[i], file, err, errlen)))
             return rc;

@@ -33,7 +33,8 @@ typedef struct {
     const char *plan;     /* --plan plan.json: every worker's endpoint (docs/CLUSTER.md), borrowed */
     /* CURVE (PROTOCOL.md section 9): --curve-secret (our key pair file),
      * --worker-key FILE per --worker (same order), --curve-keys DIR (with
-     * --plan: DIR/NAME.pub per worker), --insecure (plain TCP allowed). */
+     * --plan: DIR/NAME.pub per worker), --insecure-workers (plain TCP allowed;
+     * not --insecure, which is `shoal serve`'s HTTP flag). */
     const char *curve_secret;
     const char *worker_key[SHOAL_EXPERT_CLIENT_MAX_WORKERS];
     int nworker_key;

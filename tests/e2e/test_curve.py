@@ -135,7 +135,7 @@ def main():
         check("CURVE with the right keys: ids identical to in-process", got == ref, rr.stderr[-400:])
         got, rr = run_ids("--worker", ep)
         check("coordinator: tcp:// worker without CURVE or --insecure refused",
-              got is None and rr.returncode != 0 and "--insecure" in rr.stderr, rr.stderr[-300:])
+              got is None and rr.returncode != 0 and "--insecure-workers" in rr.stderr, rr.stderr[-300:])
         t0 = time.monotonic()
         got, rr = run_ids("--worker", ep, "--curve-secret", k("evil", "key"), "--worker-key", k("w0", "pub"),
                           "--hello-timeout-ms", "2000")
@@ -144,8 +144,8 @@ def main():
         time.sleep(0.2)
         check("the worker logs the refused key", "client key not allowed" in w.text() and
               open(k("evil", "pub")).read().split()[-1] in w.text(), w.text()[-400:])
-        got, rr = run_ids("--worker", ep, "--insecure", "--hello-timeout-ms", "2000")
-        check("a plain (--insecure) coordinator: refused", got is None, rr.stderr[-300:])
+        got, rr = run_ids("--worker", ep, "--insecure-workers", "--hello-timeout-ms", "2000")
+        check("a plain (--insecure-workers) coordinator: refused", got is None, rr.stderr[-300:])
         got, rr = run_ids("--worker", ep, "--curve-secret", k("coord", "key"), "--worker-key", k("evil", "pub"),
                           "--hello-timeout-ms", "2000")
         check("pinning the wrong worker key: refused", got is None, rr.stderr[-300:])
@@ -164,7 +164,7 @@ def main():
         # what an observer of the link sees, plain vs CURVE
         plain_w = Worker(free_port(), "--insecure")
         captures = {}
-        for mode, target, extra in (("plain", plain_w, ["--insecure"]),
+        for mode, target, extra in (("plain", plain_w, ["--insecure-workers"]),
                                     ("curve", w, ["--curve-secret", k("coord", "key"),
                                                   "--worker-key", k("w0", "pub")])):
             tport = int(target.p.args[target.p.args.index("--listen") + 1].rsplit(":", 1)[1])

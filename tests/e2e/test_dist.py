@@ -115,7 +115,7 @@ def log_of(p):
 
 def run(model, *args, timeout=120):
     t0 = time.monotonic()
-    plain = ["--insecure"] if any(str(a).startswith("tcp://") for a in args) else []
+    plain = ["--insecure-workers"] if any(str(a).startswith("tcp://") for a in args) else []
     r = subprocess.run([BIN, "run", "--model", model, "--json", *args, *plain], capture_output=True, text=True,
                        timeout=timeout)
     r.elapsed = time.monotonic() - t0

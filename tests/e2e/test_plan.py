@@ -190,7 +190,7 @@ def main():
                                       "--threads", "1", "--insecure"], stdout=subprocess.DEVNULL, stderr=log)
                 p.log = log
                 procs.append(p)
-            got, rr = run_ids("--plan", out, "--insecure")
+            got, rr = run_ids("--plan", out, "--insecure-workers")
             check("3 workers from the plan: ids identical to in-process", got == ref,
                   f"got {got} want {ref}: {rr.stderr[-600:]}")
             for p in procs:
