@@ -14,6 +14,8 @@ PKGS=(build-essential cmake pkg-config git python3 python3-venv
       libsimde-dev)
 # extra tools used by the full suite (network namespaces, sshd, tmux)
 PKGS+=(iproute2 tmux)
+# deployment and the multi-host test (docs/DEPLOY.md): Ansible, sshd per namespace, rsync
+PKGS+=(ansible-core openssh-server openssh-client rsync)
 
 missing=()
 for p in "${PKGS[@]}"; do

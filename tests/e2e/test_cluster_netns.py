@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""Multi-host deployment on one machine (issue 10, docs/DEPLOY.md): network
+namespaces joined by a bridge play one coordinator host and three worker
+hosts, each running its own sshd; the root namespace is the Ansible
+controller. plan -> pack -> deploy/site.yml over SSH -> start.yml -> generate:
+the ids equal the single-process run's; the coordinator reaches the workers
+through delay-injecting relays (0.25 ms each way; what they add is measured
+and recorded); a coordinator key the workers do not list is refused; a second
+site.yml run changes nothing; status.yml and stop.yml work.
+Needs root, iproute2, sshd, ansible-playbook, rsync (scripts/deps.sh): SKIPs
+otherwise, counted as skipped. Each case appends PASS/FAIL/SKIP lines to
+$SHOAL_TEST_RESULTS.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+T = "test_cluster_netns"
+SRC = os.path.abspath(os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")))
+BIN = os.path.abspath(os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal")))
+PY = os.environ.get("SHOAL_PYTHON", sys.executable)
+RES = os.environ.get("SHOAL_TEST_RESULTS")
+TINY = os.path.join(SRC, "tests", "models", "tiny-k3")
+PROMPT = "3,17,250,1001,42,7,99,512,4000,1"
+DELAY_MS = 0.25
+counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
+tag = f"{os.getpid() % 10000}"
+NS = {"c": f"shc{tag}", "w0": f"shw0{tag}", "w1": f"shw1{tag}", "w2": f"shw2{tag}"}
+IP = {"c": "10.77.0.10", "w0": "10.77.0.11", "w1": "10.77.0.12", "w2": "10.77.0.13"}
+BR = f"shbr{tag}"
+
+
+def record(status, case, why=""):
+    counts[status] += 1
+    line = f"{status}\t{T}\t{case}" + (f": {why}" if why else "")
+    print(line.replace("\t", " "), flush=True)
+    if RES:
+        with open(RES, "a") as f:
+            f.write(line + "\n")
+
+
+def check(case, cond, why=""):
+    record("PASS" if cond else "FAIL", case, "" if cond else why)
+    return cond
+
+
+def sh(cmd, check_rc=True, **kw):
+    r = subprocess.run(cmd, shell=isinstance(cmd, str), capture_output=True, text=True, **kw)
+    if check_rc and r.returncode:
+        raise RuntimeError(f"{cmd}: rc {r.returncode}: {r.stderr[-500:]}")
+    return r
+
+
+def ns(host, cmd, **kw):
+    return sh(["ip", "netns", "exec", NS[host], *cmd], **kw)
+
+
+def setup_net():
+    sh(["ip", "link", "add", BR, "type", "bridge"])
+    sh(["ip", "addr", "add", "10.77.0.1/24", "dev", BR])
+    sh(["ip", "link", "set", BR, "up"])
+    for h, n in NS.items():
+        sh(["ip", "netns", "add", n])
+        a, b = f"v{h}{tag}", f"p{h}{tag}"
+        sh(["ip", "link", "add", a, "type", "veth", "peer", "name", b])
+        sh(["ip", "link", "set", a, "master", BR])
+        sh(["ip", "link", "set", a, "up"])
+        sh(["ip", "link", "set", b, "netns", n])
+        ns(h, ["ip", "addr", "add", IP[h] + "/24", "dev", b])
+        ns(h, ["ip", "link", "set", b, "up"])
+        ns(h, ["ip", "link", "set", "lo", "up"])
+
+
+def teardown_net():
+    for h, n in NS.items():
+        sh(["ip", "netns", "del", n], check_rc=False)
+        sh(["ip", "link", "del", f"v{h}{tag}"], check_rc=False)
+    sh(["ip", "link", "del", BR], check_rc=False)
+
+
+def start_sshd(tmp, host, pubkey):
+    d = os.path.join(tmp, "sshd", host)
+    os.makedirs(d)
+    hk = os.path.join(d, "hostkey")
+    sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", hk])
+    ak = os.path.join(d, "authorized_keys")
+    shutil.copy(pubkey, ak)
+    os.chmod(ak, 0o600)
+    cfg = os.path.join(d, "sshd_config")
+    open(cfg, "w").write(f"ListenAddress {IP[host]}\nPort 22\nHostKey {hk}\nPidFile {d}/sshd.pid\n"
+                         f"AuthorizedKeysFile {ak}\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+                         "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPrintMotd no\n"
+                         "Subsystem sftp internal-sftp\n")
+    os.makedirs("/run/sshd", exist_ok=True)
+    return subprocess.Popen(["ip", "netns", "exec", NS[host], "/usr/sbin/sshd", "-D", "-e", "-f", cfg],
+                            stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "log"), "w"))
+
+
+def recap(out):
+    """{host: changed} from an ansible-playbook PLAY RECAP"""
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", out, re.M)}
+
+
+def run_ids(prefix, *args):
+    r = sh([*prefix, BIN, "run", "--json", "--ids", PROMPT, "--gen", "6", *args], check_rc=False, timeout=180)
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])["generated_ids"], r
+    except Exception:
+        return None, r
+
+
+def main():
+    if os.geteuid() != 0:
+        record("SKIP", "all", "needs root (network namespaces)")
+        return 77
+    missing = [t for t in ("ip", "ssh", "ssh-keygen", "ansible-playbook", "rsync", "start-stop-daemon")
+               if not shutil.which(t)] + ([] if os.path.exists("/usr/sbin/sshd") else ["sshd"])
+    if missing:
+        record("SKIP", "all", "missing " + ", ".join(missing) + " (scripts/deps.sh)")
+        return 77
+    try:
+        setup_net()
+    except Exception as e:
+        teardown_net()
+        record("SKIP", "all", f"cannot create namespaces/bridge here: {e}")
+        return 77
+    tmp = tempfile.mkdtemp(prefix="shoal-netns-")
+    procs = []
+    try:
+        ref, r = run_ids([], "--model", TINY)
+        check("single-process reference", ref is not None, r.stderr[-300:])
+        # the controller's SSH key, an sshd per host
+        ck = os.path.join(tmp, "id_ed25519")
+        sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", ck])
+        for h in NS:
+            procs.append(start_sshd(tmp, h, ck + ".pub"))
+        sshopt = f"-i {ck} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+        ok = False
+        for _ in range(50):
+            ok = all(sh(f"ssh {sshopt} -o ConnectTimeout=2 root@{IP[h]} true", check_rc=False).returncode == 0
+                     for h in NS)
+            if ok:
+                break
+            time.sleep(0.2)
+        if not check("sshd reachable in every namespace", ok):
+            return 1
+        # relays in the coordinator's namespace: measured first
+        m = sh([PY, os.path.join(SRC, "tests", "e2e", "relay.py"), "--measure", str(DELAY_MS)])
+        added = float(re.search(r"added_us ([\d.]+)", m.stdout).group(1))
+        check(f"relay adds the round trip it claims ({2 * DELAY_MS} ms): {added:.0f} us",
+              2000 * DELAY_MS <= added <= 2000 * DELAY_MS + 400, m.stdout)
+        # plan, with the coordinator reaching each worker through its relay
+        cluster = {"format": "shoal-cluster", "version": 1, "coordinator": "c", "worker_port": 5555,
+                   "hosts": [{"name": "c", "address": IP["c"], "ssh_user": "root", "cpus": 1, "expert_ram": 0}] +
+                   [{"name": w, "address": IP[w], "ssh_user": "root", "cpus": 1, "expert_ram": "600KiB"}
+                    for w in ("w0", "w1", "w2")]}
+        json.dump(cluster, open(os.path.join(tmp, "cluster.json"), "w"))
+        plan, inv = os.path.join(tmp, "plan.json"), os.path.join(tmp, "hosts.yml")
+        r = sh([BIN, "plan", "--model", TINY, "--cluster", os.path.join(tmp, "cluster.json"), "-o", plan,
+                "--inventory", inv], check_rc=False)
+        if not check("shoal plan with --inventory", r.returncode == 0, r.stderr[-300:]):
+            return 1
+        pl = json.load(open(plan))
+        for i, w in enumerate(pl["workers"]):
+            port = 17000 + i
+            procs.append(subprocess.Popen(["ip", "netns", "exec", NS["c"], PY, os.path.join(SRC, "tests", "e2e",
+                                           "relay.py"), f"127.0.0.1:{port}", f"{IP[w['name']]}:5555",
+                                           "--delay-ms", str(DELAY_MS)], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+            w["endpoint"] = f"tcp://127.0.0.1:{port}"
+        json.dump(pl, open(plan, "w"), indent=2)
+        ev = {"shoal_binary": BIN, "shoal_model": TINY, "shoal_plan_file": plan,
+              "shoal_keys_dir": os.path.join(tmp, "keys"), "shoal_packs_dir": os.path.join(tmp, "packs"),
+              "shoal_root": os.path.join(tmp, "hosts", "{{ inventory_hostname }}"),
+              "shoal_install_packages": False, "shoal_service_manager": "direct", "shoal_verify_pack": True,
+              "shoal_http_host": "127.0.0.1", "shoal_http_port": 8000, "shoal_api_key_file": "",
+              "shoal_ssh_opts": sshopt, "ansible_ssh_private_key_file": ck,
+              "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+              "ansible_python_interpreter": "/usr/bin/python3"}
+        evf = os.path.join(tmp, "vars.json")
+        json.dump(ev, open(evf, "w"))
+        env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(SRC, "deploy", "ansible.cfg"),
+                   ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_LOCAL_TEMP=os.path.join(tmp, "ansible-local"),
+                   ANSIBLE_REMOTE_TEMP=os.path.join(tmp, "ansible-remote"))
+
+        def play(book):
+            return sh(["ansible-playbook", "-i", inv, os.path.join(SRC, "deploy", book), "-e", "@" + evf],
+                      check_rc=False, env=env, cwd=tmp, timeout=300)
+
+        t0 = time.monotonic()
+        r = play("site.yml")
+        rc1 = recap(r.stdout)
+        if not check("site.yml deploys over SSH", r.returncode == 0 and rc1.get("w0", 0) > 0,
+                     (r.stdout + r.stderr)[-1500:]):
+            return 1
+        t1 = time.monotonic()
+        r = play("site.yml")
+        rc2 = recap(r.stdout)
+        check("site.yml run twice: the second run changes nothing", r.returncode == 0 and rc2 and
+              all(v == 0 for v in rc2.values()), f"{rc2}: {(r.stdout)[-1500:]}")
+        check("each worker host holds only its pack (not the model)",
+              all(os.path.exists(os.path.join(tmp, "hosts", w, "pack", "shoal-pack.json")) and
+                  not os.path.exists(os.path.join(tmp, "hosts", w, "model")) for w in ("w0", "w1", "w2")))
+        r = play("start.yml")
+        check("start.yml starts workers and coordinator", r.returncode == 0, (r.stdout + r.stderr)[-1500:])
+        root_c = os.path.join(tmp, "hosts", "c")
+        args = ["--model", os.path.join(root_c, "model"), "--plan", os.path.join(root_c, "etc", "plan.json"),
+                "--curve-secret", os.path.join(root_c, "keys", "self.key"), "--curve-keys",
+                os.path.join(root_c, "keys")]
+        nsc = ["ip", "netns", "exec", NS["c"]]
+        got, r = run_ids(nsc, *args)
+        check("generate on the deployed cluster (3 worker hosts, CURVE, relayed 0.5 ms RTT): ids identical",
+              got == ref, f"got {got} want {ref}: {r.stderr[-600:]}")
+        # the deployed coordinator service answers too
+        q = ("import json,urllib.request as u;"
+             "r=u.urlopen(u.Request('http://127.0.0.1:8000/v1/completions',data=json.dumps({'prompt':[" + PROMPT +
+             "],'model':'model','max_tokens':6,'temperature':0,'return_token_ids':True}).encode(),"
+             "headers={'Content-Type':'application/json'}),timeout=60);print(json.dumps(json.load(r)))")
+        doc = None
+        for _ in range(50):
+            rr = sh([*nsc, PY, "-c", q], check_rc=False, timeout=90)
+            if rr.returncode == 0:
+                doc = json.loads(rr.stdout)
+                break
+            time.sleep(0.3)
+        ids = doc["choices"][0].get("token_ids") if doc else None
+        check("the deployed coordinator service (shoal serve) generates the same ids",
+              ids is not None and ids[:len(ref)] == ref, f"{ids} vs {ref}: {rr.stderr[-300:]}")
+        evil = os.path.join(tmp, "evil")
+        sh([BIN, "keygen", "-o", evil])
+        got, r = run_ids(nsc, *args[:4], "--curve-secret", evil + ".key", "--curve-keys", os.path.join(root_c, "keys"),
+                         "--hello-timeout-ms", "3000")
+        wlog = open(os.path.join(tmp, "hosts", "w0", "log", "shoal-expert.log")).read()
+        check("a coordinator key the workers do not list is refused", got is None and
+              "client key not allowed" in wlog, r.stderr[-300:])
+        r = play("status.yml")
+        check("status.yml reports every host running", r.returncode == 0 and r.stdout.count(": running") >= 4,
+              r.stdout[-800:])
+        r = play("stop.yml")
+        check("stop.yml stops everything", r.returncode == 0 and "running" not in play("status.yml").stdout
+              .replace("not running", ""), r.stdout[-800:])
+        print(f"# site.yml first run {t1 - t0:.1f} s, second {time.monotonic() - t1:.1f} s", flush=True)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        # processes started by the playbooks, by their pid files
+        for h in NS:
+            for u in ("shoal-expert", "shoal-coordinator"):
+                pf = os.path.join(tmp, "hosts", h, "run", u + ".pid")
+                if os.path.exists(pf):
+                    try:
+                        os.kill(int(open(pf).read()), signal.SIGKILL)
+                    except (OSError, ValueError):
+                        pass
+        teardown_net()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
+    return 1 if counts["FAIL"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
