@@ -279,9 +279,10 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
     const float b2 = s->o.store ? shoal_store_b2(s->o.store) : shoal_bank_b2(s->bank);
     size_t row_in = (size_t)d * shoal_wire_dtype_size(act->dtype);
     /* weights: all at once from the bank, or in passes of what the store's
-     * slots hold (each pass's reads issued together). Outputs land in each
-     * pair's own row, so the pass order changes nothing. */
-    int ready = 0;
+     * slots hold (each pass's reads issued together; each expert waited for
+     * just before it is used, so computing it overlaps the later reads).
+     * Outputs land in each pair's own row, so the pass order changes nothing. */
+    int ready = 0, pass0 = 0;
     for (int i = 0; i < ntouched; i++) {
         int32_t e = s->touched[i], ne = s->cnt[e];
         const int32_t *pi = s->perm + (s->start[e] - ne);
@@ -295,6 +296,7 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
                     reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, msg);
                     return; /* the data frame is the caller's to free (rep->n == 1) */
                 }
+                pass0 = i;
                 ready = i + got;
             } else {
                 for (int j = i; j < ntouched; j++)
@@ -303,6 +305,12 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
             }
         }
         const shoal_expert_w *w = s->views[i];
+        if (s->o.store && shoal_store_wait(s->o.store, i - pass0, msg, sizeof msg)) {
+            for (int j = 0; j < ntouched; j++)
+                s->cnt[s->touched[j]] = 0;
+            reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, msg);
+            return; /* the data frame is the caller's to free (rep->n == 1) */
+        }
         for (int j = 0; j < ne; j++) {
             int32_t t, ee;
             shoal_proto_route_pair(route, (uint32_t)pi[j], &t, &ee);

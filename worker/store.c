@@ -47,6 +47,7 @@ typedef struct {
 typedef struct {
     const run *r;
     uint8_t *dst;
+    int entry; /* the pass entry whose slot it fills */
 } job;
 
 struct shoal_store {
@@ -64,6 +65,8 @@ struct shoal_store {
     int32_t *pass_slot; /* [nslots] slots pinned by the current pass */
     int32_t *pass_key;  /* [nslots] */
     uint8_t *pass_miss; /* [nslots] */
+    int *pending;       /* [nslots] reads outstanding per pass entry (under mu) */
+    int pass_failed;    /* a read of the current pass failed: its misses were dropped */
     int npass;
     shoal_expert_w *views; /* [nslots] */
     shoal_store_stats st;
@@ -252,8 +255,9 @@ static void *io_main(void *arg)
             s->io_err = rc;
             snprintf(s->io_msg, sizeof s->io_msg, "%s", msg);
         }
-        if (++s->finished == s->njobs)
-            pthread_cond_signal(&s->done);
+        s->pending[j.entry]--;
+        s->finished++;
+        pthread_cond_broadcast(&s->done); /* the handler waits for one entry, or for all */
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -362,6 +366,7 @@ int shoal_store_open(shoal_store **out, const shoal_st *st, const shoal_k3cfg *c
     s->pass_slot = shoal_xmalloc(s->nslots * sizeof *s->pass_slot);
     s->pass_key = shoal_xmalloc(s->nslots * sizeof *s->pass_key);
     s->pass_miss = shoal_xmalloc(s->nslots);
+    s->pending = shoal_xcalloc(s->nslots, sizeof *s->pending);
     s->views = shoal_xcalloc(s->nslots, sizeof *s->views);
     s->jobs = shoal_xmalloc((size_t)s->nslots * NT * sizeof *s->jobs);
     s->nth = o->io_threads > 0 ? o->io_threads : 8;
@@ -384,10 +389,14 @@ fail:
     return rc;
 }
 
+static void drain(shoal_store *s);
+
 void shoal_store_close(shoal_store *s)
 {
     if (!s)
         return;
+    if (s->pending)
+        drain(s);
     pthread_mutex_lock(&s->mu);
     s->quit = 1;
     pthread_cond_broadcast(&s->work);
@@ -408,6 +417,7 @@ void shoal_store_close(shoal_store *s)
     free(s->jobs);
     free(s->views);
     free(s->pass_miss);
+    free(s->pending);
     free(s->pass_key);
     free(s->pass_slot);
     free(s->pinned);
@@ -435,33 +445,65 @@ static void view_of(const shoal_store *s, const emeta *m, const uint8_t *slot, s
     }
 }
 
+/* The missed experts of a pass whose read failed hold garbage: forget them. */
+static void drop_misses(shoal_store *s)
+{
+    if (s->pass_failed)
+        return;
+    for (int i = 0; i < s->npass; i++)
+        if (s->pass_miss[i])
+            shoal_cachepol_drop(s->pol, (uint32_t)s->pass_key[i]);
+    s->pass_failed = 1;
+}
+
+/* Wait until no read of the last pass is in flight (no I/O thread writes
+ * into a slot after this). */
+static void drain(shoal_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    while (s->finished < s->njobs)
+        pthread_cond_wait(&s->done, &s->mu);
+    int failed = s->io_err;
+    s->njobs = s->next = s->finished = 0;
+    s->io_err = 0;
+    pthread_mutex_unlock(&s->mu);
+    if (failed)
+        drop_misses(s);
+}
+
 int shoal_store_fetch(shoal_store *s, int layer, const int32_t *experts, int n, const shoal_expert_w **views,
                       char *err, size_t errlen)
 {
+    drain(s);
     for (int i = 0; i < s->npass; i++)
         s->pinned[s->pass_slot[i]] = 0;
     s->npass = 0;
+    s->pass_failed = 0;
     if (n < 1)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "store fetch of no expert");
-    int njobs = 0;
-    shoal_store_stats before = s->st;
-    for (int i = 0; i < n && (uint32_t)s->npass < s->nslots; i++) {
+    /* all checked before any bookkeeping: a slot handed out must be filled */
+    for (int i = 0; i < n; i++) {
         if (layer < 0 || layer >= s->num_layers || experts[i] < 0 || experts[i] >= s->num_experts)
             return shoal_err_set(err, errlen, SHOAL_ERANGE, "layer %d expert %d out of range", layer, experts[i]);
+        if (s->meta_of[(size_t)layer * (size_t)s->num_experts + (size_t)experts[i]] < 0)
+            return shoal_err_set(err, errlen, SHOAL_ERANGE, "layer %d expert %d is not owned", layer, experts[i]);
+    }
+    int njobs = 0;
+    uint64_t hits0 = s->st.hits, misses0 = s->st.misses, bytes0 = s->st.bytes_read;
+    for (int i = 0; i < n && (uint32_t)s->npass < s->nslots; i++) {
         uint32_t key = (uint32_t)layer * (uint32_t)s->num_experts + (uint32_t)experts[i];
         int32_t mi = s->meta_of[key];
-        if (mi < 0)
-            return shoal_err_set(err, errlen, SHOAL_ERANGE, "layer %d expert %d is not owned", layer, experts[i]);
         int hit;
         int64_t ev;
         int slot = shoal_cachepol_access(s->pol, key, s->pinned, &hit, &ev);
         if (slot < 0)
             break; /* every slot pinned by this pass */
+        int entry = s->npass++;
         s->pinned[slot] = 1;
-        s->pass_slot[s->npass] = slot;
-        s->pass_key[s->npass] = (int32_t)key;
-        s->pass_miss[s->npass] = !hit;
-        s->npass++;
+        s->pass_slot[entry] = slot;
+        s->pass_key[entry] = (int32_t)key;
+        s->pass_miss[entry] = !hit;
+        s->pending[entry] = 0;
         const emeta *m = &s->meta[mi];
         uint8_t *base = s->mem + (size_t)slot * s->slot_bytes;
         if (hit) {
@@ -469,40 +511,52 @@ int shoal_store_fetch(shoal_store *s, int layer, const int32_t *experts, int n, 
         } else {
             s->st.misses++;
             for (int r = 0; r < m->nruns; r++) {
-                s->jobs[njobs++] = (job){.r = &m->runs[r], .dst = base + m->runs[r].pos};
+                s->jobs[njobs++] = (job){.r = &m->runs[r], .dst = base + m->runs[r].pos, .entry = entry};
+                s->pending[entry]++;
                 s->st.bytes_read += m->runs[r].len;
             }
         }
-        view_of(s, m, base, &s->views[s->npass - 1]);
-        views[s->npass - 1] = &s->views[s->npass - 1];
+        view_of(s, m, base, &s->views[entry]);
+        views[entry] = &s->views[entry];
     }
-    if (njobs) { /* every read of the pass issued at once; wait for all */
-        uint64_t t0 = now_us();
+    if (njobs) { /* every read of the pass issued at once, in entry order */
         pthread_mutex_lock(&s->mu);
         s->njobs = njobs;
-        s->next = s->finished = 0;
-        s->io_err = 0;
         pthread_cond_broadcast(&s->work);
-        while (s->finished < s->njobs)
-            pthread_cond_wait(&s->done, &s->mu);
-        s->njobs = s->next = 0;
-        int rc = s->io_err;
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", s->io_msg);
         pthread_mutex_unlock(&s->mu);
-        s->st.read_us += now_us() - t0;
-        shoal_wmetrics_cache(s->wm, s->st.hits - before.hits, s->st.misses - before.misses,
-                             s->st.bytes_read - before.bytes_read, s->st.read_us - before.read_us);
-        if (rc) { /* the missed slots hold garbage: forget them */
-            for (int i = 0; i < s->npass; i++)
-                if (s->pass_miss[i])
-                    shoal_cachepol_drop(s->pol, (uint32_t)s->pass_key[i]);
-            return shoal_err_set(err, errlen, rc, "expert store: %.400s", msg);
-        }
     }
-    if (!njobs)
-        shoal_wmetrics_cache(s->wm, s->st.hits - before.hits, 0, 0, 0);
+    shoal_wmetrics_cache(s->wm, s->st.hits - hits0, s->st.misses - misses0, s->st.bytes_read - bytes0, 0);
     return s->npass;
+}
+
+int shoal_store_wait(shoal_store *s, int i, char *err, size_t errlen)
+{
+    if (i < 0 || i >= s->npass)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "store wait: entry %d of a %d-expert pass", i, s->npass);
+    uint64_t waited = 0;
+    char msg[512] = "";
+    pthread_mutex_lock(&s->mu);
+    if (s->pending[i] > 0) {
+        uint64_t t0 = now_us();
+        while (s->pending[i] > 0 && !s->io_err)
+            pthread_cond_wait(&s->done, &s->mu);
+        waited = now_us() - t0;
+    }
+    int rc = s->io_err;
+    if (rc)
+        snprintf(msg, sizeof msg, "%s", s->io_msg);
+    pthread_mutex_unlock(&s->mu);
+    if (waited) {
+        s->st.read_us += waited;
+        shoal_wmetrics_cache(s->wm, 0, 0, 0, waited);
+    }
+    if (rc || s->pass_failed) {
+        drain(s); /* nothing may still be writing into the slots */
+        drop_misses(s);
+        return shoal_err_set(err, errlen, rc ? rc : SHOAL_EIO, "expert store: %.400s",
+                             msg[0] ? msg : "a read of this pass failed");
+    }
+    return 0;
 }
 
 /* ---- accessors ------------------------------------------------------------ */

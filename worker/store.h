@@ -8,9 +8,9 @@
  * page), so shoal_expert_ffn computes bit-identical outputs.
  *
  * A request's experts are fetched in passes: each pass pins up to `slots`
- * experts, issues every missing read of the pass at once to a small pool of
- * I/O threads, waits for all of them, and hands back the views; the caller
- * computes them and asks for the next pass. So any budget of at least the
+ * experts and issues every missing read of the pass at once to a small pool of
+ * I/O threads; the caller waits for each expert just before computing it (so
+ * computing one overlaps reading the next) and then asks for the next pass. So any budget of at least the
  * minimum (one token's experts: min(k, the most experts owned in one layer))
  * serves any request; smaller budgets are refused at open naming the minimum.
  *
@@ -43,7 +43,7 @@ typedef struct {
 typedef struct {
     uint64_t hits, misses;    /* expert fetches found resident / read from disk */
     uint64_t bytes_read;      /* bytes read from disk (aligned spans included) */
-    uint64_t read_us;         /* wall time spent waiting for reads */
+    uint64_t read_us;         /* wall time the caller was blocked waiting for reads */
     uint32_t slots;           /* slots allocated */
     uint32_t min_slots;       /* the minimum budget in slots */
     uint64_t slot_bytes;      /* bytes of one slot */
@@ -68,11 +68,21 @@ int shoal_store_plan(const shoal_st *st, const shoal_k3cfg *cfg, const shoal_sha
                      uint32_t *min_slots, char *err, size_t errlen);
 
 /* Make the leading experts of experts[n] (distinct, owned, of MoE layer
- * `layer`) resident and pinned: returns m in 1..n, views[0..m-1] valid until
- * the next fetch; or a negative error (a read failed: -errno / SHOAL_EIO
- * naming the file; SHOAL_ERANGE: an expert not owned). */
+ * `layer`) resident and pinned: returns m in 1..n with views[0..m-1] set
+ * (valid until the next fetch), or a negative error (SHOAL_ERANGE: an expert
+ * out of range or not owned; nothing is changed). The reads of the missing
+ * ones are issued before it returns and complete in the background, in entry
+ * order: call shoal_store_wait(i) before reading views[i]'s weights, so the
+ * caller computes expert i while later ones are still being read. */
 int shoal_store_fetch(shoal_store *s, int layer, const int32_t *experts, int n, const shoal_expert_w **views,
                       char *err, size_t errlen);
+
+/* Block until entry i of the last fetch is in memory. 0, or the error of a
+ * failed read of the pass (-errno / SHOAL_EIO naming the file): then the
+ * pass's missed experts are forgotten and every later wait of the pass fails
+ * too. The time blocked is counted as read_us (the reads not hidden behind
+ * computation). */
+int shoal_store_wait(shoal_store *s, int i, char *err, size_t errlen);
 
 /* Report hits, misses and reads to wm from now on (borrowed; may be NULL). */
 void shoal_store_set_metrics(shoal_store *s, shoal_wmetrics *wm);

@@ -117,6 +117,7 @@ static void check_all(fixture *x, int no_direct)
             if (got < 1)
                 break;
             for (int j = 0; j < got; j++) {
+                CHECK_EQ_INT(shoal_store_wait(s, j, err, sizeof err), 0);
                 const shoal_expert_w *w = shoal_bank_get(x->bank, l, ids[i + j]);
                 bad += !same_expert(views[j], w);
                 shoal_expert_ffn(ya, w, xin, T, x->cfg.situ_beta, x->cfg.situ_linear_beta, h);
@@ -143,6 +144,9 @@ static void check_all(fixture *x, int no_direct)
     uint64_t before = st.bytes_read;
     (void)shoal_store_fetch(s, l1, two, 2, views, err, sizeof err);
     CHECK_EQ_INT(shoal_store_fetch(s, l1, two, 2, views, err, sizeof err), 2);
+    CHECK_EQ_INT(shoal_store_wait(s, 1, err, sizeof err), 0); /* out of order is fine */
+    CHECK_EQ_INT(shoal_store_wait(s, 0, err, sizeof err), 0);
+    CHECK(shoal_store_wait(s, 2, err, sizeof err) == SHOAL_EINVAL);
     shoal_store_stats_get(s, &st);
     CHECK(st.hits >= 2);
     CHECK(st.bytes_read <= before + 2 * st.slot_bytes);
@@ -184,8 +188,26 @@ static void t_refusals(void)
     o.cache_bytes = mins * sb;
     CHECK_EQ_INT(shoal_store_open(&s, x.st_hdr, &x.cfg, x.own, &o, err, sizeof err), 0);
     const shoal_expert_w *v[2];
+    CHECK(x.cfg.experts_per_token > 0);
     int32_t notmine[1] = {12};
     CHECK_EQ_INT(shoal_store_fetch(s, 1, notmine, 1, v, err, sizeof err), SHOAL_ERANGE);
+    /* a request mixing an owned expert with one not owned: refused before any
+     * slot is handed out (a slot handed out and not filled would later be a
+     * "hit" on garbage) */
+    int32_t mixed[2] = {3, 12};
+    CHECK_EQ_INT(shoal_store_fetch(s, 1, mixed, 2, v, err, sizeof err), SHOAL_ERANGE);
+    shoal_store_stats st0;
+    shoal_store_stats_get(s, &st0);
+    CHECK_EQ_INT((int)(st0.hits + st0.misses), 0);
+    int32_t three[1] = {3};
+    CHECK_EQ_INT(shoal_store_fetch(s, 1, three, 1, v, err, sizeof err), 1);
+    CHECK_EQ_INT(shoal_store_wait(s, 0, err, sizeof err), 0);
+    shoal_store_stats_get(s, &st0);
+    CHECK_EQ_INT((int)st0.misses, 1);
+    {
+        const shoal_expert_w *bw = shoal_bank_get(x.bank, 1, 3);
+        CHECK(v[0]->w1 && bw && !memcmp(v[0]->w1, bw->w1, (size_t)bw->f * (size_t)bw->d / 2));
+    }
     int32_t dense[1] = {0};
     CHECK_EQ_INT(shoal_store_fetch(s, 0, dense, 1, v, err, sizeof err), SHOAL_ERANGE); /* layer 0 is dense */
     CHECK(shoal_store_owns(s, 1, 11) && !shoal_store_owns(s, 1, 12));
