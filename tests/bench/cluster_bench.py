@@ -21,7 +21,7 @@ import time
 here = os.path.dirname(os.path.abspath(__file__))
 src = os.path.abspath(os.path.join(here, "..", ".."))
 sys.path.insert(0, os.path.join(src, "tests", "e2e"))
-from relay import Relay, measure  # noqa: E402
+from relay import measure  # noqa: E402
 
 BIN = os.environ.get("SHOAL_BIN", os.path.join(src, "build", "bin", "shoal"))
 IDS = "1000,2000,3000,4000,5000,6000,7000,8000,9000,10000,11000,12000,13000,14000,15000,16000"
@@ -88,9 +88,11 @@ def main():
                                                    f"tcp://127.0.0.1:{port}", "--insecure", "--threads",
                                                    str(a.worker_threads), "--id", f"w{i}"],
                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-                    rl = Relay(("127.0.0.1", port), delay_ms=d)
-                    relays.append(rl)
-                    eps += ["--worker", f"tcp://127.0.0.1:{rl.port}"]
+                    rport = free_port()  # one relay process per link (no shared GIL)
+                    relays.append(subprocess.Popen([sys.executable, os.path.join(src, "tests", "e2e", "relay.py"),
+                                                    f"127.0.0.1:{rport}", f"127.0.0.1:{port}", "--delay-ms", str(d)],
+                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                    eps += ["--worker", f"tcp://127.0.0.1:{rport}"]
                 time.sleep(0.5)
                 t0 = time.monotonic()
                 r = subprocess.run([BIN, "run", "--model", a.model, "--ids", a.ids, "--gen", str(a.gen), "--json",
@@ -101,7 +103,8 @@ def main():
                     p.terminate()
                     p.wait()
                 for rl in relays:
-                    rl.close()
+                    rl.terminate()
+                    rl.wait()
                 try:
                     doc = json.loads(r.stdout.strip().splitlines()[-1])
                 except Exception:

@@ -183,6 +183,7 @@ def measure(delay_ms, n=200):
 
 
 def main():
+    sys.setswitchinterval(0.0002)  # threads waiting for the GIL would otherwise wait up to 5 ms
     if len(sys.argv) >= 2 and sys.argv[1] == "--measure":
         d = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
         a, b = measure(d)
