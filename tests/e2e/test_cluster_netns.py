@@ -6,7 +6,7 @@ controller. plan -> pack -> deploy/site.yml over SSH -> start.yml -> generate:
 the ids equal the single-process run's; the coordinator reaches the workers
 through delay-injecting relays (0.25 ms each way; what they add is measured
 and recorded); a coordinator key the workers do not list is refused; a second
-site.yml run changes nothing; status.yml and stop.yml work.
+site.yml run changes nothing; rolling-restart.yml, status.yml and stop.yml work.
 Needs root, iproute2, sshd, ansible-playbook, rsync (scripts/deps.sh): SKIPs
 otherwise, counted as skipped. Each case appends PASS/FAIL/SKIP lines to
 $SHOAL_TEST_RESULTS.
@@ -239,6 +239,10 @@ def main():
         wlog = open(os.path.join(tmp, "hosts", "w0", "log", "shoal-expert.log")).read()
         check("a coordinator key the workers do not list is refused", got is None and
               "client key not allowed" in wlog, r.stderr[-300:])
+        r = play("rolling-restart.yml")
+        got, rr = run_ids(nsc, *args)
+        check("rolling-restart.yml (one worker at a time, then the coordinator), then the same ids",
+              r.returncode == 0 and got == ref, f"{got}: {(r.stdout + r.stderr)[-800:]} {rr.stderr[-300:]}")
         r = play("status.yml")
         check("status.yml reports every host running", r.returncode == 0 and r.stdout.count(": running") >= 4,
               r.stdout[-800:])
