@@ -1,0 +1,51 @@
+/* libFuzzer target for the cluster manifest reader (coordinator/plan.c) and,
+ * for accepted manifests, the planner on a small model with the hosts'
+ * budgets: every refusal names something; an accepted plan owns every expert
+ * exactly once within each worker's budget. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/plan.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    shoal_plan_cluster c;
+    char err[4096] = "";
+    if (shoal_plan_cluster_parse(&c, (const char *)data, size, "fuzz", err, sizeof err)) {
+        if (!err[0])
+            abort();
+        return 0;
+    }
+    if (c.coordinator < 0 || c.coordinator >= c.nhosts)
+        abort();
+    enum { L = 3, E = 5 };
+    static const uint8_t moe[L] = {0, 1, 1};
+    uint64_t budget[SHOAL_PLAN_MAX_HOSTS];
+    int W = 0;
+    for (int i = 0; i < c.nhosts; i++)
+        if (c.hosts[i].expert_ram)
+            budget[W++] = c.hosts[i].expert_ram;
+    int32_t owner[L * E];
+    shoal_plan_in in = {.num_layers = L, .num_experts = E, .is_moe = moe, .expert_bytes = 100, .nworkers = W,
+                        .budget = budget};
+    if (shoal_plan_compute(&in, owner, err, sizeof err) == 0) {
+        uint64_t *cnt = calloc((size_t)W, sizeof *cnt);
+        for (int l = 0; l < L; l++)
+            for (int e = 0; e < E; e++) {
+                int w = owner[l * E + e];
+                if (!moe[l] ? w != -1 : (w < 0 || w >= W))
+                    abort();
+                if (moe[l])
+                    cnt[w]++;
+            }
+        for (int w = 0; w < W; w++)
+            if (cnt[w] * 100 > budget[w])
+                abort();
+        free(cnt);
+    } else if (!err[0]) {
+        abort();
+    }
+    shoal_plan_cluster_free(&c);
+    return 0;
+}
