@@ -10,6 +10,7 @@
 #include "common/curve.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/packfile.h"
 #include "common/planfile.h"
 #include "coordinator/spawn.h"
 #include "proto/fprint.h"
@@ -209,9 +210,21 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
     shoal_model_info info;
     shoal_model_get_info(m, &info);
     uint8_t fp[SHOAL_PROTO_FP_BYTES];
-    int rc = shoal_fprint_model(fp, info.cfg, shoal_model_store(m), err, errlen);
-    if (rc)
+    /* a trunk pack (`shoal pack --trunk`) has no expert headers: its manifest
+     * carries the full model's fingerprint */
+    int rc;
+    if (shoal_packfile_is_pack(model_dir)) {
+        shoal_packfile pk;
+        if ((rc = shoal_packfile_read(&pk, model_dir, err, errlen)) ||
+            (rc = shoal_packfile_check(&pk, model_dir, 0, err, errlen))) {
+            shoal_packfile_free(&pk);
+            return rc;
+        }
+        memcpy(fp, pk.fingerprint, SHOAL_PROTO_FP_BYTES);
+        shoal_packfile_free(&pk);
+    } else if ((rc = shoal_fprint_model(fp, info.cfg, shoal_model_store(m), err, errlen))) {
         return rc;
+    }
     shoal_planfile pf = {0};
     const char *pe[SHOAL_EXPERT_CLIENT_MAX_WORKERS];
     if (o->plan && (rc = plan_endpoints(o->plan, fp, &pf, pe, err, errlen)))

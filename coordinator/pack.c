@@ -285,11 +285,14 @@ static int write_layer(packer *p, const char *path, const shoal_tensor *const *t
 static void usage(FILE *f)
 {
     fprintf(f, "usage: shoal pack --model DIR --plan plan.json --worker NAME -o OUT [--quiet]\n"
+               "       shoal pack --model DIR --trunk [--plan plan.json] -o OUT [--quiet]\n"
                "\n"
                "Write just worker NAME's routed experts (its RANGES in the plan) from the model in DIR\n"
                "into the directory OUT: one safetensors file per MoE layer, the index, config.json and\n"
                "the manifest shoal-pack.json with every file's size and BLAKE2b-256 (docs/DEPLOY.md).\n"
                "`shoal expert --model OUT` serves from the pack (--verify checks the checksums first).\n"
+               "--trunk: everything but the routed experts (and the vision tower), with the tokenizer\n"
+               "files: what the coordinator needs (`shoal run|serve --model OUT --plan ...`).\n"
                "Resumable: a rerun keeps every finished file whose bytes still match its checksum.\n"
                "Progress (bytes, rate, ETA) on stderr every second unless --quiet.\n"
                "\n"
@@ -299,15 +302,15 @@ static void usage(FILE *f)
 int shoal_cmd_pack(int argc, char **argv)
 {
     const char *model = NULL, *plan = NULL, *worker = NULL, *out = NULL;
-    int quiet = 0;
+    int quiet = 0, trunk = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--quiet")) {
-            quiet = 1;
+        if (!strcmp(a, "--quiet") || !strcmp(a, "--trunk")) {
+            *(a[2] == 'q' ? &quiet : &trunk) = 1;
             continue;
         }
         const char **dst = !strcmp(a, "--model") ? &model : !strcmp(a, "--plan") ? &plan
@@ -320,7 +323,7 @@ int shoal_cmd_pack(int argc, char **argv)
         *dst = v;
         i++;
     }
-    if (!model || !plan || !worker || !out) {
+    if (!model || !out || (trunk ? worker != NULL : (!plan || !worker))) {
         usage(stderr);
         return 2;
     }
@@ -343,7 +346,7 @@ int shoal_cmd_pack(int argc, char **argv)
     uint8_t fp[32];
     if ((rc = shoal_st_open(&st, model, &so, err, sizeof err)) ||
         (rc = shoal_fprint_model(fp, &cfg, st, err, sizeof err)) ||
-        (rc = shoal_planfile_read(&pf, plan, err, sizeof err)))
+        (plan && (rc = shoal_planfile_read(&pf, plan, err, sizeof err))))
         goto fail;
     if (pf.has_fingerprint && memcmp(pf.fingerprint, fp, 32)) {
         char a[65], b[65];
@@ -352,22 +355,41 @@ int shoal_cmd_pack(int argc, char **argv)
         snprintf(err, sizeof err, "plan %s was made for model %.16s..., %s is %.16s...", plan, a, model, b);
         goto fail;
     }
-    const shoal_planfile_worker *pw = shoal_planfile_find(&pf, worker);
-    if (!pw) {
+    const shoal_planfile_worker *pw = trunk ? NULL : shoal_planfile_find(&pf, worker);
+    if (!trunk && !pw) {
         snprintf(err, sizeof err, "plan %s has no worker \"%s\"", plan, worker);
         goto fail;
     }
-    if ((rc = shoal_shard_parse(pw->experts, &r, &nr, err, sizeof err)) ||
-        (rc = shoal_shard_open(&own, r, nr, cfg.num_layers, cfg.is_moe, cfg.num_experts, err, sizeof err)))
+    if (!trunk && ((rc = shoal_shard_parse(pw->experts, &r, &nr, err, sizeof err)) ||
+                   (rc = shoal_shard_open(&own, r, nr, cfg.num_layers, cfg.is_moe, cfg.num_experts, err,
+                                          sizeof err))))
         goto fail;
     if (mkdir(out, 0755) && errno != EEXIST) {
         snprintf(err, sizeof err, "%s: %s", out, strerror(errno));
         ret = 4;
         goto fail;
     }
-    /* what to copy: per MoE layer, the owned experts' tensors */
-    tl = shoal_xcalloc((size_t)cfg.num_layers, sizeof *tl);
-    for (int l = 0; l < cfg.num_layers; l++) {
+    /* what to copy, one file per layer (tl[l + 1]) and one for the globals
+     * (tl[0], trunk only): the owned experts' tensors, or with --trunk every
+     * tensor but the routed experts and the vision tower */
+    tl = shoal_xcalloc((size_t)cfg.num_layers + 1, sizeof *tl);
+    if (trunk) {
+        for (size_t i = 0; i < shoal_st_count(st); i++) {
+            const shoal_tensor *t = shoal_st_at(st, i);
+            if (strstr(t->name, ".block_sparse_moe.experts.") || shoal_k3schema_is_vision(t->name))
+                continue;
+            const char *ls = strstr(t->name, "model.layers.");
+            int l = ls ? atoi(ls + 13) : -1;
+            tlist *d = &tl[l >= 0 && l < cfg.num_layers ? l + 1 : 0];
+            if (d->n == (int)(sizeof d->t / sizeof d->t[0])) {
+                snprintf(err, sizeof err, "too many tensors for one pack file");
+                goto fail;
+            }
+            d->t[d->n++] = t;
+            pk.total += t->nbytes;
+        }
+    }
+    for (int l = 0; !trunk && l < cfg.num_layers; l++) {
         if (!cfg.is_moe[l])
             continue;
         for (int e = 0; e < cfg.num_experts; e++) {
@@ -381,11 +403,11 @@ int shoal_cmd_pack(int argc, char **argv)
                     snprintf(err, sizeof err, "%s: missing routed-expert tensor %s", model, ent[i].name);
                     goto fail;
                 }
-                if (tl[l].n == (int)(sizeof tl[l].t / sizeof tl[l].t[0])) {
+                if (tl[l + 1].n == (int)(sizeof tl[l + 1].t / sizeof tl[l + 1].t[0])) {
                     snprintf(err, sizeof err, "layer %d: too many experts for one pack file", l);
                     goto fail;
                 }
-                tl[l].t[tl[l].n++] = t;
+                tl[l + 1].t[tl[l + 1].n++] = t;
                 pk.total += t->nbytes;
             }
         }
@@ -401,15 +423,19 @@ int shoal_cmd_pack(int argc, char **argv)
     wmap = json_object();
     uint64_t total_size = 0;
     int nlayerfiles = 0;
-    for (int l = 0; l < cfg.num_layers; l++) {
-        if (!tl[l].n)
+    for (int f = 0; f <= cfg.num_layers; f++) {
+        const tlist *tf = &tl[f];
+        if (!tf->n)
             continue;
         char name[64], fpath[4200];
-        snprintf(name, sizeof name, "experts-L%03d.safetensors", l);
+        if (f == 0)
+            snprintf(name, sizeof name, "trunk-globals.safetensors");
+        else
+            snprintf(name, sizeof name, "%s-L%03d.safetensors", trunk ? "trunk" : "experts", f - 1);
         snprintf(fpath, sizeof fpath, "%s/%s", out, name);
         uint8_t h[32];
         uint64_t bytes;
-        if ((rc = write_layer(&pk, fpath, tl[l].t, tl[l].n, h, &bytes, err, sizeof err))) {
+        if ((rc = write_layer(&pk, fpath, tf->t, tf->n, h, &bytes, err, sizeof err))) {
             ret = 4;
             goto fail;
         }
@@ -417,9 +443,9 @@ int shoal_cmd_pack(int argc, char **argv)
         shoal_packfile_hex(h, 32, hex);
         json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "name", name, "bytes", (json_int_t)bytes,
                                                "blake2b", hex));
-        for (int i = 0; i < tl[l].n; i++) {
-            json_object_set_new(wmap, tl[l].t[i]->name, json_string(name));
-            total_size += tl[l].t[i]->nbytes;
+        for (int i = 0; i < tf->n; i++) {
+            json_object_set_new(wmap, tf->t[i]->name, json_string(name));
+            total_size += tf->t[i]->nbytes;
         }
         nlayerfiles++;
     }
@@ -438,13 +464,35 @@ int shoal_cmd_pack(int argc, char **argv)
         const char *name;
         const char *b;
         size_t n;
-    } small[2] = {{"config.json", cfgbuf, cfgn}, {"model.safetensors.index.json", idxs, strlen(idxs)}};
-    for (int i = 0; i < 2; i++) {
+    } small[2 + 4] = {{"config.json", cfgbuf, cfgn}, {"model.safetensors.index.json", idxs, strlen(idxs)}};
+    int nsmall = 2;
+    char *extra[4] = {0};
+    if (trunk) { /* the coordinator also needs the tokenizer files that exist */
+        static const char *const tok[4] = {"tiktoken.model", "tokenizer_config.json", "generation_config.json",
+                                           "special_tokens_map.json"};
+        for (int i = 0; i < 4; i++) {
+            char tp[4200];
+            size_t tn = 0;
+            snprintf(tp, sizeof tp, "%s/%s", model, tok[i]);
+            extra[i] = shoal_xmalloc(64u << 20);
+            if (read_small(tp, extra[i], 64u << 20, &tn)) {
+                free(extra[i]);
+                extra[i] = NULL;
+                continue;
+            }
+            small[nsmall].name = tok[i];
+            small[nsmall].b = extra[i];
+            small[nsmall++].n = tn;
+        }
+    }
+    for (int i = 0; i < nsmall; i++) {
         char fpath[4200], hex[65];
         uint8_t h[32];
         snprintf(fpath, sizeof fpath, "%s/%s", out, small[i].name);
         if ((rc = write_small(fpath, small[i].b, small[i].n, err, sizeof err))) {
             free(idxs);
+            for (int k = 0; k < 4; k++)
+                free(extra[k]);
             ret = 4;
             goto fail;
         }
@@ -454,10 +502,12 @@ int shoal_cmd_pack(int argc, char **argv)
                                                (json_int_t)small[i].n, "blake2b", hex));
     }
     free(idxs);
+    for (int k = 0; k < 4; k++)
+        free(extra[k]);
     char fph[65];
     shoal_packfile_hex(fp, 32, fph);
     json_t *man = json_pack("{s:s, s:i, s:s, s:s, s:s, s:I, s:O}", "format", "shoal-pack", "version", 1, "worker",
-                            worker, "experts", pw->experts, "model_fingerprint", fph, "expert_bytes",
+                            trunk ? "trunk" : worker, "experts", trunk ? "" : pw->experts, "model_fingerprint", fph, "expert_bytes",
                             (json_int_t)total_size, "files", files);
     char *mans = json_dumps(man, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(man);
@@ -468,9 +518,10 @@ int shoal_cmd_pack(int argc, char **argv)
         ret = 4;
         goto fail;
     }
-    printf("pack %s: worker %s, %zu experts in %d layer files, %.3f GiB (%.3f GiB copied, %.3f GiB kept from a "
+    printf("pack %s: %s %s, %zu experts in %d files, %.3f GiB (%.3f GiB copied, %.3f GiB kept from a "
            "previous run)\n",
-           out, worker, shoal_shard_count(own), nlayerfiles, (double)total_size / 1073741824.0,
+           out, trunk ? "the trunk" : "worker", trunk ? "(no routed experts)" : worker, own ? shoal_shard_count(own) : 0,
+           nlayerfiles, (double)total_size / 1073741824.0,
            (double)pk.done / 1073741824.0, (double)pk.skipped / 1073741824.0);
     ret = 0;
     goto done;

@@ -91,8 +91,8 @@ def parse_ranges(s):
     return cells
 
 
-def run_ids(*args):
-    r = subprocess.run([BIN, "run", "--model", TINY, "--json", "--ids", PROMPT, "--gen", "6", *args],
+def run_ids(*args, model=TINY):
+    r = subprocess.run([BIN, "run", "--model", model, "--json", "--ids", PROMPT, "--gen", "6", *args],
                        capture_output=True, text=True, timeout=120)
     try:
         return json.loads(r.stdout.strip().splitlines()[-1])["generated_ids"], r
@@ -171,6 +171,21 @@ def main():
             got, rr = run_ids("--plan", plan, "--curve-secret", os.path.join(keys, "coordinator.key"),
                               "--curve-keys", keys)
             check("2 workers serving from packs (--verify, CURVE): ids identical to in-process", got == ref,
+                  f"got {got} want {ref}: {rr.stderr[-600:]}")
+            trunk = os.path.join(tmp, "trunk")
+            r = sh("pack", "--model", TINY, "--trunk", "--plan", plan, "-o", trunk)
+            tt = {}
+            for f in os.listdir(trunk):
+                if f.endswith(".safetensors"):
+                    tt.update(st_tensors(os.path.join(trunk, f)))
+            want = {k: v for k, v in orig.items() if ".block_sparse_moe.experts." not in k and
+                    not k.startswith(("vision_tower.", "mm_projector."))}
+            check("trunk pack: every tensor but the routed experts and the vision tower, bytes equal",
+                  r.returncode == 0 and tt == want and os.path.exists(os.path.join(trunk, "tiktoken.model")),
+                  f"{len(tt)} vs {len(want)}: {r.stderr[-300:]}")
+            got, rr = run_ids("--plan", plan, "--curve-secret", os.path.join(keys, "coordinator.key"),
+                              "--curve-keys", keys, model=trunk)
+            check("coordinator on the trunk pack + workers on their packs: ids identical", got == ref,
                   f"got {got} want {ref}: {rr.stderr[-600:]}")
             for p in procs:
                 p.send_signal(signal.SIGTERM)
