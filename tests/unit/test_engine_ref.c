@@ -104,60 +104,60 @@ static float *all_logits(shoal_model *m, const int32_t *ids, int n)
 /* tf: {ids, argmax}; lj: {ids, top_ids, top_values, full_rows} */
 static void check_tf_logits(const char *name, json_t *tf, json_t *lj, double tol)
 {
-    {
-        int n;
-        int32_t *ids = jids(json_object_get(tf, "ids"), &n);
-        shoal_model *m = open_model(name, 5, n);
-        if (!m)
-            return;
-        shoal_model_info in;
-        shoal_model_get_info(m, &in);
-        int V = in.vocab;
-        float *lg = all_logits(m, ids, n);
-
-        json_t *am = json_object_get(tf, "argmax");
-        CHECK_EQ_INT(json_array_size(am), n);
-        int bad = 0;
-        for (int t = 0; t < n; t++) {
-            int want = (int)json_number_value(json_array_get(am, (size_t)t));
-            int got = shoal_argmax(lg + (size_t)t * V, V);
-            if (got != want && bad++ < 5)
-                fprintf(stderr, "  %s: position %d: argmax %d, reference %d\n", name, t, got, want);
-        }
-        CHECK_MSG(bad == 0, "%s: %d of %d teacher-forced argmax differ", name, bad, n);
-
-        /* logits.json: the same sequence */
-        int n2;
-        int32_t *ids2 = jids(json_object_get(lj, "ids"), &n2);
-        CHECK(n2 == n && !memcmp(ids, ids2, sizeof(int32_t) * (size_t)n));
-        double worst = 0;
-        json_t *ti = json_object_get(lj, "top_ids"), *tv = json_object_get(lj, "top_values");
-        for (int t = 0; t < n; t++) {
-            json_t *ri = json_array_get(ti, (size_t)t), *rv = json_array_get(tv, (size_t)t);
-            for (size_t j = 0; j < json_array_size(ri); j++) {
-                int id = (int)json_number_value(json_array_get(ri, j));
-                double d = fabs((double)lg[(size_t)t * V + id] - jf(json_array_get(rv, j)));
-                worst = d > worst ? d : worst;
-            }
-        }
-        json_t *fr = json_object_get(lj, "full_rows");
-        json_t *pos = json_object_get(fr, "positions"), *vals = json_object_get(fr, "values");
-        for (size_t i = 0; i < json_array_size(pos); i++) {
-            int p = (int)json_number_value(json_array_get(pos, i));
-            json_t *row = json_array_get(vals, i);
-            CHECK_EQ_INT(json_array_size(row), V);
-            for (int v = 0; v < V; v++) {
-                double d = fabs((double)lg[(size_t)p * V + v] - jf(json_array_get(row, (size_t)v)));
-                worst = d > worst ? d : worst;
-            }
-        }
-        printf("  %s: max |logit - reference| = %.3g (tolerance %.3g)\n", name, worst, tol);
-        CHECK_MSG(worst <= tol, "%s: logits differ by %.4g > %.4g", name, worst, tol);
+    int n;
+    int32_t *ids = jids(json_object_get(tf, "ids"), &n);
+    shoal_model *m = open_model(name, 5, n);
+    if (!m) {
         free(ids);
-        free(ids2);
-        free(lg);
-        shoal_model_close(m);
+        return;
     }
+    shoal_model_info in;
+    shoal_model_get_info(m, &in);
+    int V = in.vocab;
+    float *lg = all_logits(m, ids, n);
+
+    json_t *am = json_object_get(tf, "argmax");
+    CHECK_EQ_INT(json_array_size(am), n);
+    int bad = 0;
+    for (int t = 0; t < n; t++) {
+        int want = (int)json_number_value(json_array_get(am, (size_t)t));
+        int got = shoal_argmax(lg + (size_t)t * V, V);
+        if (got != want && bad++ < 5)
+            fprintf(stderr, "  %s: position %d: argmax %d, reference %d\n", name, t, got, want);
+    }
+    CHECK_MSG(bad == 0, "%s: %d of %d teacher-forced argmax differ", name, bad, n);
+
+    /* logits.json: the same sequence */
+    int n2;
+    int32_t *ids2 = jids(json_object_get(lj, "ids"), &n2);
+    CHECK(n2 == n && !memcmp(ids, ids2, sizeof(int32_t) * (size_t)n));
+    double worst = 0;
+    json_t *ti = json_object_get(lj, "top_ids"), *tv = json_object_get(lj, "top_values");
+    for (int t = 0; t < n; t++) {
+        json_t *ri = json_array_get(ti, (size_t)t), *rv = json_array_get(tv, (size_t)t);
+        for (size_t j = 0; j < json_array_size(ri); j++) {
+            int id = (int)json_number_value(json_array_get(ri, j));
+            double d = fabs((double)lg[(size_t)t * V + id] - jf(json_array_get(rv, j)));
+            worst = d > worst ? d : worst;
+        }
+    }
+    json_t *fr = json_object_get(lj, "full_rows");
+    json_t *pos = json_object_get(fr, "positions"), *vals = json_object_get(fr, "values");
+    for (size_t i = 0; i < json_array_size(pos); i++) {
+        int p = (int)json_number_value(json_array_get(pos, i));
+        json_t *row = json_array_get(vals, i);
+        CHECK_EQ_INT(json_array_size(row), V);
+        for (int v = 0; v < V; v++) {
+            double d = fabs((double)lg[(size_t)p * V + v] - jf(json_array_get(row, (size_t)v)));
+            worst = d > worst ? d : worst;
+        }
+    }
+    printf("  %s: max |logit - reference| = %.3g (tolerance %.3g)\n", name, worst, tol);
+    CHECK_MSG(worst <= tol, "%s: logits differ by %.4g > %.4g", name, worst, tol);
+    free(ids);
+    free(ids2);
+    free(lg);
+    shoal_model_close(m);
 }
 
 static void t_teacher_forced_and_logits(void)
@@ -210,71 +210,71 @@ static void on_layer(void *ctx, int layer, int T, const float *P, int d)
 /* hj: {ids, layers} */
 static void check_hidden(const char *name, json_t *hj, double tol)
 {
-    {
-        int n;
-        int32_t *ids = jids(json_object_get(hj, "ids"), &n);
-        shoal_model *m = open_model(name, n, n); /* one chunk: the hook sees positions 0..n-1 */
-        if (!m)
-            return;
-        hid h = {.m = m, .n = n, .d = m->cfg.hidden_size, .nl = m->cfg.num_layers, .k = m->cfg.experts_per_token};
-        size_t cells = (size_t)h.nl * n;
-        h.rms = calloc(cells, sizeof(float));
-        h.mean = calloc(cells, sizeof(float));
-        h.absmax = calloc(cells, sizeof(float));
-        h.head4 = calloc(cells * 4, sizeof(float));
-        h.experts = calloc(cells * (size_t)h.k, sizeof(int32_t));
-        m->trace = on_layer;
-        m->trace_ctx = &h;
-        free(all_logits(m, ids, n));
-        m->trace = NULL;
+    int n;
+    int32_t *ids = jids(json_object_get(hj, "ids"), &n);
+    shoal_model *m = open_model(name, n, n); /* one chunk: the hook sees positions 0..n-1 */
+    if (!m) {
+        free(ids);
+        return;
+    }
+    hid h = {.m = m, .n = n, .d = m->cfg.hidden_size, .nl = m->cfg.num_layers, .k = m->cfg.experts_per_token};
+    size_t cells = (size_t)h.nl * n;
+    h.rms = calloc(cells, sizeof(float));
+    h.mean = calloc(cells, sizeof(float));
+    h.absmax = calloc(cells, sizeof(float));
+    h.head4 = calloc(cells * 4, sizeof(float));
+    h.experts = calloc(cells * (size_t)h.k, sizeof(int32_t));
+    m->trace = on_layer;
+    m->trace_ctx = &h;
+    free(all_logits(m, ids, n));
+    m->trace = NULL;
 
-        json_t *layers = json_object_get(hj, "layers");
-        CHECK_EQ_INT(json_array_size(layers), h.nl);
-        double worst = 0;
-        int bad_routes = 0;
-        for (int L = 0; L < h.nl; L++) {
-            json_t *ly = json_array_get(layers, (size_t)L);
-            json_t *rms = json_object_get(ly, "rms"), *mean = json_object_get(ly, "mean");
-            json_t *amx = json_object_get(ly, "absmax"), *hd = json_object_get(ly, "head4");
-            double mrms = 0;
-            for (int t = 0; t < n; t++)
-                mrms += jf(json_array_get(rms, (size_t)t));
-            mrms /= n;
-            for (int t = 0; t < n; t++) {
-                size_t i = (size_t)L * n + t;
-                double ds[7] = {fabs(h.rms[i] - jf(json_array_get(rms, (size_t)t))),
-                                fabs(h.mean[i] - jf(json_array_get(mean, (size_t)t))),
-                                fabs(h.absmax[i] - jf(json_array_get(amx, (size_t)t)))};
-                for (int j = 0; j < 4; j++)
-                    ds[3 + j] = fabs(h.head4[i * 4 + j] - jf(json_array_get(json_array_get(hd, (size_t)t), (size_t)j)));
-                for (int j = 0; j < 7; j++)
-                    worst = ds[j] / mrms > worst ? ds[j] / mrms : worst;
-            }
-            json_t *ex = json_object_get(ly, "experts");
-            if (m->cfg.is_moe[L]) {
-                CHECK(ex != NULL);
-                for (int t = 0; t < n && ex; t++) {
-                    json_t *r = json_array_get(ex, (size_t)t);
-                    int same = (int)json_array_size(r) == h.k;
-                    for (int j = 0; same && j < h.k; j++)
-                        same = (int)json_number_value(json_array_get(r, (size_t)j)) ==
-                               h.experts[((size_t)L * n + t) * h.k + j];
-                    if (!same && bad_routes++ < 5)
-                        fprintf(stderr, "  %s: layer %d position %d: routed experts differ\n", name, L, t);
-                }
+    json_t *layers = json_object_get(hj, "layers");
+    CHECK_EQ_INT(json_array_size(layers), h.nl);
+    double worst = 0;
+    int bad_routes = 0;
+    for (int L = 0; L < h.nl; L++) {
+        json_t *ly = json_array_get(layers, (size_t)L);
+        json_t *rms = json_object_get(ly, "rms"), *mean = json_object_get(ly, "mean");
+        json_t *amx = json_object_get(ly, "absmax"), *hd = json_object_get(ly, "head4");
+        double mrms = 0;
+        for (int t = 0; t < n; t++)
+            mrms += jf(json_array_get(rms, (size_t)t));
+        mrms /= n;
+        for (int t = 0; t < n; t++) {
+            size_t i = (size_t)L * n + t;
+            double ds[7] = {fabs(h.rms[i] - jf(json_array_get(rms, (size_t)t))),
+                            fabs(h.mean[i] - jf(json_array_get(mean, (size_t)t))),
+                            fabs(h.absmax[i] - jf(json_array_get(amx, (size_t)t)))};
+            for (int j = 0; j < 4; j++)
+                ds[3 + j] = fabs(h.head4[i * 4 + j] - jf(json_array_get(json_array_get(hd, (size_t)t), (size_t)j)));
+            for (int j = 0; j < 7; j++)
+                worst = ds[j] / mrms > worst ? ds[j] / mrms : worst;
+        }
+        json_t *ex = json_object_get(ly, "experts");
+        if (m->cfg.is_moe[L]) {
+            CHECK(ex != NULL);
+            for (int t = 0; t < n && ex; t++) {
+                json_t *r = json_array_get(ex, (size_t)t);
+                int same = (int)json_array_size(r) == h.k;
+                for (int j = 0; same && j < h.k; j++)
+                    same = (int)json_number_value(json_array_get(r, (size_t)j)) ==
+                           h.experts[((size_t)L * n + t) * h.k + j];
+                if (!same && bad_routes++ < 5)
+                    fprintf(stderr, "  %s: layer %d position %d: routed experts differ\n", name, L, t);
             }
         }
-        printf("  %s: max hidden summary difference / layer rms = %.3g (tolerance %.3g)\n", name, worst, tol);
-        CHECK_MSG(worst <= tol, "%s: hidden summaries differ by %.4g > %.4g", name, worst, tol);
-        CHECK_MSG(bad_routes == 0, "%s: %d routing decisions differ", name, bad_routes);
-        free(h.rms);
-        free(h.mean);
-        free(h.absmax);
-        free(h.head4);
-        free(h.experts);
-        free(ids);
-        shoal_model_close(m);
     }
+    printf("  %s: max hidden summary difference / layer rms = %.3g (tolerance %.3g)\n", name, worst, tol);
+    CHECK_MSG(worst <= tol, "%s: hidden summaries differ by %.4g > %.4g", name, worst, tol);
+    CHECK_MSG(bad_routes == 0, "%s: %d routing decisions differ", name, bad_routes);
+    free(h.rms);
+    free(h.mean);
+    free(h.absmax);
+    free(h.head4);
+    free(h.experts);
+    free(ids);
+    shoal_model_close(m);
 }
 
 static void t_hidden(void)
