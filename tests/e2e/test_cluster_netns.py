@@ -78,6 +78,16 @@ def setup_net():
 
 
 def teardown_net():
+    # every process still in a namespace was started by this test (sshd sessions kept
+    # open by Ansible's ControlPersist, services): end them, or they outlive it
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for n in NS.values():
+            for pid in sh(["ip", "netns", "pids", n], check_rc=False).stdout.split():
+                try:
+                    os.kill(int(pid), sig)
+                except (OSError, ValueError):
+                    pass
+        time.sleep(0.3)
     for h, n in NS.items():
         sh(["ip", "netns", "del", n], check_rc=False)
         sh(["ip", "link", "del", f"v{h}{tag}"], check_rc=False)
