@@ -93,18 +93,17 @@ def main():
                                                     f"127.0.0.1:{rport}", f"127.0.0.1:{port}", "--delay-ms", str(d)],
                                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                     eps += ["--worker", f"tcp://127.0.0.1:{rport}"]
-                time.sleep(0.5)
-                t0 = time.monotonic()
-                r = subprocess.run([BIN, "run", "--model", a.model, "--ids", a.ids, "--gen", str(a.gen), "--json",
-                                    "--threads", str(a.threads), "--insecure-workers", *eps],
-                                   capture_output=True, text=True)
-                wall = time.monotonic() - t0
-                for p in procs:
-                    p.terminate()
-                    p.wait()
-                for rl in relays:
-                    rl.terminate()
-                    rl.wait()
+                try:
+                    time.sleep(0.5)
+                    t0 = time.monotonic()
+                    r = subprocess.run([BIN, "run", "--model", a.model, "--ids", a.ids, "--gen", str(a.gen),
+                                        "--json", "--threads", str(a.threads), "--insecure-workers", *eps],
+                                       capture_output=True, text=True)
+                    wall = time.monotonic() - t0
+                finally:  # never leave workers or relays behind
+                    for p in procs + relays:
+                        p.terminate()
+                        p.wait()
                 try:
                     doc = json.loads(r.stdout.strip().splitlines()[-1])
                 except Exception:
