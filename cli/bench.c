@@ -101,9 +101,13 @@ static void fill_f32(float *p, size_t n, float lo, float hi)
 /* ---- STREAM-like read bandwidth ------------------------------------------ */
 
 static uint64_t read_sink;
+static size_t read_words;
 
-/* Each thread sums its contiguous share of buf as 64-bit words (four
- * independent chains); a sum, so the loads cannot be elided. */
+/* Each thread sums its contiguous share of buf as 64-bit words, read as four
+ * concurrent sequential streams (one per quarter of the share) with software
+ * prefetch: the access pattern of the GEMV kernels (four weight rows in
+ * flight), so the ratio compares like with like. A sum, so the loads cannot
+ * be elided. */
 static double read_bw_once(const uint64_t *buf, size_t nwords)
 {
     uint64_t total = 0;
@@ -111,20 +115,38 @@ static double read_bw_once(const uint64_t *buf, size_t nwords)
 #pragma omp parallel reduction(+ : total)
     {
         int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        size_t per = nwords / (size_t)nt, a = per * (size_t)id, b = id == nt - 1 ? nwords : a + per;
+        size_t per = nwords / (size_t)nt, a = per * (size_t)id;
+        size_t q = per / 4 / 8 * 8; /* words per stream, multiple of 8 */
+        const uint64_t *p0 = buf + a, *p1 = p0 + q, *p2 = p1 + q, *p3 = p2 + q;
         uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (size_t i = a; i + 4 <= b; i += 4) {
-            s0 += buf[i];
-            s1 += buf[i + 1];
-            s2 += buf[i + 2];
-            s3 += buf[i + 3];
+        for (size_t i = 0; i < q; i += 8) {
+            __builtin_prefetch(p0 + i + 128);
+            __builtin_prefetch(p1 + i + 128);
+            __builtin_prefetch(p2 + i + 128);
+            __builtin_prefetch(p3 + i + 128);
+            for (int j = 0; j < 8; j++) {
+                s0 += p0[i + j];
+                s1 += p1[i + j];
+                s2 += p2[i + j];
+                s3 += p3[i + j];
+            }
         }
         total += s0 + s1 + s2 + s3;
+#pragma omp atomic
+        read_words += 4 * q;
     }
     double dt = now_s() - t0;
     read_sink += total;
-    return (double)(nwords * 8) / dt / 1e9;
+    double words = (double)read_words;
+    read_words = 0;
+    return words * 8 / dt / 1e9;
 }
+
+/* The read-bandwidth buffer, kept for the whole run: every row times a read
+ * pass right before each of its kernel runs, so kernel and memory figures
+ * come from the same moments of a machine whose load drifts. */
+static const uint64_t *rd_buf;
+static size_t rd_words;
 
 /* ---- rows ---------------------------------------------------------------- */
 
@@ -147,8 +169,9 @@ static const mat_shape shapes[] = {
 };
 
 static void print_row(const bench_opts *o, const char *op, const char *layer, const char *shape, int T,
-                      size_t bytes, stat3 sec, double read_gbps)
+                      size_t bytes, stat3 sec, stat3 rd)
 {
+    double read_gbps = rd.med;
     double gbps = (double)bytes / sec.med / 1e9, gmin = (double)bytes / sec.max / 1e9,
            gmax = (double)bytes / sec.min / 1e9;
     double us_tok = sec.med * 1e6 / T;
@@ -156,9 +179,10 @@ static void print_row(const bench_opts *o, const char *op, const char *layer, co
     if (o->json) {
         printf("{\"op\":\"%s\",\"layer\":\"%s\",\"shape\":\"%s\",\"tokens\":%d,\"threads\":%d,\"isa\":\"%s\","
                "\"gbps\":%.3f,\"gbps_min\":%.3f,\"gbps_max\":%.3f,\"read_gbps\":%.3f,\"ratio\":%.3f,"
-               "\"ms\":%.4f,\"us_per_token\":%.2f,\"weight_bytes\":%zu,\"weight_bytes_per_token\":%.1f,\"reps\":%d}\n",
+               "\"read_gbps_min\":%.3f,\"read_gbps_max\":%.3f,\"ms\":%.4f,\"us_per_token\":%.2f,\"weight_bytes\":%zu,"
+               "\"weight_bytes_per_token\":%.1f,\"reps\":%d}\n",
                op, layer, shape, T, o->threads, isa, gbps, gmin, gmax, read_gbps, read_gbps > 0 ? gbps / read_gbps : 0,
-               sec.med * 1e3, us_tok, bytes, (double)bytes / T, o->reps);
+               rd.min, rd.max, sec.med * 1e3, us_tok, bytes, (double)bytes / T, o->reps);
     } else {
         printf("%-11s %-13s %-13s %4d %3d %-6s %7.2f [%6.2f,%6.2f] %7.2f %6.3f %10.1f %12.0f\n", op, layer, shape, T,
                o->threads, isa, gbps, gmin, gmax, read_gbps, read_gbps > 0 ? gbps / read_gbps : 0, us_tok,
@@ -168,7 +192,7 @@ static void print_row(const bench_opts *o, const char *op, const char *layer, co
 }
 
 /* Median-of-reps timing of one matrix op at T tokens over ncopies copies. */
-static int bench_matrix(const bench_opts *o, const mat_shape *s, const int *Ts, int nT, double read_gbps)
+static int bench_matrix(const bench_opts *o, const mat_shape *s, const int *Ts, int nT)
 {
     size_t rows = (size_t)s->rows, cols = (size_t)s->cols;
     size_t wbytes = s->kind == W_BF16 ? rows * cols * 2 : rows * cols / 2;
@@ -201,10 +225,11 @@ static int bench_matrix(const bench_opts *o, const mat_shape *s, const int *Ts, 
     for (int ti = 0; ti < nT; ti++) {
         int T = Ts[ti];
         snprintf(op, sizeof op, "%s_%s", T == 1 ? "gemv" : "gemm", s->op);
-        double *sec = calloc((size_t)o->reps, sizeof *sec);
-        /* big single matrices at large T: fewer copies per run keep runs short */
+        double *sec = calloc((size_t)o->reps, sizeof *sec), *rdv = calloc((size_t)o->reps, sizeof *rdv);
         int nc = ncopies;
         for (int rep = -1; rep < o->reps; rep++) {
+            if (rep >= 0)
+                rdv[rep] = read_bw_once(rd_buf, rd_words);
             double t0 = now_s();
             for (int c = 0; c < nc; c++) {
                 if (s->kind == W_BF16)
@@ -216,8 +241,8 @@ static int bench_matrix(const bench_opts *o, const mat_shape *s, const int *Ts, 
             if (rep >= 0)
                 sec[rep] = dt;
         }
-        print_row(o, op, s->layer, shape, T, per, stats(sec, o->reps), read_gbps);
-        free(sec);
+        print_row(o, op, s->layer, shape, T, per, stats(sec, o->reps), stats(rdv, o->reps));
+        free(sec), free(rdv);
     }
     free(w), free(sc), free(x), free(y);
     return 0;
@@ -225,7 +250,7 @@ static int bench_matrix(const bench_opts *o, const mat_shape *s, const int *Ts, 
 
 /* KDA recurrent step (96 heads x 128 x 128 fp32 state, 6 MiB) with distinct
  * states cycled so each step reads and writes its state from DRAM. */
-static int bench_kda(const bench_opts *o, double read_gbps)
+static int bench_kda(const bench_opts *o)
 {
     int H = 96, D = 128;
     size_t sn = (size_t)H * D * D;
@@ -243,8 +268,10 @@ static int bench_kda(const bench_opts *o, double read_gbps)
     fill_f32(v, (size_t)H * D, -1, 1);
     fill_f32(g, (size_t)H * D, -0.5f, 0);
     fill_f32(b, (size_t)H, 0, 1);
-    double *sec = calloc((size_t)o->reps, sizeof *sec);
+    double *sec = calloc((size_t)o->reps, sizeof *sec), *rdv = calloc((size_t)o->reps, sizeof *rdv);
     for (int rep = -1; rep < o->reps; rep++) {
+        if (rep >= 0)
+            rdv[rep] = read_bw_once(rd_buf, rd_words);
         double t0 = now_s();
         for (int c = 0; c < nst; c++)
             shoal_kda_step(out, S + sn * (size_t)c, q, k, v, g, b, H, D);
@@ -252,8 +279,8 @@ static int bench_kda(const bench_opts *o, double read_gbps)
             sec[rep] = (now_s() - t0) / nst;
     }
     /* bytes: the state is read and written once per step */
-    print_row(o, "kda_step", "kda.state", "96x128x128", 1, sn * 4 * 2, stats(sec, o->reps), read_gbps);
-    free(sec), free(S), free(q), free(k), free(v), free(g), free(b), free(out);
+    print_row(o, "kda_step", "kda.state", "96x128x128", 1, sn * 4 * 2, stats(sec, o->reps), stats(rdv, o->reps));
+    free(sec), free(rdv), free(S), free(q), free(k), free(v), free(g), free(b), free(out);
     return 0;
 }
 
@@ -261,7 +288,7 @@ static int bench_kda(const bench_opts *o, double read_gbps)
  * absorption (96 gemv_t of 128x512 bf16), the attention over the latent cache
  * (576 fp32 per token), and W_UV (96 gemv of 128x512 bf16). Several layers'
  * caches are cycled so the cache comes from DRAM. */
-static int bench_mla(const bench_opts *o, int S, double read_gbps)
+static int bench_mla(const bench_opts *o, int S)
 {
     int H = 96, R = 512, P = 64, Dn = 128;
     size_t cn = (size_t)S * (R + P);
@@ -283,8 +310,10 @@ static int bench_mla(const bench_opts *o, int S, double read_gbps)
     fill_bf16(wkvb, (size_t)H * 2 * Dn * R);
     fill_f32(qn, (size_t)H * Dn, -1, 1);
     fill_f32(qpe, (size_t)H * P, -1, 1);
-    double *sec = calloc((size_t)o->reps, sizeof *sec);
+    double *sec = calloc((size_t)o->reps, sizeof *sec), *rdv = calloc((size_t)o->reps, sizeof *rdv);
     for (int rep = -1; rep < o->reps; rep++) {
+        if (rep >= 0)
+            rdv[rep] = read_bw_once(rd_buf, rd_words);
         double t0 = now_s();
         for (int c = 0; c < ncache; c++) {
             for (int h = 0; h < H; h++) /* q_lat[h] = W_UK_h^T q_nope[h] */
@@ -300,8 +329,8 @@ static int bench_mla(const bench_opts *o, int S, double read_gbps)
     char shape[48];
     snprintf(shape, sizeof shape, "S=%d", S);
     print_row(o, "mla_decode", "mla.attn", shape, 1, cn * 4 + (size_t)H * 2 * Dn * R * 2, stats(sec, o->reps),
-              read_gbps);
-    free(sec), free(cache), free(wkvb), free(qn), free(qpe), free(qlat), free(ctx), free(outv), free(scr);
+              stats(rdv, o->reps));
+    free(sec), free(rdv), free(cache), free(wkvb), free(qn), free(qpe), free(qlat), free(ctx), free(outv), free(scr);
     return 0;
 }
 
@@ -380,7 +409,8 @@ static int usage(FILE *f)
 {
     fprintf(f, "usage: shoal bench kernels [--threads N] [--json] [--reps N] [--only SUBSTR] [--quick]\n"
                "  Matrix kernels at the K3 shapes (T = 1, 16, 128), the KDA step and MLA decode\n"
-               "  attention, each next to a STREAM-like read bandwidth measured in the same run.\n"
+               "  attention, each next to a STREAM-like read bandwidth measured in the same run\n"
+               "  (a read pass right before every timed run of the row; 4 streams per thread).\n"
                "  --threads N   OpenMP threads (default: all)\n"
                "  --json        one JSON object per row\n"
                "  --reps N      timed runs per row, >= 5 (default 5); median, min, max reported\n"
@@ -446,7 +476,8 @@ static int bench_kernels(int argc, char **argv)
         bw[r] = read_bw_once(buf, nwords);
     stat3 rb = stats(bw, o.reps);
     free(bw);
-    free(buf);
+    rd_buf = buf;
+    rd_words = nwords;
     if (o.json)
         printf("{\"op\":\"read_bw\",\"layer\":\"stream_read\",\"shape\":\"%zuMiB\",\"tokens\":0,\"threads\":%d,"
                "\"isa\":\"%s\",\"gbps\":%.3f,\"gbps_min\":%.3f,\"gbps_max\":%.3f,\"read_gbps\":%.3f,\"ratio\":1.0,"
@@ -457,7 +488,7 @@ static int bench_kernels(int argc, char **argv)
         printf("# shoal bench kernels: isa %s, threads %d, reps %d (median [min,max]); weights cycled over >= %zu MiB\n",
                shoal_isa_name(shoal_kernels_isa()), o.threads, o.reps,
                (o.quick ? BENCH_SET_BYTES / 4 : BENCH_SET_BYTES) >> 20);
-        printf("# read bandwidth (%zu MiB, 64-bit loads): %.2f GB/s [%.2f, %.2f]\n", (nwords * 8) >> 20, rb.med, rb.min,
+        printf("# read bandwidth (%zu MiB, 4 streams per thread): %.2f GB/s [%.2f, %.2f]\n", (nwords * 8) >> 20, rb.med, rb.min,
                rb.max);
         printf("%-11s %-13s %-13s %4s %3s %-6s %7s %15s %7s %6s %10s %12s\n", "op", "layer", "shape", "T", "thr", "isa",
                "GB/s", "[min,max]", "read", "ratio", "us/token", "wbytes/tok");
@@ -472,23 +503,30 @@ static int bench_kernels(int argc, char **argv)
             continue;
         if (o.quick && !strcmp(shapes[i].layer, "lm_head"))
             continue;
-        rc = bench_matrix(&o, &shapes[i], Ts, nT, rb.med);
-        if (rc)
+        rc = bench_matrix(&o, &shapes[i], Ts, nT);
+        if (rc) {
+            free(buf);
             return rc;
+        }
     }
     if (!o.only || strstr("kda.state", o.only)) {
-        rc = bench_kda(&o, rb.med);
-        if (rc)
+        rc = bench_kda(&o);
+        if (rc) {
+            free(buf);
             return rc;
+        }
     }
     if (!o.only || strstr("mla.attn", o.only)) {
         int Ss[] = {1024, 8192};
         for (int i = 0; i < (o.quick ? 1 : 2); i++) {
-            rc = bench_mla(&o, Ss[i], rb.med);
-            if (rc)
+            rc = bench_mla(&o, Ss[i]);
+            if (rc) {
+                free(buf);
                 return rc;
+            }
         }
     }
+    free(buf);
     return 0;
 }
 

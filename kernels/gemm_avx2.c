@@ -369,8 +369,58 @@ INLINE void mx_tile(float *y, __m256 *st, const __m256 *wb, const uint8_t *s, co
     {                                                                                                       \
         mx_tile(y, st, wb, s, x, rows, cols, r, t, TT, g0, g1, g0 == 0, g1 == cols / 32, LOW);              \
     }
-MX_TILE_FN(mx_tile3, 3, 0)
 MX_TILE_FN(mx_tile1, 1, 0)
+
+/* The common case spelled out with named registers: GCC keeps the generic
+ * tile's accumulator arrays in registers but also stores them every group. */
+#define MX_G3(A, B, C, G)                                                                                   \
+    do {                                                                                                    \
+        const __m256 *f_ = wb + 4 * (G);                                                                    \
+        __m256 f0_ = f_[0], f1_ = f_[1], f2_ = f_[2], f3_ = f_[3];                                          \
+        __m256 sc_ = _mm256_broadcast_ss(&shoal__kernels_e8m0_mul[s[G]]);                                   \
+        const float *p0_ = x0 + 32 * (G), *p1_ = x1 + 32 * (G), *p2_ = x2 + 32 * (G);                       \
+        __m256 g0_ = _mm256_mul_ps(f0_, _mm256_loadu_ps(p0_));                                              \
+        __m256 g1_ = _mm256_mul_ps(f0_, _mm256_loadu_ps(p1_));                                              \
+        __m256 g2_ = _mm256_mul_ps(f0_, _mm256_loadu_ps(p2_));                                              \
+        g0_ = _mm256_fmadd_ps(f1_, _mm256_loadu_ps(p0_ + 8), g0_);                                           \
+        g1_ = _mm256_fmadd_ps(f1_, _mm256_loadu_ps(p1_ + 8), g1_);                                           \
+        g2_ = _mm256_fmadd_ps(f1_, _mm256_loadu_ps(p2_ + 8), g2_);                                           \
+        g0_ = _mm256_fmadd_ps(f2_, _mm256_loadu_ps(p0_ + 16), g0_);                                          \
+        g1_ = _mm256_fmadd_ps(f2_, _mm256_loadu_ps(p1_ + 16), g1_);                                          \
+        g2_ = _mm256_fmadd_ps(f2_, _mm256_loadu_ps(p2_ + 16), g2_);                                          \
+        g0_ = _mm256_fmadd_ps(f3_, _mm256_loadu_ps(p0_ + 24), g0_);                                          \
+        g1_ = _mm256_fmadd_ps(f3_, _mm256_loadu_ps(p1_ + 24), g1_);                                          \
+        g2_ = _mm256_fmadd_ps(f3_, _mm256_loadu_ps(p2_ + 24), g2_);                                          \
+        A = _mm256_fmadd_ps(g0_, sc_, A);                                                                   \
+        B = _mm256_fmadd_ps(g1_, sc_, B);                                                                   \
+        C = _mm256_fmadd_ps(g2_, sc_, C);                                                                   \
+    } while (0)
+
+__attribute__((noinline)) static void mx_tile3(float *y, __m256 *st, const __m256 *wb, const uint8_t *s,
+                                               const float *x, int rows, int cols, int r, int t, int g0, int g1)
+{
+    const float *x0 = x + (size_t)t * cols, *x1 = x0 + cols, *x2 = x1 + cols;
+    __m256 a0, a1, a2, b0, b1, b2;
+    if (g0 == 0) {
+        a0 = a1 = a2 = b0 = b1 = b2 = _mm256_setzero_ps();
+    } else {
+        a0 = st[0], b0 = st[1], a1 = st[2], b1 = st[3], a2 = st[4], b2 = st[5];
+    }
+    int g = g0;
+    for (; g + 2 <= g1; g += 2) {
+        MX_G3(a0, a1, a2, g);
+        MX_G3(b0, b1, b2, g + 1);
+    }
+    if (g < g1)
+        MX_G3(a0, a1, a2, g);
+    if (g1 == cols / 32) {
+        y[(size_t)t * rows + r] = hsum8(_mm256_add_ps(a0, b0));
+        y[(size_t)(t + 1) * rows + r] = hsum8(_mm256_add_ps(a1, b1));
+        y[(size_t)(t + 2) * rows + r] = hsum8(_mm256_add_ps(a2, b2));
+    } else {
+        st[0] = a0, st[1] = b0, st[2] = a1, st[3] = b1, st[4] = a2, st[5] = b2;
+    }
+}
 MX_TILE_FN(mx_tile3_low, 3, 1)
 MX_TILE_FN(mx_tile1_low, 1, 1)
 
