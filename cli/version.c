@@ -1,11 +1,22 @@
 #include <stdio.h>
 
 #include "cli/commands.h"
+#include "common/err.h"
+#include "kernels/kernels.h"
 
+/* Prints the version and the kernel variant this machine would use (CPUID, or
+ * the SHOAL_ISA override): the ISA decides nothing about the results (every
+ * matrix kernel is bit-identical across variants), only the speed. */
 int shoal_cmd_version(int argc, char **argv)
 {
     (void)argc;
     (void)argv;
     printf("shoal %s\n", SHOAL_VERSION);
+    int rc = shoal_kernels_init();
+    if (rc < 0) {
+        fprintf(stderr, "shoal: kernels: %s (SHOAL_ISA asks for a variant this CPU lacks)\n", shoal_strerror(rc));
+        return 2;
+    }
+    printf("kernels %s\n", shoal_isa_name(shoal_kernels_isa()));
     return 0;
 }
