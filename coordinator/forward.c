@@ -91,10 +91,12 @@ size_t shoal__engine_scratch_layout(shoal__scratch *sc, float *base, const shoal
     TAKE(tv, C);
     TAKE(tg, C);
     TAKE(beta, c->kda_heads);
-    TAKE(q_lat, (size_t)c->mla_heads * c->kv_lora_rank);
-    TAKE(ctx, (size_t)c->mla_heads * c->kv_lora_rank);
-    TAKE(q_pe, (size_t)c->mla_heads * c->qk_rope_dim);
-    TAKE(att, (size_t)c->mla_heads * (size_t)max_context);
+    /* MLA attention runs on blocks of up to SHOAL_MLA_TBLOCK tokens of one sequence */
+    size_t tb = T < SHOAL_MLA_TBLOCK ? T : SHOAL_MLA_TBLOCK;
+    TAKE(q_lat, tb * c->mla_heads * c->kv_lora_rank);
+    TAKE(ctx, tb * c->mla_heads * c->kv_lora_rank);
+    TAKE(q_pe, tb * c->mla_heads * c->qk_rope_dim);
+    TAKE(att, tb * c->mla_heads * (size_t)max_context);
     TAKE(res_s, nblocks_max(c) + 1);
     TAKE(rsig, 2 * (size_t)c->num_experts);
     TAKE(tpos, T);
@@ -218,34 +220,48 @@ static void mla_layer(shoal_model *m, const shoal__layer *ly, shoal_seq *const *
     const float scale = 1.0f / sqrtf((float)qh);
     const shoal__wmat *kvb = &ly->kv_b;
     size_t esz = kvb->dt == SHOAL_DT_BF16 ? 2 : 4;
-    for (int t = 0; t < T; t++) {
-        shoal_seq *s = seqs[t];
-        const float *qt = q + (size_t)t * qdim;
-        /* q_lat[h] = W_UK_h^T q_nope_h: W_UK_h = kv_b rows [h*(dn+dv), +dn) */
+    size_t HR = (size_t)Hm * R, HP = (size_t)Hm * dr;
+    for (int t0 = 0; t0 < T;) {
+        /* a block of tokens of one sequence at consecutive positions (a
+         * prefill chunk; one token in decode): the batched attention reads
+         * each cached row once per block, and equals the per-token form */
+        shoal_seq *s = seqs[t0];
+        int n = 1;
+        while (t0 + n < T && n < SHOAL_MLA_TBLOCK && seqs[t0 + n] == s && sc->tpos[t0 + n] == sc->tpos[t0] + n)
+            n++;
+        for (int j = 0; j < n; j++) {
+            const float *qt = q + (size_t)(t0 + j) * qdim;
+            float *ql = sc->q_lat + j * HR, *qp = sc->q_pe + j * HP;
+            /* q_lat[h] = W_UK_h^T q_nope_h: W_UK_h = kv_b rows [h*(dn+dv), +dn) */
 #pragma omp parallel for schedule(static)
-        for (int h = 0; h < Hm; h++) {
-            const char *wuk = (const char *)kvb->p + (size_t)h * (dn + dv) * R * esz;
-            if (kvb->dt == SHOAL_DT_BF16)
-                shoal_gemv_t_bf16(sc->q_lat + (size_t)h * R, (const uint16_t *)wuk, qt + (size_t)h * qh, dn, R);
-            else
-                shoal_gemv_t_f32(sc->q_lat + (size_t)h * R, (const float *)wuk, qt + (size_t)h * qh, dn, R);
-            memcpy(sc->q_pe + (size_t)h * dr, qt + (size_t)h * qh + dn, sizeof(float) * (size_t)dr);
+            for (int h = 0; h < Hm; h++) {
+                const char *wuk = (const char *)kvb->p + (size_t)h * (dn + dv) * R * esz;
+                if (kvb->dt == SHOAL_DT_BF16)
+                    shoal_gemv_t_bf16(ql + (size_t)h * R, (const uint16_t *)wuk, qt + (size_t)h * qh, dn, R);
+                else
+                    shoal_gemv_t_f32(ql + (size_t)h * R, (const float *)wuk, qt + (size_t)h * qh, dn, R);
+                memcpy(qp + (size_t)h * dr, qt + (size_t)h * qh + dn, sizeof(float) * (size_t)dr);
+            }
         }
         const float *cache = s->mla + (size_t)ly->mla_idx * s->capacity * row;
-        shoal_mla_attend(sc->ctx, sc->q_lat, sc->q_pe, cache, sc->tpos[t] + 1, Hm, R, dr, scale, sc->att);
-        float *ot = o + (size_t)t * od;
-        /* o_h = W_UV_h ctx_h: W_UV_h = kv_b rows [h*(dn+dv)+dn, +dv) */
+        shoal_mla_attend_prefill(sc->ctx, sc->q_lat, sc->q_pe, cache, sc->tpos[t0], n, Hm, R, dr, scale, sc->att);
+        for (int j = 0; j < n; j++) {
+            float *ot = o + (size_t)(t0 + j) * od;
+            const float *cj = sc->ctx + j * HR;
+            /* o_h = W_UV_h ctx_h: W_UV_h = kv_b rows [h*(dn+dv)+dn, +dv) */
 #pragma omp parallel for schedule(static)
-        for (int h = 0; h < Hm; h++) {
-            const char *wuv = (const char *)kvb->p + ((size_t)h * (dn + dv) + dn) * R * esz;
-            if (kvb->dt == SHOAL_DT_BF16)
-                shoal_gemm_bf16(ot + (size_t)h * dv, (const uint16_t *)wuv, sc->ctx + (size_t)h * R, dv, R, 1);
-            else
-                shoal_gemm_f32(ot + (size_t)h * dv, (const float *)wuv, sc->ctx + (size_t)h * R, dv, R, 1);
+            for (int h = 0; h < Hm; h++) {
+                const char *wuv = (const char *)kvb->p + ((size_t)h * (dn + dv) + dn) * R * esz;
+                if (kvb->dt == SHOAL_DT_BF16)
+                    shoal_gemm_bf16(ot + (size_t)h * dv, (const uint16_t *)wuv, cj + (size_t)h * R, dv, R, 1);
+                else
+                    shoal_gemm_f32(ot + (size_t)h * dv, (const float *)wuv, cj + (size_t)h * R, dv, R, 1);
+            }
+            const float *gt = G + (size_t)(t0 + j) * od;
+            for (size_t i = 0; i < od; i++)
+                ot[i] *= shoal_sigmoid(gt[i]);
         }
-        const float *gt = G + (size_t)t * od;
-        for (size_t i = 0; i < od; i++)
-            ot[i] *= shoal_sigmoid(gt[i]);
+        t0 += n;
     }
     mm(sc->a, &ly->o_proj, o, T);
 }

@@ -655,8 +655,8 @@ MLA_FN(4)
 MLA_FN(5)
 MLA_FN(6)
 
-static void mla_heads(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S, int R, int P,
-                      float scale, float *scratch, int h0, int h1)
+static void mla_heads(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S0, int T, int H,
+                      int R, int P, float scale, float *scratch, int h0, int h1)
 {
     typedef void (*scores_fn)(float *, const float *, const float *, const float *, int, int, int, float, int, int,
                               int);
@@ -665,23 +665,32 @@ static void mla_heads(float *ctx, const float *q_lat, const float *q_pe, const f
                                                mla_scores4, mla_scores5, mla_scores6};
     static const ctx_fn cx[MLA_MAXH + 1] = {NULL, mla_ctx1, mla_ctx2, mla_ctx3, mla_ctx4, mla_ctx5, mla_ctx6};
     if (R % 16 || P % 16) {
-        shoal__kernels_mla_heads_scalar(ctx, q_lat, q_pe, cache, S, R, P, scale, scratch, h0, h1);
+        shoal__kernels_mla_heads_scalar(ctx, q_lat, q_pe, cache, S0, T, H, R, P, scale, scratch, h0, h1);
         return;
     }
-    for (int s0 = 0; s0 < S; s0 += MLA_SB) {
-        int s1 = s0 + MLA_SB < S ? s0 + MLA_SB : S;
-        for (int h = h0; h < h1; h += MLA_MAXH) {
-            int n = h1 - h < MLA_MAXH ? h1 - h : MLA_MAXH;
-            sc[n](scratch, q_lat, q_pe, cache, S, R, P, scale, h, s0, s1);
+    int Sm = S0 + T; /* p row stride; token t uses rows [0, S0+t] */
+    size_t HR = (size_t)H * R, HP = (size_t)H * P, HS = (size_t)H * Sm;
+    for (int s0 = 0; s0 < Sm; s0 += MLA_SB) {
+        int s1 = s0 + MLA_SB < Sm ? s0 + MLA_SB : Sm;
+        for (int t = 0; t < T; t++) {
+            int lim = S0 + t + 1 < s1 ? S0 + t + 1 : s1;
+            for (int h = h0; h < h1 && lim > s0; h += MLA_MAXH) {
+                int n = h1 - h < MLA_MAXH ? h1 - h : MLA_MAXH;
+                sc[n](scratch + t * HS, q_lat + t * HR, q_pe + t * HP, cache, Sm, R, P, scale, h, s0, lim);
+            }
         }
     }
-    for (int h = h0; h < h1; h++)
-        shoal_softmax(scratch + (size_t)h * S, S);
-    for (int s0 = 0; s0 < S; s0 += MLA_SB) {
-        int s1 = s0 + MLA_SB < S ? s0 + MLA_SB : S;
-        for (int h = h0; h < h1; h += MLA_MAXH) {
-            int n = h1 - h < MLA_MAXH ? h1 - h : MLA_MAXH;
-            cx[n](ctx, scratch, cache, S, R, P, h, s0, s1);
+    for (int t = 0; t < T; t++)
+        for (int h = h0; h < h1; h++)
+            shoal_softmax(scratch + t * HS + (size_t)h * Sm, S0 + t + 1);
+    for (int s0 = 0; s0 < Sm; s0 += MLA_SB) {
+        int s1 = s0 + MLA_SB < Sm ? s0 + MLA_SB : Sm;
+        for (int t = 0; t < T; t++) {
+            int lim = S0 + t + 1 < s1 ? S0 + t + 1 : s1;
+            for (int h = h0; h < h1 && lim > s0; h += MLA_MAXH) {
+                int n = h1 - h < MLA_MAXH ? h1 - h : MLA_MAXH;
+                cx[n](ctx + t * HR, scratch + t * HS, cache, Sm, R, P, h, s0, lim);
+            }
         }
     }
 }

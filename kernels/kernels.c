@@ -206,16 +206,33 @@ void shoal_kda_step(float *o, float *S, const float *q, const float *k, const fl
     }
 }
 
-/* Each thread takes a contiguous range of heads and walks the cache once. */
-void shoal_mla_attend(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S, int H, int R,
-                      int P, float scale, float *scratch)
+/* Each thread takes a contiguous range of heads and walks the cache once per
+ * block of tokens. */
+static void mla_block(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S0, int T, int H,
+                      int R, int P, float scale, float *scratch)
 {
     shoal__mla_heads_fn fn = shoal__kernels_active->mla_heads;
-#pragma omp parallel if ((long)H * S * (R + P) >= PAR_MIN_WORK)
+#pragma omp parallel if ((long)H * (S0 + T) * (R + P) * T >= PAR_MIN_WORK)
     {
         int nt = omp_get_num_threads(), id = omp_get_thread_num();
         int h0 = (int)((long)H * id / nt), h1 = (int)((long)H * (id + 1) / nt);
         if (h1 > h0)
-            fn(ctx, q_lat, q_pe, cache, S, R, P, scale, scratch, h0, h1);
+            fn(ctx, q_lat, q_pe, cache, S0, T, H, R, P, scale, scratch, h0, h1);
+    }
+}
+
+void shoal_mla_attend(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S, int H, int R,
+                      int P, float scale, float *scratch)
+{
+    mla_block(ctx, q_lat, q_pe, cache, S - 1, 1, H, R, P, scale, scratch);
+}
+
+void shoal_mla_attend_prefill(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S0, int T,
+                              int H, int R, int P, float scale, float *scratch)
+{
+    for (int t0 = 0; t0 < T; t0 += SHOAL_MLA_TBLOCK) {
+        int n = T - t0 < SHOAL_MLA_TBLOCK ? T - t0 : SHOAL_MLA_TBLOCK;
+        size_t q = (size_t)t0 * H;
+        mla_block(ctx + q * R, q_lat + q * R, q_pe + q * P, cache, S0 + t0, n, H, R, P, scale, scratch);
     }
 }

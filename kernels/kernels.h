@@ -89,6 +89,21 @@ void shoal_gated_rmsnorm(float *y, const float *o, const float *gate, const floa
 void shoal_mla_attend(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S, int H, int R,
                       int P, float scale, float *scratch);
 
+/* Batched (prefill) form: T query tokens of one sequence at positions S0..S0+T-1,
+ * whose cache rows 0..S0+T-1 are already written; token t attends to rows
+ * 0..S0+t (causal). q_lat [T, H, R], q_pe [T, H, P], ctx [T, H, R]. Every
+ * token's ctx is bit-identical to shoal_mla_attend for that token alone with
+ * S = S0+t+1 (any T, ISA, thread count). Tokens go SHOAL_MLA_TBLOCK at a time
+ * and each cached row is read from memory once per block of tokens, not once
+ * per token. scratch: shoal_mla_prefill_scratch(S0, T, H) floats. */
+#define SHOAL_MLA_TBLOCK 4
+void shoal_mla_attend_prefill(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S0, int T,
+                              int H, int R, int P, float scale, float *scratch);
+static inline size_t shoal_mla_prefill_scratch(int S0, int T, int H)
+{
+    return (size_t)(T < SHOAL_MLA_TBLOCK ? T : SHOAL_MLA_TBLOCK) * (size_t)H * (size_t)(S0 + T);
+}
+
 /* ---- router ------------------------------------------------------------ */
 
 /* idx[k] = indices of the k largest score[n], ties broken by the lower index;

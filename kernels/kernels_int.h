@@ -29,9 +29,12 @@ typedef void (*shoal__gemv_t_f32_fn)(float *y, const float *w, const float *x, i
 typedef void (*shoal__kda_head_fn)(float *o, float *S, const float *q, const float *k, const float *v,
                                    const float *g, float beta, int D);
 
-/* MLA heads [h0, h1) of shoal_mla_attend (full arrays; p = scratch). */
-typedef void (*shoal__mla_heads_fn)(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S,
-                                    int R, int P, float scale, float *scratch, int h0, int h1);
+/* MLA heads [h0, h1) of T <= SHOAL_MLA_TBLOCK tokens at positions S0..S0+T-1
+ * (token t sees rows 0..S0+t): ctx/q_lat [T, H, R], q_pe [T, H, P], the
+ * probabilities of (t, h) at scratch + (t*H + h)*(S0+T). The decode form is
+ * T = 1, S0 = S-1. */
+typedef void (*shoal__mla_heads_fn)(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S0,
+                                    int T, int H, int R, int P, float scale, float *scratch, int h0, int h1);
 
 typedef struct {
     shoal__gemm_bf16_fn gemm_bf16;
@@ -68,8 +71,8 @@ float shoal__kernels_reduce8(const float a[8]);
 void shoal__kernels_mla_head(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S, int R,
                              int P, float scale, float *p);
 
-void shoal__kernels_mla_heads_scalar(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S,
-                                     int R, int P, float scale, float *scratch, int h0, int h1);
+void shoal__kernels_mla_heads_scalar(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S0,
+                                     int T, int H, int R, int P, float scale, float *scratch, int h0, int h1);
 
 /* Filled by the ISA files; each returns 0 when the variant was not compiled in. */
 int shoal__kernels_fill_avx2(shoal__kernels_table *t);

@@ -179,12 +179,18 @@ void shoal__kernels_mla_head(float *ctx, const float *q_lat, const float *q_pe, 
     }
 }
 
-void shoal__kernels_mla_heads_scalar(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S,
-                                     int R, int P, float scale, float *scratch, int h0, int h1)
+/* The batched form is, by definition, the decode form per token: token t of
+ * the block is one query at position S0+t over rows 0..S0+t. */
+void shoal__kernels_mla_heads_scalar(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S0,
+                                     int T, int H, int R, int P, float scale, float *scratch, int h0, int h1)
 {
-    for (int h = h0; h < h1; h++)
-        shoal__kernels_mla_head(ctx + (size_t)h * R, q_lat + (size_t)h * R, q_pe + (size_t)h * P, cache, S, R, P,
-                                scale, scratch + (size_t)h * S);
+    size_t Sm = (size_t)S0 + T;
+    for (int t = 0; t < T; t++)
+        for (int h = h0; h < h1; h++) {
+            size_t q = (size_t)t * H + h;
+            shoal__kernels_mla_head(ctx + q * R, q_lat + q * R, q_pe + q * P, cache, S0 + t + 1, R, P, scale,
+                                    scratch + q * Sm);
+        }
 }
 
 /* ---- router ------------------------------------------------------------- */

@@ -853,6 +853,56 @@ static void t_mla_attend(void)
 /* y = bf16(W2 SiTU(W1 x, W3 x)) against double, for each weight kind. Each
  * output may differ from the correctly rounded bf16 of the double value by
  * one bf16 ulp (fp32 accumulation can sit on the other side of a tie). */
+/* Batched (prefill) MLA: each token equals the decode form for that token
+ * alone (scalar decode as the reference, every ISA, threads 1 and 3), rows
+ * past a token's position are never read (NaN there), several token blocks
+ * and head counts with remainders. */
+static void mla_prefill_one_isa(void)
+{
+    static const int cases[][4] = {/* S0, T, H, R */ {0, 11, 13, 64}, {30, 7, 5, 32}, {5, 1, 7, 64},
+                                   {47, 9, 6, 96}, {100, 4, 13, 64}};
+    shoal_isa isa = shoal_kernels_isa();
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        int S0 = cases[k][0], T = cases[k][1], H = cases[k][2], R = cases[k][3], P = 32, W = R + P;
+        int cap = S0 + T + 3;
+        float *cache = frand_vec((size_t)cap * W, -1, 1);
+        for (size_t i = (size_t)(S0 + T) * W; i < (size_t)cap * W; i++)
+            cache[i] = NAN; /* not yet written: must never be read */
+        float *ql = frand_vec((size_t)T * H * R, -0.5f, 0.5f), *qp = frand_vec((size_t)T * H * P, -1, 1);
+        size_t nc = (size_t)T * H * R;
+        float *got = xmalloc(nc * 4), *ref = xmalloc(nc * 4);
+        float *scr = xmalloc(shoal_mla_prefill_scratch(S0, T, H) * 4), *dscr = xmalloc((size_t)H * (S0 + T) * 4);
+        float scale = 0.11f;
+        shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+        for (int t = 0; t < T; t++) {
+            size_t q = (size_t)t * H;
+            shoal_mla_attend(ref + q * R, ql + q * R, qp + q * P, cache, S0 + t + 1, H, R, P, scale, dscr);
+        }
+        shoal_kernels_set_isa(isa);
+        int nth[] = {1, 3};
+        for (int j = 0; j < 2; j++) {
+            omp_set_num_threads(nth[j]);
+            memset(got, 0xff, nc * 4);
+            shoal_mla_attend_prefill(got, ql, qp, cache, S0, T, H, R, P, scale, scr);
+            CHECK_MSG(!memcmp(got, ref, nc * 4), "mla prefill S0=%d T=%d H=%d R=%d threads=%d differs from decode", S0,
+                      T, H, R, nth[j]);
+        }
+        /* and the decode form of this ISA equals the scalar one */
+        for (int t = 0; t < T; t++) {
+            size_t q = (size_t)t * H;
+            shoal_mla_attend(got + q * R, ql + q * R, qp + q * P, cache, S0 + t + 1, H, R, P, scale, dscr);
+        }
+        CHECK_MSG(!memcmp(got, ref, nc * 4), "mla decode S0=%d T=%d differs from scalar", S0, T);
+        omp_set_num_threads(2);
+        free(cache), free(ql), free(qp), free(got), free(ref), free(scr), free(dscr);
+    }
+}
+
+static void t_mla_prefill(void)
+{
+    for_each_isa(mla_prefill_one_isa, "mla prefill");
+}
+
 static void t_expert_ffn(void)
 {
     int d = 96, f = 64, T = 3; /* d > f: W2 output is computed in two chunks */
@@ -965,6 +1015,7 @@ int main(int argc, char **argv)
     RUN(t_kda_step);
     RUN(t_gated_rmsnorm);
     RUN(t_mla_attend);
+    RUN(t_mla_prefill);
     RUN(t_expert_ffn);
     return test_finish();
 }
