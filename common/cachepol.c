@@ -115,6 +115,44 @@ static int worse(const shoal_cachepol *p, uint32_t a, uint32_t b)
     }
 }
 
+/* Place a key that is not resident: a free slot (never one being filled:
+ * the store frees only idle slots), else the policy's victim among the slots
+ * not pinned (-1: none). */
+static int32_t place(shoal_cachepol *p, uint32_t key, const uint8_t *pinned, int64_t *evicted)
+{
+    int32_t slot = -1;
+    if (p->nfree) {
+        for (uint32_t i = 0; i < p->o.nslots; i++)
+            if (p->slot_key[i] < 0) {
+                slot = (int32_t)i;
+                break;
+            }
+        p->nfree--;
+    } else {
+        for (uint32_t i = 0; i < p->o.nslots; i++)
+            if (!(pinned && pinned[i]) && (slot < 0 || worse(p, i, (uint32_t)slot)))
+                slot = (int32_t)i;
+        if (slot < 0)
+            return -1;
+        *evicted = p->slot_key[slot];
+        p->key_slot[*evicted] = -1;
+    }
+    p->slot_key[slot] = key;
+    p->key_slot[key] = slot;
+    return slot;
+}
+
+int shoal_cachepol_insert(shoal_cachepol *p, uint32_t key, const uint8_t *pinned, int64_t *evicted)
+{
+    *evicted = -1;
+    if (key >= p->o.nkeys || p->key_slot[key] >= 0)
+        return -1;
+    int32_t slot = place(p, key, pinned, evicted);
+    if (slot >= 0)
+        p->stamp[slot] = ++p->clock; /* recent, but no use counted */
+    return slot;
+}
+
 int shoal_cachepol_access(shoal_cachepol *p, uint32_t key, const uint8_t *pinned, int *hit, int64_t *evicted)
 {
     *hit = 0;
@@ -123,24 +161,9 @@ int shoal_cachepol_access(shoal_cachepol *p, uint32_t key, const uint8_t *pinned
         return -1;
     int32_t slot = p->key_slot[key];
     if (slot < 0) {
-        if (p->nfree) {
-            for (uint32_t i = 0; i < p->o.nslots; i++)
-                if (p->slot_key[i] < 0) {
-                    slot = (int32_t)i;
-                    break;
-                }
-            p->nfree--;
-        } else {
-            for (uint32_t i = 0; i < p->o.nslots; i++)
-                if (!(pinned && pinned[i]) && (slot < 0 || worse(p, i, (uint32_t)slot)))
-                    slot = (int32_t)i;
-            if (slot < 0)
-                return -1;
-            *evicted = p->slot_key[slot];
-            p->key_slot[*evicted] = -1;
-        }
-        p->slot_key[slot] = key;
-        p->key_slot[key] = slot;
+        slot = place(p, key, pinned, evicted);
+        if (slot < 0)
+            return -1;
     } else {
         *hit = 1;
     }

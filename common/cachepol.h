@@ -54,6 +54,13 @@ int shoal_cachepol_access(shoal_cachepol *p, uint32_t key, const uint8_t *pinned
 /* Resident slot of key, or -1 (no bookkeeping changes). */
 int shoal_cachepol_lookup(const shoal_cachepol *p, uint32_t key);
 
+/* Make a key that is not resident resident without counting a use (a
+ * prefetch): a free slot or the policy's victim among the slots not pinned,
+ * stamped as the most recent (LRU) with its LFU count unchanged. Returns the
+ * slot and *evicted as shoal_cachepol_access, or -1 (already resident, out of
+ * range, or every slot pinned). A later access of the key is a hit. */
+int shoal_cachepol_insert(shoal_cachepol *p, uint32_t key, const uint8_t *pinned, int64_t *evicted);
+
 /* OPT: the position in the access sequence of key's next use after the
  * access about to be made (UINT64_MAX: never again). */
 void shoal_cachepol_set_next(shoal_cachepol *p, uint32_t key, uint64_t next);

@@ -26,8 +26,8 @@ static const char tensor_magic[4] = {'S', 'H', 'T', 'F'};
 const char *shoal_msg_type_name(int type)
 {
     static const char *names[] = {"?",           "HELLO",    "ERROR",        "PING",         "PONG",         "STATS",
-                                  "STATS_REPLY", "SHUTDOWN", "SHUTDOWN_ACK", "EXPERT_BATCH", "EXPERT_RESULT"};
-    return type >= 1 && type <= 10 ? names[type] : "?";
+                                  "STATS_REPLY", "SHUTDOWN", "SHUTDOWN_ACK", "EXPERT_BATCH", "EXPERT_RESULT", "PREFETCH"};
+    return type >= 1 && type <= 11 ? names[type] : "?";
 }
 
 const char *shoal_perr_name(int perr)
@@ -291,6 +291,25 @@ int shoal_proto_enc_result(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, 
     enc_head(&e, SHOAL_MSG_EXPERT_RESULT, rid, 2);
     enc_ku64(&e, "queue_us", queue_us);
     enc_ku64(&e, "compute_us", compute_us);
+    return enc_done(&e, len);
+}
+
+int shoal_proto_enc_prefetch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t layer,
+                             const uint32_t *experts, uint32_t n)
+{
+    if (n > SHOAL_PROTO_MAX_PREFETCH)
+        return SHOAL_ERANGE;
+    for (uint32_t i = 1; i < n; i++)
+        if (experts[i] <= experts[i - 1])
+            return SHOAL_EINVAL;
+    enc e;
+    enc_init(&e, buf, cap);
+    enc_head(&e, SHOAL_MSG_PREFETCH, rid, 2);
+    enc_ku64(&e, "layer", layer);
+    enc_key(&e, "experts");
+    msgpack_pack_array(&e.pk, n);
+    for (uint32_t i = 0; i < n; i++)
+        msgpack_pack_uint32(&e.pk, experts[i]);
     return enc_done(&e, len);
 }
 
@@ -694,7 +713,7 @@ static int dec_body(dctx *c, const shoal_frame *frames, int nframes, shoal_proto
 {
     int type = m->type, rc;
     int is_req = type == SHOAL_MSG_HELLO || type == SHOAL_MSG_PING || type == SHOAL_MSG_STATS ||
-                 type == SHOAL_MSG_SHUTDOWN || type == SHOAL_MSG_EXPERT_BATCH;
+                 type == SHOAL_MSG_SHUTDOWN || type == SHOAL_MSG_EXPERT_BATCH || type == SHOAL_MSG_PREFETCH;
     int is_rep = type == SHOAL_MSG_HELLO || type == SHOAL_MSG_ERROR || type == SHOAL_MSG_PONG ||
                  type == SHOAL_MSG_STATS_REPLY || type == SHOAL_MSG_SHUTDOWN_ACK || type == SHOAL_MSG_EXPERT_RESULT;
     if (side == SHOAL_SIDE_WORKER ? !is_req : !is_rep)
@@ -750,6 +769,26 @@ static int dec_body(dctx *c, const shoal_frame *frames, int nframes, shoal_proto
             return rc;
         return dec_tensor(c, &frames[1], "EXPERT_RESULT y", &m->result.y);
     }
+    case SHOAL_MSG_PREFETCH: {
+        field f[] = {{"layer", 1, NULL}, {"experts", 1, NULL}};
+        if ((rc = get_fields(c, body, "PREFETCH", f, 2)) || (rc = get_u32f(c, "PREFETCH", &f[0], &m->prefetch.layer)))
+            return rc;
+        const msgpack_object *ev = f[1].val;
+        if (ev->type != MSGPACK_OBJECT_ARRAY || ev->via.array.size > SHOAL_PROTO_MAX_PREFETCH)
+            return fail(c, SHOAL_PERR_MALFORMED, "PREFETCH: 'experts' is not a list of at most %d expert ids",
+                        SHOAL_PROTO_MAX_PREFETCH);
+        for (uint32_t i = 0; i < ev->via.array.size; i++) {
+            const msgpack_object *o = &ev->via.array.ptr[i];
+            if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 > UINT32_MAX)
+                return fail(c, SHOAL_PERR_MALFORMED, "PREFETCH: 'experts'[%u] is not a 32-bit expert id", i);
+            if (i && o->via.u64 <= m->prefetch.experts[i - 1])
+                return fail(c, SHOAL_PERR_MALFORMED, "PREFETCH: 'experts'[%u] = %llu does not follow %u (ascending)",
+                            i, (unsigned long long)o->via.u64, m->prefetch.experts[i - 1]);
+            m->prefetch.experts[i] = (uint32_t)o->via.u64;
+        }
+        m->prefetch.n = ev->via.array.size;
+        return 0;
+    }
     default: return dec_empty(c, body, type);
     }
 }
@@ -804,7 +843,7 @@ int shoal_proto_decode(const shoal_frame *frames, int nframes, shoal_proto_side 
         goto out;
     }
     m->rid = rid->via.u64;
-    if (ty->via.u64 < 1 || ty->via.u64 > 10) {
+    if (ty->via.u64 < 1 || ty->via.u64 > 11) {
         rc = fail(&c, SHOAL_PERR_UNKNOWN_TYPE, "unknown message type %llu", (unsigned long long)ty->via.u64);
         goto out;
     }

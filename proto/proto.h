@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define SHOAL_PROTO_MAJOR 1
-#define SHOAL_PROTO_MINOR 1
+#define SHOAL_PROTO_MINOR 2
 
 #define SHOAL_PROTO_MAX_CONTROL (4u << 20) /* control frame bytes */
 #define SHOAL_PROTO_MAX_FRAMES 3
@@ -27,6 +27,7 @@
 #define SHOAL_PROTO_MAX_RANGES 262144 /* owned ranges in a HELLO reply */
 #define SHOAL_PROTO_TENSOR_HDR 16
 #define SHOAL_PROTO_FP_BYTES 32
+#define SHOAL_PROTO_MAX_PREFETCH 1024 /* experts in one PREFETCH */
 
 typedef enum {
     SHOAL_MSG_HELLO = 1,
@@ -39,6 +40,7 @@ typedef enum {
     SHOAL_MSG_SHUTDOWN_ACK = 8,
     SHOAL_MSG_EXPERT_BATCH = 9,
     SHOAL_MSG_EXPERT_RESULT = 10,
+    SHOAL_MSG_PREFETCH = 11, /* a notice (1.2): never answered */
 } shoal_msg_type;
 
 const char *shoal_msg_type_name(int type); /* "HELLO", ...; "?" if unknown */
@@ -131,6 +133,11 @@ typedef struct {
         uint64_t queue_us, compute_us;
         shoal_proto_tensor y;
     } result;
+    struct {
+        uint32_t layer;
+        uint32_t n; /* experts[0..n-1], strictly ascending */
+        uint32_t experts[SHOAL_PROTO_MAX_PREFETCH];
+    } prefetch;
 } shoal_proto_msg;
 
 void shoal_proto_msg_clear(shoal_proto_msg *m); /* frees hello.owned if decoded; zeroes m */
@@ -145,6 +152,10 @@ int shoal_proto_enc_empty(uint8_t *buf, size_t cap, size_t *len, int type, uint6
 int shoal_proto_enc_stats(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, const shoal_proto_stats *s);
 int shoal_proto_enc_batch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t layer, int out_dtype);
 int shoal_proto_enc_result(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint64_t queue_us, uint64_t compute_us);
+/* PREFETCH (1.2, a notice: no reply): experts[n] of `layer`, strictly
+ * ascending, n <= SHOAL_PROTO_MAX_PREFETCH (n may be 0). */
+int shoal_proto_enc_prefetch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t layer,
+                             const uint32_t *experts, uint32_t n);
 /* hdr[16] for a tensor frame of rows × cols elements of dtype. 0 or SHOAL_ERANGE. */
 int shoal_proto_tensor_hdr(uint8_t hdr[SHOAL_PROTO_TENSOR_HDR], int dtype, uint32_t rows, uint32_t cols);
 /* Byte length of such a frame (header included) into *len; SHOAL_ERANGE on overflow. */
@@ -153,7 +164,7 @@ int shoal_proto_tensor_len(int dtype, uint32_t rows, uint32_t cols, size_t *len)
 /* ---- decoding ---------------------------------------------------------- */
 
 typedef enum {
-    SHOAL_SIDE_WORKER = 0,      /* decode requests: HELLO, PING, STATS, SHUTDOWN, EXPERT_BATCH */
+    SHOAL_SIDE_WORKER = 0,      /* decode requests: HELLO, PING, STATS, SHUTDOWN, EXPERT_BATCH; PREFETCH */
     SHOAL_SIDE_COORDINATOR = 1, /* decode replies: HELLO, ERROR, PONG, STATS_REPLY, SHUTDOWN_ACK, EXPERT_RESULT */
 } shoal_proto_side;
 

@@ -20,7 +20,7 @@ import sys
 import msgpack
 import numpy as np
 
-HELLO, ERROR, PING, PONG, STATS, STATS_REPLY, SHUTDOWN, SHUTDOWN_ACK, BATCH, RESULT = range(1, 11)
+HELLO, ERROR, PING, PONG, STATS, STATS_REPLY, SHUTDOWN, SHUTDOWN_ACK, BATCH, RESULT, PREFETCH = range(1, 12)
 F32, BF16, I32 = 1, 2, 3
 
 FP = bytes(range(32))  # a test fingerprint: 00 01 .. 1f
@@ -72,6 +72,9 @@ def messages():
     act16 = (np.arange(1 * 32, dtype=np.uint32) + 0x3f80).astype("<u2").reshape(1, 32)
     m["expert_batch_bf16"] = [control(BATCH, 8, {"layer": 1, "out": "f32"}), tensor(BF16, act16),
                               tensor(I32, np.array([[0, 0]], dtype="<i4"))]
+    # 1.2: PREFETCH, a notice (rid 0, never answered); ids ascending, one past 255 and one past 65535
+    m["prefetch"] = [control(PREFETCH, 0, {"layer": 5, "experts": [0, 7, 127, 128, 300, 70000]})]
+    m["prefetch_empty"] = [control(PREFETCH, 0, {"layer": 1, "experts": []})]
     return m
 
 

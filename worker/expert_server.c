@@ -148,7 +148,8 @@ static void handle(void *sock, shoal_serve *srv, qreq *r, int stopping, int *shu
                            &rep);
     }
     uint64_t before = *dropped;
-    send_reply(sock, &r->part[0], &rep, &of, dropped);
+    if (rep.n) /* 0: a notice (PREFETCH), never answered */
+        send_reply(sock, &r->part[0], &rep, &of, dropped);
     if (*dropped != before)
         shoal_wmetrics_send_failed(wm);
     if (rep.shutdown)
@@ -383,7 +384,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                            .k = s.cfg.experts_per_token, .max_tokens = o->max_tokens > 0 ? o->max_tokens : 1024,
                            .isa = shoal_isa_name(shoal_kernels_isa()), .threads = omp_get_max_threads(),
                            .mem_total = mem_total(), .metrics = s.wm, .delay_us = o->delay_us,
-                           .skip_compute = o->skip_compute, .store = s.store};
+                           .skip_compute = o->skip_compute, .store = s.store, .prefetch = !o->no_prefetch};
     if ((rc = shoal_serve_open(&s.srv, &so, s.bank, err, errlen)))
         goto out;
     if (o->skip_compute)
@@ -460,6 +461,17 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                    (unsigned long long)ss.hits, (unsigned long long)ss.misses,
                    ss.hits + ss.misses ? (double)ss.hits / (double)(ss.hits + ss.misses) : 0.0,
                    (double)ss.bytes_read / 1048576.0, (double)ss.read_us / 1e6);
+        uint64_t notices, pdropped;
+        shoal_serve_prefetch_counts(s.srv, &notices, &pdropped);
+        SHOAL_INFO("expert cache prefetch%s: %llu hints (%llu dropped); %llu experts read ahead (%.1f MiB), %llu "
+                   "prefetch hits, %llu wasted (evicted unused); resident hits %llu, prefetch hits %llu, demand "
+                   "misses %llu of %llu fetches",
+                   o->no_prefetch ? " (off: hints ignored)" : "", (unsigned long long)notices,
+                   (unsigned long long)pdropped, (unsigned long long)ss.prefetch_reads,
+                   (double)ss.prefetch_bytes / 1048576.0, (unsigned long long)ss.prefetch_hits,
+                   (unsigned long long)ss.prefetch_wasted, (unsigned long long)ss.hits,
+                   (unsigned long long)ss.prefetch_hits, (unsigned long long)ss.misses,
+                   (unsigned long long)(ss.hits + ss.prefetch_hits + ss.misses));
     }
     rc = 0;
 out:
@@ -508,6 +520,7 @@ static void usage(FILE *f)
                "  --cache-policy P     lfu (default: frequency with aging) or lru\n"
                "  --io-threads N       concurrent expert reads (default 8)\n"
                "  --no-direct          buffered reads (no O_DIRECT)\n"
+               "  --no-prefetch        ignore the coordinator's PREFETCH hints (read only on demand)\n"
                "  --print-fingerprint  print the model fingerprint (PROTOCOL.md section 5) and exit\n"
                "  --test-delay-ms N    (tests) sleep N ms before computing each batch\n"
                "  --bench-skip-compute (benchmarks) answer zeros instead of running the experts\n"
@@ -539,6 +552,7 @@ int shoal_cmd_expert(int argc, char **argv)
                                              {"cache-policy", required_argument, 0, 'Y'},
                                              {"io-threads", required_argument, 0, 'I'},
                                              {"no-direct", no_argument, 0, 'D'},
+                                             {"no-prefetch", no_argument, 0, 'F'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     shoal_expert_server_opts o = {.stop = &stop_flag};
@@ -591,6 +605,7 @@ int shoal_cmd_expert(int argc, char **argv)
         case 'I': o.io_threads = (int)v; break;
         case 'Y': o.cache_policy = optarg; break;
         case 'D': o.no_direct = 1; break;
+        case 'F': o.no_prefetch = 1; break;
         case 'G': {
             if (strspn(optarg, "abcdefghijklmnopqrstuvwxyz") == strlen(optarg)) {
                 o.cache_preset = optarg; /* checked by the server, with the model */

@@ -47,6 +47,7 @@ typedef struct {
     const char *cache_policy; /* "lfu" (default) or "lru" */
     int io_threads;           /* concurrent expert reads; 0: 8 */
     int no_direct;            /* 1: buffered reads only (no O_DIRECT) */
+    int no_prefetch;          /* 1: ignore PREFETCH hints (the cache reads only on demand) */
     /* model is a pack (common/packfile.h): 1 checks every file's BLAKE2b
      * before serving (sizes are always checked). */
     int verify;

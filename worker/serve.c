@@ -39,6 +39,8 @@ struct shoal_serve {
     int32_t *perm;   /* [max_tokens * k] pair indices grouped by expert */
     int32_t *touched; /* [max_tokens * k] distinct experts of the request */
     const shoal_expert_w **views; /* [max_tokens * k] the weights of touched[i] */
+    int32_t *pf_ids;  /* [num_experts] a PREFETCH's usable ids */
+    uint64_t pf_notices, pf_dropped;
     peer peers[MAX_PEERS];
     uint64_t clock;
     shoal_proto_stats st;
@@ -90,6 +92,7 @@ int shoal_serve_open(shoal_serve **out, const shoal_serve_opts *o, const shoal_b
     s->perm = shoal_xmalloc(pairs * sizeof *s->perm);
     s->views = shoal_xmalloc(pairs * sizeof *s->views);
     s->touched = shoal_xmalloc(pairs * sizeof *s->touched);
+    s->pf_ids = shoal_xmalloc((size_t)o->num_experts * sizeof *s->pf_ids);
     snprintf(s->st.worker, sizeof s->st.worker, "%s", s->id);
     s->t0_us = now_us();
     *out = s;
@@ -109,6 +112,7 @@ void shoal_serve_close(shoal_serve *s)
     free(s->perm);
     free(s->views);
     free(s->touched);
+    free(s->pf_ids);
     free(s);
 }
 
@@ -170,7 +174,8 @@ static void count_out(shoal_serve *s, const shoal_serve_reply *rep, int type, co
         out_bytes += rep->frames[i].len;
     s->st.bytes_out += out_bytes;
     shoal_wmetrics_request(s->o.metrics, type, in_bytes);
-    shoal_wmetrics_reply(s->o.metrics, out_bytes, s->last_perr);
+    if (rep->n) /* a notice has no reply */
+        shoal_wmetrics_reply(s->o.metrics, out_bytes, s->last_perr);
 }
 
 static void do_hello(shoal_serve *s, const shoal_proto_msg *m, const uint8_t *peer_id, size_t peerlen,
@@ -358,6 +363,24 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
     shoal_wmetrics_batch(s->o.metrics, act->rows, n, (uint32_t)ntouched, queue_us, compute_us);
 }
 
+/* PREFETCH: a notice, never answered (rep->n stays 0). */
+static void do_prefetch(shoal_serve *s, const shoal_proto_msg *m)
+{
+    uint32_t layer = m->prefetch.layer;
+    if (layer >= (uint32_t)s->o.num_layers || !s->o.is_moe[layer]) {
+        s->pf_dropped++;
+        shoal_wmetrics_prefetch_dropped(s->o.metrics);
+        return;
+    }
+    if (!s->o.store || !s->o.prefetch)
+        return; /* nothing to read ahead: the experts are mapped, or hints are off */
+    int n = 0;
+    for (uint32_t i = 0; i < m->prefetch.n; i++)
+        if (m->prefetch.experts[i] < (uint32_t)s->o.num_experts)
+            s->pf_ids[n++] = (int32_t)m->prefetch.experts[i];
+    shoal_store_prefetch(s->o.store, (int)layer, s->pf_ids, n);
+}
+
 void shoal_serve_handle(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, const shoal_frame *in, int nin,
                         uint64_t queue_us, shoal_serve_alloc_fn alloc, void *actx, shoal_serve_reply *rep)
 {
@@ -371,6 +394,12 @@ void shoal_serve_handle(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, 
     int perr = 0;
     char msg[512];
     if (shoal_proto_decode(in, nin, SHOAL_SIDE_WORKER, &m, &perr, msg, sizeof msg)) {
+        if (m.type == SHOAL_MSG_PREFETCH) { /* a notice: dropped, never answered */
+            s->pf_notices++;
+            s->pf_dropped++;
+            shoal_wmetrics_prefetch_dropped(s->o.metrics);
+            goto done;
+        }
         reply_error(s, rep, m.rid, perr ? perr : SHOAL_PERR_MALFORMED, msg);
         goto done;
     }
@@ -379,6 +408,17 @@ void shoal_serve_handle(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, 
         goto done;
     }
     peer *p = peer_find(s, peer_id, peerlen > 256 ? 256 : peerlen);
+    if (m.type == SHOAL_MSG_PREFETCH) {
+        s->pf_notices++;
+        if (p) {
+            p->used = ++s->clock;
+            do_prefetch(s, &m);
+        } else {
+            s->pf_dropped++;
+            shoal_wmetrics_prefetch_dropped(s->o.metrics);
+        }
+        goto done;
+    }
     if (!p) {
         snprintf(msg, sizeof msg, "%s before HELLO on this connection", shoal_msg_type_name(m.type));
         reply_error(s, rep, m.rid, SHOAL_PERR_NO_HELLO, msg);
@@ -425,9 +465,16 @@ void shoal_serve_refuse(shoal_serve *s, const shoal_frame *in, int nin, int perr
     memset(&m, 0, sizeof m);
     int dummy;
     shoal_proto_decode(in, nin, SHOAL_SIDE_WORKER, &m, &dummy, NULL, 0);
-    reply_error(s, rep, m.rid, perr, msg);
+    if (m.type != SHOAL_MSG_PREFETCH) /* a notice is never answered */
+        reply_error(s, rep, m.rid, perr, msg);
     count_out(s, rep, m.type, in, nin);
     shoal_proto_msg_clear(&m);
+}
+
+void shoal_serve_prefetch_counts(const shoal_serve *s, uint64_t *notices, uint64_t *dropped)
+{
+    *notices = s->pf_notices;
+    *dropped = s->pf_dropped;
 }
 
 void shoal_serve_stats(const shoal_serve *s, shoal_proto_stats *out)

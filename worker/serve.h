@@ -1,6 +1,7 @@
 /* serve: the worker's request handler -- one decoded request in, exactly one
- * reply out (PROTOCOL.md §3), with no sockets, so the tests and the fuzz target
- * drive it directly. It keeps the per-peer HELLO state, validates every request
+ * reply out (PROTOCOL.md §3; a PREFETCH notice gets none), with no sockets, so
+ * the tests and the fuzz target drive it directly. It keeps the per-peer HELLO
+ * state, validates every request
  * (proto/proto.h decode + shoal_proto_check_batch against the model and the
  * ownership), computes EXPERT_BATCH grouped by expert (each expert's weights read
  * once per request, shoal_expert_ffn over the tokens routed to it, experts in
@@ -41,6 +42,10 @@ typedef struct {
     /* Optional: the experts come from this RAM-budgeted store (worker/store.h)
      * instead of the bank, which is then NULL. Borrowed; one thread uses it. */
     shoal_store *store;
+    /* 1: act on PREFETCH hints (PROTOCOL.md §3.6) by reading the hinted
+     * experts into the store ahead of use; 0: hints are received and ignored.
+     * No effect without a store. */
+    int prefetch;
 } shoal_serve_opts;
 
 typedef struct shoal_serve shoal_serve;
@@ -54,7 +59,7 @@ typedef void *(*shoal_serve_alloc_fn)(void *ctx, size_t len);
 
 typedef struct {
     shoal_frame frames[2]; /* [0] control (the serve's buffer, valid until the next call), [1] data */
-    int n;                 /* 1 or 2 */
+    int n;                 /* 1 or 2; 0: nothing to send (a PREFETCH notice) */
     int type;              /* reply message type */
     int shutdown;          /* 1: SHUTDOWN was acknowledged; exit once sent */
 } shoal_serve_reply;
@@ -72,6 +77,10 @@ void shoal_serve_handle(shoal_serve *s, const uint8_t *peer, size_t peerlen, con
  * the request's rid when its envelope decodes. */
 void shoal_serve_refuse(shoal_serve *s, const shoal_frame *in, int nin, int perr, const char *msg,
                         shoal_serve_reply *rep);
+
+/* PREFETCH notices received and dropped (malformed, before HELLO, not an
+ * MoE layer) since open. */
+void shoal_serve_prefetch_counts(const shoal_serve *s, uint64_t *notices, uint64_t *dropped);
 
 /* Counters since open (STATS_REPLY). */
 void shoal_serve_stats(const shoal_serve *s, shoal_proto_stats *out);

@@ -47,8 +47,15 @@ typedef struct {
 typedef struct {
     const run *r;
     uint8_t *dst;
-    int entry; /* the pass entry whose slot it fills */
+    int slot; /* the slot it fills */
 } job;
+
+/* A ring of jobs; at most one fill per slot is outstanding (a slot being
+ * filled is never a victim), so nslots * NT entries always suffice. */
+typedef struct {
+    job *j;
+    uint32_t cap, head, count;
+} ring;
 
 struct shoal_store {
     int num_layers, num_experts, d, f;
@@ -65,21 +72,26 @@ struct shoal_store {
     int32_t *pass_slot; /* [nslots] slots pinned by the current pass */
     int32_t *pass_key;  /* [nslots] */
     uint8_t *pass_miss; /* [nslots] */
-    int *pending;       /* [nslots] reads outstanding per pass entry (under mu) */
     int pass_failed;    /* a read of the current pass failed: its misses were dropped */
     int npass;
+    uint8_t *block;     /* [nslots] scratch: slots no victim may come from */
+    int32_t *skey;      /* [nslots] key last placed in each slot */
+    uint8_t *pf;        /* [nslots] 1: holds a prefetched expert not used yet */
     shoal_expert_w *views; /* [nslots] */
     shoal_store_stats st;
     shoal_wmetrics *wm;
-    /* I/O pool */
+    /* I/O pool; everything below under mu */
     pthread_t *th;
     int nth;
     pthread_mutex_t mu;
     pthread_cond_t work, done;
-    job *jobs;
-    int njobs, next, finished, quit;
-    int io_err;
-    char io_msg[512];
+    ring demand, ahead;   /* demand reads go first; prefetch reads when none wait */
+    int *busy;            /* [nslots] reads outstanding into each slot */
+    int *slot_err;        /* [nslots] the error of a failed read into the slot (0: none) */
+    uint32_t demand_left; /* demand reads not finished */
+    uint32_t ahead_left;  /* prefetch reads not finished */
+    int quit;
+    char io_msg[512];     /* the last failed read */
 };
 
 static uint64_t now_us(void)
@@ -237,27 +249,41 @@ static int read_run(shoal_store *s, const run *r, uint8_t *dst, char *msg, size_
     return 0;
 }
 
+static void ring_put(ring *q, job j)
+{
+    if (q->count >= q->cap)
+        SHOAL_PANIC("expert store: job ring overflow"); /* one fill per slot: cannot happen */
+    q->j[(q->head + q->count++) % q->cap] = j;
+}
+
 static void *io_main(void *arg)
 {
     shoal_store *s = arg;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->quit && s->next >= s->njobs)
+        while (!s->quit && !s->demand.count && !s->ahead.count)
             pthread_cond_wait(&s->work, &s->mu);
         if (s->quit)
             break;
-        job j = s->jobs[s->next++];
+        int is_demand = s->demand.count > 0;
+        ring *q = is_demand ? &s->demand : &s->ahead;
+        job j = q->j[q->head];
+        q->head = (q->head + 1) % q->cap;
+        q->count--;
         pthread_mutex_unlock(&s->mu);
         char msg[512];
         int rc = read_run(s, j.r, j.dst, msg, sizeof msg);
         pthread_mutex_lock(&s->mu);
-        if (rc && !s->io_err) {
-            s->io_err = rc;
+        if (rc) {
+            s->slot_err[j.slot] = rc;
             snprintf(s->io_msg, sizeof s->io_msg, "%s", msg);
         }
-        s->pending[j.entry]--;
-        s->finished++;
-        pthread_cond_broadcast(&s->done); /* the handler waits for one entry, or for all */
+        s->busy[j.slot]--;
+        if (is_demand)
+            s->demand_left--;
+        else
+            s->ahead_left--;
+        pthread_cond_broadcast(&s->done); /* the handler waits for one slot, or for all */
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -366,9 +392,17 @@ int shoal_store_open(shoal_store **out, const shoal_st *st, const shoal_k3cfg *c
     s->pass_slot = shoal_xmalloc(s->nslots * sizeof *s->pass_slot);
     s->pass_key = shoal_xmalloc(s->nslots * sizeof *s->pass_key);
     s->pass_miss = shoal_xmalloc(s->nslots);
-    s->pending = shoal_xcalloc(s->nslots, sizeof *s->pending);
+    s->block = shoal_xcalloc(s->nslots, 1);
+    s->skey = shoal_xmalloc(s->nslots * sizeof *s->skey);
+    for (uint32_t i = 0; i < s->nslots; i++)
+        s->skey[i] = -1;
+    s->pf = shoal_xcalloc(s->nslots, 1);
+    s->busy = shoal_xcalloc(s->nslots, sizeof *s->busy);
+    s->slot_err = shoal_xcalloc(s->nslots, sizeof *s->slot_err);
     s->views = shoal_xcalloc(s->nslots, sizeof *s->views);
-    s->jobs = shoal_xmalloc((size_t)s->nslots * NT * sizeof *s->jobs);
+    s->demand.cap = s->ahead.cap = s->nslots * NT;
+    s->demand.j = shoal_xmalloc((size_t)s->demand.cap * sizeof *s->demand.j);
+    s->ahead.j = shoal_xmalloc((size_t)s->ahead.cap * sizeof *s->ahead.j);
     s->nth = o->io_threads > 0 ? o->io_threads : 8;
     s->th = shoal_xcalloc((size_t)s->nth, sizeof *s->th);
     for (int i = 0; i < s->nth; i++)
@@ -389,14 +423,14 @@ fail:
     return rc;
 }
 
-static void drain(shoal_store *s);
+static void drain_all(shoal_store *s);
 
 void shoal_store_close(shoal_store *s)
 {
     if (!s)
         return;
-    if (s->pending)
-        drain(s);
+    if (s->busy)
+        drain_all(s); /* no I/O thread writes into the slots after this */
     pthread_mutex_lock(&s->mu);
     s->quit = 1;
     pthread_cond_broadcast(&s->work);
@@ -414,10 +448,15 @@ void shoal_store_close(shoal_store *s)
     pthread_cond_destroy(&s->done);
     shoal_cachepol_close(s->pol);
     free(s->th);
-    free(s->jobs);
+    free(s->demand.j);
+    free(s->ahead.j);
     free(s->views);
     free(s->pass_miss);
-    free(s->pending);
+    free(s->block);
+    free(s->skey);
+    free(s->pf);
+    free(s->busy);
+    free(s->slot_err);
     free(s->pass_key);
     free(s->pass_slot);
     free(s->pinned);
@@ -456,25 +495,73 @@ static void drop_misses(shoal_store *s)
     s->pass_failed = 1;
 }
 
-/* Wait until no read of the last pass is in flight (no I/O thread writes
- * into a slot after this). */
-static void drain(shoal_store *s)
+/* Wait until no demand read is in flight. Prefetch reads may go on: their
+ * slots are busy, so nothing else is placed in them. */
+static void drain_demand(shoal_store *s)
 {
     pthread_mutex_lock(&s->mu);
-    while (s->finished < s->njobs)
+    while (s->demand_left)
         pthread_cond_wait(&s->done, &s->mu);
-    int failed = s->io_err;
-    s->njobs = s->next = s->finished = 0;
-    s->io_err = 0;
     pthread_mutex_unlock(&s->mu);
-    if (failed)
-        drop_misses(s);
+}
+
+static void drain_all(shoal_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    while (s->demand_left || s->ahead_left)
+        pthread_cond_wait(&s->done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Forget the experts of slots whose read failed and that no read still
+ * fills (their bytes are garbage), and mark in block[] the slots still being
+ * filled. Handler thread. */
+static void sweep(shoal_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    for (uint32_t i = 0; i < s->nslots; i++) {
+        s->block[i] = s->busy[i] > 0;
+        if (s->slot_err[i] && !s->busy[i]) {
+            s->slot_err[i] = 0;
+            if (s->skey[i] >= 0 && shoal_cachepol_lookup(s->pol, (uint32_t)s->skey[i]) == (int)i)
+                shoal_cachepol_drop(s->pol, (uint32_t)s->skey[i]);
+            s->pf[i] = 0;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Queue the reads that fill slot with expert m (mu not held; the caller
+ * broadcasts once). */
+static uint64_t queue_fill(shoal_store *s, ring *q, const emeta *m, int slot, int demand)
+{
+    uint8_t *base = s->mem + (size_t)slot * s->slot_bytes;
+    uint64_t bytes = 0;
+    pthread_mutex_lock(&s->mu);
+    for (int r = 0; r < m->nruns; r++) {
+        ring_put(q, (job){.r = &m->runs[r], .dst = base + m->runs[r].pos, .slot = slot});
+        s->busy[slot]++;
+        bytes += m->runs[r].len;
+    }
+    if (demand)
+        s->demand_left += (uint32_t)m->nruns;
+    else
+        s->ahead_left += (uint32_t)m->nruns;
+    pthread_mutex_unlock(&s->mu);
+    return bytes;
+}
+
+static void wake_io(shoal_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    pthread_cond_broadcast(&s->work);
+    pthread_mutex_unlock(&s->mu);
 }
 
 int shoal_store_fetch(shoal_store *s, int layer, const int32_t *experts, int n, const shoal_expert_w **views,
                       char *err, size_t errlen)
 {
-    drain(s);
+    drain_demand(s);
     for (int i = 0; i < s->npass; i++)
         s->pinned[s->pass_slot[i]] = 0;
     s->npass = 0;
@@ -488,72 +575,146 @@ int shoal_store_fetch(shoal_store *s, int layer, const int32_t *experts, int n, 
         if (s->meta_of[(size_t)layer * (size_t)s->num_experts + (size_t)experts[i]] < 0)
             return shoal_err_set(err, errlen, SHOAL_ERANGE, "layer %d expert %d is not owned", layer, experts[i]);
     }
-    int njobs = 0;
+    sweep(s); /* block[]: slots a prefetch read still fills */
+    int m = n < (int)s->nslots ? n : (int)s->nslots;
+    /* the pass's experts that are resident and were prefetched are kept from
+     * being victims of the pass's own misses (without prefetching, pf is all
+     * zero and this changes nothing) */
+    for (int i = 0; i < m; i++) {
+        int sl = shoal_cachepol_lookup(s->pol, (uint32_t)layer * (uint32_t)s->num_experts + (uint32_t)experts[i]);
+        if (sl >= 0 && s->pf[sl])
+            s->block[sl] = 1;
+    }
+    int issued = 0;
     uint64_t hits0 = s->st.hits, misses0 = s->st.misses, bytes0 = s->st.bytes_read;
-    for (int i = 0; i < n && (uint32_t)s->npass < s->nslots; i++) {
+    uint64_t ph0 = s->st.prefetch_hits, pw0 = s->st.prefetch_wasted;
+    for (int i = 0; i < m; i++) {
         uint32_t key = (uint32_t)layer * (uint32_t)s->num_experts + (uint32_t)experts[i];
         int32_t mi = s->meta_of[key];
         int hit;
         int64_t ev;
-        int slot = shoal_cachepol_access(s->pol, key, s->pinned, &hit, &ev);
+        int slot = shoal_cachepol_access(s->pol, key, s->block, &hit, &ev);
+        if (slot < 0 && s->npass == 0) {
+            /* every slot is being filled by prefetch reads: let them land */
+            drain_all(s);
+            sweep(s);
+            slot = shoal_cachepol_access(s->pol, key, s->block, &hit, &ev);
+        }
         if (slot < 0)
-            break; /* every slot pinned by this pass */
+            break; /* every slot pinned by this pass or still being filled */
         int entry = s->npass++;
         s->pinned[slot] = 1;
+        s->block[slot] = 1;
         s->pass_slot[entry] = slot;
         s->pass_key[entry] = (int32_t)key;
         s->pass_miss[entry] = !hit;
-        s->pending[entry] = 0;
-        const emeta *m = &s->meta[mi];
-        uint8_t *base = s->mem + (size_t)slot * s->slot_bytes;
-        if (hit) {
+        s->skey[slot] = (int32_t)key;
+        const emeta *me = &s->meta[mi];
+        if (hit && s->pf[slot]) {
+            s->st.prefetch_hits++;
+            s->pf[slot] = 0;
+        } else if (hit) {
             s->st.hits++;
         } else {
+            if (s->pf[slot])
+                s->st.prefetch_wasted++; /* evicted a prefetched expert before its use */
+            s->pf[slot] = 0;
             s->st.misses++;
-            for (int r = 0; r < m->nruns; r++) {
-                s->jobs[njobs++] = (job){.r = &m->runs[r], .dst = base + m->runs[r].pos, .entry = entry};
-                s->pending[entry]++;
-                s->st.bytes_read += m->runs[r].len;
-            }
+            s->st.bytes_read += queue_fill(s, &s->demand, me, slot, 1);
+            issued = 1;
         }
-        view_of(s, m, base, &s->views[entry]);
+        view_of(s, me, s->mem + (size_t)slot * s->slot_bytes, &s->views[entry]);
         views[entry] = &s->views[entry];
     }
-    if (njobs) { /* every read of the pass issued at once, in entry order */
-        pthread_mutex_lock(&s->mu);
-        s->njobs = njobs;
-        pthread_cond_broadcast(&s->work);
-        pthread_mutex_unlock(&s->mu);
-    }
+    if (issued) /* every read of the pass queued at once, in entry order */
+        wake_io(s);
     shoal_wmetrics_cache(s->wm, s->st.hits - hits0, s->st.misses - misses0, s->st.bytes_read - bytes0, 0);
+    if (s->st.prefetch_hits != ph0 || s->st.prefetch_wasted != pw0)
+        shoal_wmetrics_prefetch(s->wm, 0, 0, s->st.prefetch_hits - ph0, s->st.prefetch_wasted - pw0);
     return s->npass;
+}
+
+int shoal_store_prefetch(shoal_store *s, int layer, const int32_t *experts, int n)
+{
+    if (layer < 0 || layer >= s->num_layers || n < 1)
+        return 0;
+    /* the last pass is finished (its views are not used any more): only
+     * slots still being filled are kept */
+    drain_demand(s);
+    for (int i = 0; i < s->npass; i++)
+        s->pinned[s->pass_slot[i]] = 0;
+    s->npass = 0;
+    sweep(s);
+    /* the hint's own resident experts are not victims of its reads */
+    for (int i = 0; i < n; i++) {
+        if (experts[i] < 0 || experts[i] >= s->num_experts)
+            continue;
+        int sl = shoal_cachepol_lookup(s->pol, (uint32_t)layer * (uint32_t)s->num_experts + (uint32_t)experts[i]);
+        if (sl >= 0)
+            s->block[sl] = 1;
+    }
+    int started = 0;
+    uint64_t wasted0 = s->st.prefetch_wasted, bytes = 0;
+    for (int i = 0; i < n; i++) {
+        if (experts[i] < 0 || experts[i] >= s->num_experts)
+            continue;
+        uint32_t key = (uint32_t)layer * (uint32_t)s->num_experts + (uint32_t)experts[i];
+        int32_t mi = s->meta_of[key];
+        if (mi < 0 || shoal_cachepol_lookup(s->pol, key) >= 0)
+            continue; /* not owned, or resident already */
+        int64_t ev;
+        int slot = shoal_cachepol_insert(s->pol, key, s->block, &ev);
+        if (slot < 0)
+            break; /* every slot holds a hinted expert or is being filled */
+        if (ev >= 0 && s->pf[slot])
+            s->st.prefetch_wasted++;
+        s->block[slot] = 1;
+        s->pf[slot] = 1;
+        s->skey[slot] = (int32_t)key;
+        bytes += queue_fill(s, &s->ahead, &s->meta[mi], slot, 0);
+        started++;
+    }
+    if (started)
+        wake_io(s);
+    s->st.prefetch_reads += (uint64_t)started;
+    s->st.prefetch_bytes += bytes;
+    shoal_wmetrics_prefetch(s->wm, (uint64_t)started, bytes, 0, s->st.prefetch_wasted - wasted0);
+    return started;
+}
+
+void shoal_store_drain(shoal_store *s)
+{
+    drain_all(s);
 }
 
 int shoal_store_wait(shoal_store *s, int i, char *err, size_t errlen)
 {
     if (i < 0 || i >= s->npass)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "store wait: entry %d of a %d-expert pass", i, s->npass);
+    int slot = s->pass_slot[i];
     uint64_t waited = 0;
     char msg[512] = "";
     pthread_mutex_lock(&s->mu);
-    if (s->pending[i] > 0) {
+    if (s->busy[slot] > 0) {
         uint64_t t0 = now_us();
-        while (s->pending[i] > 0 && !s->io_err)
+        while (s->busy[slot] > 0)
             pthread_cond_wait(&s->done, &s->mu);
         waited = now_us() - t0;
     }
-    int rc = s->io_err;
-    if (rc)
+    int failed = s->slot_err[slot];
+    if (failed)
         snprintf(msg, sizeof msg, "%s", s->io_msg);
     pthread_mutex_unlock(&s->mu);
     if (waited) {
         s->st.read_us += waited;
         shoal_wmetrics_cache(s->wm, 0, 0, 0, waited);
     }
-    if (rc || s->pass_failed) {
-        drain(s); /* nothing may still be writing into the slots */
+    if (failed && !s->pass_miss[i]) /* a prefetched expert whose read failed */
+        shoal_cachepol_drop(s->pol, (uint32_t)s->pass_key[i]);
+    if (failed || s->pass_failed) {
+        drain_demand(s); /* nothing of the pass may still be writing into the slots */
         drop_misses(s);
-        return shoal_err_set(err, errlen, rc ? rc : SHOAL_EIO, "expert store: %.400s",
+        return shoal_err_set(err, errlen, failed ? failed : SHOAL_EIO, "expert store: %.400s",
                              msg[0] ? msg : "a read of this pass failed");
     }
     return 0;

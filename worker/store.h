@@ -41,9 +41,13 @@ typedef struct {
 } shoal_store_opts;
 
 typedef struct {
-    uint64_t hits, misses;    /* expert fetches found resident / read from disk */
-    uint64_t bytes_read;      /* bytes read from disk (aligned spans included) */
-    uint64_t read_us;         /* wall time the caller was blocked waiting for reads */
+    uint64_t hits, misses;    /* expert fetches found resident (prefetch hits apart) / read from disk on demand */
+    uint64_t prefetch_hits;   /* fetches of an expert a hint brought in (or is bringing in), its first use */
+    uint64_t prefetch_reads;  /* experts read because of a hint */
+    uint64_t prefetch_wasted; /* of those, evicted before any use */
+    uint64_t prefetch_bytes;  /* bytes read for hints (not in bytes_read) */
+    uint64_t bytes_read;      /* bytes read from disk on demand (aligned spans included) */
+    uint64_t read_us;         /* wall time the caller was blocked waiting for reads (demand or prefetch) */
     uint32_t slots;           /* slots allocated */
     uint32_t min_slots;       /* the minimum budget in slots */
     uint64_t slot_bytes;      /* bytes of one slot */
@@ -83,6 +87,22 @@ int shoal_store_fetch(shoal_store *s, int layer, const int32_t *experts, int n, 
  * too. The time blocked is counted as read_us (the reads not hidden behind
  * computation). */
 int shoal_store_wait(shoal_store *s, int i, char *err, size_t errlen);
+
+/* A hint (PROTOCOL.md PREFETCH): start reading, in the background, the
+ * experts of experts[n] (of MoE layer `layer`) that are owned and not
+ * resident, into free slots or the policy's victims -- never a slot still
+ * being filled, never one holding another expert of the same hint; ids out of
+ * range or not owned are skipped. The key is inserted without counting a use
+ * (shoal_cachepol_insert): its first fetch is a prefetch hit (waiting for the
+ * read if it is still in flight), and it is counted wasted if evicted before.
+ * Call between requests: the views of the last fetch are no longer valid
+ * afterwards (as after the next fetch). Returns the reads started (experts).
+ * Demand reads always go before queued prefetch reads; a failed prefetch read
+ * only forgets that expert (a fetch that waits on it fails as any read). */
+int shoal_store_prefetch(shoal_store *s, int layer, const int32_t *experts, int n);
+
+/* Block until every read in flight (demand and prefetch) has landed. */
+void shoal_store_drain(shoal_store *s);
 
 /* Report hits, misses and reads to wm from now on (borrowed; may be NULL). */
 void shoal_store_set_metrics(shoal_store *s, shoal_wmetrics *wm);

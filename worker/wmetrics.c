@@ -20,7 +20,7 @@
 #include "common/log.h"
 #include "proto/proto.h"
 
-#define NTYPES 11  /* message types 0 (undecodable) .. 10 */
+#define NTYPES 12  /* message types 0 (undecodable) .. 11 */
 #define NPERR 12   /* ERROR codes 0 (unknown) .. 11 */
 
 struct shoal_wmetrics {
@@ -34,6 +34,7 @@ struct shoal_wmetrics {
     shoal_metrics_hist queue_h, compute_h;
     shoal_metrics_counter *hits; /* [num_layers * num_experts] */
     shoal_metrics_counter cache_hits, cache_misses, cache_bytes, cache_read_us;
+    shoal_metrics_counter pf_reads, pf_bytes, pf_hits, pf_wasted, pf_dropped;
     uint32_t cache_slots;
     uint64_t cache_slot_bytes;
     /* HTTP responder */
@@ -143,6 +144,22 @@ void shoal_wmetrics_cache(shoal_wmetrics *wm, uint64_t hits, uint64_t misses, ui
     shoal_metrics_add(&wm->cache_read_us, read_us);
 }
 
+void shoal_wmetrics_prefetch(shoal_wmetrics *wm, uint64_t reads, uint64_t bytes, uint64_t hits, uint64_t wasted)
+{
+    if (!wm)
+        return;
+    shoal_metrics_add(&wm->pf_reads, reads);
+    shoal_metrics_add(&wm->pf_bytes, bytes);
+    shoal_metrics_add(&wm->pf_hits, hits);
+    shoal_metrics_add(&wm->pf_wasted, wasted);
+}
+
+void shoal_wmetrics_prefetch_dropped(shoal_wmetrics *wm)
+{
+    if (wm)
+        shoal_metrics_add(&wm->pf_dropped, 1);
+}
+
 uint64_t shoal_wmetrics_expert_hits(shoal_wmetrics *wm, int layer, int expert)
 {
     if (!wm || layer < 0 || layer >= wm->num_layers || expert < 0 || expert >= wm->num_experts)
@@ -229,7 +246,8 @@ void shoal_wmetrics_write(shoal_wmetrics *wm, shoal_metrics_buf *b)
     one(b, "shoal_expert_server_cache_bytes", SHOAL_METRICS_GAUGE, "Bytes allocated for the expert cache's slots.", wl,
         (double)wm->cache_slots * (double)wm->cache_slot_bytes);
     one(b, "shoal_expert_server_cache_hits_total", SHOAL_METRICS_COUNTER,
-        "Expert fetches found resident in the expert cache.", wl, (double)shoal_metrics_get(&wm->cache_hits));
+        "Expert fetches found resident in the expert cache (prefetch hits apart).", wl,
+        (double)shoal_metrics_get(&wm->cache_hits));
     one(b, "shoal_expert_server_cache_misses_total", SHOAL_METRICS_COUNTER,
         "Expert fetches read from disk into the expert cache.", wl, (double)shoal_metrics_get(&wm->cache_misses));
     one(b, "shoal_expert_server_disk_read_bytes_total", SHOAL_METRICS_COUNTER,
@@ -237,6 +255,19 @@ void shoal_wmetrics_write(shoal_wmetrics *wm, shoal_metrics_buf *b)
     one(b, "shoal_expert_server_disk_read_seconds_total", SHOAL_METRICS_COUNTER,
         "Seconds the request handler waited for expert reads.", wl,
         (double)shoal_metrics_get(&wm->cache_read_us) / 1e6);
+    one(b, "shoal_expert_server_prefetch_reads_total", SHOAL_METRICS_COUNTER,
+        "Experts read into the expert cache because of a PREFETCH hint.", wl,
+        (double)shoal_metrics_get(&wm->pf_reads));
+    one(b, "shoal_expert_server_prefetch_read_bytes_total", SHOAL_METRICS_COUNTER,
+        "Bytes read from disk for PREFETCH hints (aligned spans).", wl, (double)shoal_metrics_get(&wm->pf_bytes));
+    one(b, "shoal_expert_server_prefetch_hits_total", SHOAL_METRICS_COUNTER,
+        "Expert fetches served by a hinted read (the expert's first use after its hint).", wl,
+        (double)shoal_metrics_get(&wm->pf_hits));
+    one(b, "shoal_expert_server_prefetch_wasted_total", SHOAL_METRICS_COUNTER,
+        "Hinted experts evicted before any use.", wl, (double)shoal_metrics_get(&wm->pf_wasted));
+    one(b, "shoal_expert_server_prefetch_dropped_total", SHOAL_METRICS_COUNTER,
+        "PREFETCH notices dropped (malformed, before HELLO, not an MoE layer).", wl,
+        (double)shoal_metrics_get(&wm->pf_dropped));
     shoal_metrics_snap s;
     shoal_metrics_family(b, "shoal_expert_server_queue_wait_seconds", SHOAL_METRICS_HISTOGRAM,
                          "Per served batch: time from taking it off the socket to starting it.");

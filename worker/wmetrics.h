@@ -58,6 +58,13 @@ void shoal_wmetrics_cache_config(shoal_wmetrics *wm, uint32_t slots, uint64_t sl
  * (misses), the bytes read and the microseconds waited for the reads. */
 void shoal_wmetrics_cache(shoal_wmetrics *wm, uint64_t hits, uint64_t misses, uint64_t bytes, uint64_t read_us);
 
+/* Prefetch hints (worker/store.h): expert reads started by hints and their
+ * bytes, prefetch hits (a hinted expert's first use), wasted prefetches
+ * (evicted unused); and a PREFETCH notice dropped (malformed, before HELLO,
+ * not an MoE layer). */
+void shoal_wmetrics_prefetch(shoal_wmetrics *wm, uint64_t reads, uint64_t bytes, uint64_t hits, uint64_t wasted);
+void shoal_wmetrics_prefetch_dropped(shoal_wmetrics *wm);
+
 /* ---- reading ------------------------------------------------------------ */
 
 void shoal_wmetrics_write(shoal_wmetrics *wm, shoal_metrics_buf *b);

@@ -3,7 +3,8 @@
  * worker's request handler (worker/serve.h: HELLO state, grouping by expert,
  * the expert FFNs, the reply) on an in-memory bank, and the coordinator's reply
  * decoder on the same frames. Nothing may crash, leak or read out of bounds;
- * every input gets exactly one reply, and every refusal carries an ERROR code.
+ * every input gets exactly one reply -- except a PREFETCH notice (its envelope
+ * says type 11), which gets none -- and every refusal carries an ERROR code.
  *
  * Input: byte 0 picks the frame count (1 + b % 3); then, for every frame but
  * the last, a 2-byte little-endian length and that many bytes; the last frame
@@ -118,6 +119,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int perr = 0;
     char err[512];
     int rc = shoal_proto_decode(f, n, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err);
+    int notice = m.type == SHOAL_MSG_PREFETCH; /* the envelope said PREFETCH */
+    for (uint32_t i = 1; !rc && notice && i < m.prefetch.n; i++)
+        if (m.prefetch.experts[i] <= m.prefetch.experts[i - 1])
+            abort(); /* a decoded PREFETCH is strictly ascending */
     if (rc && (perr < SHOAL_PERR_MALFORMED || perr > SHOAL_PERR_INTERNAL))
         abort(); /* a refusal must name an ERROR code */
     if (!rc && m.type == SHOAL_MSG_EXPERT_BATCH) {
@@ -144,6 +149,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         setup();
     shoal_serve_reply rep;
     shoal_serve_handle(srv, (const uint8_t *)peer_id, sizeof peer_id, f, n, 0, alloc_out, NULL, &rep);
+    if (notice) { /* never answered */
+        if (rep.n != 0)
+            abort();
+        goto coordinator_side;
+    }
     if (rep.n < 1 || rep.n > 2 || !rep.frames[0].len)
         abort();
     memset(&m, 0, sizeof m);
@@ -155,6 +165,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rep.n == 2)
         free((void *)rep.frames[1].data);
 
+coordinator_side:
     memset(&m, 0, sizeof m);
     shoal_proto_decode(f, n, SHOAL_SIDE_COORDINATOR, &m, &perr, err, sizeof err);
     shoal_proto_msg_clear(&m);

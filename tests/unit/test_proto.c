@@ -234,6 +234,17 @@ static void t_golden_encode(void)
     }
     CHECK(same_bytes(yframe, sizeof yframe, g.data[1], g.len[1]));
     gfree(&g);
+
+    /* PREFETCH (1.2) */
+    static const uint32_t pf[] = {0, 7, 127, 128, 300, 70000};
+    CHECK(golden("prefetch", &g) == 0);
+    CHECK(shoal_proto_enc_prefetch(buf, sizeof buf, &len, 0, 5, pf, 6) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    gfree(&g);
+    CHECK(golden("prefetch_empty", &g) == 0);
+    CHECK(shoal_proto_enc_prefetch(buf, sizeof buf, &len, 0, 1, pf, 0) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    gfree(&g);
 }
 
 /* ---- golden.json: the C decoder reads the Python bytes ------------------- */
@@ -315,6 +326,22 @@ static void t_golden_decode(void)
     CHECK(golden("expert_batch_bf16", &g) == 0);
     CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
     CHECK(m.batch.act.dtype == SHOAL_WIRE_BF16 && m.batch.out == SHOAL_WIRE_F32 && m.batch.layer == 1);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+
+    /* PREFETCH (1.2): a notice with rid 0 */
+    CHECK(golden("prefetch", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.type == SHOAL_MSG_PREFETCH && m.rid == 0 && m.prefetch.layer == 5 && m.prefetch.n == 6);
+    CHECK(m.prefetch.experts[0] == 0 && m.prefetch.experts[1] == 7 && m.prefetch.experts[2] == 127 &&
+          m.prefetch.experts[3] == 128 && m.prefetch.experts[4] == 300 && m.prefetch.experts[5] == 70000);
+    shoal_proto_msg_clear(&m);
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == SHOAL_EPROTO && perr == SHOAL_PERR_UNKNOWN_TYPE);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+    CHECK(golden("prefetch_empty", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.type == SHOAL_MSG_PREFETCH && m.prefetch.layer == 1 && m.prefetch.n == 0);
     shoal_proto_msg_clear(&m);
     gfree(&g);
 
@@ -419,8 +446,36 @@ static void t_refusals(void)
     /* envelope of 2 elements */
     static const uint8_t two[] = {0x92, 0x03, 0x01};
     CHECK(dec1(two, sizeof two, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO);
-    /* unknown type 11, rid still reported */
-    static const uint8_t unk[] = {0x93, 0x0b, 0x2a, 0x80};
+    /* unknown type 12, rid still reported */
+    static const uint8_t unk[] = {0x93, 0x0c, 0x2a, 0x80};
+    /* PREFETCH (11) without its keys; with descending, repeated, negative,
+     * too-large ids; as a reply */
+    static const uint8_t pf0[] = {0x93, 0x0b, 0x00, 0x80};
+    CHECK(dec1(pf0, sizeof pf0, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO && perr == SHOAL_PERR_MALFORMED);
+    static const uint8_t pfdesc[] = {0x93, 0x0b, 0x00, 0x82, 0xa5, 'l', 'a', 'y', 'e', 'r', 0x01,
+                                     0xa7, 'e', 'x', 'p', 'e', 'r', 't', 's', 0x92, 0x05, 0x03};
+    CHECK(dec1(pfdesc, sizeof pfdesc, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO && perr == SHOAL_PERR_MALFORMED);
+    static const uint8_t pfrep[] = {0x93, 0x0b, 0x00, 0x82, 0xa5, 'l', 'a', 'y', 'e', 'r', 0x01,
+                                    0xa7, 'e', 'x', 'p', 'e', 'r', 't', 's', 0x92, 0x03, 0x03};
+    CHECK(dec1(pfrep, sizeof pfrep, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO && perr == SHOAL_PERR_MALFORMED);
+    static const uint8_t pfneg[] = {0x93, 0x0b, 0x00, 0x82, 0xa5, 'l', 'a', 'y', 'e', 'r', 0x01,
+                                    0xa7, 'e', 'x', 'p', 'e', 'r', 't', 's', 0x91, 0xff};
+    CHECK(dec1(pfneg, sizeof pfneg, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO && perr == SHOAL_PERR_MALFORMED);
+    static const uint8_t pfbig[] = {0x93, 0x0b, 0x00, 0x82, 0xa5, 'l', 'a', 'y', 'e', 'r', 0x01, 0xa7, 'e', 'x',
+                                    'p', 'e', 'r', 't', 's', 0x91, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0};
+    CHECK(dec1(pfbig, sizeof pfbig, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO && perr == SHOAL_PERR_MALFORMED);
+    static const uint8_t pfok[] = {0x93, 0x0b, 0x00, 0x82, 0xa5, 'l', 'a', 'y', 'e', 'r', 0x01,
+                                   0xa7, 'e', 'x', 'p', 'e', 'r', 't', 's', 0x92, 0x03, 0x05};
+    CHECK(dec1(pfok, sizeof pfok, SHOAL_SIDE_WORKER, &perr, NULL) == 0);
+    CHECK(dec1(pfok, sizeof pfok, SHOAL_SIDE_COORDINATOR, &perr, NULL) == SHOAL_EPROTO &&
+          perr == SHOAL_PERR_UNKNOWN_TYPE);
+    {   /* the encoder refuses unsorted ids and too many */
+        uint32_t ids[2] = {5, 3};
+        uint8_t b[64];
+        size_t l;
+        CHECK(shoal_proto_enc_prefetch(b, sizeof b, &l, 0, 1, ids, 2) == SHOAL_EINVAL);
+        CHECK(shoal_proto_enc_prefetch(b, sizeof b, &l, 0, 1, ids, SHOAL_PROTO_MAX_PREFETCH + 1) == SHOAL_ERANGE);
+    }
     CHECK(dec1(unk, sizeof unk, SHOAL_SIDE_WORKER, &perr, &rid) == SHOAL_EPROTO && perr == SHOAL_PERR_UNKNOWN_TYPE &&
           rid == 42);
     /* a reply type sent to the worker */

@@ -49,6 +49,9 @@ static shoal_wmetrics *build(void)
     shoal_wmetrics_send_failed(wm);
     shoal_wmetrics_expert(wm, 9, 0, 1);  /* out of range: ignored */
     shoal_wmetrics_expert(wm, 1, 8, 1);  /* out of range: ignored */
+    shoal_wmetrics_prefetch(wm, 3, 12288, 0, 0); /* a hint read 3 experts */
+    shoal_wmetrics_prefetch(wm, 0, 0, 2, 1);     /* 2 of them used, 1 evicted unused */
+    shoal_wmetrics_prefetch_dropped(wm);
     return wm;
 }
 
@@ -112,6 +115,12 @@ static void t_counters(void)
     CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_expert_bytes", NULL, NULL), 16000, 0);
     CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_expert_pairs_total", "expert", "5"), 1, 0);
     CHECK(get(b.p, b.len, "shoal_expert_server_resident_bytes", NULL, NULL) > 0);
+    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "PREFETCH"), 0, 0);
+    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_prefetch_reads_total", NULL, NULL), 3, 0);
+    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_prefetch_read_bytes_total", NULL, NULL), 12288, 0);
+    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_prefetch_hits_total", NULL, NULL), 2, 0);
+    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_prefetch_wasted_total", NULL, NULL), 1, 0);
+    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_prefetch_dropped_total", NULL, NULL), 1, 0);
     CHECK(get(b.p, b.len, "shoal_expert_server_uptime_seconds", NULL, NULL) >= 0);
     CHECK_STR_CONTAINS(b.p, "worker=\"w\\\"0\"");
     /* only hit experts are listed: 4 of them */

@@ -264,7 +264,7 @@ static void t_hello_rules(void)
     shoal_proto_msg_clear(&m);
     /* wrong major: named both ways */
     CHECK(hello(&fx, "a", 2, fp, &m) == SHOAL_MSG_ERROR && m.error.code == SHOAL_PERR_VERSION && m.rid == 11);
-    CHECK_STR_CONTAINS(m.error.message, "coordinator 2.3, worker 1.1"); /* PROTOCOL.md version 1.1 */
+    CHECK_STR_CONTAINS(m.error.message, "coordinator 2.3, worker 1.2"); /* PROTOCOL.md version 1.2 */
     shoal_proto_msg_clear(&m);
     /* wrong fingerprint: both hex values */
     uint8_t other[SHOAL_PROTO_FP_BYTES];
@@ -355,6 +355,49 @@ typedef struct {
     int rc;
     char err[1024];
 } srv_thread;
+
+/* PREFETCH is a notice: no reply, ever -- not before HELLO, not when
+ * malformed, not for a dense layer (those are dropped and counted); a bank
+ * (no cache) receives it and does nothing; batches after it are unchanged. */
+static void t_prefetch_notice(void)
+{
+    fixture fx;
+    CHECK(fx_open(&fx, "1-3:0-11") == 0);
+    shoal_proto_msg m;
+    shoal_serve_reply rep;
+    uint8_t buf[128];
+    size_t len;
+    uint32_t ids[3] = {1, 4, 9};
+    CHECK(shoal_proto_enc_prefetch(buf, sizeof buf, &len, 0, 2, ids, 3) == 0);
+    shoal_frame f = {buf, len};
+    shoal_serve_handle(fx.srv, (const uint8_t *)"p", 1, &f, 1, 0, alloc_out, NULL, &rep);
+    CHECK_EQ_INT(rep.n, 0); /* before HELLO: dropped, unanswered */
+    CHECK(hello(&fx, "p", SHOAL_PROTO_MAJOR, fp, &m) == SHOAL_MSG_HELLO);
+    shoal_proto_msg_clear(&m);
+    shoal_serve_handle(fx.srv, (const uint8_t *)"p", 1, &f, 1, 0, alloc_out, NULL, &rep);
+    CHECK_EQ_INT(rep.n, 0);
+    CHECK(shoal_proto_enc_prefetch(buf, sizeof buf, &len, 0, 0, ids, 3) == 0); /* layer 0 is dense */
+    f.len = len;
+    shoal_serve_handle(fx.srv, (const uint8_t *)"p", 1, &f, 1, 0, alloc_out, NULL, &rep);
+    CHECK_EQ_INT(rep.n, 0);
+    static const uint8_t bad[] = {0x93, 0x0b, 0x00, 0x81, 0xa5, 'l', 'a', 'y', 'e', 'r', 0x01}; /* no experts */
+    shoal_frame fb = {bad, sizeof bad};
+    shoal_serve_handle(fx.srv, (const uint8_t *)"p", 1, &fb, 1, 0, alloc_out, NULL, &rep);
+    CHECK_EQ_INT(rep.n, 0);
+    uint64_t notices, dropped;
+    shoal_serve_prefetch_counts(fx.srv, &notices, &dropped);
+    CHECK(notices == 4 && dropped == 3);
+    /* refused while stopping: still no reply */
+    shoal_serve_refuse(fx.srv, &f, 1, SHOAL_PERR_SHUTTING_DOWN, "stopping", &rep);
+    CHECK_EQ_INT(rep.n, 0);
+    /* a PING still gets its PONG */
+    uint8_t ping[8];
+    shoal_proto_enc_empty(ping, sizeof ping, &len, SHOAL_MSG_PING, 5);
+    shoal_frame pf = {ping, len};
+    CHECK(call(&fx, "p", &pf, 1, &m, &rep) == SHOAL_MSG_PONG && m.rid == 5);
+    shoal_proto_msg_clear(&m);
+    fx_close(&fx);
+}
 
 static void *srv_main(void *arg)
 {
@@ -529,6 +572,7 @@ int main(void)
     RUN(t_batch_matches_ffn);
     RUN(t_hello_rules);
     RUN(t_errors_keep_serving);
+    RUN(t_prefetch_notice);
     RUN(t_server_socket);
     RUN(t_server_refuses_bad_options);
     free(weights);
