@@ -49,6 +49,27 @@
 typedef struct shoal_model shoal_model;
 typedef struct shoal_seq shoal_seq;
 
+/* How the trunk (every non-expert weight) is held (docs/CONFIG.md --trunk-gb).
+ * MAPPED (the default): the store's read-only mapping, the page cache decides.
+ * Any other mode holds the trunk in owned memory read with pread (O_DIRECT
+ * where possible), never through the mapping: the layers (and lm_head row
+ * slices) that fit the budget are read once at open and stay resident, the
+ * others are streamed from disk by a background thread into two buffers
+ * (double-buffered, ahead of use), and each token's embedding row is read on
+ * demand. Results are bit-identical to MAPPED at every budget. */
+typedef enum {
+    SHOAL_TRUNK_MAPPED = 0,
+    SHOAL_TRUNK_BYTES,  /* trunk_budget bytes */
+    SHOAL_TRUNK_SMALL,  /* the minimum that works: two buffers of the largest unit */
+    SHOAL_TRUNK_MEDIUM, /* halfway between the minimum and fully resident */
+    SHOAL_TRUNK_LARGE,  /* fully resident */
+    SHOAL_TRUNK_AUTO,   /* from the cgroup limit and MemAvailable (common/memplan.h) */
+} shoal_trunk_mode;
+
+/* "--trunk-gb" value: small|medium|large|auto or GiB (fractions allowed, > 0).
+ * 0 or SHOAL_EINVAL. */
+int shoal_model_parse_trunk(const char *s, shoal_trunk_mode *mode, uint64_t *bytes);
+
 typedef struct {
     /* Default capacity (tokens: prompt + generated) of a sequence created with
      * capacity 0, and the largest capacity allowed. Required, > 0. */
@@ -64,8 +85,18 @@ typedef struct {
      * nor bound here, and shoal_model_set_experts must be called before the
      * first forward (a forward without a backend fails with SHOAL_EINVAL). */
     int remote_experts;
-    /* 1: no info logs at open (warnings and errors still go to stderr). */
+    /* 1: no info logs at open (warnings and errors still go to stderr; the
+     * trunk memory plan is printed whenever trunk_mode is not MAPPED). */
     int quiet;
+    /* Trunk memory (see shoal_trunk_mode). trunk_budget: bytes for
+     * SHOAL_TRUNK_BYTES: fp32 copies of the small vectors + resident units +
+     * the two streaming buffers + the embedding row buffer (scratch and
+     * sequence state are planned and printed apart). A budget below the
+     * minimum is refused at open with SHOAL_ECONFIG naming the minimum. */
+    shoal_trunk_mode trunk_mode;
+    uint64_t trunk_budget;
+    int trunk_no_direct;  /* 1: buffered reads (no O_DIRECT) */
+    int trunk_timeout_ms; /* deadline of one streamed unit's read; 0 = 300 s */
 } shoal_model_opts;
 
 /* What a caller may need to know about an open model. Plain values; cfg is
@@ -93,6 +124,16 @@ typedef struct {
     uint64_t expert_bytes;
     shoal_expert_kind expert_kind;
     int remote_experts;
+    /* Trunk memory plan (all 0 in SHOAL_TRUNK_MAPPED mode except trunk_mode). */
+    shoal_trunk_mode trunk_mode;
+    uint64_t trunk_budget;         /* the budget applied (bytes) */
+    uint64_t trunk_min_bytes;      /* the smallest budget that works */
+    uint64_t trunk_full_bytes;     /* the budget that holds everything resident */
+    uint64_t trunk_resident_bytes; /* resident unit copies */
+    uint64_t trunk_buffer_bytes;   /* the two streaming buffers */
+    uint64_t trunk_stream_bytes;   /* bytes streamed per forward with logits */
+    int trunk_units, trunk_units_resident;
+    int trunk_direct;              /* O_DIRECT reads */
 } shoal_model_info;
 
 /* Counters, cumulative since open or the last reset. Updated by the forward. */
@@ -104,6 +145,11 @@ typedef struct {
     uint64_t expert_pairs; /* (token, routed expert) pairs computed */
     double forward_s;      /* wall seconds inside the forward */
     double experts_s;      /* of which: between experts submit and gather return */
+    /* trunk budget mode: bytes read from disk by the streaming reader and the
+     * embedding rows since open (after the resident load) or reset, and the
+     * seconds the forward waited for a streamed unit */
+    uint64_t trunk_read_bytes;
+    double trunk_stall_s;
 } shoal_model_stats;
 
 /* Open the model in dir (config.json, safetensors file(s) or index,
