@@ -7,14 +7,29 @@
 #include <stdint.h>
 
 #include "coordinator/engine.h"
+#include "coordinator/tstream.h"
 
-/* A weight matrix W[rows, cols] as stored (BF16 or F32), borrowed from the
- * store's mapping. */
+/* A weight matrix W[rows, cols] as stored (BF16 or F32): borrowed from the
+ * store's mapping (trunk mapped), from a resident unit's copy, or NULL for a
+ * streamed unit (the forward points a copy of its owner at the buffer). */
 typedef struct {
     const void *p;
     shoal_dtype dt; /* SHOAL_DT_BF16 or SHOAL_DT_F32 */
     int rows, cols;
+    const shoal_tensor *t; /* where it is stored */
+    uint64_t t_off;        /* first byte within t (lm_head row slices) */
 } shoal__wmat;
+
+/* A trunk unit under a budget (model.c): one layer's matrices, or one row
+ * slice of lm_head. */
+typedef struct {
+    shoal_tstream_ext *ext; /* [u.n_ext] */
+    size_t *field;          /* [u.n_ext]: byte offset of each matrix in its owner (shoal__layer or head piece) */
+    shoal_tstream_unit u;
+    void *mem;  /* resident copy (owned), or NULL */
+    int stream; /* index in the streamed order, or -1 */
+    int layer;  /* layer, or -1 for an lm_head slice */
+} shoal__tunit;
 
 typedef struct {
     shoal_attn_kind kind;
@@ -76,6 +91,21 @@ struct shoal_model {
     shoal_model_info info;
 
     shoal__wmat embed, lm_head;
+    /* lm_head as row slices (one slice, the whole matrix, when mapped) */
+    shoal__wmat *head;
+    int n_head;
+
+    /* trunk budget (opts.trunk_mode != MAPPED): units [num_layers + n_head],
+     * the streamed ones in order, the reader, the embedding row buffer */
+    shoal__tunit *tunits;
+    int n_tunits;
+    shoal_tstream_unit *sunits;
+    int n_sunits;
+    shoal_tstream *ts;
+    void *emb_rows; /* [max_batch, d] as stored */
+    uint64_t ts_base_read; /* reader bytes at the last stats reset */
+    double ts_base_stall;
+    uint64_t owned_bytes;  /* fp32 copies */
     float *final_norm, *out_res_norm, *out_res_proj;
     shoal__layer *layers;
 
@@ -135,6 +165,17 @@ size_t shoal__engine_scratch_layout(shoal__scratch *sc, float *base, const shoal
  * token. Returns 0 or a negative code (err names the cause). */
 int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t *ids, int T, float *logits,
                           int all_logits, char *err, size_t errlen);
+
+/* trunk.c: plan, load and start the trunk under a budget (opts.trunk_mode
+ * != MAPPED), after the binding and info, before the scratch is allocated;
+ * 0 or a code (SHOAL_ECONFIG: the budget cannot work, err names the
+ * minimum). close frees what open made (safe on a partial open). */
+int shoal__engine_trunk_open(shoal_model *m, size_t scratch_bytes, char *err, size_t errlen);
+void shoal__engine_trunk_close(shoal_model *m);
+/* The struct a unit's matrices live in (a shoal__layer or a head slice), and
+ * pointing a copy of it at a buffer holding the unit. */
+void *shoal__engine_trunk_owner(shoal_model *m, const shoal__tunit *tu);
+void shoal__engine_trunk_point(void *owner, const shoal__tunit *tu, const void *buf);
 
 /* Allocation guard (engine.c): armed around forwards. */
 void shoal__engine_guard_arm(int on);

@@ -408,26 +408,63 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
                                  c->vocab_size);
     }
 
+    /* a reader stopped by an earlier failure starts again (a thread: before
+     * the guard) */
+    if (m->ts && m->n_sunits) {
+        int r = shoal_tstream_resume(m->ts, err, errlen);
+        if (r)
+            return r;
+    }
     shoal__engine_guard_arm(1);
     if (m->cm)
         m->t_mark = shoal_metrics_now_ns();
+    int nb = 0, rc = 0, held = 0;
+    /* under a trunk budget: this forward reads lm_head only if it wants logits */
+    if (m->ts && m->n_sunits)
+        shoal_tstream_begin(m->ts, logits != NULL);
 
-    /* embedding rows (exact widening) */
+    /* embedding rows (exact widening); under a budget each row is read from
+     * the file (the table is not held) */
+    size_t erow = dd * shoal_dtype_size(m->embed.dt);
     for (int t = 0; t < T; t++) {
         float *p = sc->P + (size_t)t * dd;
+        const void *src;
+        if (m->ts) {
+            void *dst = (char *)m->emb_rows + (size_t)t * erow;
+            rc = shoal_tstream_pread(m->ts, m->embed.t->file, m->embed.t->file_offset + (uint64_t)ids[t] * erow, erow,
+                                     dst, m->embed.t->name, err, errlen);
+            if (rc)
+                goto fail;
+            m->stats.trunk_read_bytes += erow;
+            src = dst;
+        } else {
+            src = (const char *)m->embed.p + (size_t)ids[t] * erow;
+        }
         if (m->embed.dt == SHOAL_DT_BF16) {
-            const uint16_t *e = (const uint16_t *)m->embed.p + (size_t)ids[t] * dd;
+            const uint16_t *e = src;
             for (int j = 0; j < d; j++)
                 p[j] = shoal_bf16_to_f32(e[j]);
         } else {
-            memcpy(p, (const float *)m->embed.p + (size_t)ids[t] * dd, sizeof(float) * dd);
+            memcpy(p, src, sizeof(float) * dd);
         }
     }
 
-    int nb = 0, rc = 0;
     size_t bstride = (size_t)T * dd; /* blocks[b][t] at blocks + b*bstride + t*d */
     for (int L = 0; L < c->num_layers; L++) {
         const shoal__layer *ly = &m->layers[L];
+        /* a streamed layer: its matrices are in the reader's buffer (waited
+         * for here, with a deadline) until the release below */
+        shoal__layer lyc;
+        if (m->tunits && m->tunits[L].stream >= 0) {
+            const void *buf;
+            rc = shoal_tstream_acquire(m->ts, m->tunits[L].stream, &buf, err, errlen);
+            if (rc)
+                goto fail;
+            held = 1;
+            lyc = *ly;
+            shoal__engine_trunk_point(&lyc, &m->tunits[L], buf);
+            ly = &lyc;
+        }
         /* 1. x = AttnRes(B, h) (h itself while B is empty) */
         for (int t = 0; t < T; t++) {
             float *x = sc->x + (size_t)t * dd;
@@ -473,6 +510,10 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
         /* 7. prefix */
         for (size_t i = 0; i < bstride; i++)
             sc->P[i] = sc->P[i] + sc->a[i];
+        if (held) {
+            shoal_tstream_release(m->ts);
+            held = 0;
+        }
         mark(m, ly->moe ? SHOAL_PHASE_COMBINE : SHOAL_PHASE_DENSE);
         if (m->trace)
             m->trace(m->trace_ctx, L, T, sc->P, d);
@@ -487,10 +528,37 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
     if (m->trace)
         m->trace(m->trace_ctx, c->num_layers, T, sc->x, d);
     if (logits) {
-        if (all_logits)
-            mm(logits, &m->lm_head, sc->xn, T);
-        else
-            mm(logits, &m->lm_head, sc->xn + (size_t)(T - 1) * dd, 1);
+        /* lm_head slice by slice (one slice when mapped): rows r0.. of every
+         * token's logits; a multi-row chunk with several slices goes token by
+         * token (each output row is independent of T: kernels.h) */
+        int V = c->vocab_size, r0 = 0;
+        for (int i = 0; i < m->n_head; i++) {
+            const shoal__wmat *w = &m->head[i];
+            shoal__wmat wc;
+            const shoal__tunit *tu = m->tunits ? &m->tunits[c->num_layers + i] : NULL;
+            if (tu && tu->stream >= 0) {
+                const void *buf;
+                rc = shoal_tstream_acquire(m->ts, tu->stream, &buf, err, errlen);
+                if (rc)
+                    goto fail;
+                held = 1;
+                wc = *w;
+                shoal__engine_trunk_point(&wc, tu, buf);
+                w = &wc;
+            }
+            if (!all_logits)
+                mm(logits + r0, w, sc->xn + (size_t)(T - 1) * dd, 1);
+            else if (m->n_head == 1)
+                mm(logits, w, sc->xn, T);
+            else
+                for (int t = 0; t < T; t++)
+                    mm(logits + (size_t)t * V + r0, w, sc->xn + (size_t)t * dd, 1);
+            if (held) {
+                shoal_tstream_release(m->ts);
+                held = 0;
+            }
+            r0 += w->rows;
+        }
         m->stats.trunk_bytes += m->lm_head_bytes;
     }
     mark(m, SHOAL_PHASE_HEAD);
@@ -509,6 +577,10 @@ fail:
     for (int t = 0; t < T; t++)
         seqs[t]->broken = 1;
     shoal__engine_guard_arm(0);
+    /* the reader is part-way through this forward's units: stop it (the next
+     * forward starts it again at a fresh cycle) */
+    if (m->ts && m->n_sunits)
+        shoal_tstream_reset(m->ts);
     m->stats.forward_s += now_s() - t0;
     return rc;
 }

@@ -86,6 +86,7 @@ static float *own(shoal_model *m, size_t n)
     }
     float *p = shoal_xmalloc(sizeof(float) * (n ? n : 1));
     m->owned[m->n_owned++] = p;
+    m->owned_bytes += sizeof(float) * (n ? n : 1);
     return p;
 }
 
@@ -170,11 +171,20 @@ static shoal__wmat bind_mat(binder *b, const char *suffix, int layer, int rows, 
         problem(b->pr, "tensor %s: shape %s, expected [%d, %d]", t->name, sh, rows, cols);
         return w;
     }
-    census(b, t);
     w.dt = t->dtype;
     w.rows = rows;
     w.cols = cols;
+    w.t = t;
     size_t esz = shoal_dtype_size(t->dtype);
+    if (b->m->opts.trunk_mode != SHOAL_TRUNK_MAPPED) {
+        /* read with pread into owned memory, never through the mapping (its
+         * pages would count as resident): no census of the matrices */
+        if (t->file_offset % esz)
+            problem(b->pr, "tensor %s: data at byte %llu of its file is not aligned to its %zu-byte elements (run "
+                    "without --trunk-gb)", t->name, (unsigned long long)t->file_offset, esz);
+        return w;
+    }
+    census(b, t);
     if ((uintptr_t)t->data % esz) {
         float *c = own(b->m, (t->nbytes + 3) / 4);
         memcpy(c, t->data, t->nbytes);
@@ -535,9 +545,20 @@ int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts 
     in->expert_bytes = c->num_moe ? shoal_experts_local_expert_bytes(c, in->expert_kind) : 0;
     in->remote_experts = opts->remote_experts;
 
-    /* scratch */
+    /* scratch size, then the trunk under a budget (its plan is printed
+     * before anything large is allocated), then the scratch */
     int B = in->max_batch, k = c->experts_per_token;
     m->scratch_floats = shoal__engine_scratch_layout(&m->sc, NULL, c, B, opts->max_context);
+    in->trunk_mode = opts->trunk_mode;
+    if (opts->trunk_mode != SHOAL_TRUNK_MAPPED) {
+        rc = shoal__engine_trunk_open(m, sizeof(float) * m->scratch_floats, err, errlen);
+        if (rc)
+            goto fail;
+    } else {
+        m->n_head = 1;
+        m->head = shoal_xcalloc(1, sizeof *m->head);
+        m->head[0] = m->lm_head;
+    }
     if (posix_memalign((void **)&m->scratch, 64, sizeof(float) * m->scratch_floats))
         SHOAL_PANIC("out of memory: %zu bytes of forward scratch", sizeof(float) * m->scratch_floats);
     memset(m->scratch, 0, sizeof(float) * m->scratch_floats);
@@ -579,6 +600,8 @@ void shoal_model_close(shoal_model *m)
         SHOAL_PANIC("shoal_model_close with %d sequences alive", m->seqs_alive);
     if (m->experts.vt && m->experts.vt->close)
         m->experts.vt->close(m->experts.self);
+    shoal__engine_trunk_close(m);
+    free(m->head);
     for (int i = 0; i < m->n_owned; i++)
         free(m->owned[i]);
     free(m->owned);
@@ -618,11 +641,23 @@ int shoal_model_set_experts(shoal_model *m, shoal_experts *b, char *err, size_t 
 void shoal_model_get_stats(const shoal_model *m, shoal_model_stats *out)
 {
     *out = m->stats;
+    if (m->ts) {
+        shoal_tstream_stats st;
+        shoal_tstream_get_stats(m->ts, &st);
+        out->trunk_read_bytes += st.bytes_read - m->ts_base_read;
+        out->trunk_stall_s += st.stall_s - m->ts_base_stall;
+    }
 }
 
 void shoal_model_reset_stats(shoal_model *m)
 {
     memset(&m->stats, 0, sizeof m->stats);
+    if (m->ts) {
+        shoal_tstream_stats st;
+        shoal_tstream_get_stats(m->ts, &st);
+        m->ts_base_read = st.bytes_read;
+        m->ts_base_stall = st.stall_s;
+    }
 }
 
 void shoal_model_set_cancel(shoal_model *m, const atomic_int *flag)

@@ -12,6 +12,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/memplan.h"
 #include "coordinator/dist.h"
 #include "coordinator/engine.h"
 #include "coordinator/sampler.h"
@@ -49,6 +50,13 @@ static void usage(FILE *f)
             "                       FILE (format: docs/METRICS.md; read by 'shoal trace stats')\n"
             "  --metrics-file FILE  write the coordinator's metrics (Prometheus text, the families\n"
             "                       of shoal serve's /metrics: docs/METRICS.md) to FILE at the end\n"
+            "  --trunk-gb G         trunk RAM budget: small|medium|large|auto or GiB (fractions allowed).\n"
+            "                       The trunk is then read with pread (O_DIRECT where possible) into\n"
+            "                       owned memory: the layers that fit stay resident, the rest are\n"
+            "                       streamed from disk ahead of use, double-buffered; same tokens.\n"
+            "                       A budget below the minimum is refused (exit 3) naming it.\n"
+            "                       Default: the trunk is mapped (docs/CONFIG.md)\n"
+            "  --trunk-no-direct    buffered reads for --trunk-gb (no O_DIRECT)\n"
             "  --json               print one JSON object instead of the text report; it has\n"
             "                       prompt_ids, generated_ids, text (when the tokenizer loads),\n"
             "                       stop_reason, prefill/decode tokens and tokens_per_s,\n"
@@ -165,7 +173,9 @@ int shoal_cmd_run(int argc, char **argv)
     long gen = 16, threads = 0, top_k = 0, max_ctx = 0, batch = 256;
     double temp = 0.0, top_p = 1.0;
     unsigned long long seed = 0;
-    int json = 0, allow_special = 0, dr;
+    int json = 0, allow_special = 0, dr, trunk_no_direct = 0;
+    shoal_trunk_mode trunk_mode = SHOAL_TRUNK_MAPPED;
+    uint64_t trunk_budget = 0;
     shoal_dist_opts dopts = {0};
     shoal_dist *dist = NULL;
     for (int i = 1; i < argc; i++) {
@@ -231,6 +241,11 @@ int shoal_cmd_run(int argc, char **argv)
         } else if (!strcmp(a, "--metrics-file")) {
             VAL();
             metrics_path = v;
+        } else if (!strcmp(a, "--trunk-gb")) {
+            VAL();
+            bad = shoal_model_parse_trunk(v, &trunk_mode, &trunk_budget) != 0;
+        } else if (!strcmp(a, "--trunk-no-direct")) {
+            trunk_no_direct = 1;
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "--allow-special")) {
@@ -319,6 +334,9 @@ int shoal_cmd_run(int argc, char **argv)
         .threads = (int)threads,
         .quiet = json,
         .remote_experts = shoal_dist_enabled(&dopts),
+        .trunk_mode = trunk_mode,
+        .trunk_budget = trunk_budget,
+        .trunk_no_direct = trunk_no_direct,
     };
     shoal_model *m = NULL;
     int rc = shoal_model_open(&m, model, &mo, err, sizeof err);
@@ -518,7 +536,12 @@ done:;
     double decode_tps = decode_s > 0 ? n_steps / decode_s : 0;
     double wb_decode = n_steps ? (double)(ds.trunk_bytes + ds.expert_bytes) / n_steps : 0;
     double wb_prefill = ps.tokens ? (double)(ps.trunk_bytes + ps.expert_bytes) / (double)ps.tokens : 0;
-    uint64_t rss = peak_rss_bytes();
+    uint64_t rss = peak_rss_bytes(), hwm = shoal_memplan_peak_rss();
+    {
+        char r1[32], r2[32];
+        SHOAL_INFO("peak resident memory: %s (getrusage ru_maxrss), %s (VmHWM)", shoal_memplan_fmt(rss, r1, sizeof r1),
+                   shoal_memplan_fmt(hwm, r2, sizeof r2));
+    }
     if (status == 0 || status == 4) {
         if (json) {
             json_t *o = json_object();
@@ -546,6 +569,24 @@ done:;
             json_object_set_new(o, "seq_state_bytes_per_token", json_integer((json_int_t)info.seq_bytes_per_token));
             json_object_set_new(o, "seq_state_fixed_bytes", json_integer((json_int_t)info.seq_fixed_bytes));
             json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)rss));
+            json_object_set_new(o, "peak_vmhwm_bytes", json_integer((json_int_t)hwm));
+            if (info.trunk_mode != SHOAL_TRUNK_MAPPED) {
+                json_t *tj = json_object();
+                json_object_set_new(tj, "budget_bytes", json_integer((json_int_t)info.trunk_budget));
+                json_object_set_new(tj, "min_bytes", json_integer((json_int_t)info.trunk_min_bytes));
+                json_object_set_new(tj, "full_bytes", json_integer((json_int_t)info.trunk_full_bytes));
+                json_object_set_new(tj, "resident_bytes", json_integer((json_int_t)info.trunk_resident_bytes));
+                json_object_set_new(tj, "buffer_bytes", json_integer((json_int_t)info.trunk_buffer_bytes));
+                json_object_set_new(tj, "streamed_bytes_per_forward", json_integer((json_int_t)info.trunk_stream_bytes));
+                json_object_set_new(tj, "units", json_integer(info.trunk_units));
+                json_object_set_new(tj, "units_resident", json_integer(info.trunk_units_resident));
+                json_object_set_new(tj, "direct", json_boolean(info.trunk_direct));
+                json_object_set_new(tj, "prefill_read_bytes", json_integer((json_int_t)ps.trunk_read_bytes));
+                json_object_set_new(tj, "decode_read_bytes_per_token",
+                                    json_real(n_steps ? (double)ds.trunk_read_bytes / n_steps : 0));
+                json_object_set_new(tj, "decode_stall_s", json_real(ds.trunk_stall_s));
+                json_object_set_new(o, "trunk", tj);
+            }
             json_object_set_new(o, "threads", json_integer(omp_get_max_threads()));
             json_object_set_new(o, "isa", json_string(shoal_isa_name(shoal_kernels_isa())));
             shoal_dist_json(dist, o);
@@ -584,7 +625,14 @@ done:;
             }
             printf("sequence state: %zu B fixed + %zu B per token\n", info.seq_fixed_bytes,
                    info.seq_bytes_per_token);
-            printf("peak RSS: %llu B (%.1f MiB)\n", (unsigned long long)rss, (double)rss / (1 << 20));
+            printf("peak RSS: %llu B (%.1f MiB), VmHWM %llu B\n", (unsigned long long)rss, (double)rss / (1 << 20),
+                   (unsigned long long)hwm);
+            if (info.trunk_mode != SHOAL_TRUNK_MAPPED)
+                printf("trunk: budget %llu B, resident %llu B, buffers %llu B, %.0f bytes read from disk per "
+                       "decoded token, %.3f s waiting for reads in decode\n",
+                       (unsigned long long)info.trunk_budget, (unsigned long long)info.trunk_resident_bytes,
+                       (unsigned long long)info.trunk_buffer_bytes,
+                       n_steps ? (double)ds.trunk_read_bytes / n_steps : 0.0, ds.trunk_stall_s);
             printf("kernels: %s, %d threads\n", shoal_isa_name(shoal_kernels_isa()), omp_get_max_threads());
             shoal_dist_print(dist, stdout);
             if (cm) {

@@ -9,10 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "cli/commands.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/memplan.h"
 #include "coordinator/api.h"
 #include "coordinator/cmetrics.h"
 #include "coordinator/dist.h"
@@ -54,6 +56,10 @@ static void usage(FILE *f)
             "  --idle-timeout S       seconds a kept-alive connection may idle (default 60)\n"
             "  --write-timeout S      seconds a response may stall unread (default 30)\n"
             "  --trace FILE           record every routing decision (docs/METRICS.md)\n"
+            "  --trunk-gb G           trunk RAM budget: small|medium|large|auto or GiB; resident\n"
+            "                         layers + streamed ones, same tokens (docs/CONFIG.md);\n"
+            "                         default: the trunk is mapped\n"
+            "  --trunk-no-direct      buffered reads for --trunk-gb (no O_DIRECT)\n"
             "\n");
     shoal_dist_usage(f);
 }
@@ -141,7 +147,9 @@ int shoal_cmd_serve(int argc, char **argv)
     long port = 8000, queue = 64, max_context = 0, keep = 8, keep_mb = 1024, memo = 256, memo_mb = 64;
     long threads = 0, max_body_kb = 4096, max_header_kb = 16, max_conn = 256;
     long req_to = 30, idle_to = 60, write_to = 30;
-    int insecure = 0;
+    int insecure = 0, trunk_no_direct = 0;
+    shoal_trunk_mode trunk_mode = SHOAL_TRUNK_MAPPED;
+    uint64_t trunk_budget = 0;
     const char *trace_path = NULL;
     shoal_dist_opts dopts = {0};
     int bad = 0;
@@ -173,6 +181,18 @@ int shoal_cmd_serve(int argc, char **argv)
         }
         if (!strcmp(a, "--insecure")) {
             insecure = 1;
+            continue;
+        }
+        if (!strcmp(a, "--trunk-no-direct")) {
+            trunk_no_direct = 1;
+            continue;
+        }
+        if (!strcmp(a, "--trunk-gb")) {
+            if (!v || shoal_model_parse_trunk(v, &trunk_mode, &trunk_budget)) {
+                fprintf(stderr, "shoal serve: --trunk-gb needs small|medium|large|auto or a size in GiB\n");
+                bad = 1;
+            }
+            i++;
             continue;
         }
         int found = 0;
@@ -290,7 +310,8 @@ int shoal_cmd_serve(int argc, char **argv)
         max_context = cfg.max_position < 16384 ? cfg.max_position : 16384;
     }
     shoal_model_opts mo = {.max_context = (int)max_context, .threads = (int)threads,
-                           .remote_experts = shoal_dist_enabled(&dopts)};
+                           .remote_experts = shoal_dist_enabled(&dopts), .trunk_mode = trunk_mode,
+                           .trunk_budget = trunk_budget, .trunk_no_direct = trunk_no_direct};
     rc = shoal_model_open(&model, model_dir, &mo, err, sizeof err);
     if (rc) {
         fprintf(stderr, "shoal serve: model: %s\n", err);
@@ -410,5 +431,12 @@ out:
     shoal_tok_close(tok);
     if (key_file)
         memset(key_buf, 0, sizeof key_buf);
+    {
+        struct rusage ru;
+        char r1[32], r2[32];
+        uint64_t mx = getrusage(RUSAGE_SELF, &ru) ? 0 : (uint64_t)ru.ru_maxrss * 1024u;
+        SHOAL_INFO("peak resident memory: %s (getrusage ru_maxrss), %s (VmHWM)", shoal_memplan_fmt(mx, r1, sizeof r1),
+                   shoal_memplan_fmt(shoal_memplan_peak_rss(), r2, sizeof r2));
+    }
     return status;
 }
