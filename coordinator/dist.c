@@ -107,7 +107,8 @@ void shoal_dist_usage(FILE *f)
 {
     fprintf(f, "distributed experts (proto/PROTOCOL.md):\n"
                "  --worker ENDPOINT    an expert server (`shoal expert`), e.g. tcp://10.0.0.2:5555;\n"
-               "                       repeat for each; together they must own every expert once\n"
+               "                       repeat for each; together they must own every expert at least\n"
+               "                       once (an expert owned twice is a replica)\n"
                "  --plan FILE          connect to every worker of a placement plan (`shoal plan`,\n"
                "                       docs/CLUSTER.md) at its endpoint\n"
                "  --curve-secret FILE  our CURVE key pair (`shoal keygen`): tcp:// links are encrypted\n"

@@ -54,7 +54,7 @@ int shoal_dist_enabled(const shoal_dist_opts *o);
 typedef struct shoal_dist shoal_dist;
 
 /* Spawns the local workers (--workers), connects and HELLOs every worker,
- * checks that they own every expert exactly once, and sets the model's expert
+ * checks that they own every expert at least once (overlaps are replicas), and sets the model's expert
  * backend. max_tokens: the model's max_batch. */
 int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *model_dir, shoal_model *m, char *err,
                      size_t errlen);

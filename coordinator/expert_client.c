@@ -26,6 +26,7 @@
 #include "common/log.h"
 #include "common/st.h"
 #include "coordinator/cmetrics.h"
+#include "coordinator/owners.h"
 #include "proto/shard.h"
 
 enum { IDLE, SUBMITTED, INFLIGHT, DONE };
@@ -61,7 +62,8 @@ struct shoal_expert_client {
     const shoal_k3cfg *cfg;
     int nw, d, k, E, L;
     worker *w;
-    int32_t *owner; /* [L * E] worker index, -1 for dense layers */
+    shoal_owners *owners; /* who owns each (layer, expert); replicas allowed */
+    int32_t *pick;        /* [E]: this exchange's chosen owner per expert (caller thread) */
     void *zctx;
     int efd;
     pthread_t io;
@@ -586,7 +588,8 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
         c->w[i].last_t = -1;
         c->w[i].involved = 0;
     }
-    const int32_t *own = c->owner + (size_t)layer * (size_t)c->E;
+    shoal_owners_pick(c->owners, layer, T, k, ids, c->pick); /* one owner per expert, balanced */
+    const int32_t *own = c->pick;
     for (int t = 0; t < T; t++) {
         const float *zt = z + (size_t)t * d;
         for (int s = 0; s < k; s++) {
@@ -736,7 +739,8 @@ void shoal_expert_client_close(shoal_expert_client *c)
         close(c->efd);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
-    free(c->owner);
+    shoal_owners_close(c->owners);
+    free(c->pick);
     free(c->seen);
     free(c->w);
     free(c);
@@ -823,8 +827,9 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
     if ((rc = hello_all(c, err, errlen)))
         goto fail;
     c->next_rid = 1; /* HELLO used 1; batches start at 2 */
-    /* ownership: every expert of every MoE layer exactly once */
-    c->owner = shoal_xmalloc((size_t)c->L * (size_t)c->E * sizeof *c->owner);
+    /* ownership: every expert of every MoE layer at least once (overlaps are
+     * replicas: each exchange picks one owner, coordinator/owners.h) */
+    c->pick = shoal_xcalloc((size_t)c->E, sizeof *c->pick);
     {
         const shoal_proto_range **r = shoal_xcalloc((size_t)c->nw, sizeof *r);
         size_t *nr = shoal_xcalloc((size_t)c->nw, sizeof *nr);
@@ -834,12 +839,15 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
             nr[i] = c->w[i].nowned;
             names[i] = c->w[i].name;
         }
-        rc = shoal_shard_cover(c->nw, r, nr, names, c->L, c->cfg->is_moe, c->E, c->owner, err, errlen);
+        rc = shoal_owners_open(&c->owners, c->nw, r, nr, names, c->L, c->cfg->is_moe, c->E, err, errlen);
         free(r);
         free(nr);
         free(names);
         if (rc)
             goto fail;
+        if (shoal_owners_replicated(c->owners))
+            SHOAL_INFO("%zu (layer, expert) pairs are owned by more than one worker: each exchange picks one",
+                       shoal_owners_replicated(c->owners));
     }
     c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (c->efd < 0) {
@@ -863,9 +871,7 @@ int shoal_expert_client_set_metrics(shoal_expert_client *c, shoal_cmetrics *cm, 
     pthread_mutex_lock(&c->mu);
     int rc = 0;
     for (int i = 0; i < c->nw && cm && !rc; i++) {
-        uint64_t owned = 0;
-        for (size_t j = 0; j < (size_t)c->L * (size_t)c->E; j++)
-            owned += c->owner[j] == i;
+        uint64_t owned = shoal_owners_count(c->owners, i);
         rc = shoal_cmetrics_set_worker(cm, i, c->w[i].id, c->w[i].endpoint, owned, c->w[i].expert_bytes,
                                        c->w[i].mem_total);
         if (!rc)

@@ -1,8 +1,10 @@
 /* expert_client: the routed-expert backend (coordinator/experts.h) that runs
  * experts on expert servers over ZeroMQ (proto/PROTOCOL.md). One DEALER per
  * worker; HELLO with each at open (protocol version, model fingerprint,
- * ownership); every expert of every MoE layer must be owned by exactly one
- * worker, else open refuses naming the gaps and overlaps.
+ * ownership); every expert of every MoE layer must be owned by at least one
+ * worker, else open refuses naming the gaps. An expert owned by several workers
+ * (a replica, docs/CLUSTER.md) is sent, per exchange, to the one that
+ * coordinator/owners.h picks to balance the pairs; the outputs are the same bits.
  *
  * Per MoE layer: submit() builds one EXPERT_BATCH per involved worker (only the
  * tokens routed to it, pairs in (token, expert) order) and hands them to the
@@ -56,7 +58,7 @@ typedef struct shoal_expert_client shoal_expert_client;
 
 /* Connects, HELLOs, checks ownership and starts the I/O thread. Errors: SHOAL_ETIMEOUT (a worker did not answer HELLO,
  * named), SHOAL_EVERSION / SHOAL_EFINGERPRINT (named, both values),
- * SHOAL_ECONFIG (ownership gaps/overlaps), SHOAL_ERANGE, SHOAL_EINVAL. */
+ * SHOAL_ECONFIG (ownership gaps), SHOAL_ERANGE, SHOAL_EINVAL. */
 int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_client_opts *o, char *err,
                              size_t errlen);
 /* The backend view of c: {vt, c}. vt->close(c) closes the client (the engine

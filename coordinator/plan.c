@@ -378,6 +378,128 @@ int shoal_plan_compute(const shoal_plan_in *in, int32_t *owner, char *err, size_
     return 0;
 }
 
+/* ---- replicas ------------------------------------------------------------- */
+
+/* A replicated expert of load h, counted on its owner's load *a, moves to
+ * its replica's *b as far as that levels them (never more than h): neither
+ * ends above the busier of the two before, so replicas never raise a
+ * layer's largest load. */
+static void level(double *a, double *b, double h)
+{
+    double x = (*a - *b) / 2;
+    if (x <= 0)
+        return;
+    if (x > h)
+        x = h;
+    *a -= x;
+    *b += x;
+}
+
+void shoal_plan_load(const shoal_plan_in *in, const int32_t *owner, const int32_t *replica, double *load)
+{
+    const int L = in->num_layers, E = in->num_experts, W = in->nworkers;
+    hot *hs = shoal_xmalloc((size_t)E * sizeof *hs);
+    for (size_t i = 0; i < (size_t)W * L; i++)
+        load[i] = 0;
+    for (int l = 0; l < L; l++) {
+        if (!in->is_moe[l])
+            continue;
+        int nh = 0;
+        for (int e = 0; e < E; e++) {
+            size_t c = (size_t)l * E + e;
+            uint64_t h = in->hits ? in->hits[c] : 1;
+            load[(size_t)owner[c] * L + l] += (double)h;
+            if (replica && replica[c] >= 0)
+                hs[nh++] = (hot){h, e};
+        }
+        qsort(hs, (size_t)nh, sizeof *hs, cmp_hot);
+        for (int i = 0; i < nh; i++) {
+            size_t c = (size_t)l * E + hs[i].e;
+            level(&load[(size_t)owner[c] * L + l], &load[(size_t)replica[c] * L + l], (double)hs[i].hits);
+        }
+    }
+    free(hs);
+}
+
+int shoal_plan_replicate(const shoal_plan_in *in, int replicas, const int32_t *owner, int32_t *replica, char *err,
+                         size_t errlen)
+{
+    const int L = in->num_layers, E = in->num_experts, W = in->nworkers;
+    for (size_t c = 0; c < (size_t)L * E; c++)
+        replica[c] = -1;
+    if (replicas == 0)
+        return 0;
+    if (replicas < 0 || replicas > E)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "plan: %d replicas per layer: at most the %d experts of a layer",
+                             replicas, E);
+    if (W < 2)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "plan: replicas need at least two workers (the cluster has %d)",
+                             W);
+    int nmoe = 0;
+    for (int l = 0; l < L; l++)
+        nmoe += in->is_moe[l] != 0;
+    uint64_t total = (uint64_t)nmoe * (uint64_t)E, room = 0, need = (uint64_t)replicas * (uint64_t)nmoe;
+    int64_t *spare = shoal_xcalloc((size_t)W, sizeof *spare);
+    for (int w = 0; w < W; w++) {
+        uint64_t cap = in->budget[w] / in->expert_bytes;
+        spare[w] = (int64_t)(cap > total ? total : cap);
+    }
+    for (size_t c = 0; c < (size_t)L * E; c++)
+        if (owner[c] >= 0)
+            spare[owner[c]]--;
+    for (int w = 0; w < W; w++)
+        room += spare[w] > 0 ? (uint64_t)spare[w] : 0;
+    if (room < need) {
+        uint64_t s = need - room;
+        int rc = shoal_err_set(err, errlen, SHOAL_ECONFIG,
+                               "plan: %d replicas on each of the %d MoE layers need room for %llu more experts; the "
+                               "workers' budgets have room for %llu: short by %llu experts = %llu B (%.2f GiB)",
+                               replicas, nmoe, (unsigned long long)need, (unsigned long long)room,
+                               (unsigned long long)s, (unsigned long long)(s * in->expert_bytes),
+                               (double)(s * in->expert_bytes) / 1073741824.0);
+        free(spare);
+        return rc;
+    }
+    double *lload = shoal_xmalloc((size_t)W * sizeof *lload);
+    hot *hs = shoal_xmalloc((size_t)E * sizeof *hs);
+    int rc = 0;
+    for (int l = 0; l < L && !rc; l++) {
+        if (!in->is_moe[l])
+            continue;
+        const int32_t *own = owner + (size_t)l * E;
+        for (int w = 0; w < W; w++)
+            lload[w] = 0;
+        for (int e = 0; e < E; e++) {
+            hs[e] = (hot){in->hits ? in->hits[(size_t)l * E + e] : 1, e};
+            lload[own[e]] += (double)hs[e].hits;
+        }
+        qsort(hs, (size_t)E, sizeof *hs, cmp_hot);
+        int placed = 0;
+        for (int i = 0; i < E && placed < replicas; i++) {
+            int e = hs[i].e, p = own[e], best = -1;
+            for (int w = 0; w < W; w++)
+                if (w != p && spare[w] > 0 &&
+                    (best < 0 || lload[w] < lload[best] || (lload[w] == lload[best] && spare[w] > spare[best])))
+                    best = w;
+            if (best < 0)
+                continue; /* only its owner has room: the next hottest */
+            replica[(size_t)l * E + e] = best;
+            spare[best]--;
+            level(&lload[p], &lload[best], (double)hs[i].hits);
+            placed++;
+        }
+        if (placed < replicas)
+            rc = shoal_err_set(err, errlen, SHOAL_ECONFIG,
+                               "plan: layer %d takes %d of the %d replicas: the workers with room left own the "
+                               "layer's other experts",
+                               l, placed, replicas);
+    }
+    free(spare);
+    free(lload);
+    free(hs);
+    return rc;
+}
+
 /* ---- RANGES --------------------------------------------------------------- */
 
 typedef struct {
@@ -406,16 +528,23 @@ static void sb_printf(sbuf *b, const char *fmt, ...)
     }
 }
 
-/* Do layers a and b have the same set of experts owned by w? */
-static int same_row(const int32_t *owner, int E, int a, int b, int w)
+/* Does w hold (owner or replica) cell c? */
+static int holds(const int32_t *owner, const int32_t *replica, size_t c, int w)
+{
+    return owner[c] == w || (replica && replica[c] == w);
+}
+
+/* Do layers a and b have the same set of experts held by w? */
+static int same_row(const int32_t *owner, const int32_t *replica, int E, int a, int b, int w)
 {
     for (int e = 0; e < E; e++)
-        if ((owner[(size_t)a * E + e] == w) != (owner[(size_t)b * E + e] == w))
+        if (holds(owner, replica, (size_t)a * E + e, w) != holds(owner, replica, (size_t)b * E + e, w))
             return 0;
     return 1;
 }
 
-int shoal_plan_ranges(const int32_t *owner, int num_layers, const uint8_t *is_moe, int num_experts, int w, char **out)
+int shoal_plan_ranges(const int32_t *owner, const int32_t *replica, int num_layers, const uint8_t *is_moe,
+                      int num_experts, int w, char **out)
 {
     const int E = num_experts;
     sbuf b = {0};
@@ -427,15 +556,15 @@ int shoal_plan_ranges(const int32_t *owner, int num_layers, const uint8_t *is_mo
             continue;
         }
         int hi = l;
-        while (hi + 1 < num_layers && is_moe[hi + 1] && same_row(owner, E, l, hi + 1, w))
+        while (hi + 1 < num_layers && is_moe[hi + 1] && same_row(owner, replica, E, l, hi + 1, w))
             hi++;
         for (int e = 0; e < E;) {
-            if (owner[(size_t)l * E + e] != w) {
+            if (!holds(owner, replica, (size_t)l * E + e, w)) {
                 e++;
                 continue;
             }
             int ehi = e;
-            while (ehi + 1 < E && owner[(size_t)l * E + ehi + 1] == w)
+            while (ehi + 1 < E && holds(owner, replica, (size_t)l * E + ehi + 1, w))
                 ehi++;
             if (l == hi)
                 sb_printf(&b, "%s%d:", first ? "" : ",", l);

@@ -2,7 +2,8 @@
  * behind `shoal plan`: assigns every routed expert (layer, expert) of a model
  * to one worker host so that each host's expert budget holds its share and the
  * expected load is balanced (by routing-trace hits when given, else by
- * bytes), deterministically for the same inputs.
+ * bytes), deterministically for the same inputs; optionally gives the hottest
+ * experts of each layer a second owner (replicas) with the room left.
  *
  * shoal_plan_compute is pure (arrays in, owner map out), so the tests drive it
  * with hand-computed cases; shoal_plan_cluster_read parses the manifest; the
@@ -68,10 +69,34 @@ typedef struct {
  * or SHOAL_EINVAL. */
 int shoal_plan_compute(const shoal_plan_in *in, int32_t *owner, char *err, size_t errlen);
 
-/* Format worker w's experts from owner as a RANGES string (runs of experts,
- * consecutive MoE layers with identical runs merged). *out allocated
- * (free()). */
-int shoal_plan_ranges(const int32_t *owner, int num_layers, const uint8_t *is_moe, int num_experts, int w,
-                      char **out);
+/* Replicas, after shoal_plan_compute: at every MoE layer the `replicas`
+ * hottest experts (hits descending, ties to the lower id; without hits the
+ * lowest ids) get a second owner: replica[l * num_experts + e] = that worker,
+ * -1 for the others. Each goes to the worker, other than its owner, with room
+ * left in its budget and the least expected load at that layer (the loads of
+ * shoal_plan_load as replicas are added; ties to the worker with more room
+ * left, then the lower index). An expert whose owner is the only worker with room
+ * is passed over for the next hottest. Returns 0 (replicas == 0: every entry
+ * -1), SHOAL_ECONFIG when the budgets have no room for them (saying by how
+ * much) or a layer cannot take them, SHOAL_EINVAL for replicas out of
+ * 0..num_experts or fewer than two workers. */
+int shoal_plan_replicate(const shoal_plan_in *in, int replicas, const int32_t *owner, int32_t *replica, char *err,
+                         size_t errlen);
+
+/* Expected load of worker w at layer l in load[w * num_layers + l] (trace
+ * hits, or 1 per expert without hits; 0 at dense layers). Every expert's
+ * load starts on its owner; then each replicated expert, hottest first (ties
+ * to the lower id), moves from its owner to its replica as much of its load
+ * as levels the two (none if the replica is the busier): a conservative
+ * model of the coordinator sending each exchange's pairs to the less loaded
+ * owner (coordinator/owners.h); it never raises a layer's largest load.
+ * replica may be NULL. */
+void shoal_plan_load(const shoal_plan_in *in, const int32_t *owner, const int32_t *replica, double *load);
+
+/* Format worker w's experts (those it owns or holds a replica of; replica
+ * may be NULL) as a RANGES string (runs of experts, consecutive MoE layers
+ * with identical runs merged). *out allocated (free()). */
+int shoal_plan_ranges(const int32_t *owner, const int32_t *replica, int num_layers, const uint8_t *is_moe,
+                      int num_experts, int w, char **out);
 
 #endif

@@ -29,8 +29,10 @@ static void usage(FILE *f)
                "imbalance. A cluster too small is refused with the shortfall.\n"
                "\n"
                "  --trace FILE      routing trace to balance load by (default: by bytes)\n"
-               "  --replicas N      replicate the N hottest experts: only 0 is accepted, because the\n"
-               "                    coordinator requires every expert to be owned exactly once\n"
+               "  --replicas N      at every MoE layer, give the N hottest experts (by the trace; without\n"
+               "                    one, the lowest ids) a second owner with room left in its budget;\n"
+               "                    the coordinator sends each exchange's expert to the less loaded\n"
+               "                    owner (default 0)\n"
                "  -o FILE           write plan.json here (required)\n"
                "  --inventory FILE  also write an Ansible inventory (YAML) for deploy/\n"
                "\n"
@@ -104,7 +106,7 @@ int shoal_cmd_plan(int argc, char **argv)
             char *end;
             errno = 0;
             replicas = strtol(v, &end, 10);
-            if (errno || *end || replicas < 0) {
+            if (errno || *end || end == v || replicas < 0 || replicas > 1000000) {
                 fprintf(stderr, "shoal plan: bad --replicas '%s'\n", v);
                 return 2;
             }
@@ -119,12 +121,6 @@ int shoal_cmd_plan(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (replicas > 0) {
-        fprintf(stderr, "shoal plan: --replicas %ld refused: the coordinator does not use replicas yet (every expert "
-                        "must be owned by exactly one worker, PROTOCOL.md section 7); use --replicas 0\n",
-                replicas);
-        return 2;
-    }
     char err[4096] = "", path[4096];
     int rc, ret = 3;
     shoal_k3cfg cfg;
@@ -133,7 +129,7 @@ int shoal_cmd_plan(int argc, char **argv)
     shoal_trace_file *tf = NULL;
     shoal_trace_stats ts = {0};
     uint64_t *budget = NULL;
-    int32_t *owner = NULL;
+    int32_t *owner = NULL, *replica = NULL;
     int *widx = NULL;
     json_t *root = NULL;
     snprintf(path, sizeof path, "%s/config.json", model);
@@ -185,18 +181,28 @@ int shoal_cmd_plan(int argc, char **argv)
                          .expert_bytes = tot.bytes_per_expert, .hits = hits, .nworkers = W, .budget = budget};
     if ((rc = shoal_plan_compute(&pin, owner, err, sizeof err)))
         goto fail;
+    replica = shoal_xmalloc((size_t)L * E * sizeof *replica);
+    if ((rc = shoal_plan_replicate(&pin, (int)replicas, owner, replica, err, sizeof err)))
+        goto fail;
 
-    /* expected load: trace hits, else one unit per expert */
+    /* expected load: trace hits, else one unit per expert; a replicated
+     * expert's load levels its two owners (shoal_plan_load) */
     double *load = shoal_xcalloc((size_t)W * L, sizeof *load), total = 0, sum_max = 0, sum_mean = 0;
-    uint64_t *cnt = shoal_xcalloc((size_t)W, sizeof *cnt);
+    shoal_plan_load(&pin, owner, replica, load);
+    uint64_t *cnt = shoal_xcalloc((size_t)W, sizeof *cnt), *nrep = shoal_xcalloc((size_t)W, sizeof *nrep);
     for (int l = 0; l < L; l++) {
         if (!cfg.is_moe[l])
             continue;
         for (int e = 0; e < E; e++) {
-            int w = owner[(size_t)l * E + e];
-            double x = hits ? (double)hits[(size_t)l * E + e] : 1.0;
-            load[(size_t)w * L + l] += x;
+            size_t cell = (size_t)l * E + e;
+            int w = owner[cell], r2 = replica[cell];
+            double x = hits ? (double)hits[cell] : 1.0;
             cnt[w]++;
+            if (r2 >= 0) {
+                cnt[r2]++;
+                nrep[w]++;
+                nrep[r2]++;
+            }
             total += x;
         }
         double mx = 0, s = 0;
@@ -227,6 +233,7 @@ int shoal_cmd_plan(int argc, char **argv)
     json_object_set_new(jc, "address", json_string(co->address));
     json_object_set_new(root, "coordinator", jc);
     json_object_set_new(root, "load_basis", json_string(hits ? "trace" : "bytes"));
+    json_object_set_new(root, "replicas", json_integer(replicas));
     if (hits)
         json_object_set_new(root, "trace_pairs", json_integer((json_int_t)ts.pairs));
     json_t *jw = json_array();
@@ -239,7 +246,7 @@ int shoal_cmd_plan(int argc, char **argv)
     for (int w = 0; w < W; w++) {
         const shoal_plan_host *h = &c.hosts[widx[w]];
         char *ranges = NULL, ep[400];
-        shoal_plan_ranges(owner, L, cfg.is_moe, E, w, &ranges);
+        shoal_plan_ranges(owner, replica, L, cfg.is_moe, E, w, &ranges);
         double wl = 0;
         for (int l = 0; l < L; l++)
             wl += load[(size_t)w * L + l];
@@ -257,6 +264,14 @@ int shoal_cmd_plan(int argc, char **argv)
         snprintf(ep, sizeof ep, "tcp://%s:%d", v6 ? "[::]" : "0.0.0.0", h->port);
         json_object_set_new(o, "listen", json_string(ep));
         json_object_set_new(o, "expert_count", json_integer((json_int_t)cnt[w]));
+        if (replicas) { /* the experts it holds as the second owner */
+            char *rr = NULL;
+            shoal_plan_ranges(replica, NULL, L, cfg.is_moe, E, w, &rr);
+            json_object_set_new(o, "replicated", json_integer((json_int_t)nrep[w]));
+            if (rr[0])
+                json_object_set_new(o, "replica_experts", json_string(rr));
+            free(rr);
+        }
         json_object_set_new(o, "bytes", json_integer((json_int_t)bytes));
         json_object_set_new(o, "expected_share", json_real(share));
         json_array_append_new(jw, o);
@@ -271,8 +286,13 @@ int shoal_cmd_plan(int argc, char **argv)
     json_object_set_new(root, "layer_weighted_imbalance", json_real(lw));
     printf("imbalance (max/mean share): %.4f; layer-weighted imbalance (sum of per-layer max / mean): %.4f\n", imb,
            lw);
+    if (replicas)
+        printf("replicas: the %ld hottest experts of each MoE layer have two owners (%ld in all; \"experts\" above "
+               "counts them on both); a replicated expert's load levels its two owners' as far as it goes\n",
+               replicas, replicas * cfg.num_moe);
     free(load);
     free(cnt);
+    free(nrep);
     if (json_dump_file(root, out, JSON_INDENT(2) | JSON_PRESERVE_ORDER)) {
         fprintf(stderr, "shoal plan: cannot write %s: %s\n", out, strerror(errno));
         ret = 4;
@@ -292,6 +312,7 @@ fail:
 done:
     json_decref(root);
     free(owner);
+    free(replica);
     free(budget);
     free(widx);
     shoal_trace_stats_free(&ts);

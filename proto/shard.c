@@ -243,9 +243,11 @@ static void appendf(char *err, size_t errlen, size_t *at, const char *fmt, ...)
         *at = *at + (size_t)w < errlen ? *at + (size_t)w : errlen - 1;
 }
 
-int shoal_shard_cover(int nw, const shoal_proto_range *const *r, const size_t *nr, const char *const *names,
-                      int num_layers, const uint8_t *is_moe, int num_experts, int32_t *owner, char *err,
-                      size_t errlen)
+/* allow: overlaps are replicas (accepted), only gaps are refused; *nrep
+ * counts the experts owned more than once. */
+static int cover(int nw, const shoal_proto_range *const *r, const size_t *nr, const char *const *names,
+                 int num_layers, const uint8_t *is_moe, int num_experts, int32_t *owner, int allow, size_t *nrep,
+                 char *err, size_t errlen)
 {
     size_t cells = (size_t)num_layers * (size_t)num_experts;
     int32_t *second = shoal_xmalloc(cells * sizeof *second);
@@ -266,7 +268,14 @@ int shoal_shard_cover(int nw, const shoal_proto_range *const *r, const size_t *n
                 }
         }
     /* runs of equal status along the experts of each MoE layer */
-    size_t nrun = 0, caprun = 64;
+    size_t nrun = 0, caprun = 64, rep = 0;
+    for (size_t i = 0; i < cells; i++)
+        rep += second[i] >= 0;
+    if (nrep)
+        *nrep = rep;
+    if (allow)
+        for (size_t i = 0; i < cells; i++)
+            second[i] = -1; /* a replica is not an error */
     run *runs = shoal_xmalloc(caprun * sizeof *runs);
     for (int l = 0; l < num_layers; l++) {
         if (!is_moe[l])
@@ -319,8 +328,11 @@ int shoal_shard_cover(int nw, const shoal_proto_range *const *r, const size_t *n
     size_t ngap = 0, nover = 0;
     for (size_t i = 0; i < m; i++)
         *(runs[i].kind ? &nover : &ngap) += 1;
-    appendf(err, errlen, &at, "the workers do not own every expert exactly once (%zu gap%s, %zu overlap%s):", ngap,
-            ngap == 1 ? "" : "s", nover, nover == 1 ? "" : "s");
+    if (allow)
+        appendf(err, errlen, &at, "the workers do not own every expert (%zu gap%s):", ngap, ngap == 1 ? "" : "s");
+    else
+        appendf(err, errlen, &at, "the workers do not own every expert exactly once (%zu gap%s, %zu overlap%s):",
+                ngap, ngap == 1 ? "" : "s", nover, nover == 1 ? "" : "s");
     size_t shown = 0;
     for (size_t i = 0; i < m && shown < 16; i++, shown++) {
         const run *p = &runs[i];
@@ -335,4 +347,18 @@ int shoal_shard_cover(int nw, const shoal_proto_range *const *r, const size_t *n
         appendf(err, errlen, &at, " ... and %zu more", m - shown);
     free(runs);
     return SHOAL_ECONFIG;
+}
+
+int shoal_shard_cover(int nw, const shoal_proto_range *const *r, const size_t *nr, const char *const *names,
+                      int num_layers, const uint8_t *is_moe, int num_experts, int32_t *owner, char *err,
+                      size_t errlen)
+{
+    return cover(nw, r, nr, names, num_layers, is_moe, num_experts, owner, 0, NULL, err, errlen);
+}
+
+int shoal_shard_cover_replicas(int nw, const shoal_proto_range *const *r, const size_t *nr, const char *const *names,
+                               int num_layers, const uint8_t *is_moe, int num_experts, int32_t *owner,
+                               size_t *replicated, char *err, size_t errlen)
+{
+    return cover(nw, r, nr, names, num_layers, is_moe, num_experts, owner, 1, replicated, err, errlen);
 }

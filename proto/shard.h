@@ -1,7 +1,8 @@
 /* shard: which routed experts a worker owns (PROTOCOL.md §7). Parses and
  * formats RANGES strings ("1-92:0-447,5:3"), holds a worker's ownership as a
  * bitmap for O(1) checks, splits a model evenly over N workers, and checks that a
- * set of workers covers every expert of every MoE layer exactly once. Pure: no
+ * set of workers covers every expert of every MoE layer (exactly once, or at
+ * least once when replicas are allowed). Pure: no
  * I/O. Callers: the worker (its own --experts), the coordinator (HELLO replies,
  * --workers N), tests. Range lists are plain arrays owned by the caller (freed
  * with free()); a shoal_shard is immutable after open and safe to read from any
@@ -50,5 +51,13 @@ int shoal_shard_split(int w, int n, int num_layers, const uint8_t *is_moe, int n
 int shoal_shard_cover(int nw, const shoal_proto_range *const *r, const size_t *nr, const char *const *names,
                       int num_layers, const uint8_t *is_moe, int num_experts, int32_t *owner, char *err,
                       size_t errlen);
+
+/* The same with replicas allowed (PROTOCOL.md section 7): an expert may be
+ * owned by several workers; only gaps are refused (SHOAL_ECONFIG, listed as
+ * above). owner[] gets the lowest-index owner; *replicated (may be NULL) the
+ * number of (layer, expert) owned by two workers or more. */
+int shoal_shard_cover_replicas(int nw, const shoal_proto_range *const *r, const size_t *nr, const char *const *names,
+                               int num_layers, const uint8_t *is_moe, int num_experts, int32_t *owner,
+                               size_t *replicated, char *err, size_t errlen);
 
 #endif

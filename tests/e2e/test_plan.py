@@ -9,18 +9,31 @@
 - with a trace, the layer-weighted imbalance is no worse than by bytes;
 - workers started with `shoal expert --plan --name` and `shoal run --plan`
   generate the same ids as the in-process run;
-- a cluster too small is refused with the shortfall; --replicas > 0 refused;
+- with --replicas 2 and a trace: every expert owned at least once, the two
+  hottest of every layer (from the trace, read here) exactly twice, budgets
+  kept, expected shares recomputed here from the documented levelling rule,
+  layer-weighted imbalance no worse than without replicas; the replicated
+  plan's workers (packs: the replicas included) give the in-process ids, and
+  the workers' per-expert pair counters (their /metrics) add up to the trace's
+  routing decisions exactly (each pair computed once, by one of its owners); a
+  worker holding only replicas, added to the plan, is given work and the ids
+  stay identical; replicas the budgets cannot hold are refused with the
+  shortfall;
+- a cluster too small is refused with the shortfall;
 - a worker given a plan made for another model is refused.
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS.
 """
 import json
 import os
+import re
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 
 T = "test_plan"
 SRC = os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -133,6 +146,196 @@ def check_plan(tag, plan, budgets, hits=None):
     return lw
 
 
+def replicated_loads(plan, hits):
+    """{worker: [load per layer]} by the rule of docs/CLUSTER.md: every expert's
+    hits on its owner, then each replicated expert, hottest first (ties to the
+    lower id), moves min(hits, (owner - replica) / 2) from its owner to its
+    replica when the owner is the busier."""
+    names = [w["name"] for w in plan["workers"]]
+    held = {w["name"]: parse_ranges(w["experts"]) for w in plan["workers"]}
+    rep = {w["name"]: parse_ranges(w.get("replica_experts", "") or "0:0") - {(0, 0)} for w in plan["workers"]}
+    load = {n: [0.0] * L for n in names}
+    for l in range(1, L):
+        moved = []
+        for e in range(E):
+            h = hits.get((l, e), 0)
+            owner = [n for n in names if (l, e) in held[n] and (l, e) not in rep[n]]
+            second = [n for n in names if (l, e) in rep[n]]
+            assert len(owner) == 1 and len(second) <= 1, (l, e, owner, second)
+            load[owner[0]][l] += h
+            if second:
+                moved.append((-h, e, owner[0], second[0]))
+        for mh, e, a, b in sorted(moved):
+            x = min(-mh, (load[a][l] - load[b][l]) / 2)
+            if x > 0:
+                load[a][l] -= x
+                load[b][l] += x
+    return load
+
+
+def scrape_value(port, name):
+    """the (first) sample of metric name on a worker's /metrics"""
+    txt = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    m = re.search(r'^' + name + r'(?:\{[^}]*\})? (\S+)$', txt, re.M)
+    return float(m.group(1)) if m else None
+
+
+def scrape_pairs(port):
+    """{(layer, expert): pairs} from a worker's shoal_expert_server_expert_pairs_total"""
+    txt = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for m in re.finditer(r'^shoal_expert_server_expert_pairs_total\{([^}]*)\} (\S+)$', txt, re.M):
+        lab = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        out[(int(lab["layer"]), int(lab["expert"]))] = int(float(m.group(2)))
+    return out
+
+
+def start_plan_workers(plan_path, names, procs, tmp, model=TINY, extra=()):
+    """workers of plan_path with --metrics-port; {name: metrics port} once all answer"""
+    ports = {}
+    for n in names:
+        port = free_port()
+        p = subprocess.Popen([BIN, "expert", "--model", model, "--plan", plan_path, "--name", n, "--threads", "1",
+                              "--insecure", "--metrics-port", str(port), *extra], stdout=subprocess.DEVNULL,
+                             stderr=open(os.path.join(tmp, f"{n}.log"), "a"))
+        procs.append(p)
+        ports[n] = port
+    end = time.time() + 30
+    for n, port in ports.items():
+        while True:
+            try:
+                scrape_pairs(port)
+                break
+            except OSError:
+                if time.time() > end or procs[-1].poll() is not None:
+                    raise RuntimeError(open(os.path.join(tmp, f"{n}.log")).read()[-500:])
+                time.sleep(0.1)
+    return ports
+
+
+def stop_all(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    procs.clear()
+
+
+def case_replicas(tmp, tr, hits, ref, plan_plain_lw, procs):
+    budgets = [600000] * 3  # 91 experts each: 64 primary + room for 27
+    cl = cluster(tmp, budgets, "cluster_r.json")
+    pr = os.path.join(tmp, "plan_r.json")
+    r = sh("plan", "--model", TINY, "--cluster", cl, "--trace", tr, "--replicas", "2", "-o", pr)
+    if not check("replicas: plan --replicas 2 --trace exits 0", r.returncode == 0, r.stderr[-500:]):
+        return
+    plan = json.load(open(pr))
+    p0 = os.path.join(tmp, "plan_r0.json")
+    sh("plan", "--model", TINY, "--cluster", cl, "--trace", tr, "-o", p0)
+    lw0 = json.load(open(p0))["layer_weighted_imbalance"]
+    moe = [(l, e) for l in range(1, L) for e in range(E)]
+    owned = {}
+    for w in plan["workers"]:
+        for c in parse_ranges(w["experts"]):
+            owned.setdefault(c, []).append(w["name"])
+    twice = {c for c, v in owned.items() if len(v) == 2}
+    hottest = set()
+    for l in range(1, L):
+        hottest |= {(l, e) for e in sorted(range(E), key=lambda e: (-hits.get((l, e), 0), e))[:2]}
+    check("replicas: every expert owned at least once, none three times", sorted(owned) == moe and
+          all(1 <= len(v) <= 2 for v in owned.values()), f"{len(owned)} cells")
+    check("replicas: the two hottest experts of every layer (from the trace) are the ones held twice",
+          twice == hottest, f"twice {sorted(twice)} hottest {sorted(hottest)}")
+    ok_b = all(len(parse_ranges(w["experts"])) * EXPERT_BYTES <= budgets[i] and
+               w["bytes"] == len(parse_ranges(w["experts"])) * EXPERT_BYTES for i, w in enumerate(plan["workers"]))
+    check("replicas: each worker within its budget, replicas counted", ok_b)
+    load = replicated_loads(plan, hits)
+    total = sum(hits.get(c, 0) for c in moe)
+    ok = all(abs(w["expected_share"] - sum(load[w["name"]]) / total) < 1e-9 for w in plan["workers"])
+    check("replicas: expected shares recomputed here (levelling rule)", ok,
+          str([(w["name"], w["expected_share"], sum(load[w["name"]]) / total) for w in plan["workers"]]))
+    smax = sum(max(load[n][l] for n in load) for l in range(1, L))
+    smean = sum(sum(load[n][l] for n in load) / len(load) for l in range(1, L))
+    check("replicas: layer-weighted imbalance recomputed, no worse than without replicas",
+          abs(plan["layer_weighted_imbalance"] - smax / smean) < 1e-9 and plan["layer_weighted_imbalance"] <= lw0 + 1e-12,
+          f"{plan['layer_weighted_imbalance']} vs {smax / smean}, without {lw0}")
+
+    # serve it: each worker from its pack (replicas included), verified at load;
+    # w0 and w1 through a small RAM cache (--cache-gb) instead of mapping the pack
+    cache = {"w0": ("--cache-gb", "small"), "w1": ("--cache-gb", "0.0001"), "w2": ()}
+    for w in plan["workers"]:
+        pk = os.path.join(tmp, "pack_" + w["name"])
+        r = sh("pack", "--model", TINY, "--plan", pr, "--worker", w["name"], "-o", pk, "--quiet")
+        if not check(f"replicas: pack for {w['name']}", r.returncode == 0, r.stderr[-300:]):
+            return
+    ports = {}
+    try:
+        for w in plan["workers"]:
+            ports.update(start_plan_workers(pr, [w["name"]], procs, tmp, model=os.path.join(tmp, "pack_" + w["name"]),
+                                            extra=("--verify", *cache[w["name"]])))
+    except RuntimeError as e:
+        check("replicas: workers serve their packs", False, str(e))
+        stop_all(procs)
+        return
+    got, rr = run_ids("--plan", pr, "--insecure-workers")
+    check("replicas: 3 workers of a replicated plan on their packs: ids identical to in-process", got == ref,
+          f"got {got} want {ref}: {rr.stderr[-600:]}")
+    cs = {n: (scrape_value(ports[n], "shoal_expert_server_cache_slots"),
+              scrape_value(ports[n], "shoal_expert_server_experts_owned"),
+              scrape_value(ports[n], "shoal_expert_server_cache_misses_total")) for n in ("w0", "w1")}
+    check("pack + --verify + small --cache-gb (w0: small, w1: 0.0001 GiB): the cache held fewer experts than "
+          "the worker serves and missed, and the ids above are identical",
+          got == ref and all(s is not None and o is not None and m is not None and 0 < s < o and m > 0
+                             for s, o, m in cs.values()), f"(slots, owned, misses) {cs}")
+    served = {}
+    for n, port in ports.items():
+        for c, v in scrape_pairs(port).items():
+            served.setdefault(c, {})[n] = v
+    sums = {c: sum(v.values()) for c, v in served.items()}
+    want = {c: h for c, h in hits.items() if h}
+    check("replicas: the workers' pair counters add up to the trace exactly (each pair computed once)",
+          sums == want, f"{len(sums)} vs {len(want)} experts; first differences "
+          f"{[(c, sums.get(c), want.get(c)) for c in sorted(set(sums) | set(want)) if sums.get(c) != want.get(c)][:5]}")
+    check("replicas: each worker computed only experts it holds",
+          all(c in parse_ranges(w["experts"]) for w in plan["workers"] for c, v in served.items() if w["name"] in v))
+    rep_used = sum(1 for c in twice for n in served.get(c, {}) if n not in
+                   [w["name"] for w in plan["workers"] if c in parse_ranges(w["experts"]) and
+                    c not in parse_ranges(w.get("replica_experts", "0:0"))])
+    print(f"# replicated experts served by their replica (second owner): {rep_used} of {len(twice)}", flush=True)
+
+    # a fourth worker holding every expert, only replicas: the coordinator gives it work
+    plan["workers"].append({"name": "wr", "host": "wr", "experts": "1-8:0-23", "endpoint": f"tcp://127.0.0.1:{free_port()}",
+                            "listen": ""})
+    plan["workers"][-1]["listen"] = plan["workers"][-1]["endpoint"]
+    pr4 = os.path.join(tmp, "plan_r4.json")
+    json.dump(plan, open(pr4, "w"), indent=2)
+    before = {n: sum(scrape_pairs(p).values()) for n, p in ports.items()}
+    try:
+        ports.update(start_plan_workers(pr4, ["wr"], procs, tmp))
+    except RuntimeError as e:
+        check("replicas: a replicas-only worker starts", False, str(e))
+        stop_all(procs)
+        return
+    got, rr = run_ids("--plan", pr4, "--insecure-workers")
+    wr = sum(scrape_pairs(ports["wr"]).values())
+    others = sum(sum(scrape_pairs(p).values()) - before[n] for n, p in ports.items() if n != "wr")
+    check("replicas: a 4th worker holding only replicas gets pairs, the ids stay identical",
+          got == ref and wr > 0 and wr + others == sum(want.values()),
+          f"got {got} want {ref}; wr {wr} pairs, others {others}, trace {sum(want.values())}: {rr.stderr[-400:]}")
+    print(f"# replicas-only worker computed {wr} of {wr + others} pairs", flush=True)
+    stop_all(procs)
+
+    # replicas the budgets cannot hold: refused with the shortfall
+    small = cluster(tmp, [460000, 460000, 340000], "exact.json")  # room for exactly the 192
+    r = sh("plan", "--model", TINY, "--cluster", small, "--replicas", "1", "-o", os.path.join(tmp, "x.json"))
+    check("replicas the budgets cannot hold refused with the shortfall",
+          r.returncode == 3 and f"need room for 8 more experts" in r.stderr and
+          f"short by 8 experts = {8 * EXPERT_BYTES} B" in r.stderr, f"rc {r.returncode}: {r.stderr[-300:]}")
+
+
 def layer_weighted(plan, hits):
     """sum over MoE layers of the largest worker load / the mean worker load"""
     smax = smean = 0.0
@@ -196,6 +399,8 @@ def main():
             for p in procs:
                 p.send_signal(signal.SIGTERM)
                 check("plan worker exits 0 on SIGTERM", p.wait(10) == 0)
+            procs.clear()
+            case_replicas(tmp, tr, hits, ref, None, procs)
 
         # too small
         small = cluster(tmp, [460000, 300000], "small.json")  # 70 + 45 of the 192 experts
@@ -203,8 +408,9 @@ def main():
         want = f"short by {192 - 115} experts = {(192 - 115) * EXPERT_BYTES} B"
         check("too small a cluster refused with the shortfall", r.returncode == 3 and want in r.stderr,
               f"rc {r.returncode}: {r.stderr[-300:]}")
-        r = sh("plan", "--model", TINY, "--cluster", cl, "--replicas", "2", "-o", os.path.join(tmp, "x.json"))
-        check("--replicas > 0 refused, saying why", r.returncode == 2 and "replicas" in r.stderr, r.stderr[-300:])
+        r = sh("plan", "--model", TINY, "--cluster", cl, "--replicas", "25", "-o", os.path.join(tmp, "x.json"))
+        check("--replicas beyond the experts of a layer refused", r.returncode == 3 and "at most the 24" in r.stderr,
+              r.stderr[-300:])
 
         # a worker with a plan made for another model
         p = subprocess.run([BIN, "expert", "--model", PLAIN, "--plan", out, "--name", "w0", "--listen",

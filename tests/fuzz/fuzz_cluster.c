@@ -1,7 +1,8 @@
 /* libFuzzer target for the cluster manifest reader (coordinator/plan.c) and,
  * for accepted manifests, the planner on a small model with the hosts'
  * budgets: every refusal names something; an accepted plan owns every expert
- * exactly once within each worker's budget. */
+ * exactly once within each worker's budget, and its replicas (1 or 2 per layer,
+ * chosen by the input's size) are on another worker, still within budget. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int w = 0; w < W; w++)
             if (cnt[w] * 100 > budget[w])
                 abort();
+        int32_t replica[L * E];
+        int nrep = 1 + (int)(size % 2);
+        if (shoal_plan_replicate(&in, nrep, owner, replica, err, sizeof err) == 0) {
+            for (int l = 0; l < L; l++) {
+                int nl = 0;
+                for (int e = 0; e < E; e++) {
+                    int r = replica[l * E + e];
+                    if (r < 0)
+                        continue;
+                    if (!moe[l] || r >= W || r == owner[l * E + e])
+                        abort();
+                    cnt[r]++;
+                    nl++;
+                }
+                if (moe[l] && nl != nrep)
+                    abort();
+            }
+            for (int w = 0; w < W; w++)
+                if (cnt[w] * 100 > budget[w])
+                    abort();
+        } else if (!err[0]) {
+            abort();
+        }
         free(cnt);
     } else if (!err[0]) {
         abort();

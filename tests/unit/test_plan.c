@@ -23,10 +23,10 @@ static void t_equal_split(void)
     const int32_t want[12] = {-1, -1, -1, -1, 0, 0, 1, 1, 0, 0, 1, 1};
     CHECK(!memcmp(owner, want, sizeof want));
     char *r = NULL;
-    shoal_plan_ranges(owner, 3, moe3, 4, 0, &r);
+    shoal_plan_ranges(owner, NULL, 3, moe3, 4, 0, &r);
     CHECK(!strcmp(r, "1-2:0-1"));
     free(r);
-    shoal_plan_ranges(owner, 3, moe3, 4, 1, &r);
+    shoal_plan_ranges(owner, NULL, 3, moe3, 4, 1, &r);
     CHECK(!strcmp(r, "1-2:2-3"));
     free(r);
 }
@@ -49,7 +49,7 @@ static void t_capped(void)
     const char *rw[3] = {"1:0", "1:1-2,2:0-1", "1:3,2:2-3"};
     for (int w = 0; w < 3; w++) {
         char *r = NULL;
-        shoal_plan_ranges(owner, 3, moe3, 4, w, &r);
+        shoal_plan_ranges(owner, NULL, 3, moe3, 4, w, &r);
         CHECK_MSG(!strcmp(r, rw[w]), "worker %d: %s, want %s", w, r, rw[w]);
         free(r);
     }
@@ -84,13 +84,74 @@ static void t_hits(void)
     const int32_t want[8] = {-1, -1, -1, -1, 0, 1, 0, 1};
     CHECK(!memcmp(owner, want, sizeof want));
     char *r = NULL;
-    shoal_plan_ranges(owner, 2, moe2, 4, 0, &r);
+    shoal_plan_ranges(owner, NULL, 2, moe2, 4, 0, &r);
     CHECK(!strcmp(r, "1:0,1:2"));
     free(r);
     /* the same inputs give the same plan */
     int32_t again[8];
     CHECK_EQ_INT(shoal_plan_compute(&in, again, err, sizeof err), 0);
     CHECK(!memcmp(owner, again, sizeof again));
+}
+
+/* One MoE layer, hits 12 9 6 5 3 1, three workers of 3 experts (30 B at
+ * 10 B): 2 each, room for 1 more each. Placement (hottest first, least
+ * loaded with room): e0 w0, e1 w1, e2 w2, e3 w2 (6 < 9, 12), e4 w1 (9 < 12),
+ * e5 w0 (the only one with room): loads 13, 12, 11.
+ * One replica: e0 (12, on w0) -> the least loaded other with room, w2 (11);
+ * levelling moves (13 - 11) / 2 = 1: loads 12, 12, 12.
+ * Two: then e1 (9, on w1) -> w0 (w2 has no room left); 12 vs 12: nothing
+ * moves. Four: room for 3 only. */
+static void t_replicas(void)
+{
+    const uint8_t moe2[2] = {0, 1};
+    uint64_t budget[3] = {30, 30, 30}, hits[12] = {0, 0, 0, 0, 0, 0, 12, 9, 6, 5, 3, 1};
+    int32_t owner[12], rep1[12], rep2[12];
+    shoal_plan_in in = {.num_layers = 2, .num_experts = 6, .is_moe = moe2, .expert_bytes = 10, .hits = hits,
+                        .nworkers = 3, .budget = budget};
+    char err[512];
+    CHECK_EQ_INT(shoal_plan_compute(&in, owner, err, sizeof err), 0);
+    const int32_t want[12] = {-1, -1, -1, -1, -1, -1, 0, 1, 2, 2, 1, 0};
+    CHECK(!memcmp(owner, want, sizeof want));
+    double load[6];
+    shoal_plan_load(&in, owner, NULL, load);
+    CHECK(load[0] == 0 && load[1] == 13 && load[3] == 12 && load[5] == 11); /* load[w * L + l] */
+    CHECK_EQ_INT(shoal_plan_replicate(&in, 0, owner, rep1, err, sizeof err), 0);
+    for (int i = 0; i < 12; i++)
+        CHECK(rep1[i] == -1);
+    CHECK_EQ_INT(shoal_plan_replicate(&in, 1, owner, rep1, err, sizeof err), 0);
+    const int32_t w1[12] = {-1, -1, -1, -1, -1, -1, 2, -1, -1, -1, -1, -1};
+    CHECK(!memcmp(rep1, w1, sizeof w1));
+    shoal_plan_load(&in, owner, rep1, load);
+    CHECK(load[1] == 12 && load[3] == 12 && load[5] == 12);
+    CHECK_EQ_INT(shoal_plan_replicate(&in, 2, owner, rep2, err, sizeof err), 0);
+    const int32_t w2[12] = {-1, -1, -1, -1, -1, -1, 2, 0, -1, -1, -1, -1};
+    CHECK(!memcmp(rep2, w2, sizeof w2));
+    char *r = NULL;
+    shoal_plan_ranges(owner, rep2, 2, moe2, 6, 0, &r);
+    CHECK_MSG(!strcmp(r, "1:0-1,1:5"), "%s", r);
+    free(r);
+    shoal_plan_ranges(owner, rep2, 2, moe2, 6, 2, &r);
+    CHECK_MSG(!strcmp(r, "1:0,1:2-3"), "%s", r);
+    free(r);
+    CHECK_EQ_INT(shoal_plan_replicate(&in, 4, owner, rep2, err, sizeof err), SHOAL_ECONFIG);
+    CHECK_STR_CONTAINS(err, "need room for 4 more experts; the workers' budgets have room for 3: short by 1 experts "
+                            "= 10 B");
+    CHECK_EQ_INT(shoal_plan_replicate(&in, 7, owner, rep2, err, sizeof err), SHOAL_EINVAL);
+    /* no trace, 4 experts on caps 3 and 2: w0 e0-1, w1 e2-3, room on w0
+     * only. The "hottest" (lowest id) e0 and e1 are w0's own: passed over;
+     * e2 gets the replica, on w0 */
+    uint64_t b2[2] = {30, 20};
+    shoal_plan_in in2 = {.num_layers = 2, .num_experts = 4, .is_moe = moe2, .expert_bytes = 10, .nworkers = 2,
+                         .budget = b2};
+    int32_t o2[8], r2[8];
+    CHECK_EQ_INT(shoal_plan_compute(&in2, o2, err, sizeof err), 0);
+    const int32_t wo2[8] = {-1, -1, -1, -1, 0, 0, 1, 1}, wr2[8] = {-1, -1, -1, -1, -1, -1, 0, -1};
+    CHECK(!memcmp(o2, wo2, sizeof wo2));
+    CHECK_EQ_INT(shoal_plan_replicate(&in2, 1, o2, r2, err, sizeof err), 0);
+    CHECK(!memcmp(r2, wr2, sizeof wr2));
+    in2.nworkers = 1;
+    CHECK_EQ_INT(shoal_plan_replicate(&in2, 1, o2, r2, err, sizeof err), SHOAL_EINVAL);
+    CHECK_STR_CONTAINS(err, "at least two workers");
 }
 
 static void t_bytes(void)
@@ -183,6 +244,7 @@ int main(void)
     RUN(t_capped);
     RUN(t_short);
     RUN(t_hits);
+    RUN(t_replicas);
     RUN(t_bytes);
     RUN(t_cluster);
     RUN(t_planfile);

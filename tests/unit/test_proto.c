@@ -728,6 +728,21 @@ static void t_shard(void)
     CHECK_STR_CONTAINS(err, "layers 1-4 experts 6-7: owned by no worker");
     CHECK_STR_CONTAINS(err, "layer 5 expert 6: owned by no worker");
     CHECK_STR_CONTAINS(err, "(2 gaps, 1 overlap)");
+    /* with replicas allowed the overlap is not an error; the gaps still are */
+    size_t nrep = 99;
+    CHECK(shoal_shard_cover_replicas(2, (const shoal_proto_range *const *)ab, nab, names, 6, is_moe, 8, owner, &nrep,
+                                     err, sizeof err) == SHOAL_ECONFIG);
+    CHECK_STR_CONTAINS(err, "(2 gaps):");
+    CHECK_STR_CONTAINS(err, "layers 1-4 experts 6-7: owned by no worker");
+    CHECK(strstr(err, "owned by w0 and w1") == NULL);
+    CHECK_EQ_INT((int)nrep, 4); /* expert 3 of layers 1, 2, 4, 5 */
+    shoal_proto_range full[] = {{1, 2, 0, 7}, {4, 5, 0, 7}};
+    shoal_proto_range *fb[2] = {full, b};
+    size_t nfb[2] = {2, 3};
+    CHECK(shoal_shard_cover_replicas(2, (const shoal_proto_range *const *)fb, nfb, names, 6, is_moe, 8, owner, &nrep,
+                                     err, sizeof err) == 0);
+    CHECK_EQ_INT((int)nrep, 13); /* b: 3 experts x 4 layers + layer 5 expert 7 */
+    CHECK(owner[1 * 8 + 3] == 0 && owner[5 * 8 + 7] == 0 && owner[3 * 8 + 3] == -1);
     for (int w = 0; w < 3; w++)
         free(parts[w]);
 }
