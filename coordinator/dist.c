@@ -300,6 +300,13 @@ const char *shoal_dist_worker_name(const shoal_dist *d, int i)
     return shoal_expert_client_worker_name(d->client, i);
 }
 
+int shoal_dist_worker_up(shoal_dist *d, int i, char *why, size_t whylen)
+{
+    if (!d || i < 0 || i >= d->nworkers)
+        return 0;
+    return shoal_expert_client_worker_up(d->client, i, why, whylen);
+}
+
 int shoal_dist_set_metrics(shoal_dist *d, shoal_cmetrics *cm, char *err, size_t errlen)
 {
     return d ? shoal_expert_client_set_metrics(d->client, cm, err, errlen) : 0;

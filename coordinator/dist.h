@@ -67,6 +67,9 @@ int shoal_dist_nworkers(const shoal_dist *d);
 /* "id (endpoint)" of worker i (0 <= i < nworkers), as the expert client names
  * it in its errors; lives as long as d. NULL when out of range. */
 const char *shoal_dist_worker_name(const shoal_dist *d, int i);
+/* 1 when worker i is up, else 0 with why (see shoal_expert_client_worker_up).
+ * Any thread, any time. */
+int shoal_dist_worker_up(shoal_dist *d, int i, char *why, size_t whylen);
 /* Report the expert exchanges to cm (see shoal_expert_client_set_metrics).
  * cm must outlive the model (which closes the client). 0 for a NULL d. */
 int shoal_dist_set_metrics(shoal_dist *d, shoal_cmetrics *cm, char *err, size_t errlen);

@@ -64,6 +64,7 @@ uint64_t shoal_engine_alloc_count(void)
 }
 
 #if GUARD
+#include <errno.h>
 #include <unistd.h>
 extern void *__libc_malloc(size_t n);
 extern void *__libc_calloc(size_t n, size_t size);
@@ -105,6 +106,29 @@ __attribute__((weak)) void *realloc(void *p, size_t n)
     if (guard_armed)
         guard_hit("realloc");
     return __libc_realloc(p, n);
+}
+
+/* Aligned allocations too: libzmq allocates its queue chunks this way. */
+extern void *__libc_memalign(size_t align, size_t n);
+
+__attribute__((weak)) int posix_memalign(void **p, size_t align, size_t n)
+{
+    if (guard_armed)
+        guard_hit("posix_memalign");
+    if (align < sizeof(void *) || (align & (align - 1)))
+        return EINVAL;
+    void *r = __libc_memalign(align, n);
+    if (!r)
+        return ENOMEM;
+    *p = r;
+    return 0;
+}
+
+__attribute__((weak)) void *aligned_alloc(size_t align, size_t n)
+{
+    if (guard_armed)
+        guard_hit("aligned_alloc");
+    return __libc_memalign(align, n);
 }
 #endif
 

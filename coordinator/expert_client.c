@@ -1,22 +1,38 @@
 /* The distributed routed-expert backend (see expert_client.h).
  *
- * State machine of the one outstanding request (guarded by mu):
- *   IDLE --submit()--> SUBMITTED --I/O thread sends--> INFLIGHT
- *   INFLIGHT --all replies / a failure / the deadline--> DONE --gather()--> IDLE
- * Request buffers (per worker: control, act and route frames, destinations)
- * are written by the caller's thread only in IDLE and read by the I/O thread in
- * SUBMITTED; replies are written by the I/O thread in INFLIGHT and read by the
- * caller in DONE. The I/O thread releases the previous replies when the next
- * request arrives. */
+ * Threads and locks. The engine's forward thread drives the sockets itself:
+ * submit() takes smu, packs and sends every involved worker's EXPERT_BATCH,
+ * and returns holding smu; gather() waits on the involved sockets (its own
+ * poll over their ZMQ_FD, with the deadline), checks and scatters the replies
+ * and releases smu. No hand-off to another thread is on the path of a layer.
+ * The keeper thread takes smu only between requests (it blocks until gather()
+ * released it): it drains stale replies and disconnect events, and brings
+ * down workers back (probe HELLO with backoff, re-verification, warm-up PINGs).
+ * ZeroMQ sockets may move between threads across a full memory barrier; smu
+ * is that barrier. `state` is only touched by the forward thread.
+ *
+ * No allocation on the forward thread: request frames are sent as ZeroMQ
+ * constant messages (zmq_msg_init_data without a free function) over the
+ * worker's own buffers, so zmq copies nothing and allocates nothing; a
+ * buffer is rewritten by the next submit() only, after the reply to the
+ * previous request arrived (so zmq has finished with it) -- or after that
+ * request failed, when a stale request may go out with torn contents, which
+ * the worker validates and answers under the old rid, dropped here. Replies
+ * are received as zmq messages allocated by zmq's own I/O thread and kept
+ * until the next request. The rest of zmq's allocations (a pipe's queue
+ * chunks, connection set-up) are moved off the forward thread: every new
+ * connection is warmed up by the thread that verifies it (open, keeper)
+ * before the forward thread uses it; see warm_send(). */
 #include "coordinator/expert_client.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,18 +45,45 @@
 #include "coordinator/owners.h"
 #include "proto/shard.h"
 
-enum { IDLE, SUBMITTED, INFLIGHT, DONE };
+enum { IDLE, SENT, FAILED };         /* the forward thread's request */
+enum { W_UP, W_DOWN, W_WARM };       /* a worker's link */
+
+#define PROBE_BIT (1ull << 62)       /* rids of the keeper's HELLO / PING probes */
+#define BACKOFF_MIN_MS 100u          /* first re-HELLO after a failure ... */
+#define BACKOFF_MAX_MS 5000u         /* ... doubling up to this */
+#define KEEPER_TICK_MS 100u          /* disconnects and stale replies noticed within this */
+/* ZeroMQ queues a pipe's messages in chunks of 256 (message_pipe_granularity)
+ * and recycles one spare chunk once the reader has left it: the first time a
+ * new connection's outbound pipe fills a chunk, the sender allocates the next
+ * one. This many PINGs (one frame each) make the thread that verified the
+ * connection take that allocation; afterwards the chunks are recycled, since
+ * every request is read by zmq before its reply can come back. */
+#define WARM_PINGS 260
+#define WARM_ROUNDS 40
+/* Workers per zmq I/O thread: each layer's sends post one command per worker
+ * to the I/O thread's queue; at most this many per burst wrap it at most once,
+ * onto the spare chunk. */
+#define WORKERS_PER_IO_THREAD 8
 
 typedef struct {
     char endpoint[256];
     char name[SHOAL_PROTO_MAX_ID + 300]; /* "id (endpoint)" */
     void *sock, *mon;
+    int fd, mfd; /* ZMQ_FD of sock and mon: the forward thread's poll */
     shoal_proto_range *owned;
     size_t nowned;
     uint32_t max_tokens;
     char id[SHOAL_PROTO_MAX_ID + 1];
     uint64_t expert_bytes, mem_total;
-    /* request (caller thread in IDLE) */
+    /* the link (under smu; `link` also read without it by worker_up) */
+    atomic_int link;
+    char why[512];            /* why it is down */
+    int logged;               /* the keeper logged the current state */
+    uint64_t down_us, next_probe_us;
+    unsigned backoff_ms;
+    int warm_left;            /* PONGs still to come in W_WARM */
+    uint64_t downs, recoveries;
+    /* request (forward thread) */
     uint8_t ctl[64];
     size_t ctl_len;
     uint8_t *act;     /* [16 + max_tokens * d * 4] */
@@ -50,7 +93,7 @@ typedef struct {
     int last_t;
     uint64_t rid;
     int involved;
-    /* reply (I/O thread in INFLIGHT) */
+    /* reply */
     zmq_msg_t rmsg;
     int have_rmsg, answered;
     uint64_t queue_us, compute_us;
@@ -63,14 +106,21 @@ struct shoal_expert_client {
     int nw, d, k, E, L;
     worker *w;
     shoal_owners *owners; /* who owns each (layer, expert); replicas allowed */
-    int32_t *pick;        /* [E]: this exchange's chosen owner per expert (caller thread) */
+    int32_t *pick;        /* [E]: this exchange's chosen owner per expert (forward thread) */
     void *zctx;
-    int efd;
-    pthread_t io;
-    int io_started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int state, quit, wake;
+    struct pollfd *pfd; /* [2 * nw]: gather()'s poll set */
+    shoal_proto_scratch *dec; /* gather()'s reply decoder (allocates nothing) */
+    pthread_mutex_t smu; /* sockets, links, stats; held from submit() to the end of gather() */
+    pthread_mutex_t wmu; /* the workers' `why` strings (held briefly: /health reads them mid-request) */
+    /* keeper thread */
+    pthread_t keeper;
+    int keeper_started;
+    pthread_mutex_t kmu;
+    pthread_cond_t kcv;
+    int quit;
+    uint64_t probe_seq;
+    /* the request (forward thread; read by others under smu between requests) */
+    int state;
     int layer;
     int rc;
     char err[1024];
@@ -99,7 +149,7 @@ static uint64_t now_us(void)
 
 /* ---- open: connect, HELLO, ownership -------------------------------------- */
 
-static int send_hello(shoal_expert_client *c, worker *w, char *err, size_t errlen)
+static int send_hello(shoal_expert_client *c, worker *w, uint64_t rid, char *err, size_t errlen)
 {
     shoal_proto_hello h = {.major = SHOAL_PROTO_MAJOR, .minor = SHOAL_PROTO_MINOR};
     memcpy(h.fingerprint, c->o.fingerprint, SHOAL_PROTO_FP_BYTES);
@@ -109,14 +159,45 @@ static int send_hello(shoal_expert_client *c, worker *w, char *err, size_t errle
         snprintf(h.id, sizeof h.id, "coordinator %d", (int)getpid());
     uint8_t buf[256];
     size_t len;
-    if (shoal_proto_enc_hello(buf, sizeof buf, &len, 1, &h, 0))
+    if (shoal_proto_enc_hello(buf, sizeof buf, &len, rid, &h, 0))
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "HELLO does not encode (peer name too long?)");
     if (zmq_send(w->sock, buf, len, ZMQ_DONTWAIT) < 0)
         return -errno;
     return 0;
 }
 
-/* Handle a HELLO reply from w: checks and records ownership. */
+/* Check a worker's HELLO (decoded, type HELLO) against this coordinator:
+ * major version, fingerprint, a valid shard, the wire dtypes and the batch
+ * size. `name` names the worker in the message. */
+static int check_hello(shoal_expert_client *c, const char *name, const shoal_proto_hello *h, char *err, size_t errlen)
+{
+    char why[512];
+    int rc;
+    if (h->major != SHOAL_PROTO_MAJOR)
+        return shoal_err_set(err, errlen, SHOAL_EVERSION,
+                             "expert worker %s: protocol major version mismatch: coordinator %d.%d, worker %u.%u", name,
+                             SHOAL_PROTO_MAJOR, SHOAL_PROTO_MINOR, h->major, h->minor);
+    if (memcmp(h->fingerprint, c->o.fingerprint, SHOAL_PROTO_FP_BYTES)) {
+        char a[65], b[65];
+        shoal_proto_hex(c->o.fingerprint, a);
+        shoal_proto_hex(h->fingerprint, b);
+        return shoal_err_set(err, errlen, SHOAL_EFINGERPRINT,
+                             "expert worker %s: model fingerprint mismatch: coordinator %s, worker %s", name, a, b);
+    }
+    if ((rc = shoal_shard_check(h->owned, h->nowned, c->L, c->cfg->is_moe, c->E, why, sizeof why)))
+        return shoal_err_set(err, errlen, rc, "expert worker %s: %s", name, why);
+    int want_act = c->o.act_bf16 ? SHOAL_WIRE_BF16 : SHOAL_WIRE_F32;
+    if (!(h->act_mask & SHOAL_WIRE_MASK(want_act)) || !(h->out_mask & SHOAL_WIRE_MASK(SHOAL_WIRE_BF16)))
+        return shoal_err_set(err, errlen, SHOAL_EUNSUPPORTED, "expert worker %s does not offer %s activations and "
+                             "bf16 outputs", name, shoal_wire_dtype_name(want_act));
+    if (h->max_tokens < (uint32_t)c->o.max_tokens)
+        return shoal_err_set(err, errlen, SHOAL_ERANGE, "expert worker %s accepts %u tokens per request, the "
+                             "coordinator needs %d (start it with --max-tokens %d)", name, h->max_tokens,
+                             c->o.max_tokens, c->o.max_tokens);
+    return 0;
+}
+
+/* Handle a HELLO reply from w at open: checks and records ownership. */
 static int take_hello(shoal_expert_client *c, worker *w, const shoal_frame *f, int nf, char *err, size_t errlen)
 {
     shoal_proto_msg m;
@@ -140,36 +221,8 @@ static int take_hello(shoal_expert_client *c, worker *w, const shoal_frame *f, i
     }
     const shoal_proto_hello *h = &m.hello;
     snprintf(w->name, sizeof w->name, "%s (%s)", h->id, w->endpoint);
-    if (h->major != SHOAL_PROTO_MAJOR) {
-        rc = shoal_err_set(err, errlen, SHOAL_EVERSION,
-                           "expert worker %s: protocol major version mismatch: coordinator %d.%d, worker %u.%u", w->name,
-                           SHOAL_PROTO_MAJOR, SHOAL_PROTO_MINOR, h->major, h->minor);
+    if ((rc = check_hello(c, w->name, h, err, errlen)))
         goto out;
-    }
-    if (memcmp(h->fingerprint, c->o.fingerprint, SHOAL_PROTO_FP_BYTES)) {
-        char a[65], b[65];
-        shoal_proto_hex(c->o.fingerprint, a);
-        shoal_proto_hex(h->fingerprint, b);
-        rc = shoal_err_set(err, errlen, SHOAL_EFINGERPRINT,
-                           "expert worker %s: model fingerprint mismatch: coordinator %s, worker %s", w->name, a, b);
-        goto out;
-    }
-    if ((rc = shoal_shard_check(h->owned, h->nowned, c->L, c->cfg->is_moe, c->E, why, sizeof why))) {
-        rc = shoal_err_set(err, errlen, rc, "expert worker %s: %s", w->name, why);
-        goto out;
-    }
-    int want_act = c->o.act_bf16 ? SHOAL_WIRE_BF16 : SHOAL_WIRE_F32;
-    if (!(h->act_mask & SHOAL_WIRE_MASK(want_act)) || !(h->out_mask & SHOAL_WIRE_MASK(SHOAL_WIRE_BF16))) {
-        rc = shoal_err_set(err, errlen, SHOAL_EUNSUPPORTED, "expert worker %s does not offer %s activations and bf16 "
-                           "outputs", w->name, shoal_wire_dtype_name(want_act));
-        goto out;
-    }
-    if (h->max_tokens < (uint32_t)c->o.max_tokens) {
-        rc = shoal_err_set(err, errlen, SHOAL_ERANGE, "expert worker %s accepts %u tokens per request, the coordinator "
-                           "needs %d (start it with --max-tokens %d)", w->name, h->max_tokens, c->o.max_tokens,
-                           c->o.max_tokens);
-        goto out;
-    }
     w->max_tokens = h->max_tokens;
     snprintf(w->id, sizeof w->id, "%s", h->id);
     w->expert_bytes = h->expert_bytes;
@@ -245,7 +298,7 @@ static int hello_all(shoal_expert_client *c, char *err, size_t errlen)
         }
         for (int i = 0; i < c->nw; i++) {
             if (!sent[i]) { /* ZMQ_IMMEDIATE: the send succeeds once the connection is up */
-                int s = send_hello(c, &c->w[i], err, errlen);
+                int s = send_hello(c, &c->w[i], 1, err, errlen);
                 if (s == 0)
                     sent[i] = 1;
                 else if (s != -EAGAIN) {
@@ -310,35 +363,288 @@ out:
     return rc;
 }
 
-/* ---- the I/O thread --------------------------------------------------------- */
+/* ---- links: down, probes, recovery (smu held) ------------------------------ */
 
-/* Called with mu held. */
-static void finish(shoal_expert_client *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void finish(shoal_expert_client *c, int rc, const char *fmt, ...)
+static void mark_down(shoal_expert_client *c, int i, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void mark_down(shoal_expert_client *c, int i, const char *fmt, ...)
 {
-    if (c->state != INFLIGHT && c->state != SUBMITTED)
+    worker *w = &c->w[i];
+    if (atomic_load(&w->link) == W_DOWN)
         return;
-    c->rc = rc;
-    if (rc) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(c->err, sizeof c->err, fmt, ap);
-        va_end(ap);
-        c->st.failures++;
-    }
-    c->state = DONE;
-    c->wake = 1; /* signalled by io_unlock, after the mutex is released */
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&c->wmu);
+    vsnprintf(w->why, sizeof w->why, fmt, ap);
+    pthread_mutex_unlock(&c->wmu);
+    va_end(ap);
+    atomic_store(&w->link, W_DOWN);
+    w->logged = 0;
+    w->down_us = now_us();
+    w->backoff_ms = BACKOFF_MIN_MS;
+    w->next_probe_us = w->down_us + BACKOFF_MIN_MS * 1000u;
+    w->warm_left = 0;
+    w->downs++;
+    if (c->cm)
+        shoal_cmetrics_worker_up(c->cm, i, 0);
 }
 
-/* Unlock mu and wake gather() if a request finished: signalling after the
- * unlock spares the woken thread from blocking again on the mutex. */
-static void io_unlock(shoal_expert_client *c)
+/* Read one whole message (at most MAX_FRAMES parts kept) without waiting:
+ * its number of parts, 0 when none is waiting; *truncated when it had more. */
+static int recv_parts(void *sock, zmq_msg_t *parts, int *truncated)
 {
-    int wake = c->wake;
-    c->wake = 0;
-    pthread_mutex_unlock(&c->mu);
-    if (wake)
-        pthread_cond_signal(&c->cv);
+    int np = 0, more = 1;
+    *truncated = 0;
+    while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            break;
+        }
+        more = zmq_msg_more(&m);
+        if (np < SHOAL_PROTO_MAX_FRAMES)
+            parts[np++] = m;
+        else {
+            *truncated = 1;
+            zmq_msg_close(&m);
+        }
+    }
+    return np;
+}
+
+static void close_parts(zmq_msg_t *parts, int np)
+{
+    for (int j = 0; j < np; j++)
+        zmq_msg_close(&parts[j]);
+}
+
+/* One PING or HELLO of the keeper's (rid with PROBE_BIT). 0 or -errno. */
+static int send_probe(shoal_expert_client *c, worker *w, int type)
+{
+    uint64_t rid = PROBE_BIT | ++c->probe_seq;
+    if (type == SHOAL_MSG_HELLO) {
+        char err[256];
+        int rc = send_hello(c, w, rid, err, sizeof err);
+        return rc > -4096 ? rc : -EINVAL;
+    }
+    uint8_t buf[32];
+    size_t len;
+    shoal_proto_enc_empty(buf, sizeof buf, &len, SHOAL_MSG_PING, rid);
+    return zmq_send(w->sock, buf, len, ZMQ_DONTWAIT) < 0 ? -errno : 0;
+}
+
+/* Start warming w's connection up (see WARM_PINGS): 0, or -errno when the
+ * PINGs cannot be queued. */
+static int warm_send(shoal_expert_client *c, worker *w, int n)
+{
+    for (int j = 0; j < n; j++) {
+        int rc = send_probe(c, w, SHOAL_MSG_PING);
+        if (rc)
+            return rc;
+    }
+    w->warm_left = n;
+    return 0;
+}
+
+/* Send n PINGs to every worker and wait for every PONG (open; the opening
+ * thread may allocate). */
+static int ping_all(shoal_expert_client *c, int n, uint64_t deadline, int hello_ms, zmq_pollitem_t *pi, char *err,
+                    size_t errlen)
+{
+    for (int i = 0; i < c->nw; i++) {
+        int rc = warm_send(c, &c->w[i], n);
+        if (rc)
+            return shoal_err_set(err, errlen, SHOAL_EPEER, "expert worker %s: cannot send PING: %s", c->w[i].name,
+                                 zmq_strerror(-rc));
+    }
+    for (;;) {
+        int np_ = 0;
+        for (int i = 0; i < c->nw; i++)
+            if (c->w[i].warm_left)
+                pi[np_++] = (zmq_pollitem_t){.socket = c->w[i].sock, .events = ZMQ_POLLIN};
+        if (!np_)
+            return 0;
+        uint64_t now = now_us();
+        if (now >= deadline)
+            for (int i = 0; i < c->nw; i++)
+                if (c->w[i].warm_left)
+                    return shoal_err_set(err, errlen, SHOAL_ETIMEOUT, "expert worker %s: %d PINGs unanswered "
+                                         "within %d ms of open", c->w[i].name, c->w[i].warm_left, hello_ms);
+        long ms = (long)((deadline - now) / 1000u) + 1;
+        if (zmq_poll(pi, np_, ms > 100 ? 100 : ms) < 0 && errno != EINTR)
+            return shoal_err_set(err, errlen, -errno, "zmq_poll: %s", zmq_strerror(errno));
+        for (int i = 0; i < c->nw; i++) {
+            zmq_msg_t parts[SHOAL_PROTO_MAX_FRAMES];
+            int np, truncated;
+            while (c->w[i].warm_left && (np = recv_parts(c->w[i].sock, parts, &truncated)) > 0) {
+                shoal_frame f[SHOAL_PROTO_MAX_FRAMES];
+                for (int j = 0; j < np; j++)
+                    f[j] = (shoal_frame){zmq_msg_data(&parts[j]), zmq_msg_size(&parts[j])};
+                shoal_proto_msg m;
+                memset(&m, 0, sizeof m);
+                int perr;
+                char why[256];
+                if (!truncated && !shoal_proto_decode(f, np, SHOAL_SIDE_COORDINATOR, &m, &perr, why, sizeof why) &&
+                    m.type == SHOAL_MSG_PONG && (m.rid & PROBE_BIT))
+                    c->w[i].warm_left--;
+                shoal_proto_msg_clear(&m);
+                close_parts(parts, np);
+            }
+        }
+    }
+}
+
+/* Warm every connection up at open, so that the forward thread's sends find
+ * zmq's queues grown: WARM_ROUNDS single round trips (each send then wakes
+ * the I/O thread with a command, so its command queue -- chunks of 16 --
+ * wraps and keeps a spare chunk), then a burst of WARM_PINGS (the message
+ * pipe's chunk, see WARM_PINGS). */
+static int warm_all(shoal_expert_client *c, char *err, size_t errlen)
+{
+    int hello_ms = c->o.hello_timeout_ms > 0 ? c->o.hello_timeout_ms : 60000;
+    uint64_t deadline = now_us() + (uint64_t)hello_ms * 1000u;
+    zmq_pollitem_t *pi = shoal_xcalloc((size_t)c->nw, sizeof *pi);
+    int rc = 0;
+    for (int r = 0; r < WARM_ROUNDS && !rc; r++)
+        rc = ping_all(c, 1, deadline, hello_ms, pi, err, errlen);
+    if (!rc)
+        rc = ping_all(c, WARM_PINGS, deadline, hello_ms, pi, err, errlen);
+    free(pi);
+    return rc;
+}
+
+/* A message from a worker outside a request (the keeper; smu held). */
+static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, int truncated)
+{
+    worker *w = &c->w[i];
+    shoal_frame f[SHOAL_PROTO_MAX_FRAMES];
+    for (int j = 0; j < np; j++)
+        f[j] = (shoal_frame){zmq_msg_data(&parts[j]), zmq_msg_size(&parts[j])};
+    shoal_proto_msg m;
+    memset(&m, 0, sizeof m);
+    int perr, link = atomic_load(&w->link);
+    char why[512];
+    int drc = truncated ? SHOAL_EPROTO : shoal_proto_decode(f, np, SHOAL_SIDE_COORDINATOR, &m, &perr, why, sizeof why);
+    if (drc || !(m.rid & PROBE_BIT)) { /* a reply to a request that already failed (or junk) */
+        c->st.late_replies++;
+        if (c->cm)
+            shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_STALE);
+    } else if (link == W_DOWN && m.type == SHOAL_MSG_HELLO) {
+        char err[1024];
+        int same = m.hello.nowned == w->nowned &&
+                   !memcmp(m.hello.owned, w->owned, sizeof *w->owned * w->nowned);
+        if (check_hello(c, w->name, &m.hello, err, sizeof err)) {
+            pthread_mutex_lock(&c->wmu);
+            snprintf(w->why, sizeof w->why, "refused on reconnection: %.450s", err);
+            pthread_mutex_unlock(&c->wmu);
+            w->logged = 0;
+        } else if (!same) {
+            char a[256], b[256];
+            shoal_shard_format(w->owned, w->nowned, a, sizeof a);
+            shoal_shard_format(m.hello.owned, m.hello.nowned, b, sizeof b);
+            pthread_mutex_lock(&c->wmu);
+            snprintf(w->why, sizeof w->why, "refused on reconnection: it now owns %.200s, not %.200s", b, a);
+            pthread_mutex_unlock(&c->wmu);
+            w->logged = 0;
+        } else if (warm_send(c, w, WARM_PINGS) == 0) {
+            atomic_store(&w->link, W_WARM);
+        }
+    } else if (link == W_DOWN && m.type == SHOAL_MSG_ERROR) {
+        pthread_mutex_lock(&c->wmu);
+        snprintf(w->why, sizeof w->why, "refused HELLO on reconnection: %s: %.400s", shoal_perr_name((int)m.error.code),
+                 m.error.message);
+        pthread_mutex_unlock(&c->wmu);
+        w->logged = 0;
+    } else if (link == W_WARM && m.type == SHOAL_MSG_PONG && --w->warm_left == 0) {
+        atomic_store(&w->link, W_UP);
+        w->recoveries++;
+        w->logged = 0;
+        if (c->cm)
+            shoal_cmetrics_worker_up(c->cm, i, 1);
+    }
+    /* else: an answer to an older probe */
+    shoal_proto_msg_clear(&m);
+    close_parts(parts, np);
+}
+
+/* One pass of the keeper over every worker (smu held, between requests). */
+static unsigned keeper_pass(shoal_expert_client *c)
+{
+    unsigned tick = KEEPER_TICK_MS;
+    for (int i = 0; i < c->nw; i++) {
+        worker *w = &c->w[i];
+        if (monitor_disconnected(w->mon))
+            mark_down(c, i, "disconnected (the worker died?)");
+        zmq_msg_t parts[SHOAL_PROTO_MAX_FRAMES];
+        int np, truncated;
+        while ((np = recv_parts(w->sock, parts, &truncated)) > 0)
+            keeper_take(c, i, parts, np, truncated);
+        int link = atomic_load(&w->link);
+        uint64_t now = now_us();
+        if (!w->logged) {
+            w->logged = 1;
+            if (link == W_DOWN)
+                SHOAL_WARN("expert worker %s is down: %s; reconnecting in the background", w->name, w->why);
+            else if (link == W_UP)
+                SHOAL_INFO("expert worker %s is back (re-verified HELLO) after %.1f s", w->name,
+                           (double)(now - w->down_us) * 1e-6);
+        }
+        if (link == W_DOWN) {
+            if (now >= w->next_probe_us) {
+                send_probe(c, w, SHOAL_MSG_HELLO); /* EAGAIN while not connected: tried again later */
+                w->next_probe_us = now + (uint64_t)w->backoff_ms * 1000u;
+                w->backoff_ms = w->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : w->backoff_ms * 2;
+            }
+            unsigned ms = (unsigned)((w->next_probe_us - now + 999) / 1000);
+            if (ms < tick)
+                tick = ms ? ms : 1;
+        } else if (link == W_WARM) {
+            tick = 2;
+        }
+    }
+    return tick;
+}
+
+static void *keeper_main(void *arg)
+{
+    shoal_expert_client *c = arg;
+    unsigned tick = KEEPER_TICK_MS;
+    for (;;) {
+        pthread_mutex_lock(&c->kmu);
+        if (!c->quit) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_nsec += (long)tick * 1000000L;
+            ts.tv_sec += ts.tv_nsec / 1000000000L;
+            ts.tv_nsec %= 1000000000L;
+            pthread_cond_timedwait(&c->kcv, &c->kmu, &ts);
+        }
+        int quit = c->quit;
+        pthread_mutex_unlock(&c->kmu);
+        if (quit)
+            break;
+        pthread_mutex_lock(&c->smu);
+        tick = keeper_pass(c);
+        pthread_mutex_unlock(&c->smu);
+    }
+    return NULL;
+}
+
+/* ---- the request (forward thread) ------------------------------------------ */
+
+/* Record the request's failure (smu held). */
+static void fail(shoal_expert_client *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fail(shoal_expert_client *c, int rc, const char *fmt, ...)
+{
+    if (c->state != SENT)
+        return;
+    c->rc = rc;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+    c->st.failures++;
+    c->state = FAILED;
 }
 
 static void release_replies(shoal_expert_client *c)
@@ -350,7 +656,22 @@ static void release_replies(shoal_expert_client *c)
         }
 }
 
-/* Send the submitted request to every involved worker (mu held). */
+/* Queue one frame of a request without copying it: a constant message over
+ * the worker's buffer (no free function: zmq allocates nothing for it). */
+static int send_frame(void *sock, void *data, size_t len, int more)
+{
+    zmq_msg_t m;
+    zmq_msg_init_data(&m, data, len, NULL, NULL);
+    if (zmq_msg_send(&m, sock, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
+        int e = errno;
+        zmq_msg_close(&m);
+        errno = e;
+        return -1;
+    }
+    return 0;
+}
+
+/* Send the packed request to every involved worker (smu held, state SENT). */
 static void send_all(shoal_expert_client *c)
 {
     release_replies(c);
@@ -358,208 +679,163 @@ static void send_all(shoal_expert_client *c)
     for (int i = 0; i < c->nw; i++) {
         worker *w = &c->w[i];
         w->answered = 0;
+        /* a disconnect not yet seen by the keeper: leave the socket alone (its
+         * pending pipe commands, and a reconnection's, allocate: the keeper's) */
+        if (w->involved && atomic_load(&w->link) == W_UP && monitor_disconnected(w->mon))
+            mark_down(c, i, "disconnected (the worker died?)");
+        if (w->involved && atomic_load(&w->link) != W_UP) { /* fail fast: the keeper is bringing it back */
+            fail(c, SHOAL_EPEER, "expert worker %s is down (%s); not sent layer %d, reconnecting in the background",
+                 w->name, w->why, c->layer);
+            return;
+        }
+    }
+    for (int i = 0; i < c->nw; i++) {
+        worker *w = &c->w[i];
         if (!w->involved)
             continue;
         size_t alen, rlen;
         shoal_proto_tensor_len(c->o.act_bf16 ? SHOAL_WIRE_BF16 : SHOAL_WIRE_F32, w->ntok, (uint32_t)c->d, &alen);
         shoal_proto_tensor_len(SHOAL_WIRE_I32, w->npairs, 2, &rlen);
-        if (zmq_send(w->sock, w->ctl, w->ctl_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-            zmq_send(w->sock, w->act, alen, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-            zmq_send(w->sock, w->route, rlen, ZMQ_DONTWAIT) < 0) {
+        w->sent_ns = now_ns();
+        if (send_frame(w->sock, w->ctl, w->ctl_len, 1) || send_frame(w->sock, w->act, alen, 1) ||
+            send_frame(w->sock, w->route, rlen, 0)) {
             int e = errno;
-            c->state = INFLIGHT;
-            if (c->cm) {
+            if (c->cm)
                 shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
-                shoal_cmetrics_worker_up(c->cm, i, 0);
-            }
-            finish(c, SHOAL_EPEER, "expert worker %s: cannot send layer %d: %s", w->name, c->layer,
-                   e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
+            mark_down(c, i, "cannot send: %s", e == EAGAIN ? "not connected" : zmq_strerror(e));
+            fail(c, SHOAL_EPEER, "expert worker %s: cannot send layer %d: %s", w->name, c->layer,
+                 e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
             return;
         }
         c->st.messages++;
         c->st.pairs += w->npairs;
         c->st.bytes_out += w->ctl_len + alen + rlen;
         w->bytes_out = w->ctl_len + alen + rlen;
-        w->sent_ns = now_ns();
     }
-    c->state = INFLIGHT;
 }
 
-/* One reply from worker i (mu held). Takes ownership of parts. */
+/* One message from involved worker i during gather() (smu held). Takes
+ * ownership of parts. */
 static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, int truncated)
 {
     worker *w = &c->w[i];
+    uint64_t t_recv = now_ns();
     shoal_frame f[SHOAL_PROTO_MAX_FRAMES];
     size_t bytes = 0;
     for (int j = 0; j < np; j++) {
         f[j] = (shoal_frame){zmq_msg_data(&parts[j]), zmq_msg_size(&parts[j])};
         bytes += f[j].len;
     }
-    c->st.bytes_in += bytes;
     shoal_proto_msg m;
     memset(&m, 0, sizeof m);
     int perr;
     char why[512];
-    int drc = truncated ? SHOAL_EPROTO : shoal_proto_decode(f, np, SHOAL_SIDE_COORDINATOR, &m, &perr, why, sizeof why);
+    int drc = truncated ? SHOAL_EPROTO
+                        : shoal_proto_decode_with(c->dec, f, np, SHOAL_SIDE_COORDINATOR, &m, &perr, why, sizeof why);
     if (truncated)
         snprintf(why, sizeof why, "more frames than the protocol allows");
-    int current = c->state == INFLIGHT && w->involved && !w->answered && m.rid == w->rid;
+    if (!drc && (m.rid & PROBE_BIT)) { /* an answer to an old probe of the keeper's */
+        close_parts(parts, np);
+        return;
+    }
+    c->st.bytes_in += bytes;
+    int current = c->state == SENT && !w->answered && m.rid == w->rid;
     int bad = drc || m.type != SHOAL_MSG_EXPERT_RESULT || m.result.y.dtype != SHOAL_WIRE_BF16 ||
               m.result.y.rows != w->npairs || m.result.y.cols != (uint32_t)c->d;
     if (c->cm && !current)
         shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_STALE);
-    if (c->cm && current && bad) {
+    if (c->cm && current && bad)
         shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
-        shoal_cmetrics_worker_up(c->cm, i, 0);
-    }
     if (!current) {
         c->st.late_replies++; /* a reply to a request that already failed (or junk) */
     } else if (drc) {
-        finish(c, SHOAL_EPROTO, "expert worker %s: malformed reply to layer %d: %s", w->name, c->layer, why);
+        mark_down(c, i, "malformed reply: %s", why);
+        fail(c, SHOAL_EPROTO, "expert worker %s: malformed reply to layer %d: %s", w->name, c->layer, why);
     } else if (m.type == SHOAL_MSG_ERROR) {
-        finish(c, shoal_perr_to_err((int)m.error.code), "expert worker %s refused layer %d: %s: %s", w->name,
-               c->layer, shoal_perr_name((int)m.error.code), m.error.message);
+        mark_down(c, i, "answered ERROR %s", shoal_perr_name((int)m.error.code));
+        fail(c, shoal_perr_to_err((int)m.error.code), "expert worker %s refused layer %d: %s: %s", w->name, c->layer,
+             shoal_perr_name((int)m.error.code), m.error.message);
     } else if (m.type != SHOAL_MSG_EXPERT_RESULT) {
-        finish(c, SHOAL_EPROTO, "expert worker %s answered layer %d with %s", w->name, c->layer,
-               shoal_msg_type_name(m.type));
+        mark_down(c, i, "answered a request with %s", shoal_msg_type_name(m.type));
+        fail(c, SHOAL_EPROTO, "expert worker %s answered layer %d with %s", w->name, c->layer,
+             shoal_msg_type_name(m.type));
     } else if (bad) {
-        finish(c, SHOAL_EPROTO, "expert worker %s: layer %d reply is %s [%u, %u], expected bf16 [%u, %d]", w->name,
-               c->layer, shoal_wire_dtype_name(m.result.y.dtype), m.result.y.rows, m.result.y.cols, w->npairs, c->d);
+        mark_down(c, i, "reply of the wrong shape");
+        fail(c, SHOAL_EPROTO, "expert worker %s: layer %d reply is %s [%u, %u], expected bf16 [%u, %d]", w->name,
+             c->layer, shoal_wire_dtype_name(m.result.y.dtype), m.result.y.rows, m.result.y.cols, w->npairs, c->d);
     } else {
         w->queue_us = m.result.queue_us;
         w->compute_us = m.result.compute_us;
+        w->rtt_ns = t_recv - w->sent_ns;
         c->st.worker_queue_us += m.result.queue_us;
         c->st.worker_compute_us += m.result.compute_us;
         if (c->cm) {
             shoal_cmetrics_xchg x = {.tokens = w->ntok, .pairs = w->npairs, .experts = w->nexperts,
-                                     .bytes_out = w->bytes_out, .bytes_in = bytes, .rtt_ns = now_ns() - w->sent_ns,
+                                     .bytes_out = w->bytes_out, .bytes_in = bytes, .rtt_ns = w->rtt_ns,
                                      .queue_us = m.result.queue_us, .compute_us = m.result.compute_us};
             shoal_cmetrics_exchange(c->cm, i, c->layer, &x);
         }
         c->last_answer = i;
-        w->rtt_ns = now_ns() - w->sent_ns;
         zmq_msg_init(&w->rmsg);
         zmq_msg_move(&w->rmsg, &parts[1]); /* keep the y frame until the next request */
         w->have_rmsg = 1;
         w->answered = 1;
-        int all = 1;
-        for (int j = 0; j < c->nw; j++)
-            all &= !c->w[j].involved || c->w[j].answered;
-        if (all)
-            finish(c, 0, "ok");
     }
     shoal_proto_msg_clear(&m);
-    for (int j = 0; j < np; j++)
-        zmq_msg_close(&parts[j]);
+    close_parts(parts, np);
 }
 
-static void drain_socket(shoal_expert_client *c, int i)
+/* Wait for every involved worker's reply, a failure or the deadline (smu
+ * held, state SENT). The wait is a poll() over the sockets' ZMQ_FD: a
+ * non-blocking receive that finds nothing has processed the socket's pending
+ * commands, after which its ZMQ_FD signals the next arrival. */
+static void wait_replies(shoal_expert_client *c)
 {
     for (;;) {
-        zmq_msg_t parts[SHOAL_PROTO_MAX_FRAMES];
-        int np = 0, truncated = 0, more = 1;
-        while (more) {
-            zmq_msg_t m;
-            zmq_msg_init(&m);
-            if (zmq_msg_recv(&m, c->w[i].sock, ZMQ_DONTWAIT) < 0) {
-                zmq_msg_close(&m);
+        int n = 0;
+        for (int i = 0; i < c->nw && c->state == SENT; i++) {
+            worker *w = &c->w[i];
+            if (!w->involved || w->answered)
+                continue;
+            zmq_msg_t parts[SHOAL_PROTO_MAX_FRAMES];
+            int np, truncated;
+            while (c->state == SENT && !w->answered && (np = recv_parts(w->sock, parts, &truncated)) > 0)
+                on_reply(c, i, parts, np, truncated);
+            if (c->state != SENT || w->answered)
+                continue;
+            if (monitor_disconnected(w->mon)) {
+                if (c->cm)
+                    shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
+                mark_down(c, i, "disconnected (the worker died?)");
+                fail(c, SHOAL_EPEER, "expert worker %s disconnected before answering layer %d (the worker died?)",
+                     w->name, c->layer);
                 break;
             }
-            more = zmq_msg_more(&m);
-            if (np < SHOAL_PROTO_MAX_FRAMES)
-                parts[np++] = m;
-            else {
-                truncated = 1;
-                zmq_msg_close(&m);
-            }
+            c->pfd[n++] = (struct pollfd){.fd = w->fd, .events = POLLIN};
+            c->pfd[n++] = (struct pollfd){.fd = w->mfd, .events = POLLIN};
         }
-        if (!np)
+        if (c->state != SENT || n == 0)
             return;
-        pthread_mutex_lock(&c->mu);
-        on_reply(c, i, parts, np, truncated);
-        io_unlock(c);
-    }
-}
-
-static void drain_monitor(shoal_expert_client *c, int i)
-{
-    if (!monitor_disconnected(c->w[i].mon))
-        return;
-    worker *w = &c->w[i];
-    pthread_mutex_lock(&c->mu);
-    if (c->state == INFLIGHT && w->involved && !w->answered) {
-        if (c->cm) {
-            shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
-            shoal_cmetrics_worker_up(c->cm, i, 0);
+        uint64_t now = now_us();
+        if (now >= c->deadline_us) {
+            size_t at = 0;
+            char names[768] = "";
+            for (int i = 0; i < c->nw && at < sizeof names; i++)
+                if (c->w[i].involved && !c->w[i].answered) {
+                    at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", at ? ", " : "", c->w[i].name);
+                    if (c->cm)
+                        shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_TIMEOUT);
+                    mark_down(c, i, "no reply within %d ms", c->o.timeout_ms);
+                }
+            fail(c, SHOAL_ETIMEOUT, "no reply to layer %d within %d ms from expert worker %s", c->layer,
+                 c->o.timeout_ms, names);
+            return;
         }
-        finish(c, SHOAL_EPEER, "expert worker %s disconnected before answering layer %d (the worker died?)", w->name,
-               c->layer);
-    }
-    io_unlock(c);
-    SHOAL_WARN("expert worker %s disconnected", w->name);
-}
-
-static void *io_main(void *arg)
-{
-    shoal_expert_client *c = arg;
-    int n = 1 + 2 * c->nw;
-    zmq_pollitem_t *pi = shoal_xcalloc((size_t)n, sizeof *pi);
-    pi[0] = (zmq_pollitem_t){.fd = c->efd, .events = ZMQ_POLLIN};
-    for (int i = 0; i < c->nw; i++) {
-        pi[1 + i] = (zmq_pollitem_t){.socket = c->w[i].sock, .events = ZMQ_POLLIN};
-        pi[1 + c->nw + i] = (zmq_pollitem_t){.socket = c->w[i].mon, .events = ZMQ_POLLIN};
-    }
-    for (;;) {
-        pthread_mutex_lock(&c->mu);
-        long timeout = -1;
-        if (c->state == INFLIGHT) {
-            uint64_t now = now_us();
-            if (now >= c->deadline_us) {
-                size_t at = 0;
-                char names[768] = "";
-                for (int i = 0; i < c->nw && at < sizeof names; i++)
-                    if (c->w[i].involved && !c->w[i].answered) {
-                        at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", at ? ", " : "", c->w[i].name);
-                        if (c->cm) {
-                            shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_TIMEOUT);
-                            shoal_cmetrics_worker_up(c->cm, i, 0);
-                        }
-                    }
-                finish(c, SHOAL_ETIMEOUT, "no reply to layer %d within %d ms from expert worker %s", c->layer,
-                       c->o.timeout_ms, names);
-            } else {
-                timeout = (long)((c->deadline_us - now + 999) / 1000);
-            }
-        }
-        int quit = c->quit;
-        io_unlock(c);
-        if (quit)
-            break;
-        if (zmq_poll(pi, n, timeout) < 0) {
-            if (errno == EINTR)
-                continue;
-            SHOAL_ERROR("expert client: zmq_poll failed: %s", zmq_strerror(errno));
+        /* capped, so that a missed wake-up could only delay, never hang */
+        uint64_t ms = (c->deadline_us - now + 999) / 1000;
+        if (poll(c->pfd, (nfds_t)n, ms > 50 ? 50 : (int)ms) < 0 && errno != EINTR)
             usleep(1000);
-            continue;
-        }
-        if (pi[0].revents & ZMQ_POLLIN) {
-            uint64_t v;
-            if (read(c->efd, &v, sizeof v) < 0 && errno != EAGAIN)
-                SHOAL_WARN("expert client: eventfd read: %s", strerror(errno));
-            pthread_mutex_lock(&c->mu);
-            if (c->state == SUBMITTED)
-                send_all(c);
-            io_unlock(c);
-        }
-        for (int i = 0; i < c->nw; i++) {
-            if (pi[1 + i].revents & ZMQ_POLLIN)
-                drain_socket(c, i);
-            if (pi[1 + c->nw + i].revents & ZMQ_POLLIN)
-                drain_monitor(c, i);
-        }
     }
-    free(pi);
-    return NULL;
 }
 
 /* ---- the backend ------------------------------------------------------------ */
@@ -567,10 +843,7 @@ static void *io_main(void *arg)
 static int submit(void *self, int layer, int T, int k, const float *z, const int32_t *ids, char *err, size_t errlen)
 {
     shoal_expert_client *c = self;
-    pthread_mutex_lock(&c->mu);
-    int state = c->state;
-    pthread_mutex_unlock(&c->mu);
-    if (state != IDLE)
+    if (c->state != IDLE) /* only this thread writes state */
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: submit while a request is outstanding");
     if (layer < 0 || layer >= c->L || !c->cfg->is_moe[layer])
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: layer %d is not an MoE layer", layer);
@@ -579,6 +852,9 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
                              c->o.max_tokens, k, c->k);
     int d = c->d, bf16 = c->o.act_bf16;
     size_t row = (size_t)d * (bf16 ? 2 : 4);
+    /* the request buffers may still be read by zmq until the previous
+     * request's replies came; the lock also waits out a keeper pass */
+    pthread_mutex_lock(&c->smu);
     if (++c->tag == 0) { /* wrapped: forget old stamps */
         memset(c->seen, 0, sizeof *c->seen * (size_t)c->E);
         c->tag = 1;
@@ -594,9 +870,11 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
         const float *zt = z + (size_t)t * d;
         for (int s = 0; s < k; s++) {
             int32_t e = ids[(size_t)t * k + s];
-            if (e < 0 || e >= c->E || (s && e <= ids[(size_t)t * k + s - 1]))
+            if (e < 0 || e >= c->E || (s && e <= ids[(size_t)t * k + s - 1])) {
+                pthread_mutex_unlock(&c->smu);
                 return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: token %d slot %d: expert id %d out "
                                      "of range or not ascending", t, s, (int)e);
+            }
             worker *w = &c->w[own[e]];
             if (w->last_t != t) { /* first pair of this token for w: append its activation row */
                 w->last_t = t;
@@ -632,47 +910,25 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
         if (shoal_proto_enc_batch(w->ctl, sizeof w->ctl, &w->ctl_len, w->rid, (uint32_t)layer, SHOAL_WIRE_BF16))
             SHOAL_PANIC("EXPERT_BATCH control does not fit");
     }
-    pthread_mutex_lock(&c->mu);
     c->layer = layer;
     c->rc = 0;
     c->err[0] = 0;
     c->deadline_us = now_us() + (uint64_t)c->o.timeout_ms * 1000u;
-    c->state = SUBMITTED;
-    pthread_mutex_unlock(&c->mu);
-    uint64_t one = 1;
-    if (write(c->efd, &one, sizeof one) != sizeof one)
-        SHOAL_PANIC("expert client: eventfd write failed");
-    return 0;
+    c->state = SENT;
+    send_all(c); /* a failure is reported by gather() */
+    return 0;    /* smu stays held until gather() */
 }
 
 static int gather(void *self, uint16_t *y, char *err, size_t errlen)
 {
     shoal_expert_client *c = self;
-    uint64_t t0 = now_us();
-    pthread_mutex_lock(&c->mu);
-    if (c->state == IDLE) {
-        pthread_mutex_unlock(&c->mu);
+    if (c->state == IDLE)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: gather without submit");
-    }
-    /* the I/O thread enforces the deadline; this wait only guards against it being stuck */
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t lim_ms = (uint64_t)c->o.timeout_ms + 5000;
-    ts.tv_sec += (time_t)(lim_ms / 1000);
-    ts.tv_nsec += (long)(lim_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    while (c->state != DONE) {
-        if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) == ETIMEDOUT && c->state != DONE) {
-            c->state = DONE; /* abandon: late replies will be dropped by rid */
-            c->rc = SHOAL_ETIMEOUT;
-            snprintf(c->err, sizeof c->err, "expert client: layer %d: the I/O thread did not finish in %llu ms",
-                     c->layer, (unsigned long long)lim_ms);
-        }
-    }
-    int rc = c->rc;
+    uint64_t t0 = now_us();
+    if (c->state == SENT)
+        wait_replies(c);
+    int rc = c->state == FAILED ? c->rc : 0;
+    c->rc = rc;
     if (c->cm)
         shoal_cmetrics_layer_wait(c->cm, c->layer, (now_us() - t0) * 1000u, rc ? -1 : c->last_answer);
     if (rc) {
@@ -690,7 +946,7 @@ static int gather(void *self, uint16_t *y, char *err, size_t errlen)
     }
     c->state = IDLE;
     c->st.wait_s += (double)(now_us() - t0) * 1e-6;
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->smu);
     return rc;
 }
 
@@ -710,14 +966,12 @@ void shoal_expert_client_close(shoal_expert_client *c)
 {
     if (!c)
         return;
-    if (c->io_started) {
-        pthread_mutex_lock(&c->mu);
+    if (c->keeper_started) {
+        pthread_mutex_lock(&c->kmu);
         c->quit = 1;
-        pthread_mutex_unlock(&c->mu);
-        uint64_t one = 1;
-        if (write(c->efd, &one, sizeof one) < 0)
-            SHOAL_WARN("expert client: eventfd write: %s", strerror(errno));
-        pthread_join(c->io, NULL);
+        pthread_cond_signal(&c->kcv);
+        pthread_mutex_unlock(&c->kmu);
+        pthread_join(c->keeper, NULL);
     }
     release_replies(c);
     for (int i = 0; i < c->nw; i++) {
@@ -728,17 +982,22 @@ void shoal_expert_client_close(shoal_expert_client *c)
             zmq_socket_monitor(w->sock, NULL, 0);
             zmq_close(w->sock);
         }
+    }
+    if (c->zctx) /* after this, zmq no longer reads the request buffers */
+        zmq_ctx_term(c->zctx);
+    for (int i = 0; i < c->nw; i++) {
+        worker *w = &c->w[i];
         free(w->owned);
         free(w->act);
         free(w->route);
         free(w->dest);
     }
-    if (c->zctx)
-        zmq_ctx_term(c->zctx);
-    if (c->efd >= 0)
-        close(c->efd);
-    pthread_mutex_destroy(&c->mu);
-    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->smu);
+    pthread_mutex_destroy(&c->kmu);
+    pthread_mutex_destroy(&c->wmu);
+    pthread_cond_destroy(&c->kcv);
+    free(c->pfd);
+    shoal_proto_scratch_free(c->dec);
     shoal_owners_close(c->owners);
     free(c->pick);
     free(c->seen);
@@ -765,16 +1024,20 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
     c->k = o->cfg->experts_per_token;
     c->E = o->cfg->num_experts;
     c->L = o->cfg->num_layers;
-    c->efd = -1;
-    pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->smu, NULL);
+    pthread_mutex_init(&c->kmu, NULL);
+    pthread_mutex_init(&c->wmu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->cv, &ca);
+    pthread_cond_init(&c->kcv, &ca);
     pthread_condattr_destroy(&ca);
+    c->pfd = shoal_xcalloc(2 * (size_t)o->nworkers, sizeof *c->pfd);
+    c->dec = shoal_proto_scratch_new();
     c->w = shoal_xcalloc((size_t)c->nw, sizeof *c->w);
     c->seen = shoal_xcalloc((size_t)c->E, sizeof *c->seen);
     c->zctx = zmq_ctx_new();
+    zmq_ctx_set(c->zctx, ZMQ_IO_THREADS, (c->nw + WORKERS_PER_IO_THREAD - 1) / WORKERS_PER_IO_THREAD);
     int rc = 0;
     size_t mt = (size_t)o->max_tokens;
     for (int i = 0; i < c->nw; i++) {
@@ -789,6 +1052,7 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
                 goto fail;
             }
         snprintf(w->endpoint, sizeof w->endpoint, "%s", o->endpoints[i]);
+        w->logged = 1; /* up, nothing to say */
         snprintf(w->name, sizeof w->name, "%s", w->endpoint);
         w->act = shoal_xmalloc(SHOAL_PROTO_TENSOR_HDR + mt * (size_t)c->d * 4);
         w->route = shoal_xmalloc(SHOAL_PROTO_TENSOR_HDR + mt * (size_t)c->k * 8);
@@ -849,16 +1113,21 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
             SHOAL_INFO("%zu (layer, expert) pairs are owned by more than one worker: each exchange picks one",
                        shoal_owners_replicated(c->owners));
     }
-    c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (c->efd < 0) {
-        rc = shoal_err_set(err, errlen, -errno, "eventfd: %s", strerror(errno));
+    for (int i = 0; i < c->nw; i++) {
+        worker *w = &c->w[i];
+        size_t fl = sizeof w->fd;
+        if (zmq_getsockopt(w->sock, ZMQ_FD, &w->fd, &fl) || (fl = sizeof w->mfd, zmq_getsockopt(w->mon, ZMQ_FD, &w->mfd, &fl))) {
+            rc = shoal_err_set(err, errlen, -errno, "zmq_getsockopt ZMQ_FD: %s", zmq_strerror(errno));
+            goto fail;
+        }
+    }
+    if ((rc = warm_all(c, err, errlen)))
+        goto fail;
+    if (pthread_create(&c->keeper, NULL, keeper_main, c)) {
+        rc = shoal_err_set(err, errlen, SHOAL_EINTERNAL, "cannot start the expert client's keeper thread");
         goto fail;
     }
-    if (pthread_create(&c->io, NULL, io_main, c)) {
-        rc = shoal_err_set(err, errlen, SHOAL_EINTERNAL, "cannot start the expert client's I/O thread");
-        goto fail;
-    }
-    c->io_started = 1;
+    c->keeper_started = 1;
     *out = c;
     return 0;
 fail:
@@ -868,56 +1137,74 @@ fail:
 
 int shoal_expert_client_set_metrics(shoal_expert_client *c, shoal_cmetrics *cm, char *err, size_t errlen)
 {
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->smu);
     int rc = 0;
     for (int i = 0; i < c->nw && cm && !rc; i++) {
         uint64_t owned = shoal_owners_count(c->owners, i);
         rc = shoal_cmetrics_set_worker(cm, i, c->w[i].id, c->w[i].endpoint, owned, c->w[i].expert_bytes,
                                        c->w[i].mem_total);
         if (!rc)
-            shoal_cmetrics_worker_up(cm, i, 1);
+            shoal_cmetrics_worker_up(cm, i, atomic_load(&c->w[i].link) == W_UP);
     }
     if (rc)
         shoal_err_set(err, errlen, rc, "expert client: the metrics do not take %d workers", c->nw);
     else
         c->cm = cm;
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->smu);
     return rc;
 }
 
 void shoal_expert_client_set_timeout(shoal_expert_client *c, int timeout_ms)
 {
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->smu);
     c->o.timeout_ms = timeout_ms > 0 ? timeout_ms : 30000;
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->smu);
 }
 
 void shoal_expert_client_get_stats(shoal_expert_client *c, shoal_expert_client_stats *out)
 {
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->smu);
     *out = c->st;
-    pthread_mutex_unlock(&c->mu);
+    for (int i = 0; i < c->nw; i++) {
+        out->downs += c->w[i].downs;
+        out->recoveries += c->w[i].recoveries;
+    }
+    pthread_mutex_unlock(&c->smu);
 }
 
 void shoal_expert_client_reset_stats(shoal_expert_client *c)
 {
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->smu);
     memset(&c->st, 0, sizeof c->st);
-    pthread_mutex_unlock(&c->mu);
+    for (int i = 0; i < c->nw; i++)
+        c->w[i].downs = c->w[i].recoveries = 0;
+    pthread_mutex_unlock(&c->smu);
 }
 
 int shoal_expert_client_last(shoal_expert_client *c, int w, uint64_t *queue_us, uint64_t *compute_us,
                              uint64_t *rtt_ns)
 {
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->smu);
     int in = w >= 0 && w < c->nw && c->state == IDLE && c->rc == 0 && c->w[w].involved && c->w[w].answered;
     if (in) {
         *queue_us = c->w[w].queue_us;
         *compute_us = c->w[w].compute_us;
         *rtt_ns = c->w[w].rtt_ns;
     }
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->smu);
     return in;
+}
+
+int shoal_expert_client_worker_up(shoal_expert_client *c, int i, char *why, size_t whylen)
+{
+    if (i < 0 || i >= c->nw)
+        return 0;
+    pthread_mutex_lock(&c->wmu);
+    int link = atomic_load(&c->w[i].link);
+    if (why && whylen)
+        snprintf(why, whylen, "%s", link == W_UP ? "up" : link == W_WARM ? "reconnecting (warming up)" : c->w[i].why);
+    pthread_mutex_unlock(&c->wmu);
+    return link == W_UP;
 }
 
 int shoal_expert_client_nworkers(const shoal_expert_client *c)

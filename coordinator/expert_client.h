@@ -7,19 +7,31 @@
  * coordinator/owners.h picks to balance the pairs; the outputs are the same bits.
  *
  * Per MoE layer: submit() builds one EXPERT_BATCH per involved worker (only the
- * tokens routed to it, pairs in (token, expert) order) and hands them to the
- * client's I/O thread, which sends them all before reading any reply; the
- * caller computes the shared experts meanwhile; gather() waits until every
- * involved worker has answered or the deadline passed, then places each
- * expert output at its (t, slot). A worker that is silent, disconnects or
- * answers with ERROR fails the whole request with an error naming it; y is
- * then not to be used (never a partial mixture). Late replies (after a
- * timeout) carry an old request id and are dropped.
+ * tokens routed to it, pairs in (token, expert) order) and sends them all
+ * before any reply is read; the caller computes the shared experts meanwhile;
+ * gather() waits until every involved worker has answered or the deadline
+ * passed, then places each expert output at its (t, slot). A worker that is
+ * silent, disconnects or answers with ERROR fails the whole request with an
+ * error naming it; y is then not to be used (never a partial mixture). Late
+ * replies (after a timeout) carry an old request id and are dropped.
  *
- * Threads: the I/O thread owns every socket after open. submit()/gather() run
- * on the caller's thread (the engine's forward) and never allocate: request
- * buffers are sized at open for max_tokens; the hand-off is a mutex, a
- * condition variable and an eventfd. One outstanding request per client. */
+ * Down and back: a worker that failed a request (deadline, ERROR, malformed
+ * reply, disconnect, send failure) is marked down; every request that needs
+ * it then fails at once (SHOAL_EPEER, naming it and why) until it is back.
+ * Meanwhile the client's keeper thread re-sends HELLO to it with backoff
+ * (100 ms doubling to 5 s, for as long as the client lives), re-verifies the
+ * answer (protocol version, fingerprint, exactly the same ownership) and
+ * marks it up again; the coordinator metrics' worker state follows
+ * (shoal_cmetrics_worker_up). No failover yet: its experts are not sent to
+ * a replica meanwhile.
+ *
+ * Threads: submit() and gather() run on the caller's thread (the engine's
+ * forward), which drives the sockets itself and never allocates (request
+ * frames are the client's own buffers, sized at open for max_tokens, sent
+ * without copies). One outstanding request per client; submit() holds the
+ * client's lock until gather() returns, so the other functions, which take
+ * it, wait for the request to end. The keeper thread uses the sockets only
+ * between requests. */
 #ifndef SHOAL_EXPERT_CLIENT_H
 #define SHOAL_EXPERT_CLIENT_H
 
@@ -56,7 +68,8 @@ typedef struct {
 
 typedef struct shoal_expert_client shoal_expert_client;
 
-/* Connects, HELLOs, checks ownership and starts the I/O thread. Errors: SHOAL_ETIMEOUT (a worker did not answer HELLO,
+/* Connects, HELLOs, checks ownership, warms every connection up (PINGs) and
+ * starts the keeper thread. Errors: SHOAL_ETIMEOUT (a worker did not answer HELLO,
  * named), SHOAL_EVERSION / SHOAL_EFINGERPRINT (named, both values),
  * SHOAL_ECONFIG (ownership gaps), SHOAL_ERANGE, SHOAL_EINVAL. */
 int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_client_opts *o, char *err,
@@ -67,7 +80,7 @@ shoal_experts shoal_expert_client_backend(shoal_expert_client *c);
 void shoal_expert_client_close(shoal_expert_client *c); /* accepts NULL */
 
 typedef struct {
-    uint64_t requests;      /* submits that reached the I/O thread */
+    uint64_t requests;      /* submits that got as far as sending */
     uint64_t messages;      /* EXPERT_BATCH messages sent (one per involved worker) */
     uint64_t pairs;         /* (token, expert) pairs sent */
     uint64_t bytes_out;     /* frame bytes sent (all frames) */
@@ -76,6 +89,8 @@ typedef struct {
     uint64_t failures;      /* requests that failed */
     uint64_t worker_queue_us, worker_compute_us; /* sums reported by the workers */
     double wait_s;          /* time gather() spent waiting */
+    uint64_t downs;         /* times a worker was marked down */
+    uint64_t recoveries;    /* times one came back (HELLO re-verified) */
 } shoal_expert_client_stats;
 
 /* Report every exchange, layer wait and failure to cm (coordinator/cmetrics.h,
@@ -89,10 +104,15 @@ int shoal_expert_client_set_metrics(shoal_expert_client *c, shoal_cmetrics *cm, 
  * requests only. */
 void shoal_expert_client_set_timeout(shoal_expert_client *c, int timeout_ms);
 
-/* Not while a request is outstanding (stats are updated by the I/O thread). */
+/* Between requests (they wait for the outstanding one). */
 void shoal_expert_client_get_stats(shoal_expert_client *c, shoal_expert_client_stats *out);
 void shoal_expert_client_reset_stats(shoal_expert_client *c);
 int shoal_expert_client_nworkers(const shoal_expert_client *c);
+/* 1 when worker i is up; 0 when down or reconnecting, with why (e.g. "no
+ * reply within 30000 ms", "disconnected (the worker died?)", "refused on
+ * reconnection: ...") written to why[whylen] when why is not NULL. Any
+ * thread, any time (does not wait for a request). */
+int shoal_expert_client_worker_up(shoal_expert_client *c, int i, char *why, size_t whylen);
 /* Worker w's part in the last request that gathered successfully: 1 and its
  * reported queue/compute microseconds and the round trip seen here (first byte
  * sent to reply received, ns) when it was involved, else 0. Between requests. */

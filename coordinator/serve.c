@@ -79,11 +79,12 @@ static int workers_cb(void *ud, shoal_api_worker *w, int cap)
         shoal_cmetrics_worker_totals t;
         shoal_cmetrics_get_worker(c->cm, i, &t);
         snprintf(w[i].name, sizeof w[i].name, "%s", name ? name : "?");
-        w[i].up = t.up;
-        if (t.up)
+        char why[160];
+        w[i].up = shoal_dist_worker_up(c->dist, i, why, sizeof why);
+        if (w[i].up)
             snprintf(w[i].state, sizeof w[i].state, "ready");
-        else
-            snprintf(w[i].state, sizeof w[i].state, "down (%llu timeouts, %llu errors)",
+        else /* the client keeps reconnecting it in the background */
+            snprintf(w[i].state, sizeof w[i].state, "down: %s (%llu timeouts, %llu errors so far)", why,
                      (unsigned long long)t.timeouts, (unsigned long long)t.errors);
     }
     return n;

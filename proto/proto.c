@@ -793,8 +793,10 @@ static int dec_body(dctx *c, const shoal_frame *frames, int nframes, shoal_proto
     }
 }
 
-int shoal_proto_decode(const shoal_frame *frames, int nframes, shoal_proto_side side, shoal_proto_msg *m, int *perr,
-                       char *err, size_t errlen)
+/* The decoder proper, with the caller's MessagePack zone (empty on entry;
+ * emptied again by the caller). */
+static int decode_in(msgpack_zone *zone_p, const shoal_frame *frames, int nframes, shoal_proto_side side,
+                     shoal_proto_msg *m, int *perr, char *err, size_t errlen)
 {
     dctx c = {.err = err, .errlen = errlen, .perr = SHOAL_PERR_OK};
     int dummy;
@@ -823,12 +825,9 @@ int shoal_proto_decode(const shoal_frame *frames, int nframes, shoal_proto_side 
         *perr = c.perr;
         return rc;
     }
-    msgpack_zone zone;
-    if (!msgpack_zone_init(&zone, 2048))
-        SHOAL_PANIC("out of memory (msgpack zone)");
     msgpack_object root;
     size_t uoff = 0;
-    msgpack_unpack_return ur = msgpack_unpack((const char *)b, len, &uoff, &zone, &root);
+    msgpack_unpack_return ur = msgpack_unpack((const char *)b, len, &uoff, zone_p, &root);
     if (ur != MSGPACK_UNPACK_SUCCESS) {
         rc = fail(&c, SHOAL_PERR_MALFORMED, "control frame: msgpack-c refused it (%d)", (int)ur);
         goto out;
@@ -850,8 +849,46 @@ int shoal_proto_decode(const shoal_frame *frames, int nframes, shoal_proto_side 
     m->type = (int)ty->via.u64;
     rc = dec_body(&c, frames, nframes, side, &root.via.array.ptr[2], m);
 out:
-    msgpack_zone_destroy(&zone);
     *perr = c.perr;
+    return rc;
+}
+
+int shoal_proto_decode(const shoal_frame *frames, int nframes, shoal_proto_side side, shoal_proto_msg *m, int *perr,
+                       char *err, size_t errlen)
+{
+    msgpack_zone zone;
+    if (!msgpack_zone_init(&zone, 2048))
+        SHOAL_PANIC("out of memory (msgpack zone)");
+    int rc = decode_in(&zone, frames, nframes, side, m, perr, err, errlen);
+    msgpack_zone_destroy(&zone);
+    return rc;
+}
+
+struct shoal_proto_scratch {
+    msgpack_zone zone;
+};
+
+shoal_proto_scratch *shoal_proto_scratch_new(void)
+{
+    shoal_proto_scratch *s = shoal_xcalloc(1, sizeof *s);
+    if (!msgpack_zone_init(&s->zone, 2048))
+        SHOAL_PANIC("out of memory (msgpack zone)");
+    return s;
+}
+
+void shoal_proto_scratch_free(shoal_proto_scratch *s)
+{
+    if (!s)
+        return;
+    msgpack_zone_destroy(&s->zone);
+    free(s);
+}
+
+int shoal_proto_decode_with(shoal_proto_scratch *s, const shoal_frame *frames, int nframes, shoal_proto_side side,
+                            shoal_proto_msg *m, int *perr, char *err, size_t errlen)
+{
+    int rc = decode_in(&s->zone, frames, nframes, side, m, perr, err, errlen);
+    msgpack_zone_clear(&s->zone); /* frees any chunk beyond the first, keeps that one */
     return rc;
 }
 

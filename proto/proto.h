@@ -176,6 +176,17 @@ typedef enum {
 int shoal_proto_decode(const shoal_frame *frames, int nframes, shoal_proto_side side, shoal_proto_msg *m, int *perr,
                        char *err, size_t errlen);
 
+/* shoal_proto_decode without allocating, for a thread that must not (the
+ * coordinator's forward): the MessagePack zone lives in a scratch kept
+ * between calls (one per thread; new allocates, free accepts NULL). Only a
+ * HELLO (its ranges) and a control frame needing more than the zone's first
+ * 2 KiB chunk still allocate. */
+typedef struct shoal_proto_scratch shoal_proto_scratch;
+shoal_proto_scratch *shoal_proto_scratch_new(void);
+void shoal_proto_scratch_free(shoal_proto_scratch *s);
+int shoal_proto_decode_with(shoal_proto_scratch *s, const shoal_frame *frames, int nframes, shoal_proto_side side,
+                            shoal_proto_msg *m, int *perr, char *err, size_t errlen);
+
 /* Read a tensor frame (header, exact length). 0 or SHOAL_EPROTO. */
 int shoal_proto_tensor_decode(const shoal_frame *f, shoal_proto_tensor *t, char *err, size_t errlen);
 

@@ -180,9 +180,12 @@ def worker_counters():
         assert owned == len(moe) * (SPLIT if i == 0 else E - SPLIT), owned
         per_expert = promcheck.value(f, "shoal_expert_server_expert_bytes") / owned
         assert v("shoal_expert_server_weight_bytes") == w["distinct"] * per_expert
-        # the worker received exactly the batches (computed from the protocol) plus one HELLO
-        hello = v("shoal_expert_server_received_bytes") - w["sent"]
-        assert 40 <= hello <= 400, (i, hello)
+        # the worker received exactly the batches (computed from the protocol) plus
+        # one HELLO and the client's warm-up PINGs (rid >= 2^62: 12 bytes each)
+        pings = v("shoal_expert_server_requests", type="PING")
+        ping_len = len(msgpack.packb([3, 2**62 + 1, {}]))
+        hello = v("shoal_expert_server_received_bytes") - w["sent"] - pings * ping_len
+        assert 40 <= hello <= 400, (i, hello, pings)
         assert promcheck.value(f, "shoal_expert_server_resident_bytes") > 0
         assert promcheck.value(f, "shoal_expert_server_compute_time_seconds",
                                "shoal_expert_server_compute_time_seconds_count") == w["req"]
@@ -213,9 +216,11 @@ def coordinator_counters():
         hi = w["yin"] + sum(len(msgpack.packb([10, r, {"queue_us": 2**40, "compute_us": 2**40}])) for r in w["rids"])
         got = v("shoal_worker_received_bytes", worker=wid)
         assert lo <= got <= hi, (lo, got, hi)
-        # what the worker sent beyond our replies is its one HELLO reply
-        hello_reply = wv("shoal_expert_server_sent_bytes") - got
-        assert 60 <= hello_reply <= 2000, hello_reply
+        # what the worker sent beyond our replies is its one HELLO reply and the
+        # PONGs to the warm-up PINGs (12 bytes each, like the PINGs)
+        pongs = wv("shoal_expert_server_requests", type="PING")
+        hello_reply = wv("shoal_expert_server_sent_bytes") - got - pongs * len(msgpack.packb([4, 2**62 + 1, {}]))
+        assert 60 <= hello_reply <= 2000, (hello_reply, pongs)
         # the worker's own figures arrive unchanged
         assert v("shoal_worker_compute_seconds", worker=wid) == wv("shoal_expert_server_compute_seconds")
         assert v("shoal_worker_queue_seconds", worker=wid) == wv("shoal_expert_server_queue_seconds")

@@ -5,8 +5,10 @@
  * (each replica does get work); ownership gaps and fingerprint mismatches are
  * refused naming the workers, overlaps (replicas) are accepted; a silent worker fails
  * the request within the deadline naming it, its late reply is dropped and the
- * next request succeeds; a stopped worker fails the next request at once; and
- * submit/gather do not allocate on the calling thread. */
+ * next request fails at once until the worker is back; a stopped worker fails
+ * the next request at once, and one restarted on its endpoint is re-verified
+ * (refused with other ranges) and serves again; and submit/gather do not
+ * allocate on the calling thread. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -60,6 +62,19 @@ static void srv_start(srv *s, const char *ranges, unsigned delay_us)
     snprintf(s->ranges, sizeof s->ranges, "%s", ranges);
     s->o = (shoal_expert_server_opts){.model = model, .experts = s->ranges, .listen = s->ep, .threads = 1,
                                       .delay_us = delay_us, .max_tokens = 64};
+    s->running = pthread_create(&s->th, NULL, srv_main, s) == 0;
+}
+
+/* Restart on s's endpoint (a worker process restarted in place). */
+static void srv_restart(srv *s, const char *ranges)
+{
+    char ep[128];
+    snprintf(ep, sizeof ep, "%s", s->ep);
+    memset(s, 0, sizeof *s);
+    snprintf(s->ep, sizeof s->ep, "%s", ep);
+    snprintf(s->ranges, sizeof s->ranges, "%s", ranges);
+    s->o = (shoal_expert_server_opts){.model = model, .experts = s->ranges, .listen = s->ep, .threads = 1,
+                                      .max_tokens = 64};
     s->running = pthread_create(&s->th, NULL, srv_main, s) == 0;
 }
 
@@ -328,12 +343,31 @@ static void t_silent_worker_deadline(void)
         CHECK_MSG(dt >= 0.19 && dt < 0.9, "failed after %.3f s (deadline 0.2 s, reply after 1 s)", dt);
         CHECK_STR_CONTAINS(err, w[1].ep);
         CHECK_STR_CONTAINS(err, "within 200 ms");
-        /* the next request, with a longer deadline, succeeds; the late reply is dropped */
+        /* w1 is down now: the next request that needs it fails at once, naming it */
+        char why[512];
+        CHECK(shoal_expert_client_worker_up(c, 1, why, sizeof why) == 0);
+        CHECK_STR_CONTAINS(why, "no reply within 200 ms");
+        t0 = now_s();
+        CHECK(b.vt->submit(b.self, 2, 4, k, z, ids, err, sizeof err) == 0);
+        rc = b.vt->gather(b.self, y, err, sizeof err);
+        dt = now_s() - t0;
+        CHECK_MSG(rc == SHOAL_EPEER && dt < 0.1, "rc %d after %.3f s: %s", rc, dt, err);
+        CHECK_STR_CONTAINS(err, w[1].ep);
+        CHECK_STR_CONTAINS(err, "is down");
+        /* the keeper's HELLO is answered after the late batch (at 1 s): w1 is
+         * back, the late reply was dropped, and a request with a longer
+         * deadline succeeds */
+        double t1 = now_s();
+        while (!shoal_expert_client_worker_up(c, 1, NULL, 0) && now_s() - t1 < 5.0)
+            usleep(10000);
+        CHECK_MSG(shoal_expert_client_worker_up(c, 1, why, sizeof why), "still down after 5 s: %s", why);
         shoal_expert_client_set_timeout(c, 5000);
         compare(c, 1);
         shoal_expert_client_stats st;
         shoal_expert_client_get_stats(c, &st);
-        CHECK(st.late_replies == 1 && st.failures == 1);
+        CHECK_MSG(st.late_replies == 1 && st.failures == 2 && st.downs == 1 && st.recoveries == 1,
+                  "late %llu failures %llu downs %llu recoveries %llu", (unsigned long long)st.late_replies,
+                  (unsigned long long)st.failures, (unsigned long long)st.downs, (unsigned long long)st.recoveries);
         free(y);
     }
     shoal_expert_client_close(c);
@@ -376,6 +410,70 @@ static void t_stopped_worker_fails_fast(void)
     srv_stop(&w[0]);
 }
 
+static int wait_link(shoal_expert_client *c, int i, int up, double s)
+{
+    double t0 = now_s();
+    while (shoal_expert_client_worker_up(c, i, NULL, 0) != up && now_s() - t0 < s)
+        usleep(10000);
+    return shoal_expert_client_worker_up(c, i, NULL, 0) == up;
+}
+
+/* A worker that goes away is marked down (seen by the keeper, without a
+ * request), requests needing it fail at once; restarted on its endpoint with
+ * other ranges it is refused; restarted as before it is re-verified, marked up
+ * and serves the same outputs as in-process. */
+static void t_worker_comes_back(void)
+{
+    if (!have_model)
+        SKIP("tests/models/tiny-k3 not present");
+    srv w[2];
+    srv_start(&w[0], "1-8:0-11", 0);
+    srv_start(&w[1], "1-8:12-23", 0);
+    shoal_expert_client *c = NULL;
+    char err[2048], why[512];
+    CHECK(open_client(&c, w, 2, fp, 5000, err, sizeof err) == 0);
+    if (c) {
+        compare(c, 2);
+        srv_stop(&w[1]);
+        CHECK_MSG(wait_link(c, 1, 0, 3.0), "worker 1 not marked down 3 s after it stopped");
+        shoal_expert_client_worker_up(c, 1, why, sizeof why);
+        CHECK_STR_CONTAINS(why, "disconnected");
+        CHECK(shoal_expert_client_worker_up(c, 0, NULL, 0) == 1);
+        shoal_experts b = shoal_expert_client_backend(c);
+        int d = cfg.latent_size, k = cfg.experts_per_token;
+        float z[64];
+        int32_t ids[16];
+        uint16_t *y = malloc(2 * (size_t)k * (size_t)d);
+        random_batch(1, z, ids);
+        for (int s = 0; s < k; s++)
+            ids[s] = 8 + s; /* 8..23: both workers */
+        CHECK(k <= 16);
+        double t0 = now_s();
+        CHECK(b.vt->submit(b.self, 3, 1, k, z, ids, err, sizeof err) == 0);
+        int rc = b.vt->gather(b.self, y, err, sizeof err);
+        CHECK_MSG(rc == SHOAL_EPEER && now_s() - t0 < 0.1, "rc %d after %.3f s: %s", rc, now_s() - t0, err);
+        CHECK_STR_CONTAINS(err, w[1].ep);
+        /* back with other experts: refused, stays down */
+        srv_restart(&w[1], "1-4:12-23");
+        usleep(800000);
+        CHECK(shoal_expert_client_worker_up(c, 1, why, sizeof why) == 0);
+        CHECK_STR_CONTAINS(why, "refused on reconnection");
+        srv_stop(&w[1]);
+        /* back as before: up again, same outputs */
+        srv_restart(&w[1], "1-8:12-23");
+        CHECK_MSG(wait_link(c, 1, 1, 10.0), "worker 1 not back 10 s after its restart");
+        compare(c, 2);
+        shoal_expert_client_stats st;
+        shoal_expert_client_get_stats(c, &st);
+        CHECK_MSG(st.downs == 1 && st.recoveries == 1, "downs %llu recoveries %llu", (unsigned long long)st.downs,
+                  (unsigned long long)st.recoveries);
+        free(y);
+    }
+    shoal_expert_client_close(c);
+    srv_stop(&w[0]);
+    srv_stop(&w[1]);
+}
+
 static void t_no_alloc_on_caller(void)
 {
     if (!have_model)
@@ -395,12 +493,17 @@ static void t_no_alloc_on_caller(void)
         random_batch(16, z, ids);
         uint64_t before = shoal_engine_alloc_count();
         shoal__engine_guard_arm(1); /* counts (and in debug builds aborts on) any malloc on this thread */
-        for (int r = 0; r < 5; r++) {
-            b.vt->submit(b.self, 1 + r, 16, k, z, ids, err, sizeof err);
-            b.vt->gather(b.self, y, err, sizeof err);
+        /* enough exchanges for zmq's pipes to wrap their chunks several
+         * times, prefill-sized and decode-sized */
+        int bad = 0;
+        for (int r = 0; r < 600; r++) {
+            int T = r % 3 ? 1 : 16;
+            bad += b.vt->submit(b.self, 1 + r % 8, T, k, z, ids, err, sizeof err) != 0;
+            bad += b.vt->gather(b.self, y, err, sizeof err) != 0;
         }
         shoal__engine_guard_arm(0);
         CHECK_EQ_INT(shoal_engine_alloc_count() - before, 0);
+        CHECK_MSG(bad == 0, "%d failures: %s", bad, err);
         free(z);
         free(ids);
         free(y);
@@ -429,6 +532,7 @@ int main(void)
     RUN(t_no_hello_deadline);
     RUN(t_silent_worker_deadline);
     RUN(t_stopped_worker_fails_fast);
+    RUN(t_worker_comes_back);
     RUN(t_no_alloc_on_caller);
     shoal_st_close(store);
     return test_finish();
