@@ -28,6 +28,12 @@ typedef struct {
                   size_t errlen);
     int (*gather)(void *self, uint16_t *y, char *err, size_t errlen);
     void (*close)(void *self);
+    /* Optional (NULL: not supported): a guess of the experts[n] (distinct,
+     * ascending) a later submit for `layer` will use, so a backend that reads
+     * experts from disk can start early (PROTOCOL.md PREFETCH). Called between
+     * submit() and gather(); never blocks, never fails the request, never
+     * changes any result; the backend may drop it. */
+    void (*hint)(void *self, int layer, const int32_t *experts, int n);
 } shoal_experts_vt;
 
 typedef struct {
