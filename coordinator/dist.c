@@ -87,6 +87,13 @@ int shoal_dist_parse_arg(shoal_dist_opts *o, const char *cmd, int argc, char **a
     } else if (!strcmp(a, "--insecure-workers")) { /* not --insecure: serve's own flag (HTTP) */
         o->insecure = 1;
         return 1;
+    } else if (!strcmp(a, "--prefetch")) {
+        if (!v || (strcmp(v, "on") && strcmp(v, "off"))) {
+            fprintf(stderr, "%s: --prefetch takes on or off, not '%s'\n", cmd, v ? v : "");
+            return -1;
+        }
+        o->prefetch = strcmp(v, "on") ? -1 : 1;
+        r = 1;
     } else if (!strcmp(a, "--workers")) {
         r = num(cmd, a, v, 1, SHOAL_EXPERT_CLIENT_MAX_WORKERS, &o->nlocal);
     } else if (!strcmp(a, "--worker-threads")) {
@@ -120,7 +127,11 @@ void shoal_dist_usage(FILE *f)
                "                       stopped on exit\n"
                "  --worker-threads N   OpenMP threads of each local server (default: cores / N)\n"
                "  --expert-timeout-ms T  deadline for a layer's expert replies (default 30000)\n"
-               "  --hello-timeout-ms T   deadline for the workers' HELLO at start (default 60000)\n");
+               "  --hello-timeout-ms T   deadline for the workers' HELLO at start (default 60000)\n"
+               "  --prefetch on|off    hint each next MoE layer's likely experts to the workers, so\n"
+               "                       those reading experts from disk (--cache-gb) start early\n"
+               "                       (default %s; results are identical either way)\n",
+            SHOAL_DIST_PREFETCH_DEFAULT ? "on" : "off");
 }
 
 int shoal_dist_enabled(const shoal_dist_opts *o)
@@ -273,9 +284,12 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
         return rc;
     }
     d->nworkers = n;
+    int hints = o->prefetch ? o->prefetch > 0 : SHOAL_DIST_PREFETCH_DEFAULT;
+    shoal_model_set_prefetch(m, hints);
     char hex[65];
     shoal_proto_hex(fp, hex);
-    SHOAL_INFO("routed experts on %d worker%s (model fingerprint %.16s...)", n, n == 1 ? "" : "s", hex);
+    SHOAL_INFO("routed experts on %d worker%s (model fingerprint %.16s...), prefetch hints %s", n, n == 1 ? "" : "s",
+               hex, hints ? "on" : "off");
     *out = d;
     return 0;
 }
@@ -358,5 +372,8 @@ void shoal_dist_print(const shoal_dist *d, FILE *f)
                 p->name, (double)(p->st.bytes_out + p->st.bytes_in) / t, (double)p->st.bytes_out / t,
                 (double)p->st.bytes_in / t, (double)p->st.messages / t, p->st.wait_s,
                 (double)p->st.worker_compute_us * 1e-6);
+        if (p->st.hints || p->st.hints_dropped)
+            fprintf(f, "%s prefetch hints: %llu sent, %llu dropped\n", p->name, (unsigned long long)p->st.hints,
+                    (unsigned long long)p->st.hints_dropped);
     }
 }

@@ -40,7 +40,12 @@ typedef struct {
     int nworker_key;
     const char *curve_keys;
     int insecure;
+    int prefetch; /* --prefetch on|off: 1 on, -1 off, 0 the default (SHOAL_DIST_PREFETCH_DEFAULT) */
 } shoal_dist_opts;
+
+/* Prefetch hints (PROTOCOL.md PREFETCH) when --prefetch is not given; chosen
+ * from the measurement in docs/PERFORMANCE.md ("Prefetch hints"). */
+#define SHOAL_DIST_PREFETCH_DEFAULT 1
 
 /* Options of a command line: consumes argv[*i] (and its value, advancing *i)
  * if it is one of ours. Returns 1 consumed, 0 not ours, -1 bad value (printed
@@ -55,7 +60,7 @@ typedef struct shoal_dist shoal_dist;
 
 /* Spawns the local workers (--workers), connects and HELLOs every worker,
  * checks that they own every expert at least once (overlaps are replicas), and sets the model's expert
- * backend. max_tokens: the model's max_batch. */
+ * backend (with prefetch hints on or off, shoal_model_set_prefetch). max_tokens: the model's max_batch. */
 int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *model_dir, shoal_model *m, char *err,
                      size_t errlen);
 /* Closes the spawned workers (after shoal_model_close, which closes the

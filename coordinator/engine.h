@@ -150,6 +150,10 @@ typedef struct {
      * seconds the forward waited for a streamed unit */
     uint64_t trunk_read_bytes;
     double trunk_stall_s;
+    /* prefetch hints (shoal_model_set_prefetch), per MoE layer that got one:
+     * experts hinted, of those the ones its routing then used, and the
+     * distinct experts it used (accuracy = hinted_used / hinted) */
+    uint64_t prefetch_hinted, prefetch_hinted_used, prefetch_used;
 } shoal_model_stats;
 
 /* Open the model in dir (config.json, safetensors file(s) or index,
@@ -177,6 +181,15 @@ const shoal_st *shoal_model_store(const shoal_model *m);
  * with T <= max_batch and k = cfg->experts_per_token. Not while a forward
  * runs. Returns 0 or SHOAL_EINVAL. */
 int shoal_model_set_experts(shoal_model *m, shoal_experts *b, char *err, size_t errlen);
+
+/* Prefetch hints on (1) or off (0, the default at open): after submitting MoE
+ * layer L, the forward applies the next MoE layer's router (with its
+ * selection bias) to layer L's FFN input, takes each token's top-k, and hands
+ * the union to the backend's hint() (PROTOCOL.md PREFETCH), so workers that
+ * read experts from disk start early. Results are unchanged (the hint only
+ * moves reads); the cost is one router GEMV per token and MoE layer. A backend
+ * without hint() makes this a no-op. Not while a forward runs. */
+void shoal_model_set_prefetch(shoal_model *m, int on);
 
 void shoal_model_get_stats(const shoal_model *m, shoal_model_stats *out);
 void shoal_model_reset_stats(shoal_model *m);

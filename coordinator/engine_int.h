@@ -130,6 +130,15 @@ struct shoal_model {
     uint16_t *ex_y;    /* [max_batch, k, latent] bf16 bits */
     shoal_seq **seqv;  /* [max_batch] per-token sequence pointers for prefill */
 
+    /* prefetch hints (shoal_model_set_prefetch, forward.c hint_next) */
+    int pf_on;
+    int pf_layer;      /* the layer the last hint was for; -1: none pending */
+    uint32_t pf_tag;   /* pf_mark[e] == pf_tag: e was hinted for pf_layer */
+    uint32_t *pf_mark; /* [num_experts] */
+    int32_t *pf_list;  /* [num_experts] the hint, ascending */
+    int32_t *pf_topk;  /* [k] */
+    int pf_n;
+
     const atomic_int *cancel;
     shoal_model_stats stats;
     /* monitoring (shoal_model_set_monitor): borrowed; t_mark is the end of

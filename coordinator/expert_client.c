@@ -93,6 +93,14 @@ typedef struct {
     int last_t;
     uint64_t rid;
     int involved;
+    /* PREFETCH hints (forward thread): sent zero-copy like the requests, so a
+     * buffer is reused only once this worker has answered a request sent after
+     * it (the socket's pipe is FIFO: ZeroMQ has read the hint by then) */
+    int prefetch;          /* its HELLO (1.2+) said it acts on hints */
+    uint32_t *hint_ids;    /* [E] */
+    uint8_t *hint_ctl[2];  /* [32 + 5 * E] each */
+    uint64_t hint_req[2];  /* req_seq of the request the hint followed; 0: free */
+    uint32_t hint_n;
     /* reply */
     zmq_msg_t rmsg;
     int have_rmsg, answered;
@@ -131,6 +139,7 @@ struct shoal_expert_client {
     uint32_t tag;
     shoal_cmetrics *cm; /* optional, borrowed */
     int last_answer;    /* worker whose reply completed the request */
+    uint64_t req_seq;   /* requests submitted (never reset) */
 };
 
 static uint64_t now_ns(void)
@@ -227,6 +236,7 @@ static int take_hello(shoal_expert_client *c, worker *w, const shoal_frame *f, i
     snprintf(w->id, sizeof w->id, "%s", h->id);
     w->expert_bytes = h->expert_bytes;
     w->mem_total = h->mem_total;
+    w->prefetch = h->minor >= 2 && h->prefetch;
     w->owned = h->owned;
     w->nowned = h->nowned;
     m.hello.owned = NULL; /* taken */
@@ -914,6 +924,7 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
     c->rc = 0;
     c->err[0] = 0;
     c->deadline_us = now_us() + (uint64_t)c->o.timeout_ms * 1000u;
+    c->req_seq++;
     c->state = SENT;
     send_all(c); /* a failure is reported by gather() */
     return 0;    /* smu stays held until gather() */
@@ -943,6 +954,10 @@ static int gather(void *self, uint16_t *y, char *err, size_t errlen)
             for (uint32_t p = 0; p < w->npairs; p++)
                 memcpy(y + (size_t)w->dest[p] * c->d, src + (size_t)p * row, row);
         }
+        for (int i = 0; i < c->nw; i++) /* hints sent before this request have left */
+            for (int b = 0; b < 2; b++)
+                if (c->w[i].involved && c->w[i].hint_req[b] && c->w[i].hint_req[b] < c->req_seq)
+                    c->w[i].hint_req[b] = 0;
     }
     c->state = IDLE;
     c->st.wait_s += (double)(now_us() - t0) * 1e-6;
@@ -950,12 +965,55 @@ static int gather(void *self, uint16_t *y, char *err, size_t errlen)
     return rc;
 }
 
+/* Split the hinted experts of `layer` by owner and send one PREFETCH notice
+ * to each worker that acts on hints (PROTOCOL.md §3.6), right after this
+ * request's batches (forward thread, smu held, between submit and gather).
+ * A replicated expert is hinted to each of its owners (which one an exchange
+ * picks depends on routing not known yet). Fire and forget: nothing waits for
+ * it; a worker down, or both of its hint buffers still possibly in ZeroMQ's
+ * hands, just gets no hint (counted as dropped). Never allocates. */
+static void hint(void *self, int layer, const int32_t *experts, int n)
+{
+    shoal_expert_client *c = self;
+    if (c->state != SENT || layer < 0 || layer >= c->L || !c->cfg->is_moe[layer] || n < 1)
+        return;
+    for (int i = 0; i < c->nw; i++)
+        c->w[i].hint_n = 0;
+    for (int j = 0; j < n; j++) { /* ascending in, ascending out per worker */
+        const int32_t *who;
+        int no = experts[j] >= 0 && experts[j] < c->E ? shoal_owners_of(c->owners, layer, experts[j], &who) : 0;
+        for (int q = 0; q < no; q++) {
+            worker *w = &c->w[who[q]];
+            if (w->prefetch && w->hint_n < SHOAL_PROTO_MAX_PREFETCH &&
+                (!w->hint_n || (uint32_t)experts[j] > w->hint_ids[w->hint_n - 1]))
+                w->hint_ids[w->hint_n++] = (uint32_t)experts[j];
+        }
+    }
+    for (int i = 0; i < c->nw; i++) {
+        worker *w = &c->w[i];
+        if (!w->hint_n)
+            continue;
+        int b = !w->hint_req[0] ? 0 : !w->hint_req[1] ? 1 : -1;
+        size_t len;
+        if (b < 0 || atomic_load(&w->link) != W_UP ||
+            shoal_proto_enc_prefetch(w->hint_ctl[b], 32 + 5 * (size_t)c->E, &len, 0, (uint32_t)layer, w->hint_ids,
+                                     w->hint_n) ||
+            send_frame(w->sock, w->hint_ctl[b], len, 0)) {
+            c->st.hints_dropped++;
+            continue;
+        }
+        w->hint_req[b] = c->req_seq;
+        c->st.hints++;
+        c->st.bytes_out += len;
+    }
+}
+
 static void vt_close(void *self)
 {
     shoal_expert_client_close(self);
 }
 
-static const shoal_experts_vt client_vt = {.submit = submit, .gather = gather, .close = vt_close};
+static const shoal_experts_vt client_vt = {.submit = submit, .gather = gather, .close = vt_close, .hint = hint};
 
 shoal_experts shoal_expert_client_backend(shoal_expert_client *c)
 {
@@ -991,6 +1049,9 @@ void shoal_expert_client_close(shoal_expert_client *c)
         free(w->act);
         free(w->route);
         free(w->dest);
+        free(w->hint_ids);
+        free(w->hint_ctl[0]);
+        free(w->hint_ctl[1]);
     }
     pthread_mutex_destroy(&c->smu);
     pthread_mutex_destroy(&c->kmu);
@@ -1057,6 +1118,9 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
         w->act = shoal_xmalloc(SHOAL_PROTO_TENSOR_HDR + mt * (size_t)c->d * 4);
         w->route = shoal_xmalloc(SHOAL_PROTO_TENSOR_HDR + mt * (size_t)c->k * 8);
         w->dest = shoal_xmalloc(mt * (size_t)c->k * sizeof *w->dest);
+        w->hint_ids = shoal_xmalloc((size_t)c->E * sizeof *w->hint_ids);
+        for (int b = 0; b < 2; b++)
+            w->hint_ctl[b] = shoal_xmalloc(32 + 5 * (size_t)c->E);
         w->sock = zmq_socket(c->zctx, ZMQ_DEALER);
         int zero = 0, one = 1;
         zmq_setsockopt(w->sock, ZMQ_LINGER, &zero, sizeof zero);

@@ -91,6 +91,8 @@ typedef struct {
     double wait_s;          /* time gather() spent waiting */
     uint64_t downs;         /* times a worker was marked down */
     uint64_t recoveries;    /* times one came back (HELLO re-verified) */
+    uint64_t hints;         /* PREFETCH notices sent (bytes in bytes_out) */
+    uint64_t hints_dropped; /* hints not sent (worker down, its hint buffers still queued, or the send failed) */
 } shoal_expert_client_stats;
 
 /* Report every exchange, layer wait and failure to cm (coordinator/cmetrics.h,

@@ -314,6 +314,75 @@ static void route(shoal_model *m, const shoal__layer *ly, const float *logits, i
     }
 }
 
+/* Prefetch hint: the next MoE layer's router (with its selection bias)
+ * applied to this layer's FFN input xn -- a real, cheap guess of the next
+ * layer's routing, since the residual stream changes little from one layer to
+ * the next -- top-k per token, the union handed to the backend. lg is scratch
+ * that the routing of this layer no longer needs; the submitted z and ids are
+ * not touched. A next layer streamed under --trunk-gb gets no hint (its router
+ * is read only when the layer runs). */
+static void hint_next(shoal_model *m, int L, int T, float *lg)
+{
+    const shoal_k3cfg *c = &m->cfg;
+    int N = L + 1;
+    while (N < c->num_layers && !m->layers[N].moe)
+        N++;
+    if (N >= c->num_layers)
+        return;
+    if (m->tunits && m->tunits[N].stream >= 0)
+        return; /* under a trunk budget the next layer's router may not be in memory yet: no hint */
+    const shoal__layer *ny = &m->layers[N];
+    int E = c->num_experts, k = c->experts_per_token;
+    mm(lg, &ny->router, m->sc.xn, T);
+    float *choice = m->sc.rsig;
+    if (++m->pf_tag == 0) {
+        memset(m->pf_mark, 0, (size_t)E * sizeof *m->pf_mark);
+        m->pf_tag = 1;
+    }
+    int n = 0;
+    for (int t = 0; t < T; t++) {
+        const float *l = lg + (size_t)t * E;
+        for (int e = 0; e < E; e++)
+            choice[e] = shoal_sigmoid(l[e]) + ny->router_bias[e];
+        shoal_topk(m->pf_topk, choice, E, k);
+        for (int j = 0; j < k; j++) {
+            int32_t e = m->pf_topk[j];
+            if (m->pf_mark[e] != m->pf_tag) {
+                m->pf_mark[e] = m->pf_tag;
+                m->pf_list[n++] = e;
+            }
+        }
+    }
+    for (int i = 1; i < n; i++) { /* ascending (the wire wants it) */
+        int32_t v = m->pf_list[i];
+        int j = i;
+        for (; j > 0 && m->pf_list[j - 1] > v; j--)
+            m->pf_list[j] = m->pf_list[j - 1];
+        m->pf_list[j] = v;
+    }
+    m->pf_layer = N;
+    m->pf_n = n;
+    m->experts.vt->hint(m->experts.self, N, m->pf_list, n);
+}
+
+/* The hint made for layer L against its routing (route() stamped the experts
+ * it used in sc.seen). */
+static void score_hint(shoal_model *m, int L)
+{
+    if (m->pf_layer != L)
+        return;
+    uint64_t used = 0, hit = 0;
+    for (int e = 0; e < m->cfg.num_experts; e++)
+        if (m->sc.seen[e] == m->stamp) {
+            used++;
+            hit += m->pf_mark[e] == m->pf_tag;
+        }
+    m->stats.prefetch_hinted += (uint64_t)m->pf_n;
+    m->stats.prefetch_hinted_used += hit;
+    m->stats.prefetch_used += used;
+    m->pf_layer = -1;
+}
+
 static int moe_layer(shoal_model *m, const shoal__layer *ly, int L, int T, char *err, size_t errlen)
 {
     const shoal_k3cfg *c = &m->cfg;
@@ -326,6 +395,8 @@ static int moe_layer(shoal_model *m, const shoal__layer *ly, int L, int T, char 
     mm(lg, &ly->router, sc->xn, T);
     uint64_t distinct = 0;
     route(m, ly, lg, T, &distinct);
+    if (m->pf_on)
+        score_hint(m, L);
     mm(z, &ly->rdown, sc->xn, T);
     if (m->rtrace)
         shoal_trace_record(m->rtrace, L, T, k, m->topk_ids);
@@ -336,6 +407,10 @@ static int moe_layer(shoal_model *m, const shoal__layer *ly, int L, int T, char 
     mark(m, SHOAL_PHASE_EXPERTS);
     if (rc)
         return rc;
+    if (m->pf_on && m->experts.vt->hint) { /* while the workers compute */
+        hint_next(m, L, T, lg);
+        mark(m, SHOAL_PHASE_ROUTING);
+    }
     /* shared experts while the backend works */
     mm(sg, &ly->sh_gate, sc->xn, T);
     mm(su, &ly->sh_up, sc->xn, T);

@@ -608,6 +608,9 @@ void shoal_model_close(shoal_model *m)
     free(m->layers);
     free(m->scratch);
     free(m->topk_ids);
+    free(m->pf_mark);
+    free(m->pf_list);
+    free(m->pf_topk);
     free(m->topk_w);
     free(m->ex_y);
     free(m->seqv);
@@ -623,6 +626,20 @@ void shoal_model_get_info(const shoal_model *m, shoal_model_info *out)
 const shoal_st *shoal_model_store(const shoal_model *m)
 {
     return m->st;
+}
+
+void shoal_model_set_prefetch(shoal_model *m, int on)
+{
+    if (on && !m->pf_mark) {
+        int E = m->cfg.num_experts > 0 ? m->cfg.num_experts : 1, k = m->cfg.experts_per_token > 0
+                                                                        ? m->cfg.experts_per_token
+                                                                        : 1;
+        m->pf_mark = shoal_xcalloc((size_t)E, sizeof *m->pf_mark);
+        m->pf_list = shoal_xcalloc((size_t)E, sizeof *m->pf_list);
+        m->pf_topk = shoal_xcalloc((size_t)k, sizeof *m->pf_topk);
+    }
+    m->pf_on = on && m->cfg.num_moe > 0;
+    m->pf_layer = -1;
 }
 
 int shoal_model_set_experts(shoal_model *m, shoal_experts *b, char *err, size_t errlen)

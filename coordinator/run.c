@@ -590,6 +590,18 @@ done:;
             json_object_set_new(o, "threads", json_integer(omp_get_max_threads()));
             json_object_set_new(o, "isa", json_string(shoal_isa_name(shoal_kernels_isa())));
             shoal_dist_json(dist, o);
+            if (ps.prefetch_hinted || ds.prefetch_hinted) {
+                json_t *pf = json_object();
+                const shoal_model_stats *st[2] = {&ps, &ds};
+                for (int i = 0; i < 2; i++) {
+                    json_t *x = json_object();
+                    json_object_set_new(x, "hinted", json_integer((json_int_t)st[i]->prefetch_hinted));
+                    json_object_set_new(x, "hinted_used", json_integer((json_int_t)st[i]->prefetch_hinted_used));
+                    json_object_set_new(x, "used", json_integer((json_int_t)st[i]->prefetch_used));
+                    json_object_set_new(pf, i ? "decode" : "prefill", x);
+                }
+                json_object_set_new(o, "prefetch_hints", pf);
+            }
             if (cm) {
                 /* decode only: totals since the end of the prefill */
                 shoal_cmetrics_totals ct;
@@ -635,6 +647,20 @@ done:;
                        n_steps ? (double)ds.trunk_read_bytes / n_steps : 0.0, ds.trunk_stall_s);
             printf("kernels: %s, %d threads\n", shoal_isa_name(shoal_kernels_isa()), omp_get_max_threads());
             shoal_dist_print(dist, stdout);
+            if (ps.prefetch_hinted || ds.prefetch_hinted) {
+                const shoal_model_stats *st[2] = {&ps, &ds};
+                for (int i = 0; i < 2; i++)
+                    if (st[i]->prefetch_hinted)
+                        printf("%s prefetch hints: %llu experts hinted, %llu of them used (%.1f%%), covering %.1f%% "
+                               "of the %llu experts the hinted layers used\n",
+                               i ? "decode" : "prefill", (unsigned long long)st[i]->prefetch_hinted,
+                               (unsigned long long)st[i]->prefetch_hinted_used,
+                               100.0 * (double)st[i]->prefetch_hinted_used / (double)st[i]->prefetch_hinted,
+                               st[i]->prefetch_used
+                                   ? 100.0 * (double)st[i]->prefetch_hinted_used / (double)st[i]->prefetch_used
+                                   : 0.0,
+                               (unsigned long long)st[i]->prefetch_used);
+            }
             if (cm) {
                 printf("decode ");
                 shoal_cmetrics_report(cm, stdout, &cm_prefill);

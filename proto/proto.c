@@ -184,7 +184,7 @@ int shoal_proto_enc_hello(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, c
         return SHOAL_ERANGE;
     enc e;
     enc_init(&e, buf, cap);
-    enc_head(&e, SHOAL_MSG_HELLO, rid, reply ? 11 : 3);
+    enc_head(&e, SHOAL_MSG_HELLO, rid, reply ? 11 + (h->prefetch != 0) : 3);
     enc_key(&e, "proto");
     msgpack_pack_array(&e.pk, 2);
     msgpack_pack_uint32(&e.pk, h->major);
@@ -220,6 +220,10 @@ int shoal_proto_enc_hello(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, c
     enc_ku64(&e, "threads", h->threads);
     enc_ku64(&e, "expert_bytes", h->expert_bytes);
     enc_ku64(&e, "mem_total", h->mem_total);
+    if (h->prefetch) {
+        enc_key(&e, "prefetch");
+        msgpack_pack_true(&e.pk);
+    }
     return enc_done(&e, len);
 }
 
@@ -597,8 +601,9 @@ static int dec_hello(dctx *c, const msgpack_object *body, int reply, shoal_proto
                  {"isa", reply, NULL},
                  {"threads", reply, NULL},
                  {"expert_bytes", reply, NULL},
-                 {"mem_total", reply, NULL}};
-    int nf = reply ? 11 : 3;
+                 {"mem_total", reply, NULL},
+                 {"prefetch", 0, NULL}};
+    int nf = reply ? 12 : 3;
     int rc = get_fields(c, body, "HELLO", f, nf);
     if (rc)
         return rc;
@@ -658,6 +663,11 @@ static int dec_hello(dctx *c, const msgpack_object *body, int reply, shoal_proto
         (rc = get_u64(c, "HELLO", &f[9], UINT64_MAX, &h->expert_bytes)) ||
         (rc = get_u64(c, "HELLO", &f[10], UINT64_MAX, &h->mem_total)))
         return rc;
+    if (f[11].val) {
+        if (f[11].val->type != MSGPACK_OBJECT_BOOLEAN)
+            return fail(c, SHOAL_PERR_MALFORMED, "HELLO: 'prefetch' is not a boolean");
+        h->prefetch = f[11].val->via.boolean;
+    }
     return 0;
 }
 

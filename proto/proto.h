@@ -108,6 +108,7 @@ typedef struct {
     char isa[17];
     uint32_t threads;
     uint64_t expert_bytes, mem_total;
+    int prefetch; /* 1.2, optional: the worker acts on PREFETCH hints (encoded only when 1) */
 } shoal_proto_hello;
 
 typedef struct {

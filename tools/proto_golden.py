@@ -73,6 +73,9 @@ def messages():
     m["expert_batch_bf16"] = [control(BATCH, 8, {"layer": 1, "out": "f32"}), tensor(BF16, act16),
                               tensor(I32, np.array([[0, 0]], dtype="<i4"))]
     # 1.2: PREFETCH, a notice (rid 0, never answered); ids ascending, one past 255 and one past 65535
+    hr = msgpack.unpackb(m["hello_reply"][0])
+    hr[2]["prefetch"] = True  # 1.2: the optional key, a worker that acts on hints
+    m["hello_reply_prefetch"] = [control(HELLO, 1, hr[2])]
     m["prefetch"] = [control(PREFETCH, 0, {"layer": 5, "experts": [0, 7, 127, 128, 300, 70000]})]
     m["prefetch_empty"] = [control(PREFETCH, 0, {"layer": 1, "experts": []})]
     return m

@@ -201,7 +201,8 @@ static void do_hello(shoal_serve *s, const shoal_proto_msg *m, const uint8_t *pe
                            .owned = (shoal_proto_range *)s->o.owned, .nowned = s->o.nowned,
                            .act_mask = s->lim.act_mask, .out_mask = s->lim.out_mask,
                            .max_tokens = (uint32_t)s->o.max_tokens, .threads = (uint32_t)s->o.threads,
-                           .expert_bytes = s->o.store ? shoal_store_bytes(s->o.store) : shoal_bank_bytes(s->bank), .mem_total = s->o.mem_total};
+                           .expert_bytes = s->o.store ? shoal_store_bytes(s->o.store) : shoal_bank_bytes(s->bank), .mem_total = s->o.mem_total,
+                           .prefetch = s->o.store && s->o.prefetch};
     memcpy(r.fingerprint, s->fingerprint, SHOAL_PROTO_FP_BYTES);
     snprintf(r.id, sizeof r.id, "%s", s->id);
     snprintf(r.isa, sizeof r.isa, "%s", s->o.isa ? s->o.isa : "?");

@@ -6,7 +6,10 @@ run at every budget from the minimum (one token's experts) to fully resident,
 with both policies, O_DIRECT and buffered reads, one or two workers; a budget
 below the minimum is refused at start naming the minimum; the worker's
 closing counters are consistent (fully resident: each expert read at most
-once; the minimum: misses on every layer).
+once; the minimum: misses on every layer). Prefetch hints (PROTOCOL.md
+PREFETCH): at every budget the ids are the same with `--prefetch on` and
+`--prefetch off`, hinted reads happen and are used below full residency, and
+a worker started with --no-prefetch is sent no hint.
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS."""
 import json
 import os
@@ -106,6 +109,13 @@ def counters(log):
     return (int(m.group(1)), int(m.group(2)), float(m.group(3))) if m else None
 
 
+def pf_counters(log):
+    """(hints, experts read ahead, prefetch hits, wasted) from the closing summary."""
+    m = re.search(r"expert cache prefetch.*?: (\d+) hints \(\d+ dropped\); (\d+) experts read ahead .*?, (\d+) "
+                  r"prefetch hits, (\d+) wasted", log)
+    return tuple(int(m.group(i)) for i in range(1, 5)) if m else None
+
+
 def main():
     if not os.path.exists(os.path.join(TINY, "config.json")) or not os.access(BIN, os.X_OK):
         record("SKIP", "all", "tiny model or shoal binary missing")
@@ -160,8 +170,10 @@ def main():
                 continue
             ok = True
             for pr in PROMPTS:
-                ids, err = run("--ids", pr, "--worker", w.ep)
-                ok &= check(f"ids_{name}_{pr.split(',')[0]}", ids == ref[pr], f"{ids} != {ref[pr]}: {err[-300:]}")
+                for pf in ("on", "off"):
+                    ids, err = run("--ids", pr, "--worker", w.ep, "--prefetch", pf)
+                    ok &= check(f"ids_{name}_{pr.split(',')[0]}_prefetch_{pf}", ids == ref[pr],
+                                f"{ids} != {ref[pr]}: {err[-300:]}")
             prom = None
             if port:
                 try:
@@ -174,19 +186,32 @@ def main():
                 def metric(nm):
                     m = re.search(r"^%s\{[^}]*\} (\S+)$" % nm, prom, re.M)
                     return float(m.group(1)) if m else None
+                pc = pf_counters(log)
                 check(f"metrics_{name}", metric("shoal_expert_server_cache_hits_total") == cn[0] and
                       metric("shoal_expert_server_cache_misses_total") == cn[1] and
                       metric("shoal_expert_server_cache_slots") == n and
-                      (metric("shoal_expert_server_disk_read_bytes_total") or 0) > 0, f"{cn} vs {prom[-1500:]}")
+                      (metric("shoal_expert_server_disk_read_bytes_total") or 0) > 0 and pc is not None and
+                      metric("shoal_expert_server_prefetch_reads_total") == pc[1] and
+                      metric("shoal_expert_server_prefetch_hits_total") == pc[2] and
+                      metric("shoal_expert_server_prefetch_wasted_total") == pc[3] and
+                      (metric("shoal_expert_server_prefetch_read_bytes_total") or 0) > 0, f"{cn} {pc} vs {prom[-2500:]}")
             if kind == "bank":
                 continue
             if not check(f"counters_{name}", cn is not None, log[-400:]):
                 continue
             hits, misses, mib = cn
-            if kind == "gb":  # fully resident: nothing read twice
-                check(f"counters_{name}_each_once", misses <= owned and hits > 0, f"{hits} hits {misses} misses")
-            if n == k:
-                check(f"counters_{name}_misses", misses >= len(moe_layers) * k and mib > 0, f"{cn}")
+            pc = pf_counters(log)
+            if not check(f"prefetch_counters_{name}", pc is not None and pc[0] > 0, log[-400:]):
+                continue
+            hints, pf_reads, pf_hits, wasted = pc
+            if kind == "gb":  # fully resident: nothing read twice, on demand or ahead
+                check(f"counters_{name}_each_once", misses + pf_reads <= owned and hits > 0 and wasted == 0,
+                      f"{hits} hits {misses} misses {pc}")
+            else:  # hints were acted on, and some of them were used before eviction
+                check(f"prefetch_used_{name}", pf_reads > 0 and 0 < pf_hits <= pf_reads and
+                      pf_hits + wasted <= pf_reads, f"{pc}")
+            if n == k:  # every layer's experts came from disk, on demand or ahead
+                check(f"counters_{name}_misses", misses + pf_reads >= len(moe_layers) * k and mib > 0, f"{cn} {pc}")
 
     # presets: small and medium serve the same ids; the plan is printed first
     for pr in ("small", "medium"):
@@ -237,6 +262,17 @@ def main():
                     break
                 except OSError:
                     time.sleep(0.1)
+
+    # a worker that ignores hints says so in its HELLO: the coordinator sends none
+    w = start(allr, "--cache-slots", str(k + 2), "--no-prefetch")
+    if wait_listening(w):
+        ids, err = run("--ids", PROMPTS[0], "--worker", w.ep, "--prefetch", "on")
+        log = stop(w)
+        pc = pf_counters(log)
+        check("no_prefetch_worker_gets_no_hints", ids == ref[PROMPTS[0]] and pc is not None and pc[0] == 0 and
+              pc[1] == 0, f"{ids} {pc}: {log[-400:]}")
+    else:
+        check("no_prefetch_worker_gets_no_hints", False, stop(w)[-400:])
 
     # two workers, each with its minimum, and buffered reads on one
     half = E // 2

@@ -173,6 +173,12 @@ static void t_golden_encode(void)
     CHECK(shoal_proto_enc_hello(buf, sizeof buf, &len, 1, &h, 1) == 0);
     CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
     gfree(&g);
+    h.prefetch = 1; /* 1.2: the optional key, last */
+    CHECK(golden("hello_reply_prefetch", &g) == 0);
+    CHECK(shoal_proto_enc_hello(buf, sizeof buf, &len, 1, &h, 1) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    gfree(&g);
+    h.prefetch = 0;
 
     CHECK(golden("error", &g) == 0);
     CHECK(shoal_proto_enc_error(buf, sizeof buf, &len, 9, SHOAL_PERR_NOT_OWNED,
@@ -275,6 +281,12 @@ static void t_golden_decode(void)
     CHECK(m.hello.act_mask == (SHOAL_WIRE_MASK(SHOAL_WIRE_F32) | SHOAL_WIRE_MASK(SHOAL_WIRE_BF16)));
     CHECK(m.hello.max_tokens == 8192 && m.hello.threads == 2 && !strcmp(m.hello.isa, "avx2"));
     CHECK(m.hello.expert_bytes == 17547264ull * 448 && m.hello.mem_total == 25769803776ull);
+    CHECK(m.hello.prefetch == 0); /* absent: no hints */
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+    CHECK(golden("hello_reply_prefetch", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0);
+    CHECK(m.hello.prefetch == 1 && m.hello.max_tokens == 8192 && m.hello.nowned == 2);
     shoal_proto_msg_clear(&m);
     gfree(&g);
 
