@@ -691,7 +691,7 @@ static int read_uint_array(jscan *j, uint64_t *v, int max, int *n, const char *f
             return jinvalid(j, msg);
         }
         v[(*n)++] = u;
-        int more;
+        int more = 0;
         if (jnext(j, ']', &more))
             return j->rc;
         if (!more)
@@ -782,7 +782,7 @@ static int parse_entry(jscan *j, shoal_tensor *t, uint64_t *begin, uint64_t *end
             snprintf(msg, sizeof msg, "unknown key '%.*s' in tensor entry", (int)(len < 64 ? len : 64), k);
             return jinvalid(j, msg);
         }
-        int more;
+        int more = 0;
         if (jnext(j, '}', &more))
             return j->rc;
         if (!more)
@@ -964,7 +964,7 @@ static int load_file(st_file *f, int fi, int map, tlist *out, jscan *j)
                 sp[nsp++] = (span){b, e, (uint32_t)(out->n - 1)};
                 j->tensor = NULL;
             }
-            int more;
+            int more = 0;
             if (jnext(j, '}', &more)) {
                 rc = j->rc;
                 goto out;
@@ -1287,7 +1287,7 @@ static int parse_index(jscan *j, shard_list *sl, index_entry **out, size_t *nout
                         e[n++] = (index_entry){name, nlen, (int)si};
                         last = si;
                         j->tensor = NULL;
-                        int more;
+                        int more = 0;
                         if (jnext(j, '}', &more))
                             goto fail;
                         if (!more)
@@ -1295,7 +1295,7 @@ static int parse_index(jscan *j, shard_list *sl, index_entry **out, size_t *nout
                     }
                 }
             }
-            int more;
+            int more = 0;
             if (jnext(j, '}', &more))
                 goto fail;
             if (!more)

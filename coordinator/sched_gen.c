@@ -147,7 +147,11 @@ static void emit_error(shoal_sched *s, shoal_slot *sl, int status, const char *c
     e->status = status;
     snprintf(e->code, sizeof e->code, "%s", code);
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    snprintf(e->message, sizeof e->message, "%s", msg);
+    size_t n = strlen(msg); /* longer messages are cut, deliberately */
+    if (n >= sizeof e->message)
+        n = sizeof e->message - 1;
+    memcpy(e->message, msg, n);
+    e->message[n] = 0;
     sl->recording = 0;
     emit(s, sl, e);
 }
