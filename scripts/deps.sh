@@ -16,6 +16,8 @@ PKGS=(build-essential cmake pkg-config git python3 python3-venv
 PKGS+=(iproute2 tmux)
 # deployment and the multi-host test (docs/DEPLOY.md): Ansible, sshd per namespace, rsync
 PKGS+=(ansible-core openssh-server openssh-client rsync)
+# systemd-analyze verify on the rendered units (works without systemd as PID 1)
+PKGS+=(systemd)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -7,6 +7,16 @@ the ids equal the single-process run's; the coordinator reaches the workers
 through delay-injecting relays (0.25 ms each way; what they add is measured
 and recorded); a coordinator key the workers do not list is refused; a second
 site.yml run changes nothing; rolling-restart.yml, status.yml and stop.yml work.
+Then the systemd units: site.yml --tags units in systemd mode renders each host's
+unit (into a directory of the test, not /etc/systemd/system); `systemd-analyze
+verify` (systemd's own unit parser; it runs without systemd as PID 1) must accept
+each without an error or a warning; each unit's ExecStart, as rendered, is run in
+its host's namespace as its User with its LimitNOFILE (workers, then the
+coordinator, as start.yml orders them) and the coordinator service it starts must
+generate the single-process ids; each is then stopped with the unit's KillSignal
+and must exit 0 within its TimeoutStopSec. Not exercised: systemd itself
+(systemctl start/stop/is-active, daemon-reload, Restart=, ordering, journald):
+there is no systemd as PID 1 here.
 Needs root, iproute2, sshd, ansible-playbook, rsync (scripts/deps.sh): SKIPs
 otherwise, counted as skipped. Each case appends PASS/FAIL/SKIP lines to
 $SHOAL_TEST_RESULTS.
@@ -14,6 +24,8 @@ $SHOAL_TEST_RESULTS.
 import json
 import os
 import re
+import resource
+import shlex
 import shutil
 import signal
 import subprocess
@@ -115,6 +127,54 @@ def start_sshd(tmp, host, pubkey):
 def recap(out):
     """{host: changed} from an ansible-playbook PLAY RECAP"""
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", out, re.M)}
+
+
+def serve_ids(nsc, tries=50):
+    """token ids from the coordinator service on 127.0.0.1:8000 in namespace nsc"""
+    q = ("import json,urllib.request as u;"
+         "r=u.urlopen(u.Request('http://127.0.0.1:8000/v1/completions',data=json.dumps({'prompt':[" + PROMPT +
+         "],'model':'model','max_tokens':6,'temperature':0,'return_token_ids':True}).encode(),"
+         "headers={'Content-Type':'application/json'}),timeout=60);print(json.dumps(json.load(r)))")
+    rr = None
+    for _ in range(tries):
+        rr = sh([*nsc, PY, "-c", q], check_rc=False, timeout=90)
+        if rr.returncode == 0:
+            return json.loads(rr.stdout)["choices"][0].get("token_ids"), rr
+        time.sleep(0.3)
+    return None, rr
+
+
+def parse_unit(path):
+    """{(section, key): [values]} of a systemd unit file. Only the syntax the
+    shoal template uses: a continuation line is refused rather than misread."""
+    sec, out = None, {}
+    for n, line in enumerate(open(path), 1):
+        s = line.strip()
+        if not s or s[0] in "#;":
+            continue
+        if s.endswith("\\"):
+            raise ValueError(f"{path}:{n}: continuation lines are not emulated by this test")
+        if s.startswith("[") and s.endswith("]"):
+            sec = s[1:-1]
+            continue
+        k, v = s.split("=", 1)
+        out.setdefault((sec, k.strip()), []).append(v.strip())
+    return out
+
+
+def unit_exec(u, path):
+    """argv of the unit's one ExecStart, or ValueError for syntax this test does
+    not emulate (prefixes, specifiers, variables, several commands)"""
+    ex = u.get(("Service", "ExecStart"), [])
+    if len(ex) != 1:
+        raise ValueError(f"{path}: {len(ex)} ExecStart lines")
+    cmd = ex[0]
+    if cmd[:1] in "-@+!:|" or any(c in cmd for c in "%$;"):
+        raise ValueError(f"{path}: ExecStart '{cmd}' uses syntax this test does not emulate")
+    argv = shlex.split(cmd)
+    if not os.path.isabs(argv[0]):
+        raise ValueError(f"{path}: ExecStart '{argv[0]}' is not an absolute path")
+    return argv
 
 
 def run_ids(prefix, *args):
@@ -228,18 +288,7 @@ def main():
         check("generate on the deployed cluster (3 worker hosts, CURVE, relayed 0.5 ms RTT): ids identical",
               got == ref, f"got {got} want {ref}: {r.stderr[-600:]}")
         # the deployed coordinator service answers too
-        q = ("import json,urllib.request as u;"
-             "r=u.urlopen(u.Request('http://127.0.0.1:8000/v1/completions',data=json.dumps({'prompt':[" + PROMPT +
-             "],'model':'model','max_tokens':6,'temperature':0,'return_token_ids':True}).encode(),"
-             "headers={'Content-Type':'application/json'}),timeout=60);print(json.dumps(json.load(r)))")
-        doc = None
-        for _ in range(50):
-            rr = sh([*nsc, PY, "-c", q], check_rc=False, timeout=90)
-            if rr.returncode == 0:
-                doc = json.loads(rr.stdout)
-                break
-            time.sleep(0.3)
-        ids = doc["choices"][0].get("token_ids") if doc else None
+        ids, rr = serve_ids(nsc)
         check("the deployed coordinator service (shoal serve) generates the same ids",
               ids is not None and ids[:len(ref)] == ref, f"{ids} vs {ref}: {rr.stderr[-300:]}")
         evil = os.path.join(tmp, "evil")
@@ -260,6 +309,72 @@ def main():
         check("stop.yml stops everything", r.returncode == 0 and "running" not in play("status.yml").stdout
               .replace("not running", ""), r.stdout[-800:])
         print(f"# site.yml first run {t1 - t0:.1f} s, second {time.monotonic() - t1:.1f} s", flush=True)
+
+        # systemd mode: the units as site.yml renders them for each host (into the test's
+        # directories; every "host" shares this file system, so the rendering runs over a
+        # local connection -- SSH was exercised above -- and become goes through su: there
+        # is no sudo here, and the login is root already)
+        t2 = time.monotonic()
+        ev2 = dict(ev, shoal_service_manager="systemd", ansible_become_method="su", ansible_connection="local",
+                   shoal_systemd_dir=os.path.join(tmp, "hosts", "{{ inventory_hostname }}", "systemd"))
+        json.dump(ev2, open(evf, "w"))
+        r = sh(["ansible-playbook", "-i", inv, os.path.join(SRC, "deploy", "site.yml"), "-e", "@" + evf, "--tags",
+                "units"], check_rc=False, env=env, cwd=tmp, timeout=300)
+        units = {h: os.path.join(tmp, "hosts", h, "systemd",
+                                 "shoal-coordinator.service" if h == "c" else "shoal-expert.service") for h in NS}
+        if not check("site.yml --tags units (systemd mode) renders every host's unit",
+                     r.returncode == 0 and all(os.path.exists(u) for u in units.values()),
+                     (r.stdout + r.stderr)[-1500:]):
+            return 1
+        print(f"# site.yml --tags units {time.monotonic() - t2:.1f} s", flush=True)
+        if shutil.which("systemd-analyze"):
+            for h, u in units.items():
+                v = sh(["systemd-analyze", "verify", u], check_rc=False, timeout=60)
+                out = (v.stdout + v.stderr).strip()
+                check(f"systemd-analyze verify {os.path.basename(u)} of {h}: accepted, no warning",
+                      v.returncode == 0 and not out, f"rc {v.returncode}: {out[-800:]}")
+        else:
+            record("SKIP", "systemd-analyze verify of the rendered units", "no systemd-analyze (scripts/deps.sh)")
+        # each unit's ExecStart, as rendered, in its host's namespace
+        svc = {}
+        try:
+            for h in ("w0", "w1", "w2", "c"):
+                u = parse_unit(units[h])
+                argv = unit_exec(u, units[h])
+                user = u.get(("Service", "User"), ["root"])[-1]
+                nofile = int(u.get(("Service", "LimitNOFILE"), ["0"])[-1])
+                pre = [] if user == "root" else ["runuser", "-u", user, "--"]
+                hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+                if nofile > hard and h == "w0":  # systemd raises the hard limit; this container cannot
+                    print(f"# LimitNOFILE={nofile} is above this container's hard limit {hard}: applied {hard}",
+                          flush=True)
+                n = min(nofile, hard) if hard != resource.RLIM_INFINITY else nofile
+                lim = (lambda n: (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard))) if n else None)(n)
+                log = open(os.path.join(tmp, f"unit-{h}.log"), "w")
+                p = subprocess.Popen(["ip", "netns", "exec", NS[h], *pre, *argv], stdout=log, stderr=subprocess.STDOUT,
+                                     preexec_fn=lim, start_new_session=True)
+                procs.append(p)
+                svc[h] = (p, u)
+        except ValueError as e:
+            check("the rendered units' ExecStart can be run as written", False, str(e))
+            return 1
+        ids, rr = serve_ids(nsc, tries=100)
+        logs = "".join(open(os.path.join(tmp, f"unit-{h}.log")).read()[-300:] for h in svc)
+        check("the units' ExecStart, run as rendered (3 workers, then the coordinator): the service generates "
+              "the same ids", ids is not None and ids[:len(ref)] == ref, f"{ids} vs {ref}: {logs}")
+        for h in ("c", "w0", "w1", "w2"):  # as stop.yml: the coordinator first
+            p, u = svc[h]
+            sig = signal.Signals[u.get(("Service", "KillSignal"), ["SIGTERM"])[-1]]
+            tmo = int(u.get(("Service", "TimeoutStopSec"), ["90"])[-1])
+            t3 = time.monotonic()
+            p.send_signal(sig)
+            try:
+                rc = p.wait(tmo)
+            except subprocess.TimeoutExpired:
+                rc = None
+            check(f"{h}: the unit's KillSignal ({sig.name}) stops it cleanly within TimeoutStopSec={tmo}: exit 0",
+                  rc == 0, f"exit {rc} after {time.monotonic() - t3:.1f} s: "
+                  f"{open(os.path.join(tmp, f'unit-{h}.log')).read()[-400:]}")
     finally:
         for p in procs:
             if p.poll() is None:
