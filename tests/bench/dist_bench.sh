@@ -2,6 +2,9 @@
 # Distributed-experts benchmarks (docs/PERFORMANCE.md, "Distributed experts").
 #   tests/bench/dist_bench.sh exchange [OUT]   per-layer exchange vs raw ZeroMQ round trip
 #   tests/bench/dist_bench.sh decode MODEL [OUT]  decode s/token in-process vs 1, 2, 4 local workers
+#   tests/bench/dist_bench.sh ab BASE [OUT] [ROUNDS]  the exchange configurations, each run with the
+#       build of another commit (BASE/bin/shoal, BASE/tests/bench_dist, BASE/commit) and with this
+#       build back to back (order alternating by round), so that before/after share the conditions
 # Writes the raw output with a header (commit, command, machine, load) to OUT
 # (default docs/data/dist_<kind>_<date>.txt). Run without nice; other work on
 # the machine is recorded as the load average before and after.
@@ -60,5 +63,30 @@ decode)
         echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
     } | tee "$out"
     ;;
-*) echo "usage: dist_bench.sh exchange|decode ..." >&2; exit 2 ;;
+ab)
+    base="${2:?usage: dist_bench.sh ab BASE [OUT] [ROUNDS]}"
+    out="${3:-docs/data/dist_exchange_ab_$stamp.txt}"
+    rounds="${4:-5}"
+    work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
+    {
+        header "$@"
+        echo "# base: $(cat "$base/commit" 2>/dev/null || echo "$base") (bench_dist and shoal built from it)"
+        for round in $(seq "$rounds"); do
+            for cfg in "ipc 1 1 500" "ipc 2 1 500" "ipc 4 1 500" "tcp 1 1 500" "tcp 2 1 500" "tcp 4 1 500" \
+                       "ipc 1 16 200" "tcp 1 16 200"; do
+                read -r tr w t reps <<<"$cfg"
+                order="base new"; [ $((round % 2)) -eq 0 ] && order="new base"
+                for v in $order; do
+                    if [ "$v" = base ]; then b="$base/bin/shoal"; bd="$base/tests/bench_dist"
+                    else b="$bin"; bd="$here/build/tests/bench_dist"; fi
+                    echo "## round $round version $v transport $tr workers $w tokens $t, compute skipped"
+                    SHOAL_SRC="$here" "$bd" "$b" "$work/m" --transport "$tr" --workers "$w" --reps "$reps" \
+                        --tokens "$t" --skip-compute 2>/dev/null | grep '^#'
+                done
+            done
+            echo "# load after round $round: $(cut -d' ' -f1-3 /proc/loadavg)"
+        done
+    } | tee "$out"
+    ;;
+*) echo "usage: dist_bench.sh exchange|decode|ab ..." >&2; exit 2 ;;
 esac
