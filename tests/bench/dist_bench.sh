@@ -3,8 +3,9 @@
 #   tests/bench/dist_bench.sh exchange [OUT]   per-layer exchange vs raw ZeroMQ round trip
 #   tests/bench/dist_bench.sh decode MODEL [OUT]  decode s/token in-process vs 1, 2, 4 local workers
 #   tests/bench/dist_bench.sh ab BASE [OUT] [ROUNDS]  the exchange configurations, each run with the
-#       build of another commit (BASE/bin/shoal, BASE/tests/bench_dist, BASE/commit) and with this
-#       build back to back (order alternating by round), so that before/after share the conditions
+#       client of another commit (BASE/tests/bench_dist, BASE/commit) and with this build's back to
+#       back (order alternating by round), so that before/after share the conditions; the expert
+#       servers are this build's in both
 # Writes the raw output with a header (commit, command, machine, load) to OUT
 # (default docs/data/dist_<kind>_<date>.txt). Run without nice; other work on
 # the machine is recorded as the load average before and after.
@@ -70,17 +71,16 @@ ab)
     work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
     {
         header "$@"
-        echo "# base: $(cat "$base/commit" 2>/dev/null || echo "$base") (bench_dist and shoal built from it)"
+        echo "# base: $(cat "$base/commit" 2>/dev/null || echo "$base") (its bench_dist, i.e. its expert client; the workers are this build's)"
         for round in $(seq "$rounds"); do
             for cfg in "ipc 1 1 500" "ipc 2 1 500" "ipc 4 1 500" "tcp 1 1 500" "tcp 2 1 500" "tcp 4 1 500" \
                        "ipc 1 16 200" "tcp 1 16 200"; do
                 read -r tr w t reps <<<"$cfg"
                 order="base new"; [ $((round % 2)) -eq 0 ] && order="new base"
                 for v in $order; do
-                    if [ "$v" = base ]; then b="$base/bin/shoal"; bd="$base/tests/bench_dist"
-                    else b="$bin"; bd="$here/build/tests/bench_dist"; fi
+                    bd="$here/build/tests/bench_dist"; [ "$v" = base ] && bd="$base/tests/bench_dist"
                     echo "## round $round version $v transport $tr workers $w tokens $t, compute skipped"
-                    SHOAL_SRC="$here" "$bd" "$b" "$work/m" --transport "$tr" --workers "$w" --reps "$reps" \
+                    SHOAL_SRC="$here" "$bd" "$bin" "$work/m" --transport "$tr" --workers "$w" --reps "$reps" \
                         --tokens "$t" --skip-compute 2>/dev/null | grep '^#'
                 done
             done
