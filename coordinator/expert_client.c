@@ -48,7 +48,6 @@
 enum { IDLE, SENT, FAILED };         /* the forward thread's request */
 enum { W_UP, W_DOWN, W_WARM };       /* a worker's link */
 
-#define PROBE_BIT (1ull << 62)       /* rids of the keeper's HELLO / PING probes */
 #define BACKOFF_MIN_MS 100u          /* first re-HELLO after a failure ... */
 #define BACKOFF_MAX_MS 5000u         /* ... doubling up to this */
 #define KEEPER_TICK_MS 100u          /* disconnects and stale replies noticed within this */
@@ -82,6 +81,7 @@ typedef struct {
     uint64_t down_us, next_probe_us;
     unsigned backoff_ms;
     int warm_left;            /* PONGs still to come in W_WARM */
+    uint64_t probe_rid;       /* rid of the first HELLO sent since it went down (0: none yet) */
     uint64_t downs, recoveries;
     /* request (forward thread) */
     uint8_t ctl[64];
@@ -126,7 +126,6 @@ struct shoal_expert_client {
     pthread_mutex_t kmu;
     pthread_cond_t kcv;
     int quit;
-    uint64_t probe_seq;
     /* the request (forward thread; read by others under smu between requests) */
     int state;
     int layer;
@@ -393,6 +392,7 @@ static void mark_down(shoal_expert_client *c, int i, const char *fmt, ...)
     w->backoff_ms = BACKOFF_MIN_MS;
     w->next_probe_us = w->down_us + BACKOFF_MIN_MS * 1000u;
     w->warm_left = 0;
+    w->probe_rid = 0;
     w->downs++;
     if (c->cm)
         shoal_cmetrics_worker_up(c->cm, i, 0);
@@ -428,10 +428,14 @@ static void close_parts(zmq_msg_t *parts, int np)
         zmq_msg_close(&parts[j]);
 }
 
-/* One PING or HELLO of the keeper's (rid with PROBE_BIT). 0 or -errno. */
+/* One PING or HELLO outside a request (open, keeper; smu held or no keeper
+ * yet): the rid continues the client's one increasing sequence (PROTOCOL.md
+ * section 2). 0 or -errno. */
 static int send_probe(shoal_expert_client *c, worker *w, int type)
 {
-    uint64_t rid = PROBE_BIT | ++c->probe_seq;
+    uint64_t rid = ++c->next_rid;
+    if (type == SHOAL_MSG_HELLO && !w->probe_rid)
+        w->probe_rid = rid;
     if (type == SHOAL_MSG_HELLO) {
         char err[256];
         int rc = send_hello(c, w, rid, err, sizeof err);
@@ -495,7 +499,7 @@ static int ping_all(shoal_expert_client *c, int n, uint64_t deadline, int hello_
                 int perr;
                 char why[256];
                 if (!truncated && !shoal_proto_decode(f, np, SHOAL_SIDE_COORDINATOR, &m, &perr, why, sizeof why) &&
-                    m.type == SHOAL_MSG_PONG && (m.rid & PROBE_BIT))
+                    m.type == SHOAL_MSG_PONG)
                     c->w[i].warm_left--;
                 shoal_proto_msg_clear(&m);
                 close_parts(parts, np);
@@ -535,7 +539,9 @@ static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np,
     int perr, link = atomic_load(&w->link);
     char why[512];
     int drc = truncated ? SHOAL_EPROTO : shoal_proto_decode(f, np, SHOAL_SIDE_COORDINATOR, &m, &perr, why, sizeof why);
-    if (drc || !(m.rid & PROBE_BIT)) { /* a reply to a request that already failed (or junk) */
+    int probe_err = m.type == SHOAL_MSG_ERROR && w->probe_rid && m.rid >= w->probe_rid;
+    if (drc || m.type == SHOAL_MSG_EXPERT_RESULT || (m.type == SHOAL_MSG_ERROR && !probe_err)) {
+        /* a reply to a request that already failed (or junk) */
         c->st.late_replies++;
         if (c->cm)
             shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_STALE);
@@ -559,7 +565,7 @@ static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np,
         } else if (warm_send(c, w, WARM_PINGS) == 0) {
             atomic_store(&w->link, W_WARM);
         }
-    } else if (link == W_DOWN && m.type == SHOAL_MSG_ERROR) {
+    } else if (link == W_DOWN && probe_err) {
         pthread_mutex_lock(&c->wmu);
         snprintf(w->why, sizeof w->why, "refused HELLO on reconnection: %s: %.400s", shoal_perr_name((int)m.error.code),
                  m.error.message);
@@ -744,7 +750,8 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
                         : shoal_proto_decode_with(c->dec, f, np, SHOAL_SIDE_COORDINATOR, &m, &perr, why, sizeof why);
     if (truncated)
         snprintf(why, sizeof why, "more frames than the protocol allows");
-    if (!drc && (m.rid & PROBE_BIT)) { /* an answer to an old probe of the keeper's */
+    if (!drc && (m.type == SHOAL_MSG_HELLO || m.type == SHOAL_MSG_PONG)) { /* an answer to an old probe */
+        shoal_proto_msg_clear(&m);
         close_parts(parts, np);
         return;
     }
@@ -1154,7 +1161,7 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
     }
     if ((rc = hello_all(c, err, errlen)))
         goto fail;
-    c->next_rid = 1; /* HELLO used 1; batches start at 2 */
+    c->next_rid = 1; /* HELLO used 1; the warm-up PINGs, batches and probes follow */
     /* ownership: every expert of every MoE layer at least once (overlaps are
      * replicas: each exchange picks one owner, coordinator/owners.h) */
     c->pick = shoal_xcalloc((size_t)c->E, sizeof *c->pick);
