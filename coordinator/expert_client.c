@@ -5,9 +5,11 @@
  * and returns holding smu; gather() waits on the involved sockets (its own
  * poll over their ZMQ_FD, with the deadline), checks and scatters the replies
  * and releases smu. No hand-off to another thread is on the path of a layer.
- * The keeper thread takes smu only between requests (it blocks until gather()
- * released it): it drains stale replies and disconnect events, and brings
- * down workers back (probe HELLO with backoff, re-verification, warm-up PINGs).
+ * The keeper thread takes smu only between requests (trylock, never waiting
+ * on a request): it drains stale replies and disconnect events, and brings
+ * down workers back (probe HELLO with backoff, re-verification, warm-up
+ * PINGs). During a request it only watches the involved sockets' ZMQ_FDs to
+ * time the replies' arrival (keeper_main), touching no socket.
  * ZeroMQ sockets may move between threads across a full memory barrier; smu
  * is that barrier. `state` is only touched by the forward thread.
  *
@@ -33,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -81,6 +84,10 @@ typedef struct {
     uint64_t down_us, next_probe_us;
     unsigned backoff_ms;
     int warm_left;            /* PONGs still to come in W_WARM */
+    /* arrival of the reply (see observe in keeper_main): obs set by submit(),
+     * cleared by whoever sees the reply first; arr_ns written by the keeper */
+    atomic_int obs;
+    atomic_ullong arr_ns;
     uint64_t probe_rid;       /* rid of the first HELLO sent since it went down (0: none yet) */
     uint64_t downs, recoveries;
     /* request (forward thread) */
@@ -123,9 +130,10 @@ struct shoal_expert_client {
     /* keeper thread */
     pthread_t keeper;
     int keeper_started;
-    pthread_mutex_t kmu;
-    pthread_cond_t kcv;
-    int quit;
+    int kfd;             /* eventfd: a request went out, or quit */
+    atomic_int quit;
+    struct pollfd *kpfd; /* [1 + nw]: the keeper's poll set */
+    int *kidx;           /* [1 + nw]: worker of each kpfd entry */
     /* the request (forward thread; read by others under smu between requests) */
     int state;
     int layer;
@@ -621,27 +629,56 @@ static unsigned keeper_pass(shoal_expert_client *c)
     return tick;
 }
 
+/* The keeper: between requests, a pass over the workers about every tick
+ * (keeper_pass, under smu: taken with trylock, so it never waits on a
+ * request); during a request, it also notes when each involved worker's reply
+ * arrives, so that the round trip excludes the time the reply waited while
+ * the forward still computed the shared experts. It does so by polling the
+ * socket's ZMQ_FD -- an OS-level wait on an fd that zmq signals when commands
+ * (here: "a message arrived") reach the socket; the socket itself stays the
+ * forward's. gather() ends every exchange with a receive that finds nothing,
+ * which leaves the socket in the state where the next arrival signals. */
 static void *keeper_main(void *arg)
 {
     shoal_expert_client *c = arg;
     unsigned tick = KEEPER_TICK_MS;
+    uint64_t next_pass = now_us() + (uint64_t)tick * 1000u;
     for (;;) {
-        pthread_mutex_lock(&c->kmu);
-        if (!c->quit) {
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            ts.tv_nsec += (long)tick * 1000000L;
-            ts.tv_sec += ts.tv_nsec / 1000000000L;
-            ts.tv_nsec %= 1000000000L;
-            pthread_cond_timedwait(&c->kcv, &c->kmu, &ts);
+        int n = 0;
+        c->kpfd[n++] = (struct pollfd){.fd = c->kfd, .events = POLLIN};
+        for (int i = 0; i < c->nw; i++)
+            if (atomic_load(&c->w[i].obs)) {
+                c->kidx[n] = i;
+                c->kpfd[n++] = (struct pollfd){.fd = c->w[i].fd, .events = POLLIN};
+            }
+        uint64_t now = now_us();
+        int ms = next_pass > now ? (int)((next_pass - now + 999) / 1000) : 0;
+        if (poll(c->kpfd, (nfds_t)n, ms) < 0 && errno != EINTR)
+            usleep(1000);
+        uint64_t t = now_ns();
+        for (int j = 1; j < n; j++)
+            if (c->kpfd[j].revents) {
+                worker *w = &c->w[c->kidx[j]];
+                int one = 1;
+                if (atomic_compare_exchange_strong(&w->obs, &one, 0))
+                    atomic_store(&w->arr_ns, t);
+            }
+        if (c->kpfd[0].revents & POLLIN) {
+            uint64_t v;
+            if (read(c->kfd, &v, sizeof v) < 0 && errno != EAGAIN)
+                usleep(1000);
         }
-        int quit = c->quit;
-        pthread_mutex_unlock(&c->kmu);
-        if (quit)
+        if (atomic_load(&c->quit))
             break;
-        pthread_mutex_lock(&c->smu);
-        tick = keeper_pass(c);
-        pthread_mutex_unlock(&c->smu);
+        if (now_us() >= next_pass) {
+            if (pthread_mutex_trylock(&c->smu) == 0) {
+                tick = keeper_pass(c);
+                pthread_mutex_unlock(&c->smu);
+            } else {
+                tick = 10; /* a request is out: try again soon */
+            }
+            next_pass = now_us() + (uint64_t)tick * 1000u;
+        }
     }
     return NULL;
 }
@@ -712,6 +749,8 @@ static void send_all(shoal_expert_client *c)
         size_t alen, rlen;
         shoal_proto_tensor_len(c->o.act_bf16 ? SHOAL_WIRE_BF16 : SHOAL_WIRE_F32, w->ntok, (uint32_t)c->d, &alen);
         shoal_proto_tensor_len(SHOAL_WIRE_I32, w->npairs, 2, &rlen);
+        atomic_store(&w->arr_ns, 0);
+        atomic_store(&w->obs, 1);
         w->sent_ns = now_ns();
         if (send_frame(w->sock, w->ctl, w->ctl_len, 1) || send_frame(w->sock, w->act, alen, 1) ||
             send_frame(w->sock, w->route, rlen, 0)) {
@@ -728,6 +767,9 @@ static void send_all(shoal_expert_client *c)
         c->st.bytes_out += w->ctl_len + alen + rlen;
         w->bytes_out = w->ctl_len + alen + rlen;
     }
+    uint64_t one = 1; /* the keeper: watch for the replies (if this fails, round trips count to gather()) */
+    ssize_t wr = write(c->kfd, &one, sizeof one);
+    (void)wr;
 }
 
 /* One message from involved worker i during gather() (smu held). Takes
@@ -783,7 +825,11 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
     } else {
         w->queue_us = m.result.queue_us;
         w->compute_us = m.result.compute_us;
-        w->rtt_ns = t_recv - w->sent_ns;
+        /* the reply may have waited for the shared experts: count the round
+         * trip to its arrival when the keeper saw it */
+        atomic_store(&w->obs, 0);
+        uint64_t arr = atomic_load(&w->arr_ns);
+        w->rtt_ns = (arr >= w->sent_ns && arr <= t_recv ? arr : t_recv) - w->sent_ns;
         c->st.worker_queue_us += m.result.queue_us;
         c->st.worker_compute_us += m.result.compute_us;
         if (c->cm) {
@@ -816,7 +862,8 @@ static void wait_replies(shoal_expert_client *c)
                 continue;
             zmq_msg_t parts[SHOAL_PROTO_MAX_FRAMES];
             int np, truncated;
-            while (c->state == SENT && !w->answered && (np = recv_parts(w->sock, parts, &truncated)) > 0)
+            /* until a receive finds nothing, also after the answer (see keeper_main) */
+            while (c->state == SENT && (np = recv_parts(w->sock, parts, &truncated)) > 0)
                 on_reply(c, i, parts, np, truncated);
             if (c->state != SENT || w->answered)
                 continue;
@@ -1032,12 +1079,16 @@ void shoal_expert_client_close(shoal_expert_client *c)
     if (!c)
         return;
     if (c->keeper_started) {
-        pthread_mutex_lock(&c->kmu);
-        c->quit = 1;
-        pthread_cond_signal(&c->kcv);
-        pthread_mutex_unlock(&c->kmu);
+        atomic_store(&c->quit, 1);
+        uint64_t one = 1;
+        if (write(c->kfd, &one, sizeof one) < 0)
+            SHOAL_WARN("expert client: eventfd write: %s", strerror(errno));
         pthread_join(c->keeper, NULL);
     }
+    if (c->kfd >= 0)
+        close(c->kfd);
+    free(c->kpfd);
+    free(c->kidx);
     release_replies(c);
     for (int i = 0; i < c->nw; i++) {
         worker *w = &c->w[i];
@@ -1061,9 +1112,7 @@ void shoal_expert_client_close(shoal_expert_client *c)
         free(w->hint_ctl[1]);
     }
     pthread_mutex_destroy(&c->smu);
-    pthread_mutex_destroy(&c->kmu);
     pthread_mutex_destroy(&c->wmu);
-    pthread_cond_destroy(&c->kcv);
     free(c->pfd);
     shoal_proto_scratch_free(c->dec);
     shoal_owners_close(c->owners);
@@ -1093,13 +1142,10 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
     c->E = o->cfg->num_experts;
     c->L = o->cfg->num_layers;
     pthread_mutex_init(&c->smu, NULL);
-    pthread_mutex_init(&c->kmu, NULL);
     pthread_mutex_init(&c->wmu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->kcv, &ca);
-    pthread_condattr_destroy(&ca);
+    c->kfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    c->kpfd = shoal_xcalloc(1 + (size_t)o->nworkers, sizeof *c->kpfd);
+    c->kidx = shoal_xcalloc(1 + (size_t)o->nworkers, sizeof *c->kidx);
     c->pfd = shoal_xcalloc(2 * (size_t)o->nworkers, sizeof *c->pfd);
     c->dec = shoal_proto_scratch_new();
     c->w = shoal_xcalloc((size_t)c->nw, sizeof *c->w);
@@ -1194,6 +1240,10 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
     }
     if ((rc = warm_all(c, err, errlen)))
         goto fail;
+    if (c->kfd < 0) {
+        rc = shoal_err_set(err, errlen, -errno, "eventfd: %s", strerror(errno));
+        goto fail;
+    }
     if (pthread_create(&c->keeper, NULL, keeper_main, c)) {
         rc = shoal_err_set(err, errlen, SHOAL_EINTERNAL, "cannot start the expert client's keeper thread");
         goto fail;
