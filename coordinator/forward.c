@@ -527,18 +527,23 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
     size_t bstride = (size_t)T * dd; /* blocks[b][t] at blocks + b*bstride + t*d */
     for (int L = 0; L < c->num_layers; L++) {
         const shoal__layer *ly = &m->layers[L];
-        /* a streamed layer: its matrices are in the reader's buffer (waited
-         * for here, with a deadline) until the release below */
+        /* under a budget, a streamed part of the layer (attention, FFN) is
+         * in the reader's buffer, waited for (with a deadline) right before
+         * it is needed and released right after; ly then points at a copy
+         * aimed at the buffer */
         shoal__layer lyc;
-        if (m->tunits && m->tunits[L].stream >= 0) {
+        const shoal__tunit *ua = m->tunits ? &m->tunits[2 * L] : NULL, *uf = ua ? ua + 1 : NULL;
+        if (ua && (ua->stream >= 0 || uf->stream >= 0)) {
+            lyc = *ly;
+            ly = &lyc;
+        }
+        if (ua && ua->stream >= 0) {
             const void *buf;
-            rc = shoal_tstream_acquire(m->ts, m->tunits[L].stream, &buf, err, errlen);
+            rc = shoal_tstream_acquire(m->ts, ua->stream, &buf, err, errlen);
             if (rc)
                 goto fail;
             held = 1;
-            lyc = *ly;
-            shoal__engine_trunk_point(&lyc, &m->tunits[L], buf);
-            ly = &lyc;
+            shoal__engine_trunk_point(&lyc, ua, buf);
         }
         /* 1. x = AttnRes(B, h) (h itself while B is empty) */
         for (int t = 0; t < T; t++) {
@@ -561,6 +566,10 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
             kda_layer(m, ly, seqs, T);
         else
             mla_layer(m, ly, seqs, T);
+        if (held) { /* the attention matrices are done with */
+            shoal_tstream_release(m->ts);
+            held = 0;
+        }
         /* 4. prefix */
         if (restart)
             memcpy(sc->P, sc->a, sizeof(float) * bstride);
@@ -575,6 +584,14 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
             shoal_rmsnorm(sc->xn + (size_t)t * dd, x, ly->post_norm, d, eps);
         }
         mark(m, SHOAL_PHASE_ATTENTION);
+        if (uf && uf->stream >= 0) {
+            const void *buf;
+            rc = shoal_tstream_acquire(m->ts, uf->stream, &buf, err, errlen);
+            if (rc)
+                goto fail;
+            held = 1;
+            shoal__engine_trunk_point(&lyc, uf, buf);
+        }
         if (ly->moe) {
             rc = moe_layer(m, ly, L, T, err, errlen);
             if (rc)
@@ -610,7 +627,7 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
         for (int i = 0; i < m->n_head; i++) {
             const shoal__wmat *w = &m->head[i];
             shoal__wmat wc;
-            const shoal__tunit *tu = m->tunits ? &m->tunits[c->num_layers + i] : NULL;
+            const shoal__tunit *tu = m->tunits ? &m->tunits[2 * c->num_layers + i] : NULL;
             if (tu && tu->stream >= 0) {
                 const void *buf;
                 rc = shoal_tstream_acquire(m->ts, tu->stream, &buf, err, errlen);

@@ -1,12 +1,14 @@
 /* Trunk budget (engine.h shoal_trunk_mode): the memory plan, the resident
  * load and the streaming set-up, for a model opened with a budget. The units
- * are the layers (each layer's matrices; its small vectors are fp32 copies
- * made at bind time and always resident) and lm_head, cut into row slices no
- * larger than the largest layer so that the streaming buffers are sized by a
- * layer. The embedding table is never held: each token's row is read with
- * pread by the forward. Which units stay resident: first fit in forward order
- * (layers from 0, then the lm_head slices), with the two buffers sized by the
- * largest unit left to stream; that order lets the reader fetch the first
+ * are each layer's attention matrices and its FFN's matrices (two per layer:
+ * the forward finishes with one before it needs the other, so the streaming
+ * buffers are sized by half a layer, not a whole one; the small vectors are
+ * fp32 copies made at bind time and always resident), and lm_head cut into
+ * equal row slices no larger than the largest layer part. The embedding table
+ * is never held: each token's row is read with pread by the forward. Which
+ * units stay resident: first fit in forward order (layer 0's attention, its
+ * FFN, layer 1's ..., then the lm_head slices), with the two buffers sized by
+ * the largest unit left to stream; that order lets the reader fetch the first
  * streamed unit while the resident layers compute. */
 #include <errno.h>
 #include <stddef.h>
@@ -19,16 +21,21 @@
 #include "common/memplan.h"
 #include "coordinator/engine_int.h"
 
-static const size_t layer_fields[] = {
-    offsetof(shoal__layer, g_proj),   offsetof(shoal__layer, o_proj),   offsetof(shoal__layer, q_proj),
-    offsetof(shoal__layer, k_proj),   offsetof(shoal__layer, v_proj),   offsetof(shoal__layer, f_a),
-    offsetof(shoal__layer, f_b),      offsetof(shoal__layer, b_proj),   offsetof(shoal__layer, q_a),
-    offsetof(shoal__layer, q_b),      offsetof(shoal__layer, kv_a),     offsetof(shoal__layer, kv_b),
-    offsetof(shoal__layer, mlp_gate), offsetof(shoal__layer, mlp_up),   offsetof(shoal__layer, mlp_down),
-    offsetof(shoal__layer, router),   offsetof(shoal__layer, rdown),    offsetof(shoal__layer, rup),
-    offsetof(shoal__layer, sh_gate),  offsetof(shoal__layer, sh_up),    offsetof(shoal__layer, sh_down),
+/* a layer's two units: its attention matrices, then its FFN's (dense MLP, or
+ * the MoE's router, latent projections and shared experts) */
+static const size_t attn_fields[] = {
+    offsetof(shoal__layer, g_proj), offsetof(shoal__layer, o_proj), offsetof(shoal__layer, q_proj),
+    offsetof(shoal__layer, k_proj), offsetof(shoal__layer, v_proj), offsetof(shoal__layer, f_a),
+    offsetof(shoal__layer, f_b),    offsetof(shoal__layer, b_proj), offsetof(shoal__layer, q_a),
+    offsetof(shoal__layer, q_b),    offsetof(shoal__layer, kv_a),   offsetof(shoal__layer, kv_b),
 };
-#define NFIELDS (sizeof layer_fields / sizeof layer_fields[0])
+static const size_t ffn_fields[] = {
+    offsetof(shoal__layer, mlp_gate), offsetof(shoal__layer, mlp_up), offsetof(shoal__layer, mlp_down),
+    offsetof(shoal__layer, router),   offsetof(shoal__layer, rdown),  offsetof(shoal__layer, rup),
+    offsetof(shoal__layer, sh_gate),  offsetof(shoal__layer, sh_up),  offsetof(shoal__layer, sh_down),
+};
+#define NATTN (sizeof attn_fields / sizeof attn_fields[0])
+#define NFFN (sizeof ffn_fields / sizeof ffn_fields[0])
 
 int shoal_model_parse_trunk(const char *s, shoal_trunk_mode *mode, uint64_t *bytes)
 {
@@ -75,7 +82,7 @@ static void point(void *owner, const shoal__tunit *tu, const void *base)
 
 void *shoal__engine_trunk_owner(shoal_model *m, const shoal__tunit *tu)
 {
-    return tu->layer >= 0 ? (void *)&m->layers[tu->layer] : (void *)&m->head[tu - m->tunits - m->cfg.num_layers];
+    return tu->layer >= 0 ? (void *)&m->layers[tu->layer] : (void *)&m->head[tu - m->tunits - 2 * m->cfg.num_layers];
 }
 
 void shoal__engine_trunk_point(void *owner, const shoal__tunit *tu, const void *buf)
@@ -101,32 +108,35 @@ int shoal__engine_trunk_open(shoal_model *m, size_t scratch_bytes, char *err, si
     int L = c->num_layers, d = c->hidden_size, V = c->vocab_size;
     char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32];
 
-    /* units: one per layer */
-    m->n_tunits = L;
-    m->tunits = shoal_xcalloc((size_t)L + 1, sizeof *m->tunits);
-    size_t max_layer = 0;
-    for (int l = 0; l < L; l++) {
-        shoal__tunit *tu = &m->tunits[l];
-        tu->layer = l;
-        tu->ext = shoal_xcalloc(NFIELDS, sizeof *tu->ext);
-        tu->field = shoal_xcalloc(NFIELDS, sizeof *tu->field);
+    /* units: two per layer (attention, FFN) */
+    m->tunits = shoal_xcalloc((size_t)2 * L + 1, sizeof *m->tunits);
+    size_t max_part = 0;
+    for (int i = 0; i < 2 * L; i++) {
+        shoal__tunit *tu = &m->tunits[i];
+        int part = i & 1;
+        const size_t *fields = part ? ffn_fields : attn_fields;
+        size_t nf = part ? NFFN : NATTN;
+        tu->layer = i / 2;
+        tu->ext = shoal_xcalloc(nf, sizeof *tu->ext);
+        tu->field = shoal_xcalloc(nf, sizeof *tu->field);
         tu->u.ext = tu->ext;
-        for (size_t f = 0; f < NFIELDS; f++) {
-            const shoal__wmat *w = (const shoal__wmat *)((const char *)&m->layers[l] + layer_fields[f]);
+        for (size_t f = 0; f < nf; f++) {
+            const shoal__wmat *w = (const shoal__wmat *)((const char *)&m->layers[tu->layer] + fields[f]);
             if (w->t)
-                add_ext(tu, w, layer_fields[f]);
+                add_ext(tu, w, fields[f]);
         }
-        if (shoal_tstream_layout(&tu->u) > max_layer)
-            max_layer = tu->u.bytes;
+        if (shoal_tstream_layout(&tu->u) > max_part)
+            max_part = tu->u.bytes;
     }
-    /* lm_head row slices no larger than the largest layer */
+    /* lm_head in equal row slices, none larger than the largest layer part */
     size_t hesz = shoal_dtype_size(m->lm_head.dt), row_bytes = (size_t)d * hesz;
-    int rows_per = max_layer > row_bytes ? (int)(max_layer / row_bytes) : 1;
-    if (rows_per > V)
-        rows_per = V;
-    m->n_head = (V + rows_per - 1) / rows_per;
+    int rows_cap = max_part > row_bytes ? (int)(max_part / row_bytes) : 1;
+    if (rows_cap > V)
+        rows_cap = V;
+    m->n_head = (V + rows_cap - 1) / rows_cap;
+    int rows_per = (V + m->n_head - 1) / m->n_head;
     m->head = shoal_xcalloc((size_t)m->n_head, sizeof *m->head);
-    m->tunits = shoal_xrealloc(m->tunits, sizeof *m->tunits * (size_t)(L + m->n_head));
+    m->tunits = shoal_xrealloc(m->tunits, sizeof *m->tunits * (size_t)(2 * L + m->n_head));
     for (int i = 0; i < m->n_head; i++) {
         int r0 = i * rows_per, nr = V - r0 < rows_per ? V - r0 : rows_per;
         shoal__wmat *w = &m->head[i];
@@ -134,7 +144,7 @@ int shoal__engine_trunk_open(shoal_model *m, size_t scratch_bytes, char *err, si
         w->p = NULL;
         w->rows = nr;
         w->t_off = (uint64_t)r0 * row_bytes;
-        shoal__tunit *tu = &m->tunits[L + i];
+        shoal__tunit *tu = &m->tunits[2 * L + i];
         memset(tu, 0, sizeof *tu);
         tu->layer = -1;
         tu->ext = shoal_xcalloc(1, sizeof *tu->ext);
@@ -144,7 +154,7 @@ int shoal__engine_trunk_open(shoal_model *m, size_t scratch_bytes, char *err, si
         add_ext(tu, w, 0);
         shoal_tstream_layout(&tu->u);
     }
-    m->n_tunits = L + m->n_head;
+    m->n_tunits = 2 * L + m->n_head;
 
     /* the plan */
     size_t eesz = shoal_dtype_size(m->embed.dt);
@@ -192,7 +202,7 @@ int shoal__engine_trunk_open(shoal_model *m, size_t scratch_bytes, char *err, si
         return shoal_err_set(err, errlen, SHOAL_ECONFIG,
                              "--trunk-gb: a budget of %llu bytes (%s) cannot work: the trunk needs at least %llu "
                              "bytes (%s) = %s fp32 vectors + %s embedding row buffer + 2 x %llu bytes streaming "
-                             "buffers (the largest layer); fully resident needs %llu bytes (%s)",
+                             "buffers (the largest layer part); fully resident needs %llu bytes (%s)",
                              (unsigned long long)B, shoal_memplan_fmt(B, b1, sizeof b1), (unsigned long long)min,
                              shoal_memplan_fmt(min, b2, sizeof b2), shoal_memplan_fmt(m->owned_bytes, b3, sizeof b3),
                              shoal_memplan_fmt(emb_bytes, b4, sizeof b4), (unsigned long long)max_all,
@@ -247,7 +257,7 @@ int shoal__engine_trunk_open(shoal_model *m, size_t scratch_bytes, char *err, si
     {
         int first = -1, last = -1, contiguous = 1;
         for (int l = 0; l < L; l++)
-            if (m->tunits[l].stream < 0) {
+            if (m->tunits[2 * l].stream < 0 && m->tunits[2 * l + 1].stream < 0) {
                 if (first < 0)
                     first = l;
                 else if (last != l - 1)
@@ -259,8 +269,8 @@ int shoal__engine_trunk_open(shoal_model *m, size_t scratch_bytes, char *err, si
     }
     int head_res = 0;
     for (int i = 0; i < m->n_head; i++)
-        head_res += m->tunits[L + i].stream < 0;
-    SHOAL_INFO("trunk plan: budget %llu bytes (%s, preset %s): resident %d of %d units = %llu bytes (%s; layers %s, "
+        head_res += m->tunits[2 * L + i].stream < 0;
+    SHOAL_INFO("trunk plan: budget %llu bytes (%s, preset %s): resident %d of %d units = %llu bytes (%s; whole layers %s, "
                "lm_head slices %d of %d), streamed %llu bytes (%s) per forward through 2 buffers of %llu bytes; fp32 "
                "vectors %llu bytes, embedding row buffer %llu bytes; minimum %llu bytes (%s), fully resident %llu "
                "bytes (%s); forward scratch %zu bytes, sequence state %zu bytes + %zu per token (%s for one at max "
