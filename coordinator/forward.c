@@ -329,8 +329,8 @@ static void hint_next(shoal_model *m, int L, int T, float *lg)
         N++;
     if (N >= c->num_layers)
         return;
-    if (m->tunits && m->tunits[N].stream >= 0)
-        return; /* under a trunk budget the next layer's router may not be in memory yet: no hint */
+    if (m->tunits && m->tunits[2 * N + 1].stream >= 0)
+        return; /* under a trunk budget the next layer's FFN unit (its router) is streamed: not in memory yet */
     const shoal__layer *ny = &m->layers[N];
     int E = c->num_experts, k = c->experts_per_token;
     mm(lg, &ny->router, m->sc.xn, T);
