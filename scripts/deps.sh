@@ -16,8 +16,9 @@ PKGS=(build-essential cmake pkg-config git python3 python3-venv
 PKGS+=(iproute2 tmux)
 # deployment and the multi-host test (docs/DEPLOY.md): Ansible, sshd per namespace, rsync
 PKGS+=(ansible-core openssh-server openssh-client rsync)
-# systemd-analyze verify on the rendered units (works without systemd as PID 1)
-PKGS+=(systemd)
+# systemd-analyze verify on the rendered units (works without systemd as PID 1); python3-apt
+# for the playbook's apt task on the namespace hosts (without it Ansible would download it)
+PKGS+=(systemd python3-apt)
 
 missing=()
 for p in "${PKGS[@]}"; do
