@@ -8,15 +8,16 @@ through delay-injecting relays (0.25 ms each way; what they add is measured
 and recorded); a coordinator key the workers do not list is refused; a second
 site.yml run changes nothing; rolling-restart.yml, status.yml and stop.yml work.
 Then the systemd units: site.yml --tags units in systemd mode renders each host's
-unit (into a directory of the test, not /etc/systemd/system); `systemd-analyze
-verify` (systemd's own unit parser; it runs without systemd as PID 1) must accept
-each without an error or a warning; each unit's ExecStart, as rendered, is run in
-its host's namespace as its User with its LimitNOFILE (workers, then the
-coordinator, as start.yml orders them) and the coordinator service it starts must
-generate the single-process ids; each is then stopped with the unit's KillSignal
-and must exit 0 within its TimeoutStopSec. Not exercised: systemd itself
-(systemctl start/stop/is-active, daemon-reload, Restart=, ordering, journald):
-there is no systemd as PID 1 here.
+unit and shoalctl (into the test's directories, not /etc/systemd/system);
+`systemd-analyze verify` (systemd's own unit parser; it runs without systemd as
+PID 1) must accept each without an error or a warning; then each host's
+shoalctl, in systemd mode, starts, reports and stops its unit through a
+stand-in systemctl (tests/e2e/fake_systemctl.py) that runs the unit's ExecStart
+as written, as its User, and stops it with its KillSignal within its
+TimeoutStopSec: the coordinator service must generate the single-process ids,
+status must name the service's PID, and every service must end with exit 0.
+Not exercised: systemd itself (its systemctl, daemon-reload, Restart=,
+ordering, the journal): there is no systemd as PID 1 here.
 site.yml's apt task runs for real on every host: the runtime packages being
 installed (scripts/deps.sh), it must report ok without downloading anything.
 Needs root, iproute2, sshd, ansible-playbook, rsync (scripts/deps.sh): SKIPs
@@ -27,7 +28,6 @@ import json
 import os
 import re
 import resource
-import shlex
 import shutil
 import signal
 import subprocess
@@ -144,39 +144,6 @@ def serve_ids(nsc, tries=50):
             return json.loads(rr.stdout)["choices"][0].get("token_ids"), rr
         time.sleep(0.3)
     return None, rr
-
-
-def parse_unit(path):
-    """{(section, key): [values]} of a systemd unit file. Only the syntax the
-    shoal template uses: a continuation line is refused rather than misread."""
-    sec, out = None, {}
-    for n, line in enumerate(open(path), 1):
-        s = line.strip()
-        if not s or s[0] in "#;":
-            continue
-        if s.endswith("\\"):
-            raise ValueError(f"{path}:{n}: continuation lines are not emulated by this test")
-        if s.startswith("[") and s.endswith("]"):
-            sec = s[1:-1]
-            continue
-        k, v = s.split("=", 1)
-        out.setdefault((sec, k.strip()), []).append(v.strip())
-    return out
-
-
-def unit_exec(u, path):
-    """argv of the unit's one ExecStart, or ValueError for syntax this test does
-    not emulate (prefixes, specifiers, variables, several commands)"""
-    ex = u.get(("Service", "ExecStart"), [])
-    if len(ex) != 1:
-        raise ValueError(f"{path}: {len(ex)} ExecStart lines")
-    cmd = ex[0]
-    if cmd[:1] in "-@+!:|" or any(c in cmd for c in "%$;"):
-        raise ValueError(f"{path}: ExecStart '{cmd}' uses syntax this test does not emulate")
-    argv = shlex.split(cmd)
-    if not os.path.isabs(argv[0]):
-        raise ValueError(f"{path}: ExecStart '{argv[0]}' is not an absolute path")
-    return argv
 
 
 def run_ids(prefix, *args):
@@ -350,46 +317,57 @@ def main():
                       v.returncode == 0 and not out, f"rc {v.returncode}: {out[-800:]}")
         else:
             record("SKIP", "systemd-analyze verify of the rendered units", "no systemd-analyze (scripts/deps.sh)")
-        # each unit's ExecStart, as rendered, in its host's namespace
-        svc = {}
-        try:
-            for h in ("w0", "w1", "w2", "c"):
-                u = parse_unit(units[h])
-                argv = unit_exec(u, units[h])
-                user = u.get(("Service", "User"), ["root"])[-1]
-                nofile = int(u.get(("Service", "LimitNOFILE"), ["0"])[-1])
-                pre = [] if user == "root" else ["runuser", "-u", user, "--"]
-                hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-                if nofile > hard and h == "w0":  # systemd raises the hard limit; this container cannot
-                    print(f"# LimitNOFILE={nofile} is above this container's hard limit {hard}: applied {hard}",
-                          flush=True)
-                n = min(nofile, hard) if hard != resource.RLIM_INFINITY else nofile
-                lim = (lambda n: (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard))) if n else None)(n)
-                log = open(os.path.join(tmp, f"unit-{h}.log"), "w")
-                p = subprocess.Popen(["ip", "netns", "exec", NS[h], *pre, *argv], stdout=log, stderr=subprocess.STDOUT,
-                                     preexec_fn=lim, start_new_session=True)
-                procs.append(p)
-                svc[h] = (p, u)
-        except ValueError as e:
-            check("the rendered units' ExecStart can be run as written", False, str(e))
-            return 1
+        # each host's shoalctl, in systemd mode, drives its unit through a stand-in
+        # systemctl (tests/e2e/fake_systemctl.py: runs the unit's ExecStart as written, as
+        # its User, stops with its KillSignal within TimeoutStopSec; it is not systemd)
+        fake = os.path.join(tmp, "fakebin")
+        os.makedirs(fake)
+        with open(os.path.join(fake, "systemctl"), "w") as f:
+            f.write(f"#!/bin/sh\nexec {PY} {os.path.join(SRC, 'tests', 'e2e', 'fake_systemctl.py')} \"$@\"\n")
+        os.chmod(os.path.join(fake, "systemctl"), 0o755)
+
+        def ctl(h, cmd):
+            st = os.path.join(tmp, "hosts", h, "systemd-state")
+            os.makedirs(st, exist_ok=True)
+            e = dict(os.environ, PATH=fake + ":" + os.environ.get("PATH", "/usr/bin:/bin"),
+                     FAKE_SYSTEMD_UNITS=os.path.dirname(units[h]), FAKE_SYSTEMD_STATE=st)
+            r = sh(["ip", "netns", "exec", NS[h], os.path.join(tmp, "hosts", h, "bin", "shoalctl"), cmd],
+                   check_rc=False, env=e, timeout=120)
+            return r.returncode, r.stdout.strip(), r.stderr.strip()
+
+        def unit_log(h):
+            lf = os.path.join(tmp, "hosts", h, "systemd-state", os.path.basename(units[h])[:-8] + ".log")
+            return open(lf).read()[-400:] if os.path.exists(lf) else "(no log)"
+
+        hosts = ("w0", "w1", "w2", "c")  # start.yml's order: the workers, then the coordinator
+        got = {h: ctl(h, "start") for h in hosts}
+        check("shoalctl start (systemd mode) on every host starts its unit: 'started'",
+              all(v[0] == 0 and v[1] == "started" for v in got.values()), str(got))
         ids, rr = serve_ids(nsc, tries=100)
-        logs = "".join(open(os.path.join(tmp, f"unit-{h}.log")).read()[-300:] for h in svc)
-        check("the units' ExecStart, run as rendered (3 workers, then the coordinator): the service generates "
-              "the same ids", ids is not None and ids[:len(ref)] == ref, f"{ids} vs {ref}: {logs}")
-        for h in ("c", "w0", "w1", "w2"):  # as stop.yml: the coordinator first
-            p, u = svc[h]
-            sig = signal.Signals[u.get(("Service", "KillSignal"), ["SIGTERM"])[-1]]
-            tmo = int(u.get(("Service", "TimeoutStopSec"), ["90"])[-1])
+        check("the units' ExecStart as rendered (3 workers, then the coordinator): the service generates the same ids",
+              ids is not None and ids[:len(ref)] == ref, f"{ids} vs {ref}: {''.join(unit_log(h) for h in hosts)}")
+        st = {h: ctl(h, "status") for h in hosts}
+        ok = True
+        for h, (rc, o, _) in st.items():
+            m = re.fullmatch(r"running (\d+)", o)
+            cmdline = open(f"/proc/{m.group(1)}/cmdline").read().split("\0") if m and os.path.exists(
+                f"/proc/{m.group(1)}") else []
+            ok &= rc == 0 and bool(cmdline) and cmdline[1:2] == ["serve" if h == "c" else "expert"]
+        check("shoalctl status: 'running PID', PID being the shoal serve/expert process the unit started", ok, str(st))
+        print("# LimitNOFILE=65536 applied as min(65536, hard limit "
+              f"{resource.getrlimit(resource.RLIMIT_NOFILE)[1]}) by the stand-in", flush=True)
+        for h in ("c", "w0", "w1", "w2"):  # stop.yml's order: the coordinator first
             t3 = time.monotonic()
-            p.send_signal(sig)
-            try:
-                rc = p.wait(tmo)
-            except subprocess.TimeoutExpired:
-                rc = None
-            check(f"{h}: the unit's KillSignal ({sig.name}) stops it cleanly within TimeoutStopSec={tmo}: exit 0",
-                  rc == 0, f"exit {rc} after {time.monotonic() - t3:.1f} s: "
-                  f"{open(os.path.join(tmp, f'unit-{h}.log')).read()[-400:]}")
+            rc, o, e = ctl(h, "stop")
+            xf = os.path.join(tmp, "hosts", h, "systemd-state", os.path.basename(units[h])[:-8] + ".exit")
+            xs = open(xf).read() if os.path.exists(xf) else None
+            check(f"{h}: shoalctl stop: 'stopped'; the unit's KillSignal ended it with exit 0 within TimeoutStopSec",
+                  rc == 0 and o == "stopped" and xs == "0",
+                  f"rc {rc} '{o}' {e[-200:]}; exit status {xs} after {time.monotonic() - t3:.1f} s: {unit_log(h)}")
+        st = {h: ctl(h, "status") for h in hosts}
+        check("shoalctl status after stop: 'not running' everywhere", all(v[1] == "not running" for v in st.values()),
+              str(st))
+        print(f"# systemd part {time.monotonic() - t2:.1f} s", flush=True)
     finally:
         for p in procs:
             if p.poll() is None:
