@@ -8,8 +8,8 @@
  * The keeper thread takes smu only between requests (trylock, never waiting
  * on a request): it drains stale replies and disconnect events, and brings
  * down workers back (probe HELLO with backoff, re-verification, warm-up
- * PINGs). During a request it only watches the involved sockets' ZMQ_FDs to
- * time the replies' arrival (keeper_main), touching no socket.
+ * PINGs). During a request it touches no socket: it only times replies that
+ * arrive before gather() (keeper_main).
  * ZeroMQ sockets may move between threads across a full memory barrier; smu
  * is that barrier. `state` is only touched by the forward thread.
  *
@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <time.h>
@@ -62,8 +63,9 @@ enum { W_UP, W_DOWN, W_WARM };       /* a worker's link */
  * every request is read by zmq before its reply can come back. */
 #define WARM_PINGS 260
 #define WARM_ROUNDS 40
-/* Workers per zmq I/O thread: each layer's sends post one command per worker
- * to the I/O thread's queue; at most this many per burst wrap it at most once,
+/* Workers per zmq I/O thread: each layer's sends post at most one command
+ * per message (the batch, and a PREFETCH hint) and worker to the I/O thread's
+ * queue of 16-command chunks; at most 16 per burst wrap it at most once,
  * onto the spare chunk. */
 #define WORKERS_PER_IO_THREAD 8
 
@@ -130,10 +132,10 @@ struct shoal_expert_client {
     /* keeper thread */
     pthread_t keeper;
     int keeper_started;
-    int kfd;             /* eventfd: a request went out, or quit */
+    int kfd;             /* eventfd: quit */
+    int epfd;            /* the keeper's epoll: kfd, and each worker's ZMQ_FD while armed */
     atomic_int quit;
-    struct pollfd *kpfd; /* [1 + nw]: the keeper's poll set */
-    int *kidx;           /* [1 + nw]: worker of each kpfd entry */
+    struct epoll_event *kev; /* [1 + nw] */
     /* the request (forward thread; read by others under smu between requests) */
     int state;
     int layer;
@@ -631,43 +633,40 @@ static unsigned keeper_pass(shoal_expert_client *c)
 
 /* The keeper: between requests, a pass over the workers about every tick
  * (keeper_pass, under smu: taken with trylock, so it never waits on a
- * request); during a request, it also notes when each involved worker's reply
- * arrives, so that the round trip excludes the time the reply waited while
- * the forward still computed the shared experts. It does so by polling the
- * socket's ZMQ_FD -- an OS-level wait on an fd that zmq signals when commands
- * (here: "a message arrived") reach the socket; the socket itself stays the
- * forward's. gather() ends every exchange with a receive that finds nothing,
- * which leaves the socket in the state where the next arrival signals. */
+ * request). During a request it also notes when a reply arrives while the
+ * forward is still computing the shared experts, so that the round trip
+ * excludes the reply's wait for them: submit() arms the worker's ZMQ_FD in
+ * the keeper's epoll (one-shot; an OS-level wait on the fd zmq signals when
+ * a message reaches the socket -- the socket itself stays the forward's), and
+ * gather() disarms what has not fired, timing the arrival itself from then
+ * on. So the keeper wakes only for replies that came early, and the forward
+ * wakes nobody. gather() ends every exchange with a receive that finds
+ * nothing, which leaves the socket in the state where the next arrival
+ * signals. */
 static void *keeper_main(void *arg)
 {
     shoal_expert_client *c = arg;
     unsigned tick = KEEPER_TICK_MS;
     uint64_t next_pass = now_us() + (uint64_t)tick * 1000u;
     for (;;) {
-        int n = 0;
-        c->kpfd[n++] = (struct pollfd){.fd = c->kfd, .events = POLLIN};
-        for (int i = 0; i < c->nw; i++)
-            if (atomic_load(&c->w[i].obs)) {
-                c->kidx[n] = i;
-                c->kpfd[n++] = (struct pollfd){.fd = c->w[i].fd, .events = POLLIN};
-            }
         uint64_t now = now_us();
         int ms = next_pass > now ? (int)((next_pass - now + 999) / 1000) : 0;
-        if (poll(c->kpfd, (nfds_t)n, ms) < 0 && errno != EINTR)
-            usleep(1000);
+        int n = epoll_wait(c->epfd, c->kev, 1 + c->nw, ms);
         uint64_t t = now_ns();
-        for (int j = 1; j < n; j++)
-            if (c->kpfd[j].revents) {
-                worker *w = &c->w[c->kidx[j]];
+        for (int j = 0; j < n; j++) {
+            uint32_t i = c->kev[j].data.u32;
+            if (i < (uint32_t)c->nw) {
                 int one = 1;
-                if (atomic_compare_exchange_strong(&w->obs, &one, 0))
-                    atomic_store(&w->arr_ns, t);
+                if (atomic_compare_exchange_strong(&c->w[i].obs, &one, 0))
+                    atomic_store(&c->w[i].arr_ns, t);
+            } else {
+                uint64_t v;
+                ssize_t r = read(c->kfd, &v, sizeof v);
+                (void)r;
             }
-        if (c->kpfd[0].revents & POLLIN) {
-            uint64_t v;
-            if (read(c->kfd, &v, sizeof v) < 0 && errno != EAGAIN)
-                usleep(1000);
         }
+        if (n < 0 && errno != EINTR)
+            usleep(1000);
         if (atomic_load(&c->quit))
             break;
         if (now_us() >= next_pass) {
@@ -681,6 +680,13 @@ static void *keeper_main(void *arg)
         }
     }
     return NULL;
+}
+
+/* Arm or disarm worker i's arrival watch (forward thread). */
+static void watch(shoal_expert_client *c, int i, int on)
+{
+    struct epoll_event ev = {.events = on ? EPOLLIN | EPOLLONESHOT : 0, .data.u32 = (uint32_t)i};
+    epoll_ctl(c->epfd, EPOLL_CTL_MOD, c->w[i].fd, &ev);
 }
 
 /* ---- the request (forward thread) ------------------------------------------ */
@@ -750,7 +756,6 @@ static void send_all(shoal_expert_client *c)
         shoal_proto_tensor_len(c->o.act_bf16 ? SHOAL_WIRE_BF16 : SHOAL_WIRE_F32, w->ntok, (uint32_t)c->d, &alen);
         shoal_proto_tensor_len(SHOAL_WIRE_I32, w->npairs, 2, &rlen);
         atomic_store(&w->arr_ns, 0);
-        atomic_store(&w->obs, 1);
         w->sent_ns = now_ns();
         if (send_frame(w->sock, w->ctl, w->ctl_len, 1) || send_frame(w->sock, w->act, alen, 1) ||
             send_frame(w->sock, w->route, rlen, 0)) {
@@ -766,10 +771,9 @@ static void send_all(shoal_expert_client *c)
         c->st.pairs += w->npairs;
         c->st.bytes_out += w->ctl_len + alen + rlen;
         w->bytes_out = w->ctl_len + alen + rlen;
+        atomic_store(&w->obs, 1);
+        watch(c, i, 1);
     }
-    uint64_t one = 1; /* the keeper: watch for the replies (if this fails, round trips count to gather()) */
-    ssize_t wr = write(c->kfd, &one, sizeof one);
-    (void)wr;
 }
 
 /* One message from involved worker i during gather() (smu held). Takes
@@ -827,7 +831,6 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
         w->compute_us = m.result.compute_us;
         /* the reply may have waited for the shared experts: count the round
          * trip to its arrival when the keeper saw it */
-        atomic_store(&w->obs, 0);
         uint64_t arr = atomic_load(&w->arr_ns);
         w->rtt_ns = (arr >= w->sent_ns && arr <= t_recv ? arr : t_recv) - w->sent_ns;
         c->st.worker_queue_us += m.result.queue_us;
@@ -854,6 +857,11 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
  * commands, after which its ZMQ_FD signals the next arrival. */
 static void wait_replies(shoal_expert_client *c)
 {
+    for (int i = 0; i < c->nw; i++) { /* from here on, arrivals are timed here */
+        int one = 1;
+        if (c->w[i].involved && atomic_compare_exchange_strong(&c->w[i].obs, &one, 0))
+            watch(c, i, 0);
+    }
     for (;;) {
         int n = 0;
         for (int i = 0; i < c->nw && c->state == SENT; i++) {
@@ -1087,8 +1095,9 @@ void shoal_expert_client_close(shoal_expert_client *c)
     }
     if (c->kfd >= 0)
         close(c->kfd);
-    free(c->kpfd);
-    free(c->kidx);
+    if (c->epfd >= 0)
+        close(c->epfd);
+    free(c->kev);
     release_replies(c);
     for (int i = 0; i < c->nw; i++) {
         worker *w = &c->w[i];
@@ -1144,8 +1153,8 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
     pthread_mutex_init(&c->smu, NULL);
     pthread_mutex_init(&c->wmu, NULL);
     c->kfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    c->kpfd = shoal_xcalloc(1 + (size_t)o->nworkers, sizeof *c->kpfd);
-    c->kidx = shoal_xcalloc(1 + (size_t)o->nworkers, sizeof *c->kidx);
+    c->epfd = epoll_create1(EPOLL_CLOEXEC);
+    c->kev = shoal_xcalloc(1 + (size_t)o->nworkers, sizeof *c->kev);
     c->pfd = shoal_xcalloc(2 * (size_t)o->nworkers, sizeof *c->pfd);
     c->dec = shoal_proto_scratch_new();
     c->w = shoal_xcalloc((size_t)c->nw, sizeof *c->w);
@@ -1240,9 +1249,21 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
     }
     if ((rc = warm_all(c, err, errlen)))
         goto fail;
-    if (c->kfd < 0) {
-        rc = shoal_err_set(err, errlen, -errno, "eventfd: %s", strerror(errno));
+    if (c->kfd < 0 || c->epfd < 0) {
+        rc = shoal_err_set(err, errlen, -errno, "eventfd/epoll: %s", strerror(errno));
         goto fail;
+    }
+    {
+        struct epoll_event ev = {.events = EPOLLIN, .data.u32 = UINT32_MAX};
+        int bad = epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->kfd, &ev);
+        for (int i = 0; i < c->nw && !bad; i++) {
+            ev = (struct epoll_event){.events = 0, .data.u32 = (uint32_t)i};
+            bad = epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->w[i].fd, &ev);
+        }
+        if (bad) {
+            rc = shoal_err_set(err, errlen, -errno, "epoll_ctl: %s", strerror(errno));
+            goto fail;
+        }
     }
     if (pthread_create(&c->keeper, NULL, keeper_main, c)) {
         rc = shoal_err_set(err, errlen, SHOAL_EINTERNAL, "cannot start the expert client's keeper thread");
