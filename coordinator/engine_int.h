@@ -29,6 +29,7 @@ typedef struct {
     void *mem;  /* resident copy (owned), or NULL */
     int stream; /* index in the streamed order, or -1 */
     int layer;  /* layer, or -1 for an lm_head slice */
+    int pinned; /* always resident (a MoE layer's router: the prefetch hint reads it a layer early) */
 } shoal__tunit;
 
 typedef struct {

@@ -319,8 +319,8 @@ static void route(shoal_model *m, const shoal__layer *ly, const float *logits, i
  * layer's routing, since the residual stream changes little from one layer to
  * the next -- top-k per token, the union handed to the backend. lg is scratch
  * that the routing of this layer no longer needs; the submitted z and ids are
- * not touched. A next layer streamed under --trunk-gb gets no hint (its router
- * is read only when the layer runs). */
+ * not touched. Under --trunk-gb the routers are pinned resident (trunk.c), so
+ * a streamed next layer is hinted too. */
 static void hint_next(shoal_model *m, int L, int T, float *lg)
 {
     const shoal_k3cfg *c = &m->cfg;
@@ -329,8 +329,8 @@ static void hint_next(shoal_model *m, int L, int T, float *lg)
         N++;
     if (N >= c->num_layers)
         return;
-    if (m->tunits && m->tunits[2 * N + 1].stream >= 0)
-        return; /* under a trunk budget the next layer's FFN unit (its router) is streamed: not in memory yet */
+    if (!m->layers[N].router.p)
+        return; /* not in memory (trunk.c pins the routers, so this is only a safeguard) */
     const shoal__layer *ny = &m->layers[N];
     int E = c->num_experts, k = c->experts_per_token;
     mm(lg, &ny->router, m->sc.xn, T);

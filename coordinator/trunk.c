@@ -4,7 +4,9 @@
  * the forward finishes with one before it needs the other, so the streaming
  * buffers are sized by half a layer, not a whole one; the small vectors are
  * fp32 copies made at bind time and always resident), and lm_head cut into
- * equal row slices no larger than the largest layer part. The embedding table
+ * equal row slices no larger than the largest layer part. Each MoE layer's
+ * router is a unit of its own, pinned resident (small: experts x hidden), so
+ * that the prefetch hint can apply the next layer's router a layer early. The embedding table
  * is never held: each token's row is read with pread by the forward. Which
  * units stay resident: first fit in forward order (layer 0's attention, its
  * FFN, layer 1's ..., then the lm_head slices), with the two buffers sized by
@@ -31,7 +33,7 @@ static const size_t attn_fields[] = {
 };
 static const size_t ffn_fields[] = {
     offsetof(shoal__layer, mlp_gate), offsetof(shoal__layer, mlp_up), offsetof(shoal__layer, mlp_down),
-    offsetof(shoal__layer, router),   offsetof(shoal__layer, rdown),  offsetof(shoal__layer, rup),
+    offsetof(shoal__layer, rdown),    offsetof(shoal__layer, rup),
     offsetof(shoal__layer, sh_gate),  offsetof(shoal__layer, sh_up),  offsetof(shoal__layer, sh_down),
 };
 #define NATTN (sizeof attn_fields / sizeof attn_fields[0])
@@ -155,12 +157,35 @@ int shoal__engine_trunk_open(shoal_model *m, size_t scratch_bytes, char *err, si
         shoal_tstream_layout(&tu->u);
     }
     m->n_tunits = 2 * L + m->n_head;
+    /* every MoE layer's router, pinned: the forward's prefetch hint applies
+     * the next MoE layer's router before that layer's FFN unit is read */
+    m->tunits = shoal_xrealloc(m->tunits, sizeof *m->tunits * (size_t)(m->n_tunits + L));
+    for (int l = 0; l < L; l++) {
+        const shoal__wmat *w = &m->layers[l].router;
+        if (!w->t)
+            continue;
+        shoal__tunit *tu = &m->tunits[m->n_tunits++];
+        memset(tu, 0, sizeof *tu);
+        tu->layer = l;
+        tu->pinned = 1;
+        tu->ext = shoal_xcalloc(1, sizeof *tu->ext);
+        tu->field = shoal_xcalloc(1, sizeof *tu->field);
+        tu->u.ext = tu->ext;
+        add_ext(tu, w, offsetof(shoal__layer, router));
+        shoal_tstream_layout(&tu->u);
+    }
 
     /* the plan */
     size_t eesz = shoal_dtype_size(m->embed.dt);
     uint64_t emb_bytes = ((uint64_t)m->info.max_batch * (uint64_t)d * eesz + 4095) & ~4095ull;
-    uint64_t fixed = m->owned_bytes + emb_bytes, total = 0, max_all = 0;
+    uint64_t pinned = 0;
+    for (int i = 0; i < m->n_tunits; i++)
+        if (m->tunits[i].pinned)
+            pinned += m->tunits[i].u.bytes;
+    uint64_t fixed = m->owned_bytes + emb_bytes + pinned, total = 0, max_all = 0;
     for (int i = 0; i < m->n_tunits; i++) {
+        if (m->tunits[i].pinned)
+            continue;
         total += m->tunits[i].u.bytes;
         if (m->tunits[i].u.bytes > max_all)
             max_all = m->tunits[i].u.bytes;
@@ -201,11 +226,12 @@ int shoal__engine_trunk_open(shoal_model *m, size_t scratch_bytes, char *err, si
     if (B < min)
         return shoal_err_set(err, errlen, SHOAL_ECONFIG,
                              "--trunk-gb: a budget of %llu bytes (%s) cannot work: the trunk needs at least %llu "
-                             "bytes (%s) = %s fp32 vectors + %s embedding row buffer + 2 x %llu bytes streaming "
-                             "buffers (the largest layer part); fully resident needs %llu bytes (%s)",
+                             "bytes (%s) = %s fp32 vectors + %s embedding row buffer + %s routers + 2 x %llu bytes "
+                             "streaming buffers (the largest layer part); fully resident needs %llu bytes (%s)",
                              (unsigned long long)B, shoal_memplan_fmt(B, b1, sizeof b1), (unsigned long long)min,
                              shoal_memplan_fmt(min, b2, sizeof b2), shoal_memplan_fmt(m->owned_bytes, b3, sizeof b3),
-                             shoal_memplan_fmt(emb_bytes, b4, sizeof b4), (unsigned long long)max_all,
+                             shoal_memplan_fmt(emb_bytes, b4, sizeof b4), shoal_memplan_fmt(pinned, b6, sizeof b6),
+                             (unsigned long long)max_all,
                              (unsigned long long)full, shoal_memplan_fmt(full, b5, sizeof b5));
 
     /* resident set: first fit in forward order, buffers sized by what is left */
@@ -216,6 +242,10 @@ int shoal__engine_trunk_open(shoal_model *m, size_t scratch_bytes, char *err, si
         for (int i = 0; i < m->n_tunits; i++) {
             shoal__tunit *tu = &m->tunits[i];
             tu->stream = 0;
+            if (tu->pinned) {
+                tu->stream = -1;
+                continue;
+            }
             if (tu->u.bytes <= avail - res) {
                 res += tu->u.bytes;
                 tu->stream = -1;
@@ -227,12 +257,13 @@ int shoal__engine_trunk_open(shoal_model *m, size_t scratch_bytes, char *err, si
             break;
         buf = nb;
     }
-    int nres = 0;
+    int nres = 0, nunits = 0;
     m->sunits = shoal_xcalloc((size_t)m->n_tunits, sizeof *m->sunits);
     for (int i = 0; i < m->n_tunits; i++) {
         shoal__tunit *tu = &m->tunits[i];
+        nunits += !tu->pinned;
         if (tu->stream < 0) {
-            nres++;
+            nres += !tu->pinned;
             continue;
         }
         tu->stream = m->n_sunits;
@@ -271,13 +302,13 @@ int shoal__engine_trunk_open(shoal_model *m, size_t scratch_bytes, char *err, si
     for (int i = 0; i < m->n_head; i++)
         head_res += m->tunits[2 * L + i].stream < 0;
     SHOAL_INFO("trunk plan: budget %llu bytes (%s, preset %s): resident %d of %d units = %llu bytes (%s; whole layers %s, "
-               "lm_head slices %d of %d), streamed %llu bytes (%s) per forward through 2 buffers of %llu bytes; fp32 "
+               "lm_head slices %d of %d) + routers %llu bytes, streamed %llu bytes (%s) per forward through 2 buffers of %llu bytes; fp32 "
                "vectors %llu bytes, embedding row buffer %llu bytes; minimum %llu bytes (%s), fully resident %llu "
                "bytes (%s); forward scratch %zu bytes, sequence state %zu bytes + %zu per token (%s for one at max "
                "context %d); %s reads",
-               (unsigned long long)B, shoal_memplan_fmt(B, b1, sizeof b1), mode_name(o->trunk_mode), nres,
-               m->n_tunits, (unsigned long long)res, shoal_memplan_fmt(res, b2, sizeof b2), rl, head_res, m->n_head,
-               (unsigned long long)stream_bytes, shoal_memplan_fmt(stream_bytes, b3, sizeof b3),
+               (unsigned long long)B, shoal_memplan_fmt(B, b1, sizeof b1), mode_name(o->trunk_mode), nres, nunits,
+               (unsigned long long)res, shoal_memplan_fmt(res, b2, sizeof b2), rl, head_res, m->n_head,
+               (unsigned long long)pinned, (unsigned long long)stream_bytes, shoal_memplan_fmt(stream_bytes, b3, sizeof b3),
                (unsigned long long)buf, (unsigned long long)m->owned_bytes, (unsigned long long)emb_bytes,
                (unsigned long long)min, shoal_memplan_fmt(min, b4, sizeof b4), (unsigned long long)full,
                shoal_memplan_fmt(full, b5, sizeof b5), scratch_bytes, m->info.seq_fixed_bytes,
@@ -286,7 +317,7 @@ int shoal__engine_trunk_open(shoal_model *m, size_t scratch_bytes, char *err, si
     (void)b7;
 
     /* the resident load */
-    uint64_t done = 0, next_report = res / 10;
+    uint64_t done = 0, all_res = res + pinned, next_report = all_res / 10;
     for (int i = 0; i < m->n_tunits; i++) {
         shoal__tunit *tu = &m->tunits[i];
         if (tu->stream >= 0)
@@ -297,10 +328,10 @@ int shoal__engine_trunk_open(shoal_model *m, size_t scratch_bytes, char *err, si
             return rc;
         point(shoal__engine_trunk_owner(m, tu), tu, tu->mem);
         done += tu->u.bytes;
-        if (res >= (256ull << 20) && done >= next_report && !o->quiet) {
+        if (all_res >= (256ull << 20) && done >= next_report && !o->quiet) {
             SHOAL_INFO("trunk: loaded %llu of %llu resident bytes (%.0f%%)", (unsigned long long)done,
-                       (unsigned long long)res, 100.0 * (double)done / (double)res);
-            next_report += res / 10;
+                       (unsigned long long)all_res, 100.0 * (double)done / (double)all_res);
+            next_report += all_res / 10;
         }
     }
     if (posix_memalign(&m->emb_rows, SHOAL_TSTREAM_ALIGN, emb_bytes))
@@ -316,10 +347,10 @@ int shoal__engine_trunk_open(shoal_model *m, size_t scratch_bytes, char *err, si
     in->trunk_budget = B;
     in->trunk_min_bytes = min;
     in->trunk_full_bytes = full;
-    in->trunk_resident_bytes = res;
+    in->trunk_resident_bytes = res + pinned;
     in->trunk_buffer_bytes = m->n_sunits ? shoal_tstream_buffer_bytes(m->ts) : 0;
     in->trunk_stream_bytes = stream_bytes;
-    in->trunk_units = m->n_tunits;
+    in->trunk_units = nunits;
     in->trunk_units_resident = nres;
     in->trunk_direct = st.direct;
     return 0;

@@ -177,11 +177,18 @@ def main():
         if w.poll() is not None:
             check(f"worker_cache_{slots}_start", False, stop(w)[-400:])
             continue
+        # the prefetch hints need each next MoE layer's router: pinned resident under
+        # any budget, so the hints are those of the mapped trunk
+        hm, _, _ = run("--ids", PROMPTS[0], "--worker", w.ep)
         for tb in ("small", "medium"):
             for pr in PROMPTS:
                 o, err, rc = run("--ids", pr, "--worker", w.ep, "--trunk-gb", tb)
                 check(f"ids_worker_cache{slots}_trunk_{tb}_{pr.split(',')[0]}",
                       o is not None and o["generated_ids"] == ref[pr], f"rc {rc}: {err[-400:]}")
+                if pr == PROMPTS[0] and o is not None and hm is not None:
+                    check(f"hints_worker_cache{slots}_trunk_{tb}", "prefetch_hints" in o and
+                          o["prefetch_hints"] == hm.get("prefetch_hints"),
+                          f"{o.get('prefetch_hints')} vs mapped {hm.get('prefetch_hints')}")
         stop(w)
 
     # auto under a cgroup v1 memory cap (where this machine lets us make one)
