@@ -284,11 +284,16 @@ static int bench_kda(const bench_opts *o)
     return 0;
 }
 
-/* MLA decode attention at S cached tokens (absorbed form): the W_UK^T query
- * absorption (96 gemv_t of 128x512 bf16), the attention over the latent cache
- * (576 fp32 per token), and W_UV (96 gemv of 128x512 bf16). Several layers'
- * caches are cycled so the cache comes from DRAM. */
-static int bench_mla(const bench_opts *o, int S)
+/* MLA attention of the absorbed form as the engine's MLA layer runs it
+ * (coordinator/forward.c): the W_UK^T query absorption (96 gemv_t of 128x512
+ * bf16, parallel over heads), the attention over the latent cache (576 fp32
+ * per token), and W_UV (96 gemv of 128x512 bf16, parallel over heads).
+ * T = 1: one decode step at S cached tokens (shoal_mla_attend). T > 1: the
+ * last T tokens of an S-token prefill (positions S-T..S-1, causal) through the
+ * batched form (shoal_mla_attend_prefill, blocks of SHOAL_MLA_TBLOCK tokens);
+ * us_per_token compares the two. Several layers' caches are cycled so the
+ * cache comes from DRAM. */
+static int bench_mla(const bench_opts *o, int S, int T)
 {
     int H = 96, R = 512, P = 64, Dn = 128;
     size_t cn = (size_t)S * (R + P);
@@ -297,39 +302,53 @@ static int bench_mla(const bench_opts *o, int S)
         ncache = 2;
     if (ncache > 24)
         ncache = 24; /* one per MLA layer at most */
+    if (T > 1 && ncache > 4)
+        ncache = 4; /* a prefill block reads the cache once per 4 tokens anyway */
+    int tb = T < SHOAL_MLA_TBLOCK ? T : SHOAL_MLA_TBLOCK;
     float *cache = big_alloc(cn * 4 * (size_t)ncache);
     uint16_t *wkvb = big_alloc((size_t)H * 2 * Dn * R * 2); /* kv_b_proj [96*256, 512] */
-    float *qn = big_alloc((size_t)H * Dn * 4), *qpe = big_alloc((size_t)H * P * 4), *qlat = big_alloc((size_t)H * R * 4),
-          *ctx = big_alloc((size_t)H * R * 4), *outv = big_alloc((size_t)H * Dn * 4),
-          *scr = big_alloc((size_t)H * S * 4);
+    float *qn = big_alloc((size_t)T * H * Dn * 4), *qpe = big_alloc((size_t)T * H * P * 4),
+          *qlat = big_alloc((size_t)T * H * R * 4), *ctx = big_alloc((size_t)T * H * R * 4),
+          *outv = big_alloc((size_t)H * Dn * 4), *scr = big_alloc((size_t)tb * H * S * 4);
     if (!cache || !wkvb || !qn || !qpe || !qlat || !ctx || !outv || !scr) {
         fprintf(stderr, "bench: out of memory for the MLA cache\n");
         return 4;
     }
     fill_f32(cache, cn * (size_t)ncache, -1, 1);
     fill_bf16(wkvb, (size_t)H * 2 * Dn * R);
-    fill_f32(qn, (size_t)H * Dn, -1, 1);
-    fill_f32(qpe, (size_t)H * P, -1, 1);
+    fill_f32(qn, (size_t)T * H * Dn, -1, 1);
+    fill_f32(qpe, (size_t)T * H * P, -1, 1);
     double *sec = calloc((size_t)o->reps, sizeof *sec), *rdv = calloc((size_t)o->reps, sizeof *rdv);
     for (int rep = -1; rep < o->reps; rep++) {
         if (rep >= 0)
             rdv[rep] = read_bw_once(rd_buf, rd_words);
         double t0 = now_s();
         for (int c = 0; c < ncache; c++) {
-            for (int h = 0; h < H; h++) /* q_lat[h] = W_UK_h^T q_nope[h] */
-                shoal_gemv_t_bf16(qlat + (size_t)h * R, wkvb + (size_t)h * 2 * Dn * R, qn + (size_t)h * Dn, Dn, R);
-            shoal_mla_attend(ctx, qlat, qpe, cache + cn * (size_t)c, S, H, R, P, 1.0f / sqrtf(192.0f), scr);
-            for (int h = 0; h < H; h++) /* o[h] = W_UV_h ctx[h] */
-                shoal_gemm_bf16(outv + (size_t)h * Dn, wkvb + ((size_t)h * 2 + 1) * Dn * R, ctx + (size_t)h * R, Dn,
-                                R, 1);
+            for (int t = 0; t < T; t++) {
+#pragma omp parallel for schedule(static)
+                for (int h = 0; h < H; h++) /* q_lat[h] = W_UK_h^T q_nope[h] */
+                    shoal_gemv_t_bf16(qlat + ((size_t)t * H + h) * R, wkvb + (size_t)h * 2 * Dn * R,
+                                      qn + ((size_t)t * H + h) * Dn, Dn, R);
+            }
+            const float *cc = cache + cn * (size_t)c;
+            if (T == 1)
+                shoal_mla_attend(ctx, qlat, qpe, cc, S, H, R, P, 1.0f / sqrtf(192.0f), scr);
+            else
+                shoal_mla_attend_prefill(ctx, qlat, qpe, cc, S - T, T, H, R, P, 1.0f / sqrtf(192.0f), scr);
+            for (int t = 0; t < T; t++) {
+#pragma omp parallel for schedule(static)
+                for (int h = 0; h < H; h++) /* o[h] = W_UV_h ctx[h] */
+                    shoal_gemm_bf16(outv + (size_t)h * Dn, wkvb + ((size_t)h * 2 + 1) * Dn * R,
+                                    ctx + ((size_t)t * H + h) * R, Dn, R, 1);
+            }
         }
         if (rep >= 0)
             sec[rep] = (now_s() - t0) / ncache;
     }
     char shape[48];
     snprintf(shape, sizeof shape, "S=%d", S);
-    print_row(o, "mla_decode", "mla.attn", shape, 1, cn * 4 + (size_t)H * 2 * Dn * R * 2, stats(sec, o->reps),
-              stats(rdv, o->reps));
+    print_row(o, T == 1 ? "mla_decode" : "mla_prefill", "mla.attn", shape, T, cn * 4 + (size_t)H * 2 * Dn * R * 2,
+              stats(sec, o->reps), stats(rdv, o->reps));
     free(sec), free(rdv), free(cache), free(wkvb), free(qn), free(qpe), free(qlat), free(ctx), free(outv), free(scr);
     return 0;
 }
@@ -408,8 +427,9 @@ static void bench_incache(const bench_opts *o)
 static int usage(FILE *f)
 {
     fprintf(f, "usage: shoal bench kernels [--threads N] [--json] [--reps N] [--only SUBSTR] [--quick]\n"
-               "  Matrix kernels at the K3 shapes (T = 1, 16, 128), the KDA step and MLA decode\n"
-               "  attention, each next to a STREAM-like read bandwidth measured in the same run\n"
+               "  Matrix kernels at the K3 shapes (T = 1, 16, 128), the KDA step, MLA decode\n"
+               "  attention (S = 1K, 8K) and batched MLA prefill (the last 128 tokens of S),\n"
+               "  each next to a STREAM-like read bandwidth measured in the same run\n"
                "  (a read pass right before every timed run of the row; 4 streams per thread).\n"
                "  --threads N   OpenMP threads (default: all)\n"
                "  --json        one JSON object per row\n"
@@ -519,7 +539,9 @@ static int bench_kernels(int argc, char **argv)
     if (!o.only || strstr("mla.attn", o.only)) {
         int Ss[] = {1024, 8192};
         for (int i = 0; i < (o.quick ? 1 : 2); i++) {
-            rc = bench_mla(&o, Ss[i]);
+            rc = bench_mla(&o, Ss[i], 1);
+            if (!rc && !o.quick)
+                rc = bench_mla(&o, Ss[i], 128);
             if (rc) {
                 free(buf);
                 return rc;
