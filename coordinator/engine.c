@@ -166,8 +166,8 @@ int shoal_seq_create(shoal_seq **out, shoal_model *m, int capacity, char *err, s
     s->kda_S = shoal_xcalloc(kda_state_floats(c) + 1, sizeof(float));
     s->kda_conv = shoal_xcalloc(kda_conv_floats(c) + 1, sizeof(float));
     /* the MLA cache is never read before it is written; 64-byte aligned so the
-     * attention kernel's 32-byte row loads never straddle cache lines (1.5x
-     * on the scores, docs/PERFORMANCE.md); untouched pages stay unallocated */
+     * attention kernel's 32-byte row loads never straddle cache lines;
+     * untouched pages stay unallocated, as with calloc */
     if (posix_memalign((void **)&s->mla, 64, sizeof(float) * ((size_t)c->num_mla * (size_t)capacity * mla_row(c) + 1)))
         SHOAL_PANIC("out of memory: MLA cache of %d tokens", capacity);
     s->bytes = sizeof(float) * (kda_state_floats(c) + kda_conv_floats(c) +
