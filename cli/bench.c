@@ -166,6 +166,12 @@ static const mat_shape shapes[] = {
     {"bf16", "kda.o_proj", W_BF16, 7168, 12288},
     {"bf16", "router", W_BF16, 896, 7168},
     {"bf16", "lm_head", W_BF16, 163840, 7168},
+    /* the MLA layer's projections (its o_proj and gate have the KDA o_proj and q shapes) */
+    {"bf16", "mla.q_a", W_BF16, 1536, 7168},
+    {"bf16", "mla.q_b", W_BF16, 18432, 1536},
+    {"bf16", "mla.kv_a", W_BF16, 576, 7168},
+    {"bf16", "mla.o_proj", W_BF16, 7168, 12288},
+    {"bf16", "mla.gate", W_BF16, 12288, 7168},
 };
 
 static void print_row(const bench_opts *o, const char *op, const char *layer, const char *shape, int T,
