@@ -369,6 +369,97 @@ static double thread_cpu_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Arithmetic ceilings on one thread, thread CPU clock (kernel-internal
+ * comparisons on a shared machine): the GEMMs at T = 128 on a block of rows
+ * (gmacs = multiply-adds per CPU-second), and MLA attention at S = 1024 for
+ * 16 query tokens, token by token (decode form) and batched (prefill form):
+ * us_per_token for each. */
+static void incache_row(const bench_opts *o, const char *op, const char *shape, int T, stat3 st, double macs)
+{
+    const char *isa = shoal_isa_name(shoal_kernels_isa());
+    if (o->json)
+        printf("{\"op\":\"%s\",\"layer\":\"in_cache\",\"shape\":\"%s\",\"tokens\":%d,\"threads\":1,\"isa\":\"%s\","
+               "\"clock\":\"thread_cpu\",\"gbps\":0,\"read_gbps\":0,\"ratio\":0,\"gmacs\":%.3f,\"gmacs_min\":%.3f,"
+               "\"gmacs_max\":%.3f,\"us_per_token\":%.2f,\"us_per_token_min\":%.2f,\"us_per_token_max\":%.2f,"
+               "\"reps\":%d}\n",
+               op, shape, T, isa, macs / st.med / 1e9, macs / st.max / 1e9, macs / st.min / 1e9, st.med * 1e6 / T,
+               st.min * 1e6 / T, st.max * 1e6 / T, o->reps);
+    else
+        printf("%-11s %-13s %-13s %4d %3d %-6s %7.2f GMAC/s [%6.2f,%6.2f] %9.1f us/token  (thread CPU time)\n", op,
+               "in_cache", shape, T, 1, isa, macs / st.med / 1e9, macs / st.max / 1e9, macs / st.min / 1e9,
+               st.med * 1e6 / T);
+    fflush(stdout);
+}
+
+static void bench_incache_fma(const bench_opts *o)
+{
+    if (o->quick)
+        return;
+    double *sec = calloc((size_t)o->reps, sizeof *sec);
+    /* GEMM T = 128: 64 rows of a 7168-wide bf16 matrix, 128 of a 3584-wide MXFP4 one */
+    {
+        int T = 128, rb = 64, cb = 7168, rm = 128, cm = 3584;
+        uint16_t *wb = big_alloc((size_t)rb * cb * 2);
+        uint8_t *pk = big_alloc((size_t)rm * cm / 2), *sc = big_alloc((size_t)rm * cm / 32);
+        float *x = big_alloc((size_t)T * cb * 4), *y = big_alloc((size_t)T * rm * 4);
+        if (wb && pk && sc && x && y) {
+            fill_bf16(wb, (size_t)rb * cb);
+            fill_bytes(pk, (size_t)rm * cm / 2);
+            for (size_t j = 0; j < (size_t)rm * cm / 32; j++)
+                sc[j] = (uint8_t)(118 + next_rand() % 12);
+            fill_f32(x, (size_t)T * cb, -1, 1);
+            for (int k = 0; k < 2; k++) {
+                for (int rep = -1; rep < o->reps; rep++) {
+                    double t0 = thread_cpu_s();
+                    if (k == 0)
+                        shoal_gemm_bf16(y, wb, x, rb, cb, T);
+                    else
+                        shoal_gemm_mxfp4(y, pk, sc, x, rm, cm, T);
+                    if (rep >= 0)
+                        sec[rep] = thread_cpu_s() - t0;
+                }
+                char shape[32];
+                snprintf(shape, sizeof shape, "%dx%d", k ? rm : rb, k ? cm : cb);
+                incache_row(o, k ? "gemm_mxfp4" : "gemm_bf16", shape, T, stats(sec, o->reps),
+                            (double)T * (k ? (double)rm * cm : (double)rb * cb));
+            }
+        }
+        free(wb), free(pk), free(sc), free(x), free(y);
+    }
+    /* MLA at S = 1024: 16 tokens at positions 1008..1023 */
+    {
+        int H = 96, R = 512, P = 64, S = 1024, T = 16;
+        float *cache = big_alloc((size_t)S * (R + P) * 4), *ql = big_alloc((size_t)T * H * R * 4),
+              *qp = big_alloc((size_t)T * H * P * 4), *ctx = big_alloc((size_t)T * H * R * 4),
+              *scr = big_alloc(shoal_mla_prefill_scratch(S - T, T, H) * 4);
+        if (cache && ql && qp && ctx && scr) {
+            fill_f32(cache, (size_t)S * (R + P), -1, 1);
+            fill_f32(ql, (size_t)T * H * R, -0.05f, 0.05f);
+            fill_f32(qp, (size_t)T * H * P, -1, 1);
+            float scale = 1.0f / sqrtf(192.0f);
+            for (int k = 0; k < 2; k++) {
+                for (int rep = -1; rep < o->reps; rep++) {
+                    double t0 = thread_cpu_s();
+                    if (k == 0)
+                        for (int t = 0; t < T; t++)
+                            shoal_mla_attend(ctx + (size_t)t * H * R, ql + (size_t)t * H * R, qp + (size_t)t * H * P,
+                                             cache, S - T + t + 1, H, R, P, scale, scr);
+                    else
+                        shoal_mla_attend_prefill(ctx, ql, qp, cache, S - T, T, H, R, P, scale, scr);
+                    if (rep >= 0)
+                        sec[rep] = thread_cpu_s() - t0;
+                }
+                double macs = 0;
+                for (int t = 0; t < T; t++)
+                    macs += (double)H * (S - T + t + 1) * (2 * R + P);
+                incache_row(o, k ? "mla_prefill" : "mla_decode", "S=1024", T, stats(sec, o->reps), macs);
+            }
+        }
+        free(cache), free(ql), free(qp), free(ctx), free(scr);
+    }
+    free(sec);
+}
+
 static void bench_incache(const bench_opts *o)
 {
     const struct {
@@ -427,6 +518,7 @@ static void bench_incache(const bench_opts *o)
         }
         free(sec), free(w), free(sc), free(x), free(y);
     }
+    bench_incache_fma(o);
     omp_set_num_threads(keep);
 }
 

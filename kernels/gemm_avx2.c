@@ -578,6 +578,7 @@ static void kda_head(float *o, float *S, const float *q, const float *k, const f
  * blocks, which changes no bit. */
 #define MLA_MAXH 6
 #define MLA_SB 48
+#define MLA_QSET 96 /* queries (token x head) per pass over the cache */
 
 INLINE void mla_scores(float *scratch, const float *q_lat, const float *q_pe, const float *cache, int S, int R, int P,
                        float scale, int h0, int nh, int s0, int s1)
@@ -666,6 +667,18 @@ static void mla_heads(float *ctx, const float *q_lat, const float *q_pe, const f
     static const ctx_fn cx[MLA_MAXH + 1] = {NULL, mla_ctx1, mla_ctx2, mla_ctx3, mla_ctx4, mla_ctx5, mla_ctx6};
     if (R % 16 || P % 16) {
         shoal__kernels_mla_heads_scalar(ctx, q_lat, q_pe, cache, S0, T, H, R, P, scale, scratch, h0, h1);
+        return;
+    }
+    /* Heads go in chunks of at most MLA_QSET/T (a multiple of 6), so the
+     * queries a cache block meets (T x chunk x (R+P) floats, 220 KB at K3
+     * widths) stay in L2 next to the block: a query is as large as a cached
+     * row, so sweeping all 96 heads of 4 tokens per block (885 KB) streamed the
+     * queries from L3 and was slower per token than decoding token by token. */
+    int hc = MLA_QSET / T / MLA_MAXH * MLA_MAXH;
+    hc = hc < MLA_MAXH ? MLA_MAXH : hc;
+    if (h1 - h0 > hc) {
+        for (int c0 = h0; c0 < h1; c0 += hc)
+            mla_heads(ctx, q_lat, q_pe, cache, S0, T, H, R, P, scale, scratch, c0, c0 + hc < h1 ? c0 + hc : h1);
         return;
     }
     int Sm = S0 + T; /* p row stride; token t uses rows [0, S0+t] */
