@@ -505,6 +505,24 @@ static void drain_demand(shoal_store *s)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Wait until some slot that is not in this pass (pinned) has no read in
+ * flight; returns the microseconds waited. */
+static uint64_t wait_any_idle(shoal_store *s)
+{
+    uint64_t t0 = now_us();
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        int idle = 0;
+        for (uint32_t i = 0; i < s->nslots && !idle; i++)
+            idle = !s->pinned[i] && !s->busy[i];
+        if (idle)
+            break;
+        pthread_cond_wait(&s->done, &s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return now_us() - t0;
+}
+
 static void drain_all(shoal_store *s)
 {
     pthread_mutex_lock(&s->mu);
@@ -586,6 +604,7 @@ int shoal_store_fetch(shoal_store *s, int layer, const int32_t *experts, int n, 
             s->block[sl] = 1;
     }
     int issued = 0;
+    uint64_t waited = 0;
     uint64_t hits0 = s->st.hits, misses0 = s->st.misses, bytes0 = s->st.bytes_read;
     uint64_t ph0 = s->st.prefetch_hits, pw0 = s->st.prefetch_wasted;
     for (int i = 0; i < m; i++) {
@@ -595,8 +614,11 @@ int shoal_store_fetch(shoal_store *s, int layer, const int32_t *experts, int n, 
         int64_t ev;
         int slot = shoal_cachepol_access(s->pol, key, s->block, &hit, &ev);
         if (slot < 0 && s->npass == 0) {
-            /* every slot is being filled by prefetch reads: let them land */
-            drain_all(s);
+            /* every slot is being filled by prefetch reads: wait for the first
+             * to land (the time counts as waiting for reads) */
+            uint64_t w = wait_any_idle(s);
+            s->st.read_us += w;
+            waited += w;
             sweep(s);
             slot = shoal_cachepol_access(s->pol, key, s->block, &hit, &ev);
         }
@@ -628,7 +650,7 @@ int shoal_store_fetch(shoal_store *s, int layer, const int32_t *experts, int n, 
     }
     if (issued) /* every read of the pass queued at once, in entry order */
         wake_io(s);
-    shoal_wmetrics_cache(s->wm, s->st.hits - hits0, s->st.misses - misses0, s->st.bytes_read - bytes0, 0);
+    shoal_wmetrics_cache(s->wm, s->st.hits - hits0, s->st.misses - misses0, s->st.bytes_read - bytes0, waited);
     if (s->st.prefetch_hits != ph0 || s->st.prefetch_wasted != pw0)
         shoal_wmetrics_prefetch(s->wm, 0, 0, s->st.prefetch_hits - ph0, s->st.prefetch_wasted - pw0);
     return s->npass;

@@ -6,10 +6,13 @@ a coordinator (`shoal run --worker`, not capped) generating the same tokens at
 every rung. Per rung: prefill and decode seconds per token, disk bytes read
 per processed token, hit rate, the worker's peak RSS and the cgroup's
 max_usage_in_bytes; the generated ids must be identical at every rung (the
-script says so and exits 1 otherwise).
+script says so and exits 1 otherwise). With --prefetch on,off each rung runs
+once per setting (a fresh worker each time, so every run starts cold), and the
+prefetch counters (hinted reads, prefetch hits, wasted, bytes) and the
+coordinator's hint accuracy are recorded.
 
 usage: mem_ladder.py --model DIR --bin SHOAL --slots 16,24,... --out FILE.json
-       [--ids 1,2,3] [--gen N] [--threads N] [--policy lfu|lru] [--reserve-mb M]
+       [--ids 1,2,3] [--gen N] [--threads N] [--policy lfu|lru] [--reserve-mb M] [--prefetch on,off]
 Needs root for /sys/fs/cgroup/memory (rungs are run uncapped, and say so,
 where no cgroup can be made)."""
 import argparse
@@ -49,6 +52,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--policy", default="lfu")
     ap.add_argument("--reserve-mb", type=int, default=320)
+    ap.add_argument("--prefetch", default="", help="comma-separated on/off: run each rung with each setting")
     a = ap.parse_args()
     c = json.load(open(os.path.join(a.model, "config.json")))
     t = c.get("text_config", c)
@@ -58,8 +62,10 @@ def main():
     rows = []
     ref = None
     ok = True
-    for rung in a.slots.split(","):
-        ep = f"ipc://@shoal-ladder-{os.getpid()}-{rung}"
+    runs = [(r, p) for r in a.slots.split(",") for p in (a.prefetch.split(",") if a.prefetch else [""])
+            if not (r == "mapped" and p == "on")]
+    for rung, pf in runs:
+        ep = f"ipc://@shoal-ladder-{os.getpid()}-{rung}-{pf}"
         port = free_port()
         cmd = [a.bin, "expert", "--model", a.model, "--experts", ranges, "--listen", ep, "--threads",
                str(a.threads), "--metrics-port", str(port)]
@@ -75,7 +81,7 @@ def main():
             m = re.search(r"slots of (\d+) bytes", probe.stderr)
             slot_bytes = int(m.group(1)) if m else 0
             cap = int(rung) * slot_bytes + (a.reserve_mb << 20)
-            cg = f"/sys/fs/cgroup/memory/shoal-ladder-{os.getpid()}-{rung}"
+            cg = f"/sys/fs/cgroup/memory/shoal-ladder-{os.getpid()}-{rung}-{pf}"
             try:
                 os.mkdir(cg)
                 with open(f"{cg}/memory.limit_in_bytes", "w") as f:
@@ -93,11 +99,12 @@ def main():
                 up = True
                 break
             time.sleep(0.1)
-        row = {"rung": rung, "cap_bytes": cap, "policy": a.policy if rung != "mapped" else None}
+        row = {"rung": rung, "cap_bytes": cap, "policy": a.policy if rung != "mapped" else None,
+               "prefetch": pf or None, "loadavg_start": open("/proc/loadavg").read().strip()}
         if up:
             r = subprocess.run([a.bin, "run", "--model", a.model, "--worker", ep, "--ids", a.ids, "--gen",
-                                str(a.gen), "--threads", str(a.threads), "--json"], capture_output=True, text=True,
-                               timeout=3600)
+                                str(a.gen), "--threads", str(a.threads), "--json"] + (["--prefetch", pf] if pf else []),
+                               capture_output=True, text=True, timeout=3600)
             try:
                 doc = json.loads(r.stdout.strip().splitlines()[-1])
             except (ValueError, IndexError):
@@ -120,7 +127,17 @@ def main():
                     "disk_bytes_per_token": (metric(prom, "shoal_expert_server_disk_read_bytes_total") or 0) / ntok,
                     "worker_rss_bytes": metric(prom, "shoal_expert_server_resident_bytes"),
                     "coordinator_peak_rss_bytes": doc.get("peak_rss_bytes"),
+                    "prefetch_reads": metric(prom, "shoal_expert_server_prefetch_reads_total"),
+                    "prefetch_hits": metric(prom, "shoal_expert_server_prefetch_hits_total"),
+                    "prefetch_wasted": metric(prom, "shoal_expert_server_prefetch_wasted_total"),
+                    "prefetch_read_bytes": metric(prom, "shoal_expert_server_prefetch_read_bytes_total"),
+                    "prefetch_hints_accuracy": doc.get("prefetch_hints"),
+                    "decode_phase_ms_per_token": doc.get("decode_phase_ms_per_token"),
                 })
+                fetches = hits + miss + (row["prefetch_hits"] or 0)
+                row["resident_hit_rate"] = hits / fetches if fetches else None
+                row["prefetch_hit_rate"] = (row["prefetch_hits"] or 0) / fetches if fetches else None
+                row["all_disk_bytes_per_token"] = ((row["disk_read_bytes"] or 0) + (row["prefetch_read_bytes"] or 0)) / ntok
                 if cg:
                     try:
                         row["cgroup_max_usage_bytes"] = int(open(f"{cg}/memory.max_usage_in_bytes").read())
@@ -130,6 +147,7 @@ def main():
                 if ref is None:
                     ref = doc["generated_ids"]
                 row["ids_match_first_rung"] = doc["generated_ids"] == ref
+                row["loadavg_end"] = open("/proc/loadavg").read().strip()
                 ok &= row["ids_match_first_rung"]
             else:
                 row["error"] = r.stderr[-800:]
@@ -162,7 +180,8 @@ def main():
         print(json.dumps({k: v for k, v in row.items() if k not in ("generated_ids", "decode_step_ms", "worker_log")}),
               flush=True)
     out = {"model": a.model, "ids": a.ids, "gen": a.gen, "threads": a.threads, "policy": a.policy,
-           "reserve_mb": a.reserve_mb, "rows": rows, "ids_identical": ok,
+           "reserve_mb": a.reserve_mb, "prefetch": a.prefetch, "rows": rows, "ids_identical": ok,
+           "command": " ".join(sys.argv),
            "loadavg_end": open("/proc/loadavg").read().strip()}
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
