@@ -26,7 +26,9 @@
  *
  * Usage: bench_dist SHOAL_BIN WORKDIR [--transport ipc|tcp] [--workers N]
  *        [--reps R] [--tokens T] [--latent D] [--experts E] [--k K] [--skip-compute]
- * Prints one line per repetition and a summary (median, p10, p90). */
+ * Prints one line per repetition and a summary (median, p10, p90), with the
+ * exchange split by the client's own clocks: submit() (packing and sending)
+ * and the slowest involved worker's round trip to its reply's arrival. */
 #include <errno.h>
 #include <jansson.h>
 #include <netinet/in.h>
@@ -375,7 +377,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < T * latent; i++)
         z[i] = (float)((int)(rnd() % 2001) - 1000) / 500.0f;
     double *xg = malloc(sizeof(double) * (size_t)reps), *xn = malloc(sizeof(double) * (size_t)reps),
-           *rw = malloc(sizeof(double) * (size_t)reps), *pr = malloc(sizeof(double) * (size_t)reps);
+           *rw = malloc(sizeof(double) * (size_t)reps), *pr = malloc(sizeof(double) * (size_t)reps),
+           *sp_sub = malloc(sizeof(double) * (size_t)reps), *sp_rtt = malloc(sizeof(double) * (size_t)reps);
     uint64_t bytes_out = 0, bytes_in = 0;
     int warm = 20;
     printf("# rep exchange_us worker_proc_us net_us raw_us\n");
@@ -401,28 +404,35 @@ int main(int argc, char **argv)
             for (int w = 0; w < nw; w++)
                 ntok[w] += touched[w];
         }
-        double xt = 0, rt = 0, proc = 0;
+        double xt = 0, rt = 0, proc = 0, st_submit = 0, st_rtt = 0;
         for (int order = 0; order < 2; order++) {
             if ((order == 0) == (r % 2 == 0)) {
                 shoal_expert_client_stats s0, s1;
                 shoal_expert_client_get_stats(c, &s0);
                 double t0 = now_us();
-                if (b.vt->submit(b.self, layer, T, k, z, ids, err, sizeof err) ||
-                    b.vt->gather(b.self, y, err, sizeof err)) {
+                int src = b.vt->submit(b.self, layer, T, k, z, ids, err, sizeof err);
+                double t1 = now_us();
+                if (src || b.vt->gather(b.self, y, err, sizeof err)) {
                     fprintf(stderr, "bench_dist: %s\n", err);
                     return 1;
                 }
                 xt = now_us() - t0;
+                st_submit = t1 - t0;
                 shoal_expert_client_get_stats(c, &s1);
                 if (r >= 0) {
                     bytes_out += s1.bytes_out - s0.bytes_out;
                     bytes_in += s1.bytes_in - s0.bytes_in;
                 }
                 proc = 0;
+                st_rtt = 0;
                 for (int w = 0; w < nw; w++) {
                     uint64_t q, cu, rtt;
-                    if (shoal_expert_client_last(c, w, &q, &cu, &rtt) && (double)(q + cu) > proc)
-                        proc = (double)(q + cu);
+                    if (shoal_expert_client_last(c, w, &q, &cu, &rtt)) {
+                        if ((double)(q + cu) > proc)
+                            proc = (double)(q + cu);
+                        if ((double)rtt * 1e-3 > st_rtt)
+                            st_rtt = (double)rtt * 1e-3;
+                    }
                 }
             } else {
                 double t0 = now_us();
@@ -454,6 +464,8 @@ int main(int argc, char **argv)
         if (r < 0)
             continue;
         xg[r] = xt;
+        sp_sub[r] = st_submit;
+        sp_rtt[r] = st_rtt;
         pr[r] = proc;
         xn[r] = xt - proc;
         rw[r] = rt;
@@ -475,6 +487,11 @@ int main(int argc, char **argv)
     printf("# net exchange us: p10 %.1f median %.1f p90 %.1f mean %.1f\n", xn10, xn50, xn90, mean_xn);
     printf("# raw round trip us: p10 %.1f median %.1f p90 %.1f mean %.1f\n", rw10, rw50, rw90, mean_rw);
     printf("# ratio net/raw: median %.3f mean %.3f\n", xn50 / rw50, mean_xn / mean_rw);
+    /* where the exchange goes, from the client's own clocks: submit() (packing and
+     * sending), the slowest worker's round trip (first byte sent to its reply's
+     * arrival, the worker's queue + compute included) */
+    printf("# split us: submit p10 %.1f median %.1f; slowest round trip p10 %.1f median %.1f\n",
+           pct(sp_sub, reps, 0.1), pct(sp_sub, reps, 0.5), pct(sp_rtt, reps, 0.1), pct(sp_rtt, reps, 0.5));
     /* stop */
     for (int w = 0; w < nw; w++) {
         zmq_send(rs[w], "q", 1, 0);
