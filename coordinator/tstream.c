@@ -192,6 +192,11 @@ static int read_range(shoal_tstream *ts, tfile *f, int fd, uint64_t lo, uint64_t
                                  f->path, name, (unsigned long long)pos, (unsigned long long)need_end);
         }
         pos += (uint64_t)r;
+        /* a short read of a regular file is its end: past the data, that is
+         * the O_DIRECT span's tail beyond EOF (reading again at the unaligned
+         * EOF offset would fail with EINVAL) */
+        if ((size_t)r < want && pos >= need_end)
+            return 0;
     }
     return 0;
 }

@@ -136,8 +136,21 @@ static void stream_cycles(int no_direct)
     /* the reader may have read (not skipped) into the 13th cycle */
     CHECK(st.skipped >= (uint64_t)want_skips && st.skipped <= (uint64_t)want_skips + 1);
     CHECK(st.units_read >= 12 * 4 + (12 - (uint64_t)want_skips));
-    if (no_direct)
+    if (no_direct) {
         CHECK_EQ_INT(st.direct, 0);
+    } else {
+        /* u2.a ends at the (unaligned) end of f1: the aligned span's tail is
+         * past EOF, which must not be taken for a refusal of O_DIRECT */
+        int fd = open(p1, O_RDONLY | O_DIRECT);
+        if (fd >= 0) {
+            close(fd);
+            int fd0 = open(p0c, O_RDONLY | O_DIRECT);
+            if (fd0 >= 0) {
+                close(fd0);
+                CHECK_EQ_INT(st.direct, 1);
+            }
+        }
+    }
     /* reset mid-cycle, then whole cycles again */
     shoal_tstream_begin(ts, 1);
     const void *buf;
