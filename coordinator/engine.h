@@ -2,7 +2,9 @@
  * Owns two kinds of object:
  *   shoal_model -- opened once from a model directory: the config, every trunk
  *                  tensor bound by name (mapped read-only, never copied except
- *                  small vectors widened to fp32 once), the routed-expert
+ *                  small vectors widened to fp32 once; or, under a trunk
+ *                  budget, read into owned memory and partly streamed: see
+ *                  shoal_trunk_mode), the routed-expert
  *                  backend (in-process by default, or one plugged in by the
  *                  distributed client), and all forward scratch, sized at open
  *                  from the config and the options;
