@@ -173,6 +173,12 @@ int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts 
 void shoal_model_close(shoal_model *m);
 
 void shoal_model_get_info(const shoal_model *m, shoal_model_info *out);
+/* The trunk streaming reader's own counters since open (0 when the trunk is
+ * mapped or fully resident): bytes it read from disk and the seconds forwards
+ * waited for a streamed unit. Unlike shoal_model_get_stats, safe to call from
+ * any thread while forwards run (for /metrics); embedding rows are not
+ * included (one row per token). */
+void shoal_model_trunk_counters(const shoal_model *m, uint64_t *read_bytes, double *stall_s);
 /* The model's tensor store (borrowed, lives until close): an in-process or
  * test backend may read expert views from it. */
 const shoal_st *shoal_model_store(const shoal_model *m);

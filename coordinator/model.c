@@ -666,6 +666,18 @@ void shoal_model_get_stats(const shoal_model *m, shoal_model_stats *out)
     }
 }
 
+void shoal_model_trunk_counters(const shoal_model *m, uint64_t *read_bytes, double *stall_s)
+{
+    *read_bytes = 0;
+    *stall_s = 0;
+    if (m->ts) {
+        shoal_tstream_stats st;
+        shoal_tstream_get_stats(m->ts, &st);
+        *read_bytes = st.bytes_read;
+        *stall_s = st.stall_s;
+    }
+}
+
 void shoal_model_reset_stats(shoal_model *m)
 {
     memset(&m->stats, 0, sizeof m->stats);

@@ -68,6 +68,8 @@ static void usage(FILE *f)
 typedef struct {
     shoal_dist *dist;
     shoal_cmetrics *cm;
+    shoal_model *model;
+    uint64_t trunk_budget, trunk_resident; /* from the model's trunk plan */
 } serve_ctx;
 
 static int workers_cb(void *ud, shoal_api_worker *w, int cap)
@@ -94,6 +96,22 @@ static void metrics_cb(void *ud, shoal_metrics_buf *b)
 {
     serve_ctx *c = ud;
     shoal_cmetrics_write(c->cm, b);
+    /* the trunk budget (--trunk-gb): all 0 when the trunk is mapped */
+    uint64_t rd;
+    double stall;
+    shoal_model_trunk_counters(c->model, &rd, &stall);
+    shoal_metrics_family(b, "shoal_trunk_budget_bytes", SHOAL_METRICS_GAUGE,
+                         "Trunk memory budget applied (--trunk-gb); 0 when the trunk is mapped.");
+    shoal_metrics_sample(b, "shoal_trunk_budget_bytes", NULL, 0, (double)c->trunk_budget);
+    shoal_metrics_family(b, "shoal_trunk_resident_bytes", SHOAL_METRICS_GAUGE,
+                         "Trunk weight bytes held resident under the budget.");
+    shoal_metrics_sample(b, "shoal_trunk_resident_bytes", NULL, 0, (double)c->trunk_resident);
+    shoal_metrics_family(b, "shoal_trunk_read_bytes_total", SHOAL_METRICS_COUNTER,
+                         "Trunk bytes the streaming reader read from disk.");
+    shoal_metrics_sample(b, "shoal_trunk_read_bytes_total", NULL, 0, (double)rd);
+    shoal_metrics_family(b, "shoal_trunk_stall_seconds_total", SHOAL_METRICS_COUNTER,
+                         "Seconds forwards waited for a streamed trunk unit.");
+    shoal_metrics_sample(b, "shoal_trunk_stall_seconds_total", NULL, 0, stall);
 }
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
@@ -320,6 +338,9 @@ int shoal_cmd_serve(int argc, char **argv)
     }
     shoal_model_info info;
     shoal_model_get_info(model, &info);
+    ctx.model = model;
+    ctx.trunk_budget = info.trunk_budget;
+    ctx.trunk_resident = info.trunk_resident_bytes;
     /* every worker must answer its HELLO (and own its experts) before we serve */
     if (shoal_dist_enabled(&dopts) && (rc = shoal_dist_start(&ctx.dist, &dopts, model_dir, model, err, sizeof err))) {
         fprintf(stderr, "shoal serve: workers: %s\n", err);

@@ -10,6 +10,7 @@ ids under a cap that fits); `shoal serve --trunk-gb small` answers like the
 mapped server; peak RSS is in the --json output.
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS."""
 import json
+import re
 import os
 import random
 import signal
@@ -108,6 +109,9 @@ def serve_ids(*extra):
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
             out = json.loads(r.read())
+        with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
+            prom = r.read().decode()
+        serve_ids.metrics = {k: float(v) for k, v in re.findall(r"^(shoal_trunk_[a-z_]+) (\S+)$", prom, re.M)}
         return out["choices"][0]["text"], stop(p)
     except Exception as e:  # noqa: BLE001 (reported as a failure below)
         return None, f"{e}: " + stop(p)
@@ -220,10 +224,22 @@ def main():
                     time.sleep(0.1)
 
     # shoal serve: the same completion with and without a budget
+    serve_ids.metrics = {}
     a, la = serve_ids()
+    ma = serve_ids.metrics
+    serve_ids.metrics = {}
     b, lb = serve_ids("--trunk-gb", "small")
+    mb = serve_ids.metrics
     check("serve_small_same_text", a is not None and a == b and "trunk plan: budget" in lb and
           "peak resident memory" in lb, f"{a!r} vs {b!r}: {lb[-600:]}")
+    # /metrics: nothing streamed when mapped; under the minimum budget the
+    # budget is the plan's minimum and the reader streamed the non-resident units
+    check("serve_metrics_mapped", ma.get("shoal_trunk_budget_bytes") == 0 and
+          ma.get("shoal_trunk_read_bytes_total") == 0, repr(ma))
+    check("serve_metrics_small", mb.get("shoal_trunk_budget_bytes") == tmin and
+          0 < mb.get("shoal_trunk_resident_bytes", -1) < tmin and
+          mb.get("shoal_trunk_read_bytes_total", 0) > 0 and mb.get("shoal_trunk_stall_seconds_total", -1) >= 0,
+          f"{mb!r}, minimum {tmin}")
     return 1 if counts["FAIL"] else 0
 
 
