@@ -102,6 +102,8 @@ typedef struct {
     int last_t;
     uint64_t rid;
     int involved;
+    int early;    /* its last reply was already there when gather() began: time the next one's arrival */
+    int mon_hot;  /* its monitor's fd polled readable: read the monitor */
     /* PREFETCH hints (forward thread): sent zero-copy like the requests, so a
      * buffer is reused only once this worker has answered a request sent after
      * it (the socket's pipe is FIFO: ZeroMQ has read the hint by then) */
@@ -126,6 +128,7 @@ struct shoal_expert_client {
     int32_t *pick;        /* [E]: this exchange's chosen owner per expert (forward thread) */
     void *zctx;
     struct pollfd *pfd; /* [2 * nw]: gather()'s poll set */
+    int *pidx;          /* [2 * nw]: worker of each pfd entry */
     shoal_proto_scratch *dec; /* gather()'s reply decoder (allocates nothing) */
     pthread_mutex_t smu; /* sockets, links, stats; held from submit() to the end of gather() */
     pthread_mutex_t wmu; /* the workers' `why` strings (held briefly: /health reads them mid-request) */
@@ -640,9 +643,10 @@ static unsigned keeper_pass(shoal_expert_client *c)
  * a message reaches the socket -- the socket itself stays the forward's), and
  * gather() disarms what has not fired, timing the arrival itself from then
  * on. So the keeper wakes only for replies that came early, and the forward
- * wakes nobody. gather() ends every exchange with a receive that finds
- * nothing, which leaves the socket in the state where the next arrival
- * signals. */
+ * wakes nobody. submit() arms only workers whose last reply was early (the
+ * only case where it matters; two syscalls saved per exchange otherwise);
+ * for those, gather() ends the exchange with a receive that finds nothing,
+ * which leaves the socket in the state where the next arrival signals. */
 static void *keeper_main(void *arg)
 {
     shoal_expert_client *c = arg;
@@ -735,13 +739,25 @@ static void send_all(shoal_expert_client *c)
 {
     release_replies(c);
     c->st.requests++;
+    /* a disconnect not yet seen by the keeper: leave that socket alone (its
+     * pending pipe commands, and a reconnection's, allocate: the keeper's).
+     * One poll over the monitors' fds (a monitor read to the end signals the
+     * next event), reading only those that have something. */
+    int n = 0;
+    for (int i = 0; i < c->nw; i++) {
+        c->w[i].answered = 0;
+        c->w[i].mon_hot = 0;
+        if (c->w[i].involved && atomic_load(&c->w[i].link) == W_UP) {
+            c->pidx[n] = i;
+            c->pfd[n++] = (struct pollfd){.fd = c->w[i].mfd, .events = POLLIN};
+        }
+    }
+    if (n && poll(c->pfd, (nfds_t)n, 0) > 0)
+        for (int j = 0; j < n; j++)
+            if (c->pfd[j].revents && monitor_disconnected(c->w[c->pidx[j]].mon))
+                mark_down(c, c->pidx[j], "disconnected (the worker died?)");
     for (int i = 0; i < c->nw; i++) {
         worker *w = &c->w[i];
-        w->answered = 0;
-        /* a disconnect not yet seen by the keeper: leave the socket alone (its
-         * pending pipe commands, and a reconnection's, allocate: the keeper's) */
-        if (w->involved && atomic_load(&w->link) == W_UP && monitor_disconnected(w->mon))
-            mark_down(c, i, "disconnected (the worker died?)");
         if (w->involved && atomic_load(&w->link) != W_UP) { /* fail fast: the keeper is bringing it back */
             fail(c, SHOAL_EPEER, "expert worker %s is down (%s); not sent layer %d, reconnecting in the background",
                  w->name, w->why, c->layer);
@@ -771,8 +787,10 @@ static void send_all(shoal_expert_client *c)
         c->st.pairs += w->npairs;
         c->st.bytes_out += w->ctl_len + alen + rlen;
         w->bytes_out = w->ctl_len + alen + rlen;
-        atomic_store(&w->obs, 1);
-        watch(c, i, 1);
+        if (w->early) { /* the reply may come before gather(): have the keeper time it */
+            atomic_store(&w->obs, 1);
+            watch(c, i, 1);
+        }
     }
 }
 
@@ -862,7 +880,7 @@ static void wait_replies(shoal_expert_client *c)
         if (c->w[i].involved && atomic_compare_exchange_strong(&c->w[i].obs, &one, 0))
             watch(c, i, 0);
     }
-    for (;;) {
+    for (int first = 1;; first = 0) {
         int n = 0;
         for (int i = 0; i < c->nw && c->state == SENT; i++) {
             worker *w = &c->w[i];
@@ -870,12 +888,17 @@ static void wait_replies(shoal_expert_client *c)
                 continue;
             zmq_msg_t parts[SHOAL_PROTO_MAX_FRAMES];
             int np, truncated;
-            /* until a receive finds nothing, also after the answer (see keeper_main) */
-            while (c->state == SENT && (np = recv_parts(w->sock, parts, &truncated)) > 0)
+            while (c->state == SENT && !w->answered && (np = recv_parts(w->sock, parts, &truncated)) > 0)
+                on_reply(c, i, parts, np, truncated);
+            if (first)
+                w->early = w->answered;
+            /* when the next reply is to be timed by the keeper, read until a
+             * receive finds nothing: that leaves the socket's fd to signal it */
+            while (c->state == SENT && w->answered && w->early && (np = recv_parts(w->sock, parts, &truncated)) > 0)
                 on_reply(c, i, parts, np, truncated);
             if (c->state != SENT || w->answered)
                 continue;
-            if (monitor_disconnected(w->mon)) {
+            if (w->mon_hot && monitor_disconnected(w->mon)) {
                 if (c->cm)
                     shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
                 mark_down(c, i, "disconnected (the worker died?)");
@@ -883,7 +906,9 @@ static void wait_replies(shoal_expert_client *c)
                      w->name, c->layer);
                 break;
             }
+            w->mon_hot = 0;
             c->pfd[n++] = (struct pollfd){.fd = w->fd, .events = POLLIN};
+            c->pidx[n] = i;
             c->pfd[n++] = (struct pollfd){.fd = w->mfd, .events = POLLIN};
         }
         if (c->state != SENT || n == 0)
@@ -907,6 +932,9 @@ static void wait_replies(shoal_expert_client *c)
         uint64_t ms = (c->deadline_us - now + 999) / 1000;
         if (poll(c->pfd, (nfds_t)n, ms > 50 ? 50 : (int)ms) < 0 && errno != EINTR)
             usleep(1000);
+        for (int j = 1; j < n; j += 2)
+            if (c->pfd[j].revents)
+                c->w[c->pidx[j]].mon_hot = 1;
     }
 }
 
@@ -1123,6 +1151,7 @@ void shoal_expert_client_close(shoal_expert_client *c)
     pthread_mutex_destroy(&c->smu);
     pthread_mutex_destroy(&c->wmu);
     free(c->pfd);
+    free(c->pidx);
     shoal_proto_scratch_free(c->dec);
     shoal_owners_close(c->owners);
     free(c->pick);
@@ -1156,6 +1185,7 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
     c->epfd = epoll_create1(EPOLL_CLOEXEC);
     c->kev = shoal_xcalloc(1 + (size_t)o->nworkers, sizeof *c->kev);
     c->pfd = shoal_xcalloc(2 * (size_t)o->nworkers, sizeof *c->pfd);
+    c->pidx = shoal_xcalloc(2 * (size_t)o->nworkers, sizeof *c->pidx);
     c->dec = shoal_proto_scratch_new();
     c->w = shoal_xcalloc((size_t)c->nw, sizeof *c->w);
     c->seen = shoal_xcalloc((size_t)c->E, sizeof *c->seen);

@@ -476,7 +476,9 @@ static void t_worker_comes_back(void)
 
 /* A reply that arrives while the caller still computes (between submit and
  * gather) counts its round trip to its arrival, not to gather(): the
- * network/queue/compute split must not absorb the shared experts' time. */
+ * network/queue/compute split must not absorb the shared experts' time. The
+ * client times arrivals that way once it has seen a reply come early, so the
+ * first of the three exchanges may count to gather(). */
 static void t_rtt_excludes_caller_time(void)
 {
     if (!have_model)
