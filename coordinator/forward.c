@@ -223,8 +223,8 @@ static void mla_layer(shoal_model *m, const shoal__layer *ly, shoal_seq *const *
     size_t HR = (size_t)Hm * R, HP = (size_t)Hm * dr;
     for (int t0 = 0; t0 < T;) {
         /* a block of tokens of one sequence at consecutive positions (a
-         * prefill chunk; one token in decode): the batched attention reads
-         * each cached row once per block, and equals the per-token form */
+         * prefill chunk; one token in decode): the batched attention walks
+         * the cache once per block, and equals the per-token form bit for bit */
         shoal_seq *s = seqs[t0];
         int n = 1;
         while (t0 + n < T && n < SHOAL_MLA_TBLOCK && seqs[t0 + n] == s && sc->tpos[t0 + n] == sc->tpos[t0] + n)

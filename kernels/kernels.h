@@ -93,9 +93,9 @@ void shoal_mla_attend(float *ctx, const float *q_lat, const float *q_pe, const f
  * whose cache rows 0..S0+T-1 are already written; token t attends to rows
  * 0..S0+t (causal). q_lat [T, H, R], q_pe [T, H, P], ctx [T, H, R]. Every
  * token's ctx is bit-identical to shoal_mla_attend for that token alone with
- * S = S0+t+1 (any T, ISA, thread count). Tokens go SHOAL_MLA_TBLOCK at a time
- * and each cached row is read from memory once per block of tokens, not once
- * per token. scratch: shoal_mla_prefill_scratch(S0, T, H) floats. */
+ * S = S0+t+1 (any T, ISA, thread count). Tokens go SHOAL_MLA_TBLOCK at a time;
+ * the cache is read once per block of tokens and chunk of heads (kernels/README.md),
+ * not once per token and thread. scratch: shoal_mla_prefill_scratch(S0, T, H) floats. */
 #define SHOAL_MLA_TBLOCK 4
 void shoal_mla_attend_prefill(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S0, int T,
                               int H, int R, int P, float scale, float *scratch);
