@@ -806,6 +806,13 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
         f[j] = (shoal_frame){zmq_msg_data(&parts[j]), zmq_msg_size(&parts[j])};
         bytes += f[j].len;
     }
+    /* a HELLO answer (to an old probe, or unsolicited) is not decoded here:
+     * decoding one allocates its ranges, and this is the forward's thread.
+     * Every control frame is [type, rid, body]: 0x93, then the type's byte. */
+    if (!truncated && f[0].len >= 2 && f[0].data[0] == 0x93 && f[0].data[1] == SHOAL_MSG_HELLO) {
+        close_parts(parts, np);
+        return;
+    }
     shoal_proto_msg m;
     memset(&m, 0, sizeof m);
     int perr;

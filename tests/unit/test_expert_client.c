@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "common/err.h"
 #include "common/k3cfg.h"
@@ -26,6 +27,7 @@
 #include "coordinator/experts_local.h"
 #include "kernels/kernels.h"
 #include "proto/fprint.h"
+#include "proto/shard.h"
 #include "tests/unit/test.h"
 #include "worker/expert_server.h"
 
@@ -511,6 +513,116 @@ static void t_rtt_excludes_caller_time(void)
     srv_stop(&w[0]);
 }
 
+/* A fake worker: answers HELLO and PING like a real one, and every
+ * EXPERT_BATCH with an unsolicited HELLO reply, then ERROR INTERNAL. */
+typedef struct {
+    char ep[128];
+    volatile int stop;
+    pthread_t th;
+} fake;
+
+static void *fake_main(void *arg)
+{
+    fake *fk = arg;
+    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_ROUTER);
+    int zero = 0, ms = 50;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &ms, sizeof ms);
+    zmq_bind(s, fk->ep);
+    shoal_proto_range *own = NULL;
+    size_t nown = 0;
+    char err[256];
+    shoal_shard_parse("1-8:0-23", &own, &nown, err, sizeof err);
+    shoal_proto_hello h = {.major = SHOAL_PROTO_MAJOR, .minor = SHOAL_PROTO_MINOR, .owned = own, .nowned = nown,
+                           .act_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_F32) | SHOAL_WIRE_MASK(SHOAL_WIRE_BF16),
+                           .out_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_BF16), .max_tokens = 64, .threads = 1};
+    memcpy(h.fingerprint, fp, SHOAL_PROTO_FP_BYTES);
+    snprintf(h.id, sizeof h.id, "fake");
+    snprintf(h.isa, sizeof h.isa, "scalar");
+    while (!fk->stop) {
+        zmq_msg_t part[4];
+        int np = 0, more = 1;
+        while (more && np < 4) {
+            zmq_msg_init(&part[np]);
+            if (zmq_msg_recv(&part[np], s, 0) < 0) {
+                zmq_msg_close(&part[np]);
+                break;
+            }
+            more = zmq_msg_more(&part[np]);
+            np++;
+        }
+        if (np >= 2) {
+            shoal_frame f[3];
+            for (int j = 1; j < np; j++)
+                f[j - 1] = (shoal_frame){zmq_msg_data(&part[j]), zmq_msg_size(&part[j])};
+            shoal_proto_msg m;
+            memset(&m, 0, sizeof m);
+            int perr;
+            if (!shoal_proto_decode(f, np - 1, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err)) {
+                uint8_t buf[4096];
+                size_t len = 0;
+                zmq_send(s, zmq_msg_data(&part[0]), zmq_msg_size(&part[0]), ZMQ_SNDMORE);
+                if (m.type == SHOAL_MSG_HELLO) {
+                    shoal_proto_enc_hello(buf, sizeof buf, &len, m.rid, &h, 1);
+                } else if (m.type == SHOAL_MSG_PING) {
+                    shoal_proto_enc_empty(buf, sizeof buf, &len, SHOAL_MSG_PONG, m.rid);
+                } else {
+                    shoal_proto_enc_hello(buf, sizeof buf, &len, m.rid, &h, 1);
+                    zmq_send(s, buf, len, 0);
+                    zmq_send(s, zmq_msg_data(&part[0]), zmq_msg_size(&part[0]), ZMQ_SNDMORE);
+                    shoal_proto_enc_error(buf, sizeof buf, &len, m.rid, SHOAL_PERR_INTERNAL, "fake worker");
+                }
+                zmq_send(s, buf, len, 0);
+            }
+            shoal_proto_msg_clear(&m);
+        }
+        for (int j = 0; j < np; j++)
+            zmq_msg_close(&part[j]);
+    }
+    free(own);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    return NULL;
+}
+
+/* An unsolicited HELLO reply during a request is dropped without being
+ * decoded on the caller's thread (decoding one allocates its ranges): no
+ * allocation, and the request ends with the worker's ERROR naming it. */
+static void t_unsolicited_hello_no_alloc(void)
+{
+    if (!have_model)
+        SKIP("tests/models/tiny-k3 not present");
+    fake fk = {.stop = 0};
+    snprintf(fk.ep, sizeof fk.ep, "ipc://@shoal-test-fake-%d", (int)getpid());
+    CHECK(pthread_create(&fk.th, NULL, fake_main, &fk) == 0);
+    const char *eps[1] = {fk.ep};
+    shoal_expert_client_opts o = {.endpoints = eps, .nworkers = 1, .cfg = &cfg, .fingerprint = fp, .max_tokens = 16,
+                                  .timeout_ms = 5000, .hello_timeout_ms = 5000};
+    shoal_expert_client *c = NULL;
+    char err[2048];
+    CHECK_MSG(shoal_expert_client_open(&c, &o, err, sizeof err) == 0, "%s", err);
+    if (c) {
+        shoal_experts b = shoal_expert_client_backend(c);
+        int d = cfg.latent_size, k = cfg.experts_per_token;
+        float z[64];
+        int32_t ids[16];
+        uint16_t *y = malloc(2 * (size_t)k * (size_t)d);
+        random_batch(1, z, ids);
+        uint64_t before = shoal_engine_alloc_count();
+        shoal__engine_guard_arm(1);
+        int rs = b.vt->submit(b.self, 2, 1, k, z, ids, err, sizeof err);
+        int rg = rs ? rs : b.vt->gather(b.self, y, err, sizeof err);
+        shoal__engine_guard_arm(0);
+        CHECK_EQ_INT(shoal_engine_alloc_count() - before, 0);
+        CHECK_MSG(rs == 0 && rg == SHOAL_EINTERNAL, "submit %d gather %d: %s", rs, rg, err);
+        CHECK_STR_CONTAINS(err, "fake worker");
+        free(y);
+    }
+    shoal_expert_client_close(c);
+    fk.stop = 1;
+    pthread_join(fk.th, NULL);
+}
+
 static void t_no_alloc_on_caller(void)
 {
     if (!have_model)
@@ -571,6 +683,7 @@ int main(void)
     RUN(t_stopped_worker_fails_fast);
     RUN(t_worker_comes_back);
     RUN(t_rtt_excludes_caller_time);
+    RUN(t_unsolicited_hello_no_alloc);
     RUN(t_no_alloc_on_caller);
     shoal_st_close(store);
     return test_finish();
