@@ -22,8 +22,9 @@
  * next to other sequences' tokens, and for any OpenMP thread count.
  *
  * Memory: nothing in prefill/decode allocates (scratch is sized at open; a
- * sequence's state at shoal_seq_create). Debug builds arm an allocation guard
- * around every forward that aborts on any malloc (shoal_engine_alloc_count).
+ * sequence's state at shoal_seq_create). An allocation guard around every
+ * forward counts any malloc (shoal_engine_alloc_count) and, with
+ * SHOAL_ALLOC_GUARD=abort in the environment (tests), aborts on it.
  *
  * Thread-safety: after open, a model is immutable except for its scratch, its
  * counters and its expert backend. Every call that runs the forward
@@ -266,8 +267,8 @@ int shoal_seq_decode(shoal_seq *s, int32_t id, float *logits, char *err, size_t 
 int shoal_model_decode_batch(shoal_model *m, shoal_seq *const *seqs, const int32_t *ids, int n, float *logits,
                              char *err, size_t errlen);
 
-/* Allocations seen by the engine's guard while a forward was running (debug
- * builds abort on the first instead; 0 in a correct build). Tests read it. */
+/* Allocations seen by the engine's guard while a forward was running (with
+ * SHOAL_ALLOC_GUARD=abort the first aborts instead; 0 in a correct build). */
 uint64_t shoal_engine_alloc_count(void);
 
 #endif

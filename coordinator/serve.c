@@ -112,6 +112,9 @@ static void metrics_cb(void *ud, shoal_metrics_buf *b)
     shoal_metrics_family(b, "shoal_trunk_stall_seconds_total", SHOAL_METRICS_COUNTER,
                          "Seconds forwards waited for a streamed trunk unit.");
     shoal_metrics_sample(b, "shoal_trunk_stall_seconds_total", NULL, 0, stall);
+    shoal_metrics_family(b, "shoal_forward_allocations_total", SHOAL_METRICS_COUNTER,
+                         "Heap allocations caught inside the forward (should stay 0).");
+    shoal_metrics_sample(b, "shoal_forward_allocations_total", NULL, 0, (double)shoal_engine_alloc_count());
 }
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
