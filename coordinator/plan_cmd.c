@@ -81,7 +81,7 @@ int shoal_cmd_plan(int argc, char **argv)
 {
     const char *model = NULL, *cluster = NULL, *trace = NULL, *out = NULL, *inv = NULL;
     long replicas = 0;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
@@ -115,7 +115,6 @@ int shoal_cmd_plan(int argc, char **argv)
             usage(stderr);
             return 2;
         }
-        i++;
     }
     if (!model || !cluster || !out) {
         usage(stderr);
