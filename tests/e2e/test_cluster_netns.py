@@ -35,33 +35,24 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 T = "test_cluster_netns"
 SRC = os.path.abspath(os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")))
 BIN = os.path.abspath(os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal")))
 PY = os.environ.get("SHOAL_PYTHON", sys.executable)
-RES = os.environ.get("SHOAL_TEST_RESULTS")
 TINY = os.path.join(SRC, "tests", "models", "tiny-k3")
 PROMPT = "3,17,250,1001,42,7,99,512,4000,1"
 DELAY_MS = 0.25
-counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
 tag = f"{os.getpid() % 10000}"
 NS = {"c": f"shc{tag}", "w0": f"shw0{tag}", "w1": f"shw1{tag}", "w2": f"shw2{tag}"}
 IP = {"c": "10.77.0.10", "w0": "10.77.0.11", "w1": "10.77.0.12", "w2": "10.77.0.13"}
 BR = f"shbr{tag}"
 
 
-def record(status, case, why=""):
-    counts[status] += 1
-    line = f"{status}\t{T}\t{case}" + (f": {why}" if why else "")
-    print(line.replace("\t", " "), flush=True)
-    if RES:
-        with open(RES, "a") as f:
-            f.write(line + "\n")
-
-
-def check(case, cond, why=""):
-    record("PASS" if cond else "FAIL", case, "" if cond else why)
-    return cond
+R = harness.Recorder(T)
+counts, record, check = R.counts, R.record, R.check
 
 
 def sh(cmd, check_rc=True, **kw):

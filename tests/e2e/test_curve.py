@@ -18,7 +18,6 @@ Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS.
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -28,39 +27,22 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from relay import Relay  # noqa: E402
 
+import harness  # noqa: E402
+
 T = "test_curve"
 SRC = os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
-RES = os.environ.get("SHOAL_TEST_RESULTS")
 TINY = os.path.join(SRC, "tests", "models", "tiny-k3")
 PROMPT = "3,17,250,1001,42,7,99,512,4000,1"
-counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
 
 
-def record(status, case, why=""):
-    counts[status] += 1
-    line = f"{status}\t{T}\t{case}" + (f": {why}" if why else "")
-    print(line.replace("\t", " "), flush=True)
-    if RES:
-        with open(RES, "a") as f:
-            f.write(line + "\n")
-
-
-def check(case, cond, why=""):
-    record("PASS" if cond else "FAIL", case, "" if cond else why)
-    return cond
+R = harness.Recorder(T)
+counts, record, check = R.counts, R.record, R.check
+free_port = harness.free_port
 
 
 def sh(*args, timeout=60):
     return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def run_ids(*args, gen="6"):

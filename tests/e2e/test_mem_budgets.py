@@ -23,28 +23,19 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 T = "test_mem_budgets"
 SRC = os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
-RES = os.environ.get("SHOAL_TEST_RESULTS")
 TINY = os.path.join(SRC, "tests", "models", "tiny-k3")
-counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
 tag = f"{os.getpid()}-{random.randrange(1 << 30):x}"
 nep = 0
 
 
-def record(status, case, why=""):
-    counts[status] += 1
-    line = f"{status}\t{T}\t{case}" + (f": {why}" if why else "")
-    print(line.replace("\t", " "), flush=True)
-    if RES:
-        with open(RES, "a") as f:
-            f.write(line + "\n")
-
-
-def check(case, cond, why=""):
-    record("PASS" if cond else "FAIL", case, "" if cond else why)
-    return cond
+R = harness.Recorder(T)
+counts, record, check = R.counts, R.record, R.check
 
 
 def ep():

@@ -13,7 +13,6 @@ and the worker-reported queue/compute sums identical on both sides."""
 import json
 import os
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -24,8 +23,10 @@ import urllib.request
 import msgpack
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 import promcheck  # noqa: E402
 
+free_port = harness.free_port
 R = promcheck.Results("test_metrics_workers")
 src = os.environ.get("SHOAL_SRC", ".")
 shoal = os.environ.get("SHOAL_BIN", "build/bin/shoal")
@@ -43,14 +44,6 @@ RANGES = [f"{moe[0]}-{moe[-1]}:0-{SPLIT - 1}", f"{moe[0]}-{moe[-1]}:{SPLIT}-{E -
 owner = lambda e: 0 if e < SPLIT else 1  # noqa: E731
 
 tmp = tempfile.mkdtemp(prefix="shoal_mon_")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def scrape(port):

@@ -1,0 +1,36 @@
+"""Shared helpers of the Python end-to-end tests.
+
+Recorder appends one `PASS|FAIL|SKIP<TAB>test<TAB>case[: why]` line per case
+to $SHOAL_TEST_RESULTS (scripts/test.sh counts them) and echoes it; a test
+exits 1 when any case failed and 77 when everything was skipped.
+free_port() asks the kernel for a TCP port that is free on 127.0.0.1 now.
+"""
+import os
+import socket
+
+
+class Recorder:
+    def __init__(self, test):
+        self.test = test
+        self.counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
+        self.path = os.environ.get("SHOAL_TEST_RESULTS")
+
+    def record(self, status, case, why=""):
+        self.counts[status] += 1
+        line = f"{status}\t{self.test}\t{case}" + (f": {why}" if why else "")
+        print(line.replace("\t", " "), flush=True)
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+
+    def check(self, case, cond, why=""):
+        self.record("PASS" if cond else "FAIL", case, "" if cond else why)
+        return cond
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
