@@ -15,9 +15,10 @@
  *
  * No allocation on the forward thread: request frames are sent as ZeroMQ
  * constant messages (zmq_msg_init_data without a free function) over the
- * worker's own buffers, so zmq copies nothing and allocates nothing; a
- * buffer is rewritten by the next submit() only, after the reply to the
- * previous request arrived (so zmq has finished with it) -- or after that
+ * client's buffers (a worker's own; the activation frame of workers that get
+ * every token is one of theirs, packed once), so zmq copies nothing and
+ * allocates nothing; a buffer is rewritten by the next submit() only, after
+ * the replies to the previous request arrived (so zmq has finished with it) -- or after that
  * request failed, when a stale request may go out with torn contents, which
  * the worker validates and answers under the old rid, dropped here. Replies
  * are received as zmq messages allocated by zmq's own I/O thread and kept
@@ -96,6 +97,7 @@ typedef struct {
     uint8_t ctl[64];
     size_t ctl_len;
     uint8_t *act;     /* [16 + max_tokens * d * 4] */
+    const uint8_t *tx_act; /* the activation frame sent: act, or another worker's act holding the same rows */
     uint8_t *route;   /* [16 + max_tokens * k * 8] */
     int32_t *dest;    /* [max_tokens * k]: destination row t*k + slot of pair i */
     uint32_t ntok, npairs, nexperts;
@@ -104,6 +106,7 @@ typedef struct {
     int involved;
     int early;    /* its last reply was already there when gather() began: time the next one's arrival */
     int mon_hot;  /* its monitor's fd polled readable: read the monitor */
+    int sock_hot; /* its socket's fd polled readable: receive */
     /* PREFETCH hints (forward thread): sent zero-copy like the requests, so a
      * buffer is reused only once this worker has answered a request sent after
      * it (the socket's pipe is FIFO: ZeroMQ has read the hint by then) */
@@ -773,7 +776,7 @@ static void send_all(shoal_expert_client *c)
         shoal_proto_tensor_len(SHOAL_WIRE_I32, w->npairs, 2, &rlen);
         atomic_store(&w->arr_ns, 0);
         w->sent_ns = now_ns();
-        if (send_frame(w->sock, w->ctl, w->ctl_len, 1) || send_frame(w->sock, w->act, alen, 1) ||
+        if (send_frame(w->sock, w->ctl, w->ctl_len, 1) || send_frame(w->sock, (void *)w->tx_act, alen, 1) ||
             send_frame(w->sock, w->route, rlen, 0)) {
             int e = errno;
             if (c->cm)
@@ -879,11 +882,15 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
 /* Wait for every involved worker's reply, a failure or the deadline (smu
  * held, state SENT). The wait is a poll() over the sockets' ZMQ_FD: a
  * non-blocking receive that finds nothing has processed the socket's pending
- * commands, after which its ZMQ_FD signals the next arrival. */
+ * commands, after which its ZMQ_FD signals the next arrival -- so after the
+ * first pass only the sockets whose fd signalled are received from (an empty
+ * receive is a system call or two in zmq), and all of them again only when a
+ * poll times out (its 50 ms cap: a missed wake-up could only delay). */
 static void wait_replies(shoal_expert_client *c)
 {
     for (int i = 0; i < c->nw; i++) { /* from here on, arrivals are timed here */
         int one = 1;
+        c->w[i].sock_hot = 1;
         if (c->w[i].involved && atomic_compare_exchange_strong(&c->w[i].obs, &one, 0))
             watch(c, i, 0);
     }
@@ -895,8 +902,11 @@ static void wait_replies(shoal_expert_client *c)
                 continue;
             zmq_msg_t parts[SHOAL_PROTO_MAX_FRAMES];
             int np, truncated;
-            while (c->state == SENT && !w->answered && (np = recv_parts(w->sock, parts, &truncated)) > 0)
-                on_reply(c, i, parts, np, truncated);
+            if (w->sock_hot || w->mon_hot) { /* a reply is read before its worker's disconnect */
+                w->sock_hot = 0;
+                while (c->state == SENT && !w->answered && (np = recv_parts(w->sock, parts, &truncated)) > 0)
+                    on_reply(c, i, parts, np, truncated);
+            }
             if (first)
                 w->early = w->answered;
             /* when the next reply is to be timed by the keeper, read until a
@@ -914,6 +924,7 @@ static void wait_replies(shoal_expert_client *c)
                 break;
             }
             w->mon_hot = 0;
+            c->pidx[n] = i;
             c->pfd[n++] = (struct pollfd){.fd = w->fd, .events = POLLIN};
             c->pidx[n] = i;
             c->pfd[n++] = (struct pollfd){.fd = w->mfd, .events = POLLIN};
@@ -937,15 +948,32 @@ static void wait_replies(shoal_expert_client *c)
         }
         /* capped, so that a missed wake-up could only delay, never hang */
         uint64_t ms = (c->deadline_us - now + 999) / 1000;
-        if (poll(c->pfd, (nfds_t)n, ms > 50 ? 50 : (int)ms) < 0 && errno != EINTR)
+        int pr = poll(c->pfd, (nfds_t)n, ms > 50 ? 50 : (int)ms);
+        if (pr < 0 && errno != EINTR)
             usleep(1000);
-        for (int j = 1; j < n; j += 2)
-            if (c->pfd[j].revents)
-                c->w[c->pidx[j]].mon_hot = 1;
+        for (int j = 0; j < n; j += 2) {
+            worker *w = &c->w[c->pidx[j]];
+            w->sock_hot = pr <= 0 || c->pfd[j].revents; /* nothing signalled: look at every socket */
+            w->mon_hot = c->pfd[j + 1].revents != 0;
+        }
     }
 }
 
 /* ---- the backend ------------------------------------------------------------ */
+
+/* One activation row onto the wire: fp32 as is, or rounded to bf16 (little-endian). */
+static void pack_row(uint8_t *dst, const float *zt, int d, int bf16)
+{
+    if (!bf16) {
+        memcpy(dst, zt, (size_t)d * 4);
+        return;
+    }
+    for (int j = 0; j < d; j++) {
+        uint16_t b = shoal_f32_to_bf16(zt[j]);
+        dst[2 * j] = (uint8_t)b;
+        dst[2 * j + 1] = (uint8_t)(b >> 8);
+    }
+}
 
 static int submit(void *self, int layer, int T, int k, const float *z, const int32_t *ids, char *err, size_t errlen)
 {
@@ -974,7 +1002,6 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
     shoal_owners_pick(c->owners, layer, T, k, ids, c->pick); /* one owner per expert, balanced */
     const int32_t *own = c->pick;
     for (int t = 0; t < T; t++) {
-        const float *zt = z + (size_t)t * d;
         for (int s = 0; s < k; s++) {
             int32_t e = ids[(size_t)t * k + s];
             if (e < 0 || e >= c->E || (s && e <= ids[(size_t)t * k + s - 1])) {
@@ -983,18 +1010,8 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
                                      "of range or not ascending", t, s, (int)e);
             }
             worker *w = &c->w[own[e]];
-            if (w->last_t != t) { /* first pair of this token for w: append its activation row */
+            if (w->last_t != t) { /* first pair of this token for w: its next activation row */
                 w->last_t = t;
-                uint8_t *dst = w->act + SHOAL_PROTO_TENSOR_HDR + (size_t)w->ntok * row;
-                if (bf16) {
-                    for (int j = 0; j < d; j++) {
-                        uint16_t b = shoal_f32_to_bf16(zt[j]);
-                        dst[2 * j] = (uint8_t)b;
-                        dst[2 * j + 1] = (uint8_t)(b >> 8);
-                    }
-                } else {
-                    memcpy(dst, zt, row);
-                }
                 w->ntok++;
             }
             int32_t pair[2] = {(int32_t)w->ntok - 1, e};
@@ -1007,12 +1024,36 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
             }
         }
     }
+    /* the activation rows: a worker that has every token gets the same frame
+     * as any other such worker, packed once (always so in decode, T = 1);
+     * the others get their own tokens' rows, in token order */
+    const uint8_t *all = NULL;
+    for (int i = 0; i < c->nw; i++) {
+        worker *w = &c->w[i];
+        if (!w->involved)
+            continue;
+        if (w->ntok == (uint32_t)T && all) {
+            w->tx_act = all;
+            continue;
+        }
+        uint32_t r = 0;
+        for (uint32_t p = 0, last = UINT32_MAX; p < w->npairs; p++) {
+            uint32_t t = (uint32_t)w->dest[p] / (uint32_t)k;
+            if (t != last) {
+                last = t;
+                pack_row(w->act + SHOAL_PROTO_TENSOR_HDR + (size_t)r++ * row, z + (size_t)t * d, d, bf16);
+            }
+        }
+        shoal_proto_tensor_hdr(w->act, bf16 ? SHOAL_WIRE_BF16 : SHOAL_WIRE_F32, w->ntok, (uint32_t)d);
+        w->tx_act = w->act;
+        if (w->ntok == (uint32_t)T)
+            all = w->act;
+    }
     for (int i = 0; i < c->nw; i++) {
         worker *w = &c->w[i];
         if (!w->involved)
             continue;
         w->rid = ++c->next_rid;
-        shoal_proto_tensor_hdr(w->act, bf16 ? SHOAL_WIRE_BF16 : SHOAL_WIRE_F32, w->ntok, (uint32_t)d);
         shoal_proto_tensor_hdr(w->route, SHOAL_WIRE_I32, w->npairs, 2);
         if (shoal_proto_enc_batch(w->ctl, sizeof w->ctl, &w->ctl_len, w->rid, (uint32_t)layer, SHOAL_WIRE_BF16))
             SHOAL_PANIC("EXPERT_BATCH control does not fit");

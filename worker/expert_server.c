@@ -65,15 +65,18 @@ static void *alloc_frame(void *ctx, size_t len)
     return zmq_msg_data(&o->msg);
 }
 
-/* Receive one whole multipart message if one is waiting. 1 got, 0 none, <0 error. */
-static int recv_one(void *sock, qreq *r)
+/* Receive one whole multipart message: if one is waiting, or with `wait`
+ * within the socket's ZMQ_RCVTIMEO (a blocking receive costs the idle worker
+ * fewer system calls than zmq_poll followed by a receive). 1 got, 0 none
+ * (timeout, signal), <0 error. */
+static int recv_one(void *sock, qreq *r, int wait)
 {
     r->nparts = 0;
     r->too_many = 0;
     for (;;) {
         zmq_msg_t m;
         zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, sock, r->nparts == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+        if (zmq_msg_recv(&m, sock, r->nparts == 0 && !wait ? ZMQ_DONTWAIT : 0) < 0) {
             int e = errno;
             zmq_msg_close(&m);
             if (r->nparts == 0)
@@ -403,6 +406,8 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
      * most maxmsg bytes per connection */
     int rcvhwm = 16;
     zmq_setsockopt(s.sock, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
+    int rcvtimeo = 100; /* the idle wait's tick: the stop flag is checked this often */
+    zmq_setsockopt(s.sock, ZMQ_RCVTIMEO, &rcvtimeo, sizeof rcvtimeo);
     if (o->curve_secret && (rc = setup_curve(&s, o, err, errlen)))
         goto out;
     if (zmq_bind(s.sock, o->listen)) {
@@ -417,16 +422,16 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     int head = 0, count = 0, shutdown = 0;
     uint64_t dropped = 0;
     while (!shutdown && !(o->stop && *o->stop)) {
-        if (count == 0) {
-            zmq_pollitem_t pi = {.socket = s.sock, .events = ZMQ_POLLIN};
-            int pr = zmq_poll(&pi, 1, 100);
-            if (pr < 0 && errno != EINTR) {
-                rc = shoal_err_set(err, errlen, -errno, "poll on %s failed: %s", o->listen, zmq_strerror(errno));
+        if (count == 0) { /* idle: block in the receive itself (ZMQ_RCVTIMEO), as cheap as a wait gets */
+            int g = recv_one(s.sock, &s.q[head], 1);
+            if (g < 0) {
+                rc = shoal_err_set(err, errlen, g, "receive on %s failed: %s", o->listen, zmq_strerror(-g));
                 goto out;
             }
+            count = g;
         }
         while (count < QCAP) { /* take what is waiting, stamped on arrival */
-            int g = recv_one(s.sock, &s.q[(head + count) % QCAP]);
+            int g = recv_one(s.sock, &s.q[(head + count) % QCAP], 0);
             if (g <= 0)
                 break;
             count++;
@@ -439,7 +444,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     }
     /* stopping: what is queued (and what is already waiting) is refused, not computed */
     for (;;) {
-        while (count < QCAP && recv_one(s.sock, &s.q[(head + count) % QCAP]) > 0)
+        while (count < QCAP && recv_one(s.sock, &s.q[(head + count) % QCAP], 0) > 0)
             count++;
         if (count == 0)
             break;

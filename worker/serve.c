@@ -1,6 +1,7 @@
 /* The worker's request handler (see serve.h). */
 #include "worker/serve.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,8 @@ struct shoal_serve {
     int32_t *pf_ids;  /* [num_experts] a PREFETCH's usable ids */
     uint64_t pf_notices, pf_dropped;
     peer peers[MAX_PEERS];
+    int npeers;      /* peers[0 .. npeers) have been used */
+    peer *last_peer; /* the last one found or added */
     uint64_t clock;
     shoal_proto_stats st;
     uint64_t t0_us;
@@ -120,9 +123,12 @@ void shoal_serve_close(shoal_serve *s)
 
 static peer *peer_find(shoal_serve *s, const uint8_t *id, size_t len)
 {
-    for (int i = 0; i < MAX_PEERS; i++)
+    peer *p = s->last_peer; /* nearly always the one (a worker has one coordinator or few) */
+    if (p && p->used && p->len == len && !memcmp(p->id, id, len))
+        return p;
+    for (int i = 0; i < s->npeers; i++)
         if (s->peers[i].used && s->peers[i].len == len && !memcmp(s->peers[i].id, id, len))
-            return &s->peers[i];
+            return s->last_peer = &s->peers[i];
     return NULL;
 }
 
@@ -132,12 +138,17 @@ static void peer_add(shoal_serve *s, const uint8_t *id, size_t len)
         len = sizeof s->peers[0].id;
     peer *p = peer_find(s, id, len);
     if (!p) {
-        p = &s->peers[0];
-        for (int i = 1; i < MAX_PEERS && p->used; i++) /* a free slot, else the least recently used */
-            if (!s->peers[i].used || s->peers[i].used < p->used)
-                p = &s->peers[i];
+        if (s->npeers < MAX_PEERS) { /* slots are taken in order and never freed */
+            p = &s->peers[s->npeers++];
+        } else {
+            p = &s->peers[0];
+            for (int i = 1; i < MAX_PEERS; i++) /* the least recently used */
+                if (s->peers[i].used < p->used)
+                    p = &s->peers[i];
+        }
         memcpy(p->id, id, len);
         p->len = len;
+        s->last_peer = p;
     }
     p->used = ++s->clock;
 }
@@ -317,24 +328,46 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
             reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, msg);
             return; /* the data frame is the caller's to free (rep->n == 1) */
         }
-        for (int j = 0; j < ne; j++) {
-            int32_t t, ee;
+        /* The expert's rows are read in place when they are consecutive fp32
+         * rows of the activation frame, and its outputs written in place when
+         * its pairs are consecutive rows of a bf16 reply -- always so in decode
+         * (one pair per expert): no gather, no scatter. The kernels load and
+         * store element by element whatever the alignment, so the results are
+         * the same bits either way. */
+        int32_t tf, ee;
+        shoal_proto_route_pair(route, (uint32_t)pi[0], &tf, &ee);
+        int in_place = act->dtype == SHOAL_WIRE_F32 && ((uintptr_t)act->data & 3) == 0;
+        int out_place = out_dt == SHOAL_WIRE_BF16 && ((uintptr_t)y & 1) == 0;
+        for (int j = 1; j < ne && (in_place || out_place); j++) {
+            int32_t t;
             shoal_proto_route_pair(route, (uint32_t)pi[j], &t, &ee);
-            const uint8_t *src = act->data + (size_t)t * row_in;
-            float *dst = s->xe + (size_t)j * d;
-            if (act->dtype == SHOAL_WIRE_F32) {
-                memcpy(dst, src, row_in);
-            } else {
-                for (int c = 0; c < d; c++)
-                    dst[c] = shoal_bf16_to_f32((uint16_t)(src[2 * c] | src[2 * c + 1] << 8));
+            in_place &= t == tf + j;
+            out_place &= pi[j] == pi[0] + j;
+        }
+        const float *x = s->xe;
+        if (in_place) {
+            x = (const float *)(const void *)(act->data + (size_t)tf * row_in);
+        } else {
+            for (int j = 0; j < ne; j++) {
+                int32_t t;
+                shoal_proto_route_pair(route, (uint32_t)pi[j], &t, &ee);
+                const uint8_t *src = act->data + (size_t)t * row_in;
+                float *dst = s->xe + (size_t)j * d;
+                if (act->dtype == SHOAL_WIRE_F32) {
+                    memcpy(dst, src, row_in);
+                } else {
+                    for (int c = 0; c < d; c++)
+                        dst[c] = shoal_bf16_to_f32((uint16_t)(src[2 * c] | src[2 * c + 1] << 8));
+                }
             }
         }
+        uint16_t *yo = out_place ? (uint16_t *)(void *)(y + SHOAL_PROTO_TENSOR_HDR + (size_t)pi[0] * d * 2) : s->ye;
         if (s->o.skip_compute) /* benchmarks of the exchange alone: everything but the FFNs */
-            memset(s->ye, 0, (size_t)ne * d * sizeof *s->ye);
+            memset(yo, 0, (size_t)ne * d * sizeof *yo);
         else
-            shoal_expert_ffn(s->ye, w, s->xe, ne, b1, b2, s->h);
+            shoal_expert_ffn(yo, w, x, ne, b1, b2, s->h);
         shoal_wmetrics_expert(s->o.metrics, layer, e, (uint32_t)ne);
-        for (int j = 0; j < ne; j++) {
+        for (int j = 0; j < ne && !out_place; j++) {
             uint8_t *dst = y + SHOAL_PROTO_TENSOR_HDR + (size_t)pi[j] * d * oes;
             const uint16_t *src = s->ye + (size_t)j * d;
             if (out_dt == SHOAL_WIRE_BF16) {
@@ -347,6 +380,7 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
             }
         }
     }
+
     for (int i = 0; i < ntouched; i++)
         s->cnt[s->touched[i]] = 0;
     uint64_t compute_us = now_us() - t0;

@@ -5,7 +5,7 @@
 #   tests/bench/dist_bench.sh ab BASE [OUT] [ROUNDS]  the exchange configurations, each run with the
 #       client of another commit (BASE/tests/bench_dist, BASE/commit) and with this build's back to
 #       back (order alternating by round), so that before/after share the conditions; the expert
-#       servers are this build's in both
+#       servers are this build's in both, or BASE's own in its runs when BASE/bin/shoal exists
 # Writes the raw output with a header (commit, command, machine, load) to OUT
 # (default docs/data/dist_<kind>_<date>.txt). Run without nice; other work on
 # the machine is recorded as the load average before and after.
@@ -71,16 +71,17 @@ ab)
     work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
     {
         header "$@"
-        echo "# base: $(cat "$base/commit" 2>/dev/null || echo "$base") (its bench_dist, i.e. its expert client; the workers are this build's)"
+        bbin="$bin"; [ -x "$base/bin/shoal" ] && bbin="$base/bin/shoal"
+        echo "# base: $(cat "$base/commit" 2>/dev/null || echo "$base") (its bench_dist, i.e. its expert client; the workers are $([ "$bbin" = "$bin" ] && echo "this build's" || echo "its own, $bbin"))"
         for round in $(seq "$rounds"); do
             for cfg in "ipc 1 1 500" "ipc 2 1 500" "ipc 4 1 500" "tcp 1 1 500" "tcp 2 1 500" "tcp 4 1 500" \
                        "ipc 1 16 200" "tcp 1 16 200"; do
                 read -r tr w t reps <<<"$cfg"
                 order="base new"; [ $((round % 2)) -eq 0 ] && order="new base"
                 for v in $order; do
-                    bd="$here/build/tests/bench_dist"; [ "$v" = base ] && bd="$base/tests/bench_dist"
+                    bd="$here/build/tests/bench_dist" sb="$bin"; [ "$v" = base ] && bd="$base/tests/bench_dist" sb="$bbin"
                     echo "## round $round version $v transport $tr workers $w tokens $t, compute skipped"
-                    SHOAL_SRC="$here" "$bd" "$bin" "$work/m" --transport "$tr" --workers "$w" --reps "$reps" \
+                    SHOAL_SRC="$here" "$bd" "$sb" "$work/m" --transport "$tr" --workers "$w" --reps "$reps" \
                         --tokens "$t" --skip-compute 2>/dev/null | grep '^#'
                 done
             done
