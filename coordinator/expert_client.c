@@ -116,8 +116,7 @@ typedef struct {
     uint64_t hint_req[2];  /* req_seq of the request the hint followed; 0: free */
     uint32_t hint_n;
     /* reply */
-    zmq_msg_t rmsg;
-    int have_rmsg, answered;
+    int answered;
     uint64_t queue_us, compute_us;
     uint64_t sent_ns, bytes_out, rtt_ns; /* this request */
 } worker;
@@ -154,6 +153,7 @@ struct shoal_expert_client {
     uint32_t tag;
     shoal_cmetrics *cm; /* optional, borrowed */
     int last_answer;    /* worker whose reply completed the request */
+    uint16_t *y;        /* gather()'s output: each reply is scattered into it as it arrives */
     uint64_t req_seq;   /* requests submitted (never reset) */
 };
 
@@ -713,15 +713,6 @@ static void fail(shoal_expert_client *c, int rc, const char *fmt, ...)
     c->state = FAILED;
 }
 
-static void release_replies(shoal_expert_client *c)
-{
-    for (int i = 0; i < c->nw; i++)
-        if (c->w[i].have_rmsg) {
-            zmq_msg_close(&c->w[i].rmsg);
-            c->w[i].have_rmsg = 0;
-        }
-}
-
 /* Queue one frame of a request without copying it: a constant message over
  * the worker's buffer (no free function: zmq allocates nothing for it). */
 static int send_frame(void *sock, void *data, size_t len, int more)
@@ -740,7 +731,6 @@ static int send_frame(void *sock, void *data, size_t len, int more)
 /* Send the packed request to every involved worker (smu held, state SENT). */
 static void send_all(shoal_expert_client *c)
 {
-    release_replies(c);
     c->st.requests++;
     /* a disconnect not yet seen by the keeper: leave that socket alone (its
      * pending pipe commands, and a reconnection's, allocate: the keeper's).
@@ -870,9 +860,12 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
             shoal_cmetrics_exchange(c->cm, i, c->layer, &x);
         }
         c->last_answer = i;
-        zmq_msg_init(&w->rmsg);
-        zmq_msg_move(&w->rmsg, &parts[1]); /* keep the y frame until the next request */
-        w->have_rmsg = 1;
+        /* into (token, slot) order now, while later replies are on their way
+         * (a request that fails after this returns its error, y unspecified) */
+        size_t row = (size_t)c->d * 2;
+        const uint8_t *src = m.result.y.data;
+        for (uint32_t p = 0; p < w->npairs; p++)
+            memcpy(c->y + (size_t)w->dest[p] * c->d, src + (size_t)p * row, row);
         w->answered = 1;
     }
     shoal_proto_msg_clear(&m);
@@ -1074,6 +1067,7 @@ static int gather(void *self, uint16_t *y, char *err, size_t errlen)
     if (c->state == IDLE)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: gather without submit");
     uint64_t t0 = now_us();
+    c->y = y;
     if (c->state == SENT)
         wait_replies(c);
     int rc = c->state == FAILED ? c->rc : 0;
@@ -1083,15 +1077,6 @@ static int gather(void *self, uint16_t *y, char *err, size_t errlen)
     if (rc) {
         shoal_err_set(err, errlen, rc, "%s", c->err);
     } else {
-        size_t row = (size_t)c->d * 2;
-        for (int i = 0; i < c->nw; i++) {
-            const worker *w = &c->w[i];
-            if (!w->involved)
-                continue;
-            const uint8_t *src = (const uint8_t *)zmq_msg_data((zmq_msg_t *)&w->rmsg) + SHOAL_PROTO_TENSOR_HDR;
-            for (uint32_t p = 0; p < w->npairs; p++)
-                memcpy(y + (size_t)w->dest[p] * c->d, src + (size_t)p * row, row);
-        }
         for (int i = 0; i < c->nw; i++) /* hints sent before this request have left */
             for (int b = 0; b < 2; b++)
                 if (c->w[i].involved && c->w[i].hint_req[b] && c->w[i].hint_req[b] < c->req_seq)
@@ -1174,7 +1159,6 @@ void shoal_expert_client_close(shoal_expert_client *c)
     if (c->epfd >= 0)
         close(c->epfd);
     free(c->kev);
-    release_replies(c);
     for (int i = 0; i < c->nw; i++) {
         worker *w = &c->w[i];
         if (w->mon)
