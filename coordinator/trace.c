@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/planfile.h"
 #include "proto/proto.h"
 #include "proto/shard.h"
 
@@ -411,62 +412,31 @@ int shoal_trace_layer_conc(const shoal_trace_stats *s, uint32_t l, shoal_trace_c
 
 /* ---- plans -------------------------------------------------------------- */
 
+_Static_assert(SHOAL_TRACE_MAX_NAME >= SHOAL_PLANFILE_MAX_NAME, "plan worker names must fit");
+
 int shoal_trace_plan_read(shoal_trace_plan *p, const char *path, uint32_t num_layers, uint32_t num_experts,
                           char *err, size_t errlen)
 {
     memset(p, 0, sizeof *p);
-    json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!root)
-        return shoal_err_set(err, errlen, SHOAL_EFORMAT, "plan %s: line %d: %s", path, je.line, je.text);
-    int rc = 0;
-    json_t *fmt = json_object_get(root, "format"), *ver = json_object_get(root, "version");
-    json_t *ws = json_object_get(root, "workers");
-    if (!json_is_object(root) || !json_is_string(fmt) || strcmp(json_string_value(fmt), "shoal-plan")) {
-        rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "plan %s: \"format\" must be \"shoal-plan\"", path);
-        goto out;
-    }
-    if (!json_is_integer(ver) || json_integer_value(ver) != 1) {
-        rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "plan %s: \"version\" must be the integer 1", path);
-        goto out;
-    }
-    if (!json_is_array(ws) || json_array_size(ws) == 0 || json_array_size(ws) > 4096) {
-        rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "plan %s: \"workers\" must be an array of 1..4096 workers",
-                           path);
-        goto out;
-    }
-    p->nworkers = (int)json_array_size(ws);
+    shoal_planfile pf;
+    int rc = shoal_planfile_read(&pf, path, err, errlen); /* format, version, workers, names */
+    if (rc)
+        return rc;
+    p->nworkers = pf.nworkers;
     p->num_layers = num_layers;
     p->num_experts = num_experts;
     size_t cells = (size_t)num_layers * num_experts;
     p->names = shoal_xcalloc((size_t)p->nworkers, sizeof *p->names);
     p->own = shoal_xcalloc((size_t)p->nworkers * cells, 1);
-    for (int w = 0; w < p->nworkers; w++) {
-        json_t *wo = json_array_get(ws, (size_t)w);
-        json_t *name = json_object_get(wo, "name"), *ex = json_object_get(wo, "experts");
-        if (!json_is_object(wo) || !json_is_string(name) || !json_is_string(ex)) {
-            rc = shoal_err_set(err, errlen, SHOAL_EFORMAT,
-                               "plan %s: workers[%d] must be an object with string \"name\" and \"experts\"", path, w);
-            goto out;
-        }
-        const char *nm = json_string_value(name);
-        if (!*nm || strlen(nm) > SHOAL_TRACE_MAX_NAME) {
-            rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "plan %s: workers[%d].name must have 1..%d bytes", path, w,
-                               SHOAL_TRACE_MAX_NAME);
-            goto out;
-        }
-        for (int v = 0; v < w; v++)
-            if (!strcmp(p->names[v], nm)) {
-                rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "plan %s: worker name \"%s\" appears twice", path, nm);
-                goto out;
-            }
+    for (int w = 0; w < p->nworkers && !rc; w++) {
+        const char *nm = pf.workers[w].name;
         snprintf(p->names[w], sizeof p->names[w], "%s", nm);
         shoal_proto_range *r = NULL;
         size_t nr = 0;
         char why[256];
-        if (shoal_shard_parse(json_string_value(ex), &r, &nr, why, sizeof why)) {
+        if (shoal_shard_parse(pf.workers[w].experts, &r, &nr, why, sizeof why)) {
             rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "plan %s: workers[%d] (%s).experts: %s", path, w, nm, why);
-            goto out;
+            break;
         }
         for (size_t i = 0; i < nr; i++) {
             if (r[i].l_hi >= num_layers || r[i].e_hi >= num_experts) {
@@ -474,16 +444,14 @@ int shoal_trace_plan_read(shoal_trace_plan *p, const char *path, uint32_t num_la
                                    "plan %s: workers[%d] (%s).experts: range %u-%u:%u-%u outside the model's %u layers "
                                    "x %u experts",
                                    path, w, nm, r[i].l_lo, r[i].l_hi, r[i].e_lo, r[i].e_hi, num_layers, num_experts);
-                free(r);
-                goto out;
+                break;
             }
             for (uint32_t l = r[i].l_lo; l <= r[i].l_hi; l++)
                 memset(p->own + (size_t)w * cells + (size_t)l * num_experts + r[i].e_lo, 1, r[i].e_hi - r[i].e_lo + 1);
         }
         free(r);
     }
-out:
-    json_decref(root);
+    shoal_planfile_free(&pf);
     if (rc)
         shoal_trace_plan_free(p);
     return rc;
