@@ -91,3 +91,32 @@ char *shoal_xstrdup(const char *s)
         SHOAL_PANIC("out of memory duplicating a string");
     return p;
 }
+
+int shoal_read_stream(FILE *f, size_t max, char **buf, size_t *len)
+{
+    size_t n = 0, cap = 0;
+    char *b = NULL;
+    *buf = NULL;
+    for (;;) {
+        if (cap - n < 65536) {
+            cap = cap ? 2 * cap : 65536;
+            b = shoal_xrealloc(b, cap + 1);
+        }
+        size_t r = fread(b + n, 1, cap - n, f);
+        n += r;
+        if (max && n > max) {
+            free(b);
+            return -EFBIG;
+        }
+        if (r == 0)
+            break;
+    }
+    if (ferror(f)) {
+        free(b);
+        return SHOAL_EIO;
+    }
+    b[n] = 0;
+    *buf = b;
+    *len = n;
+    return 0;
+}

@@ -6,6 +6,7 @@
 #define SHOAL_ERR_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #define SHOAL_ERRNO_MAP(X)                                                   \
     X(INVAL, 1000, "invalid argument")                                       \
@@ -46,11 +47,16 @@ int shoal_err_set(char *err, size_t errlen, int code, const char *fmt, ...)
 void shoal__panic(const char *file, int line, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 3, 4)));
 
-/* malloc/calloc/realloc that panic on OOM, and count allocations for the
- * decode-loop guard (shoal_alloc_guard: a debug build aborts when it is armed). */
+/* malloc/calloc/realloc that panic on OOM (inside an engine forward they are
+ * also caught by the engine's allocation guard, coordinator/engine.c). */
 void *shoal_xmalloc(size_t n);
 void *shoal_xcalloc(size_t n, size_t size);
 void *shoal_xrealloc(void *p, size_t n);
 char *shoal_xstrdup(const char *s);
+
+/* Read the rest of f into a new NUL-terminated buffer (*len bytes before the
+ * NUL). Returns 0, -EFBIG when it holds more than max bytes (0: no limit), or
+ * SHOAL_EIO on a read error; on error *buf is NULL. f stays open. */
+int shoal_read_stream(FILE *f, size_t max, char **buf, size_t *len);
 
 #endif

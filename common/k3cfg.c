@@ -459,31 +459,16 @@ int shoal_k3cfg_load(shoal_k3cfg *cfg, const char *path, char *err, size_t errle
     FILE *f = fopen(path, "rb");
     if (!f)
         return shoal_err_set(err, errlen, -errno, "%s: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (cap - n < 65536) {
-            if (cap > (64u << 20)) {
-                free(buf);
-                fclose(f);
-                return shoal_err_set(err, errlen, SHOAL_ECONFIG, "%s: larger than 64 MiB, not a config", path);
-            }
-            cap = cap ? 2 * cap : 65536;
-            buf = shoal_xrealloc(buf, cap);
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0)
-            break;
-    }
-    int ioerr = ferror(f);
+    char *buf;
+    size_t n;
+    int rc = shoal_read_stream(f, 64u << 20, &buf, &n);
     fclose(f);
-    if (ioerr) {
-        free(buf);
+    if (rc == -EFBIG)
+        return shoal_err_set(err, errlen, SHOAL_ECONFIG, "%s: larger than 64 MiB, not a config", path);
+    if (rc)
         return shoal_err_set(err, errlen, SHOAL_EIO, "%s: read error", path);
-    }
     char tmp[8192];
-    int rc = shoal_k3cfg_parse(cfg, buf, n, err ? tmp : NULL, err ? sizeof tmp : 0);
+    rc = shoal_k3cfg_parse(cfg, buf, n, err ? tmp : NULL, err ? sizeof tmp : 0);
     free(buf);
     if (rc && err) {
         /* prefix every line with the file name */

@@ -177,30 +177,15 @@ int shoal_plan_cluster_read(shoal_plan_cluster *c, const char *path, char *err, 
     FILE *f = fopen(path, "rb");
     if (!f)
         return shoal_err_set(err, errlen, -errno, "cluster %s: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n == cap) {
-            cap = cap ? cap * 2 : 65536;
-            if (cap > (64u << 20)) {
-                fclose(f);
-                free(buf);
-                return shoal_err_set(err, errlen, SHOAL_EFORMAT, "cluster %s: larger than 64 MiB", path);
-            }
-            buf = shoal_xrealloc(buf, cap);
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0)
-            break;
-    }
-    int ioerr = ferror(f);
+    char *buf;
+    size_t n;
+    int rc = shoal_read_stream(f, 64u << 20, &buf, &n);
     fclose(f);
-    if (ioerr) {
-        free(buf);
+    if (rc == -EFBIG)
+        return shoal_err_set(err, errlen, SHOAL_EFORMAT, "cluster %s: larger than 64 MiB", path);
+    if (rc)
         return shoal_err_set(err, errlen, SHOAL_EIO, "cluster %s: read error", path);
-    }
-    int rc = shoal_plan_cluster_parse(c, buf, n, path, err, errlen);
+    rc = shoal_plan_cluster_parse(c, buf, n, path, err, errlen);
     free(buf);
     return rc;
 }

@@ -14,28 +14,10 @@ static int read_all(const char *path, char **buf, size_t *len)
     FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
     if (!f)
         return -errno;
-    size_t cap = 1 << 16, n = 0;
-    char *b = shoal_xmalloc(cap);
-    for (;;) {
-        if (n == cap) {
-            cap *= 2;
-            b = shoal_xrealloc(b, cap);
-        }
-        size_t r = fread(b + n, 1, cap - n, f);
-        n += r;
-        if (r == 0)
-            break;
-    }
-    int bad = ferror(f);
+    int rc = shoal_read_stream(f, 0, buf, len);
     if (f != stdin)
         fclose(f);
-    if (bad) {
-        free(b);
-        return SHOAL_EIO;
-    }
-    *buf = b;
-    *len = n;
-    return 0;
+    return rc;
 }
 
 static void tokenize_usage(FILE *f)
