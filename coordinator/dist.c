@@ -284,12 +284,14 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
         return rc;
     }
     d->nworkers = n;
-    int hints = o->prefetch ? o->prefetch > 0 : SHOAL_DIST_PREFETCH_DEFAULT;
+    /* the next layer's router runs for a hint only when some worker acts on it */
+    int want = o->prefetch ? o->prefetch > 0 : SHOAL_DIST_PREFETCH_DEFAULT;
+    int hints = want && shoal_expert_client_any_prefetch(d->client);
     shoal_model_set_prefetch(m, hints);
     char hex[65];
     shoal_proto_hex(fp, hex);
     SHOAL_INFO("routed experts on %d worker%s (model fingerprint %.16s...), prefetch hints %s", n, n == 1 ? "" : "s",
-               hex, hints ? "on" : "off");
+               hex, hints ? "on" : want ? "off (no worker caches experts)" : "off");
     *out = d;
     return 0;
 }

@@ -1411,6 +1411,14 @@ int shoal_expert_client_worker_up(shoal_expert_client *c, int i, char *why, size
     return link == W_UP;
 }
 
+int shoal_expert_client_any_prefetch(const shoal_expert_client *c)
+{
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].prefetch)
+            return 1;
+    return 0;
+}
+
 int shoal_expert_client_nworkers(const shoal_expert_client *c)
 {
     return c->nw;

@@ -110,6 +110,9 @@ void shoal_expert_client_set_timeout(shoal_expert_client *c, int timeout_ms);
 void shoal_expert_client_get_stats(shoal_expert_client *c, shoal_expert_client_stats *out);
 void shoal_expert_client_reset_stats(shoal_expert_client *c);
 int shoal_expert_client_nworkers(const shoal_expert_client *c);
+/* 1 if some worker's HELLO said it acts on PREFETCH hints (an expert cache),
+ * as of the HELLOs at open. */
+int shoal_expert_client_any_prefetch(const shoal_expert_client *c);
 /* 1 when worker i is up; 0 when down or reconnecting, with why (e.g. "no
  * reply within 30000 ms", "disconnected (the worker died?)", "refused on
  * reconnection: ...") written to why[whylen] when why is not NULL. Any
