@@ -3,10 +3,13 @@
 Recorder appends one `PASS|FAIL|SKIP<TAB>test<TAB>case[: why]` line per case
 to $SHOAL_TEST_RESULTS (scripts/test.sh counts them) and echoes it; a test
 exits 1 when any case failed and 77 when everything was skipped.
-free_port() asks the kernel for a TCP port that is free on 127.0.0.1 now.
+free_port() asks the kernel for a TCP port that is free on 127.0.0.1 now;
+terminate(p) ends a process started by a test: SIGTERM, SIGKILL after a grace.
 """
 import os
+import signal
 import socket
+import subprocess
 
 
 class Recorder:
@@ -34,3 +37,14 @@ def free_port():
     p = s.getsockname()[1]
     s.close()
     return p
+
+
+def terminate(p, timeout=10):
+    """SIGTERM p if it still runs, SIGKILL it after timeout s; its exit code"""
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+    try:
+        return p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return p.wait()

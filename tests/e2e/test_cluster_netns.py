@@ -361,12 +361,7 @@ def main():
         print(f"# systemd part {time.monotonic() - t2:.1f} s", flush=True)
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            harness.terminate(p, 5)
         # processes started by the playbooks, by their pid files
         for h in NS:
             for u in ("shoal-expert", "shoal-coordinator"):

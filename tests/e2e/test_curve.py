@@ -17,7 +17,6 @@ Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS.
 """
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -67,13 +66,7 @@ class Worker:
         return self.log.read().decode(errors="replace")
 
     def stop(self):
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-        try:
-            return self.p.wait(10)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            return self.p.wait()
+        return harness.terminate(self.p)
 
 
 def main():

@@ -15,7 +15,6 @@ import json
 import os
 import random
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -71,13 +70,7 @@ def start(ranges, *extra):
 
 
 def stop(p):
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-    try:
-        p.wait(10)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
+    harness.terminate(p)
     p.log.seek(0)
     return p.log.read().decode(errors="replace")
 

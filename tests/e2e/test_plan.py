@@ -198,13 +198,7 @@ def start_plan_workers(plan_path, names, procs, tmp, model=TINY, extra=()):
 
 def stop_all(procs):
     for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        harness.terminate(p)
     procs.clear()
 
 

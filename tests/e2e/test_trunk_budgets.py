@@ -13,7 +13,6 @@ import json
 import re
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -70,13 +69,7 @@ def start_worker(ranges, *extra):
 
 
 def stop(p):
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-    try:
-        p.wait(10)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
+    harness.terminate(p)
     if hasattr(p, "log"):
         p.log.seek(0)
         return p.log.read().decode(errors="replace")
