@@ -152,34 +152,41 @@ def _echo_server():
     return srv
 
 
-def _pingpong(port, n, size=64):
+def _connect(port):
     s = socket.create_connection(("127.0.0.1", port))
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    msg = b"x" * size
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        s.sendall(msg)
-        got = 0
-        while got < size:
-            got += len(s.recv(65536))
-        ts.append(time.perf_counter() - t0)
-    s.close()
-    ts.sort()
-    return ts[len(ts) // 2]
+    return s
 
 
-def measure(delay_ms, n=200):
+def _rtt(s, msg):
+    t0 = time.perf_counter()
+    s.sendall(msg)
+    got = 0
+    while got < len(msg):
+        got += len(s.recv(65536))
+    return time.perf_counter() - t0
+
+
+def measure(delay_ms, n=200, size=64):
     """Median round trip of a 64-byte ping-pong: direct, and through a relay
-    with delay_ms each way. Returns (direct_s, relayed_s)."""
+    with delay_ms each way, the two alternating so that both see the same
+    machine load. Returns (direct_s, relayed_s)."""
     echo = _echo_server()
     port = echo.getsockname()[1]
-    direct = _pingpong(port, n)
     r = Relay(("127.0.0.1", port), delay_ms=delay_ms)
-    relayed = _pingpong(r.port, n)
+    d, rl = _connect(port), _connect(r.port)
+    msg = b"x" * size
+    direct, relayed = [], []
+    for _ in range(n):
+        direct.append(_rtt(d, msg))
+        relayed.append(_rtt(rl, msg))
+    d.close()
+    rl.close()
     r.close()
     echo.close()
-    return direct, relayed
+    direct.sort()
+    relayed.sort()
+    return direct[n // 2], relayed[n // 2]
 
 
 def main():
