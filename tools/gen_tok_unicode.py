@@ -10,7 +10,7 @@ thousand code points (characters added after Unicode 14, PCRE2's \\p{Han}
 meaning Script_Extensions, U+180E in PCRE2's \\s). This script measures both
 on every code point and writes:
 
-  coordinator/tokenizer_uni.h
+  coordinator/text/tokenizer_uni.h
       for each property the pattern uses, the code point ranges the oracle
       puts in the class and PCRE2's property lacks ("add" ranges, appended
       inside the class), for the PCRE2 Unicode version measured here; the
@@ -161,7 +161,7 @@ def main():
         lines.append(f'#define SHOAL_TOK_UNI_{name.upper()}_ADD "{text}" /* {len(add)} code points */')
         print(f"{name}: +{len(add)} code points", file=sys.stderr)
     lines += ["", "#endif", ""]
-    with open(os.path.join(ROOT, "coordinator", "tokenizer_uni.h"), "w") as f:
+    with open(os.path.join(ROOT, "coordinator", "text", "tokenizer_uni.h"), "w") as f:
         f.write("\n".join(lines))
 
     fix = os.path.join(ROOT, "tests", "fixtures", "tokenizer")

@@ -49,7 +49,7 @@
 #include "common/k3schema.h"
 #include "common/log.h"
 #include "common/st.h"
-#include "coordinator/expert_client.h"
+#include "coordinator/cluster/expert_client.h"
 #include "proto/fprint.h"
 #include "proto/shard.h"
 

@@ -27,8 +27,8 @@
 
 #include "common/err.h"
 #include "common/st.h"
-#include "coordinator/engine.h"
-#include "coordinator/sampler.h"
+#include "coordinator/engine/engine.h"
+#include "coordinator/engine/sampler.h"
 #include "kernels/kernels.h"
 
 static double now(void)

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "coordinator/tokenizer.h"
+#include "coordinator/text/tokenizer.h"
 
 static double clk(clockid_t id)
 {

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coordinator/chat.h"
+#include "coordinator/text/chat.h"
 #include "tests/fuzz/fuzz_tok_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coordinator/chatparse.h"
+#include "coordinator/text/chatparse.h"
 #include "tests/fuzz/fuzz_tok_common.h"
 
 static size_t streamed[2];

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coordinator/api.h"
-#include "coordinator/http.h"
+#include "coordinator/api/api.h"
+#include "coordinator/api/http.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "coordinator/tokenizer.h"
+#include "coordinator/text/tokenizer.h"
 
 static shoal_tok *fuzz_tok(void)
 {

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coordinator/tokenizer.h"
-#include "coordinator/tokenizer_int.h"
+#include "coordinator/text/tokenizer.h"
+#include "coordinator/text/tokenizer_int.h"
 #include "tests/fuzz/fuzz_tok_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

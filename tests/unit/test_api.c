@@ -2,7 +2,7 @@
  * status OpenAI uses; accepted requests are normalised as documented in
  * docs/API.md; the memo key is a function of the generation-relevant fields
  * only (key order, `stream` and `user` do not change it; a seed does). */
-#include "coordinator/api.h"
+#include "coordinator/api/api.h"
 #include "tests/unit/test.h"
 
 static const shoal_api_limits lim = {.model_name = "tiny", .vocab = 4096, .max_context = 512};

@@ -9,9 +9,9 @@
 #include <stdint.h>
 
 #include "common/err.h"
-#include "coordinator/chat.h"
-#include "coordinator/chatparse.h"
-#include "coordinator/tokenizer.h"
+#include "coordinator/text/chat.h"
+#include "coordinator/text/chatparse.h"
+#include "coordinator/text/tokenizer.h"
 #include "tests/unit/test.h"
 
 static shoal_tok *tiny;

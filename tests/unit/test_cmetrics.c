@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "coordinator/cmetrics.h"
+#include "coordinator/obs/cmetrics.h"
 #include "test.h"
 
 static const uint8_t is_moe[3] = {0, 1, 1};

@@ -20,9 +20,9 @@
 
 #include "common/err.h"
 #include "common/st.h"
-#include "coordinator/engine.h"
-#include "coordinator/engine_int.h"
-#include "coordinator/sampler.h"
+#include "coordinator/engine/engine.h"
+#include "coordinator/engine/engine_int.h"
+#include "coordinator/engine/sampler.h"
 #include "test.h"
 
 static const char *MODELS[] = {"tests/models/tiny-k3", "tests/models/tiny-k3-plain"};

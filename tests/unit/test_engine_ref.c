@@ -21,9 +21,9 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "coordinator/engine.h"
-#include "coordinator/engine_int.h"
-#include "coordinator/sampler.h"
+#include "coordinator/engine/engine.h"
+#include "coordinator/engine/engine_int.h"
+#include "coordinator/engine/sampler.h"
 #include "test.h"
 
 static const char *MODELS[] = {"tiny-k3", "tiny-k3-plain"};

@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "coordinator/http.h"
+#include "coordinator/api/http.h"
 #include "tests/unit/test.h"
 
 /* ---- parser -------------------------------------------------------------- */

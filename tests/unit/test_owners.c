@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "coordinator/owners.h"
+#include "coordinator/cluster/owners.h"
 #include "proto/shard.h"
 #include "tests/unit/test.h"
 

@@ -7,7 +7,7 @@
 
 #include "common/err.h"
 #include "common/planfile.h"
-#include "coordinator/plan.h"
+#include "coordinator/cmd/plan.h"
 #include "test.h"
 
 static const uint8_t moe3[3] = {0, 1, 1}; /* layer 0 dense, layers 1-2 MoE */

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "coordinator/replay.h"
-#include "coordinator/trace.h"
+#include "coordinator/cmd/replay.h"
+#include "coordinator/obs/trace.h"
 #include "tests/unit/test.h"
 
 static void t_keys_and_hits(void)

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "coordinator/engine_int.h"
-#include "coordinator/sampler.h"
+#include "coordinator/engine/engine_int.h"
+#include "coordinator/engine/sampler.h"
 #include "test.h"
 
 static shoal_sampler *mk(float temp, float top_p, int top_k, uint64_t seed, int vocab)

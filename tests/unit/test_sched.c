@@ -15,9 +15,9 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "coordinator/api.h"
-#include "coordinator/http.h"
-#include "coordinator/sched_int.h"
+#include "coordinator/api/api.h"
+#include "coordinator/api/http.h"
+#include "coordinator/api/sched_int.h"
 #include "tests/unit/test.h"
 
 /* ---- queue and memo on a bare scheduler struct -------------------------- */

@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "coordinator/tokenizer.h"
-#include "coordinator/tokenizer_int.h"
+#include "coordinator/text/tokenizer.h"
+#include "coordinator/text/tokenizer_int.h"
 #include "tests/unit/test.h"
 
 static shoal_tok *tiny;

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "coordinator/trace.h"
+#include "coordinator/obs/trace.h"
 #include "test.h"
 
 static char tmpdir[256];

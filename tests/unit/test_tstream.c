@@ -18,8 +18,8 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "coordinator/engine.h"
-#include "coordinator/tstream.h"
+#include "coordinator/engine/engine.h"
+#include "coordinator/engine/tstream.h"
 #include "test.h"
 
 static char tmpdir[256];

@@ -1,0 +1,751 @@
+/* API routing, authentication and response formats (see api.h). Runs on the
+ * HTTP loop thread. One `areq` per generation request links the exchange to
+ * its scheduler job; it is reference counted because three parties hold it:
+ * the open exchange, the scheduler's notify (one reference per posted drain),
+ * and nobody else -- whichever drops the last reference frees it, on any
+ * thread, and it owns no loop resource by then. */
+#include <sodium.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "coordinator/api/api.h"
+
+/* ---- small growable string ---------------------------------------------- */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+static void sb_add(sbuf *b, const char *s, size_t n)
+{
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 256;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        b->p = shoal_xrealloc(b->p, cap);
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+}
+
+
+/* A JSON string from bytes that should be UTF-8; invalid bytes become U+FFFD
+ * rather than an invalid response. */
+static json_t *jstr(const char *s, size_t n)
+{
+    json_t *j = json_stringn(s ? s : "", s ? n : 0);
+    if (j)
+        return j;
+    char *clean;
+    size_t cn;
+    shoal_utf8_sanitize(s, n, &clean, &cn);
+    j = json_stringn(clean, cn);
+    free(clean);
+    return j ? j : json_string("");
+}
+
+/* ---- counters ------------------------------------------------------------ */
+
+enum { EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_OTHER, EP_N };
+static const char *const ep_names[EP_N] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
+                                           "/health",              "/metrics",        "other"};
+#define MAX_STATUS_SLOTS 24
+
+struct shoal_api {
+    shoal_api_opts o;
+    char model_name[128];
+    char *api_key;
+    shoal_http *http;
+    atomic_int ready; /* set by the starting thread, read on the loop */
+    long long started;
+    struct {
+        int status;
+        uint64_t count[EP_N];
+    } st[MAX_STATUS_SLOTS];
+    uint64_t memo_hits_served, streams, tokens_streamed;
+    int live; /* open generation requests */
+};
+
+static void count(shoal_api *a, int ep, int status)
+{
+    for (int i = 0; i < MAX_STATUS_SLOTS; i++) {
+        if (a->st[i].status == status || a->st[i].status == 0) {
+            a->st[i].status = status;
+            a->st[i].count[ep]++;
+            return;
+        }
+    }
+}
+
+/* ---- plain responses ------------------------------------------------------ */
+
+static void respond_json(shoal_api *a, shoal_http_ex *ex, int ep, int status, json_t *body, const char *extra)
+{
+    char *s = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    if (!s)
+        SHOAL_PANIC("api: json_dumps failed");
+    count(a, ep, status);
+    shoal_http_respond(ex, status, "application/json", extra, s, strlen(s));
+    free(s);
+}
+
+static json_t *error_json(const shoal_api_error *e)
+{
+    return json_pack("{s:{s:s,s:s,s:o,s:o}}", "error", "message", e->message, "type", e->type, "param",
+                     e->param[0] ? json_string(e->param) : json_null(), "code",
+                     e->code[0] ? json_string(e->code) : json_null());
+}
+
+static void respond_error(shoal_api *a, shoal_http_ex *ex, int ep, const shoal_api_error *e, const char *extra)
+{
+    respond_json(a, ex, ep, e->status, error_json(e), extra);
+}
+
+static void respond_simple_error(shoal_api *a, shoal_http_ex *ex, int ep, int status, const char *type,
+                                 const char *code, const char *param, const char *extra, const char *fmt, ...)
+    __attribute__((format(printf, 9, 10)));
+static void respond_simple_error(shoal_api *a, shoal_http_ex *ex, int ep, int status, const char *type,
+                                 const char *code, const char *param, const char *extra, const char *fmt, ...)
+{
+    shoal_api_error e = {.status = status};
+    snprintf(e.type, sizeof e.type, "%s", type);
+    snprintf(e.code, sizeof e.code, "%s", code ? code : "");
+    snprintf(e.param, sizeof e.param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.message, sizeof e.message, fmt, ap);
+    va_end(ap);
+    respond_error(a, ex, ep, &e, extra);
+}
+
+/* ---- per-request state ---------------------------------------------------- */
+
+typedef struct {
+    char id[40];
+    char *name;
+    sbuf args;
+} tcall;
+
+typedef struct areq {
+    atomic_int refs;
+    shoal_api *api;
+    shoal_http_ex *ex; /* NULL once the exchange ended */
+    shoal_sched_job *job;
+    int ep;
+    shoal_gen_kind kind;
+    int stream, include_usage, return_ids;
+    int memo; /* 0: not deterministic, 1: miss, 2: hit */
+    char id[48];
+    long long created;
+    int head_sent;
+    int prompt_tokens, reused_tokens;
+    sbuf content, reasoning;
+    tcall *calls;
+    int ncalls;
+} areq;
+
+static void areq_unref(areq *r)
+{
+    if (atomic_fetch_sub(&r->refs, 1) != 1)
+        return;
+    shoal_sched_job_unref(r->job);
+    free(r->content.p);
+    free(r->reasoning.p);
+    for (int i = 0; i < r->ncalls; i++) {
+        free(r->calls[i].name);
+        free(r->calls[i].args.p);
+    }
+    free(r->calls);
+    free(r);
+}
+
+static void random_hex(char *out, size_t nbytes)
+{
+    unsigned char b[32];
+    randombytes_buf(b, nbytes);
+    sodium_bin2hex(out, 2 * nbytes + 1, b, nbytes);
+}
+
+/* The exchange is over (answered or aborted): drop its reference. */
+static void end_exchange(areq *r)
+{
+    r->ex = NULL;
+    r->api->live--;
+    areq_unref(r);
+}
+
+static void extra_headers(areq *r, char *buf, size_t cap)
+{
+    int n = snprintf(buf, cap, "x-request-id: %s\r\n", r->id);
+    if (r->memo)
+        n += snprintf(buf + n, cap - (size_t)n, "x-shoal-memo: %s\r\n", r->memo == 2 ? "hit" : "miss");
+    if (r->memo != 2)
+        snprintf(buf + n, cap - (size_t)n, "x-shoal-reused-tokens: %d\r\n", r->reused_tokens);
+}
+
+static json_t *usage_json(const areq *r, const shoal_ev *done)
+{
+    return json_pack("{s:i,s:i,s:i,s:{s:i},s:{s:i}}", "prompt_tokens", r->prompt_tokens, "completion_tokens",
+                     done->completion_tokens, "total_tokens", r->prompt_tokens + done->completion_tokens,
+                     "prompt_tokens_details", "cached_tokens", r->memo == 2 ? 0 : r->reused_tokens,
+                     "completion_tokens_details", "reasoning_tokens", done->reasoning_tokens);
+}
+
+static json_t *ids_json(const int32_t *v, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(a, json_integer(v[i]));
+    return a;
+}
+
+/* The skeleton shared by every chunk and full response. */
+static json_t *envelope(const areq *r, const char *object)
+{
+    return json_pack("{s:s,s:s,s:I,s:s}", "id", r->id, "object", object, "created", (json_int_t)r->created,
+                     "model", r->api->model_name);
+}
+
+/* ---- streaming ------------------------------------------------------------ */
+
+static void sse_send(areq *r, json_t *obj)
+{
+    char *s = json_dumps(obj, JSON_COMPACT);
+    json_decref(obj);
+    if (!s)
+        SHOAL_PANIC("api: json_dumps failed");
+    size_t n = strlen(s);
+    char *frame = shoal_xmalloc(n + 9);
+    memcpy(frame, "data: ", 6);
+    memcpy(frame + 6, s, n);
+    memcpy(frame + 6 + n, "\n\n", 2);
+    shoal_http_stream_write(r->ex, frame, n + 8);
+    free(frame);
+    free(s);
+}
+
+static json_t *chunk(const areq *r, json_t *delta_or_text, const char *finish)
+{
+    json_t *c = envelope(r, r->kind == SHOAL_GEN_CHAT ? "chat.completion.chunk" : "text_completion");
+    json_t *choice = json_pack("{s:i,s:n,s:o}", "index", 0, "logprobs", "finish_reason",
+                               finish ? json_string(finish) : json_null());
+    if (r->kind == SHOAL_GEN_CHAT)
+        json_object_set_new(choice, "delta", delta_or_text);
+    else
+        json_object_set_new(choice, "text", delta_or_text);
+    json_object_set_new(c, "choices", json_pack("[o]", choice));
+    if (r->include_usage)
+        json_object_set_new(c, "usage", json_null());
+    return c;
+}
+
+static void stream_head(areq *r)
+{
+    char extra[256];
+    extra_headers(r, extra, sizeof extra);
+    r->head_sent = 1;
+    count(r->api, r->ep, 200);
+    r->api->streams++;
+    shoal_http_stream_begin(r->ex, 200, "text/event-stream", extra);
+    if (r->kind == SHOAL_GEN_CHAT)
+        sse_send(r, chunk(r, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL));
+}
+
+static void stream_text(areq *r, shoal_channel ch, const char *text, size_t len)
+{
+    if (len == 0)
+        return;
+    json_t *t = jstr(text, len);
+    if (r->kind == SHOAL_GEN_CHAT)
+        sse_send(r, chunk(r, json_pack("{s:o}", ch == SHOAL_CH_REASONING ? "reasoning_content" : "content", t),
+                          NULL));
+    else
+        sse_send(r, chunk(r, t, NULL));
+}
+
+static tcall *call_at(areq *r, int index)
+{
+    if (index < 0 || index > 1024)
+        SHOAL_PANIC("api: tool call index %d out of range", index);
+    if (index >= r->ncalls) {
+        r->calls = shoal_xrealloc(r->calls, (size_t)(index + 1) * sizeof *r->calls);
+        memset(r->calls + r->ncalls, 0, (size_t)(index + 1 - r->ncalls) * sizeof *r->calls);
+        for (int i = r->ncalls; i <= index; i++) {
+            memcpy(r->calls[i].id, "call_", 5);
+            random_hex(r->calls[i].id + 5, 12);
+        }
+        r->ncalls = index + 1;
+    }
+    return &r->calls[index];
+}
+
+static void stream_tool(areq *r, const shoal_ev *e)
+{
+    tcall *c = call_at(r, e->tool_index);
+    json_t *fn = json_object();
+    json_t *tc = json_pack("{s:i}", "index", e->tool_index);
+    if (e->name) {
+        json_object_set_new(tc, "id", json_string(c->id));
+        json_object_set_new(tc, "type", json_string("function"));
+        json_object_set_new(fn, "name", jstr(e->name, strlen(e->name)));
+    }
+    json_object_set_new(fn, "arguments", jstr(e->text, e->len));
+    json_object_set_new(tc, "function", fn);
+    sse_send(r, chunk(r, json_pack("{s:[o]}", "tool_calls", tc), NULL));
+}
+
+static void stream_done(areq *r, const shoal_ev *e)
+{
+    json_t *last = chunk(r, r->kind == SHOAL_GEN_CHAT ? json_object() : json_string(""), e->finish);
+    if (r->return_ids && e->output_ids) {
+        json_t *ch = json_array_get(json_object_get(last, "choices"), 0);
+        json_object_set_new(ch, "token_ids", ids_json(e->output_ids, e->n_output_ids));
+        json_object_set_new(ch, "prompt_token_ids", ids_json(e->prompt_ids, e->n_prompt_ids));
+    }
+    sse_send(r, last);
+    if (r->include_usage) {
+        json_t *u = envelope(r, r->kind == SHOAL_GEN_CHAT ? "chat.completion.chunk" : "text_completion");
+        json_object_set_new(u, "choices", json_array());
+        json_object_set_new(u, "usage", usage_json(r, e));
+        sse_send(r, u);
+    }
+    static const char done[] = "data: [DONE]\n\n";
+    shoal_http_stream_write(r->ex, done, sizeof done - 1);
+    shoal_http_stream_end(r->ex);
+}
+
+/* ---- full responses ------------------------------------------------------- */
+
+static void full_done(areq *r, const shoal_ev *e)
+{
+    json_t *resp = envelope(r, r->kind == SHOAL_GEN_CHAT ? "chat.completion" : "text_completion");
+    json_t *choice = json_pack("{s:i,s:n,s:s}", "index", 0, "logprobs", "finish_reason", e->finish);
+    if (r->kind == SHOAL_GEN_CHAT) {
+        json_t *msg = json_pack("{s:s}", "role", "assistant");
+        if (r->ncalls && r->content.n == 0)
+            json_object_set_new(msg, "content", json_null());
+        else
+            json_object_set_new(msg, "content", jstr(r->content.p, r->content.n));
+        if (r->reasoning.n)
+            json_object_set_new(msg, "reasoning_content", jstr(r->reasoning.p, r->reasoning.n));
+        if (r->ncalls) {
+            json_t *calls = json_array();
+            for (int i = 0; i < r->ncalls; i++)
+                json_array_append_new(
+                    calls, json_pack("{s:s,s:s,s:{s:o,s:o}}", "id", r->calls[i].id, "type", "function", "function",
+                                     "name", jstr(r->calls[i].name, r->calls[i].name ? strlen(r->calls[i].name) : 0),
+                                     "arguments", jstr(r->calls[i].args.p, r->calls[i].args.n)));
+            json_object_set_new(msg, "tool_calls", calls);
+        }
+        json_object_set_new(choice, "message", msg);
+    } else {
+        json_object_set_new(choice, "text", jstr(r->content.p, r->content.n));
+    }
+    if (r->return_ids && e->output_ids) {
+        json_object_set_new(choice, "token_ids", ids_json(e->output_ids, e->n_output_ids));
+        json_object_set_new(choice, "prompt_token_ids", ids_json(e->prompt_ids, e->n_prompt_ids));
+    }
+    json_object_set_new(resp, "choices", json_pack("[o]", choice));
+    json_object_set_new(resp, "usage", usage_json(r, e));
+    char extra[256];
+    extra_headers(r, extra, sizeof extra);
+    respond_json(r->api, r->ex, r->ep, 200, resp, extra);
+}
+
+static void finish_error(areq *r, const shoal_ev *e)
+{
+    shoal_api_error err = {.status = e->status};
+    snprintf(err.type, sizeof err.type, "%s",
+             e->status >= 500 ? "server_error" : e->status == 429 ? "rate_limit_error" : "invalid_request_error");
+    snprintf(err.code, sizeof err.code, "%s", e->code);
+    snprintf(err.param, sizeof err.param, "%s", e->param);
+    snprintf(err.message, sizeof err.message, "%s", e->message);
+    if (!r->head_sent) {
+        char extra[128];
+        snprintf(extra, sizeof extra, "x-request-id: %s\r\n", r->id);
+        respond_error(r->api, r->ex, r->ep, &err, extra);
+    } else {
+        /* mid-stream: an error event, then the end (no [DONE]) */
+        sse_send(r, error_json(&err));
+        shoal_http_stream_end(r->ex);
+    }
+}
+
+/* Applies events in order; merges adjacent text of one channel first so a
+ * lagging loop sends fewer, larger chunks. Ends the exchange on DONE/ERROR. */
+static void apply_events(areq *r, shoal_ev *evs)
+{
+    for (shoal_ev *e = evs; e && r->ex; e = e->next) {
+        switch (e->type) {
+        case SHOAL_EV_START:
+            r->prompt_tokens = e->prompt_tokens;
+            r->reused_tokens = e->reused_tokens;
+            if (r->stream)
+                stream_head(r);
+            break;
+        case SHOAL_EV_TEXT: {
+            sbuf merged = {0};
+            shoal_ev *last = e;
+            if (r->stream) {
+                while (last->next && last->next->type == SHOAL_EV_TEXT && last->next->channel == e->channel)
+                    last = last->next;
+            }
+            if (last != e) {
+                for (shoal_ev *x = e; x != last->next; x = x->next)
+                    sb_add(&merged, x->text, x->len);
+            }
+            const char *t = last != e ? merged.p : e->text;
+            size_t len = last != e ? merged.n : e->len;
+            if (r->stream)
+                stream_text(r, e->channel, t, len);
+            else
+                sb_add(e->channel == SHOAL_CH_REASONING ? &r->reasoning : &r->content, t ? t : "", len);
+            free(merged.p);
+            e = last;
+            break;
+        }
+        case SHOAL_EV_TOOL:
+            if (r->stream) {
+                stream_tool(r, e);
+            } else {
+                tcall *c = call_at(r, e->tool_index);
+                if (e->name && !c->name)
+                    c->name = shoal_xstrdup(e->name);
+                sb_add(&c->args, e->text ? e->text : "", e->len);
+            }
+            break;
+        case SHOAL_EV_DONE:
+            if (r->stream) {
+                if (!r->head_sent)
+                    stream_head(r);
+                stream_done(r, e);
+            } else {
+                full_done(r, e);
+            }
+            end_exchange(r);
+            return;
+        case SHOAL_EV_ERROR:
+            finish_error(r, e);
+            end_exchange(r);
+            return;
+        }
+    }
+}
+
+static void drain(void *arg)
+{
+    areq *r = arg;
+    if (r->ex && r->job) {
+        shoal_ev *evs = shoal_sched_job_take(r->job);
+        apply_events(r, evs);
+        shoal_ev_free_list(evs);
+    }
+    areq_unref(r);
+}
+
+/* Model thread: events are waiting. */
+static void on_job_events(void *arg)
+{
+    areq *r = arg;
+    atomic_fetch_add(&r->refs, 1);
+    if (shoal_http_post(r->api->http, drain, r) != 0)
+        areq_unref(r); /* stopping: the exchange is being aborted anyway */
+}
+
+static void on_abort(void *arg)
+{
+    areq *r = arg;
+    if (r->job)
+        shoal_sched_cancel(r->api->o.sched, r->job);
+    shoal_http_stream_end(r->ex); /* frees the aborted exchange */
+    end_exchange(r);
+}
+
+/* ---- endpoints ------------------------------------------------------------ */
+
+static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req, int ep, shoal_gen_kind kind)
+{
+    shoal_api_req q;
+    shoal_api_error err;
+    if (shoal_api_parse(kind, req->body, req->body_len, &a->o.limits, &q, &err)) {
+        respond_error(a, ex, ep, &err, NULL);
+        return;
+    }
+    if (!atomic_load(&a->ready)) {
+        shoal_api_req_free(&q);
+        respond_simple_error(a, ex, ep, 503, "server_error", "not_ready", NULL, "Retry-After: 1\r\n",
+                             "the model is still loading");
+        return;
+    }
+    /* No admission check on the workers' states: a request that reaches a
+     * down worker fails at once with 503 naming it (coordinator/sched_gen.c),
+     * and one that finds it back (restarted) is served. */
+    areq *r = shoal_xcalloc(1, sizeof *r);
+    atomic_init(&r->refs, 1); /* the exchange's */
+    r->api = a;
+    r->ex = ex;
+    r->ep = ep;
+    r->kind = kind;
+    r->stream = q.stream;
+    r->include_usage = q.include_usage;
+    r->return_ids = q.gen.return_token_ids;
+    r->created = (long long)time(NULL);
+    snprintf(r->id, sizeof r->id, "%s", kind == SHOAL_GEN_CHAT ? "chatcmpl-" : "cmpl-");
+    random_hex(r->id + strlen(r->id), 12);
+    a->live++;
+    if (q.memo_key) {
+        shoal_ev *hit = shoal_sched_memo_get(a->o.sched, q.memo_key);
+        if (hit) {
+            r->memo = 2;
+            a->memo_hits_served++;
+            shoal_api_req_free(&q);
+            atomic_fetch_add(&r->refs, 1); /* apply_events may end the exchange */
+            apply_events(r, hit);
+            shoal_ev_free_list(hit);
+            if (r->ex) { /* a stored list always ends with DONE; never leave an exchange open */
+                shoal_ev bad = {.type = SHOAL_EV_ERROR, .status = 500};
+                snprintf(bad.code, sizeof bad.code, "internal_error");
+                snprintf(bad.message, sizeof bad.message, "the stored response was incomplete");
+                finish_error(r, &bad);
+                end_exchange(r);
+            }
+            areq_unref(r);
+            return;
+        }
+        r->memo = 1;
+    }
+    char client[256];
+    snprintf(client, sizeof client, "%s/%s", shoal_http_ex_peer(ex), q.user);
+    r->job = shoal_sched_job_new(&q.gen, client, q.memo_key, on_job_events, r);
+    shoal_api_req_free(&q);
+    shoal_http_ex_on_abort(ex, on_abort, r);
+    int rc = shoal_sched_submit(a->o.sched, r->job);
+    if (rc) {
+        char extra[128];
+        snprintf(extra, sizeof extra, "x-request-id: %s\r\nRetry-After: 1\r\n", r->id);
+        respond_simple_error(a, ex, ep, 429, "rate_limit_error", "queue_full", NULL, extra,
+                             "the request queue is full; retry later");
+        end_exchange(r);
+    }
+}
+
+static json_t *model_object(shoal_api *a)
+{
+    return json_pack("{s:s,s:s,s:I,s:s,s:i}", "id", a->model_name, "object", "model", "created",
+                     (json_int_t)a->started, "owned_by", "shoal", "max_model_len", a->o.limits.max_context);
+}
+
+static void health(shoal_api *a, shoal_http_ex *ex)
+{
+    shoal_api_worker w[64];
+    int n = a->o.workers ? a->o.workers(a->o.ud, w, 64) : 0;
+    json_t *ws = json_array();
+    int all_up = 1;
+    for (int i = 0; i < n && i < 64; i++) {
+        json_array_append_new(ws, json_pack("{s:s,s:b,s:s}", "endpoint", w[i].name, "up", w[i].up, "state",
+                                            w[i].state));
+        all_up &= w[i].up != 0;
+    }
+    shoal_sched_stats ss;
+    shoal_sched_get_stats(a->o.sched, &ss);
+    int ready = atomic_load(&a->ready) && all_up;
+    json_t *body = json_pack("{s:s,s:b,s:s,s:o,s:{s:i,s:i}}", "status",
+                             ready ? "ok" : atomic_load(&a->ready) ? "degraded" : "starting", "ready", ready, "model",
+                             a->model_name, "workers", ws, "queue", "queued", ss.queued, "running", ss.running);
+    respond_json(a, ex, EP_HEALTH, ready ? 200 : 503, body, NULL);
+}
+
+static void metric(shoal_metrics_buf *b, const char *name, shoal_metrics_type type, const char *help, double v)
+{
+    shoal_metrics_family(b, name, type, help);
+    shoal_metrics_sample(b, name, NULL, 0, v);
+}
+
+static void metrics(shoal_api *a, shoal_http_ex *ex)
+{
+    count(a, EP_METRICS, 200); /* counted before formatting, so it includes itself */
+    shoal_metrics_buf b = {0};
+    const shoal_metrics_type C = SHOAL_METRICS_COUNTER, G = SHOAL_METRICS_GAUGE;
+    shoal_metrics_family(&b, "shoal_http_responses_total", C, "HTTP responses of the API, by endpoint and status.");
+    for (int i = 0; i < MAX_STATUS_SLOTS && a->st[i].status; i++)
+        for (int e = 0; e < EP_N; e++)
+            if (a->st[i].count[e]) {
+                char status[16];
+                snprintf(status, sizeof status, "%d", a->st[i].status);
+                shoal_metrics_label l[2] = {{"endpoint", ep_names[e]}, {"status", status}};
+                shoal_metrics_sample(&b, "shoal_http_responses_total", l, 2, (double)a->st[i].count[e]);
+            }
+    shoal_http_stats hs;
+    shoal_http_get_stats(a->http, &hs);
+    metric(&b, "shoal_http_connections_total", C, "TCP connections accepted.", (double)hs.connections);
+    metric(&b, "shoal_http_refused_connections_total", C, "Connections over the limit, closed at once.",
+           (double)hs.refused_connections);
+    metric(&b, "shoal_http_open_connections", G, "Open client connections.", hs.open_connections);
+    metric(&b, "shoal_http_requests_total", C, "Complete HTTP requests parsed.", (double)hs.requests);
+    metric(&b, "shoal_http_bad_requests_total", C, "Requests refused by the HTTP parser.", (double)hs.bad_requests);
+    metric(&b, "shoal_http_timeouts_total", C, "Slow or stalled clients timed out.", (double)hs.timeouts);
+    metric(&b, "shoal_http_aborted_total", C, "Exchanges whose client went away first.", (double)hs.aborted);
+    metric(&b, "shoal_http_received_bytes_total", C, "Bytes received.", (double)hs.bytes_in);
+    metric(&b, "shoal_http_sent_bytes_total", C, "Bytes sent.", (double)hs.bytes_out);
+    shoal_sched_stats ss;
+    shoal_sched_get_stats(a->o.sched, &ss);
+    metric(&b, "shoal_sched_queued", G, "Requests waiting in the queue.", ss.queued);
+    metric(&b, "shoal_sched_running", G, "Requests generating.", ss.running);
+    metric(&b, "shoal_sched_submitted_total", C, "Requests accepted into the queue.", (double)ss.submitted);
+    metric(&b, "shoal_sched_refused_total", C, "Requests refused because the queue was full.",
+           (double)ss.refused_full);
+    metric(&b, "shoal_sched_completed_total", C, "Requests generated to the end.", (double)ss.completed);
+    metric(&b, "shoal_sched_canceled_total", C, "Requests canceled by their client.", (double)ss.canceled);
+    metric(&b, "shoal_sched_failed_total", C, "Requests ended by an error.", (double)ss.failed);
+    metric(&b, "shoal_prompt_tokens_total", C, "Prompt tokens of admitted requests.", (double)ss.prompt_tokens);
+    metric(&b, "shoal_completion_tokens_total", C, "Tokens generated.", (double)ss.completion_tokens);
+    metric(&b, "shoal_reused_tokens_total", C, "Prompt tokens continued from a kept sequence.",
+           (double)ss.reused_tokens);
+    metric(&b, "shoal_memo_hits_total", C, "Requests answered from the response memo.", (double)ss.memo_hits);
+    metric(&b, "shoal_memo_entries", G, "Responses in the memo.", (double)ss.memo_entries);
+    metric(&b, "shoal_memo_bytes", G, "Bytes held by the memo.", (double)ss.memo_bytes);
+    metric(&b, "shoal_kept_sequences", G, "Sequence states kept for conversation reuse.", (double)ss.kept_seqs);
+    metric(&b, "shoal_kept_bytes", G, "Bytes of the kept sequence states.", (double)ss.kept_bytes);
+    metric(&b, "shoal_ready", G, "1 when the model and every worker answered.", atomic_load(&a->ready));
+    if (a->o.metrics)
+        a->o.metrics(a->o.ud, &b);
+    shoal_http_respond(ex, 200, "text/plain; version=0.0.4", NULL, b.p, b.len);
+    shoal_metrics_buf_free(&b);
+}
+
+static int authorized(shoal_api *a, const shoal_http_request *req)
+{
+    if (!a->api_key)
+        return 1;
+    const char *h = shoal_http_request_header(req, "authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7))
+        return 0;
+    const char *k = h + 7;
+    while (*k == ' ')
+        k++;
+    /* compare digests so the time taken does not depend on the key */
+    unsigned char want[crypto_hash_sha256_BYTES], got[crypto_hash_sha256_BYTES];
+    crypto_hash_sha256(want, (const unsigned char *)a->api_key, strlen(a->api_key));
+    crypto_hash_sha256(got, (const unsigned char *)k, strlen(k));
+    return sodium_memcmp(want, got, sizeof want) == 0;
+}
+
+void shoal_api_on_request(void *ud, shoal_http_ex *ex, const shoal_http_request *req)
+{
+    shoal_api *a = ud;
+    const char *p = req->path;
+    int get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
+    int ep = !strcmp(p, "/v1/chat/completions") ? EP_CHAT
+             : !strcmp(p, "/v1/completions")    ? EP_COMPLETIONS
+             : !strcmp(p, "/v1/models") || !strncmp(p, "/v1/models/", 11) ? EP_MODELS
+             : !strcmp(p, "/health")            ? EP_HEALTH
+             : !strcmp(p, "/metrics")           ? EP_METRICS
+                                                : EP_OTHER;
+    if (ep == EP_OTHER) {
+        respond_simple_error(a, ex, ep, 404, "invalid_request_error", "not_found", NULL, NULL,
+                             "no such endpoint: %.64s %.100s", req->method, p);
+        return;
+    }
+    int want_post = ep == EP_CHAT || ep == EP_COMPLETIONS;
+    if ((want_post && !post) || (!want_post && !get)) {
+        respond_simple_error(a, ex, ep, 405, "invalid_request_error", "method_not_allowed", NULL,
+                             want_post ? "Allow: POST\r\n" : "Allow: GET\r\n", "%.64s requires %s", p,
+                             want_post ? "POST" : "GET");
+        return;
+    }
+    if (ep == EP_HEALTH) {
+        health(a, ex);
+        return;
+    }
+    if (!authorized(a, req)) {
+        respond_simple_error(a, ex, ep, 401, "invalid_request_error", "invalid_api_key", NULL,
+                             "WWW-Authenticate: Bearer\r\n",
+                             shoal_http_request_header(req, "authorization")
+                                 ? "Incorrect API key provided"
+                                 : "You didn't provide an API key (Authorization: Bearer KEY)");
+        return;
+    }
+    switch (ep) {
+    case EP_METRICS:
+        metrics(a, ex);
+        return;
+    case EP_MODELS:
+        if (p[10] == '/') {
+            if (strcmp(p + 11, a->model_name)) {
+                respond_simple_error(a, ex, ep, 404, "invalid_request_error", "model_not_found", "model", NULL,
+                                     "The model '%.64s' does not exist", p + 11);
+                return;
+            }
+            respond_json(a, ex, ep, 200, model_object(a), NULL);
+            return;
+        }
+        respond_json(a, ex, ep, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", model_object(a)), NULL);
+        return;
+    case EP_CHAT:
+        generate(a, ex, req, ep, SHOAL_GEN_CHAT);
+        return;
+    case EP_COMPLETIONS:
+        generate(a, ex, req, ep, SHOAL_GEN_COMPLETION);
+        return;
+    default:
+        SHOAL_PANIC("api: endpoint %d not routed", ep);
+    }
+}
+
+int shoal_api_open(shoal_api **out, const shoal_api_opts *o, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!o->limits.model_name || !o->limits.model_name[0] || strlen(o->limits.model_name) >= 128)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "api: model name must be 1-127 bytes");
+    for (const char *c = o->limits.model_name; *c; c++)
+        if ((unsigned char)*c < 0x21 || *c == '"' || *c == '\\' || *c == '/')
+            return shoal_err_set(err, errlen, SHOAL_EINVAL,
+                                 "api: --model-name must not contain spaces, quotes, '/' or control bytes");
+    if (o->limits.vocab <= 0 || o->limits.max_context <= 0 || !o->sched)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "api: vocab, max_context and sched are required");
+    if (o->api_key && !o->api_key[0])
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "api: --api-key must not be empty");
+    if (sodium_init() < 0)
+        return shoal_err_set(err, errlen, SHOAL_EINTERNAL, "api: libsodium failed to initialise");
+    shoal_api *a = shoal_xcalloc(1, sizeof *a);
+    a->o = *o;
+    snprintf(a->model_name, sizeof a->model_name, "%s", o->limits.model_name);
+    a->o.limits.model_name = a->model_name;
+    a->api_key = o->api_key ? shoal_xstrdup(o->api_key) : NULL;
+    a->o.api_key = a->api_key;
+    a->started = (long long)time(NULL);
+    *out = a;
+    return 0;
+}
+
+void shoal_api_set_http(shoal_api *a, shoal_http *h)
+{
+    a->http = h;
+}
+
+void shoal_api_set_ready(shoal_api *a, int ready)
+{
+    atomic_store(&a->ready, ready);
+}
+
+void shoal_api_close(shoal_api *a)
+{
+    if (!a)
+        return;
+    if (a->live)
+        SHOAL_WARN("api: closing with %d requests still open", a->live);
+    if (a->api_key)
+        sodium_memzero(a->api_key, strlen(a->api_key));
+    free(a->api_key);
+    free(a);
+}

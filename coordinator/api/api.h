@@ -1,0 +1,89 @@
+/* OpenAI-compatible API: routes HTTP exchanges (coordinator/http.h) to the
+ * scheduler (coordinator/sched.h) and formats what comes back. Owns request
+ * validation (every field type- and range-checked, errors in OpenAI's error
+ * object naming the field), authentication (Bearer API key), the response
+ * memo lookup, and the JSON / server-sent-event response formats of
+ * /v1/chat/completions, /v1/completions, /v1/models, plus /health and
+ * /metrics. docs/API.md lists the fields honoured, the defaults and the
+ * errors. Callers: `shoal serve` (coordinator/serve.c), the fuzz target and
+ * tests.
+ *
+ * Threads: shoal_api_on_request and everything it starts run on the HTTP loop
+ * thread; events from the model thread reach it through shoal_http_post. The
+ * parse functions are pure and thread-safe. */
+#ifndef SHOAL_API_H
+#define SHOAL_API_H
+
+#include <stddef.h>
+
+#include "common/metrics.h"
+#include "coordinator/api/http.h"
+#include "coordinator/api/sched.h"
+
+/* What validation needs to know about the served model. */
+typedef struct {
+    const char *model_name; /* the only accepted `model` */
+    int vocab;              /* prompt token ids must be in [0, vocab) */
+    int max_context;        /* max_tokens above this is refused at once */
+} shoal_api_limits;
+
+/* An OpenAI error: HTTP status, error.type, error.code (may be ""),
+ * error.param (the field, "" for none) and error.message. */
+typedef struct {
+    int status;
+    char type[32];
+    char code[40];
+    char param[160];
+    char message[320];
+} shoal_api_error;
+
+/* A validated request. */
+typedef struct {
+    shoal_gen_params gen;
+    int stream;
+    int include_usage;  /* stream_options.include_usage */
+    char *memo_key;     /* hex digest of the canonical request; NULL when not deterministic */
+    char user[128];     /* `user` (fairness key with the peer address) */
+} shoal_api_req;
+
+/* Parses and validates a request body for kind. Returns 0 and fills *out
+ * (free with shoal_api_req_free), or -1 and fills *err. */
+int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const shoal_api_limits *lim,
+                    shoal_api_req *out, shoal_api_error *err);
+void shoal_api_req_free(shoal_api_req *r);
+
+/* One worker's state for /health (filled by the health callback). */
+typedef struct {
+    char name[128];  /* endpoint, e.g. "tcp://127.0.0.1:5601" */
+    int up;          /* answered its last check */
+    char state[256]; /* free text: "ready", "down: timeout", ... */
+} shoal_api_worker;
+
+typedef struct shoal_api shoal_api;
+
+typedef struct {
+    shoal_api_limits limits;
+    const char *api_key;       /* NULL: no authentication */
+    shoal_sched *sched;        /* borrowed */
+    /* Worker states: fills up to cap entries of w, returns how many workers
+     * there are (0 when the experts run in-process). NULL: no workers. Called
+     * on the loop thread for /health. */
+    int (*workers)(void *ud, shoal_api_worker *w, int cap);
+    /* Appends further metric families to /metrics (the coordinator's
+     * cmetrics: forward phases, per-worker exchanges). NULL: none. Loop thread. */
+    void (*metrics)(void *ud, shoal_metrics_buf *b);
+    void *ud;
+} shoal_api_opts;
+
+int shoal_api_open(shoal_api **out, const shoal_api_opts *o, char *err, size_t errlen);
+/* The HTTP server the exchanges come from (events are posted to its loop);
+ * set before the loop runs. */
+void shoal_api_set_http(shoal_api *a, shoal_http *h);
+/* 1 once the model is loaded and every worker answered: /health says ready. */
+void shoal_api_set_ready(shoal_api *a, int ready);
+/* The HTTP request callback (ud = the shoal_api). */
+void shoal_api_on_request(void *ud, shoal_http_ex *ex, const shoal_http_request *req);
+/* After the HTTP loop stopped and the scheduler closed. Accepts NULL. */
+void shoal_api_close(shoal_api *a);
+
+#endif

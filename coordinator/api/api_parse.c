@@ -1,0 +1,876 @@
+/* API request validation (shoal_api_parse): the body of /v1/chat/completions
+ * or /v1/completions becomes a shoal_api_req, or an OpenAI error naming the
+ * offending field. Pure: no I/O, no globals, so the fuzz target drives it
+ * directly. Messages are normalised here (content parts joined, "developer"
+ * read as "system") so the chat encoder sees one shape. */
+#include <math.h>
+#include <sodium.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "coordinator/api/api.h"
+
+static int fail(shoal_api_error *e, int status, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int fail(shoal_api_error *e, int status, const char *code, const char *param, const char *fmt, ...)
+{
+    e->status = status;
+    snprintf(e->type, sizeof e->type, "%s", status == 401 ? "authentication_error" : "invalid_request_error");
+    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* A field path ("messages[2].content"); cut rather than overflow. */
+static void pname(char *dst, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void pname(char *dst, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(dst, cap, fmt, ap);
+    va_end(ap);
+}
+
+#define BAD(param, ...) fail(err, 400, "invalid_request_error", param, __VA_ARGS__)
+#define BADTYPE(param, want) fail(err, 400, "invalid_type", param, "'%s' must be %s", param, want)
+#define UNSUPPORTED(param, ...) fail(err, 400, "unsupported_value", param, __VA_ARGS__)
+
+void shoal_gen_params_free(shoal_gen_params *p)
+{
+    json_decref(p->messages);
+    json_decref(p->tools);
+    json_decref(p->tool_choice);
+    json_decref(p->response_format);
+    free(p->prompt);
+    free(p->prompt_ids);
+    for (int i = 0; i < p->nstop; i++)
+        free(p->stop[i]);
+    memset(p, 0, sizeof *p);
+}
+
+void shoal_api_req_free(shoal_api_req *r)
+{
+    shoal_gen_params_free(&r->gen);
+    free(r->memo_key);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- field helpers ------------------------------------------------------ */
+
+static int is_null_or_absent(const json_t *v)
+{
+    return !v || json_is_null(v);
+}
+
+static int get_bool(const json_t *root, const char *key, int *out, shoal_api_error *err)
+{
+    json_t *v = json_object_get(root, key);
+    if (is_null_or_absent(v))
+        return 0;
+    if (!json_is_boolean(v))
+        return BADTYPE(key, "a boolean");
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* An integer field in [lo, hi]; absent/null leaves *out. */
+static int get_int(const json_t *root, const char *key, long long lo, long long hi, long long *out, int *present,
+                   shoal_api_error *err)
+{
+    json_t *v = json_object_get(root, key);
+    if (present)
+        *present = 0;
+    if (is_null_or_absent(v))
+        return 0;
+    if (!json_is_integer(v))
+        return BADTYPE(key, "an integer");
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return BAD(key, "'%s' is %lld; it must be between %lld and %lld", key, x, lo, hi);
+    *out = x;
+    if (present)
+        *present = 1;
+    return 0;
+}
+
+static int get_number(const json_t *root, const char *key, double lo, double hi, double *out, int *present,
+                      shoal_api_error *err)
+{
+    json_t *v = json_object_get(root, key);
+    if (present)
+        *present = 0;
+    if (is_null_or_absent(v))
+        return 0;
+    if (!json_is_number(v))
+        return BADTYPE(key, "a number");
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi)
+        return BAD(key, "'%s' is %g; it must be between %g and %g", key, x, lo, hi);
+    *out = x;
+    if (present)
+        *present = 1;
+    return 0;
+}
+
+/* Text of a message's content: a string, or an array of {"type":"text"}
+ * parts joined with "\n". NULL content is allowed where null_ok. Returns a
+ * new json string (or json null) through *out. */
+static int norm_content(json_t *content, const char *where, int null_ok, json_t **out, shoal_api_error *err)
+{
+    char param[160];
+    pname(param, sizeof param, "%s.content", where);
+    if (is_null_or_absent(content)) {
+        if (!null_ok)
+            return BAD(param, "'%s' is required", param);
+        *out = json_null();
+        return 0;
+    }
+    if (json_is_string(content)) {
+        *out = json_incref(content);
+        return 0;
+    }
+    if (!json_is_array(content))
+        return BADTYPE(param, "a string or an array of content parts");
+    size_t total = 0, i;
+    json_t *part;
+    json_array_foreach(content, i, part) {
+        char pp[160];
+        pname(pp, sizeof pp, "%s[%zu]", param, i);
+        if (!json_is_object(part))
+            return BADTYPE(pp, "an object");
+        json_t *type = json_object_get(part, "type");
+        if (!json_is_string(type)) {
+            pname(pp, sizeof pp, "%s[%zu].type", param, i);
+            return BADTYPE(pp, "a string");
+        }
+        if (strcmp(json_string_value(type), "text")) {
+            pname(pp, sizeof pp, "%s[%zu].type", param, i);
+            return UNSUPPORTED(pp, "content parts of type '%.40s' are not supported (text only)",
+                               json_string_value(type));
+        }
+        json_t *text = json_object_get(part, "text");
+        if (!json_is_string(text)) {
+            pname(pp, sizeof pp, "%s[%zu].text", param, i);
+            return BADTYPE(pp, "a string");
+        }
+        total += json_string_length(text) + 1;
+    }
+    char *buf = malloc(total + 1);
+    if (!buf)
+        SHOAL_PANIC("out of memory");
+    size_t o = 0;
+    json_array_foreach(content, i, part) {
+        json_t *text = json_object_get(part, "text");
+        if (i)
+            buf[o++] = '\n';
+        memcpy(buf + o, json_string_value(text), json_string_length(text));
+        o += json_string_length(text);
+    }
+    *out = json_stringn(buf, o);
+    free(buf);
+    if (!*out)
+        return BAD(param, "'%s' is not valid UTF-8", param);
+    return 0;
+}
+
+static int valid_tool_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 64)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+static int norm_tool_calls(json_t *calls, const char *where, json_t *out_msg, shoal_api_error *err)
+{
+    char param[160];
+    pname(param, sizeof param, "%s.tool_calls", where);
+    if (!json_is_array(calls))
+        return BADTYPE(param, "an array");
+    json_t *arr = json_array();
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c) {
+        char p[160];
+        pname(p, sizeof p, "%s[%zu]", param, i);
+        if (!json_is_object(c)) {
+            json_decref(arr);
+            return BADTYPE(p, "an object");
+        }
+        json_t *id = json_object_get(c, "id"), *type = json_object_get(c, "type"),
+               *fn = json_object_get(c, "function");
+        int bad = 0;
+        if (!json_is_string(id)) {
+            pname(p, sizeof p, "%s[%zu].id", param, i);
+            bad = BADTYPE(p, "a string");
+        } else if (type && !(json_is_string(type) && !strcmp(json_string_value(type), "function"))) {
+            pname(p, sizeof p, "%s[%zu].type", param, i);
+            bad = UNSUPPORTED(p, "'%s' must be \"function\"", p);
+        } else if (!json_is_object(fn)) {
+            pname(p, sizeof p, "%s[%zu].function", param, i);
+            bad = BADTYPE(p, "an object");
+        } else if (!json_is_string(json_object_get(fn, "name"))) {
+            pname(p, sizeof p, "%s[%zu].function.name", param, i);
+            bad = BADTYPE(p, "a string");
+        } else if (!json_is_string(json_object_get(fn, "arguments"))) {
+            pname(p, sizeof p, "%s[%zu].function.arguments", param, i);
+            bad = BADTYPE(p, "a string (JSON text)");
+        }
+        if (bad) {
+            json_decref(arr);
+            return bad;
+        }
+        json_array_append_new(arr, json_pack("{s:O,s:s,s:{s:O,s:O}}", "id", id, "type", "function", "function",
+                                             "name", json_object_get(fn, "name"), "arguments",
+                                             json_object_get(fn, "arguments")));
+    }
+    json_object_set_new(out_msg, "tool_calls", arr);
+    return 0;
+}
+
+static int norm_messages(json_t *msgs, json_t **out, shoal_api_error *err)
+{
+    if (!msgs)
+        return BAD("messages", "'messages' is required");
+    if (!json_is_array(msgs))
+        return BADTYPE("messages", "an array");
+    if (json_array_size(msgs) == 0)
+        return BAD("messages", "'messages' must contain at least one message");
+    json_t *res = json_array();
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        char where[48], p[80];
+        pname(where, sizeof where, "messages[%zu]", i);
+        if (!json_is_object(m)) {
+            json_decref(res);
+            return BADTYPE(where, "an object");
+        }
+        json_t *role = json_object_get(m, "role");
+        pname(p, sizeof p, "%s.role", where);
+        if (!json_is_string(role)) {
+            json_decref(res);
+            return BADTYPE(p, "a string");
+        }
+        const char *r = json_string_value(role);
+        int is_sys = !strcmp(r, "system") || !strcmp(r, "developer");
+        int is_user = !strcmp(r, "user"), is_asst = !strcmp(r, "assistant"), is_tool = !strcmp(r, "tool");
+        if (!is_sys && !is_user && !is_asst && !is_tool) {
+            json_decref(res);
+            return UNSUPPORTED(p, "'%s' is '%.32s'; it must be system, developer, user, assistant or tool", p, r);
+        }
+        json_t *nm = json_object();
+        json_object_set_new(nm, "role", json_string(is_sys ? "system" : r));
+        json_t *content = NULL;
+        int has_calls = is_asst && !is_null_or_absent(json_object_get(m, "tool_calls"));
+        if (norm_content(json_object_get(m, "content"), where, is_asst, &content, err)) {
+            json_decref(nm);
+            json_decref(res);
+            return -1;
+        }
+        json_object_set_new(nm, "content", content);
+        json_t *name = json_object_get(m, "name");
+        if (!is_null_or_absent(name)) {
+            pname(p, sizeof p, "%s.name", where);
+            if (!json_is_string(name)) {
+                json_decref(nm);
+                json_decref(res);
+                return BADTYPE(p, "a string");
+            }
+            json_object_set(nm, "name", name);
+        }
+        if (is_asst) {
+            json_t *rc = json_object_get(m, "reasoning_content");
+            if (!is_null_or_absent(rc)) {
+                pname(p, sizeof p, "%s.reasoning_content", where);
+                if (!json_is_string(rc)) {
+                    json_decref(nm);
+                    json_decref(res);
+                    return BADTYPE(p, "a string");
+                }
+                json_object_set(nm, "reasoning_content", rc);
+            }
+            if (has_calls && norm_tool_calls(json_object_get(m, "tool_calls"), where, nm, err)) {
+                json_decref(nm);
+                json_decref(res);
+                return -1;
+            }
+        }
+        if (is_tool) {
+            json_t *tid = json_object_get(m, "tool_call_id");
+            pname(p, sizeof p, "%s.tool_call_id", where);
+            if (!json_is_string(tid)) {
+                json_decref(nm);
+                json_decref(res);
+                return is_null_or_absent(tid) ? BAD(p, "'%s' is required for tool messages", p)
+                                              : BADTYPE(p, "a string");
+            }
+            json_object_set(nm, "tool_call_id", tid);
+        }
+        json_array_append_new(res, nm);
+    }
+    *out = res;
+    return 0;
+}
+
+static int norm_tools(json_t *tools, json_t **out, shoal_api_error *err)
+{
+    *out = NULL;
+    if (is_null_or_absent(tools))
+        return 0;
+    if (!json_is_array(tools))
+        return BADTYPE("tools", "an array");
+    if (json_array_size(tools) > 128)
+        return BAD("tools", "at most 128 tools are accepted");
+    json_t *res = json_array();
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        char p[160];
+        pname(p, sizeof p, "tools[%zu]", i);
+        int bad = 0;
+        json_t *fn = json_is_object(t) ? json_object_get(t, "function") : NULL;
+        json_t *type = json_is_object(t) ? json_object_get(t, "type") : NULL;
+        if (!json_is_object(t)) {
+            bad = BADTYPE(p, "an object");
+        } else if (!json_is_string(type) || strcmp(json_string_value(type), "function")) {
+            pname(p, sizeof p, "tools[%zu].type", i);
+            bad = UNSUPPORTED(p, "'%s' must be \"function\"", p);
+        } else if (!json_is_object(fn)) {
+            pname(p, sizeof p, "tools[%zu].function", i);
+            bad = BADTYPE(p, "an object");
+        } else if (!json_is_string(json_object_get(fn, "name")) ||
+                   !valid_tool_name(json_string_value(json_object_get(fn, "name")))) {
+            pname(p, sizeof p, "tools[%zu].function.name", i);
+            bad = BAD(p, "'%s' must be 1-64 characters of a-z, A-Z, 0-9, _ and -", p);
+        } else if (!is_null_or_absent(json_object_get(fn, "description")) &&
+                   !json_is_string(json_object_get(fn, "description"))) {
+            pname(p, sizeof p, "tools[%zu].function.description", i);
+            bad = BADTYPE(p, "a string");
+        } else if (!is_null_or_absent(json_object_get(fn, "parameters")) &&
+                   !json_is_object(json_object_get(fn, "parameters"))) {
+            pname(p, sizeof p, "tools[%zu].function.parameters", i);
+            bad = BADTYPE(p, "an object (JSON Schema)");
+        } else if (!is_null_or_absent(json_object_get(fn, "strict")) &&
+                   !json_is_boolean(json_object_get(fn, "strict"))) {
+            pname(p, sizeof p, "tools[%zu].function.strict", i);
+            bad = BADTYPE(p, "a boolean");
+        }
+        if (bad) {
+            json_decref(res);
+            return bad;
+        }
+        for (size_t k = 0; k < i; k++)
+            if (!strcmp(json_string_value(json_object_get(json_object_get(json_array_get(res, k), "function"), "name")),
+                        json_string_value(json_object_get(fn, "name")))) {
+                pname(p, sizeof p, "tools[%zu].function.name", i);
+                json_decref(res);
+                return BAD(p, "duplicate tool name '%s'", json_string_value(json_object_get(fn, "name")));
+            }
+        /* the declaration as OpenAI documents it, without unknown keys */
+        json_t *nf = json_object();
+        json_object_set(nf, "name", json_object_get(fn, "name"));
+        if (json_is_string(json_object_get(fn, "description")))
+            json_object_set(nf, "description", json_object_get(fn, "description"));
+        if (json_is_object(json_object_get(fn, "parameters")))
+            json_object_set(nf, "parameters", json_object_get(fn, "parameters"));
+        if (json_is_boolean(json_object_get(fn, "strict")))
+            json_object_set(nf, "strict", json_object_get(fn, "strict"));
+        json_array_append_new(res, json_pack("{s:s,s:o}", "type", "function", "function", nf));
+    }
+    *out = res;
+    return 0;
+}
+
+static int norm_tool_choice(json_t *tc, const json_t *tools, json_t **out, shoal_api_error *err)
+{
+    *out = NULL;
+    if (is_null_or_absent(tc))
+        return 0;
+    if (json_is_string(tc)) {
+        const char *s = json_string_value(tc);
+        if (strcmp(s, "none") && strcmp(s, "auto") && strcmp(s, "required"))
+            return UNSUPPORTED("tool_choice", "'tool_choice' must be none, auto, required or a function");
+        if (!strcmp(s, "required") && !tools)
+            return BAD("tool_choice", "'tool_choice' is required but no 'tools' are declared");
+        *out = json_incref(tc);
+        return 0;
+    }
+    if (!json_is_object(tc))
+        return BADTYPE("tool_choice", "a string or an object");
+    json_t *type = json_object_get(tc, "type"), *fn = json_object_get(tc, "function");
+    if (!json_is_string(type) || strcmp(json_string_value(type), "function"))
+        return UNSUPPORTED("tool_choice.type", "'tool_choice.type' must be \"function\"");
+    json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+    if (!json_is_string(name))
+        return BADTYPE("tool_choice.function.name", "a string");
+    size_t i;
+    json_t *t;
+    int found = 0;
+    if (tools)
+        json_array_foreach(tools, i, t) found |= !strcmp(
+            json_string_value(json_object_get(json_object_get(t, "function"), "name")), json_string_value(name));
+    if (!found)
+        return BAD("tool_choice.function.name", "tool '%.64s' is not among the declared 'tools'",
+                   json_string_value(name));
+    *out = json_pack("{s:s,s:{s:O}}", "type", "function", "function", "name", name);
+    return 0;
+}
+
+static int get_stop(json_t *root, shoal_gen_params *g, shoal_api_error *err)
+{
+    json_t *v = json_object_get(root, "stop");
+    if (is_null_or_absent(v))
+        return 0;
+    json_t *one[1] = {v};
+    json_t **items = one;
+    size_t n = 1;
+    json_t *arr[SHOAL_MAX_STOP];
+    if (json_is_array(v)) {
+        n = json_array_size(v);
+        if (n > SHOAL_MAX_STOP)
+            return BAD("stop", "'stop' accepts at most %d strings", SHOAL_MAX_STOP);
+        for (size_t i = 0; i < n; i++)
+            arr[i] = json_array_get(v, i);
+        items = arr;
+    } else if (!json_is_string(v)) {
+        return BADTYPE("stop", "a string or an array of strings");
+    }
+    for (size_t i = 0; i < n; i++) {
+        char p[160];
+        pname(p, sizeof p, json_is_array(v) ? "stop[%zu]" : "stop", i);
+        if (!json_is_string(items[i]))
+            return BADTYPE(p, "a string");
+        size_t len = json_string_length(items[i]);
+        if (len == 0 || len > SHOAL_MAX_STOP_BYTES)
+            return BAD(p, "'%s' must be 1 to %d bytes long", p, SHOAL_MAX_STOP_BYTES);
+        if (memchr(json_string_value(items[i]), 0, len))
+            return BAD(p, "'%s' must not contain NUL", p);
+        g->stop[g->nstop++] = shoal_xstrdup(json_string_value(items[i]));
+    }
+    return 0;
+}
+
+static int get_prompt(json_t *root, const shoal_api_limits *lim, shoal_gen_params *g, shoal_api_error *err)
+{
+    json_t *v = json_object_get(root, "prompt");
+    if (is_null_or_absent(v))
+        return BAD("prompt", "'prompt' is required");
+    /* one prompt: a string, a list of ids, or a list holding one of those */
+    if (json_is_array(v) && json_array_size(v) == 1 &&
+        (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0))))
+        v = json_array_get(v, 0);
+    else if (json_is_array(v) && json_array_size(v) > 1 &&
+             (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0))))
+        return UNSUPPORTED("prompt", "only one prompt per request is supported (got %zu)", json_array_size(v));
+    if (json_is_string(v)) {
+        if (json_string_length(v) == 0)
+            return BAD("prompt", "'prompt' must not be empty");
+        g->prompt_len = json_string_length(v);
+        g->prompt = shoal_xmalloc(g->prompt_len + 1);
+        memcpy(g->prompt, json_string_value(v), g->prompt_len + 1);
+        return 0;
+    }
+    if (!json_is_array(v))
+        return BADTYPE("prompt", "a string or an array of token ids");
+    size_t n = json_array_size(v);
+    if (n == 0)
+        return BAD("prompt", "'prompt' must not be empty");
+    if (n > (size_t)lim->max_context)
+        return fail(err, 400, "context_length_exceeded", "prompt",
+                    "the prompt has %zu tokens; this model's context is %d tokens", n, lim->max_context);
+    g->prompt_ids = shoal_xmalloc(n * sizeof *g->prompt_ids);
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_array_get(v, i);
+        char p[160];
+        pname(p, sizeof p, "prompt[%zu]", i);
+        if (!json_is_integer(x))
+            return BADTYPE(p, "an integer token id");
+        long long id = json_integer_value(x);
+        if (id < 0 || id >= lim->vocab)
+            return BAD(p, "token id %lld is outside the vocabulary [0, %d)", id, lim->vocab);
+        g->prompt_ids[i] = (int32_t)id;
+    }
+    g->n_prompt_ids = (int)n;
+    return 0;
+}
+
+/* Fields every endpoint accepts, those accepted and ignored, and those whose
+ * only supported value is the neutral one. Anything else is refused. */
+static const char *const chat_fields[] = {
+    "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
+    "top_p", "top_k", "seed", "stop", "n", "tools", "tool_choice", "parallel_tool_calls", "reasoning_effort",
+    "thinking", "user", "metadata", "store", "service_tier", "logprobs", "top_logprobs", "presence_penalty",
+    "frequency_penalty", "logit_bias", "response_format", "modalities", "return_token_ids", "prompt_cache_key",
+    "safety_identifier", NULL};
+static const char *const completion_fields[] = {
+    "model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+    "n", "best_of", "echo", "suffix", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "user",
+    "return_token_ids", NULL};
+
+static int known(const char *const *list, const char *k)
+{
+    for (; *list; list++)
+        if (!strcmp(*list, k))
+            return 1;
+    return 0;
+}
+
+static int neutral_only(json_t *root, shoal_api_error *err)
+{
+    double x;
+    int present;
+    if (get_number(root, "presence_penalty", -2, 2, &x, &present, err) ||
+        (present && x != 0 && UNSUPPORTED("presence_penalty", "'presence_penalty' is not supported (only 0)")))
+        return -1;
+    if (get_number(root, "frequency_penalty", -2, 2, &x, &present, err) ||
+        (present && x != 0 && UNSUPPORTED("frequency_penalty", "'frequency_penalty' is not supported (only 0)")))
+        return -1;
+    json_t *lb = json_object_get(root, "logit_bias");
+    if (!is_null_or_absent(lb)) {
+        if (!json_is_object(lb))
+            return BADTYPE("logit_bias", "an object");
+        if (json_object_size(lb))
+            return UNSUPPORTED("logit_bias", "'logit_bias' is not supported");
+    }
+    return 0;
+}
+
+static char *memo_key(shoal_gen_kind kind, const shoal_api_limits *lim, const shoal_gen_params *g)
+{
+    int greedy = g->temperature <= 0 || g->top_k == 1;
+    json_t *k = json_object();
+    json_object_set_new(k, "v", json_integer(1));
+    json_object_set_new(k, "model", json_string(lim->model_name));
+    json_object_set_new(k, "kind", json_integer(kind));
+    if (g->messages)
+        json_object_set(k, "messages", g->messages);
+    if (g->tools)
+        json_object_set(k, "tools", g->tools);
+    if (g->tool_choice)
+        json_object_set(k, "tool_choice", g->tool_choice);
+    if (g->response_format)
+        json_object_set(k, "response_format", g->response_format);
+    json_object_set_new(k, "thinking", json_integer(g->thinking));
+    json_object_set_new(k, "effort", json_string(g->effort));
+    if (g->prompt)
+        json_object_set_new(k, "prompt", json_stringn(g->prompt, g->prompt_len));
+    if (g->prompt_ids) {
+        json_t *ids = json_array();
+        for (int i = 0; i < g->n_prompt_ids; i++)
+            json_array_append_new(ids, json_integer(g->prompt_ids[i]));
+        json_object_set_new(k, "prompt_ids", ids);
+    }
+    json_object_set_new(k, "max_tokens", json_integer(g->max_tokens));
+    if (!greedy) {
+        json_object_set_new(k, "temperature", json_real(g->temperature));
+        json_object_set_new(k, "top_p", json_real(g->top_p));
+        json_object_set_new(k, "top_k", json_integer(g->top_k));
+        json_object_set_new(k, "seed", json_integer((json_int_t)g->seed));
+    }
+    json_t *st = json_array();
+    for (int i = 0; i < g->nstop; i++)
+        json_array_append_new(st, json_string(g->stop[i]));
+    json_object_set_new(k, "stop", st);
+    json_object_set_new(k, "ids", json_integer(g->return_token_ids));
+    char *s = json_dumps(k, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENSURE_ASCII);
+    json_decref(k);
+    if (!s)
+        return NULL;
+    unsigned char h[crypto_hash_sha256_BYTES];
+    crypto_hash_sha256(h, (const unsigned char *)s, strlen(s));
+    free(s);
+    char *hex = shoal_xmalloc(2 * sizeof h + 1);
+    sodium_bin2hex(hex, 2 * sizeof h + 1, h, sizeof h);
+    return hex;
+}
+
+int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const shoal_api_limits *lim,
+                    shoal_api_req *out, shoal_api_error *err)
+{
+    memset(out, 0, sizeof *out);
+    memset(err, 0, sizeof *err);
+    json_error_t je;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return fail(err, 400, "invalid_json", "",
+                    "We could not parse the JSON body of your request: %.120s (line %d, column %d)", je.text,
+                    je.line, je.column);
+    int rc = -1;
+    shoal_gen_params *g = &out->gen;
+    g->kind = kind;
+    g->thinking = 1;
+    g->temperature = 1.0f;
+    g->top_p = 1.0f;
+    if (!json_is_object(root)) {
+        BADTYPE("body", "a JSON object");
+        goto done;
+    }
+    const char *key;
+    json_t *val;
+    json_object_foreach(root, key, val) {
+        if (!known(kind == SHOAL_GEN_CHAT ? chat_fields : completion_fields, key)) {
+            char p[160];
+            pname(p, sizeof p, "%.79s", key);
+            fail(err, 400, "unknown_parameter", p, "Unrecognized request argument supplied: %.64s", key);
+            goto done;
+        }
+    }
+    /* model */
+    json_t *model = json_object_get(root, "model");
+    if (!model) {
+        BAD("model", "'model' is required");
+        goto done;
+    }
+    if (!json_is_string(model)) {
+        BADTYPE("model", "a string");
+        goto done;
+    }
+    if (strcmp(json_string_value(model), lim->model_name)) {
+        fail(err, 400, "model_not_found", "model", "The model '%.64s' does not exist; this server serves '%.64s'",
+             json_string_value(model), lim->model_name);
+        goto done;
+    }
+    /* n and its relatives */
+    long long n = 1;
+    if (get_int(root, "n", 1, 128, &n, NULL, err))
+        goto done;
+    if (n != 1) {
+        UNSUPPORTED("n", "'n' must be 1 (one choice per request)");
+        goto done;
+    }
+    if (kind == SHOAL_GEN_COMPLETION) {
+        long long best_of = 1;
+        int echo = 0;
+        if (get_int(root, "best_of", 1, 128, &best_of, NULL, err))
+            goto done;
+        if (best_of != 1) {
+            UNSUPPORTED("best_of", "'best_of' must be 1");
+            goto done;
+        }
+        if (get_bool(root, "echo", &echo, err))
+            goto done;
+        if (echo) {
+            UNSUPPORTED("echo", "'echo' is not supported");
+            goto done;
+        }
+        if (!is_null_or_absent(json_object_get(root, "suffix"))) {
+            UNSUPPORTED("suffix", "'suffix' is not supported");
+            goto done;
+        }
+        json_t *lp = json_object_get(root, "logprobs");
+        if (!is_null_or_absent(lp) && !(json_is_integer(lp) && json_integer_value(lp) == 0)) {
+            UNSUPPORTED("logprobs", "'logprobs' is not supported");
+            goto done;
+        }
+    } else {
+        int lp = 0;
+        if (get_bool(root, "logprobs", &lp, err))
+            goto done;
+        if (lp) {
+            UNSUPPORTED("logprobs", "'logprobs' is not supported");
+            goto done;
+        }
+        if (!is_null_or_absent(json_object_get(root, "top_logprobs"))) {
+            UNSUPPORTED("top_logprobs", "'top_logprobs' is not supported");
+            goto done;
+        }
+        json_t *rf = json_object_get(root, "response_format");
+        if (!is_null_or_absent(rf)) {
+            json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+            if (!json_is_string(t)) {
+                BADTYPE("response_format.type", "a string");
+                goto done;
+            }
+            const char *rt = json_string_value(t);
+            if (!strcmp(rt, "json_schema") && !json_is_object(json_object_get(rf, "json_schema"))) {
+                BADTYPE("response_format.json_schema", "an object");
+                goto done;
+            }
+            if (!strcmp(rt, "json_object") || !strcmp(rt, "json_schema")) {
+                /* rendered as K3's response-format system message; decoding is not constrained */
+                g->response_format = json_incref(rf);
+            } else if (strcmp(rt, "text")) {
+                UNSUPPORTED("response_format.type",
+                            "'response_format.type' must be text, json_object or json_schema (got '%.32s')", rt);
+                goto done;
+            }
+        }
+        json_t *mod = json_object_get(root, "modalities");
+        if (!is_null_or_absent(mod)) {
+            if (!json_is_array(mod)) {
+                BADTYPE("modalities", "an array");
+                goto done;
+            }
+            size_t i;
+            json_t *m;
+            json_array_foreach(mod, i, m) if (!json_is_string(m) || strcmp(json_string_value(m), "text"))
+            {
+                UNSUPPORTED("modalities", "only the \"text\" modality is supported");
+                goto done;
+            }
+        }
+        int ptc = 1;
+        if (get_bool(root, "parallel_tool_calls", &ptc, err) || get_bool(root, "store", &ptc, err))
+            goto done;
+        const char *strs[] = {"service_tier", "prompt_cache_key", "safety_identifier"};
+        for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) {
+            json_t *s = json_object_get(root, strs[i]);
+            if (!is_null_or_absent(s) && !json_is_string(s)) {
+                BADTYPE(strs[i], "a string");
+                goto done;
+            }
+        }
+        json_t *md = json_object_get(root, "metadata");
+        if (!is_null_or_absent(md) && !json_is_object(md)) {
+            BADTYPE("metadata", "an object");
+            goto done;
+        }
+    }
+    if (neutral_only(root, err))
+        goto done;
+    /* stream */
+    if (get_bool(root, "stream", &out->stream, err))
+        goto done;
+    json_t *so = json_object_get(root, "stream_options");
+    if (!is_null_or_absent(so)) {
+        if (!out->stream) {
+            BAD("stream_options", "'stream_options' is only allowed when 'stream' is true");
+            goto done;
+        }
+        if (!json_is_object(so)) {
+            BADTYPE("stream_options", "an object");
+            goto done;
+        }
+        json_t *iu = json_object_get(so, "include_usage");
+        if (!is_null_or_absent(iu)) {
+            if (!json_is_boolean(iu)) {
+                BADTYPE("stream_options.include_usage", "a boolean");
+                goto done;
+            }
+            out->include_usage = json_is_true(iu);
+        }
+    }
+    /* lengths */
+    long long mt = kind == SHOAL_GEN_COMPLETION ? 16 : 0, mct = 0;
+    int has_mt = 0, has_mct = 0;
+    if (get_int(root, "max_tokens", 1, lim->max_context, &mt, &has_mt, err))
+        goto done;
+    if (kind == SHOAL_GEN_CHAT && get_int(root, "max_completion_tokens", 1, lim->max_context, &mct, &has_mct, err))
+        goto done;
+    if (has_mt && has_mct && mt != mct) {
+        BAD("max_tokens", "give 'max_tokens' or 'max_completion_tokens', not two different values");
+        goto done;
+    }
+    g->max_tokens = (int)(has_mct ? mct : mt);
+    /* sampling */
+    double t = 1.0, tp = 1.0;
+    long long tk = 0, seed = 0;
+    int has_seed = 0;
+    if (get_number(root, "temperature", 0, 2, &t, NULL, err) || get_number(root, "top_p", 0, 1, &tp, NULL, err) ||
+        get_int(root, "top_k", 0, 1 << 30, &tk, NULL, err) ||
+        get_int(root, "seed", INT64_MIN, INT64_MAX, &seed, &has_seed, err))
+        goto done;
+    if (tp <= 0) {
+        BAD("top_p", "'top_p' must be greater than 0");
+        goto done;
+    }
+    g->temperature = (float)t;
+    g->top_p = (float)tp;
+    g->top_k = (int)tk;
+    int greedy = g->temperature <= 0 || g->top_k == 1;
+    if (has_seed)
+        g->seed = (uint64_t)seed;
+    else if (!greedy)
+        randombytes_buf(&g->seed, sizeof g->seed); /* a fresh stream per request */
+    if (get_stop(root, g, err))
+        goto done;
+    if (get_bool(root, "return_token_ids", &g->return_token_ids, err))
+        goto done;
+    json_t *user = json_object_get(root, "user");
+    if (!is_null_or_absent(user)) {
+        if (!json_is_string(user)) {
+            BADTYPE("user", "a string");
+            goto done;
+        }
+        snprintf(out->user, sizeof out->user, "%s", json_string_value(user));
+    }
+    if (kind == SHOAL_GEN_COMPLETION) {
+        if (get_prompt(root, lim, g, err))
+            goto done;
+    } else {
+        if (norm_messages(json_object_get(root, "messages"), &g->messages, err))
+            goto done;
+        if (norm_tools(json_object_get(root, "tools"), &g->tools, err))
+            goto done;
+        if (norm_tool_choice(json_object_get(root, "tool_choice"), g->tools, &g->tool_choice, err))
+            goto done;
+        /* thinking: reasoning_effort "none" or thinking.type "disabled" turn it off */
+        json_t *re = json_object_get(root, "reasoning_effort");
+        if (!is_null_or_absent(re)) {
+            if (!json_is_string(re)) {
+                BADTYPE("reasoning_effort", "a string");
+                goto done;
+            }
+            const char *e = json_string_value(re);
+            static const char *const from[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
+            /* K3's encoder takes low / high / max; "medium" is its default (no
+             * effort message), so it maps to "" */
+            static const char *const to[] = {"", "low", "low", "", "high", "max", "max"};
+            size_t i;
+            for (i = 0; i < sizeof from / sizeof from[0]; i++)
+                if (!strcmp(e, from[i]))
+                    break;
+            if (i == sizeof from / sizeof from[0]) {
+                UNSUPPORTED("reasoning_effort",
+                            "'reasoning_effort' must be none, minimal, low, medium, high, xhigh or max");
+                goto done;
+            }
+            if (i == 0)
+                g->thinking = 0;
+            snprintf(g->effort, sizeof g->effort, "%s", to[i]);
+        }
+        json_t *th = json_object_get(root, "thinking");
+        if (!is_null_or_absent(th)) {
+            json_t *tt = json_is_object(th) ? json_object_get(th, "type") : NULL;
+            if (!json_is_string(tt)) {
+                BADTYPE("thinking.type", "a string (\"enabled\" or \"disabled\")");
+                goto done;
+            }
+            const char *s = json_string_value(tt);
+            if (!strcmp(s, "disabled")) {
+                g->thinking = 0;
+            } else if (!strcmp(s, "enabled")) {
+                if (!g->thinking) {
+                    BAD("thinking", "'thinking' is enabled but 'reasoning_effort' is \"none\"");
+                    goto done;
+                }
+            } else {
+                UNSUPPORTED("thinking.type", "'thinking.type' must be \"enabled\" or \"disabled\"");
+                goto done;
+            }
+        }
+        if (!g->thinking)
+            g->effort[0] = '\0';
+    }
+    if (greedy || has_seed)
+        out->memo_key = memo_key(kind, lim, g);
+    rc = 0;
+done:
+    json_decref(root);
+    if (rc)
+        shoal_api_req_free(out);
+    return rc;
+}

@@ -1,0 +1,166 @@
+/* Scheduler: owns the model thread and everything between a validated API
+ * request and the stream of events it produces. It keeps a bounded, fair queue
+ * of jobs, runs them on its one model thread (tokenise / render, prefill,
+ * decode, sample, detokenise, parse reasoning and tool calls, stop strings),
+ * keeps recent sequences' states for conversation reuse, and memoises the
+ * events of deterministic requests. Callers: the API layer (coordinator/api.c)
+ * and tests. The model path runs only on the scheduler's thread.
+ *
+ * Structure for batching: the model thread holds an array of active slots
+ * (one today: opts.slots must be 1); each loop turn admits queued jobs into free
+ * slots (render + prefill) and then runs one decode step for every active
+ * slot, so decoding several sequences per step means widening the slot array
+ * and calling shoal_model_decode_batch.
+ *
+ * Fairness: the queue is served round-robin across client keys (the API uses
+ * the peer address plus the request's `user`): the next job is the oldest one
+ * of the client served least recently, so one client's burst cannot starve the
+ * others; within a client, jobs run in arrival order.
+ *
+ * Threads: shoal_sched_open/close and every function below may be called from
+ * any one thread (the API calls them from the HTTP loop thread) unless noted;
+ * the notify callback of a job runs on the model thread. Jobs are reference
+ * counted; events are taken by the owner with shoal_sched_job_take. */
+#ifndef SHOAL_SCHED_H
+#define SHOAL_SCHED_H
+
+#include <jansson.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coordinator/engine/engine.h"
+#include "coordinator/text/tokenizer.h"
+
+#define SHOAL_MAX_STOP 4
+#define SHOAL_MAX_STOP_BYTES 256
+
+typedef enum { SHOAL_GEN_CHAT = 0, SHOAL_GEN_COMPLETION = 1 } shoal_gen_kind;
+
+/* A validated request (the API checked types and ranges). Owned by the job
+ * once submitted; shoal_gen_params_free releases what it points to. */
+typedef struct {
+    shoal_gen_kind kind;
+    /* chat */
+    json_t *messages;       /* array of OpenAI message objects (a reference is owned) */
+    json_t *tools;          /* array of OpenAI tool objects, or NULL */
+    json_t *tool_choice;    /* "none" | "auto" | "required" | {function}, or NULL */
+    json_t *response_format; /* {"type": "json_object" | "json_schema", ...}, or NULL */
+    int thinking;           /* 1: think before answering (K3 default), 0: off */
+    char effort[16];        /* "" or low / medium / high / max (thinking effort) */
+    /* completion */
+    char *prompt;           /* UTF-8 text (NUL-terminated), or NULL when prompt_ids */
+    size_t prompt_len;
+    int32_t *prompt_ids;    /* token ids, checked against the vocabulary */
+    int n_prompt_ids;
+    /* both */
+    int max_tokens;         /* > 0; 0 = until the context is full */
+    float temperature;      /* >= 0; 0 = greedy */
+    float top_p;            /* (0, 1] */
+    int top_k;              /* >= 0; 0 = off */
+    uint64_t seed;
+    int nstop;
+    char *stop[SHOAL_MAX_STOP];
+    int return_token_ids;   /* shoal extension: report prompt and output ids */
+} shoal_gen_params;
+
+void shoal_gen_params_free(shoal_gen_params *p);
+
+typedef enum {
+    SHOAL_EV_START = 0, /* prompt rendered and admitted: prompt_tokens, reused_tokens */
+    SHOAL_EV_TEXT,      /* text of one channel */
+    SHOAL_EV_TOOL,      /* a tool call starts (name) or grows (arguments text) */
+    SHOAL_EV_DONE,      /* the end: finish reason and counts */
+    SHOAL_EV_ERROR,     /* the end: status, code, param, message */
+} shoal_ev_type;
+
+typedef enum { SHOAL_CH_CONTENT = 0, SHOAL_CH_REASONING = 1 } shoal_channel;
+
+typedef struct shoal_ev {
+    shoal_ev_type type;
+    shoal_channel channel; /* TEXT */
+    int tool_index;        /* TOOL: 0-based call index */
+    char *name;            /* TOOL: set on the first event of a call */
+    char *text;            /* TEXT: UTF-8 (never a split sequence); TOOL: arguments piece */
+    size_t len;
+    /* START */
+    int prompt_tokens, reused_tokens;
+    /* DONE */
+    char finish[16];       /* "stop" | "length" | "tool_calls" */
+    int completion_tokens, reasoning_tokens;
+    int32_t *prompt_ids, *output_ids; /* DONE, only with return_token_ids */
+    int n_prompt_ids, n_output_ids;
+    /* ERROR */
+    int status;
+    char code[40];
+    char param[40];
+    char message[256];
+    struct shoal_ev *next;
+} shoal_ev;
+
+void shoal_ev_free_list(shoal_ev *e);
+
+typedef struct shoal_sched shoal_sched;
+typedef struct shoal_sched_job shoal_sched_job;
+
+typedef struct {
+    shoal_model *model;      /* borrowed; the scheduler runs its forward */
+    const shoal_tok *tok;    /* borrowed */
+    int queue_size;          /* waiting jobs at most (more -> SHOAL_EBUSY); > 0 */
+    int slots;               /* sequences decoded together; must be 1 for now */
+    int keep_seqs;           /* conversation reuse: kept states (0: off) */
+    size_t keep_bytes;       /* bytes the kept states may use (0: off) */
+    int memo_entries;        /* response memo (0: off) */
+    size_t memo_bytes;
+    /* OpenMP threads of the model thread (0: OpenMP's default). OpenMP's
+     * thread count is a per-thread setting, so the one given to
+     * shoal_model_open on another thread does not reach the model thread. */
+    int threads;
+    /* Coordinator metrics (borrowed; NULL: none): the scheduler adds the
+     * sampler's time to the SAMPLING phase. */
+    struct shoal_cmetrics *cm;
+} shoal_sched_opts;
+
+typedef struct {
+    uint64_t submitted, refused_full, completed, canceled, failed;
+    uint64_t prompt_tokens, completion_tokens, reused_tokens;
+    uint64_t memo_hits, memo_misses, memo_entries, memo_bytes;
+    uint64_t kept_seqs, kept_bytes;
+    int queued, running;
+} shoal_sched_stats;
+
+int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, size_t errlen);
+/* Cancels every job (queued ones get no further event; the running one stops
+ * at its next step), joins the model thread, frees the kept states and the
+ * memo. Accepts NULL. */
+void shoal_sched_close(shoal_sched *s);
+void shoal_sched_get_stats(shoal_sched *s, shoal_sched_stats *out);
+
+/* A job for *params (ownership taken: *params is zeroed). notify(arg) runs
+ * on the model thread whenever events become available after the job's queue
+ * was empty; it must not block (the API posts to the HTTP loop). client is
+ * the fairness key (copied). memo_key (copied, may be NULL) marks the request
+ * deterministic: its events are stored under that key when it completes. The
+ * job starts with one reference, the caller's. */
+shoal_sched_job *shoal_sched_job_new(shoal_gen_params *params, const char *client, const char *memo_key,
+                                     void (*notify)(void *arg), void *arg);
+void shoal_sched_job_ref(shoal_sched_job *j);
+/* Drops a reference; the last one frees the job (any thread). */
+void shoal_sched_job_unref(shoal_sched_job *j);
+/* Takes the events produced so far (caller frees with shoal_ev_free_list);
+ * NULL when none. After an END event (DONE or ERROR) nothing more comes. */
+shoal_ev *shoal_sched_job_take(shoal_sched_job *j);
+
+/* Queues the job (the scheduler takes its own reference). Returns 0, or
+ * SHOAL_EBUSY when the queue is full (nothing is queued). */
+int shoal_sched_submit(shoal_sched *s, shoal_sched_job *j);
+/* The client is gone: a queued job leaves the queue at once (its place is
+ * free), a running one stops at its next token. No further events are
+ * produced. Idempotent. */
+void shoal_sched_cancel(shoal_sched *s, shoal_sched_job *j);
+
+/* Response memo: the events stored under key (a deep copy, caller frees), or
+ * NULL. Thread-safe. */
+shoal_ev *shoal_sched_memo_get(shoal_sched *s, const char *key);
+
+#endif

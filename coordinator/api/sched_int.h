@@ -1,0 +1,104 @@
+/* Scheduler internals shared by sched.c (jobs, queue, memo, kept states) and
+ * sched_gen.c (the model thread: render, prefill, decode, output). */
+#ifndef SHOAL_SCHED_INT_H
+#define SHOAL_SCHED_INT_H
+
+#include <pthread.h>
+
+#include "coordinator/api/sched.h"
+
+#define SHOAL_SCHED_CLIENTS 256
+#define SHOAL_SCHED_MAX_KEPT 64
+#define SHOAL_SCHED_MAX_MEMO 4096
+
+struct shoal_sched_job {
+    atomic_int refs;
+    shoal_gen_params p;
+    char client[256];
+    char memo_key[72];
+    int has_memo;
+    void (*notify)(void *arg);
+    void *arg;
+    pthread_mutex_t mu; /* head/tail, canceled, ended */
+    shoal_ev *head, *tail;
+    int canceled, ended;
+    atomic_int cancel;  /* read by the model thread and the engine's chunk loop */
+    /* queue links, under the scheduler's mu */
+    shoal_sched_job *qnext, *qprev;
+    int queued;
+};
+
+typedef struct {
+    char key[72];
+    shoal_ev *events;
+    size_t bytes;
+    uint64_t last;
+} shoal_memo_entry;
+
+typedef struct {
+    int32_t *ids;
+    int n;
+    shoal_seq *seq;  /* state after ids[0..n) */
+    float *logits;   /* the last token's logits */
+    size_t bytes;
+    uint64_t last;
+} shoal_kept;
+
+typedef struct shoal_slot shoal_slot;
+
+struct shoal_sched {
+    shoal_sched_opts o;
+    int vocab, max_context, n_eos;
+    int32_t eos[SHOAL_MAX_EOS];
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stopping;
+    /* queue */
+    shoal_sched_job *qhead, *qtail;
+    int nqueued, running;
+    struct {
+        int used;
+        char key[256];
+        uint64_t last;
+    } clients[SHOAL_SCHED_CLIENTS];
+    uint64_t serve_tick;
+    shoal_sched_stats st;
+    /* kept sequences: entries written by the model thread only (counters under mu) */
+    shoal_kept kept[SHOAL_SCHED_MAX_KEPT];
+    int nkept;
+    size_t kept_bytes;
+    uint64_t kept_tick;
+    /* memo, under memo_mu */
+    pthread_mutex_t memo_mu;
+    shoal_memo_entry memo[SHOAL_SCHED_MAX_MEMO];
+    int nmemo;
+    size_t memo_bytes;
+    uint64_t memo_tick, memo_hits, memo_misses;
+    /* model thread */
+    shoal_slot *slots;
+    int nslots;
+};
+
+void shoal__sched_emit(shoal_sched_job *j, shoal_ev *e);
+shoal_sched_job *shoal__sched_pop_fair(shoal_sched *s); /* s->mu held */
+void shoal__sched_memo_put(shoal_sched *s, const char *key, shoal_ev *events, size_t bytes);
+int shoal__sched_kept_find(shoal_sched *s, const int32_t *ids, int n);
+void shoal__sched_kept_put(shoal_sched *s, const int32_t *ids, int n, const shoal_seq *seq, const float *logits);
+void shoal__sched_count(shoal_sched *s, const shoal_sched_stats *add);
+size_t shoal__sched_ev_bytes(const shoal_ev *e);
+shoal_ev *shoal__sched_ev_new(shoal_ev_type t);
+shoal_ev *shoal__sched_ev_clone(const shoal_ev *e);
+
+/* sched_gen.c */
+int shoal__sched_slots_init(shoal_sched *s, char *err, size_t errlen);
+void shoal__sched_slots_free(shoal_sched *s);
+void shoal__sched_cancel_running(shoal_sched *s);
+void *shoal__sched_main(void *arg);
+/* Test entry: runs the model thread's output path (chat parser or
+ * detokenizer, stop strings, events, memo) over given ids as if they had
+ * been sampled, without a forward. The job gets START (prompt 0 tokens), the
+ * events, DONE. Call while the scheduler is idle. Returns 0 or an error. */
+int shoal__sched_replay(shoal_sched *s, shoal_sched_job *j, const int32_t *ids, int n);
+
+#endif

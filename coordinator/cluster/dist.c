@@ -1,0 +1,381 @@
+/* Distributed-experts wiring for the coordinator's commands (see dist.h). */
+#include "coordinator/cluster/dist.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sodium.h>
+
+#include "common/curve.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/packfile.h"
+#include "common/planfile.h"
+#include "coordinator/cluster/spawn.h"
+#include "proto/fprint.h"
+
+#define MAX_PHASES 4
+
+typedef struct {
+    char name[16];
+    int tokens;
+    shoal_expert_client_stats st;
+} phase;
+
+struct shoal_dist {
+    shoal_spawn *spawn;
+    shoal_expert_client *client; /* owned by the model once set */
+    int nworkers;
+    phase ph[MAX_PHASES];
+    int nph;
+};
+
+static int num(const char *cmd, const char *opt, const char *v, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "%s: bad value for %s: '%s' (%ld to %ld)\n", cmd, opt, v ? v : "", lo, hi);
+        return -1;
+    }
+    *out = (int)x;
+    return 1;
+}
+
+int shoal_dist_parse_arg(shoal_dist_opts *o, const char *cmd, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i];
+    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    int r;
+    if (!strcmp(a, "--worker")) {
+        if (!v) {
+            fprintf(stderr, "%s: --worker needs an endpoint\n", cmd);
+            return -1;
+        }
+        if (o->nworker == SHOAL_EXPERT_CLIENT_MAX_WORKERS) {
+            fprintf(stderr, "%s: at most %d --worker\n", cmd, SHOAL_EXPERT_CLIENT_MAX_WORKERS);
+            return -1;
+        }
+        o->worker[o->nworker++] = v;
+        r = 1;
+    } else if (!strcmp(a, "--plan")) {
+        if (!v) {
+            fprintf(stderr, "%s: --plan needs a plan.json\n", cmd);
+            return -1;
+        }
+        o->plan = v;
+        r = 1;
+    } else if (!strcmp(a, "--curve-secret") || !strcmp(a, "--curve-keys") || !strcmp(a, "--worker-key")) {
+        if (!v) {
+            fprintf(stderr, "%s: %s needs a file\n", cmd, a);
+            return -1;
+        }
+        if (a[2] == 'w') {
+            if (o->nworker_key == SHOAL_EXPERT_CLIENT_MAX_WORKERS) {
+                fprintf(stderr, "%s: at most %d --worker-key\n", cmd, SHOAL_EXPERT_CLIENT_MAX_WORKERS);
+                return -1;
+            }
+            o->worker_key[o->nworker_key++] = v;
+        } else if (!strcmp(a, "--curve-keys")) {
+            o->curve_keys = v;
+        } else {
+            o->curve_secret = v;
+        }
+        r = 1;
+    } else if (!strcmp(a, "--insecure-workers")) { /* not --insecure: serve's own flag (HTTP) */
+        o->insecure = 1;
+        return 1;
+    } else if (!strcmp(a, "--prefetch")) {
+        if (!v || (strcmp(v, "on") && strcmp(v, "off"))) {
+            fprintf(stderr, "%s: --prefetch takes on or off, not '%s'\n", cmd, v ? v : "");
+            return -1;
+        }
+        o->prefetch = strcmp(v, "on") ? -1 : 1;
+        r = 1;
+    } else if (!strcmp(a, "--workers")) {
+        r = num(cmd, a, v, 1, SHOAL_EXPERT_CLIENT_MAX_WORKERS, &o->nlocal);
+    } else if (!strcmp(a, "--worker-threads")) {
+        r = num(cmd, a, v, 1, 4096, &o->worker_threads);
+    } else if (!strcmp(a, "--expert-timeout-ms")) {
+        r = num(cmd, a, v, 1, 86400000, &o->timeout_ms);
+    } else if (!strcmp(a, "--hello-timeout-ms")) {
+        r = num(cmd, a, v, 1, 86400000, &o->hello_timeout_ms);
+    } else {
+        return 0;
+    }
+    if (r == 1)
+        (*i)++;
+    return r;
+}
+
+void shoal_dist_usage(FILE *f)
+{
+    fprintf(f, "distributed experts (proto/PROTOCOL.md):\n"
+               "  --worker ENDPOINT    an expert server (`shoal expert`), e.g. tcp://10.0.0.2:5555;\n"
+               "                       repeat for each; together they must own every expert at least\n"
+               "                       once (an expert owned twice is a replica)\n"
+               "  --plan FILE          connect to every worker of a placement plan (`shoal plan`,\n"
+               "                       docs/CLUSTER.md) at its endpoint\n"
+               "  --curve-secret FILE  our CURVE key pair (`shoal keygen`): tcp:// links are encrypted\n"
+               "                       and authenticated (PROTOCOL.md section 9, docs/DEPLOY.md)\n"
+               "  --worker-key FILE    the public key pinned for each --worker, in the same order\n"
+               "  --curve-keys DIR     with --plan: DIR/NAME.pub is worker NAME's pinned public key\n"
+               "  --insecure-workers   allow plain TCP to workers (without it a tcp:// worker needs CURVE)\n"
+               "  --workers N          start N local expert servers over ipc:// (experts split evenly),\n"
+               "                       stopped on exit\n"
+               "  --worker-threads N   OpenMP threads of each local server (default: cores / N)\n"
+               "  --expert-timeout-ms T  deadline for a layer's expert replies (default 30000)\n"
+               "  --hello-timeout-ms T   deadline for the workers' HELLO at start (default 60000)\n"
+               "  --prefetch on|off    hint each next MoE layer's likely experts to the workers, so\n"
+               "                       those reading experts from disk (--cache-gb) start early\n"
+               "                       (default %s; results are identical either way)\n",
+            SHOAL_DIST_PREFETCH_DEFAULT ? "on" : "off");
+}
+
+int shoal_dist_enabled(const shoal_dist_opts *o)
+{
+    if ((o->nworker != 0) + (o->nlocal != 0) + (o->plan != NULL) > 1)
+        return -1;
+    return o->nworker || o->nlocal || o->plan;
+}
+
+/* The workers of plan.json: each must have an endpoint; a plan made for another
+ * model is refused before any connection. */
+static int plan_endpoints(const char *path, const uint8_t *fp, shoal_planfile *pf, const char **pe, char *err,
+                          size_t errlen)
+{
+    int rc = shoal_planfile_read(pf, path, err, errlen);
+    if (rc)
+        return rc;
+    if (pf->has_fingerprint && memcmp(pf->fingerprint, fp, SHOAL_PROTO_FP_BYTES)) {
+        char a[65], b[65];
+        shoal_proto_hex(pf->fingerprint, a);
+        shoal_proto_hex(fp, b);
+        shoal_planfile_free(pf);
+        return shoal_err_set(err, errlen, SHOAL_EFINGERPRINT, "plan %s was made for model %.16s..., this one is %.16s...",
+                             path, a, b);
+    }
+    if (pf->nworkers > SHOAL_EXPERT_CLIENT_MAX_WORKERS) {
+        rc = shoal_err_set(err, errlen, SHOAL_ERANGE, "plan %s: %d workers, at most %d", path, pf->nworkers,
+                           SHOAL_EXPERT_CLIENT_MAX_WORKERS);
+        shoal_planfile_free(pf);
+        return rc;
+    }
+    for (int w = 0; w < pf->nworkers; w++) {
+        if (!pf->workers[w].endpoint) {
+            rc = shoal_err_set(err, errlen, SHOAL_ECONFIG, "plan %s: worker \"%s\" has no \"endpoint\"", path,
+                               pf->workers[w].name);
+            shoal_planfile_free(pf);
+            return rc;
+        }
+        pe[w] = pf->workers[w].endpoint;
+    }
+    return 0;
+}
+
+/* Per worker, the pinned CURVE public key (NULL for ipc:// or --insecure);
+ * refuses a tcp:// worker without one unless --insecure. */
+static int curve_keys(const shoal_dist_opts *o, const char *const *eps, int n, const shoal_planfile *pf,
+                      shoal_curve_keypair *kp, char (*keys)[SHOAL_CURVE_Z85], const char **pk, int *any, char *err,
+                      size_t errlen)
+{
+    int rc;
+    *any = 0;
+    if (o->curve_secret && o->insecure)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--insecure-workers and --curve-secret are exclusive");
+    if (o->nworker_key && (o->plan || o->nworker_key != o->nworker))
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--worker-key: give one per --worker (%d), in the same order",
+                             o->nworker);
+    if (o->curve_secret && (rc = shoal_curve_read_pair(kp, o->curve_secret, err, errlen)))
+        return rc;
+    for (int i = 0; i < n; i++) {
+        pk[i] = NULL;
+        if (!shoal_curve_needed(eps[i]) || o->insecure)
+            continue;
+        const char *file = NULL;
+        char path[4096];
+        if (pf && o->curve_keys) {
+            snprintf(path, sizeof path, "%s/%s.pub", o->curve_keys, pf->workers[i].name);
+            file = path;
+        } else if (!pf && i < o->nworker_key) {
+            file = o->worker_key[i];
+        }
+        if (!o->curve_secret || !file)
+            return shoal_err_set(err, errlen, SHOAL_EINVAL,
+                                 "expert worker %s is not ipc://: give --curve-secret and its public key (%s), or "
+                                 "--insecure-workers for plain TCP",
+                                 eps[i], pf ? "--curve-keys DIR" : "--worker-key FILE");
+        if ((rc = shoal_curve_read_public(keys[i], file, err, errlen)))
+            return rc;
+        pk[i] = keys[i];
+        *any = 1;
+    }
+    return 0;
+}
+
+int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *model_dir, shoal_model *m, char *err,
+                     size_t errlen)
+{
+    *out = NULL;
+    shoal_model_info info;
+    shoal_model_get_info(m, &info);
+    uint8_t fp[SHOAL_PROTO_FP_BYTES];
+    /* a trunk pack (`shoal pack --trunk`) has no expert headers: its manifest
+     * carries the full model's fingerprint */
+    int rc;
+    if (shoal_packfile_is_pack(model_dir)) {
+        shoal_packfile pk;
+        if ((rc = shoal_packfile_read(&pk, model_dir, err, errlen)) ||
+            (rc = shoal_packfile_check(&pk, model_dir, 0, err, errlen))) {
+            shoal_packfile_free(&pk);
+            return rc;
+        }
+        memcpy(fp, pk.fingerprint, SHOAL_PROTO_FP_BYTES);
+        shoal_packfile_free(&pk);
+    } else if ((rc = shoal_fprint_model(fp, info.cfg, shoal_model_store(m), err, errlen))) {
+        return rc;
+    }
+    shoal_planfile pf = {0};
+    const char *pe[SHOAL_EXPERT_CLIENT_MAX_WORKERS];
+    if (o->plan && (rc = plan_endpoints(o->plan, fp, &pf, pe, err, errlen)))
+        return rc;
+    shoal_dist *d = shoal_xcalloc(1, sizeof *d);
+    const char *const *eps = o->plan ? pe : o->worker;
+    int n = o->plan ? pf.nworkers : o->nworker;
+    if (o->nlocal) {
+        shoal_spawn_opts so = {.model = model_dir, .n = o->nlocal, .threads = o->worker_threads,
+                               .max_tokens = info.max_batch};
+        if ((rc = shoal_spawn_start(&d->spawn, &so, info.cfg, err, errlen))) {
+            free(d);
+            return rc;
+        }
+        eps = shoal_spawn_endpoints(d->spawn);
+        n = o->nlocal;
+    }
+    shoal_curve_keypair kp;
+    memset(&kp, 0, sizeof kp);
+    char(*keys)[SHOAL_CURVE_Z85] = shoal_xcalloc((size_t)n + 1, sizeof *keys);
+    const char **pk = shoal_xcalloc((size_t)n + 1, sizeof *pk);
+    int any = 0;
+    rc = curve_keys(o, eps, n, o->plan ? &pf : NULL, &kp, keys, pk, &any, err, errlen);
+    shoal_expert_client_opts co = {.endpoints = eps, .nworkers = n, .cfg = info.cfg, .fingerprint = fp,
+                                   .max_tokens = info.max_batch, .timeout_ms = o->timeout_ms,
+                                   .hello_timeout_ms = o->hello_timeout_ms,
+                                   .check = d->spawn ? shoal_spawn_check : NULL, .check_ctx = d->spawn,
+                                   .curve = any ? &kp : NULL, .curve_server_keys = any ? pk : NULL};
+    if (!rc)
+        rc = shoal_expert_client_open(&d->client, &co, err, errlen);
+    if (!rc && any)
+        SHOAL_INFO("CURVE on the tcp:// links (our public key %s)", kp.pub);
+    sodium_memzero(&kp, sizeof kp);
+    free(keys);
+    free(pk);
+    shoal_planfile_free(&pf); /* the client copied the endpoints */
+    if (rc) {
+        shoal_dist_stop(d);
+        return rc;
+    }
+    shoal_experts b = shoal_expert_client_backend(d->client);
+    if ((rc = shoal_model_set_experts(m, &b, err, errlen))) {
+        shoal_expert_client_close(d->client);
+        shoal_dist_stop(d);
+        return rc;
+    }
+    d->nworkers = n;
+    /* the next layer's router runs for a hint only when some worker acts on it */
+    int want = o->prefetch ? o->prefetch > 0 : SHOAL_DIST_PREFETCH_DEFAULT;
+    int hints = want && shoal_expert_client_any_prefetch(d->client);
+    shoal_model_set_prefetch(m, hints);
+    char hex[65];
+    shoal_proto_hex(fp, hex);
+    SHOAL_INFO("routed experts on %d worker%s (model fingerprint %.16s...), prefetch hints %s", n, n == 1 ? "" : "s",
+               hex, hints ? "on" : want ? "off (no worker caches experts)" : "off");
+    *out = d;
+    return 0;
+}
+
+void shoal_dist_stop(shoal_dist *d)
+{
+    if (!d)
+        return;
+    shoal_spawn_stop(d->spawn);
+    free(d);
+}
+
+int shoal_dist_nworkers(const shoal_dist *d)
+{
+    return d ? d->nworkers : 0;
+}
+
+const char *shoal_dist_worker_name(const shoal_dist *d, int i)
+{
+    if (!d || i < 0 || i >= d->nworkers)
+        return NULL;
+    return shoal_expert_client_worker_name(d->client, i);
+}
+
+int shoal_dist_worker_up(shoal_dist *d, int i, char *why, size_t whylen)
+{
+    if (!d || i < 0 || i >= d->nworkers)
+        return 0;
+    return shoal_expert_client_worker_up(d->client, i, why, whylen);
+}
+
+int shoal_dist_set_metrics(shoal_dist *d, shoal_cmetrics *cm, char *err, size_t errlen)
+{
+    return d ? shoal_expert_client_set_metrics(d->client, cm, err, errlen) : 0;
+}
+
+void shoal_dist_mark(shoal_dist *d, const char *name, int tokens)
+{
+    if (!d || d->nph == MAX_PHASES)
+        return;
+    phase *p = &d->ph[d->nph++];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->tokens = tokens;
+    shoal_expert_client_get_stats(d->client, &p->st);
+    shoal_expert_client_reset_stats(d->client);
+}
+
+void shoal_dist_json(const shoal_dist *d, json_t *o)
+{
+    if (!d)
+        return;
+    json_object_set_new(o, "workers", json_integer(d->nworkers));
+    for (int i = 0; i < d->nph; i++) {
+        const phase *p = &d->ph[i];
+        double t = p->tokens > 0 ? p->tokens : 1;
+        char key[64];
+        snprintf(key, sizeof key, "%s_wire_bytes_per_token", p->name);
+        json_object_set_new(o, key, json_real((double)(p->st.bytes_out + p->st.bytes_in) / t));
+        snprintf(key, sizeof key, "%s_wire_bytes_out_per_token", p->name);
+        json_object_set_new(o, key, json_real((double)p->st.bytes_out / t));
+        snprintf(key, sizeof key, "%s_wire_messages_per_token", p->name);
+        json_object_set_new(o, key, json_real((double)p->st.messages / t));
+        snprintf(key, sizeof key, "%s_expert_wait_s", p->name);
+        json_object_set_new(o, key, json_real(p->st.wait_s));
+        snprintf(key, sizeof key, "%s_worker_compute_s", p->name);
+        json_object_set_new(o, key, json_real((double)p->st.worker_compute_us * 1e-6));
+    }
+}
+
+void shoal_dist_print(const shoal_dist *d, FILE *f)
+{
+    if (!d)
+        return;
+    fprintf(f, "expert workers: %d\n", d->nworkers);
+    for (int i = 0; i < d->nph; i++) {
+        const phase *p = &d->ph[i];
+        double t = p->tokens > 0 ? p->tokens : 1;
+        fprintf(f, "%s wire: %.0f B/token (%.0f out, %.0f in), %.1f messages/token, waited %.3f s for experts "
+                   "(workers computed %.3f s)\n",
+                p->name, (double)(p->st.bytes_out + p->st.bytes_in) / t, (double)p->st.bytes_out / t,
+                (double)p->st.bytes_in / t, (double)p->st.messages / t, p->st.wait_s,
+                (double)p->st.worker_compute_us * 1e-6);
+        if (p->st.hints || p->st.hints_dropped)
+            fprintf(f, "%s prefetch hints: %llu sent, %llu dropped\n", p->name, (unsigned long long)p->st.hints,
+                    (unsigned long long)p->st.hints_dropped);
+    }
+}

@@ -1,0 +1,89 @@
+/* dist: the coordinator's distributed-experts options and wiring, for the
+ * commands that run the model (`shoal run`, later `shoal serve`): parses
+ * --worker ENDPOINT (repeatable) / --workers N / --plan plan.json / --expert-timeout-ms ..., spawns
+ * local workers when asked (coordinator/spawn.h), opens the expert client
+ * (coordinator/expert_client.h) with the model's fingerprint, and plugs it into
+ * the model as its routed-expert backend. Also keeps per-phase wire counters
+ * for the run report. One owner; not thread-safe.
+ *
+ * Use from a command:
+ *   shoal_dist_opts d = {0};                      // then, for an unknown argv[i]:
+ *   int r = shoal_dist_parse_arg(&d, argc, argv, &i);   // 1 taken, 0 not ours, -1 bad
+ *   mo.remote_experts = shoal_dist_enabled(&d);
+ *   shoal_model_open(&m, ...); shoal_dist_start(&dist, &d, dir, m, ...);
+ *   ... shoal_dist_mark(dist, "prefill", n) ... shoal_dist_mark(dist, "decode", n)
+ *   shoal_dist_json(dist, obj) or shoal_dist_print(dist, stdout);
+ *   shoal_model_close(m); shoal_dist_stop(dist);   // the model closes the client first */
+#ifndef SHOAL_DIST_H
+#define SHOAL_DIST_H
+
+#include <jansson.h>
+#include <stdio.h>
+
+#include "coordinator/engine/engine.h"
+#include "coordinator/cluster/expert_client.h"
+
+typedef struct {
+    const char *worker[SHOAL_EXPERT_CLIENT_MAX_WORKERS]; /* --worker, borrowed from argv */
+    int nworker;
+    int nlocal;           /* --workers N */
+    int worker_threads;   /* --worker-threads (local workers) */
+    int timeout_ms;       /* --expert-timeout-ms; 0: 30000 */
+    int hello_timeout_ms; /* --hello-timeout-ms; 0: 60000 */
+    const char *plan;     /* --plan plan.json: every worker's endpoint (docs/CLUSTER.md), borrowed */
+    /* CURVE (PROTOCOL.md section 9): --curve-secret (our key pair file),
+     * --worker-key FILE per --worker (same order), --curve-keys DIR (with
+     * --plan: DIR/NAME.pub per worker), --insecure-workers (plain TCP allowed;
+     * not --insecure, which is `shoal serve`'s HTTP flag). */
+    const char *curve_secret;
+    const char *worker_key[SHOAL_EXPERT_CLIENT_MAX_WORKERS];
+    int nworker_key;
+    const char *curve_keys;
+    int insecure;
+    int prefetch; /* --prefetch on|off: 1 on, -1 off, 0 the default (SHOAL_DIST_PREFETCH_DEFAULT) */
+} shoal_dist_opts;
+
+/* Prefetch hints (PROTOCOL.md PREFETCH) when --prefetch is not given; chosen
+ * from the measurement in docs/PERFORMANCE.md ("Prefetch hints"). */
+#define SHOAL_DIST_PREFETCH_DEFAULT 1
+
+/* Options of a command line: consumes argv[*i] (and its value, advancing *i)
+ * if it is one of ours. Returns 1 consumed, 0 not ours, -1 bad value (printed
+ * to stderr, prefixed with cmd). */
+int shoal_dist_parse_arg(shoal_dist_opts *o, const char *cmd, int argc, char **argv, int *i);
+void shoal_dist_usage(FILE *f);
+/* 1 when experts run on workers (then open the model with remote_experts = 1);
+ * -1 when more than one of --worker, --workers, --plan was given (usage error). */
+int shoal_dist_enabled(const shoal_dist_opts *o);
+
+typedef struct shoal_dist shoal_dist;
+
+/* Spawns the local workers (--workers), connects and HELLOs every worker,
+ * checks that they own every expert at least once (overlaps are replicas), and sets the model's expert
+ * backend (with prefetch hints on or off, shoal_model_set_prefetch). max_tokens: the model's max_batch. */
+int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *model_dir, shoal_model *m, char *err,
+                     size_t errlen);
+/* Closes the spawned workers (after shoal_model_close, which closes the
+ * client). Accepts NULL. */
+void shoal_dist_stop(shoal_dist *d);
+
+/* Workers in use (0 for NULL): for shoal_cmetrics_opts.max_workers. */
+int shoal_dist_nworkers(const shoal_dist *d);
+/* "id (endpoint)" of worker i (0 <= i < nworkers), as the expert client names
+ * it in its errors; lives as long as d. NULL when out of range. */
+const char *shoal_dist_worker_name(const shoal_dist *d, int i);
+/* 1 when worker i is up, else 0 with why (see shoal_expert_client_worker_up).
+ * Any thread, any time. */
+int shoal_dist_worker_up(shoal_dist *d, int i, char *why, size_t whylen);
+/* Report the expert exchanges to cm (see shoal_expert_client_set_metrics).
+ * cm must outlive the model (which closes the client). 0 for a NULL d. */
+int shoal_dist_set_metrics(shoal_dist *d, shoal_cmetrics *cm, char *err, size_t errlen);
+
+/* Record the wire counters since the previous mark as phase name over tokens. */
+void shoal_dist_mark(shoal_dist *d, const char *phase, int tokens);
+/* Adds "workers" and, per marked phase, "<phase>_wire_bytes_per_token",
+ * "<phase>_wire_messages_per_token", "<phase>_expert_wait_s" to o. */
+void shoal_dist_json(const shoal_dist *d, json_t *o);
+void shoal_dist_print(const shoal_dist *d, FILE *f);
+
+#endif

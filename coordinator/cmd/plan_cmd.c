@@ -1,0 +1,322 @@
+/* `shoal plan`: model + cluster manifest (+ routing trace) -> plan.json and,
+ * optionally, an Ansible inventory (docs/CLUSTER.md, docs/DEPLOY.md). */
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "common/err.h"
+#include "common/k3cfg.h"
+#include "common/k3schema.h"
+#include "common/st.h"
+#include "coordinator/cmd/plan.h"
+#include "coordinator/obs/trace.h"
+#include "proto/fprint.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: shoal plan --model DIR --cluster FILE [--trace FILE] [--replicas N] -o plan.json\n"
+               "                  [--inventory FILE]\n"
+               "\n"
+               "Assign every routed expert (layer, expert) of the model in DIR to one worker host of\n"
+               "the cluster manifest FILE (docs/CLUSTER.md): each host holds at most its expert_ram\n"
+               "(and disk) budget, the number of experts per worker is as equal as the budgets allow,\n"
+               "and with a routing trace (`shoal run --trace`) the hottest experts are spread so each\n"
+               "worker's expected load at every layer is balanced. Deterministic for the same inputs.\n"
+               "Prints each worker's experts, bytes, budget use and expected load share, and the\n"
+               "imbalance. A cluster too small is refused with the shortfall.\n"
+               "\n"
+               "  --trace FILE      routing trace to balance load by (default: by bytes)\n"
+               "  --replicas N      at every MoE layer, give the N hottest experts (by the trace; without\n"
+               "                    one, the lowest ids) a second owner with room left in its budget;\n"
+               "                    the coordinator sends each exchange's expert to the less loaded\n"
+               "                    owner (default 0)\n"
+               "  -o FILE           write plan.json here (required)\n"
+               "  --inventory FILE  also write an Ansible inventory (YAML) for deploy/\n"
+               "\n"
+               "exit codes: 0 ok, 2 usage error, 3 invalid model, cluster or trace, or an impossible plan\n");
+}
+
+static void hex32(const uint8_t *b, char *out)
+{
+    for (int i = 0; i < 32; i++)
+        sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+static int write_inventory(const char *path, const shoal_plan_cluster *c, const char *plan_path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "shoal plan: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    const shoal_plan_host *co = &c->hosts[c->coordinator];
+    fprintf(f, "# Ansible inventory written by `shoal plan` from the cluster manifest (docs/DEPLOY.md).\n"
+               "all:\n  vars:\n    shoal_plan_file: \"%s\"\n    shoal_worker_port_default: %d\n"
+               "  children:\n    shoal_coordinator:\n      hosts:\n",
+            plan_path, c->worker_port);
+    fprintf(f, "        %s:\n          ansible_host: \"%s\"\n          ansible_user: \"%s\"\n          ansible_port: %d\n"
+               "          shoal_cpus: %d\n",
+            co->name, co->address, co->ssh_user, co->ssh_port, co->cpus);
+    fprintf(f, "    shoal_workers:\n      hosts:\n");
+    for (int i = 0; i < c->nhosts; i++) {
+        const shoal_plan_host *h = &c->hosts[i];
+        if (!h->expert_ram)
+            continue;
+        fprintf(f, "        %s:\n          ansible_host: \"%s\"\n          ansible_user: \"%s\"\n          ansible_port: %d\n"
+                   "          shoal_cpus: %d\n          shoal_worker_port: %d\n",
+                h->name, h->address, h->ssh_user, h->ssh_port, h->cpus, h->port);
+    }
+    int bad = ferror(f);
+    if (fclose(f) || bad) {
+        fprintf(stderr, "shoal plan: %s: write error\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+int shoal_cmd_plan(int argc, char **argv)
+{
+    const char *model = NULL, *cluster = NULL, *trace = NULL, *out = NULL, *inv = NULL;
+    long replicas = 0;
+    for (int i = 1; i < argc; i += 2) { /* every option takes a value */
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!v) {
+            fprintf(stderr, "shoal plan: %s needs a value\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (!strcmp(a, "--model"))
+            model = v;
+        else if (!strcmp(a, "--cluster"))
+            cluster = v;
+        else if (!strcmp(a, "--trace"))
+            trace = v;
+        else if (!strcmp(a, "-o") || !strcmp(a, "--out"))
+            out = v;
+        else if (!strcmp(a, "--inventory"))
+            inv = v;
+        else if (!strcmp(a, "--replicas")) {
+            char *end;
+            errno = 0;
+            replicas = strtol(v, &end, 10);
+            if (errno || *end || end == v || replicas < 0 || replicas > 1000000) {
+                fprintf(stderr, "shoal plan: bad --replicas '%s'\n", v);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "shoal plan: unexpected argument '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!model || !cluster || !out) {
+        usage(stderr);
+        return 2;
+    }
+    char err[4096] = "", path[4096];
+    int rc, ret = 3;
+    shoal_k3cfg cfg;
+    shoal_st *st = NULL;
+    shoal_plan_cluster c = {0};
+    shoal_trace_file *tf = NULL;
+    shoal_trace_stats ts = {0};
+    uint64_t *budget = NULL;
+    int32_t *owner = NULL, *replica = NULL;
+    int *widx = NULL;
+    json_t *root = NULL;
+    snprintf(path, sizeof path, "%s/config.json", model);
+    if ((rc = shoal_k3cfg_load(&cfg, path, err, sizeof err)))
+        goto fail;
+    shoal_st_opts so = {.map = 0};
+    uint8_t fp[32];
+    if ((rc = shoal_st_open(&st, model, &so, err, sizeof err)) || (rc = shoal_fprint_model(fp, &cfg, st, err, sizeof err)))
+        goto fail;
+    shoal_k3schema_totals tot;
+    shoal_k3schema_sum(&cfg, &tot);
+    if ((rc = shoal_plan_cluster_read(&c, cluster, err, sizeof err)))
+        goto fail;
+    const uint64_t *hits = NULL;
+    if (trace) {
+        if ((rc = shoal_trace_open(&tf, trace, err, sizeof err)))
+            goto fail;
+        const shoal_trace_hdr *h = shoal_trace_file_hdr(tf);
+        static const uint8_t zero[32];
+        if (h->num_layers != (uint32_t)cfg.num_layers || h->num_experts != (uint32_t)cfg.num_experts) {
+            snprintf(err, sizeof err, "trace %s is for %u layers x %u experts, the model has %d x %d", trace,
+                     h->num_layers, h->num_experts, cfg.num_layers, cfg.num_experts);
+            goto fail;
+        }
+        if (memcmp(h->fingerprint, zero, 32) && memcmp(h->fingerprint, fp, 32)) {
+            char a[65], b[65];
+            hex32(h->fingerprint, a);
+            hex32(fp, b);
+            snprintf(err, sizeof err, "trace %s was recorded on model %.16s..., this model is %.16s...", trace, a, b);
+            goto fail;
+        }
+        shoal_trace_stats_compute(tf, &ts);
+        hits = ts.hits;
+    }
+    int W = 0;
+    widx = shoal_xmalloc((size_t)c.nhosts * sizeof *widx);
+    budget = shoal_xmalloc((size_t)c.nhosts * sizeof *budget);
+    for (int i = 0; i < c.nhosts; i++)
+        if (c.hosts[i].expert_ram) {
+            widx[W] = i;
+            budget[W] = c.hosts[i].expert_ram;
+            if (c.hosts[i].disk && c.hosts[i].disk < budget[W])
+                budget[W] = c.hosts[i].disk;
+            W++;
+        }
+    const int L = cfg.num_layers, E = cfg.num_experts;
+    owner = shoal_xmalloc((size_t)L * E * sizeof *owner);
+    shoal_plan_in pin = {.num_layers = L, .num_experts = E, .is_moe = cfg.is_moe,
+                         .expert_bytes = tot.bytes_per_expert, .hits = hits, .nworkers = W, .budget = budget};
+    if ((rc = shoal_plan_compute(&pin, owner, err, sizeof err)))
+        goto fail;
+    replica = shoal_xmalloc((size_t)L * E * sizeof *replica);
+    if ((rc = shoal_plan_replicate(&pin, (int)replicas, owner, replica, err, sizeof err)))
+        goto fail;
+
+    /* expected load: trace hits, else one unit per expert; a replicated
+     * expert's load levels its two owners (shoal_plan_load) */
+    double *load = shoal_xcalloc((size_t)W * L, sizeof *load), total = 0, sum_max = 0, sum_mean = 0;
+    shoal_plan_load(&pin, owner, replica, load);
+    uint64_t *cnt = shoal_xcalloc((size_t)W, sizeof *cnt), *nrep = shoal_xcalloc((size_t)W, sizeof *nrep);
+    for (int l = 0; l < L; l++) {
+        if (!cfg.is_moe[l])
+            continue;
+        for (int e = 0; e < E; e++) {
+            size_t cell = (size_t)l * E + e;
+            int w = owner[cell], r2 = replica[cell];
+            double x = hits ? (double)hits[cell] : 1.0;
+            cnt[w]++;
+            if (r2 >= 0) {
+                cnt[r2]++;
+                nrep[w]++;
+                nrep[r2]++;
+            }
+            total += x;
+        }
+        double mx = 0, s = 0;
+        for (int w = 0; w < W; w++) {
+            double x = load[(size_t)w * L + l];
+            s += x;
+            if (x > mx)
+                mx = x;
+        }
+        sum_max += mx;
+        sum_mean += s / W;
+    }
+    root = json_object();
+    json_object_set_new(root, "format", json_string("shoal-plan"));
+    json_object_set_new(root, "version", json_integer(1));
+    char fph[65];
+    hex32(fp, fph);
+    json_t *jm = json_object();
+    json_object_set_new(jm, "fingerprint", json_string(fph));
+    json_object_set_new(jm, "num_layers", json_integer(L));
+    json_object_set_new(jm, "num_experts", json_integer(E));
+    json_object_set_new(jm, "moe_layers", json_integer(cfg.num_moe));
+    json_object_set_new(jm, "expert_bytes", json_integer((json_int_t)tot.bytes_per_expert));
+    json_object_set_new(root, "model", jm);
+    const shoal_plan_host *co = &c.hosts[c.coordinator];
+    json_t *jc = json_object();
+    json_object_set_new(jc, "name", json_string(co->name));
+    json_object_set_new(jc, "address", json_string(co->address));
+    json_object_set_new(root, "coordinator", jc);
+    json_object_set_new(root, "load_basis", json_string(hits ? "trace" : "bytes"));
+    json_object_set_new(root, "replicas", json_integer(replicas));
+    if (hits)
+        json_object_set_new(root, "trace_pairs", json_integer((json_int_t)ts.pairs));
+    json_t *jw = json_array();
+    double mxshare = 0;
+    printf("plan: %d MoE layers x %d experts (%.2f MiB each, %.2f GiB in all) on %d workers; load by %s\n",
+           cfg.num_moe, E, (double)tot.bytes_per_expert / 1048576.0,
+           (double)tot.bytes_per_expert * cfg.num_moe * E / 1073741824.0, W,
+           hits ? "routing trace" : "bytes (uniform routing)");
+    printf("%-20s %8s %12s %7s %8s %8s %7s\n", "worker", "experts", "GiB", "budget", "share", "fair", "ratio");
+    for (int w = 0; w < W; w++) {
+        const shoal_plan_host *h = &c.hosts[widx[w]];
+        char *ranges = NULL, ep[400];
+        shoal_plan_ranges(owner, replica, L, cfg.is_moe, E, w, &ranges);
+        double wl = 0;
+        for (int l = 0; l < L; l++)
+            wl += load[(size_t)w * L + l];
+        double share = total > 0 ? wl / total : 0;
+        if (share > mxshare)
+            mxshare = share;
+        uint64_t bytes = cnt[w] * tot.bytes_per_expert;
+        json_t *o = json_object();
+        json_object_set_new(o, "name", json_string(h->name));
+        json_object_set_new(o, "host", json_string(h->name));
+        json_object_set_new(o, "experts", json_string(ranges));
+        int v6 = strchr(h->address, ':') != NULL;
+        snprintf(ep, sizeof ep, v6 ? "tcp://[%s]:%d" : "tcp://%s:%d", h->address, h->port);
+        json_object_set_new(o, "endpoint", json_string(ep));
+        snprintf(ep, sizeof ep, "tcp://%s:%d", v6 ? "[::]" : "0.0.0.0", h->port);
+        json_object_set_new(o, "listen", json_string(ep));
+        json_object_set_new(o, "expert_count", json_integer((json_int_t)cnt[w]));
+        if (replicas) { /* the experts it holds as the second owner */
+            char *rr = NULL;
+            shoal_plan_ranges(replica, NULL, L, cfg.is_moe, E, w, &rr);
+            json_object_set_new(o, "replicated", json_integer((json_int_t)nrep[w]));
+            if (rr[0])
+                json_object_set_new(o, "replica_experts", json_string(rr));
+            free(rr);
+        }
+        json_object_set_new(o, "bytes", json_integer((json_int_t)bytes));
+        json_object_set_new(o, "expected_share", json_real(share));
+        json_array_append_new(jw, o);
+        printf("%-20s %8llu %12.3f %6.1f%% %8.4f %8.4f %7.3f\n", h->name, (unsigned long long)cnt[w],
+               (double)bytes / 1073741824.0, 100.0 * (double)bytes / (double)budget[w], share, 1.0 / W,
+               share * W);
+        free(ranges);
+    }
+    json_object_set_new(root, "workers", jw);
+    double imb = mxshare * W, lw = sum_mean > 0 ? sum_max / sum_mean : 0;
+    json_object_set_new(root, "imbalance", json_real(imb));
+    json_object_set_new(root, "layer_weighted_imbalance", json_real(lw));
+    printf("imbalance (max/mean share): %.4f; layer-weighted imbalance (sum of per-layer max / mean): %.4f\n", imb,
+           lw);
+    if (replicas)
+        printf("replicas: the %ld hottest experts of each MoE layer have two owners (%ld in all; \"experts\" above "
+               "counts them on both); a replicated expert's load levels its two owners' as far as it goes\n",
+               replicas, replicas * cfg.num_moe);
+    free(load);
+    free(cnt);
+    free(nrep);
+    if (json_dump_file(root, out, JSON_INDENT(2) | JSON_PRESERVE_ORDER)) {
+        fprintf(stderr, "shoal plan: cannot write %s: %s\n", out, strerror(errno));
+        ret = 4;
+        goto done;
+    }
+    printf("wrote %s\n", out);
+    if (inv && write_inventory(inv, &c, out)) {
+        ret = 4;
+        goto done;
+    }
+    if (inv)
+        printf("wrote %s\n", inv);
+    ret = 0;
+    goto done;
+fail:
+    fprintf(stderr, "shoal plan: %s\n", err);
+done:
+    json_decref(root);
+    free(owner);
+    free(replica);
+    free(budget);
+    free(widx);
+    shoal_trace_stats_free(&ts);
+    shoal_trace_file_close(tf);
+    shoal_plan_cluster_free(&c);
+    shoal_st_close(st);
+    return ret;
+}

@@ -1,0 +1,467 @@
+/* `shoal serve`: the OpenAI-compatible HTTP server. Wires the pieces in
+ * order -- model (engine), tokenizer, scheduler (model thread), API, HTTP
+ * listener -- marks the server ready once the model (and every worker)
+ * answered, runs the loop on this thread until SIGINT/SIGTERM, then takes
+ * everything down in reverse. Flags are documented in docs/CONFIG.md. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "cli/commands.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/memplan.h"
+#include "coordinator/api/api.h"
+#include "coordinator/obs/cmetrics.h"
+#include "coordinator/cluster/dist.h"
+#include "coordinator/engine/engine.h"
+#include "coordinator/api/http.h"
+#include "coordinator/api/sched.h"
+#include "coordinator/text/tokenizer.h"
+#include "coordinator/obs/trace.h"
+#include "proto/fprint.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: shoal serve --model DIR [options]\n"
+            "\n"
+            "Serves the OpenAI-compatible API (docs/API.md) for the model in DIR.\n"
+            "\n"
+            "  --model DIR            model directory (config.json, safetensors, tiktoken.model)\n"
+            "  --host ADDR            bind address (default 127.0.0.1); any non-loopback\n"
+            "                         address requires --api-key unless --insecure\n"
+            "  --port N               TCP port (default 8000; 0 picks a free one)\n"
+            "  --api-key KEY          require 'Authorization: Bearer KEY' (all but /health)\n"
+            "  --api-key-file PATH    the same, the key read from the first line of PATH\n"
+            "  --insecure             allow a non-loopback --host without an API key\n"
+            "  --model-name NAME      the model id clients use (default: DIR's base name)\n"
+            "  --queue N              requests that may wait for the model (default 64);\n"
+            "                         more are refused with 429\n"
+            "  --max-context N        tokens per sequence, prompt + completion\n"
+            "                         (default: the model's max_position_embeddings, at most 16384)\n"
+            "  --keep N               sequence states kept for conversation reuse (default 8, 0 off)\n"
+            "  --keep-mb N            memory those states may use, MiB (default 1024)\n"
+            "  --memo N               deterministic responses memoised (default 256, 0 off)\n"
+            "  --memo-mb N            memory the memo may use, MiB (default 64)\n"
+            "  --threads N            OpenMP threads for the forward (default: all)\n"
+            "  --max-body-kb N        request body limit, KiB (default 4096)\n"
+            "  --max-header-kb N      request line + headers limit, KiB (default 16)\n"
+            "  --max-connections N    open client connections (default 256)\n"
+            "  --request-timeout S    seconds a client has to send one request (default 30)\n"
+            "  --idle-timeout S       seconds a kept-alive connection may idle (default 60)\n"
+            "  --write-timeout S      seconds a response may stall unread (default 30)\n"
+            "  --trace FILE           record every routing decision (docs/METRICS.md)\n"
+            "  --trunk-gb G           trunk RAM budget: small|medium|large|auto or GiB; resident\n"
+            "                         layers + streamed ones, same tokens (docs/CONFIG.md);\n"
+            "                         default: the trunk is mapped\n"
+            "  --trunk-no-direct      buffered reads for --trunk-gb (no O_DIRECT)\n"
+            "\n");
+    shoal_dist_usage(f);
+}
+
+/* What the API's callbacks read: worker states and the coordinator metrics. */
+typedef struct {
+    shoal_dist *dist;
+    shoal_cmetrics *cm;
+    shoal_model *model;
+    uint64_t trunk_budget, trunk_resident; /* from the model's trunk plan */
+} serve_ctx;
+
+static int workers_cb(void *ud, shoal_api_worker *w, int cap)
+{
+    serve_ctx *c = ud;
+    int n = shoal_dist_nworkers(c->dist);
+    for (int i = 0; i < n && i < cap; i++) {
+        const char *name = shoal_dist_worker_name(c->dist, i);
+        shoal_cmetrics_worker_totals t;
+        shoal_cmetrics_get_worker(c->cm, i, &t);
+        snprintf(w[i].name, sizeof w[i].name, "%s", name ? name : "?");
+        char why[160];
+        w[i].up = shoal_dist_worker_up(c->dist, i, why, sizeof why);
+        if (w[i].up)
+            snprintf(w[i].state, sizeof w[i].state, "ready");
+        else /* the client keeps reconnecting it in the background */
+            snprintf(w[i].state, sizeof w[i].state, "down: %s (%llu timeouts, %llu errors so far)", why,
+                     (unsigned long long)t.timeouts, (unsigned long long)t.errors);
+    }
+    return n;
+}
+
+static void metrics_cb(void *ud, shoal_metrics_buf *b)
+{
+    serve_ctx *c = ud;
+    shoal_cmetrics_write(c->cm, b);
+    /* the trunk budget (--trunk-gb): all 0 when the trunk is mapped */
+    uint64_t rd;
+    double stall;
+    shoal_model_trunk_counters(c->model, &rd, &stall);
+    shoal_metrics_family(b, "shoal_trunk_budget_bytes", SHOAL_METRICS_GAUGE,
+                         "Trunk memory budget applied (--trunk-gb); 0 when the trunk is mapped.");
+    shoal_metrics_sample(b, "shoal_trunk_budget_bytes", NULL, 0, (double)c->trunk_budget);
+    shoal_metrics_family(b, "shoal_trunk_resident_bytes", SHOAL_METRICS_GAUGE,
+                         "Trunk weight bytes held resident under the budget.");
+    shoal_metrics_sample(b, "shoal_trunk_resident_bytes", NULL, 0, (double)c->trunk_resident);
+    shoal_metrics_family(b, "shoal_trunk_read_bytes_total", SHOAL_METRICS_COUNTER,
+                         "Trunk bytes the streaming reader read from disk.");
+    shoal_metrics_sample(b, "shoal_trunk_read_bytes_total", NULL, 0, (double)rd);
+    shoal_metrics_family(b, "shoal_trunk_stall_seconds_total", SHOAL_METRICS_COUNTER,
+                         "Seconds forwards waited for a streamed trunk unit.");
+    shoal_metrics_sample(b, "shoal_trunk_stall_seconds_total", NULL, 0, stall);
+    shoal_metrics_family(b, "shoal_forward_allocations_total", SHOAL_METRICS_COUNTER,
+                         "Heap allocations caught inside the forward (should stay 0).");
+    shoal_metrics_sample(b, "shoal_forward_allocations_total", NULL, 0, (double)shoal_engine_alloc_count());
+}
+
+static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "shoal serve: %s must be an integer in %ld..%ld (got '%s')\n", flag, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int is_loopback(const char *host)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6);
+    return 0;
+}
+
+static int read_key_file(const char *path, char *out, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "shoal serve: --api-key-file %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    if (!fgets(out, (int)cap, f)) {
+        fclose(f);
+        fprintf(stderr, "shoal serve: --api-key-file %s is empty\n", path);
+        return -1;
+    }
+    fclose(f);
+    out[strcspn(out, "\r\n")] = '\0';
+    if (!out[0]) {
+        fprintf(stderr, "shoal serve: --api-key-file %s: the first line is empty\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+int shoal_cmd_serve(int argc, char **argv)
+{
+    const char *model_dir = NULL, *host = "127.0.0.1", *api_key = NULL, *key_file = NULL;
+    char model_name[128] = "";
+    long port = 8000, queue = 64, max_context = 0, keep = 8, keep_mb = 1024, memo = 256, memo_mb = 64;
+    long threads = 0, max_body_kb = 4096, max_header_kb = 16, max_conn = 256;
+    long req_to = 30, idle_to = 60, write_to = 30;
+    int insecure = 0, trunk_no_direct = 0;
+    shoal_trunk_mode trunk_mode = SHOAL_TRUNK_MAPPED;
+    uint64_t trunk_budget = 0;
+    const char *trace_path = NULL;
+    shoal_dist_opts dopts = {0};
+    int bad = 0;
+    /* flags take their value as the next argument; the distributed-experts
+     * flags are parsed by coordinator/dist.c */
+    static const struct {
+        const char *flag;
+        long lo, hi;
+    } nums[] = {
+        {"--port", 0, 65535},         {"--queue", 1, 1000000},   {"--max-context", 16, 1 << 24},
+        {"--keep", 0, 64},            {"--keep-mb", 0, 1 << 20}, {"--memo", 0, 4096},
+        {"--memo-mb", 0, 1 << 16},    {"--threads", 0, 4096},    {"--max-body-kb", 1, 1 << 20},
+        {"--max-header-kb", 1, 1024}, {"--max-connections", 1, 100000},
+        {"--request-timeout", 1, 3600}, {"--idle-timeout", 1, 3600}, {"--write-timeout", 1, 3600},
+    };
+    long *dsts[] = {&port, &queue, &max_context, &keep, &keep_mb, &memo, &memo_mb, &threads, &max_body_kb,
+                    &max_header_kb, &max_conn, &req_to, &idle_to, &write_to};
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int dr = shoal_dist_parse_arg(&dopts, "shoal serve", argc, argv, &i);
+        if (dr < 0)
+            return 2;
+        if (dr > 0)
+            continue;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--insecure")) {
+            insecure = 1;
+            continue;
+        }
+        if (!strcmp(a, "--trunk-no-direct")) {
+            trunk_no_direct = 1;
+            continue;
+        }
+        if (!strcmp(a, "--trunk-gb")) {
+            if (!v || shoal_model_parse_trunk(v, &trunk_mode, &trunk_budget)) {
+                fprintf(stderr, "shoal serve: --trunk-gb needs small|medium|large|auto or a size in GiB\n");
+                bad = 1;
+            }
+            i++;
+            continue;
+        }
+        int found = 0;
+        for (size_t n = 0; n < sizeof nums / sizeof nums[0]; n++) {
+            if (strcmp(a, nums[n].flag))
+                continue;
+            found = 1;
+            if (!v) {
+                fprintf(stderr, "shoal serve: %s needs a value\n", a);
+                bad = 1;
+            } else {
+                bad = parse_long(a, v, nums[n].lo, nums[n].hi, dsts[n]) != 0;
+                i++;
+            }
+        }
+        if (found)
+            continue;
+        const char **sdst = !strcmp(a, "--model")          ? &model_dir
+                            : !strcmp(a, "--host")         ? &host
+                            : !strcmp(a, "--api-key")      ? &api_key
+                            : !strcmp(a, "--api-key-file") ? &key_file
+                            : !strcmp(a, "--trace")        ? &trace_path
+                                                           : NULL;
+        if (sdst || !strcmp(a, "--model-name")) {
+            if (!v) {
+                fprintf(stderr, "shoal serve: %s needs a value\n", a);
+                bad = 1;
+            } else if (sdst) {
+                *sdst = v;
+            } else if (strlen(v) >= sizeof model_name) {
+                fprintf(stderr, "shoal serve: --model-name is longer than %zu bytes\n", sizeof model_name - 1);
+                bad = 1;
+            } else {
+                memcpy(model_name, v, strlen(v) + 1);
+            }
+            i++;
+            continue;
+        }
+        fprintf(stderr, "shoal serve: unknown option '%s' (see --help)\n", a);
+        bad = 1;
+    }
+    if (bad)
+        return 2;
+    if (shoal_dist_enabled(&dopts) < 0) {
+        fprintf(stderr, "shoal serve: give --worker ENDPOINT ..., --workers N or --plan FILE, only one\n");
+        return 2;
+    }
+    if (!model_dir) {
+        fprintf(stderr, "shoal serve: --model DIR is required\n");
+        usage(stderr);
+        return 2;
+    }
+    if (api_key && key_file) {
+        fprintf(stderr, "shoal serve: give --api-key or --api-key-file, not both\n");
+        return 2;
+    }
+    char key_buf[512];
+    if (key_file) {
+        if (read_key_file(key_file, key_buf, sizeof key_buf))
+            return 2;
+        api_key = key_buf;
+    }
+    if (api_key && !api_key[0]) {
+        fprintf(stderr, "shoal serve: --api-key must not be empty\n");
+        return 2;
+    }
+    if (!is_loopback(host) && !api_key && !insecure) {
+        fprintf(stderr,
+                "shoal serve: --host %s is reachable from other machines: give --api-key (or --api-key-file),\n"
+                "             or --insecure to serve it without authentication\n",
+                host);
+        return 2;
+    }
+    if (!model_name[0]) { /* the directory's base name */
+        char tmp[PATH_MAX];
+        snprintf(tmp, sizeof tmp, "%s", model_dir);
+        size_t l = strlen(tmp);
+        while (l > 1 && tmp[l - 1] == '/')
+            tmp[--l] = '\0';
+        const char *b = strrchr(tmp, '/');
+        b = b ? b + 1 : tmp;
+        if (strlen(b) >= sizeof model_name) {
+            fprintf(stderr, "shoal serve: the model directory's name is too long: give --model-name\n");
+            return 2;
+        }
+        memcpy(model_name, b, strlen(b) + 1);
+    }
+    shoal_log_set_role("C");
+
+    char err[1024];
+    int rc, status = 3;
+    shoal_model *model = NULL;
+    shoal_tok *tok = NULL;
+    shoal_sched *sched = NULL;
+    shoal_api *api = NULL;
+    shoal_http *http = NULL;
+    shoal_trace *trace = NULL;
+    serve_ctx ctx = {0};
+
+    shoal_tok_opts to = {0};
+    rc = shoal_tok_open(&tok, model_dir, &to, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "shoal serve: tokenizer: %s\n", err);
+        goto out;
+    }
+    if (!max_context) {
+        shoal_k3cfg cfg;
+        char cpath[PATH_MAX];
+        snprintf(cpath, sizeof cpath, "%s/config.json", model_dir);
+        rc = shoal_k3cfg_load(&cfg, cpath, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "shoal serve: %s\n", err);
+            goto out;
+        }
+        max_context = cfg.max_position < 16384 ? cfg.max_position : 16384;
+    }
+    shoal_model_opts mo = {.max_context = (int)max_context, .threads = (int)threads,
+                           .remote_experts = shoal_dist_enabled(&dopts), .trunk_mode = trunk_mode,
+                           .trunk_budget = trunk_budget, .trunk_no_direct = trunk_no_direct};
+    rc = shoal_model_open(&model, model_dir, &mo, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "shoal serve: model: %s\n", err);
+        goto out;
+    }
+    shoal_model_info info;
+    shoal_model_get_info(model, &info);
+    ctx.model = model;
+    ctx.trunk_budget = info.trunk_budget;
+    ctx.trunk_resident = info.trunk_resident_bytes;
+    /* every worker must answer its HELLO (and own its experts) before we serve */
+    if (shoal_dist_enabled(&dopts) && (rc = shoal_dist_start(&ctx.dist, &dopts, model_dir, model, err, sizeof err))) {
+        fprintf(stderr, "shoal serve: workers: %s\n", err);
+        status = 4;
+        goto out;
+    }
+    shoal_cmetrics_opts cmo = {.num_layers = info.cfg->num_layers, .is_moe = info.cfg->is_moe,
+                               .num_experts = info.cfg->num_experts, .expert_bytes = info.expert_bytes,
+                               .max_workers = shoal_dist_nworkers(ctx.dist)};
+    if ((rc = shoal_cmetrics_open(&ctx.cm, &cmo, err, sizeof err)) ||
+        (rc = shoal_dist_set_metrics(ctx.dist, ctx.cm, err, sizeof err))) {
+        fprintf(stderr, "shoal serve: %s\n", err);
+        status = 4;
+        goto out;
+    }
+    if (trace_path) {
+        shoal_trace_hdr th = {.num_layers = (uint32_t)info.cfg->num_layers,
+                              .num_experts = (uint32_t)info.cfg->num_experts,
+                              .k = (uint32_t)info.cfg->experts_per_token};
+        if (shoal_fprint_model(th.fingerprint, info.cfg, shoal_model_store(model), err, sizeof err))
+            memset(th.fingerprint, 0, sizeof th.fingerprint); /* no expert tensors here: unknown */
+        if ((rc = shoal_trace_create(&trace, trace_path, &th, err, sizeof err))) {
+            fprintf(stderr, "shoal serve: %s\n", err);
+            status = 2;
+            goto out;
+        }
+    }
+    shoal_model_set_monitor(model, ctx.cm, trace);
+    shoal_sched_opts so = {
+        .model = model,
+        .tok = tok,
+        .queue_size = (int)queue,
+        .slots = 1,
+        .keep_seqs = (int)keep,
+        .keep_bytes = (size_t)keep_mb << 20,
+        .memo_entries = (int)memo,
+        .memo_bytes = (size_t)memo_mb << 20,
+        .threads = (int)threads,
+        .cm = ctx.cm,
+    };
+    rc = shoal_sched_open(&sched, &so, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "shoal serve: %s\n", err);
+        goto out;
+    }
+    shoal_api_opts ao = {
+        .limits = {.model_name = model_name, .vocab = shoal_tok_n_vocab(tok), .max_context = info.max_context},
+        .api_key = api_key,
+        .sched = sched,
+        .workers = workers_cb,
+        .metrics = metrics_cb,
+        .ud = &ctx,
+    };
+    rc = shoal_api_open(&api, &ao, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "shoal serve: %s\n", err);
+        status = 2;
+        goto out;
+    }
+    shoal_http_opts ho = {
+        .host = host,
+        .port = (int)port,
+        .max_header_bytes = (size_t)max_header_kb << 10,
+        .max_body_bytes = (size_t)max_body_kb << 10,
+        .max_connections = (int)max_conn,
+        .request_timeout_ms = (int)req_to * 1000,
+        .idle_timeout_ms = (int)idle_to * 1000,
+        .write_timeout_ms = (int)write_to * 1000,
+        .max_write_queue = 64u << 20,
+        .handle_signals = 1,
+        .on_request = shoal_api_on_request,
+        .ud = api,
+    };
+    rc = shoal_http_open(&http, &ho, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "shoal serve: %s\n", err);
+        status = 4;
+        goto out;
+    }
+    shoal_api_set_http(api, http);
+    shoal_api_set_ready(api, 1);
+    SHOAL_INFO("serve: model '%s' (%s), context %d, queue %ld, %d expert worker%s, %s", model_name, model_dir,
+               info.max_context, queue, shoal_dist_nworkers(ctx.dist), shoal_dist_nworkers(ctx.dist) == 1 ? "" : "s",
+               api_key ? "API key required" : "no API key");
+    /* one machine-readable line on stdout for scripts and tests */
+    printf("shoal serve: listening on http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "", host,
+           strchr(host, ':') ? "]" : "", shoal_http_port(http));
+    fflush(stdout);
+    shoal_http_run(http);
+    status = 0;
+out:
+    shoal_sched_close(sched); /* after the loop: every exchange is aborted by now */
+    shoal_api_close(api);
+    shoal_http_close(http);
+    if (model)
+        shoal_model_set_monitor(model, NULL, NULL);
+    shoal_model_close(model); /* closes the expert client */
+    shoal_dist_stop(ctx.dist); /* then the spawned workers */
+    shoal_cmetrics_close(ctx.cm);
+    if (trace) {
+        uint64_t nrec = shoal_trace_count(trace);
+        if (shoal_trace_close(trace, err, sizeof err)) {
+            fprintf(stderr, "shoal serve: trace: %s\n", err);
+            if (!status)
+                status = 4;
+        } else {
+            SHOAL_INFO("trace %s: %llu routing records", trace_path, (unsigned long long)nrec);
+        }
+    }
+    shoal_tok_close(tok);
+    if (key_file)
+        memset(key_buf, 0, sizeof key_buf);
+    {
+        struct rusage ru;
+        char r1[32], r2[32];
+        uint64_t mx = getrusage(RUSAGE_SELF, &ru) ? 0 : (uint64_t)ru.ru_maxrss * 1024u;
+        SHOAL_INFO("peak resident memory: %s (getrusage ru_maxrss), %s (VmHWM)", shoal_memplan_fmt(mx, r1, sizeof r1),
+                   shoal_memplan_fmt(shoal_memplan_peak_rss(), r2, sizeof r2));
+    }
+    return status;
+}

@@ -1,0 +1,349 @@
+/* Sequences, the forward entry points, and the allocation guard
+ * (engine.h). The model itself is opened in model.c, the math is in forward.c. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <omp.h>
+
+#include "common/err.h"
+#include "coordinator/engine/engine_int.h"
+
+/* ---- allocation guard -----------------------------------------------------
+ * The engine's forward must not allocate (STYLE habit 4). To prove it, this
+ * file interposes the process's malloc/calloc/realloc (glibc exports the real
+ * ones as __libc_*): while the calling thread is inside a forward, any
+ * allocation on it is counted (shoal_engine_alloc_count, and /metrics'
+ * shoal_forward_allocations_total) and the first one logged; with the
+ * environment variable SHOAL_ALLOC_GUARD=abort (the test suite sets it) it
+ * aborts with a message instead. A served model never dies for a stray
+ * allocation: it costs time, not correctness. The flag is per thread, so other threads of the process (an HTTP
+ * loop, a worker) may allocate freely meanwhile; kernels running on OpenMP
+ * threads are covered by their own no-allocation contract and tests.
+ * Sanitizer builds supply their own allocator, so the guard is compiled out
+ * there (and shoal_engine_alloc_count stays 0). The definitions are weak so
+ * that a statically linked sanitizer runtime (clang's, in fuzz targets built
+ * from uninstrumented libraries) wins instead of clashing. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define GUARD 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define GUARD 0
+#endif
+#endif
+#ifndef GUARD
+#if defined(__GLIBC__) || defined(__linux__)
+#define GUARD 1
+#else
+#define GUARD 0
+#endif
+#endif
+
+static atomic_ullong guard_hits;
+static _Thread_local int guard_armed;
+static _Thread_local int guard_strict; /* SHOAL_ALLOC_GUARD=abort when armed */
+static _Thread_local int omp_warm_threads;
+
+void shoal__engine_guard_arm(int on)
+{
+    /* libgomp builds a thread's pool and team on its first parallel region
+     * (and again when the thread count changes): do that before arming, on
+     * the thread that runs the forward */
+    if (on && omp_warm_threads != omp_get_max_threads()) {
+        omp_warm_threads = omp_get_max_threads();
+        volatile int sink = 0;
+#pragma omp parallel
+        {
+#pragma omp atomic
+            sink++;
+        }
+        (void)sink;
+    }
+    if (on) {
+        const char *g = getenv("SHOAL_ALLOC_GUARD"); /* getenv does not allocate */
+        guard_strict = g && !strcmp(g, "abort");
+    }
+    guard_armed = on;
+}
+
+uint64_t shoal_engine_alloc_count(void)
+{
+    return atomic_load(&guard_hits);
+}
+
+#if GUARD
+#include <errno.h>
+#include <unistd.h>
+extern void *__libc_malloc(size_t n);
+extern void *__libc_calloc(size_t n, size_t size);
+extern void *__libc_realloc(void *p, size_t n);
+
+static void guard_hit(const char *what)
+{
+    uint64_t n = atomic_fetch_add(&guard_hits, 1);
+    /* no stdio here: it may allocate */
+    static const char pre[] = "shoal: ";
+    static const char post[] = " inside the engine's forward (the decode path must not allocate)\n";
+    if (!guard_strict && n > 0)
+        return; /* warned once; /metrics counts them all */
+    ssize_t r = write(2, pre, sizeof pre - 1);
+    r = write(2, guard_strict ? "fatal: " : "warning: ", guard_strict ? 7 : 9);
+    r = write(2, what, strlen(what));
+    r = write(2, post, sizeof post - 1);
+    (void)r;
+    if (guard_strict)
+        abort();
+}
+
+__attribute__((weak)) void *malloc(size_t n)
+{
+    if (guard_armed)
+        guard_hit("malloc");
+    return __libc_malloc(n);
+}
+
+__attribute__((weak)) void *calloc(size_t n, size_t size)
+{
+    if (guard_armed)
+        guard_hit("calloc");
+    return __libc_calloc(n, size);
+}
+
+__attribute__((weak)) void *realloc(void *p, size_t n)
+{
+    if (guard_armed)
+        guard_hit("realloc");
+    return __libc_realloc(p, n);
+}
+
+/* Aligned allocations too: libzmq allocates its queue chunks this way. */
+extern void *__libc_memalign(size_t align, size_t n);
+
+__attribute__((weak)) int posix_memalign(void **p, size_t align, size_t n)
+{
+    if (guard_armed)
+        guard_hit("posix_memalign");
+    if (align < sizeof(void *) || (align & (align - 1)))
+        return EINVAL;
+    void *r = __libc_memalign(align, n);
+    if (!r)
+        return ENOMEM;
+    *p = r;
+    return 0;
+}
+
+__attribute__((weak)) void *aligned_alloc(size_t align, size_t n)
+{
+    if (guard_armed)
+        guard_hit("aligned_alloc");
+    return __libc_memalign(align, n);
+}
+#endif
+
+/* ---- sequences ------------------------------------------------------------ */
+
+static size_t kda_state_floats(const shoal_k3cfg *c)
+{
+    return (size_t)c->num_kda * c->kda_heads * (size_t)c->kda_head_dim * c->kda_head_dim;
+}
+
+static size_t kda_conv_floats(const shoal_k3cfg *c)
+{
+    return (size_t)c->num_kda * 3 * (size_t)(c->conv_kernel - 1) * c->kda_heads * c->kda_head_dim;
+}
+
+static size_t mla_row(const shoal_k3cfg *c)
+{
+    return (size_t)c->kv_lora_rank + c->qk_rope_dim;
+}
+
+int shoal_seq_create(shoal_seq **out, shoal_model *m, int capacity, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (capacity == 0)
+        capacity = m->info.max_context;
+    if (capacity < 1 || capacity > m->info.max_context)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sequence capacity %d outside [1, max_context %d]", capacity,
+                             m->info.max_context);
+    const shoal_k3cfg *c = &m->cfg;
+    shoal_seq *s = shoal_xcalloc(1, sizeof *s);
+    s->m = m;
+    s->capacity = capacity;
+    /* calloc: the zero state is the initial KDA state and conv window, and a
+     * large cache costs nothing until it is written */
+    s->kda_S = shoal_xcalloc(kda_state_floats(c) + 1, sizeof(float));
+    s->kda_conv = shoal_xcalloc(kda_conv_floats(c) + 1, sizeof(float));
+    /* the MLA cache is never read before it is written; 64-byte aligned so the
+     * attention kernel's 32-byte row loads never straddle cache lines;
+     * untouched pages stay unallocated, as with calloc */
+    if (posix_memalign((void **)&s->mla, 64, sizeof(float) * ((size_t)c->num_mla * (size_t)capacity * mla_row(c) + 1)))
+        SHOAL_PANIC("out of memory: MLA cache of %d tokens", capacity);
+    s->bytes = sizeof(float) * (kda_state_floats(c) + kda_conv_floats(c) +
+                                (size_t)c->num_mla * (size_t)capacity * mla_row(c));
+    m->seqs_alive++;
+    *out = s;
+    return 0;
+}
+
+void shoal_seq_free(shoal_seq *s)
+{
+    if (!s)
+        return;
+    s->m->seqs_alive--;
+    free(s->kda_S);
+    free(s->kda_conv);
+    free(s->mla);
+    free(s);
+}
+
+void shoal_seq_reset(shoal_seq *s)
+{
+    const shoal_k3cfg *c = &s->m->cfg;
+    memset(s->kda_S, 0, sizeof(float) * kda_state_floats(c));
+    memset(s->kda_conv, 0, sizeof(float) * kda_conv_floats(c));
+    s->pos = 0;
+    s->broken = 0;
+}
+
+int shoal_seq_pos(const shoal_seq *s)
+{
+    return s->pos;
+}
+
+int shoal_seq_capacity(const shoal_seq *s)
+{
+    return s->capacity;
+}
+
+size_t shoal_seq_bytes(const shoal_seq *s)
+{
+    return s->bytes;
+}
+
+int shoal_seq_copy(shoal_seq *dst, const shoal_seq *src, char *err, size_t errlen)
+{
+    if (dst == src)
+        return 0;
+    if (dst->m != src->m)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "seq copy: sequences of different models");
+    if (dst->capacity < src->pos)
+        return shoal_err_set(err, errlen, SHOAL_ERANGE, "seq copy: destination holds %d tokens, source is at %d",
+                             dst->capacity, src->pos);
+    const shoal_k3cfg *c = &src->m->cfg;
+    memcpy(dst->kda_S, src->kda_S, sizeof(float) * kda_state_floats(c));
+    memcpy(dst->kda_conv, src->kda_conv, sizeof(float) * kda_conv_floats(c));
+    size_t row = mla_row(c);
+    for (int l = 0; l < c->num_mla; l++)
+        memcpy(dst->mla + (size_t)l * dst->capacity * row, src->mla + (size_t)l * src->capacity * row,
+               sizeof(float) * row * (size_t)src->pos);
+    dst->pos = src->pos;
+    dst->broken = src->broken;
+    return 0;
+}
+
+int shoal_seq_fork(shoal_seq **out, const shoal_seq *src, int capacity, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (capacity != 0 && capacity < src->pos)
+        return shoal_err_set(err, errlen, SHOAL_ERANGE, "seq fork: capacity %d below the source position %d",
+                             capacity, src->pos);
+    shoal_seq *s;
+    int rc = shoal_seq_create(&s, src->m, capacity, err, errlen);
+    if (rc)
+        return rc;
+    rc = shoal_seq_copy(s, src, err, errlen);
+    if (rc) {
+        shoal_seq_free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+/* ---- forward entry points ------------------------------------------------- */
+
+static int check_ids(const shoal_model *m, const int32_t *ids, int n, char *err, size_t errlen)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= m->info.vocab)
+            return shoal_err_set(err, errlen, SHOAL_ERANGE, "token id %d at index %d outside [0, %d)", (int)ids[i], i,
+                                 m->info.vocab);
+    return 0;
+}
+
+static int canceled(const shoal_model *m)
+{
+    return m->cancel && atomic_load(m->cancel) != 0;
+}
+
+int shoal_seq_prefill(shoal_seq *s, const int32_t *ids, int n, shoal_logits_mode mode, float *logits, char *err,
+                      size_t errlen)
+{
+    shoal_model *m = s->m;
+    if (n < 1)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "prefill: %d tokens", n);
+    if (mode != SHOAL_LOGITS_NONE && !logits)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "prefill: logits requested into NULL");
+    if (s->broken)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL,
+                             "prefill: sequence broken by an earlier failure (reset or copy into it first)");
+    if (n > s->capacity - s->pos)
+        return shoal_err_set(err, errlen, SHOAL_ERANGE, "prefill: %d tokens at position %d exceed capacity %d", n,
+                             s->pos, s->capacity);
+    int rc = check_ids(m, ids, n, err, errlen);
+    if (rc)
+        return rc;
+    int B = m->info.max_batch;
+    for (int i = 0; i < B; i++)
+        m->seqv[i] = s;
+    for (int done = 0; done < n;) {
+        if (canceled(m))
+            return shoal_err_set(err, errlen, SHOAL_ECANCELED, "prefill canceled after %d of %d tokens", done, n);
+        int T = n - done < B ? n - done : B;
+        float *lg = NULL;
+        int all = 0;
+        if (mode == SHOAL_LOGITS_ALL) {
+            lg = logits + (size_t)done * (size_t)m->info.vocab;
+            all = 1;
+        } else if (mode == SHOAL_LOGITS_LAST && done + T == n) {
+            lg = logits;
+        }
+        rc = shoal__engine_forward(m, m->seqv, ids + done, T, lg, all, err, errlen);
+        if (rc)
+            return rc;
+        done += T;
+    }
+    return 0;
+}
+
+int shoal_seq_decode(shoal_seq *s, int32_t id, float *logits, char *err, size_t errlen)
+{
+    return shoal_seq_prefill(s, &id, 1, logits ? SHOAL_LOGITS_LAST : SHOAL_LOGITS_NONE, logits, err, errlen);
+}
+
+int shoal_model_decode_batch(shoal_model *m, shoal_seq *const *seqs, const int32_t *ids, int n, float *logits,
+                             char *err, size_t errlen)
+{
+    if (n < 1 || n > m->info.max_batch)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "decode_batch: %d sequences (max_batch %d)", n,
+                             m->info.max_batch);
+    int rc = check_ids(m, ids, n, err, errlen);
+    if (rc)
+        return rc;
+    for (int i = 0; i < n; i++) {
+        const shoal_seq *s = seqs[i];
+        if (s->m != m)
+            return shoal_err_set(err, errlen, SHOAL_EINVAL, "decode_batch: sequence %d belongs to another model", i);
+        if (s->broken)
+            return shoal_err_set(err, errlen, SHOAL_EINVAL, "decode_batch: sequence %d is broken (reset it)", i);
+        int need = 0;
+        for (int j = 0; j <= i; j++)
+            need += seqs[j] == s;
+        if (s->pos + need > s->capacity)
+            return shoal_err_set(err, errlen, SHOAL_ERANGE, "decode_batch: sequence %d is full (capacity %d)", i,
+                                 s->capacity);
+    }
+    if (canceled(m))
+        return shoal_err_set(err, errlen, SHOAL_ECANCELED, "decode_batch canceled");
+    return shoal__engine_forward(m, seqs, ids, n, logits, 1, err, errlen);
+}

@@ -1,0 +1,148 @@
+/* tokenizer: the ASCII fast path of the K3 pre-tokenizer. Most text is mostly
+ * ASCII and its pieces are short, so PCRE2's per-match cost (~200 ns) was most
+ * of the encoding time. This decides the next piece without PCRE2 when every
+ * character the pattern would have to look at is ASCII, and answers 0 ("ask
+ * PCRE2") as soon as one is not: a non-ASCII character could be a letter, a
+ * digit, white space, punctuation, Han, or U+017F in a contraction. PCRE2
+ * stays the definition: the unit test and fuzz_tokenizer compare the two
+ * splits, and the oracle test compares the ids with tiktoken.
+ *
+ * The alternatives of SPEC §5.2 restricted to ASCII (classes: UPPER = A-Z,
+ * LOWER = a-z, N = 0-9, WS = \t \n \v \f \r and space, PREFIX = not \r \n,
+ * letter or digit, PUNCT = not WS, letter or digit), tried in order at i:
+ *   1  Han: never ASCII.
+ *   2  PREFIX? UPPER* LOWER+ C?   3  PREFIX? UPPER+ LOWER* C?
+ *      UPPER and LOWER are disjoint on ASCII, so backtracking inside the runs
+ *      never helps: with the prefix taken (c in PREFIX, then a letter), the
+ *      uppercase run, then a lowercase run (2) or none (3). c in PREFIX but not
+ *      followed by a letter: both fail (without the prefix c is no letter).
+ *      C = (?i:'s|'t|'re|'ve|'m|'ll|'d), first letters distinct.
+ *   4  N{1,3}.
+ *   5  " "?PUNCT+[\r\n]*.
+ *   6  WS*[\r\n]+: the WS run up to and including its last \r or \n.
+ *   7  WS+(?!\S): the run less its last character (the whole run at the end
+ *      of the subject), when that leaves at least one character.
+ *   8  WS+: the one-character run. */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coordinator/text/tokenizer_int.h"
+
+enum { UP = 1, LO = 2, DG = 4, WS = 8, NL = 16 };
+
+static const uint8_t cls[128] = {
+    ['\t'] = WS, ['\n'] = WS | NL, ['\v'] = WS, ['\f'] = WS, ['\r'] = WS | NL, [' '] = WS,
+    ['0'] = DG, ['1'] = DG, ['2'] = DG, ['3'] = DG, ['4'] = DG,
+    ['5'] = DG, ['6'] = DG, ['7'] = DG, ['8'] = DG, ['9'] = DG,
+    ['A'] = UP, ['B'] = UP, ['C'] = UP, ['D'] = UP, ['E'] = UP, ['F'] = UP, ['G'] = UP,
+    ['H'] = UP, ['I'] = UP, ['J'] = UP, ['K'] = UP, ['L'] = UP, ['M'] = UP, ['N'] = UP,
+    ['O'] = UP, ['P'] = UP, ['Q'] = UP, ['R'] = UP, ['S'] = UP, ['T'] = UP, ['U'] = UP,
+    ['V'] = UP, ['W'] = UP, ['X'] = UP, ['Y'] = UP, ['Z'] = UP,
+    ['a'] = LO, ['b'] = LO, ['c'] = LO, ['d'] = LO, ['e'] = LO, ['f'] = LO, ['g'] = LO,
+    ['h'] = LO, ['i'] = LO, ['j'] = LO, ['k'] = LO, ['l'] = LO, ['m'] = LO, ['n'] = LO,
+    ['o'] = LO, ['p'] = LO, ['q'] = LO, ['r'] = LO, ['s'] = LO, ['t'] = LO, ['u'] = LO,
+    ['v'] = LO, ['w'] = LO, ['x'] = LO, ['y'] = LO, ['z'] = LO,
+};
+
+#define LETTER (UP | LO)
+#define IS_PREFIX(c) (!(cls[c] & (NL | LETTER | DG)))
+#define IS_PUNCT(c) (!(cls[c] & (WS | LETTER | DG)))
+
+/* end of the run of bytes of class mask from j; *stop = 1 when the run ended
+ * at a non-ASCII byte (its class is unknown here) */
+static inline size_t run(const uint8_t *s, size_t n, size_t j, uint8_t mask, int *stop)
+{
+    while (j < n && s[j] < 0x80 && (cls[s[j]] & mask))
+        j++;
+    *stop = j < n && s[j] >= 0x80;
+    return j;
+}
+
+/* the optional contraction at e: its end, or 0 to ask PCRE2 */
+static inline size_t contraction(const uint8_t *s, size_t n, size_t e)
+{
+    if (e + 1 >= n || s[e] != '\'')
+        return e;
+    uint8_t b = s[e + 1];
+    if (b >= 0x80)
+        return 0; /* U+017F matches (?i:s) */
+    b |= 0x20;
+    if (b == 's' || b == 't' || b == 'm' || b == 'd')
+        return e + 2;
+    if (e + 2 >= n)
+        return e;
+    uint8_t b2 = s[e + 2] | 0x20; /* no non-ASCII character folds to e or l */
+    if ((b == 'r' || b == 'v') && b2 == 'e')
+        return e + 3;
+    if (b == 'l' && b2 == 'l')
+        return e + 3;
+    return e;
+}
+
+size_t shoal__tok_ascii_piece(const uint8_t *s, size_t n, size_t i)
+{
+    uint8_t c = s[i];
+    if (c >= 0x80)
+        return 0;
+    int stop;
+    /* 2, 3: letters, with one PREFIX character before them */
+    size_t j = i;
+    if (!(cls[c] & LETTER) && IS_PREFIX(c) && i + 1 < n) {
+        if (s[i + 1] >= 0x80)
+            return 0;
+        if (cls[s[i + 1]] & LETTER)
+            j = i + 1;
+    }
+    if (cls[s[j]] & LETTER) {
+        size_t k = run(s, n, j, UP, &stop);
+        if (stop)
+            return 0;
+        size_t m = run(s, n, k, LO, &stop);
+        if (stop)
+            return 0;
+        /* m > k: alternative 2; m == k > j: alternative 3 */
+        return contraction(s, n, m);
+    }
+    /* 4 */
+    if (cls[c] & DG) {
+        size_t k = i;
+        while (k < n && k < i + 3) {
+            if (s[k] >= 0x80)
+                return 0;
+            if (!(cls[s[k]] & DG))
+                break;
+            k++;
+        }
+        return k;
+    }
+    /* 5 */
+    size_t p = n;
+    if (c == ' ' && i + 1 < n) {
+        if (s[i + 1] >= 0x80)
+            return 0;
+        if (IS_PUNCT(s[i + 1]))
+            p = i + 1;
+    } else if (IS_PUNCT(c)) {
+        p = i;
+    }
+    if (p < n) {
+        size_t q = p;
+        while (q < n && s[q] < 0x80 && IS_PUNCT(s[q]))
+            q++;
+        if (q < n && s[q] >= 0x80)
+            return 0;
+        while (q < n && s[q] < 0x80 && (cls[s[q]] & NL))
+            q++;
+        return q;
+    }
+    /* 6, 7, 8: c is white space */
+    size_t k = run(s, n, i, WS, &stop);
+    if (stop)
+        return 0;
+    for (size_t x = k; x > i; x--)
+        if (cls[s[x - 1]] & NL)
+            return x;
+    if (k == n)
+        return n;
+    return k - i >= 2 ? k - 1 : k;
+}
