@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "common/err.h"
+#include "common/utf8.h"
 #include "common/log.h"
 #include "coordinator/api/api.h"
 

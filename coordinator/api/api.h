@@ -1,11 +1,16 @@
-/* OpenAI-compatible API: routes HTTP exchanges (coordinator/http.h) to the
- * scheduler (coordinator/sched.h) and formats what comes back. Owns request
+/* OpenAI-compatible API -- the public face of the api room (coordinator/api/:
+ * http.c, api.c, api_parse.c, the scheduler sched.c over jobs.c). May use:
+ * common/, text/, engine/ and obs/; not cluster/ (the model it serves comes
+ * with its expert backend already plugged in by `shoal serve`, cmd/serve.c).
+ *
+ * Routes HTTP exchanges (api/http.h) to the
+ * scheduler (api/sched.h) and formats what comes back. Owns request
  * validation (every field type- and range-checked, errors in OpenAI's error
  * object naming the field), authentication (Bearer API key), the response
  * memo lookup, and the JSON / server-sent-event response formats of
  * /v1/chat/completions, /v1/completions, /v1/models, plus /health and
  * /metrics. docs/API.md lists the fields honoured, the defaults and the
- * errors. Callers: `shoal serve` (coordinator/serve.c), the fuzz target and
+ * errors. Callers: `shoal serve` (coordinator/cmd/serve.c), the fuzz target and
  * tests.
  *
  * Threads: shoal_api_on_request and everything it starts run on the HTTP loop

@@ -1,5 +1,6 @@
-/* Scheduler (see sched.h): jobs, the fair bounded queue, the response memo,
- * the kept sequences for conversation reuse, and the model thread.
+/* jobs: the scheduler's data (see sched.h, sched_int.h): jobs and their
+ * events, the fair bounded queue, the response memo, the kept sequences for
+ * conversation reuse. No thread of its own; the model thread is sched.c's.
  *
  * Locks: s->mu guards the queue, the client table, the kept-sequence table
  * and the counters; s->memo_mu guards the memo (read from the HTTP thread);
@@ -18,8 +19,8 @@
 
 #include "common/err.h"
 #include "common/log.h"
-#include "coordinator/text/chat.h"
-#include "coordinator/engine/sampler.h"
+#include "coordinator/text/text.h"
+#include "coordinator/engine/engine.h"
 #include "coordinator/api/sched_int.h"
 
 /* ---- events --------------------------------------------------------------- */
@@ -384,61 +385,10 @@ void shoal__sched_kept_put(shoal_sched *s, const int32_t *ids, int n, const shoa
     pthread_mutex_unlock(&s->mu);
 }
 
-/* ---- open / close / stats ------------------------------------------------------ */
+/* ---- stop / free / stats ------------------------------------------------------ */
 
-int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, size_t errlen)
+void shoal__sched_queue_stop(shoal_sched *s)
 {
-    *out = NULL;
-    if (!o->model || !o->tok)
-        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sched: model and tokenizer are required");
-    if (o->queue_size <= 0 || o->queue_size > 1000000)
-        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sched: --queue must be in 1..1000000 (got %d)",
-                             o->queue_size);
-    if (o->slots != 1)
-        return shoal_err_set(err, errlen, SHOAL_EUNSUPPORTED, "sched: only one sequence per step is supported");
-    if (o->keep_seqs < 0 || o->keep_seqs > SHOAL_SCHED_MAX_KEPT)
-        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sched: keep_seqs must be in 0..%d", SHOAL_SCHED_MAX_KEPT);
-    if (o->memo_entries < 0 || o->memo_entries > SHOAL_SCHED_MAX_MEMO)
-        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sched: memo entries must be in 0..%d",
-                             SHOAL_SCHED_MAX_MEMO);
-    shoal_model_info info;
-    shoal_model_get_info(o->model, &info);
-    if (shoal_tok_n_vocab(o->tok) > info.vocab)
-        return shoal_err_set(err, errlen, SHOAL_EMODEL,
-                             "sched: the tokenizer has %d ids but the model only %d logits",
-                             (int)shoal_tok_n_vocab(o->tok), info.vocab);
-    shoal_sched *s = shoal_xcalloc(1, sizeof *s);
-    s->o = *o;
-    s->vocab = info.vocab;
-    s->max_context = info.max_context;
-    s->n_eos = info.n_eos;
-    memcpy(s->eos, info.eos, sizeof s->eos);
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_mutex_init(&s->memo_mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
-    int rc = shoal__sched_slots_init(s, err, errlen);
-    if (rc) {
-        shoal__sched_slots_free(s);
-        pthread_cond_destroy(&s->cv);
-        pthread_mutex_destroy(&s->mu);
-        pthread_mutex_destroy(&s->memo_mu);
-        free(s);
-        return rc;
-    }
-    rc = pthread_create(&s->thread, NULL, shoal__sched_main, s);
-    if (rc) {
-        shoal__sched_slots_free(s);
-        free(s);
-        return shoal_err_set(err, errlen, -rc, "sched: cannot start the model thread");
-    }
-    *out = s;
-    return 0;
-}
-
-void shoal_sched_close(shoal_sched *s)
-{
-    if (!s)
-        return;
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
     shoal_sched_job *q = s->qhead;
@@ -456,17 +406,14 @@ void shoal_sched_close(shoal_sched *s)
         shoal_sched_job_unref(q);
         q = n;
     }
-    shoal__sched_cancel_running(s);
-    pthread_join(s->thread, NULL);
-    shoal__sched_slots_free(s);
+}
+
+void shoal__sched_store_free(shoal_sched *s)
+{
     while (s->nkept)
         kept_drop(s, s->nkept - 1);
     while (s->nmemo)
         memo_evict_one(s);
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->mu);
-    pthread_mutex_destroy(&s->memo_mu);
-    free(s);
 }
 
 void shoal_sched_get_stats(shoal_sched *s, shoal_sched_stats *out)

@@ -1,9 +1,11 @@
-/* The scheduler's model thread: admits jobs into slots (render the prompt,
- * check it against the context, continue from a kept sequence or prefill),
- * then decodes one token per active slot per turn, turning ids into events
- * (text per channel, tool calls) through the detokenizer or the chat output
- * parser and the stop-string filter. Everything here runs on that one thread
- * except shoal__sched_cancel_running. */
+/* sched: the scheduler (sched.h) -- open/close and its model thread, which
+ * admits jobs into slots (render the prompt, check it against the context,
+ * continue from a kept sequence or prefill), then decodes one token per
+ * active slot per turn, turning ids into events (text per channel, tool
+ * calls) through the detokenizer or the chat output parser and the
+ * stop-string filter. The jobs, the queue, the memo and the kept states it
+ * works on are jobs.c's (sched_int.h). Everything here runs on the model
+ * thread except open/close and cancel_running. */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,10 +13,9 @@
 
 #include "common/err.h"
 #include "common/log.h"
-#include "coordinator/text/chat.h"
-#include "coordinator/text/chatparse.h"
-#include "coordinator/obs/cmetrics.h"
-#include "coordinator/engine/sampler.h"
+#include "coordinator/text/text.h"
+#include "coordinator/obs/obs.h"
+#include "coordinator/engine/engine.h"
 #include "coordinator/api/sched_int.h"
 
 typedef struct {
@@ -61,7 +62,7 @@ struct shoal_slot {
     int recording;
 };
 
-int shoal__sched_slots_init(shoal_sched *s, char *err, size_t errlen)
+static int slots_init(shoal_sched *s, char *err, size_t errlen)
 {
     s->nslots = s->o.slots;
     s->slots = shoal_xcalloc((size_t)s->nslots, sizeof *s->slots);
@@ -78,7 +79,7 @@ int shoal__sched_slots_init(shoal_sched *s, char *err, size_t errlen)
     return 0;
 }
 
-void shoal__sched_slots_free(shoal_sched *s)
+static void slots_free(shoal_sched *s)
 {
     for (int i = 0; i < s->nslots; i++) {
         shoal_slot *sl = &s->slots[i];
@@ -98,7 +99,7 @@ void shoal__sched_slots_free(shoal_sched *s)
     s->nslots = 0;
 }
 
-void shoal__sched_cancel_running(shoal_sched *s)
+static void cancel_running(shoal_sched *s)
 {
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < s->nslots; i++)
@@ -551,7 +552,7 @@ static void step(shoal_sched *s, shoal_slot *sl)
     sl->ids[sl->n_ids++] = id;
 }
 
-void *shoal__sched_main(void *arg)
+static void *model_main(void *arg)
 {
     shoal_sched *s = arg;
     if (s->o.threads > 0)
@@ -598,6 +599,72 @@ void *shoal__sched_main(void *arg)
     }
     shoal_model_set_cancel(s->o.model, NULL);
     return NULL;
+}
+
+/* ---- open / close ----------------------------------------------------------- */
+
+int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!o->model || !o->tok)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sched: model and tokenizer are required");
+    if (o->queue_size <= 0 || o->queue_size > 1000000)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sched: --queue must be in 1..1000000 (got %d)",
+                             o->queue_size);
+    if (o->slots != 1)
+        return shoal_err_set(err, errlen, SHOAL_EUNSUPPORTED, "sched: only one sequence per step is supported");
+    if (o->keep_seqs < 0 || o->keep_seqs > SHOAL_SCHED_MAX_KEPT)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sched: keep_seqs must be in 0..%d", SHOAL_SCHED_MAX_KEPT);
+    if (o->memo_entries < 0 || o->memo_entries > SHOAL_SCHED_MAX_MEMO)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sched: memo entries must be in 0..%d",
+                             SHOAL_SCHED_MAX_MEMO);
+    shoal_model_info info;
+    shoal_model_get_info(o->model, &info);
+    if (shoal_tok_n_vocab(o->tok) > info.vocab)
+        return shoal_err_set(err, errlen, SHOAL_EMODEL,
+                             "sched: the tokenizer has %d ids but the model only %d logits",
+                             (int)shoal_tok_n_vocab(o->tok), info.vocab);
+    shoal_sched *s = shoal_xcalloc(1, sizeof *s);
+    s->o = *o;
+    s->vocab = info.vocab;
+    s->max_context = info.max_context;
+    s->n_eos = info.n_eos;
+    memcpy(s->eos, info.eos, sizeof s->eos);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->memo_mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    int rc = slots_init(s, err, errlen);
+    if (rc) {
+        slots_free(s);
+        pthread_cond_destroy(&s->cv);
+        pthread_mutex_destroy(&s->mu);
+        pthread_mutex_destroy(&s->memo_mu);
+        free(s);
+        return rc;
+    }
+    rc = pthread_create(&s->thread, NULL, model_main, s);
+    if (rc) {
+        slots_free(s);
+        free(s);
+        return shoal_err_set(err, errlen, -rc, "sched: cannot start the model thread");
+    }
+    *out = s;
+    return 0;
+}
+
+void shoal_sched_close(shoal_sched *s)
+{
+    if (!s)
+        return;
+    shoal__sched_queue_stop(s);
+    cancel_running(s);
+    pthread_join(s->thread, NULL);
+    slots_free(s);
+    shoal__sched_store_free(s);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->memo_mu);
+    free(s);
 }
 
 int shoal__sched_replay(shoal_sched *s, shoal_sched_job *j, const int32_t *ids, int n)

@@ -30,7 +30,7 @@
 #include <stdint.h>
 
 #include "coordinator/engine/engine.h"
-#include "coordinator/text/tokenizer.h"
+#include "coordinator/text/text.h"
 
 #define SHOAL_MAX_STOP 4
 #define SHOAL_MAX_STOP_BYTES 256

@@ -1,5 +1,8 @@
-/* Scheduler internals shared by sched.c (jobs, queue, memo, kept states) and
- * sched_gen.c (the model thread: render, prefill, decode, output). */
+/* Scheduler internals shared by jobs.c (jobs and their events, the fair
+ * queue, the response memo, kept sequence states: data and locks, no thread)
+ * and sched.c (the scheduler itself: open/close and the model thread --
+ * render, prefill, decode, output). sched.c calls into jobs.c, never the
+ * reverse. Only these two files and the scheduler's unit test include it. */
 #ifndef SHOAL_SCHED_INT_H
 #define SHOAL_SCHED_INT_H
 
@@ -86,15 +89,15 @@ void shoal__sched_memo_put(shoal_sched *s, const char *key, shoal_ev *events, si
 int shoal__sched_kept_find(shoal_sched *s, const int32_t *ids, int n);
 void shoal__sched_kept_put(shoal_sched *s, const int32_t *ids, int n, const shoal_seq *seq, const float *logits);
 void shoal__sched_count(shoal_sched *s, const shoal_sched_stats *add);
+/* Close: stop accepting, cancel and release every queued job. */
+void shoal__sched_queue_stop(shoal_sched *s);
+/* Close, after the model thread ended: free the kept states and the memo. */
+void shoal__sched_store_free(shoal_sched *s);
 size_t shoal__sched_ev_bytes(const shoal_ev *e);
 shoal_ev *shoal__sched_ev_new(shoal_ev_type t);
 shoal_ev *shoal__sched_ev_clone(const shoal_ev *e);
 
-/* sched_gen.c */
-int shoal__sched_slots_init(shoal_sched *s, char *err, size_t errlen);
-void shoal__sched_slots_free(shoal_sched *s);
-void shoal__sched_cancel_running(shoal_sched *s);
-void *shoal__sched_main(void *arg);
+/* sched.c */
 /* Test entry: runs the model thread's output path (chat parser or
  * detokenizer, stop strings, events, memo) over given ids as if they had
  * been sampled, without a forward. The job gets START (prompt 0 tokens), the

@@ -40,7 +40,7 @@
 
 #include "common/curve.h"
 #include "common/k3cfg.h"
-#include "coordinator/engine/experts.h"
+#include "coordinator/engine/engine.h"
 #include "proto/proto.h"
 
 #define SHOAL_EXPERT_CLIENT_MAX_WORKERS 256

@@ -12,7 +12,7 @@
 #include "common/k3schema.h"
 #include "common/st.h"
 #include "coordinator/cmd/plan.h"
-#include "coordinator/obs/trace.h"
+#include "coordinator/obs/obs.h"
 #include "proto/fprint.h"
 
 static void usage(FILE *f)

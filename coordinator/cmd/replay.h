@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "common/cachepol.h"
-#include "coordinator/obs/trace.h"
+#include "coordinator/obs/obs.h"
 
 #define SHOAL_REPLAY_GROUP 0x80000000u /* flag on a key: the first access of a request */
 

@@ -13,11 +13,10 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/memplan.h"
-#include "coordinator/cluster/dist.h"
+#include "coordinator/cluster/cluster.h"
 #include "coordinator/engine/engine.h"
-#include "coordinator/engine/sampler.h"
 #include "proto/fprint.h"
-#include "coordinator/text/tokenizer.h"
+#include "coordinator/text/text.h"
 
 static void usage(FILE *f)
 {

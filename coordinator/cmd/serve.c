@@ -16,13 +16,10 @@
 #include "common/log.h"
 #include "common/memplan.h"
 #include "coordinator/api/api.h"
-#include "coordinator/obs/cmetrics.h"
-#include "coordinator/cluster/dist.h"
+#include "coordinator/obs/obs.h"
+#include "coordinator/cluster/cluster.h"
 #include "coordinator/engine/engine.h"
-#include "coordinator/api/http.h"
-#include "coordinator/api/sched.h"
-#include "coordinator/text/tokenizer.h"
-#include "coordinator/obs/trace.h"
+#include "coordinator/text/text.h"
 #include "proto/fprint.h"
 
 static void usage(FILE *f)

@@ -7,7 +7,7 @@
 
 #include "cli/commands.h"
 #include "common/err.h"
-#include "coordinator/text/tokenizer.h"
+#include "coordinator/text/text.h"
 
 static int read_all(const char *path, char **buf, size_t *len)
 {

@@ -1,4 +1,12 @@
-/* Engine: the Kimi K3 forward (../shared/k3/SPEC.md §3) in one process.
+/* Engine: the Kimi K3 forward (../shared/k3/SPEC.md §3) in one process --
+ * the public face of the engine room (coordinator/engine/): this header, with
+ * the sampler (sampler.h) and the expert backend interface (experts.h) it
+ * includes. Behind it: model.c (open, bind tensors), forward.c (the math),
+ * trunk.c / tstream.c (the trunk budget and its streaming reader), engine.c
+ * (sequences, entry points), experts_local.c (the in-process experts),
+ * allocguard.c. May use: common/, kernels/ and obs/; never text/, api/,
+ * cluster/ or cmd/ (a remote backend is plugged in through experts.h).
+ *
  * Owns two kinds of object:
  *   shoal_model -- opened once from a model directory: the config, every trunk
  *                  tensor bound by name (mapped read-only, never copied except
@@ -11,7 +19,7 @@
  *   shoal_seq   -- one sequence's state: the KDA recurrent states and conv
  *                  windows plus the MLA latent cache (kv_lora + rope values per
  *                  token per MLA layer), and its position. Owned by the caller.
- * Callers: `shoal run` (coordinator/run.c), the HTTP server, the distributed
+ * Callers: `shoal run` (coordinator/cmd/run.c), the HTTP server, the distributed
  * client (through shoal_model_set_experts), tests and benchmarks.
  *
  * Numerics (SPEC §3.9 engine default): fp32 from the stored values everywhere
@@ -44,9 +52,9 @@
 
 #include "common/k3cfg.h"
 #include "common/st.h"
-#include "coordinator/obs/cmetrics.h"
+#include "coordinator/obs/obs.h"
 #include "coordinator/engine/experts.h"
-#include "coordinator/obs/trace.h"
+#include "coordinator/engine/sampler.h"
 #include "kernels/kernels.h"
 
 typedef struct shoal_model shoal_model;

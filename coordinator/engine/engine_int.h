@@ -187,7 +187,7 @@ void shoal__engine_trunk_close(shoal_model *m);
 void *shoal__engine_trunk_owner(shoal_model *m, const shoal__tunit *tu);
 void shoal__engine_trunk_point(void *owner, const shoal__tunit *tu, const void *buf);
 
-/* Allocation guard (engine.c): armed around forwards. */
+/* Allocation guard (allocguard.c): armed around forwards. */
 void shoal__engine_guard_arm(int on);
 
 #endif

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/utf8.h"
 #include "coordinator/text/chatjson.h"
 #include "coordinator/text/tokenizer_int.h"
 
@@ -146,7 +147,7 @@ static int has_non_space(const char *s, size_t n)
 {
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        int l = shoal__utf8_step((const uint8_t *)s + i, n - i, &cp);
+        int l = shoal_utf8_step((const uint8_t *)s + i, n - i, &cp);
         if (l <= 0)
             return 1;
         if (!shoal__tok_py_isspace(cp))

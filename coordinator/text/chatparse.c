@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/utf8.h"
 #include "coordinator/text/chatjson.h"
 
 #define MAX_DEPTH 16

@@ -1,109 +1,14 @@
-/* tokenizer: UTF-8 handling and the text side: ids to bytes, and the streaming
- * detokenizer (see tokenizer.h for the contracts). */
+/* detok: the text side of the tokenizer: ids to bytes, and the streaming
+ * detokenizer (see tokenizer.h for the contracts). Uses the tokenizer's
+ * vocabulary (tokenizer.c) and common/utf8; nothing here is called back by
+ * tokenizer.c. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/err.h"
+#include "common/utf8.h"
 #include "coordinator/text/tokenizer.h"
 #include "coordinator/text/tokenizer_int.h"
-
-/* ---------------------------------------------------------------- UTF-8 -- */
-
-int shoal__utf8_step(const uint8_t *p, size_t n, uint32_t *cp)
-{
-    uint8_t b = p[0];
-    if (b < 0x80) {
-        *cp = b;
-        return 1;
-    }
-    int need;
-    uint8_t lo = 0x80, hi = 0xBF;
-    uint32_t c;
-    if (b >= 0xC2 && b <= 0xDF) {
-        need = 1;
-        c = b & 0x1F;
-    } else if (b >= 0xE0 && b <= 0xEF) {
-        need = 2;
-        c = b & 0x0F;
-        if (b == 0xE0)
-            lo = 0xA0; /* no overlongs */
-        else if (b == 0xED)
-            hi = 0x9F; /* no surrogates */
-    } else if (b >= 0xF0 && b <= 0xF4) {
-        need = 3;
-        c = b & 0x07;
-        if (b == 0xF0)
-            lo = 0x90;
-        else if (b == 0xF4)
-            hi = 0x8F; /* <= U+10FFFF */
-    } else {
-        return -1;
-    }
-    for (int i = 1; i <= need; i++) {
-        if ((size_t)i >= n)
-            return 0;
-        uint8_t x = p[i];
-        if (x < lo || x > hi)
-            return -i;
-        lo = 0x80;
-        hi = 0xBF;
-        c = (c << 6) | (x & 0x3F);
-    }
-    *cp = c;
-    return need + 1;
-}
-
-int shoal_utf8_valid(const char *src, size_t n)
-{
-    const uint8_t *p = (const uint8_t *)src;
-    size_t i = 0;
-    while (i < n) {
-        if (i + 8 <= n) {
-            uint64_t w;
-            memcpy(&w, p + i, 8);
-            if (!(w & 0x8080808080808080ull)) {
-                i += 8;
-                continue;
-            }
-        }
-        uint32_t cp;
-        int r = shoal__utf8_step(p + i, n - i, &cp);
-        if (r <= 0)
-            return 0;
-        i += (size_t)r;
-    }
-    return 1;
-}
-
-size_t shoal_utf8_sanitize(const char *src, size_t n, char **out, size_t *outlen)
-{
-    const uint8_t *p = (const uint8_t *)src;
-    /* worst case: every byte becomes U+FFFD (3 bytes) */
-    uint8_t *o = shoal_xmalloc(n * 3 + 1);
-    size_t i = 0, k = 0, nrep = 0;
-    while (i < n) {
-        uint32_t cp;
-        int r = shoal__utf8_step(p + i, n - i, &cp);
-        if (r > 0) {
-            memcpy(o + k, p + i, (size_t)r);
-            k += (size_t)r;
-            i += (size_t)r;
-            continue;
-        }
-        /* r == 0: a truncated but so far valid sequence at the end is one
-         * maximal subpart */
-        size_t bad = r < 0 ? (size_t)-r : n - i;
-        o[k++] = 0xEF;
-        o[k++] = 0xBF;
-        o[k++] = 0xBD;
-        i += bad;
-        nrep++;
-    }
-    o[k] = 0;
-    *out = (char *)o;
-    *outlen = k;
-    return nrep;
-}
 
 /* -------------------------------------------------------------- decode -- */
 
@@ -188,7 +93,7 @@ int shoal_detok_feed_bytes(shoal_detok *d, const uint8_t *b, size_t n, const cha
     d->npend = 0;
     while (i < total) {
         uint32_t cp;
-        int r = shoal__utf8_step(d->in + i, total - i, &cp);
+        int r = shoal_utf8_step(d->in + i, total - i, &cp);
         if (r > 0) {
             memcpy(d->out + k, d->in + i, (size_t)r);
             k += (size_t)r;

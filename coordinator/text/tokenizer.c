@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/utf8.h"
 #include "coordinator/text/tokenizer_int.h"
 #include "coordinator/text/tokenizer_uni.h"
 
@@ -1116,7 +1117,7 @@ int shoal_tok_encode(const shoal_tok *t, const char *text, size_t len, int allow
             int cur_space = -1;
             while (i < len && ncp < MAX_ENCODE_CHARS) {
                 uint32_t cp;
-                int l = shoal__utf8_step(s + i, len - i, &cp);
+                int l = shoal_utf8_step(s + i, len - i, &cp);
                 if (l <= 0)
                     SHOAL_PANIC("tokenizer: invalid UTF-8 after sanitizing");
                 int sp = shoal__tok_py_isspace(cp);

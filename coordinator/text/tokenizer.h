@@ -38,6 +38,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/utf8.h"
+
 typedef struct shoal_tok shoal_tok;
 
 typedef struct {
@@ -138,12 +140,6 @@ int shoal_detok_feed_bytes(shoal_detok *d, const uint8_t *b, size_t n, const cha
  * subpart. *text as for feed. The detokenizer is reset and can be reused. */
 void shoal_detok_flush(shoal_detok *d, const char **text, size_t *len);
 
-/* UTF-8 helpers shared with the chat modules. shoal_utf8_sanitize writes
- * src[0..n) with invalid sequences replaced (U+FFFD per maximal subpart) into
- * a new malloc'd NUL-terminated string, *outlen its length; returns the
- * number of replacements made. shoal_utf8_valid: 1 if src[0..n) is valid
- * UTF-8 (no surrogates, no overlongs, <= U+10FFFF). */
-size_t shoal_utf8_sanitize(const char *src, size_t n, char **out, size_t *outlen);
-int shoal_utf8_valid(const char *src, size_t n);
+/* UTF-8 validation and replacement: common/utf8.h (included above). */
 
 #endif

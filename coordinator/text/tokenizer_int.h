@@ -21,11 +21,6 @@ int shoal__tok_class_pattern(const char *name, char *buf, size_t n);
 /* Python's str.isspace (the long-run splitter of tokenization_kimi.py). */
 int shoal__tok_py_isspace(uint32_t cp);
 
-/* Decodes one UTF-8 sequence at p[0..n): > 0 its length (code point in *cp);
- * < 0 minus the length of the maximal invalid subpart; 0 when p[0..n) is a
- * proper prefix of a valid sequence (needs more bytes). n >= 1. */
-int shoal__utf8_step(const uint8_t *p, size_t n, uint32_t *cp);
-
 /* BPE of one piece without the whole-piece shortcut, with the quadratic (small)
  * or heap (large) algorithm forced: 0 small, 1 heap. For the test that both
  * agree. */
