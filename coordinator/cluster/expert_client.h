@@ -31,7 +31,12 @@
  * without copies). One outstanding request per client; submit() holds the
  * client's lock until gather() returns, so the other functions, which take
  * it, wait for the request to end. The keeper thread uses the sockets only
- * between requests. */
+ * between requests.
+ *
+ * Files: links.c holds the worker links (connect, HELLO, down and back, the
+ * keeper thread, open and close), expert_client.c the per-layer exchange
+ * (submit, gather, hint); they share the client through expert_client_int.h,
+ * which is theirs alone. */
 #ifndef SHOAL_EXPERT_CLIENT_H
 #define SHOAL_EXPERT_CLIENT_H
 

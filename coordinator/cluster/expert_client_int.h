@@ -1,0 +1,212 @@
+/* Internals of the expert client (expert_client.h), shared by its two files and
+ * included by them only: links.c and expert_client.c. Not for other modules,
+ * nor for the unit test, which goes through expert_client.h.
+ *
+ * The split. links.c holds the worker links: connect, HELLO and the ownership
+ * checks, down and back (the keeper thread: probes with backoff,
+ * re-verification, warm-up PINGs), open and close; it is the part a future
+ * trunk-shard client will reuse over the same links. expert_client.c holds the
+ * per-layer expert exchange on the forward thread: submit, gather, hint, the
+ * backend vtable and the request's stats.
+ *
+ * Calls point one way: the exchange calls into the links (shoal__ec_mark_down,
+ * and the socket helpers at the end of this header), never the reverse. What
+ * the links need of the exchange is data in the shared struct below: the
+ * keeper counts stale replies into `st` and times early replies through `obs`
+ * and `arr_ns` (armed by the exchange in the keeper's epoll); HELLO probes and
+ * batches draw their rids from the one `next_rid`; and open sizes the
+ * exchange's buffers (request frames, hint buffers, gather()'s poll set and
+ * decoder) and close frees them, since the forward thread must never allocate:
+ * all of its memory exists from open on.
+ *
+ * Threads and locks. The engine's forward thread drives the sockets itself:
+ * submit() takes smu, packs and sends every involved worker's EXPERT_BATCH,
+ * and returns holding smu; gather() waits on the involved sockets (its own
+ * poll over their ZMQ_FD, with the deadline), checks and scatters the replies
+ * and releases smu. No hand-off to another thread is on the path of a layer.
+ * The keeper thread takes smu only between requests (trylock, never waiting
+ * on a request): it drains stale replies and disconnect events, and brings
+ * down workers back (probe HELLO with backoff, re-verification, warm-up
+ * PINGs). During a request it touches no socket: it only times replies that
+ * arrive before gather() (keeper_main).
+ * ZeroMQ sockets may move between threads across a full memory barrier; smu
+ * is that barrier. `state` is only touched by the forward thread. */
+#ifndef SHOAL_EXPERT_CLIENT_INT_H
+#define SHOAL_EXPERT_CLIENT_INT_H
+
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <zmq.h>
+
+#include "coordinator/cluster/expert_client.h"
+#include "coordinator/cluster/owners.h"
+#include "proto/proto.h"
+
+enum { IDLE, SENT, FAILED };         /* the forward thread's request */
+enum { W_UP, W_DOWN, W_WARM };       /* a worker's link */
+
+typedef struct {
+    char endpoint[256];
+    char name[SHOAL_PROTO_MAX_ID + 300]; /* "id (endpoint)" */
+    void *sock, *mon;
+    int fd, mfd; /* ZMQ_FD of sock and mon: the forward thread's poll */
+    shoal_proto_range *owned;
+    size_t nowned;
+    uint32_t max_tokens;
+    char id[SHOAL_PROTO_MAX_ID + 1];
+    uint64_t expert_bytes, mem_total;
+    /* the link (under smu; `link` also read without it by worker_up) */
+    atomic_int link;
+    char why[512];            /* why it is down */
+    int logged;               /* the keeper logged the current state */
+    uint64_t down_us, next_probe_us;
+    unsigned backoff_ms;
+    int warm_left;            /* PONGs still to come in W_WARM */
+    /* arrival of the reply (see observe in keeper_main): obs set by submit(),
+     * cleared by whoever sees the reply first; arr_ns written by the keeper */
+    atomic_int obs;
+    atomic_ullong arr_ns;
+    uint64_t probe_rid;       /* rid of the first HELLO sent since it went down (0: none yet) */
+    uint64_t downs, recoveries;
+    /* request (forward thread) */
+    uint8_t ctl[64];
+    size_t ctl_len;
+    uint8_t *act;     /* [16 + max_tokens * d * 4] */
+    const uint8_t *tx_act; /* the activation frame sent: act, or another worker's act holding the same rows */
+    uint8_t *route;   /* [16 + max_tokens * k * 8] */
+    int32_t *dest;    /* [max_tokens * k]: destination row t*k + slot of pair i */
+    uint32_t ntok, npairs, nexperts;
+    int last_t;
+    uint64_t rid;
+    int involved;
+    int early;    /* its last reply was already there when gather() began: time the next one's arrival */
+    int mon_hot;  /* its monitor's fd polled readable: read the monitor */
+    int sock_hot; /* its socket's fd polled readable: receive */
+    /* PREFETCH hints (forward thread): sent zero-copy like the requests, so a
+     * buffer is reused only once this worker has answered a request sent after
+     * it (the socket's pipe is FIFO: ZeroMQ has read the hint by then) */
+    int prefetch;          /* its HELLO (1.2+) said it acts on hints */
+    uint32_t *hint_ids;    /* [E] */
+    uint8_t *hint_ctl[2];  /* [32 + 5 * E] each */
+    uint64_t hint_req[2];  /* req_seq of the request the hint followed; 0: free */
+    uint32_t hint_n;
+    /* reply */
+    int answered;
+    uint64_t queue_us, compute_us;
+    uint64_t sent_ns, bytes_out, rtt_ns; /* this request */
+} shoal__ec_worker;
+
+struct shoal_expert_client {
+    shoal_expert_client_opts o;
+    const shoal_k3cfg *cfg;
+    int nw, d, k, E, L;
+    shoal__ec_worker *w;
+    shoal_owners *owners; /* who owns each (layer, expert); replicas allowed */
+    int32_t *pick;        /* [E]: this exchange's chosen owner per expert (forward thread) */
+    void *zctx;
+    struct pollfd *pfd; /* [2 * nw]: gather()'s poll set */
+    int *pidx;          /* [2 * nw]: worker of each pfd entry */
+    shoal_proto_scratch *dec; /* gather()'s reply decoder (allocates nothing) */
+    pthread_mutex_t smu; /* sockets, links, stats; held from submit() to the end of gather() */
+    pthread_mutex_t wmu; /* the workers' `why` strings (held briefly: /health reads them mid-request) */
+    /* keeper thread */
+    pthread_t keeper;
+    int keeper_started;
+    int kfd;             /* eventfd: quit */
+    int epfd;            /* the keeper's epoll: kfd, and each worker's ZMQ_FD while armed */
+    atomic_int quit;
+    struct epoll_event *kev; /* [1 + nw] */
+    /* the request (forward thread; read by others under smu between requests) */
+    int state;
+    int layer;
+    int rc;
+    char err[1024];
+    uint64_t deadline_us;
+    uint64_t next_rid;
+    shoal_expert_client_stats st;
+    uint32_t *seen; /* [E]: request tag that last counted expert e (distinct experts per request) */
+    uint32_t tag;
+    shoal_cmetrics *cm; /* optional, borrowed */
+    int last_answer;    /* worker whose reply completed the request */
+    uint16_t *y;        /* gather()'s output: each reply is scattered into it as it arrives */
+    uint64_t req_seq;   /* requests submitted (never reset) */
+};
+
+/* ---- links.c, for the exchange ---------------------------------------------- */
+
+/* Mark worker i down (smu held), why it is down in fmt: every request that
+ * needs it fails at once until the keeper has brought it back. Nothing if it
+ * is down already. */
+void shoal__ec_mark_down(shoal_expert_client *c, int i, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- socket helpers of both files ------------------------------------------- */
+
+/* These are on the forward thread's path too (every reply, every disconnect a
+ * request sees), so they are static inline: each file keeps its own copy, as
+ * when the client was one file, and that path makes no call across files. */
+
+/* Read the events waiting on a monitor socket; 1 if one was a disconnect. */
+static inline int shoal__ec_monitor_disconnected(void *mon)
+{
+    int disc = 0;
+    for (;;) {
+        zmq_msg_t ev;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return disc;
+        }
+        uint16_t id = 0;
+        if (zmq_msg_size(&ev) >= 2)
+            memcpy(&id, zmq_msg_data(&ev), 2);
+        int more = zmq_msg_more(&ev);
+        zmq_msg_close(&ev);
+        while (more) { /* the endpoint frame */
+            zmq_msg_t addr;
+            zmq_msg_init(&addr);
+            if (zmq_msg_recv(&addr, mon, 0) < 0) {
+                zmq_msg_close(&addr);
+                break;
+            }
+            more = zmq_msg_more(&addr);
+            zmq_msg_close(&addr);
+        }
+        disc |= (id & ZMQ_EVENT_DISCONNECTED) != 0;
+    }
+}
+
+/* Read one whole message (at most MAX_FRAMES parts kept) without waiting:
+ * its number of parts, 0 when none is waiting; *truncated when it had more. */
+static inline int shoal__ec_recv_parts(void *sock, zmq_msg_t *parts, int *truncated)
+{
+    int np = 0, more = 1;
+    *truncated = 0;
+    while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            break;
+        }
+        more = zmq_msg_more(&m);
+        if (np < SHOAL_PROTO_MAX_FRAMES)
+            parts[np++] = m;
+        else {
+            *truncated = 1;
+            zmq_msg_close(&m);
+        }
+    }
+    return np;
+}
+
+static inline void shoal__ec_close_parts(zmq_msg_t *parts, int np)
+{
+    for (int j = 0; j < np; j++)
+        zmq_msg_close(&parts[j]);
+}
+
+#endif
