@@ -25,7 +25,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
-#include "coordinator/obs/cmetrics.h"
+#include "coordinator/obs/obs.h"
 #include "coordinator/cluster/owners.h"
 #include "proto/shard.h"
 
