@@ -1,15 +1,15 @@
 /* Safetensors store (common/st.h).
  *
- * The headers are read with a strict, streaming JSON scanner written for the
- * two shapes this module reads (a shard header and model.safetensors.index.json)
- * instead of jansson: jansson 2.14 needs ~3 s to build and walk the DOM of the
- * real K3 layout (96 shard headers, 497,220 tensors, plus a 497,220-entry
- * index; measured in docs/DEPENDENCIES.md), above the 2 s budget. The scanner
- * accepts exactly RFC 8259 JSON (no trailing commas, no comments, no leading
- * zeros, valid UTF-8, escapes decoded, depth-limited) and is fuzzed by
- * tests/fuzz/fuzz_st.c. Everything in a header is checked before a view is
- * handed out; the first problem found is reported naming the file and, where
- * one is concerned, the tensor. */
+ * The headers are read with the strict, streaming JSON scanner of
+ * common/jscan.h, written for the two shapes this module reads (a shard header
+ * and model.safetensors.index.json) instead of jansson: jansson 2.14 needs
+ * ~3 s to build and walk the DOM of the real K3 layout (96 shard headers,
+ * 497,220 tensors, plus a 497,220-entry index; measured in
+ * docs/DEPENDENCIES.md), above the 2 s budget. This file walks the structure
+ * it expects with that scanner and is fuzzed by tests/fuzz/fuzz_st.c.
+ * Everything in a header is checked before a view is handed out; the first
+ * problem found is reported naming the file and, where one is concerned, the
+ * tensor. */
 #include "common/st.h"
 
 #include <errno.h>
@@ -25,10 +25,10 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/jscan.h"
 
 /* safetensors' own reader refuses headers over 100,000,000 bytes; so do we. */
 #define ST_MAX_HEADER 100000000ull
-#define ST_MAX_DEPTH 64
 #define ST_MAX_FILES 65536
 #define ST_MAX_THREADS 8
 
@@ -232,467 +232,40 @@ static const char *tensor_key(const void *ctx, uint32_t idx)
     return ((const shoal_st *)ctx)->t[idx].name;
 }
 
-/* ---- strict JSON scanner ------------------------------------------------------ */
-
-typedef struct {
-    const char *p, *end, *base;
-    const char *file;   /* for messages */
-    const char *tensor; /* tensor being read, for messages (may be NULL) */
-    int tensor_n;       /* its length (not always NUL-terminated) */
-    char *err;
-    size_t errlen;
-    int rc;
-    char *sbuf; /* decoded string (escapes) scratch */
-    size_t scap;
-    char *hbuf; /* header buffer, reused across the shards of one open */
-    size_t hcap;
-} jscan;
-
-static int jfail(jscan *j, const char *what)
-{
-    if (j->rc)
-        return j->rc;
-    if (j->tensor)
-        j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT,
-                              "%s: malformed JSON at byte %zu (tensor '%.*s'): %s", j->file,
-                              (size_t)(j->p - j->base), j->tensor_n, j->tensor, what);
-    else
-        j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT, "%s: malformed JSON at byte %zu: %s",
-                              j->file, (size_t)(j->p - j->base), what);
-    return j->rc;
-}
-
-/* Valid JSON that is not a valid header/index (wrong types, keys, counts). */
-static int jinvalid(jscan *j, const char *what)
-{
-    if (j->rc)
-        return j->rc;
-    if (j->tensor)
-        j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT, "%s: tensor '%.*s': %s", j->file, j->tensor_n,
-                              j->tensor, what);
-    else
-        j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT, "%s: %s (at byte %zu)", j->file, what,
-                              (size_t)(j->p - j->base));
-    return j->rc;
-}
-
-static inline __attribute__((always_inline)) void jws(jscan *j)
-{
-    while (j->p < j->end && (unsigned char)*j->p <= ' ' &&
-           (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t'))
-        j->p++;
-}
-
-static int jexpect(jscan *j, char c, const char *what)
-{
-    jws(j);
-    if (j->p >= j->end || *j->p != c)
-        return jfail(j, what);
-    j->p++;
-    return 0;
-}
-
-/* Peeks the next non-blank byte (0 at end). */
-static char jpeek(jscan *j)
-{
-    jws(j);
-    return j->p < j->end ? *j->p : 0;
-}
-
-static void sbuf_put(jscan *j, size_t *n, const char *s, size_t k)
-{
-    if (*n + k + 1 > j->scap) {
-        size_t cap = j->scap ? j->scap : 256;
-        while (cap < *n + k + 1)
-            cap *= 2;
-        j->sbuf = shoal_xrealloc(j->sbuf, cap);
-        j->scap = cap;
-    }
-    memcpy(j->sbuf + *n, s, k);
-    *n += k;
-}
-
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-static int read_u4(jscan *j, unsigned *out)
-{
-    if (j->end - j->p < 4)
-        return jfail(j, "truncated \\u escape");
-    unsigned v = 0;
-    for (int i = 0; i < 4; i++) {
-        int h = hexval(j->p[i]);
-        if (h < 0)
-            return jfail(j, "bad \\u escape");
-        v = v << 4 | (unsigned)h;
-    }
-    j->p += 4;
-    *out = v;
-    return 0;
-}
-
-/* Length of a valid UTF-8 sequence at s (s < end, *s >= 0x80), or 0. */
-static size_t utf8_len(const unsigned char *s, const unsigned char *end)
-{
-    unsigned c = s[0];
-    size_t n;
-    unsigned min;
-    if (c >= 0xc2 && c <= 0xdf)
-        n = 2, min = 0x80;
-    else if (c >= 0xe0 && c <= 0xef)
-        n = 3, min = 0x800;
-    else if (c >= 0xf0 && c <= 0xf4)
-        n = 4, min = 0x10000;
-    else
-        return 0;
-    if ((size_t)(end - s) < n)
-        return 0;
-    unsigned v = c & (0xff >> (n + 1));
-    for (size_t i = 1; i < n; i++) {
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-        v = v << 6 | (s[i] & 0x3f);
-    }
-    if (v < min || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff))
-        return 0;
-    return n;
-}
-
-/* Plain string bytes: printable ASCII other than '"' and '\\' (one unsigned
- * compare covers both controls and non-ASCII). */
-static inline int str_plain(unsigned char c)
-{
-    return (unsigned char)(c - 0x20) < 0x60 && c != '"' && c != '\\';
-}
-
-/* For the 8 bytes at p (little-endian), a mask with the high bit set in each
- * byte that is not plain (see str_plain): a quote, a backslash, a control
- * byte (< 0x20) or a non-ASCII byte. The has-zero / has-less-than word tricks
- * may also flag bytes above the first special one (borrows), never below it,
- * so the lowest set bit locates the first special byte exactly. */
-static inline uint64_t swar_special(const char *p)
-{
-    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
-    uint64_t w;
-    memcpy(&w, p, 8);
-    uint64_t q = w ^ (ones * '"'), b = w ^ (ones * '\\');
-    uint64_t zq = (q - ones) & ~q, zb = (b - ones) & ~b, lt = (w - ones * 0x20) & ~w;
-    return (zq | zb | lt | w) & highs;
-}
-
-/* Reads a string. *out points at its *len bytes: into the input when the
- * string has no escapes (not NUL-terminated there), else into j->sbuf (decoded,
- * NUL-terminated, valid until the next string). A string never contains a
- * NUL byte (\u0000 is refused: names are C strings), so (ptr, len) is exact. */
-static int jstring(jscan *j, const char **out, size_t *len)
-{
-    if (jexpect(j, '"', "expected a string"))
-        return j->rc;
-    const char *start = j->p;
-    int copying = 0;
-    size_t n = 0;
-    for (;;) {
-        const char *s = j->p;
-        for (;;) {
-            if (j->end - j->p < 8) {
-                while (j->p < j->end && str_plain((unsigned char)*j->p))
-                    j->p++;
-                break;
-            }
-            uint64_t m = swar_special(j->p);
-            if (m) { /* the lowest flagged byte is exactly the first special one */
-                j->p += __builtin_ctzll(m) >> 3;
-                break;
-            }
-            j->p += 8;
-        }
-        if (copying && j->p > s)
-            sbuf_put(j, &n, s, (size_t)(j->p - s));
-        if (j->p >= j->end)
-            return jfail(j, "unterminated string");
-        unsigned char c = (unsigned char)*j->p;
-        if (c == '"') {
-            if (!copying) {
-                *out = start;
-                *len = (size_t)(j->p - start);
-                j->p++;
-                return 0;
-            }
-            j->p++;
-            break;
-        }
-        if (c < 0x20)
-            return jfail(j, "control character in string");
-        if (c >= 0x80) {
-            size_t k = utf8_len((const unsigned char *)j->p, (const unsigned char *)j->end);
-            if (!k)
-                return jfail(j, "invalid UTF-8 in string");
-            if (copying)
-                sbuf_put(j, &n, j->p, k);
-            j->p += k;
-            continue;
-        }
-        /* escape: from here on the string is decoded into sbuf */
-        if (!copying) {
-            copying = 1;
-            sbuf_put(j, &n, start, (size_t)(j->p - start));
-        }
-        j->p++;
-        if (j->p >= j->end)
-            return jfail(j, "unterminated escape");
-        char e = *j->p++;
-        char ob[4];
-        size_t k = 1;
-        switch (e) {
-        case '"': ob[0] = '"'; break;
-        case '\\': ob[0] = '\\'; break;
-        case '/': ob[0] = '/'; break;
-        case 'b': ob[0] = '\b'; break;
-        case 'f': ob[0] = '\f'; break;
-        case 'n': ob[0] = '\n'; break;
-        case 'r': ob[0] = '\r'; break;
-        case 't': ob[0] = '\t'; break;
-        case 'u': {
-            unsigned cp;
-            if (read_u4(j, &cp))
-                return j->rc;
-            if (cp >= 0xdc00 && cp <= 0xdfff)
-                return jfail(j, "lone low surrogate in \\u escape");
-            if (cp >= 0xd800 && cp <= 0xdbff) {
-                unsigned lo;
-                if (j->end - j->p < 2 || j->p[0] != '\\' || j->p[1] != 'u')
-                    return jfail(j, "lone high surrogate in \\u escape");
-                j->p += 2;
-                if (read_u4(j, &lo))
-                    return j->rc;
-                if (lo < 0xdc00 || lo > 0xdfff)
-                    return jfail(j, "bad surrogate pair in \\u escape");
-                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-            }
-            if (cp == 0)
-                return jfail(j, "NUL character in string");
-            if (cp < 0x80) {
-                ob[0] = (char)cp;
-            } else if (cp < 0x800) {
-                ob[0] = (char)(0xc0 | cp >> 6);
-                ob[1] = (char)(0x80 | (cp & 0x3f));
-                k = 2;
-            } else if (cp < 0x10000) {
-                ob[0] = (char)(0xe0 | cp >> 12);
-                ob[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-                ob[2] = (char)(0x80 | (cp & 0x3f));
-                k = 3;
-            } else {
-                ob[0] = (char)(0xf0 | cp >> 18);
-                ob[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-                ob[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-                ob[3] = (char)(0x80 | (cp & 0x3f));
-                k = 4;
-            }
-            break;
-        }
-        default:
-            return jfail(j, "bad escape in string");
-        }
-        sbuf_put(j, &n, ob, k);
-    }
-    sbuf_put(j, &n, "", 0);
-    j->sbuf[n] = 0;
-    *out = j->sbuf;
-    *len = n;
-    return 0;
-}
-
-static int jeq(const char *s, size_t n, const char *lit)
-{
-    return strlen(lit) == n && !memcmp(s, lit, n);
-}
-
-/* Validates one JSON number; if it is a non-negative integer that fits,
- * *u receives it and *is_uint = 1. */
-static int jnumber(jscan *j, uint64_t *u, int *is_uint)
-{
-    jws(j);
-    const char *s = j->p;
-    int neg = 0, frac = 0, overflow = 0;
-    uint64_t v = 0;
-    if (j->p < j->end && *j->p == '-')
-        neg = 1, j->p++;
-    if (j->p >= j->end || *j->p < '0' || *j->p > '9')
-        return jfail(j, "expected a number");
-    if (*j->p == '0') {
-        j->p++;
-        if (j->p < j->end && *j->p >= '0' && *j->p <= '9')
-            return jfail(j, "leading zero in number");
-    } else {
-        while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
-            uint64_t d = (uint64_t)(*j->p++ - '0');
-            if (__builtin_mul_overflow(v, 10, &v))
-                overflow = 1;
-            if (__builtin_add_overflow(v, d, &v))
-                overflow = 1;
-        }
-    }
-    if (j->p < j->end && *j->p == '.') {
-        frac = 1;
-        j->p++;
-        if (j->p >= j->end || *j->p < '0' || *j->p > '9')
-            return jfail(j, "bad fraction in number");
-        while (j->p < j->end && *j->p >= '0' && *j->p <= '9')
-            j->p++;
-    }
-    if (j->p < j->end && (*j->p == 'e' || *j->p == 'E')) {
-        frac = 1;
-        j->p++;
-        if (j->p < j->end && (*j->p == '+' || *j->p == '-'))
-            j->p++;
-        if (j->p >= j->end || *j->p < '0' || *j->p > '9')
-            return jfail(j, "bad exponent in number");
-        while (j->p < j->end && *j->p >= '0' && *j->p <= '9')
-            j->p++;
-    }
-    (void)s;
-    *is_uint = !neg && !frac && !overflow;
-    *u = v;
-    return 0;
-}
-
-static int jliteral(jscan *j, const char *lit)
-{
-    size_t n = strlen(lit);
-    if ((size_t)(j->end - j->p) < n || memcmp(j->p, lit, n))
-        return jfail(j, "bad literal");
-    j->p += n;
-    return 0;
-}
-
-/* Validates and skips any JSON value. */
-static int jskip(jscan *j, int depth)
-{
-    if (depth > ST_MAX_DEPTH)
-        return jfail(j, "nesting too deep");
-    char c = jpeek(j);
-    const char *str;
-    size_t len;
-    uint64_t u;
-    int isu;
-    switch (c) {
-    case '"':
-        return jstring(j, &str, &len);
-    case '{':
-        j->p++;
-        if (jpeek(j) == '}') {
-            j->p++;
-            return 0;
-        }
-        for (;;) {
-            if (jstring(j, &str, &len) || jexpect(j, ':', "expected ':'") || jskip(j, depth + 1))
-                return j->rc;
-            c = jpeek(j);
-            j->p++;
-            if (c == '}')
-                return 0;
-            if (c != ',') {
-                j->p--;
-                return jfail(j, "expected ',' or '}'");
-            }
-        }
-    case '[':
-        j->p++;
-        if (jpeek(j) == ']') {
-            j->p++;
-            return 0;
-        }
-        for (;;) {
-            if (jskip(j, depth + 1))
-                return j->rc;
-            c = jpeek(j);
-            j->p++;
-            if (c == ']')
-                return 0;
-            if (c != ',') {
-                j->p--;
-                return jfail(j, "expected ',' or ']'");
-            }
-        }
-    case 't':
-        return jliteral(j, "true");
-    case 'f':
-        return jliteral(j, "false");
-    case 'n':
-        return jliteral(j, "null");
-    default:
-        return jnumber(j, &u, &isu);
-    }
-}
-
-/* After a member: 1 = another follows (','), 0 = object closed ('}'). */
-static int jnext(jscan *j, char close, int *more)
-{
-    char c = jpeek(j);
-    if (c == ',') {
-        j->p++;
-        *more = 1;
-        return 0;
-    }
-    if (c == close) {
-        j->p++;
-        *more = 0;
-        return 0;
-    }
-    return jfail(j, close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
-}
-
-static int jend(jscan *j)
-{
-    jws(j);
-    if (j->p != j->end)
-        return jfail(j, "trailing bytes after the JSON object");
-    return 0;
-}
-
 /* ---- one shard header ------------------------------------------------------- */
 
-static int read_uint_array(jscan *j, uint64_t *v, int max, int *n, const char *field)
+static int read_uint_array(shoal__jscan *j, uint64_t *v, int max, int *n, const char *field)
 {
     char msg[96];
-    if (jpeek(j) != '[')
-        return jinvalid(j, field[0] == 's' ? "shape must be an array" : "data_offsets must be an array");
+    if (shoal__jpeek(j) != '[')
+        return shoal__jinvalid(j, field[0] == 's' ? "shape must be an array" : "data_offsets must be an array");
     j->p++;
     *n = 0;
-    if (jpeek(j) == ']') {
+    if (shoal__jpeek(j) == ']') {
         j->p++;
         return 0;
     }
     for (;;) {
         uint64_t u;
         int isu;
-        char c = jpeek(j);
+        char c = shoal__jpeek(j);
         if (c != '-' && (c < '0' || c > '9')) {
             snprintf(msg, sizeof msg, "%s entries must be non-negative integers below 2^63", field);
-            return jinvalid(j, msg);
+            return shoal__jinvalid(j, msg);
         }
-        if (jnumber(j, &u, &isu))
+        if (shoal__jnumber(j, &u, &isu))
             return j->rc;
         if (!isu || u > (uint64_t)INT64_MAX) {
             snprintf(msg, sizeof msg, "%s entries must be non-negative integers below 2^63", field);
-            return jinvalid(j, msg);
+            return shoal__jinvalid(j, msg);
         }
         if (*n >= max) {
             snprintf(msg, sizeof msg, "%s has more than %d entries", field, max);
-            return jinvalid(j, msg);
+            return shoal__jinvalid(j, msg);
         }
         v[(*n)++] = u;
         int more = 0;
-        if (jnext(j, ']', &more))
+        if (shoal__jnext(j, ']', &more))
             return j->rc;
         if (!more)
             return 0;
@@ -721,28 +294,28 @@ static shoal_tensor *push_tensor(tlist *l)
 
 /* Parses one tensor entry {"dtype":..,"shape":[..],"data_offsets":[b,e]} for
  * the tensor just pushed (t->name set). begin/end are relative to the data section. */
-static int parse_entry(jscan *j, shoal_tensor *t, uint64_t *begin, uint64_t *end)
+static int parse_entry(shoal__jscan *j, shoal_tensor *t, uint64_t *begin, uint64_t *end)
 {
     int have_dt = 0, have_shape = 0, have_off = 0;
-    if (jpeek(j) != '{')
-        return jinvalid(j, "tensor entry must be an object");
+    if (shoal__jpeek(j) != '{')
+        return shoal__jinvalid(j, "tensor entry must be an object");
     j->p++;
-    if (jpeek(j) == '}')
-        return jinvalid(j, "tensor entry is empty (needs dtype, shape, data_offsets)");
+    if (shoal__jpeek(j) == '}')
+        return shoal__jinvalid(j, "tensor entry is empty (needs dtype, shape, data_offsets)");
     for (;;) {
         const char *k;
         size_t len;
-        if (jstring(j, &k, &len))
+        if (shoal__jstring(j, &k, &len))
             return j->rc;
-        if (jexpect(j, ':', "expected ':'"))
+        if (shoal__jexpect(j, ':', "expected ':'"))
             return j->rc;
-        if (jeq(k, len, "dtype")) {
+        if (shoal__jeq(k, len, "dtype")) {
             if (have_dt++)
-                return jinvalid(j, "duplicate key 'dtype' in tensor entry");
-            if (jpeek(j) != '"')
-                return jinvalid(j, "dtype must be a string");
+                return shoal__jinvalid(j, "duplicate key 'dtype' in tensor entry");
+            if (shoal__jpeek(j) != '"')
+                return shoal__jinvalid(j, "dtype must be a string");
             const char *v;
-            if (jstring(j, &v, &len))
+            if (shoal__jstring(j, &v, &len))
                 return j->rc;
             char dts[16];
             shoal_dtype dt;
@@ -756,9 +329,9 @@ static int parse_entry(jscan *j, shoal_tensor *t, uint64_t *begin, uint64_t *end
                 return j->rc;
             }
             t->dtype = dt;
-        } else if (jeq(k, len, "shape")) {
+        } else if (shoal__jeq(k, len, "shape")) {
             if (have_shape++)
-                return jinvalid(j, "duplicate key 'shape' in tensor entry");
+                return shoal__jinvalid(j, "duplicate key 'shape' in tensor entry");
             uint64_t v[SHOAL_ST_MAX_DIMS];
             int n;
             if (read_uint_array(j, v, SHOAL_ST_MAX_DIMS, &n, "shape"))
@@ -766,30 +339,30 @@ static int parse_entry(jscan *j, shoal_tensor *t, uint64_t *begin, uint64_t *end
             t->ndim = n;
             for (int i = 0; i < n; i++)
                 t->shape[i] = (int64_t)v[i];
-        } else if (jeq(k, len, "data_offsets")) {
+        } else if (shoal__jeq(k, len, "data_offsets")) {
             if (have_off++)
-                return jinvalid(j, "duplicate key 'data_offsets' in tensor entry");
+                return shoal__jinvalid(j, "duplicate key 'data_offsets' in tensor entry");
             uint64_t v[2];
             int n;
             if (read_uint_array(j, v, 2, &n, "data_offsets"))
                 return j->rc;
             if (n != 2)
-                return jinvalid(j, "data_offsets must have exactly 2 entries");
+                return shoal__jinvalid(j, "data_offsets must have exactly 2 entries");
             *begin = v[0];
             *end = v[1];
         } else {
             char msg[128];
             snprintf(msg, sizeof msg, "unknown key '%.*s' in tensor entry", (int)(len < 64 ? len : 64), k);
-            return jinvalid(j, msg);
+            return shoal__jinvalid(j, msg);
         }
         int more = 0;
-        if (jnext(j, '}', &more))
+        if (shoal__jnext(j, '}', &more))
             return j->rc;
         if (!more)
             break;
     }
     if (!have_dt || !have_shape || !have_off)
-        return jinvalid(j, !have_dt ? "tensor entry lacks 'dtype'"
+        return shoal__jinvalid(j, !have_dt ? "tensor entry lacks 'dtype'"
                         : !have_shape ? "tensor entry lacks 'shape'" : "tensor entry lacks 'data_offsets'");
     return 0;
 }
@@ -811,8 +384,8 @@ static int cmp_span(const void *a, const void *b)
 
 /* Opens, maps (optionally) and validates one .safetensors file as file number
  * fi, its tensors into out in offset order. Touches nothing shared: several
- * files are loaded concurrently (one jscan per thread). */
-static int load_file(st_file *f, int fi, int map, tlist *out, jscan *j)
+ * files are loaded concurrently (one scanner per thread). */
+static int load_file(st_file *f, int fi, int map, tlist *out, shoal__jscan *j)
 {
     const char *path = f->path;
     char *err = j->err;
@@ -879,34 +452,34 @@ static int load_file(st_file *f, int fi, int map, tlist *out, jscan *j)
     span *sp = NULL;
     size_t nsp = 0, capsp = 0;
     int rc = 0;
-    if (jpeek(j) != '{') {
-        rc = jinvalid(j, "the header must be a JSON object");
+    if (shoal__jpeek(j) != '{') {
+        rc = shoal__jinvalid(j, "the header must be a JSON object");
         goto out;
     }
     j->p++;
-    if (jpeek(j) == '}') {
+    if (shoal__jpeek(j) == '}') {
         j->p++;
     } else {
         for (;;) {
             const char *k;
             size_t len;
-            if (jstring(j, &k, &len) || jexpect(j, ':', "expected ':'")) {
+            if (shoal__jstring(j, &k, &len) || shoal__jexpect(j, ':', "expected ':'")) {
                 rc = j->rc;
                 goto out;
             }
-            if (jeq(k, len, "__metadata__")) {
+            if (shoal__jeq(k, len, "__metadata__")) {
                 /* free-form string map; validated as JSON, otherwise ignored */
-                if (jpeek(j) != '{') {
-                    rc = jinvalid(j, "__metadata__ must be an object");
+                if (shoal__jpeek(j) != '{') {
+                    rc = shoal__jinvalid(j, "__metadata__ must be an object");
                     goto out;
                 }
-                if (jskip(j, 0)) {
+                if (shoal__jskip(j, 0)) {
                     rc = j->rc;
                     goto out;
                 }
             } else {
                 if (len == 0) {
-                    rc = jinvalid(j, "empty tensor name");
+                    rc = shoal__jinvalid(j, "empty tensor name");
                     goto out;
                 }
                 shoal_tensor *t = push_tensor(out);
@@ -965,7 +538,7 @@ static int load_file(st_file *f, int fi, int map, tlist *out, jscan *j)
                 j->tensor = NULL;
             }
             int more = 0;
-            if (jnext(j, '}', &more)) {
+            if (shoal__jnext(j, '}', &more)) {
                 rc = j->rc;
                 goto out;
             }
@@ -973,7 +546,7 @@ static int load_file(st_file *f, int fi, int map, tlist *out, jscan *j)
                 break;
         }
     }
-    if (jend(j)) {
+    if (shoal__jend(j)) {
         rc = j->rc;
         goto out;
     }
@@ -1079,7 +652,7 @@ typedef struct {
 static void *load_worker(void *arg)
 {
     load_job *lj = arg;
-    jscan j = {0};
+    shoal__jscan j = {0};
     for (;;) {
         int fi = atomic_fetch_add(&lj->next, 1);
         if (fi >= lj->st->nfiles)
@@ -1199,7 +772,7 @@ static int read_whole(const char *path, char **buf, size_t *len, char *err, size
 }
 
 /* Parses the index text into entries and shard names. */
-static int parse_index(jscan *j, shard_list *sl, index_entry **out, size_t *nout, arena_chunk **arena)
+static int parse_index(shoal__jscan *j, shard_list *sl, index_entry **out, size_t *nout, arena_chunk **arena)
 {
     index_entry *e = NULL;
     size_t n = 0, cap = 0;
@@ -1207,38 +780,38 @@ static int parse_index(jscan *j, shard_list *sl, index_entry **out, size_t *nout
     int64_t last = -1;
     *out = NULL;
     *nout = 0;
-    if (jpeek(j) != '{')
-        return jinvalid(j, "the index must be a JSON object");
+    if (shoal__jpeek(j) != '{')
+        return shoal__jinvalid(j, "the index must be a JSON object");
     j->p++;
-    if (jpeek(j) != '}') {
+    if (shoal__jpeek(j) != '}') {
         for (;;) {
             const char *k;
             size_t len;
-            if (jstring(j, &k, &len) || jexpect(j, ':', "expected ':'"))
+            if (shoal__jstring(j, &k, &len) || shoal__jexpect(j, ':', "expected ':'"))
                 goto fail;
-            if (!jeq(k, len, "weight_map")) {
-                if (jskip(j, 0))
+            if (!shoal__jeq(k, len, "weight_map")) {
+                if (shoal__jskip(j, 0))
                     goto fail;
             } else {
                 if (have_map++) {
-                    jinvalid(j, "duplicate key 'weight_map'");
+                    shoal__jinvalid(j, "duplicate key 'weight_map'");
                     goto fail;
                 }
-                if (jpeek(j) != '{') {
-                    jinvalid(j, "weight_map must be an object");
+                if (shoal__jpeek(j) != '{') {
+                    shoal__jinvalid(j, "weight_map must be an object");
                     goto fail;
                 }
                 j->p++;
-                if (jpeek(j) == '}') {
+                if (shoal__jpeek(j) == '}') {
                     j->p++;
                 } else {
                     for (;;) {
                         const char *name, *sh;
                         size_t nlen;
-                        if (jstring(j, &name, &nlen))
+                        if (shoal__jstring(j, &name, &nlen))
                             goto fail;
                         if (!nlen) {
-                            jinvalid(j, "empty tensor name in weight_map");
+                            shoal__jinvalid(j, "empty tensor name in weight_map");
                             goto fail;
                         }
                         /* unescaped names stay in the index text (alive until the checks end) */
@@ -1246,13 +819,13 @@ static int parse_index(jscan *j, shard_list *sl, index_entry **out, size_t *nout
                             name = arena_strdup(arena, name, nlen);
                         j->tensor = name;
                         j->tensor_n = (int)nlen;
-                        if (jexpect(j, ':', "expected ':'"))
+                        if (shoal__jexpect(j, ':', "expected ':'"))
                             goto fail;
-                        if (jpeek(j) != '"') {
-                            jinvalid(j, "shard name must be a string");
+                        if (shoal__jpeek(j) != '"') {
+                            shoal__jinvalid(j, "shard name must be a string");
                             goto fail;
                         }
-                        if (jstring(j, &sh, &len))
+                        if (shoal__jstring(j, &sh, &len))
                             goto fail;
                         if (!is_safe_shard_name(sh, len)) {
                             j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT,
@@ -1267,7 +840,7 @@ static int parse_index(jscan *j, shard_list *sl, index_entry **out, size_t *nout
                                          : strset_find(&sl->set, sh, len, shard_key, sl);
                         if (si < 0) {
                             if (sl->n >= ST_MAX_FILES) {
-                                jinvalid(j, "more than 65536 shard files");
+                                shoal__jinvalid(j, "more than 65536 shard files");
                                 goto fail;
                             }
                             if (sl->n == sl->cap) {
@@ -1288,7 +861,7 @@ static int parse_index(jscan *j, shard_list *sl, index_entry **out, size_t *nout
                         last = si;
                         j->tensor = NULL;
                         int more = 0;
-                        if (jnext(j, '}', &more))
+                        if (shoal__jnext(j, '}', &more))
                             goto fail;
                         if (!more)
                             break;
@@ -1296,7 +869,7 @@ static int parse_index(jscan *j, shard_list *sl, index_entry **out, size_t *nout
                 }
             }
             int more = 0;
-            if (jnext(j, '}', &more))
+            if (shoal__jnext(j, '}', &more))
                 goto fail;
             if (!more)
                 break;
@@ -1304,7 +877,7 @@ static int parse_index(jscan *j, shard_list *sl, index_entry **out, size_t *nout
     } else {
         j->p++;
     }
-    if (jend(j))
+    if (shoal__jend(j))
         goto fail;
     if (!have_map) {
         j->rc = shoal_err_set(j->err, j->errlen, SHOAL_EFORMAT, "%s: no 'weight_map' object", j->file);
@@ -1329,7 +902,7 @@ static int cmp_str_idx(const void *a, const void *b, void *ctx)
     return strcmp(sl->names[*(const int *)a], sl->names[*(const int *)b]);
 }
 
-static int open_index(shoal_st *st, const char *index_path, int map, jscan *j)
+static int open_index(shoal_st *st, const char *index_path, int map, shoal__jscan *j)
 {
     char *err = j->err;
     size_t errlen = j->errlen;
@@ -1457,7 +1030,7 @@ int shoal_st_open(shoal_st **out, const char *path, const shoal_st_opts *opts, c
     if (stat(path, &sb) < 0)
         return shoal_err_set(err, errlen, -errno, "%s: %s", path, strerror(errno));
     shoal_st *st = shoal_xcalloc(1, sizeof *st);
-    jscan j = {.err = err, .errlen = errlen};
+    shoal__jscan j = {.err = err, .errlen = errlen};
     int rc;
     char *idx = NULL, *single = NULL;
     if (S_ISDIR(sb.st_mode)) {
