@@ -291,7 +291,7 @@ static int bench_kda(const bench_opts *o)
 }
 
 /* MLA attention of the absorbed form as the engine's MLA layer runs it
- * (coordinator/forward.c): the W_UK^T query absorption (96 gemv_t of 128x512
+ * (coordinator/engine/forward.c): the W_UK^T query absorption (96 gemv_t of 128x512
  * bf16, parallel over heads), the attention over the latent cache (576 fp32
  * per token), and W_UV (96 gemv of 128x512 bf16, parallel over heads).
  * T = 1: one decode step at S cached tokens (shoal_mla_attend). T > 1: the

@@ -48,7 +48,7 @@ void shoal__panic(const char *file, int line, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 3, 4)));
 
 /* malloc/calloc/realloc that panic on OOM (inside an engine forward they are
- * also caught by the engine's allocation guard, coordinator/engine.c). */
+ * also caught by the engine's allocation guard, coordinator/engine/allocguard.c). */
 void *shoal_xmalloc(size_t n);
 void *shoal_xcalloc(size_t n, size_t size);
 void *shoal_xrealloc(void *p, size_t n);

@@ -3,7 +3,7 @@
  * `shoal expert --plan FILE --name NAME` takes its RANGES and listen endpoint
  * from its entry, `shoal run|serve --plan FILE` connects to every worker's
  * endpoint, `shoal pack` writes one worker's experts. The planner
- * (coordinator/plan.h) writes the file. In common/ because both the worker and
+ * (coordinator/cmd/plan.h) writes the file. In common/ because both the worker and
  * the coordinator read it (neither includes the other).
  *
  * Only the keys those readers need are kept; ownership coverage is checked by

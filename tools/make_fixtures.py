@@ -8,7 +8,7 @@ Files written (field names documented in docs/TESTING.md):
   teacher_forced.json  ids (>= 48), argmax and top-1/top-2 margin at every position
   logits.json          top-32 ids/values per position, full rows at a few positions
   hidden.json          per-layer summaries of every position's layer output + routed experts
-  sampled.json         a seeded sampled run per coordinator/sampler.h's algorithm
+  sampled.json         a seeded sampled run per coordinator/engine/sampler.h's algorithm
   robustness.json      measured divergences between reference variants -> tolerances
 
 Robustness: every fixture sequence is checked with four computation variants of
@@ -149,7 +149,7 @@ def hidden_summary(m, ids):
     return layers, st, rel
 
 
-# ---- sampler of coordinator/sampler.h, re-implemented here from its contract
+# ---- sampler of coordinator/engine/sampler.h, re-implemented here from its contract
 
 M64 = (1 << 64) - 1
 

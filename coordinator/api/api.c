@@ -489,7 +489,7 @@ static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *
         return;
     }
     /* No admission check on the workers' states: a request that reaches a
-     * down worker fails at once with 503 naming it (coordinator/sched_gen.c),
+     * down worker fails at once with 503 naming it (coordinator/api/sched.c),
      * and one that finds it back (restarted) is served. */
     areq *r = shoal_xcalloc(1, sizeof *r);
     atomic_init(&r->refs, 1); /* the exchange's */

@@ -6,7 +6,7 @@
  * It knows nothing of the model: each complete request is handed to one
  * callback (on the loop thread) as an exchange, which the callback -- or a
  * later callback posted from another thread with shoal_http_post -- answers.
- * Callers: the OpenAI API layer (coordinator/api.c), `shoal serve`, tests.
+ * Callers: the OpenAI API layer (coordinator/api/api.c), `shoal serve`, tests.
  *
  * Threads: one thread runs shoal_http_run and owns the loop; every function
  * here must be called on that thread, except shoal_http_post and

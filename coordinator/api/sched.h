@@ -3,7 +3,7 @@
  * of jobs, runs them on its one model thread (tokenise / render, prefill,
  * decode, sample, detokenise, parse reasoning and tool calls, stop strings),
  * keeps recent sequences' states for conversation reuse, and memoises the
- * events of deterministic requests. Callers: the API layer (coordinator/api.c)
+ * events of deterministic requests. Callers: the API layer (coordinator/api/api.c)
  * and tests. The model path runs only on the scheduler's thread.
  *
  * Structure for batching: the model thread holds an array of active slots

@@ -1,8 +1,8 @@
 /* dist: the coordinator's distributed-experts options and wiring, for the
  * commands that run the model (`shoal run`, later `shoal serve`): parses
  * --worker ENDPOINT (repeatable) / --workers N / --plan plan.json / --expert-timeout-ms ..., spawns
- * local workers when asked (coordinator/spawn.h), opens the expert client
- * (coordinator/expert_client.h) with the model's fingerprint, and plugs it into
+ * local workers when asked (coordinator/cluster/spawn.h), opens the expert client
+ * (coordinator/cluster/expert_client.h) with the model's fingerprint, and plugs it into
  * the model as its routed-expert backend. Also keeps per-phase wire counters
  * for the run report. One owner; not thread-safe.
  *

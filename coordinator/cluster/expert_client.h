@@ -1,10 +1,10 @@
-/* expert_client: the routed-expert backend (coordinator/experts.h) that runs
+/* expert_client: the routed-expert backend (coordinator/engine/experts.h) that runs
  * experts on expert servers over ZeroMQ (proto/PROTOCOL.md). One DEALER per
  * worker; HELLO with each at open (protocol version, model fingerprint,
  * ownership); every expert of every MoE layer must be owned by at least one
  * worker, else open refuses naming the gaps. An expert owned by several workers
  * (a replica, docs/CLUSTER.md) is sent, per exchange, to the one that
- * coordinator/owners.h picks to balance the pairs; the outputs are the same bits.
+ * coordinator/cluster/owners.h picks to balance the pairs; the outputs are the same bits.
  *
  * Per MoE layer: submit() builds one EXPERT_BATCH per involved worker (only the
  * tokens routed to it, pairs in (token, expert) order) and sends them all
@@ -100,7 +100,7 @@ typedef struct {
     uint64_t hints_dropped; /* hints not sent (worker down, its hint buffers still queued, or the send failed) */
 } shoal_expert_client_stats;
 
-/* Report every exchange, layer wait and failure to cm (coordinator/cmetrics.h,
+/* Report every exchange, layer wait and failure to cm (coordinator/obs/cmetrics.h,
  * opened with max_workers >= the client's workers; borrowed, must outlive the
  * client or be unset with NULL first). Describes each worker from its HELLO.
  * Between requests only. 0 or SHOAL_EINVAL. */

@@ -658,7 +658,7 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
         goto fail;
     c->next_rid = 1; /* HELLO used 1; the warm-up PINGs, batches and probes follow */
     /* ownership: every expert of every MoE layer at least once (overlaps are
-     * replicas: each exchange picks one owner, coordinator/owners.h) */
+     * replicas: each exchange picks one owner, coordinator/cluster/owners.h) */
     c->pick = shoal_xcalloc((size_t)c->E, sizeof *c->pick);
     {
         const shoal_proto_range **r = shoal_xcalloc((size_t)c->nw, sizeof *r);

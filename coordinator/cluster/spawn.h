@@ -4,7 +4,7 @@
  * files to leave behind). Children are put in one process group and get
  * PR_SET_PDEATHSIG(SIGTERM), so they exit when the coordinator exits for any
  * reason, SIGKILL included; shoal_spawn_stop terminates and reaps them all.
- * Callers: coordinator/dist.c. Not thread-safe; one owner. */
+ * Callers: coordinator/cluster/dist.c. Not thread-safe; one owner. */
 #ifndef SHOAL_SPAWN_H
 #define SHOAL_SPAWN_H
 

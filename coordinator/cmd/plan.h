@@ -89,7 +89,7 @@ int shoal_plan_replicate(const shoal_plan_in *in, int replicas, const int32_t *o
  * to the lower id), moves from its owner to its replica as much of its load
  * as levels the two (none if the replica is the busier): a conservative
  * model of the coordinator sending each exchange's pairs to the less loaded
- * owner (coordinator/owners.h); it never raises a layer's largest load.
+ * owner (coordinator/cluster/owners.h); it never raises a layer's largest load.
  * replica may be NULL. */
 void shoal_plan_load(const shoal_plan_in *in, const int32_t *owner, const int32_t *replica, double *load);
 

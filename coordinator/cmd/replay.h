@@ -1,4 +1,4 @@
-/* replay: offline replay of routing traces (coordinator/trace.h) against the
+/* replay: offline replay of routing traces (coordinator/obs/trace.h) against the
  * expert cache's replacement policies (common/cachepol.h) -- the evidence for
  * the worker's choice of policy. The access sequence is the one a worker
  * owning every expert would see: each run of consecutive records of one layer

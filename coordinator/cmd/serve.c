@@ -173,7 +173,7 @@ int shoal_cmd_serve(int argc, char **argv)
     shoal_dist_opts dopts = {0};
     int bad = 0;
     /* flags take their value as the next argument; the distributed-experts
-     * flags are parsed by coordinator/dist.c */
+     * flags are parsed by coordinator/cluster/dist.c */
     static const struct {
         const char *flag;
         long lo, hi;

@@ -1,4 +1,4 @@
-/* In-process routed-expert backend (coordinator/experts.h): every expert of
+/* In-process routed-expert backend (coordinator/engine/experts.h): every expert of
  * every MoE layer bound as a borrowed view of the model's tensor store and run
  * with kernels' shoal_expert_ffn. Tokens are grouped by expert, so each
  * selected expert's weights are read once per submitted chunk for all the

@@ -1,5 +1,5 @@
 /* chatjson: JSON the way K3's Python chat encoder sees it, for the chat encoder
- * (coordinator/chat.c) and the output parser (coordinator/chatparse.c).
+ * (coordinator/text/chat.c) and the output parser (coordinator/text/chatparse.c).
  *
  * Why not jansson alone: the official encoder (encoding_k3.py) parses tool-call
  * argument strings with Python's json.loads and writes values back, and the ids

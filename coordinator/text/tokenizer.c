@@ -554,7 +554,7 @@ int shoal_tok_open(shoal_tok **out, const char *model_dir, const shoal_tok_opts 
     pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, uv);
     if (strcmp(uv, SHOAL_TOK_UNI_PCRE2_UNICODE))
         return shoal_err_set(err, errlen, SHOAL_EUNSUPPORTED,
-                             "tokenizer: PCRE2 has Unicode %s but coordinator/tokenizer_uni.h was "
+                             "tokenizer: PCRE2 has Unicode %s but coordinator/text/tokenizer_uni.h was "
                              "generated for %s; rerun tools/gen_tok_unicode.py",
                              uv, SHOAL_TOK_UNI_PCRE2_UNICODE);
     if (sodium_init() < 0)

@@ -2,7 +2,7 @@
  * vocabulary loaded from a model directory (`tiktoken.model` + `tokenizer_config.json`),
  * the K3 pre-tokenizer (PCRE2, SPEC §5.2), rank-based BPE, special-token
  * recognition, and the streaming UTF-8-safe detokenizer. Callers: the chat
- * encoder (coordinator/chat.h), the output parser (coordinator/chatparse.h), the
+ * encoder (coordinator/text/chat.h), the output parser (coordinator/text/chatparse.h), the
  * HTTP layer, the engine's sampler loop and the `shoal tokenize|detokenize`
  * commands.
  *
@@ -63,7 +63,7 @@ void shoal_tok_ids_push(shoal_tok_ids *ids, int32_t id);
  * file and line or field in err) ranks that are not exactly 0..N-1, duplicate
  * token bytes, a missing single byte, special ids outside [N, N+n_reserved),
  * duplicate or empty special names, a name that is a prefix of another, and
- * a PCRE2 whose Unicode version is not the one coordinator/tokenizer_uni.h was
+ * a PCRE2 whose Unicode version is not the one coordinator/text/tokenizer_uni.h was
  * generated for. *out is NULL on error. */
 int shoal_tok_open(shoal_tok **out, const char *model_dir, const shoal_tok_opts *o,
                    char *err, size_t errlen);

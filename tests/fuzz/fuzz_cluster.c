@@ -1,4 +1,4 @@
-/* libFuzzer target for the cluster manifest reader (coordinator/plan.c) and,
+/* libFuzzer target for the cluster manifest reader (coordinator/cmd/plan.c) and,
  * for accepted manifests, the planner on a small model with the hosts'
  * budgets: every refusal names something; an accepted plan owns every expert
  * exactly once within each worker's budget, and its replicas (1 or 2 per layer,

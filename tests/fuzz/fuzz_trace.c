@@ -1,4 +1,4 @@
-/* libFuzzer target for the routing trace reader (coordinator/trace.c): any
+/* libFuzzer target for the routing trace reader (coordinator/obs/trace.c): any
  * bytes as a trace file are refused with a message or accepted, and then
  * every record obeys the header and the statistics add up. */
 #include <stdint.h>

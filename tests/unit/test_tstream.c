@@ -1,4 +1,4 @@
-/* coordinator/tstream and the engine's trunk budget (coordinator/trunk.c):
+/* coordinator/tstream and the engine's trunk budget (coordinator/engine/trunk.c):
  * the reader alone on a file of known bytes (layout alignment, cycles with
  * and without the optional units, O_DIRECT and buffered, a truncated file
  * reported naming the file and tensor, a consumer that would wait forever
