@@ -310,8 +310,12 @@ def main():
     run_detokenize("tiny-k3", tiny, enc, docs)
 
     real = os.environ.get("SHOAL_K3_TOKENIZER_DIR")
+    if not real:  # the shared copy beside the checkout, as the C tests find it (tests/unit/test.h)
+        shared = os.path.join(os.environ.get("SHOAL_SRC", "."), "..", "shared", "k3")
+        real = shared if os.path.exists(os.path.join(shared, "tiktoken.model")) else None
     if not real:
-        record("SKIP", "real-k3/corpus", "set SHOAL_K3_TOKENIZER_DIR to a directory with K3's tiktoken.model "
+        record("SKIP", "real-k3/corpus", "no ../shared/k3/tiktoken.model beside the checkout; set "
+                                         "SHOAL_K3_TOKENIZER_DIR to a directory with K3's tiktoken.model "
                                          "and tokenizer_config.json")
     else:
         path = os.path.join(real, "tiktoken.model")

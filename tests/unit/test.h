@@ -122,6 +122,26 @@ static inline const char *test_src_path(const char *rel)
     return b;
 }
 
+/* The directory of K3's real tokenizer files (tiktoken.model and
+ * tokenizer_config.json): $SHOAL_K3_TOKENIZER_DIR when set, else the shared copy
+ * beside the checkout ($SHOAL_SRC/../shared/k3) when it holds tiktoken.model,
+ * else NULL (the caller skips, saying how to provide it). */
+static inline const char *test_k3_tokenizer_dir(void)
+{
+    const char *dir = getenv("SHOAL_K3_TOKENIZER_DIR");
+    if (dir && *dir)
+        return dir;
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "%s", test_src_path("../shared/k3"));
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/tiktoken.model", buf);
+    FILE *f = fopen(probe, "rb");
+    if (!f)
+        return NULL;
+    fclose(f);
+    return buf;
+}
+
 static inline int test_finish(void)
 {
     printf("%d passed, %d failed, %d skipped\n", test_npass, test_nfail, test_nskip);

@@ -150,10 +150,10 @@ static void t_official_ids_tiny(void)
 /* SPEC §5.5: the official encoder's prompt lengths with the real vocabulary. */
 static void t_real_k3_counts(void)
 {
-    const char *dir = getenv("SHOAL_K3_TOKENIZER_DIR");
-    if (!dir || !*dir)
-        SKIP("real K3 vocabulary: set SHOAL_K3_TOKENIZER_DIR to a directory with K3's tiktoken.model "
-             "and tokenizer_config.json");
+    const char *dir = test_k3_tokenizer_dir();
+    if (!dir)
+        SKIP("real K3 vocabulary: no ../shared/k3/tiktoken.model beside the checkout; set "
+             "SHOAL_K3_TOKENIZER_DIR to a directory with K3's tiktoken.model and tokenizer_config.json");
     shoal_tok *t;
     char err[512];
     CHECK_MSG(shoal_tok_open(&t, dir, NULL, err, sizeof err) == 0, "%s", err);

@@ -551,14 +551,14 @@ static void t_detok_streaming(void)
 /* ------------------------------------------------------ real vocabulary -- */
 
 /* SPEC §5.1 identity of K3's tiktoken.model and §1.3 item 1's vectors: run
- * only when a user points SHOAL_K3_TOKENIZER_DIR at a directory holding the
- * real tiktoken.model and K3's tokenizer_config.json. */
+ * wherever the real tiktoken.model and K3's tokenizer_config.json are found:
+ * SHOAL_K3_TOKENIZER_DIR, else ../shared/k3 beside the checkout (test.h). */
 static shoal_tok *open_real(void)
 {
-    const char *dir = getenv("SHOAL_K3_TOKENIZER_DIR");
-    if (!dir || !*dir)
-        SKIP("real K3 vocabulary: set SHOAL_K3_TOKENIZER_DIR to a directory with K3's tiktoken.model "
-             "and tokenizer_config.json");
+    const char *dir = test_k3_tokenizer_dir();
+    if (!dir)
+        SKIP("real K3 vocabulary: no ../shared/k3/tiktoken.model beside the checkout; set "
+             "SHOAL_K3_TOKENIZER_DIR to a directory with K3's tiktoken.model and tokenizer_config.json");
     shoal_tok *t;
     char err[512];
     int rc = shoal_tok_open(&t, dir, NULL, err, sizeof err);
