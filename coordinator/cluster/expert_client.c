@@ -35,20 +35,6 @@
 #include "coordinator/obs/obs.h"
 #include "coordinator/cluster/owners.h"
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 /* ---- the request (forward thread) ------------------------------------------ */
 
 /* Arm or disarm worker i's arrival watch (forward thread): its ZMQ_FD in
@@ -126,7 +112,7 @@ static void send_all(shoal_expert_client *c)
         shoal_proto_tensor_len(c->o.act_bf16 ? SHOAL_WIRE_BF16 : SHOAL_WIRE_F32, w->ntok, (uint32_t)c->d, &alen);
         shoal_proto_tensor_len(SHOAL_WIRE_I32, w->npairs, 2, &rlen);
         atomic_store(&w->arr_ns, 0);
-        w->sent_ns = now_ns();
+        w->sent_ns = shoal__ec_now_ns();
         if (send_frame(w->sock, w->ctl, w->ctl_len, 1) || send_frame(w->sock, (void *)w->tx_act, alen, 1) ||
             send_frame(w->sock, w->route, rlen, 0)) {
             int e = errno;
@@ -153,7 +139,7 @@ static void send_all(shoal_expert_client *c)
 static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, int truncated)
 {
     shoal__ec_worker *w = &c->w[i];
-    uint64_t t_recv = now_ns();
+    uint64_t t_recv = shoal__ec_now_ns();
     shoal_frame f[SHOAL_PROTO_MAX_FRAMES];
     size_t bytes = 0;
     for (int j = 0; j < np; j++) {
@@ -286,7 +272,7 @@ static void wait_replies(shoal_expert_client *c)
         }
         if (c->state != SENT || n == 0)
             return;
-        uint64_t now = now_us();
+        uint64_t now = shoal__ec_now_us();
         if (now >= c->deadline_us) {
             size_t at = 0;
             char names[768] = "";
@@ -416,7 +402,7 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
     c->layer = layer;
     c->rc = 0;
     c->err[0] = 0;
-    c->deadline_us = now_us() + (uint64_t)c->o.timeout_ms * 1000u;
+    c->deadline_us = shoal__ec_now_us() + (uint64_t)c->o.timeout_ms * 1000u;
     c->req_seq++;
     c->state = SENT;
     send_all(c); /* a failure is reported by gather() */
@@ -428,14 +414,14 @@ static int gather(void *self, uint16_t *y, char *err, size_t errlen)
     shoal_expert_client *c = self;
     if (c->state == IDLE)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: gather without submit");
-    uint64_t t0 = now_us();
+    uint64_t t0 = shoal__ec_now_us();
     c->y = y;
     if (c->state == SENT)
         wait_replies(c);
     int rc = c->state == FAILED ? c->rc : 0;
     c->rc = rc;
     if (c->cm)
-        shoal_cmetrics_layer_wait(c->cm, c->layer, (now_us() - t0) * 1000u, rc ? -1 : c->last_answer);
+        shoal_cmetrics_layer_wait(c->cm, c->layer, (shoal__ec_now_us() - t0) * 1000u, rc ? -1 : c->last_answer);
     if (rc) {
         shoal_err_set(err, errlen, rc, "%s", c->err);
     } else {
@@ -445,7 +431,7 @@ static int gather(void *self, uint16_t *y, char *err, size_t errlen)
                     c->w[i].hint_req[b] = 0;
     }
     c->state = IDLE;
-    c->st.wait_s += (double)(now_us() - t0) * 1e-6;
+    c->st.wait_s += (double)(shoal__ec_now_us() - t0) * 1e-6;
     pthread_mutex_unlock(&c->smu);
     return rc;
 }

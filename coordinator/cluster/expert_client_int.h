@@ -39,6 +39,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 #include <sys/epoll.h>
 #include <zmq.h>
 
@@ -148,6 +149,21 @@ void shoal__ec_mark_down(shoal_expert_client *c, int i, const char *fmt, ...) __
 /* These are on the forward thread's path too (every reply, every disconnect a
  * request sees), so they are static inline: each file keeps its own copy, as
  * when the client was one file, and that path makes no call across files. */
+
+/* CLOCK_MONOTONIC in ns and us, for deadlines and per-worker timings. */
+static inline uint64_t shoal__ec_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t shoal__ec_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
 
 /* Read the events waiting on a monitor socket; 1 if one was a disconnect. */
 static inline int shoal__ec_monitor_disconnected(void *mon)

@@ -46,20 +46,6 @@
  * onto the spare chunk. */
 #define WORKERS_PER_IO_THREAD 8
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 /* ---- HELLO and ownership (open) --------------------------------------------- */
 
 static int send_hello(shoal_expert_client *c, shoal__ec_worker *w, uint64_t rid, char *err, size_t errlen)
@@ -158,13 +144,13 @@ out:
 static int hello_all(shoal_expert_client *c, char *err, size_t errlen)
 {
     int hello_ms = c->o.hello_timeout_ms > 0 ? c->o.hello_timeout_ms : 60000;
-    uint64_t deadline = now_us() + (uint64_t)hello_ms * 1000u;
+    uint64_t deadline = shoal__ec_now_us() + (uint64_t)hello_ms * 1000u;
     int *sent = shoal_xcalloc((size_t)c->nw, sizeof *sent), *got = shoal_xcalloc((size_t)c->nw, sizeof *got);
     zmq_pollitem_t *pi = shoal_xcalloc(2 * (size_t)c->nw, sizeof *pi);
     int ngot = 0, rc = 0;
-    uint64_t next_check = now_us();
+    uint64_t next_check = shoal__ec_now_us();
     while (ngot < c->nw) {
-        uint64_t now = now_us();
+        uint64_t now = shoal__ec_now_us();
         if (now >= deadline) {
             size_t at = 0;
             at += (size_t)snprintf(err, errlen, "no HELLO within %d ms from expert worker%s:", hello_ms,
@@ -264,7 +250,7 @@ void shoal__ec_mark_down(shoal_expert_client *c, int i, const char *fmt, ...)
     va_end(ap);
     atomic_store(&w->link, W_DOWN);
     w->logged = 0;
-    w->down_us = now_us();
+    w->down_us = shoal__ec_now_us();
     w->backoff_ms = BACKOFF_MIN_MS;
     w->next_probe_us = w->down_us + BACKOFF_MIN_MS * 1000u;
     w->warm_left = 0;
@@ -324,7 +310,7 @@ static int ping_all(shoal_expert_client *c, int n, uint64_t deadline, int hello_
                 pi[np_++] = (zmq_pollitem_t){.socket = c->w[i].sock, .events = ZMQ_POLLIN};
         if (!np_)
             return 0;
-        uint64_t now = now_us();
+        uint64_t now = shoal__ec_now_us();
         if (now >= deadline)
             for (int i = 0; i < c->nw; i++)
                 if (c->w[i].warm_left)
@@ -362,7 +348,7 @@ static int ping_all(shoal_expert_client *c, int n, uint64_t deadline, int hello_
 static int warm_all(shoal_expert_client *c, char *err, size_t errlen)
 {
     int hello_ms = c->o.hello_timeout_ms > 0 ? c->o.hello_timeout_ms : 60000;
-    uint64_t deadline = now_us() + (uint64_t)hello_ms * 1000u;
+    uint64_t deadline = shoal__ec_now_us() + (uint64_t)hello_ms * 1000u;
     zmq_pollitem_t *pi = shoal_xcalloc((size_t)c->nw, sizeof *pi);
     int rc = 0;
     for (int r = 0; r < WARM_ROUNDS && !rc; r++)
@@ -442,7 +428,7 @@ static unsigned keeper_pass(shoal_expert_client *c)
         while ((np = shoal__ec_recv_parts(w->sock, parts, &truncated)) > 0)
             keeper_take(c, i, parts, np, truncated);
         int link = atomic_load(&w->link);
-        uint64_t now = now_us();
+        uint64_t now = shoal__ec_now_us();
         if (!w->logged) {
             w->logged = 1;
             if (link == W_DOWN)
@@ -484,12 +470,12 @@ static void *keeper_main(void *arg)
 {
     shoal_expert_client *c = arg;
     unsigned tick = KEEPER_TICK_MS;
-    uint64_t next_pass = now_us() + (uint64_t)tick * 1000u;
+    uint64_t next_pass = shoal__ec_now_us() + (uint64_t)tick * 1000u;
     for (;;) {
-        uint64_t now = now_us();
+        uint64_t now = shoal__ec_now_us();
         int ms = next_pass > now ? (int)((next_pass - now + 999) / 1000) : 0;
         int n = epoll_wait(c->epfd, c->kev, 1 + c->nw, ms);
-        uint64_t t = now_ns();
+        uint64_t t = shoal__ec_now_ns();
         for (int j = 0; j < n; j++) {
             uint32_t i = c->kev[j].data.u32;
             if (i < (uint32_t)c->nw) {
@@ -506,14 +492,14 @@ static void *keeper_main(void *arg)
             usleep(1000);
         if (atomic_load(&c->quit))
             break;
-        if (now_us() >= next_pass) {
+        if (shoal__ec_now_us() >= next_pass) {
             if (pthread_mutex_trylock(&c->smu) == 0) {
                 tick = keeper_pass(c);
                 pthread_mutex_unlock(&c->smu);
             } else {
                 tick = 10; /* a request is out: try again soon */
             }
-            next_pass = now_us() + (uint64_t)tick * 1000u;
+            next_pass = shoal__ec_now_us() + (uint64_t)tick * 1000u;
         }
     }
     return NULL;
@@ -631,7 +617,7 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
          * process keeps its HELLO state; a restarted worker has none (NO_HELLO) */
         uint8_t rid[16];
         if (getrandom(rid, sizeof rid, 0) != (ssize_t)sizeof rid) { /* never blocks once the pool is up */
-            uint64_t x = now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)i;
+            uint64_t x = shoal__ec_now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)i;
             for (int j = 0; j < 16; j++, x = x * 6364136223846793005ull + 1442695040888963407ull)
                 rid[j] = (uint8_t)(x >> 56);
         }
