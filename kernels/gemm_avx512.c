@@ -305,6 +305,86 @@ __attribute__((noinline)) static void mx_row4(float *y, const uint8_t *p, const 
     mx_row(y, p, s, x, rows, cols, r, t, 4, &c);
 }
 
+/* T > 1: as in gemm_avx2.c, a block of rows is decoded once into a stack
+ * buffer (the four f vectors of each pair of groups, 256 bytes per 64
+ * columns: a transient copy of a few rows, never of the matrix); then tiles
+ * of MX_TT tokens run the same chains over it (mx_pair, unchanged bits), in
+ * column blocks of MX_KB so the x tile stays in L1; a tile's accumulators are
+ * saved between column blocks (same values, same order). MX_KB is a multiple
+ * of 64 columns, so a block always starts on an even group. Before this, the
+ * row was decoded again for every 4-token tile, which made T = 128 slower
+ * than the AVX2 path (docs/PERFORMANCE.md). */
+#define MX_BUF_FLOATS 32768 /* 128 KiB of stack */
+#define MX_KB 1024
+#define MX_RB_MAX 16
+#define MX_TT 6
+
+INLINE void mx_tile(float *y, __m512 *st, const __m512 *wb, const uint8_t *s, const float *x, int rows, int cols,
+                    int r, int t, int TT, int g0, int g1)
+{
+    __m512 acc[MX_TT];
+    int init = g0 == 0, fin = g1 == cols / 32;
+    for (int b = 0; b < TT; b++)
+        acc[b] = init ? _mm512_setzero_ps() : st[b];
+    const float *xt = x + (size_t)t * cols;
+    int g = g0;
+    for (; g + 2 <= g1; g += 2) {
+        const __m512 *f = wb + 2 * g;
+        unsigned e0 = s[g], e1 = s[g + 1];
+        if (__builtin_expect(e0 < 3 || e1 < 3, 0)) {
+            for (int b = 0; b < TT; b++)
+                acc[b] = mx_pair(acc[b], f, e0, e1, xt + (size_t)b * cols + 32 * g);
+            continue;
+        }
+        __m512 sc = INS256(_mm512_set1_ps(shoal__kernels_e8m0_mul[e0]), _mm256_set1_ps(shoal__kernels_e8m0_mul[e1]), 1);
+        __m512 G[MX_TT];
+        for (int b = 0; b < TT; b++)
+            G[b] = _mm512_mul_ps(f[0], ld_x2(xt + (size_t)b * cols + 32 * g, xt + (size_t)b * cols + 32 * g + 32));
+        for (int k = 1; k < 4; k++)
+            for (int b = 0; b < TT; b++) {
+                const float *xg = xt + (size_t)b * cols + 32 * g + 8 * k;
+                G[b] = _mm512_fmadd_ps(f[k], ld_x2(xg, xg + 32), G[b]);
+            }
+        for (int b = 0; b < TT; b++)
+            acc[b] = _mm512_fmadd_ps(G[b], sc, acc[b]);
+    }
+    if (g < g1)
+        for (int b = 0; b < TT; b++)
+            acc[b] = mx_last(acc[b], wb + 2 * g, s[g], xt + (size_t)b * cols + 32 * g);
+    for (int b = 0; b < TT; b++) {
+        if (fin)
+            y[(size_t)(t + b) * rows + r] = mx_finish(acc[b]);
+        else
+            st[b] = acc[b];
+    }
+}
+
+__attribute__((noinline)) static void mx_tileN(float *y, __m512 *st, const __m512 *wb, const uint8_t *s,
+                                               const float *x, int rows, int cols, int r, int t, int g0, int g1)
+{
+    mx_tile(y, st, wb, s, x, rows, cols, r, t, MX_TT, g0, g1);
+}
+
+__attribute__((noinline)) static void mx_tile1(float *y, __m512 *st, const __m512 *wb, const uint8_t *s,
+                                               const float *x, int rows, int cols, int r, int t, int g0, int g1)
+{
+    mx_tile(y, st, wb, s, x, rows, cols, r, t, 1, g0, g1);
+}
+
+__attribute__((noinline)) static void mx_decode_row(__m512 *wr, const uint8_t *p, int ng)
+{
+    mx_consts c = mx_make();
+    int g = 0;
+    for (; g + 2 <= ng; g += 2)
+        mx_decode2(wr + 2 * g, p + 16 * g, &c);
+    if (g < ng) {
+        uint8_t tmp[32] = {0}; /* bytes past the row are not read */
+        for (int j = 0; j < 16; j++)
+            tmp[j] = p[16 * g + j];
+        mx_decode2(wr + 2 * g, tmp, &c);
+    }
+}
+
 static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
                        int T, int r0, int r1)
 {
@@ -312,13 +392,39 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
         shoal__kernels_gemm_mxfp4_scalar(y, packed, scale, x, rows, cols, T, r0, r1);
         return;
     }
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *p = packed + (size_t)r * (cols / 2), *s = scale + (size_t)r * (cols / 32);
-        int t = 0;
-        for (; t + 4 <= T; t += 4)
-            mx_row4(y, p, s, x, rows, cols, r, t);
-        for (; t < T; t++)
-            mx_row1(y, p, s, x, rows, cols, r, t);
+    int ng = cols / 32;
+    size_t row_vecs = (size_t)(ng + 1) / 2 * 4; /* zmm per decoded row */
+    if (T == 1 || row_vecs * 16 > MX_BUF_FLOATS) {
+        for (int r = r0; r < r1; r++) {
+            const uint8_t *p = packed + (size_t)r * (cols / 2), *s = scale + (size_t)r * ng;
+            int t = 0;
+            for (; t + 4 <= T; t += 4)
+                mx_row4(y, p, s, x, rows, cols, r, t);
+            for (; t < T; t++)
+                mx_row1(y, p, s, x, rows, cols, r, t);
+        }
+        return;
+    }
+    __m512 buf[MX_BUF_FLOATS / 16];
+    __m512 st[MX_RB_MAX][MX_TT];
+    int rb = (int)(MX_BUF_FLOATS / 16 / row_vecs);
+    rb = rb > MX_RB_MAX ? MX_RB_MAX : rb;
+    for (int ra = r0; ra < r1; ra += rb) {
+        int re = ra + rb < r1 ? ra + rb : r1;
+        for (int r = ra; r < re; r++)
+            mx_decode_row(buf + (size_t)(r - ra) * row_vecs, packed + (size_t)r * (cols / 2), ng);
+        for (int t = 0; t < T;) {
+            int TT = T - t >= MX_TT ? MX_TT : 1;
+            for (int g0 = 0; g0 < ng; g0 += MX_KB / 32) {
+                int g1 = g0 + MX_KB / 32 < ng ? g0 + MX_KB / 32 : ng;
+                for (int r = ra; r < re; r++) {
+                    const __m512 *wr = buf + (size_t)(r - ra) * row_vecs;
+                    const uint8_t *s = scale + (size_t)r * ng;
+                    (TT == MX_TT ? mx_tileN : mx_tile1)(y, st[r - ra], wr, s, x, rows, cols, r, t, g0, g1);
+                }
+            }
+            t += TT;
+        }
     }
 }
 
