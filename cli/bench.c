@@ -524,7 +524,7 @@ static void bench_incache(const bench_opts *o)
 
 static int usage(FILE *f)
 {
-    fprintf(f, "usage: shoal bench kernels [--threads N] [--json] [--reps N] [--only SUBSTR] [--quick]\n"
+    fprintf(f, "usage: shoal bench kernels [--threads N] [--json] [--reps N] [--only SUBSTR] [--quick] [--tokens LIST]\n"
                "  Matrix kernels at the K3 shapes (T = 1, 16, 128), the KDA step, MLA decode\n"
                "  attention (S = 1K, 8K) and batched MLA prefill (the last 128 tokens of S),\n"
                "  each next to a STREAM-like read bandwidth measured in the same run\n"
@@ -534,6 +534,7 @@ static int usage(FILE *f)
                "  --reps N      timed runs per row, >= 5 (default 5); median, min, max reported\n"
                "  --only S      only rows whose layer name contains S (e.g. expert, lm_head, kda, mla)\n"
                "  --quick       T = 1 only and smaller working sets (smoke test, not for figures)\n"
+               "  --tokens L    the matrix rows at these T (comma-separated, e.g. 1,2,4,8,16,128)\n"
                "  The in_cache rows time one thread on an L2-resident matrix with the thread's CPU\n"
                "  clock: the kernel's compute ceiling, unaffected by other processes' time slices.\n"
                "  The kernel ISA is chosen by CPUID or SHOAL_ISA=scalar|avx2|avx512.\n");
@@ -543,6 +544,7 @@ static int usage(FILE *f)
 static int bench_kernels(int argc, char **argv)
 {
     bench_opts o = {.threads = omp_get_max_threads(), .reps = 5};
+    int Tuser[16], nTu = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             char *end;
@@ -566,6 +568,19 @@ static int bench_kernels(int argc, char **argv)
             o.quick = 1;
         } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
             o.only = argv[++i];
+        } else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
+            const char *v = argv[++i];
+            nTu = 0;
+            while (*v && nTu < 16) {
+                char *end;
+                long t = strtol(v, &end, 10);
+                if (end == v || t < 1 || t > 1024 || (*end && *end != ',')) {
+                    fprintf(stderr, "bench: --tokens wants a comma-separated list of 1..1024, got '%s'\n", argv[i]);
+                    return 2;
+                }
+                Tuser[nTu++] = (int)t;
+                v = *end ? end + 1 : end;
+            }
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             return usage(stdout);
         } else {
@@ -614,8 +629,8 @@ static int bench_kernels(int argc, char **argv)
     if (!o.only || strstr("in_cache", o.only))
         bench_incache(&o);
     int Tfull[] = {1, 16, 128}, Tq[] = {1};
-    const int *Ts = o.quick ? Tq : Tfull;
-    int nT = o.quick ? 1 : 3;
+    const int *Ts = nTu ? Tuser : o.quick ? Tq : Tfull;
+    int nT = nTu ? nTu : o.quick ? 1 : 3;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         if (o.only && !strstr(shapes[i].layer, o.only) && !strstr(shapes[i].op, o.only))
             continue;

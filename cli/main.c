@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/omp_wait.h"
 #include "common/log.h"
 
 static const struct {
@@ -33,6 +34,7 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    shoal_omp_wait_apply(argv); /* before any OpenMP region: may re-exec */
     if (argc < 2) {
         usage(stderr);
         return 2;

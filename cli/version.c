@@ -1,6 +1,7 @@
 #include <stdio.h>
 
 #include "cli/commands.h"
+#include "cli/omp_wait.h"
 #include "common/err.h"
 #include "kernels/kernels.h"
 
@@ -18,5 +19,6 @@ int shoal_cmd_version(int argc, char **argv)
         return 2;
     }
     printf("kernels %s\n", shoal_isa_name(shoal_kernels_isa()));
+    printf("openmp wait %s (%s)\n", shoal_omp_wait_policy(), shoal_omp_wait_origin());
     return 0;
 }

@@ -305,6 +305,113 @@ __attribute__((noinline)) static void mx_row4(float *y, const uint8_t *p, const 
     mx_row(y, p, s, x, rows, cols, r, t, 4, &c);
 }
 
+/* T > 1: as in gemm_avx2.c, a block of rows is decoded once into a stack
+ * buffer (a transient copy of a few rows, never of the matrix), then tiles of
+ * MX_TT tokens run the chains over it in column blocks of MX_KB (the x tile
+ * stays in L1), saving a tile's accumulators between column blocks (same
+ * values, same order). Here a zmm holds one group of TWO rows, [row r lanes
+ * 0-7 | row r+1 lanes 0-7], so the x operand of every FMA is one 8-float
+ * slice broadcast to both halves (vbroadcastf32x8: a load, no shuffle), and
+ * the canonical even/odd group accumulators are two zmm per token (E, O).
+ * Lane l of each half runs exactly the scalar chain of its row: G[l] over
+ * k = 0..3, then fmaf(G, 2^(e-152), acc[g mod 2]); the result is
+ * hsum8(E + O) of the half. Decoding row r's groups as mx_decode2 does
+ * (before: the row was decoded again for every 4-token tile, and x halves
+ * were inserted per FMA: T = 128 ran slower than AVX2, docs/PERFORMANCE.md). */
+#define MX_BUF_FLOATS 32768 /* 128 KiB of stack */
+#define MX_KB 1024
+#define MX_PB_MAX 8 /* row pairs per block */
+#define MX_TT 8
+
+/* groups g of rows a and b (16 packed bytes each) -> f[k] = [a: cols 8k.. | b: cols 8k..] */
+INLINE void mx_decode_ab(__m512 *f, const uint8_t *pa, const uint8_t *pb, const mx_consts *c)
+{
+    __m256i ab = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa)),
+                                         _mm_loadu_si128((const __m128i *)pb), 1);
+    __m512i t = _mm512_permutexvar_epi64(c->lanes, _mm512_castsi256_si512(ab));
+    t = _mm512_shuffle_epi8(t, c->arr);
+    t = _mm512_and_si512(_mm512_srlv_epi64(t, c->shift), c->mask);
+    __m512i v = _mm512_shuffle_epi8(c->lut, t);
+    for (int k = 0; k < 4; k++)
+        f[k] = _mm512_cvtepi32_ps(_mm512_shuffle_epi8(v, c->spread[k]));
+}
+
+__attribute__((noinline)) static void mx_decode_pair(__m512 *w, const uint8_t *pa, const uint8_t *pb, int ng)
+{
+    mx_consts c = mx_make();
+    for (int g = 0; g < ng; g++)
+        mx_decode_ab(w + 4 * g, pa + 16 * g, pb + 16 * g, &c);
+}
+
+INLINE __m512 bc8(const float *p)
+{
+    return _mm512_broadcast_f32x8(_mm256_loadu_ps(p));
+}
+
+/* group g of both rows, TT tokens, into A[b] (E or O) */
+INLINE void mx_grp2(__m512 *A, const __m512 *f, unsigned ea, unsigned eb, const float *xt, int cols, int g, int TT)
+{
+    __m512 G[MX_TT];
+    for (int b = 0; b < TT; b++)
+        G[b] = _mm512_mul_ps(f[0], bc8(xt + (size_t)b * cols + 32 * g));
+    for (int k = 1; k < 4; k++)
+        for (int b = 0; b < TT; b++)
+            G[b] = _mm512_fmadd_ps(f[k], bc8(xt + (size_t)b * cols + 32 * g + 8 * k), G[b]);
+    if (__builtin_expect(ea < 3 || eb < 3, 0)) {
+        for (int b = 0; b < TT; b++) {
+            __m256 lo = mx_scale_acc8(_mm512_castps512_ps256(G[b]), ea, _mm512_castps512_ps256(A[b]));
+            __m256 hi = mx_scale_acc8(hi256(G[b]), eb, hi256(A[b]));
+            A[b] = INS256(_mm512_castps256_ps512(lo), hi, 1);
+        }
+        return;
+    }
+    __m512 sc = INS256(_mm512_set1_ps(shoal__kernels_e8m0_mul[ea]), _mm256_set1_ps(shoal__kernels_e8m0_mul[eb]), 1);
+    for (int b = 0; b < TT; b++)
+        A[b] = _mm512_fmadd_ps(G[b], sc, A[b]);
+}
+
+/* rows r (and r+1 when two), tokens t..t+TT-1, groups [g0, g1) */
+INLINE void mx_tile2(float *y, __m512 *st, const __m512 *wb, const uint8_t *sa, const uint8_t *sb, const float *x,
+                     int rows, int cols, int r, int two, int t, int TT, int g0, int g1)
+{
+    __m512 E[MX_TT], O[MX_TT];
+    int init = g0 == 0, fin = g1 == cols / 32;
+    for (int b = 0; b < TT; b++) {
+        E[b] = init ? _mm512_setzero_ps() : st[2 * b];
+        O[b] = init ? _mm512_setzero_ps() : st[2 * b + 1];
+    }
+    const float *xt = x + (size_t)t * cols;
+    int g = g0;
+    for (; g + 2 <= g1; g += 2) {
+        mx_grp2(E, wb + 4 * g, sa[g], sb[g], xt, cols, g, TT);
+        mx_grp2(O, wb + 4 * (g + 1), sa[g + 1], sb[g + 1], xt, cols, g + 1, TT);
+    }
+    if (g < g1)
+        mx_grp2(E, wb + 4 * g, sa[g], sb[g], xt, cols, g, TT);
+    for (int b = 0; b < TT; b++) {
+        if (fin) {
+            __m512 v = _mm512_add_ps(E[b], O[b]);
+            y[(size_t)(t + b) * rows + r] = hsum8(_mm512_castps512_ps256(v));
+            if (two)
+                y[(size_t)(t + b) * rows + r + 1] = hsum8(hi256(v));
+        } else {
+            st[2 * b] = E[b];
+            st[2 * b + 1] = O[b];
+        }
+    }
+}
+
+#define MX_TILE2_FN(name, TT)                                                                               \
+    __attribute__((noinline)) static void name(float *y, __m512 *st, const __m512 *wb, const uint8_t *sa,     \
+                                               const uint8_t *sb, const float *x, int rows, int cols, int r,  \
+                                               int two, int t, int g0, int g1)                                \
+    {                                                                                                       \
+        mx_tile2(y, st, wb, sa, sb, x, rows, cols, r, two, t, TT, g0, g1);                                  \
+    }
+MX_TILE2_FN(mx_tile2N, MX_TT)
+MX_TILE2_FN(mx_tile2_4, 4)
+MX_TILE2_FN(mx_tile2_1, 1)
+
 static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
                        int T, int r0, int r1)
 {
@@ -312,13 +419,44 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
         shoal__kernels_gemm_mxfp4_scalar(y, packed, scale, x, rows, cols, T, r0, r1);
         return;
     }
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *p = packed + (size_t)r * (cols / 2), *s = scale + (size_t)r * (cols / 32);
-        int t = 0;
-        for (; t + 4 <= T; t += 4)
-            mx_row4(y, p, s, x, rows, cols, r, t);
-        for (; t < T; t++)
-            mx_row1(y, p, s, x, rows, cols, r, t);
+    int ng = cols / 32;
+    size_t pair_vecs = (size_t)ng * 4; /* zmm per decoded row pair */
+    if (T == 1 || pair_vecs * 16 > MX_BUF_FLOATS) {
+        for (int r = r0; r < r1; r++) {
+            const uint8_t *p = packed + (size_t)r * (cols / 2), *s = scale + (size_t)r * ng;
+            int t = 0;
+            for (; t + 4 <= T; t += 4)
+                mx_row4(y, p, s, x, rows, cols, r, t);
+            for (; t < T; t++)
+                mx_row1(y, p, s, x, rows, cols, r, t);
+        }
+        return;
+    }
+    __m512 buf[MX_BUF_FLOATS / 16];
+    __m512 st[MX_PB_MAX][2 * MX_TT];
+    int pb = (int)(MX_BUF_FLOATS / 16 / pair_vecs);
+    pb = pb > MX_PB_MAX ? MX_PB_MAX : pb;
+    for (int ra = r0; ra < r1; ra += 2 * pb) {
+        int re = ra + 2 * pb < r1 ? ra + 2 * pb : r1;
+        for (int r = ra; r < re; r += 2) {
+            int rr = r + 1 < re ? r + 1 : r; /* an odd last row pairs with itself; its twin is not stored */
+            mx_decode_pair(buf + (size_t)((r - ra) / 2) * pair_vecs, packed + (size_t)r * (cols / 2),
+                           packed + (size_t)rr * (cols / 2), ng);
+        }
+        for (int t = 0; t < T;) {
+            int TT = T - t >= MX_TT ? MX_TT : T - t >= 4 ? 4 : 1;
+            for (int g0 = 0; g0 < ng; g0 += MX_KB / 32) {
+                int g1 = g0 + MX_KB / 32 < ng ? g0 + MX_KB / 32 : ng;
+                for (int r = ra; r < re; r += 2) {
+                    int two = r + 1 < re, rr = two ? r + 1 : r;
+                    const __m512 *wr = buf + (size_t)((r - ra) / 2) * pair_vecs;
+                    (TT == MX_TT ? mx_tile2N : TT == 4 ? mx_tile2_4 : mx_tile2_1)(
+                        y, st[(r - ra) / 2], wr, scale + (size_t)r * ng, scale + (size_t)rr * ng, x, rows, cols, r,
+                        two, t, g0, g1);
+                }
+            }
+            t += TT;
+        }
     }
 }
 
