@@ -312,7 +312,7 @@ def case_mismatches():
         p.kill()
         out, errs = p.communicate()
     check("coordinator refuses a worker speaking protocol 2.0 (exit 3, both versions)",
-          ok and p.returncode == 3 and "coordinator 1.2, worker 2.0" in errs, f"rc {p.returncode}: {errs[-500:]}")
+          ok and p.returncode == 3 and "coordinator 1.3, worker 2.0" in errs, f"rc {p.returncode}: {errs[-500:]}")
     srv.close()
 
 
