@@ -91,3 +91,30 @@ int shoal_fprint_model(uint8_t out[SHOAL_PROTO_FP_BYTES], const shoal_k3cfg *cfg
     shoal_fprint_end(&f, out);
     return 0;
 }
+
+void shoal_fprint_trunk_begin(shoal_fprint *f)
+{
+    crypto_generichash_init(&f->st, NULL, 0, SHOAL_PROTO_FP_BYTES);
+    line(f, "shoal trunk fingerprint 1");
+}
+
+int shoal_fprint_trunk(uint8_t out[SHOAL_PROTO_FP_BYTES], const shoal_st *st, const shoal_proto_trows *t, size_t n,
+                       char *err, size_t errlen)
+{
+    shoal_fprint f;
+    shoal_fprint_trunk_begin(&f);
+    for (size_t i = 0; i < n; i++) {
+        int seen = 0;
+        for (size_t j = 0; j < i && !seen; j++)
+            seen = !strcmp(t[j].name, t[i].name);
+        if (seen)
+            continue;
+        const shoal_tensor *x = shoal_st_find(st, t[i].name);
+        if (!x)
+            return shoal_err_set(err, errlen, SHOAL_EMODEL, "trunk fingerprint: tensor %s is not in the model",
+                                 t[i].name);
+        shoal_fprint_tensor(&f, x->name, shoal_dtype_name(x->dtype), x->ndim, x->shape, x->nbytes);
+    }
+    shoal_fprint_end(&f, out);
+    return 0;
+}

@@ -32,4 +32,12 @@ void shoal_fprint_end(shoal_fprint *f, uint8_t out[SHOAL_PROTO_FP_BYTES]);
 int shoal_fprint_model(uint8_t out[SHOAL_PROTO_FP_BYTES], const shoal_k3cfg *cfg, const shoal_st *st, char *err,
                        size_t errlen);
 
+/* The trunk fingerprint (PROTOCOL.md §5.1) of a worker's trunk rows t[n]:
+ * BLAKE2b-256 over "shoal trunk fingerprint 1" and one "tensor ..." line (as
+ * above) per distinct matrix named in t, in order of first appearance, read
+ * from st's headers. A name missing from st: SHOAL_EMODEL. */
+void shoal_fprint_trunk_begin(shoal_fprint *f); /* the header line; then shoal_fprint_tensor, _end */
+int shoal_fprint_trunk(uint8_t out[SHOAL_PROTO_FP_BYTES], const shoal_st *st, const shoal_proto_trows *t, size_t n,
+                       char *err, size_t errlen);
+
 #endif

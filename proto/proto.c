@@ -26,8 +26,9 @@ static const char tensor_magic[4] = {'S', 'H', 'T', 'F'};
 const char *shoal_msg_type_name(int type)
 {
     static const char *names[] = {"?",           "HELLO",    "ERROR",        "PING",         "PONG",         "STATS",
-                                  "STATS_REPLY", "SHUTDOWN", "SHUTDOWN_ACK", "EXPERT_BATCH", "EXPERT_RESULT", "PREFETCH"};
-    return type >= 1 && type <= 11 ? names[type] : "?";
+                                  "STATS_REPLY", "SHUTDOWN", "SHUTDOWN_ACK", "EXPERT_BATCH", "EXPERT_RESULT", "PREFETCH",
+                                  "TRUNK_BATCH", "TRUNK_RESULT"};
+    return type >= 1 && type <= 13 ? names[type] : "?";
 }
 
 const char *shoal_perr_name(int perr)
@@ -86,6 +87,7 @@ void shoal_proto_msg_clear(shoal_proto_msg *m)
     if (!m)
         return;
     free(m->hello.owned);
+    free(m->hello.trunk);
     memset(m, 0, sizeof *m);
 }
 
@@ -180,11 +182,15 @@ static void enc_dtype_list(enc *e, uint32_t mask, const int *order, int n)
 
 int shoal_proto_enc_hello(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, const shoal_proto_hello *h, int reply)
 {
-    if (strlen(h->id) > SHOAL_PROTO_MAX_ID || (reply && h->nowned > SHOAL_PROTO_MAX_RANGES))
+    if (strlen(h->id) > SHOAL_PROTO_MAX_ID || (reply && h->nowned > SHOAL_PROTO_MAX_RANGES) ||
+        (reply && h->ntrunk > SHOAL_PROTO_MAX_TROWS))
         return SHOAL_ERANGE;
+    for (size_t i = 0; reply && i < h->ntrunk; i++)
+        if (strlen(h->trunk[i].name) > SHOAL_PROTO_MAX_NAME || h->trunk[i].lo > h->trunk[i].hi)
+            return SHOAL_ERANGE;
     enc e;
     enc_init(&e, buf, cap);
-    enc_head(&e, SHOAL_MSG_HELLO, rid, reply ? 11 + (h->prefetch != 0) : 3);
+    enc_head(&e, SHOAL_MSG_HELLO, rid, reply ? 11 + (h->prefetch != 0) + 2 * (h->ntrunk > 0) : 3);
     enc_key(&e, "proto");
     msgpack_pack_array(&e.pk, 2);
     msgpack_pack_uint32(&e.pk, h->major);
@@ -223,6 +229,19 @@ int shoal_proto_enc_hello(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, c
     if (h->prefetch) {
         enc_key(&e, "prefetch");
         msgpack_pack_true(&e.pk);
+    }
+    if (h->ntrunk) {
+        enc_key(&e, "trunk");
+        msgpack_pack_array(&e.pk, h->ntrunk);
+        for (size_t i = 0; i < h->ntrunk; i++) {
+            msgpack_pack_array(&e.pk, 3);
+            enc_str(&e, h->trunk[i].name);
+            msgpack_pack_uint32(&e.pk, h->trunk[i].lo);
+            msgpack_pack_uint32(&e.pk, h->trunk[i].hi);
+        }
+        enc_key(&e, "trunk_fp");
+        msgpack_pack_bin(&e.pk, SHOAL_PROTO_FP_BYTES);
+        msgpack_pack_bin_body(&e.pk, h->trunk_fp, SHOAL_PROTO_FP_BYTES);
     }
     return enc_done(&e, len);
 }
@@ -314,6 +333,40 @@ int shoal_proto_enc_prefetch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid
     msgpack_pack_array(&e.pk, n);
     for (uint32_t i = 0; i < n; i++)
         msgpack_pack_uint32(&e.pk, experts[i]);
+    return enc_done(&e, len);
+}
+
+int shoal_proto_enc_tbatch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t layer,
+                           const shoal_proto_trows *seg, uint32_t n)
+{
+    if (n < 1 || n > SHOAL_PROTO_MAX_TSEGS)
+        return SHOAL_ERANGE;
+    for (uint32_t i = 0; i < n; i++)
+        if (strlen(seg[i].name) > SHOAL_PROTO_MAX_NAME || seg[i].lo > seg[i].hi)
+            return SHOAL_ERANGE;
+    enc e;
+    enc_init(&e, buf, cap);
+    enc_head(&e, SHOAL_MSG_TRUNK_BATCH, rid, 2);
+    enc_ku64(&e, "layer", layer);
+    enc_key(&e, "mats");
+    msgpack_pack_array(&e.pk, n);
+    for (uint32_t i = 0; i < n; i++) {
+        msgpack_pack_array(&e.pk, 3);
+        enc_str(&e, seg[i].name);
+        msgpack_pack_uint32(&e.pk, seg[i].lo);
+        msgpack_pack_uint32(&e.pk, seg[i].hi);
+    }
+    return enc_done(&e, len);
+}
+
+int shoal_proto_enc_tresult(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint64_t queue_us,
+                            uint64_t compute_us)
+{
+    enc e;
+    enc_init(&e, buf, cap);
+    enc_head(&e, SHOAL_MSG_TRUNK_RESULT, rid, 2);
+    enc_ku64(&e, "queue_us", queue_us);
+    enc_ku64(&e, "compute_us", compute_us);
     return enc_done(&e, len);
 }
 
@@ -589,6 +642,54 @@ static int get_dtype_list(dctx *c, const char *tname, const field *f, uint32_t *
     return 0;
 }
 
+/* One [name, lo, hi] item of a trunk row list (HELLO 'trunk', TRUNK_BATCH
+ * 'mats'). */
+static int dec_trows(dctx *c, const char *what, uint32_t i, const msgpack_object *r, shoal_proto_trows *out)
+{
+    if (r->type != MSGPACK_OBJECT_ARRAY || r->via.array.size != 3)
+        return fail(c, SHOAL_PERR_MALFORMED, "%s[%u] is not [name, lo, hi]", what, i);
+    const msgpack_object *a = r->via.array.ptr;
+    if (a[0].type != MSGPACK_OBJECT_STR || a[0].via.str.size < 1 || a[0].via.str.size > SHOAL_PROTO_MAX_NAME)
+        return fail(c, SHOAL_PERR_MALFORMED, "%s[%u]: the name is not a string of 1 to %d bytes", what, i,
+                    SHOAL_PROTO_MAX_NAME);
+    for (uint32_t j = 0; j < a[0].via.str.size; j++) {
+        unsigned char ch = (unsigned char)a[0].via.str.ptr[j];
+        if (ch <= 0x20 || ch >= 0x7f)
+            return fail(c, SHOAL_PERR_MALFORMED, "%s[%u]: the name has a byte 0x%02x (printable ASCII only)", what, i,
+                        ch);
+    }
+    if (a[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER || a[2].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+        a[1].via.u64 > UINT32_MAX || a[2].via.u64 > UINT32_MAX || a[1].via.u64 > a[2].via.u64)
+        return fail(c, SHOAL_PERR_MALFORMED, "%s[%u]: lo, hi are not 32-bit rows with lo <= hi", what, i);
+    memcpy(out->name, a[0].via.str.ptr, a[0].via.str.size);
+    out->name[a[0].via.str.size] = 0;
+    out->lo = (uint32_t)a[1].via.u64;
+    out->hi = (uint32_t)a[2].via.u64;
+    return 0;
+}
+
+static int dec_trunk_owned(dctx *c, const msgpack_object *tv, const msgpack_object *fv, shoal_proto_hello *h)
+{
+    if (tv->type != MSGPACK_OBJECT_ARRAY || tv->via.array.size < 1 || tv->via.array.size > SHOAL_PROTO_MAX_TROWS)
+        return fail(c, SHOAL_PERR_MALFORMED, "HELLO: 'trunk' is not a list of 1 to %d row ranges",
+                    SHOAL_PROTO_MAX_TROWS);
+    if (fv->type != MSGPACK_OBJECT_BIN || fv->via.bin.size != SHOAL_PROTO_FP_BYTES)
+        return fail(c, SHOAL_PERR_MALFORMED, "HELLO: 'trunk_fp' is not %d bytes of bin", SHOAL_PROTO_FP_BYTES);
+    uint32_t n = tv->via.array.size;
+    shoal_proto_trows *t = shoal_xcalloc(n, sizeof *t);
+    for (uint32_t i = 0; i < n; i++) {
+        int rc = dec_trows(c, "HELLO: 'trunk'", i, &tv->via.array.ptr[i], &t[i]);
+        if (rc) {
+            free(t);
+            return rc;
+        }
+    }
+    h->trunk = t;
+    h->ntrunk = n;
+    memcpy(h->trunk_fp, fv->via.bin.ptr, SHOAL_PROTO_FP_BYTES);
+    return 0;
+}
+
 static int dec_hello(dctx *c, const msgpack_object *body, int reply, shoal_proto_hello *h)
 {
     field f[] = {{"proto", 1, NULL},
@@ -602,8 +703,10 @@ static int dec_hello(dctx *c, const msgpack_object *body, int reply, shoal_proto
                  {"threads", reply, NULL},
                  {"expert_bytes", reply, NULL},
                  {"mem_total", reply, NULL},
-                 {"prefetch", 0, NULL}};
-    int nf = reply ? 12 : 3;
+                 {"prefetch", 0, NULL},
+                 {"trunk", 0, NULL},
+                 {"trunk_fp", 0, NULL}};
+    int nf = reply ? 14 : 3;
     int rc = get_fields(c, body, "HELLO", f, nf);
     if (rc)
         return rc;
@@ -668,6 +771,10 @@ static int dec_hello(dctx *c, const msgpack_object *body, int reply, shoal_proto
             return fail(c, SHOAL_PERR_MALFORMED, "HELLO: 'prefetch' is not a boolean");
         h->prefetch = f[11].val->via.boolean;
     }
+    if (!f[12].val != !f[13].val)
+        return fail(c, SHOAL_PERR_MALFORMED, "HELLO: 'trunk' and 'trunk_fp' come together");
+    if (f[12].val)
+        return dec_trunk_owned(c, f[12].val, f[13].val, h);
     return 0;
 }
 
@@ -715,7 +822,9 @@ static int dec_tensor(dctx *c, const shoal_frame *f, const char *what, shoal_pro
 
 static int frames_needed(int type)
 {
-    return type == SHOAL_MSG_EXPERT_BATCH ? 3 : type == SHOAL_MSG_EXPERT_RESULT ? 2 : 1;
+    return type == SHOAL_MSG_EXPERT_BATCH                                             ? 3
+           : type == SHOAL_MSG_EXPERT_RESULT || type == SHOAL_MSG_TRUNK_BATCH || type == SHOAL_MSG_TRUNK_RESULT ? 2
+                                                                                                              : 1;
 }
 
 static int dec_body(dctx *c, const shoal_frame *frames, int nframes, shoal_proto_side side, const msgpack_object *body,
@@ -723,9 +832,11 @@ static int dec_body(dctx *c, const shoal_frame *frames, int nframes, shoal_proto
 {
     int type = m->type, rc;
     int is_req = type == SHOAL_MSG_HELLO || type == SHOAL_MSG_PING || type == SHOAL_MSG_STATS ||
-                 type == SHOAL_MSG_SHUTDOWN || type == SHOAL_MSG_EXPERT_BATCH || type == SHOAL_MSG_PREFETCH;
+                 type == SHOAL_MSG_SHUTDOWN || type == SHOAL_MSG_EXPERT_BATCH || type == SHOAL_MSG_PREFETCH ||
+                 type == SHOAL_MSG_TRUNK_BATCH;
     int is_rep = type == SHOAL_MSG_HELLO || type == SHOAL_MSG_ERROR || type == SHOAL_MSG_PONG ||
-                 type == SHOAL_MSG_STATS_REPLY || type == SHOAL_MSG_SHUTDOWN_ACK || type == SHOAL_MSG_EXPERT_RESULT;
+                 type == SHOAL_MSG_STATS_REPLY || type == SHOAL_MSG_SHUTDOWN_ACK || type == SHOAL_MSG_EXPERT_RESULT ||
+                 type == SHOAL_MSG_TRUNK_RESULT;
     if (side == SHOAL_SIDE_WORKER ? !is_req : !is_rep)
         return fail(c, SHOAL_PERR_UNKNOWN_TYPE, "message type %d (%s) is not a %s", type, shoal_msg_type_name(type),
                     side == SHOAL_SIDE_WORKER ? "request" : "reply");
@@ -799,6 +910,39 @@ static int dec_body(dctx *c, const shoal_frame *frames, int nframes, shoal_proto
         m->prefetch.n = ev->via.array.size;
         return 0;
     }
+    case SHOAL_MSG_TRUNK_BATCH: {
+        field f[] = {{"layer", 1, NULL}, {"mats", 1, NULL}};
+        if ((rc = get_fields(c, body, "TRUNK_BATCH", f, 2)) ||
+            (rc = get_u32f(c, "TRUNK_BATCH", &f[0], &m->tbatch.layer)))
+            return rc;
+        const msgpack_object *mv = f[1].val;
+        if (mv->type != MSGPACK_OBJECT_ARRAY || mv->via.array.size < 1 || mv->via.array.size > SHOAL_PROTO_MAX_TSEGS)
+            return fail(c, SHOAL_PERR_MALFORMED, "TRUNK_BATCH: 'mats' is not a list of 1 to %d [name, lo, hi]",
+                        SHOAL_PROTO_MAX_TSEGS);
+        for (uint32_t i = 0; i < mv->via.array.size; i++)
+            if ((rc = dec_trows(c, "TRUNK_BATCH: 'mats'", i, &mv->via.array.ptr[i], &m->tbatch.seg[i])))
+                return rc;
+        m->tbatch.n = mv->via.array.size;
+        if ((rc = dec_tensor(c, &frames[1], "TRUNK_BATCH x", &m->tbatch.x)))
+            return rc;
+        if (m->tbatch.x.dtype != SHOAL_WIRE_F32)
+            return fail(c, SHOAL_PERR_UNSUPPORTED, "TRUNK_BATCH x: dtype %s, only f32",
+                        shoal_wire_dtype_name(m->tbatch.x.dtype));
+        return 0;
+    }
+    case SHOAL_MSG_TRUNK_RESULT: {
+        field f[] = {{"queue_us", 1, NULL}, {"compute_us", 1, NULL}};
+        if ((rc = get_fields(c, body, "TRUNK_RESULT", f, 2)) ||
+            (rc = get_u64(c, "TRUNK_RESULT", &f[0], UINT64_MAX, &m->tresult.queue_us)) ||
+            (rc = get_u64(c, "TRUNK_RESULT", &f[1], UINT64_MAX, &m->tresult.compute_us)))
+            return rc;
+        if ((rc = dec_tensor(c, &frames[1], "TRUNK_RESULT y", &m->tresult.y)))
+            return rc;
+        if (m->tresult.y.dtype != SHOAL_WIRE_F32 || m->tresult.y.rows != 1)
+            return fail(c, SHOAL_PERR_MALFORMED, "TRUNK_RESULT y: %s [%u, %u], expected f32 [1, n]",
+                        shoal_wire_dtype_name(m->tresult.y.dtype), m->tresult.y.rows, m->tresult.y.cols);
+        return 0;
+    }
     default: return dec_empty(c, body, type);
     }
 }
@@ -852,7 +996,7 @@ static int decode_in(msgpack_zone *zone_p, const shoal_frame *frames, int nframe
         goto out;
     }
     m->rid = rid->via.u64;
-    if (ty->via.u64 < 1 || ty->via.u64 > 11) {
+    if (ty->via.u64 < 1 || ty->via.u64 > 13) {
         rc = fail(&c, SHOAL_PERR_UNKNOWN_TYPE, "unknown message type %llu", (unsigned long long)ty->via.u64);
         goto out;
     }

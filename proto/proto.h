@@ -7,8 +7,8 @@
  * allocate. Decoders take the frames of one multipart message as borrowed
  * (pointer, length) pairs; decoded tensors and strings point into those frames
  * or into fixed arrays of the message struct, so a decoded message lives as long
- * as the frames it came from. Only a HELLO reply's ownership list is allocated
- * (shoal_proto_msg_clear frees it). Every byte is bounds-checked; nothing from
+ * as the frames it came from. Only a HELLO reply's ownership lists are allocated
+ * (shoal_proto_msg_clear frees them). Every byte is bounds-checked; nothing from
  * the wire reaches an assert. Thread-safety: no shared state. */
 #ifndef SHOAL_PROTO_H
 #define SHOAL_PROTO_H
@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define SHOAL_PROTO_MAJOR 1
-#define SHOAL_PROTO_MINOR 2
+#define SHOAL_PROTO_MINOR 3
 
 #define SHOAL_PROTO_MAX_CONTROL (4u << 20) /* control frame bytes */
 #define SHOAL_PROTO_MAX_FRAMES 3
@@ -28,6 +28,9 @@
 #define SHOAL_PROTO_TENSOR_HDR 16
 #define SHOAL_PROTO_FP_BYTES 32
 #define SHOAL_PROTO_MAX_PREFETCH 1024 /* experts in one PREFETCH */
+#define SHOAL_PROTO_MAX_NAME 128       /* a trunk matrix name (checkpoint tensor name) */
+#define SHOAL_PROTO_MAX_TROWS 65536    /* trunk row ranges in a HELLO reply (1.3) */
+#define SHOAL_PROTO_MAX_TSEGS 64       /* (matrix, rows) segments in one TRUNK_BATCH (1.3) */
 
 typedef enum {
     SHOAL_MSG_HELLO = 1,
@@ -41,6 +44,8 @@ typedef enum {
     SHOAL_MSG_EXPERT_BATCH = 9,
     SHOAL_MSG_EXPERT_RESULT = 10,
     SHOAL_MSG_PREFETCH = 11, /* a notice (1.2): never answered */
+    SHOAL_MSG_TRUNK_BATCH = 12,  /* 1.3: rows of trunk matrices applied to one input */
+    SHOAL_MSG_TRUNK_RESULT = 13, /* 1.3 */
 } shoal_msg_type;
 
 const char *shoal_msg_type_name(int type); /* "HELLO", ...; "?" if unknown */
@@ -91,6 +96,13 @@ typedef struct {
     size_t nbytes;
 } shoal_proto_tensor;
 
+/* Rows lo..hi (inclusive) of the trunk matrix `name` (PROTOCOL.md §3.7):
+ * owned (HELLO) or asked for (TRUNK_BATCH). */
+typedef struct {
+    char name[SHOAL_PROTO_MAX_NAME + 1];
+    uint32_t lo, hi;
+} shoal_proto_trows;
+
 /* Inclusive range of owned experts: layers l_lo..l_hi × experts e_lo..e_hi. */
 typedef struct {
     uint32_t l_lo, l_hi, e_lo, e_hi;
@@ -109,6 +121,11 @@ typedef struct {
     uint32_t threads;
     uint64_t expert_bytes, mem_total;
     int prefetch; /* 1.2, optional: the worker acts on PREFETCH hints (encoded only when 1) */
+    /* 1.3, optional (encoded only when ntrunk > 0): owned trunk rows and the
+     * trunk fingerprint over those matrices (proto/fprint.h) */
+    shoal_proto_trows *trunk; /* decoded: allocated; encoding: borrowed */
+    size_t ntrunk;
+    uint8_t trunk_fp[SHOAL_PROTO_FP_BYTES];
 } shoal_proto_hello;
 
 typedef struct {
@@ -135,6 +152,16 @@ typedef struct {
         shoal_proto_tensor y;
     } result;
     struct {
+        uint32_t layer; /* the layer the rows serve (num_layers: lm_head); for logs and metrics */
+        uint32_t n;     /* seg[0..n-1], 1 <= n <= SHOAL_PROTO_MAX_TSEGS */
+        shoal_proto_trows seg[SHOAL_PROTO_MAX_TSEGS];
+        shoal_proto_tensor x; /* F32 [T, cols] */
+    } tbatch;
+    struct {
+        uint64_t queue_us, compute_us;
+        shoal_proto_tensor y; /* F32 [1, T * sum of segment rows], segment-major */
+    } tresult;
+    struct {
         uint32_t layer;
         uint32_t n; /* experts[0..n-1], strictly ascending */
         uint32_t experts[SHOAL_PROTO_MAX_PREFETCH];
@@ -157,6 +184,13 @@ int shoal_proto_enc_result(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, 
  * ascending, n <= SHOAL_PROTO_MAX_PREFETCH (n may be 0). */
 int shoal_proto_enc_prefetch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t layer,
                              const uint32_t *experts, uint32_t n);
+/* TRUNK_BATCH (1.3): seg[n] (1 <= n <= SHOAL_PROTO_MAX_TSEGS, lo <= hi,
+ * names of at most SHOAL_PROTO_MAX_NAME bytes); the x frame follows. */
+int shoal_proto_enc_tbatch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t layer,
+                           const shoal_proto_trows *seg, uint32_t n);
+/* TRUNK_RESULT (1.3); the y frame follows. */
+int shoal_proto_enc_tresult(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint64_t queue_us,
+                            uint64_t compute_us);
 /* hdr[16] for a tensor frame of rows × cols elements of dtype. 0 or SHOAL_ERANGE. */
 int shoal_proto_tensor_hdr(uint8_t hdr[SHOAL_PROTO_TENSOR_HDR], int dtype, uint32_t rows, uint32_t cols);
 /* Byte length of such a frame (header included) into *len; SHOAL_ERANGE on overflow. */
@@ -165,8 +199,8 @@ int shoal_proto_tensor_len(int dtype, uint32_t rows, uint32_t cols, size_t *len)
 /* ---- decoding ---------------------------------------------------------- */
 
 typedef enum {
-    SHOAL_SIDE_WORKER = 0,      /* decode requests: HELLO, PING, STATS, SHUTDOWN, EXPERT_BATCH; PREFETCH */
-    SHOAL_SIDE_COORDINATOR = 1, /* decode replies: HELLO, ERROR, PONG, STATS_REPLY, SHUTDOWN_ACK, EXPERT_RESULT */
+    SHOAL_SIDE_WORKER = 0,      /* decode requests: HELLO, PING, STATS, SHUTDOWN, EXPERT_BATCH, TRUNK_BATCH; PREFETCH */
+    SHOAL_SIDE_COORDINATOR = 1, /* decode replies: HELLO, ERROR, PONG, STATS_REPLY, SHUTDOWN_ACK, EXPERT_RESULT, TRUNK_RESULT */
 } shoal_proto_side;
 
 /* Decode one message (frames[0] control, then its tensor frames). Returns 0, or

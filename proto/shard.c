@@ -138,7 +138,8 @@ int shoal_shard_open(shoal_shard **out, const shoal_proto_range *r, size_t n, in
                      int num_experts, char *err, size_t errlen)
 {
     *out = NULL;
-    int rc = shoal_shard_check(r, n, num_layers, is_moe, num_experts, err, errlen);
+    /* n == 0: an empty ownership (a worker serving trunk rows only) */
+    int rc = n ? shoal_shard_check(r, n, num_layers, is_moe, num_experts, err, errlen) : 0;
     if (rc)
         return rc;
     shoal_shard *s = shoal_xcalloc(1, sizeof *s);

@@ -30,6 +30,7 @@ int shoal_shard_check(const shoal_proto_range *r, size_t n, int num_layers, cons
 typedef struct shoal_shard shoal_shard;
 
 /* Ownership bitmap of ranges (checked with shoal_shard_check first). */
+/* n may be 0: an empty ownership (a worker that serves trunk rows only). */
 int shoal_shard_open(shoal_shard **out, const shoal_proto_range *r, size_t n, int num_layers, const uint8_t *is_moe,
                      int num_experts, char *err, size_t errlen);
 void shoal_shard_close(shoal_shard *s); /* accepts NULL */

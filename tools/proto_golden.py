@@ -20,7 +20,7 @@ import sys
 import msgpack
 import numpy as np
 
-HELLO, ERROR, PING, PONG, STATS, STATS_REPLY, SHUTDOWN, SHUTDOWN_ACK, BATCH, RESULT, PREFETCH = range(1, 12)
+HELLO, ERROR, PING, PONG, STATS, STATS_REPLY, SHUTDOWN, SHUTDOWN_ACK, BATCH, RESULT, PREFETCH, TBATCH, TRESULT = range(1, 14)
 F32, BF16, I32 = 1, 2, 3
 
 FP = bytes(range(32))  # a test fingerprint: 00 01 .. 1f
@@ -78,6 +78,20 @@ def messages():
     m["hello_reply_prefetch"] = [control(HELLO, 1, hr[2])]
     m["prefetch"] = [control(PREFETCH, 0, {"layer": 5, "experts": [0, 7, 127, 128, 300, 70000]})]
     m["prefetch_empty"] = [control(PREFETCH, 0, {"layer": 1, "experts": []})]
+    # 1.3: trunk rows. HELLO announces them (optional keys after the 1.0 ones),
+    # TRUNK_BATCH asks for rows of several matrices applied to one f32 input,
+    # TRUNK_RESULT returns them segment-major as one f32 [1, T * sum(rows)] frame.
+    hr = msgpack.unpackb(m["hello_reply"][0])
+    hr[2]["trunk"] = [["language_model.model.layers.3.self_attn.q_proj.weight", 0, 127],
+                      ["language_model.lm_head.weight", 300, 70000]]
+    hr[2]["trunk_fp"] = bytes(range(32, 64))
+    m["hello_reply_trunk"] = [control(HELLO, 1, hr[2])]
+    x = (np.arange(2 * 32, dtype=np.float32) * -0.5 + 1.0).reshape(2, 32).astype("<f4")
+    m["trunk_batch"] = [control(TBATCH, 2**33 + 1, {"layer": 3, "mats": [
+        ["language_model.model.layers.3.self_attn.q_proj.weight", 0, 2],
+        ["language_model.model.layers.3.self_attn.k_proj.weight", 255, 256]]}), tensor(F32, x)]
+    ty = (np.arange(2 * 5, dtype=np.float32) * 1.5).reshape(1, 10).astype("<f4")
+    m["trunk_result"] = [control(TRESULT, 2**33 + 1, {"queue_us": 0, "compute_us": 70000}), tensor(F32, ty)]
     return m
 
 
@@ -104,6 +118,15 @@ def fingerprint_case():
     return {"text": text, "blake2b_256": hashlib.blake2b(text.encode(), digest_size=32).hexdigest()}
 
 
+def trunk_fingerprint_case():
+    """PROTOCOL.md §5.1: two trunk matrices (the first named twice)."""
+    lines = ["shoal trunk fingerprint 1",
+             "tensor language_model.model.layers.0.mlp.gate_proj.weight BF16 [192,96] 36864",
+             "tensor language_model.lm_head.weight F32 [4096,96] 1572864"]
+    text = "".join(line + "\n" for line in lines)
+    return {"text": text, "blake2b_256": hashlib.blake2b(text.encode(), digest_size=32).hexdigest()}
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "proto", "golden.json")
@@ -112,6 +135,7 @@ def main():
         "protocol": "1.0",
         "messages": {k: [fr.hex() for fr in v] for k, v in messages().items()},
         "fingerprint": fingerprint_case(),
+        "trunk_fingerprint": trunk_fingerprint_case(),
     }
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as fh:

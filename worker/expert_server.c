@@ -30,6 +30,7 @@
 #include "proto/fprint.h"
 #include "proto/proto.h"
 #include "proto/shard.h"
+#include "proto/tshard.h"
 #include "worker/bank.h"
 #include "worker/serve.h"
 #include "worker/store.h"
@@ -179,6 +180,12 @@ typedef struct {
     shoal_curve_zap *zap;
     qreq *q;
     shoal_wmetrics *wm;
+    /* trunk rows (--trunk): what HELLO announces and where each is mapped */
+    shoal_st *tst; /* a mapped store for the trunk when st is headers-only (cached experts) */
+    shoal_proto_trows *trunk;
+    size_t ntrunk;
+    shoal_serve_tmat *tmat;
+    uint8_t trunk_fp[SHOAL_PROTO_FP_BYTES];
 } server;
 
 static void server_free(server *s)
@@ -195,7 +202,47 @@ static void server_free(server *s)
     shoal_shard_close(s->own);
     free(s->ranges);
     shoal_st_close(s->st);
+    shoal_st_close(s->tst);
+    free(s->trunk);
+    free(s->tmat);
     free(s->q);
+}
+
+/* --trunk: parse the ROWSPEC against the model's row-shardable matrices and
+ * point at each range's first row in a mapped store (the model's mapping; a
+ * second, mapped store of the same files when the experts are read by pread).
+ * Mapping is lazy: only the rows that requests read become resident. */
+static int load_trunk(server *s, const char *dir, const char *spec, char *err, size_t errlen)
+{
+    shoal_tshard_mat *mats = NULL;
+    int nm = 0, rc;
+    if ((rc = shoal_tshard_mats(&s->cfg, &mats, &nm)))
+        return shoal_err_set(err, errlen, rc, "--trunk: the model's trunk matrices do not list");
+    rc = shoal_tshard_parse(spec, mats, nm, &s->trunk, &s->ntrunk, err, errlen);
+    free(mats);
+    if (rc)
+        return rc;
+    const shoal_st *st = s->st;
+    if (s->ntrunk && !shoal_st_find(s->st, s->trunk[0].name)->data) {
+        shoal_st_opts so = {.map = 1};
+        if ((rc = shoal_st_open(&s->tst, dir, &so, err, errlen)))
+            return rc;
+        st = s->tst;
+    }
+    s->tmat = shoal_xcalloc(s->ntrunk, sizeof *s->tmat);
+    for (size_t i = 0; i < s->ntrunk; i++) {
+        const shoal_tensor *t = shoal_st_find(st, s->trunk[i].name);
+        if (!t || !t->data)
+            return shoal_err_set(err, errlen, SHOAL_EMODEL, "--trunk: %s is not in %s (a pack holds no trunk)",
+                                 s->trunk[i].name, dir);
+        if (t->ndim != 2 || (t->dtype != SHOAL_DT_BF16 && t->dtype != SHOAL_DT_F32))
+            return shoal_err_set(err, errlen, SHOAL_EMODEL, "--trunk: %s is not a 2-D BF16 or F32 matrix",
+                                 t->name);
+        size_t esz = shoal_dtype_size(t->dtype);
+        s->tmat[i] = (shoal_serve_tmat){.w = (const char *)t->data + (size_t)s->trunk[i].lo * (size_t)t->shape[1] * esz,
+                                        .bf16 = t->dtype == SHOAL_DT_BF16, .cols = (int)t->shape[1]};
+    }
+    return shoal_fprint_trunk(s->trunk_fp, st, s->trunk, s->ntrunk, err, errlen);
 }
 
 /* A model directory, or a pack (`shoal pack`, common/packfile.h): a pack holds
@@ -317,8 +364,8 @@ static int setup_curve(server *s, const shoal_expert_server_opts *o, char *err, 
 
 int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t errlen)
 {
-    if (!o->model || !o->experts || !o->listen)
-        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--model, --experts and --listen are required");
+    if (!o->model || (!o->experts && !o->trunk) || !o->listen)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--model, --experts (or --trunk) and --listen are required");
     server s = {0};
     uint8_t fp[SHOAL_PROTO_FP_BYTES];
     int cached = o->cache_bytes > 0 || o->cache_slots > 0 || o->cache_preset;
@@ -336,11 +383,15 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                            o->model, b);
         goto out;
     }
-    if ((rc = shoal_shard_parse(o->experts, &s.ranges, &s.nranges, err, errlen)) ||
+    if ((o->experts && (rc = shoal_shard_parse(o->experts, &s.ranges, &s.nranges, err, errlen))) ||
         (rc = shoal_shard_open(&s.own, s.ranges, s.nranges, s.cfg.num_layers, s.cfg.is_moe, s.cfg.num_experts, err,
                                errlen)))
         goto out;
-    if (cached) {
+    if (o->trunk && (rc = load_trunk(&s, o->model, o->trunk, err, errlen)))
+        goto out;
+    if (!o->experts) {
+        /* trunk rows only: no expert bank */
+    } else if (cached) {
         shoal_store_opts sto = {.cache_bytes = o->cache_bytes, .slots = o->cache_slots, .policy = pol,
                                 .io_threads = o->io_threads, .no_direct = o->no_direct};
         if ((rc = cache_plan(&s, o, &sto, err, errlen)))
@@ -359,7 +410,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     } else if ((rc = shoal_bank_open(&s.bank, s.st, &s.cfg, s.own, err, errlen))) {
         goto out;
     }
-    uint64_t owned_bytes = s.store ? shoal_store_bytes(s.store) : shoal_bank_bytes(s.bank);
+    uint64_t owned_bytes = s.store ? shoal_store_bytes(s.store) : s.bank ? shoal_bank_bytes(s.bank) : 0;
     if (o->threads > 0)
         omp_set_num_threads(o->threads);
     shoal_kernels_init();
@@ -387,7 +438,8 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                            .k = s.cfg.experts_per_token, .max_tokens = o->max_tokens > 0 ? o->max_tokens : 1024,
                            .isa = shoal_isa_name(shoal_kernels_isa()), .threads = omp_get_max_threads(),
                            .mem_total = mem_total(), .metrics = s.wm, .delay_us = o->delay_us,
-                           .skip_compute = o->skip_compute, .store = s.store, .prefetch = !o->no_prefetch};
+                           .skip_compute = o->skip_compute, .store = s.store, .prefetch = !o->no_prefetch,
+                           .trunk = s.trunk, .tmat = s.tmat, .ntrunk = s.ntrunk, .trunk_fp = s.trunk_fp};
     if ((rc = shoal_serve_open(&s.srv, &so, s.bank, err, errlen)))
         goto out;
     if (o->skip_compute)
@@ -397,6 +449,9 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     s.sock = zmq_socket(s.zctx, ZMQ_ROUTER);
     int one = 1, linger = 2000;
     int64_t maxmsg = 16 + (int64_t)so.max_tokens * s.cfg.latent_size * 4;
+    for (size_t i = 0; i < s.ntrunk; i++) /* a TRUNK_BATCH's input frame */
+        if (16 + (int64_t)so.max_tokens * s.tmat[i].cols * 4 > maxmsg)
+            maxmsg = 16 + (int64_t)so.max_tokens * s.tmat[i].cols * 4;
     if (maxmsg < (int64_t)SHOAL_PROTO_MAX_CONTROL)
         maxmsg = SHOAL_PROTO_MAX_CONTROL;
     zmq_setsockopt(s.sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
@@ -415,8 +470,15 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
         goto out;
     }
     SHOAL_INFO("serving %zu experts (%s, %.1f MiB) of %s on %s; isa %s, %d threads, max %d tokens per request",
-               shoal_shard_count(s.own), o->experts, (double)owned_bytes / 1048576.0, o->model,
+               shoal_shard_count(s.own), o->experts ? o->experts : "none", (double)owned_bytes / 1048576.0, o->model,
                o->listen, so.isa, so.threads, so.max_tokens);
+    if (s.ntrunk) {
+        uint64_t tb = 0;
+        for (size_t i = 0; i < s.ntrunk; i++)
+            tb += (uint64_t)(s.trunk[i].hi - s.trunk[i].lo + 1) * (uint64_t)s.tmat[i].cols * (s.tmat[i].bf16 ? 2 : 4);
+        SHOAL_INFO("serving %zu trunk row range%s (%s, %.1f MiB)", s.ntrunk, s.ntrunk == 1 ? "" : "s", o->trunk,
+                   (double)tb / 1048576.0);
+    }
 
     s.q = shoal_xcalloc(QCAP, sizeof *s.q);
     int head = 0, count = 0, shutdown = 0;
@@ -504,6 +566,10 @@ static void usage(FILE *f)
                "or ipc:///PATH. DIR may be a pack written by `shoal pack` (docs/DEPLOY.md).\n"
                "\n"
                "options:\n"
+               "  --trunk ROWSPEC      also (or, without --experts, only) serve rows of trunk matrices\n"
+               "                       (PROTOCOL.md 7.1): PATTERN:ROWS items, comma-separated; PATTERN a\n"
+               "                       glob over tensor names (the language_model. prefix optional), ROWS\n"
+               "                       a, a-b, all or i/n; e.g. 'model.layers.*.mlp.*:0/2,lm_head.weight:all'\n"
                "  --plan FILE          take RANGES and ENDPOINT from plan.json (`shoal plan`, docs/CLUSTER.md)\n"
                "  --name NAME          this worker's name in --plan (also its --id)\n"
                "  --verify             DIR is a pack (`shoal pack`): check every file's BLAKE2b first\n"
@@ -538,6 +604,7 @@ int shoal_cmd_expert(int argc, char **argv)
     static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
                                              {"experts", required_argument, 0, 'e'},
                                              {"listen", required_argument, 0, 'l'},
+                                             {"trunk", required_argument, 0, 'T'},
                                              {"threads", required_argument, 0, 't'},
                                              {"id", required_argument, 0, 'i'},
                                              {"max-tokens", required_argument, 0, 'x'},
@@ -579,6 +646,7 @@ int shoal_cmd_expert(int argc, char **argv)
         switch (c) {
         case 'm': o.model = optarg; break;
         case 'e': o.experts = optarg; break;
+        case 'T': o.trunk = optarg; break;
         case 'l': o.listen = optarg; break;
         case 'i': o.id = optarg; break;
         case 't': o.threads = (int)v; break;
@@ -679,7 +747,7 @@ int shoal_cmd_expert(int argc, char **argv)
         if (pf.has_fingerprint)
             o.plan_fingerprint = pf.fingerprint;
     }
-    if (!o.model || !o.experts || !o.listen) {
+    if (!o.model || (!o.experts && !o.trunk) || !o.listen) {
         shoal_planfile_free(&pf);
         usage(stderr);
         return 2;

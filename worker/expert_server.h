@@ -14,7 +14,8 @@
 
 typedef struct {
     const char *model;    /* model directory (config.json + safetensors) */
-    const char *experts;  /* RANGES, PROTOCOL.md §7 */
+    const char *experts;  /* RANGES, PROTOCOL.md §7; NULL: none (then trunk is required) */
+    const char *trunk;    /* ROWSPEC, PROTOCOL.md §7.1: trunk rows to serve (1.3); NULL: none */
     const char *listen;   /* ZeroMQ endpoint to bind */
     const char *id;       /* worker id in HELLO and logs; NULL: the endpoint */
     int threads;          /* OpenMP threads; 0: the OpenMP default */

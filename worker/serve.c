@@ -50,6 +50,9 @@ struct shoal_serve {
     uint64_t t0_us;
     uint64_t logged_errors;
     int last_perr; /* ERROR code of the reply being built (0: not an ERROR) */
+    float *tx;     /* [max_tokens * max trunk cols]: a TRUNK_BATCH's input, aligned */
+    size_t tx_cap; /* floats */
+    uint64_t tbatches;
 };
 
 static uint64_t now_us(void)
@@ -67,10 +70,14 @@ int shoal_serve_open(shoal_serve **out, const shoal_serve_opts *o, const shoal_b
     if (o->max_tokens < 1 || o->k < 1 || o->num_experts < 1 || o->num_layers < 1 ||
         o->nowned > SHOAL_PROTO_MAX_RANGES)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "serve: bad limits");
-    int d = o->store ? shoal_store_d(o->store) : shoal_bank_d(bank);
-    int f = o->store ? shoal_store_f(o->store) : shoal_bank_f(bank);
-    if (d <= 0 || f <= 0)
+    int d = o->store ? shoal_store_d(o->store) : bank ? shoal_bank_d(bank) : 0;
+    int f = o->store ? shoal_store_f(o->store) : bank ? shoal_bank_f(bank) : 0;
+    if ((d <= 0 || f <= 0) && !o->ntrunk)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "serve: the bank owns no expert");
+    if (o->ntrunk && (!o->trunk || !o->tmat || !o->trunk_fp || o->ntrunk > SHOAL_PROTO_MAX_TROWS))
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "serve: bad trunk rows");
+    if (d <= 0 || f <= 0)
+        d = f = 1; /* trunk rows only: every EXPERT_BATCH is refused (nothing owned) */
     shoal_serve *s = shoal_xcalloc(1, sizeof *s);
     s->o = *o;
     snprintf(s->id, sizeof s->id, "%s", o->id);
@@ -84,7 +91,13 @@ int shoal_serve_open(shoal_serve **out, const shoal_serve_opts *o, const shoal_b
                                   .act_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_F32) | SHOAL_WIRE_MASK(SHOAL_WIRE_BF16),
                                   .out_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_BF16) | SHOAL_WIRE_MASK(SHOAL_WIRE_F32),
                                   .owns = shoal_shard_owns, .owns_ctx = o->own};
-    s->ctlcap = 4096 + SHOAL_PROTO_MAX_TEXT + o->nowned * 32;
+    s->ctlcap = 4096 + SHOAL_PROTO_MAX_TEXT + o->nowned * 32 + o->ntrunk * (SHOAL_PROTO_MAX_NAME + 16);
+    size_t tcols = 0;
+    for (size_t i = 0; i < o->ntrunk; i++)
+        if ((size_t)o->tmat[i].cols > tcols)
+            tcols = (size_t)o->tmat[i].cols;
+    s->tx_cap = tcols * (size_t)o->max_tokens;
+    s->tx = s->tx_cap ? shoal_xmalloc(s->tx_cap * sizeof *s->tx) : NULL;
     s->ctl = shoal_xmalloc(s->ctlcap);
     size_t mt = (size_t)o->max_tokens, pairs = mt * (size_t)o->k;
     s->xe = shoal_xmalloc(mt * (size_t)d * sizeof *s->xe);
@@ -107,6 +120,7 @@ void shoal_serve_close(shoal_serve *s)
     if (!s)
         return;
     free(s->ctl);
+    free(s->tx);
     free(s->xe);
     free(s->ye);
     free(s->h);
@@ -212,9 +226,13 @@ static void do_hello(shoal_serve *s, const shoal_proto_msg *m, const uint8_t *pe
                            .owned = (shoal_proto_range *)s->o.owned, .nowned = s->o.nowned,
                            .act_mask = s->lim.act_mask, .out_mask = s->lim.out_mask,
                            .max_tokens = (uint32_t)s->o.max_tokens, .threads = (uint32_t)s->o.threads,
-                           .expert_bytes = s->o.store ? shoal_store_bytes(s->o.store) : shoal_bank_bytes(s->bank), .mem_total = s->o.mem_total,
-                           .prefetch = s->o.store && s->o.prefetch};
+                           .expert_bytes = s->o.store ? shoal_store_bytes(s->o.store) : s->bank ? shoal_bank_bytes(s->bank) : 0,
+                           .mem_total = s->o.mem_total,
+                           .prefetch = s->o.store && s->o.prefetch,
+                           .trunk = (shoal_proto_trows *)s->o.trunk, .ntrunk = s->o.ntrunk};
     memcpy(r.fingerprint, s->fingerprint, SHOAL_PROTO_FP_BYTES);
+    if (s->o.ntrunk)
+        memcpy(r.trunk_fp, s->o.trunk_fp, SHOAL_PROTO_FP_BYTES);
     snprintf(r.id, sizeof r.id, "%s", s->id);
     snprintf(r.isa, sizeof r.isa, "%s", s->o.isa ? s->o.isa : "?");
     size_t len = 0;
@@ -398,6 +416,100 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
     shoal_wmetrics_batch(s->o.metrics, act->rows, n, (uint32_t)ntouched, queue_us, compute_us);
 }
 
+/* TRUNK_BATCH (PROTOCOL.md §3.7): every segment inside one owned range,
+ * of the input's width; each computed with the coordinator's in-process
+ * kernel (shoal_gemm_bf16/f32 over the segment's rows), so every output
+ * element has the bits it has in-process (kernels/README.md, contract 1). */
+static void do_tbatch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us, shoal_serve_alloc_fn alloc,
+                      void *actx, shoal_serve_reply *rep)
+{
+    char msg[512];
+    const shoal_proto_tensor *x = &m->tbatch.x;
+    int owner[SHOAL_PROTO_MAX_TSEGS];
+    uint64_t total = 0;
+    if (!s->o.ntrunk) {
+        reply_error(s, rep, m->rid, SHOAL_PERR_NOT_OWNED, "TRUNK_BATCH: this worker owns no trunk rows");
+        return;
+    }
+    if (x->rows > (uint32_t)s->o.max_tokens) {
+        snprintf(msg, sizeof msg, "TRUNK_BATCH: x has %u rows, max_tokens is %d", x->rows, s->o.max_tokens);
+        reply_error(s, rep, m->rid, SHOAL_PERR_BAD_SHAPE, msg);
+        return;
+    }
+    for (uint32_t i = 0; i < m->tbatch.n; i++) {
+        const shoal_proto_trows *g = &m->tbatch.seg[i];
+        int k = -1, named = 0;
+        for (size_t j = 0; j < s->o.ntrunk && k < 0; j++) {
+            const shoal_proto_trows *o = &s->o.trunk[j];
+            if (strcmp(o->name, g->name))
+                continue;
+            named = 1;
+            if (o->lo <= g->lo && g->hi <= o->hi)
+                k = (int)j;
+        }
+        if (k < 0) {
+            snprintf(msg, sizeof msg, "TRUNK_BATCH: rows %u-%u of %s are not owned by this worker%s", g->lo, g->hi,
+                     g->name, named ? " (not inside one owned range)" : "");
+            reply_error(s, rep, m->rid, SHOAL_PERR_NOT_OWNED, msg);
+            return;
+        }
+        if ((uint32_t)s->o.tmat[k].cols != x->cols) {
+            snprintf(msg, sizeof msg, "TRUNK_BATCH: x has %u columns, %s has %d", x->cols, g->name,
+                     s->o.tmat[k].cols);
+            reply_error(s, rep, m->rid, SHOAL_PERR_BAD_SHAPE, msg);
+            return;
+        }
+        owner[i] = k;
+        total += (uint64_t)(g->hi - g->lo + 1);
+    }
+    uint64_t nout = total * x->rows;
+    if (nout > UINT32_MAX || nout * 4 > (1ull << 31)) {
+        snprintf(msg, sizeof msg, "TRUNK_BATCH: %llu outputs exceed the 2 GiB reply limit", (unsigned long long)nout);
+        reply_error(s, rep, m->rid, SHOAL_PERR_BAD_SHAPE, msg);
+        return;
+    }
+    if (s->o.delay_us) /* fault tests: a slow worker, or one killed mid-request */
+        usleep(s->o.delay_us);
+    uint64_t t0 = now_us();
+    size_t ylen;
+    if (shoal_proto_tensor_len(SHOAL_WIRE_F32, 1, (uint32_t)nout, &ylen)) {
+        reply_error(s, rep, m->rid, SHOAL_PERR_BAD_SHAPE, "TRUNK_BATCH: reply too large");
+        return;
+    }
+    uint8_t *y = alloc(actx, ylen);
+    if (!y) {
+        reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, "TRUNK_BATCH: out of memory for the reply");
+        return;
+    }
+    shoal_proto_tensor_hdr(y, SHOAL_WIRE_F32, 1, (uint32_t)nout);
+    memcpy(s->tx, x->data, x->nbytes); /* the frame is unaligned in general */
+    /* the reply frame: 16-byte header, then floats (the allocation is at least
+     * 16-byte aligned, so the payload is float-aligned) */
+    float *out = (float *)(void *)(y + SHOAL_PROTO_TENSOR_HDR);
+    int T = (int)x->rows;
+    for (uint32_t i = 0; i < m->tbatch.n; i++) {
+        const shoal_proto_trows *g = &m->tbatch.seg[i];
+        const shoal_serve_tmat *tm = &s->o.tmat[owner[i]];
+        int n = (int)(g->hi - g->lo + 1);
+        size_t skip = (size_t)(g->lo - s->o.trunk[owner[i]].lo) * (size_t)tm->cols;
+        if (tm->bf16)
+            shoal_gemm_bf16(out, (const uint16_t *)tm->w + skip, s->tx, n, tm->cols, T);
+        else
+            shoal_gemm_f32(out, (const float *)tm->w + skip, s->tx, n, tm->cols, T);
+        out += (size_t)n * (size_t)T;
+    }
+    uint64_t compute_us = now_us() - t0;
+    size_t len = 0;
+    if (shoal_proto_enc_tresult(s->ctl, s->ctlcap, &len, m->rid, queue_us, compute_us))
+        SHOAL_PANIC("TRUNK_RESULT does not fit its buffer");
+    reply_ctl(rep, s, SHOAL_MSG_TRUNK_RESULT, len);
+    rep->frames[1] = (shoal_frame){y, ylen};
+    rep->n = 2;
+    s->tbatches++;
+    s->st.queue_us += queue_us;
+    s->st.compute_us += compute_us;
+}
+
 /* PREFETCH: a notice, never answered (rep->n stays 0). */
 static void do_prefetch(shoal_serve *s, const shoal_proto_msg *m)
 {
@@ -480,6 +592,9 @@ void shoal_serve_handle(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, 
         break;
     case SHOAL_MSG_EXPERT_BATCH:
         do_batch(s, &m, queue_us, alloc, actx, rep);
+        break;
+    case SHOAL_MSG_TRUNK_BATCH:
+        do_tbatch(s, &m, queue_us, alloc, actx, rep);
         break;
     default: /* decode only passes requests */
         reply_error(s, rep, m.rid, SHOAL_PERR_UNKNOWN_TYPE, "not a request");

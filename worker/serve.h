@@ -22,6 +22,14 @@
 #include "worker/store.h"
 #include "worker/wmetrics.h"
 
+/* Rows of a trunk matrix as stored: w points at the first owned row of
+ * W[rows, cols] (row-major BF16 or F32, read-only, borrowed). */
+typedef struct {
+    const void *w;
+    int bf16; /* 1: BF16, 0: F32 */
+    int cols;
+} shoal_serve_tmat;
+
 typedef struct {
     const char *id;                        /* worker id, at most 64 bytes */
     const uint8_t *fingerprint;            /* SHOAL_PROTO_FP_BYTES */
@@ -46,6 +54,15 @@ typedef struct {
      * experts into the store ahead of use; 0: hints are received and ignored.
      * No effect without a store. */
     int prefetch;
+    /* 1.3: trunk row shards (PROTOCOL.md §3.7). trunk[i] are rows lo..hi of a
+     * trunk matrix, announced in HELLO with trunk_fp; tmat[i] is where they
+     * are stored (row lo of the matrix, as mapped from the model). All
+     * borrowed. ntrunk 0: no trunk rows (a worker may also own no experts
+     * when it has some). */
+    const shoal_proto_trows *trunk;
+    const shoal_serve_tmat *tmat;
+    size_t ntrunk;
+    const uint8_t *trunk_fp; /* SHOAL_PROTO_FP_BYTES */
 } shoal_serve_opts;
 
 typedef struct shoal_serve shoal_serve;

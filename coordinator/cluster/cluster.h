@@ -4,7 +4,9 @@
  *   expert_client.h  the routed-expert backend over ZeroMQ (HELLO, EXPERT_BATCH
  *                    per MoE layer, keeper thread for down workers);
  *   owners.h         which replica of an expert each exchange asks;
- *   spawn.h          local expert-server processes for --workers N.
+ *   spawn.h          local expert-server processes for --workers N;
+ *   trunk_client.h   the remote trunk matmul backend (engine/rmat.h): an
+ *                    expert client in the trunk role, TRUNK_BATCH per step.
  * May use: common/, proto/ (the wire contract, proto/PROTOCOL.md), kernels/,
  * obs/ and the engine's public header (it implements the engine's expert
  * backend interface, engine/experts.h). The engine never includes this room:
@@ -16,5 +18,6 @@
 #include "coordinator/cluster/expert_client.h"
 #include "coordinator/cluster/owners.h"
 #include "coordinator/cluster/spawn.h"
+#include "coordinator/cluster/trunk_client.h"
 
 #endif

@@ -13,6 +13,7 @@
 #include "common/packfile.h"
 #include "common/planfile.h"
 #include "coordinator/cluster/spawn.h"
+#include "coordinator/cluster/trunk_client.h"
 #include "proto/fprint.h"
 
 #define MAX_PHASES 4
@@ -26,6 +27,8 @@ typedef struct {
 struct shoal_dist {
     shoal_spawn *spawn;
     shoal_expert_client *client; /* owned by the model once set */
+    shoal_expert_client *trunk;  /* trunk role (trunk_client.h), or NULL; owned by the model once set */
+    int trunk_remote;            /* matrices computed remotely */
     int nworkers;
     phase ph[MAX_PHASES];
     int nph;
@@ -94,6 +97,13 @@ int shoal_dist_parse_arg(shoal_dist_opts *o, const char *cmd, int argc, char **a
         }
         o->prefetch = strcmp(v, "on") ? -1 : 1;
         r = 1;
+    } else if (!strcmp(a, "--trunk")) {
+        if (!v || (strcmp(v, "local") && strcmp(v, "remote") && strcmp(v, "auto"))) {
+            fprintf(stderr, "%s: --trunk takes local, remote or auto, not '%s'\n", cmd, v ? v : "");
+            return -1;
+        }
+        o->trunk = !strcmp(v, "local") ? 0 : !strcmp(v, "remote") ? 1 : 2;
+        r = 1;
     } else if (!strcmp(a, "--workers")) {
         r = num(cmd, a, v, 1, SHOAL_EXPERT_CLIENT_MAX_WORKERS, &o->nlocal);
     } else if (!strcmp(a, "--worker-threads")) {
@@ -123,6 +133,10 @@ void shoal_dist_usage(FILE *f)
                "  --worker-key FILE    the public key pinned for each --worker, in the same order\n"
                "  --curve-keys DIR     with --plan: DIR/NAME.pub is worker NAME's pinned public key\n"
                "  --insecure-workers   allow plain TCP to workers (without it a tcp:// worker needs CURVE)\n"
+               "  --trunk MODE         local (default): the whole trunk here; remote: the trunk matrices\n"
+               "                       the workers announce (shoal expert --trunk) run on them, every row\n"
+               "                       owned at least once (else refused, naming the gaps); auto: remote\n"
+               "                       when some worker announces trunk rows\n"
                "  --workers N          start N local expert servers over ipc:// (experts split evenly),\n"
                "                       stopped on exit\n"
                "  --worker-threads N   OpenMP threads of each local server (default: cores / N)\n"
@@ -269,6 +283,15 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
         rc = shoal_expert_client_open(&d->client, &co, err, errlen);
     if (!rc && any)
         SHOAL_INFO("CURVE on the tcp:// links (our public key %s)", kp.pub);
+    if (!rc && (o->trunk == 1 || (o->trunk == 2 && shoal_expert_client_any_trunk(d->client)))) {
+        shoal_expert_client_opts to = co;
+        to.trunk_role = 1;
+        to.st = shoal_model_store(m);
+        if ((rc = shoal_trunk_client_open(&d->trunk, &to, err, errlen))) {
+            shoal_expert_client_close(d->client);
+            d->client = NULL;
+        }
+    }
     sodium_memzero(&kp, sizeof kp);
     free(keys);
     free(pk);
@@ -280,8 +303,19 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
     shoal_experts b = shoal_expert_client_backend(d->client);
     if ((rc = shoal_model_set_experts(m, &b, err, errlen))) {
         shoal_expert_client_close(d->client);
+        shoal_expert_client_close(d->trunk);
         shoal_dist_stop(d);
         return rc;
+    }
+    if (d->trunk) {
+        shoal_rmat tb = shoal_trunk_client_backend(d->trunk);
+        if ((rc = shoal_model_set_rmat(m, &tb, &d->trunk_remote, err, errlen))) {
+            shoal_expert_client_close(d->trunk);
+            shoal_dist_stop(d);
+            return rc;
+        }
+        SHOAL_INFO("trunk: %d matri%s on the workers (--trunk %s)", d->trunk_remote,
+                   d->trunk_remote == 1 ? "x" : "ces", o->trunk == 1 ? "remote" : "auto");
     }
     d->nworkers = n;
     /* the next layer's router runs for a hint only when some worker acts on it */
@@ -344,6 +378,7 @@ void shoal_dist_json(const shoal_dist *d, json_t *o)
     if (!d)
         return;
     json_object_set_new(o, "workers", json_integer(d->nworkers));
+    json_object_set_new(o, "trunk_remote_matrices", json_integer(d->trunk_remote));
     for (int i = 0; i < d->nph; i++) {
         const phase *p = &d->ph[i];
         double t = p->tokens > 0 ? p->tokens : 1;

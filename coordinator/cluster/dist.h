@@ -41,6 +41,11 @@ typedef struct {
     const char *curve_keys;
     int insecure;
     int prefetch; /* --prefetch on|off: 1 on, -1 off, 0 the default (SHOAL_DIST_PREFETCH_DEFAULT) */
+    /* --trunk local|remote|auto (PROTOCOL.md §3.7): 0 local (the default:
+     * the whole trunk in-process), 1 remote (the matrices the workers
+     * announce run on them; refused when none does), 2 auto (remote when
+     * some worker announces trunk rows) */
+    int trunk;
 } shoal_dist_opts;
 
 /* Prefetch hints (PROTOCOL.md PREFETCH) when --prefetch is not given; chosen

@@ -45,6 +45,7 @@
 
 #include "common/curve.h"
 #include "common/k3cfg.h"
+#include "common/st.h"
 #include "coordinator/engine/engine.h"
 #include "proto/proto.h"
 
@@ -69,6 +70,14 @@ typedef struct {
      * Both NULL: no CURVE. Borrowed for open only. */
     const shoal_curve_keypair *curve;
     const char *const *curve_server_keys;
+    /* Trunk role (coordinator/cluster/trunk_client.h opens the client so):
+     * the links carry TRUNK_BATCH requests instead of expert batches; the
+     * expert coverage is not required, the trunk coverage is (every row of
+     * every announced matrix owned, else SHOAL_ECONFIG naming the gaps), and
+     * each worker's trunk fingerprint is checked against st (borrowed for
+     * open). 0: the expert role. */
+    int trunk_role;
+    const shoal_st *st;
 } shoal_expert_client_opts;
 
 typedef struct shoal_expert_client shoal_expert_client;
@@ -118,6 +127,8 @@ int shoal_expert_client_nworkers(const shoal_expert_client *c);
 /* 1 if some worker's HELLO said it acts on PREFETCH hints (an expert cache),
  * as of the HELLOs at open. */
 int shoal_expert_client_any_prefetch(const shoal_expert_client *c);
+/* 1 if some worker's HELLO (1.3+) announced trunk rows. */
+int shoal_expert_client_any_trunk(const shoal_expert_client *c);
 /* 1 when worker i is up; 0 when down or reconnecting, with why (e.g. "no
  * reply within 30000 ms", "disconnected (the worker died?)", "refused on
  * reconnection: ...") written to why[whylen] when why is not NULL. Any

@@ -46,6 +46,7 @@
 #include "coordinator/cluster/expert_client.h"
 #include "coordinator/cluster/owners.h"
 #include "proto/proto.h"
+#include "proto/tshard.h"
 
 enum { IDLE, SENT, FAILED };         /* the forward thread's request */
 enum { W_UP, W_DOWN, W_WARM };       /* a worker's link */
@@ -95,6 +96,16 @@ typedef struct {
     uint8_t *hint_ctl[2];  /* [32 + 5 * E] each */
     uint64_t hint_req[2];  /* req_seq of the request the hint followed; 0: free */
     uint32_t hint_n;
+    /* trunk rows it announced (HELLO 1.3; owned) and, in the trunk role, its
+     * part of the current TRUNK_BATCH (forward thread) */
+    shoal_proto_trows *trunk;
+    size_t ntrunk;
+    shoal_proto_trows *tseg; /* [SHOAL_PROTO_MAX_TSEGS] */
+    int32_t tjob[SHOAL_PROTO_MAX_TSEGS];
+    uint32_t ntseg;
+    uint64_t trows;          /* sum of its segments' rows */
+    uint8_t *tctl;           /* [TCTL_CAP] its TRUNK_BATCH control frame */
+    size_t tctl_len;
     /* reply */
     int answered;
     uint64_t queue_us, compute_us;
@@ -135,7 +146,24 @@ struct shoal_expert_client {
     int last_answer;    /* worker whose reply completed the request */
     uint16_t *y;        /* gather()'s output: each reply is scattered into it as it arrives */
     uint64_t req_seq;   /* requests submitted (never reset) */
+    /* trunk role (trunk_client.c): the row-shardable matrices, which are
+     * remote, the placement (pieces of each remote matrix, by matrix then
+     * row: pbeg[k] .. pbeg[k] + pcnt[k]), the names sorted for lookup, the
+     * shared input frame and the current request's jobs */
+    shoal_tshard_mat *tmats;
+    int ntmats;
+    uint8_t *tremote;
+    shoal_tshard_piece *pieces;
+    size_t npieces;
+    int32_t *pbeg, *pcnt, *tsorted;
+    uint8_t *tx;     /* [16 + max_tokens * max cols * 4] */
+    size_t tx_cap;
+    const void *tjobs; /* the submitted shoal_rmat_job[] (borrowed until gather returns) */
+    int ntjobs, tT;
+    uint64_t trunk_requests, trunk_messages;
 };
+
+#define SHOAL__EC_TCTL_CAP (64 + SHOAL_PROTO_MAX_TSEGS * (SHOAL_PROTO_MAX_NAME + 16))
 
 /* ---- links.c, for the exchange ---------------------------------------------- */
 

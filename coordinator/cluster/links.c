@@ -27,6 +27,7 @@
 #include "common/log.h"
 #include "coordinator/obs/obs.h"
 #include "coordinator/cluster/owners.h"
+#include "proto/fprint.h"
 #include "proto/shard.h"
 
 #define BACKOFF_MIN_MS 100u          /* first re-HELLO after a failure ... */
@@ -83,8 +84,23 @@ static int check_hello(shoal_expert_client *c, const char *name, const shoal_pro
         return shoal_err_set(err, errlen, SHOAL_EFINGERPRINT,
                              "expert worker %s: model fingerprint mismatch: coordinator %s, worker %s", name, a, b);
     }
-    if ((rc = shoal_shard_check(h->owned, h->nowned, c->L, c->cfg->is_moe, c->E, why, sizeof why)))
+    if ((h->nowned || !h->ntrunk) &&
+        (rc = shoal_shard_check(h->owned, h->nowned, c->L, c->cfg->is_moe, c->E, why, sizeof why)))
         return shoal_err_set(err, errlen, rc, "expert worker %s: %s", name, why);
+    if (c->o.trunk_role && h->ntrunk) { /* the rows exist here, and the matrices are the same as here */
+        uint8_t tfp[SHOAL_PROTO_FP_BYTES];
+        if ((rc = shoal_tshard_check(h->trunk, h->ntrunk, c->tmats, c->ntmats, why, sizeof why)))
+            return shoal_err_set(err, errlen, rc, "trunk worker %s: %s", name, why);
+        if ((rc = shoal_fprint_trunk(tfp, c->o.st, h->trunk, h->ntrunk, why, sizeof why)))
+            return shoal_err_set(err, errlen, rc, "trunk worker %s: %s", name, why);
+        if (memcmp(tfp, h->trunk_fp, SHOAL_PROTO_FP_BYTES)) {
+            char a[65], b[65];
+            shoal_proto_hex(tfp, a);
+            shoal_proto_hex(h->trunk_fp, b);
+            return shoal_err_set(err, errlen, SHOAL_EFINGERPRINT,
+                                 "trunk worker %s: trunk fingerprint mismatch: coordinator %s, worker %s", name, a, b);
+        }
+    }
     int want_act = c->o.act_bf16 ? SHOAL_WIRE_BF16 : SHOAL_WIRE_F32;
     if (!(h->act_mask & SHOAL_WIRE_MASK(want_act)) || !(h->out_mask & SHOAL_WIRE_MASK(SHOAL_WIRE_BF16)))
         return shoal_err_set(err, errlen, SHOAL_EUNSUPPORTED, "expert worker %s does not offer %s activations and "
@@ -131,12 +147,76 @@ static int take_hello(shoal_expert_client *c, shoal__ec_worker *w, const shoal_f
     w->owned = h->owned;
     w->nowned = h->nowned;
     m.hello.owned = NULL; /* taken */
+    w->trunk = h->trunk;
+    w->ntrunk = h->ntrunk;
+    m.hello.trunk = NULL;
     SHOAL_INFO("expert worker %s: %zu range%s, isa %s, %u threads, %.1f MiB of experts", w->name, w->nowned,
                w->nowned == 1 ? "" : "s", h->isa, h->threads, (double)h->expert_bytes / 1048576.0);
     rc = 0;
 out:
     shoal_proto_msg_clear(&m);
     return rc;
+}
+
+static const shoal_tshard_mat *sort_mats; /* trunk_place's qsort only (open is not reentrant on one client) */
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(sort_mats[*(const int32_t *)a].name, sort_mats[*(const int32_t *)b].name);
+}
+
+/* Trunk role, at open: the placement of every announced matrix's rows over
+ * the workers (proto/tshard.h), refused with the gaps named; the names
+ * sorted for the forward's lookup; the request buffers. */
+static int trunk_place(shoal_expert_client *c, char *err, size_t errlen)
+{
+    const shoal_proto_trows **t = shoal_xcalloc((size_t)c->nw, sizeof *t);
+    size_t *nt = shoal_xcalloc((size_t)c->nw, sizeof *nt), any = 0;
+    for (int i = 0; i < c->nw; i++) {
+        t[i] = c->w[i].trunk;
+        nt[i] = c->w[i].ntrunk;
+        any += nt[i];
+    }
+    c->tremote = shoal_xcalloc((size_t)c->ntmats + 1, 1);
+    int rc = any ? shoal_tshard_place(c->tmats, c->ntmats, c->nw, t, nt, c->tremote, &c->pieces, &c->npieces, err,
+                                      errlen)
+                 : shoal_err_set(err, errlen, SHOAL_ECONFIG, "--trunk remote: no worker announces trunk rows "
+                                 "(start them with shoal expert --trunk ROWSPEC)");
+    free(t);
+    free(nt);
+    if (rc)
+        return rc;
+    c->pbeg = shoal_xcalloc((size_t)c->ntmats, sizeof *c->pbeg);
+    c->pcnt = shoal_xcalloc((size_t)c->ntmats, sizeof *c->pcnt);
+    for (size_t i = c->npieces; i-- > 0;) {
+        c->pbeg[c->pieces[i].mat] = (int32_t)i;
+        c->pcnt[c->pieces[i].mat]++;
+    }
+    c->tsorted = shoal_xcalloc((size_t)c->ntmats, sizeof *c->tsorted);
+    size_t cols = 0;
+    int nremote = 0;
+    for (int k = 0; k < c->ntmats; k++) {
+        c->tsorted[k] = k;
+        if (c->tremote[k]) {
+            nremote++;
+            if ((size_t)c->tmats[k].cols > cols)
+                cols = (size_t)c->tmats[k].cols;
+        }
+    }
+    sort_mats = c->tmats;
+    qsort(c->tsorted, (size_t)c->ntmats, sizeof *c->tsorted, by_name);
+    sort_mats = NULL;
+    c->tx_cap = SHOAL_PROTO_TENSOR_HDR + (size_t)c->o.max_tokens * cols * 4;
+    c->tx = shoal_xmalloc(c->tx_cap);
+    for (int i = 0; i < c->nw; i++) {
+        c->w[i].tseg = shoal_xcalloc(SHOAL_PROTO_MAX_TSEGS, sizeof *c->w[i].tseg);
+        c->w[i].tctl = shoal_xmalloc(SHOAL__EC_TCTL_CAP);
+        if (c->w[i].ntrunk && c->w[i].max_tokens < (uint32_t)c->o.max_tokens)
+            return shoal_err_set(err, errlen, SHOAL_ERANGE, "trunk worker %s accepts %u tokens per request, the "
+                                 "coordinator needs %d", c->w[i].name, c->w[i].max_tokens, c->o.max_tokens);
+    }
+    SHOAL_INFO("trunk: %d matri%s remote in %zu piece%s over %d worker%s", nremote, nremote == 1 ? "x" : "ces",
+               c->npieces, c->npieces == 1 ? "" : "s", c->nw, c->nw == 1 ? "" : "s");
+    return 0;
 }
 
 /* Connect every worker, send HELLO as soon as its connection is up, collect
@@ -537,6 +617,9 @@ void shoal_expert_client_close(shoal_expert_client *c)
     for (int i = 0; i < c->nw; i++) {
         shoal__ec_worker *w = &c->w[i];
         free(w->owned);
+        free(w->trunk);
+        free(w->tseg);
+        free(w->tctl);
         free(w->act);
         free(w->route);
         free(w->dest);
@@ -550,6 +633,13 @@ void shoal_expert_client_close(shoal_expert_client *c)
     free(c->pidx);
     shoal_proto_scratch_free(c->dec);
     shoal_owners_close(c->owners);
+    free(c->tmats);
+    free(c->tremote);
+    free(c->pieces);
+    free(c->pbeg);
+    free(c->pcnt);
+    free(c->tsorted);
+    free(c->tx);
     free(c->pick);
     free(c->seen);
     free(c->w);
@@ -584,6 +674,10 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
     c->pidx = shoal_xcalloc(2 * (size_t)o->nworkers, sizeof *c->pidx);
     c->dec = shoal_proto_scratch_new();
     c->w = shoal_xcalloc((size_t)c->nw, sizeof *c->w);
+    if (o->trunk_role && (!o->st || shoal_tshard_mats(o->cfg, &c->tmats, &c->ntmats))) {
+        shoal_expert_client_close(c);
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "trunk client: no model store, or its matrices do not list");
+    }
     c->seen = shoal_xcalloc((size_t)c->E, sizeof *c->seen);
     c->zctx = zmq_ctx_new();
     zmq_ctx_set(c->zctx, ZMQ_IO_THREADS, (c->nw + WORKERS_PER_IO_THREAD - 1) / WORKERS_PER_IO_THREAD);
@@ -646,7 +740,10 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
     /* ownership: every expert of every MoE layer at least once (overlaps are
      * replicas: each exchange picks one owner, coordinator/cluster/owners.h) */
     c->pick = shoal_xcalloc((size_t)c->E, sizeof *c->pick);
-    {
+    if (c->o.trunk_role) {
+        if ((rc = trunk_place(c, err, errlen)))
+            goto fail;
+    } else {
         const shoal_proto_range **r = shoal_xcalloc((size_t)c->nw, sizeof *r);
         size_t *nr = shoal_xcalloc((size_t)c->nw, sizeof *nr);
         const char **names = shoal_xcalloc((size_t)c->nw, sizeof *names);
@@ -741,6 +838,14 @@ int shoal_expert_client_any_prefetch(const shoal_expert_client *c)
 {
     for (int i = 0; i < c->nw; i++)
         if (c->w[i].prefetch)
+            return 1;
+    return 0;
+}
+
+int shoal_expert_client_any_trunk(const shoal_expert_client *c)
+{
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].ntrunk)
             return 1;
     return 0;
 }

@@ -565,6 +565,10 @@ done:;
             json_object_set_new(o, "decode_step_ms", sa);
             json_object_set_new(o, "decode_weight_bytes_per_token", json_real(wb_decode));
             json_object_set_new(o, "prefill_weight_bytes_per_token", json_real(wb_prefill));
+            /* remote trunk round trips (--trunk remote): one per fused step of a layer */
+            json_object_set_new(o, "decode_trunk_round_trips_per_token",
+                                json_real(n_steps ? (double)ds.rmat_requests / n_steps : 0.0));
+            json_object_set_new(o, "prefill_trunk_round_trips", json_integer((json_int_t)ps.rmat_requests));
             json_object_set_new(o, "seq_state_bytes_per_token", json_integer((json_int_t)info.seq_bytes_per_token));
             json_object_set_new(o, "seq_state_fixed_bytes", json_integer((json_int_t)info.seq_fixed_bytes));
             json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)rss));

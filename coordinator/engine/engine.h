@@ -54,6 +54,7 @@
 #include "common/st.h"
 #include "coordinator/obs/obs.h"
 #include "coordinator/engine/experts.h"
+#include "coordinator/engine/rmat.h"
 #include "coordinator/engine/sampler.h"
 #include "kernels/kernels.h"
 
@@ -165,6 +166,11 @@ typedef struct {
      * experts hinted, of those the ones its routing then used, and the
      * distinct experts it used (accuracy = hinted_used / hinted) */
     uint64_t prefetch_hinted, prefetch_hinted_used, prefetch_used;
+    /* remote trunk matmuls (shoal_model_set_rmat): requests (round trips:
+     * one submit/gather, any number of workers) and the seconds spent
+     * between submit and the end of gather */
+    uint64_t rmat_requests;
+    double rmat_s;
 } shoal_model_stats;
 
 /* Open the model in dir (config.json, safetensors file(s) or index,
@@ -198,6 +204,14 @@ const shoal_st *shoal_model_store(const shoal_model *m);
  * with T <= max_batch and k = cfg->experts_per_token. Not while a forward
  * runs. Returns 0 or SHOAL_EINVAL. */
 int shoal_model_set_experts(shoal_model *m, shoal_experts *b, char *err, size_t errlen);
+
+/* Remote trunk matmuls (coordinator/engine/rmat.h): every matrix the forward
+ * applies with the matrix kernels for which b->vt->has() says 1 is computed
+ * by b from then on. The model takes ownership of *b as with set_experts
+ * (closed at model close or when replaced; *b zeroed). *nremote (may be
+ * NULL): how many matrices went remote. Needs the mapped trunk (no
+ * --trunk-gb budget: SHOAL_ECONFIG). Not while a forward runs. 0 or a code. */
+int shoal_model_set_rmat(shoal_model *m, shoal_rmat *b, int *nremote, char *err, size_t errlen);
 
 /* Prefetch hints on (1) or off (0, the default at open): after submitting MoE
  * layer L, the forward applies the next MoE layer's router (with its

@@ -18,6 +18,7 @@ typedef struct {
     int rows, cols;
     const shoal_tensor *t; /* where it is stored */
     uint64_t t_off;        /* first byte within t (lm_head row slices) */
+    int remote;            /* computed by the rmat backend (shoal_model_set_rmat) */
 } shoal__wmat;
 
 /* A trunk unit under a budget (model.c): one layer's matrices, or one row
@@ -116,6 +117,7 @@ struct shoal_model {
 
     shoal_experts experts;
     int have_experts;
+    shoal_rmat rmat; /* remote trunk matmuls; vt NULL: all in-process */
 
     /* trunk bytes read per chunk (all matrices and vectors except the
      * embedding table and lm_head), and those two separately */

@@ -114,6 +114,51 @@ static void mm(float *y, const shoal__wmat *w, const float *x, int T)
         shoal_gemm_f32(y, (const float *)w->p, x, w->rows, w->cols, T);
 }
 
+/* The matrices of one step that read the same input x[T, cols]: the
+ * remote ones (shoal_model_set_rmat) go out in one request, the local ones
+ * are computed while it is on its way, then the request is gathered. Each
+ * output is what mm() gives in-process, bit for bit, wherever it runs
+ * (rmat.h). One round trip per call when any matrix is remote, none
+ * otherwise. */
+typedef struct {
+    const shoal__wmat *w;
+    float *y;
+} mmjob;
+
+static int mm_set(shoal_model *m, int layer, const float *x, int T, const mmjob *j, int n, char *err, size_t errlen)
+{
+    shoal_rmat_job rj[SHOAL_RMAT_MAX_JOBS];
+    int nr = 0;
+    for (int i = 0; i < n; i++)
+        if (j[i].w->remote)
+            rj[nr++] = (shoal_rmat_job){.name = j[i].w->t->name, .rows = j[i].w->rows, .cols = j[i].w->cols,
+                                        .y = j[i].y};
+    double t0 = nr ? now_s() : 0.0;
+    if (nr) {
+        int rc = m->rmat.vt->submit(m->rmat.self, layer, rj, nr, x, T, err, errlen);
+        if (rc)
+            return rc;
+    }
+    for (int i = 0; i < n; i++)
+        if (!j[i].w->remote)
+            mm(j[i].y, j[i].w, x, T);
+    if (nr) {
+        int rc = m->rmat.vt->gather(m->rmat.self, err, errlen);
+        m->stats.rmat_requests++;
+        m->stats.rmat_s += now_s() - t0;
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int mm1(shoal_model *m, int layer, float *y, const shoal__wmat *w, const float *x, int T, char *err,
+               size_t errlen)
+{
+    mmjob j = {w, y};
+    return mm_set(m, layer, x, T, &j, 1, err, errlen);
+}
+
 /* AttnRes (SPEC §3.2): out = Σ_i softmax(s)_i v_i over V = [blocks 0..nb-1 of
  * token t, p], s_i = Σ_j (v_i[j] / rms(v_i)) · w_norm[j] · w_proj[j]. The mixed
  * values are the raw v_i. fp32 throughout, candidates in list order. */
@@ -144,7 +189,8 @@ static void attn_res(float *out, const float *blocks, size_t bstride, int nb, co
 
 /* ---- KDA (SPEC §3.3) ---------------------------------------------------- */
 
-static void kda_layer(shoal_model *m, const shoal__layer *ly, shoal_seq *const *seqs, int T)
+static int kda_layer(shoal_model *m, const shoal__layer *ly, int L, shoal_seq *const *seqs, int T, char *err,
+                     size_t errlen)
 {
     const shoal_k3cfg *c = &m->cfg;
     shoal__scratch *sc = &m->sc;
@@ -155,13 +201,15 @@ static void kda_layer(shoal_model *m, const shoal__layer *ly, shoal_seq *const *
     float *fa = on + (size_t)T * C, *bl = fa + (size_t)T * ly->f_a.rows;
     const float *xn = sc->xn;
 
-    mm(qt, &ly->q_proj, xn, T);
-    mm(kt, &ly->k_proj, xn, T);
-    mm(vt, &ly->v_proj, xn, T);
-    mm(G, &ly->g_proj, xn, T);
-    mm(fa, &ly->f_a, xn, T);
-    mm(z, &ly->f_b, fa, T);
-    mm(bl, &ly->b_proj, xn, T);
+    int rc;
+    {
+        mmjob j[] = {{&ly->q_proj, qt}, {&ly->k_proj, kt}, {&ly->v_proj, vt},
+                     {&ly->g_proj, G},  {&ly->f_a, fa},    {&ly->b_proj, bl}};
+        if ((rc = mm_set(m, L, xn, T, j, 6, err, errlen)))
+            return rc;
+    }
+    if ((rc = mm1(m, L, z, &ly->f_b, fa, T, err, errlen)))
+        return rc;
 
     const float qscale = 1.0f / sqrtf((float)D);
     size_t win = (size_t)(K - 1) * C;
@@ -186,12 +234,13 @@ static void kda_layer(shoal_model *m, const shoal__layer *ly, shoal_seq *const *
         shoal_gated_rmsnorm(on + (size_t)t * C, o + (size_t)t * C, G + (size_t)t * C, ly->o_norm, H, D,
                             c->rms_norm_eps);
     }
-    mm(sc->a, &ly->o_proj, on, T);
+    return mm1(m, L, sc->a, &ly->o_proj, on, T, err, errlen);
 }
 
 /* ---- gated NoPE MLA, absorbed (SPEC §3.4) -------------------------------- */
 
-static void mla_layer(shoal_model *m, const shoal__layer *ly, shoal_seq *const *seqs, int T)
+static int mla_layer(shoal_model *m, const shoal__layer *ly, int L, shoal_seq *const *seqs, int T, char *err,
+                     size_t errlen)
 {
     const shoal_k3cfg *c = &m->cfg;
     shoal__scratch *sc = &m->sc;
@@ -202,12 +251,16 @@ static void mla_layer(shoal_model *m, const shoal__layer *ly, shoal_seq *const *
     float *o = G + (size_t)T * od;
     const float *xn = sc->xn;
 
-    mm(qa, &ly->q_a, xn, T);
+    int rc;
+    {
+        mmjob j[] = {{&ly->q_a, qa}, {&ly->kv_a, ckv}, {&ly->g_proj, G}};
+        if ((rc = mm_set(m, L, xn, T, j, 3, err, errlen)))
+            return rc;
+    }
     for (int t = 0; t < T; t++)
         shoal_rmsnorm(qa + (size_t)t * qr, qa + (size_t)t * qr, ly->q_a_norm, qr, 1e-6f);
-    mm(q, &ly->q_b, qa, T);
-    mm(ckv, &ly->kv_a, xn, T);
-    mm(G, &ly->g_proj, xn, T);
+    if ((rc = mm1(m, L, q, &ly->q_b, qa, T, err, errlen)))
+        return rc;
     /* cache rows first: token t attends to positions 0..tpos[t] of its own
      * sequence, which includes earlier tokens of this chunk */
     for (int t = 0; t < T; t++) {
@@ -263,21 +316,23 @@ static void mla_layer(shoal_model *m, const shoal__layer *ly, shoal_seq *const *
         }
         t0 += n;
     }
-    mm(sc->a, &ly->o_proj, o, T);
+    return mm1(m, L, sc->a, &ly->o_proj, o, T, err, errlen);
 }
 
 /* ---- FFNs ---------------------------------------------------------------- */
 
-static void dense_mlp(shoal_model *m, const shoal__layer *ly, int T)
+static int dense_mlp(shoal_model *m, const shoal__layer *ly, int L, int T, char *err, size_t errlen)
 {
     const shoal_k3cfg *c = &m->cfg;
     shoal__scratch *sc = &m->sc;
     size_t F = (size_t)c->intermediate_size;
     float *g = sc->work, *u = g + (size_t)T * F;
-    mm(g, &ly->mlp_gate, sc->xn, T);
-    mm(u, &ly->mlp_up, sc->xn, T);
+    mmjob j[] = {{&ly->mlp_gate, g}, {&ly->mlp_up, u}};
+    int rc = mm_set(m, L, sc->xn, T, j, 2, err, errlen);
+    if (rc)
+        return rc;
     shoal_situ_glu(g, g, u, (int)((size_t)T * F), c->situ_beta, c->situ_linear_beta);
-    mm(sc->a, &ly->mlp_down, g, T);
+    return mm1(m, L, sc->a, &ly->mlp_down, g, T, err, errlen);
 }
 
 /* Router (SPEC §3.5): fp32 logits, sigmoid, bias for selection only, top-k
@@ -329,8 +384,9 @@ static void hint_next(shoal_model *m, int L, int T, float *lg)
         N++;
     if (N >= c->num_layers)
         return;
-    if (!m->layers[N].router.p)
-        return; /* not in memory (trunk.c pins the routers, so this is only a safeguard) */
+    if (!m->layers[N].router.p || m->layers[N].router.remote)
+        return; /* not in memory (trunk.c pins the routers, so this is only a safeguard), or on a trunk
+                   server (a hint never waits on a round trip) */
     const shoal__layer *ny = &m->layers[N];
     int E = c->num_experts, k = c->experts_per_token;
     mm(lg, &ny->router, m->sc.xn, T);
@@ -392,12 +448,20 @@ static int moe_layer(shoal_model *m, const shoal__layer *ly, int L, int T, char 
     float *lg = sc->work, *z = lg + (size_t)T * E, *r = z + (size_t)T * lat, *sg = r + (size_t)T * lat;
     float *su = sg + (size_t)T * Fs, *ru = su + (size_t)T * Fs;
 
-    mm(lg, &ly->router, sc->xn, T);
+    /* everything that reads xn in one step: the router and the latent down
+     * projection (needed before the expert submit), and the shared experts'
+     * gate and up projections with them, so a remote trunk takes one round
+     * trip for all four */
+    {
+        mmjob j[] = {{&ly->router, lg}, {&ly->rdown, z}, {&ly->sh_gate, sg}, {&ly->sh_up, su}};
+        int rc = mm_set(m, L, sc->xn, T, j, 4, err, errlen);
+        if (rc)
+            return rc;
+    }
     uint64_t distinct = 0;
     route(m, ly, lg, T, &distinct);
     if (m->pf_on)
         score_hint(m, L);
-    mm(z, &ly->rdown, sc->xn, T);
     if (m->rtrace)
         shoal_trace_record(m->rtrace, L, T, k, m->topk_ids);
     mark(m, SHOAL_PHASE_ROUTING);
@@ -411,12 +475,15 @@ static int moe_layer(shoal_model *m, const shoal__layer *ly, int L, int T, char 
         hint_next(m, L, T, lg);
         mark(m, SHOAL_PHASE_ROUTING);
     }
-    /* shared experts while the backend works */
-    mm(sg, &ly->sh_gate, sc->xn, T);
-    mm(su, &ly->sh_up, sc->xn, T);
+    /* shared experts while the backend works (gate and up came with the router) */
     shoal_situ_glu(sg, sg, su, (int)((size_t)T * Fs), c->situ_beta, c->situ_linear_beta);
-    mm(sc->a, &ly->sh_down, sg, T);
+    rc = mm1(m, L, sc->a, &ly->sh_down, sg, T, err, errlen);
     mark(m, SHOAL_PHASE_SHARED);
+    if (rc) { /* the expert request is outstanding: end it before failing */
+        char e2[256];
+        m->experts.vt->gather(m->experts.self, m->ex_y, e2, sizeof e2);
+        return rc;
+    }
     rc = m->experts.vt->gather(m->experts.self, m->ex_y, err, errlen);
     mark(m, SHOAL_PHASE_EXPERTS);
     m->stats.experts_s += now_s() - t0;
@@ -441,7 +508,8 @@ static int moe_layer(shoal_model *m, const shoal__layer *ly, int L, int T, char 
         if (c->latent_norm)
             shoal_rmsnorm(rt, rt, ly->rnorm, lat, c->rms_norm_eps);
     }
-    mm(ru, &ly->rup, r, T);
+    if ((rc = mm1(m, L, ru, &ly->rup, r, T, err, errlen)))
+        return rc;
     size_t n = (size_t)T * d;
     for (size_t i = 0; i < n; i++)
         sc->a[i] = ru[i] + sc->a[i];
@@ -562,10 +630,10 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
         /* 3. attention on RMSNorm(x) */
         for (int t = 0; t < T; t++)
             shoal_rmsnorm(sc->xn + (size_t)t * dd, sc->x + (size_t)t * dd, ly->in_norm, d, eps);
-        if (ly->kind == SHOAL_ATTN_KDA)
-            kda_layer(m, ly, seqs, T);
-        else
-            mla_layer(m, ly, seqs, T);
+        rc = ly->kind == SHOAL_ATTN_KDA ? kda_layer(m, ly, L, seqs, T, err, errlen)
+                                        : mla_layer(m, ly, L, seqs, T, err, errlen);
+        if (rc)
+            goto fail;
         if (held) { /* the attention matrices are done with */
             shoal_tstream_release(m->ts);
             held = 0;
@@ -596,8 +664,8 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
             rc = moe_layer(m, ly, L, T, err, errlen);
             if (rc)
                 goto fail;
-        } else {
-            dense_mlp(m, ly, T);
+        } else if ((rc = dense_mlp(m, ly, L, T, err, errlen))) {
+            goto fail;
         }
         /* 7. prefix */
         for (size_t i = 0; i < bstride; i++)
@@ -639,12 +707,14 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
                 w = &wc;
             }
             if (!all_logits)
-                mm(logits + r0, w, sc->xn + (size_t)(T - 1) * dd, 1);
+                rc = mm1(m, c->num_layers, logits + r0, w, sc->xn + (size_t)(T - 1) * dd, 1, err, errlen);
             else if (m->n_head == 1)
-                mm(logits, w, sc->xn, T);
+                rc = mm1(m, c->num_layers, logits, w, sc->xn, T, err, errlen);
             else
                 for (int t = 0; t < T; t++)
-                    mm(logits + (size_t)t * V + r0, w, sc->xn + (size_t)t * dd, 1);
+                    mm(logits + (size_t)t * V + r0, w, sc->xn + (size_t)t * dd, 1); /* sliced: never remote */
+            if (rc)
+                goto fail;
             if (held) {
                 shoal_tstream_release(m->ts);
                 held = 0;

@@ -600,6 +600,8 @@ void shoal_model_close(shoal_model *m)
         SHOAL_PANIC("shoal_model_close with %d sequences alive", m->seqs_alive);
     if (m->experts.vt && m->experts.vt->close)
         m->experts.vt->close(m->experts.self);
+    if (m->rmat.vt && m->rmat.vt->close)
+        m->rmat.vt->close(m->rmat.self);
     shoal__engine_trunk_close(m);
     free(m->head);
     for (int i = 0; i < m->n_owned; i++)
@@ -652,6 +654,53 @@ int shoal_model_set_experts(shoal_model *m, shoal_experts *b, char *err, size_t 
     m->have_experts = 1;
     b->vt = NULL;
     b->self = NULL;
+    return 0;
+}
+
+/* Every matrix the forward applies with mm() (forward.c): the layers' and
+ * lm_head (one slice when mapped). kv_b is applied per head (not listed). */
+static int each_wmat(shoal_model *m, shoal__wmat **out, int cap)
+{
+    int n = 0;
+    for (int L = 0; L < m->cfg.num_layers; L++) {
+        shoal__layer *ly = &m->layers[L];
+        shoal__wmat *w[] = {&ly->g_proj,   &ly->o_proj,  &ly->q_proj,  &ly->k_proj,   &ly->v_proj,  &ly->f_a,
+                            &ly->f_b,      &ly->b_proj,  &ly->q_a,     &ly->q_b,      &ly->kv_a,    &ly->mlp_gate,
+                            &ly->mlp_up,   &ly->mlp_down, &ly->router, &ly->rdown,    &ly->rup,     &ly->sh_gate,
+                            &ly->sh_up,    &ly->sh_down};
+        for (size_t i = 0; i < sizeof w / sizeof *w; i++)
+            if (w[i]->t && n < cap)
+                out[n++] = w[i];
+    }
+    for (int i = 0; i < m->n_head && n < cap; i++)
+        out[n++] = &m->head[i];
+    return n;
+}
+
+int shoal_model_set_rmat(shoal_model *m, shoal_rmat *b, int *nremote, char *err, size_t errlen)
+{
+    if (!b || !b->vt || !b->vt->has || !b->vt->submit || !b->vt->gather)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "set_rmat: backend without has/submit/gather");
+    if (m->ts || m->tunits)
+        return shoal_err_set(err, errlen, SHOAL_ECONFIG,
+                             "remote trunk rows need the mapped trunk: drop the trunk budget (--trunk-gb)");
+    int cap = 20 * m->cfg.num_layers + m->n_head, n = 0;
+    shoal__wmat **all = shoal_xcalloc((size_t)cap, sizeof *all);
+    int k = each_wmat(m, all, cap);
+    for (int i = 0; i < k; i++) {
+        shoal__wmat *w = all[i];
+        w->remote = w->t_off == 0 && w->rows == (int)w->t->shape[0] &&
+                    b->vt->has(b->self, w->t->name, w->rows, w->cols);
+        n += w->remote;
+    }
+    free(all);
+    if (m->rmat.vt && m->rmat.vt->close)
+        m->rmat.vt->close(m->rmat.self);
+    m->rmat = *b;
+    b->vt = NULL;
+    b->self = NULL;
+    if (nremote)
+        *nremote = n;
     return 0;
 }
 

@@ -251,6 +251,157 @@ static void t_golden_encode(void)
     CHECK(shoal_proto_enc_prefetch(buf, sizeof buf, &len, 0, 1, pf, 0) == 0);
     CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
     gfree(&g);
+
+    /* 1.3: trunk rows in HELLO, TRUNK_BATCH, TRUNK_RESULT */
+    shoal_proto_trows tr[2] = {{"language_model.model.layers.3.self_attn.q_proj.weight", 0, 127},
+                               {"language_model.lm_head.weight", 300, 70000}};
+    h.trunk = tr;
+    h.ntrunk = 2;
+    for (int i = 0; i < 32; i++)
+        h.trunk_fp[i] = (uint8_t)(32 + i);
+    CHECK(golden("hello_reply_trunk", &g) == 0);
+    CHECK(shoal_proto_enc_hello(buf, sizeof buf, &len, 1, &h, 1) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    gfree(&g);
+    h.trunk = NULL;
+    h.ntrunk = 0;
+    shoal_proto_trows ts[2] = {{"language_model.model.layers.3.self_attn.q_proj.weight", 0, 2},
+                               {"language_model.model.layers.3.self_attn.k_proj.weight", 255, 256}};
+    CHECK(golden("trunk_batch", &g) == 0);
+    CHECK(g.n == 2);
+    CHECK(shoal_proto_enc_tbatch(buf, sizeof buf, &len, (1ull << 33) + 1, 3, ts, 2) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    uint8_t xframe[16 + 2 * 32 * 4];
+    CHECK(shoal_proto_tensor_hdr(xframe, SHOAL_WIRE_F32, 2, 32) == 0);
+    for (int i = 0; i < 64; i++) {
+        float v = (float)i * -0.5f + 1.0f;
+        memcpy(xframe + 16 + 4 * i, &v, 4);
+    }
+    CHECK(same_bytes(xframe, sizeof xframe, g.data[1], g.len[1]));
+    gfree(&g);
+    CHECK(golden("trunk_result", &g) == 0);
+    CHECK(shoal_proto_enc_tresult(buf, sizeof buf, &len, (1ull << 33) + 1, 0, 70000) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    uint8_t tyframe[16 + 10 * 4];
+    CHECK(shoal_proto_tensor_hdr(tyframe, SHOAL_WIRE_F32, 1, 10) == 0);
+    for (int i = 0; i < 10; i++) {
+        float v = (float)i * 1.5f;
+        memcpy(tyframe + 16 + 4 * i, &v, 4);
+    }
+    CHECK(same_bytes(tyframe, sizeof tyframe, g.data[1], g.len[1]));
+    gfree(&g);
+    /* limits: no segment, too many, lo > hi, a name too long */
+    CHECK(shoal_proto_enc_tbatch(buf, sizeof buf, &len, 1, 3, ts, 0) == SHOAL_ERANGE);
+    CHECK(shoal_proto_enc_tbatch(buf, sizeof buf, &len, 1, 3, ts, SHOAL_PROTO_MAX_TSEGS + 1) == SHOAL_ERANGE);
+    ts[0].lo = 5;
+    CHECK(shoal_proto_enc_tbatch(buf, sizeof buf, &len, 1, 3, ts, 1) == SHOAL_ERANGE);
+}
+
+/* ---- 1.3 trunk messages: decoding the Python bytes, and refusals ---------- */
+
+static void t_trunk_decode(void)
+{
+    gmsg g;
+    shoal_proto_msg m;
+    int perr;
+    char err[512];
+    memset(&m, 0, sizeof m);
+    CHECK(golden("hello_reply_trunk", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0);
+    CHECK(m.hello.ntrunk == 2 && m.hello.nowned == 2 && m.hello.prefetch == 0);
+    if (m.hello.ntrunk == 2) {
+        CHECK(!strcmp(m.hello.trunk[0].name, "language_model.model.layers.3.self_attn.q_proj.weight"));
+        CHECK(m.hello.trunk[0].lo == 0 && m.hello.trunk[0].hi == 127);
+        CHECK(!strcmp(m.hello.trunk[1].name, "language_model.lm_head.weight"));
+        CHECK(m.hello.trunk[1].lo == 300 && m.hello.trunk[1].hi == 70000);
+        CHECK(m.hello.trunk_fp[0] == 32 && m.hello.trunk_fp[31] == 63);
+    }
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+    CHECK(golden("hello_reply", &g) == 0); /* a 1.0-1.2 worker: no trunk rows */
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0);
+    CHECK(m.hello.ntrunk == 0 && m.hello.trunk == NULL);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+
+    CHECK(golden("trunk_batch", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.type == SHOAL_MSG_TRUNK_BATCH && m.rid == (1ull << 33) + 1 && m.tbatch.layer == 3 && m.tbatch.n == 2);
+    CHECK(!strcmp(m.tbatch.seg[1].name, "language_model.model.layers.3.self_attn.k_proj.weight"));
+    CHECK(m.tbatch.seg[1].lo == 255 && m.tbatch.seg[1].hi == 256);
+    CHECK(m.tbatch.x.dtype == SHOAL_WIRE_F32 && m.tbatch.x.rows == 2 && m.tbatch.x.cols == 32);
+    shoal_proto_msg_clear(&m);
+    /* a request is not a reply */
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == SHOAL_EPROTO && perr == SHOAL_PERR_UNKNOWN_TYPE);
+    shoal_proto_msg_clear(&m);
+    /* without its x frame */
+    g.n = 1;
+    CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == SHOAL_EPROTO && perr == SHOAL_PERR_MALFORMED);
+    shoal_proto_msg_clear(&m);
+    g.n = 2;
+    gfree(&g);
+
+    CHECK(golden("trunk_result", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0);
+    CHECK(m.type == SHOAL_MSG_TRUNK_RESULT && m.tresult.compute_us == 70000 && m.tresult.y.rows == 1 &&
+          m.tresult.y.cols == 10);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+
+    /* hand-made refusals: lo > hi, a name with a space, an empty list, bf16 x */
+    uint8_t ctl[512], x[16 + 32 * 4];
+    size_t len;
+    CHECK(shoal_proto_tensor_hdr(x, SHOAL_WIRE_F32, 1, 32) == 0);
+    memset(x + 16, 0, 32 * 4);
+    static const uint8_t bad_lohi[] = {0x93, 0x0c, 0x01, 0x82, 0xa5, 'l', 'a', 'y', 'e', 'r', 0x00, 0xa4, 'm', 'a',
+                                       't', 's', 0x91, 0x93, 0xa1, 'w', 0x05, 0x04};
+    static const uint8_t bad_name[] = {0x93, 0x0c, 0x01, 0x82, 0xa5, 'l', 'a', 'y', 'e', 'r', 0x00, 0xa4, 'm', 'a',
+                                       't', 's', 0x91, 0x93, 0xa2, 'w', ' ', 0x00, 0x04};
+    static const uint8_t empty_list[] = {0x93, 0x0c, 0x01, 0x82, 0xa5, 'l', 'a', 'y', 'e', 'r', 0x00,
+                                         0xa4, 'm',  'a',  't',  's',  0x90};
+    const struct {
+        const uint8_t *b;
+        size_t n;
+    } bad[] = {{bad_lohi, sizeof bad_lohi}, {bad_name, sizeof bad_name}, {empty_list, sizeof empty_list}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        shoal_frame f[2] = {{bad[i].b, bad[i].n}, {x, sizeof x}};
+        CHECK_MSG(shoal_proto_decode(f, 2, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err) == SHOAL_EPROTO &&
+                      perr == SHOAL_PERR_MALFORMED,
+                  "case %zu", i);
+        shoal_proto_msg_clear(&m);
+    }
+    shoal_proto_trows one = {"w", 0, 4};
+    CHECK(shoal_proto_enc_tbatch(ctl, sizeof ctl, &len, 1, 0, &one, 1) == 0);
+    uint8_t xb[16 + 32 * 2];
+    CHECK(shoal_proto_tensor_hdr(xb, SHOAL_WIRE_BF16, 1, 32) == 0);
+    memset(xb + 16, 0, 64);
+    shoal_frame fb[2] = {{ctl, len}, {xb, sizeof xb}};
+    CHECK(shoal_proto_decode(fb, 2, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err) == SHOAL_EPROTO &&
+          perr == SHOAL_PERR_UNSUPPORTED);
+    shoal_proto_msg_clear(&m);
+    shoal_frame fg[2] = {{ctl, len}, {x, sizeof x}};
+    CHECK(shoal_proto_decode(fg, 2, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err) == 0 && m.tbatch.n == 1);
+    shoal_proto_msg_clear(&m);
+}
+
+static void t_trunk_fingerprint(void)
+{
+    CHECK(golden_doc || (golden("ping", &(gmsg){0}) == 0));
+    json_t *fpj = json_object_get(golden_doc, "trunk_fingerprint");
+    const char *want = json_string_value(json_object_get(fpj, "blake2b_256"));
+    CHECK(want != NULL);
+    if (!want)
+        return;
+    shoal_fprint f;
+    shoal_fprint_trunk_begin(&f);
+    int64_t a[2] = {192, 96}, b[2] = {4096, 96};
+    shoal_fprint_tensor(&f, "language_model.model.layers.0.mlp.gate_proj.weight", "BF16", 2, a, 36864);
+    shoal_fprint_tensor(&f, "language_model.lm_head.weight", "F32", 2, b, 1572864);
+    uint8_t out[32];
+    char hex[65];
+    shoal_fprint_end(&f, out);
+    shoal_proto_hex(out, hex);
+    CHECK_MSG(!strcmp(hex, want), "trunk fingerprint %s, golden %s", hex, want);
 }
 
 /* ---- golden.json: the C decoder reads the Python bytes ------------------- */
@@ -458,8 +609,8 @@ static void t_refusals(void)
     /* envelope of 2 elements */
     static const uint8_t two[] = {0x92, 0x03, 0x01};
     CHECK(dec1(two, sizeof two, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO);
-    /* unknown type 12, rid still reported */
-    static const uint8_t unk[] = {0x93, 0x0c, 0x2a, 0x80};
+    /* unknown type 14 (12 and 13 are the 1.3 trunk messages), rid still reported */
+    static const uint8_t unk[] = {0x93, 0x0e, 0x2a, 0x80};
     /* PREFETCH (11) without its keys; with descending, repeated, negative,
      * too-large ids; as a reply */
     static const uint8_t pf0[] = {0x93, 0x0b, 0x00, 0x80};
@@ -1003,6 +1154,8 @@ int main(void)
     RUN(t_hand_golden);
     RUN(t_golden_encode);
     RUN(t_golden_decode);
+    RUN(t_trunk_decode);
+    RUN(t_trunk_fingerprint);
     RUN(t_roundtrip);
     RUN(t_refusals);
     RUN(t_check_batch);

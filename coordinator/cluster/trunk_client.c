@@ -1,0 +1,315 @@
+/* The remote trunk matmul backend (trunk_client.h): the per-call exchange on
+ * the engine's forward thread, over the links of an expert client opened in
+ * the trunk role (links.c; the shared struct in expert_client_int.h).
+ *
+ * No allocation on the forward thread: control frames are the workers' own
+ * buffers, the input frame is the client's (packed once, the same bytes for
+ * every worker), all sent as ZeroMQ constant messages; a buffer is rewritten
+ * by the next submit() only, after every reply to the previous one arrived
+ * (or it failed: a stale request may then go out with torn contents, which
+ * the worker validates and answers under the old rid, dropped here). */
+#include "coordinator/cluster/trunk_client.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/err.h"
+#include "coordinator/cluster/expert_client_int.h"
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void fail(shoal_expert_client *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fail(shoal_expert_client *c, int rc, const char *fmt, ...)
+{
+    if (c->state != SENT)
+        return;
+    c->rc = rc;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+    c->st.failures++;
+    c->state = FAILED;
+}
+
+static int send_frame(void *sock, void *data, size_t len, int more)
+{
+    zmq_msg_t m;
+    zmq_msg_init_data(&m, data, len, NULL, NULL);
+    if (zmq_msg_send(&m, sock, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
+        int e = errno;
+        zmq_msg_close(&m);
+        errno = e;
+        return -1;
+    }
+    return 0;
+}
+
+/* Index of matrix name among the client's matrices (binary search), or -1. */
+static int find_mat(const shoal_expert_client *c, const char *name)
+{
+    int lo = 0, hi = c->ntmats - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2, k = c->tsorted[mid];
+        int r = strcmp(name, c->tmats[k].name);
+        if (!r)
+            return k;
+        if (r < 0)
+            hi = mid - 1;
+        else
+            lo = mid + 1;
+    }
+    return -1;
+}
+
+static int has(void *self, const char *name, int rows, int cols)
+{
+    shoal_expert_client *c = self;
+    int k = find_mat(c, name);
+    return k >= 0 && c->tremote[k] && c->tmats[k].rows == rows && c->tmats[k].cols == cols;
+}
+
+static int submit(void *self, int layer, const shoal_rmat_job *jobs, int n, const float *x, int T, char *err,
+                  size_t errlen)
+{
+    shoal_expert_client *c = self;
+    if (n < 1 || n > SHOAL_RMAT_MAX_JOBS || T < 1 || T > c->o.max_tokens)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "trunk submit: %d jobs, %d tokens", n, T);
+    int cols = jobs[0].cols;
+    for (int j = 0; j < n; j++)
+        if (jobs[j].cols != cols || !has(c, jobs[j].name, jobs[j].rows, jobs[j].cols))
+            return shoal_err_set(err, errlen, SHOAL_EINVAL, "trunk submit: %s is not a remote matrix of width %d",
+                                 jobs[j].name, cols);
+    if ((size_t)SHOAL_PROTO_TENSOR_HDR + (size_t)T * (size_t)cols * 4 > c->tx_cap)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "trunk submit: input larger than the buffer");
+    pthread_mutex_lock(&c->smu);
+    c->state = SENT;
+    c->rc = 0;
+    c->err[0] = 0;
+    c->layer = layer;
+    c->tjobs = jobs;
+    c->ntjobs = n;
+    c->tT = T;
+    for (int i = 0; i < c->nw; i++) {
+        c->w[i].ntseg = 0;
+        c->w[i].trows = 0;
+        c->w[i].involved = 0;
+        c->w[i].answered = 0;
+    }
+    for (int j = 0; j < n && c->state == SENT; j++) {
+        int k = find_mat(c, jobs[j].name);
+        for (int p = c->pbeg[k]; p < c->pbeg[k] + c->pcnt[k]; p++) {
+            const shoal_tshard_piece *pc = &c->pieces[p];
+            shoal__ec_worker *w = &c->w[pc->w];
+            if (w->ntseg == SHOAL_PROTO_MAX_TSEGS) {
+                fail(c, SHOAL_ECONFIG, "trunk worker %s: more than %d row ranges in one request (layer %d)", w->name,
+                     SHOAL_PROTO_MAX_TSEGS, layer);
+                break;
+            }
+            shoal_proto_trows *g = &w->tseg[w->ntseg];
+            memcpy(g->name, c->tmats[k].name, sizeof g->name);
+            g->lo = pc->lo;
+            g->hi = pc->hi;
+            w->tjob[w->ntseg++] = j;
+            w->trows += pc->hi - pc->lo + 1;
+            w->involved = 1;
+        }
+    }
+    size_t xlen = 0;
+    if (c->state == SENT) {
+        shoal_proto_tensor_hdr(c->tx, SHOAL_WIRE_F32, (uint32_t)T, (uint32_t)cols);
+        memcpy(c->tx + SHOAL_PROTO_TENSOR_HDR, x, (size_t)T * (size_t)cols * 4);
+        shoal_proto_tensor_len(SHOAL_WIRE_F32, (uint32_t)T, (uint32_t)cols, &xlen);
+    }
+    for (int i = 0; i < c->nw && c->state == SENT; i++) {
+        shoal__ec_worker *w = &c->w[i];
+        if (!w->involved)
+            continue;
+        if (atomic_load(&w->link) != W_UP) {
+            fail(c, SHOAL_EPEER, "trunk worker %s is down (%s); not sent layer %d, reconnecting in the background",
+                 w->name, w->why, layer);
+            break;
+        }
+        w->rid = ++c->next_rid;
+        if (shoal_proto_enc_tbatch(w->tctl, SHOAL__EC_TCTL_CAP, &w->tctl_len, w->rid, (uint32_t)layer, w->tseg,
+                                   w->ntseg)) {
+            fail(c, SHOAL_EINTERNAL, "trunk worker %s: TRUNK_BATCH does not encode", w->name);
+            break;
+        }
+        if (send_frame(w->sock, w->tctl, w->tctl_len, 1) || send_frame(w->sock, c->tx, xlen, 0)) {
+            int e = errno;
+            shoal__ec_mark_down(c, i, "cannot send: %s", e == EAGAIN ? "not connected" : zmq_strerror(e));
+            fail(c, SHOAL_EPEER, "trunk worker %s: cannot send layer %d: %s", w->name, layer,
+                 e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
+            break;
+        }
+        c->trunk_messages++;
+        c->st.messages++;
+        c->st.bytes_out += w->tctl_len + xlen;
+    }
+    c->trunk_requests++;
+    c->st.requests++;
+    c->deadline_us = now_us() + (uint64_t)c->o.timeout_ms * 1000u;
+    return 0; /* a failure is returned by gather() (it releases the lock) */
+}
+
+/* One message from involved worker i (smu held): checked and scattered. */
+static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, int truncated)
+{
+    shoal__ec_worker *w = &c->w[i];
+    shoal_frame f[SHOAL_PROTO_MAX_FRAMES];
+    for (int j = 0; j < np; j++)
+        f[j] = (shoal_frame){zmq_msg_data(&parts[j]), zmq_msg_size(&parts[j])};
+    if (!truncated && f[0].len >= 2 && f[0].data[0] == 0x93 && f[0].data[1] == SHOAL_MSG_HELLO) {
+        shoal__ec_close_parts(parts, np); /* an answer to an old probe: decoding one allocates */
+        return;
+    }
+    shoal_proto_msg m;
+    memset(&m, 0, sizeof m);
+    int perr;
+    char why[512];
+    int drc = truncated ? SHOAL_EPROTO
+                        : shoal_proto_decode_with(c->dec, f, np, SHOAL_SIDE_COORDINATOR, &m, &perr, why, sizeof why);
+    if (truncated)
+        snprintf(why, sizeof why, "more frames than the protocol allows");
+    int current = c->state == SENT && !w->answered && m.rid == w->rid;
+    uint64_t want = w->trows * (uint64_t)c->tT;
+    if (!drc && (m.type == SHOAL_MSG_PONG || m.type == SHOAL_MSG_HELLO)) {
+        /* an answer to an old probe */
+    } else if (!current) {
+        c->st.late_replies++;
+    } else if (drc) {
+        shoal__ec_mark_down(c, i, "malformed reply: %s", why);
+        fail(c, SHOAL_EPROTO, "trunk worker %s: malformed reply to layer %d: %s", w->name, c->layer, why);
+    } else if (m.type == SHOAL_MSG_ERROR) {
+        shoal__ec_mark_down(c, i, "answered ERROR %s", shoal_perr_name((int)m.error.code));
+        fail(c, shoal_perr_to_err((int)m.error.code), "trunk worker %s refused layer %d: %s: %s", w->name, c->layer,
+             shoal_perr_name((int)m.error.code), m.error.message);
+    } else if (m.type != SHOAL_MSG_TRUNK_RESULT || m.tresult.y.cols != want) {
+        shoal__ec_mark_down(c, i, "reply of the wrong type or shape");
+        fail(c, SHOAL_EPROTO, "trunk worker %s answered layer %d with %s of %u values, expected TRUNK_RESULT of %llu",
+             w->name, c->layer, shoal_msg_type_name(m.type), m.tresult.y.cols, (unsigned long long)want);
+    } else {
+        const shoal_rmat_job *jobs = c->tjobs;
+        const uint8_t *src = m.tresult.y.data;
+        int T = c->tT;
+        for (uint32_t s = 0; s < w->ntseg; s++) {
+            const shoal_rmat_job *jb = &jobs[w->tjob[s]];
+            size_t nr = (size_t)(w->tseg[s].hi - w->tseg[s].lo + 1);
+            for (int t = 0; t < T; t++)
+                memcpy(jb->y + (size_t)t * (size_t)jb->rows + w->tseg[s].lo, src + ((size_t)t * nr) * 4, nr * 4);
+            src += (size_t)T * nr * 4;
+        }
+        c->st.worker_queue_us += m.tresult.queue_us;
+        c->st.worker_compute_us += m.tresult.compute_us;
+        w->answered = 1;
+    }
+    for (int j = 0; j < np; j++)
+        c->st.bytes_in += f[j].len;
+    shoal_proto_msg_clear(&m);
+    shoal__ec_close_parts(parts, np);
+}
+
+static int gather(void *self, char *err, size_t errlen)
+{
+    shoal_expert_client *c = self;
+    uint64_t t0 = now_us();
+    while (c->state == SENT) {
+        int n = 0;
+        for (int i = 0; i < c->nw && c->state == SENT; i++) {
+            shoal__ec_worker *w = &c->w[i];
+            if (!w->involved || w->answered)
+                continue;
+            zmq_msg_t parts[SHOAL_PROTO_MAX_FRAMES];
+            int np, truncated;
+            while (c->state == SENT && !w->answered && (np = shoal__ec_recv_parts(w->sock, parts, &truncated)) > 0)
+                on_reply(c, i, parts, np, truncated);
+            if (c->state != SENT || w->answered)
+                continue;
+            if (shoal__ec_monitor_disconnected(w->mon)) {
+                shoal__ec_mark_down(c, i, "disconnected (the worker died?)");
+                fail(c, SHOAL_EPEER, "trunk worker %s disconnected before answering layer %d (the worker died?)",
+                     w->name, c->layer);
+                break;
+            }
+            c->pfd[n] = (struct pollfd){.fd = w->fd, .events = POLLIN};
+            c->pidx[n++] = i;
+            c->pfd[n] = (struct pollfd){.fd = w->mfd, .events = POLLIN};
+            c->pidx[n++] = i;
+        }
+        if (c->state != SENT || n == 0)
+            break;
+        uint64_t now = now_us();
+        if (now >= c->deadline_us) {
+            char names[768] = "";
+            size_t at = 0;
+            for (int i = 0; i < c->nw && at < sizeof names; i++)
+                if (c->w[i].involved && !c->w[i].answered) {
+                    at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", at ? ", " : "", c->w[i].name);
+                    shoal__ec_mark_down(c, i, "no reply within %d ms", c->o.timeout_ms);
+                }
+            fail(c, SHOAL_ETIMEOUT, "no reply to the trunk rows of layer %d within %d ms from trunk worker %s",
+                 c->layer, c->o.timeout_ms, names);
+            break;
+        }
+        /* capped, so that a missed wake-up (ZMQ_FD is edge-like) only delays */
+        uint64_t ms = (c->deadline_us - now + 999) / 1000;
+        if (poll(c->pfd, (nfds_t)n, ms > 20 ? 20 : (int)ms) < 0 && errno != EINTR)
+            usleep(1000);
+    }
+    c->st.wait_s += (double)(now_us() - t0) / 1e6;
+    int rc = c->state == FAILED ? c->rc : 0;
+    if (rc)
+        shoal_err_set(err, errlen, rc, "%s", c->err);
+    c->state = IDLE;
+    c->tjobs = NULL;
+    pthread_mutex_unlock(&c->smu);
+    return rc;
+}
+
+static void vt_close(void *self)
+{
+    shoal_expert_client_close(self);
+}
+
+static const shoal_rmat_vt trunk_vt = {.has = has, .submit = submit, .gather = gather, .close = vt_close};
+
+int shoal_trunk_client_open(shoal_expert_client **out, const shoal_expert_client_opts *o, char *err, size_t errlen)
+{
+    if (!o->trunk_role || !o->st)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "trunk client: trunk_role and st are required");
+    return shoal_expert_client_open(out, o, err, errlen);
+}
+
+shoal_rmat shoal_trunk_client_backend(shoal_expert_client *c)
+{
+    return (shoal_rmat){.vt = &trunk_vt, .self = c};
+}
+
+void shoal_trunk_client_counts(shoal_expert_client *c, uint64_t *requests, uint64_t *messages)
+{
+    pthread_mutex_lock(&c->smu);
+    *requests = c->trunk_requests;
+    *messages = c->trunk_messages;
+    pthread_mutex_unlock(&c->smu);
+}
+
+int shoal_trunk_client_nremote(const shoal_expert_client *c)
+{
+    int n = 0;
+    for (int k = 0; k < c->ntmats; k++)
+        n += c->tremote[k] != 0;
+    return n;
+}
