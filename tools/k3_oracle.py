@@ -27,6 +27,9 @@ offline, so their behaviour is reproduced here from the SPEC:
   xtml_encode     each segment encoded on its own (§5.4 "Segmentation matters"):
                   special segments as their one id, text with specials off.
 
+Open point: a whitespace-only reasoning_content renders as an empty think
+element (see xtml_segments); the SPEC says only "possibly empty".
+
 Not covered (the SPEC leaves them open or they are not needed here): content
 given as a list of parts, thinking_effort, tool_choice "none",
 response_format, tool messages that do not match the last assistant's calls.
@@ -237,7 +240,12 @@ def xtml_segments(messages, thinking=True, add_generation_prompt=True, tools=Non
 
             def body():
                 if thinking:
-                    s.element("think", [], m.get("reasoning_content") or "")
+                    # SPEC §5.4: present, possibly empty, on every assistant turn. A
+                    # reasoning that str.strip() leaves empty is rendered empty: the
+                    # SPEC does not say; this follows WASTE's port of encoding_k3.py
+                    # (the SPEC's named source for §5.4), as chat.h records it
+                    r = m.get("reasoning_content") or m.get("reasoning") or ""
+                    s.element("think", [], r if r.strip() else "")
                 s.element("response", [], _content(m))
                 if calls:
                     s.open("tools")
