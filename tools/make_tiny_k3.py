@@ -4,6 +4,7 @@
     python3 tools/make_tiny_k3.py --preset tiny-k3       --out tests/models/tiny-k3
     python3 tools/make_tiny_k3.py --preset tiny-k3-plain --out tests/models/tiny-k3-plain
     python3 tools/make_tiny_k3.py --preset k3-scale      --out DIR   # real widths, ~2 GB
+    python3 tools/make_tiny_k3.py --preset tiny-k3-vocab --out DIR   # toy widths, vocab 163,840
     python3 tools/make_tiny_k3.py --preset k3-slice --layers 4 --experts-per-layer 32 --out DIR
 
 Output directory: config.json (the official nested kimi_k3 layout, SPEC §1),
@@ -70,6 +71,16 @@ PRESETS = {
         inter=128, moe_inter=32, latent=96, experts=16, topk=4, shared=2,
         quantized=False, dtype="float32", router_tie=None, max_pos=4096,
         shard_bytes=2_000_000, vt=32),
+    # toy widths with the real vocabulary size (163,840 logits; tokenizer padded
+    # as for k3-slice, the real K3 files copied over it or given with --tokenizer):
+    # regenerated at test time (tests/e2e/test_k3_real_vocab.py), never committed
+    "tiny-k3-vocab": dict(
+        vocab_from_tokenizer=False, vocab=163840, hidden=64, layers=2, block=2,
+        kda_heads=2, kda_head_dim=32, a_log_len=4, conv=4, gate_lower_bound=-5.0,
+        mla_heads=2, q_lora=32, kv_lora=32, nope=32, rope=32, v_dim=32,
+        inter=128, moe_inter=32, latent=32, experts=8, topk=2, shared=1,
+        quantized=False, dtype="bfloat16", router_tie=None, max_pos=4096,
+        shard_bytes=64_000_000, vt=32),
     # real K3 widths, one KDA+dense, one MLA+MoE layer, few experts, small vocab:
     # regenerated at test time for the engine's scale test (never committed)
     "k3-scale": dict(

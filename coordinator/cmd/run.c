@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "common/err.h"
+#include "common/k3cfg.h"
 #include "common/log.h"
 #include "common/memplan.h"
 #include "coordinator/cluster/cluster.h"
@@ -27,6 +28,9 @@ static void usage(FILE *f)
             "incremental decode) and prints the continuation and a run report.\n"
             "\n"
             "  --model DIR          model directory (config.json, safetensors, tokenizer files)\n"
+            "  --tokenizer DIR      tiktoken.model + tokenizer_config.json from DIR instead of\n"
+            "                       the model's folder; refused unless it is the model's\n"
+            "                       vocabulary (config.json vocab_size; K3's sha256 for K3)\n"
             "  --ids LIST           prompt token ids, comma-separated (no tokenizer needed)\n"
             "  --prompt TEXT        prompt text, encoded with the model's tokenizer\n"
             "                       (tiktoken.model + tokenizer_config.json in DIR)\n"
@@ -169,6 +173,7 @@ static int cmp_double(const void *a, const void *b)
 int shoal_cmd_run(int argc, char **argv)
 {
     const char *model = NULL, *ids_s = NULL, *prompt = NULL, *prompt_file = NULL, *dump = NULL, *trace_path = NULL, *metrics_path = NULL;
+    const char *tokenizer_dir = NULL;
     long gen = 16, threads = 0, top_k = 0, max_ctx = 0, batch = 256;
     double temp = 0.0, top_p = 1.0;
     unsigned long long seed = 0;
@@ -195,6 +200,9 @@ int shoal_cmd_run(int argc, char **argv)
         } else if (!strcmp(a, "--model")) {
             VAL();
             model = v;
+        } else if (!strcmp(a, "--tokenizer")) {
+            VAL();
+            tokenizer_dir = v;
         } else if (!strcmp(a, "--ids")) {
             VAL();
             ids_s = v;
@@ -277,10 +285,24 @@ int shoal_cmd_run(int argc, char **argv)
     /* the tokenizer: required for text prompts, optional (for the text of the
      * continuation) with --ids */
     shoal_tok *tok = NULL;
-    int trc = shoal_tok_open(&tok, model, NULL, err, sizeof err);
-    if (trc && !ids_s) {
-        fprintf(stderr, "shoal run: %s: tokenizer: %s: %s\n", model, shoal_strerror(trc), err);
+    const char *tok_dir = tokenizer_dir ? tokenizer_dir : model;
+    int trc = shoal_tok_open(&tok, tok_dir, NULL, err, sizeof err);
+    if (trc && (!ids_s || tokenizer_dir)) {
+        fprintf(stderr, "shoal run: %s: tokenizer: %s: %s\n", tok_dir, shoal_strerror(trc), err);
         return 3;
+    }
+    if (tok) { /* it must be the model's vocabulary (size; K3's digest for K3's config) */
+        shoal_k3cfg cfg;
+        char cpath[PATH_MAX];
+        snprintf(cpath, sizeof cpath, "%s/config.json", model);
+        trc = shoal_k3cfg_load(&cfg, cpath, err, sizeof err);
+        if (!trc)
+            trc = shoal_tok_check_model(tok, tok_dir, cpath, cfg.vocab_size, err, sizeof err);
+        if (trc) {
+            fprintf(stderr, "shoal run: %s\n", err);
+            shoal_tok_close(tok);
+            return 3;
+        }
     }
     int32_t *prompt_ids = NULL;
     int n_prompt = 0;
@@ -336,6 +358,7 @@ int shoal_cmd_run(int argc, char **argv)
         .trunk_mode = trunk_mode,
         .trunk_budget = trunk_budget,
         .trunk_no_direct = trunk_no_direct,
+        .tokenizer_dir = tokenizer_dir,
     };
     shoal_model *m = NULL;
     int rc = shoal_model_open(&m, model, &mo, err, sizeof err);

@@ -30,6 +30,9 @@ static void usage(FILE *f)
             "Serves the OpenAI-compatible API (docs/API.md) for the model in DIR.\n"
             "\n"
             "  --model DIR            model directory (config.json, safetensors, tiktoken.model)\n"
+            "  --tokenizer DIR        tiktoken.model + tokenizer_config.json from DIR instead of\n"
+            "                         the model's folder; refused unless it is the model's\n"
+            "                         vocabulary (config.json vocab_size; K3's sha256 for K3)\n"
             "  --host ADDR            bind address (default 127.0.0.1); any non-loopback\n"
             "                         address requires --api-key unless --insecure\n"
             "  --port N               TCP port (default 8000; 0 picks a free one)\n"
@@ -170,6 +173,7 @@ int shoal_cmd_serve(int argc, char **argv)
     shoal_trunk_mode trunk_mode = SHOAL_TRUNK_MAPPED;
     uint64_t trunk_budget = 0;
     const char *trace_path = NULL;
+    const char *tokenizer_dir = NULL;
     shoal_dist_opts dopts = {0};
     int bad = 0;
     /* flags take their value as the next argument; the distributed-experts
@@ -234,6 +238,7 @@ int shoal_cmd_serve(int argc, char **argv)
                             : !strcmp(a, "--api-key")      ? &api_key
                             : !strcmp(a, "--api-key-file") ? &key_file
                             : !strcmp(a, "--trace")        ? &trace_path
+                            : !strcmp(a, "--tokenizer")    ? &tokenizer_dir
                                                            : NULL;
         if (sdst || !strcmp(a, "--model-name")) {
             if (!v) {
@@ -311,26 +316,33 @@ int shoal_cmd_serve(int argc, char **argv)
     shoal_trace *trace = NULL;
     serve_ctx ctx = {0};
 
+    /* the tokenizer (--tokenizer DIR, else the model's folder) must be the
+     * model's vocabulary: size, and K3's digest for K3's config */
+    const char *tok_dir = tokenizer_dir ? tokenizer_dir : model_dir;
     shoal_tok_opts to = {0};
-    rc = shoal_tok_open(&tok, model_dir, &to, err, sizeof err);
+    rc = shoal_tok_open(&tok, tok_dir, &to, err, sizeof err);
     if (rc) {
         fprintf(stderr, "shoal serve: tokenizer: %s\n", err);
         goto out;
     }
-    if (!max_context) {
+    {
         shoal_k3cfg cfg;
         char cpath[PATH_MAX];
         snprintf(cpath, sizeof cpath, "%s/config.json", model_dir);
         rc = shoal_k3cfg_load(&cfg, cpath, err, sizeof err);
+        if (!rc)
+            rc = shoal_tok_check_model(tok, tok_dir, cpath, cfg.vocab_size, err, sizeof err);
         if (rc) {
             fprintf(stderr, "shoal serve: %s\n", err);
             goto out;
         }
-        max_context = cfg.max_position < 16384 ? cfg.max_position : 16384;
+        if (!max_context)
+            max_context = cfg.max_position < 16384 ? cfg.max_position : 16384;
     }
     shoal_model_opts mo = {.max_context = (int)max_context, .threads = (int)threads,
                            .remote_experts = shoal_dist_enabled(&dopts), .trunk_mode = trunk_mode,
-                           .trunk_budget = trunk_budget, .trunk_no_direct = trunk_no_direct};
+                           .trunk_budget = trunk_budget, .trunk_no_direct = trunk_no_direct,
+                           .tokenizer_dir = tokenizer_dir};
     rc = shoal_model_open(&model, model_dir, &mo, err, sizeof err);
     if (rc) {
         fprintf(stderr, "shoal serve: model: %s\n", err);

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "cli/commands.h"
 #include "common/err.h"
 #include "coordinator/text/text.h"
@@ -20,24 +22,53 @@ static int read_all(const char *path, char **buf, size_t *len)
     return rc;
 }
 
+/* --chat: a request body's messages and options to the prompt's ids */
+static int chat_encode(const shoal_tok *t, const char *text, size_t len, shoal_tok_ids *ids, char *err,
+                       size_t errlen)
+{
+    json_error_t je;
+    json_t *body = json_loadb(text, len, 0, &je);
+    if (!body)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--chat: line %d: %s", je.line, je.text);
+    shoal_chat_opts o = {0};
+    int rc = json_is_object(body) ? 0
+                                  : shoal_err_set(err, errlen, SHOAL_EINVAL, "--chat: the body is not an object");
+    if (!rc)
+        rc = shoal_chat_opts_from_request(body, &o, err, errlen);
+    if (!rc) {
+        o.no_generation_prompt = json_is_false(json_object_get(body, "add_generation_prompt"));
+        rc = shoal_chat_encode(t, json_object_get(body, "messages"), &o, ids, err, errlen);
+    }
+    json_decref(body);
+    return rc;
+}
+
 static void tokenize_usage(FILE *f)
 {
     fprintf(f, "usage: shoal tokenize --model DIR [--allow-special] (TEXT | --file FILE)\n"
+               "       shoal tokenize --model DIR --chat FILE\n"
                "Prints the token ids of TEXT (or of FILE's bytes, '-' for stdin) on one line,\n"
                "comma-separated. Special-token strings are ordinary text unless --allow-special.\n"
-               "Invalid UTF-8 is replaced by U+FFFD per maximal invalid subpart first.\n");
+               "Invalid UTF-8 is replaced by U+FFFD per maximal invalid subpart first.\n"
+               "--chat: FILE is a /v1/chat/completions body (messages, tools, tool_choice,\n"
+               "response_format, chat_template_kwargs.thinking, thinking_effort; and\n"
+               "\"add_generation_prompt\": false to leave the assistant's turn unopened); prints\n"
+               "the ids of the K3 XTML prompt, as the server counts them (usage.prompt_tokens).\n");
 }
 
 int shoal_cmd_tokenize(int argc, char **argv)
 {
     const char *model = NULL, *file = NULL, *text = NULL;
-    int allow = 0;
+    int allow = 0, chat = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc)
             model = argv[++i];
         else if (!strcmp(argv[i], "--file") && i + 1 < argc)
             file = argv[++i];
-        else if (!strcmp(argv[i], "--allow-special"))
+        else if (!strcmp(argv[i], "--chat") && i + 1 < argc) {
+            file = argv[++i];
+            chat = 1;
+        } else if (!strcmp(argv[i], "--allow-special"))
             allow = 1;
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             tokenize_usage(stdout);
@@ -53,7 +84,7 @@ int shoal_cmd_tokenize(int argc, char **argv)
             return 2;
         }
     }
-    if (!model || (!file) == (!text)) {
+    if (!model || (!file) == (!text) || (chat && allow)) {
         tokenize_usage(stderr);
         return 2;
     }
@@ -78,7 +109,8 @@ int shoal_cmd_tokenize(int argc, char **argv)
         len = strlen(text);
     }
     shoal_tok_ids ids = {0};
-    rc = shoal_tok_encode(t, text, len, allow, &ids, err, sizeof err);
+    rc = chat ? chat_encode(t, text, len, &ids, err, sizeof err)
+              : shoal_tok_encode(t, text, len, allow, &ids, err, sizeof err);
     if (rc) {
         fprintf(stderr, "shoal tokenize: %s\n", err);
     } else {

@@ -109,6 +109,9 @@ typedef struct {
     uint64_t trunk_budget;
     int trunk_no_direct;  /* 1: buffered reads (no O_DIRECT) */
     int trunk_timeout_ms; /* deadline of one streamed unit's read; 0 = 300 s */
+    /* Where tokenizer_config.json (its eos_token, a stop id) is read from;
+     * NULL: the model directory (`--tokenizer DIR`). */
+    const char *tokenizer_dir;
 } shoal_model_opts;
 
 /* What a caller may need to know about an open model. Plain values; cfg is

@@ -531,7 +531,7 @@ int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts 
     in->max_batch = opts->max_batch ? opts->max_batch : 256;
     add_eos(in, c->eos_token_id);
     int tok_eos;
-    rc = tokenizer_eos(dir, c->vocab_size, &tok_eos, err, errlen);
+    rc = tokenizer_eos(opts->tokenizer_dir ? opts->tokenizer_dir : dir, c->vocab_size, &tok_eos, err, errlen);
     if (rc)
         goto fail;
     add_eos(in, tok_eos);

@@ -595,6 +595,42 @@ int shoal_tok_open(shoal_tok **out, const char *model_dir, const shoal_tok_opts 
     return 0;
 }
 
+static void hex32(const uint8_t d[32], char out[65])
+{
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", d[i]);
+}
+
+int shoal_tok_check_model(const shoal_tok *t, const char *tok_dir, const char *config_path, int config_vocab,
+                          char *err, size_t errlen)
+{
+    int32_t nv = shoal_tok_n_vocab(t);
+    if (nv != config_vocab)
+        return shoal_err_set(err, errlen, SHOAL_ECONFIG,
+                             "tokenizer: %s/tiktoken.model has %d ranks + %d reserved = %d ids, but %s says "
+                             "vocab_size %d: not this model's vocabulary",
+                             tok_dir, (int)t->n_ranks, (int)t->n_reserved, (int)nv, config_path, config_vocab);
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = read_file(config_path, &buf, &len, err, errlen);
+    if (rc)
+        return rc;
+    uint8_t d[32];
+    char cfg_hex[65], tok_hex[65];
+    crypto_hash_sha256(d, (const unsigned char *)buf, len);
+    free(buf);
+    hex32(d, cfg_hex);
+    hex32(t->sha256, tok_hex);
+    if (!strcmp(cfg_hex, SHOAL_K3_CONFIG_SHA256) &&
+        (t->vocab_bytes != SHOAL_K3_VOCAB_BYTES || strcmp(tok_hex, SHOAL_K3_VOCAB_SHA256)))
+        return shoal_err_set(err, errlen, SHOAL_ECONFIG,
+                             "tokenizer: %s/tiktoken.model (%zu bytes, sha256 %s) is not K3's vocabulary "
+                             "(%d bytes, sha256 %s, SPEC 5.1), which %s (K3's published config.json) needs",
+                             tok_dir, t->vocab_bytes, tok_hex, SHOAL_K3_VOCAB_BYTES, SHOAL_K3_VOCAB_SHA256,
+                             config_path);
+    return 0;
+}
+
 void shoal_tok_close(shoal_tok *t)
 {
     if (!t)

@@ -80,6 +80,22 @@ void shoal_tok_vocab_sha256(const shoal_tok *t, uint8_t out[32]);
 /* Byte size of tiktoken.model as loaded. */
 size_t shoal_tok_vocab_size_bytes(const shoal_tok *t);
 
+/* SPEC §5.1: K3's tiktoken.model, and SPEC §1.1: K3's published config.json. */
+#define SHOAL_K3_VOCAB_BYTES 2795286
+#define SHOAL_K3_VOCAB_SHA256 "b6c497a7469b33ced9c38afb1ad6e47f03f5e5dc05f15930799210ec050c5103"
+#define SHOAL_K3_CONFIG_SHA256 "9710e121a58d03ac92c8d6da287a19541994319afbbe6d6202af001ffd379213"
+
+/* Does t belong to the model whose config.json is config_path, with
+ * config_vocab = its (text_config.)vocab_size? Refused with SHOAL_ECONFIG,
+ * naming tok_dir's tiktoken.model and config_path:
+ *   - a size mismatch: n_vocab (ranks + reserved) != config_vocab;
+ *   - a digest mismatch: config_path is byte-identical to K3's published
+ *     config.json (SHOAL_K3_CONFIG_SHA256) but tiktoken.model is not K3's
+ *     (SHOAL_K3_VOCAB_BYTES, SHOAL_K3_VOCAB_SHA256).
+ * A config.json that cannot be read is an error too (the file named). */
+int shoal_tok_check_model(const shoal_tok *t, const char *tok_dir, const char *config_path, int config_vocab,
+                          char *err, size_t errlen);
+
 /* Special tokens. shoal_tok_special_id returns the id of a special name (a
  * named one from tokenizer_config.json or "<|reserved_token_ID|>"), or
  * SHOAL_ENOTFOUND. Named roles come from tokenizer_config.json's bos_token,

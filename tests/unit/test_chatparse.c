@@ -353,6 +353,119 @@ static void t_random_ids(void)
     }
 }
 
+/* ------------------------------------------------ the real vocabulary -- */
+
+/* One generated-output segment as the real model's ids: a structural marker
+ * as its one special id, text as ordinary ids (special strings in it stay
+ * text) -- the way encoding_k3.py builds every element (SPEC §5.4). */
+static void seg(const shoal_tok *t, shoal_tok_ids *ids, const char *text, int special)
+{
+    if (special) {
+        shoal_tok_ids_push(ids, shoal_tok_special_id(t, text));
+        return;
+    }
+    char err[256];
+    shoal_tok_encode(t, text, strlen(text), 0, ids, err, sizeof err);
+}
+
+/* An element's opening with attributes, segment by segment: <|open|> TAG
+ * (" key" '="' value '"')* <|sep|>. */
+static void open_el(const shoal_tok *t, shoal_tok_ids *ids, const char *tag, const char *const *kv, int n)
+{
+    seg(t, ids, "<|open|>", 1);
+    seg(t, ids, tag, 0);
+    for (int i = 0; i < n; i++) {
+        char k[64];
+        snprintf(k, sizeof k, " %s", kv[2 * i]);
+        seg(t, ids, k, 0);
+        seg(t, ids, "=\"", 0);
+        seg(t, ids, kv[2 * i + 1], 0);
+        seg(t, ids, "\"", 0);
+    }
+    seg(t, ids, "<|sep|>", 1);
+}
+
+static void close_el(const shoal_tok *t, shoal_tok_ids *ids, const char *tag)
+{
+    seg(t, ids, "<|close|>", 1);
+    seg(t, ids, tag, 0);
+    seg(t, ids, "<|sep|>", 1);
+}
+
+/* The parser on a real-vocabulary id stream (issue 24): reasoning, content
+ * and a typed tool call written with K3's 163,840 ids, where CJK, emoji ZWJ
+ * sequences and combining marks are multi-byte tokens and typed markers are
+ * ordinary ids; fed one id at a time, the deltas add up to the totals, no
+ * delta splits a code point, and the results are the texts written. */
+static void t_real_k3_stream(void)
+{
+    const char *dir = test_k3_tokenizer_dir();
+    if (!dir)
+        SKIP("real K3 vocabulary: no ../shared/k3/tiktoken.model beside the checkout; set "
+             "SHOAL_K3_TOKENIZER_DIR to a directory with K3's tiktoken.model and tokenizer_config.json");
+    shoal_tok *t;
+    char err[512];
+    CHECK_MSG(shoal_tok_open(&t, dir, NULL, err, sizeof err) == 0, "%s", err);
+    if (!t)
+        return;
+    static const char reasoning[] = "思考一下：👨‍👩‍👧‍👦 and e\xCC\x81\xCC\x81 -- the user typed <|open|>tools<|sep|> as text.";
+    static const char content[] = "答案是 42 🏳️‍🌈 naïve café\n\n    code() [EOS] <|end_of_msg|>";
+    shoal_tok_ids ids = {0};
+    seg(t, &ids, reasoning, 0);
+    close_el(t, &ids, "think");
+    open_el(t, &ids, "response", NULL, 0);
+    seg(t, &ids, content, 0);
+    close_el(t, &ids, "response");
+    open_el(t, &ids, "tools", NULL, 0);
+    open_el(t, &ids, "call", (const char *const[]){"tool", "weather", "index", "1"}, 2);
+    open_el(t, &ids, "argument", (const char *const[]){"key", "city", "type", "string"}, 2);
+    seg(t, &ids, "北京 \"东城\"", 0);
+    close_el(t, &ids, "argument");
+    open_el(t, &ids, "argument", (const char *const[]){"key", "days", "type", "number"}, 2);
+    seg(t, &ids, "3", 0);
+    close_el(t, &ids, "argument");
+    close_el(t, &ids, "call");
+    close_el(t, &ids, "tools");
+    close_el(t, &ids, "message");
+    seg(t, &ids, "<|end_of_msg|>", 1);
+    /* the real vocabulary's ids: all below 163,840, and the only special ids
+     * are the markers (none from the typed "<|open|>", "[EOS]", "<|end_of_msg|>") */
+    size_t nspecial = 0;
+    for (size_t i = 0; i < ids.n; i++)
+        nspecial += ids.v[i] >= 163584;
+    CHECK_EQ_INT(nspecial, 2 + 2 * 2 + 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 + 1); /* think, response, tools, call, 2 arguments, message, end */
+
+    stream st;
+    memset(&st, 0, sizeof st);
+    shoal_chatparse *p;
+    CHECK(shoal_chatparse_open(&p, t, &(shoal_chatparse_opts){.on_event = on_event, .ud = &st}, err, sizeof err) ==
+          0);
+    int ended = 0;
+    size_t i;
+    for (i = 0; i < ids.n && !ended; i++)
+        ended = shoal_chatparse_feed(p, ids.v[i]);
+    CHECK(ended && i == ids.n);
+    shoal_chatparse_finish(p, 0);
+    dump_issues(p);
+    CHECK_EQ_INT(shoal_chatparse_n_issues(p), 0);
+    size_t n;
+    const char *r = shoal_chatparse_reasoning(p, &n);
+    CHECK_MSG(eq(r, n, reasoning), "reasoning %.*s", (int)n, r);
+    const char *c = shoal_chatparse_content(p, &n);
+    CHECK_MSG(eq(c, n, content), "content %.*s", (int)n, c);
+    CHECK(eq(st.reasoning, st.rl, reasoning) && eq(st.content, st.cl, content));
+    CHECK_EQ_INT(st.split, 0);
+    CHECK_EQ_INT(shoal_chatparse_n_tool_calls(p), 1);
+    const char *id, *args;
+    const char *name = shoal_chatparse_tool_call(p, 0, &id, &args);
+    CHECK(name && !strcmp(name, "weather"));
+    CHECK_MSG(args && !strcmp(args, "{\"city\":\"北京 \\\"东城\\\"\",\"days\":3}"), "%s", args ? args : "(null)");
+    CHECK(!strcmp(shoal_chatparse_finish_reason(p), "tool_calls"));
+    shoal_chatparse_close(p);
+    shoal_tok_ids_free(&ids);
+    shoal_tok_close(t);
+}
+
 int main(void)
 {
     test_binary = "test_chatparse";
@@ -362,6 +475,7 @@ int main(void)
     RUN(t_streaming_utf8);
     RUN(t_malformed);
     RUN(t_random_ids);
+    RUN(t_real_k3_stream);
     shoal_tok_close(tiny);
     return test_finish();
 }
