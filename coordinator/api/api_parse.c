@@ -612,6 +612,42 @@ static char *memo_key(shoal_gen_kind kind, const shoal_api_limits *lim, const sh
     return hex;
 }
 
+/* The first number whose magnitude is 2^63 or more (the body read with
+ * integers as reals), its path written into path ("max_tokens",
+ * "messages[0].x"). Depth-bounded like the parser. */
+static int find_huge_at(json_t *v, char *path, size_t cap, size_t at, int depth)
+{
+    if (depth > 64)
+        return 0;
+    if (json_is_real(v))
+        return fabs(json_real_value(v)) >= 9223372036854775808.0;
+    if (json_is_object(v)) {
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x) {
+            char q[72];
+            snprintf(path + at, cap - at, "%s%s", at ? "." : "", QUOTE(q, k));
+            if (find_huge_at(x, path, cap, strlen(path), depth + 1))
+                return 1;
+        }
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) {
+            snprintf(path + at, cap - at, "[%zu]", i);
+            if (find_huge_at(x, path, cap, strlen(path), depth + 1))
+                return 1;
+        }
+    }
+    path[at] = '\0';
+    return 0;
+}
+
+static int find_huge(json_t *root, char *path, size_t cap)
+{
+    return find_huge_at(root, path, cap, 0, 0);
+}
+
 int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const shoal_api_limits *lim,
                     shoal_api_req *out, shoal_api_error *err)
 {
@@ -619,6 +655,18 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
     memset(err, 0, sizeof *err);
     json_error_t je;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root && strstr(je.text, "too big")) {
+        /* an integer beyond 64 bits: name the field rather than call the
+         * body invalid JSON (it is valid JSON) */
+        json_error_t je2;
+        json_t *r2 = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &je2);
+        char path[160] = "";
+        if (r2 && find_huge(r2, path, sizeof path)) {
+            json_decref(r2);
+            return fail(err, 400, "invalid_value", path, "'%s' is out of range (an integer beyond 64 bits)", path);
+        }
+        json_decref(r2);
+    }
     if (!root) {
         char q[124];
         return fail(err, 400, "invalid_json", "",

@@ -580,6 +580,7 @@ static void timer_cb(uv_timer_t *t)
         break;
     case TM_REQUEST:
         c->h->st.timeouts++;
+        SHOAL_INFO("access: %s refused: 408 the request was not received in time", c->peer);
         send_error_close(c, 408, "the request was not received in time");
         break;
     case TM_WRITE:
@@ -812,6 +813,7 @@ static void send_error_close(conn *c, int status, const char *msg)
 static void refuse_conn(conn *c, int status, const char *msg)
 {
     c->h->st.bad_requests++;
+    SHOAL_INFO("access: %s refused: %d %s", c->peer, status, msg); /* our text, no client bytes */
     send_error_close(c, status, msg);
 }
 
