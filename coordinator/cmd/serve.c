@@ -82,7 +82,7 @@ static int workers_cb(void *ud, shoal_api_worker *w, int cap)
         shoal_cmetrics_worker_totals t;
         shoal_cmetrics_get_worker(c->cm, i, &t);
         snprintf(w[i].name, sizeof w[i].name, "%s", name ? name : "?");
-        char why[160];
+        char why[400]; /* a refusal names two fingerprints: not cut mid-way */
         w[i].up = shoal_dist_worker_up(c->dist, i, why, sizeof why);
         if (w[i].up)
             snprintf(w[i].state, sizeof w[i].state, "ready");
