@@ -1,6 +1,7 @@
 /* utf8: UTF-8 validation, decoding and replacement (RFC 3629; U+FFFD per
  * maximal subpart, as Python's and WHATWG's decoders do). Leaf module of
  * common/: libc only. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,4 +102,69 @@ size_t shoal_utf8_sanitize(const char *src, size_t n, char **out, size_t *outlen
     *out = (char *)o;
     *outlen = k;
     return nrep;
+}
+
+/* One pass of shoal_utf8_clean with room for `room` bytes (excluding the NUL). */
+static size_t clean_into(char *dst, size_t room, const uint8_t *p, size_t n, unsigned flags, int *cut)
+{
+    size_t i = 0, k = 0;
+    *cut = 0;
+    while (i < n) {
+        uint32_t cp = 0;
+        int r = shoal_utf8_step(p + i, n - i, &cp);
+        char unit[8];
+        size_t ulen, adv;
+        if (r > 0 && cp != 0) {
+            adv = (size_t)r;
+            if ((flags & SHOAL_UTF8_NOCTRL) && (cp < 0x20 || cp == 0x7f || (cp >= 0x80 && cp < 0xa0))) {
+                ulen = (size_t)snprintf(unit, sizeof unit, "\\x%02x", (unsigned)cp & 0xffu);
+            } else {
+                memcpy(unit, p + i, adv);
+                ulen = adv;
+            }
+        } else {
+            /* invalid, NUL, or a valid prefix cut by the end of src */
+            adv = r < 0 ? (size_t)-r : r > 0 ? (size_t)r : n - i;
+            memcpy(unit, "\xEF\xBF\xBD", 3);
+            ulen = 3;
+        }
+        if (k + ulen > room) {
+            *cut = 1;
+            break;
+        }
+        memcpy(dst + k, unit, ulen);
+        k += ulen;
+        i += adv;
+    }
+    dst[k] = '\0';
+    return k;
+}
+
+size_t shoal_utf8_clean(char *dst, size_t cap, const char *src, size_t n, unsigned flags, int *cut)
+{
+    int c = 0;
+    size_t k = 0;
+    if (cap == 0) {
+        if (cut)
+            *cut = n > 0;
+        return 0;
+    }
+    if (!src)
+        n = 0;
+    k = clean_into(dst, cap - 1, (const uint8_t *)src, n, flags, &c);
+    if (c && (flags & SHOAL_UTF8_MARK) && cap > 4) {
+        k = clean_into(dst, cap - 4, (const uint8_t *)src, n, flags, &c);
+        memcpy(dst + k, "...", 4);
+        k += 3;
+        c = 1;
+    }
+    if (cut)
+        *cut = c;
+    return k;
+}
+
+const char *shoal_utf8_clip(char *dst, size_t cap, const char *src, unsigned flags)
+{
+    shoal_utf8_clean(dst, cap, src, src ? strlen(src) : 0, flags, NULL);
+    return dst;
 }

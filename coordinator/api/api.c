@@ -74,10 +74,35 @@ struct shoal_api {
     } st[MAX_STATUS_SLOTS];
     uint64_t memo_hits_served, streams, tokens_streamed;
     int live; /* open generation requests */
+    int last_status; /* the status of the response just sent (access log) */
+    int handed;      /* the request became an areq, which logs its own line */
+    double t0;       /* when the request being routed arrived */
 };
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* The access log: one line per request, never its body. Method and path are
+ * the client's bytes: clean-copied (no control characters, cut on a
+ * character boundary). 5xx at warn so they show at any level. */
+static void access_log(const char *peer, const char *method, const char *path, int status, int ptok, int ctok,
+                       double t0, const char *rid)
+{
+    char m[20], pth[136];
+    shoal_utf8_clip(m, sizeof m, method, SHOAL_UTF8_NOCTRL | SHOAL_UTF8_MARK);
+    shoal_utf8_clip(pth, sizeof pth, path, SHOAL_UTF8_NOCTRL | SHOAL_UTF8_MARK);
+    shoal_log(status >= 500 ? SHOAL_LOG_WARN : SHOAL_LOG_INFO,
+              "access: %s %s %s %d %.1f ms prompt_tokens=%d completion_tokens=%d id=%s", peer, m, pth, status,
+              now_ms() - t0, ptok, ctok, rid && rid[0] ? rid : "-");
+}
 
 static void count(shoal_api *a, int ep, int status)
 {
+    a->last_status = status;
     for (int i = 0; i < MAX_STATUS_SLOTS; i++) {
         if (a->st[i].status == status || a->st[i].status == 0) {
             a->st[i].status = status;
@@ -89,22 +114,34 @@ static void count(shoal_api *a, int ep, int status)
 
 /* ---- plain responses ------------------------------------------------------ */
 
+/* Answered when a response cannot be built (json_pack or json_dumps failed):
+ * the request gets a 500, the server carries on. */
+static const char internal_error_body[] =
+    "{\"error\":{\"message\":\"the server could not build its response\",\"type\":\"server_error\","
+    "\"param\":null,\"code\":\"internal_error\"}}";
+
 static void respond_json(shoal_api *a, shoal_http_ex *ex, int ep, int status, json_t *body, const char *extra)
 {
-    char *s = json_dumps(body, JSON_COMPACT);
+    char *s = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
-    if (!s)
-        SHOAL_PANIC("api: json_dumps failed");
+    if (!s) {
+        SHOAL_WARN("api: could not build the %d response for %s; answered 500", status, ep_names[ep]);
+        count(a, ep, 500);
+        shoal_http_respond(ex, 500, "application/json", extra, internal_error_body, sizeof internal_error_body - 1);
+        return;
+    }
     count(a, ep, status);
     shoal_http_respond(ex, status, "application/json", extra, s, strlen(s));
     free(s);
 }
 
+/* Every field through jstr: the message may quote the client. */
 static json_t *error_json(const shoal_api_error *e)
 {
-    return json_pack("{s:{s:s,s:s,s:o,s:o}}", "error", "message", e->message, "type", e->type, "param",
-                     e->param[0] ? json_string(e->param) : json_null(), "code",
-                     e->code[0] ? json_string(e->code) : json_null());
+    return json_pack("{s:{s:o,s:o,s:o,s:o}}", "error", "message", jstr(e->message, strlen(e->message)), "type",
+                     jstr(e->type, strlen(e->type)), "param",
+                     e->param[0] ? jstr(e->param, strlen(e->param)) : json_null(), "code",
+                     e->code[0] ? jstr(e->code, strlen(e->code)) : json_null());
 }
 
 static void respond_error(shoal_api *a, shoal_http_ex *ex, int ep, const shoal_api_error *e, const char *extra)
@@ -122,10 +159,12 @@ static void respond_simple_error(shoal_api *a, shoal_http_ex *ex, int ep, int st
     snprintf(e.type, sizeof e.type, "%s", type);
     snprintf(e.code, sizeof e.code, "%s", code ? code : "");
     snprintf(e.param, sizeof e.param, "%s", param ? param : "");
+    char msg[sizeof e.message * 2];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e.message, sizeof e.message, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    shoal_utf8_clean(e.message, sizeof e.message, msg, strlen(msg), 0, NULL);
     respond_error(a, ex, ep, &e, extra);
 }
 
@@ -150,6 +189,9 @@ typedef struct areq {
     long long created;
     int head_sent;
     int prompt_tokens, reused_tokens;
+    int status, completion_tokens; /* for the access log */
+    double t0;
+    char peer[64];
     sbuf content, reasoning;
     tcall *calls;
     int ncalls;
@@ -180,6 +222,8 @@ static void random_hex(char *out, size_t nbytes)
 /* The exchange is over (answered or aborted): drop its reference. */
 static void end_exchange(areq *r)
 {
+    access_log(r->peer, "POST", ep_names[r->ep], r->status ? r->status : 499, r->prompt_tokens,
+               r->completion_tokens, r->t0, r->id);
     r->ex = NULL;
     r->api->live--;
     areq_unref(r);
@@ -221,10 +265,12 @@ static json_t *envelope(const areq *r, const char *object)
 
 static void sse_send(areq *r, json_t *obj)
 {
-    char *s = json_dumps(obj, JSON_COMPACT);
+    char *s = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
     json_decref(obj);
-    if (!s)
-        SHOAL_PANIC("api: json_dumps failed");
+    if (!s) { /* an error event instead: the stream goes on to its end */
+        SHOAL_WARN("api: %s: could not build a stream event", r->id);
+        s = shoal_xstrdup(internal_error_body);
+    }
     size_t n = strlen(s);
     char *frame = shoal_xmalloc(n + 9);
     memcpy(frame, "data: ", 6);
@@ -255,6 +301,7 @@ static void stream_head(areq *r)
     char extra[256];
     extra_headers(r, extra, sizeof extra);
     r->head_sent = 1;
+    r->status = 200;
     count(r->api, r->ep, 200);
     r->api->streams++;
     shoal_http_stream_begin(r->ex, 200, "text/event-stream", extra);
@@ -329,6 +376,7 @@ static void stream_done(areq *r, const shoal_ev *e)
 
 static void full_done(areq *r, const shoal_ev *e)
 {
+    r->status = 200;
     json_t *resp = envelope(r, r->kind == SHOAL_GEN_CHAT ? "chat.completion" : "text_completion");
     json_t *choice = json_pack("{s:i,s:n,s:s}", "index", 0, "logprobs", "finish_reason", e->finish);
     if (r->kind == SHOAL_GEN_CHAT) {
@@ -365,6 +413,8 @@ static void full_done(areq *r, const shoal_ev *e)
 
 static void finish_error(areq *r, const shoal_ev *e)
 {
+    if (!r->head_sent)
+        r->status = e->status;
     shoal_api_error err = {.status = e->status};
     snprintf(err.type, sizeof err.type, "%s",
              e->status >= 500 ? "server_error" : e->status == 429 ? "rate_limit_error" : "invalid_request_error");
@@ -426,6 +476,7 @@ static void apply_events(areq *r, shoal_ev *evs)
             }
             break;
         case SHOAL_EV_DONE:
+            r->completion_tokens = e->completion_tokens;
             if (r->stream) {
                 if (!r->head_sent)
                     stream_head(r);
@@ -501,6 +552,9 @@ static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *
     r->include_usage = q.include_usage;
     r->return_ids = q.gen.return_token_ids;
     r->created = (long long)time(NULL);
+    r->t0 = a->t0;
+    snprintf(r->peer, sizeof r->peer, "%s", shoal_http_ex_peer(ex));
+    a->handed = 1;
     snprintf(r->id, sizeof r->id, "%s", kind == SHOAL_GEN_CHAT ? "chatcmpl-" : "cmpl-");
     random_hex(r->id + strlen(r->id), 12);
     a->live++;
@@ -536,6 +590,7 @@ static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *
         snprintf(extra, sizeof extra, "x-request-id: %s\r\nRetry-After: 1\r\n", r->id);
         respond_simple_error(a, ex, ep, 429, "rate_limit_error", "queue_full", NULL, extra,
                              "the request queue is full; retry later");
+        r->status = 429;
         end_exchange(r);
     }
 }
@@ -546,23 +601,31 @@ static json_t *model_object(shoal_api *a)
                      (json_int_t)a->started, "owned_by", "shoal", "max_model_len", a->o.limits.max_context);
 }
 
-static void health(shoal_api *a, shoal_http_ex *ex)
+/* With --api-key, a caller without the key sees the status only: the
+ * workers' addresses and states are for authorised callers. */
+static void health(shoal_api *a, shoal_http_ex *ex, int authorised)
 {
     shoal_api_worker w[64];
     int n = a->o.workers ? a->o.workers(a->o.ud, w, 64) : 0;
     json_t *ws = json_array();
     int all_up = 1;
     for (int i = 0; i < n && i < 64; i++) {
-        json_array_append_new(ws, json_pack("{s:s,s:b,s:s}", "endpoint", w[i].name, "up", w[i].up, "state",
-                                            w[i].state));
+        json_array_append_new(ws, json_pack("{s:o,s:b,s:o}", "endpoint", jstr(w[i].name, strlen(w[i].name)), "up",
+                                            w[i].up, "state", jstr(w[i].state, strlen(w[i].state))));
         all_up &= w[i].up != 0;
     }
     shoal_sched_stats ss;
     shoal_sched_get_stats(a->o.sched, &ss);
     int ready = atomic_load(&a->ready) && all_up;
-    json_t *body = json_pack("{s:s,s:b,s:s,s:o,s:{s:i,s:i}}", "status",
-                             ready ? "ok" : atomic_load(&a->ready) ? "degraded" : "starting", "ready", ready, "model",
-                             a->model_name, "workers", ws, "queue", "queued", ss.queued, "running", ss.running);
+    const char *status = ready ? "ok" : atomic_load(&a->ready) ? "degraded" : "starting";
+    json_t *body;
+    if (authorised) {
+        body = json_pack("{s:s,s:b,s:s,s:o,s:{s:i,s:i}}", "status", status, "ready", ready, "model", a->model_name,
+                         "workers", ws, "queue", "queued", ss.queued, "running", ss.running);
+    } else {
+        json_decref(ws);
+        body = json_pack("{s:s,s:b}", "status", status, "ready", ready);
+    }
     respond_json(a, ex, EP_HEALTH, ready ? 200 : 503, body, NULL);
 }
 
@@ -591,6 +654,8 @@ static void metrics(shoal_api *a, shoal_http_ex *ex)
     metric(&b, "shoal_http_connections_total", C, "TCP connections accepted.", (double)hs.connections);
     metric(&b, "shoal_http_refused_connections_total", C, "Connections over the limit, closed at once.",
            (double)hs.refused_connections);
+    metric(&b, "shoal_http_evicted_connections_total", C, "Idle connections closed to make room for a new one.",
+           (double)hs.evicted_connections);
     metric(&b, "shoal_http_open_connections", G, "Open client connections.", hs.open_connections);
     metric(&b, "shoal_http_requests_total", C, "Complete HTTP requests parsed.", (double)hs.requests);
     metric(&b, "shoal_http_bad_requests_total", C, "Requests refused by the HTTP parser.", (double)hs.bad_requests);
@@ -624,6 +689,10 @@ static void metrics(shoal_api *a, shoal_http_ex *ex)
     shoal_metrics_buf_free(&b);
 }
 
+/* 1 when the request carries the key (or none is set). The client's key is
+ * everything after "Bearer " exactly as sent (a key with a leading space is
+ * a different key); digests are compared so the time taken does not depend
+ * on the key. */
 static int authorized(shoal_api *a, const shoal_http_request *req)
 {
     if (!a->api_key)
@@ -632,43 +701,44 @@ static int authorized(shoal_api *a, const shoal_http_request *req)
     if (!h || strncasecmp(h, "Bearer ", 7))
         return 0;
     const char *k = h + 7;
-    while (*k == ' ')
-        k++;
-    /* compare digests so the time taken does not depend on the key */
     unsigned char want[crypto_hash_sha256_BYTES], got[crypto_hash_sha256_BYTES];
     crypto_hash_sha256(want, (const unsigned char *)a->api_key, strlen(a->api_key));
     crypto_hash_sha256(got, (const unsigned char *)k, strlen(k));
     return sodium_memcmp(want, got, sizeof want) == 0;
 }
 
-void shoal_api_on_request(void *ud, shoal_http_ex *ex, const shoal_http_request *req)
+/* Methods of RFC 9110 (and PATCH): known, so a route answers 405 for the
+ * ones it does not take; any other is 501. */
+static int known_method(const char *m)
 {
-    shoal_api *a = ud;
+    static const char *const ms[] = {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"};
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+        if (!strcmp(m, ms[i]))
+            return 1;
+    return 0;
+}
+
+static void route(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req, int *ep_out)
+{
     const char *p = req->path;
-    int get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
+    int get = !strcmp(req->method, "GET") || !strcmp(req->method, "HEAD"), post = !strcmp(req->method, "POST");
     int ep = !strcmp(p, "/v1/chat/completions") ? EP_CHAT
              : !strcmp(p, "/v1/completions")    ? EP_COMPLETIONS
              : !strcmp(p, "/v1/models") || !strncmp(p, "/v1/models/", 11) ? EP_MODELS
              : !strcmp(p, "/health")            ? EP_HEALTH
              : !strcmp(p, "/metrics")           ? EP_METRICS
                                                 : EP_OTHER;
-    if (ep == EP_OTHER) {
-        respond_simple_error(a, ex, ep, 404, "invalid_request_error", "not_found", NULL, NULL,
-                             "no such endpoint: %.64s %.100s", req->method, p);
+    *ep_out = ep;
+    char qm[20], qp[104];
+    if (!known_method(req->method)) {
+        respond_simple_error(a, ex, ep, 501, "invalid_request_error", "method_not_implemented", NULL, NULL,
+                             "method '%s' is not implemented", shoal_utf8_clip(qm, sizeof qm, req->method, SHOAL_UTF8_MARK));
         return;
     }
-    int want_post = ep == EP_CHAT || ep == EP_COMPLETIONS;
-    if ((want_post && !post) || (!want_post && !get)) {
-        respond_simple_error(a, ex, ep, 405, "invalid_request_error", "method_not_allowed", NULL,
-                             want_post ? "Allow: POST\r\n" : "Allow: GET\r\n", "%.64s requires %s", p,
-                             want_post ? "POST" : "GET");
-        return;
-    }
-    if (ep == EP_HEALTH) {
-        health(a, ex);
-        return;
-    }
-    if (!authorized(a, req)) {
+    int auth = authorized(a, req);
+    /* the key is checked before anything else is said about the path; only
+     * /health answers without it (its status, not the workers' addresses) */
+    if (!auth && ep != EP_HEALTH) {
         respond_simple_error(a, ex, ep, 401, "invalid_request_error", "invalid_api_key", NULL,
                              "WWW-Authenticate: Bearer\r\n",
                              shoal_http_request_header(req, "authorization")
@@ -676,15 +746,33 @@ void shoal_api_on_request(void *ud, shoal_http_ex *ex, const shoal_http_request 
                                  : "You didn't provide an API key (Authorization: Bearer KEY)");
         return;
     }
+    if (ep == EP_OTHER) {
+        respond_simple_error(a, ex, ep, 404, "invalid_request_error", "not_found", NULL, NULL,
+                             "no such endpoint: %s %s", shoal_utf8_clip(qm, sizeof qm, req->method, SHOAL_UTF8_MARK),
+                             shoal_utf8_clip(qp, sizeof qp, p, SHOAL_UTF8_MARK));
+        return;
+    }
+    int want_post = ep == EP_CHAT || ep == EP_COMPLETIONS;
+    if ((want_post && !post) || (!want_post && !get)) {
+        respond_simple_error(a, ex, ep, 405, "invalid_request_error", "method_not_allowed", NULL,
+                             want_post ? "Allow: POST\r\n" : "Allow: GET, HEAD\r\n", "%s requires %s",
+                             shoal_utf8_clip(qp, sizeof qp, p, SHOAL_UTF8_MARK), want_post ? "POST" : "GET");
+        return;
+    }
     switch (ep) {
+    case EP_HEALTH:
+        health(a, ex, auth);
+        return;
     case EP_METRICS:
         metrics(a, ex);
         return;
     case EP_MODELS:
         if (p[10] == '/') {
             if (strcmp(p + 11, a->model_name)) {
+                char qi[68];
                 respond_simple_error(a, ex, ep, 404, "invalid_request_error", "model_not_found", "model", NULL,
-                                     "The model '%.64s' does not exist", p + 11);
+                                     "The model '%s' does not exist",
+                                     shoal_utf8_clip(qi, sizeof qi, p + 11, SHOAL_UTF8_MARK));
                 return;
             }
             respond_json(a, ex, ep, 200, model_object(a), NULL);
@@ -701,6 +789,20 @@ void shoal_api_on_request(void *ud, shoal_http_ex *ex, const shoal_http_request 
     default:
         SHOAL_PANIC("api: endpoint %d not routed", ep);
     }
+}
+
+void shoal_api_on_request(void *ud, shoal_http_ex *ex, const shoal_http_request *req)
+{
+    shoal_api *a = ud;
+    int ep;
+    char peer[64];
+    snprintf(peer, sizeof peer, "%s", shoal_http_ex_peer(ex)); /* the exchange may end inside route */
+    a->t0 = now_ms();
+    a->last_status = 0;
+    a->handed = 0;
+    route(a, ex, req, &ep);
+    if (!a->handed)
+        access_log(peer, req->method, req->path, a->last_status ? a->last_status : 500, 0, 0, a->t0, NULL);
 }
 
 int shoal_api_open(shoal_api **out, const shoal_api_opts *o, char *err, size_t errlen)

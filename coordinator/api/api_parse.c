@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/utf8.h"
 #include "coordinator/api/api.h"
 
 static int fail(shoal_api_error *e, int status, const char *code, const char *param, const char *fmt, ...)
@@ -20,13 +21,22 @@ static int fail(shoal_api_error *e, int status, const char *code, const char *pa
     e->status = status;
     snprintf(e->type, sizeof e->type, "%s", status == 401 ? "authentication_error" : "invalid_request_error");
     snprintf(e->code, sizeof e->code, "%s", code ? code : "");
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    /* the param and the message may carry the client's text: both go
+     * through the clean copy, so they are valid UTF-8 (JSON) whatever was
+     * sent and wherever the buffer cuts them */
+    shoal_utf8_clip(e->param, sizeof e->param, param ? param : "", 0);
+    char msg[sizeof e->message * 2];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    shoal_utf8_clean(e->message, sizeof e->message, msg, strlen(msg), 0, NULL);
     return -1;
 }
+
+/* Client text quoted in a message: cut on a character boundary, never in the
+ * middle of one (the "%.64s" of a printf would). */
+#define QUOTE(buf, s) shoal_utf8_clip(buf, sizeof buf, (s), SHOAL_UTF8_MARK)
 
 /* A field path ("messages[2].content"); cut rather than overflow. */
 static void pname(char *dst, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -152,8 +162,9 @@ static int norm_content(json_t *content, const char *where, int null_ok, json_t 
         }
         if (strcmp(json_string_value(type), "text")) {
             pname(pp, sizeof pp, "%s[%zu].type", param, i);
-            return UNSUPPORTED(pp, "content parts of type '%.40s' are not supported (text only)",
-                               json_string_value(type));
+            char q[44];
+            return UNSUPPORTED(pp, "content parts of type '%s' are not supported (text only)",
+                               QUOTE(q, json_string_value(type)));
         }
         json_t *text = json_object_get(part, "text");
         if (!json_is_string(text)) {
@@ -269,7 +280,9 @@ static int norm_messages(json_t *msgs, json_t **out, shoal_api_error *err)
         int is_user = !strcmp(r, "user"), is_asst = !strcmp(r, "assistant"), is_tool = !strcmp(r, "tool");
         if (!is_sys && !is_user && !is_asst && !is_tool) {
             json_decref(res);
-            return UNSUPPORTED(p, "'%s' is '%.32s'; it must be system, developer, user, assistant or tool", p, r);
+            char q[36];
+            return UNSUPPORTED(p, "'%s' is '%s'; it must be system, developer, user, assistant or tool", p,
+                               QUOTE(q, r));
         }
         json_t *nm = json_object();
         json_object_set_new(nm, "role", json_string(is_sys ? "system" : r));
@@ -422,9 +435,11 @@ static int norm_tool_choice(json_t *tc, const json_t *tools, json_t **out, shoal
     if (tools)
         json_array_foreach(tools, i, t) found |= !strcmp(
             json_string_value(json_object_get(json_object_get(t, "function"), "name")), json_string_value(name));
-    if (!found)
-        return BAD("tool_choice.function.name", "tool '%.64s' is not among the declared 'tools'",
-                   json_string_value(name));
+    if (!found) {
+        char q[68];
+        return BAD("tool_choice.function.name", "tool '%s' is not among the declared 'tools'",
+                   QUOTE(q, json_string_value(name)));
+    }
     *out = json_pack("{s:s,s:{s:O}}", "type", "function", "function", "name", name);
     return 0;
 }
@@ -597,6 +612,42 @@ static char *memo_key(shoal_gen_kind kind, const shoal_api_limits *lim, const sh
     return hex;
 }
 
+/* The first number whose magnitude is 2^63 or more (the body read with
+ * integers as reals), its path written into path ("max_tokens",
+ * "messages[0].x"). Depth-bounded like the parser. */
+static int find_huge_at(json_t *v, char *path, size_t cap, size_t at, int depth)
+{
+    if (depth > 64)
+        return 0;
+    if (json_is_real(v))
+        return fabs(json_real_value(v)) >= 9223372036854775808.0;
+    if (json_is_object(v)) {
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x) {
+            char q[72];
+            snprintf(path + at, cap - at, "%s%s", at ? "." : "", QUOTE(q, k));
+            if (find_huge_at(x, path, cap, strlen(path), depth + 1))
+                return 1;
+        }
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) {
+            snprintf(path + at, cap - at, "[%zu]", i);
+            if (find_huge_at(x, path, cap, strlen(path), depth + 1))
+                return 1;
+        }
+    }
+    path[at] = '\0';
+    return 0;
+}
+
+static int find_huge(json_t *root, char *path, size_t cap)
+{
+    return find_huge_at(root, path, cap, 0, 0);
+}
+
 int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const shoal_api_limits *lim,
                     shoal_api_req *out, shoal_api_error *err)
 {
@@ -604,10 +655,24 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
     memset(err, 0, sizeof *err);
     json_error_t je;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
-    if (!root)
+    if (!root && strstr(je.text, "too big")) {
+        /* an integer beyond 64 bits: name the field rather than call the
+         * body invalid JSON (it is valid JSON) */
+        json_error_t je2;
+        json_t *r2 = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &je2);
+        char path[160] = "";
+        if (r2 && find_huge(r2, path, sizeof path)) {
+            json_decref(r2);
+            return fail(err, 400, "invalid_value", path, "'%s' is out of range (an integer beyond 64 bits)", path);
+        }
+        json_decref(r2);
+    }
+    if (!root) {
+        char q[124];
         return fail(err, 400, "invalid_json", "",
-                    "We could not parse the JSON body of your request: %.120s (line %d, column %d)", je.text,
+                    "We could not parse the JSON body of your request: %s (line %d, column %d)", QUOTE(q, je.text),
                     je.line, je.column);
+    }
     int rc = -1;
     shoal_gen_params *g = &out->gen;
     g->kind = kind;
@@ -622,9 +687,9 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
     json_t *val;
     json_object_foreach(root, key, val) {
         if (!known(kind == SHOAL_GEN_CHAT ? chat_fields : completion_fields, key)) {
-            char p[160];
-            pname(p, sizeof p, "%.79s", key);
-            fail(err, 400, "unknown_parameter", p, "Unrecognized request argument supplied: %.64s", key);
+            char p[80], q[68];
+            QUOTE(p, key);
+            fail(err, 400, "unknown_parameter", p, "Unrecognized request argument supplied: %s", QUOTE(q, key));
             goto done;
         }
     }
@@ -639,8 +704,9 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
         goto done;
     }
     if (strcmp(json_string_value(model), lim->model_name)) {
-        fail(err, 400, "model_not_found", "model", "The model '%.64s' does not exist; this server serves '%.64s'",
-             json_string_value(model), lim->model_name);
+        char q[68];
+        fail(err, 400, "model_not_found", "model", "The model '%s' does not exist; this server serves '%s'",
+             QUOTE(q, json_string_value(model)), lim->model_name);
         goto done;
     }
     /* n and its relatives */
@@ -703,8 +769,10 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
                 /* rendered as K3's response-format system message; decoding is not constrained */
                 g->response_format = json_incref(rf);
             } else if (strcmp(rt, "text")) {
+                char q[36];
                 UNSUPPORTED("response_format.type",
-                            "'response_format.type' must be text, json_object or json_schema (got '%.32s')", rt);
+                            "'response_format.type' must be text, json_object or json_schema (got '%s')",
+                            QUOTE(q, rt));
                 goto done;
             }
         }
@@ -805,7 +873,7 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
             BADTYPE("user", "a string");
             goto done;
         }
-        snprintf(out->user, sizeof out->user, "%s", json_string_value(user));
+        shoal_utf8_clip(out->user, sizeof out->user, json_string_value(user), SHOAL_UTF8_NOCTRL);
     }
     if (kind == SHOAL_GEN_COMPLETION) {
         if (get_prompt(root, lim, g, err))

@@ -45,6 +45,11 @@ struct shoal_http_parser {
     size_t blen, bcap;
     int started, headers_done, complete, want_continue;
     int status; /* non-zero once the request is refused */
+    int fold_lf;            /* obs-fold scan: 1 after LF, 2 after LF CR; -1 past the headers */
+    char line[256];         /* the request line's first bytes (an unknown method's 501) */
+    size_t line_len, line_seen; /* line_seen: bytes of the line looked at so far */
+    int line_done;          /* its LF came */
+    int badm;               /* http-parser refused the method: reading the line to tell 501 from 400 */
     char errmsg[160];
     shoal_http_request req;
 };
@@ -172,8 +177,15 @@ static int on_headers_complete(http_parser *hp)
     shoal_http_parser *p = hp->data;
     if (finish_item(p))
         return 1;
-    /* the path: the url up to '?' or '#', stored after the headers */
+    /* the path: the url up to '?' or '#', stored after the headers; an
+     * absolute-form target (RFC 9112 3.2.2, "http://host/path") is routed by
+     * its path */
     const char *url = p->hbuf + p->url_off;
+    if (!strncasecmp(url, "http://", 7) || !strncasecmp(url, "https://", 8)) {
+        const char *auth = strstr(url, "//") + 2;
+        const char *slash = auth + strcspn(auth, "/?#");
+        url = *slash == '/' ? slash : "/";
+    }
     size_t plen = strcspn(url, "?#");
     size_t path_off = p->hlen;
     if (hput(p, url, plen, 0) || hterm(p))
@@ -183,8 +195,13 @@ static int on_headers_complete(http_parser *hp)
     p->headers_done = 1;
     if (hp->http_major != 1)
         return refuse(p, 505, "HTTP version %d.%d is not supported", hp->http_major, hp->http_minor);
-    if (hp->http_minor >= 1 && !shoal_http_request_header(&p->req, "host"))
+    int nhost = 0;
+    for (int i = 0; i < p->nh; i++)
+        nhost += !strcmp(p->req.name[i], "host");
+    if (hp->http_minor >= 1 && nhost == 0)
         return refuse(p, 400, "HTTP/1.1 request without a Host header");
+    if (nhost > 1) /* RFC 9112 3.2: more than one Host is a 400 */
+        return refuse(p, 400, "more than one Host header");
     int chunked = (hp->flags & F_CHUNKED) != 0;
     int has_length = (hp->flags & F_CONTENTLENGTH) != 0;
     if (has_length && hp->content_length > p->max_body)
@@ -283,8 +300,62 @@ void shoal_http_parser_next(shoal_http_parser *p)
         p->bcap = 0;
     }
     p->started = p->headers_done = p->complete = p->want_continue = 0;
+    p->fold_lf = 0;
+    p->line_len = p->line_seen = 0;
+    p->line_done = p->badm = 0;
     memset(&p->req, 0, sizeof p->req);
     http_parser_pause(&p->hp, 0);
+}
+
+/* A request line "TOKEN SP TARGET SP HTTP/d.d" at data[0..len): > 0 the
+ * length of TOKEN; 0 when what came so far can still become one (no line end
+ * yet, within max); < 0 when it cannot. */
+static int sniff_request_line(const char *data, size_t len, size_t max)
+{
+    static const char tchar[] = "!#$%&'*+-.^_`|~";
+    static const char proto[] = "HTTP/d.d";
+    size_t lim = len < max ? len : max;
+    const char *nl = memchr(data, '\n', lim);
+    size_t ll = nl ? (size_t)(nl - data) : lim;
+    if (ll && data[ll - 1] == '\r') /* its CR, or a CR whose LF is still to come */
+        ll--;
+    size_t i = 0;
+    while (i < ll && data[i] && (isalnum((unsigned char)data[i]) || strchr(tchar, data[i])))
+        i++;
+    if (i > 64 || (i < ll && (i == 0 || data[i] != ' ')))
+        return -1;
+    size_t t = i + 1, te = t;
+    while (te < ll && data[te] != ' ' && (unsigned char)data[te] > 0x20 && data[te] != 0x7f)
+        te++;
+    if (te < ll && data[te] != ' ')
+        return -1;
+    /* the version, as far as it came */
+    for (size_t k = te + 1; k < ll; k++) {
+        char want = k - te - 1 < sizeof proto - 1 ? proto[k - te - 1] : 0;
+        if (!want || (want == 'd' ? !isdigit((unsigned char)data[k]) : data[k] != want))
+            return -1;
+    }
+    if (!nl)
+        return len < max ? 0 : -1;
+    if (te == t || te >= ll || ll - te - 1 != sizeof proto - 1)
+        return -1;
+    return (int)i;
+}
+
+/* http-parser stopped at the first byte of a method it does not know, as at
+ * garbage: a well-formed request line with an unknown method is 501 (RFC 9110
+ * 15.6.2), anything else 400. The line is consumed here up to its end. */
+static long bad_method(shoal_http_parser *p, size_t len, int *status)
+{
+    int m = sniff_request_line(p->line, p->line_len, p->line_done ? p->line_len + 1 : sizeof p->line + 1);
+    if (m == 0 && !p->line_done && p->line_seen < p->max_hdr && p->line_len < sizeof p->line)
+        return (long)len;
+    if (m > 0)
+        refuse(p, 501, "method '%.*s' is not implemented", m > 32 ? 32 : m, p->line);
+    else
+        refuse(p, 400, "malformed HTTP request: invalid HTTP method");
+    *status = p->status;
+    return -1;
 }
 
 long shoal_http_parser_feed(shoal_http_parser *p, const char *data, size_t len, int *status)
@@ -296,19 +367,60 @@ long shoal_http_parser_feed(shoal_http_parser *p, const char *data, size_t len, 
     }
     if (p->complete || len == 0)
         return 0;
+    /* obs-fold (a header line starting with SP or HT): http-parser joins it
+     * to the value; RFC 9112 5.2 lets a server refuse it, and we do (a
+     * classic request-smuggling vector). Scanned on the raw bytes up to the
+     * end of the headers; the request line's first bytes are kept for a 501. */
+    for (size_t i = 0; i < len && p->fold_lf >= 0; i++) {
+        char ch = data[i];
+        if (!p->line_done) {
+            if (p->line_len == 0 && (ch == '\r' || ch == '\n'))
+                continue; /* empty lines before a request are ignored (RFC 9112 2.2) */
+            if (p->line_len < sizeof p->line)
+                p->line[p->line_len++] = ch;
+            p->line_seen++;
+            if (ch == '\n') {
+                p->line_done = 1;
+                p->fold_lf = 1;
+            }
+            continue;
+        }
+        if (p->fold_lf == 1 && (ch == ' ' || ch == '\t')) {
+            refuse(p, 400, "obsolete line folding in a header field");
+            *status = p->status;
+            return -1;
+        }
+        if (p->fold_lf >= 1 && ch == '\n')
+            p->fold_lf = -1; /* the empty line: the headers are over */
+        else if (p->fold_lf == 1 && ch == '\r')
+            p->fold_lf = 2;
+        else
+            p->fold_lf = ch == '\n';
+    }
+    if (p->badm)
+        return bad_method(p, len, status);
     size_t n = http_parser_execute(&p->hp, &parser_settings, data, len);
     enum http_errno e = HTTP_PARSER_ERRNO(&p->hp);
     if (p->status) {
         *status = p->status;
         return -1;
     }
-    if (e == HPE_PAUSED && p->complete)
+    if (e == HPE_PAUSED && p->complete) {
+        /* bytes after the request were scanned as its own; the next request
+         * scans them again from the start */
         return (long)n;
+    }
+    if (e == HPE_INVALID_METHOD) {
+        p->badm = 1;
+        p->started = 1;
+        return bad_method(p, len, status);
+    }
     if (e != HPE_OK) {
-        /* an unknown method and a garbled request line look the same to
-         * http-parser (it stops at the first unexpected byte): both are 400 */
         int st = e == HPE_HEADER_OVERFLOW ? 431 : 400;
-        refuse(p, st, "malformed HTTP request: %s", http_errno_description(e));
+        if (e == HPE_INVALID_CONTENT_LENGTH && (p->hp.flags & F_CHUNKED))
+            refuse(p, 400, "malformed HTTP request: invalid chunk size (too large)");
+        else
+            refuse(p, st, "malformed HTTP request: %s", http_errno_description(e));
         *status = p->status;
         return -1;
     }
@@ -392,6 +504,7 @@ struct shoal_http_ex {
     conn *c;          /* NULL once the connection is gone */
     conn *dead_conn;  /* closing connection that still owes the abort callback */
     int streaming, chunked, aborted, close_after, head_sent;
+    int head_only; /* a HEAD request: the head of the GET answer, no body bytes */
     void (*abort_cb)(void *);
     void *abort_arg;
     char peer[64];
@@ -410,7 +523,11 @@ struct conn {
     int phase, timer_kind;
     int keep_alive, http_minor;
     int closing, handles_closing, handles_open, reading, in_feed;
-    size_t wq_bytes;
+    int paused;      /* not parsing (nor reading) while its responses are not read */
+    int eof;         /* the client half-closed: answer what came, then close */
+    int in_headers;  /* a request started and its headers are not complete */
+    uint64_t req_start, idle_since; /* loop ms: the request's first byte; entering idle */
+    size_t wq_bytes; /* queued response bytes plus each write's bookkeeping */
     conn *prev, *next;
     char peer[64];
 };
@@ -463,6 +580,7 @@ static void timer_cb(uv_timer_t *t)
         break;
     case TM_REQUEST:
         c->h->st.timeouts++;
+        SHOAL_INFO("access: %s refused: 408 the request was not received in time", c->peer);
         send_error_close(c, 408, "the request was not received in time");
         break;
     case TM_WRITE:
@@ -473,6 +591,21 @@ static void timer_cb(uv_timer_t *t)
     default:
         break;
     }
+}
+
+/* The deadline for the first byte of a connection and for a request's
+ * headers: much shorter than the keep-alive idle time, so connections that
+ * send nothing (or dribble headers) cannot hold the server's slots. */
+static int header_ms(const shoal_http *h)
+{
+    int ms = h->o.header_timeout_ms > 0 ? h->o.header_timeout_ms : h->o.request_timeout_ms;
+    return ms < h->o.request_timeout_ms ? ms : h->o.request_timeout_ms;
+}
+
+static int first_byte_ms(const shoal_http *h)
+{
+    int ms = header_ms(h);
+    return ms < h->o.idle_timeout_ms ? ms : h->o.idle_timeout_ms;
 }
 
 static void arm(conn *c, int kind, int ms)
@@ -568,16 +701,30 @@ static void conn_close(conn *c, int graceful)
     close_handles(c);
 }
 
+/* What one queued write costs: its bytes, its uv_write_t and the allocator's
+ * overhead -- a flood of small responses is bounded by memory, not by the
+ * payload bytes alone. */
+#define WRITE_OVERHEAD (sizeof(wbuf) + 64)
+/* Pipelined requests are not parsed while more than this is queued unread:
+ * a client that sends and never reads stops being read. */
+#define PAUSE_BYTES ((size_t)64 << 10)
+
 static void write_cb(uv_write_t *req, int status)
 {
     wbuf *w = (wbuf *)req;
     conn *c = w->c;
-    c->wq_bytes -= w->len;
+    c->wq_bytes -= w->len + WRITE_OVERHEAD;
     free(w);
     if (status < 0) {
         if (status != UV_ECANCELED && !c->closing)
             conn_close(c, 0);
         return;
+    }
+    if (c->paused && !c->closing && c->wq_bytes <= PAUSE_BYTES / 2) {
+        c->paused = 0;
+        feed_conn(c);
+        if (c->closing)
+            return;
     }
     if (c->timer_kind == TM_WRITE && !c->closing) {
         if (c->wq_bytes > 0)
@@ -596,7 +743,7 @@ static int conn_write(conn *c, const char *a, size_t alen, const char *b, size_t
     if (c->closing)
         return -1;
     size_t n = alen + blen + zlen;
-    if (c->wq_bytes + n > c->h->o.max_write_queue) {
+    if (c->wq_bytes + n + WRITE_OVERHEAD > c->h->o.max_write_queue) {
         SHOAL_WARN("http: %s is not reading its response (%zu bytes queued); dropping it", c->peer,
                    c->wq_bytes);
         c->h->st.timeouts++;
@@ -619,7 +766,7 @@ static int conn_write(conn *c, const char *a, size_t alen, const char *b, size_t
         conn_close(c, 0);
         return -1;
     }
-    c->wq_bytes += n;
+    c->wq_bytes += n + WRITE_OVERHEAD;
     c->h->st.bytes_out += n;
     if (c->phase == PH_HANDLING && c->timer_kind != TM_WRITE && c->wq_bytes > 0)
         arm(c, TM_WRITE, c->h->o.write_timeout_ms);
@@ -666,6 +813,7 @@ static void send_error_close(conn *c, int status, const char *msg)
 static void refuse_conn(conn *c, int status, const char *msg)
 {
     c->h->st.bad_requests++;
+    SHOAL_INFO("access: %s refused: %d %s", c->peer, status, msg); /* our text, no client bytes */
     send_error_close(c, status, msg);
 }
 
@@ -685,6 +833,7 @@ static void finish_exchange(shoal_http_ex *ex)
     }
     shoal_http_parser_next(c->p);
     c->phase = PH_IDLE;
+    c->idle_since = uv_now(&c->h->loop);
     if (c->timer_kind != TM_WRITE || c->wq_bytes == 0)
         arm(c, TM_IDLE, c->h->o.idle_timeout_ms);
     feed_conn(c);
@@ -711,8 +860,22 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             close_handles(c);
         return;
     }
+    if (nread == UV_EOF) {
+        /* a half-close: the client may still read. What it sent complete is
+         * answered (in order), then the connection closes; a request cut by
+         * the EOF cannot complete and is dropped. A client that is really
+         * gone shows at the next write (reset), which aborts the exchange. */
+        c->eof = 1;
+        if (c->reading) {
+            uv_read_stop(s);
+            c->reading = 0;
+        }
+        if (c->phase != PH_HANDLING)
+            feed_conn(c);
+        return;
+    }
     if (nread < 0) {
-        /* EOF or reset: whatever was in flight is abandoned */
+        /* reset: whatever was in flight is abandoned */
         conn_close(c, c->phase != PH_HANDLING && !shoal_http_parser_in_progress(c->p));
         return;
     }
@@ -731,6 +894,20 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     feed_conn(c);
 }
 
+/* Reads again unless the client half-closed or its responses pile up.
+ * Returns -1 when the connection was dropped. */
+static int want_reading(conn *c)
+{
+    if (c->reading || c->eof || c->paused || c->closing)
+        return 0;
+    if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb) < 0) {
+        conn_close(c, 0);
+        return -1;
+    }
+    c->reading = 1;
+    return 0;
+}
+
 static void feed_conn(conn *c)
 {
     if (c->in_feed)
@@ -738,15 +915,24 @@ static void feed_conn(conn *c)
     c->in_feed = 1;
     shoal_http *h = c->h;
     while (!c->closing && c->phase != PH_HANDLING) {
-        if (!c->reading && c->in_len == 0) {
-            if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb) < 0) {
-                conn_close(c, 0);
+        if (c->wq_bytes > PAUSE_BYTES) {
+            /* the client sends requests but does not read the answers: stop
+             * reading it (write_cb resumes; the write deadline drops it) */
+            c->paused = 1;
+            if (c->reading) {
+                uv_read_stop((uv_stream_t *)&c->tcp);
+                c->reading = 0;
+            }
+            break;
+        }
+        if (c->in_len == 0) {
+            if (c->eof) { /* half-closed and everything sent was answered */
+                conn_close(c, 1);
                 break;
             }
-            c->reading = 1;
-        }
-        if (c->in_len == 0)
+            want_reading(c);
             break;
+        }
         int status;
         long n = shoal_http_parser_feed(c->p, c->in, c->in_len, &status);
         if (n < 0) {
@@ -759,7 +945,16 @@ static void feed_conn(conn *c)
         }
         if (c->phase == PH_IDLE && (shoal_http_parser_in_progress(c->p) || shoal_http_parser_request(c->p))) {
             c->phase = PH_READING;
-            arm(c, TM_REQUEST, h->o.request_timeout_ms);
+            c->req_start = uv_now(&h->loop);
+            c->in_headers = 1;
+            arm(c, TM_REQUEST, header_ms(h));
+        }
+        if (c->in_headers && c->p->headers_done) {
+            /* headers in: the rest of the request deadline is the body's */
+            c->in_headers = 0;
+            uint64_t used = uv_now(&h->loop) - c->req_start;
+            int left = used >= (uint64_t)h->o.request_timeout_ms ? 1 : h->o.request_timeout_ms - (int)used;
+            arm(c, TM_REQUEST, left);
         }
         if (shoal_http_parser_take_continue(c->p)) {
             static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -768,32 +963,39 @@ static void feed_conn(conn *c)
         }
         const shoal_http_request *req = shoal_http_parser_request(c->p);
         if (!req) {
-            if (!c->reading) {
-                if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb) < 0) {
-                    conn_close(c, 0);
-                    break;
-                }
-                c->reading = 1;
+            if (c->eof) { /* cut by the client's EOF: it cannot complete */
+                conn_close(c, 1);
+                break;
             }
+            want_reading(c);
             break; /* needs more bytes */
         }
         disarm(c);
+        c->in_headers = 0;
         c->phase = PH_HANDLING;
-        c->keep_alive = req->keep_alive;
+        c->keep_alive = req->keep_alive && !c->eof;
         c->http_minor = req->http_minor;
         shoal_http_ex *ex = shoal_xcalloc(1, sizeof *ex);
         ex->h = h;
         ex->c = c;
+        ex->head_only = !strcmp(req->method, "HEAD");
         snprintf(ex->peer, sizeof ex->peer, "%s", c->peer);
         c->ex = ex;
         h->st.requests++;
-        if (!c->reading) { /* keep noticing a disconnect while the exchange is open */
-            if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb) == 0)
-                c->reading = 1;
-        }
+        /* keep noticing a disconnect while the exchange is open */
+        if (want_reading(c))
+            break;
         h->o.on_request(h->o.ud, ex, req);
     }
     c->in_feed = 0;
+}
+
+/* A connection that may be closed to make room: between requests, nothing
+ * queued, nothing half-received. */
+static int evictable(const conn *c)
+{
+    return !c->closing && c->phase == PH_IDLE && !c->ex && c->wq_bytes == 0 && c->in_len == 0 &&
+           !shoal_http_parser_in_progress(c->p);
 }
 
 static void on_connection(uv_stream_t *server, int status)
@@ -818,13 +1020,6 @@ static void on_connection(uv_stream_t *server, int status)
         close_handles(c);
         return;
     }
-    if (h->stopping || h->st.open_connections > h->o.max_connections) {
-        h->st.refused_connections++;
-        close_handles(c);
-        return;
-    }
-    h->st.connections++;
-    uv_tcp_nodelay(&c->tcp, 1);
     struct sockaddr_storage ss;
     int sl = sizeof ss;
     snprintf(c->peer, sizeof c->peer, "?");
@@ -834,13 +1029,63 @@ static void on_connection(uv_stream_t *server, int status)
         else
             uv_ip4_name((struct sockaddr_in *)&ss, c->peer, sizeof c->peer);
     }
+    /* Limits: max_connections live ones in all, max_per_addr from one
+     * address. When either is reached the oldest idle connection (of that
+     * address, for the second) is closed to make room, so connections that
+     * only sit there cannot lock others out; with none idle the new one is
+     * closed. Lingering closes do not count (their fds are bounded by the
+     * write deadline and by the hard cap of twice the limit). */
+    int live = 0, same = 0;
+    conn *old_all = NULL, *old_addr = NULL;
+    for (conn *o = h->conns; o; o = o->next) {
+        if (o == c || o->closing || o->handles_closing)
+            continue;
+        int mine = !strcmp(o->peer, c->peer);
+        live++;
+        same += mine;
+        if (evictable(o)) {
+            if (!old_all || o->idle_since < old_all->idle_since)
+                old_all = o;
+            if (mine && (!old_addr || o->idle_since < old_addr->idle_since))
+                old_addr = o;
+        }
+    }
+    int refuse_it = h->stopping || h->st.open_connections > 2 * h->o.max_connections;
+    int per_addr = h->o.max_per_addr > 0 ? h->o.max_per_addr : h->o.max_connections;
+    if (!refuse_it && same >= per_addr) {
+        if (old_addr) {
+            h->st.evicted_connections++;
+            if (old_addr == old_all)
+                old_all = NULL;
+            conn_close(old_addr, 0);
+            live--;
+        } else {
+            refuse_it = 1;
+        }
+    }
+    if (!refuse_it && live >= h->o.max_connections) {
+        if (old_all) {
+            h->st.evicted_connections++;
+            conn_close(old_all, 0);
+        } else {
+            refuse_it = 1;
+        }
+    }
+    if (refuse_it) {
+        h->st.refused_connections++;
+        close_handles(c);
+        return;
+    }
+    h->st.connections++;
+    uv_tcp_nodelay(&c->tcp, 1);
     char err[128];
     if (shoal_http_parser_create(&c->p, h->o.max_header_bytes, h->o.max_body_bytes, err, sizeof err)) {
         close_handles(c);
         return;
     }
     c->phase = PH_IDLE;
-    arm(c, TM_IDLE, h->o.idle_timeout_ms);
+    c->idle_since = uv_now(&h->loop);
+    arm(c, TM_IDLE, first_byte_ms(h)); /* the first byte is due soon, not after the idle time */
     feed_conn(c); /* starts reading */
 }
 
@@ -1087,7 +1332,7 @@ int shoal_http_respond(shoal_http_ex *ex, int status, const char *content_type, 
     if (ex->streaming || ex->head_sent)
         SHOAL_PANIC("http: respond on an exchange that already started a response");
     if (ex->c && !ex->aborted) {
-        if (head(ex, status, content_type, extra_headers, (long)len) == 0 && len && ex->c)
+        if (head(ex, status, content_type, extra_headers, (long)len) == 0 && len && ex->c && !ex->head_only)
             conn_write(ex->c, body, len, NULL, 0, NULL, 0);
     }
     finish_exchange(ex);
@@ -1110,7 +1355,7 @@ int shoal_http_stream_write(shoal_http_ex *ex, const void *data, size_t len)
         SHOAL_PANIC("http: stream_write before stream_begin");
     if (!ex->c || ex->aborted)
         return SHOAL_ECANCELED;
-    if (len == 0)
+    if (len == 0 || ex->head_only)
         return 0;
     if (!ex->chunked)
         return conn_write(ex->c, data, len, NULL, 0, NULL, 0) ? SHOAL_ECANCELED : 0;
@@ -1121,7 +1366,7 @@ int shoal_http_stream_write(shoal_http_ex *ex, const void *data, size_t len)
 
 int shoal_http_stream_end(shoal_http_ex *ex)
 {
-    if (ex->c && !ex->aborted && ex->streaming && ex->chunked)
+    if (ex->c && !ex->aborted && ex->streaming && ex->chunked && !ex->head_only)
         conn_write(ex->c, "0\r\n\r\n", 5, NULL, 0, NULL, 0);
     finish_exchange(ex);
     return 0;

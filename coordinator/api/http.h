@@ -19,7 +19,10 @@
  * first, the abort callback (if set) runs once on the loop thread; later
  * writes are silently dropped, and the owner must still end the exchange,
  * which then only frees it. While an exchange is open the connection reads no
- * further request (pipelined bytes wait), but still notices a disconnect.
+ * further request (pipelined bytes wait: one request in flight per
+ * connection), but still notices a disconnect. A client that half-closes
+ * (EOF after its request) still gets its answers, then the connection closes.
+ * A HEAD request is handed over like GET; the response's body is not sent. 
  *
  * The pure request parser (shoal_http_parser_*) is exported separately so that
  * tests and the fuzz target can drive it without sockets. */
@@ -89,7 +92,12 @@ typedef struct {
     int port;                 /* 0: an ephemeral port (see shoal_http_port) */
     size_t max_header_bytes;  /* required, > 0 */
     size_t max_body_bytes;    /* required, > 0 */
-    int max_connections;      /* more are accepted and closed at once; required, > 0 */
+    /* Live client connections in all, and from one address (0: no
+     * per-address limit). When a limit is reached the oldest idle connection
+     * is closed to make room; with none idle the new one is closed at once.
+     * max_connections required, > 0. */
+    int max_connections;
+    int max_per_addr;
     /* Deadlines in milliseconds, all required, > 0:
      *   request: first byte of a request until it is complete (slow senders
      *            get 408 and are closed);
@@ -97,10 +105,17 @@ typedef struct {
      *   write:   queued response bytes making no progress (a client that
      *            stopped reading is dropped). */
     int request_timeout_ms;
+    /* header: a new connection's first byte, and a request's line and
+     * headers from its first byte (kept below request and idle); 0: the
+     * request deadline. Much shorter than idle, so silent connections do not
+     * hold slots for the keep-alive time. */
+    int header_timeout_ms;
     int idle_timeout_ms;
     int write_timeout_ms;
-    /* Response bytes queued but unsent for one connection before the client is
-     * dropped as too slow; required, > 0. */
+    /* Response bytes queued but unsent for one connection (each write's
+     * bookkeeping counted too) before the client is dropped as too slow;
+     * required, > 0. Beyond 64 KiB queued, pipelined requests of the
+     * connection are neither parsed nor read until the client reads. */
     size_t max_write_queue;
     int handle_signals;       /* 1: SIGINT/SIGTERM stop the loop */
     shoal_http_request_fn on_request; /* required */
@@ -110,7 +125,8 @@ typedef struct {
 /* Counters (loop thread; read with shoal_http_get_stats). */
 typedef struct {
     uint64_t connections;     /* accepted */
-    uint64_t refused_connections; /* over max_connections */
+    uint64_t refused_connections; /* over a limit with no idle one to close */
+    uint64_t evicted_connections; /* idle ones closed to make room */
     uint64_t requests;        /* complete requests handed to on_request */
     uint64_t bad_requests;    /* refused by the parser (400/413/417/431/505) */
     uint64_t timeouts;        /* request or write deadlines hit */

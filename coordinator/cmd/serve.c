@@ -51,7 +51,11 @@ static void usage(FILE *f)
             "  --threads N            OpenMP threads for the forward (default: all)\n"
             "  --max-body-kb N        request body limit, KiB (default 4096)\n"
             "  --max-header-kb N      request line + headers limit, KiB (default 16)\n"
-            "  --max-connections N    open client connections (default 256)\n"
+            "  --max-connections N    open client connections (default 256); when full the\n"
+            "                         oldest idle one is closed to make room\n"
+            "  --max-connections-per-addr N  of those, from one client address (default 64)\n"
+            "  --header-timeout S     seconds for a new connection's first byte and for a\n"
+            "                         request's headers (default 10)\n"
             "  --request-timeout S    seconds a client has to send one request (default 30)\n"
             "  --idle-timeout S       seconds a kept-alive connection may idle (default 60)\n"
             "  --write-timeout S      seconds a response may stall unread (default 30)\n"
@@ -81,7 +85,7 @@ static int workers_cb(void *ud, shoal_api_worker *w, int cap)
         shoal_cmetrics_worker_totals t;
         shoal_cmetrics_get_worker(c->cm, i, &t);
         snprintf(w[i].name, sizeof w[i].name, "%s", name ? name : "?");
-        char why[160];
+        char why[400]; /* a refusal names two fingerprints: not cut mid-way */
         w[i].up = shoal_dist_worker_up(c->dist, i, why, sizeof why);
         if (w[i].up)
             snprintf(w[i].state, sizeof w[i].state, "ready");
@@ -141,6 +145,8 @@ static int is_loopback(const char *host)
     return 0;
 }
 
+/* The key file's first line (without its line end), whole: a key longer
+ * than the buffer is refused, never cut. */
 static int read_key_file(const char *path, char *out, size_t cap)
 {
     FILE *f = fopen(path, "r");
@@ -148,18 +154,44 @@ static int read_key_file(const char *path, char *out, size_t cap)
         fprintf(stderr, "shoal serve: --api-key-file %s: %s\n", path, strerror(errno));
         return -1;
     }
-    if (!fgets(out, (int)cap, f)) {
-        fclose(f);
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t n = getline(&line, &lcap, f);
+    fclose(f);
+    if (n <= 0) {
+        free(line);
         fprintf(stderr, "shoal serve: --api-key-file %s is empty\n", path);
         return -1;
     }
-    fclose(f);
-    out[strcspn(out, "\r\n")] = '\0';
+    line[strcspn(line, "\r\n")] = '\0';
+    size_t len = strlen(line);
+    if (len >= cap) {
+        memset(line, 0, (size_t)n);
+        free(line);
+        fprintf(stderr, "shoal serve: --api-key-file %s: the key is %zu bytes, more than the %zu allowed\n", path,
+                len, cap - 1);
+        return -1;
+    }
+    memcpy(out, line, len + 1);
+    memset(line, 0, (size_t)n);
+    free(line);
     if (!out[0]) {
         fprintf(stderr, "shoal serve: --api-key-file %s: the first line is empty\n", path);
         return -1;
     }
     return 0;
+}
+
+/* A key is compared exactly as the client sends it after "Bearer "; HTTP
+ * trims blanks around a header value, so a key that starts or ends with one
+ * (or holds a control byte) could never match: refused at start. */
+static int check_key(const char *k)
+{
+    size_t n = strlen(k);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)k[i] < 0x20 || k[i] == 0x7f)
+            return -1;
+    return n && k[0] != ' ' && k[n - 1] != ' ' ? 0 : -1;
 }
 
 int shoal_cmd_serve(int argc, char **argv)
@@ -168,7 +200,7 @@ int shoal_cmd_serve(int argc, char **argv)
     char model_name[128] = "";
     long port = 8000, queue = 64, max_context = 0, keep = 8, keep_mb = 1024, memo = 256, memo_mb = 64;
     long threads = 0, max_body_kb = 4096, max_header_kb = 16, max_conn = 256;
-    long req_to = 30, idle_to = 60, write_to = 30;
+    long req_to = 30, idle_to = 60, write_to = 30, hdr_to = 10, max_per_addr = 64;
     int insecure = 0, trunk_no_direct = 0;
     shoal_trunk_mode trunk_mode = SHOAL_TRUNK_MAPPED;
     uint64_t trunk_budget = 0;
@@ -187,9 +219,10 @@ int shoal_cmd_serve(int argc, char **argv)
         {"--memo-mb", 0, 1 << 16},    {"--threads", 0, 4096},    {"--max-body-kb", 1, 1 << 20},
         {"--max-header-kb", 1, 1024}, {"--max-connections", 1, 100000},
         {"--request-timeout", 1, 3600}, {"--idle-timeout", 1, 3600}, {"--write-timeout", 1, 3600},
+        {"--header-timeout", 1, 3600}, {"--max-connections-per-addr", 1, 100000},
     };
     long *dsts[] = {&port, &queue, &max_context, &keep, &keep_mb, &memo, &memo_mb, &threads, &max_body_kb,
-                    &max_header_kb, &max_conn, &req_to, &idle_to, &write_to};
+                    &max_header_kb, &max_conn, &req_to, &idle_to, &write_to, &hdr_to, &max_per_addr};
     for (int i = 1; i < argc && !bad; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -273,7 +306,7 @@ int shoal_cmd_serve(int argc, char **argv)
         fprintf(stderr, "shoal serve: give --api-key or --api-key-file, not both\n");
         return 2;
     }
-    char key_buf[512];
+    char key_buf[4097]; /* 4096 bytes of key at most */
     if (key_file) {
         if (read_key_file(key_file, key_buf, sizeof key_buf))
             return 2;
@@ -282,6 +315,24 @@ int shoal_cmd_serve(int argc, char **argv)
     if (api_key && !api_key[0]) {
         fprintf(stderr, "shoal serve: --api-key must not be empty\n");
         return 2;
+    }
+    if (api_key && check_key(api_key)) {
+        fprintf(stderr, "shoal serve: the API key must not start or end with a space nor hold control bytes\n");
+        return 2;
+    }
+    {
+        /* one message for a name, before the key check: `--host localhost`
+         * used to be told it is reachable from other machines, then (with
+         * --insecure) that it is not an address */
+        struct in_addr a4;
+        struct in6_addr a6;
+        if (inet_pton(AF_INET, host, &a4) != 1 && inet_pton(AF_INET6, host, &a6) != 1) {
+            fprintf(stderr,
+                    "shoal serve: --host %s is not an IP address; give one (127.0.0.1 or ::1 for this machine\n"
+                    "             only, 0.0.0.0 or :: for every interface)\n",
+                    host);
+            return 2;
+        }
     }
     if (!is_loopback(host) && !api_key && !insecure) {
         fprintf(stderr,
@@ -418,6 +469,8 @@ int shoal_cmd_serve(int argc, char **argv)
         .max_header_bytes = (size_t)max_header_kb << 10,
         .max_body_bytes = (size_t)max_body_kb << 10,
         .max_connections = (int)max_conn,
+        .max_per_addr = (int)max_per_addr,
+        .header_timeout_ms = (int)hdr_to * 1000,
         .request_timeout_ms = (int)req_to * 1000,
         .idle_timeout_ms = (int)idle_to * 1000,
         .write_timeout_ms = (int)write_to * 1000,

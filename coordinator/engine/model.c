@@ -517,11 +517,14 @@ int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts 
         rc = SHOAL_EMODEL;
         goto fail;
     }
-    if (!opts->quiet)
-        for (int i = 0; i < b.nf32; i++)
-            SHOAL_INFO("model: F32 %s: %llu of %llu elements have non-zero low 16 bits%s", b.f32[i].kind,
-                       (unsigned long long)b.f32[i].nonzero, (unsigned long long)b.f32[i].total,
-                       b.f32[i].nonzero ? " (not bf16-exact)" : " (bf16-exact)");
+    if (!opts->quiet && b.nf32) { /* one debug line: it is the same at every start */
+        char line[1024];
+        size_t u = 0;
+        for (int i = 0; i < b.nf32 && u < sizeof line; i++)
+            u += (size_t)snprintf(line + u, sizeof line - u, "%s%s %llu/%llu", i ? ", " : "", b.f32[i].kind,
+                                  (unsigned long long)b.f32[i].nonzero, (unsigned long long)b.f32[i].total);
+        SHOAL_DEBUG("model: F32 tensors, elements with non-zero low 16 bits (not bf16-exact) of all: %s", line);
+    }
 
     /* info */
     shoal_model_info *in = &m->info;

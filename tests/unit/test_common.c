@@ -5,6 +5,7 @@
 
 #include "common/err.h"
 #include "common/st.h"
+#include "common/utf8.h"
 #include "test.h"
 
 static void t_err_table(void)
@@ -35,10 +36,64 @@ static void t_bf16_round_trip(void)
     CHECK(shoal_round_bf16(1.0f + 0x1p-8f + 0x1p-20f) == 1.0f + 0x1p-7f);
 }
 
+/* ---- shoal_utf8_clean: the one helper outside text goes through (issue 20) */
+
+#define FFFD "\xEF\xBF\xBD"
+static void check_clean(const char *src, size_t n, size_t cap, unsigned flags, const char *want, int want_cut)
+{
+    char dst[256];
+    int cut = -1;
+    size_t k = shoal_utf8_clean(dst, cap, src, n, flags, &cut);
+    CHECK_MSG(k == strlen(want) && !memcmp(dst, want, k + 1) && cut == want_cut,
+              "cap %zu: got '%s' (%zu bytes, cut %d), want '%s' (cut %d)", cap, dst, k, cut, want, want_cut);
+    CHECK(shoal_utf8_valid(dst, k));
+}
+
+/* 63 ASCII letters then "é" into a 64-byte (63 + NUL) buffer: the é (2 bytes)
+ * does not fit whole and is left out, not cut in half -- the message-builder
+ * defect of issue 20 item 1. */
+static void t_utf8_clean_cut_on_boundary(void)
+{
+    char src[80];
+    memset(src, 'a', 63);
+    memcpy(src + 63, "\xC3\xA9", 3);
+    char want[64];
+    memset(want, 'a', 63);
+    want[63] = '\0';
+    check_clean(src, 65, 64, 0, want, 1);
+    check_clean(src, 65, 66, 0, src, 0); /* room for 65 + NUL: whole */
+    check_clean("\xE2\x82\xAC\xE2\x82\xAC", 6, 6, 0, "\xE2\x82\xAC", 1); /* 2nd euro needs 3, 2 left */
+    check_clean("\xF0\x9F\xA6\x89", 4, 4, 0, "", 1);
+    check_clean("abc", 3, 1, 0, "", 1);
+    check_clean("abcdefgh", 8, 8, SHOAL_UTF8_MARK, "abcd...", 1);
+    check_clean("abcdefg", 7, 8, SHOAL_UTF8_MARK, "abcdefg", 0);
+}
+
+static void t_utf8_clean_replaces_invalid(void)
+{
+    check_clean("/\xff", 2, 64, 0, "/" FFFD, 0);
+    check_clean("a\xC3", 2, 64, 0, "a" FFFD, 0);           /* truncated sequence at the end */
+    check_clean("\xED\xA0\x80x", 4, 64, 0, FFFD FFFD FFFD "x", 0); /* surrogate: 3 subparts */
+    check_clean("a\0b", 3, 64, 0, "a" FFFD "b", 0);         /* NUL never survives */
+    check_clean("\xff\xff", 2, 4, 0, FFFD, 1);              /* a replacement is not cut either */
+    check_clean(NULL, 0, 8, 0, "", 0);
+}
+
+static void t_utf8_clean_controls_for_logs(void)
+{
+    check_clean("a\nb\r\x1b[0m\x7f", 9, 64, SHOAL_UTF8_NOCTRL, "a\\x0ab\\x0d\\x1b[0m\\x7f", 0);
+    check_clean("\xC2\x85", 2, 64, SHOAL_UTF8_NOCTRL, "\\x85", 0); /* C1 NEL */
+    check_clean("a\tb", 3, 64, 0, "a\tb", 0);                       /* kept without the flag */
+    check_clean("\xC3\xA9\n", 3, 64, SHOAL_UTF8_NOCTRL, "\xC3\xA9\\x0a", 0);
+}
+
 int main(void)
 {
     test_binary = "test_common";
     RUN(t_err_table);
+    RUN(t_utf8_clean_cut_on_boundary);
+    RUN(t_utf8_clean_replaces_invalid);
+    RUN(t_utf8_clean_controls_for_logs);
     RUN(t_bf16_round_trip);
     return test_finish();
 }

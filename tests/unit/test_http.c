@@ -134,7 +134,8 @@ static void t_parse_refusals(void)
     CHECK_EQ_INT(feed_status(4096, 100, "GET / HTTP/1.1\r\n\r\n"), 400);          /* no Host */
     CHECK_EQ_INT(feed_status(4096, 100, "GET / HTTP/2.0\r\nHost: h\r\n\r\n"), 505);
     CHECK_EQ_INT(feed_status(4096, 100, "GET / FTP/1.1\r\nHost: h\r\n\r\n"), 400);
-    CHECK_EQ_INT(feed_status(4096, 100, "BREW / HTTP/1.1\r\nHost: h\r\n\r\n"), 400);
+    /* a well-formed line with a method nobody implements: 501 (RFC 9110 15.6.2) */
+    CHECK_EQ_INT(feed_status(4096, 100, "BREW / HTTP/1.1\r\nHost: h\r\n\r\n"), 501);
     CHECK_EQ_INT(feed_status(4096, 100, "GET / HTTP/1.1\r\nHost h\r\n\r\n"), 400);
     CHECK_EQ_INT(feed_status(4096, 100, "GET /\x01 HTTP/1.1\r\nHost: h\r\n\r\n"), 400);
     CHECK_EQ_INT(feed_status(4096, 100, "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: -1\r\n\r\n"), 400);
@@ -164,6 +165,91 @@ static void t_parse_continue(void)
     CHECK_EQ_INT(shoal_http_parser_take_continue(p), 0);
     CHECK_EQ_INT(shoal_http_parser_feed(p, "ok", 2, &st), 2);
     CHECK(shoal_http_parser_request(p) != NULL);
+    shoal_http_parser_free(p);
+}
+
+
+/* Issue 20 item 12: the smaller HTTP defects, each by its rule. */
+/* Offers one more byte at a time (bytes not consumed are offered again, as
+ * the server does). Returns the refusal status or 0. */
+static int feed_bytewise(const char *r, const shoal_http_request **q, shoal_http_parser **pp)
+{
+    shoal_http_parser *p = mk(4096, 1024);
+    size_t off = 0, avail = 0, len = strlen(r);
+    int st = 0;
+    while (off + avail < len && !shoal_http_parser_request(p)) {
+        avail++;
+        long n = shoal_http_parser_feed(p, r + off, avail, &st);
+        if (n < 0)
+            break;
+        off += (size_t)n;
+        avail -= (size_t)n;
+    }
+    *q = shoal_http_parser_request(p);
+    *pp = p;
+    return st;
+}
+
+static void t_parse_two_hosts_and_obs_fold_refused(void)
+{
+    /* RFC 9112 3.2: a request with more than one Host is a 400 */
+    CHECK_EQ_INT(feed_status(4096, 100, "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"), 400);
+    /* RFC 9112 5.2: obs-fold may be refused with 400 (we do) */
+    CHECK_EQ_INT(feed_status(4096, 100, "GET / HTTP/1.1\r\nHost: a\r\nX: one\r\n two\r\n\r\n"), 400);
+    CHECK_EQ_INT(feed_status(4096, 100, "GET / HTTP/1.1\r\nHost: a\r\nX: one\r\n\ttwo\r\n\r\n"), 400);
+    CHECK_EQ_INT(feed_status(4096, 100, "GET / HTTP/1.1\r\nHost: a\r\nX:\r\n two\r\n\r\n"), 400);
+    /* a value with inner blanks is not a fold */
+    CHECK_EQ_INT(feed_status(4096, 100, "GET / HTTP/1.1\r\nHost: a\r\nX: one two\r\n\r\n"), 0);
+    /* the fold split across feeds is still seen */
+    const shoal_http_request *q;
+    shoal_http_parser *p;
+    CHECK_EQ_INT(feed_bytewise("GET / HTTP/1.1\r\nHost: a\r\nX: one\r\n two\r\n\r\n", &q, &p), 400);
+    shoal_http_parser_free(p);
+    CHECK_EQ_INT(feed_bytewise("GET / HTTP/1.1\r\nHost: a\r\nX: one two\r\n\r\n", &q, &p), 0);
+    CHECK(q != NULL);
+    shoal_http_parser_free(p);
+}
+
+static void t_parse_unknown_method_501_bytewise(void)
+{
+    const shoal_http_request *q;
+    shoal_http_parser *p;
+    CHECK_EQ_INT(feed_bytewise("BREW /pot HTTP/1.1\r\nHost: a\r\n\r\n", &q, &p), 501);
+    CHECK_STR_CONTAINS(shoal_http_parser_error(p), "BREW");
+    shoal_http_parser_free(p);
+    /* not a request line at all: 400, at once (a TLS hello waits for nothing) */
+    CHECK_EQ_INT(feed_status(4096, 100, "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"), 400);
+    CHECK_EQ_INT(feed_status(4096, 100, "GARBAGE\r\n\r\n"), 400);
+    CHECK_EQ_INT(feed_status(4096, 100, "BREW / FTP/1.1\r\n\r\n"), 400);
+    CHECK_EQ_INT(feed_status(4096, 100, "BREW /"), -1); /* can still become a request line */
+}
+
+static void t_parse_absolute_form_routed_by_path(void)
+{
+    shoal_http_parser *p = mk(4096, 1024);
+    const char *r = "GET http://example.com:8000/v1/models?x=1 HTTP/1.1\r\nHost: example.com\r\n\r\n";
+    int st;
+    CHECK_EQ_INT(shoal_http_parser_feed(p, r, strlen(r), &st), (long)strlen(r));
+    const shoal_http_request *q = shoal_http_parser_request(p);
+    CHECK(q && !strcmp(q->path, "/v1/models"));
+    shoal_http_parser_free(p);
+    p = mk(4096, 1024);
+    r = "GET HTTP://h HTTP/1.1\r\nHost: h\r\n\r\n";
+    CHECK_EQ_INT(shoal_http_parser_feed(p, r, strlen(r), &st), (long)strlen(r));
+    q = shoal_http_parser_request(p);
+    CHECK(q && !strcmp(q->path, "/"));
+    shoal_http_parser_free(p);
+}
+
+static void t_parse_chunk_size_overflow_named(void)
+{
+    shoal_http_parser *p = mk(4096, 1024);
+    const char *r = "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\n";
+    int st;
+    CHECK_EQ_INT(shoal_http_parser_feed(p, r, strlen(r), &st), -1);
+    CHECK_EQ_INT(st, 400);
+    CHECK_STR_CONTAINS(shoal_http_parser_error(p), "chunk size");
+    CHECK(strstr(shoal_http_parser_error(p), "content-length") == NULL);
     shoal_http_parser_free(p);
 }
 
@@ -474,10 +560,22 @@ static void t_server_slow_and_idle_clients(void)
     }
     CHECK(got408);
     close(fd);
-    /* idle keep-alive connection: closed silently */
+    /* a new connection that sends nothing: closed silently at the first-byte
+     * deadline (the header deadline, here the request one: 300 ms) */
     fd = dial(port);
     t0 = now_ms();
     size_t n = read_until(fd, buf, sizeof buf, NULL, 3000, &eof);
+    dt = now_ms() - t0;
+    CHECK(eof);
+    CHECK_EQ_INT(n, 0);
+    CHECK_MSG(dt >= 250 && dt < 2000, "first-byte close after %.0f ms", dt);
+    close(fd);
+    /* a kept-alive connection after a request: closed at the idle deadline */
+    fd = dial(port);
+    sends(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok");
+    read_until(fd, buf, sizeof buf, "\r\n\r\nok", 2000, &eof);
+    t0 = now_ms();
+    n = read_until(fd, buf, sizeof buf, NULL, 3000, &eof);
     dt = now_ms() - t0;
     CHECK(eof);
     CHECK_EQ_INT(n, 0);
@@ -496,6 +594,10 @@ static void t_server_disconnect_aborts(void)
     sends(fd, "GET /hold HTTP/1.1\r\nHost: x\r\n\r\n");
     read_until(fd, buf, sizeof buf, "data: 0", 2000, &eof);
     CHECK_STR_CONTAINS(buf, "data: 0");
+    /* a reset, not a FIN: a half-close (FIN) is a client still waiting for
+     * its answer (t_server_half_closed_post_answered) */
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     close(fd);
     for (int i = 0; i < 200 && atomic_load(&s.aborts) == 0; i++) {
         struct timespec ts = {0, 5 * 1000 * 1000};
@@ -569,6 +671,146 @@ static void t_server_post_after_stop_refused(void)
     shoal_http_close(s.h);
 }
 
+
+/* Issue 20 item 12: a POST whose client half-closes after sending still gets
+ * its answer, then the connection closes. */
+static void t_server_half_closed_post_answered(void)
+{
+    srv s;
+    int port = srv_start(&s, 2000, 2000);
+    char buf[4096];
+    int eof;
+    int fd = dial(port);
+    sends(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello");
+    shutdown(fd, SHUT_WR);
+    read_until(fd, buf, sizeof buf, NULL, 2000, &eof);
+    CHECK_STR_CONTAINS(buf, "HTTP/1.1 200 OK\r\n");
+    CHECK_STR_CONTAINS(buf, "\r\n\r\nhello");
+    CHECK(eof);
+    close(fd);
+    /* two pipelined, then the half-close: both answered in order */
+    fd = dial(port);
+    sends(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\none"
+              "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\ntwo");
+    shutdown(fd, SHUT_WR);
+    read_until(fd, buf, sizeof buf, NULL, 2000, &eof);
+    char *a = strstr(buf, "\r\n\r\none"), *b = strstr(buf, "\r\n\r\ntwo");
+    CHECK(a && b && a < b);
+    CHECK(eof);
+    close(fd);
+    /* a request cut by the half-close: nothing to answer, closed */
+    fd = dial(port);
+    sends(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nabc");
+    shutdown(fd, SHUT_WR);
+    size_t n = read_until(fd, buf, sizeof buf, NULL, 2000, &eof);
+    CHECK(eof);
+    CHECK_EQ_INT(n, 0);
+    close(fd);
+    srv_stop(&s);
+}
+
+/* Issue 20 item 12: HEAD is answered like GET, without the body. */
+static void t_server_head_without_body(void)
+{
+    srv s;
+    int port = srv_start(&s, 2000, 2000);
+    char buf[4096];
+    int eof;
+    int fd = dial(port);
+    /* the 404 route answers "{}" (2 bytes): HEAD announces them, sends none;
+     * the next response follows the head at once */
+    sends(fd, "HEAD /nothing HTTP/1.1\r\nHost: x\r\n\r\nGET /nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    read_until(fd, buf, sizeof buf, NULL, 2000, &eof);
+    CHECK(!strncmp(buf, "HTTP/1.1 404 ", 13));
+    CHECK_STR_CONTAINS(buf, "Content-Length: 2\r\n");
+    CHECK_STR_CONTAINS(buf, "\r\n\r\nHTTP/1.1 404 ");
+    char *second = strstr(buf, "\r\n\r\nHTTP/1.1 404 ");
+    CHECK(second && strstr(second + 4, "\r\n\r\n{}") != NULL);
+    close(fd);
+    srv_stop(&s);
+}
+
+/* Issue 20 item 2: a client that pipelines requests and never reads the
+ * answers stops being read once 64 KiB of responses are queued; the server
+ * does not parse (nor buffer) the rest. */
+static void t_server_pipelining_flood_paused(void)
+{
+    srv s;
+    int port = srv_start(&s, 5000, 5000);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    static const char one[] = "GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n";
+    /* 13.6 MB of requests: more than the kernel's socket buffers on both
+     * sides take (autotuned to a few MB each), so what the server does with
+     * the rest shows */
+    enum { N = 400000 };
+    size_t total = N * (sizeof one - 1), sent = 0;
+    char *all = malloc(total);
+    for (int i = 0; i < N; i++)
+        memcpy(all + (size_t)i * (sizeof one - 1), one, sizeof one - 1);
+    double t0 = now_ms();
+    while (sent < total && now_ms() - t0 < 2500) {
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        if (poll(&pf, 1, 100) <= 0)
+            continue;
+        ssize_t w = send(fd, all + sent, total - sent, MSG_DONTWAIT);
+        if (w > 0)
+            sent += (size_t)w;
+    }
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    int handled = atomic_load(&s.requests);
+    /* each 404 answer is ~110 bytes + bookkeeping: 64 KiB pause + what the
+     * sockets hold; far fewer than were sent */
+    CHECK_MSG(sent < total, "the server kept reading: all %zu bytes taken", sent);
+    CHECK_MSG(handled < N / 2, "%d of %d pipelined requests parsed while nothing was read", handled, N);
+    close(fd);
+    free(all);
+    /* and others are still served */
+    char buf[4096];
+    int eof;
+    fd = dial(port);
+    sends(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok");
+    read_until(fd, buf, sizeof buf, "\r\n\r\nok", 2000, &eof);
+    CHECK_STR_CONTAINS(buf, "\r\n\r\nok");
+    close(fd);
+    srv_stop(&s);
+}
+
+/* Issue 20 item 3: connections that send nothing cannot lock a real client
+ * out: when the server is full the oldest idle one is closed to make room. */
+static void t_server_silent_connections_evicted(void)
+{
+    srv s;
+    int port = srv_start(&s, 3000, 3000); /* max_connections 8 */
+    int silent[20];
+    for (int i = 0; i < 20; i++)
+        silent[i] = dial(port);
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    char buf[4096];
+    int eof;
+    int fd = dial(port);
+    sends(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok");
+    read_until(fd, buf, sizeof buf, "\r\n\r\nok", 2000, &eof);
+    CHECK_STR_CONTAINS(buf, "\r\n\r\nok");
+    close(fd);
+    shoal_http_stats st;
+    shoal_http_get_stats(s.h, &st); /* racy read of counters; only a lower bound matters */
+    /* 21 connections for 8 places: 13 closed, by eviction (oldest idle) or,
+     * while evicted ones are still closing, by the hard cap (2 x the limit) */
+    CHECK_MSG(st.evicted_connections >= 1 && st.evicted_connections + st.refused_connections >= 13,
+              "%llu evicted, %llu refused", (unsigned long long)st.evicted_connections,
+              (unsigned long long)st.refused_connections);
+    for (int i = 0; i < 20; i++)
+        close(silent[i]);
+    srv_stop(&s);
+}
+
 int main(void)
 {
     test_binary = "test_http";
@@ -576,11 +818,19 @@ int main(void)
     RUN(t_parse_pipelined_and_bytewise);
     RUN(t_parse_refusals);
     RUN(t_parse_continue);
+    RUN(t_parse_two_hosts_and_obs_fold_refused);
+    RUN(t_parse_unknown_method_501_bytewise);
+    RUN(t_parse_absolute_form_routed_by_path);
+    RUN(t_parse_chunk_size_overflow_named);
     RUN(t_server_keepalive_and_pipelining);
     RUN(t_server_stream_from_thread);
     RUN(t_server_refusals_answered);
     RUN(t_server_slow_and_idle_clients);
     RUN(t_server_disconnect_aborts);
+    RUN(t_server_half_closed_post_answered);
+    RUN(t_server_head_without_body);
+    RUN(t_server_pipelining_flood_paused);
+    RUN(t_server_silent_connections_evicted);
     RUN(t_server_non_reader_dropped);
     RUN(t_server_post_after_stop_refused);
     RUN(t_server_stop_prompt);

@@ -1,0 +1,395 @@
+"""Live HTTP fuzzer (issue 20): structure-aware mutations of valid requests of
+every endpoint against a RUNNING `shoal serve --model tests/models/tiny-k3
+--workers 2`, checking after every case that the process is alive (and
+every few cases that /health answers 200).
+
+Mutations: JSON fields (types, UTF-8 and invalid bytes, numbers at and past
+2^63, NaN/Infinity literals, deep nesting, odd keys, duplicates, truncation,
+byte flips), headers (Host twice or missing, obs-fold, Content-Length vs
+chunked, Expect, Authorization, Connection, HTTP/1.0, absolute-form, odd and
+unknown methods, HEAD), paths (long, UTF-8, invalid, control bytes),
+chunked bodies (random splits, bad and huge sizes, extensions, trailers),
+pipelining, slow (byte-at-a-time) and half-closed or abandoned connections,
+streams closed early.
+
+Budget: SHOAL_FUZZ_HTTP_S seconds (default 30) or SHOAL_FUZZ_HTTP_CASES cases,
+whichever ends first; SHOAL_FUZZ_SEED fixes the seed (printed either way);
+SHOAL_FUZZ_HTTP_OUT=path writes the figures as JSON; SHOAL_BIN picks the
+binary (e.g. build-asan/bin/shoal). Long run (docs/TESTING.md):
+  SHOAL_FUZZ_HTTP_S=3600 SHOAL_FUZZ_HTTP_CASES=1000000 .venv/bin/python3 tests/e2e/test_fuzz_http_live.py
+Figures: cases run, crashes found (0 to pass), server VmRSS/VmHWM and open
+fds after a warm-up and at the end (no growth allowed beyond a margin).
+Appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS."""
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import Recorder, terminate  # noqa: E402
+
+SRC = os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
+MODEL = os.path.join(SRC, "tests", "models", "tiny-k3")
+BUDGET_S = float(os.environ.get("SHOAL_FUZZ_HTTP_S", "30"))
+MAX_CASES = int(os.environ.get("SHOAL_FUZZ_HTTP_CASES", "0")) or None
+SEED = int(os.environ.get("SHOAL_FUZZ_SEED", str(int(time.time() * 1000) % 1000000007)))
+KEY = "fuzz-key"
+R = Recorder("test_fuzz_http_live")
+rng = random.Random(SEED)
+
+# ---- valid requests (the seeds) -------------------------------------------
+
+CHAT = {"model": "tiny", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}],
+        "max_tokens": 2, "temperature": 0}
+CHAT_FULL = {"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]},
+                                           {"role": "assistant", "content": "b", "tool_calls": [
+                                               {"id": "c1", "type": "function",
+                                                "function": {"name": "f", "arguments": "{}"}}]},
+                                           {"role": "tool", "tool_call_id": "c1", "content": "r"}],
+             "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+             "tool_choice": "auto", "response_format": {"type": "json_object"}, "max_tokens": 2, "seed": 1,
+             "top_p": 0.9, "stop": ["x"], "stream": False, "user": "u", "reasoning_effort": "low"}
+COMP = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0}
+COMP_STR = {"model": "tiny", "prompt": "hello", "max_tokens": 1, "stream": True,
+            "stream_options": {"include_usage": True}, "return_token_ids": True}
+POSTS = [("/v1/chat/completions", CHAT), ("/v1/chat/completions", CHAT_FULL), ("/v1/completions", COMP),
+         ("/v1/completions", COMP_STR)]
+GETS = ["/health", "/metrics", "/v1/models", "/v1/models/tiny"]
+
+ODD_STRINGS = ["", "a" * 63 + "é", "é" * 40, "\u0000", "\ud7ff\ue000", "\U0010ffff", "\u202e", "\x1b[31m",
+               "a" * 5000, "tiny ", "system", "text", "json_schema", "function", "\n", "%s%n"]
+ODD_NUMBERS = [0, -1, 1, 2 ** 31, 2 ** 53 + 1, 2 ** 63 - 1, 1e308, -1e-308, 0.5, 128, 129, 16385]
+RAW_NUMBERS = [b"9223372036854775808", b"-9223372036854775809", b"1e999", b"NaN", b"Infinity", b"-0",
+               b"00", b"1.", b".5", b"0x10", b"123456789012345678901234567890"]
+INVALID_UTF8 = [b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80", b"\xe2\x82", b"\x80"]
+
+
+def rand_value(depth=0):
+    k = rng.randrange(9 if depth < 4 else 6)
+    if k == 0:
+        return rng.choice(ODD_STRINGS)
+    if k == 1:
+        return rng.choice(ODD_NUMBERS)
+    if k == 2:
+        return rng.choice([None, True, False])
+    if k == 3:
+        return "".join(chr(rng.choice([rng.randrange(32, 127), rng.randrange(0x80, 0x800),
+                                       rng.randrange(0x800, 0xd800), rng.randrange(0x10000, 0x110000)]))
+                       for _ in range(rng.randrange(1, 70)))
+    if k == 4:
+        return rng.randrange(-10, 300)
+    if k == 5:
+        return rng.random() * rng.choice([1, 100, 1e9])
+    if k == 6:
+        return [rand_value(depth + 1) for _ in range(rng.randrange(4))]
+    if k == 7:
+        return {rng.choice(["type", "text", "role", "content", "name", "x", "a" * 63 + "é"]): rand_value(depth + 1)
+                for _ in range(rng.randrange(4))}
+    return "[" * 40 + "]" * 40
+
+
+def mutate_tree(v, depth=0):
+    """One structural mutation somewhere in v (a copy)."""
+    v = json.loads(json.dumps(v))
+    if isinstance(v, dict) and v and rng.random() < 0.7:
+        key = rng.choice(list(v))
+        r = rng.random()
+        if r < 0.35:
+            v[key] = mutate_tree(v[key], depth + 1)
+        elif r < 0.6:
+            v[key] = rand_value()
+        elif r < 0.75:
+            del v[key]
+        else:
+            v[rng.choice(["a" * 63 + "é", "max_completion_tokens", "n", "logprobs", "stream", "tools",
+                          "x" * rng.randrange(1, 200), "é", "thinking", "logit_bias"])] = rand_value()
+        return v
+    if isinstance(v, list) and v and rng.random() < 0.7:
+        i = rng.randrange(len(v))
+        r = rng.random()
+        if r < 0.5:
+            v[i] = mutate_tree(v[i], depth + 1)
+        elif r < 0.7:
+            v.insert(i, rand_value())
+        elif r < 0.85:
+            del v[i]
+        else:
+            v = v * rng.randrange(2, 50)
+        return v
+    return rand_value()
+
+
+def to_bytes(obj):
+    b = json.dumps(obj, ensure_ascii=rng.random() < 0.3).encode("utf-8", "surrogatepass")
+    r = rng.random()
+    if r < 0.08:  # a raw number JSON cannot carry through Python
+        b = b.replace(b"2", rng.choice(RAW_NUMBERS), 1)
+    elif r < 0.16:  # invalid UTF-8 inside a string
+        i = b.find(b'"', rng.randrange(len(b)))
+        if i > 0:
+            b = b[:i + 1] + rng.choice(INVALID_UTF8) + b[i + 1:]
+    elif r < 0.22:  # truncated
+        b = b[:rng.randrange(len(b))]
+    elif r < 0.28:  # byte flips
+        ba = bytearray(b)
+        for _ in range(rng.randrange(1, 4)):
+            ba[rng.randrange(len(ba))] = rng.randrange(256)
+        b = bytes(ba)
+    elif r < 0.32:  # a duplicated key
+        b = b.replace(b'{"model": "tiny"', b'{"model": "tiny", "model": "tiny"', 1)
+    elif r < 0.35:  # deep nesting
+        b = b'{"model":"tiny","prompt":' + b"[" * rng.randrange(100, 3000) + b"]" * rng.randrange(100, 3000) + b"}"
+    return b
+
+
+def rand_path():
+    r = rng.random()
+    if r < 0.5:
+        return rng.choice(GETS + [p for p, _ in POSTS]).encode()
+    if r < 0.6:
+        return b"/" + b"a" * rng.randrange(0, 200) + "é".encode()
+    if r < 0.7:
+        return b"/v1/models/" + rng.choice([b"a" * 63 + "é".encode(), b"\xff\xfe", b"tiny%00", b"..%2f..", b""])
+    if r < 0.8:
+        return b"http://127.0.0.1" + rng.choice(GETS).encode() + rng.choice([b"", b"?x=\xff", b"#f"])
+    if r < 0.9:
+        return bytes(rng.randrange(0x21, 256) for _ in range(rng.randrange(1, 300)))
+    return rng.choice([b"*", b"/health?" + b"x" * 3000, b"//health", b"/health/", b"/HEALTH", b"/%ff"])
+
+
+def build(method, path, body, headers, chunked=False, version=b"HTTP/1.1"):
+    h = method + b" " + path + b" " + version + b"\r\n" + b"".join(headers)
+    if body is not None:
+        if chunked:
+            h += b"Transfer-Encoding: chunked\r\n\r\n"
+            out, i = b"", 0
+            while i < len(body):
+                n = rng.randrange(1, max(2, len(body) - i + 1))
+                out += b"%x" % n + (b";ext=1" if rng.random() < 0.1 else b"") + b"\r\n" + body[i:i + n] + b"\r\n"
+                i += n
+            tail = rng.choice([b"0\r\n\r\n", b"0\r\n\r\n", b"0\r\nX-T: 1\r\n\r\n", b"ffffffffffffffffffff\r\n",
+                               b"-1\r\n", b"zz\r\n", b"0\r\n"])
+            return h + out + tail
+        cl = len(body)
+        if rng.random() < 0.05:
+            cl = rng.choice([cl + 5, max(0, cl - 3), 2 ** 64, -1])
+        h += b"Content-Length: %d\r\n" % cl if isinstance(cl, int) and cl >= 0 else b"Content-Length: x\r\n"
+    return h + b"\r\n" + (body or b"")
+
+
+def rand_headers(auth):
+    hs = []
+    r = rng.random()
+    if r < 0.9:
+        hs.append(b"Host: x\r\n")
+    if r < 0.05:
+        hs.append(b"Host: y\r\n")
+    if auth:
+        hs.append(b"Authorization: Bearer " + rng.choice([KEY.encode(), b" " + KEY.encode(), b"x" * 600, b"\xff",
+                                                          KEY.encode(), KEY.encode()]) + b"\r\n")
+    for _ in range(rng.randrange(3)):
+        hs.append(rng.choice([b"Connection: close\r\n", b"Connection: keep-alive\r\n", b"Expect: 100-continue\r\n",
+                              b"Expect: weird\r\n", b"X-Fold: a\r\n b\r\n", b"X-Big: " + b"a" * 20000 + b"\r\n",
+                              b"Content-Type: text/plain\r\n", b"X-U: \xff\xfe\r\n", b"Upgrade: h2c\r\n",
+                              b"Transfer-Encoding: gzip\r\n", b"Content-Length: 1\r\n", b"X:\r\n"]))
+    if rng.random() < 0.9:
+        hs.append(b"Connection: close\r\n")
+    return hs
+
+
+def gen_case():
+    """(kind, bytes, mode): mode is 'normal', 'slow', 'half', 'abandon'."""
+    auth = rng.random() < 0.85
+    k = rng.random()
+    mode = rng.choices(["normal", "slow", "half", "abandon"], [0.8, 0.04, 0.08, 0.08])[0]
+    if k < 0.55:
+        path, seed = rng.choice(POSTS)
+        obj = seed
+        for _ in range(rng.randrange(1, 4)):
+            obj = mutate_tree(obj)
+        if isinstance(obj, dict) and "max_tokens" in obj and not isinstance(obj.get("max_tokens"), (int, float)):
+            pass
+        body = to_bytes(obj)
+        return "json", build(b"POST", path.encode() if rng.random() < 0.9 else rand_path(), body,
+                             rand_headers(auth), chunked=rng.random() < 0.2), mode
+    if k < 0.75:
+        m = rng.choice([b"GET", b"GET", b"HEAD", b"POST", b"DELETE", b"OPTIONS", b"BREW", b"PROPFIND", b"get",
+                        b"G\xffT", b"CONNECT"])
+        ver = rng.choice([b"HTTP/1.1"] * 8 + [b"HTTP/1.0", b"HTTP/2.0", b"HTTP/1.9", b"FTP/1.1"])
+        return "headers", build(m, rand_path(), None if rng.random() < 0.8 else b"{}", rand_headers(auth),
+                                version=ver), mode
+    if k < 0.85:  # pipelining
+        reqs = []
+        for _ in range(rng.randrange(2, 30)):
+            if rng.random() < 0.7:
+                reqs.append(build(b"GET", rng.choice(GETS).encode(), None, [b"Host: x\r\n"] + (
+                    [b"Authorization: Bearer " + KEY.encode() + b"\r\n"] if auth else [])))
+            else:
+                p, s = rng.choice(POSTS[:3])
+                reqs.append(build(b"POST", p.encode(), to_bytes(mutate_tree(s)), [b"Host: x\r\n"]))
+        reqs.append(build(b"GET", b"/v1/models", None, [b"Host: x\r\n", b"Connection: close\r\n"] + (
+            [b"Authorization: Bearer " + KEY.encode() + b"\r\n"] if auth else [])))
+        return "pipeline", b"".join(reqs), mode
+    if k < 0.92:  # raw byte mutation of a whole valid request
+        p, s = rng.choice(POSTS)
+        ba = bytearray(build(b"POST", p.encode(), json.dumps(s).encode(), [b"Host: x\r\n", b"Connection: close\r\n"]))
+        for _ in range(rng.randrange(1, 6)):
+            op = rng.randrange(3)
+            i = rng.randrange(len(ba))
+            if op == 0:
+                ba[i] = rng.randrange(256)
+            elif op == 1:
+                del ba[i]
+            else:
+                ba.insert(i, rng.randrange(256))
+        return "bytes", bytes(ba), mode
+    # streaming generation, possibly abandoned early
+    body = json.dumps({"model": "tiny", "prompt": [1, 2], "max_tokens": rng.randrange(1, 40), "stream": True,
+                       "temperature": rng.choice([0, 1])}).encode()
+    return "stream", build(b"POST", b"/v1/completions", body, [b"Host: x\r\n", b"Connection: close\r\n"]), \
+        rng.choice(["normal", "abandon", "abandon"])
+
+
+def run_case(port, data, mode):
+    s = socket.socket()
+    s.settimeout(2.0)
+    try:
+        s.connect(("127.0.0.1", port))
+        if mode == "slow":
+            for i in range(0, min(len(data), 40)):
+                s.send(data[i:i + 1])
+                time.sleep(0.002)
+            s.sendall(data[40:])
+        else:
+            s.sendall(data)
+        if mode == "half":
+            s.shutdown(socket.SHUT_WR)
+        if mode == "abandon":
+            if rng.random() < 0.5:
+                s.recv(256)
+            return
+        # until the server closes; once answers came, a 0.2 s lull ends it
+        # (a kept-alive connection), 1.5 s at most
+        t0, got = time.time(), False
+        while time.time() - t0 < 1.5:
+            s.settimeout(0.2 if got else 1.5)
+            b = s.recv(65536)
+            if not b:
+                break
+            got = True
+    except (OSError, socket.timeout):
+        pass
+    finally:
+        s.close()
+
+
+def proc_figures(pid):
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                out[line.split(":")[0]] = int(line.split()[1])
+    out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+    return out
+
+
+def health(url):
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except Exception:
+        return None
+
+
+def main():
+    if not os.path.exists(BIN):
+        R.record("SKIP", "all", f"{BIN} not built")
+        return 77
+    sanitized = "asan" in BIN or bool(os.environ.get("SHOAL_FUZZ_SANITIZER"))
+    print(f"seed {SEED} (SHOAL_FUZZ_SEED to replay), budget {BUDGET_S:.0f} s, cases {MAX_CASES or 'unbounded'}",
+          flush=True)
+    log = tempfile.NamedTemporaryFile(prefix="shoal-fuzz-", suffix=".log", delete=False)
+    # --api-key: 85% of the cases carry it (so both sides of the check run);
+    # --max-context bounds every generation the fuzzer manages to start
+    p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", "0", "--model-name", "tiny", "--threads", "1",
+                          "--workers", "2", "--worker-threads", "1", "--api-key", KEY, "--max-context", "32",
+                          "--queue", "8", "--header-timeout", "2", "--request-timeout", "3", "--write-timeout", "3",
+                          "--max-body-kb", "64"],
+                         stdout=subprocess.PIPE, stderr=log, text=True)
+    line = p.stdout.readline()
+    if "listening on" not in line:
+        R.record("FAIL", "server_starts", f"{line!r}")
+        return 1
+    url = line.strip().split("listening on ")[1]
+    port = int(url.rsplit(":", 1)[1])
+    deadline = time.time() + 60
+    while time.time() < deadline and health(url) != 200:
+        time.sleep(0.2)
+    crashes, cases, requests, kinds, last = 0, 0, 0, {}, None
+    warm = None
+    t0 = time.time()
+    try:
+        while time.time() - t0 < BUDGET_S and (MAX_CASES is None or cases < MAX_CASES):
+            kind, data, mode = gen_case()
+            last = (kind, mode, data)
+            run_case(port, data, mode)
+            cases += 1
+            requests += max(1, data.count(b" HTTP/"))
+            kinds[kind] = kinds.get(kind, 0) + 1
+            if p.poll() is not None or (cases % 10 == 0 and health(url) is None):
+                crashes += 1
+                break
+            if cases == 300:
+                time.sleep(1.0)
+                warm = proc_figures(p.pid)
+        time.sleep(4.0)  # let abandoned connections hit their deadlines
+        end = proc_figures(p.pid) if p.poll() is None else None
+        final_health = health(url)
+    finally:
+        rc = terminate(p, 30)
+    dt = time.time() - t0
+    with open(log.name, errors="replace") as f:  # a sanitizer build reports without dying (UBSan)
+        sanitizer = [l for l in f if "runtime error:" in l or "AddressSanitizer" in l or "LeakSanitizer" in l]
+    if sanitizer:
+        print("sanitizer reports:\n" + "".join(sanitizer[:20]), flush=True)
+        crashes += 1
+    figures = {"seed": SEED, "cases": cases, "requests_sent": requests, "seconds": round(dt, 1), "crashes": crashes, "kinds": kinds,
+               "after_300_cases": warm, "at_end": end, "exit_code": rc, "binary": BIN,
+               "sanitizer_reports": len(sanitizer)}
+    print(json.dumps(figures), flush=True)
+    if os.environ.get("SHOAL_FUZZ_HTTP_OUT"):
+        with open(os.environ["SHOAL_FUZZ_HTTP_OUT"], "w") as f:
+            json.dump(figures, f, indent=1)
+    if crashes and last:
+        rep = os.path.join(tempfile.gettempdir(), f"shoal-fuzz-crash-{SEED}.bin")
+        with open(rep, "wb") as f:
+            f.write(last[2])
+        print(f"last case ({last[0]}, {last[1]}) saved to {rep}; server log {log.name}", flush=True)
+    R.check("no_crash", crashes == 0 and final_health == 200,
+            f"{crashes} crash(es) after {cases} cases; final /health {final_health}; log {log.name}")
+    R.check("cases_run", cases >= 100, f"only {cases} cases in {dt:.0f} s")
+    if warm and end:
+        R.check("no_fd_growth", end["fds"] <= warm["fds"] + 8, f"fds {warm['fds']} -> {end['fds']}")
+        if sanitized:  # ASan keeps freed memory in its quarantine (256 MB): RSS says nothing there
+            R.record("SKIP", "no_rss_growth", "sanitizer build: ASan's quarantine holds freed memory; LSan checks leaks")
+        else:
+            R.check("no_rss_growth", end["VmRSS"] <= warm["VmRSS"] + 48 * 1024,
+                    f"VmRSS {warm['VmRSS']} -> {end['VmRSS']} kB")
+    else:
+        R.record("SKIP", "no_growth", "fewer than 300 cases: no warm-up figure")
+    R.check("clean_shutdown", rc == 0, f"exit code {rc}")
+    if not crashes:
+        os.unlink(log.name)
+    return 1 if R.counts["FAIL"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
