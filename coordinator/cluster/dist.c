@@ -354,7 +354,12 @@ int shoal_dist_worker_up(shoal_dist *d, int i, char *why, size_t whylen)
 {
     if (!d || i < 0 || i >= d->nworkers)
         return 0;
-    return shoal_expert_client_worker_up(d->client, i, why, whylen);
+    /* with the trunk remote a worker serves two links (experts, trunk rows):
+     * it is up when both are; the trunk link's reason when only it is down */
+    int up = shoal_expert_client_worker_up(d->client, i, why, whylen);
+    if (up && d->trunk)
+        up = shoal_expert_client_worker_up(d->trunk, i, why, whylen);
+    return up;
 }
 
 int shoal_dist_set_metrics(shoal_dist *d, shoal_cmetrics *cm, char *err, size_t errlen)
