@@ -364,7 +364,12 @@ int shoal_dist_worker_up(shoal_dist *d, int i, char *why, size_t whylen)
 
 int shoal_dist_set_metrics(shoal_dist *d, shoal_cmetrics *cm, char *err, size_t errlen)
 {
-    return d ? shoal_expert_client_set_metrics(d->client, cm, err, errlen) : 0;
+    if (!d)
+        return 0;
+    int rc = shoal_expert_client_set_metrics(d->client, cm, err, errlen);
+    if (!rc && d->trunk)
+        shoal_trunk_client_set_metrics(d->trunk, cm);
+    return rc;
 }
 
 void shoal_dist_mark(shoal_dist *d, const char *name, int tokens)

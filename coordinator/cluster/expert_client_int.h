@@ -104,6 +104,7 @@ typedef struct {
     int32_t tjob[SHOAL_PROTO_MAX_TSEGS];
     uint32_t ntseg;
     uint64_t trows;          /* sum of its segments' rows */
+    uint64_t tweight;        /* bytes of those rows of the matrices (metrics) */
     uint8_t *tctl;           /* [TCTL_CAP] its TRUNK_BATCH control frame */
     size_t tctl_len;
     /* reply */

@@ -137,6 +137,24 @@ def main():
         check("remote: same completion ids as in-process", got[0] == ref[0], f"{got[0]} vs {ref[0]}")
         check("remote: same completion text", got[1] == ref[1], f"{got[1]!r} vs {ref[1]!r}")
         check("remote: same chat answer", got[2] == ref[2], f"{got[2]!r} vs {ref[2]!r}")
+        # /metrics: per worker trunk requests, bytes and the time split (docs/METRICS.md)
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+
+        def metric(name, wid):
+            for l in text.splitlines():
+                if l.startswith(name + "{") and f'worker="{wid}"' in l:
+                    return float(l.rsplit(" ", 1)[1])
+            return None
+        tr = {w: metric("shoal_worker_trunk_requests_total", w) for w in ids}
+        check("metrics: trunk requests on the trunk servers only", tr["tx0"] == 0 and tr["tt1"] > 0 and
+              tr["tt1"] == tr["tt2"], str(tr))
+        parts = {p: metric(f"shoal_worker_trunk_{p}_seconds_total", "tt2") for p in ("network", "queue", "compute")}
+        wb = metric("shoal_worker_trunk_weight_bytes_total", "tt2")
+        sent = metric("shoal_worker_trunk_sent_bytes_total", "tt2")
+        check("metrics: trunk compute, network time, weight and wire bytes counted",
+              parts["compute"] and parts["compute"] > 0 and parts["network"] is not None and parts["network"] >= 0
+              and parts["queue"] is not None and wb and wb > 0 and sent and sent > 0, f"{parts} {wb} {sent}")
 
         # ---- a trunk server comes back owning other rows: refused, named; as before: back
         w[2].kill()
