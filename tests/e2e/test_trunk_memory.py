@@ -73,6 +73,8 @@ def local_bytes(ts):
     remote still reads: PROTOCOL.md §7.1's rule, applied by hand."""
     tot = 0
     for k, (shape, nb) in ts.items():
+        if not k.startswith("language_model."):
+            continue  # the vision tower and projector: not the text model's
         if ".experts." in k and "shared_experts" not in k:
             continue  # routed experts (remote experts: not bound at all)
         if k.endswith("embed_tokens.weight"):
