@@ -114,7 +114,8 @@ typedef struct {
 } shoal__ec_worker;
 
 struct shoal_expert_client {
-    shoal_expert_client_opts o;
+    shoal_expert_client_opts o; /* o.fingerprint points at fp (the caller's may be gone after open) */
+    uint8_t fp[SHOAL_PROTO_FP_BYTES];
     const shoal_k3cfg *cfg;
     int nw, d, k, E, L;
     shoal__ec_worker *w;

@@ -497,7 +497,7 @@ static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np,
     } else if (link == W_DOWN && m.type == SHOAL_MSG_HELLO) {
         char err[1024];
         int same = m.hello.nowned == w->nowned &&
-                   !memcmp(m.hello.owned, w->owned, sizeof *w->owned * w->nowned);
+                   (!w->nowned || !memcmp(m.hello.owned, w->owned, sizeof *w->owned * w->nowned));
         /* the trunk placement was fixed at open from these rows: a worker that
          * comes back with others would be sent rows it does not own (or leave
          * rows uncomputed), so it is refused like one with other experts */
@@ -706,6 +706,11 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: max_tokens must be positive");
     shoal_expert_client *c = shoal_xcalloc(1, sizeof *c);
     c->o = *o;
+    /* the keeper's re-HELLOs use the fingerprint long after open: keep our own
+     * copy (shoal_dist_start's is on its stack) */
+    if (o->fingerprint)
+        memcpy(c->fp, o->fingerprint, SHOAL_PROTO_FP_BYTES);
+    c->o.fingerprint = c->fp;
     if (c->o.timeout_ms <= 0)
         c->o.timeout_ms = 30000;
     c->cfg = o->cfg;
