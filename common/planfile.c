@@ -99,7 +99,8 @@ int shoal_planfile_read(shoal_planfile *p, const char *path, char *err, size_t e
         pw->experts = shoal_xstrdup(json_string_value(ex));
         if ((rc = opt_str(wo, "endpoint", &pw->endpoint, path, w, err, errlen)) ||
             (rc = opt_str(wo, "listen", &pw->listen, path, w, err, errlen)) ||
-            (rc = opt_str(wo, "host", &pw->host, path, w, err, errlen)))
+            (rc = opt_str(wo, "host", &pw->host, path, w, err, errlen)) ||
+            (rc = opt_str(wo, "trunk", &pw->trunk, path, w, err, errlen)))
             goto out;
     }
 out:
@@ -119,6 +120,7 @@ void shoal_planfile_free(shoal_planfile *p)
         free(p->workers[w].endpoint);
         free(p->workers[w].listen);
         free(p->workers[w].host);
+        free(p->workers[w].trunk);
     }
     free(p->workers);
     memset(p, 0, sizeof *p);

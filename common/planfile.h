@@ -26,6 +26,7 @@ typedef struct {
     char *endpoint; /* where the coordinator connects, e.g. tcp://10.0.0.2:5555; NULL if absent */
     char *listen;   /* where the worker binds, e.g. tcp://0.0.0.0:5555; NULL if absent */
     char *host;     /* cluster host name; NULL if absent */
+    char *trunk;    /* its trunk rows, a ROWSPEC (PROTOCOL.md §7.1); NULL if absent (`shoal plan --trunk spread`) */
 } shoal_planfile_worker;
 
 typedef struct {
@@ -37,7 +38,7 @@ typedef struct {
 
 /* Read and check path: format "shoal-plan", version 1, 1..4096 workers with
  * unique string names and string experts; optional strings endpoint, listen,
- * host; an optional model.fingerprint of 64 hex digits. Errors name the key:
+ * host, trunk; an optional model.fingerprint of 64 hex digits. Errors name the key:
  * SHOAL_EFORMAT, -errno. */
 int shoal_planfile_read(shoal_planfile *p, const char *path, char *err, size_t errlen);
 void shoal_planfile_free(shoal_planfile *p); /* accepts a zeroed or freed p */

@@ -1078,6 +1078,47 @@ done:
     return 0;
 }
 
+int shoal_st_pread(const shoal_st *st, const shoal_tensor *t, uint64_t off, void *dst, size_t len, char *err,
+                   size_t errlen)
+{
+    if (t->file < 0 || t->file >= st->nfiles || off > t->nbytes || len > t->nbytes - off)
+        return shoal_err_set(err, errlen, SHOAL_ERANGE, "%s: bytes %llu+%zu outside its %llu", t->name,
+                             (unsigned long long)off, len, (unsigned long long)t->nbytes);
+    const st_file *f = &st->files[t->file];
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = pread(f->fd, (char *)dst + got, len - got, (off_t)(t->file_offset + off + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return shoal_err_set(err, errlen, SHOAL_EIO, "%s: cannot read %s: %s", f->path, t->name,
+                                 r < 0 ? strerror(errno) : "unexpected end of file");
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+int shoal_st_release(shoal_st *st, const shoal_tensor *t, uint64_t *released, char *err, size_t errlen)
+{
+    if (released)
+        *released = 0;
+    if (t->file < 0 || t->file >= st->nfiles)
+        return shoal_err_set(err, errlen, SHOAL_ERANGE, "%s: file %d of %d", t->name, t->file, st->nfiles);
+    st_file *f = &st->files[t->file];
+    if (!f->map || !t->nbytes)
+        return 0;
+    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t a = (t->file_offset + pg - 1) / pg * pg, b = (t->file_offset + t->nbytes) / pg * pg;
+    if (b <= a)
+        return 0;
+    char *p = (char *)f->map + a;
+    if (madvise(p, (size_t)(b - a), MADV_DONTNEED) || mprotect(p, (size_t)(b - a), PROT_NONE))
+        return shoal_err_set(err, errlen, -errno, "%s: cannot release %s: %s", f->path, t->name, strerror(errno));
+    if (released)
+        *released = b - a;
+    return 0;
+}
+
 void shoal_st_close(shoal_st *st)
 {
     if (!st)

@@ -61,6 +61,24 @@ const shoal_tensor *shoal_st_at(const shoal_st *st, size_t i); /* file order */
 int shoal_st_nfiles(const shoal_st *st);
 const char *shoal_st_file_path(const shoal_st *st, int file);
 
+/* Read len bytes of tensor t's data from byte off into dst, with pread on
+ * the store's own descriptor (no mapping touched: nothing of t becomes
+ * resident in this process). Thread-safe. 0, SHOAL_ERANGE (off + len past
+ * t's data) or SHOAL_EIO naming the tensor. */
+int shoal_st_pread(const shoal_st *st, const shoal_tensor *t, uint64_t off, void *dst, size_t len, char *err,
+                   size_t errlen);
+
+/* Give up tensor t's mapped data: the whole pages inside it are dropped from
+ * this process (madvise DONTNEED) and made inaccessible (mprotect
+ * PROT_NONE), so it holds none of them and a stray read faults instead of
+ * silently making them resident again. The at most two pages it shares with
+ * its neighbours stay. t->data must not be read afterwards (except those
+ * edges); for data the caller has handed to someone else (the coordinator's
+ * remote trunk matrices, an embedding table read with shoal_st_pread).
+ * *released (may be NULL): bytes given up. 0 (also when not mapped), or
+ * -errno. Not thread-safe against readers of t. */
+int shoal_st_release(shoal_st *st, const shoal_tensor *t, uint64_t *released, char *err, size_t errlen);
+
 /* Fill dst[n] with the tensor's elements widened to fp32 (BF16, F16, F32 only). */
 int shoal_tensor_to_f32(const shoal_tensor *t, float *dst, size_t n);
 

@@ -570,7 +570,8 @@ static void usage(FILE *f)
                "                       (PROTOCOL.md 7.1): PATTERN:ROWS items, comma-separated; PATTERN a\n"
                "                       glob over tensor names (the language_model. prefix optional), ROWS\n"
                "                       a, a-b, all or i/n; e.g. 'model.layers.*.mlp.*:0/2,lm_head.weight:all'\n"
-               "  --plan FILE          take RANGES and ENDPOINT from plan.json (`shoal plan`, docs/CLUSTER.md)\n"
+               "  --plan FILE          take RANGES, ENDPOINT and the trunk ROWSPEC (if any) from plan.json\n"
+               "                       (`shoal plan`, docs/CLUSTER.md)\n"
                "  --name NAME          this worker's name in --plan (also its --id)\n"
                "  --verify             DIR is a pack (`shoal pack`): check every file's BLAKE2b first\n"
                "  --curve-secret FILE  CURVE key pair of this worker (`shoal keygen`): every link is\n"
@@ -740,6 +741,8 @@ int shoal_cmd_expert(int argc, char **argv)
             return 3;
         }
         o.experts = pw->experts;
+        if (!o.trunk)
+            o.trunk = pw->trunk; /* the plan's trunk rows (`shoal plan --trunk spread`) unless --trunk */
         if (!o.listen)
             o.listen = pw->listen;
         if (!o.id)

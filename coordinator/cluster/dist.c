@@ -22,6 +22,7 @@ typedef struct {
     char name[16];
     int tokens;
     shoal_expert_client_stats st;
+    shoal_expert_client_stats tst; /* the trunk client's (--trunk remote), else zero */
 } phase;
 
 struct shoal_dist {
@@ -354,12 +355,22 @@ int shoal_dist_worker_up(shoal_dist *d, int i, char *why, size_t whylen)
 {
     if (!d || i < 0 || i >= d->nworkers)
         return 0;
-    return shoal_expert_client_worker_up(d->client, i, why, whylen);
+    /* with the trunk remote a worker serves two links (experts, trunk rows):
+     * it is up when both are; the trunk link's reason when only it is down */
+    int up = shoal_expert_client_worker_up(d->client, i, why, whylen);
+    if (up && d->trunk)
+        up = shoal_expert_client_worker_up(d->trunk, i, why, whylen);
+    return up;
 }
 
 int shoal_dist_set_metrics(shoal_dist *d, shoal_cmetrics *cm, char *err, size_t errlen)
 {
-    return d ? shoal_expert_client_set_metrics(d->client, cm, err, errlen) : 0;
+    if (!d)
+        return 0;
+    int rc = shoal_expert_client_set_metrics(d->client, cm, err, errlen);
+    if (!rc && d->trunk)
+        shoal_trunk_client_set_metrics(d->trunk, cm);
+    return rc;
 }
 
 void shoal_dist_mark(shoal_dist *d, const char *name, int tokens)
@@ -371,6 +382,11 @@ void shoal_dist_mark(shoal_dist *d, const char *name, int tokens)
     p->tokens = tokens;
     shoal_expert_client_get_stats(d->client, &p->st);
     shoal_expert_client_reset_stats(d->client);
+    memset(&p->tst, 0, sizeof p->tst);
+    if (d->trunk) {
+        shoal_expert_client_get_stats(d->trunk, &p->tst);
+        shoal_expert_client_reset_stats(d->trunk);
+    }
 }
 
 void shoal_dist_json(const shoal_dist *d, json_t *o)
@@ -383,12 +399,20 @@ void shoal_dist_json(const shoal_dist *d, json_t *o)
         const phase *p = &d->ph[i];
         double t = p->tokens > 0 ? p->tokens : 1;
         char key[64];
+        /* wire figures: experts and trunk rows together; the trunk's alone too */
+        uint64_t out = p->st.bytes_out + p->tst.bytes_out, in = p->st.bytes_in + p->tst.bytes_in;
         snprintf(key, sizeof key, "%s_wire_bytes_per_token", p->name);
-        json_object_set_new(o, key, json_real((double)(p->st.bytes_out + p->st.bytes_in) / t));
+        json_object_set_new(o, key, json_real((double)(out + in) / t));
         snprintf(key, sizeof key, "%s_wire_bytes_out_per_token", p->name);
-        json_object_set_new(o, key, json_real((double)p->st.bytes_out / t));
+        json_object_set_new(o, key, json_real((double)out / t));
         snprintf(key, sizeof key, "%s_wire_messages_per_token", p->name);
-        json_object_set_new(o, key, json_real((double)p->st.messages / t));
+        json_object_set_new(o, key, json_real((double)(p->st.messages + p->tst.messages) / t));
+        if (d->trunk) {
+            snprintf(key, sizeof key, "%s_trunk_wire_bytes_per_token", p->name);
+            json_object_set_new(o, key, json_real((double)(p->tst.bytes_out + p->tst.bytes_in) / t));
+            snprintf(key, sizeof key, "%s_trunk_wait_s", p->name);
+            json_object_set_new(o, key, json_real(p->tst.wait_s));
+        }
         snprintf(key, sizeof key, "%s_expert_wait_s", p->name);
         json_object_set_new(o, key, json_real(p->st.wait_s));
         snprintf(key, sizeof key, "%s_worker_compute_s", p->name);

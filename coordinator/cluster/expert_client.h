@@ -55,7 +55,7 @@ typedef struct {
     const char *const *endpoints; /* one per worker */
     int nworkers;
     const shoal_k3cfg *cfg;       /* borrowed for the client's lifetime */
-    const uint8_t *fingerprint;   /* SHOAL_PROTO_FP_BYTES: the coordinator's model */
+    const uint8_t *fingerprint;   /* SHOAL_PROTO_FP_BYTES: the coordinator's model (copied at open) */
     int max_tokens;               /* largest T of a submit (the engine's max_batch) */
     int timeout_ms;               /* deadline of each gather; 0: 30000 */
     int hello_timeout_ms;         /* deadline for every worker's HELLO at open; 0: 60000 */

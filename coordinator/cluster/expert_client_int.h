@@ -104,6 +104,7 @@ typedef struct {
     int32_t tjob[SHOAL_PROTO_MAX_TSEGS];
     uint32_t ntseg;
     uint64_t trows;          /* sum of its segments' rows */
+    uint64_t tweight;        /* bytes of those rows of the matrices (metrics) */
     uint8_t *tctl;           /* [TCTL_CAP] its TRUNK_BATCH control frame */
     size_t tctl_len;
     /* reply */
@@ -113,7 +114,8 @@ typedef struct {
 } shoal__ec_worker;
 
 struct shoal_expert_client {
-    shoal_expert_client_opts o;
+    shoal_expert_client_opts o; /* o.fingerprint points at fp (the caller's may be gone after open) */
+    uint8_t fp[SHOAL_PROTO_FP_BYTES];
     const shoal_k3cfg *cfg;
     int nw, d, k, E, L;
     shoal__ec_worker *w;

@@ -439,6 +439,42 @@ static int warm_all(shoal_expert_client *c, char *err, size_t errlen)
     return rc;
 }
 
+/* Equal lists of trunk rows (same entries, same order: a worker announces
+ * its --trunk ROWSPEC's expansion, so a restart with the same spec gives the
+ * same list). */
+static int same_trows(const shoal_proto_trows *a, size_t na, const shoal_proto_trows *b, size_t nb)
+{
+    if (na != nb)
+        return 0;
+    for (size_t i = 0; i < na; i++)
+        if (a[i].lo != b[i].lo || a[i].hi != b[i].hi || strcmp(a[i].name, b[i].name))
+            return 0;
+    return 1;
+}
+
+/* "name lo-hi, ..." into out (cut with "..." when it does not fit; "none"). */
+static void format_trows(const shoal_proto_trows *t, size_t n, char *out, size_t cap)
+{
+    size_t at = 0;
+    out[0] = 0;
+    if (!n) {
+        snprintf(out, cap, "none");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *nm = t[i].name;
+        if (!strncmp(nm, "language_model.", 15))
+            nm += 15;
+        int k = snprintf(out + at, cap - at, "%s%s %u-%u", i ? ", " : "", nm, t[i].lo, t[i].hi);
+        if (k < 0 || (size_t)k >= cap - at) {
+            if (cap > 4)
+                snprintf(out + (at < cap - 4 ? at : cap - 4), 4, "...");
+            return;
+        }
+        at += (size_t)k;
+    }
+}
+
 /* A message from a worker outside a request (the keeper; smu held). */
 static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, int truncated)
 {
@@ -452,7 +488,8 @@ static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np,
     char why[512];
     int drc = truncated ? SHOAL_EPROTO : shoal_proto_decode(f, np, SHOAL_SIDE_COORDINATOR, &m, &perr, why, sizeof why);
     int probe_err = m.type == SHOAL_MSG_ERROR && w->probe_rid && m.rid >= w->probe_rid;
-    if (drc || m.type == SHOAL_MSG_EXPERT_RESULT || (m.type == SHOAL_MSG_ERROR && !probe_err)) {
+    if (drc || m.type == SHOAL_MSG_EXPERT_RESULT || m.type == SHOAL_MSG_TRUNK_RESULT ||
+        (m.type == SHOAL_MSG_ERROR && !probe_err)) {
         /* a reply to a request that already failed (or junk) */
         c->st.late_replies++;
         if (c->cm)
@@ -460,7 +497,11 @@ static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np,
     } else if (link == W_DOWN && m.type == SHOAL_MSG_HELLO) {
         char err[1024];
         int same = m.hello.nowned == w->nowned &&
-                   !memcmp(m.hello.owned, w->owned, sizeof *w->owned * w->nowned);
+                   (!w->nowned || !memcmp(m.hello.owned, w->owned, sizeof *w->owned * w->nowned));
+        /* the trunk placement was fixed at open from these rows: a worker that
+         * comes back with others would be sent rows it does not own (or leave
+         * rows uncomputed), so it is refused like one with other experts */
+        int same_trunk = !c->o.trunk_role || same_trows(m.hello.trunk, m.hello.ntrunk, w->trunk, w->ntrunk);
         if (check_hello(c, w->name, &m.hello, err, sizeof err)) {
             pthread_mutex_lock(&c->wmu);
             snprintf(w->why, sizeof w->why, "refused on reconnection: %.450s", err);
@@ -472,6 +513,14 @@ static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np,
             shoal_shard_format(m.hello.owned, m.hello.nowned, b, sizeof b);
             pthread_mutex_lock(&c->wmu);
             snprintf(w->why, sizeof w->why, "refused on reconnection: it now owns %.200s, not %.200s", b, a);
+            pthread_mutex_unlock(&c->wmu);
+            w->logged = 0;
+        } else if (!same_trunk) {
+            char a[200], b[200];
+            format_trows(w->trunk, w->ntrunk, a, sizeof a);
+            format_trows(m.hello.trunk, m.hello.ntrunk, b, sizeof b);
+            pthread_mutex_lock(&c->wmu);
+            snprintf(w->why, sizeof w->why, "refused on reconnection: it now owns trunk rows %.200s, not %.200s", b, a);
             pthread_mutex_unlock(&c->wmu);
             w->logged = 0;
         } else if (warm_send(c, w, WARM_PINGS) == 0) {
@@ -657,6 +706,11 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: max_tokens must be positive");
     shoal_expert_client *c = shoal_xcalloc(1, sizeof *c);
     c->o = *o;
+    /* the keeper's re-HELLOs use the fingerprint long after open: keep our own
+     * copy (shoal_dist_start's is on its stack) */
+    if (o->fingerprint)
+        memcpy(c->fp, o->fingerprint, SHOAL_PROTO_FP_BYTES);
+    c->o.fingerprint = c->fp;
     if (c->o.timeout_ms <= 0)
         c->o.timeout_ms = 30000;
     c->cfg = o->cfg;

@@ -105,6 +105,7 @@ static int submit(void *self, int layer, const shoal_rmat_job *jobs, int n, cons
     for (int i = 0; i < c->nw; i++) {
         c->w[i].ntseg = 0;
         c->w[i].trows = 0;
+        c->w[i].tweight = 0;
         c->w[i].involved = 0;
         c->w[i].answered = 0;
     }
@@ -124,6 +125,9 @@ static int submit(void *self, int layer, const shoal_rmat_job *jobs, int n, cons
             g->hi = pc->hi;
             w->tjob[w->ntseg++] = j;
             w->trows += pc->hi - pc->lo + 1;
+            const shoal_tensor *tt = shoal_st_find(c->o.st, c->tmats[k].name); /* O(1), no allocation */
+            w->tweight += (uint64_t)(pc->hi - pc->lo + 1) * (uint64_t)c->tmats[k].cols *
+                          (tt ? shoal_dtype_size(tt->dtype) : 0);
             w->involved = 1;
         }
     }
@@ -158,6 +162,8 @@ static int submit(void *self, int layer, const shoal_rmat_job *jobs, int n, cons
         c->trunk_messages++;
         c->st.messages++;
         c->st.bytes_out += w->tctl_len + xlen;
+        w->bytes_out = w->tctl_len + xlen;
+        w->sent_ns = now_us() * 1000u;
     }
     c->trunk_requests++;
     c->st.requests++;
@@ -215,6 +221,16 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
         c->st.worker_queue_us += m.tresult.queue_us;
         c->st.worker_compute_us += m.tresult.compute_us;
         w->answered = 1;
+        if (c->cm) {
+            uint64_t t = now_us() * 1000u, in = 0;
+            for (int j = 0; j < np; j++)
+                in += f[j].len;
+            shoal_cmetrics_txchg x = {.rows = w->trows * (uint64_t)T, .weight_bytes = w->tweight,
+                                      .bytes_out = w->bytes_out, .bytes_in = in,
+                                      .rtt_ns = t > w->sent_ns ? t - w->sent_ns : 0,
+                                      .queue_us = m.tresult.queue_us, .compute_us = m.tresult.compute_us};
+            shoal_cmetrics_trunk(c->cm, i, &x);
+        }
     }
     for (int j = 0; j < np; j++)
         c->st.bytes_in += f[j].len;
@@ -303,6 +319,13 @@ void shoal_trunk_client_counts(shoal_expert_client *c, uint64_t *requests, uint6
     pthread_mutex_lock(&c->smu);
     *requests = c->trunk_requests;
     *messages = c->trunk_messages;
+    pthread_mutex_unlock(&c->smu);
+}
+
+void shoal_trunk_client_set_metrics(shoal_expert_client *c, shoal_cmetrics *cm)
+{
+    pthread_mutex_lock(&c->smu);
+    c->cm = cm; /* the workers were described by the expert client (same indexes) */
     pthread_mutex_unlock(&c->smu);
 }
 

@@ -27,6 +27,11 @@ int shoal_trunk_client_open(shoal_expert_client **out, const shoal_expert_client
 shoal_rmat shoal_trunk_client_backend(shoal_expert_client *c);
 /* Requests (round trips) and TRUNK_BATCH messages since open. */
 void shoal_trunk_client_counts(shoal_expert_client *c, uint64_t *requests, uint64_t *messages);
+/* Report each TRUNK_BATCH exchange to cm (shoal_cmetrics_trunk), under the
+ * worker indexes the expert client over the same endpoints described
+ * (shoal_expert_client_set_metrics first). cm outlives the client. */
+void shoal_trunk_client_set_metrics(shoal_expert_client *c, shoal_cmetrics *cm);
+
 /* Matrices the workers' announcements make remote. */
 int shoal_trunk_client_nremote(const shoal_expert_client *c);
 

@@ -14,11 +14,12 @@
 #include "coordinator/cmd/plan.h"
 #include "coordinator/obs/obs.h"
 #include "proto/fprint.h"
+#include "proto/tshard.h"
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: shoal plan --model DIR --cluster FILE [--trace FILE] [--replicas N] -o plan.json\n"
-               "                  [--inventory FILE]\n"
+               "                  [--inventory FILE] [--trunk local|spread]\n"
                "\n"
                "Assign every routed expert (layer, expert) of the model in DIR to one worker host of\n"
                "the cluster manifest FILE (docs/CLUSTER.md): each host holds at most its expert_ram\n"
@@ -33,6 +34,11 @@ static void usage(FILE *f)
                "                    one, the lowest ids) a second owner with room left in its budget;\n"
                "                    the coordinator sends each exchange's expert to the less loaded\n"
                "                    owner (default 0)\n"
+               "  --trunk MODE      local (default): the trunk stays on the coordinator; spread: every\n"
+               "                    worker also owns the i-th of N near-equal row parts of every\n"
+               "                    row-shardable trunk matrix (ROWSPEC '*:i/N', PROTOCOL.md 7.1), so each\n"
+               "                    reads 1/N of the trunk per token; its trunk bytes come out of its\n"
+               "                    budget before the experts are placed (one fit)\n"
                "  -o FILE           write plan.json here (required)\n"
                "  --inventory FILE  also write an Ansible inventory (YAML) for deploy/\n"
                "\n"
@@ -81,6 +87,7 @@ int shoal_cmd_plan(int argc, char **argv)
 {
     const char *model = NULL, *cluster = NULL, *trace = NULL, *out = NULL, *inv = NULL;
     long replicas = 0;
+    int spread = 0;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -102,6 +109,13 @@ int shoal_cmd_plan(int argc, char **argv)
             out = v;
         else if (!strcmp(a, "--inventory"))
             inv = v;
+        else if (!strcmp(a, "--trunk")) {
+            if (strcmp(v, "local") && strcmp(v, "spread")) {
+                fprintf(stderr, "shoal plan: --trunk takes local or spread, not '%s'\n", v);
+                return 2;
+            }
+            spread = !strcmp(v, "spread");
+        }
         else if (!strcmp(a, "--replicas")) {
             char *end;
             errno = 0;
@@ -127,7 +141,7 @@ int shoal_cmd_plan(int argc, char **argv)
     shoal_plan_cluster c = {0};
     shoal_trace_file *tf = NULL;
     shoal_trace_stats ts = {0};
-    uint64_t *budget = NULL;
+    uint64_t *budget = NULL, *tbytes = NULL;
     int32_t *owner = NULL, *replica = NULL;
     int *widx = NULL;
     json_t *root = NULL;
@@ -174,6 +188,45 @@ int shoal_cmd_plan(int argc, char **argv)
                 budget[W] = c.hosts[i].disk;
             W++;
         }
+    /* --trunk spread: worker w owns rows floor(wR/W) .. floor((w+1)R/W)-1 of
+     * every row-shardable matrix (ROWSPEC "*:w/W"); those bytes come out of
+     * its budget first, so trunk and experts are one fit */
+    tbytes = shoal_xcalloc((size_t)(W ? W : 1), sizeof *tbytes);
+    if (spread) {
+        shoal_tshard_mat *mats = NULL;
+        int nm = 0;
+        if (W < 1 || (rc = shoal_tshard_mats(&cfg, &mats, &nm))) {
+            snprintf(err, sizeof err, "--trunk spread: %s", W < 1 ? "no worker hosts" : "the trunk matrices do not list");
+            rc = SHOAL_ECONFIG;
+            goto fail;
+        }
+        for (int k = 0; k < nm && !rc; k++) {
+            const shoal_tensor *t = shoal_st_find(st, mats[k].name);
+            if (!t || mats[k].rows < W) {
+                snprintf(err, sizeof err, "--trunk spread over %d workers: %s %s", W, mats[k].name,
+                         t ? "has fewer rows than workers" : "is not in the checkpoint");
+                rc = SHOAL_ECONFIG;
+                break;
+            }
+            uint64_t row = t->nbytes / (uint64_t)mats[k].rows, R = (uint64_t)mats[k].rows;
+            for (int w = 0; w < W; w++)
+                tbytes[w] += ((uint64_t)(w + 1) * R / (uint64_t)W - (uint64_t)w * R / (uint64_t)W) * row;
+        }
+        free(mats);
+        if (rc)
+            goto fail;
+        for (int w = 0; w < W; w++) {
+            if (tbytes[w] >= budget[w]) {
+                snprintf(err, sizeof err, "--trunk spread: host %s: its trunk rows (%.3f GiB) do not leave room for "
+                         "experts in its budget (%.3f GiB); short by at least %.3f GiB", c.hosts[widx[w]].name,
+                         (double)tbytes[w] / 1073741824.0, (double)budget[w] / 1073741824.0,
+                         (double)(tbytes[w] - budget[w]) / 1073741824.0);
+                rc = SHOAL_ECONFIG;
+                goto fail;
+            }
+            budget[w] -= tbytes[w];
+        }
+    }
     const int L = cfg.num_layers, E = cfg.num_experts;
     owner = shoal_xmalloc((size_t)L * E * sizeof *owner);
     shoal_plan_in pin = {.num_layers = L, .num_experts = E, .is_moe = cfg.is_moe,
@@ -233,6 +286,7 @@ int shoal_cmd_plan(int argc, char **argv)
     json_object_set_new(root, "coordinator", jc);
     json_object_set_new(root, "load_basis", json_string(hits ? "trace" : "bytes"));
     json_object_set_new(root, "replicas", json_integer(replicas));
+    json_object_set_new(root, "trunk", json_string(spread ? "spread" : "local"));
     if (hits)
         json_object_set_new(root, "trace_pairs", json_integer((json_int_t)ts.pairs));
     json_t *jw = json_array();
@@ -272,11 +326,20 @@ int shoal_cmd_plan(int argc, char **argv)
             free(rr);
         }
         json_object_set_new(o, "bytes", json_integer((json_int_t)bytes));
+        if (spread) {
+            char spec[64];
+            snprintf(spec, sizeof spec, "*:%d/%d", w, W);
+            json_object_set_new(o, "trunk", json_string(spec));
+            json_object_set_new(o, "trunk_bytes", json_integer((json_int_t)tbytes[w]));
+        }
         json_object_set_new(o, "expected_share", json_real(share));
         json_array_append_new(jw, o);
-        printf("%-20s %8llu %12.3f %6.1f%% %8.4f %8.4f %7.3f\n", h->name, (unsigned long long)cnt[w],
+        printf("%-20s %8llu %12.3f %6.1f%% %8.4f %8.4f %7.3f", h->name, (unsigned long long)cnt[w],
                (double)bytes / 1073741824.0, 100.0 * (double)bytes / (double)budget[w], share, 1.0 / W,
                share * W);
+        if (spread)
+            printf("  trunk *:%d/%d %.3f GiB", w, W, (double)tbytes[w] / 1073741824.0);
+        printf("\n");
         free(ranges);
     }
     json_object_set_new(root, "workers", jw);
@@ -313,6 +376,7 @@ done:
     free(owner);
     free(replica);
     free(budget);
+    free(tbytes);
     free(widx);
     shoal_trace_stats_free(&ts);
     shoal_trace_file_close(tf);

@@ -594,6 +594,9 @@ done:;
             json_object_set_new(o, "prefill_trunk_round_trips", json_integer((json_int_t)ps.rmat_requests));
             json_object_set_new(o, "seq_state_bytes_per_token", json_integer((json_int_t)info.seq_bytes_per_token));
             json_object_set_new(o, "seq_state_fixed_bytes", json_integer((json_int_t)info.seq_fixed_bytes));
+            json_object_set_new(o, "scratch_bytes", json_integer((json_int_t)info.scratch_bytes));
+            json_object_set_new(o, "max_context", json_integer(info.max_context));
+            json_object_set_new(o, "max_batch", json_integer(info.max_batch));
             json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)rss));
             json_object_set_new(o, "peak_vmhwm_bytes", json_integer((json_int_t)hwm));
             if (info.trunk_mode != SHOAL_TRUNK_MAPPED) {

@@ -249,6 +249,8 @@ typedef struct {
     int up;
     double owned, share, fair, p50, p99, weight_bytes, compute_s, expert_bytes, mem_total;
     double requests, errors, timeouts;
+    /* trunk rows (--trunk remote): TRUNK_BATCH exchanges */
+    double t_requests, t_weight, t_out, t_in, t_queue_s, t_compute_s, t_network_s;
 } row_t;
 
 typedef struct {
@@ -327,6 +329,20 @@ static int collect(void *ctx, const shoal_metrics_parsed *s)
         r->errors = s->value;
     else if (!strcmp(n, "timeouts_total"))
         r->timeouts = s->value;
+    else if (!strcmp(n, "trunk_requests_total"))
+        r->t_requests = s->value;
+    else if (!strcmp(n, "trunk_weight_bytes_total"))
+        r->t_weight = s->value;
+    else if (!strcmp(n, "trunk_sent_bytes_total"))
+        r->t_out = s->value;
+    else if (!strcmp(n, "trunk_received_bytes_total"))
+        r->t_in = s->value;
+    else if (!strcmp(n, "trunk_queue_seconds_total"))
+        r->t_queue_s = s->value;
+    else if (!strcmp(n, "trunk_compute_seconds_total"))
+        r->t_compute_s = s->value;
+    else if (!strcmp(n, "trunk_network_seconds_total"))
+        r->t_network_s = s->value;
     return 0;
 }
 
@@ -445,6 +461,23 @@ static int render(const view_t *v, const char *url, char (*lines)[LINE_MAX_], in
         snprintf(lines[k++], LINE_MAX_, "%-20.20s %-6s %8.0f %7.3f %7.3f %6.2f %9s %9s %7.3f %13s %9.0f %6.0f", r->id,
                  r->up == 1 ? "up" : r->up == 0 ? "DOWN" : "?", r->owned, r->share, r->fair,
                  r->fair > 0 ? r->share / r->fair : 0, p50, p99, gbps(r), mh, r->requests, r->errors + r->timeouts);
+    }
+    /* trunk rows, when some shard computes them: per-request means of the
+     * network / queue / compute split, bytes read and on the wire */
+    int any_trunk = 0;
+    for (int i = 0; i < v->n; i++)
+        any_trunk |= v->rows[i].t_requests > 0;
+    if (any_trunk && k < max)
+        snprintf(lines[k++], LINE_MAX_, "%-20s %9s %11s %11s %9s %9s %9s", "TRUNK SHARD", "TREQS", "READ(GB)",
+                 "WIRE(MB)", "NET(ms)", "QUEUE(ms)", "COMP(ms)");
+    for (int i = 0; any_trunk && i < v->n && k < max; i++) {
+        const row_t *r = &v->rows[i];
+        if (r->t_requests <= 0)
+            continue;
+        double q = r->t_requests;
+        snprintf(lines[k++], LINE_MAX_, "%-20.20s %9.0f %11.3f %11.3f %9.3f %9.3f %9.3f", r->id, r->t_requests,
+                 r->t_weight / 1e9, (r->t_out + r->t_in) / 1e6, r->t_network_s * 1e3 / q, r->t_queue_s * 1e3 / q,
+                 r->t_compute_s * 1e3 / q);
     }
     return k;
 }

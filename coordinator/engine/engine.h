@@ -131,6 +131,9 @@ typedef struct {
      * layers). */
     size_t seq_fixed_bytes;
     size_t seq_bytes_per_token;
+    /* The forward's scratch (allocated once at open, for max_batch tokens and
+     * max_context). */
+    size_t scratch_bytes;
     /* Weight bytes one token reads in decode, outside the routed experts: every
      * trunk matrix and vector once, plus one embedding row (the table itself is
      * not read). */

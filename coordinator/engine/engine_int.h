@@ -105,6 +105,8 @@ struct shoal_model {
     int n_sunits;
     shoal_tstream *ts;
     void *emb_rows; /* [max_batch, d] as stored */
+    int embed_pread; /* 1: mapped trunk, but embedding rows are read with shoal_st_pread into
+                      * emb_rows (the trunk is remote: the table's pages were given up) */
     uint64_t ts_base_read; /* reader bytes at the last stats reset */
     double ts_base_stall;
     uint64_t owned_bytes;  /* fp32 copies */

@@ -566,8 +566,8 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
     if (m->ts && m->n_sunits)
         shoal_tstream_begin(m->ts, logits != NULL);
 
-    /* embedding rows (exact widening); under a budget each row is read from
-     * the file (the table is not held) */
+    /* embedding rows (exact widening); under a budget, and with the trunk
+     * remote, each row is read from the file (the table is not held) */
     size_t erow = dd * shoal_dtype_size(m->embed.dt);
     for (int t = 0; t < T; t++) {
         float *p = sc->P + (size_t)t * dd;
@@ -579,6 +579,12 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
             if (rc)
                 goto fail;
             m->stats.trunk_read_bytes += erow;
+            src = dst;
+        } else if (m->embed_pread) {
+            void *dst = (char *)m->emb_rows + (size_t)t * erow;
+            rc = shoal_st_pread(m->st, m->embed.t, (uint64_t)ids[t] * erow, dst, erow, err, errlen);
+            if (rc)
+                goto fail;
             src = dst;
         } else {
             src = (const char *)m->embed.p + (size_t)ids[t] * erow;

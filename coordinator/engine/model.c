@@ -565,6 +565,7 @@ int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts 
     if (posix_memalign((void **)&m->scratch, 64, sizeof(float) * m->scratch_floats))
         SHOAL_PANIC("out of memory: %zu bytes of forward scratch", sizeof(float) * m->scratch_floats);
     memset(m->scratch, 0, sizeof(float) * m->scratch_floats);
+    in->scratch_bytes = sizeof(float) * m->scratch_floats;
     shoal__engine_scratch_layout(&m->sc, m->scratch, c, B, opts->max_context);
     m->topk_ids = shoal_xcalloc((size_t)B * (k > 0 ? k : 1), sizeof(int32_t));
     m->topk_w = shoal_xcalloc((size_t)B * (k > 0 ? k : 1), sizeof(float));
@@ -696,7 +697,44 @@ int shoal_model_set_rmat(shoal_model *m, shoal_rmat *b, int *nremote, char *err,
                     b->vt->has(b->self, w->t->name, w->rows, w->cols);
         n += w->remote;
     }
+    /* The coordinator holds none of the remote rows: each remote matrix's
+     * pages are given up (and made inaccessible, so a stray read faults
+     * rather than making them resident again), and so is the embedding
+     * table, whose rows the forward then reads with pread (a mapped lookup
+     * would make the page-cache folio around each row resident, up to MiBs
+     * per token on a kernel with large folios). A tensor another, local
+     * view still reads (tied embeddings, a sliced lm_head) is kept. */
+    uint64_t rel = 0;
+    int rc = 0;
+    for (int i = 0; i < k && !rc; i++) {
+        int shared = 0;
+        for (int j = 0; j < k && all[i]->remote; j++)
+            shared |= !all[j]->remote && all[j]->t == all[i]->t;
+        shared |= all[i]->t == m->embed.t;
+        uint64_t r = 0;
+        if (all[i]->remote && !shared)
+            rc = shoal_st_release(m->st, all[i]->t, &r, err, errlen);
+        rel += r;
+    }
+    int emb_shared = 0;
+    for (int j = 0; j < k; j++)
+        emb_shared |= !all[j]->remote && all[j]->t == m->embed.t;
     free(all);
+    if (!rc && n && !emb_shared && !m->emb_rows) {
+        uint64_t r = 0;
+        size_t eb = (size_t)m->info.max_batch * (size_t)m->cfg.hidden_size * shoal_dtype_size(m->embed.dt);
+        if (posix_memalign(&m->emb_rows, 64, eb))
+            SHOAL_PANIC("out of memory: embedding row buffer");
+        memset(m->emb_rows, 0, eb);
+        m->embed_pread = 1;
+        rc = shoal_st_release(m->st, m->embed.t, &r, err, errlen);
+        rel += r;
+    }
+    if (rc)
+        return rc; /* the backend is not taken: the caller closes it */
+    if (n)
+        SHOAL_INFO("trunk: %.1f MiB of remote matrices and the embedding table given up here%s",
+                   (double)rel / 1048576.0, m->embed_pread ? " (embedding rows are read with pread)" : "");
     if (m->rmat.vt && m->rmat.vt->close)
         m->rmat.vt->close(m->rmat.self);
     m->rmat = *b;

@@ -20,6 +20,7 @@ typedef struct {
     shoal_metrics_counter requests, tokens, pairs, experts, bytes_out, bytes_in;
     shoal_metrics_counter queue_us, compute_us, network_ns, rtt_ns;
     shoal_metrics_counter timeouts, errors, stale, slowest;
+    shoal_metrics_counter t_requests, t_rows, t_weight, t_out, t_in, t_queue_us, t_compute_us, t_network_ns;
     shoal_metrics_hist rtt, net;
     shoal_metrics_hist *layer_rtt;      /* [num_layers] */
     shoal_metrics_counter *layer_pairs; /* [num_layers] */
@@ -168,6 +169,22 @@ void shoal_cmetrics_exchange(shoal_cmetrics *cm, int w, int layer, const shoal_c
     }
 }
 
+void shoal_cmetrics_trunk(shoal_cmetrics *cm, int w, const shoal_cmetrics_txchg *x)
+{
+    worker *k = get_w(cm, w);
+    if (!k)
+        return;
+    shoal_metrics_add(&k->t_requests, 1);
+    shoal_metrics_add(&k->t_rows, x->rows);
+    shoal_metrics_add(&k->t_weight, x->weight_bytes);
+    shoal_metrics_add(&k->t_out, x->bytes_out);
+    shoal_metrics_add(&k->t_in, x->bytes_in);
+    shoal_metrics_add(&k->t_queue_us, x->queue_us);
+    shoal_metrics_add(&k->t_compute_us, x->compute_us);
+    uint64_t worker_ns = (x->queue_us + x->compute_us) * 1000u; /* as for the experts: clamped */
+    shoal_metrics_add(&k->t_network_ns, x->rtt_ns > worker_ns ? x->rtt_ns - worker_ns : 0);
+}
+
 void shoal_cmetrics_layer_wait(shoal_cmetrics *cm, int layer, uint64_t wait_ns, int slowest)
 {
     if (!cm || layer < 0 || layer >= cm->num_layers)
@@ -236,6 +253,14 @@ void shoal_cmetrics_get_worker(shoal_cmetrics *cm, int w, shoal_cmetrics_worker_
     o->compute_s = (double)shoal_metrics_get(&k->compute_us) / 1e6;
     o->network_s = (double)shoal_metrics_get(&k->network_ns) / 1e9;
     o->rtt_s = (double)shoal_metrics_get(&k->rtt_ns) / 1e9;
+    o->trunk_requests = shoal_metrics_get(&k->t_requests);
+    o->trunk_rows = shoal_metrics_get(&k->t_rows);
+    o->trunk_weight_bytes = shoal_metrics_get(&k->t_weight);
+    o->trunk_bytes_out = shoal_metrics_get(&k->t_out);
+    o->trunk_bytes_in = shoal_metrics_get(&k->t_in);
+    o->trunk_queue_s = (double)shoal_metrics_get(&k->t_queue_us) / 1e6;
+    o->trunk_compute_s = (double)shoal_metrics_get(&k->t_compute_us) / 1e6;
+    o->trunk_network_s = (double)shoal_metrics_get(&k->t_network_ns) / 1e9;
     uint64_t tot = all_pairs(cm);
     o->share = tot ? (double)o->pairs / (double)tot : 0;
     o->fair = cm->nworkers ? 1.0 / cm->nworkers : 0;
@@ -392,6 +417,28 @@ void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b)
                    "Late replies to requests already given up on, dropped.", offsetof(worker, stale), 1, 1);
     worker_counter(cm, b, "shoal_worker_slowest_total",
                    "MoE layer exchanges in which this worker's reply arrived last.", offsetof(worker, slowest), 1, 1);
+    worker_counter(cm, b, "shoal_worker_trunk_requests_total",
+                   "TRUNK_BATCH exchanges completed with the worker (trunk rows, --trunk remote).",
+                   offsetof(worker, t_requests), 1, 1);
+    worker_counter(cm, b, "shoal_worker_trunk_rows_total",
+                   "Trunk matrix output rows the worker computed (per request, all tokens).",
+                   offsetof(worker, t_rows), 1, 1);
+    worker_counter(cm, b, "shoal_worker_trunk_weight_bytes_total",
+                   "Bytes of trunk matrix rows the worker read for our requests (each request reads its rows once).",
+                   offsetof(worker, t_weight), 1, 1);
+    worker_counter(cm, b, "shoal_worker_trunk_sent_bytes_total", "Bytes of all TRUNK_BATCH frames sent to the worker.",
+                   offsetof(worker, t_out), 1, 1);
+    worker_counter(cm, b, "shoal_worker_trunk_received_bytes_total",
+                   "Bytes of all TRUNK_RESULT frames received from the worker.", offsetof(worker, t_in), 1, 1);
+    worker_counter(cm, b, "shoal_worker_trunk_queue_seconds_total",
+                   "Seconds trunk requests waited in the worker's queue, as the worker reported them.",
+                   offsetof(worker, t_queue_us), 1, 1e6);
+    worker_counter(cm, b, "shoal_worker_trunk_compute_seconds_total",
+                   "Seconds the worker computed our trunk rows, as the worker reported them.",
+                   offsetof(worker, t_compute_us), 1, 1e6);
+    worker_counter(cm, b, "shoal_worker_trunk_network_seconds_total",
+                   "Trunk round-trip seconds not spent queued or computing on the worker.",
+                   offsetof(worker, t_network_ns), 1, 1e9);
 
     uint64_t tot = all_pairs(cm);
     shoal_metrics_family(b, "shoal_worker_load_share", SHOAL_METRICS_GAUGE,

@@ -84,6 +84,20 @@ typedef struct {
 } shoal_cmetrics_xchg;
 
 void shoal_cmetrics_exchange(shoal_cmetrics *cm, int w, int layer, const shoal_cmetrics_xchg *x);
+/* One TRUNK_BATCH exchange with worker w (PROTOCOL.md §3.7), as seen by the
+ * coordinator: the output rows it computed (all tokens), the weight bytes
+ * those rows are (read once per request), frames' bytes, rtt_ns from the
+ * send to the reply received, and the worker's queue_us / compute_us. */
+typedef struct {
+    uint64_t rows;         /* output rows over every segment */
+    uint64_t weight_bytes; /* bytes of those rows of the matrices */
+    uint64_t bytes_out, bytes_in;
+    uint64_t rtt_ns;
+    uint64_t queue_us, compute_us;
+} shoal_cmetrics_txchg;
+
+void shoal_cmetrics_trunk(shoal_cmetrics *cm, int w, const shoal_cmetrics_txchg *x);
+
 /* One MoE layer's gather finished: wait_ns = time blocked waiting for
  * replies (after the shared experts), slowest = the worker whose reply came
  * last (-1 if none). */
@@ -119,6 +133,9 @@ typedef struct {
     uint64_t requests, tokens, pairs, experts, bytes_out, bytes_in, weight_bytes;
     uint64_t timeouts, errors, stale, slowest;
     double queue_s, compute_s, network_s, rtt_s;
+    /* trunk rows (TRUNK_BATCH), apart from the expert exchanges above */
+    uint64_t trunk_requests, trunk_rows, trunk_weight_bytes, trunk_bytes_out, trunk_bytes_in;
+    double trunk_queue_s, trunk_compute_s, trunk_network_s;
     double share, fair; /* pairs / all pairs; 1 / workers */
     double rtt_p50, rtt_p90, rtt_p99; /* seconds, NaN when none */
     int up;

@@ -2,7 +2,10 @@
  * (PROTOCOL.md §2-§4), batch validation against a small model (§6), the
  * worker's request handler (worker/serve.h: HELLO state, grouping by expert,
  * the expert FFNs, the reply) on an in-memory bank, and the coordinator's reply
- * decoder on the same frames. Nothing may crash, leak or read out of bounds;
+ * decoder on the same frames. The worker also owns trunk rows (PROTOCOL.md
+ * §3.7: rows 0-127 of the golden q_proj in BF16, rows 128-383 of its k_proj in
+ * F32, width 32), so a TRUNK_BATCH reaches the row GEMMs and the segment-major
+ * reply. Nothing may crash, leak or read out of bounds;
  * every input gets exactly one reply -- except a PREFETCH notice (its envelope
  * says type 11), which gets none -- and every refusal carries an ERROR code.
  *
@@ -32,6 +35,16 @@ static shoal_serve *srv;
 static const uint8_t fz_moe[L] = {0, 1, 1, 1};
 static uint8_t fp[SHOAL_PROTO_FP_BYTES];
 static const char peer_id[] = "fuzz-peer";
+/* trunk rows: the golden trunk_batch's matrices (tools/proto_golden.py) */
+enum { TQ = 128, TK = 256 };
+static uint16_t tq[TQ * D];
+static float tk[TK * D];
+static const shoal_proto_trows trows[2] = {
+    {.name = "language_model.model.layers.3.self_attn.q_proj.weight", .lo = 0, .hi = TQ - 1},
+    {.name = "language_model.model.layers.3.self_attn.k_proj.weight", .lo = 128, .hi = 128 + TK - 1},
+};
+static const shoal_serve_tmat tmats[2] = {{.w = tq, .bf16 = 1, .cols = D}, {.w = tk, .bf16 = 0, .cols = D}};
+static uint8_t tfp[SHOAL_PROTO_FP_BYTES];
 
 static void *alloc_out(void *ctx, size_t len)
 {
@@ -48,6 +61,14 @@ static void setup(void)
             x = x * 1664525u + 1013904223u;
             wts[m][i] = (uint16_t)(0x3c00 + (x >> 24) % 0x400) ^ (uint16_t)((x >> 16) & 0x8000);
         }
+    for (int i = 0; i < TQ * D; i++) {
+        x = x * 1664525u + 1013904223u;
+        tq[i] = (uint16_t)(0x3c00 + (x >> 24) % 0x400) ^ (uint16_t)((x >> 16) & 0x8000);
+    }
+    for (int i = 0; i < TK * D; i++) {
+        x = x * 1664525u + 1013904223u;
+        tk[i] = (float)(int)(x >> 20) / 4096.0f - 0.5f;
+    }
     shoal_proto_range r[L * E];
     size_t nr = 0;
     for (int l = 1; l < L; l++)
@@ -65,7 +86,8 @@ static void setup(void)
     memcpy(ranges, r, sizeof r);
     shoal_serve_opts so = {.id = "fuzz", .fingerprint = fp, .owned = ranges, .nowned = nr, .own = own,
                            .num_layers = L, .is_moe = fz_moe, .num_experts = E, .k = 2, .max_tokens = 16,
-                           .isa = "scalar", .threads = 1};
+                           .isa = "scalar", .threads = 1, .trunk = trows, .tmat = tmats, .ntrunk = 2,
+                           .trunk_fp = tfp};
     if (shoal_serve_open(&srv, &so, bank, err, sizeof err))
         abort();
     /* HELLO first, so batches reach the compute path */
@@ -84,6 +106,27 @@ static int owns_some(const void *ctx, int layer, int e)
 {
     (void)ctx;
     return (layer + e) % 3 != 0;
+}
+
+/* Expected outputs of a decoded TRUNK_BATCH this worker must compute: every
+ * segment inside one owned range, x f32 [T <= 16, 32]; 0 when it must be
+ * refused. Worked out from the request alone, independently of serve.c. */
+static uint64_t trunk_expect(const shoal_proto_msg *m)
+{
+    const shoal_proto_tensor *x = &m->tbatch.x;
+    if (x->dtype != SHOAL_WIRE_F32 || x->cols != D || x->rows < 1 || x->rows > 16)
+        return 0;
+    uint64_t rows = 0;
+    for (uint32_t i = 0; i < m->tbatch.n; i++) {
+        const shoal_proto_trows *g = &m->tbatch.seg[i];
+        int in = 0;
+        for (int j = 0; j < 2; j++)
+            in |= !strcmp(g->name, trows[j].name) && trows[j].lo <= g->lo && g->hi <= trows[j].hi;
+        if (!in)
+            return 0;
+        rows += g->hi - g->lo + 1;
+    }
+    return rows * x->rows;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -120,6 +163,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char err[512];
     int rc = shoal_proto_decode(f, n, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err);
     int notice = m.type == SHOAL_MSG_PREFETCH; /* the envelope said PREFETCH */
+    uint64_t want_trunk = !rc && m.type == SHOAL_MSG_TRUNK_BATCH ? trunk_expect(&m) : 0;
     for (uint32_t i = 1; !rc && notice && i < m.prefetch.n; i++)
         if (m.prefetch.experts[i] <= m.prefetch.experts[i - 1])
             abort(); /* a decoded PREFETCH is strictly ascending */
@@ -161,6 +205,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort(); /* the worker's reply must decode */
     if (rep.type == SHOAL_MSG_EXPERT_RESULT && m.result.y.rows == 0)
         abort();
+    if (want_trunk && (rep.type != SHOAL_MSG_TRUNK_RESULT || m.tresult.y.rows != 1 ||
+                       m.tresult.y.cols != want_trunk))
+        abort(); /* a valid TRUNK_BATCH is computed: segment-major [1, T * rows] */
+    if (!want_trunk && rep.type == SHOAL_MSG_TRUNK_RESULT)
+        abort(); /* an invalid one is refused */
     shoal_proto_msg_clear(&m);
     if (rep.n == 2)
         free((void *)rep.frames[1].data);

@@ -46,6 +46,16 @@ static shoal_cmetrics *build(void)
     x = (shoal_cmetrics_xchg){.tokens = 2, .pairs = 3, .experts = 2, .bytes_out = 100, .bytes_in = 90,
                               .rtt_ns = 4000000, .queue_us = 0, .compute_us = 3900};
     shoal_cmetrics_exchange(cm, 1, 2, &x);
+    /* trunk rows: w0 two TRUNK_BATCHes: 12 rows x 2 tokens, 3000 weight bytes,
+     * rtt 800 µs (queue 100, compute 500 -> net 200); 4 rows x 1 token, 1000
+     * bytes, rtt 300 µs (queue 0, compute 350 -> net clamped to 0) */
+    shoal_cmetrics_txchg tx = {.rows = 24, .weight_bytes = 3000, .bytes_out = 40, .bytes_in = 116,
+                               .rtt_ns = 800000, .queue_us = 100, .compute_us = 500};
+    shoal_cmetrics_trunk(cm, 0, &tx);
+    tx = (shoal_cmetrics_txchg){.rows = 4, .weight_bytes = 1000, .bytes_out = 30, .bytes_in = 32,
+                                .rtt_ns = 300000, .queue_us = 0, .compute_us = 350};
+    shoal_cmetrics_trunk(cm, 0, &tx);
+    shoal_cmetrics_trunk(cm, 5, &tx); /* no such worker: ignored */
     shoal_cmetrics_layer_wait(cm, 1, 300000, 0);
     shoal_cmetrics_layer_wait(cm, 2, 3500000, 1);
     shoal_cmetrics_failure_add(cm, 1, SHOAL_CMETRICS_TIMEOUT);
@@ -168,6 +178,19 @@ static void t_exposition(void)
     CHECK(p50 > 4e-3 / 1.19 && p50 <= 4e-3);
     CHECK_NEAR(get(&b, "shoal_layer_wait_seconds_count", "layer", "1", NULL, NULL), 1, 0);
     CHECK_NEAR(get(&b, "shoal_worker_info", "worker", "a", "endpoint", "ipc:///tmp/a"), 1, 0);
+    /* trunk rows apart from the expert exchanges */
+    CHECK_NEAR(get(&b, "shoal_worker_requests_total", "worker", "a", NULL, NULL), 2, 0);
+    CHECK_NEAR(get(&b, "shoal_worker_trunk_requests_total", "worker", "a", NULL, NULL), 2, 0);
+    CHECK_NEAR(get(&b, "shoal_worker_trunk_requests_total", "worker", "b\"x", NULL, NULL), 0, 0);
+    CHECK_NEAR(get(&b, "shoal_worker_trunk_rows_total", "worker", "a", NULL, NULL), 28, 0);
+    CHECK_NEAR(get(&b, "shoal_worker_trunk_weight_bytes_total", "worker", "a", NULL, NULL), 4000, 0);
+    CHECK_NEAR(get(&b, "shoal_worker_trunk_sent_bytes_total", "worker", "a", NULL, NULL), 70, 0);
+    CHECK_NEAR(get(&b, "shoal_worker_trunk_received_bytes_total", "worker", "a", NULL, NULL), 148, 0);
+    CHECK_NEAR(get(&b, "shoal_worker_trunk_queue_seconds_total", "worker", "a", NULL, NULL), 100e-6, 1e-15);
+    CHECK_NEAR(get(&b, "shoal_worker_trunk_compute_seconds_total", "worker", "a", NULL, NULL), 850e-6, 1e-15);
+    CHECK_NEAR(get(&b, "shoal_worker_trunk_network_seconds_total", "worker", "a", NULL, NULL), 200e-6, 1e-15);
+    /* the expert network time is unchanged by them (800 µs, as above) */
+    CHECK_NEAR(get(&b, "shoal_worker_network_seconds_total", "worker", "a", NULL, NULL), 800e-6, 1e-15);
     /* no layer 0 (dense) series */
     CHECK(!strstr(b.p, "layer=\"0\""));
     shoal_metrics_buf_free(&b);
