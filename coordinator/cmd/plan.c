@@ -174,9 +174,11 @@ int shoal_plan_cluster_parse(shoal_plan_cluster *c, const char *json, size_t len
 int shoal_plan_cluster_read(shoal_plan_cluster *c, const char *path, char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
-    FILE *f = fopen(path, "rb");
+    int orc = 0;
+    FILE *f = shoal_fopen_regular(path, &orc); /* a FIFO must not block the read */
     if (!f)
-        return shoal_err_set(err, errlen, -errno, "cluster %s: %s", path, strerror(errno));
+        return orc == SHOAL_EFORMAT ? shoal_err_set(err, errlen, SHOAL_EFORMAT, "cluster %s: not a regular file", path)
+                                    : shoal_err_set(err, errlen, orc, "cluster %s: %s", path, strerror(-orc));
     char *buf;
     size_t n;
     int rc = shoal_read_stream(f, 64u << 20, &buf, &n);
