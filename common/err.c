@@ -124,6 +124,25 @@ int shoal_read_stream(FILE *f, size_t max, char **buf, size_t *len)
     return 0;
 }
 
+int shoal_err_exit_code(int code)
+{
+    switch (code) {
+    case 0:
+        return 0;
+    case SHOAL_EINVAL:
+        return 2;
+    case SHOAL_EFORMAT:
+    case SHOAL_ERANGE:
+    case SHOAL_EMODEL:
+    case SHOAL_ECONFIG:
+    case SHOAL_EVERSION:
+    case SHOAL_EFINGERPRINT:
+        return 3;
+    default:
+        return 4;
+    }
+}
+
 int shoal_open_regular(const char *path, int flags)
 {
     int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC);

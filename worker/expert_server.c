@@ -202,8 +202,8 @@ static void server_free(server *s)
  * only some experts, so its fingerprint is the one recorded in its manifest
  * (computed by `shoal pack` from the full model's headers); its files' sizes
  * are always checked, their BLAKE2b checksums with verify. */
-static int load_model(server *s, const char *dir, int map, int verify, uint8_t fp[SHOAL_PROTO_FP_BYTES], char *err,
-                      size_t errlen)
+static int load_model_files(server *s, const char *dir, int map, int verify, uint8_t fp[SHOAL_PROTO_FP_BYTES],
+                            char *err, size_t errlen)
 {
     char path[4096];
     shoal_packfile pk = {0};
@@ -231,6 +231,16 @@ static int load_model(server *s, const char *dir, int map, int verify, uint8_t f
     if ((rc = shoal_st_open(&s->st, dir, &so, err, errlen)))
         return rc;
     return pack ? 0 : shoal_fprint_model(fp, &s->cfg, s->st, err, errlen);
+}
+
+/* Every failure to load the model is "invalid model" (exit 3), whatever the
+ * system error under it (a missing shard, a read error), except a usage
+ * mistake (--verify on a directory that is no pack: exit 2). */
+static int load_model(server *s, const char *dir, int map, int verify, uint8_t fp[SHOAL_PROTO_FP_BYTES], char *err,
+                      size_t errlen)
+{
+    int rc = load_model_files(s, dir, map, verify, fp, err, errlen);
+    return rc && shoal_err_exit_code(rc) == 4 ? SHOAL_EMODEL : rc;
 }
 
 /* The memory plan, printed before the cache is allocated; a preset becomes a
@@ -304,7 +314,7 @@ static int setup_curve(server *s, const shoal_expert_server_opts *o, char *err, 
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "--curve-secret needs --curve-allow FILE (coordinator keys)");
     if ((rc = shoal_curve_read_pair(&kp, o->curve_secret, err, errlen)) ||
         (rc = shoal_curve_read_allow(&keys, &n, o->curve_allow, err, errlen)))
-        return rc;
+        return SHOAL_EINVAL; /* files named by flags: a usage mistake (exit 2) */
     rc = shoal_curve_zap_start(&s->zap, s->zctx, (const char(*)[SHOAL_CURVE_Z85])keys, n, err, errlen);
     free(keys);
     if (!rc)
@@ -647,7 +657,7 @@ int shoal_cmd_expert(int argc, char **argv)
         server_free(&s);
         if (rc) {
             fprintf(stderr, "shoal expert: %s\n", err);
-            return 3;
+            return shoal_err_exit_code(rc);
         }
         char hex[65];
         shoal_proto_hex(fp, hex);
@@ -707,9 +717,7 @@ int shoal_cmd_expert(int argc, char **argv)
     shoal_planfile_free(&pf);
     if (rc) {
         SHOAL_ERROR("%s", err);
-        return rc == SHOAL_EINVAL ? 2
-               : (rc == SHOAL_ECONFIG || rc == SHOAL_EMODEL || rc == SHOAL_ERANGE || rc == SHOAL_EFINGERPRINT) ? 3
-                                                                                                           : 4;
+        return shoal_err_exit_code(rc);
     }
     return 0;
 }

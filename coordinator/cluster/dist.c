@@ -189,7 +189,7 @@ static int curve_keys(const shoal_dist_opts *o, const char *const *eps, int n, c
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "--worker-key: give one per --worker (%d), in the same order",
                              o->nworker);
     if (o->curve_secret && (rc = shoal_curve_read_pair(kp, o->curve_secret, err, errlen)))
-        return rc;
+        return SHOAL_EINVAL; /* a file named by a flag: a usage mistake (exit 2) */
     for (int i = 0; i < n; i++) {
         pk[i] = NULL;
         if (!shoal_curve_needed(eps[i]) || o->insecure)
@@ -208,7 +208,7 @@ static int curve_keys(const shoal_dist_opts *o, const char *const *eps, int n, c
                                  "--insecure-workers for plain TCP",
                                  eps[i], pf ? "--curve-keys DIR" : "--worker-key FILE");
         if ((rc = shoal_curve_read_public(keys[i], file, err, errlen)))
-            return rc;
+            return SHOAL_EINVAL; /* a file named by a flag: a usage mistake (exit 2) */
         pk[i] = keys[i];
         *any = 1;
     }

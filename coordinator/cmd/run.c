@@ -350,7 +350,7 @@ int shoal_cmd_run(int argc, char **argv)
         shoal_model_close(m);
         free(prompt_ids);
         shoal_tok_close(tok);
-        return rc == SHOAL_EFINGERPRINT || rc == SHOAL_EVERSION || rc == SHOAL_ECONFIG || rc == SHOAL_ERANGE ? 3 : 4;
+        return shoal_err_exit_code(rc);
     }
     shoal_model_info info;
     shoal_model_get_info(m, &info);
