@@ -397,7 +397,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                            .k = s.cfg.experts_per_token, .max_tokens = o->max_tokens > 0 ? o->max_tokens : 1024,
                            .isa = shoal_isa_name(shoal_kernels_isa()), .threads = omp_get_max_threads(),
                            .mem_total = mem_total(), .metrics = s.wm, .delay_us = o->delay_us,
-                           .skip_compute = o->skip_compute, .store = s.store, .prefetch = !o->no_prefetch};
+                           .skip_compute = o->skip_compute, .refuse_shutdown = o->refuse_shutdown, .store = s.store, .prefetch = !o->no_prefetch};
     if ((rc = shoal_serve_open(&s.srv, &so, s.bank, err, errlen)))
         goto out;
     if (o->skip_compute)
@@ -536,6 +536,8 @@ static void usage(FILE *f)
                "  --io-threads N       concurrent expert reads (default 8)\n"
                "  --no-direct          buffered reads (no O_DIRECT)\n"
                "  --no-prefetch        ignore the coordinator's PREFETCH hints (read only on demand)\n"
+               "  --refuse-shutdown    answer SHUTDOWN with ERROR (what `shoal serve --workers N` gives its\n"
+               "                       workers: only the coordinator that started them stops them, by SIGTERM)\n"
                "  --print-fingerprint  print the model fingerprint (PROTOCOL.md section 5) and exit\n"
                "  --test-delay-ms N    (tests) sleep N ms before computing each batch\n"
                "  --bench-skip-compute (benchmarks) answer zeros instead of running the experts\n"
@@ -568,6 +570,7 @@ int shoal_cmd_expert(int argc, char **argv)
                                              {"io-threads", required_argument, 0, 'I'},
                                              {"no-direct", no_argument, 0, 'D'},
                                              {"no-prefetch", no_argument, 0, 'F'},
+                                             {"refuse-shutdown", no_argument, 0, 'R'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     shoal_expert_server_opts o = {.stop = &stop_flag};
@@ -621,6 +624,7 @@ int shoal_cmd_expert(int argc, char **argv)
         case 'Y': o.cache_policy = optarg; break;
         case 'D': o.no_direct = 1; break;
         case 'F': o.no_prefetch = 1; break;
+        case 'R': o.refuse_shutdown = 1; break;
         case 'G': {
             if (strspn(optarg, "abcdefghijklmnopqrstuvwxyz") == strlen(optarg)) {
                 o.cache_preset = optarg; /* checked by the server, with the model */

@@ -474,6 +474,12 @@ void shoal_serve_handle(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, 
         break;
     }
     case SHOAL_MSG_SHUTDOWN:
+        if (s->o.refuse_shutdown) { /* a local worker: only its parent stops it, by SIGTERM */
+            reply_error(s, rep, m.rid, SHOAL_PERR_UNKNOWN_TYPE,
+                        "SHUTDOWN refused: this worker was started by its coordinator (--refuse-shutdown), which "
+                        "stops it with SIGTERM");
+            break;
+        }
         shoal_proto_enc_empty(s->ctl, s->ctlcap, &len, SHOAL_MSG_SHUTDOWN_ACK, m.rid);
         reply_ctl(rep, s, SHOAL_MSG_SHUTDOWN_ACK, len);
         rep->shutdown = 1;
