@@ -368,6 +368,8 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                    ss.direct ? "O_DIRECT" : "buffered");
     } else if ((rc = shoal_bank_open(&s.bank, s.st, &s.cfg, s.own, err, errlen))) {
         goto out;
+    } else {
+        shoal_bank_guard(s.bank); /* a shard truncated under the mapping: a named exit, never a silent one */
     }
     uint64_t owned_bytes = s.store ? shoal_store_bytes(s.store) : shoal_bank_bytes(s.bank);
     if (o->threads > 0)

@@ -279,6 +279,13 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
         if (s->o.store ? !shoal_store_owns(s->o.store, layer, s->touched[i])
                        : !shoal_bank_get(s->bank, layer, s->touched[i]))
             missing = s->touched[i];
+    /* a mapped shard truncated under us: refuse by name instead of SIGBUS */
+    if (missing < 0 && !s->o.store && shoal_bank_check(s->bank, layer, s->touched, ntouched, msg, sizeof msg)) {
+        for (int i = 0; i < ntouched; i++)
+            s->cnt[s->touched[i]] = 0;
+        reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, msg);
+        return;
+    }
     uint8_t *y = missing < 0 ? alloc(actx, ylen) : NULL;
     if (!y) {
         for (int i = 0; i < ntouched; i++)

@@ -12,7 +12,9 @@ sockets, each case named after the defect it reproduces:
   in a 0700 directory (no abstract sockets), removed at exit; a peer that is
   not the spawning coordinator is refused SHUTDOWN (item 4).
 """
+import json
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -148,6 +150,59 @@ class Peer:
         self.s.close()
 
 
+def tensor(dtype, rows, cols, payload):
+    return b"SHTF" + bytes([dtype, 0, 0, 0]) + struct.pack("<II", rows, cols) + payload
+
+
+def latent(model):
+    c = json.load(open(os.path.join(model, "config.json")))
+    return c.get("text_config", c)["routed_expert_hidden_size"]
+
+
+def batch_frames(rid, layer, d, pairs, T=1):
+    z = struct.pack(f"<{T * d}f", *[((i * 37) % 101 - 50) / 25.0 for i in range(T * d)])
+    route = struct.pack(f"<{2 * len(pairs)}i", *[v for p in pairs for v in p])
+    return [msgpack.packb([9, rid, {"layer": layer, "out": "bf16"}]), tensor(1, T, d, z),
+            tensor(3, len(pairs), 2, route)]
+
+
+def case_sigbus_truncated_shard(tmp):
+    if zmq is None:
+        R.record("SKIP", "sigbus_truncated_shard", f"pyzmq/msgpack missing ({IMPORT_ERR})")
+        return
+    model = os.path.join(tmp, "trunc-model")
+    shutil.copytree(TINY, model)
+    idx = json.load(open(os.path.join(model, "model.safetensors.index.json")))["weight_map"]
+    f1 = idx["language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_packed"]
+    f5 = idx["language_model.model.layers.5.block_sparse_moe.experts.0.w1.weight_packed"]
+    assert f1 != f5, "the fixture keeps layers 1 and 5 in different files"
+    w = start_worker(model, "1-8:0-23", f"ipc://{tmp}/t.sock")
+    c = Peer(f"ipc://{tmp}/t.sock")
+    m, _ = c.call(1, 1, {"proto": [1, 2], "fingerprint": fingerprint(model), "peer": "e2e"}, ms=30000)
+    d = latent(model)
+    c.send(batch_frames(2, 1, d, [(0, 0)]))
+    m1, _ = c.recv()
+    ok = m is not None and m[0] == 1 and m1 is not None and m1[0] == 10
+    if not R.check("sigbus_truncated_shard: the worker serves layer 1 before", ok, f"{m} {m1} {log_of(w)[-300:]}"):
+        return
+    path = os.path.join(model, f1)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size // 3)  # the mapping now ends before most of the file's experts
+    c.send(batch_frames(3, 1, d, [(0, 0)]))
+    m2, _ = c.recv()
+    R.check("sigbus_truncated_shard: a request on the truncated file gets ERROR naming it, not SIGBUS",
+            m2 is not None and m2[0] == 2 and m2[2]["code"] == 11 and f1 in m2[2]["message"] and
+            "truncated" in m2[2]["message"], f"{m2}; worker rc {w.poll()}; {log_of(w)[-400:]}")
+    c.send(batch_frames(4, 5, d, [(0, 0)]))
+    m3, _ = c.recv()
+    R.check("sigbus_truncated_shard: the worker stays alive and serves layer 5 (another file)",
+            w.poll() is None and m3 is not None and m3[0] == 10, f"{m3}; rc {w.poll()}")
+    R.check("sigbus_truncated_shard: the worker's log names the file", f1 in log_of(w), log_of(w)[-400:])
+    c.close()
+    harness.terminate(w)
+
+
 def children_of(pid):
     out = []
     for d in os.listdir("/proc"):
@@ -229,6 +284,7 @@ def main():
     try:
         case_metrics_drip(tmp)
         case_local_workers_private(tmp)
+        case_sigbus_truncated_shard(tmp)
     finally:
         for p in procs:
             if p.poll() is None:
