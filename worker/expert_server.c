@@ -166,6 +166,51 @@ static uint64_t mem_total(void)
     return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
 }
 
+/* Connections refused before ZAP sees them: a plain (NULL mechanism) client of
+ * a CURVE worker fails the ZMTP handshake (mechanism mismatch), which only the
+ * socket monitor reports. Drained from the loop (never blocks); logged with
+ * the peer's address, the first 20 then every 1000th. */
+static void drain_monitor(void *mon, uint64_t *nrefused)
+{
+    for (;;) {
+        zmq_msg_t ev, addr;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return;
+        }
+        zmq_msg_init(&addr);
+        int more = zmq_msg_more(&ev);
+        if (more && zmq_msg_recv(&addr, mon, ZMQ_DONTWAIT) < 0)
+            more = 0;
+        uint16_t id = 0;
+        uint32_t val = 0;
+        if (zmq_msg_size(&ev) >= 6) {
+            memcpy(&id, zmq_msg_data(&ev), 2);
+            memcpy(&val, (const uint8_t *)zmq_msg_data(&ev) + 2, 4);
+        }
+        char a[128] = "?";
+        if (more) {
+            size_t n = zmq_msg_size(&addr);
+            n = n < sizeof a - 1 ? n : sizeof a - 1;
+            memcpy(a, zmq_msg_data(&addr), n);
+            a[n] = 0;
+            for (size_t i = 0; i < n; i++) /* a log line, not a terminal escape */
+                if ((unsigned char)a[i] < 0x20 || (unsigned char)a[i] >= 0x7f)
+                    a[i] = '?';
+        }
+        if (*nrefused < 20 || *nrefused % 1000 == 0)
+            SHOAL_WARN("refused a connection from %s: %s (0x%x)%s", a,
+                       val == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+                           ? "handshake failed: the client does not speak CURVE (plain TCP?)"
+                           : "handshake failed",
+                       (unsigned)val, *nrefused >= 20 ? " (counting; logged every 1000th)" : "");
+        (*nrefused)++;
+        zmq_msg_close(&ev);
+        zmq_msg_close(&addr);
+    }
+}
+
 typedef struct {
     shoal_k3cfg cfg;
     shoal_st *st;
@@ -175,7 +220,7 @@ typedef struct {
     shoal_bank *bank;
     shoal_store *store;
     shoal_serve *srv;
-    void *zctx, *sock;
+    void *zctx, *sock, *mon;
     shoal_curve_zap *zap;
     qreq *q;
     shoal_wmetrics *wm;
@@ -183,6 +228,8 @@ typedef struct {
 
 static void server_free(server *s)
 {
+    if (s->mon)
+        zmq_close(s->mon);
     if (s->sock)
         zmq_close(s->sock);
     shoal_curve_zap_stop(s->zap);
@@ -422,6 +469,20 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     zmq_setsockopt(s.sock, ZMQ_RCVTIMEO, &rcvtimeo, sizeof rcvtimeo);
     if (o->curve_secret && (rc = setup_curve(&s, o, err, errlen)))
         goto out;
+    if (o->curve_secret) {
+        int lz = 0;
+        if (zmq_socket_monitor(s.sock, "inproc://shoal-worker-monitor",
+                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) ||
+            !(s.mon = zmq_socket(s.zctx, ZMQ_PAIR)) || zmq_setsockopt(s.mon, ZMQ_LINGER, &lz, sizeof lz) ||
+            zmq_connect(s.mon, "inproc://shoal-worker-monitor")) {
+            rc = shoal_err_set(err, errlen, -errno, "socket monitor: %s", zmq_strerror(errno));
+            goto out;
+        }
+    } else if (shoal_curve_needed(o->listen)) {
+        SHOAL_WARN("--insecure: %s is plain TCP, neither encrypted nor authenticated: anyone who reaches it can use "
+                   "this worker and read the activations (trusted networks, tests and benchmarks only)",
+                   o->listen);
+    }
     if (zmq_bind(s.sock, o->listen)) {
         rc = shoal_err_set(err, errlen, -errno, "cannot listen on %s: %s", o->listen, zmq_strerror(errno));
         goto out;
@@ -432,8 +493,10 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
 
     s.q = shoal_xcalloc(QCAP, sizeof *s.q);
     int head = 0, count = 0, shutdown = 0;
-    uint64_t dropped = 0;
+    uint64_t dropped = 0, nrefused = 0, handled = 0;
     while (!shutdown && !(o->stop && *o->stop)) {
+        if (s.mon && (count == 0 || (handled & 255) == 0))
+            drain_monitor(s.mon, &nrefused);
         if (count == 0) { /* idle: block in the receive itself (ZMQ_RCVTIMEO), as cheap as a wait gets */
             int g = recv_one(s.sock, &s.q[head], 1);
             if (g < 0) {
@@ -453,6 +516,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
         handle(s.sock, s.srv, &s.q[head], 0, &shutdown, &dropped, s.wm);
         head = (head + 1) % QCAP;
         count--;
+        handled++;
     }
     /* stopping: what is queued (and what is already waiting) is refused, not computed */
     for (;;) {

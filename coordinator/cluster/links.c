@@ -18,7 +18,10 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <netdb.h>
 #include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -155,6 +158,46 @@ out:
 
 /* Connect every worker, send HELLO as soon as its connection is up, collect
  * every reply before the deadline. */
+/* Why a worker never connected, for the HELLO deadline's message: the host
+ * does not resolve (named, with the resolver's error), or nothing listens
+ * there, or (ipc) there is no socket at the path. Only on that error path, so
+ * the resolver's own timeout is not on any request's way. */
+static void unconnected_why(const char *ep, char *why, size_t n)
+{
+    if (!strncmp(ep, "tcp://", 6)) {
+        char host[256];
+        const char *colon = strrchr(ep + 6, ':');
+        size_t hl = colon ? (size_t)(colon - (ep + 6)) : strlen(ep + 6);
+        if (hl >= sizeof host)
+            hl = sizeof host - 1;
+        memcpy(host, ep + 6, hl);
+        host[hl] = 0;
+        if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') { /* [v6] */
+            memmove(host, host + 1, hl - 2);
+            host[hl - 2] = 0;
+        }
+        struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+        int g = getaddrinfo(host, colon ? colon + 1 : NULL, &hints, &ai);
+        if (g) {
+            snprintf(why, n, "not connected: host '%.200s' does not resolve: %s", host, gai_strerror(g));
+            return;
+        }
+        freeaddrinfo(ai);
+        snprintf(why, n, "not connected: '%.200s' resolves, but no connection was accepted on port %s", host,
+                 colon ? colon + 1 : "?");
+        return;
+    }
+    if (!strncmp(ep, "ipc://", 6) && ep[6] != '@') {
+        struct stat sb;
+        if (stat(ep + 6, &sb))
+            snprintf(why, n, "not connected: no socket at %.200s: %s", ep + 6, strerror(errno));
+        else
+            snprintf(why, n, "not connected: %.200s exists, but no connection was accepted", ep + 6);
+        return;
+    }
+    snprintf(why, n, "not connected");
+}
+
 static int hello_all(shoal_expert_client *c, char *err, size_t errlen)
 {
     int hello_ms = c->o.hello_timeout_ms > 0 ? c->o.hello_timeout_ms : 60000;
@@ -170,9 +213,12 @@ static int hello_all(shoal_expert_client *c, char *err, size_t errlen)
             at += (size_t)snprintf(err, errlen, "no HELLO within %d ms from expert worker%s:", hello_ms,
                                    c->nw - ngot > 1 ? "s" : "");
             for (int i = 0; i < c->nw && at < errlen; i++)
-                if (!got[i])
+                if (!got[i]) {
+                    char why[320];
+                    unconnected_why(c->w[i].endpoint, why, sizeof why);
                     at += (size_t)snprintf(err + at, errlen - at, " %s (%s)", c->w[i].endpoint,
-                                           sent[i] ? "connected, no answer" : "not connected");
+                                           sent[i] ? "connected, no answer" : why);
+                }
             rc = SHOAL_ETIMEOUT;
             break;
         }
