@@ -90,6 +90,22 @@ def fifo_model():
     return d
 
 
+def nan_model():
+    """tiny-k3 with every lm_head weight a bf16 NaN"""
+    import json
+    import struct
+    d = os.path.join(TMP, "nan-model")
+    if not os.path.isdir(d):
+        shutil.copytree(TINY, d)
+        idx = json.load(open(os.path.join(d, "model.safetensors.index.json")))["weight_map"]
+        with open(os.path.join(d, idx["language_model.lm_head.weight"]), "r+b") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            a, b = json.loads(f.read(n))["language_model.lm_head.weight"]["data_offsets"]
+            f.seek(8 + n + a)
+            f.write(b"\xc0\x7f" * ((b - a) // 2))
+    return d
+
+
 def keypair():
     k = os.path.join(TMP, "k")
     if not os.path.exists(k + ".key"):
@@ -146,6 +162,7 @@ CASES = {
                                                 "--hello-timeout-ms", "20000"),
     "expert --experts beyond the model": lambda: sh("expert", "--model", TINY, "--experts", "1-99:0-23",
                                                     "--listen", f"ipc://{TMP}/beyond.sock"),
+    "run NaN lm_head": lambda: sh("run", "--model", nan_model(), "--ids", "1,2,3", "--gen", "2"),
     "serve --port in use": lambda: sh("serve", "--model", TINY, "--port", str(busy_port())),
     "expert --listen in use": lambda: sh("expert", "--model", TINY, "--experts", "1-8:0-23", "--listen",
                                          f"tcp://127.0.0.1:{busy_port()}", "--insecure"),
