@@ -419,6 +419,31 @@ static int warm_all(shoal_expert_client *c, char *err, size_t errlen)
     return rc;
 }
 
+/* A reconnection refused for `why`: logged (by the keeper) the first time
+ * and whenever the reason changes; the same refusal again, every backoff
+ * period, is only counted (shown when the reason changes or the worker comes
+ * back). */
+static void refused(shoal_expert_client *c, shoal__ec_worker *w, const char *why)
+{
+    pthread_mutex_lock(&c->wmu);
+    int same = !strcmp(w->why, why);
+    if (!same)
+        snprintf(w->why, sizeof w->why, "%s", why);
+    if (same)
+        w->refusals++; /* under wmu: worker_up shows it */
+    pthread_mutex_unlock(&c->wmu);
+    if (!same) {
+        pthread_mutex_lock(&c->wmu);
+        uint64_t before = w->refusals;
+        w->refusals = 0;
+        pthread_mutex_unlock(&c->wmu);
+        if (before)
+            SHOAL_WARN("expert worker %s: the previous refusal repeated %llu more times", w->name,
+                       (unsigned long long)before);
+        w->logged = 0;
+    }
+}
+
 /* A message from a worker outside a request (the keeper; smu held). */
 static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, int truncated)
 {
@@ -441,28 +466,24 @@ static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np,
         char err[1024];
         int same = m.hello.nowned == w->nowned &&
                    !memcmp(m.hello.owned, w->owned, sizeof *w->owned * w->nowned);
+        char r[sizeof w->why];
         if (check_hello(c, w->name, &m.hello, err, sizeof err)) {
-            pthread_mutex_lock(&c->wmu);
-            snprintf(w->why, sizeof w->why, "refused on reconnection: %.450s", err);
-            pthread_mutex_unlock(&c->wmu);
-            w->logged = 0;
+            snprintf(r, sizeof r, "refused on reconnection: %.450s", err);
+            refused(c, w, r);
         } else if (!same) {
             char a[256], b[256];
             shoal_shard_format(w->owned, w->nowned, a, sizeof a);
             shoal_shard_format(m.hello.owned, m.hello.nowned, b, sizeof b);
-            pthread_mutex_lock(&c->wmu);
-            snprintf(w->why, sizeof w->why, "refused on reconnection: it now owns %.200s, not %.200s", b, a);
-            pthread_mutex_unlock(&c->wmu);
-            w->logged = 0;
+            snprintf(r, sizeof r, "refused on reconnection: it now owns %.200s, not %.200s", b, a);
+            refused(c, w, r);
         } else if (warm_send(c, w, WARM_PINGS) == 0) {
             atomic_store(&w->link, W_WARM);
         }
     } else if (link == W_DOWN && probe_err) {
-        pthread_mutex_lock(&c->wmu);
-        snprintf(w->why, sizeof w->why, "refused HELLO on reconnection: %s: %.400s", shoal_perr_name((int)m.error.code),
+        char r[sizeof w->why];
+        snprintf(r, sizeof r, "refused HELLO on reconnection: %s: %.400s", shoal_perr_name((int)m.error.code),
                  m.error.message);
-        pthread_mutex_unlock(&c->wmu);
-        w->logged = 0;
+        refused(c, w, r);
     } else if (link == W_WARM && m.type == SHOAL_MSG_PONG && --w->warm_left == 0) {
         atomic_store(&w->link, W_UP);
         w->recoveries++;
@@ -493,9 +514,17 @@ static unsigned keeper_pass(shoal_expert_client *c)
             w->logged = 1;
             if (link == W_DOWN)
                 SHOAL_WARN("expert worker %s is down: %s; reconnecting in the background", w->name, w->why);
-            else if (link == W_UP)
+            else if (link == W_UP) {
                 SHOAL_INFO("expert worker %s is back (re-verified HELLO) after %.1f s", w->name,
                            (double)(now - w->down_us) * 1e-6);
+                pthread_mutex_lock(&c->wmu);
+                uint64_t before = w->refusals;
+                w->refusals = 0;
+                pthread_mutex_unlock(&c->wmu);
+                if (before)
+                    SHOAL_INFO("expert worker %s: its last refusal had repeated %llu more times", w->name,
+                               (unsigned long long)before);
+            }
         }
         if (link == W_DOWN) {
             if (now >= w->next_probe_us) {
@@ -791,8 +820,11 @@ int shoal_expert_client_worker_up(shoal_expert_client *c, int i, char *why, size
         return 0;
     pthread_mutex_lock(&c->wmu);
     int link = atomic_load(&c->w[i].link);
-    if (why && whylen)
-        snprintf(why, whylen, "%s", link == W_UP ? "up" : link == W_WARM ? "reconnecting (warming up)" : c->w[i].why);
+    if (why && whylen) {
+        int n = snprintf(why, whylen, "%s", link == W_UP ? "up" : link == W_WARM ? "reconnecting (warming up)" : c->w[i].why);
+        if (link == W_DOWN && c->w[i].refusals && n >= 0 && (size_t)n < whylen)
+            snprintf(why + n, whylen - (size_t)n, " (%llu times)", (unsigned long long)c->w[i].refusals + 1);
+    }
     pthread_mutex_unlock(&c->wmu);
     return link == W_UP;
 }

@@ -78,7 +78,7 @@ static int workers_cb(void *ud, shoal_api_worker *w, int cap)
         shoal_cmetrics_worker_totals t;
         shoal_cmetrics_get_worker(c->cm, i, &t);
         snprintf(w[i].name, sizeof w[i].name, "%s", name ? name : "?");
-        char why[160];
+        char why[512]; /* the client's whole reason (fingerprints are 64 hex digits each): never cut */
         w[i].up = shoal_dist_worker_up(c->dist, i, why, sizeof why);
         if (w[i].up)
             snprintf(w[i].state, sizeof w[i].state, "ready");

@@ -18,6 +18,7 @@
 import json
 import os
 import random
+import re
 import shutil
 import struct
 import subprocess
@@ -269,6 +270,50 @@ def case_rogue_worker(tmp):
     rw.close()
 
 
+def case_refused_reconnection(tmp):
+    """item 13's last point and item 12's /health cut: a worker replaced by
+    one of another model is refused on every re-HELLO; the coordinator warns
+    once (then counts), and /health shows the whole reason, both 64-digit
+    fingerprints uncut"""
+    PLAIN = os.path.join(SRC, "tests", "models", "tiny-k3-plain")
+    ep = f"ipc://{tmp}/swap.sock"
+    a = subprocess.Popen([BIN, "expert", "--model", TINY, "--experts", "1-8:0-23", "--listen", ep, "--threads", "1"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs.append(a)
+    p = subprocess.Popen([BIN, "serve", "--model", TINY, "--port", "0", "--worker", ep], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    procs.append(p)
+    errlog = []
+    threading.Thread(target=lambda: errlog.extend(p.stderr), daemon=True).start()
+    line = p.stdout.readline()
+    if not R.check("refused_reconnection: serve started", "listening on" in line, "".join(errlog[-5:])):
+        return
+    url = line.split("listening on ")[1].strip()
+    a.kill()
+    a.wait()
+    b = subprocess.Popen([BIN, "expert", "--model", PLAIN, "--experts", "1-4:0-15", "--listen", ep, "--threads", "1"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs.append(b)
+    completion(url, "wake up")  # the request that finds the worker gone
+    time.sleep(14)  # backoff 0.1, 0.2, 0.4 .. 5 s: several refused re-HELLOs
+    try:
+        h = urllib.request.urlopen(url + "/health", timeout=10).read()
+    except urllib.error.HTTPError as e:
+        h = e.read()
+    doc = json.loads(h)
+    state = doc["workers"][0]["state"] if doc.get("workers") else ""
+    fps = [fingerprint(TINY).hex(), fingerprint(PLAIN).hex()]
+    R.check("refused_reconnection: /health shows the whole reason (both fingerprints uncut)",
+            all(f in state for f in fps), state)
+    warns = [ln for ln in errlog if "refused" in ln and " warn " in ln]
+    R.check("refused_reconnection: warned once, not at every re-HELLO", len(warns) == 1, "".join(warns[:4]))
+    m = re.search(r"\((\d+) times\)", state)
+    R.check("refused_reconnection: the repeats are counted (/health: \"(N times)\", N > 1)",
+            m is not None and int(m.group(1)) > 1, state)
+    harness.terminate(p)
+    harness.terminate(b)
+
+
 def main():
     if not os.path.exists(BIN) or not os.path.isdir(TINY):
         R.record("SKIP", "all", "build/bin/shoal or tests/models/tiny-k3 missing")
@@ -279,6 +324,7 @@ def main():
         case_endpoints()
         case_nan_lm_head(tmp)
         case_rogue_worker(tmp)
+        case_refused_reconnection(tmp)
     finally:
         for p in procs:
             if p.poll() is None:
