@@ -38,7 +38,7 @@ TINY = os.path.join(SRC, "tests", "models", "tiny-k3")
 R = harness.Recorder(T)
 procs = []
 CASES = int(os.environ.get("SHOAL_FUZZ_CASES", "300"))
-BUDGET_S = float(os.environ.get("SHOAL_FUZZ_SECONDS", "40"))
+BUDGET_S = float(os.environ.get("SHOAL_FUZZ_SECONDS", "25"))
 
 try:
     import msgpack
