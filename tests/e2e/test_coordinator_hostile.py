@@ -11,7 +11,7 @@
 - worker_unresolvable: a host that does not resolve is named with the
   resolver's error (it said only "not connected");
 - rogue_worker: a worker that passes HELLO, then answers every EXPERT_BATCH
-  with mutated or truncated frames (fixed seed, SHOAL_FUZZ_CASES cases): each
+  with mutated or truncated frames (fixed seed, SHOAL_LIVE_FUZZ_CASES cases): each
   request fails naming the worker, the coordinator never crashes or hangs,
   and `/health` keeps answering. Cases and crashes are printed.
 """
@@ -37,8 +37,8 @@ BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
 TINY = os.path.join(SRC, "tests", "models", "tiny-k3")
 R = harness.Recorder(T)
 procs = []
-CASES = int(os.environ.get("SHOAL_FUZZ_CASES", "300"))
-BUDGET_S = float(os.environ.get("SHOAL_FUZZ_SECONDS", "25"))
+CASES = int(os.environ.get("SHOAL_LIVE_FUZZ_CASES", "300"))
+BUDGET_S = float(os.environ.get("SHOAL_LIVE_FUZZ_SECONDS", "25"))
 
 try:
     import msgpack

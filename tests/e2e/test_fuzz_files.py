@@ -13,10 +13,10 @@ commands that read them:
 Every case must end (no hang: a 20 s deadline), by exit, not a signal (no
 crash), with an exit code of the documented set (docs/CONFIG.md "Exit codes":
 0, 2, 3, 4) and, when it is not 0, a reason on stderr. Plus one FIFO case per
-file kind (item 6). Bounded: SHOAL_FUZZ_SECONDS (default 40 in all) and
-SHOAL_FUZZ_CASES; fixed seed SHOAL_FUZZ_SEED. Long run:
-  SHOAL_FUZZ_SECONDS=3600 SHOAL_FUZZ_CASES=100000 .venv/bin/python3 tests/e2e/test_fuzz_files.py
-Failing inputs are kept under $SHOAL_FUZZ_KEEP (default: not kept).
+file kind (item 6). Bounded: SHOAL_LIVE_FUZZ_SECONDS (default 40 in all) and
+SHOAL_LIVE_FUZZ_CASES; fixed seed SHOAL_LIVE_FUZZ_SEED. Long run:
+  SHOAL_LIVE_FUZZ_SECONDS=3600 SHOAL_LIVE_FUZZ_CASES=100000 .venv/bin/python3 tests/e2e/test_fuzz_files.py
+Failing inputs are kept under $SHOAL_LIVE_FUZZ_KEEP (default: not kept).
 """
 import json
 import os
@@ -36,10 +36,10 @@ SRC = os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(os.path.abspath(_
 BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
 TINY = os.path.join(SRC, "tests", "models", "tiny-k3")
 R = harness.Recorder(T)
-SECONDS = float(os.environ.get("SHOAL_FUZZ_SECONDS", "40"))
-CASES = int(os.environ.get("SHOAL_FUZZ_CASES", "100000"))
-SEED = int(os.environ.get("SHOAL_FUZZ_SEED", "20"))
-KEEP = os.environ.get("SHOAL_FUZZ_KEEP")
+SECONDS = float(os.environ.get("SHOAL_LIVE_FUZZ_SECONDS", "40"))
+CASES = int(os.environ.get("SHOAL_LIVE_FUZZ_CASES", "100000"))
+SEED = int(os.environ.get("SHOAL_LIVE_FUZZ_SEED", "20"))
+KEEP = os.environ.get("SHOAL_LIVE_FUZZ_KEEP")
 DOCUMENTED = {0, 2, 3, 4}
 ODD = [-1, 0, 1, 2 ** 31, 2 ** 32, 2 ** 53 + 1, 2 ** 63, 2 ** 64, 10 ** 30, -2 ** 63, 1.5, 1e308, None, True, "",
        "x" * 5000, "é" * 63, "\u0000", "a\nb", [], {}, [[[[[]]]]], "BF16", "F32", "U8", "I64"]

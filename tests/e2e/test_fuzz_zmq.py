@@ -6,12 +6,12 @@ well-behaved coordinator connection checks, every CHECK_EVERY cases, that the
 worker still answers a valid EXPERT_BATCH with the same bytes as before the
 fuzz. Two workers: the mapped bank, and the expert cache (--cache-gb).
 
-Bounded: SHOAL_FUZZ_SECONDS (default 20 per worker) and SHOAL_FUZZ_CASES
+Bounded: SHOAL_LIVE_FUZZ_SECONDS (default 20 per worker) and SHOAL_LIVE_FUZZ_CASES
 (default 10^6, the time budget ends a CI run first). The long run:
-  SHOAL_FUZZ_SECONDS=3600 SHOAL_FUZZ_CASES=1000000 .venv/bin/python3 tests/e2e/test_fuzz_zmq.py
+  SHOAL_LIVE_FUZZ_SECONDS=3600 SHOAL_LIVE_FUZZ_CASES=1000000 .venv/bin/python3 tests/e2e/test_fuzz_zmq.py
 Prints cases, crashes, and the worker's RSS and open fds before and after the
 first 10^4 hostile frames (docs/TESTING.md records them). Fixed seed
-(SHOAL_FUZZ_SEED), so a failure replays.
+(SHOAL_LIVE_FUZZ_SEED), so a failure replays.
 """
 import json
 import os
@@ -30,9 +30,9 @@ SRC = os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(os.path.abspath(_
 BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
 TINY = os.path.join(SRC, "tests", "models", "tiny-k3")
 R = harness.Recorder(T)
-SECONDS = float(os.environ.get("SHOAL_FUZZ_SECONDS", "20"))
-CASES = int(os.environ.get("SHOAL_FUZZ_CASES", "1000000"))
-SEED = int(os.environ.get("SHOAL_FUZZ_SEED", "20"))
+SECONDS = float(os.environ.get("SHOAL_LIVE_FUZZ_SECONDS", "20"))
+CASES = int(os.environ.get("SHOAL_LIVE_FUZZ_CASES", "1000000"))
+SEED = int(os.environ.get("SHOAL_LIVE_FUZZ_SEED", "20"))
 CHECK_EVERY = 2000
 CHUNK = 64  # hostile messages sent before the replies are drained
 
