@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "common/curve.h"
+#include "common/err.h"
 
 static void usage(FILE *f)
 {
@@ -40,9 +41,10 @@ int shoal_cmd_keygen(int argc, char **argv)
     }
     shoal_curve_keypair kp;
     char err[4200];
-    if (shoal_curve_keygen(&kp, err, sizeof err) || shoal_curve_write(&kp, prefix, force, err, sizeof err)) {
+    int rc;
+    if ((rc = shoal_curve_keygen(&kp, err, sizeof err)) || (rc = shoal_curve_write(&kp, prefix, force, err, sizeof err))) {
         fprintf(stderr, "shoal keygen: %s\n", err);
-        return 3;
+        return shoal_err_exit_code(rc); /* 2: refusing to overwrite without --force; 4: could not write */
     }
     printf("%s\n", kp.pub);
     return 0;

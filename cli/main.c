@@ -27,9 +27,11 @@ static void usage(FILE *f)
     fprintf(f, "\nRun 'shoal COMMAND --help' for a command's options.\n"
                "\nexit codes:\n"
                "  0  ok\n"
-               "  2  usage error\n"
-               "  3  invalid model or config\n"
-               "  4  the run failed part-way (the reason is printed)\n");
+               "  2  usage mistake (a bad or conflicting flag or value, a key file named by a flag)\n"
+               "  3  invalid model or config (also a manifest or plan, or a model, version or\n"
+               "     ownership mismatch with the workers)\n"
+               "  4  the run failed part-way or could not start (the reason is printed)\n"
+               "(docs/CONFIG.md, \"Exit codes\")\n");
 }
 
 int main(int argc, char **argv)

@@ -1,10 +1,13 @@
 #include "common/err.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 const char *shoal_err_name(int code)
 {
@@ -119,4 +122,62 @@ int shoal_read_stream(FILE *f, size_t max, char **buf, size_t *len)
     *buf = b;
     *len = n;
     return 0;
+}
+
+int shoal_err_exit_code(int code)
+{
+    switch (code) {
+    case 0:
+        return 0;
+    case SHOAL_EINVAL:
+        return 2;
+    case SHOAL_EFORMAT:
+    case SHOAL_ERANGE:
+    case SHOAL_EMODEL:
+    case SHOAL_ECONFIG:
+    case SHOAL_EVERSION:
+    case SHOAL_EFINGERPRINT:
+        return 3;
+    default:
+        return 4;
+    }
+}
+
+int shoal_open_regular(const char *path, int flags)
+{
+    int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct stat sb;
+    if (fstat(fd, &sb) < 0) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return SHOAL_EFORMAT;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    return fd;
+}
+
+FILE *shoal_fopen_regular(const char *path, int *rc)
+{
+    int fd = shoal_open_regular(path, O_RDONLY);
+    if (fd < 0) {
+        *rc = fd;
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        *rc = -errno;
+        close(fd);
+    }
+    return f;
 }

@@ -59,4 +59,23 @@ char *shoal_xstrdup(const char *s);
  * SHOAL_EIO on a read error; on error *buf is NULL. f stays open. */
 int shoal_read_stream(FILE *f, size_t max, char **buf, size_t *len);
 
+/* The process exit code for an error code, the one table every command uses
+ * (docs/CONFIG.md, "Exit codes"): SHOAL_EINVAL (a usage mistake: a bad or
+ * conflicting flag, a value out of its range, an unreadable or malformed file
+ * named by a flag such as a key file) -> 2; an invalid model, config, manifest
+ * or plan, or a model/version/ownership mismatch with the workers
+ * (SHOAL_EFORMAT, ERANGE, EMODEL, ECONFIG, EVERSION, EFINGERPRINT) -> 3;
+ * anything else (could not listen, a worker failed or timed out, I/O) -> 4. */
+int shoal_err_exit_code(int code);
+
+/* open(2) a path that must be a regular file, without ever blocking on it: a
+ * FIFO or a device would block open() or the first read forever, so the file
+ * is opened O_NONBLOCK, checked with fstat, and only then made blocking again.
+ * flags: O_RDONLY plus e.g. O_DIRECT (O_CLOEXEC is always added). Returns the
+ * fd, -errno, or SHOAL_EFORMAT when the path is not a regular file. */
+int shoal_open_regular(const char *path, int flags);
+
+/* fopen(path, "rb") through shoal_open_regular: NULL with *rc set on error. */
+FILE *shoal_fopen_regular(const char *path, int *rc);
+
 #endif

@@ -456,9 +456,11 @@ int shoal_k3cfg_parse(shoal_k3cfg *cfg, const char *json, size_t len, char *err,
 
 int shoal_k3cfg_load(shoal_k3cfg *cfg, const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
+    int orc = 0;
+    FILE *f = shoal_fopen_regular(path, &orc); /* a FIFO must not block the load */
     if (!f)
-        return shoal_err_set(err, errlen, -errno, "%s: %s", path, strerror(errno));
+        return orc == SHOAL_EFORMAT ? shoal_err_set(err, errlen, SHOAL_ECONFIG, "%s: not a regular file", path)
+                                    : shoal_err_set(err, errlen, orc, "%s: %s", path, strerror(-orc));
     char *buf;
     size_t n;
     int rc = shoal_read_stream(f, 64u << 20, &buf, &n);

@@ -60,7 +60,13 @@ int shoal_packfile_read(shoal_packfile *p, const char *dir, char *err, size_t er
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, SHOAL_PACKFILE_NAME);
     json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    int orc = 0;
+    FILE *jf = shoal_fopen_regular(path, &orc); /* a FIFO must not block the read */
+    if (!jf)
+        return orc == SHOAL_EFORMAT ? shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: not a regular file", path)
+                                    : shoal_err_set(err, errlen, orc, "%s: %s", path, strerror(-orc));
+    json_t *root = json_loadf(jf, JSON_REJECT_DUPLICATES, &je);
+    fclose(jf);
     if (!root)
         return shoal_err_set(err, errlen, SHOAL_EFORMAT, "pack manifest %s: line %d: %s", path, je.line, je.text);
     int rc = 0;
@@ -124,9 +130,10 @@ void shoal_packfile_free(shoal_packfile *p)
 int shoal_packfile_hash(const char *path, uint8_t out[SHOAL_PACKFILE_HASH], uint64_t *bytes, char *err,
                         size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = shoal_open_regular(path, O_RDONLY); /* a FIFO must not block the check */
     if (fd < 0)
-        return shoal_err_set(err, errlen, -errno, "%s: %s", path, strerror(errno));
+        return shoal_err_set(err, errlen, fd, "%s: %s", path,
+                             fd == SHOAL_EFORMAT ? "not a regular file" : strerror(-fd));
     crypto_generichash_state st;
     crypto_generichash_init(&st, NULL, 0, SHOAL_PACKFILE_HASH);
     size_t cap = 4u << 20;

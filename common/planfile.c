@@ -2,6 +2,7 @@
 #include "common/planfile.h"
 
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,7 +36,13 @@ int shoal_planfile_read(shoal_planfile *p, const char *path, char *err, size_t e
 {
     memset(p, 0, sizeof *p);
     json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    int orc = 0;
+    FILE *jf = shoal_fopen_regular(path, &orc); /* a FIFO must not block the read */
+    if (!jf)
+        return orc == SHOAL_EFORMAT ? shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: not a regular file", path)
+                                    : shoal_err_set(err, errlen, orc, "%s: %s", path, strerror(-orc));
+    json_t *root = json_loadf(jf, JSON_REJECT_DUPLICATES, &je);
+    fclose(jf);
     if (!root)
         return shoal_err_set(err, errlen, SHOAL_EFORMAT, "plan %s: line %d: %s", path, je.line, je.text);
     int rc = 0;

@@ -390,9 +390,16 @@ static int load_file(st_file *f, int fi, int map, tlist *out, shoal__jscan *j)
     const char *path = f->path;
     char *err = j->err;
     size_t errlen = j->errlen;
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0)
-        return shoal_err_set(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
+    f->fd = shoal_open_regular(path, O_RDONLY); /* never blocks on a FIFO */
+    if (f->fd == SHOAL_EFORMAT) {
+        f->fd = -1;
+        return shoal_err_set(err, errlen, SHOAL_EFORMAT, "%s: not a regular file", path);
+    }
+    if (f->fd < 0) {
+        int e = -f->fd;
+        f->fd = -1;
+        return shoal_err_set(err, errlen, -e, "%s: cannot open: %s", path, strerror(e));
+    }
     struct stat sb;
     if (fstat(f->fd, &sb) < 0)
         return shoal_err_set(err, errlen, -errno, "%s: cannot stat: %s", path, strerror(errno));
@@ -740,9 +747,11 @@ static char *path_join(const char *dir, const char *name)
 
 static int read_whole(const char *path, char **buf, size_t *len, char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = shoal_open_regular(path, O_RDONLY); /* never blocks on a FIFO */
+    if (fd == SHOAL_EFORMAT)
+        return shoal_err_set(err, errlen, SHOAL_EIO, "%s: not a readable regular file", path);
     if (fd < 0)
-        return shoal_err_set(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
+        return shoal_err_set(err, errlen, fd, "%s: cannot open: %s", path, strerror(-fd));
     struct stat sb;
     if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
         close(fd);

@@ -1,20 +1,36 @@
 /* The worker's owned experts as kernel views (see bank.h). */
 #include "worker/bank.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/err.h"
 #include "common/k3schema.h"
+
+typedef struct {
+    char *path;
+    int fd;            /* our own descriptor of the mapped file, for fstat */
+    uint64_t need;     /* the end of the last byte an owned tensor uses */
+    uintptr_t lo, hi;  /* the addresses of the owned tensors' bytes in the mapping */
+} bank_file;
+
+#define EXPERT_FILES SHOAL_K3SCHEMA_EXPERT_MAX
 
 struct shoal_bank {
     int num_layers, num_experts, d, f;
     float b1, b2;
     uint64_t bytes;
     shoal_expert_w *w; /* [num_layers * num_experts]; .w1 == NULL when not owned */
+    int nfiles;        /* 0 for a bank from views */
+    bank_file *files;  /* [nfiles], indexed as the store's files */
+    int16_t *efile;    /* [num_layers * num_experts * EXPERT_FILES] file of each tensor, -1 past the last */
 };
 
 static shoal_bank *bank_new(int num_layers, int num_experts)
@@ -58,6 +74,19 @@ int shoal_bank_open(shoal_bank **out, const shoal_st *st, const shoal_k3cfg *cfg
     b->f = cfg->moe_intermediate_size;
     b->b1 = cfg->situ_beta;
     b->b2 = cfg->situ_linear_beta;
+    int nf = shoal_st_nfiles(st);
+    if (nf > 32767) {
+        shoal_bank_close(b);
+        return shoal_err_set(err, errlen, SHOAL_EMODEL, "%d safetensors files: more than the bank tracks", nf);
+    }
+    b->nfiles = nf;
+    b->files = shoal_xcalloc((size_t)nf, sizeof *b->files);
+    for (int i = 0; i < nf; i++) {
+        b->files[i].fd = -1;
+        b->files[i].lo = UINTPTR_MAX;
+    }
+    b->efile = shoal_xmalloc((size_t)cfg->num_layers * (size_t)cfg->num_experts * EXPERT_FILES * sizeof *b->efile);
+    memset(b->efile, 0xff, (size_t)cfg->num_layers * (size_t)cfg->num_experts * EXPERT_FILES * sizeof *b->efile);
     for (int l = 0; l < cfg->num_layers; l++)
         for (int e = 0; e < cfg->num_experts; e++) {
             if (!shoal_shard_owns(own, l, e))
@@ -83,6 +112,30 @@ int shoal_bank_open(shoal_bank **out, const shoal_st *st, const shoal_k3cfg *cfg
                     return shoal_err_set(err, errlen, SHOAL_EINVAL, "the tensor store is not mapped");
                 }
                 b->bytes += t[i]->nbytes;
+                int fi = t[i]->file;
+                if (fi < 0 || fi >= nf) {
+                    shoal_bank_close(b);
+                    return shoal_err_set(err, errlen, SHOAL_EINTERNAL, "%s: file index %d of %d", ent[i].name, fi, nf);
+                }
+                bank_file *bf = &b->files[fi];
+                if (bf->fd < 0) {
+                    const char *path = shoal_st_file_path(st, fi);
+                    bf->path = shoal_xstrdup(path ? path : "?");
+                    if ((bf->fd = shoal_open_regular(bf->path, O_RDONLY)) < 0) {
+                        int rc = shoal_err_set(err, errlen, SHOAL_EMODEL, "%s: cannot open it again: %s", bf->path,
+                                               bf->fd == SHOAL_EFORMAT ? "not a regular file" : strerror(-bf->fd));
+                        bf->fd = -1;
+                        shoal_bank_close(b);
+                        return rc;
+                    }
+                }
+                if (t[i]->file_offset + t[i]->nbytes > bf->need)
+                    bf->need = t[i]->file_offset + t[i]->nbytes;
+                if ((uintptr_t)t[i]->data < bf->lo)
+                    bf->lo = (uintptr_t)t[i]->data;
+                if ((uintptr_t)t[i]->data + t[i]->nbytes > bf->hi)
+                    bf->hi = (uintptr_t)t[i]->data + t[i]->nbytes;
+                b->efile[((size_t)l * (size_t)cfg->num_experts + (size_t)e) * EXPERT_FILES + (size_t)i] = (int16_t)fi;
             }
             shoal_expert_w *w = &b->w[(size_t)l * (size_t)b->num_experts + (size_t)e];
             w->d = b->d;
@@ -132,12 +185,104 @@ int shoal_bank_from_views(shoal_bank **out, int num_layers, int num_experts, con
     return 0;
 }
 
+static const shoal_bank *volatile g_guarded;
+
 void shoal_bank_close(shoal_bank *b)
 {
     if (!b)
         return;
+    if (g_guarded == b)
+        shoal_bank_guard(NULL);
+    for (int i = 0; i < b->nfiles; i++) {
+        if (b->files[i].fd >= 0)
+            close(b->files[i].fd);
+        free(b->files[i].path);
+    }
+    free(b->files);
+    free(b->efile);
     free(b->w);
     free(b);
+}
+
+int shoal_bank_check(const shoal_bank *b, int layer, const int32_t *experts, int n, char *err, size_t errlen)
+{
+    if (!b->nfiles || layer < 0 || layer >= b->num_layers)
+        return 0;
+    int seen[16], nseen = 0; /* distinct files checked (a few: an expert's tensors sit together) */
+    for (int k = 0; k < n; k++) {
+        if (experts[k] < 0 || experts[k] >= b->num_experts)
+            continue;
+        const int16_t *ef = b->efile + ((size_t)layer * (size_t)b->num_experts + (size_t)experts[k]) * EXPERT_FILES;
+        for (int i = 0; i < EXPERT_FILES && ef[i] >= 0; i++) {
+            int fi = ef[i], dup = 0;
+            for (int j = 0; j < nseen && !dup; j++)
+                dup = seen[j] == fi;
+            if (dup)
+                continue;
+            if (nseen < (int)(sizeof seen / sizeof seen[0]))
+                seen[nseen++] = fi;
+            const bank_file *bf = &b->files[fi];
+            struct stat sb;
+            if (fstat(bf->fd, &sb))
+                return shoal_err_set(err, errlen, SHOAL_EIO, "layer %d expert %d: cannot stat %s: %s", layer,
+                                     experts[k], bf->path, strerror(errno));
+            if ((uint64_t)sb.st_size < bf->need)
+                return shoal_err_set(err, errlen, SHOAL_EIO,
+                                     "layer %d expert %d: shard %s is now %lld bytes, its experts need %llu "
+                                     "(truncated while mapped); refusing to read it",
+                                     layer, experts[k], bf->path, (long long)sb.st_size, (unsigned long long)bf->need);
+        }
+    }
+    return 0;
+}
+
+/* async-signal-safe output: write(2) only */
+static void put(const char *s)
+{
+    size_t n = strlen(s);
+    while (n) {
+        ssize_t w = write(2, s, n);
+        if (w <= 0)
+            return;
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig;
+    (void)uc;
+    const shoal_bank *b = g_guarded;
+    uintptr_t a = (uintptr_t)si->si_addr;
+    const char *path = NULL;
+    for (int i = 0; b && i < b->nfiles && !path; i++)
+        if (b->files[i].path && a >= b->files[i].lo && a < b->files[i].hi)
+            path = b->files[i].path;
+    char hex[2 + 16 + 1] = "0x";
+    for (int i = 0; i < 16; i++)
+        hex[2 + i] = "0123456789abcdef"[(a >> (60 - 4 * i)) & 15];
+    hex[18] = 0;
+    put("shoal expert: fatal: SIGBUS reading ");
+    put(path ? path : "a mapped shard");
+    put(" at ");
+    put(hex);
+    put(" (the file shrank, or its storage failed, under the mapping); exiting with status 4\n");
+    _exit(4);
+}
+
+void shoal_bank_guard(const shoal_bank *b)
+{
+    struct sigaction sa = {0};
+    g_guarded = b;
+    if (b) {
+        sa.sa_sigaction = on_sigbus;
+        sa.sa_flags = SA_SIGINFO;
+    } else {
+        sa.sa_handler = SIG_DFL;
+    }
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, NULL);
 }
 
 const shoal_expert_w *shoal_bank_get(const shoal_bank *b, int layer, int expert)

@@ -37,6 +37,22 @@ void shoal_bank_close(shoal_bank *b); /* accepts NULL */
 /* The view of an owned expert, NULL if not owned or out of range. */
 const shoal_expert_w *shoal_bank_get(const shoal_bank *b, int layer, int expert);
 uint64_t shoal_bank_bytes(const shoal_bank *b); /* weight bytes of the owned experts */
+
+/* Truncated shards. A mapped file that shrinks under the worker turns the next
+ * read of a lost page into SIGBUS. shoal_bank_check fstat()s the files holding
+ * experts[0..n) of layer (each distinct file once) and returns SHOAL_EIO, with
+ * err naming the file, its size now and the size its tensors need, when one is
+ * shorter: the request is refused and the worker serves the others. A bank from
+ * views (no files) always passes. Thread-safe (reads only). */
+int shoal_bank_check(const shoal_bank *b, int layer, const int32_t *experts, int n, char *err, size_t errlen);
+
+/* The safety net for a file truncated between that check and the read: a
+ * SIGBUS handler that writes one line naming the mapped file at the faulting
+ * address and exits with status 4. It cannot let the process go on: the fault
+ * is raised on whichever OpenMP thread was reading, in the middle of a kernel,
+ * and unwinding (siglongjmp) out of a parallel region is undefined. One bank
+ * is guarded at a time; NULL uninstalls. */
+void shoal_bank_guard(const shoal_bank *b);
 int shoal_bank_d(const shoal_bank *b);          /* latent width */
 int shoal_bank_f(const shoal_bank *b);          /* expert intermediate width */
 float shoal_bank_b1(const shoal_bank *b);

@@ -167,6 +167,51 @@ static uint64_t mem_total(void)
     return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
 }
 
+/* Connections refused before ZAP sees them: a plain (NULL mechanism) client of
+ * a CURVE worker fails the ZMTP handshake (mechanism mismatch), which only the
+ * socket monitor reports. Drained from the loop (never blocks); logged with
+ * the peer's address, the first 20 then every 1000th. */
+static void drain_monitor(void *mon, uint64_t *nrefused)
+{
+    for (;;) {
+        zmq_msg_t ev, addr;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return;
+        }
+        zmq_msg_init(&addr);
+        int more = zmq_msg_more(&ev);
+        if (more && zmq_msg_recv(&addr, mon, ZMQ_DONTWAIT) < 0)
+            more = 0;
+        uint16_t id = 0;
+        uint32_t val = 0;
+        if (zmq_msg_size(&ev) >= 6) {
+            memcpy(&id, zmq_msg_data(&ev), 2);
+            memcpy(&val, (const uint8_t *)zmq_msg_data(&ev) + 2, 4);
+        }
+        char a[128] = "?";
+        if (more) {
+            size_t n = zmq_msg_size(&addr);
+            n = n < sizeof a - 1 ? n : sizeof a - 1;
+            memcpy(a, zmq_msg_data(&addr), n);
+            a[n] = 0;
+            for (size_t i = 0; i < n; i++) /* a log line, not a terminal escape */
+                if ((unsigned char)a[i] < 0x20 || (unsigned char)a[i] >= 0x7f)
+                    a[i] = '?';
+        }
+        if (*nrefused < 20 || *nrefused % 1000 == 0)
+            SHOAL_WARN("refused a connection from %s: %s (0x%x)%s", a,
+                       val == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+                           ? "handshake failed: the client does not speak CURVE (plain TCP?)"
+                           : "handshake failed",
+                       (unsigned)val, *nrefused >= 20 ? " (counting; logged every 1000th)" : "");
+        (*nrefused)++;
+        zmq_msg_close(&ev);
+        zmq_msg_close(&addr);
+    }
+}
+
 typedef struct {
     shoal_k3cfg cfg;
     shoal_st *st;
@@ -176,7 +221,7 @@ typedef struct {
     shoal_bank *bank;
     shoal_store *store;
     shoal_serve *srv;
-    void *zctx, *sock;
+    void *zctx, *sock, *mon;
     shoal_curve_zap *zap;
     qreq *q;
     shoal_wmetrics *wm;
@@ -190,6 +235,8 @@ typedef struct {
 
 static void server_free(server *s)
 {
+    if (s->mon)
+        zmq_close(s->mon);
     if (s->sock)
         zmq_close(s->sock);
     shoal_curve_zap_stop(s->zap);
@@ -249,8 +296,8 @@ static int load_trunk(server *s, const char *dir, const char *spec, char *err, s
  * only some experts, so its fingerprint is the one recorded in its manifest
  * (computed by `shoal pack` from the full model's headers); its files' sizes
  * are always checked, their BLAKE2b checksums with verify. */
-static int load_model(server *s, const char *dir, int map, int verify, uint8_t fp[SHOAL_PROTO_FP_BYTES], char *err,
-                      size_t errlen)
+static int load_model_files(server *s, const char *dir, int map, int verify, uint8_t fp[SHOAL_PROTO_FP_BYTES],
+                            char *err, size_t errlen)
 {
     char path[4096];
     shoal_packfile pk = {0};
@@ -278,6 +325,16 @@ static int load_model(server *s, const char *dir, int map, int verify, uint8_t f
     if ((rc = shoal_st_open(&s->st, dir, &so, err, errlen)))
         return rc;
     return pack ? 0 : shoal_fprint_model(fp, &s->cfg, s->st, err, errlen);
+}
+
+/* Every failure to load the model is "invalid model" (exit 3), whatever the
+ * system error under it (a missing shard, a read error), except a usage
+ * mistake (--verify on a directory that is no pack: exit 2). */
+static int load_model(server *s, const char *dir, int map, int verify, uint8_t fp[SHOAL_PROTO_FP_BYTES], char *err,
+                      size_t errlen)
+{
+    int rc = load_model_files(s, dir, map, verify, fp, err, errlen);
+    return rc && shoal_err_exit_code(rc) == 4 ? SHOAL_EMODEL : rc;
 }
 
 /* The memory plan, printed before the cache is allocated; a preset becomes a
@@ -351,7 +408,7 @@ static int setup_curve(server *s, const shoal_expert_server_opts *o, char *err, 
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "--curve-secret needs --curve-allow FILE (coordinator keys)");
     if ((rc = shoal_curve_read_pair(&kp, o->curve_secret, err, errlen)) ||
         (rc = shoal_curve_read_allow(&keys, &n, o->curve_allow, err, errlen)))
-        return rc;
+        return SHOAL_EINVAL; /* files named by flags: a usage mistake (exit 2) */
     rc = shoal_curve_zap_start(&s->zap, s->zctx, (const char(*)[SHOAL_CURVE_Z85])keys, n, err, errlen);
     free(keys);
     if (!rc)
@@ -409,6 +466,8 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                    ss.direct ? "O_DIRECT" : "buffered");
     } else if ((rc = shoal_bank_open(&s.bank, s.st, &s.cfg, s.own, err, errlen))) {
         goto out;
+    } else {
+        shoal_bank_guard(s.bank); /* a shard truncated under the mapping: a named exit, never a silent one */
     }
     uint64_t owned_bytes = s.store ? shoal_store_bytes(s.store) : s.bank ? shoal_bank_bytes(s.bank) : 0;
     if (o->threads > 0)
@@ -438,8 +497,9 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                            .k = s.cfg.experts_per_token, .max_tokens = o->max_tokens > 0 ? o->max_tokens : 1024,
                            .isa = shoal_isa_name(shoal_kernels_isa()), .threads = omp_get_max_threads(),
                            .mem_total = mem_total(), .metrics = s.wm, .delay_us = o->delay_us,
-                           .skip_compute = o->skip_compute, .store = s.store, .prefetch = !o->no_prefetch,
-                           .trunk = s.trunk, .tmat = s.tmat, .ntrunk = s.ntrunk, .trunk_fp = s.trunk_fp};
+                           .skip_compute = o->skip_compute, .refuse_shutdown = o->refuse_shutdown, .store = s.store,
+                           .prefetch = !o->no_prefetch, .trunk = s.trunk, .tmat = s.tmat, .ntrunk = s.ntrunk,
+                           .trunk_fp = s.trunk_fp};
     if ((rc = shoal_serve_open(&s.srv, &so, s.bank, err, errlen)))
         goto out;
     if (o->skip_compute)
@@ -465,6 +525,20 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     zmq_setsockopt(s.sock, ZMQ_RCVTIMEO, &rcvtimeo, sizeof rcvtimeo);
     if (o->curve_secret && (rc = setup_curve(&s, o, err, errlen)))
         goto out;
+    if (o->curve_secret) {
+        int lz = 0;
+        if (zmq_socket_monitor(s.sock, "inproc://shoal-worker-monitor",
+                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) ||
+            !(s.mon = zmq_socket(s.zctx, ZMQ_PAIR)) || zmq_setsockopt(s.mon, ZMQ_LINGER, &lz, sizeof lz) ||
+            zmq_connect(s.mon, "inproc://shoal-worker-monitor")) {
+            rc = shoal_err_set(err, errlen, -errno, "socket monitor: %s", zmq_strerror(errno));
+            goto out;
+        }
+    } else if (shoal_curve_needed(o->listen)) {
+        SHOAL_WARN("--insecure: %s is plain TCP, neither encrypted nor authenticated: anyone who reaches it can use "
+                   "this worker and read the activations (trusted networks, tests and benchmarks only)",
+                   o->listen);
+    }
     if (zmq_bind(s.sock, o->listen)) {
         rc = shoal_err_set(err, errlen, -errno, "cannot listen on %s: %s", o->listen, zmq_strerror(errno));
         goto out;
@@ -482,8 +556,10 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
 
     s.q = shoal_xcalloc(QCAP, sizeof *s.q);
     int head = 0, count = 0, shutdown = 0;
-    uint64_t dropped = 0;
+    uint64_t dropped = 0, nrefused = 0, handled = 0;
     while (!shutdown && !(o->stop && *o->stop)) {
+        if (s.mon && (count == 0 || (handled & 255) == 0))
+            drain_monitor(s.mon, &nrefused);
         if (count == 0) { /* idle: block in the receive itself (ZMQ_RCVTIMEO), as cheap as a wait gets */
             int g = recv_one(s.sock, &s.q[head], 1);
             if (g < 0) {
@@ -503,6 +579,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
         handle(s.sock, s.srv, &s.q[head], 0, &shutdown, &dropped, s.wm);
         head = (head + 1) % QCAP;
         count--;
+        handled++;
     }
     /* stopping: what is queued (and what is already waiting) is refused, not computed */
     for (;;) {
@@ -593,6 +670,8 @@ static void usage(FILE *f)
                "  --io-threads N       concurrent expert reads (default 8)\n"
                "  --no-direct          buffered reads (no O_DIRECT)\n"
                "  --no-prefetch        ignore the coordinator's PREFETCH hints (read only on demand)\n"
+               "  --refuse-shutdown    answer SHUTDOWN with ERROR (what `shoal serve --workers N` gives its\n"
+               "                       workers: only the coordinator that started them stops them, by SIGTERM)\n"
                "  --print-fingerprint  print the model fingerprint (PROTOCOL.md section 5) and exit\n"
                "  --test-delay-ms N    (tests) sleep N ms before computing each batch\n"
                "  --bench-skip-compute (benchmarks) answer zeros instead of running the experts\n"
@@ -626,6 +705,7 @@ int shoal_cmd_expert(int argc, char **argv)
                                              {"io-threads", required_argument, 0, 'I'},
                                              {"no-direct", no_argument, 0, 'D'},
                                              {"no-prefetch", no_argument, 0, 'F'},
+                                             {"refuse-shutdown", no_argument, 0, 'R'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     shoal_expert_server_opts o = {.stop = &stop_flag};
@@ -680,6 +760,7 @@ int shoal_cmd_expert(int argc, char **argv)
         case 'Y': o.cache_policy = optarg; break;
         case 'D': o.no_direct = 1; break;
         case 'F': o.no_prefetch = 1; break;
+        case 'R': o.refuse_shutdown = 1; break;
         case 'G': {
             if (strspn(optarg, "abcdefghijklmnopqrstuvwxyz") == strlen(optarg)) {
                 o.cache_preset = optarg; /* checked by the server, with the model */
@@ -716,7 +797,7 @@ int shoal_cmd_expert(int argc, char **argv)
         server_free(&s);
         if (rc) {
             fprintf(stderr, "shoal expert: %s\n", err);
-            return 3;
+            return shoal_err_exit_code(rc);
         }
         char hex[65];
         shoal_proto_hex(fp, hex);
@@ -778,9 +859,7 @@ int shoal_cmd_expert(int argc, char **argv)
     shoal_planfile_free(&pf);
     if (rc) {
         SHOAL_ERROR("%s", err);
-        return rc == SHOAL_EINVAL ? 2
-               : (rc == SHOAL_ECONFIG || rc == SHOAL_EMODEL || rc == SHOAL_ERANGE || rc == SHOAL_EFINGERPRINT) ? 3
-                                                                                                           : 4;
+        return shoal_err_exit_code(rc);
     }
     return 0;
 }

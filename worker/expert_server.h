@@ -29,6 +29,7 @@ typedef struct {
      * expert FFNs (decode, checks, grouping, the reply all happen), so the cost
      * of the exchange itself can be measured. */
     int skip_compute;
+    int refuse_shutdown; /* --refuse-shutdown: no peer may stop this worker by message (PROTOCOL.md §3.3) */
     /* Prometheus /metrics (docs/METRICS.md) on metrics_host:metrics_port
      * (host NULL: 127.0.0.1); port 0: off. */
     int metrics_port;

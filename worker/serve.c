@@ -49,6 +49,7 @@ struct shoal_serve {
     shoal_proto_stats st;
     uint64_t t0_us;
     uint64_t logged_errors;
+    uint64_t hello_peers; /* connections that completed HELLO (for the log's rate limit) */
     int last_perr; /* ERROR code of the reply being built (0: not an ERROR) */
     float *tx;     /* [max_tokens * max trunk cols]: a TRUNK_BATCH's input, aligned */
     size_t tx_cap; /* floats */
@@ -146,11 +147,13 @@ static peer *peer_find(shoal_serve *s, const uint8_t *id, size_t len)
     return NULL;
 }
 
-static void peer_add(shoal_serve *s, const uint8_t *id, size_t len)
+/* 1 when id was not a peer yet */
+static int peer_add(shoal_serve *s, const uint8_t *id, size_t len)
 {
     if (len > sizeof s->peers[0].id)
         len = sizeof s->peers[0].id;
     peer *p = peer_find(s, id, len);
+    int fresh = !p;
     if (!p) {
         if (s->npeers < MAX_PEERS) { /* slots are taken in order and never freed */
             p = &s->peers[s->npeers++];
@@ -165,6 +168,7 @@ static void peer_add(shoal_serve *s, const uint8_t *id, size_t len)
         s->last_peer = p;
     }
     p->used = ++s->clock;
+    return fresh;
 }
 
 /* ---- replies -------------------------------------------------------------- */
@@ -239,8 +243,14 @@ static void do_hello(shoal_serve *s, const shoal_proto_msg *m, const uint8_t *pe
     if (shoal_proto_enc_hello(s->ctl, s->ctlcap, &len, m->rid, &r, 1))
         SHOAL_PANIC("HELLO reply does not fit its buffer");
     reply_ctl(rep, s, SHOAL_MSG_HELLO, len);
-    peer_add(s, peer_id, peerlen);
-    SHOAL_INFO("HELLO from '%s' (protocol %u.%u)", h->id, h->major, h->minor);
+    /* logged for a new connection only, and a peer opening connections in a
+     * loop must not flood the log: the first 20, then every 1000th */
+    if (peer_add(s, peer_id, peerlen)) {
+        if (s->hello_peers < 20 || s->hello_peers % 1000 == 0)
+            SHOAL_INFO("HELLO from '%s' (protocol %u.%u)%s", h->id, h->major, h->minor,
+                       s->hello_peers >= 20 ? " (new connections counted; logged every 1000th)" : "");
+        s->hello_peers++;
+    }
 }
 
 static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us, shoal_serve_alloc_fn alloc,
@@ -297,6 +307,13 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
         if (s->o.store ? !shoal_store_owns(s->o.store, layer, s->touched[i])
                        : !shoal_bank_get(s->bank, layer, s->touched[i]))
             missing = s->touched[i];
+    /* a mapped shard truncated under us: refuse by name instead of SIGBUS */
+    if (missing < 0 && !s->o.store && shoal_bank_check(s->bank, layer, s->touched, ntouched, msg, sizeof msg)) {
+        for (int i = 0; i < ntouched; i++)
+            s->cnt[s->touched[i]] = 0;
+        reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, msg);
+        return;
+    }
     uint8_t *y = missing < 0 ? alloc(actx, ylen) : NULL;
     if (!y) {
         for (int i = 0; i < ntouched; i++)
@@ -586,6 +603,12 @@ void shoal_serve_handle(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, 
         break;
     }
     case SHOAL_MSG_SHUTDOWN:
+        if (s->o.refuse_shutdown) { /* a local worker: only its parent stops it, by SIGTERM */
+            reply_error(s, rep, m.rid, SHOAL_PERR_UNKNOWN_TYPE,
+                        "SHUTDOWN refused: this worker was started by its coordinator (--refuse-shutdown), which "
+                        "stops it with SIGTERM");
+            break;
+        }
         shoal_proto_enc_empty(s->ctl, s->ctlcap, &len, SHOAL_MSG_SHUTDOWN_ACK, m.rid);
         reply_ctl(rep, s, SHOAL_MSG_SHUTDOWN_ACK, len);
         rep->shutdown = 1;

@@ -47,6 +47,7 @@ typedef struct {
     shoal_wmetrics *metrics;               /* optional (NULL): counters for /metrics; borrowed */
     unsigned delay_us;                     /* test hook: sleep before computing each EXPERT_BATCH */
     int skip_compute;                      /* benchmark hook: outputs zero instead of the expert FFNs */
+    int refuse_shutdown;                   /* 1: SHUTDOWN is answered ERROR UNKNOWN_TYPE (PROTOCOL.md §3.3) */
     /* Optional: the experts come from this RAM-budgeted store (worker/store.h)
      * instead of the bank, which is then NULL. Borrowed; one thread uses it. */
     shoal_store *store;

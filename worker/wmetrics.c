@@ -298,66 +298,78 @@ void shoal_wmetrics_write(shoal_wmetrics *wm, shoal_metrics_buf *b)
 
 /* ---- /metrics responder -------------------------------------------------- */
 
-static void send_all(int fd, const char *p, size_t n)
+/* The /metrics responder: one thread multiplexes up to MAX_CONNS connections
+ * with poll(2), all non-blocking. Each connection has one deadline for the
+ * whole exchange (CONN_DEADLINE_MS from accept: read the request head, write
+ * the answer), so a client that drips a byte a second, or never reads,
+ * holds only its own slot and only until its deadline; every other scrape is
+ * answered meanwhile. When every slot is taken, the oldest connection is
+ * closed to make room for the new one. */
+#define MAX_CONNS 16
+#define CONN_DEADLINE_MS 2000
+#define REQ_MAX 8192
+
+typedef struct {
+    int fd;            /* -1: free */
+    uint64_t deadline; /* ms, monotonic */
+    uint64_t opened;   /* ms, for "the oldest" */
+    size_t len;        /* request bytes read */
+    char req[REQ_MAX];
+    char *out;         /* the answer (owned), out_len bytes, out_off sent */
+    size_t out_len, out_off;
+} conn;
+
+static uint64_t mono_ms(void)
 {
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return;
-        p += w;
-        n -= (size_t)w;
-    }
+    return shoal_metrics_now_ns() / 1000000u;
 }
 
-static void respond(int fd, int status, const char *reason, const char *ctype, const char *body, size_t blen)
+static void conn_close(conn *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    free(c->out);
+    c->fd = -1;
+    c->out = NULL;
+    c->len = c->out_len = c->out_off = 0;
+}
+
+static void respond(conn *c, int status, const char *reason, const char *ctype, const char *body, size_t blen)
 {
     char hdr[256];
     int n = snprintf(hdr, sizeof hdr,
                      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", status,
                      reason, ctype, blen);
-    send_all(fd, hdr, (size_t)n);
-    send_all(fd, body, blen);
+    c->out = shoal_xmalloc((size_t)n + blen);
+    memcpy(c->out, hdr, (size_t)n);
+    if (blen)
+        memcpy(c->out + n, body, blen);
+    c->out_len = (size_t)n + blen;
+    c->out_off = 0;
 }
 
-/* One connection: read the request head (8 KiB at most, 2 s at most), answer,
- * close. Only the request line matters. */
-static void serve_conn(shoal_wmetrics *wm, int fd)
+/* The request head is complete (or the buffer full, or the peer half-closed):
+ * build the answer. Only the request line matters. */
+static void answer(shoal_wmetrics *wm, conn *c)
 {
-    struct timeval tv = {.tv_sec = 2};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    char req[8192];
-    size_t len = 0;
-    while (len < sizeof req - 1) {
-        ssize_t r = recv(fd, req + len, sizeof req - 1 - len, 0);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        len += (size_t)r;
-        req[len] = 0;
-        if (strstr(req, "\r\n\r\n") || strstr(req, "\n\n"))
-            break;
-    }
-    req[len] = 0;
+    char *req = c->req;
+    req[c->len] = 0;
     char *eol = strpbrk(req, "\r\n");
     if (!eol) {
         static const char m[] = "bad request\n";
-        respond(fd, 400, "Bad Request", "text/plain", m, sizeof m - 1);
+        respond(c, 400, "Bad Request", "text/plain", m, sizeof m - 1);
         return;
     }
     *eol = 0;
     char method[16], path[1024], version[16];
     if (sscanf(req, "%15s %1023s %15s", method, path, version) != 3 || strncmp(version, "HTTP/1.", 7)) {
         static const char m[] = "bad request\n";
-        respond(fd, 400, "Bad Request", "text/plain", m, sizeof m - 1);
+        respond(c, 400, "Bad Request", "text/plain", m, sizeof m - 1);
         return;
     }
     if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
         static const char m[] = "only GET\n";
-        respond(fd, 405, "Method Not Allowed", "text/plain", m, sizeof m - 1);
+        respond(c, 405, "Method Not Allowed", "text/plain", m, sizeof m - 1);
         return;
     }
     char *q = strchr(path, '?');
@@ -365,30 +377,109 @@ static void serve_conn(shoal_wmetrics *wm, int fd)
         *q = 0;
     if (strcmp(path, "/metrics")) {
         static const char m[] = "not found: try /metrics\n";
-        respond(fd, 404, "Not Found", "text/plain", m, sizeof m - 1);
+        respond(c, 404, "Not Found", "text/plain", m, sizeof m - 1);
         return;
     }
     shoal_metrics_buf b = {0};
     shoal_wmetrics_write(wm, &b);
-    respond(fd, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", strcmp(method, "HEAD") ? b.p : "",
-            strcmp(method, "HEAD") ? b.len : 0);
+    int head = !strcmp(method, "HEAD");
+    respond(c, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", head ? "" : b.p, head ? 0 : b.len);
     shoal_metrics_buf_free(&b);
+}
+
+static int head_complete(const conn *c)
+{
+    return strstr(c->req, "\r\n\r\n") || strstr(c->req, "\n\n");
+}
+
+/* Progress on one ready connection; closes it when done or failed. */
+static void conn_step(shoal_wmetrics *wm, conn *c, short revents)
+{
+    if (!c->out) {
+        if (!(revents & (POLLIN | POLLHUP | POLLERR)))
+            return;
+        ssize_t r = recv(c->fd, c->req + c->len, REQ_MAX - 1 - c->len, 0);
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+            return;
+        if (r < 0) {
+            conn_close(c);
+            return;
+        }
+        c->len += (size_t)r;
+        c->req[c->len] = 0;
+        if (r > 0 && !head_complete(c) && c->len < REQ_MAX - 1)
+            return;
+        answer(wm, c); /* complete, full, or half-closed: answer what came */
+    }
+    while (c->out_off < c->out_len) {
+        ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+            return; /* POLLOUT later */
+        if (w <= 0) {
+            conn_close(c);
+            return;
+        }
+        c->out_off += (size_t)w;
+    }
+    conn_close(c);
 }
 
 static void *http_main(void *arg)
 {
     shoal_wmetrics *wm = arg;
+    conn *cs = shoal_xcalloc(MAX_CONNS, sizeof *cs);
+    for (int i = 0; i < MAX_CONNS; i++)
+        cs[i].fd = -1;
+    struct pollfd p[MAX_CONNS + 1];
+    int idx[MAX_CONNS + 1];
     while (!atomic_load(&wm->stop)) {
-        struct pollfd p = {.fd = wm->lfd, .events = POLLIN};
-        int r = poll(&p, 1, 200);
+        uint64_t now = mono_ms();
+        int np = 0, timeout = 200; /* the stop flag's tick */
+        p[np++] = (struct pollfd){.fd = wm->lfd, .events = POLLIN};
+        for (int i = 0; i < MAX_CONNS; i++) {
+            if (cs[i].fd < 0)
+                continue;
+            if (now >= cs[i].deadline) { /* the whole exchange ran out of time */
+                conn_close(&cs[i]);
+                continue;
+            }
+            int left = (int)(cs[i].deadline - now);
+            if (left < timeout)
+                timeout = left;
+            idx[np] = i;
+            p[np++] = (struct pollfd){.fd = cs[i].fd, .events = cs[i].out ? POLLOUT : POLLIN};
+        }
+        int r = poll(p, (nfds_t)np, timeout);
         if (r <= 0)
             continue;
-        int fd = accept(wm->lfd, NULL, NULL);
-        if (fd < 0)
-            continue;
-        serve_conn(wm, fd);
-        close(fd);
+        for (int k = 1; k < np; k++)
+            if (p[k].revents)
+                conn_step(wm, &cs[idx[k]], p[k].revents);
+        if (p[0].revents & POLLIN) {
+            int fd = accept4(wm->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd < 0)
+                continue;
+            conn *slot = NULL, *oldest = NULL;
+            for (int i = 0; i < MAX_CONNS && !slot; i++) {
+                if (cs[i].fd < 0)
+                    slot = &cs[i];
+                else if (!oldest || cs[i].opened < oldest->opened)
+                    oldest = &cs[i];
+            }
+            if (!slot) { /* full: the oldest goes (it is the likeliest to be stuck) */
+                conn_close(oldest);
+                slot = oldest;
+            }
+            slot->fd = fd;
+            slot->opened = mono_ms();
+            slot->deadline = slot->opened + CONN_DEADLINE_MS;
+            slot->len = 0;
+            slot->req[0] = 0;
+        }
     }
+    for (int i = 0; i < MAX_CONNS; i++)
+        conn_close(&cs[i]);
+    free(cs);
     return NULL;
 }
 

@@ -61,7 +61,7 @@ void shoal_api_req_free(shoal_api_req *r);
 typedef struct {
     char name[128];  /* endpoint, e.g. "tcp://127.0.0.1:5601" */
     int up;          /* answered its last check */
-    char state[512]; /* free text: "ready", "down: timeout", ... (room for a whole fingerprint message) */
+    char state[640]; /* free text: "ready", "down: timeout", ...; room for a 512-byte reason and counts */
 } shoal_api_worker;
 
 typedef struct shoal_api shoal_api;

@@ -190,6 +190,28 @@ static int plan_endpoints(const char *path, const uint8_t *fp, shoal_planfile *p
     return 0;
 }
 
+/* An endpoint the client can connect to: tcp://HOST:PORT (PORT 1..65535) or
+ * ipc://PATH, refused naming it before anything else (a wrong scheme would
+ * otherwise surface as a CURVE or connection error). */
+static int check_endpoint(const char *ep, char *err, size_t errlen)
+{
+    if (!strncmp(ep, "ipc://", 6) && ep[6])
+        return 0;
+    if (!strncmp(ep, "tcp://", 6)) {
+        const char *colon = strrchr(ep + 6, ':');
+        char *end = NULL;
+        long port = colon ? strtol(colon + 1, &end, 10) : 0;
+        if (colon && colon > ep + 6 && end && !*end && colon[1] && port >= 1 && port <= 65535)
+            return 0;
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert worker %.200s: expected tcp://HOST:PORT (port 1..65535)",
+                             ep);
+    }
+    const char *sep = strstr(ep, "://");
+    return shoal_err_set(err, errlen, SHOAL_EINVAL,
+                         "expert worker %.200s: unknown endpoint scheme '%.*s' (tcp://HOST:PORT or ipc:///PATH)", ep,
+                         sep ? (int)(sep - ep < 32 ? sep - ep : 32) : 0, ep);
+}
+
 /* Per worker, the pinned CURVE public key (NULL for ipc:// or --insecure);
  * refuses a tcp:// worker without one unless --insecure. */
 static int curve_keys(const shoal_dist_opts *o, const char *const *eps, int n, const shoal_planfile *pf,
@@ -198,17 +220,25 @@ static int curve_keys(const shoal_dist_opts *o, const char *const *eps, int n, c
 {
     int rc;
     *any = 0;
+    for (int i = 0; i < n; i++)
+        if ((rc = check_endpoint(eps[i], err, errlen)))
+            return rc;
     if (o->curve_secret && o->insecure)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "--insecure-workers and --curve-secret are exclusive");
     if (o->nworker_key && (o->plan || o->nworker_key != o->nworker))
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "--worker-key: give one per --worker (%d), in the same order",
                              o->nworker);
     if (o->curve_secret && (rc = shoal_curve_read_pair(kp, o->curve_secret, err, errlen)))
-        return rc;
+        return SHOAL_EINVAL; /* a file named by a flag: a usage mistake (exit 2) */
     for (int i = 0; i < n; i++) {
         pk[i] = NULL;
-        if (!shoal_curve_needed(eps[i]) || o->insecure)
+        if (!shoal_curve_needed(eps[i]))
             continue;
+        if (o->insecure) {
+            SHOAL_WARN("--insecure-workers: the link to expert worker %s is plain TCP, neither encrypted nor "
+                       "authenticated (trusted networks, tests and benchmarks only)", eps[i]);
+            continue;
+        }
         const char *file = NULL;
         char path[4096];
         if (pf && o->curve_keys) {
@@ -223,7 +253,7 @@ static int curve_keys(const shoal_dist_opts *o, const char *const *eps, int n, c
                                  "--insecure-workers for plain TCP",
                                  eps[i], pf ? "--curve-keys DIR" : "--worker-key FILE");
         if ((rc = shoal_curve_read_public(keys[i], file, err, errlen)))
-            return rc;
+            return SHOAL_EINVAL; /* a file named by a flag: a usage mistake (exit 2) */
         pk[i] = keys[i];
         *any = 1;
     }

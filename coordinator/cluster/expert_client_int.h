@@ -74,6 +74,7 @@ typedef struct {
     atomic_ullong arr_ns;
     uint64_t probe_rid;       /* rid of the first HELLO sent since it went down (0: none yet) */
     uint64_t downs, recoveries;
+    uint64_t refusals;        /* re-HELLOs refused again for the reason already logged (counted, not logged) */
     /* request (forward thread) */
     uint8_t ctl[64];
     size_t ctl_len;

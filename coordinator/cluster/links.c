@@ -18,7 +18,10 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <netdb.h>
 #include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -221,6 +224,46 @@ static int trunk_place(shoal_expert_client *c, char *err, size_t errlen)
 
 /* Connect every worker, send HELLO as soon as its connection is up, collect
  * every reply before the deadline. */
+/* Why a worker never connected, for the HELLO deadline's message: the host
+ * does not resolve (named, with the resolver's error), or nothing listens
+ * there, or (ipc) there is no socket at the path. Only on that error path, so
+ * the resolver's own timeout is not on any request's way. */
+static void unconnected_why(const char *ep, char *why, size_t n)
+{
+    if (!strncmp(ep, "tcp://", 6)) {
+        char host[256];
+        const char *colon = strrchr(ep + 6, ':');
+        size_t hl = colon ? (size_t)(colon - (ep + 6)) : strlen(ep + 6);
+        if (hl >= sizeof host)
+            hl = sizeof host - 1;
+        memcpy(host, ep + 6, hl);
+        host[hl] = 0;
+        if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') { /* [v6] */
+            memmove(host, host + 1, hl - 2);
+            host[hl - 2] = 0;
+        }
+        struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+        int g = getaddrinfo(host, colon ? colon + 1 : NULL, &hints, &ai);
+        if (g) {
+            snprintf(why, n, "not connected: host '%.200s' does not resolve: %s", host, gai_strerror(g));
+            return;
+        }
+        freeaddrinfo(ai);
+        snprintf(why, n, "not connected: '%.200s' resolves, but no connection was accepted on port %s", host,
+                 colon ? colon + 1 : "?");
+        return;
+    }
+    if (!strncmp(ep, "ipc://", 6) && ep[6] != '@') {
+        struct stat sb;
+        if (stat(ep + 6, &sb))
+            snprintf(why, n, "not connected: no socket at %.200s: %s", ep + 6, strerror(errno));
+        else
+            snprintf(why, n, "not connected: %.200s exists, but no connection was accepted", ep + 6);
+        return;
+    }
+    snprintf(why, n, "not connected");
+}
+
 static int hello_all(shoal_expert_client *c, char *err, size_t errlen)
 {
     int hello_ms = c->o.hello_timeout_ms > 0 ? c->o.hello_timeout_ms : 60000;
@@ -236,9 +279,12 @@ static int hello_all(shoal_expert_client *c, char *err, size_t errlen)
             at += (size_t)snprintf(err, errlen, "no HELLO within %d ms from expert worker%s:", hello_ms,
                                    c->nw - ngot > 1 ? "s" : "");
             for (int i = 0; i < c->nw && at < errlen; i++)
-                if (!got[i])
+                if (!got[i]) {
+                    char why[320];
+                    unconnected_why(c->w[i].endpoint, why, sizeof why);
                     at += (size_t)snprintf(err + at, errlen - at, " %s (%s)", c->w[i].endpoint,
-                                           sent[i] ? "connected, no answer" : "not connected");
+                                           sent[i] ? "connected, no answer" : why);
+                }
             rc = SHOAL_ETIMEOUT;
             break;
         }
@@ -475,6 +521,31 @@ static void format_trows(const shoal_proto_trows *t, size_t n, char *out, size_t
     }
 }
 
+/* A reconnection refused for `why`: logged (by the keeper) the first time
+ * and whenever the reason changes; the same refusal again, every backoff
+ * period, is only counted (shown when the reason changes or the worker comes
+ * back). */
+static void refused(shoal_expert_client *c, shoal__ec_worker *w, const char *why)
+{
+    pthread_mutex_lock(&c->wmu);
+    int same = !strcmp(w->why, why);
+    if (!same)
+        snprintf(w->why, sizeof w->why, "%s", why);
+    if (same)
+        w->refusals++; /* under wmu: worker_up shows it */
+    pthread_mutex_unlock(&c->wmu);
+    if (!same) {
+        pthread_mutex_lock(&c->wmu);
+        uint64_t before = w->refusals;
+        w->refusals = 0;
+        pthread_mutex_unlock(&c->wmu);
+        if (before)
+            SHOAL_WARN("expert worker %s: the previous refusal repeated %llu more times", w->name,
+                       (unsigned long long)before);
+        w->logged = 0;
+    }
+}
+
 /* A message from a worker outside a request (the keeper; smu held). */
 static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, int truncated)
 {
@@ -502,36 +573,30 @@ static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np,
          * comes back with others would be sent rows it does not own (or leave
          * rows uncomputed), so it is refused like one with other experts */
         int same_trunk = !c->o.trunk_role || same_trows(m.hello.trunk, m.hello.ntrunk, w->trunk, w->ntrunk);
+        char r[sizeof w->why];
         if (check_hello(c, w->name, &m.hello, err, sizeof err)) {
-            pthread_mutex_lock(&c->wmu);
-            snprintf(w->why, sizeof w->why, "refused on reconnection: %.450s", err);
-            pthread_mutex_unlock(&c->wmu);
-            w->logged = 0;
+            snprintf(r, sizeof r, "refused on reconnection: %.450s", err);
+            refused(c, w, r);
         } else if (!same) {
             char a[256], b[256];
             shoal_shard_format(w->owned, w->nowned, a, sizeof a);
             shoal_shard_format(m.hello.owned, m.hello.nowned, b, sizeof b);
-            pthread_mutex_lock(&c->wmu);
-            snprintf(w->why, sizeof w->why, "refused on reconnection: it now owns %.200s, not %.200s", b, a);
-            pthread_mutex_unlock(&c->wmu);
-            w->logged = 0;
+            snprintf(r, sizeof r, "refused on reconnection: it now owns %.200s, not %.200s", b, a);
+            refused(c, w, r);
         } else if (!same_trunk) {
             char a[200], b[200];
             format_trows(w->trunk, w->ntrunk, a, sizeof a);
             format_trows(m.hello.trunk, m.hello.ntrunk, b, sizeof b);
-            pthread_mutex_lock(&c->wmu);
-            snprintf(w->why, sizeof w->why, "refused on reconnection: it now owns trunk rows %.200s, not %.200s", b, a);
-            pthread_mutex_unlock(&c->wmu);
-            w->logged = 0;
+            snprintf(r, sizeof r, "refused on reconnection: it now owns trunk rows %.200s, not %.200s", b, a);
+            refused(c, w, r);
         } else if (warm_send(c, w, WARM_PINGS) == 0) {
             atomic_store(&w->link, W_WARM);
         }
     } else if (link == W_DOWN && probe_err) {
-        pthread_mutex_lock(&c->wmu);
-        snprintf(w->why, sizeof w->why, "refused HELLO on reconnection: %s: %.400s", shoal_perr_name((int)m.error.code),
+        char r[sizeof w->why];
+        snprintf(r, sizeof r, "refused HELLO on reconnection: %s: %.400s", shoal_perr_name((int)m.error.code),
                  m.error.message);
-        pthread_mutex_unlock(&c->wmu);
-        w->logged = 0;
+        refused(c, w, r);
     } else if (link == W_WARM && m.type == SHOAL_MSG_PONG && --w->warm_left == 0) {
         atomic_store(&w->link, W_UP);
         w->recoveries++;
@@ -562,9 +627,17 @@ static unsigned keeper_pass(shoal_expert_client *c)
             w->logged = 1;
             if (link == W_DOWN)
                 SHOAL_WARN("expert worker %s is down: %s; reconnecting in the background", w->name, w->why);
-            else if (link == W_UP)
+            else if (link == W_UP) {
                 SHOAL_INFO("expert worker %s is back (re-verified HELLO) after %.1f s", w->name,
                            (double)(now - w->down_us) * 1e-6);
+                pthread_mutex_lock(&c->wmu);
+                uint64_t before = w->refusals;
+                w->refusals = 0;
+                pthread_mutex_unlock(&c->wmu);
+                if (before)
+                    SHOAL_INFO("expert worker %s: its last refusal had repeated %llu more times", w->name,
+                               (unsigned long long)before);
+            }
         }
         if (link == W_DOWN) {
             if (now >= w->next_probe_us) {
@@ -882,8 +955,11 @@ int shoal_expert_client_worker_up(shoal_expert_client *c, int i, char *why, size
         return 0;
     pthread_mutex_lock(&c->wmu);
     int link = atomic_load(&c->w[i].link);
-    if (why && whylen)
-        snprintf(why, whylen, "%s", link == W_UP ? "up" : link == W_WARM ? "reconnecting (warming up)" : c->w[i].why);
+    if (why && whylen) {
+        int n = snprintf(why, whylen, "%s", link == W_UP ? "up" : link == W_WARM ? "reconnecting (warming up)" : c->w[i].why);
+        if (link == W_DOWN && c->w[i].refusals && n >= 0 && (size_t)n < whylen)
+            snprintf(why + n, whylen - (size_t)n, " (%llu times)", (unsigned long long)c->w[i].refusals + 1);
+    }
     pthread_mutex_unlock(&c->wmu);
     return link == W_UP;
 }

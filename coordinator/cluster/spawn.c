@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,7 +30,36 @@ struct shoal_spawn {
     child *c;
     const char **eps;
     pid_t pgid;
+    char dir[96]; /* the 0700 directory of the workers' ipc sockets ("" before mkdtemp) */
 };
+
+/* The private directory of the local workers' sockets: $XDG_RUNTIME_DIR (a
+ * per-user 0700 tmpfs) or /tmp, then mkdtemp, which creates it 0700. Path
+ * sockets in it are reachable only by this user (and root); abstract sockets
+ * (ipc://@name) have no permissions at all and are never used. */
+static int make_socket_dir(char *dir, size_t cap, char *err, size_t errlen)
+{
+    const char *base = getenv("XDG_RUNTIME_DIR");
+    struct stat sb;
+    /* the base must be a directory we own, and short enough for sun_path (108) */
+    if (!base || base[0] != '/' || strlen(base) > 48 || stat(base, &sb) || !S_ISDIR(sb.st_mode) ||
+        sb.st_uid != geteuid())
+        base = "/tmp";
+    snprintf(dir, cap, "%s/shoal-XXXXXX", base);
+    if (!mkdtemp(dir)) {
+        int e = errno;
+        dir[0] = 0;
+        return shoal_err_set(err, errlen, -e, "cannot create the local workers' socket directory under %s: %s", base,
+                             strerror(e));
+    }
+    if (chmod(dir, 0700)) { /* mkdtemp makes it 0700; say so whatever the umask */
+        int e = errno;
+        rmdir(dir);
+        dir[0] = 0;
+        return shoal_err_set(err, errlen, -e, "chmod 0700 %s: %s", dir, strerror(e));
+    }
+    return 0;
+}
 
 static void reap(child *c, int block)
 {
@@ -78,7 +108,11 @@ int shoal_spawn_start(shoal_spawn **out, const shoal_spawn_opts *o, const shoal_
     s->n = o->n;
     s->c = shoal_xcalloc((size_t)o->n, sizeof *s->c);
     s->eps = shoal_xcalloc((size_t)o->n, sizeof *s->eps);
-    unsigned tag = (unsigned)time(NULL) ^ (unsigned)getpid() << 8;
+    int drc = make_socket_dir(s->dir, sizeof s->dir, err, errlen);
+    if (drc) {
+        shoal_spawn_stop(s);
+        return drc;
+    }
     for (int i = 0; i < o->n; i++) {
         child *c = &s->c[i];
         shoal_proto_range *r;
@@ -96,7 +130,7 @@ int shoal_spawn_start(shoal_spawn **out, const shoal_spawn_opts *o, const shoal_
             shoal_spawn_stop(s);
             return shoal_err_set(err, errlen, rc, "cannot format the ranges of worker %d", i);
         }
-        snprintf(c->endpoint, sizeof c->endpoint, "ipc://@shoal-%d-%08x-w%d", (int)getpid(), tag, i);
+        snprintf(c->endpoint, sizeof c->endpoint, "ipc://%s/w%d.sock", s->dir, i);
         snprintf(c->id, sizeof c->id, "w%d", i);
         s->eps[i] = c->endpoint;
     }
@@ -105,7 +139,7 @@ int shoal_spawn_start(shoal_spawn **out, const shoal_spawn_opts *o, const shoal_
         child *c = &s->c[i];
         char *argv[] = {exe,         "expert",        "--model",  (char *)o->model, "--experts", c->ranges,
                         "--listen",  c->endpoint,     "--id",     c->id,            "--threads", threads_s,
-                        "--max-tokens", maxtok_s, NULL};
+                        "--max-tokens", maxtok_s, "--refuse-shutdown", NULL};
         int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
         pid_t pid = fork();
         if (pid < 0) {
@@ -202,8 +236,12 @@ void shoal_spawn_stop(shoal_spawn *s)
             describe(c, how, sizeof how);
             SHOAL_WARN("local expert worker %s ended with %s", c->id, how);
         }
+        if (s->dir[0] && !strncmp(c->endpoint, "ipc://", 6))
+            unlink(c->endpoint + 6); /* the worker removes it on a clean exit; not after SIGKILL */
         free(c->ranges);
     }
+    if (s->dir[0] && rmdir(s->dir))
+        SHOAL_WARN("cannot remove the local workers' socket directory %s: %s", s->dir, strerror(errno));
     free(s->c);
     free(s->eps);
     free(s);

@@ -54,6 +54,82 @@ static int valid_name(const char *s)
     return 1;
 }
 
+/* An ssh user name (POSIX portable: [A-Za-z0-9._-], not starting with '-'):
+ * it is written into the Ansible inventory, so nothing else may pass. */
+static int valid_user(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || s[0] == '-')
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '-' && s[i] != '_' && s[i] != '.')
+            return 0;
+    return 1;
+}
+
+/* A host name or an IP address (v4, v6 with an optional %zone): letters,
+ * digits and . - : % _ only. */
+static int valid_address(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || s[0] == '-')
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && !strchr(".-:%_", s[i]))
+            return 0;
+    return 1;
+}
+
+/* Every string anywhere in the manifest (values and keys): no control
+ * character (a newline or a NUL would forge lines of what is written from
+ * it), and valid UTF-8 (jansson checks that). The path of the first
+ * offending field is written into field. */
+static int find_control(json_t *v, char *field, size_t cap, size_t at)
+{
+    if (json_is_string(v)) {
+        const char *s = json_string_value(v);
+        size_t n = json_string_length(v);
+        for (size_t i = 0; i < n; i++)
+            if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+                return 1;
+        return 0;
+    }
+    if (json_is_object(v)) {
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x) {
+            int l = snprintf(field + at, at < cap ? cap - at : 0, "%s%.40s", at ? "." : "", k);
+            size_t next = at + (l > 0 ? (size_t)l : 0);
+            if (next >= cap)
+                next = cap - 1;
+            for (const char *c = k; *c; c++)
+                if ((unsigned char)*c < 0x20 || *c == 0x7f) {
+                    field[at] = 0;
+                    snprintf(field + at, cap - at, "%s(a key)", at ? "." : "");
+                    return 1;
+                }
+            if (find_control(x, field, cap, next))
+                return 1;
+        }
+        field[at] = 0;
+        return 0;
+    }
+    if (json_is_array(v)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) {
+            int l = snprintf(field + at, at < cap ? cap - at : 0, "[%zu]", i);
+            size_t next = at + (l > 0 ? (size_t)l : 0);
+            if (next >= cap)
+                next = cap - 1;
+            if (find_control(x, field, cap, next))
+                return 1;
+        }
+        field[at] = 0;
+    }
+    return 0;
+}
+
 static int get_bytes(json_t *v, uint64_t *out)
 {
     if (json_is_integer(v)) {
@@ -81,6 +157,10 @@ static int parse_root(shoal_plan_cluster *c, json_t *root, const char *what, cha
     json_t *hosts = json_object_get(root, "hosts"), *coord = json_object_get(root, "coordinator");
     if (!json_is_object(root) || !json_is_string(fmt) || strcmp(json_string_value(fmt), "shoal-cluster"))
         return shoal_err_set(err, errlen, SHOAL_EFORMAT, "cluster %s: \"format\" must be \"shoal-cluster\"", what);
+    char field[256] = "";
+    if (find_control(root, field, sizeof field, 0))
+        return shoal_err_set(err, errlen, SHOAL_EFORMAT, "cluster %s: %s: a control character (e.g. a line break) in a "
+                             "string", what, field);
     if (!json_is_integer(ver) || json_integer_value(ver) != 1)
         return shoal_err_set(err, errlen, SHOAL_EFORMAT, "cluster %s: \"version\" must be the integer 1", what);
     if (get_int(json_object_get(root, "worker_port"), 1, 65535, &c->worker_port))
@@ -113,13 +193,16 @@ static int parse_root(shoal_plan_cluster *c, json_t *root, const char *what, cha
                 return shoal_err_set(err, errlen, SHOAL_EFORMAT, "cluster %s: host name \"%s\" appears twice", what,
                                      ph->name);
         if (!json_is_string(addr) || json_string_length(addr) == 0 || json_string_length(addr) >= sizeof ph->address ||
-            strpbrk(json_string_value(addr), " /\t\n"))
+            !valid_address(json_string_value(addr)))
             return shoal_err_set(err, errlen, SHOAL_EFORMAT,
                                  "cluster %s: hosts[%d] (%s).address must be a host name or IP address", what, i,
                                  ph->name);
         snprintf(ph->address, sizeof ph->address, "%s", json_string_value(addr));
-        if (!json_is_string(user) || json_string_length(user) == 0 || json_string_length(user) >= sizeof ph->ssh_user)
-            return shoal_err_set(err, errlen, SHOAL_EFORMAT, "cluster %s: hosts[%d] (%s).ssh_user must be a user name",
+        if (!json_is_string(user) || json_string_length(user) == 0 || json_string_length(user) >= sizeof ph->ssh_user ||
+            !valid_user(json_string_value(user)))
+            return shoal_err_set(err, errlen, SHOAL_EFORMAT,
+                                 "cluster %s: hosts[%d] (%s).ssh_user must be a user name ([A-Za-z0-9._-], not "
+                                 "starting with -)",
                                  what, i, ph->name);
         snprintf(ph->ssh_user, sizeof ph->ssh_user, "%s", json_string_value(user));
         if (get_int(json_object_get(h, "cpus"), 1, 65536, &ph->cpus))
@@ -174,9 +257,11 @@ int shoal_plan_cluster_parse(shoal_plan_cluster *c, const char *json, size_t len
 int shoal_plan_cluster_read(shoal_plan_cluster *c, const char *path, char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
-    FILE *f = fopen(path, "rb");
+    int orc = 0;
+    FILE *f = shoal_fopen_regular(path, &orc); /* a FIFO must not block the read */
     if (!f)
-        return shoal_err_set(err, errlen, -errno, "cluster %s: %s", path, strerror(errno));
+        return orc == SHOAL_EFORMAT ? shoal_err_set(err, errlen, SHOAL_EFORMAT, "cluster %s: not a regular file", path)
+                                    : shoal_err_set(err, errlen, orc, "cluster %s: %s", path, strerror(-orc));
     char *buf;
     size_t n;
     int rc = shoal_read_stream(f, 64u << 20, &buf, &n);

@@ -51,6 +51,36 @@ static void hex32(const uint8_t *b, char *out)
         sprintf(out + 2 * i, "%02x", b[i]);
 }
 
+/* s as a YAML double-quoted scalar: " and \\ escaped, any byte below 0x20
+ * or 0x7f as \\xNN (the manifest refuses them; the plan path may hold any). */
+static void yq(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20 || c == 0x7f)
+            fprintf(f, "\\x%02x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void inv_host(FILE *f, const shoal_plan_host *h, int worker)
+{
+    fputs("        ", f);
+    yq(f, h->name);
+    fputs(":\n          ansible_host: ", f);
+    yq(f, h->address);
+    fputs("\n          ansible_user: ", f);
+    yq(f, h->ssh_user);
+    fprintf(f, "\n          ansible_port: %d\n          shoal_cpus: %d\n", h->ssh_port, h->cpus);
+    if (worker)
+        fprintf(f, "          shoal_worker_port: %d\n", h->port);
+}
+
 static int write_inventory(const char *path, const shoal_plan_cluster *c, const char *plan_path)
 {
     FILE *f = fopen(path, "w");
@@ -59,22 +89,16 @@ static int write_inventory(const char *path, const shoal_plan_cluster *c, const 
         return -1;
     }
     const shoal_plan_host *co = &c->hosts[c->coordinator];
-    fprintf(f, "# Ansible inventory written by `shoal plan` from the cluster manifest (docs/DEPLOY.md).\n"
-               "all:\n  vars:\n    shoal_plan_file: \"%s\"\n    shoal_worker_port_default: %d\n"
-               "  children:\n    shoal_coordinator:\n      hosts:\n",
-            plan_path, c->worker_port);
-    fprintf(f, "        %s:\n          ansible_host: \"%s\"\n          ansible_user: \"%s\"\n          ansible_port: %d\n"
-               "          shoal_cpus: %d\n",
-            co->name, co->address, co->ssh_user, co->ssh_port, co->cpus);
+    /* every string quoted (yq), whatever the manifest's checks let through */
+    fputs("# Ansible inventory written by `shoal plan` from the cluster manifest (docs/DEPLOY.md).\n"
+          "all:\n  vars:\n    shoal_plan_file: ", f);
+    yq(f, plan_path);
+    fprintf(f, "\n    shoal_worker_port_default: %d\n  children:\n    shoal_coordinator:\n      hosts:\n", c->worker_port);
+    inv_host(f, co, 0);
     fprintf(f, "    shoal_workers:\n      hosts:\n");
-    for (int i = 0; i < c->nhosts; i++) {
-        const shoal_plan_host *h = &c->hosts[i];
-        if (!h->expert_ram)
-            continue;
-        fprintf(f, "        %s:\n          ansible_host: \"%s\"\n          ansible_user: \"%s\"\n          ansible_port: %d\n"
-                   "          shoal_cpus: %d\n          shoal_worker_port: %d\n",
-                h->name, h->address, h->ssh_user, h->ssh_port, h->cpus, h->port);
-    }
+    for (int i = 0; i < c->nhosts; i++)
+        if (c->hosts[i].expert_ram)
+            inv_host(f, &c->hosts[i], 1);
     int bad = ferror(f);
     if (fclose(f) || bad) {
         fprintf(stderr, "shoal plan: %s: write error\n", path);

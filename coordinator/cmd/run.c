@@ -373,7 +373,7 @@ int shoal_cmd_run(int argc, char **argv)
         shoal_model_close(m);
         free(prompt_ids);
         shoal_tok_close(tok);
-        return rc == SHOAL_EFINGERPRINT || rc == SHOAL_EVERSION || rc == SHOAL_ECONFIG || rc == SHOAL_ERANGE ? 3 : 4;
+        return shoal_err_exit_code(rc);
     }
     shoal_model_info info;
     shoal_model_get_info(m, &info);
@@ -471,7 +471,7 @@ int shoal_cmd_run(int argc, char **argv)
     shoal_cmetrics_get_totals(cm, &cm_prefill);
     if (rc) {
         fprintf(stderr, "shoal run: prefill failed: %s: %s\n", shoal_strerror(rc), err);
-        status = 4;
+        status = rc == SHOAL_EMODEL ? 3 : 4; /* e.g. non-finite logits: the model is invalid */
         goto done;
     }
     if (!json) {
@@ -509,7 +509,7 @@ int shoal_cmd_run(int argc, char **argv)
         decode_s += step_s[n_out - 1];
         if (rc) {
             fprintf(stderr, "shoal run: decode step %d failed: %s: %s\n", step + 1, shoal_strerror(rc), err);
-            status = 4;
+            status = rc == SHOAL_EMODEL ? 3 : 4;
             goto done;
         }
     }

@@ -85,7 +85,7 @@ static int workers_cb(void *ud, shoal_api_worker *w, int cap)
         shoal_cmetrics_worker_totals t;
         shoal_cmetrics_get_worker(c->cm, i, &t);
         snprintf(w[i].name, sizeof w[i].name, "%s", name ? name : "?");
-        char why[400]; /* a refusal names two fingerprints: not cut mid-way */
+        char why[512]; /* the client's whole reason (fingerprints are 64 hex digits each): never cut */
         w[i].up = shoal_dist_worker_up(c->dist, i, why, sizeof why);
         if (w[i].up)
             snprintf(w[i].state, sizeof w[i].state, "ready");
@@ -407,7 +407,7 @@ int shoal_cmd_serve(int argc, char **argv)
     /* every worker must answer its HELLO (and own its experts) before we serve */
     if (shoal_dist_enabled(&dopts) && (rc = shoal_dist_start(&ctx.dist, &dopts, model_dir, model, err, sizeof err))) {
         fprintf(stderr, "shoal serve: workers: %s\n", err);
-        status = 4;
+        status = shoal_err_exit_code(rc); /* as `shoal run`: a gap or a mismatch is 3, a usage mistake 2 */
         goto out;
     }
     shoal_cmetrics_opts cmo = {.num_layers = info.cfg->num_layers, .is_moe = info.cfg->is_moe,
@@ -482,7 +482,7 @@ int shoal_cmd_serve(int argc, char **argv)
     rc = shoal_http_open(&http, &ho, err, sizeof err);
     if (rc) {
         fprintf(stderr, "shoal serve: %s\n", err);
-        status = 4;
+        status = rc == SHOAL_EINVAL ? 2 : 4; /* a --host that is no address is a usage mistake */
         goto out;
     }
     shoal_api_set_http(api, http);

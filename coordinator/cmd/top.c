@@ -33,6 +33,7 @@
 
 typedef struct {
     char host[256], port[8], path[512];
+    const char *key; /* API key sent as "Authorization: Bearer KEY" (NULL: none); checked by key_ok */
 } url_t;
 
 static int parse_url(const char *u, url_t *out, char *err, size_t errlen)
@@ -106,6 +107,43 @@ static long dechunk(char *b, size_t n)
     }
 }
 
+#define MAX_KEY 4096
+
+/* A key goes into a header line: printable ASCII without spaces only (a CR or
+ * LF would let a key file inject headers), 1 .. MAX_KEY - 1 bytes. */
+static int key_ok(const char *k)
+{
+    size_t n = strlen(k);
+    if (!n || n >= MAX_KEY)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)k[i] <= 0x20 || (unsigned char)k[i] >= 0x7f)
+            return 0;
+    return 1;
+}
+
+/* The first line of path (without its line end) into out[cap]; 0 or -1 (printed). */
+static int read_key_file(const char *path, char *out, size_t cap)
+{
+    int rc = 0;
+    FILE *f = shoal_fopen_regular(path, &rc);
+    if (!f) {
+        fprintf(stderr, "shoal top: --api-key-file %s: %s\n", path,
+                rc == SHOAL_EFORMAT ? "not a regular file" : strerror(-rc));
+        return -1;
+    }
+    size_t n = fread(out, 1, cap - 1, f);
+    int more = fgetc(f) != EOF;
+    fclose(f);
+    out[n] = 0;
+    out[strcspn(out, "\r\n")] = 0;
+    if (more && strlen(out) == n) {
+        fprintf(stderr, "shoal top: --api-key-file %s: the key is longer than %zu bytes\n", path, cap - 2);
+        return -1;
+    }
+    return 0;
+}
+
 /* GET url; on success *body (malloc'd, NUL-terminated) and *blen. */
 static int http_get(const url_t *u, double timeout_s, char **body, size_t *blen, char *err, size_t errlen)
 {
@@ -137,11 +175,12 @@ static int http_get(const url_t *u, double timeout_s, char **body, size_t *blen,
     freeaddrinfo(ai);
     if (fd < 0)
         return shoal_err_set(err, errlen, SHOAL_EIO, "cannot connect to %s:%s", u->host, u->port);
-    char req[1024];
+    char req[1024 + MAX_KEY];
     int v6 = strchr(u->host, ':') != NULL;
     int rl = snprintf(req, sizeof req,
-                      "GET %s HTTP/1.1\r\nHost: %s%s%s:%s\r\nAccept: text/plain\r\nConnection: close\r\n\r\n",
-                      u->path, v6 ? "[" : "", u->host, v6 ? "]" : "", u->port);
+                      "GET %s HTTP/1.1\r\nHost: %s%s%s:%s\r\nAccept: text/plain\r\n%s%s%sConnection: close\r\n\r\n",
+                      u->path, v6 ? "[" : "", u->host, v6 ? "]" : "", u->port, u->key ? "Authorization: Bearer " : "",
+                      u->key ? u->key : "", u->key ? "\r\n" : "");
     size_t off = 0;
     while (off < (size_t)rl) {
         struct pollfd p = {.fd = fd, .events = POLLOUT};
@@ -498,6 +537,9 @@ static void usage(FILE *f)
                "  --interval S       refresh period of the live view (default 2)\n"
                "  --sort KEY         name, share, p50, p99, gbps, mem, errors (default share)\n"
                "  --reverse          reverse the order\n"
+               "  --api-key KEY      the coordinator's key (`shoal serve --api-key`), sent as a Bearer token\n"
+               "  --api-key-file F   the same, read from the first line of F (keeps it out of `ps`)\n"
+               "                     (neither given: the environment variable SHOAL_API_KEY, if set)\n"
                "\n"
                "keys in the live view: n s p l g m e = sort by name, share, p50, p99 (latency),\n"
                "GB/s, memory, errors; r = reverse; space = refresh now; q = quit.\n"
@@ -577,7 +619,7 @@ static int live(const url_t *u, const char *url, double interval, view_t *v)
 
 int shoal_cmd_top(int argc, char **argv)
 {
-    const char *url = NULL;
+    const char *url = NULL, *key = NULL, *key_file = NULL;
     int once = 0;
     double interval = 2;
     g_sort = SORT_SHARE;
@@ -589,6 +631,12 @@ int shoal_cmd_top(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "--coordinator") && val) {
             url = val;
+            i++;
+        } else if (!strcmp(a, "--api-key") && val) {
+            key = val;
+            i++;
+        } else if (!strcmp(a, "--api-key-file") && val) {
+            key_file = val;
             i++;
         } else if (!strcmp(a, "--once")) {
             once = 1;
@@ -624,6 +672,23 @@ int shoal_cmd_top(int argc, char **argv)
         fprintf(stderr, "shoal top: %s\n", err);
         return 2;
     }
+    static char key_buf[MAX_KEY + 1];
+    if (key && key_file) {
+        fprintf(stderr, "shoal top: give --api-key or --api-key-file, not both\n");
+        return 2;
+    }
+    if (key_file) {
+        if (read_key_file(key_file, key_buf, sizeof key_buf))
+            return 2;
+        key = key_buf;
+    } else if (!key && getenv("SHOAL_API_KEY")) {
+        key = getenv("SHOAL_API_KEY");
+    }
+    if (key && !key_ok(key)) {
+        fprintf(stderr, "shoal top: the API key must be 1 to %d printable ASCII bytes without spaces\n", MAX_KEY - 1);
+        return 2;
+    }
+    u.key = key;
     view_t v = {.rows = shoal_xcalloc(MAX_ROWS, sizeof(row_t))};
     int status = 0;
     if (once) {

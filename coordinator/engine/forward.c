@@ -728,6 +728,28 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
             r0 += w->rows;
         }
         m->stats.trunk_bytes += m->lm_head_bytes;
+        /* Non-finite logits (a NaN lm_head, an overflowed activation) would be
+         * sampled as id 0 forever (the sampler skips NaN): fail the forward by
+         * name instead. A scan of what was just written, no allocation; finite
+         * logits pass untouched, so a normal run's tokens cannot change. */
+        int rows = all_logits ? T : 1;
+        for (int t = 0; t < rows; t++) {
+            const float *lg = logits + (size_t)t * V;
+            int bad = 0, first = -1;
+            for (int v = 0; v < V; v++)
+                if (!isfinite(lg[v])) {
+                    bad++;
+                    if (first < 0)
+                        first = v;
+                }
+            if (bad) {
+                rc = shoal_err_set(err, errlen, SHOAL_EMODEL,
+                                   "non-finite logits: %d of %d are NaN or Inf (first id %d) at position %d; the "
+                                   "model's weights (lm_head?) or activations are not finite, refusing to sample",
+                                   bad, V, first, sc->tpos[all_logits ? t : T - 1]);
+                goto fail;
+            }
+        }
     }
     mark(m, SHOAL_PHASE_HEAD);
     shoal_cmetrics_forward(m->cm, (uint32_t)T);

@@ -1,6 +1,7 @@
 /* Model open: config, tensor binding with shape/dtype checks, expert backend,
  * scratch (engine.h). Every problem with the tensors is collected and the
  * model refused once, naming each missing or mis-shaped tensor. */
+#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -370,12 +371,14 @@ static int tokenizer_eos(const char *dir, int vocab, int *out_id, char *err, siz
     char path[4096];
     *out_id = -1;
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    FILE *f = fopen(path, "rb");
+    int orc = 0;
+    FILE *f = shoal_fopen_regular(path, &orc); /* a FIFO must not block the load */
     if (!f)
-        return 0;
-    fclose(f);
+        return orc == -ENOENT ? 0 : shoal_err_set(err, errlen, SHOAL_ECONFIG, "%s: %s", path,
+                                                  orc == SHOAL_EFORMAT ? "not a regular file" : strerror(-orc));
     json_error_t je;
-    json_t *root = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
+    json_t *root = json_loadf(f, JSON_DECODE_INT_AS_REAL, &je);
+    fclose(f);
     if (!root)
         return shoal_err_set(err, errlen, SHOAL_ECONFIG, "%s:%d: %s", path, je.line, je.text);
     int rc = 0;

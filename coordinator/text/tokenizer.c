@@ -242,9 +242,11 @@ static long b64decode(const char *s, size_t n, uint8_t *out)
 
 static int read_file(const char *path, char **buf, size_t *len, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
+    int orc = 0;
+    FILE *f = shoal_fopen_regular(path, &orc); /* a FIFO must not block the load */
     if (!f)
-        return shoal_err_set(err, errlen, -errno, "%s: %s", path, strerror(errno));
+        return orc == SHOAL_EFORMAT ? shoal_err_set(err, errlen, SHOAL_ECONFIG, "%s: not a regular file", path)
+                                    : shoal_err_set(err, errlen, orc, "%s: %s", path, strerror(-orc));
     if (fseek(f, 0, SEEK_END) != 0) {
         fclose(f);
         return shoal_err_set(err, errlen, SHOAL_EIO, "%s: cannot seek", path);

@@ -121,6 +121,13 @@ def main():
               open(k("evil", "pub")).read().split()[-1] in w.text(), w.text()[-400:])
         got, rr = run_ids("--worker", ep, "--insecure-workers", "--hello-timeout-ms", "2000")
         check("a plain (--insecure-workers) coordinator: refused", got is None, rr.stderr[-300:])
+        # issue 20 item 12: both sides say so
+        check("--insecure-workers: the coordinator warns that the link is plain TCP",
+              "warn --insecure-workers" in rr.stderr and ep in rr.stderr, rr.stderr[-300:])
+        time.sleep(0.3)
+        check("the CURVE worker logs the refused plain client with its address (DEPLOY.md, Keys)",
+              "refused a connection from 127.0.0.1" in w.text() and "does not speak CURVE" in w.text(),
+              w.text()[-400:])
         got, rr = run_ids("--worker", ep, "--curve-secret", k("coord", "key"), "--worker-key", k("evil", "pub"),
                           "--hello-timeout-ms", "2000")
         check("pinning the wrong worker key: refused", got is None, rr.stderr[-300:])
@@ -138,6 +145,9 @@ def main():
 
         # what an observer of the link sees, plain vs CURVE
         plain_w = Worker(free_port(), "--insecure")
+        time.sleep(0.5)
+        check("--insecure: the worker warns that it serves plain TCP", "warn --insecure: tcp://" in plain_w.text(),
+              plain_w.text()[-300:])
         captures = {}
         for mode, target, extra in (("plain", plain_w, ["--insecure-workers"]),
                                     ("curve", w, ["--curve-secret", k("coord", "key"),

@@ -218,6 +218,49 @@ def interactive():
 
 
 R.check("interactive_under_tmux", interactive)
+
+
+def api_key():
+    """issue 20 item 10: against a real `shoal serve --api-key` with one local
+    worker, top without a key is refused (401, exit 4); with --api-key,
+    --api-key-file or SHOAL_API_KEY it prints the worker's row (exit 0); a
+    wrong key is refused; a key with a line break is refused before sending"""
+    src = os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+    model = os.path.join(src, "tests", "models", "tiny-k3")
+    key = "k3y-" + os.urandom(8).hex()
+    p = subprocess.Popen([shoal, "serve", "--model", model, "--port", "0", "--workers", "1", "--api-key", key],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = p.stdout.readline()
+        assert "listening on" in line, line
+        url = line.split("listening on ")[1].strip()
+        keyfile = os.path.join(tmp, "key")
+        with open(keyfile, "w") as f:
+            f.write(key + "\n")
+        env_nokey = {k: v for k, v in os.environ.items() if k != "SHOAL_API_KEY"}
+
+        def t(*args, env=env_nokey):
+            return subprocess.run([shoal, "top", "--coordinator", url, "--once", *args], capture_output=True,
+                                  text=True, timeout=30, env=env)
+        r = t()
+        assert r.returncode == 4 and "401" in r.stderr, (r.returncode, r.stderr)
+        r = t("--api-key", "wrong")
+        assert r.returncode == 4 and "401" in r.stderr, (r.returncode, r.stderr)
+        for args, env in ((("--api-key", key), env_nokey), (("--api-key-file", keyfile), env_nokey),
+                          ((), dict(env_nokey, SHOAL_API_KEY=key))):
+            r = t(*args, env=env)
+            assert r.returncode == 0 and any(row[0] == "w0" for row in rows(r.stdout)), (args, r.returncode,
+                                                                                          r.stdout, r.stderr)
+        r = t("--api-key", key + "\r\nX-Injected: 1")
+        assert r.returncode == 2 and "printable" in r.stderr, (r.returncode, r.stderr)
+        r = t("--api-key", key, "--api-key-file", keyfile)
+        assert r.returncode == 2, r.returncode
+    finally:
+        p.terminate()
+        p.wait(20)
+
+
+R.check("api_key_against_serve", api_key)
 srv.shutdown()
 shutil.rmtree(tmp, ignore_errors=True)
 R.finish()

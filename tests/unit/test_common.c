@@ -1,7 +1,10 @@
-/* common/: error table and bf16 conversions. */
+/* common/: error table, exit codes, opening regular files, bf16 conversions. */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "common/st.h"
@@ -87,9 +90,55 @@ static void t_utf8_clean_controls_for_logs(void)
     check_clean("\xC3\xA9\n", 3, 64, SHOAL_UTF8_NOCTRL, "\xC3\xA9\\x0a", 0);
 }
 
+/* issue 20 item 6: a FIFO (or a directory) is refused without blocking */
+static void t_open_regular_fifo(void)
+{
+    char dir[] = "/tmp/shoal-test-common-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char fifo[64], reg[64];
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    snprintf(reg, sizeof reg, "%s/file", dir);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    FILE *f = fopen(reg, "w");
+    CHECK(f && fputs("hello", f) >= 0 && fclose(f) == 0);
+    alarm(10); /* a regression would block in open(); fail loudly instead of hanging ctest */
+    CHECK(shoal_open_regular(fifo, O_RDONLY) == SHOAL_EFORMAT);
+    CHECK(shoal_open_regular(dir, O_RDONLY) == SHOAL_EFORMAT);
+    CHECK(shoal_open_regular("/nonexistent/x", O_RDONLY) == -ENOENT);
+    int rc = 0;
+    CHECK(shoal_fopen_regular(fifo, &rc) == NULL && rc == SHOAL_EFORMAT);
+    alarm(0);
+    int fd = shoal_open_regular(reg, O_RDONLY);
+    CHECK(fd >= 0);
+    if (fd >= 0) {
+        CHECK((fcntl(fd, F_GETFL) & O_NONBLOCK) == 0); /* blocking again, as a caller expects */
+        char b[8] = {0};
+        CHECK(read(fd, b, sizeof b) == 5 && !memcmp(b, "hello", 5));
+        close(fd);
+    }
+    unlink(fifo);
+    unlink(reg);
+    rmdir(dir);
+}
+
+/* the exit-code table (docs/CONFIG.md, "Exit codes") */
+static void t_exit_codes(void)
+{
+    CHECK(shoal_err_exit_code(0) == 0);
+    CHECK(shoal_err_exit_code(SHOAL_EINVAL) == 2);
+    const int three[] = {SHOAL_EFORMAT, SHOAL_ERANGE, SHOAL_EMODEL, SHOAL_ECONFIG, SHOAL_EVERSION, SHOAL_EFINGERPRINT};
+    for (size_t i = 0; i < sizeof three / sizeof three[0]; i++)
+        CHECK(shoal_err_exit_code(three[i]) == 3);
+    const int four[] = {SHOAL_EIO, SHOAL_ETIMEOUT, SHOAL_EPEER, SHOAL_EPROTO, SHOAL_EINTERNAL, -EADDRINUSE, -ENOENT};
+    for (size_t i = 0; i < sizeof four / sizeof four[0]; i++)
+        CHECK(shoal_err_exit_code(four[i]) == 4);
+}
+
 int main(void)
 {
     test_binary = "test_common";
+    RUN(t_open_regular_fifo);
+    RUN(t_exit_codes);
     RUN(t_err_table);
     RUN(t_utf8_clean_cut_on_boundary);
     RUN(t_utf8_clean_replaces_invalid);
