@@ -225,7 +225,7 @@ INLINE void mx_tile(float *y, __m512 *st, const uint8_t *packed, const uint8_t *
         p[a] = packed + (size_t)(r + a) * (cols / 2);
         s[a] = scale + (size_t)(r + a) * ng;
     }
-    size_t pf = (size_t)R * (cols / 2);
+    size_t pf = (size_t)R * (cols / 2); /* one tile ahead (2 and 4 measured no better, docs/PERFORMANCE.md) */
     for (int g = g0; g < g1; g++) {
         if ((g & 15) == 0)
             for (int a = 0; a < R; a++)
