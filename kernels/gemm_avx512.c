@@ -185,7 +185,7 @@ static void gemm_f32(float *y, const float *w, const float *x, int rows, int col
  * blocks (same values, same order). */
 #define MX_XB 8192 /* floats of deinterleaved x on the stack (32 KiB) */
 #define MX_RB 16   /* rows per block when accumulators are saved between column blocks */
-#define MX_TMAX 8
+#define MX_TMAX 4 /* 4x4 tiles: 2x8 tiles ran 20% slower in cache (docs/PERFORMANCE.md) */
 
 INLINE void mx_dec(__m512 *wl, __m512 *wh, const uint8_t *p, unsigned e)
 {
@@ -272,8 +272,6 @@ MX_TILE(4, 2)
 MX_TILE(1, 2)
 MX_TILE(4, 4)
 MX_TILE(1, 4)
-MX_TILE(2, 8)
-MX_TILE(1, 8)
 
 static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
                        int T, int r0, int r1)
@@ -286,10 +284,9 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
     __m512 st[MX_RB * MX_TMAX];
     int ng = cols / 32;
     for (int t = 0; t < T;) {
-        int TT = T - t >= 8 ? 8 : T - t >= 4 ? 4 : T - t >= 2 ? 2 : 1;
-        int R = TT == 8 ? 2 : 4;
-        mx_tile_fn big = TT == 8 ? mx_tile_2x8 : TT == 4 ? mx_tile_4x4 : TT == 2 ? mx_tile_4x2 : mx_tile_4x1;
-        mx_tile_fn one = TT == 8 ? mx_tile_1x8 : TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_1x1;
+        int TT = T - t >= 4 ? 4 : T - t >= 2 ? 2 : 1, R = 4;
+        mx_tile_fn big = TT == 4 ? mx_tile_4x4 : TT == 2 ? mx_tile_4x2 : mx_tile_4x1;
+        mx_tile_fn one = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_1x1;
         int kb = MX_XB / TT / 32; /* groups per column block */
         int xs = kb * 32;
         /* one column block: no lanes to save, so the rows need no blocking */
