@@ -408,21 +408,26 @@ static void bench_incache_fma(const bench_opts *o)
             for (size_t j = 0; j < (size_t)rm * cm / 32; j++)
                 sc[j] = (uint8_t)(118 + next_rand() % 12);
             fill_f32(x, (size_t)T * cb, -1, 1);
-            for (int k = 0; k < 2; k++) {
-                for (int rep = -1; rep < o->reps; rep++) {
-                    double t0 = thread_cpu_s();
-                    if (k == 0)
-                        shoal_gemm_bf16(y, wb, x, rb, cb, T);
-                    else
-                        shoal_gemm_mxfp4(y, pk, sc, x, rm, cm, T);
-                    if (rep >= 0)
-                        sec[rep] = thread_cpu_s() - t0;
+            /* T = 128 (the arithmetic ceiling), then the small-T sweep: per-call
+             * compute cost against T = 1, with no memory time in it */
+            static const int Ts[] = {128, 1, 2, 4, 8, 16};
+            for (int k = 0; k < 2; k++)
+                for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+                    int Tk = Ts[ti];
+                    for (int rep = -1; rep < o->reps; rep++) {
+                        double t0 = thread_cpu_s();
+                        if (k == 0)
+                            shoal_gemm_bf16(y, wb, x, rb, cb, Tk);
+                        else
+                            shoal_gemm_mxfp4(y, pk, sc, x, rm, cm, Tk);
+                        if (rep >= 0)
+                            sec[rep] = thread_cpu_s() - t0;
+                    }
+                    char shape[32];
+                    snprintf(shape, sizeof shape, "%dx%d", k ? rm : rb, k ? cm : cb);
+                    incache_row(o, Tk == 1 ? (k ? "gemv_mxfp4" : "gemv_bf16") : (k ? "gemm_mxfp4" : "gemm_bf16"),
+                                shape, Tk, stats(sec, o->reps), (double)Tk * (k ? (double)rm * cm : (double)rb * cb));
                 }
-                char shape[32];
-                snprintf(shape, sizeof shape, "%dx%d", k ? rm : rb, k ? cm : cb);
-                incache_row(o, k ? "gemm_mxfp4" : "gemm_bf16", shape, T, stats(sec, o->reps),
-                            (double)T * (k ? (double)rm * cm : (double)rb * cb));
-            }
         }
         free(wb), free(pk), free(sc), free(x), free(y);
     }

@@ -169,260 +169,152 @@ static void gemm_f32(float *y, const float *w, const float *x, int rows, int col
         f32_rows(y, w, x, rows, cols, T, r0, r1);
 }
 
-/* ---- MXFP4 ------------------------------------------------------------------ */
+/* ---- MXFP4 ------------------------------------------------------------------
+ * The canonical order (kernels/README.md, "MXFP4"): 16 lanes, lane j of a
+ * group takes packed byte j, low nibble (column 2j) then high nibble (column
+ * 2j+1); result 4 * reduce16. Here the 16 lanes are two ymm registers,
+ * acc0 = lanes [0-3 | 8-11] and acc1 = lanes [4-7 | 12-15], which is the
+ * order the decoder produces (one lane is still one register slot, with the
+ * same chain). Decode of one group (16 packed bytes) with E8M0 code e:
+ *  1. broadcast the 16 bytes to both 128-bit lanes; vpshufb (ARR) makes lane 0
+ *     bytes {0..7, 0..7} and lane 1 bytes {8..15, 8..15};
+ *  2. shift the upper qword of each lane right by 4 and mask 0x0F: lane 0 holds
+ *     the low-nibble codes of bytes 0-7 then their high-nibble codes, lane 1
+ *     the same for bytes 8-15;
+ *  3. two vpshufb from the scale's table (shoal__kernels_mx_bf[e]) give the
+ *     low and high bytes of the exact weight E2M1/4 * 2^(e-127) as bf16 (exact:
+ *     two significant bits);
+ *  4. vpunpck{l,h}bw pair them into bf16 words, vpunpck{l,h}wd with zero
+ *     widen them to fp32: f0 = low nibbles of bytes [0-3 | 8-11], f1 = low
+ *     [4-7 | 12-15], f2 = high [0-3 | 8-11], f3 = high [4-7 | 12-15].
+ * 11 instructions per 32 weights, the scale folded in; each token then costs
+ * four FMAs per group, with x deinterleaved once per column block into the
+ * matching order (xb, on the stack). */
+#define MX_XB 8192 /* floats of deinterleaved x (32 KiB) */
+#define MX_RB 16
+#define MX_TMAX 4
 
-/* Decode of one 32-column group (16 packed bytes) into four fp32 vectors
- * f[k] = columns 8k..8k+7 in natural order, each value E2M1 * 2^25:
- *  1. broadcast the 16 bytes to both 128-bit lanes;
- *  2. ARR: lane 0 takes bytes {0,1,4,5,8,9,12,13} (columns 0-3, 8-11, 16-19,
- *     24-27), lane 1 bytes {2,3,6,7,10,11,14,15}; each list twice;
- *  3. shift the upper qword of each lane right by 4 and mask 0x0F: each lane
- *     now holds 8 low-nibble codes then 8 high-nibble codes;
- *  4. LUT: code -> int8 2*E2M1;
- *  5. SPREAD_k: put the int8 of column 8k+i into byte 3 of dword i (zeros
- *     below), so the dword is (2*E2M1) << 24 and int32->fp32 is exact. */
 typedef struct {
-    __m256i arr, shift, mask, lut, spread[4];
+    __m256i arr, shift, mask;
 } mx_consts;
 
 INLINE mx_consts mx_make(void)
 {
     mx_consts c;
-    c.arr = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 2, 3, 6, 7,
-                             10, 11, 14, 15);
+    c.arr = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11,
+                             12, 13, 14, 15);
     c.shift = _mm256_setr_epi64x(0, 4, 0, 4);
     c.mask = _mm256_set1_epi8(0x0f);
-    c.lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8, 12, 0, -1,
-                             -2, -3, -4, -6, -8, -12);
-    for (int k = 0; k < 4; k++) {
-        char s0 = (char)(2 * k), s1 = (char)(8 + 2 * k), s2 = (char)(2 * k + 1), s3 = (char)(9 + 2 * k);
-        const char z = (char)0x80;
-        c.spread[k] = _mm256_setr_epi8(z, z, z, s0, z, z, z, s1, z, z, z, s2, z, z, z, s3, z, z, z, s0, z, z, z, s1, z, z,
-                                       z, s2, z, z, z, s3);
-    }
     return c;
 }
 
-/* steps 1-4: 16 packed bytes -> 32 int8 values (the long-latency half) */
-INLINE __m256i mx_stage1(const uint8_t *p, const mx_consts *c)
+INLINE void mx_dec(__m256 *f, const uint8_t *p, unsigned e, const mx_consts *c)
 {
     __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
     t = _mm256_shuffle_epi8(t, c->arr);
     t = _mm256_and_si256(_mm256_srlv_epi64(t, c->shift), c->mask);
-    return _mm256_shuffle_epi8(c->lut, t);
+    const uint8_t *tb = shoal__kernels_mx_bf[e];
+    __m256i tl = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)tb));
+    __m256i th = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(tb + 16)));
+    __m256i bl = _mm256_shuffle_epi8(tl, t), bh = _mm256_shuffle_epi8(th, t);
+    __m256i w0 = _mm256_unpacklo_epi8(bl, bh), w1 = _mm256_unpackhi_epi8(bl, bh);
+    __m256i z = _mm256_setzero_si256();
+    f[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w0));
+    f[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w0));
+    f[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w1));
+    f[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w1));
 }
 
-/* step 5 */
-INLINE void mx_stage2(__m256 *f, __m256i v, const mx_consts *c)
+/* reduce16 of the lanes held as acc0 = [0-3 | 8-11], acc1 = [4-7 | 12-15] */
+INLINE float mx_hsum(__m256 a0, __m256 a1)
 {
-    for (int k = 0; k < 4; k++)
-        f[k] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(v, c->spread[k]));
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1)); /* b[0..3] */
+    __m128 v = _mm_add_ps(_mm256_castps256_ps128(a1), _mm256_extractf128_ps(a1, 1)); /* b[4..7] */
+    __m128 c = _mm_add_ps(u, v);                                                      /* c[j] = b[j] + b[j+4] */
+    __m128 d = _mm_add_ps(c, _mm_movehl_ps(c, c));
+    __m128 e = _mm_add_ss(d, _mm_movehdup_ps(d));
+    return _mm_cvtss_f32(e);
 }
 
-INLINE void mx_decode(__m256 *f, const uint8_t *p, const mx_consts *c)
+/* x[t..t+TT) groups [g0, g1) -> xb[b*xs + 32*(g-g0) + 8k]: k = 0: x[0,2,4,6 | 16,18,20,22],
+ * 1: x[8,10,12,14 | 24,26,28,30], 2: x[1,3,5,7 | 17,19,21,23], 3: x[9,..,15 | 25,..,31] */
+static void mx_deint(float *xb, int xs, const float *x, int cols, int t, int TT, int g0, int g1)
 {
-    mx_stage2(f, mx_stage1(p, c), c);
-}
-
-/* 2^(e-127) for the rare codes e <= 2, whose 2^(e-152) is not an fp32 */
-static const float e8m0_low[3] = {0x1p-127f, 0x1p-126f, 0x1p-125f};
-
-/* acc = fmaf(G, 2^(e-152), acc), or the two-step form for e <= 2 (README).
- * low = 0 is the variant for rows known to hold no code below 3 (row_low),
- * which keeps the rare branch out of the hot loops. */
-INLINE __m256 mx_scale_acc(__m256 G, unsigned e, __m256 acc, int low)
-{
-    if (low && e < 3)
-        return _mm256_fmadd_ps(_mm256_mul_ps(G, _mm256_set1_ps(0x1p-25f)), _mm256_broadcast_ss(&e8m0_low[e]), acc);
-    return _mm256_fmadd_ps(G, _mm256_broadcast_ss(&shoal__kernels_e8m0_mul[e]), acc);
-}
-
-INLINE __m256 mx_group_sum(const __m256 *f, const float *xg)
-{
-    __m256 G = _mm256_mul_ps(f[0], _mm256_loadu_ps(xg));
-    G = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xg + 8), G);
-    G = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(xg + 16), G);
-    G = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xg + 24), G);
-    return G;
-}
-
-#define MX_PF 1024 /* bytes ahead on the packed stream */
-
-/* Group g's FMAs into the accumulators A (A[b] for token b), f decoded. */
-INLINE void mx_fma(__m256 *A, const __m256 *f, unsigned e, const float *xt, int cols, int g, int TT, int low)
-{
-    for (int b = 0; b < TT; b++)
-        A[b] = mx_scale_acc(mx_group_sum(f, xt + (size_t)b * cols + 32 * g), e, A[b], low);
-}
-
-/* One row, TT tokens (1..4); even groups into acc0, odd groups into acc1.
- * The first half of the decode (load, arrange, nibbles, LUT: one register)
- * runs two groups ahead, so the conversions and FMAs find it ready; a fully
- * pipelined decode (eight live weight registers) spills and measured slower. */
-INLINE void mx_row(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int r, int t,
-                   int TT, const mx_consts *c, int low)
-{
-    __m256 acc0[4], acc1[4];
-    for (int b = 0; b < TT; b++)
-        acc0[b] = acc1[b] = _mm256_setzero_ps();
-    int ng = cols / 32, g = 0;
-    const float *xt = x + (size_t)t * cols;
-    __m256 f[4];
-    if (ng >= 2) {
-        __m256i v0 = mx_stage1(p, c), v1 = mx_stage1(p + 16, c);
-        for (; g + 4 <= ng; g += 2) {
-            if ((g & 3) == 0)
-                _mm_prefetch((const char *)p + 16 * g + MX_PF, _MM_HINT_T0);
-            __m256i n0 = mx_stage1(p + 16 * (g + 2), c);
-            mx_stage2(f, v0, c);
-            mx_fma(acc0, f, s[g], xt, cols, g, TT, low);
-            v0 = n0;
-            __m256i n1 = mx_stage1(p + 16 * (g + 3), c);
-            mx_stage2(f, v1, c);
-            mx_fma(acc1, f, s[g + 1], xt, cols, g + 1, TT, low);
-            v1 = n1;
+    for (int b = 0; b < TT; b++) {
+        const float *xt = x + (size_t)(t + b) * cols;
+        float *o = xb + (size_t)b * xs;
+        for (int g = g0; g < g1; g++) {
+            const float *xg = xt + 32 * g;
+            __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8), x2 = _mm256_loadu_ps(xg + 16),
+                   x3 = _mm256_loadu_ps(xg + 24);
+            __m256 a = _mm256_permute2f128_ps(x0, x2, 0x20), bb = _mm256_permute2f128_ps(x0, x2, 0x31);
+            __m256 c = _mm256_permute2f128_ps(x1, x3, 0x20), d = _mm256_permute2f128_ps(x1, x3, 0x31);
+            float *og = o + 32 * (g - g0);
+            _mm256_store_ps(og, _mm256_shuffle_ps(a, bb, 0x88));
+            _mm256_store_ps(og + 8, _mm256_shuffle_ps(c, d, 0x88));
+            _mm256_store_ps(og + 16, _mm256_shuffle_ps(a, bb, 0xDD));
+            _mm256_store_ps(og + 24, _mm256_shuffle_ps(c, d, 0xDD));
         }
-        mx_stage2(f, v0, c);
-        mx_fma(acc0, f, s[g], xt, cols, g, TT, low);
-        mx_stage2(f, v1, c);
-        mx_fma(acc1, f, s[g + 1], xt, cols, g + 1, TT, low);
-        g += 2;
     }
-    if (g < ng) {
-        mx_decode(f, p + 16 * g, c);
-        mx_fma(acc0, f, s[g], xt, cols, g, TT, low);
-    }
-    for (int b = 0; b < TT; b++)
-        y[(size_t)(t + b) * rows + r] = hsum8(_mm256_add_ps(acc0[b], acc1[b]));
 }
 
-/* The constants are built here, not passed by pointer: as memory operands
- * they cost seven extra loads per group, which made the loop load-bound. */
-#define MX_ROW_FN(name, TT, LOW)                                                                            \
-    __attribute__((noinline)) static void name(float *y, const uint8_t *p, const uint8_t *s, const float *x,   \
-                                               int rows, int cols, int r, int t)                             \
+INLINE void mx_tile(float *y, __m256 *st, const uint8_t *packed, const uint8_t *scale, const float *xb, int xs,
+                    int rows, int cols, int r, int R, int t, int TT, int g0, int g1, int init, int fin,
+                    const mx_consts *c)
+{
+    __m256 acc[2][MX_TMAX][2];
+    for (int a = 0; a < R; a++)
+        for (int b = 0; b < TT; b++)
+            for (int h = 0; h < 2; h++)
+                acc[a][b][h] = init ? _mm256_setzero_ps() : st[(a * MX_TMAX + b) * 2 + h];
+    int ng = cols / 32;
+    const uint8_t *p[2], *s[2];
+    for (int a = 0; a < R; a++) {
+        p[a] = packed + (size_t)(r + a) * (cols / 2);
+        s[a] = scale + (size_t)(r + a) * ng;
+    }
+    size_t pf = (size_t)R * (cols / 2);
+    for (int g = g0; g < g1; g++) {
+        if ((g & 15) == 0)
+            for (int a = 0; a < R; a++)
+                _mm_prefetch((const char *)s[a] + (size_t)R * ng + g, _MM_HINT_T0);
+        const float *xg = xb + 32 * (g - g0);
+        for (int a = 0; a < R; a++) {
+            if ((g & 3) == 0) /* the same line of the next tile's row (rows are short, see MX_PF) */
+                _mm_prefetch((const char *)p[a] + pf + 16 * g, _MM_HINT_T0);
+            __m256 f[4];
+            mx_dec(f, p[a] + 16 * g, s[a][g], c);
+            for (int k = 0; k < 4; k++)
+                for (int b = 0; b < TT; b++)
+                    acc[a][b][k & 1] =
+                        _mm256_fmadd_ps(f[k], _mm256_load_ps(xg + (size_t)b * xs + 8 * k), acc[a][b][k & 1]);
+        }
+    }
+    for (int a = 0; a < R; a++)
+        for (int b = 0; b < TT; b++) {
+            if (fin)
+                y[(size_t)(t + b) * rows + r + a] = 4.0f * mx_hsum(acc[a][b][0], acc[a][b][1]);
+            else
+                for (int h = 0; h < 2; h++)
+                    st[(a * MX_TMAX + b) * 2 + h] = acc[a][b][h];
+        }
+}
+
+typedef void (*mx_tile_fn)(float *y, __m256 *st, const uint8_t *packed, const uint8_t *scale, const float *xb,
+                           int xs, int rows, int cols, int r, int t, int g0, int g1);
+/* the constants are built here so they live in registers */
+#define MX_TILE(R, TT)                                                                                      \
+    __attribute__((noinline)) static void mx_tile_##R##x##TT(float *y, __m256 *st, const uint8_t *packed,     \
+                                                             const uint8_t *scale, const float *xb, int xs,   \
+                                                             int rows, int cols, int r, int t, int g0, int g1) \
     {                                                                                                       \
         mx_consts c = mx_make();                                                                            \
-        mx_row(y, p, s, x, rows, cols, r, t, TT, &c, LOW);                                                  \
+        mx_tile(y, st, packed, scale, xb, xs, rows, cols, r, R, t, TT, g0, g1, g0 == 0, g1 == cols / 32, &c); \
     }
-MX_ROW_FN(mx_row1, 1, 0)
-MX_ROW_FN(mx_row4, 4, 0)
-MX_ROW_FN(mx_row1_low, 1, 1)
-MX_ROW_FN(mx_row4_low, 4, 1)
-
-/* 1 if any E8M0 code of the row is below 3 (the two-step scaling) */
-static int row_low(const uint8_t *s, int n)
-{
-    int i = 0;
-    const __m256i three = _mm256_set1_epi8(3);
-    for (; i + 32 <= n; i += 32) {
-        __m256i v = _mm256_loadu_si256((const __m256i *)(s + i));
-        if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v, three), v)) != -1)
-            return 1;
-    }
-    for (; i < n; i++)
-        if (s[i] < 3)
-            return 1;
-    return 0;
-}
-
-/* T > 1: a block of rows is decoded once into a stack buffer (f[g][k] as in
- * mx_decode, 128 bytes per group per row: a transient copy of a few rows,
- * never of the matrix); then tiles of 3 tokens run the same chains over it,
- * sharing each weight load, in column blocks of MX_KB so the x tile stays in
- * L1. The even/odd group accumulators are saved between column blocks
- * (unchanged bits); MX_KB is a multiple of 64 columns so a block always
- * starts on an even group. */
-#define MX_BUF_FLOATS 32768 /* 128 KiB of stack */
-#define MX_KB 1024
-#define MX_RB_MAX 16
-
-INLINE void mx_tile(float *y, __m256 *st, const __m256 *wb, const uint8_t *s, const float *x, int rows, int cols,
-                    int r, int t, int TT, int g0, int g1, int init, int fin, int low)
-{
-    __m256 acc0[3], acc1[3];
-    for (int b = 0; b < TT; b++) {
-        acc0[b] = init ? _mm256_setzero_ps() : st[2 * b];
-        acc1[b] = init ? _mm256_setzero_ps() : st[2 * b + 1];
-    }
-    const float *xt = x + (size_t)t * cols;
-    int g = g0;
-    for (; g + 2 <= g1; g += 2) {
-        mx_fma(acc0, wb + 4 * g, s[g], xt, cols, g, TT, low);
-        mx_fma(acc1, wb + 4 * (g + 1), s[g + 1], xt, cols, g + 1, TT, low);
-    }
-    if (g < g1)
-        mx_fma(acc0, wb + 4 * g, s[g], xt, cols, g, TT, low);
-    for (int b = 0; b < TT; b++) {
-        if (fin) {
-            y[(size_t)(t + b) * rows + r] = hsum8(_mm256_add_ps(acc0[b], acc1[b]));
-        } else {
-            st[2 * b] = acc0[b];
-            st[2 * b + 1] = acc1[b];
-        }
-    }
-}
-
-#define MX_TILE_FN(name, TT, LOW)                                                                           \
-    __attribute__((noinline)) static void name(float *y, __m256 *st, const __m256 *wb, const uint8_t *s,       \
-                                               const float *x, int rows, int cols, int r, int t, int g0, int g1) \
-    {                                                                                                       \
-        mx_tile(y, st, wb, s, x, rows, cols, r, t, TT, g0, g1, g0 == 0, g1 == cols / 32, LOW);              \
-    }
-MX_TILE_FN(mx_tile1, 1, 0)
-
-/* The common case spelled out with named registers: GCC keeps the generic
- * tile's accumulator arrays in registers but also stores them every group. */
-#define MX_G3(A, B, C, G)                                                                                   \
-    do {                                                                                                    \
-        const __m256 *f_ = wb + 4 * (G);                                                                    \
-        __m256 f0_ = f_[0], f1_ = f_[1], f2_ = f_[2], f3_ = f_[3];                                          \
-        __m256 sc_ = _mm256_broadcast_ss(&shoal__kernels_e8m0_mul[s[G]]);                                   \
-        const float *p0_ = x0 + 32 * (G), *p1_ = x1 + 32 * (G), *p2_ = x2 + 32 * (G);                       \
-        __m256 g0_ = _mm256_mul_ps(f0_, _mm256_loadu_ps(p0_));                                              \
-        __m256 g1_ = _mm256_mul_ps(f0_, _mm256_loadu_ps(p1_));                                              \
-        __m256 g2_ = _mm256_mul_ps(f0_, _mm256_loadu_ps(p2_));                                              \
-        g0_ = _mm256_fmadd_ps(f1_, _mm256_loadu_ps(p0_ + 8), g0_);                                           \
-        g1_ = _mm256_fmadd_ps(f1_, _mm256_loadu_ps(p1_ + 8), g1_);                                           \
-        g2_ = _mm256_fmadd_ps(f1_, _mm256_loadu_ps(p2_ + 8), g2_);                                           \
-        g0_ = _mm256_fmadd_ps(f2_, _mm256_loadu_ps(p0_ + 16), g0_);                                          \
-        g1_ = _mm256_fmadd_ps(f2_, _mm256_loadu_ps(p1_ + 16), g1_);                                          \
-        g2_ = _mm256_fmadd_ps(f2_, _mm256_loadu_ps(p2_ + 16), g2_);                                          \
-        g0_ = _mm256_fmadd_ps(f3_, _mm256_loadu_ps(p0_ + 24), g0_);                                          \
-        g1_ = _mm256_fmadd_ps(f3_, _mm256_loadu_ps(p1_ + 24), g1_);                                          \
-        g2_ = _mm256_fmadd_ps(f3_, _mm256_loadu_ps(p2_ + 24), g2_);                                          \
-        A = _mm256_fmadd_ps(g0_, sc_, A);                                                                   \
-        B = _mm256_fmadd_ps(g1_, sc_, B);                                                                   \
-        C = _mm256_fmadd_ps(g2_, sc_, C);                                                                   \
-    } while (0)
-
-__attribute__((noinline)) static void mx_tile3(float *y, __m256 *st, const __m256 *wb, const uint8_t *s,
-                                               const float *x, int rows, int cols, int r, int t, int g0, int g1)
-{
-    const float *x0 = x + (size_t)t * cols, *x1 = x0 + cols, *x2 = x1 + cols;
-    __m256 a0, a1, a2, b0, b1, b2;
-    if (g0 == 0) {
-        a0 = a1 = a2 = b0 = b1 = b2 = _mm256_setzero_ps();
-    } else {
-        a0 = st[0], b0 = st[1], a1 = st[2], b1 = st[3], a2 = st[4], b2 = st[5];
-    }
-    int g = g0;
-    for (; g + 2 <= g1; g += 2) {
-        MX_G3(a0, a1, a2, g);
-        MX_G3(b0, b1, b2, g + 1);
-    }
-    if (g < g1)
-        MX_G3(a0, a1, a2, g);
-    if (g1 == cols / 32) {
-        y[(size_t)t * rows + r] = hsum8(_mm256_add_ps(a0, b0));
-        y[(size_t)(t + 1) * rows + r] = hsum8(_mm256_add_ps(a1, b1));
-        y[(size_t)(t + 2) * rows + r] = hsum8(_mm256_add_ps(a2, b2));
-    } else {
-        st[0] = a0, st[1] = b0, st[2] = a1, st[3] = b1, st[4] = a2, st[5] = b2;
-    }
-}
-MX_TILE_FN(mx_tile3_low, 3, 1)
-MX_TILE_FN(mx_tile1_low, 1, 1)
+MX_TILE(2, 1)
+MX_TILE(1, 1)
+MX_TILE(1, 2)
+MX_TILE(1, 4)
 
 static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
                        int T, int r0, int r1)
@@ -431,47 +323,29 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
         shoal__kernels_gemm_mxfp4_scalar(y, packed, scale, x, rows, cols, T, r0, r1);
         return;
     }
-    mx_consts c = mx_make();
+    __attribute__((aligned(32))) float xb[MX_XB];
+    __m256 st[MX_RB * MX_TMAX * 2];
     int ng = cols / 32;
-    if (T == 1 || cols > MX_BUF_FLOATS) {
-        for (int r = r0; r < r1; r++) {
-            const uint8_t *p = packed + (size_t)r * (cols / 2), *s = scale + (size_t)r * ng;
-            int low = row_low(s, ng), t = 0;
-            for (; t + 4 <= T; t += 4)
-                (low ? mx_row4_low : mx_row4)(y, p, s, x, rows, cols, r, t);
-            for (; t < T; t++)
-                (low ? mx_row1_low : mx_row1)(y, p, s, x, rows, cols, r, t);
-        }
-        return;
-    }
-    __m256 buf[MX_BUF_FLOATS / 8];
-    __m256 st[MX_RB_MAX][6];
-    int rb = MX_BUF_FLOATS / cols;
-    rb = rb > MX_RB_MAX ? MX_RB_MAX : rb;
-    for (int ra = r0; ra < r1; ra += rb) {
-        int re = ra + rb < r1 ? ra + rb : r1;
-        for (int r = ra; r < re; r++) {
-            const uint8_t *p = packed + (size_t)r * (cols / 2);
-            __m256 *wr = buf + (size_t)(r - ra) * (cols / 8);
-            for (int g = 0; g < ng; g++)
-                mx_decode(wr + 4 * g, p + 16 * g, &c);
-        }
-        for (int t = 0; t < T;) {
-            int TT = T - t >= 3 ? 3 : 1;
-            for (int g0 = 0; g0 < ng; g0 += MX_KB / 32) {
-                int g1 = g0 + MX_KB / 32 < ng ? g0 + MX_KB / 32 : ng;
-                for (int r = ra; r < re; r++) {
-                    const __m256 *wr = buf + (size_t)(r - ra) * (cols / 8);
-                    const uint8_t *s = scale + (size_t)r * ng;
-                    int low = row_low(s + g0, g1 - g0);
-                    if (TT == 3)
-                        (low ? mx_tile3_low : mx_tile3)(y, st[r - ra], wr, s, x, rows, cols, r, t, g0, g1);
-                    else
-                        (low ? mx_tile1_low : mx_tile1)(y, st[r - ra], wr, s, x, rows, cols, r, t, g0, g1);
-                }
+    for (int t = 0; t < T;) {
+        int TT = T - t >= 4 ? 4 : T - t >= 2 ? 2 : 1;
+        int R = TT == 1 ? 2 : 1;
+        mx_tile_fn big = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_2x1;
+        mx_tile_fn one = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_1x1;
+        int kb = MX_XB / TT / 32, xs = kb * 32;
+        int rbs = ng <= kb ? r1 - r0 : MX_RB;
+        for (int rb = r0; rb < r1; rb += rbs) {
+            int re = rb + rbs < r1 ? rb + rbs : r1;
+            for (int g0 = 0; g0 < ng; g0 += kb) {
+                int g1 = g0 + kb < ng ? g0 + kb : ng;
+                mx_deint(xb, xs, x, cols, t, TT, g0, g1);
+                int r = rb;
+                for (; r + R <= re; r += R)
+                    big(y, st + (size_t)(r - rb) * MX_TMAX * 2, packed, scale, xb, xs, rows, cols, r, t, g0, g1);
+                for (; r < re; r++)
+                    one(y, st + (size_t)(r - rb) * MX_TMAX * 2, packed, scale, xb, xs, rows, cols, r, t, g0, g1);
             }
-            t += TT;
         }
+        t += TT;
     }
 }
 
@@ -710,6 +584,7 @@ static void mla_heads(float *ctx, const float *q_lat, const float *q_pe, const f
 
 int shoal__kernels_fill_avx2(shoal__kernels_table *t)
 {
+    shoal__kernels_mx_tables(); /* the MXFP4 decoders read them */
     t->gemm_bf16 = gemm_bf16;
     t->gemm_f32 = gemm_f32;
     t->gemm_mxfp4 = gemm_mxfp4;

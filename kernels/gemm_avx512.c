@@ -2,9 +2,8 @@
  * reproduces the scalar specification bit for bit (kernels/README.md).
  *   bf16 / f32: the 16 canonical lanes are one zmm; reduce16 = (lo256 + hi256)
  *     then the AVX2 tail tree.
- *   MXFP4: two groups per zmm: lanes 0-7 hold group g, lanes 8-15 group g+1,
- *     so the canonical even/odd group accumulators are the two halves of one
- *     zmm accumulator; the decoder is the AVX2 one widened to four 128-bit lanes.
+ *   MXFP4: the 16 canonical lanes are one zmm; a group decodes with one
+ *     vpmovzxbd and two vpermps from a per-scale table of exact weights.
  *   gemv_t, KDA head: vectorised across independent columns (16 per zmm).
  * The dev machine has no AVX-512: these workers are compiled and dispatched
  * only where CPUID reports AVX-512, and tests/unit/test_kernels.c reports
@@ -169,248 +168,110 @@ static void gemm_f32(float *y, const float *w, const float *x, int rows, int col
         f32_rows(y, w, x, rows, cols, T, r0, r1);
 }
 
-/* ---- MXFP4: two groups per zmm ---------------------------------------------------
- * The 32 packed bytes of groups g, g+1 are placed as 128-bit lanes [Pg, Pg,
- * Pg+1, Pg+1]; each pair of lanes then goes through the AVX2 decoder (same
- * ARR / shift / LUT / SPREAD tables, repeated per lane pair), giving
- * f[k] = [group g columns 8k..8k+7 | group g+1 columns 8k..8k+7], each value
- * E2M1 * 2^25. */
-typedef struct {
-    __m512i arr, shift, mask, lut, spread[4], lanes;
-} mx_consts;
+/* ---- MXFP4 --------------------------------------------------------------------
+ * The canonical order (kernels/README.md, "MXFP4"): 16 lanes, lane j of a
+ * group takes packed byte j, first its low nibble (column 2j) then its high
+ * nibble (column 2j+1); result 4 * reduce16. One zmm is the 16 lanes:
+ *   d  = vpmovzxbd(16 packed bytes)            lane j = byte j
+ *   wl = vpermps(d, W[e]), wh = vpermps(d >> 4, W[e])
+ * where W[e] (shoal__kernels_mx_w, one 64-byte row per E8M0 code, a memory
+ * operand) holds the exact weights E2M1/4 * 2^(e-127) of the 16 codes:
+ * vpermps reads only the low four bits of each index, so the decode is four
+ * instructions per 32 weights with the scale folded in (exact, no rounding),
+ * and each token costs two FMAs per group. x is deinterleaved once per
+ * column block into [x even | x odd] per group (xb, on the stack), so the
+ * FMAs take x as stored there. Tiles of R rows x TT tokens decode each row's
+ * group once and use it for TT tokens; accumulators are saved between column
+ * blocks (same values, same order). */
+#define MX_XB 8192 /* floats of deinterleaved x on the stack (32 KiB) */
+#define MX_RB 16   /* rows per block when accumulators are saved between column blocks */
+#define MX_TMAX 4 /* 4x4 tiles: 2x8 tiles ran 20% slower in cache (docs/PERFORMANCE.md) */
 
-INLINE mx_consts mx_make(void)
+INLINE void mx_dec(__m512 *wl, __m512 *wh, const uint8_t *p, unsigned e)
 {
-    mx_consts c;
-    __m256i arr = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 2, 3,
-                                   6, 7, 10, 11, 14, 15);
-    c.arr = _mm512_inserti64x4(_mm512_castsi256_si512(arr), arr, 1);
-    c.shift = _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4);
-    c.mask = _mm512_set1_epi8(0x0f);
-    __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    c.lut = _mm512_broadcast_i32x4(lut);
-    for (int k = 0; k < 4; k++) {
-        char s0 = (char)(2 * k), s1 = (char)(8 + 2 * k), s2 = (char)(2 * k + 1), s3 = (char)(9 + 2 * k);
-        const char z = (char)0x80;
-        __m128i sp = _mm_setr_epi8(z, z, z, s0, z, z, z, s1, z, z, z, s2, z, z, z, s3);
-        c.spread[k] = _mm512_broadcast_i32x4(sp);
+    __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    const float *tab = shoal__kernels_mx_w[e];
+    *wl = _mm512_permutexvar_ps(d, _mm512_load_ps(tab));
+    *wh = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), _mm512_load_ps(tab));
+}
+
+/* x[t..t+TT) columns of groups [g0, g1) -> xb[b*xs + 32*(g-g0) + {0..15: even, 16..31: odd}] */
+static void mx_deint(float *xb, int xs, const float *x, int cols, int t, int TT, int g0, int g1)
+{
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for (int b = 0; b < TT; b++) {
+        const float *xt = x + (size_t)(t + b) * cols;
+        float *o = xb + (size_t)b * xs;
+        for (int g = g0; g < g1; g++) {
+            __m512 a = _mm512_loadu_ps(xt + 32 * g), c = _mm512_loadu_ps(xt + 32 * g + 16);
+            _mm512_store_ps(o + 32 * (g - g0), _mm512_permutex2var_ps(a, ie, c));
+            _mm512_store_ps(o + 32 * (g - g0) + 16, _mm512_permutex2var_ps(a, io, c));
+        }
     }
-    /* qword source indices for [Pg, Pg, Pg+1, Pg+1] from a 256-bit [Pg | Pg+1] */
-    c.lanes = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
-    return c;
 }
 
-/* Groups g and g+1 (32 packed bytes at p). */
-INLINE void mx_decode2(__m512 *f, const uint8_t *p, const mx_consts *c)
+/* rows r..r+R-1, tokens t..t+TT-1, groups [g0, g1); st: saved lanes, row-major [row - rb][MX_TMAX] */
+INLINE void mx_tile(float *y, __m512 *st, const uint8_t *packed, const uint8_t *scale, const float *xb, int xs,
+                    int rows, int cols, int r, int R, int t, int TT, int g0, int g1, int init, int fin)
 {
-    __m512i t = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p));
-    t = _mm512_permutexvar_epi64(c->lanes, t);
-    t = _mm512_shuffle_epi8(t, c->arr);
-    t = _mm512_and_si512(_mm512_srlv_epi64(t, c->shift), c->mask);
-    __m512i v = _mm512_shuffle_epi8(c->lut, t);
-    for (int k = 0; k < 4; k++)
-        f[k] = _mm512_cvtepi32_ps(_mm512_shuffle_epi8(v, c->spread[k]));
-}
-
-/* [x[a .. a+8) | x[b .. b+8)] */
-INLINE __m512 ld_x2(const float *xa, const float *xb)
-{
-    return INS256(_mm512_castps256_ps512(_mm256_loadu_ps(xa)), _mm256_loadu_ps(xb), 1);
-}
-
-static const float e8m0_low[3] = {0x1p-127f, 0x1p-126f, 0x1p-125f};
-
-/* The scalar spec's per-group scaling on one 8-lane half. */
-INLINE __m256 mx_scale_acc8(__m256 G, unsigned e, __m256 acc)
-{
-    if (e < 3)
-        return _mm256_fmadd_ps(_mm256_mul_ps(G, _mm256_set1_ps(0x1p-25f)), _mm256_broadcast_ss(&e8m0_low[e]), acc);
-    return _mm256_fmadd_ps(G, _mm256_broadcast_ss(&shoal__kernels_e8m0_mul[e]), acc);
-}
-
-/* Pair (g, g+1) of one token into acc = [acc_even | acc_odd]. */
-INLINE __m512 mx_pair(__m512 acc, const __m512 *f, unsigned e0, unsigned e1, const float *xg)
-{
-    __m512 G = _mm512_mul_ps(f[0], ld_x2(xg, xg + 32));
-    G = _mm512_fmadd_ps(f[1], ld_x2(xg + 8, xg + 40), G);
-    G = _mm512_fmadd_ps(f[2], ld_x2(xg + 16, xg + 48), G);
-    G = _mm512_fmadd_ps(f[3], ld_x2(xg + 24, xg + 56), G);
-    if (__builtin_expect(e0 < 3 || e1 < 3, 0)) {
-        __m256 lo = mx_scale_acc8(_mm512_castps512_ps256(G), e0, _mm512_castps512_ps256(acc));
-        __m256 hi = mx_scale_acc8(hi256(G), e1, hi256(acc));
-        return INS256(_mm512_castps256_ps512(lo), hi, 1);
-    }
-    __m512 s = INS256(_mm512_set1_ps(shoal__kernels_e8m0_mul[e0]), _mm256_set1_ps(shoal__kernels_e8m0_mul[e1]), 1);
-    return _mm512_fmadd_ps(G, s, acc);
-}
-
-/* A trailing odd group g into the low (even) half. */
-INLINE __m512 mx_last(__m512 acc, const __m512 *f, unsigned e, const float *xg)
-{
-    __m256 G = _mm256_mul_ps(_mm512_castps512_ps256(f[0]), _mm256_loadu_ps(xg));
-    G = _mm256_fmadd_ps(_mm512_castps512_ps256(f[1]), _mm256_loadu_ps(xg + 8), G);
-    G = _mm256_fmadd_ps(_mm512_castps512_ps256(f[2]), _mm256_loadu_ps(xg + 16), G);
-    G = _mm256_fmadd_ps(_mm512_castps512_ps256(f[3]), _mm256_loadu_ps(xg + 24), G);
-    __m256 lo = mx_scale_acc8(G, e, _mm512_castps512_ps256(acc));
-    return INS256(acc, lo, 0);
-}
-
-INLINE float mx_finish(__m512 acc)
-{
-    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc), hi256(acc)));
-}
-
-/* One row, TT tokens, decoding as it goes. */
-INLINE void mx_row(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int r, int t,
-                   int TT, const mx_consts *c)
-{
-    __m512 acc[4];
-    for (int b = 0; b < TT; b++)
-        acc[b] = _mm512_setzero_ps();
-    int ng = cols / 32, g = 0;
-    for (; g + 2 <= ng; g += 2) {
-        if ((g & 3) == 0)
-            _mm_prefetch((const char *)p + 16 * g + 1024, _MM_HINT_T0);
-        __m512 f[4];
-        mx_decode2(f, p + 16 * g, c);
+    __m512 acc[4][MX_TMAX];
+    for (int a = 0; a < R; a++)
         for (int b = 0; b < TT; b++)
-            acc[b] = mx_pair(acc[b], f, s[g], s[g + 1], x + (size_t)(t + b) * cols + 32 * g);
+            acc[a][b] = init ? _mm512_setzero_ps() : st[a * MX_TMAX + b];
+    int ng = cols / 32;
+    const uint8_t *p[4], *s[4];
+    for (int a = 0; a < R; a++) {
+        p[a] = packed + (size_t)(r + a) * (cols / 2);
+        s[a] = scale + (size_t)(r + a) * ng;
     }
-    if (g < ng) {
-        /* decode the last group alone: bytes past the row are not read */
-        __m512 f[4];
-        uint8_t tmp[32] = {0};
-        for (int j = 0; j < 16; j++)
-            tmp[j] = p[16 * g + j];
-        mx_decode2(f, tmp, c);
-        for (int b = 0; b < TT; b++)
-            acc[b] = mx_last(acc[b], f, s[g], x + (size_t)(t + b) * cols + 32 * g);
-    }
-    for (int b = 0; b < TT; b++)
-        y[(size_t)(t + b) * rows + r] = mx_finish(acc[b]);
-}
-
-/* constants built here so they can live in registers (see gemm_avx2.c) */
-__attribute__((noinline)) static void mx_row1(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows,
-                                              int cols, int r, int t)
-{
-    mx_consts c = mx_make();
-    mx_row(y, p, s, x, rows, cols, r, t, 1, &c);
-}
-
-__attribute__((noinline)) static void mx_row4(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows,
-                                              int cols, int r, int t)
-{
-    mx_consts c = mx_make();
-    mx_row(y, p, s, x, rows, cols, r, t, 4, &c);
-}
-
-/* T > 1: as in gemm_avx2.c, a block of rows is decoded once into a stack
- * buffer (a transient copy of a few rows, never of the matrix), then tiles of
- * MX_TT tokens run the chains over it in column blocks of MX_KB (the x tile
- * stays in L1), saving a tile's accumulators between column blocks (same
- * values, same order). Here a zmm holds one group of TWO rows, [row r lanes
- * 0-7 | row r+1 lanes 0-7], so the x operand of every FMA is one 8-float
- * slice broadcast to both halves (vbroadcastf32x8: a load, no shuffle), and
- * the canonical even/odd group accumulators are two zmm per token (E, O).
- * Lane l of each half runs exactly the scalar chain of its row: G[l] over
- * k = 0..3, then fmaf(G, 2^(e-152), acc[g mod 2]); the result is
- * hsum8(E + O) of the half. Decoding row r's groups as mx_decode2 does
- * (before: the row was decoded again for every 4-token tile, and x halves
- * were inserted per FMA: T = 128 ran slower than AVX2, docs/PERFORMANCE.md). */
-#define MX_BUF_FLOATS 32768 /* 128 KiB of stack */
-#define MX_KB 1024
-#define MX_PB_MAX 8 /* row pairs per block */
-#define MX_TT 8
-
-/* groups g of rows a and b (16 packed bytes each) -> f[k] = [a: cols 8k.. | b: cols 8k..] */
-INLINE void mx_decode_ab(__m512 *f, const uint8_t *pa, const uint8_t *pb, const mx_consts *c)
-{
-    __m256i ab = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa)),
-                                         _mm_loadu_si128((const __m128i *)pb), 1);
-    __m512i t = _mm512_permutexvar_epi64(c->lanes, _mm512_castsi256_si512(ab));
-    t = _mm512_shuffle_epi8(t, c->arr);
-    t = _mm512_and_si512(_mm512_srlv_epi64(t, c->shift), c->mask);
-    __m512i v = _mm512_shuffle_epi8(c->lut, t);
-    for (int k = 0; k < 4; k++)
-        f[k] = _mm512_cvtepi32_ps(_mm512_shuffle_epi8(v, c->spread[k]));
-}
-
-__attribute__((noinline)) static void mx_decode_pair(__m512 *w, const uint8_t *pa, const uint8_t *pb, int ng)
-{
-    mx_consts c = mx_make();
-    for (int g = 0; g < ng; g++)
-        mx_decode_ab(w + 4 * g, pa + 16 * g, pb + 16 * g, &c);
-}
-
-INLINE __m512 bc8(const float *p)
-{
-    return _mm512_broadcast_f32x8(_mm256_loadu_ps(p));
-}
-
-/* group g of both rows, TT tokens, into A[b] (E or O) */
-INLINE void mx_grp2(__m512 *A, const __m512 *f, unsigned ea, unsigned eb, const float *xt, int cols, int g, int TT)
-{
-    __m512 G[MX_TT];
-    for (int b = 0; b < TT; b++)
-        G[b] = _mm512_mul_ps(f[0], bc8(xt + (size_t)b * cols + 32 * g));
-    for (int k = 1; k < 4; k++)
-        for (int b = 0; b < TT; b++)
-            G[b] = _mm512_fmadd_ps(f[k], bc8(xt + (size_t)b * cols + 32 * g + 8 * k), G[b]);
-    if (__builtin_expect(ea < 3 || eb < 3, 0)) {
+    size_t pf = (size_t)R * (cols / 2); /* one tile ahead (2 and 4 measured no better, docs/PERFORMANCE.md) */
+    for (int g = g0; g < g1; g++) {
+        if ((g & 15) == 0)
+            for (int a = 0; a < R; a++)
+                _mm_prefetch((const char *)s[a] + (size_t)R * ng + g, _MM_HINT_T0);
+        __m512 wl[4], wh[4];
+        for (int a = 0; a < R; a++) {
+            if ((g & 3) == 0) /* the same line of the next tile's row (rows are short, see MX_PF) */
+                _mm_prefetch((const char *)p[a] + pf + 16 * g, _MM_HINT_T0);
+            mx_dec(&wl[a], &wh[a], p[a] + 16 * g, s[a][g]);
+        }
+        const float *xg = xb + 32 * (g - g0);
         for (int b = 0; b < TT; b++) {
-            __m256 lo = mx_scale_acc8(_mm512_castps512_ps256(G[b]), ea, _mm512_castps512_ps256(A[b]));
-            __m256 hi = mx_scale_acc8(hi256(G[b]), eb, hi256(A[b]));
-            A[b] = INS256(_mm512_castps256_ps512(lo), hi, 1);
+            __m512 xe = _mm512_load_ps(xg + (size_t)b * xs);
+            for (int a = 0; a < R; a++)
+                acc[a][b] = _mm512_fmadd_ps(wl[a], xe, acc[a][b]);
         }
-        return;
-    }
-    __m512 sc = INS256(_mm512_set1_ps(shoal__kernels_e8m0_mul[ea]), _mm256_set1_ps(shoal__kernels_e8m0_mul[eb]), 1);
-    for (int b = 0; b < TT; b++)
-        A[b] = _mm512_fmadd_ps(G[b], sc, A[b]);
-}
-
-/* rows r (and r+1 when two), tokens t..t+TT-1, groups [g0, g1) */
-INLINE void mx_tile2(float *y, __m512 *st, const __m512 *wb, const uint8_t *sa, const uint8_t *sb, const float *x,
-                     int rows, int cols, int r, int two, int t, int TT, int g0, int g1)
-{
-    __m512 E[MX_TT], O[MX_TT];
-    int init = g0 == 0, fin = g1 == cols / 32;
-    for (int b = 0; b < TT; b++) {
-        E[b] = init ? _mm512_setzero_ps() : st[2 * b];
-        O[b] = init ? _mm512_setzero_ps() : st[2 * b + 1];
-    }
-    const float *xt = x + (size_t)t * cols;
-    int g = g0;
-    for (; g + 2 <= g1; g += 2) {
-        mx_grp2(E, wb + 4 * g, sa[g], sb[g], xt, cols, g, TT);
-        mx_grp2(O, wb + 4 * (g + 1), sa[g + 1], sb[g + 1], xt, cols, g + 1, TT);
-    }
-    if (g < g1)
-        mx_grp2(E, wb + 4 * g, sa[g], sb[g], xt, cols, g, TT);
-    for (int b = 0; b < TT; b++) {
-        if (fin) {
-            __m512 v = _mm512_add_ps(E[b], O[b]);
-            y[(size_t)(t + b) * rows + r] = hsum8(_mm512_castps512_ps256(v));
-            if (two)
-                y[(size_t)(t + b) * rows + r + 1] = hsum8(hi256(v));
-        } else {
-            st[2 * b] = E[b];
-            st[2 * b + 1] = O[b];
+        for (int b = 0; b < TT; b++) {
+            __m512 xo = _mm512_load_ps(xg + (size_t)b * xs + 16);
+            for (int a = 0; a < R; a++)
+                acc[a][b] = _mm512_fmadd_ps(wh[a], xo, acc[a][b]);
         }
     }
+    for (int a = 0; a < R; a++)
+        for (int b = 0; b < TT; b++) {
+            if (fin)
+                y[(size_t)(t + b) * rows + r + a] = 4.0f * hsum16(acc[a][b]);
+            else
+                st[a * MX_TMAX + b] = acc[a][b];
+        }
 }
 
-#define MX_TILE2_FN(name, TT)                                                                               \
-    __attribute__((noinline)) static void name(float *y, __m512 *st, const __m512 *wb, const uint8_t *sa,     \
-                                               const uint8_t *sb, const float *x, int rows, int cols, int r,  \
-                                               int two, int t, int g0, int g1)                                \
+typedef void (*mx_tile_fn)(float *y, __m512 *st, const uint8_t *packed, const uint8_t *scale, const float *xb,
+                           int xs, int rows, int cols, int r, int t, int g0, int g1);
+#define MX_TILE(R, TT)                                                                                      \
+    __attribute__((noinline)) static void mx_tile_##R##x##TT(float *y, __m512 *st, const uint8_t *packed,     \
+                                                             const uint8_t *scale, const float *xb, int xs,   \
+                                                             int rows, int cols, int r, int t, int g0, int g1) \
     {                                                                                                       \
-        mx_tile2(y, st, wb, sa, sb, x, rows, cols, r, two, t, TT, g0, g1);                                  \
+        mx_tile(y, st, packed, scale, xb, xs, rows, cols, r, R, t, TT, g0, g1, g0 == 0, g1 == cols / 32);   \
     }
-MX_TILE2_FN(mx_tile2N, MX_TT)
-MX_TILE2_FN(mx_tile2_4, 4)
-MX_TILE2_FN(mx_tile2_1, 1)
+MX_TILE(4, 1)
+MX_TILE(1, 1)
+MX_TILE(4, 2)
+MX_TILE(1, 2)
+MX_TILE(4, 4)
+MX_TILE(1, 4)
 
 static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
                        int T, int r0, int r1)
@@ -419,44 +280,30 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
         shoal__kernels_gemm_mxfp4_scalar(y, packed, scale, x, rows, cols, T, r0, r1);
         return;
     }
+    __attribute__((aligned(64))) float xb[MX_XB];
+    __m512 st[MX_RB * MX_TMAX];
     int ng = cols / 32;
-    size_t pair_vecs = (size_t)ng * 4; /* zmm per decoded row pair */
-    if (T == 1 || pair_vecs * 16 > MX_BUF_FLOATS) {
-        for (int r = r0; r < r1; r++) {
-            const uint8_t *p = packed + (size_t)r * (cols / 2), *s = scale + (size_t)r * ng;
-            int t = 0;
-            for (; t + 4 <= T; t += 4)
-                mx_row4(y, p, s, x, rows, cols, r, t);
-            for (; t < T; t++)
-                mx_row1(y, p, s, x, rows, cols, r, t);
-        }
-        return;
-    }
-    __m512 buf[MX_BUF_FLOATS / 16];
-    __m512 st[MX_PB_MAX][2 * MX_TT];
-    int pb = (int)(MX_BUF_FLOATS / 16 / pair_vecs);
-    pb = pb > MX_PB_MAX ? MX_PB_MAX : pb;
-    for (int ra = r0; ra < r1; ra += 2 * pb) {
-        int re = ra + 2 * pb < r1 ? ra + 2 * pb : r1;
-        for (int r = ra; r < re; r += 2) {
-            int rr = r + 1 < re ? r + 1 : r; /* an odd last row pairs with itself; its twin is not stored */
-            mx_decode_pair(buf + (size_t)((r - ra) / 2) * pair_vecs, packed + (size_t)r * (cols / 2),
-                           packed + (size_t)rr * (cols / 2), ng);
-        }
-        for (int t = 0; t < T;) {
-            int TT = T - t >= MX_TT ? MX_TT : T - t >= 4 ? 4 : 1;
-            for (int g0 = 0; g0 < ng; g0 += MX_KB / 32) {
-                int g1 = g0 + MX_KB / 32 < ng ? g0 + MX_KB / 32 : ng;
-                for (int r = ra; r < re; r += 2) {
-                    int two = r + 1 < re, rr = two ? r + 1 : r;
-                    const __m512 *wr = buf + (size_t)((r - ra) / 2) * pair_vecs;
-                    (TT == MX_TT ? mx_tile2N : TT == 4 ? mx_tile2_4 : mx_tile2_1)(
-                        y, st[(r - ra) / 2], wr, scale + (size_t)r * ng, scale + (size_t)rr * ng, x, rows, cols, r,
-                        two, t, g0, g1);
-                }
+    for (int t = 0; t < T;) {
+        int TT = T - t >= 4 ? 4 : T - t >= 2 ? 2 : 1, R = 4;
+        mx_tile_fn big = TT == 4 ? mx_tile_4x4 : TT == 2 ? mx_tile_4x2 : mx_tile_4x1;
+        mx_tile_fn one = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_1x1;
+        int kb = MX_XB / TT / 32; /* groups per column block */
+        int xs = kb * 32;
+        /* one column block: no lanes to save, so the rows need no blocking */
+        int rbs = ng <= kb ? r1 - r0 : MX_RB;
+        for (int rb = r0; rb < r1; rb += rbs) {
+            int re = rb + rbs < r1 ? rb + rbs : r1;
+            for (int g0 = 0; g0 < ng; g0 += kb) {
+                int g1 = g0 + kb < ng ? g0 + kb : ng;
+                mx_deint(xb, xs, x, cols, t, TT, g0, g1);
+                int r = rb;
+                for (; r + R <= re; r += R)
+                    big(y, st + (size_t)(r - rb) * MX_TMAX, packed, scale, xb, xs, rows, cols, r, t, g0, g1);
+                for (; r < re; r++)
+                    one(y, st + (size_t)(r - rb) * MX_TMAX, packed, scale, xb, xs, rows, cols, r, t, g0, g1);
             }
-            t += TT;
         }
+        t += TT;
     }
 }
 
@@ -548,6 +395,7 @@ static void kda_head(float *o, float *S, const float *q, const float *k, const f
 
 int shoal__kernels_fill_avx512(shoal__kernels_table *t)
 {
+    shoal__kernels_mx_tables(); /* the MXFP4 decoders read them */
     t->gemm_bf16 = gemm_bf16;
     t->gemm_f32 = gemm_f32;
     t->gemm_mxfp4 = gemm_mxfp4;

@@ -75,6 +75,7 @@ static int isa_usable(shoal_isa isa)
     if (!shoal_kernels_cpu_has(isa))
         return 0;
     if (!isa_built[isa]) {
+        shoal__kernels_mx_tables();
         isa_tables[isa] = scalar_table;
         int ok = 1;
         if (isa == SHOAL_ISA_AVX2)

@@ -80,13 +80,18 @@ int shoal__kernels_fill_avx512(shoal__kernels_table *t);
 
 extern const shoal__kernels_table *shoal__kernels_active;
 
-/* E2M1 code -> 2 * value, as a signed integer (codes 8..15 negate 0..7). */
-extern const int8_t shoal__kernels_e2m1x2[16];
-/* Multiplier applied to a group's scaled partial sum for E8M0 code e:
- * 2^(e-152) for 3 <= e <= 254 (the group sum carries a 2^25 factor, see
- * README "MXFP4"), NaN for e = 255; entries 0..2 are unused (those codes take
- * the two-step path). */
-extern const float shoal__kernels_e8m0_mul[256];
+/* E2M1 code -> E2M1 value / 4 (codes 8..15 negate 0..7; code 8 is -0). */
+extern const float shoal__kernels_e2m1q[16];
+/* E8M0 code -> 2^(e-127) (exact, subnormal for e = 0), NaN for e = 255. */
+float shoal__kernels_e8m0(unsigned e);
+/* Dequantisation tables built once by shoal_kernels_init (kernels.c):
+ * mx_w[e][c] = e2m1q[c] * 2^(e-127), the exact fp32 weight of code c in a
+ * group with E8M0 code e (NaN for e = 255), 64-byte aligned rows for vpermps;
+ * mx_bf[e] the same values as bf16 (exact: one mantissa bit), split into low
+ * bytes [0..15] and high bytes [16..31] for vpshufb. */
+extern float shoal__kernels_mx_w[256][16];
+extern uint8_t shoal__kernels_mx_bf[256][32];
+void shoal__kernels_mx_tables(void);
 
 static inline float shoal__bf16f(uint16_t h)
 {
