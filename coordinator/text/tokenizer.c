@@ -38,6 +38,8 @@ struct shoal_tok {
     uint32_t *off;     /* n_ranks + 1 offsets into bytes */
     uint64_t *slots;   /* hash: (tag << 32) | (rank + 1); 0 = empty */
     uint32_t mask;
+    uint64_t *filt;    /* filter in front of slots (see filt_bits), fmask + 1 words */
+    uint32_t fmask;
     int32_t *pair;     /* rank of each 2-byte string (65536), RANK_NONE if none */
     int32_t byte_rank[256];
     char **sname;      /* n_reserved special names (named or reserved_token_ID) */
@@ -174,7 +176,27 @@ static inline int same_bytes(const uint8_t *a, const uint8_t *b, size_t n)
     return 1;
 }
 
-static inline int32_t rank_of_h(const shoal_tok *t, const uint8_t *p, size_t n, uint64_t h)
+/* The rank table (2^19 slots x 8 bytes with K3's 163,584 ranks) is larger
+ * than L2, and most lookups of a byte-level BPE are for strings that are no
+ * token (the bytes across two merged parts): each was a cache miss on the
+ * first probe. A blocked Bloom filter of 3 bits in one 64-bit word per token
+ * (n_ranks / 8 words: 256 KiB for K3, fits L2 beside the pair table) answers
+ * most of those without touching the table; a filter "maybe" goes on to the
+ * exact lookup, so the answer never depends on it. Bits of h: word index from
+ * 20 up, bit positions 46..63 (the slot index uses 0..18, the tag 32..63). */
+static inline uint64_t filt_bits(uint64_t h)
+{
+    return 1ull << ((h >> 46) & 63) | 1ull << ((h >> 52) & 63) | 1ull << (h >> 58);
+}
+
+static inline int filt_maybe(const shoal_tok *t, uint64_t h)
+{
+    uint64_t m = filt_bits(h);
+    return (t->filt[(h >> 20) & t->fmask] & m) == m;
+}
+
+/* the exact lookup, after the filter said maybe */
+static inline int32_t probe(const shoal_tok *t, const uint8_t *p, size_t n, uint64_t h)
 {
     uint32_t tag = (uint32_t)(h >> 32), i = (uint32_t)h & t->mask;
     for (;;) {
@@ -190,9 +212,20 @@ static inline int32_t rank_of_h(const shoal_tok *t, const uint8_t *p, size_t n, 
     }
 }
 
+static inline int32_t rank_of_h(const shoal_tok *t, const uint8_t *p, size_t n, uint64_t h)
+{
+    return filt_maybe(t, h) ? probe(t, p, n, h) : RANK_NONE;
+}
+
 static inline int32_t rank_of(const shoal_tok *t, const uint8_t *p, size_t n)
 {
     return rank_of_h(t, p, n, hash_bytes(p, n));
+}
+
+int32_t shoal__tok_rank(const shoal_tok *t, const uint8_t *p, size_t n)
+{
+    int32_t r = rank_of(t, p, n);
+    return r == RANK_NONE ? -1 : r;
 }
 
 static int b64val(int c)
@@ -276,6 +309,7 @@ static void hash_insert(shoal_tok *t, int32_t r)
     while (t->slots[i])
         i = (i + 1) & t->mask;
     t->slots[i] = (h >> 32) << 32 | (uint64_t)(uint32_t)(r + 1);
+    t->filt[(h >> 20) & t->fmask] |= filt_bits(h);
 }
 
 static int load_ranks(shoal_tok *t, const char *path, char *err, size_t errlen)
@@ -374,6 +408,11 @@ static int load_ranks(shoal_tok *t, const char *path, char *err, size_t errlen)
             cap <<= 1;
         t->mask = cap - 1;
         t->slots = shoal_xcalloc(cap, sizeof *t->slots);
+        uint32_t fw = 64;
+        while (fw < (uint32_t)n / 8u)
+            fw <<= 1;
+        t->fmask = fw - 1;
+        t->filt = shoal_xcalloc(fw, sizeof *t->filt);
         for (int32_t r = 0; r < n && !rc; r++) {
             size_t tl = t->off[r + 1] - t->off[r];
             if (rank_of(t, t->bytes + t->off[r], tl) != RANK_NONE)
@@ -645,6 +684,7 @@ void shoal_tok_close(shoal_tok *t)
     free(t->bytes);
     free(t->off);
     free(t->slots);
+    free(t->filt);
     free(t->pair);
     pcre2_code_free(t->re);
     free(t);
@@ -770,10 +810,22 @@ static void bpe_small(const shoal_tok *t, const uint8_t *p, size_t n, shoal_tok_
         if (best == RANK_NONE)
             break;
         /* parts bi and bi+1 become the token `best` */
+        /* the two new candidates (left part + merged, merged + right part)
+         * are independent lookups: filter both, then start both table
+         * probes before waiting on either (each is a likely cache miss) */
+        int hl = bi > 0 && bi + 2 < m, hr = bi + 3 < m;
+        const uint8_t *pl = p + (hl ? start[bi - 1] : 0), *pr = p + start[bi];
+        size_t nl = hl ? start[bi + 2] - start[bi - 1] : 0, nr = hr ? start[bi + 3] - start[bi] : 0;
+        uint64_t xl = hl ? hash_bytes(pl, nl) : 0, xr = hr ? hash_bytes(pr, nr) : 0;
+        hl = hl && filt_maybe(t, xl);
+        hr = hr && filt_maybe(t, xr);
+        if (hl)
+            __builtin_prefetch(&t->slots[(uint32_t)xl & t->mask]);
+        if (hr)
+            __builtin_prefetch(&t->slots[(uint32_t)xr & t->mask]);
         if (bi > 0)
-            rank[bi - 1] = bi + 2 < m ? rank_of(t, p + start[bi - 1], start[bi + 2] - start[bi - 1])
-                                      : RANK_NONE;
-        rank[bi] = bi + 3 < m ? rank_of(t, p + start[bi], start[bi + 3] - start[bi]) : RANK_NONE;
+            rank[bi - 1] = hl ? probe(t, pl, nl, xl) : RANK_NONE;
+        rank[bi] = hr ? probe(t, pr, nr, xr) : RANK_NONE;
         tok[bi] = best;
         memmove(start + bi + 1, start + bi + 2, (m - bi - 2) * sizeof *start);
         memmove(rank + bi + 1, rank + bi + 2, (m - bi - 2) * sizeof *rank);

@@ -22,7 +22,14 @@
  *   6  WS*[\r\n]+: the WS run up to and including its last \r or \n.
  *   7  WS+(?!\S): the run less its last character (the whole run at the end
  *      of the subject), when that leaves at least one character.
- *   8  WS+: the one-character run. */
+ *   8  WS+: the one-character run.
+ *
+ * And one non-ASCII case, the CJK one (PCRE2 was a third of the instructions
+ * of a Chinese text): alternative 1 (Han+) comes first and is greedy with
+ * nothing after it, so a piece that starts with a Han character is the whole
+ * run of Han characters. han_class() knows some ranges for sure (Han, or not
+ * Han) and says "unknown" elsewhere; the unit test t_han_class checks every
+ * code point it claims against PCRE2's class, so it cannot drift. */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -79,11 +86,67 @@ static inline size_t contraction(const uint8_t *s, size_t n, size_t e)
     return e;
 }
 
+int shoal__tok_han_class(uint32_t c)
+{
+    if (c < 0x2E80)
+        return 0;
+    if ((c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF))
+        return 1;
+    if ((c >= 0x3000 && c <= 0x3004) || (c >= 0x3008 && c <= 0x3020) || (c >= 0x3040 && c <= 0x30FF) ||
+        (c >= 0xAC00 && c <= 0xD7A3) || (c >= 0xFF00 && c <= 0xFFEF))
+        return 0;
+    return -1;
+}
+
+/* the code point at s[i] (valid UTF-8) and its length in *l; 0 for a
+ * sequence cut by n (then PCRE2 decides) */
+static inline uint32_t cp_at(const uint8_t *s, size_t n, size_t i, size_t *l)
+{
+    uint8_t c = s[i];
+    size_t k = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    if (i + k > n)
+        return *l = 0;
+    *l = k;
+    switch (k) {
+    case 1:
+        return c;
+    case 2:
+        return (uint32_t)(c & 0x1F) << 6 | (s[i + 1] & 0x3F);
+    case 3:
+        return (uint32_t)(c & 0x0F) << 12 | (uint32_t)(s[i + 1] & 0x3F) << 6 | (s[i + 2] & 0x3F);
+    default:
+        return (uint32_t)(c & 0x07) << 18 | (uint32_t)(s[i + 1] & 0x3F) << 12 |
+               (uint32_t)(s[i + 2] & 0x3F) << 6 | (s[i + 3] & 0x3F);
+    }
+}
+
+/* alternative 1 at a non-ASCII s[i]: the end of the Han run, or 0 */
+static size_t han_piece(const uint8_t *s, size_t n, size_t i)
+{
+    size_t l, j = i;
+    uint32_t c = cp_at(s, n, j, &l);
+    if (!l || shoal__tok_han_class(c) != 1)
+        return 0;
+    for (;;) {
+        j += l;
+        if (j == n)
+            return j;
+        c = cp_at(s, n, j, &l);
+        if (!l)
+            return 0;
+        int h = shoal__tok_han_class(c);
+        if (h == 0)
+            return j;
+        if (h < 0)
+            return 0;
+    }
+}
+
 size_t shoal__tok_ascii_piece(const uint8_t *s, size_t n, size_t i)
 {
     uint8_t c = s[i];
     if (c >= 0x80)
-        return 0;
+        return han_piece(s, n, i);
     int stop;
     /* 2, 3: letters, with one PREFIX character before them */
     size_t j = i;
