@@ -956,17 +956,24 @@ void shoal__tok_bpe_forced(const shoal_tok *t, const uint8_t *p, size_t n, int h
 
 /* A cache of the ids of BPE-encoded pieces, per encode call (so the tokenizer
  * stays immutable and shareable): text repeats its words, and BPE is most of
- * the work once the split is fast. Only for long inputs (the table is 1.3 MiB)
- * and short pieces; keys point into the call's text, which outlives it. */
+ * the work once the split is fast. Only for long inputs (the table is 1 MiB)
+ * and short pieces; keys point into the call's text, which outlives it. One
+ * 16-byte entry per slot, so a probe or an insert is one cache line (text
+ * whose pieces rarely repeat, like CJK, pays a miss per piece: it was five,
+ * one per array, when the fields were apart). */
 #define CACHE_MIN_TEXT 16384
 #define CACHE_SLOTS (1u << 16)
 #define CACHE_MAX_PIECE 48
 
 typedef struct {
-    uint64_t *hash;   /* CACHE_SLOTS; 0 = empty */
-    uint32_t *where;  /* piece offset in the text */
-    uint32_t *first;  /* its ids in store */
-    uint8_t *plen, *nids;
+    uint32_t tag;   /* high half of the piece's hash | 1; 0 = empty */
+    uint32_t where; /* piece offset in the text */
+    uint32_t first; /* its ids in store */
+    uint8_t plen, nids;
+} cache_ent;
+
+typedef struct {
+    cache_ent *ent; /* CACHE_SLOTS */
     const uint8_t *base;
     shoal_tok_ids store;
     uint32_t used;
@@ -984,11 +991,7 @@ static void cache_init(enc_scratch *sc, const uint8_t *base, size_t len)
     if (len < CACHE_MIN_TEXT || len > UINT32_MAX)
         return;
     piece_cache *c = shoal_xcalloc(1, sizeof *c);
-    c->hash = shoal_xcalloc(CACHE_SLOTS, sizeof *c->hash);
-    c->where = shoal_xmalloc(CACHE_SLOTS * sizeof *c->where);
-    c->first = shoal_xmalloc(CACHE_SLOTS * sizeof *c->first);
-    c->plen = shoal_xmalloc(CACHE_SLOTS);
-    c->nids = shoal_xmalloc(CACHE_SLOTS);
+    c->ent = shoal_xcalloc(CACHE_SLOTS, sizeof *c->ent);
     c->base = base;
     sc->cache = c;
 }
@@ -997,11 +1000,7 @@ static void cache_free(piece_cache *c)
 {
     if (!c)
         return;
-    free(c->hash);
-    free(c->where);
-    free(c->first);
-    free(c->plen);
-    free(c->nids);
+    free(c->ent);
     shoal_tok_ids_free(&c->store);
     free(c);
 }
@@ -1018,6 +1017,10 @@ static inline void encode_piece(const shoal_tok *t, piece_cache *c, const uint8_
                                 shoal_tok_ids *out)
 {
     uint64_t h = hash_bytes(p, n);
+    int cached = c && n <= CACHE_MAX_PIECE;
+    uint32_t i = (uint32_t)(h >> 16) & (CACHE_SLOTS - 1), tag = (uint32_t)(h >> 32) | 1;
+    if (cached) /* its line loads while the rank table answers */
+        __builtin_prefetch(&c->ent[i]);
     /* tiktoken: a piece that is itself a token is that token, whatever the
      * merges would say */
     int32_t r = rank_of_h(t, p, n, h);
@@ -1025,19 +1028,18 @@ static inline void encode_piece(const shoal_tok *t, piece_cache *c, const uint8_
         shoal_tok_ids_push(out, r);
         return;
     }
-    if (!c || n > CACHE_MAX_PIECE) {
+    if (!cached) {
         bpe_any(t, p, n, out);
         return;
     }
-    h |= 1; /* 0 marks an empty slot */
-    uint32_t i = (uint32_t)(h >> 20) & (CACHE_SLOTS - 1);
     for (;;) {
-        if (!c->hash[i])
+        cache_ent *e = &c->ent[i];
+        if (!e->tag)
             break;
-        if (c->hash[i] == h && c->plen[i] == n && same_bytes(c->base + c->where[i], p, n)) {
-            ids_reserve(out, c->nids[i]);
-            memcpy(out->v + out->n, c->store.v + c->first[i], c->nids[i] * sizeof *out->v);
-            out->n += c->nids[i];
+        if (e->tag == tag && e->plen == n && same_bytes(c->base + e->where, p, n)) {
+            ids_reserve(out, e->nids);
+            memcpy(out->v + out->n, c->store.v + e->first, e->nids * sizeof *out->v);
+            out->n += e->nids;
             return;
         }
         i = (i + 1) & (CACHE_SLOTS - 1);
@@ -1046,11 +1048,11 @@ static inline void encode_piece(const shoal_tok *t, piece_cache *c, const uint8_
     bpe_any(t, p, n, out);
     if (c->used >= CACHE_SLOTS / 2)
         return; /* full enough: stop adding */
-    c->hash[i] = h;
-    c->where[i] = (uint32_t)(p - c->base);
-    c->plen[i] = (uint8_t)n;
-    c->nids[i] = (uint8_t)(out->n - before);
-    c->first[i] = (uint32_t)c->store.n;
+    c->ent[i] = (cache_ent){.tag = tag,
+                            .where = (uint32_t)(p - c->base),
+                            .first = (uint32_t)c->store.n,
+                            .plen = (uint8_t)n,
+                            .nids = (uint8_t)(out->n - before)};
     ids_reserve(&c->store, out->n - before);
     memcpy(c->store.v + c->store.n, out->v + before, (out->n - before) * sizeof *out->v);
     c->store.n += out->n - before;
