@@ -800,20 +800,23 @@ static void bpe_small(const shoal_tok *t, const uint8_t *p, size_t n, shoal_tok_
     start[n] = (uint32_t)n;
     rank[n] = RANK_NONE;
     for (;;) {
-        int32_t best = RANK_NONE;
-        size_t bi = 0;
-        for (size_t i = 0; i + 1 < m; i++)
-            if (rank[i] < best) {
-                best = rank[i];
-                bi = i;
-            }
+        /* the leftmost lowest rank: the least (rank, index), without a
+         * branch per part (which rank is least is data, not a pattern) */
+        uint64_t key = UINT64_MAX;
+        for (size_t i = 0; i + 1 < m; i++) {
+            uint64_t k = (uint64_t)(uint32_t)rank[i] << 32 | i;
+            key = k < key ? k : key;
+        }
+        int32_t best = (int32_t)(key >> 32);
+        size_t bi = (uint32_t)key;
         if (best == RANK_NONE)
             break;
-        /* parts bi and bi+1 become the token `best` */
-        /* the two new candidates (left part + merged, merged + right part)
-         * are independent lookups: filter both, then start both table
-         * probes before waiting on either (each is a likely cache miss) */
+        /* parts bi and bi+1 become the token `best`; the two new candidates
+         * (left part + merged, merged + right part) are independent lookups:
+         * filter both, then start both table probes before waiting on either
+         * (each is a likely cache miss) */
         int hl = bi > 0 && bi + 2 < m, hr = bi + 3 < m;
+        int32_t rl = RANK_NONE, rr = RANK_NONE;
         const uint8_t *pl = p + (hl ? start[bi - 1] : 0), *pr = p + start[bi];
         size_t nl = hl ? start[bi + 2] - start[bi - 1] : 0, nr = hr ? start[bi + 3] - start[bi] : 0;
         uint64_t xl = hl ? hash_bytes(pl, nl) : 0, xr = hr ? hash_bytes(pr, nr) : 0;
@@ -823,9 +826,13 @@ static void bpe_small(const shoal_tok *t, const uint8_t *p, size_t n, shoal_tok_
             __builtin_prefetch(&t->slots[(uint32_t)xl & t->mask]);
         if (hr)
             __builtin_prefetch(&t->slots[(uint32_t)xr & t->mask]);
+        if (hl)
+            rl = probe(t, pl, nl, xl);
+        if (hr)
+            rr = probe(t, pr, nr, xr);
         if (bi > 0)
-            rank[bi - 1] = hl ? probe(t, pl, nl, xl) : RANK_NONE;
-        rank[bi] = hr ? probe(t, pr, nr, xr) : RANK_NONE;
+            rank[bi - 1] = rl;
+        rank[bi] = rr;
         tok[bi] = best;
         memmove(start + bi + 1, start + bi + 2, (m - bi - 2) * sizeof *start);
         memmove(rank + bi + 1, rank + bi + 2, (m - bi - 2) * sizeof *rank);

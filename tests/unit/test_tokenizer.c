@@ -361,12 +361,8 @@ static void t_load_refusals(void)
 
 /* ---------------------------------------------------------------- BPE -- */
 
-static void t_bpe_small_equals_heap(void)
+static void bpe_small_equals_heap(shoal_tok *t)
 {
-    shoal_tok *t = open_tiny();
-    CHECK(t != NULL);
-    if (!t)
-        return;
     uint8_t buf[400];
     for (int iter = 0; iter < 3000; iter++) {
         /* a concatenation of random tokens, or random bytes */
@@ -401,6 +397,23 @@ static void t_bpe_small_equals_heap(void)
         if (!same)
             break;
     }
+}
+
+static shoal_tok *open_real(void);
+
+/* on the project's vocabulary, and on K3's (163,584 ranks: the rank filter in
+ * front of a table larger than the cache, tokens of CJK characters and words) */
+static void t_bpe_small_equals_heap(void)
+{
+    shoal_tok *t = open_tiny();
+    CHECK(t != NULL);
+    if (t)
+        bpe_small_equals_heap(t);
+    t = open_real();
+    if (!t)
+        return;
+    bpe_small_equals_heap(t);
+    shoal_tok_close(t);
 }
 
 /* The fast path of the split against PCRE2 alone, on random text that is
