@@ -797,19 +797,18 @@ void shoal_tok_ids_push(shoal_tok_ids *ids, int32_t id)
 
 /* ----------------------------------------------------------------- BPE -- */
 
-/* tiktoken's merge loop: parts[i] = boundary start, rank[i] = rank of merging
- * part i with part i+1; repeatedly merge the leftmost lowest rank. Quadratic,
- * fastest for short pieces. n >= 2, n <= BPE_SMALL_MAX. */
 typedef struct {
     uint32_t start; /* its first byte */
     int32_t rank;   /* of merging it with the next part */
     int32_t tok;    /* its token */
 } bpe_part;
 
+/* tiktoken's merge loop: q[i] = part i (its start, the rank of merging it with
+ * part i+1, its token); repeatedly merge the leftmost lowest rank. Quadratic,
+ * fastest for short pieces. n >= 2, n <= BPE_SMALL_MAX. */
 static void bpe_small(const shoal_tok *t, const uint8_t *p, size_t n, shoal_tok_ids *out)
 {
-    /* one array of parts, so a merge is one memmove (three were a third of
-     * the merge's time on CJK pieces) */
+    /* one array of parts, so a merge is one memmove, not three */
     bpe_part q[BPE_SMALL_MAX + 1];
     size_t m = n + 1;
     for (size_t i = 0; i + 1 < n; i++)
