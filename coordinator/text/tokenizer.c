@@ -38,6 +38,8 @@ struct shoal_tok {
     uint32_t *off;     /* n_ranks + 1 offsets into bytes */
     uint64_t *slots;   /* hash: (tag << 32) | (rank + 1); 0 = empty */
     uint32_t mask;
+    uint64_t *filt;    /* filter in front of slots (see filt_bits), fmask + 1 words */
+    uint32_t fmask;
     int32_t *pair;     /* rank of each 2-byte string (65536), RANK_NONE if none */
     int32_t byte_rank[256];
     char **sname;      /* n_reserved special names (named or reserved_token_ID) */
@@ -155,26 +157,63 @@ static inline uint64_t hash_bytes(const uint8_t *p, size_t n)
     return h;
 }
 
-/* memcmp(a, b, n) == 0 for the short strings of BPE, without a libc call */
+/* memcmp(a, b, n) == 0 for the short strings of BPE, without a libc call or
+ * a loop per byte: the first and the last word of the width that fits n
+ * (overlapping when n is not a multiple), never a byte outside [0, n) */
 static inline int same_bytes(const uint8_t *a, const uint8_t *b, size_t n)
 {
-    while (n >= 8) {
+    if (n >= 8) {
         uint64_t x, y;
-        memcpy(&x, a, 8);
-        memcpy(&y, b, 8);
-        if (x != y)
-            return 0;
-        a += 8;
-        b += 8;
-        n -= 8;
+        for (size_t i = 0; i + 8 < n; i += 8) {
+            memcpy(&x, a + i, 8);
+            memcpy(&y, b + i, 8);
+            if (x != y)
+                return 0;
+        }
+        memcpy(&x, a + n - 8, 8);
+        memcpy(&y, b + n - 8, 8);
+        return x == y;
     }
-    while (n--)
-        if (*a++ != *b++)
-            return 0;
-    return 1;
+    if (n >= 4) {
+        uint32_t x0, y0, x1, y1;
+        memcpy(&x0, a, 4);
+        memcpy(&y0, b, 4);
+        memcpy(&x1, a + n - 4, 4);
+        memcpy(&y1, b + n - 4, 4);
+        return ((x0 ^ y0) | (x1 ^ y1)) == 0;
+    }
+    if (n >= 2) {
+        uint16_t x0, y0, x1, y1;
+        memcpy(&x0, a, 2);
+        memcpy(&y0, b, 2);
+        memcpy(&x1, a + n - 2, 2);
+        memcpy(&y1, b + n - 2, 2);
+        return ((x0 ^ y0) | (x1 ^ y1)) == 0;
+    }
+    return n == 0 || a[0] == b[0];
 }
 
-static inline int32_t rank_of_h(const shoal_tok *t, const uint8_t *p, size_t n, uint64_t h)
+/* The rank table (2^19 slots x 8 bytes with K3's 163,584 ranks) is larger
+ * than L2, and most lookups of a byte-level BPE are for strings that are no
+ * token (the bytes across two merged parts): each was a cache miss on the
+ * first probe. A blocked Bloom filter of 3 bits in one 64-bit word per token
+ * (n_ranks / 8 words: 256 KiB for K3, fits L2 beside the pair table) answers
+ * most of those without touching the table; a filter "maybe" goes on to the
+ * exact lookup, so the answer never depends on it. Bits of h: word index from
+ * 20 up, bit positions 46..63 (the slot index uses 0..18, the tag 32..63). */
+static inline uint64_t filt_bits(uint64_t h)
+{
+    return 1ull << ((h >> 46) & 63) | 1ull << ((h >> 52) & 63) | 1ull << (h >> 58);
+}
+
+static inline int filt_maybe(const shoal_tok *t, uint64_t h)
+{
+    uint64_t m = filt_bits(h);
+    return (t->filt[(h >> 20) & t->fmask] & m) == m;
+}
+
+/* the exact lookup, after the filter said maybe */
+static inline int32_t probe(const shoal_tok *t, const uint8_t *p, size_t n, uint64_t h)
 {
     uint32_t tag = (uint32_t)(h >> 32), i = (uint32_t)h & t->mask;
     for (;;) {
@@ -190,9 +229,20 @@ static inline int32_t rank_of_h(const shoal_tok *t, const uint8_t *p, size_t n, 
     }
 }
 
+static inline int32_t rank_of_h(const shoal_tok *t, const uint8_t *p, size_t n, uint64_t h)
+{
+    return filt_maybe(t, h) ? probe(t, p, n, h) : RANK_NONE;
+}
+
 static inline int32_t rank_of(const shoal_tok *t, const uint8_t *p, size_t n)
 {
     return rank_of_h(t, p, n, hash_bytes(p, n));
+}
+
+int32_t shoal__tok_rank(const shoal_tok *t, const uint8_t *p, size_t n)
+{
+    int32_t r = rank_of(t, p, n);
+    return r == RANK_NONE ? -1 : r;
 }
 
 static int b64val(int c)
@@ -278,6 +328,7 @@ static void hash_insert(shoal_tok *t, int32_t r)
     while (t->slots[i])
         i = (i + 1) & t->mask;
     t->slots[i] = (h >> 32) << 32 | (uint64_t)(uint32_t)(r + 1);
+    t->filt[(h >> 20) & t->fmask] |= filt_bits(h);
 }
 
 static int load_ranks(shoal_tok *t, const char *path, char *err, size_t errlen)
@@ -376,6 +427,11 @@ static int load_ranks(shoal_tok *t, const char *path, char *err, size_t errlen)
             cap <<= 1;
         t->mask = cap - 1;
         t->slots = shoal_xcalloc(cap, sizeof *t->slots);
+        uint32_t fw = 64;
+        while (fw < (uint32_t)n / 8u)
+            fw <<= 1;
+        t->fmask = fw - 1;
+        t->filt = shoal_xcalloc(fw, sizeof *t->filt);
         for (int32_t r = 0; r < n && !rc; r++) {
             size_t tl = t->off[r + 1] - t->off[r];
             if (rank_of(t, t->bytes + t->off[r], tl) != RANK_NONE)
@@ -647,6 +703,7 @@ void shoal_tok_close(shoal_tok *t)
     free(t->bytes);
     free(t->off);
     free(t->slots);
+    free(t->filt);
     free(t->pair);
     pcre2_code_free(t->re);
     free(t);
@@ -742,48 +799,65 @@ void shoal_tok_ids_push(shoal_tok_ids *ids, int32_t id)
 
 /* ----------------------------------------------------------------- BPE -- */
 
-/* tiktoken's merge loop: parts[i] = boundary start, rank[i] = rank of merging
- * part i with part i+1; repeatedly merge the leftmost lowest rank. Quadratic,
+typedef struct {
+    uint32_t start; /* its first byte */
+    int32_t rank;   /* of merging it with the next part */
+    int32_t tok;    /* its token */
+} bpe_part;
+
+/* tiktoken's merge loop: q[i] = part i (its start, the rank of merging it with
+ * part i+1, its token); repeatedly merge the leftmost lowest rank. Quadratic,
  * fastest for short pieces. n >= 2, n <= BPE_SMALL_MAX. */
 static void bpe_small(const shoal_tok *t, const uint8_t *p, size_t n, shoal_tok_ids *out)
 {
-    uint32_t start[BPE_SMALL_MAX + 1];
-    int32_t rank[BPE_SMALL_MAX + 1]; /* of merging part i with part i+1 */
-    int32_t tok[BPE_SMALL_MAX + 1];  /* the token of part i */
+    /* one array of parts, so a merge is one memmove, not three */
+    bpe_part q[BPE_SMALL_MAX + 1];
     size_t m = n + 1;
-    for (size_t i = 0; i + 1 < n; i++) {
-        start[i] = (uint32_t)i;
-        rank[i] = t->pair[(unsigned)p[i] << 8 | p[i + 1]];
-        tok[i] = t->byte_rank[p[i]];
-    }
-    start[n - 1] = (uint32_t)(n - 1);
-    rank[n - 1] = RANK_NONE;
-    tok[n - 1] = t->byte_rank[p[n - 1]];
-    start[n] = (uint32_t)n;
-    rank[n] = RANK_NONE;
+    for (size_t i = 0; i + 1 < n; i++)
+        q[i] = (bpe_part){(uint32_t)i, t->pair[(unsigned)p[i] << 8 | p[i + 1]], t->byte_rank[p[i]]};
+    q[n - 1] = (bpe_part){(uint32_t)(n - 1), RANK_NONE, t->byte_rank[p[n - 1]]};
+    q[n] = (bpe_part){(uint32_t)n, RANK_NONE, -1};
     for (;;) {
-        int32_t best = RANK_NONE;
-        size_t bi = 0;
-        for (size_t i = 0; i + 1 < m; i++)
-            if (rank[i] < best) {
-                best = rank[i];
-                bi = i;
-            }
+        /* the leftmost lowest rank: the least (rank, index), without a
+         * branch per part (which rank is least is data, not a pattern) */
+        uint64_t key = UINT64_MAX;
+        for (size_t i = 0; i + 1 < m; i++) {
+            uint64_t k = (uint64_t)(uint32_t)q[i].rank << 32 | i;
+            key = k < key ? k : key;
+        }
+        int32_t best = (int32_t)(key >> 32);
+        size_t bi = (uint32_t)key;
         if (best == RANK_NONE)
             break;
-        /* parts bi and bi+1 become the token `best` */
+        /* parts bi and bi+1 become the token `best`; the two new candidates
+         * (left part + merged, merged + right part) are independent lookups:
+         * filter both, then start both table probes before waiting on either
+         * (each is a likely cache miss) */
+        int hl = bi > 0 && bi + 2 < m, hr = bi + 3 < m;
+        int32_t rl = RANK_NONE, rr = RANK_NONE;
+        const uint8_t *pl = p + (hl ? q[bi - 1].start : 0), *pr = p + q[bi].start;
+        size_t nl = hl ? q[bi + 2].start - q[bi - 1].start : 0, nr = hr ? q[bi + 3].start - q[bi].start : 0;
+        uint64_t xl = hl ? hash_bytes(pl, nl) : 0, xr = hr ? hash_bytes(pr, nr) : 0;
+        hl = hl && filt_maybe(t, xl);
+        hr = hr && filt_maybe(t, xr);
+        if (hl)
+            __builtin_prefetch(&t->slots[(uint32_t)xl & t->mask]);
+        if (hr)
+            __builtin_prefetch(&t->slots[(uint32_t)xr & t->mask]);
+        if (hl)
+            rl = probe(t, pl, nl, xl);
+        if (hr)
+            rr = probe(t, pr, nr, xr);
         if (bi > 0)
-            rank[bi - 1] = bi + 2 < m ? rank_of(t, p + start[bi - 1], start[bi + 2] - start[bi - 1])
-                                      : RANK_NONE;
-        rank[bi] = bi + 3 < m ? rank_of(t, p + start[bi], start[bi + 3] - start[bi]) : RANK_NONE;
-        tok[bi] = best;
-        memmove(start + bi + 1, start + bi + 2, (m - bi - 2) * sizeof *start);
-        memmove(rank + bi + 1, rank + bi + 2, (m - bi - 2) * sizeof *rank);
-        memmove(tok + bi + 1, tok + bi + 2, (m - bi - 2) * sizeof *tok);
+            q[bi - 1].rank = rl;
+        q[bi].rank = rr;
+        q[bi].tok = best;
+        memmove(q + bi + 1, q + bi + 2, (m - bi - 2) * sizeof *q);
         m--;
     }
     ids_reserve(out, m - 1);
-    memcpy(out->v + out->n, tok, (m - 1) * sizeof *tok);
+    for (size_t i = 0; i + 1 < m; i++)
+        out->v[out->n + i] = q[i].tok;
     out->n += m - 1;
 }
 
@@ -906,17 +980,24 @@ void shoal__tok_bpe_forced(const shoal_tok *t, const uint8_t *p, size_t n, int h
 
 /* A cache of the ids of BPE-encoded pieces, per encode call (so the tokenizer
  * stays immutable and shareable): text repeats its words, and BPE is most of
- * the work once the split is fast. Only for long inputs (the table is 1.3 MiB)
- * and short pieces; keys point into the call's text, which outlives it. */
+ * the work once the split is fast. Only for long inputs (the table is 1 MiB)
+ * and short pieces; keys point into the call's text, which outlives it. One
+ * 16-byte entry per slot, so a probe or an insert is one cache line (text
+ * whose pieces rarely repeat, like CJK, pays a miss per piece: it was five,
+ * one per array, when the fields were apart). */
 #define CACHE_MIN_TEXT 16384
 #define CACHE_SLOTS (1u << 16)
 #define CACHE_MAX_PIECE 48
 
 typedef struct {
-    uint64_t *hash;   /* CACHE_SLOTS; 0 = empty */
-    uint32_t *where;  /* piece offset in the text */
-    uint32_t *first;  /* its ids in store */
-    uint8_t *plen, *nids;
+    uint32_t tag;   /* high half of the piece's hash | 1; 0 = empty */
+    uint32_t where; /* piece offset in the text */
+    uint32_t first; /* its ids in store */
+    uint8_t plen, nids;
+} cache_ent;
+
+typedef struct {
+    cache_ent *ent; /* CACHE_SLOTS */
     const uint8_t *base;
     shoal_tok_ids store;
     uint32_t used;
@@ -934,11 +1015,7 @@ static void cache_init(enc_scratch *sc, const uint8_t *base, size_t len)
     if (len < CACHE_MIN_TEXT || len > UINT32_MAX)
         return;
     piece_cache *c = shoal_xcalloc(1, sizeof *c);
-    c->hash = shoal_xcalloc(CACHE_SLOTS, sizeof *c->hash);
-    c->where = shoal_xmalloc(CACHE_SLOTS * sizeof *c->where);
-    c->first = shoal_xmalloc(CACHE_SLOTS * sizeof *c->first);
-    c->plen = shoal_xmalloc(CACHE_SLOTS);
-    c->nids = shoal_xmalloc(CACHE_SLOTS);
+    c->ent = shoal_xcalloc(CACHE_SLOTS, sizeof *c->ent);
     c->base = base;
     sc->cache = c;
 }
@@ -947,11 +1024,7 @@ static void cache_free(piece_cache *c)
 {
     if (!c)
         return;
-    free(c->hash);
-    free(c->where);
-    free(c->first);
-    free(c->plen);
-    free(c->nids);
+    free(c->ent);
     shoal_tok_ids_free(&c->store);
     free(c);
 }
@@ -968,6 +1041,10 @@ static inline void encode_piece(const shoal_tok *t, piece_cache *c, const uint8_
                                 shoal_tok_ids *out)
 {
     uint64_t h = hash_bytes(p, n);
+    int cached = c && n <= CACHE_MAX_PIECE;
+    uint32_t i = (uint32_t)(h >> 16) & (CACHE_SLOTS - 1), tag = (uint32_t)(h >> 32) | 1;
+    if (cached) /* its line loads while the rank table answers */
+        __builtin_prefetch(&c->ent[i]);
     /* tiktoken: a piece that is itself a token is that token, whatever the
      * merges would say */
     int32_t r = rank_of_h(t, p, n, h);
@@ -975,19 +1052,18 @@ static inline void encode_piece(const shoal_tok *t, piece_cache *c, const uint8_
         shoal_tok_ids_push(out, r);
         return;
     }
-    if (!c || n > CACHE_MAX_PIECE) {
+    if (!cached) {
         bpe_any(t, p, n, out);
         return;
     }
-    h |= 1; /* 0 marks an empty slot */
-    uint32_t i = (uint32_t)(h >> 20) & (CACHE_SLOTS - 1);
     for (;;) {
-        if (!c->hash[i])
+        cache_ent *e = &c->ent[i];
+        if (!e->tag)
             break;
-        if (c->hash[i] == h && c->plen[i] == n && same_bytes(c->base + c->where[i], p, n)) {
-            ids_reserve(out, c->nids[i]);
-            memcpy(out->v + out->n, c->store.v + c->first[i], c->nids[i] * sizeof *out->v);
-            out->n += c->nids[i];
+        if (e->tag == tag && e->plen == n && same_bytes(c->base + e->where, p, n)) {
+            ids_reserve(out, e->nids);
+            memcpy(out->v + out->n, c->store.v + e->first, e->nids * sizeof *out->v);
+            out->n += e->nids;
             return;
         }
         i = (i + 1) & (CACHE_SLOTS - 1);
@@ -996,11 +1072,11 @@ static inline void encode_piece(const shoal_tok *t, piece_cache *c, const uint8_
     bpe_any(t, p, n, out);
     if (c->used >= CACHE_SLOTS / 2)
         return; /* full enough: stop adding */
-    c->hash[i] = h;
-    c->where[i] = (uint32_t)(p - c->base);
-    c->plen[i] = (uint8_t)n;
-    c->nids[i] = (uint8_t)(out->n - before);
-    c->first[i] = (uint32_t)c->store.n;
+    c->ent[i] = (cache_ent){.tag = tag,
+                            .where = (uint32_t)(p - c->base),
+                            .first = (uint32_t)c->store.n,
+                            .plen = (uint8_t)n,
+                            .nids = (uint8_t)(out->n - before)};
     ids_reserve(&c->store, out->n - before);
     memcpy(c->store.v + c->store.n, out->v + before, (out->n - before) * sizeof *out->v);
     c->store.n += out->n - before;
@@ -1155,9 +1231,15 @@ int shoal_tok_encode(const shoal_tok *t, const char *text, size_t len, int allow
             int cur_space = -1;
             while (i < len && ncp < MAX_ENCODE_CHARS) {
                 uint32_t cp;
-                int l = shoal_utf8_step(s + i, len - i, &cp);
-                if (l <= 0)
-                    SHOAL_PANIC("tokenizer: invalid UTF-8 after sanitizing");
+                int l;
+                if (s[i] < 0x80) { /* most characters: no call */
+                    cp = s[i];
+                    l = 1;
+                } else {
+                    l = shoal_utf8_step(s + i, len - i, &cp);
+                    if (l <= 0)
+                        SHOAL_PANIC("tokenizer: invalid UTF-8 after sanitizing");
+                }
                 int sp = shoal__tok_py_isspace(cp);
                 if (cur_space < 0)
                     cur_space = sp;

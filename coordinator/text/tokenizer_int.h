@@ -27,10 +27,21 @@ int shoal__tok_py_isspace(uint32_t cp);
 void shoal__tok_bpe_forced(const shoal_tok *t, const uint8_t *p, size_t n, int heap,
                            shoal_tok_ids *out);
 
-/* The ASCII fast path of the pre-tokenizer (tokenizer_ascii.c): the end of the
- * piece that starts at s[i] when the pattern's decision needs only ASCII
- * characters, else 0 (let PCRE2 decide). */
+/* The rank of the ordinary token with bytes p[0..n), or -1 if none. For the
+ * test that the lookup finds every token. */
+int32_t shoal__tok_rank(const shoal_tok *t, const uint8_t *p, size_t n);
+
+/* The fast path of the pre-tokenizer (tokenizer_ascii.c): the end of the
+ * piece that starts at s[i] when the pattern's decision needs only characters
+ * whose classes it knows (ASCII, and the Han, kana, Hangul and CJK and
+ * full-width punctuation of CJK text), else 0 (let PCRE2 decide). */
 size_t shoal__tok_ascii_piece(const uint8_t *s, size_t n, size_t i);
+
+/* The fast path's view of the pattern's classes of a code point: a mask of 1
+ * UPPER, 2 LOWER, 4 N, 8 WS, 16 CRLF, 32 PREFIX, 64 PUNCT, 128 Han, or -1
+ * when it does not know them (it then asks PCRE2). For the test against the
+ * oracle's tables. */
+int shoal__tok_cp_class(uint32_t cp);
 
 /* Pre-tokenizes s[0..n) (valid UTF-8, one subject) and appends each piece's
  * start and end byte offsets to *ends; fast = 0 uses PCRE2 only. For the test

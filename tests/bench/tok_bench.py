@@ -2,7 +2,7 @@
 """Tokenizer encode throughput, shoal against tiktoken (issues 6, 24). Not a
 test: it writes a raw data file that docs/PERFORMANCE.md transcribes.
 
-    .venv/bin/python tests/bench/tok_bench.py [REPS] [OUT_RAW] [--vocab DIR]
+    .venv/bin/python tests/bench/tok_bench.py [REPS] [OUT_RAW] [--vocab DIR] [--before BIN]
 
 Both sides encode the same bytes with the same vocabulary (K3's real one,
 ../shared/k3, 163,584 ranks, by default; --vocab tests/models/tiny-k3 for the
@@ -13,6 +13,8 @@ tiktoken Encoding as tokenization_kimi.py does); then the chat templating of a
 1,000-turn conversation, shoal_chat_encode vs tools/k3_oracle.py (same ids
 checked). Encoders:
   shoal           build/tests/bench_tokenizer (shoal_tok_encode, special tokens off)
+  shoal-before    --before BIN: another bench_tokenizer (built from an earlier commit,
+                  same flags), in the same rotation: before/after in one run
   tiktoken        Encoding.encode_ordinary(text): tiktoken's Rust core alone, the
                   strongest baseline (no 400k/25k splitting, no specials)
   tiktoken+kimi   tokenization_kimi.py's encode with allow_special_tokens=False:
@@ -97,6 +99,7 @@ def main():
     ap.add_argument("reps", nargs="?", type=int, default=5)
     ap.add_argument("out", nargs="?")
     ap.add_argument("--vocab", help="tokenizer directory (default: ../shared/k3 when present, else tiny-k3)")
+    ap.add_argument("--before", help="a bench_tokenizer built from an earlier commit, timed as shoal-before")
     args = ap.parse_args()
     reps = args.reps
     real = os.path.join(ROOT, "..", "shared", "k3")
@@ -120,7 +123,8 @@ def main():
         f"# tok_bench: encode throughput, shoal_tok_encode vs tiktoken, same bytes, same vocabulary ({model}, "
         f"{len(tok.ranks)} ranks)",
         f"# commit: {commit}{' (+ uncommitted changes)' if dirty else ''}",
-        f"# command: .venv/bin/python tests/bench/tok_bench.py {reps}" + (f" --vocab {args.vocab}" if args.vocab else ""),
+        f"# command: .venv/bin/python tests/bench/tok_bench.py {reps}" + (f" --vocab {args.vocab}" if args.vocab else "")
+        + (f" --before {args.before}" if args.before else ""),
         f"# date: {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
         f"# machine: {cpu}, {os.cpu_count()} cores; python {platform.python_version()}, tiktoken {tiktoken.__version__}",
         "# threads: 1 (shoal encodes on the calling thread; tiktoken encode_ordinary is single-threaded)",
@@ -128,6 +132,8 @@ def main():
         "# order: REPS rounds; in each round every corpus, and for it shoal, tiktoken, tiktoken+kimi in a",
         "#        rotating order (interleaved, so a burst of load from other builds hits all three)",
     ]
+    if args.before:
+        lines.append(f"# shoal-before: {os.path.abspath(args.before)} (in the rotation after shoal)")
     for name, data in docs.items():
         lines.append(f"# corpus {name}: {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}")
     print("\n".join(lines), flush=True)
@@ -137,20 +143,22 @@ def main():
         with open(os.path.join(tmp, name + ".txt"), "wb") as f:
             f.write(data)
         texts[name] = data.decode("utf-8", errors="replace")
-    impls = ["shoal", "tiktoken", "tiktoken+kimi"]
+    impls = ["shoal", "tiktoken", "tiktoken+kimi"] + (["shoal-before"] if args.before else [])
     for rnd in range(reps):
         load = open("/proc/loadavg").read().split()[:3]
         rows.append(f"# round {rnd} load {load}")
         print(rows[-1], flush=True)
         for name, data in docs.items():
-            order = impls[rnd % 3:] + impls[:rnd % 3]
+            k = rnd % len(impls)
+            order = impls[k:] + impls[:k]
             for impl in order:
-                if impl == "shoal":
-                    p = subprocess.run([bench, model, os.path.join(tmp, name + ".txt"), "1"], capture_output=True,
+                if impl in ("shoal", "shoal-before"):
+                    p = subprocess.run([bench if impl == "shoal" else args.before, model,
+                                        os.path.join(tmp, name + ".txt"), "1"], capture_output=True,
                                        text=True, check=True)
                     out = p.stdout.splitlines()
-                    rows.append(f"impl=shoal-load corpus={name} {out[0][5:]}")
-                    rows.append(f"impl=shoal corpus={name} {out[1].replace('run=0', f'run={rnd}')}")
+                    rows.append(f"impl={impl}-load corpus={name} {out[0][5:]}")
+                    rows.append(f"impl={impl} corpus={name} {out[1].replace('run=0', f'run={rnd}')}")
                 else:
                     t0, c0 = time.perf_counter(), time.process_time()
                     ids = enc.encode_ordinary(texts[name]) if impl == "tiktoken" else oracle.oracle_encode(enc, data, 0)
@@ -194,8 +202,15 @@ def main():
         summary.append(f"#   {name:7s} ratio shoal/tiktoken wall {med['shoal'][0] / med['tiktoken'][0]:.2f} "
                        f"cpu {med['shoal'][1] / med['tiktoken'][1]:.2f}; shoal/tiktoken+kimi wall "
                        f"{med['shoal'][0] / med['tiktoken+kimi'][0]:.2f} cpu {med['shoal'][1] / med['tiktoken+kimi'][1]:.2f}")
-    for impl in ("shoal-load", "tiktoken-load"):
+        if args.before:
+            summary.append(f"#   {name:7s} ratio shoal-before/tiktoken wall "
+                           f"{med['shoal-before'][0] / med['tiktoken'][0]:.2f} cpu "
+                           f"{med['shoal-before'][1] / med['tiktoken'][1]:.2f}; shoal/shoal-before wall "
+                           f"{med['shoal'][0] / med['shoal-before'][0]:.2f} cpu {med['shoal'][1] / med['shoal-before'][1]:.2f}")
+    for impl in ("shoal-load", "shoal-before-load", "tiktoken-load"):
         sel = [r for r in rows if r.startswith(f"impl={impl} ")]
+        if not sel:
+            continue
         sec = [field(r, "seconds") for r in sel]
         kb = [field(r, "rss_kb") for r in sel]
         summary.append(f"#   vocabulary load {impl:14s} median {statistics.median(sec) * 1e3:.1f} ms "

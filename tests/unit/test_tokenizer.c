@@ -94,7 +94,16 @@ static void t_unicode_classes(void)
     if (!f)
         return;
     static char line[1 << 20];
-    int nclasses = 0;
+    int nclasses = 0, fast_classes = 0;
+    /* the fast path's letter logic assumes no character is both a PREFIX
+     * and a letter (combining marks are, so it must not know them) */
+    for (uint32_t c = 0; c < 0x110000; c++) {
+        int k = shoal__tok_cp_class(c);
+        if (k >= 0 && (k & 32) && (k & 3)) {
+            CHECK_MSG(0, "fast path: U+%04X is both PREFIX and a letter", c);
+            break;
+        }
+    }
     while (fgets(line, sizeof line, f)) {
         if (line[0] == '#')
             continue;
@@ -143,11 +152,39 @@ static void t_unicode_classes(void)
         }
         CHECK_MSG(bad == 0, "class %s: %zu code points differ from the oracle, first U+%04X", line, bad,
                   first_bad);
+        /* the split's fast path: every class bit of every code point it
+         * claims to know, as the oracle's table has it */
+        static const struct {
+            const char *name;
+            int bit;
+        } fast_bits[] = {{"UPPER", 1}, {"LOWER", 2}, {"N", 4},   {"WS", 8},
+                         {"CRLF", 16}, {"PREFIX", 32}, {"PUNCT", 64}, {"Han", 128}};
+        for (size_t fb = 0; fb < sizeof fast_bits / sizeof fast_bits[0]; fb++) {
+            if (strcmp(line, fast_bits[fb].name))
+                continue;
+            size_t known = 0, wrong = 0;
+            uint32_t first_wrong = 0;
+            for (uint32_t c = 0; c < 0x110000; c++) {
+                if (c >= 0xD800 && c < 0xE000)
+                    continue;
+                int k = shoal__tok_cp_class(c);
+                if (k < 0)
+                    continue;
+                known++;
+                if (!!(k & fast_bits[fb].bit) != want[c] && !wrong++)
+                    first_wrong = c;
+            }
+            CHECK_MSG(wrong == 0, "fast path, class %s: %zu code points differ from the oracle, first U+%04X",
+                      line, wrong, first_wrong);
+            CHECK(known > 80000);
+            fast_classes++;
+        }
         free(want);
         nclasses++;
     }
     fclose(f);
     CHECK_EQ_INT(nclasses, 10);
+    CHECK_EQ_INT(fast_classes, 8);
 }
 
 /* -------------------------------------------------------------- UTF-8 -- */
@@ -342,12 +379,8 @@ static void t_load_refusals(void)
 
 /* ---------------------------------------------------------------- BPE -- */
 
-static void t_bpe_small_equals_heap(void)
+static void bpe_small_equals_heap(shoal_tok *t)
 {
-    shoal_tok *t = open_tiny();
-    CHECK(t != NULL);
-    if (!t)
-        return;
     uint8_t buf[400];
     for (int iter = 0; iter < 3000; iter++) {
         /* a concatenation of random tokens, or random bytes */
@@ -384,9 +417,27 @@ static void t_bpe_small_equals_heap(void)
     }
 }
 
-/* The ASCII fast path of the split against PCRE2 alone, on random text that is
+static shoal_tok *open_real(void);
+
+/* on the project's vocabulary, and on K3's (163,584 ranks: the rank filter in
+ * front of a table larger than the cache, tokens of CJK characters and words) */
+static void t_bpe_small_equals_heap(void)
+{
+    shoal_tok *t = open_tiny();
+    CHECK(t != NULL);
+    if (t)
+        bpe_small_equals_heap(t);
+    t = open_real();
+    if (!t)
+        return;
+    bpe_small_equals_heap(t);
+    shoal_tok_close(t);
+}
+
+/* The fast path of the split against PCRE2 alone, on random text that is
  * mostly ASCII of every class, with non-ASCII characters of the kinds that make
- * it hand over (letters, digits, spaces, U+017F after an apostrophe, Han). */
+ * it hand over (letters, digits, spaces, U+017F after an apostrophe) and Han
+ * runs, which it splits itself when it knows every character's class. */
 static void t_ascii_fast_path_equals_pcre2(void)
 {
     shoal_tok *t = open_tiny();
@@ -396,7 +447,20 @@ static void t_ascii_fast_path_equals_pcre2(void)
     static const char *atoms[] = {"a", "Z", "'", "'s", "'S", "'re", "'LL", "'d", "'x", " ", "  ", "\t", "\n",
                                   "\r\n", "\v", "\f", "0", "12", "1234", "!", "?!", "(", "\x1c", "\x00", "\x7f",
                                   "\xC3\xA9", "\xC3\x89", "\xC5\xBF", "\xC2\xA0", "\xE4\xB8\xAD", "\xD9\xA3",
-                                  "\xE2\x80\xA8", "\xCC\x81", "\xF0\x9F\x91\x8D", "Hello", "WORLD", "iPhone"};
+                                  "\xE2\x80\xA8", "\xCC\x81", "\xF0\x9F\x91\x8D", "Hello", "WORLD", "iPhone",
+                                  /* Han runs and what ends them: the fast path's known Han (中, U+3400, U+20000),
+                                   * Han it leaves to PCRE2 (〇 U+3007, 々 U+3005, U+2E80, U+F900), and non-Han
+                                   * (，。ひ한 U+2E7F) */
+                                  "\xE4\xB8\xAD\xE6\x96\x87", "\xE3\x90\x80", "\xF0\xA0\x80\x80",
+                                  "\xE3\x80\x87", "\xE3\x80\x85", "\xE2\xBA\x80", "\xEF\xA4\x80",
+                                  "\xEF\xBC\x8C", "\xE3\x80\x82", "\xE3\x81\xB2", "\xED\x95\x9C",
+                                  "\xE2\xB9\xBF",
+                                  /* kana, Hangul (in UPPER and LOWER), full-width A, a, 1 and !, U+3000,
+                                   * ー (Lm), ゛ (Sk), 「」, ｱ, a combining mark after kana (unknown) */
+                                  "\xE3\x81\xB2\xE3\x82\x89", "\xE3\x82\xAB\xE3\x82\xBF", "\xED\x95\x9C\xEA\xB5\xAD",
+                                  "\xEF\xBC\xA1", "\xEF\xBD\x81", "\xEF\xBC\x91", "\xEF\xBC\x81", "\xE3\x80\x80",
+                                  "\xE3\x83\xBC", "\xE3\x82\x9B", "\xE3\x80\x8C\xE3\x80\x8D", "\xEF\xBD\xB1",
+                                  "\xE3\x82\x99"};
     int pieces = 0;
     for (int iter = 0; iter < 20000; iter++) {
         char text[256];
@@ -577,6 +641,57 @@ static shoal_tok *open_real(void)
     return t;
 }
 
+/* The rank lookup finds every token by its bytes: the filter in front of the
+ * hash table may only answer "no" for strings that are no token (a "maybe"
+ * goes on to the exact lookup), so a false "no" is the one way it could change
+ * ids. Every rank of the vocabulary, which the test reads back from the
+ * tokenizer (token_bytes, i.e. the ranks file as loaded). */
+static void check_every_rank(shoal_tok *t)
+{
+    int32_t n = shoal_tok_n_ranks(t), bad = 0, first_bad = -1;
+    for (int32_t r = 0; r < n; r++) {
+        size_t l;
+        const uint8_t *b = shoal_tok_token_bytes(t, r, &l);
+        if (shoal__tok_rank(t, b, l) != r && !bad++)
+            first_bad = r;
+    }
+    CHECK_MSG(bad == 0, "%d of %d ranks not found by their bytes, first %d", bad, n, first_bad);
+    /* and strings that are no token are not found: each token with a byte
+     * appended that makes it no token, checked by decoding every rank */
+    uint8_t buf[1024];
+    int none = 0;
+    for (int32_t r = 0; r < n && none < 2000; r += 97) {
+        size_t l;
+        const uint8_t *b = shoal_tok_token_bytes(t, r, &l);
+        if (l + 1 > sizeof buf)
+            continue;
+        memcpy(buf, b, l);
+        buf[l] = 0xFF; /* 0xFF is no byte of UTF-8: tokens ending in it are rare; check */
+        int32_t got = shoal__tok_rank(t, buf, l + 1);
+        if (got >= 0) {
+            size_t gl;
+            const uint8_t *gb = shoal_tok_token_bytes(t, got, &gl);
+            CHECK(gl == l + 1 && !memcmp(gb, buf, l + 1));
+        } else {
+            none++;
+        }
+    }
+    CHECK(none > 0);
+}
+
+static void t_rank_lookup_every_token(void)
+{
+    shoal_tok *t = open_tiny();
+    CHECK(t != NULL);
+    if (t)
+        check_every_rank(t); /* the shared tiny tokenizer: main closes it */
+    t = open_real();
+    if (!t)
+        return;
+    check_every_rank(t);
+    shoal_tok_close(t);
+}
+
 static void t_real_k3_vectors(void)
 {
     shoal_tok *t = open_real();
@@ -610,6 +725,7 @@ int main(void)
     RUN(t_ascii_fast_path_equals_pcre2);
     RUN(t_roundtrip_and_specials);
     RUN(t_detok_streaming);
+    RUN(t_rank_lookup_every_token);
     RUN(t_real_k3_vectors);
     shoal_tok_close(tiny);
     return test_finish();
