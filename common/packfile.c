@@ -108,6 +108,54 @@ int shoal_packfile_read(shoal_packfile *p, const char *dir, char *err, size_t er
         p->files[i].name = shoal_xstrdup(json_string_value(n));
         p->files[i].bytes = (uint64_t)json_integer_value(b);
     }
+    json_t *tr = json_object_get(root, "trunk"), *rows = json_object_get(root, "trunk_rows");
+    if (!tr && !rows)
+        goto out;
+    if (!json_is_string(tr) || !json_is_array(rows) || json_array_size(rows) == 0 ||
+        json_array_size(rows) > 65536) {
+        rc = shoal_err_set(err, errlen, SHOAL_EFORMAT,
+                           "pack manifest %s: \"trunk\" (a string) and \"trunk_rows\" (a non-empty array of at "
+                           "most 65536) come together", path);
+        goto out;
+    }
+    p->trunk = shoal_xstrdup(json_string_value(tr));
+    p->ntrows = (int)json_array_size(rows);
+    p->trows = shoal_xcalloc((size_t)p->ntrows, sizeof *p->trows);
+    for (int i = 0; i < p->ntrows; i++) {
+        json_t *o = json_array_get(rows, (size_t)i);
+        json_t *n = json_object_get(o, "name"), *t = json_object_get(o, "tensor"), *lo = json_object_get(o, "lo");
+        json_t *hi = json_object_get(o, "hi"), *dt = json_object_get(o, "dtype"), *sh = json_object_get(o, "shape");
+        json_t *nb = json_object_get(o, "nbytes");
+        int ok = json_is_object(o) && json_is_string(n) && json_is_string(t) && json_is_integer(lo) &&
+                 json_is_integer(hi) && json_is_string(dt) && json_is_array(sh) && json_array_size(sh) == 2 &&
+                 json_is_integer(json_array_get(sh, 0)) && json_is_integer(json_array_get(sh, 1)) &&
+                 json_is_integer(nb) && strlen(json_string_value(n)) <= 128 && strlen(json_string_value(t)) <= 256;
+        int esz = 0;
+        if (ok) {
+            const char *d = json_string_value(dt);
+            esz = !strcmp(d, "BF16") ? 2 : !strcmp(d, "F32") ? 4 : 0;
+        }
+        json_int_t r = ok ? json_integer_value(json_array_get(sh, 0)) : 0;
+        json_int_t c = ok ? json_integer_value(json_array_get(sh, 1)) : 0;
+        json_int_t l = ok ? json_integer_value(lo) : 0, h = ok ? json_integer_value(hi) : 0;
+        if (!ok || !esz || r < 1 || c < 1 || r > (1 << 24) || c > (1 << 24) || l < 0 || h < l || h >= r ||
+            (uint64_t)json_integer_value(nb) != (uint64_t)r * (uint64_t)c * (uint64_t)esz) {
+            rc = shoal_err_set(err, errlen, SHOAL_EFORMAT,
+                               "pack manifest %s: trunk_rows[%d] needs string \"name\" and \"tensor\", "
+                               "0 <= \"lo\" <= \"hi\" < shape[0], \"dtype\" BF16 or F32, \"shape\" [R, C] "
+                               "and \"nbytes\" = R * C * size", path, i);
+            goto out;
+        }
+        shoal_packfile_trows *x = &p->trows[i];
+        x->name = shoal_xstrdup(json_string_value(n));
+        x->tensor = shoal_xstrdup(json_string_value(t));
+        x->lo = (uint32_t)l;
+        x->hi = (uint32_t)h;
+        snprintf(x->dtype, sizeof x->dtype, "%s", json_string_value(dt));
+        x->shape[0] = (uint64_t)r;
+        x->shape[1] = (uint64_t)c;
+        x->nbytes = (uint64_t)json_integer_value(nb);
+    }
 out:
     json_decref(root);
     if (rc)
@@ -122,6 +170,12 @@ void shoal_packfile_free(shoal_packfile *p)
     for (int i = 0; i < p->nfiles && p->files; i++)
         free(p->files[i].name);
     free(p->files);
+    for (int i = 0; i < p->ntrows && p->trows; i++) {
+        free(p->trows[i].name);
+        free(p->trows[i].tensor);
+    }
+    free(p->trows);
+    free(p->trunk);
     free(p->worker);
     free(p->experts);
     memset(p, 0, sizeof *p);

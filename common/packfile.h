@@ -22,18 +22,36 @@ typedef struct {
     uint8_t blake2b[SHOAL_PACKFILE_HASH];
 } shoal_packfile_entry;
 
+/* One slice of trunk rows in a worker pack (issue 16): rows lo..hi of the
+ * full model's matrix `name`, stored as the pack tensor `tensor` of shape
+ * [hi - lo + 1, shape[1]]; dtype, shape and nbytes are the FULL matrix's, as
+ * in the model the pack was cut from, so the worker can announce the trunk
+ * fingerprint (PROTOCOL.md §3.7) a worker on the full model would. */
+typedef struct {
+    char *name, *tensor;
+    uint32_t lo, hi;
+    char dtype[8]; /* "BF16" or "F32" */
+    uint64_t shape[2];
+    uint64_t nbytes;
+} shoal_packfile_trows;
+
 typedef struct {
     char *worker;  /* the plan's worker name */
     char *experts; /* its RANGES */
     uint8_t fingerprint[32];
     int nfiles;
     shoal_packfile_entry *files;
+    char *trunk; /* the ROWSPEC the trunk rows were cut for; NULL when the pack holds none */
+    int ntrows;
+    shoal_packfile_trows *trows;
 } shoal_packfile;
 
 /* 1 if dir holds a pack manifest. */
 int shoal_packfile_is_pack(const char *dir);
 /* Read dir/shoal-pack.json; every key checked, refused naming it
- * (SHOAL_EFORMAT) or -errno. */
+ * (SHOAL_EFORMAT) or -errno. The optional "trunk" (a string) and "trunk_rows"
+ * (an array of {name, tensor, lo, hi, dtype, shape [R, C], nbytes}, lo <= hi <
+ * R, nbytes = R * C * size(dtype)) come together or not at all. */
 int shoal_packfile_read(shoal_packfile *p, const char *dir, char *err, size_t errlen);
 void shoal_packfile_free(shoal_packfile *p); /* accepts a zeroed or freed p */
 /* Every listed file exists with its size; with verify, its BLAKE2b-256 too

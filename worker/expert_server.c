@@ -258,7 +258,13 @@ static void server_free(server *s)
 /* --trunk: parse the ROWSPEC against the model's row-shardable matrices and
  * point at each range's first row in a mapped store (the model's mapping; a
  * second, mapped store of the same files when the experts are read by pread).
- * Mapping is lazy: only the rows that requests read become resident. */
+ * Mapping is lazy: only the rows that requests read become resident.
+ *
+ * From a pack (`shoal pack` of a plan worker with trunk rows): each range must
+ * lie inside one slice the manifest lists (trunk_rows), the slice tensor is
+ * checked against the manifest and the config's matrix, and the trunk
+ * fingerprint is computed from the manifest's FULL dtype, shape and size, so
+ * the HELLO announces what a worker on the full model directory would. */
 static int load_trunk(server *s, const char *dir, const char *spec, char *err, size_t errlen)
 {
     shoal_tshard_mat *mats = NULL;
@@ -266,30 +272,74 @@ static int load_trunk(server *s, const char *dir, const char *spec, char *err, s
     if ((rc = shoal_tshard_mats(&s->cfg, &mats, &nm)))
         return shoal_err_set(err, errlen, rc, "--trunk: the model's trunk matrices do not list");
     rc = shoal_tshard_parse(spec, mats, nm, &s->trunk, &s->ntrunk, err, errlen);
+    shoal_packfile pk = {0};
+    int pack = !rc && shoal_packfile_is_pack(dir);
+    if (pack && !(rc = shoal_packfile_read(&pk, dir, err, errlen)) && !pk.ntrows)
+        rc = shoal_err_set(err, errlen, SHOAL_EMODEL,
+                           "--trunk: pack %s holds no trunk rows (pack it from a plan made with --trunk spread)", dir);
+    const shoal_packfile_trows **slice = pack ? shoal_xcalloc(s->ntrunk ? s->ntrunk : 1, sizeof *slice) : NULL;
+    for (size_t i = 0; pack && !rc && i < s->ntrunk; i++) {
+        const shoal_proto_trows *e = &s->trunk[i];
+        for (int k = 0; k < pk.ntrows && !slice[i]; k++)
+            if (!strcmp(pk.trows[k].name, e->name) && pk.trows[k].lo <= e->lo && e->hi <= pk.trows[k].hi)
+                slice[i] = &pk.trows[k];
+        int m = shoal_tshard_find(mats, nm, e->name);
+        if (!slice[i])
+            rc = shoal_err_set(err, errlen, SHOAL_EMODEL, "--trunk: pack %s does not hold rows %u-%u of %s (it holds %s)",
+                               dir, e->lo, e->hi, e->name, pk.trunk);
+        else if (m < 0 || slice[i]->shape[0] != (uint64_t)mats[m].rows || slice[i]->shape[1] != (uint64_t)mats[m].cols)
+            rc = shoal_err_set(err, errlen, SHOAL_EMODEL, "--trunk: pack %s: %s is [%llu, %llu] in the manifest, "
+                               "not the config's shape", dir, e->name, (unsigned long long)slice[i]->shape[0],
+                               (unsigned long long)slice[i]->shape[1]);
+    }
     free(mats);
-    if (rc)
-        return rc;
     const shoal_st *st = s->st;
-    if (s->ntrunk && !shoal_st_find(s->st, s->trunk[0].name)->data) {
-        shoal_st_opts so = {.map = 1};
-        if ((rc = shoal_st_open(&s->tst, dir, &so, err, errlen)))
-            return rc;
-        st = s->tst;
+    if (!rc && s->ntrunk) {
+        const shoal_tensor *t0 = shoal_st_find(s->st, pack ? slice[0]->tensor : s->trunk[0].name);
+        if (t0 && !t0->data) {
+            shoal_st_opts so = {.map = 1};
+            if (!(rc = shoal_st_open(&s->tst, dir, &so, err, errlen)))
+                st = s->tst;
+        }
     }
-    s->tmat = shoal_xcalloc(s->ntrunk, sizeof *s->tmat);
-    for (size_t i = 0; i < s->ntrunk; i++) {
-        const shoal_tensor *t = shoal_st_find(st, s->trunk[i].name);
-        if (!t || !t->data)
-            return shoal_err_set(err, errlen, SHOAL_EMODEL, "--trunk: %s is not in %s (a pack holds no trunk)",
-                                 s->trunk[i].name, dir);
-        if (t->ndim != 2 || (t->dtype != SHOAL_DT_BF16 && t->dtype != SHOAL_DT_F32))
-            return shoal_err_set(err, errlen, SHOAL_EMODEL, "--trunk: %s is not a 2-D BF16 or F32 matrix",
-                                 t->name);
+    if (!rc)
+        s->tmat = shoal_xcalloc(s->ntrunk, sizeof *s->tmat);
+    shoal_fprint f;
+    shoal_fprint_trunk_begin(&f);
+    for (size_t i = 0; !rc && i < s->ntrunk; i++) {
+        const shoal_tensor *t = shoal_st_find(st, pack ? slice[i]->tensor : s->trunk[i].name);
+        if (!t || !t->data) {
+            rc = shoal_err_set(err, errlen, SHOAL_EMODEL, "--trunk: %s is not in %s%s", pack ? slice[i]->tensor :
+                               s->trunk[i].name, dir, pack ? "" : " (a pack holds no trunk)");
+            break;
+        }
+        if (t->ndim != 2 || (t->dtype != SHOAL_DT_BF16 && t->dtype != SHOAL_DT_F32) ||
+            (pack && (strcmp(shoal_dtype_name(t->dtype), slice[i]->dtype) || (uint64_t)t->shape[1] != slice[i]->shape[1] ||
+                      (uint64_t)t->shape[0] != (uint64_t)(slice[i]->hi - slice[i]->lo + 1)))) {
+            rc = shoal_err_set(err, errlen, SHOAL_EMODEL, "--trunk: %s is not a 2-D BF16 or F32 matrix%s", t->name,
+                               pack ? " of the manifest's rows, width and dtype" : "");
+            break;
+        }
         size_t esz = shoal_dtype_size(t->dtype);
-        s->tmat[i] = (shoal_serve_tmat){.w = (const char *)t->data + (size_t)s->trunk[i].lo * (size_t)t->shape[1] * esz,
+        uint32_t first = pack ? s->trunk[i].lo - slice[i]->lo : s->trunk[i].lo; /* the range's first row in t */
+        s->tmat[i] = (shoal_serve_tmat){.w = (const char *)t->data + (size_t)first * (size_t)t->shape[1] * esz,
                                         .bf16 = t->dtype == SHOAL_DT_BF16, .cols = (int)t->shape[1]};
+        if (pack) { /* the full matrix's line, once per distinct matrix (as shoal_fprint_trunk) */
+            int seen = 0;
+            for (size_t j = 0; j < i && !seen; j++)
+                seen = !strcmp(s->trunk[j].name, s->trunk[i].name);
+            int64_t shape[2] = {(int64_t)slice[i]->shape[0], (int64_t)slice[i]->shape[1]};
+            if (!seen)
+                shoal_fprint_tensor(&f, slice[i]->name, slice[i]->dtype, 2, shape, slice[i]->nbytes);
+        }
     }
-    return shoal_fprint_trunk(s->trunk_fp, st, s->trunk, s->ntrunk, err, errlen);
+    if (!rc && pack)
+        shoal_fprint_end(&f, s->trunk_fp);
+    else if (!rc)
+        rc = shoal_fprint_trunk(s->trunk_fp, st, s->trunk, s->ntrunk, err, errlen);
+    free(slice);
+    shoal_packfile_free(&pk);
+    return rc;
 }
 
 /* A model directory, or a pack (`shoal pack`, common/packfile.h): a pack holds
@@ -308,7 +358,8 @@ static int load_model_files(server *s, const char *dir, int map, int verify, uin
         rc = shoal_packfile_check(&pk, dir, verify, err, errlen);
         memcpy(fp, pk.fingerprint, SHOAL_PROTO_FP_BYTES);
         if (!rc)
-            SHOAL_INFO("pack %s: worker %s, experts %s, %d files%s", dir, pk.worker, pk.experts, pk.nfiles,
+            SHOAL_INFO("pack %s: worker %s, experts %s%s%s, %d files%s", dir, pk.worker, pk.experts,
+                       pk.trunk ? ", trunk rows " : "", pk.trunk ? pk.trunk : "", pk.nfiles,
                        verify ? ", checksums verified" : "");
         shoal_packfile_free(&pk);
         if (rc)

@@ -30,6 +30,7 @@
 #include "common/st.h"
 #include "proto/fprint.h"
 #include "proto/shard.h"
+#include "proto/tshard.h"
 
 #define CHUNK (8u << 20)
 
@@ -146,9 +147,36 @@ typedef struct {
     int n;
 } tlist;
 
+/* A slice of rows lo..hi of a 2-D tensor (trunk rows, issue 16); NULL for
+ * whole tensors. */
+typedef struct {
+    uint32_t lo, hi;
+} rowsel;
+
+/* The pack tensor name of rows lo..hi of matrix name (PROTOCOL.md §7.1, the
+ * manifest's trunk_rows[].tensor). */
+static void slice_name(char *out, size_t n, const char *name, const rowsel *r)
+{
+    snprintf(out, n, "%s#rows=%u-%u", name, r->lo, r->hi);
+}
+
+/* Where tensor t (rows sel, or all) lies in its source file, and its size. */
+static void item_geom(const shoal_tensor *t, const rowsel *sel, uint64_t *off, uint64_t *nb)
+{
+    if (!sel) {
+        *off = t->file_offset;
+        *nb = t->nbytes;
+        return;
+    }
+    uint64_t row = (uint64_t)t->shape[1] * shoal_dtype_size(t->dtype);
+    *off = t->file_offset + (uint64_t)sel->lo * row;
+    *nb = (uint64_t)(sel->hi - sel->lo + 1) * row;
+}
+
 /* The safetensors header of a layer file: tensors in the given order, data
- * back to back; padded with spaces to a multiple of 8 bytes. */
-static char *make_header(const shoal_tensor *const *t, int n, size_t *hlen, uint64_t *data)
+ * back to back; padded with spaces to a multiple of 8 bytes. sel: NULL, or
+ * per tensor the rows stored (a [rows, cols] slice named by slice_name). */
+static char *make_header(const shoal_tensor *const *t, const rowsel *sel, int n, size_t *hlen, uint64_t *data)
 {
     json_t *h = json_object();
     json_t *meta = json_object();
@@ -158,15 +186,21 @@ static char *make_header(const shoal_tensor *const *t, int n, size_t *hlen, uint
     uint64_t off = 0;
     for (int i = 0; i < n; i++) {
         json_t *o = json_object(), *sh = json_array(), *of = json_array();
+        uint64_t src, nb;
+        item_geom(t[i], sel ? &sel[i] : NULL, &src, &nb);
         json_object_set_new(o, "dtype", json_string(shoal_dtype_name(t[i]->dtype)));
         for (int d = 0; d < t[i]->ndim; d++)
-            json_array_append_new(sh, json_integer(t[i]->shape[d]));
+            json_array_append_new(sh, json_integer(sel && d == 0 ? (json_int_t)(sel[i].hi - sel[i].lo + 1)
+                                                                 : (json_int_t)t[i]->shape[d]));
         json_object_set_new(o, "shape", sh);
         json_array_append_new(of, json_integer((json_int_t)off));
-        json_array_append_new(of, json_integer((json_int_t)(off + t[i]->nbytes)));
+        json_array_append_new(of, json_integer((json_int_t)(off + nb)));
         json_object_set_new(o, "data_offsets", of);
-        json_object_set_new(h, t[i]->name, o);
-        off += t[i]->nbytes;
+        char sn[SHOAL_PROTO_MAX_NAME + 64];
+        if (sel)
+            slice_name(sn, sizeof sn, t[i]->name, &sel[i]);
+        json_object_set_new(h, sel ? sn : t[i]->name, o);
+        off += nb;
     }
     char *s = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(h);
@@ -214,12 +248,12 @@ static int already_done(const char *path, const char *hdr, size_t hlen, uint64_t
     return 1;
 }
 
-static int write_layer(packer *p, const char *path, const shoal_tensor *const *t, int n, uint8_t *hash,
-                       uint64_t *bytes, char *err, size_t errlen)
+static int write_layer(packer *p, const char *path, const shoal_tensor *const *t, const rowsel *sel, int n,
+                       uint8_t *hash, uint64_t *bytes, char *err, size_t errlen)
 {
     size_t hlen;
     uint64_t data;
-    char *hdr = make_header(t, n, &hlen, &data);
+    char *hdr = make_header(t, sel, n, &hlen, &data);
     *bytes = hlen + data;
     if (already_done(path, hdr, hlen, hlen + data, hash)) {
         free(hdr);
@@ -250,9 +284,11 @@ static int write_layer(packer *p, const char *path, const shoal_tensor *const *t
                 break;
             }
         }
-        for (uint64_t off = 0; off < t[i]->nbytes && !rc;) {
-            size_t k = t[i]->nbytes - off < CHUNK ? (size_t)(t[i]->nbytes - off) : CHUNK;
-            if ((rc = pread_all(p->fds[f], p->buf, k, t[i]->file_offset + off))) {
+        uint64_t src, nb;
+        item_geom(t[i], sel ? &sel[i] : NULL, &src, &nb);
+        for (uint64_t off = 0; off < nb && !rc;) {
+            size_t k = nb - off < CHUNK ? (size_t)(nb - off) : CHUNK;
+            if ((rc = pread_all(p->fds[f], p->buf, k, src + off))) {
                 rc = shoal_err_set(err, errlen, rc < 0 ? rc : SHOAL_EIO, "%s: reading %s failed",
                                    shoal_st_file_path(p->st, f), t[i]->name);
                 break;
@@ -339,6 +375,15 @@ int shoal_cmd_pack(int argc, char **argv)
     tlist *tl = NULL;
     json_t *files = NULL, *wmap = NULL;
     char *cfgbuf = NULL;
+    shoal_tshard_mat *mats = NULL;
+    int nmats = 0;
+    shoal_proto_trows *trows = NULL;
+    size_t ntrows = 0;
+    rowsel *tsel = NULL;
+    const shoal_tensor **tten = NULL;
+    int *tlay = NULL;
+    uint64_t tbytes = 0;
+    json_t *jrows = NULL;
     snprintf(path, sizeof path, "%s/config.json", model);
     if ((rc = shoal_k3cfg_load(&cfg, path, err, sizeof err)))
         goto fail;
@@ -412,6 +457,34 @@ int shoal_cmd_pack(int argc, char **argv)
             }
         }
     }
+    /* the worker's trunk rows (`shoal plan --trunk spread`): one slice per
+     * ROWSPEC entry, grouped in one file per layer (lm_head in its own) */
+    if (!trunk && pw->trunk) {
+        if ((rc = shoal_tshard_mats(&cfg, &mats, &nmats))) {
+            snprintf(err, sizeof err, "the model's trunk matrices do not list");
+            goto fail;
+        }
+        if ((rc = shoal_tshard_parse(pw->trunk, mats, nmats, &trows, &ntrows, err, sizeof err)))
+            goto fail;
+        tsel = shoal_xcalloc(ntrows ? ntrows : 1, sizeof *tsel);
+        tten = shoal_xcalloc(ntrows ? ntrows : 1, sizeof *tten);
+        tlay = shoal_xcalloc(ntrows ? ntrows : 1, sizeof *tlay);
+        for (size_t i = 0; i < ntrows; i++) {
+            const shoal_tensor *t = shoal_st_find(st, trows[i].name);
+            int k = shoal_tshard_find(mats, nmats, trows[i].name);
+            if (!t || k < 0 || t->ndim != 2 || (t->dtype != SHOAL_DT_BF16 && t->dtype != SHOAL_DT_F32)) {
+                snprintf(err, sizeof err, "%s: trunk matrix %s is missing or not a 2-D BF16/F32 tensor", model,
+                         trows[i].name);
+                goto fail;
+            }
+            tten[i] = t;
+            tsel[i] = (rowsel){trows[i].lo, trows[i].hi};
+            tlay[i] = mats[k].layer;
+            uint64_t off, nb;
+            item_geom(t, &tsel[i], &off, &nb);
+            pk.total += nb;
+        }
+    }
     pk.st = st;
     pk.quiet = quiet;
     pk.fds = shoal_xmalloc((size_t)shoal_st_nfiles(st) * sizeof *pk.fds);
@@ -435,7 +508,7 @@ int shoal_cmd_pack(int argc, char **argv)
         snprintf(fpath, sizeof fpath, "%s/%s", out, name);
         uint8_t h[32];
         uint64_t bytes;
-        if ((rc = write_layer(&pk, fpath, tf->t, tf->n, h, &bytes, err, sizeof err))) {
+        if ((rc = write_layer(&pk, fpath, tf->t, NULL, tf->n, h, &bytes, err, sizeof err))) {
             ret = 4;
             goto fail;
         }
@@ -447,6 +520,53 @@ int shoal_cmd_pack(int argc, char **argv)
             json_object_set_new(wmap, tf->t[i]->name, json_string(name));
             total_size += tf->t[i]->nbytes;
         }
+        nlayerfiles++;
+    }
+    jrows = ntrows ? json_array() : NULL;
+    for (int l = -1; l < cfg.num_layers && ntrows; l++) {
+        const shoal_tensor **ft = shoal_xcalloc(ntrows, sizeof *ft);
+        rowsel *fs = shoal_xcalloc(ntrows, sizeof *fs);
+        int n = 0;
+        for (size_t i = 0; i < ntrows; i++)
+            if (tlay[i] == l) {
+                ft[n] = tten[i];
+                fs[n++] = tsel[i];
+            }
+        char name[64], fpath[4200];
+        if (l < 0)
+            snprintf(name, sizeof name, "trunk-rows-head.safetensors");
+        else
+            snprintf(name, sizeof name, "trunk-rows-L%03d.safetensors", l);
+        snprintf(fpath, sizeof fpath, "%s/%s", out, name);
+        uint8_t h[32];
+        uint64_t bytes;
+        rc = n ? write_layer(&pk, fpath, ft, fs, n, h, &bytes, err, sizeof err) : 0;
+        for (int i = 0; i < n && !rc; i++) {
+            char sn[SHOAL_PROTO_MAX_NAME + 64];
+            uint64_t off, nb;
+            slice_name(sn, sizeof sn, ft[i]->name, &fs[i]);
+            item_geom(ft[i], &fs[i], &off, &nb);
+            json_object_set_new(wmap, sn, json_string(name));
+            total_size += nb;
+            tbytes += nb;
+            json_array_append_new(jrows, json_pack("{s:s, s:s, s:I, s:I, s:s, s:[I,I], s:I}", "name", ft[i]->name,
+                                                   "tensor", sn, "lo", (json_int_t)fs[i].lo, "hi",
+                                                   (json_int_t)fs[i].hi, "dtype", shoal_dtype_name(ft[i]->dtype),
+                                                   "shape", (json_int_t)ft[i]->shape[0],
+                                                   (json_int_t)ft[i]->shape[1], "nbytes", (json_int_t)ft[i]->nbytes));
+        }
+        free(ft);
+        free(fs);
+        if (rc) {
+            ret = 4;
+            goto fail;
+        }
+        if (!n)
+            continue;
+        char hex[65];
+        shoal_packfile_hex(h, 32, hex);
+        json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "name", name, "bytes", (json_int_t)bytes,
+                                               "blake2b", hex));
         nlayerfiles++;
     }
     progress(&pk, 1);
@@ -508,7 +628,13 @@ int shoal_cmd_pack(int argc, char **argv)
     shoal_packfile_hex(fp, 32, fph);
     json_t *man = json_pack("{s:s, s:i, s:s, s:s, s:s, s:I, s:O}", "format", "shoal-pack", "version", 1, "worker",
                             trunk ? "trunk" : worker, "experts", trunk ? "" : pw->experts, "model_fingerprint", fph, "expert_bytes",
-                            (json_int_t)total_size, "files", files);
+                            (json_int_t)(total_size - tbytes), "files", files);
+    if (jrows) { /* the trunk rows (issue 16): what the worker maps, and the full shapes it fingerprints */
+        json_object_set_new(man, "trunk", json_string(pw->trunk));
+        json_object_set_new(man, "trunk_rows", jrows);
+        json_object_set_new(man, "trunk_bytes", json_integer((json_int_t)tbytes));
+        jrows = NULL;
+    }
     char *mans = json_dumps(man, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(man);
     snprintf(path, sizeof path, "%s/%s", out, SHOAL_PACKFILE_NAME);
@@ -518,10 +644,11 @@ int shoal_cmd_pack(int argc, char **argv)
         ret = 4;
         goto fail;
     }
-    printf("pack %s: %s %s, %zu experts in %d files, %.3f GiB (%.3f GiB copied, %.3f GiB kept from a "
+    printf("pack %s: %s %s, %zu experts%s%s in %d files, %.3f GiB (%.3f GiB copied, %.3f GiB kept from a "
            "previous run)\n",
            out, trunk ? "the trunk" : "worker", trunk ? "(no routed experts)" : worker, own ? shoal_shard_count(own) : 0,
-           nlayerfiles, (double)total_size / 1073741824.0,
+           ntrows ? " and trunk rows " : "", ntrows ? pw->trunk : "", nlayerfiles,
+           (double)total_size / 1073741824.0,
            (double)pk.done / 1073741824.0, (double)pk.skipped / 1073741824.0);
     ret = 0;
     goto done;
@@ -537,7 +664,13 @@ done:
     free(cfgbuf);
     json_decref(files);
     json_decref(wmap);
+    json_decref(jrows);
     free(tl);
+    free(mats);
+    free(trows);
+    free(tsel);
+    free(tten);
+    free(tlay);
     shoal_shard_close(own);
     free(r);
     shoal_planfile_free(&pf);

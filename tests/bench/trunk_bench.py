@@ -12,7 +12,7 @@ trunk round trips per token, wire bytes per token (experts + trunk, both
 directions), the load average before it.
 
 usage: trunk_bench.py --model DIR --bin SHOAL --out FILE.json [--gen N] [--reps N]
-       [--threads N] [--delays 0.2,0.5,1] [--workers 1,2,4]"""
+       [--threads N] [--delays 0.2,0.5,1] [--workers 1,2,4] [--relay-workers 0,2]"""
 import argparse
 import json
 import os
@@ -43,6 +43,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--delays", default="0.2,0.5,1")
     ap.add_argument("--workers", default="1,2,4")
+    ap.add_argument("--relay-workers", default="0,2", help="worker counts behind the relay (0: the local baseline)")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="shoal-tbench-")
     ex = moe_range(a.model)
@@ -74,7 +75,7 @@ def main():
     relays = []
     delays = [float(x) for x in a.delays.split(",") if x]
     tcp_sets = {}
-    for n in (0, 2):  # local baseline and the 2-worker split over the relay
+    for n in sorted({int(x) for x in a.relay_workers.split(",") if x}):  # 0: the local baseline
         ports = []
         for i in range(max(n, 1)):
             port = harness.free_port()

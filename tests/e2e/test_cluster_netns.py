@@ -3,7 +3,9 @@
 namespaces joined by a bridge play one coordinator host and three worker
 hosts, each running its own sshd; the root namespace is the Ansible
 controller. plan -> pack -> deploy/site.yml over SSH -> start.yml -> generate:
-the ids equal the single-process run's; the coordinator reaches the workers
+the ids equal the single-process run's, and with the trunk remote (the plan
+made with --trunk spread, each worker's pack holding its trunk rows, one run
+with --trunk auto) ids and logits too; the coordinator reaches the workers
 through delay-injecting relays (0.25 ms each way; what they add is measured
 and recorded); a coordinator key the workers do not list is refused; a second
 site.yml run changes nothing; rolling-restart.yml, status.yml and stop.yml work.
@@ -47,7 +49,9 @@ PROMPT = "3,17,250,1001,42,7,99,512,4000,1"
 DELAY_MS = 0.25
 tag = f"{os.getpid() % 10000}"
 NS = {"c": f"shc{tag}", "w0": f"shw0{tag}", "w1": f"shw1{tag}", "w2": f"shw2{tag}"}
-IP = {"c": "10.77.0.10", "w0": "10.77.0.11", "w1": "10.77.0.12", "w2": "10.77.0.13"}
+# a /24 of its own per run (from the pid), so runs in parallel do not answer each other's addresses
+NET = f"10.77.{os.getpid() % 250 + 1}"
+IP = {"c": f"{NET}.10", "w0": f"{NET}.11", "w1": f"{NET}.12", "w2": f"{NET}.13"}
 BR = f"shbr{tag}"
 
 
@@ -68,7 +72,7 @@ def ns(host, cmd, **kw):
 
 def setup_net():
     sh(["ip", "link", "add", BR, "type", "bridge"])
-    sh(["ip", "addr", "add", "10.77.0.1/24", "dev", BR])
+    sh(["ip", "addr", "add", f"{NET}.1/24", "dev", BR])
     sh(["ip", "link", "set", BR, "up"])
     for h, n in NS.items():
         sh(["ip", "netns", "add", n])
@@ -163,7 +167,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="shoal-netns-")
     procs = []
     try:
-        ref, r = run_ids([], "--model", TINY)
+        ref, r = run_ids([], "--model", TINY, "--dump-logits", os.path.join(tmp, "ref-logits.bin"))
         check("single-process reference", ref is not None, r.stderr[-300:])
         # the controller's SSH key, an sshd per host
         ck = os.path.join(tmp, "id_ed25519")
@@ -191,13 +195,15 @@ def main():
         # plan, with the coordinator reaching each worker through its relay
         cluster = {"format": "shoal-cluster", "version": 1, "coordinator": "c", "worker_port": 5555,
                    "hosts": [{"name": "c", "address": IP["c"], "ssh_user": "root", "cpus": 1, "expert_ram": 0}] +
-                   [{"name": w, "address": IP[w], "ssh_user": "root", "cpus": 1, "expert_ram": "600KiB"}
+                   [{"name": w, "address": IP[w], "ssh_user": "root", "cpus": 1, "expert_ram": "2MiB"}
                     for w in ("w0", "w1", "w2")]}
         json.dump(cluster, open(os.path.join(tmp, "cluster.json"), "w"))
         plan, inv = os.path.join(tmp, "plan.json"), os.path.join(tmp, "hosts.yml")
+        # --trunk spread: each worker's pack also holds its trunk rows (issue 16); the
+        # coordinator keeps the trunk local unless a run says --trunk auto|remote
         r = sh([BIN, "plan", "--model", TINY, "--cluster", os.path.join(tmp, "cluster.json"), "-o", plan,
-                "--inventory", inv], check_rc=False)
-        if not check("shoal plan with --inventory", r.returncode == 0, r.stderr[-300:]):
+                "--inventory", inv, "--trunk", "spread"], check_rc=False)
+        if not check("shoal plan --trunk spread with --inventory", r.returncode == 0, r.stderr[-300:]):
             return 1
         pl = json.load(open(plan))
         for i, w in enumerate(pl["workers"]):
@@ -261,6 +267,17 @@ def main():
         got, r = run_ids(nsc, *args)
         check("generate on the deployed cluster (3 worker hosts, CURVE, relayed 0.5 ms RTT): ids identical",
               got == ref, f"got {got} want {ref}: {r.stderr[-600:]}")
+        # the trunk remote: every row-shardable matrix on the worker hosts, from their packs
+        lg = os.path.join(tmp, "trunk-logits.bin")
+        got, r = run_ids(nsc, *args, "--trunk", "auto", "--dump-logits", lg)
+        try:
+            nrem = json.loads(r.stdout.strip().splitlines()[-1]).get("trunk_remote_matrices", 0)
+        except Exception:
+            nrem = 0
+        same_lg = os.path.exists(lg) and open(lg, "rb").read() == open(os.path.join(tmp, "ref-logits.bin"), "rb").read()
+        check("the trunk remote on the deployed cluster (--trunk auto, rows from the worker packs): ids and logits "
+              "identical", got == ref and nrem > 0 and same_lg,
+              f"got {got} want {ref}, {nrem} remote matrices, logits identical {same_lg}: {r.stderr[-600:]}")
         # the deployed coordinator service answers too
         ids, rr = serve_ids(nsc)
         check("the deployed coordinator service (shoal serve) generates the same ids",
