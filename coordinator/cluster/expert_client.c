@@ -46,8 +46,7 @@ static void watch(shoal_expert_client *c, int i, int on)
 }
 
 /* Record the request's failure (smu held). */
-static void fail(shoal_expert_client *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void fail(shoal_expert_client *c, int rc, const char *fmt, ...)
+void shoal__ec_fail(shoal_expert_client *c, int rc, const char *fmt, ...)
 {
     if (c->state != SENT)
         return;
@@ -62,7 +61,7 @@ static void fail(shoal_expert_client *c, int rc, const char *fmt, ...)
 
 /* Queue one frame of a request without copying it: a constant message over
  * the worker's buffer (no free function: zmq allocates nothing for it). */
-static int send_frame(void *sock, void *data, size_t len, int more)
+int shoal__ec_send_frame(void *sock, void *data, size_t len, int more)
 {
     zmq_msg_t m;
     zmq_msg_init_data(&m, data, len, NULL, NULL);
@@ -99,8 +98,9 @@ static void send_all(shoal_expert_client *c)
     for (int i = 0; i < c->nw; i++) {
         shoal__ec_worker *w = &c->w[i];
         if (w->involved && atomic_load(&w->link) != W_UP) { /* fail fast: the keeper is bringing it back */
-            fail(c, SHOAL_EPEER, "expert worker %s is down (%s); not sent layer %d, reconnecting in the background",
-                 w->name, w->why, c->layer);
+            shoal__ec_fail(c, SHOAL_EPEER,
+                           "expert worker %s is down (%s); not sent layer %d, reconnecting in the background", w->name,
+                           w->why, c->layer);
             return;
         }
     }
@@ -113,13 +113,14 @@ static void send_all(shoal_expert_client *c)
         shoal_proto_tensor_len(SHOAL_WIRE_I32, w->npairs, 2, &rlen);
         atomic_store(&w->arr_ns, 0);
         w->sent_ns = shoal__ec_now_ns();
-        if (send_frame(w->sock, w->ctl, w->ctl_len, 1) || send_frame(w->sock, (void *)w->tx_act, alen, 1) ||
-            send_frame(w->sock, w->route, rlen, 0)) {
+        if (shoal__ec_send_frame(w->sock, w->ctl, w->ctl_len, 1) ||
+            shoal__ec_send_frame(w->sock, (void *)w->tx_act, alen, 1) ||
+            shoal__ec_send_frame(w->sock, w->route, rlen, 0)) {
             int e = errno;
             if (c->cm)
                 shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
             shoal__ec_mark_down(c, i, "cannot send: %s", e == EAGAIN ? "not connected" : zmq_strerror(e));
-            fail(c, SHOAL_EPEER, "expert worker %s: cannot send layer %d: %s", w->name, c->layer,
+            shoal__ec_fail(c, SHOAL_EPEER, "expert worker %s: cannot send layer %d: %s", w->name, c->layer,
                  e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
             return;
         }
@@ -178,19 +179,20 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
         c->st.late_replies++; /* a reply to a request that already failed (or junk) */
     } else if (drc) {
         shoal__ec_mark_down(c, i, "malformed reply: %s", why);
-        fail(c, SHOAL_EPROTO, "expert worker %s: malformed reply to layer %d: %s", w->name, c->layer, why);
+        shoal__ec_fail(c, SHOAL_EPROTO, "expert worker %s: malformed reply to layer %d: %s", w->name, c->layer, why);
     } else if (m.type == SHOAL_MSG_ERROR) {
         shoal__ec_mark_down(c, i, "answered ERROR %s", shoal_perr_name((int)m.error.code));
-        fail(c, shoal_perr_to_err((int)m.error.code), "expert worker %s refused layer %d: %s: %s", w->name, c->layer,
-             shoal_perr_name((int)m.error.code), m.error.message);
+        shoal__ec_fail(c, shoal_perr_to_err((int)m.error.code), "expert worker %s refused layer %d: %s: %s", w->name,
+                       c->layer, shoal_perr_name((int)m.error.code), m.error.message);
     } else if (m.type != SHOAL_MSG_EXPERT_RESULT) {
         shoal__ec_mark_down(c, i, "answered a request with %s", shoal_msg_type_name(m.type));
-        fail(c, SHOAL_EPROTO, "expert worker %s answered layer %d with %s", w->name, c->layer,
+        shoal__ec_fail(c, SHOAL_EPROTO, "expert worker %s answered layer %d with %s", w->name, c->layer,
              shoal_msg_type_name(m.type));
     } else if (bad) {
         shoal__ec_mark_down(c, i, "reply of the wrong shape");
-        fail(c, SHOAL_EPROTO, "expert worker %s: layer %d reply is %s [%u, %u], expected bf16 [%u, %d]", w->name,
-             c->layer, shoal_wire_dtype_name(m.result.y.dtype), m.result.y.rows, m.result.y.cols, w->npairs, c->d);
+        shoal__ec_fail(c, SHOAL_EPROTO, "expert worker %s: layer %d reply is %s [%u, %u], expected bf16 [%u, %d]",
+                       w->name, c->layer, shoal_wire_dtype_name(m.result.y.dtype), m.result.y.rows, m.result.y.cols,
+                       w->npairs, c->d);
     } else {
         w->queue_us = m.result.queue_us;
         w->compute_us = m.result.compute_us;
@@ -260,8 +262,9 @@ static void wait_replies(shoal_expert_client *c)
                 if (c->cm)
                     shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
                 shoal__ec_mark_down(c, i, "disconnected (the worker died?)");
-                fail(c, SHOAL_EPEER, "expert worker %s disconnected before answering layer %d (the worker died?)",
-                     w->name, c->layer);
+                shoal__ec_fail(c, SHOAL_EPEER,
+                               "expert worker %s disconnected before answering layer %d (the worker died?)", w->name,
+                               c->layer);
                 break;
             }
             w->mon_hot = 0;
@@ -283,7 +286,7 @@ static void wait_replies(shoal_expert_client *c)
                         shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_TIMEOUT);
                     shoal__ec_mark_down(c, i, "no reply within %d ms", c->o.timeout_ms);
                 }
-            fail(c, SHOAL_ETIMEOUT, "no reply to layer %d within %d ms from expert worker %s", c->layer,
+            shoal__ec_fail(c, SHOAL_ETIMEOUT, "no reply to layer %d within %d ms from expert worker %s", c->layer,
                  c->o.timeout_ms, names);
             return;
         }
@@ -469,7 +472,7 @@ static void hint(void *self, int layer, const int32_t *experts, int n)
         if (b < 0 || atomic_load(&w->link) != W_UP ||
             shoal_proto_enc_prefetch(w->hint_ctl[b], 32 + 5 * (size_t)c->E, &len, 0, (uint32_t)layer, w->hint_ids,
                                      w->hint_n) ||
-            send_frame(w->sock, w->hint_ctl[b], len, 0)) {
+            shoal__ec_send_frame(w->sock, w->hint_ctl[b], len, 0)) {
             c->st.hints_dropped++;
             continue;
         }

@@ -175,6 +175,15 @@ struct shoal_expert_client {
  * is down already. */
 void shoal__ec_mark_down(shoal_expert_client *c, int i, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* ---- expert_client.c, for the trunk client ------------------------------------ */
+
+/* Record the request's failure (smu held; only the first one of a request
+ * counts: nothing unless the state is SENT). */
+void shoal__ec_fail(shoal_expert_client *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Queue one frame of a request without copying it: a constant message over
+ * the caller's buffer (zmq allocates nothing for it). -1 with errno. */
+int shoal__ec_send_frame(void *sock, void *data, size_t len, int more);
+
 /* ---- socket helpers of both files ------------------------------------------- */
 
 /* These are on the forward thread's path too (every reply, every disconnect a

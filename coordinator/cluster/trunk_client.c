@@ -23,40 +23,6 @@
 #include "common/err.h"
 #include "coordinator/cluster/expert_client_int.h"
 
-static uint64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-static void fail(shoal_expert_client *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void fail(shoal_expert_client *c, int rc, const char *fmt, ...)
-{
-    if (c->state != SENT)
-        return;
-    c->rc = rc;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->err, sizeof c->err, fmt, ap);
-    va_end(ap);
-    c->st.failures++;
-    c->state = FAILED;
-}
-
-static int send_frame(void *sock, void *data, size_t len, int more)
-{
-    zmq_msg_t m;
-    zmq_msg_init_data(&m, data, len, NULL, NULL);
-    if (zmq_msg_send(&m, sock, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
-        int e = errno;
-        zmq_msg_close(&m);
-        errno = e;
-        return -1;
-    }
-    return 0;
-}
-
 /* Index of matrix name among the client's matrices (binary search), or -1. */
 static int find_mat(const shoal_expert_client *c, const char *name)
 {
@@ -115,8 +81,8 @@ static int submit(void *self, int layer, const shoal_rmat_job *jobs, int n, cons
             const shoal_tshard_piece *pc = &c->pieces[p];
             shoal__ec_worker *w = &c->w[pc->w];
             if (w->ntseg == SHOAL_PROTO_MAX_TSEGS) {
-                fail(c, SHOAL_ECONFIG, "trunk worker %s: more than %d row ranges in one request (layer %d)", w->name,
-                     SHOAL_PROTO_MAX_TSEGS, layer);
+                shoal__ec_fail(c, SHOAL_ECONFIG, "trunk worker %s: more than %d row ranges in one request (layer %d)",
+                               w->name, SHOAL_PROTO_MAX_TSEGS, layer);
                 break;
             }
             shoal_proto_trows *g = &w->tseg[w->ntseg];
@@ -142,20 +108,21 @@ static int submit(void *self, int layer, const shoal_rmat_job *jobs, int n, cons
         if (!w->involved)
             continue;
         if (atomic_load(&w->link) != W_UP) {
-            fail(c, SHOAL_EPEER, "trunk worker %s is down (%s); not sent layer %d, reconnecting in the background",
-                 w->name, w->why, layer);
+            shoal__ec_fail(c, SHOAL_EPEER,
+                           "trunk worker %s is down (%s); not sent layer %d, reconnecting in the background", w->name,
+                           w->why, layer);
             break;
         }
         w->rid = ++c->next_rid;
         if (shoal_proto_enc_tbatch(w->tctl, SHOAL__EC_TCTL_CAP, &w->tctl_len, w->rid, (uint32_t)layer, w->tseg,
                                    w->ntseg)) {
-            fail(c, SHOAL_EINTERNAL, "trunk worker %s: TRUNK_BATCH does not encode", w->name);
+            shoal__ec_fail(c, SHOAL_EINTERNAL, "trunk worker %s: TRUNK_BATCH does not encode", w->name);
             break;
         }
-        if (send_frame(w->sock, w->tctl, w->tctl_len, 1) || send_frame(w->sock, c->tx, xlen, 0)) {
+        if (shoal__ec_send_frame(w->sock, w->tctl, w->tctl_len, 1) || shoal__ec_send_frame(w->sock, c->tx, xlen, 0)) {
             int e = errno;
             shoal__ec_mark_down(c, i, "cannot send: %s", e == EAGAIN ? "not connected" : zmq_strerror(e));
-            fail(c, SHOAL_EPEER, "trunk worker %s: cannot send layer %d: %s", w->name, layer,
+            shoal__ec_fail(c, SHOAL_EPEER, "trunk worker %s: cannot send layer %d: %s", w->name, layer,
                  e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
             break;
         }
@@ -163,11 +130,11 @@ static int submit(void *self, int layer, const shoal_rmat_job *jobs, int n, cons
         c->st.messages++;
         c->st.bytes_out += w->tctl_len + xlen;
         w->bytes_out = w->tctl_len + xlen;
-        w->sent_ns = now_us() * 1000u;
+        w->sent_ns = shoal__ec_now_us() * 1000u;
     }
     c->trunk_requests++;
     c->st.requests++;
-    c->deadline_us = now_us() + (uint64_t)c->o.timeout_ms * 1000u;
+    c->deadline_us = shoal__ec_now_us() + (uint64_t)c->o.timeout_ms * 1000u;
     return 0; /* a failure is returned by gather() (it releases the lock) */
 }
 
@@ -198,15 +165,16 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
         c->st.late_replies++;
     } else if (drc) {
         shoal__ec_mark_down(c, i, "malformed reply: %s", why);
-        fail(c, SHOAL_EPROTO, "trunk worker %s: malformed reply to layer %d: %s", w->name, c->layer, why);
+        shoal__ec_fail(c, SHOAL_EPROTO, "trunk worker %s: malformed reply to layer %d: %s", w->name, c->layer, why);
     } else if (m.type == SHOAL_MSG_ERROR) {
         shoal__ec_mark_down(c, i, "answered ERROR %s", shoal_perr_name((int)m.error.code));
-        fail(c, shoal_perr_to_err((int)m.error.code), "trunk worker %s refused layer %d: %s: %s", w->name, c->layer,
-             shoal_perr_name((int)m.error.code), m.error.message);
+        shoal__ec_fail(c, shoal_perr_to_err((int)m.error.code), "trunk worker %s refused layer %d: %s: %s", w->name,
+                       c->layer, shoal_perr_name((int)m.error.code), m.error.message);
     } else if (m.type != SHOAL_MSG_TRUNK_RESULT || m.tresult.y.cols != want) {
         shoal__ec_mark_down(c, i, "reply of the wrong type or shape");
-        fail(c, SHOAL_EPROTO, "trunk worker %s answered layer %d with %s of %u values, expected TRUNK_RESULT of %llu",
-             w->name, c->layer, shoal_msg_type_name(m.type), m.tresult.y.cols, (unsigned long long)want);
+        shoal__ec_fail(c, SHOAL_EPROTO,
+                       "trunk worker %s answered layer %d with %s of %u values, expected TRUNK_RESULT of %llu", w->name,
+                       c->layer, shoal_msg_type_name(m.type), m.tresult.y.cols, (unsigned long long)want);
     } else {
         const shoal_rmat_job *jobs = c->tjobs;
         const uint8_t *src = m.tresult.y.data;
@@ -222,7 +190,7 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
         c->st.worker_compute_us += m.tresult.compute_us;
         w->answered = 1;
         if (c->cm) {
-            uint64_t t = now_us() * 1000u, in = 0;
+            uint64_t t = shoal__ec_now_us() * 1000u, in = 0;
             for (int j = 0; j < np; j++)
                 in += f[j].len;
             shoal_cmetrics_txchg x = {.rows = w->trows * (uint64_t)T, .weight_bytes = w->tweight,
@@ -241,7 +209,7 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
 static int gather(void *self, char *err, size_t errlen)
 {
     shoal_expert_client *c = self;
-    uint64_t t0 = now_us();
+    uint64_t t0 = shoal__ec_now_us();
     while (c->state == SENT) {
         int n = 0;
         for (int i = 0; i < c->nw && c->state == SENT; i++) {
@@ -256,8 +224,9 @@ static int gather(void *self, char *err, size_t errlen)
                 continue;
             if (shoal__ec_monitor_disconnected(w->mon)) {
                 shoal__ec_mark_down(c, i, "disconnected (the worker died?)");
-                fail(c, SHOAL_EPEER, "trunk worker %s disconnected before answering layer %d (the worker died?)",
-                     w->name, c->layer);
+                shoal__ec_fail(c, SHOAL_EPEER,
+                               "trunk worker %s disconnected before answering layer %d (the worker died?)", w->name,
+                               c->layer);
                 break;
             }
             c->pfd[n] = (struct pollfd){.fd = w->fd, .events = POLLIN};
@@ -267,7 +236,7 @@ static int gather(void *self, char *err, size_t errlen)
         }
         if (c->state != SENT || n == 0)
             break;
-        uint64_t now = now_us();
+        uint64_t now = shoal__ec_now_us();
         if (now >= c->deadline_us) {
             char names[768] = "";
             size_t at = 0;
@@ -276,8 +245,9 @@ static int gather(void *self, char *err, size_t errlen)
                     at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", at ? ", " : "", c->w[i].name);
                     shoal__ec_mark_down(c, i, "no reply within %d ms", c->o.timeout_ms);
                 }
-            fail(c, SHOAL_ETIMEOUT, "no reply to the trunk rows of layer %d within %d ms from trunk worker %s",
-                 c->layer, c->o.timeout_ms, names);
+            shoal__ec_fail(c, SHOAL_ETIMEOUT,
+                           "no reply to the trunk rows of layer %d within %d ms from trunk worker %s", c->layer,
+                           c->o.timeout_ms, names);
             break;
         }
         /* capped, so that a missed wake-up (ZMQ_FD is edge-like) only delays */
@@ -285,7 +255,7 @@ static int gather(void *self, char *err, size_t errlen)
         if (poll(c->pfd, (nfds_t)n, ms > 20 ? 20 : (int)ms) < 0 && errno != EINTR)
             usleep(1000);
     }
-    c->st.wait_s += (double)(now_us() - t0) / 1e6;
+    c->st.wait_s += (double)(shoal__ec_now_us() - t0) / 1e6;
     int rc = c->state == FAILED ? c->rc : 0;
     if (rc)
         shoal_err_set(err, errlen, rc, "%s", c->err);
