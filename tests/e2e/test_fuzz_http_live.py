@@ -12,13 +12,30 @@ chunked bodies (random splits, bad and huge sizes, extensions, trailers),
 pipelining, slow (byte-at-a-time) and half-closed or abandoned connections,
 streams closed early.
 
+Two engines (SHOAL_FUZZ_HTTP_MODE):
+- fast (default): SHOAL_FUZZ_HTTP_CONNS (48) connections at once (asyncio),
+  most pipelining 1-32 requests whose framing is valid and whose content is
+  hostile (mutated JSON, invalid UTF-8, numbers past 2^63, nesting, auth
+  failures, odd paths, methods and headers, valid chunked bodies), every
+  answer parsed, a case counted only when answered; a bounded share of real
+  generations (SHOAL_FUZZ_HTTP_GEN_SHARE, 1% of the pipelined requests, plus
+  the mutants that stay valid); the rest of the jobs
+  (SHOAL_FUZZ_HTTP_SINGLE_SHARE, 12%) are the single-connection cases below,
+  run concurrently. The process checked after every job, /health every
+  SHOAL_FUZZ_HTTP_HEALTH_EVERY (1000) cases; a framing-valid request
+  unanswered for SHOAL_FUZZ_HTTP_STALL_S (30 s) fails `no_stall`. A crash
+  saves the last 256 jobs. ~2,300-4,600 cases/s on the 2-core test VM.
+- serial: one case at a time (~15-20 cases/s), the run of the first 10^4.
+
 Budget: SHOAL_FUZZ_HTTP_S seconds (default 30) or SHOAL_FUZZ_HTTP_CASES cases,
-whichever ends first; SHOAL_FUZZ_SEED fixes the seed (printed either way);
+whichever ends first; SHOAL_FUZZ_SEED fixes the seed (printed either way; in
+fast mode the jobs' order is the seed's, their interleaving is not);
 SHOAL_FUZZ_HTTP_OUT=path writes the figures as JSON; SHOAL_BIN picks the
-binary (e.g. build-asan/bin/shoal). Long run (docs/TESTING.md):
-  SHOAL_FUZZ_HTTP_S=3600 SHOAL_FUZZ_HTTP_CASES=1000000 .venv/bin/python3 tests/e2e/test_fuzz_http_live.py
+binary (e.g. build-asan/bin/shoal). Long run (docs/TESTING.md, ~7.5 min):
+  SHOAL_FUZZ_SEED=20 SHOAL_FUZZ_HTTP_S=3600 SHOAL_FUZZ_HTTP_CASES=1000000 .venv/bin/python3 tests/e2e/test_fuzz_http_live.py
 Figures: cases run, crashes found (0 to pass), server VmRSS/VmHWM and open
-fds after a warm-up and at the end (no growth allowed beyond a margin).
+fds before any case, after a warm-up (SHOAL_FUZZ_HTTP_WARM, 3000 cases; serial:
+300), after 10^4 and at the end (no growth allowed beyond a margin).
 Appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS."""
 import json
 import os
@@ -566,7 +583,6 @@ def run_fast(p, port, t0, figures_at):
                     h = await health_async(port)  # one retry: a loaded box
                 if h != 200:
                     st.crash = f"/health answered {h} after {st.cases} cases (rc {p.poll()})"
-                    st.health_failed = True
             if time.time() - last_print > 60:
                 last_print = time.time()
                 print(f"  {st.cases} cases, {st.answers} answers, {time.time() - t0:.0f} s, "
