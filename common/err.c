@@ -1,5 +1,7 @@
 #include "common/err.h"
 
+#include "common/utf8.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -46,8 +48,17 @@ int shoal_err_set(char *err, size_t errlen, int code, const char *fmt, ...)
     if (err && errlen) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
+        int w = vsnprintf(err, errlen, fmt, ap);
         va_end(ap);
+        if (w >= 0 && (size_t)w >= errlen) { /* cut to fit: never in the middle of a character */
+            size_t n = strlen(err), j = n;
+            while (j > 0 && n - j < 3 && ((unsigned char)err[j - 1] & 0xC0) == 0x80)
+                j--;
+            uint32_t cp;
+            if (j > 0 && (unsigned char)err[j - 1] >= 0xC0 &&
+                shoal_utf8_step((const uint8_t *)err + j - 1, n - (j - 1), &cp) == 0)
+                err[j - 1] = 0;
+        }
     }
     return code;
 }

@@ -43,7 +43,9 @@ uint64_t shoal_bank_bytes(const shoal_bank *b); /* weight bytes of the owned exp
  * experts[0..n) of layer (each distinct file once) and returns SHOAL_EIO, with
  * err naming the file, its size now and the size its tensors need, when one is
  * shorter: the request is refused and the worker serves the others. A bank from
- * views (no files) always passes. Thread-safe (reads only). */
+ * views (no files) always passes, and so does every bank opened with the
+ * debug switch SHOAL_DEBUG_SKIP_SIZE_CHECK=1 in the environment (read once, at
+ * shoal_bank_open; for the test of the SIGBUS guard below). Thread-safe (reads only). */
 int shoal_bank_check(const shoal_bank *b, int layer, const int32_t *experts, int n, char *err, size_t errlen);
 
 /* The safety net for a file truncated between that check and the read: a

@@ -21,6 +21,7 @@
 #include "common/err.h"
 #include "common/k3schema.h"
 #include "common/log.h"
+#include "common/utf8.h"
 
 #define ALIGN 4096u
 #define NT SHOAL_K3SCHEMA_EXPERT_MAX
@@ -234,7 +235,9 @@ static int read_run(shoal_store *s, const run *r, uint8_t *dst, char *msg, size_
                 continue;
             }
             int e = errno;
-            snprintf(msg, msglen, "read %.300s at %llu: %s", f->path, (unsigned long long)(r->off + got), strerror(e));
+            char p[301]; /* a path is outside text: cut on a character, cleaned */
+            snprintf(msg, msglen, "read %s at %llu: %s", shoal_utf8_clip(p, sizeof p, f->path, SHOAL_UTF8_NOCTRL),
+                     (unsigned long long)(r->off + got), strerror(e));
             return -e;
         }
         if (k == 0)
@@ -242,7 +245,9 @@ static int read_run(shoal_store *s, const run *r, uint8_t *dst, char *msg, size_
         got += (uint64_t)k;
     }
     if (got < r->need) {
-        snprintf(msg, msglen, "read %.300s at %llu: file ends %llu bytes early", f->path, (unsigned long long)r->off,
+        char p[301];
+        snprintf(msg, msglen, "read %s at %llu: file ends %llu bytes early",
+                 shoal_utf8_clip(p, sizeof p, f->path, SHOAL_UTF8_NOCTRL), (unsigned long long)r->off,
                  (unsigned long long)(r->need - got));
         return SHOAL_EIO;
     }
@@ -736,8 +741,9 @@ int shoal_store_wait(shoal_store *s, int i, char *err, size_t errlen)
     if (failed || s->pass_failed) {
         drain_demand(s); /* nothing of the pass may still be writing into the slots */
         drop_misses(s);
-        return shoal_err_set(err, errlen, failed ? failed : SHOAL_EIO, "expert store: %.400s",
-                             msg[0] ? msg : "a read of this pass failed");
+        char m4[401];
+        return shoal_err_set(err, errlen, failed ? failed : SHOAL_EIO, "expert store: %s",
+                             msg[0] ? shoal_utf8_clip(m4, sizeof m4, msg, 0) : "a read of this pass failed");
     }
     return 0;
 }

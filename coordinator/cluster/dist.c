@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/packfile.h"
 #include "common/planfile.h"
+#include "common/utf8.h"
 #include "coordinator/cluster/spawn.h"
 #include "coordinator/cluster/trunk_client.h"
 #include "proto/fprint.h"
@@ -203,13 +204,16 @@ static int check_endpoint(const char *ep, char *err, size_t errlen)
         long port = colon ? strtol(colon + 1, &end, 10) : 0;
         if (colon && colon > ep + 6 && end && !*end && colon[1] && port >= 1 && port <= 65535)
             return 0;
-        return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert worker %.200s: expected tcp://HOST:PORT (port 1..65535)",
-                             ep);
+        char e2[201]; /* the flag's text: cut on a character, cleaned */
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert worker %s: expected tcp://HOST:PORT (port 1..65535)",
+                             shoal_utf8_clip(e2, sizeof e2, ep, SHOAL_UTF8_NOCTRL));
     }
     const char *sep = strstr(ep, "://");
+    char e2[201], sch[33];
+    shoal_utf8_clean(sch, sizeof sch, ep, sep ? (size_t)(sep - ep) : 0, SHOAL_UTF8_NOCTRL, NULL);
     return shoal_err_set(err, errlen, SHOAL_EINVAL,
-                         "expert worker %.200s: unknown endpoint scheme '%.*s' (tcp://HOST:PORT or ipc:///PATH)", ep,
-                         sep ? (int)(sep - ep < 32 ? sep - ep : 32) : 0, ep);
+                         "expert worker %s: unknown endpoint scheme '%s' (tcp://HOST:PORT or ipc:///PATH)",
+                         shoal_utf8_clip(e2, sizeof e2, ep, SHOAL_UTF8_NOCTRL), sch);
 }
 
 /* Per worker, the pinned CURVE public key (NULL for ipc:// or --insecure);

@@ -28,6 +28,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/utf8.h"
 #include "coordinator/obs/obs.h"
 #include "coordinator/cluster/owners.h"
 #include "proto/fprint.h"
@@ -128,9 +129,10 @@ static int take_hello(shoal_expert_client *c, shoal__ec_worker *w, const shoal_f
         goto out;
     }
     if (m.type == SHOAL_MSG_ERROR) {
+        char e2[401]; /* the peer's text */
         rc = shoal_err_set(err, errlen, shoal_perr_to_err((int)m.error.code),
                            "expert worker %s refused HELLO: %s: %s", w->endpoint, shoal_perr_name((int)m.error.code),
-                           m.error.message);
+                           shoal_utf8_clip(e2, sizeof e2, m.error.message, SHOAL_UTF8_NOCTRL));
         goto out;
     }
     if (m.type != SHOAL_MSG_HELLO || m.rid != 1) {
@@ -245,20 +247,27 @@ static void unconnected_why(const char *ep, char *why, size_t n)
         struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
         int g = getaddrinfo(host, colon ? colon + 1 : NULL, &hints, &ai);
         if (g) {
-            snprintf(why, n, "not connected: host '%.200s' does not resolve: %s", host, gai_strerror(g));
+            char h2[201];
+            snprintf(why, n, "not connected: host '%s' does not resolve: %s",
+                     shoal_utf8_clip(h2, sizeof h2, host, SHOAL_UTF8_NOCTRL), gai_strerror(g));
             return;
         }
         freeaddrinfo(ai);
-        snprintf(why, n, "not connected: '%.200s' resolves, but no connection was accepted on port %s", host,
-                 colon ? colon + 1 : "?");
+        char h2[201], p2[16];
+        snprintf(why, n, "not connected: '%s' resolves, but no connection was accepted on port %s",
+                 shoal_utf8_clip(h2, sizeof h2, host, SHOAL_UTF8_NOCTRL),
+                 shoal_utf8_clip(p2, sizeof p2, colon ? colon + 1 : "?", SHOAL_UTF8_NOCTRL));
         return;
     }
     if (!strncmp(ep, "ipc://", 6) && ep[6] != '@') {
         struct stat sb;
-        if (stat(ep + 6, &sb))
-            snprintf(why, n, "not connected: no socket at %.200s: %s", ep + 6, strerror(errno));
+        char e2[201];
+        int serr = stat(ep + 6, &sb) ? errno : 0;
+        shoal_utf8_clip(e2, sizeof e2, ep + 6, SHOAL_UTF8_NOCTRL);
+        if (serr)
+            snprintf(why, n, "not connected: no socket at %s: %s", e2, strerror(serr));
         else
-            snprintf(why, n, "not connected: %.200s exists, but no connection was accepted", ep + 6);
+            snprintf(why, n, "not connected: %s exists, but no connection was accepted", e2);
         return;
     }
     snprintf(why, n, "not connected");
@@ -575,7 +584,8 @@ static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np,
         int same_trunk = !c->o.trunk_role || same_trows(m.hello.trunk, m.hello.ntrunk, w->trunk, w->ntrunk);
         char r[sizeof w->why];
         if (check_hello(c, w->name, &m.hello, err, sizeof err)) {
-            snprintf(r, sizeof r, "refused on reconnection: %.450s", err);
+            char e2[451];
+            snprintf(r, sizeof r, "refused on reconnection: %s", shoal_utf8_clip(e2, sizeof e2, err, 0));
             refused(c, w, r);
         } else if (!same) {
             char a[256], b[256];
@@ -594,8 +604,9 @@ static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np,
         }
     } else if (link == W_DOWN && probe_err) {
         char r[sizeof w->why];
-        snprintf(r, sizeof r, "refused HELLO on reconnection: %s: %.400s", shoal_perr_name((int)m.error.code),
-                 m.error.message);
+        char e2[401]; /* the peer's text: cut on a character, invalid bytes and controls replaced */
+        snprintf(r, sizeof r, "refused HELLO on reconnection: %s: %s", shoal_perr_name((int)m.error.code),
+                 shoal_utf8_clip(e2, sizeof e2, m.error.message, SHOAL_UTF8_NOCTRL));
         refused(c, w, r);
     } else if (link == W_WARM && m.type == SHOAL_MSG_PONG && --w->warm_left == 0) {
         atomic_store(&w->link, W_UP);

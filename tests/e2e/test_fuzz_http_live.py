@@ -12,13 +12,30 @@ chunked bodies (random splits, bad and huge sizes, extensions, trailers),
 pipelining, slow (byte-at-a-time) and half-closed or abandoned connections,
 streams closed early.
 
+Two engines (SHOAL_FUZZ_HTTP_MODE):
+- fast (default): SHOAL_FUZZ_HTTP_CONNS (48) connections at once (asyncio),
+  most pipelining 1-32 requests whose framing is valid and whose content is
+  hostile (mutated JSON, invalid UTF-8, numbers past 2^63, nesting, auth
+  failures, odd paths, methods and headers, valid chunked bodies), every
+  answer parsed, a case counted only when answered; a bounded share of real
+  generations (SHOAL_FUZZ_HTTP_GEN_SHARE, 1% of the pipelined requests, plus
+  the mutants that stay valid); the rest of the jobs
+  (SHOAL_FUZZ_HTTP_SINGLE_SHARE, 12%) are the single-connection cases below,
+  run concurrently. The process checked after every job, /health every
+  SHOAL_FUZZ_HTTP_HEALTH_EVERY (1000) cases; a framing-valid request
+  unanswered for SHOAL_FUZZ_HTTP_STALL_S (30 s) fails `no_stall`. A crash
+  saves the last 256 jobs. ~2,300-4,600 cases/s on the 2-core test VM.
+- serial: one case at a time (~15-20 cases/s), the run of the first 10^4.
+
 Budget: SHOAL_FUZZ_HTTP_S seconds (default 30) or SHOAL_FUZZ_HTTP_CASES cases,
-whichever ends first; SHOAL_FUZZ_SEED fixes the seed (printed either way);
+whichever ends first; SHOAL_FUZZ_SEED fixes the seed (printed either way; in
+fast mode the jobs' order is the seed's, their interleaving is not);
 SHOAL_FUZZ_HTTP_OUT=path writes the figures as JSON; SHOAL_BIN picks the
-binary (e.g. build-asan/bin/shoal). Long run (docs/TESTING.md):
-  SHOAL_FUZZ_HTTP_S=3600 SHOAL_FUZZ_HTTP_CASES=1000000 .venv/bin/python3 tests/e2e/test_fuzz_http_live.py
+binary (e.g. build-asan/bin/shoal). Long run (docs/TESTING.md, ~7.5 min):
+  SHOAL_FUZZ_SEED=20 SHOAL_FUZZ_HTTP_S=3600 SHOAL_FUZZ_HTTP_CASES=1000000 .venv/bin/python3 tests/e2e/test_fuzz_http_live.py
 Figures: cases run, crashes found (0 to pass), server VmRSS/VmHWM and open
-fds after a warm-up and at the end (no growth allowed beyond a margin).
+fds before any case, after a warm-up (SHOAL_FUZZ_HTTP_WARM, 3000 cases; serial:
+300), after 10^4 and at the end (no growth allowed beyond a margin).
 Appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS."""
 import json
 import os
@@ -38,6 +55,8 @@ BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
 MODEL = os.path.join(SRC, "tests", "models", "tiny-k3")
 BUDGET_S = float(os.environ.get("SHOAL_FUZZ_HTTP_S", "30"))
 MAX_CASES = int(os.environ.get("SHOAL_FUZZ_HTTP_CASES", "0")) or None
+MODE = os.environ.get("SHOAL_FUZZ_HTTP_MODE", "fast")  # fast (default) | serial (one case at a time)
+WARM_CASES = int(os.environ.get("SHOAL_FUZZ_HTTP_WARM", "3000"))
 SEED = int(os.environ.get("SHOAL_FUZZ_SEED", str(int(time.time() * 1000) % 1000000007)))
 KEY = "fuzz-key"
 R = Recorder("test_fuzz_http_live")
@@ -309,6 +328,274 @@ def health(url):
         return None
 
 
+# ---- the high-rate engine (default) ----------------------------------------
+#
+# Many connections at once (asyncio, one process), most of them pipelining a
+# batch of requests whose framing is valid (Content-Length right, or a valid
+# chunked body) but whose content is hostile: mutated JSON of every endpoint,
+# invalid UTF-8, raw numbers past 2^63, deep nesting, auth failures, odd
+# paths and headers. Each answer is parsed (status line, headers, body by
+# Content-Length or chunks), so a case counts only when the server answered
+# it. The rest of the jobs are gen_case()'s single-connection cases (framing
+# that breaks: byte mutations, bad chunk sizes, wrong Content-Length, slow,
+# half-closed and abandoned connections, streams closed early), run
+# concurrently with short waits. Every HEALTH_EVERY cases: the process alive
+# and /health 200 within 5 s; every job: the process alive.
+
+import asyncio  # noqa: E402
+import collections  # noqa: E402
+
+CONNS = int(os.environ.get("SHOAL_FUZZ_HTTP_CONNS", "48"))
+HEALTH_EVERY = int(os.environ.get("SHOAL_FUZZ_HTTP_HEALTH_EVERY", "1000"))
+STALL_S = float(os.environ.get("SHOAL_FUZZ_HTTP_STALL_S", "30"))
+GEN_SHARE = float(os.environ.get("SHOAL_FUZZ_HTTP_GEN_SHARE", "0.01"))
+AUTH = b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+SAFE_HEADERS = [b"Content-Type: application/json\r\n", b"Content-Type: text/plain\r\n", b"X-U: \xff\xfe\r\n",
+                b"X-Big: " + b"a" * 9000 + b"\r\n", b"Upgrade: h2c\r\n", b"Expect: 100-continue\r\n",
+                b"Accept: */*\r\n", b"X-Ctl: \x01\x7f\r\n", b"User-Agent: " + "é".encode() * 100 + b"\r\n",
+                b"Connection: keep-alive\r\n", b"Cookie: " + b"c=" * 500 + b"\r\n", b"X-Empty:\r\n",
+                b"Accept-Encoding: gzip\r\n", b"X-Request-Id: " + b"\xc3" * 40 + b"\r\n"]
+BAD_AUTH = [b"", b"Authorization: Bearer wrong\r\n", b"Authorization: Bearer  " + KEY.encode() + b"\r\n",
+            b"Authorization: Basic " + KEY.encode() + b"\r\n", b"Authorization: Bearer " + b"k" * 700 + b"\r\n",
+            b"Authorization: Bearer \xff\xc3\r\n",
+            b"Authorization: Bearer " + KEY.encode()[:-1] + b"\r\n", b"Authorization:\r\n"]
+# valid requests that generate (a bounded share: GEN_SHARE of the pipelined ones)
+GEN_BODIES = [json.dumps({"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 1, "temperature": 1}).encode(),
+              json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                          "temperature": 0.7, "seed": 3}).encode(),
+              json.dumps({"model": "tiny", "prompt": "é", "max_tokens": 2, "stream": True}).encode()]
+# whole-body hostile JSON (cheap to answer, each hits the parser or validator)
+HOSTILE_BODIES = [b"", b"{", b"[]", b"null", b"\xff\xfe", b"{\"model\":\"tiny\",\"prompt\":\"\xc3\"}",
+                  b"{\"model\":\"tiny\",\"prompt\":[9223372036854775808]}",
+                  b"{\"model\":\"tiny\",\"prompt\":[1],\"max_tokens\":1e999}",
+                  b"{\"model\":\"tiny\",\"prompt\":[1],\"max_tokens\":-9223372036854775809}",
+                  b"{\"model\":\"tiny\",\"prompt\":[1],\"temperature\":NaN}",
+                  b"{\"model\":\"" + b"a" * 63 + "é".encode() + b"\",\"prompt\":[1]}",
+                  b"{\"" + b"a" * 63 + "é".encode() + b"\":1}", b"{\"model\":\"tiny\",\"prompt\":[1],\"\xed\xa0\x80\":1}",
+                  b"{\"model\":\"tiny\",\"messages\":[{\"role\":\"" + b"r" * 63 + "é".encode() + b"\",\"content\":\"x\"}]}",
+                  b"{\"a\":" * 5000 + b"1" + b"}" * 5000, b"[" * 100000 + b"]" * 100000,
+                  b"{\"model\":\"tiny\",\"prompt\":\"" + b"\\ud800" * 50 + b"\"}",
+                  b"{\"model\":\"tiny\",\"prompt\":[" + b"1," * 20000 + b"1]}",
+                  b"{\"model\":\"tiny\",\"prompt\":\"\x00\x01\x1b\"}", b"\"" + b"\\u0000" * 1000 + b"\""]
+
+
+def fast_request(auth_ok):
+    """one request whose framing is valid: (bytes, category)"""
+    r = rng.random()
+    hs = [b"Host: x\r\n"]
+    # the scheme is case-insensitive (RFC 9110 §11.1): "bearer" is a valid key too
+    hs.append((AUTH if rng.random() < 0.9 else b"Authorization: bearer " + KEY.encode() + b"\r\n") if auth_ok
+              else rng.choice(BAD_AUTH))
+    for _ in range(rng.randrange(3) if rng.random() < 0.3 else 0):
+        hs.append(rng.choice(SAFE_HEADERS))
+    cat = "mutated"
+    if r < 0.45:  # a mutated body of a real endpoint
+        path, seed = rng.choice(POSTS)
+        obj = seed
+        for _ in range(rng.randrange(1, 4)):
+            obj = mutate_tree(obj)
+        if isinstance(obj, dict) and rng.random() < 0.97:
+            # keep generation rare: most mutants also get one field the server refuses
+            obj[rng.choice(["max_tokens", "temperature", "n", "model", "messages" if "messages" in seed else "prompt",
+                            "top_p", "stop", "seed"])] = rng.choice(
+                [-1, "x", [None], {"a": 1}, 1e300, "a" * 63 + "é", -2 ** 63, 2 ** 64, [[]], "é" * 300, 99])
+        body = to_bytes(obj)
+    elif r < 0.6:
+        path, body, cat = rng.choice(POSTS)[0], rng.choice(HOSTILE_BODIES), "hostile_body"
+    elif r < 0.6 + GEN_SHARE:
+        path, body, cat = None, rng.choice(GEN_BODIES), "generate"
+        if b"messages" in body:
+            path = "/v1/chat/completions"
+        else:
+            path = "/v1/completions"
+    else:  # GET (or another method) on an odd path
+        m = rng.choice([b"GET"] * 6 + [b"DELETE", b"OPTIONS", b"PUT", b"PATCH", b"BREW"])
+        p = rng.choice(GETS).encode() if rng.random() < 0.5 else rng.choice(
+            [b"/" + b"a" * rng.randrange(200) + "é".encode(), b"/v1/models/" + b"a" * 63 + "é".encode(),
+             b"/v1/models/\xff\xfe", b"/%ff%00", b"/health?" + b"q" * rng.randrange(4000), b"//v1//models",
+             b"/v1/models/" + bytes(rng.randrange(0x21, 0x7f) for _ in range(rng.randrange(1, 80))),
+             b"http://x/v1/models", b"*", b"/metrics?x=\xc3", b"/v1/completions/"])
+        return m + b" " + p + b" HTTP/1.1\r\n" + b"".join(hs) + b"\r\n", "get"
+    path = path.encode()
+    if rng.random() < 0.15:  # a valid chunked body, random splits
+        out, i = b"", 0
+        while i < len(body):
+            n = rng.randrange(1, max(2, len(body) - i + 1))
+            out += b"%x" % n + (b";e=1" if rng.random() < 0.1 else b"") + b"\r\n" + body[i:i + n] + b"\r\n"
+            i += n
+        return (b"POST " + path + b" HTTP/1.1\r\n" + b"".join(hs) + b"Transfer-Encoding: chunked\r\n\r\n" + out +
+                b"0\r\n\r\n"), cat
+    return b"POST " + path + b" HTTP/1.1\r\n" + b"".join(hs) + b"Content-Length: %d\r\n\r\n" % len(body) + body, cat
+
+
+class Stats:
+    def __init__(self):
+        self.cases = 0          # answered pipelined requests + single-connection jobs
+        self.requests = 0       # requests written
+        self.answers = 0        # responses parsed
+        self.status = collections.Counter()
+        self.by_cat = collections.Counter()  # (category, status, closed) of the pipelined answers
+        self.kinds = collections.Counter()
+        self.stalls = []        # a valid request with no answer within STALL_S
+        self.recent = collections.deque(maxlen=256)
+        self.crash = None
+
+
+async def read_response(r):
+    """(status, close) of one response; 1xx interim answers skipped"""
+    while True:
+        head = await r.readuntil(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split(b" ", 2)[1])
+        cl, chunked, close = None, False, lines[0].startswith(b"HTTP/1.0")
+        for ln in lines[1:]:
+            k, _, v = ln.partition(b":")
+            k, v = k.strip().lower(), v.strip().lower()
+            if k == b"content-length":
+                cl = int(v)
+            elif k == b"transfer-encoding" and b"chunked" in v:
+                chunked = True
+            elif k == b"connection":
+                close = v == b"close"
+        if 100 <= status < 200:
+            continue
+        if chunked:
+            while True:
+                n = int((await r.readuntil(b"\r\n")).split(b";")[0], 16)
+                if n == 0:
+                    while (await r.readuntil(b"\r\n")) != b"\r\n":
+                        pass
+                    break
+                await r.readexactly(n + 2)
+        elif cl is not None:
+            await r.readexactly(cl)
+        elif close:
+            await r.read()
+        return status, close
+
+
+async def pipelined_job(port, st):
+    auth_ok = rng.random() < 0.8
+    k = rng.randrange(1, 33)
+    reqs = [fast_request(auth_ok) for _ in range(k)]
+    data = b"".join(r[0] for r in reqs)
+    st.recent.append(("pipeline", data))
+    rd, wr = await asyncio.open_connection("127.0.0.1", port, limit=1 << 22)
+    got = 0
+    try:
+        wr.write(data)
+        while got < k:
+            status, close = await asyncio.wait_for(read_response(rd), STALL_S)
+            st.status[status] += 1
+            st.by_cat[(reqs[got][1] if auth_ok else "no_key/" + reqs[got][1], status, close)] += 1
+            got += 1
+            if close:
+                break
+    except asyncio.TimeoutError:
+        st.stalls.append(data[:2000])
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, IndexError):
+        pass
+    finally:
+        wr.close()
+    st.requests += k
+    st.answers += got
+    st.cases += got
+    st.kinds["pipelined"] += got
+
+
+async def single_job(port, st):
+    kind, data, mode = gen_case()
+    st.recent.append((kind + "/" + mode, data))
+    try:
+        rd, wr = await asyncio.open_connection("127.0.0.1", port, limit=1 << 22)
+    except OSError:
+        return
+    try:
+        if mode == "slow":
+            for i in range(0, min(len(data), 40)):
+                wr.write(data[i:i + 1])
+                await wr.drain()
+                await asyncio.sleep(0.01)
+            data = data[40:]
+        wr.write(data)
+        await wr.drain()
+        if mode == "half":
+            wr.write_eof()
+        if mode == "abandon":
+            if rng.random() < 0.5:
+                await asyncio.wait_for(rd.read(256), 1.0)
+            return
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:  # until the server closes (kept alive: 0.3 s after the last bytes)
+            b = await asyncio.wait_for(rd.read(65536), 0.3 if kind != "stream" else 1.5)
+            if not b:
+                break
+    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        wr.close()
+        st.cases += 1
+        st.requests += max(1, data.count(b" HTTP/"))
+        st.kinds[kind] += 1
+
+
+async def health_async(port):
+    try:
+        rd, wr = await asyncio.open_connection("127.0.0.1", port)
+        wr.write(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        status, _ = await asyncio.wait_for(read_response(rd), 5.0)
+        wr.close()
+        return status
+    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, IndexError):
+        return None
+
+
+def run_fast(p, port, t0, figures_at):
+    """figures_at(st) is called once when 10^4 cases... (see main); returns Stats"""
+    st = Stats()
+    single_share = float(os.environ.get("SHOAL_FUZZ_HTTP_SINGLE_SHARE", "0.12"))
+
+    def done():
+        return st.crash or time.time() - t0 >= BUDGET_S or (MAX_CASES is not None and st.cases >= MAX_CASES)
+
+    async def worker():
+        while not done():
+            try:
+                if rng.random() < single_share:
+                    await single_job(port, st)
+                else:
+                    await pipelined_job(port, st)
+            except OSError:
+                await asyncio.sleep(0.05)
+            if p.poll() is not None:
+                st.crash = f"server exited with {p.returncode}"
+
+    async def monitor():
+        next_check = HEALTH_EVERY
+        last_print = time.time()
+        while not done():
+            await asyncio.sleep(0.05)
+            figures_at(st)
+            if st.cases >= next_check:
+                next_check = st.cases + HEALTH_EVERY
+                h = await health_async(port)
+                if h != 200 and p.poll() is None:
+                    h = await health_async(port)  # one retry: a loaded box
+                if h != 200:
+                    st.crash = f"/health answered {h} after {st.cases} cases (rc {p.poll()})"
+            if time.time() - last_print > 60:
+                last_print = time.time()
+                print(f"  {st.cases} cases, {st.answers} answers, {time.time() - t0:.0f} s, "
+                      f"{st.cases / max(1e-9, time.time() - t0):.0f}/s, statuses {dict(st.status.most_common(8))}",
+                      flush=True)
+
+    async def all_():
+        await asyncio.gather(monitor(), *[worker() for _ in range(CONNS)])
+
+    asyncio.run(all_())
+    return st
+
+
 def main():
     if not os.path.exists(BIN):
         R.record("SKIP", "all", f"{BIN} not built")
@@ -320,7 +607,7 @@ def main():
     # --api-key: 85% of the cases carry it (so both sides of the check run);
     # --max-context bounds every generation the fuzzer manages to start
     p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", "0", "--model-name", "tiny", "--threads", "1",
-                          "--workers", "2", "--worker-threads", "1", "--api-key", KEY, "--max-context", "32",
+                          "--workers", "2", "--worker-threads", "1", "--api-key", KEY, "--max-context", "64",
                           "--queue", "8", "--header-timeout", "2", "--request-timeout", "3", "--write-timeout", "3",
                           "--max-body-kb", "64"],
                          stdout=subprocess.PIPE, stderr=log, text=True)
@@ -334,22 +621,35 @@ def main():
     while time.time() < deadline and health(url) != 200:
         time.sleep(0.2)
     crashes, cases, requests, kinds, last = 0, 0, 0, {}, None
-    warm = None
+    warm, before, at_10k, st = None, proc_figures(p.pid), None, None
     t0 = time.time()
     try:
-        while time.time() - t0 < BUDGET_S and (MAX_CASES is None or cases < MAX_CASES):
-            kind, data, mode = gen_case()
-            last = (kind, mode, data)
-            run_case(port, data, mode)
-            cases += 1
-            requests += max(1, data.count(b" HTTP/"))
-            kinds[kind] = kinds.get(kind, 0) + 1
-            if p.poll() is not None or (cases % 10 == 0 and health(url) is None):
-                crashes += 1
-                break
-            if cases == 300:
-                time.sleep(1.0)
-                warm = proc_figures(p.pid)
+        if MODE == "serial":
+            while time.time() - t0 < BUDGET_S and (MAX_CASES is None or cases < MAX_CASES):
+                kind, data, mode = gen_case()
+                last = [(kind + "/" + mode, data)]
+                run_case(port, data, mode)
+                cases += 1
+                requests += max(1, data.count(b" HTTP/"))
+                kinds[kind] = kinds.get(kind, 0) + 1
+                if p.poll() is not None or (cases % 10 == 0 and health(url) is None):
+                    crashes += 1
+                    break
+                if cases == 300:
+                    time.sleep(1.0)
+                    warm = proc_figures(p.pid)
+        else:
+            marks = {}
+
+            def figures_at(s):
+                for n in (WARM_CASES, 10000):
+                    if s.cases >= n and n not in marks and p.poll() is None:
+                        marks[n] = proc_figures(p.pid)
+
+            st = run_fast(p, port, t0, figures_at)
+            cases, requests, kinds, last = st.cases, st.requests, dict(st.kinds), list(st.recent)
+            crashes += 1 if st.crash else 0
+            warm, at_10k = marks.get(WARM_CASES), marks.get(10000)
         time.sleep(4.0)  # let abandoned connections hit their deadlines
         end = proc_figures(p.pid) if p.poll() is None else None
         final_health = health(url)
@@ -361,30 +661,46 @@ def main():
     if sanitizer:
         print("sanitizer reports:\n" + "".join(sanitizer[:20]), flush=True)
         crashes += 1
-    figures = {"seed": SEED, "cases": cases, "requests_sent": requests, "seconds": round(dt, 1), "crashes": crashes, "kinds": kinds,
-               "after_300_cases": warm, "at_end": end, "exit_code": rc, "binary": BIN,
+    figures = {"seed": SEED, "mode": MODE, "cases": cases, "requests_sent": requests, "seconds": round(dt, 1),
+               "cases_per_s": round(cases / max(dt, 1e-9), 1), "crashes": crashes, "kinds": kinds,
+               "before": before, f"after_{WARM_CASES if MODE != 'serial' else 300}_cases": warm,
+               "after_10000_cases": at_10k, "at_end": end, "exit_code": rc, "binary": BIN,
                "sanitizer_reports": len(sanitizer)}
+    if st:
+        figures.update({"answers": st.answers, "statuses": {str(k): v for k, v in sorted(st.status.items())},
+                        "stalls": len(st.stalls), "connections": CONNS, "crash": st.crash,
+                        "pipelined_answers": {f"{c} {s}{' close' if cl else ''}": n
+                                              for (c, s, cl), n in sorted(st.by_cat.items())}})
     print(json.dumps(figures), flush=True)
     if os.environ.get("SHOAL_FUZZ_HTTP_OUT"):
         with open(os.environ["SHOAL_FUZZ_HTTP_OUT"], "w") as f:
             json.dump(figures, f, indent=1)
-    if crashes and last:
+    if crashes and last:  # the last cases (fast mode: the ones in flight or just before, any could be it)
         rep = os.path.join(tempfile.gettempdir(), f"shoal-fuzz-crash-{SEED}.bin")
         with open(rep, "wb") as f:
-            f.write(last[2])
-        print(f"last case ({last[0]}, {last[1]}) saved to {rep}; server log {log.name}", flush=True)
+            for kind, data in last:
+                f.write(b"==== %s %d bytes\n" % (kind.encode(), len(data)) + data + b"\n")
+        print(f"last {len(last)} case(s) saved to {rep}; server log {log.name}", flush=True)
+    if st and st.stalls:
+        rep = os.path.join(tempfile.gettempdir(), f"shoal-fuzz-stall-{SEED}.bin")
+        with open(rep, "wb") as f:
+            f.write(b"\n====\n".join(st.stalls))
+        print(f"{len(st.stalls)} stalled pipeline(s) saved to {rep}", flush=True)
+    if st:
+        R.check("no_stall", not st.stalls, f"{len(st.stalls)} valid request(s) unanswered within {STALL_S:.0f} s")
     R.check("no_crash", crashes == 0 and final_health == 200,
             f"{crashes} crash(es) after {cases} cases; final /health {final_health}; log {log.name}")
     R.check("cases_run", cases >= 100, f"only {cases} cases in {dt:.0f} s")
     if warm and end:
-        R.check("no_fd_growth", end["fds"] <= warm["fds"] + 8, f"fds {warm['fds']} -> {end['fds']}")
+        R.check("no_fd_growth", end["fds"] <= warm["fds"] + 8 and end["fds"] <= before["fds"] + 4,
+                f"fds before {before['fds']}, warm {warm['fds']}, end {end['fds']}")
         if sanitized:  # ASan keeps freed memory in its quarantine (256 MB): RSS says nothing there
             R.record("SKIP", "no_rss_growth", "sanitizer build: ASan's quarantine holds freed memory; LSan checks leaks")
         else:
             R.check("no_rss_growth", end["VmRSS"] <= warm["VmRSS"] + 48 * 1024,
                     f"VmRSS {warm['VmRSS']} -> {end['VmRSS']} kB")
     else:
-        R.record("SKIP", "no_growth", "fewer than 300 cases: no warm-up figure")
+        R.record("SKIP", "no_growth", "too few cases for a warm-up figure")
     R.check("clean_shutdown", rc == 0, f"exit code {rc}")
     if not crashes:
         os.unlink(log.name)

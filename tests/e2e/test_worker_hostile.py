@@ -8,6 +8,13 @@ sockets, each case named after the defect it reproduces:
 - sigbus_truncated_shard: a shard truncated under a worker that maps it: the
   next request gets ERROR naming the file, the worker logs it and stays alive
   for requests that do not touch the lost pages (item 5);
+- sigbus_handler_names_file: the same with the size check switched off
+  (SHOAL_DEBUG_SKIP_SIZE_CHECK=1), so the read faults: one log line naming
+  the file and exit status 4, not a silent death by the signal;
+- cache_truncated_shard_named_error: the expert cache (pread, no mapping):
+  a truncated shard is an ERROR naming the file, the worker serves on;
+- utf8_cut_worker_messages: a store read error naming a non-ASCII path, cut
+  to its fixed size on a character boundary (valid UTF-8, no U+FFFD);
 - local_workers_private: `shoal run --workers N` puts its workers' ipc sockets
   in a 0700 directory (no abstract sockets), removed at exit; a peer that is
   not the spawning coordinator is refused SHUTDOWN (item 4).
@@ -203,6 +210,174 @@ def case_sigbus_truncated_shard(tmp):
     harness.terminate(w)
 
 
+def start_worker_env(model, ranges, ep, env, *extra):
+    log = tempfile.TemporaryFile()
+    p = subprocess.Popen([BIN, "expert", "--model", model, "--experts", ranges, "--listen", ep, "--threads", "1",
+                          *extra], stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, **env})
+    p.log = log
+    procs.append(p)
+    return p
+
+
+def trunc_model(tmp, name):
+    """a copy of tiny-k3 and the shard holding layer 1's experts"""
+    model = os.path.join(tmp, name)
+    shutil.copytree(TINY, model)
+    idx = json.load(open(os.path.join(model, "model.safetensors.index.json")))["weight_map"]
+    return model, idx["language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_packed"]
+
+
+def case_sigbus_handler_names_file(tmp):
+    """The safety net behind the per-batch size check: a shard truncated
+    between the check and the kernel's read. SHOAL_DEBUG_SKIP_SIZE_CHECK=1
+    turns the check off, so the read of the truncated mapping faults for sure:
+    the worker must end with one line naming the file and exit status 4
+    (worker/bank.h, docs/CONFIG.md: 4 = an I/O error part-way), not die by
+    the signal (-7) with nothing said."""
+    name = "sigbus_handler_names_file"
+    if zmq is None:
+        R.record("SKIP", name, f"pyzmq/msgpack missing ({IMPORT_ERR})")
+        return
+    model, f1 = trunc_model(tmp, "sigbus-model")
+    ep = f"ipc://{tmp}/sb.sock"
+    w = start_worker_env(model, "1-8:0-23", ep, {"SHOAL_DEBUG_SKIP_SIZE_CHECK": "1"})
+    c = Peer(ep)
+    m, _ = c.call(1, 1, {"proto": [1, 2], "fingerprint": fingerprint(model), "peer": "e2e"}, ms=30000)
+    d = latent(model)
+    c.send(batch_frames(2, 1, d, [(0, 0)]))
+    m1, _ = c.recv()
+    ok = m is not None and m[0] == 1 and m1 is not None and m1[0] == 10
+    if not R.check(f"{name}: the worker serves layer 1 before", ok, f"{m} {m1} {log_of(w)[-300:]}"):
+        return
+    R.check(f"{name}: the debug switch is announced in the log", "SHOAL_DEBUG_SKIP_SIZE_CHECK" in log_of(w),
+            log_of(w)[-300:])
+    path = os.path.join(model, f1)
+    with open(path, "r+b") as f:
+        f.truncate(0)  # every page of the mapping is gone: the next read of it faults
+    c.send(batch_frames(3, 1, d, [(0, 0), (0, 1), (0, 2)]))
+    m2, _ = c.recv(ms=10000)
+    try:
+        rc = w.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        rc = None
+    text = log_of(w)
+    lines = [ln for ln in text.splitlines() if "fatal" in ln]
+    R.check(f"{name}: no answer to the faulting batch", m2 is None, f"{m2}")
+    R.check(f"{name}: the worker exits with status 4, not killed by the signal",
+            rc == 4, f"rc {rc} (-{int(signal.SIGBUS)} is a silent SIGBUS death); log {text[-400:]}")
+    R.check(f"{name}: exactly one log line, naming the file", len(lines) == 1 and path in lines[0] and
+            "status 4" in lines[0], f"{lines}; log {text[-400:]}")
+    c.close()
+
+
+def case_cache_truncated_shard_named_error(tmp):
+    """The expert cache (--cache-gb/--cache-slots: pread into slots, no
+    mapping): a shard truncated under it gives the request an ERROR naming the
+    file ("file ends N bytes early"), the worker stays up and serves another
+    file's layer, and once the file is whole again, the truncated layer too."""
+    name = "cache_truncated_shard_named_error"
+    if zmq is None:
+        R.record("SKIP", name, f"pyzmq/msgpack missing ({IMPORT_ERR})")
+        return
+    model, f1 = trunc_model(tmp, "cache-trunc-model")
+    idx = json.load(open(os.path.join(model, "model.safetensors.index.json")))["weight_map"]
+    f5 = idx["language_model.model.layers.5.block_sparse_moe.experts.0.w1.weight_packed"]
+    ep = f"ipc://{tmp}/ct.sock"
+    # 8 slots: few enough that layer 1's experts are not all still cached
+    w = start_worker(model, "1-8:0-23", ep, "--cache-slots", "8")
+    c = Peer(ep)
+    m, _ = c.call(1, 1, {"proto": [1, 2], "fingerprint": fingerprint(model), "peer": "e2e"}, ms=30000)
+    d = latent(model)
+    c.send(batch_frames(2, 5, d, [(0, 0)]))
+    m1, _ = c.recv()
+    ok = m is not None and m[0] == 1 and m1 is not None and m1[0] == 10
+    if not R.check(f"{name}: the cached worker serves before", ok, f"{m} {m1} {log_of(w)[-300:]}"):
+        return
+    path = os.path.join(model, f1)
+    whole = open(path, "rb").read()
+    with open(path, "r+b") as f:
+        f.truncate(len(whole) // 3)
+    pairs = [(e // 12, e) for e in range(8, 16)]  # never read before: not in the cache (k = 6 per token)
+    c.send(batch_frames(3, 1, d, pairs, T=2))
+    m2, _ = c.recv(ms=10000)
+    R.check(f"{name}: a request on the truncated file gets ERROR naming it",
+            m2 is not None and m2[0] == 2 and f1 in m2[2].get("message", "") and
+            "early" in m2[2].get("message", ""), f"{m2}; rc {w.poll()}; {log_of(w)[-400:]}")
+    c.send(batch_frames(4, 5, d, [(0, 0), (0, 1)]))
+    m3, _ = c.recv()
+    R.check(f"{name}: the worker stays up and serves layer 5 (another file)",
+            w.poll() is None and m3 is not None and m3[0] == 10 and f5 != f1, f"{m3}; rc {w.poll()}")
+    with open(path, "r+b") as f:
+        f.write(whole)
+    c.send(batch_frames(5, 1, d, pairs, T=2))
+    m4, _ = c.recv()
+    R.check(f"{name}: the file whole again, the same request is served", m4 is not None and m4[0] == 10,
+            f"{m4}; {log_of(w)[-300:]}")
+    c.close()
+    harness.terminate(w)
+
+
+def strict_utf8(b):
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def case_utf8_cut_worker_messages(tmp):
+    """Error texts that cut outside text to a fixed size (here a path in the
+    expert store's read error) cut on a character boundary, never in the
+    middle of one: a model under a path of 3-byte characters, placed so that the old
+    300-byte cut fell inside a character. The worker's ERROR text must be
+    valid UTF-8 as sent (msgpack str, decoded strictly) with no U+FFFD
+    standing for a cut character, and hold the path up to a whole character."""
+    name = "utf8_cut_worker_messages"
+    if zmq is None:
+        R.record("SKIP", name, f"pyzmq/msgpack missing ({IMPORT_ERR})")
+        return
+    lead = os.path.join(tmp, "u")
+    # "read " + path cut at 300 bytes: the cut lands 1 byte into a "€" (3 bytes)
+    pad = next(p for p in range(3) if (300 - len((lead + "a" * p + "/").encode()) - 240 - 1) % 3 == 1)
+    base = lead + "a" * pad + "/" + "€" * 80 + "/" + "€" * 40
+    os.makedirs(base)
+    model = os.path.join(base, "m")
+    shutil.copytree(TINY, model)
+    idx = json.load(open(os.path.join(model, "model.safetensors.index.json")))["weight_map"]
+    f1 = idx["language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_packed"]
+    path = os.path.join(model, f1)
+    assert len(path.encode()) > 300 and not strict_utf8(path.encode()[:300]), "the fixture's cut is mid-character"
+    ep = f"ipc://{tmp}/u8.sock"
+    w = start_worker(model, "1-8:0-23", ep, "--cache-slots", "8")
+    c = Peer(ep)
+    m, _ = c.call(1, 1, {"proto": [1, 2], "fingerprint": fingerprint(model), "peer": "e2e"}, ms=30000)
+    if not R.check(f"{name}: the worker under a non-ASCII path says HELLO", m is not None and m[0] == 1,
+                   f"{m}; {log_of(w)[-300:]}"):
+        return
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 3)
+    d = latent(model)
+    c.send(batch_frames(2, 1, d, [(e // 12, e) for e in range(8, 16)], T=2))
+    if not c.s.poll(10000):
+        R.check(f"{name}: the worker answers the truncated read", False, log_of(w)[-300:])
+        return
+    fr = c.s.recv_multipart()
+    raw = msgpack.unpackb(fr[0], raw=True)
+    msg = strict_utf8(raw[2][b"message"]) if raw[0] == 2 else None
+    R.check(f"{name}: the store's read error is valid UTF-8 as sent", msg is not None, f"{raw!r:.600}")
+    if msg is not None:
+        whole = path[:len(path.encode()[:300].decode("utf-8", "ignore"))]  # the path up to its last whole character
+        R.check(f"{name}: it holds the path cut on a character, no U+FFFD", "\ufffd" not in msg and whole in msg and
+                path not in msg, f"{msg!r:.600}")
+    R.check(f"{name}: the worker log is valid UTF-8", strict_utf8(open_log_bytes(w)) is not None, log_of(w)[-300:])
+    c.close()
+    harness.terminate(w)
+
+
+def open_log_bytes(p):
+    p.log.seek(0)
+    return p.log.read()
+
+
 def children_of(pid):
     out = []
     for d in os.listdir("/proc"):
@@ -285,6 +460,9 @@ def main():
         case_metrics_drip(tmp)
         case_local_workers_private(tmp)
         case_sigbus_truncated_shard(tmp)
+        case_sigbus_handler_names_file(tmp)
+        case_cache_truncated_shard_named_error(tmp)
+        case_utf8_cut_worker_messages(tmp)
     finally:
         for p in procs:
             if p.poll() is None:

@@ -72,6 +72,26 @@ static void t_utf8_clean_cut_on_boundary(void)
     check_clean("abcdefg", 7, 8, SHOAL_UTF8_MARK, "abcdefg", 0);
 }
 
+/* shoal_err_set cuts a message that does not fit on a character boundary
+ * (error texts carry paths, hosts and peers' words into JSON and logs) */
+static void t_err_set_cut_on_boundary(void)
+{
+    char b[8];
+    /* 7 bytes of room: "aaaaa" + 2 of the euro's 3: the euro is left out */
+    CHECK_EQ_INT(shoal_err_set(b, sizeof b, SHOAL_EIO, "%s", "aaaaa\xE2\x82\xAC"), SHOAL_EIO);
+    CHECK(!strcmp(b, "aaaaa"));
+    shoal_err_set(b, sizeof b, SHOAL_EIO, "%s", "aaaa\xE2\x82\xAC!"); /* the euro fits whole: kept */
+    CHECK(!strcmp(b, "aaaa\xE2\x82\xAC"));
+    shoal_err_set(b, sizeof b, SHOAL_EIO, "%s", "aaaaaa\xF0\x9F\xA6\x89"); /* 1 byte of 4 */
+    CHECK(!strcmp(b, "aaaaaa"));
+    shoal_err_set(b, sizeof b, SHOAL_EIO, "%s", "\xF0\x9F\xA6\x89\xF0\x9F\xA6\x89"); /* 3 of the 2nd's 4 */
+    CHECK(!strcmp(b, "\xF0\x9F\xA6\x89"));
+    shoal_err_set(b, sizeof b, SHOAL_EIO, "%s", "abcdefg\xE2\x82\xAC"); /* cut on a boundary already */
+    CHECK(!strcmp(b, "abcdefg"));
+    shoal_err_set(b, sizeof b, SHOAL_EIO, "%s", "abcde\xff\xff"); /* invalid bytes are not its business */
+    CHECK(!strcmp(b, "abcde\xff\xff"));
+}
+
 static void t_utf8_clean_replaces_invalid(void)
 {
     check_clean("/\xff", 2, 64, 0, "/" FFFD, 0);
@@ -142,6 +162,7 @@ int main(void)
     RUN(t_err_table);
     RUN(t_utf8_clean_cut_on_boundary);
     RUN(t_utf8_clean_replaces_invalid);
+    RUN(t_err_set_cut_on_boundary);
     RUN(t_utf8_clean_controls_for_logs);
     RUN(t_bf16_round_trip);
     return test_finish();
