@@ -13,30 +13,10 @@
 #include <time.h>
 
 #include "common/err.h"
+#include "common/sbuf.h"
 #include "common/utf8.h"
 #include "common/log.h"
 #include "coordinator/api/api.h"
-
-/* ---- small growable string ---------------------------------------------- */
-
-typedef struct {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-static void sb_add(sbuf *b, const char *s, size_t n)
-{
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        b->p = shoal_xrealloc(b->p, cap);
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-}
 
 
 /* A JSON string from bytes that should be UTF-8; invalid bytes become U+FFFD
@@ -173,7 +153,7 @@ static void respond_simple_error(shoal_api *a, shoal_http_ex *ex, int ep, int st
 typedef struct {
     char id[40];
     char *name;
-    sbuf args;
+    shoal_sbuf args;
 } tcall;
 
 typedef struct areq {
@@ -192,7 +172,7 @@ typedef struct areq {
     int status, completion_tokens; /* for the access log */
     double t0;
     char peer[64];
-    sbuf content, reasoning;
+    shoal_sbuf content, reasoning;
     tcall *calls;
     int ncalls;
 } areq;
@@ -445,7 +425,7 @@ static void apply_events(areq *r, shoal_ev *evs)
                 stream_head(r);
             break;
         case SHOAL_EV_TEXT: {
-            sbuf merged = {0};
+            shoal_sbuf merged = {0};
             shoal_ev *last = e;
             if (r->stream) {
                 while (last->next && last->next->type == SHOAL_EV_TEXT && last->next->channel == e->channel)
@@ -453,14 +433,14 @@ static void apply_events(areq *r, shoal_ev *evs)
             }
             if (last != e) {
                 for (shoal_ev *x = e; x != last->next; x = x->next)
-                    sb_add(&merged, x->text, x->len);
+                    shoal_sbuf_add(&merged, x->text, x->len);
             }
             const char *t = last != e ? merged.p : e->text;
             size_t len = last != e ? merged.n : e->len;
             if (r->stream)
                 stream_text(r, e->channel, t, len);
             else
-                sb_add(e->channel == SHOAL_CH_REASONING ? &r->reasoning : &r->content, t ? t : "", len);
+                shoal_sbuf_add(e->channel == SHOAL_CH_REASONING ? &r->reasoning : &r->content, t ? t : "", len);
             free(merged.p);
             e = last;
             break;
@@ -472,7 +452,7 @@ static void apply_events(areq *r, shoal_ev *evs)
                 tcall *c = call_at(r, e->tool_index);
                 if (e->name && !c->name)
                     c->name = shoal_xstrdup(e->name);
-                sb_add(&c->args, e->text ? e->text : "", e->len);
+                shoal_sbuf_add(&c->args, e->text ? e->text : "", e->len);
             }
             break;
         case SHOAL_EV_DONE:

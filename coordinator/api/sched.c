@@ -12,30 +12,12 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/sbuf.h"
 #include "common/log.h"
 #include "coordinator/text/text.h"
 #include "coordinator/obs/obs.h"
 #include "coordinator/engine/engine.h"
 #include "coordinator/api/sched_int.h"
-
-typedef struct {
-    char *p;
-    size_t n, cap;
-} gbuf;
-
-static void gb_add(gbuf *b, const char *s, size_t n)
-{
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        b->p = shoal_xrealloc(b->p, cap);
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-}
 
 struct shoal_slot {
     shoal_sched *s;
@@ -54,7 +36,7 @@ struct shoal_slot {
     int reasoning_tokens;
     int ntools;
     /* stop-string filter: text held back per channel, and the last channel */
-    gbuf held[2];
+    shoal_sbuf held[2];
     int last_ch;
     /* memo recording */
     shoal_ev *rec, **rec_tail;
@@ -179,8 +161,8 @@ static int text_out(shoal_sched *s, shoal_slot *sl, shoal_channel ch, const char
         emit_text(s, sl, ch, t, n);
         return 0;
     }
-    gbuf *h = &sl->held[ch];
-    gb_add(h, t, n);
+    shoal_sbuf *h = &sl->held[ch];
+    shoal_sbuf_add(h, t, n);
     size_t best = (size_t)-1;
     for (int i = 0; i < p->nstop; i++) {
         const char *m = memmem(h->p, h->n, p->stop[i], strlen(p->stop[i]));
