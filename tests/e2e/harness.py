@@ -5,11 +5,14 @@ to $SHOAL_TEST_RESULTS (scripts/test.sh counts them) and echoes it; a test
 exits 1 when any case failed and 77 when everything was skipped.
 free_port() asks the kernel for a TCP port that is free on 127.0.0.1 now;
 terminate(p) ends a process started by a test: SIGTERM, SIGKILL after a grace.
+logfile() is a child's stderr file that the test may reread at any time.
 """
+import fcntl
 import os
 import signal
 import socket
 import subprocess
+import tempfile
 
 
 class Recorder:
@@ -48,3 +51,14 @@ def terminate(p, timeout=10):
     except subprocess.TimeoutExpired:
         p.kill()
         return p.wait()
+
+
+def logfile():
+    """An anonymous temporary file for a child's stdout/stderr, opened O_APPEND.
+    The child shares this open file (and its offset): without O_APPEND a test
+    that seeks to 0 to reread the log makes the child's next line overwrite the
+    start of it (a lost log line, seen as a flaky check under load)."""
+    f = tempfile.TemporaryFile()
+    fl = fcntl.fcntl(f.fileno(), fcntl.F_GETFL)
+    fcntl.fcntl(f.fileno(), fcntl.F_SETFL, fl | os.O_APPEND)
+    return f

@@ -55,7 +55,7 @@ def run_ids(*args, gen="6"):
 
 class Worker:
     def __init__(self, port, *extra):
-        self.log = tempfile.TemporaryFile()
+        self.log = harness.logfile()
         self.p = subprocess.Popen([BIN, "expert", "--model", TINY, "--experts", "1-8:0-23", "--listen",
                                    f"tcp://127.0.0.1:{port}", "--threads", "1", *extra],
                                   stdout=subprocess.DEVNULL, stderr=self.log)

@@ -76,7 +76,7 @@ procs = []
 
 
 def start_worker(model, ranges, ep, *extra):
-    log = tempfile.TemporaryFile()
+    log = harness.logfile()
     plain = ["--insecure"] if ep.startswith("tcp://") else []  # CURVE is tested in test_curve.py
     p = subprocess.Popen([BIN, "expert", "--model", model, "--experts", ranges, "--listen", ep, "--threads", "1",
                           *plain, *extra], stdout=subprocess.DEVNULL, stderr=log)

@@ -48,7 +48,7 @@ procs = []
 
 
 def start_worker(ranges, ep, wid):
-    log = tempfile.TemporaryFile()
+    log = harness.logfile()
     p = subprocess.Popen([BIN, "expert", "--model", TINY, "--experts", ranges, "--listen", ep, "--threads", "1",
                           "--id", wid], stdout=subprocess.DEVNULL, stderr=log)
     p.log = log
@@ -100,7 +100,7 @@ def main():
     ranges = ["1-8:0-11", "1-8:12-23"]
     ids = ["rw0", "rw1"]
     w = [start_worker(ranges[i], eps[i], ids[i]) for i in range(2)]
-    log = tempfile.TemporaryFile()
+    log = harness.logfile()
     srv = subprocess.Popen([BIN, "serve", "--model", TINY, "--port", "0", "--model-name", "tiny", "--threads", "1",
                             "--worker", eps[0], "--worker", eps[1], "--expert-timeout-ms", str(TIMEOUT_MS),
                             "--memo", "0"], stdout=subprocess.PIPE, stderr=log, text=True)

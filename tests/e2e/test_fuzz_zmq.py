@@ -172,7 +172,7 @@ def fuzz_worker(tag, extra, tmp):
     fp = bytes.fromhex(subprocess.run([BIN, "expert", "--model", TINY, "--print-fingerprint"], capture_output=True,
                                       text=True, timeout=60).stdout.strip())
     ep = f"ipc://{tmp}/{tag}.sock"
-    log = tempfile.TemporaryFile()
+    log = harness.logfile()
     # --refuse-shutdown: a SHUTDOWN from the rogue (which completed HELLO) would
     # otherwise end the worker, as PROTOCOL.md §3.3 allows; refused, it is one more case
     w = subprocess.Popen([BIN, "expert", "--model", TINY, "--experts", "1-8:0-23", "--listen", ep, "--threads", "1",

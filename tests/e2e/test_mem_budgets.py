@@ -62,7 +62,7 @@ def run(*args):
 
 def start(ranges, *extra):
     e = ep()
-    log = tempfile.TemporaryFile()
+    log = harness.logfile()
     p = subprocess.Popen([BIN, "expert", "--model", TINY, "--experts", ranges, "--listen", e, "--threads", "1",
                           *extra], stdout=subprocess.DEVNULL, stderr=log)
     p.log, p.ep = log, e
@@ -223,7 +223,7 @@ def main():
                 with open(f"{cg}/memory.limit_in_bytes", "w") as f:
                     f.write(str(cap))
                 e = ep()
-                log = tempfile.TemporaryFile()
+                log = harness.logfile()
                 p = subprocess.Popen(["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$0" "$@"', BIN, "expert",
                                       "--model", TINY, "--experts", allr, "--listen", e, "--threads", "1",
                                       "--cache-gb", "auto"], stdout=subprocess.DEVNULL, stderr=log)

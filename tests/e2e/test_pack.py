@@ -143,7 +143,7 @@ def main():
             sh("keygen", "-o", os.path.join(keys, n))
         if check("in-process reference", ref is not None, rr.stderr[-400:]):
             for w in pl["workers"]:
-                log = tempfile.TemporaryFile()
+                log = harness.logfile()
                 p = subprocess.Popen([BIN, "expert", "--model", packs[w["name"]], "--verify", "--plan", plan,
                                       "--name", w["name"], "--threads", "1",
                                       "--curve-secret", os.path.join(keys, w["name"] + ".key"),

@@ -416,7 +416,7 @@ def main():
 
             # workers from the plan, coordinator from the plan
             for w in plan["workers"]:
-                log = tempfile.TemporaryFile()
+                log = harness.logfile()
                 p = subprocess.Popen([BIN, "expert", "--model", TINY, "--plan", out, "--name", w["name"],
                                       "--threads", "1", "--insecure"], stdout=subprocess.DEVNULL, stderr=log)
                 p.log = log

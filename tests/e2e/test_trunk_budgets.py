@@ -55,7 +55,7 @@ def config():
 
 def start_worker(ranges, *extra):
     ep = f"ipc://@shoal-trunk-{tag}-{random.randrange(1 << 30):x}"
-    log = tempfile.TemporaryFile()
+    log = harness.logfile()
     p = subprocess.Popen([BIN, "expert", "--model", TINY, "--experts", ranges, "--listen", ep, "--threads", "1",
                           *extra], stdout=subprocess.DEVNULL, stderr=log)
     p.log, p.ep = log, ep
@@ -78,7 +78,7 @@ def stop(p):
 
 def serve_ids(*extra):
     """start shoal serve, one greedy completion of token ids, stop it"""
-    log = tempfile.TemporaryFile()
+    log = harness.logfile()
     p = subprocess.Popen([BIN, "serve", "--model", TINY, "--port", "0", "--threads", "1", "--max-context", "64",
                           *extra], stdout=subprocess.PIPE, stderr=log, text=True)
     p.log = log

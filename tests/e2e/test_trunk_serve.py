@@ -38,7 +38,7 @@ procs = []
 
 
 def start_worker(ep, wid, experts=None, trunk=None):
-    log = tempfile.TemporaryFile()
+    log = harness.logfile()
     args = [BIN, "expert", "--model", TINY, "--listen", ep, "--threads", "1", "--id", wid]
     if experts:
         args += ["--experts", experts]
@@ -51,7 +51,7 @@ def start_worker(ep, wid, experts=None, trunk=None):
 
 
 def start_serve(extra):
-    log = tempfile.TemporaryFile()
+    log = harness.logfile()
     srv = subprocess.Popen([BIN, "serve", "--model", TINY, "--port", "0", "--model-name", "tiny", "--threads", "1",
                             "--memo", "0", "--expert-timeout-ms", str(TIMEOUT_MS), "--hello-timeout-ms", "10000"]
                            + extra, stdout=subprocess.PIPE, stderr=log, text=True)

@@ -51,7 +51,7 @@ except ImportError as e:
 
 
 def start_worker(model, ranges, ep, *extra, log=None):
-    log = log or tempfile.TemporaryFile()
+    log = log or harness.logfile()
     p = subprocess.Popen([BIN, "expert", "--model", model, "--experts", ranges, "--listen", ep, "--threads", "1",
                           *extra], stdout=subprocess.DEVNULL, stderr=log)
     p.log = log
@@ -211,7 +211,7 @@ def case_sigbus_truncated_shard(tmp):
 
 
 def start_worker_env(model, ranges, ep, env, *extra):
-    log = tempfile.TemporaryFile()
+    log = harness.logfile()
     p = subprocess.Popen([BIN, "expert", "--model", model, "--experts", ranges, "--listen", ep, "--threads", "1",
                           *extra], stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, **env})
     p.log = log
