@@ -25,15 +25,6 @@ INLINE float hsum16(__m256 a, __m256 b)
     return _mm_cvtss_f32(e);
 }
 
-/* reduce8 of one register */
-INLINE float hsum8(__m256 v)
-{
-    __m128 c = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    __m128 d = _mm_add_ps(c, _mm_movehl_ps(c, c));
-    __m128 e = _mm_add_ss(d, _mm_movehdup_ps(d));
-    return _mm_cvtss_f32(e);
-}
-
 /* 8 bf16 -> 8 fp32, exact */
 INLINE __m256 ld_bf16(const uint16_t *p)
 {
