@@ -15,6 +15,7 @@
 #include "common/utf8.h"
 #include "coordinator/cluster/spawn.h"
 #include "coordinator/cluster/trunk_client.h"
+#include "coordinator/obs/obs.h"
 #include "proto/fprint.h"
 
 #define MAX_PHASES 4
@@ -335,6 +336,12 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
         shoal_dist_stop(d);
         return rc;
     }
+    if (d->spawn && (rc = shoal_spawn_supervise(d->spawn, err, errlen))) { /* connected: a dead local worker is restarted */
+        shoal_expert_client_close(d->client);
+        shoal_expert_client_close(d->trunk);
+        shoal_dist_stop(d);
+        return rc;
+    }
     shoal_experts b = shoal_expert_client_backend(d->client);
     if ((rc = shoal_model_set_experts(m, &b, err, errlen))) {
         shoal_expert_client_close(d->client);
@@ -397,10 +404,17 @@ int shoal_dist_worker_up(shoal_dist *d, int i, char *why, size_t whylen)
     return up;
 }
 
+static void count_restart(void *cm, int worker)
+{
+    shoal_cmetrics_worker_restarted(cm, worker);
+}
+
 int shoal_dist_set_metrics(shoal_dist *d, shoal_cmetrics *cm, char *err, size_t errlen)
 {
     if (!d)
         return 0;
+    if (cm)
+        shoal_spawn_on_restart(d->spawn, count_restart, cm);
     int rc = shoal_expert_client_set_metrics(d->client, cm, err, errlen);
     if (!rc && d->trunk)
         shoal_trunk_client_set_metrics(d->trunk, cm);

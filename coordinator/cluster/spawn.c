@@ -2,6 +2,7 @@
 #include "coordinator/cluster/spawn.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -17,20 +18,36 @@
 #include "common/log.h"
 #include "proto/shard.h"
 
+/* Restarts allowed per worker within RESTART_WINDOW_S before it is left down. */
+#define RESTART_MAX 5
+#define RESTART_WINDOW_S 60
+
 typedef struct {
     pid_t pid;
     int reaped, status;
     char endpoint[128];
     char id[16];
     char *ranges;
+    int restarts;                  /* total, under s->mu */
+    int gave_up;                   /* over the rate limit: left down */
+    struct timespec at[RESTART_MAX]; /* the last RESTART_MAX restarts, a ring */
 } child;
 
 struct shoal_spawn {
     int n;
     child *c;
     const char **eps;
-    pid_t pgid;
+    pid_t pgid, parent;
     char dir[96]; /* the 0700 directory of the workers' ipc sockets ("" before mkdtemp) */
+    char exe[4096], threads_s[16], maxtok_s[16];
+    char *model;
+    /* supervision (shoal_spawn_supervise): one thread, woken every 200 ms or by stop */
+    pthread_t th;
+    int running, stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    void (*on_restart)(void *ctx, int worker);
+    void *on_restart_ctx;
 };
 
 /* The private directory of the local workers' sockets: $XDG_RUNTIME_DIR (a
@@ -86,6 +103,47 @@ static void describe(const child *c, char *buf, size_t n)
         snprintf(buf, n, "status %d", c->status);
 }
 
+/* fork + exec `shoal expert` for child c (its first start or a restart, with
+ * the same arguments and endpoint). */
+static int launch(shoal_spawn *s, child *c, char *err, size_t errlen)
+{
+    char *argv[] = {s->exe,         "expert",       "--model",   s->model, "--experts", c->ranges,
+                    "--listen",     c->endpoint,    "--id",      c->id,    "--threads", s->threads_s,
+                    "--max-tokens", s->maxtok_s,    "--refuse-shutdown", NULL};
+    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    pid_t parent = s->parent, pgid = s->pgid;
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        if (devnull >= 0)
+            close(devnull);
+        return shoal_err_set(err, errlen, -e, "fork: %s", strerror(e));
+    }
+    if (pid == 0) {
+        /* async-signal-safe calls only until exec */
+        if (setpgid(0, pgid) && pgid) /* a restart after every member of the group has gone */
+            setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* fires when the forking thread ends: a restart forked by the
+                                             supervisor is signalled when supervision stops, i.e. at stop */
+        if (getppid() != parent) /* the coordinator died before prctl */
+            _exit(1);
+        if (devnull >= 0) {
+            dup2(devnull, 0);
+            dup2(devnull, 1); /* stdout stays the coordinator's (e.g. --json); logs go to stderr */
+        }
+        execv(s->exe, argv);
+        _exit(127);
+    }
+    if (devnull >= 0)
+        close(devnull);
+    c->pid = pid;
+    c->reaped = 0;
+    if (!s->pgid)
+        s->pgid = pid;
+    setpgid(pid, s->pgid); /* also from the parent: no window where the child is outside the group */
+    return 0;
+}
+
 int shoal_spawn_start(shoal_spawn **out, const shoal_spawn_opts *o, const shoal_k3cfg *cfg, char *err,
                       size_t errlen)
 {
@@ -93,18 +151,21 @@ int shoal_spawn_start(shoal_spawn **out, const shoal_spawn_opts *o, const shoal_
     if (o->n < 1 || o->n > cfg->num_experts)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "--workers %d: must be 1 to %d (experts per layer)", o->n,
                              cfg->num_experts);
-    char exe[4096];
-    ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (el <= 0)
-        return shoal_err_set(err, errlen, -errno, "cannot find this executable (/proc/self/exe): %s", strerror(errno));
-    exe[el] = 0;
+    shoal_spawn *s = shoal_xcalloc(1, sizeof *s);
+    ssize_t el = readlink("/proc/self/exe", s->exe, sizeof s->exe - 1);
+    if (el <= 0) {
+        int e = errno;
+        free(s);
+        return shoal_err_set(err, errlen, -e, "cannot find this executable (/proc/self/exe): %s", strerror(e));
+    }
+    s->exe[el] = 0;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = o->threads > 0 ? o->threads : (int)(cores / o->n > 1 ? cores / o->n : 1);
-    char threads_s[16], maxtok_s[16];
-    snprintf(threads_s, sizeof threads_s, "%d", threads);
-    snprintf(maxtok_s, sizeof maxtok_s, "%d", o->max_tokens > 0 ? o->max_tokens : 1024);
-
-    shoal_spawn *s = shoal_xcalloc(1, sizeof *s);
+    snprintf(s->threads_s, sizeof s->threads_s, "%d", threads);
+    snprintf(s->maxtok_s, sizeof s->maxtok_s, "%d", o->max_tokens > 0 ? o->max_tokens : 1024);
+    s->model = shoal_xstrdup(o->model);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
     s->n = o->n;
     s->c = shoal_xcalloc((size_t)o->n, sizeof *s->c);
     s->eps = shoal_xcalloc((size_t)o->n, sizeof *s->eps);
@@ -134,42 +195,15 @@ int shoal_spawn_start(shoal_spawn **out, const shoal_spawn_opts *o, const shoal_
         snprintf(c->id, sizeof c->id, "w%d", i);
         s->eps[i] = c->endpoint;
     }
-    pid_t parent = getpid();
+    s->parent = getpid();
     for (int i = 0; i < o->n; i++) {
-        child *c = &s->c[i];
-        char *argv[] = {exe,         "expert",        "--model",  (char *)o->model, "--experts", c->ranges,
-                        "--listen",  c->endpoint,     "--id",     c->id,            "--threads", threads_s,
-                        "--max-tokens", maxtok_s, "--refuse-shutdown", NULL};
-        int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-        pid_t pid = fork();
-        if (pid < 0) {
-            int e = errno;
-            if (devnull >= 0)
-                close(devnull);
+        int rc = launch(s, &s->c[i], err, errlen);
+        if (rc) {
             shoal_spawn_stop(s);
-            return shoal_err_set(err, errlen, -e, "fork: %s", strerror(e));
+            return rc;
         }
-        if (pid == 0) {
-            /* async-signal-safe calls only until exec */
-            setpgid(0, s->pgid);
-            prctl(PR_SET_PDEATHSIG, SIGTERM);
-            if (getppid() != parent) /* the coordinator died before prctl */
-                _exit(1);
-            if (devnull >= 0) {
-                dup2(devnull, 0);
-                dup2(devnull, 1); /* stdout stays the coordinator's (e.g. --json); logs go to stderr */
-            }
-            execv(exe, argv);
-            _exit(127);
-        }
-        if (devnull >= 0)
-            close(devnull);
-        c->pid = pid;
-        if (!s->pgid)
-            s->pgid = pid;
-        setpgid(pid, s->pgid); /* also from the parent: no window where the child is outside the group */
     }
-    SHOAL_INFO("started %d local expert workers (process group %d, %s threads each)", o->n, (int)s->pgid, threads_s);
+    SHOAL_INFO("started %d local expert workers (process group %d, %s threads each)", o->n, (int)s->pgid, s->threads_s);
     *out = s;
     return 0;
 }
@@ -179,9 +213,14 @@ const char *const *shoal_spawn_endpoints(const shoal_spawn *s)
     return s->eps;
 }
 
-pid_t shoal_spawn_pid(const shoal_spawn *s, int i)
+pid_t shoal_spawn_pid(shoal_spawn *s, int i)
 {
-    return i >= 0 && i < s->n ? s->c[i].pid : -1;
+    if (i < 0 || i >= s->n)
+        return -1;
+    pthread_mutex_lock(&s->mu);
+    pid_t p = s->c[i].pid;
+    pthread_mutex_unlock(&s->mu);
+    return p;
 }
 
 int shoal_spawn_check(void *ctx, char *err, size_t errlen)
@@ -199,10 +238,116 @@ int shoal_spawn_check(void *ctx, char *err, size_t errlen)
     return 0;
 }
 
+static double since_s(const struct timespec *a, const struct timespec *b)
+{
+    return (double)(b->tv_sec - a->tv_sec) + (double)(b->tv_nsec - a->tv_nsec) / 1e9;
+}
+
+/* One pass over the children (under s->mu): reap the dead, restart them with
+ * the same ownership and endpoint unless over the rate limit. The coordinator's
+ * keeper sees the endpoint answer again, re-checks HELLO (fingerprint,
+ * ownership) and marks the worker up. */
+static void supervise_pass(shoal_spawn *s)
+{
+    for (int i = 0; i < s->n && !s->stop; i++) {
+        child *c = &s->c[i];
+        if (c->gave_up || c->pid <= 0)
+            continue;
+        reap(c, 0);
+        if (!c->reaped)
+            continue;
+        char how[64];
+        describe(c, how, sizeof how);
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        int k = c->restarts % RESTART_MAX; /* the oldest of the last RESTART_MAX restarts */
+        if (c->restarts >= RESTART_MAX && since_s(&c->at[k], &now) < RESTART_WINDOW_S) {
+            c->gave_up = 1;
+            SHOAL_ERROR("local expert worker %s (%s) exited (%s); it was restarted %d times within %d s, so it is "
+                        "left down (requests that need it get a 503 naming it)",
+                        c->id, c->endpoint, how, RESTART_MAX, RESTART_WINDOW_S);
+            continue;
+        }
+        if (!strncmp(c->endpoint, "ipc://", 6))
+            unlink(c->endpoint + 6); /* a killed worker leaves its socket file */
+        char err[256];
+        if (launch(s, c, err, sizeof err)) {
+            SHOAL_ERROR("local expert worker %s (%s) exited (%s) and cannot be restarted: %s", c->id, c->endpoint,
+                        how, err);
+            c->gave_up = 1;
+            continue;
+        }
+        c->at[k] = now;
+        c->restarts++;
+        if (s->on_restart)
+            s->on_restart(s->on_restart_ctx, i);
+        SHOAL_WARN("local expert worker %s (%s) exited (%s); restarted as pid %d with the same experts (restart %d)",
+                   c->id, c->endpoint, how, (int)c->pid, c->restarts);
+    }
+}
+
+static void *supervise_main(void *arg)
+{
+    shoal_spawn *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_nsec += 200 * 1000000L;
+        if (t.tv_nsec >= 1000000000L) {
+            t.tv_sec++;
+            t.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->cv, &s->mu, &t); /* a sleeping wait: 5 wake-ups a second */
+        if (!s->stop)
+            supervise_pass(s);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+int shoal_spawn_supervise(shoal_spawn *s, char *err, size_t errlen)
+{
+    if (!s || s->running)
+        return 0;
+    if (pthread_create(&s->th, NULL, supervise_main, s))
+        return shoal_err_set(err, errlen, SHOAL_ENOMEM, "cannot start the local workers' supervisor thread");
+    s->running = 1;
+    return 0;
+}
+
+void shoal_spawn_on_restart(shoal_spawn *s, void (*fn)(void *ctx, int worker), void *ctx)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->on_restart = fn;
+    s->on_restart_ctx = ctx;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int shoal_spawn_restarts(shoal_spawn *s, int i)
+{
+    if (!s || i < 0 || i >= s->n)
+        return 0;
+    pthread_mutex_lock(&s->mu);
+    int r = s->c[i].restarts;
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
 void shoal_spawn_stop(shoal_spawn *s)
 {
     if (!s)
         return;
+    if (s->running) { /* supervision ends first: nothing is restarted while it is being stopped */
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        pthread_cond_signal(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->th, NULL);
+        s->running = 0;
+    }
     for (int i = 0; i < s->n; i++)
         if (s->c[i].pid > 0 && !s->c[i].reaped)
             kill(s->c[i].pid, SIGTERM);
@@ -244,5 +389,8 @@ void shoal_spawn_stop(shoal_spawn *s)
         SHOAL_WARN("cannot remove the local workers' socket directory %s: %s", s->dir, strerror(errno));
     free(s->c);
     free(s->eps);
+    free(s->model);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
     free(s);
 }

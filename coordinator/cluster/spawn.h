@@ -4,7 +4,8 @@
  * files to leave behind). Children are put in one process group and get
  * PR_SET_PDEATHSIG(SIGTERM), so they exit when the coordinator exits for any
  * reason, SIGKILL included; shoal_spawn_stop terminates and reaps them all.
- * Callers: coordinator/cluster/dist.c. Not thread-safe; one owner. */
+ * Callers: coordinator/cluster/dist.c. One owner; pid/restarts may be read
+ * while the supervisor runs. */
 #ifndef SHOAL_SPAWN_H
 #define SHOAL_SPAWN_H
 
@@ -26,11 +27,21 @@ int shoal_spawn_start(shoal_spawn **out, const shoal_spawn_opts *o, const shoal_
                       size_t errlen);
 /* Endpoints of the children, in worker order (live as long as s). */
 const char *const *shoal_spawn_endpoints(const shoal_spawn *s);
-pid_t shoal_spawn_pid(const shoal_spawn *s, int i);
+pid_t shoal_spawn_pid(shoal_spawn *s, int i);
 /* 0 while every child runs; else SHOAL_EPEER naming the one that exited.
  * Signature of shoal_expert_client_opts.check (ctx: the shoal_spawn). */
 int shoal_spawn_check(void *ctx, char *err, size_t errlen);
-/* SIGTERM to every child, up to 5 s for them to exit, then SIGKILL; reaps all.
+/* Supervision, once the coordinator is connected: a thread (a sleeping wait,
+ * 5 wake-ups a second) reaps a child that exited (no zombie) and restarts it
+ * with the same experts and endpoint, where the coordinator's keeper finds it
+ * and marks it up after re-checking its HELLO. At most 5 restarts per worker
+ * within 60 s; after that it is left down and logged. */
+int shoal_spawn_supervise(shoal_spawn *s, char *err, size_t errlen);
+/* Called (from the supervisor thread) after child `worker` was restarted. */
+void shoal_spawn_on_restart(shoal_spawn *s, void (*fn)(void *ctx, int worker), void *ctx);
+/* Restarts of child i so far. */
+int shoal_spawn_restarts(shoal_spawn *s, int i);
+/* Supervision stops first; then SIGTERM to every child, up to 5 s for them to exit, then SIGKILL; reaps all.
  * Accepts NULL. */
 void shoal_spawn_stop(shoal_spawn *s);
 

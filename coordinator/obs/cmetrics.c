@@ -20,6 +20,7 @@ typedef struct {
     shoal_metrics_counter requests, tokens, pairs, experts, bytes_out, bytes_in;
     shoal_metrics_counter queue_us, compute_us, network_ns, rtt_ns;
     shoal_metrics_counter timeouts, errors, stale, slowest;
+    shoal_metrics_counter restarts; /* of a local worker (--workers N) by its supervisor */
     shoal_metrics_counter t_requests, t_rows, t_weight, t_out, t_in, t_queue_us, t_compute_us, t_network_ns;
     shoal_metrics_hist rtt, net;
     shoal_metrics_hist *layer_rtt;      /* [num_layers] */
@@ -125,6 +126,13 @@ void shoal_cmetrics_worker_up(shoal_cmetrics *cm, int w, int up)
     worker *k = get_w(cm, w);
     if (k)
         shoal_metrics_gauge_set(&k->up, up ? 1 : 0);
+}
+
+void shoal_cmetrics_worker_restarted(shoal_cmetrics *cm, int w)
+{
+    worker *k = get_w(cm, w);
+    if (k)
+        shoal_metrics_add(&k->restarts, 1);
 }
 
 void shoal_cmetrics_add_phase(shoal_cmetrics *cm, shoal_cmetrics_phase ph, uint64_t ns)
@@ -366,6 +374,13 @@ void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b)
     for (int i = 0; i < cm->nworkers; i++) {
         WL(i);
         shoal_metrics_sample(b, "shoal_worker_up", wl, 1, (double)shoal_metrics_gauge_get(&cm->w[i].up));
+    }
+    shoal_metrics_family(b, "shoal_worker_restarts_total", SHOAL_METRICS_COUNTER,
+                         "Times a local worker (`--workers N`) that exited was restarted by the coordinator.");
+    for (int i = 0; i < cm->nworkers; i++) {
+        WL(i);
+        shoal_metrics_sample(b, "shoal_worker_restarts_total", wl, 1,
+                             (double)shoal_metrics_get(&cm->w[i].restarts));
     }
     shoal_metrics_family(b, "shoal_worker_experts_owned", SHOAL_METRICS_GAUGE,
                          "(layer, expert) pairs the worker owns (from its HELLO).");

@@ -63,6 +63,8 @@ int shoal_cmetrics_set_worker(shoal_cmetrics *cm, int w, const char *id, const c
 /* 1 = answered its HELLO and every request so far; 0 = failed (deadline,
  * error, disconnect). */
 void shoal_cmetrics_worker_up(shoal_cmetrics *cm, int w, int up);
+/* A local worker w was restarted after it exited (shoal_worker_restarts_total). */
+void shoal_cmetrics_worker_restarted(shoal_cmetrics *cm, int w);
 
 /* ---- hot-path updates --------------------------------------------------- */
 
