@@ -326,16 +326,6 @@ void shoal_spawn_on_restart(shoal_spawn *s, void (*fn)(void *ctx, int worker), v
     pthread_mutex_unlock(&s->mu);
 }
 
-int shoal_spawn_restarts(shoal_spawn *s, int i)
-{
-    if (!s || i < 0 || i >= s->n)
-        return 0;
-    pthread_mutex_lock(&s->mu);
-    int r = s->c[i].restarts;
-    pthread_mutex_unlock(&s->mu);
-    return r;
-}
-
 void shoal_spawn_stop(shoal_spawn *s)
 {
     if (!s)

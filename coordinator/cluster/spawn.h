@@ -39,8 +39,6 @@ int shoal_spawn_check(void *ctx, char *err, size_t errlen);
 int shoal_spawn_supervise(shoal_spawn *s, char *err, size_t errlen);
 /* Called (from the supervisor thread) after child `worker` was restarted. */
 void shoal_spawn_on_restart(shoal_spawn *s, void (*fn)(void *ctx, int worker), void *ctx);
-/* Restarts of child i so far. */
-int shoal_spawn_restarts(shoal_spawn *s, int i);
 /* Supervision stops first; then SIGTERM to every child, up to 5 s for them to exit, then SIGKILL; reaps all.
  * Accepts NULL. */
 void shoal_spawn_stop(shoal_spawn *s);

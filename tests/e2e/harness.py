@@ -6,13 +6,18 @@ exits 1 when any case failed and 77 when everything was skipped.
 free_port() asks the kernel for a TCP port that is free on 127.0.0.1 now;
 terminate(p) ends a process started by a test: SIGTERM, SIGKILL after a grace.
 logfile() is a child's stderr file that the test may reread at any time.
+health(url) is (status, body) of a server's GET /health; worker_metric(url,
+family, wid) the value of a per-worker sample on its /metrics (None: absent).
 """
 import fcntl
+import json
 import os
 import signal
 import socket
 import subprocess
 import tempfile
+import urllib.error
+import urllib.request
 
 
 class Recorder:
@@ -62,3 +67,22 @@ def logfile():
     fl = fcntl.fcntl(f.fileno(), fcntl.F_GETFL)
     fcntl.fcntl(f.fileno(), fcntl.F_SETFL, fl | os.O_APPEND)
     return f
+
+
+def health(url):
+    """(status code, parsed body) of GET url/health; a 503 is an answer, not an error."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def worker_metric(url, family, wid):
+    """The value of `family{...worker="wid"...}` on url/metrics, or None."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith(family + "{") and f'worker="{wid}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None

@@ -27,8 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -56,13 +54,7 @@ def start_worker(ranges, ep, wid):
     return p
 
 
-def health(url):
-    """(status code, body) of GET /health."""
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+health = harness.health
 
 
 def wait_health(url, code, secs):
@@ -75,12 +67,7 @@ def wait_health(url, code, secs):
 
 
 def worker_up_metric(url, wid):
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    for l in text.splitlines():
-        if l.startswith("shoal_worker_up{") and f'worker="{wid}"' in l:
-            return float(l.rsplit(" ", 1)[1])
-    return None
+    return harness.worker_metric(url, "shoal_worker_up", wid)
 
 
 def main():

@@ -22,8 +22,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -64,21 +62,11 @@ def worker_pid(srv, wid):
     return None, None
 
 
-def health(url):
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+health = harness.health
 
 
 def restarts_metric(url, wid):
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    for l in text.splitlines():
-        if l.startswith("shoal_worker_restarts_total{") and f'worker="{wid}"' in l:
-            return float(l.rsplit(" ", 1)[1])
-    return None
+    return harness.worker_metric(url, "shoal_worker_restarts_total", wid)
 
 
 def main():

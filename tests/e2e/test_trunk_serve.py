@@ -64,12 +64,7 @@ def start_serve(extra):
     return srv, line.strip().split("listening on ")[1], ""
 
 
-def health(url):
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+health = harness.health
 
 
 def wait_health(url, code, secs, pred=lambda h: True):
