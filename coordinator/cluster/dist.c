@@ -113,6 +113,8 @@ int shoal_dist_parse_arg(shoal_dist_opts *o, const char *cmd, int argc, char **a
         r = num(cmd, a, v, 1, 4096, &o->worker_threads);
     } else if (!strcmp(a, "--expert-timeout-ms")) {
         r = num(cmd, a, v, 1, 86400000, &o->timeout_ms);
+    } else if (!strcmp(a, "--failover-ms")) {
+        r = num(cmd, a, v, 1, 86400000, &o->failover_ms);
     } else if (!strcmp(a, "--hello-timeout-ms")) {
         r = num(cmd, a, v, 1, 86400000, &o->hello_timeout_ms);
     } else {
@@ -144,6 +146,9 @@ void shoal_dist_usage(FILE *f)
                "                       stopped on exit\n"
                "  --worker-threads N   OpenMP threads of each local server (default: cores / N)\n"
                "  --expert-timeout-ms T  deadline for a layer's expert replies (default 30000)\n"
+               "  --failover-ms T      replicated experts: a worker silent this long in an exchange is\n"
+               "                       given up and its part resent to the other owners, within the\n"
+               "                       same deadline (default min(1000, expert-timeout-ms / 3))\n"
                "  --hello-timeout-ms T   deadline for the workers' HELLO at start (default 60000)\n"
                "  --prefetch on|off    hint each next MoE layer's likely experts to the workers, so\n"
                "                       those reading experts from disk (--cache-gb) start early\n"
@@ -312,7 +317,7 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
     rc = curve_keys(o, eps, n, o->plan ? &pf : NULL, &kp, keys, pk, &any, err, errlen);
     shoal_expert_client_opts co = {.endpoints = eps, .nworkers = n, .cfg = info.cfg, .fingerprint = fp,
                                    .max_tokens = info.max_batch, .timeout_ms = o->timeout_ms,
-                                   .hello_timeout_ms = o->hello_timeout_ms,
+                                   .failover_ms = o->failover_ms, .hello_timeout_ms = o->hello_timeout_ms,
                                    .check = d->spawn ? shoal_spawn_check : NULL, .check_ctx = d->spawn,
                                    .curve = any ? &kp : NULL, .curve_server_keys = any ? pk : NULL};
     if (!rc)

@@ -30,6 +30,7 @@ typedef struct {
     int worker_threads;   /* --worker-threads (local workers) */
     int timeout_ms;       /* --expert-timeout-ms; 0: 30000 */
     int hello_timeout_ms; /* --hello-timeout-ms; 0: 60000 */
+    int failover_ms;      /* --failover-ms; 0: min(1000, timeout / 3) */
     const char *plan;     /* --plan plan.json: every worker's endpoint (docs/CLUSTER.md), borrowed */
     /* CURVE (PROTOCOL.md section 9): --curve-secret (our key pair file),
      * --worker-key FILE per --worker (same order), --curve-keys DIR (with

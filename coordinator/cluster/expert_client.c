@@ -31,6 +31,7 @@
 #include <zmq.h>
 
 #include "common/err.h"
+#include "common/log.h"
 #include "common/st.h"
 #include "coordinator/obs/obs.h"
 #include "coordinator/cluster/owners.h"
@@ -59,6 +60,44 @@ void shoal__ec_fail(shoal_expert_client *c, int rc, const char *fmt, ...)
     c->state = FAILED;
 }
 
+/* Give up worker i's part of the current round (smu held; the caller has
+ * marked it down): its pairs keep their owner in powner, so that gather()
+ * resends them to other owners (resend()). The first loss of the request is
+ * kept: its error is the request's when no other owner is up. */
+static void lose(shoal_expert_client *c, int i, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void lose(shoal_expert_client *c, int i, int rc, const char *fmt, ...)
+{
+    shoal__ec_worker *w = &c->w[i];
+    if (c->state != SENT || w->lost || w->answered)
+        return;
+    w->lost = 1;
+    if (!w->lost_sent_ns)
+        w->lost_sent_ns = w->sent_ns ? w->sent_ns : shoal__ec_now_ns();
+    if (!c->lost_rc) {
+        c->lost_rc = rc;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->lost_err, sizeof c->lost_err, fmt, ap);
+        va_end(ap);
+    }
+}
+
+/* Can worker i's pairs of this round all go to another owner that is up
+ * (smu held)? */
+static int others_up(shoal_expert_client *c, int i)
+{
+    const shoal__ec_worker *w = &c->w[i];
+    for (uint32_t p = 0; p < w->npairs; p++) {
+        const int32_t *who;
+        int n = shoal_owners_of(c->owners, c->layer, c->ids[w->dest[p]], &who), ok = 0;
+        for (int q = 0; q < n && !ok; q++)
+            ok = who[q] != i && !c->w[who[q]].lost && atomic_load(&c->w[who[q]].link) == W_UP;
+        if (!ok)
+            return 0;
+    }
+    return 1;
+}
+
 /* Queue one frame of a request without copying it: a constant message over
  * the worker's buffer (no free function: zmq allocates nothing for it). */
 int shoal__ec_send_frame(void *sock, void *data, size_t len, int more)
@@ -85,6 +124,8 @@ static void send_all(shoal_expert_client *c)
     int n = 0;
     for (int i = 0; i < c->nw; i++) {
         c->w[i].answered = 0;
+        c->w[i].lost = 0;
+        c->w[i].fo_checked = 0;
         c->w[i].mon_hot = 0;
         if (c->w[i].involved && atomic_load(&c->w[i].link) == W_UP) {
             c->pidx[n] = i;
@@ -120,9 +161,9 @@ static void send_all(shoal_expert_client *c)
             if (c->cm)
                 shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
             shoal__ec_mark_down(c, i, "cannot send: %s", e == EAGAIN ? "not connected" : zmq_strerror(e));
-            shoal__ec_fail(c, SHOAL_EPEER, "expert worker %s: cannot send layer %d: %s", w->name, c->layer,
+            lose(c, i, SHOAL_EPEER, "expert worker %s: cannot send layer %d: %s", w->name, c->layer,
                  e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
-            return;
+            continue; /* its pairs go to other owners, if any (gather) */
         }
         c->st.messages++;
         c->st.pairs += w->npairs;
@@ -168,7 +209,7 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
         return;
     }
     c->st.bytes_in += bytes;
-    int current = c->state == SENT && !w->answered && m.rid == w->rid;
+    int current = c->state == SENT && !w->answered && !w->lost && m.rid == w->rid;
     int bad = drc || m.type != SHOAL_MSG_EXPERT_RESULT || m.result.y.dtype != SHOAL_WIRE_BF16 ||
               m.result.y.rows != w->npairs || m.result.y.cols != (uint32_t)c->d;
     if (c->cm && !current)
@@ -179,18 +220,18 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
         c->st.late_replies++; /* a reply to a request that already failed (or junk) */
     } else if (drc) {
         shoal__ec_mark_down(c, i, "malformed reply: %s", why);
-        shoal__ec_fail(c, SHOAL_EPROTO, "expert worker %s: malformed reply to layer %d: %s", w->name, c->layer, why);
+        lose(c, i, SHOAL_EPROTO, "expert worker %s: malformed reply to layer %d: %s", w->name, c->layer, why);
     } else if (m.type == SHOAL_MSG_ERROR) {
         shoal__ec_mark_down(c, i, "answered ERROR %s", shoal_perr_name((int)m.error.code));
-        shoal__ec_fail(c, shoal_perr_to_err((int)m.error.code), "expert worker %s refused layer %d: %s: %s", w->name,
+        lose(c, i, shoal_perr_to_err((int)m.error.code), "expert worker %s refused layer %d: %s: %s", w->name,
                        c->layer, shoal_perr_name((int)m.error.code), m.error.message);
     } else if (m.type != SHOAL_MSG_EXPERT_RESULT) {
         shoal__ec_mark_down(c, i, "answered a request with %s", shoal_msg_type_name(m.type));
-        shoal__ec_fail(c, SHOAL_EPROTO, "expert worker %s answered layer %d with %s", w->name, c->layer,
+        lose(c, i, SHOAL_EPROTO, "expert worker %s answered layer %d with %s", w->name, c->layer,
              shoal_msg_type_name(m.type));
     } else if (bad) {
         shoal__ec_mark_down(c, i, "reply of the wrong shape");
-        shoal__ec_fail(c, SHOAL_EPROTO, "expert worker %s: layer %d reply is %s [%u, %u], expected bf16 [%u, %d]",
+        lose(c, i, SHOAL_EPROTO, "expert worker %s: layer %d reply is %s [%u, %u], expected bf16 [%u, %d]",
                        w->name, c->layer, shoal_wire_dtype_name(m.result.y.dtype), m.result.y.rows, m.result.y.cols,
                        w->npairs, c->d);
     } else {
@@ -213,8 +254,10 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
          * (a request that fails after this returns its error, y unspecified) */
         size_t row = (size_t)c->d * 2;
         const uint8_t *src = m.result.y.data;
-        for (uint32_t p = 0; p < w->npairs; p++)
+        for (uint32_t p = 0; p < w->npairs; p++) {
             memcpy(c->y + (size_t)w->dest[p] * c->d, src + (size_t)p * row, row);
+            c->powner[w->dest[p]] = -1; /* done */
+        }
         w->answered = 1;
     }
     shoal_proto_msg_clear(&m);
@@ -238,15 +281,17 @@ static void wait_replies(shoal_expert_client *c)
     }
     for (int first = 1;; first = 0) {
         int n = 0;
+        uint64_t next_fo = UINT64_MAX; /* the earliest failover time still to check */
         for (int i = 0; i < c->nw && c->state == SENT; i++) {
             shoal__ec_worker *w = &c->w[i];
-            if (!w->involved || w->answered)
+            if (!w->involved || w->answered || w->lost)
                 continue;
             zmq_msg_t parts[SHOAL_PROTO_MAX_FRAMES];
             int np, truncated;
             if (w->sock_hot || w->mon_hot) { /* a reply is read before its worker's disconnect */
                 w->sock_hot = 0;
-                while (c->state == SENT && !w->answered && (np = shoal__ec_recv_parts(w->sock, parts, &truncated)) > 0)
+                while (c->state == SENT && !w->answered && !w->lost &&
+                       (np = shoal__ec_recv_parts(w->sock, parts, &truncated)) > 0)
                     on_reply(c, i, parts, np, truncated);
             }
             if (first)
@@ -256,17 +301,33 @@ static void wait_replies(shoal_expert_client *c)
             while (c->state == SENT && w->answered && w->early &&
                    (np = shoal__ec_recv_parts(w->sock, parts, &truncated)) > 0)
                 on_reply(c, i, parts, np, truncated);
-            if (c->state != SENT || w->answered)
+            if (c->state != SENT || w->answered || w->lost)
                 continue;
             if (w->mon_hot && shoal__ec_monitor_disconnected(w->mon)) {
                 if (c->cm)
                     shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
                 shoal__ec_mark_down(c, i, "disconnected (the worker died?)");
-                shoal__ec_fail(c, SHOAL_EPEER,
-                               "expert worker %s disconnected before answering layer %d (the worker died?)", w->name,
-                               c->layer);
-                break;
+                lose(c, i, SHOAL_EPEER, "expert worker %s disconnected before answering layer %d (the worker died?)",
+                     w->name, c->layer);
+                continue;
             }
+            /* silent past the failover time: given up if every one of its
+             * pairs has another owner up (checked once per round) */
+            uint64_t fo_at = w->sent_ns / 1000u + c->failover_us;
+            if (!w->fo_checked && shoal__ec_now_us() >= fo_at) {
+                w->fo_checked = 1;
+                if (others_up(c, i)) {
+                    if (c->cm)
+                        shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_TIMEOUT);
+                    shoal__ec_mark_down(c, i, "no reply within %llu ms (failover)",
+                                        (unsigned long long)(c->failover_us / 1000u));
+                    lose(c, i, SHOAL_ETIMEOUT, "no reply to layer %d within %llu ms from expert worker %s", c->layer,
+                         (unsigned long long)(c->failover_us / 1000u), w->name);
+                    continue;
+                }
+            }
+            if (!w->fo_checked && fo_at < next_fo)
+                next_fo = fo_at;
             w->mon_hot = 0;
             c->pidx[n] = i;
             c->pfd[n++] = (struct pollfd){.fd = w->fd, .events = POLLIN};
@@ -280,7 +341,7 @@ static void wait_replies(shoal_expert_client *c)
             size_t at = 0;
             char names[768] = "";
             for (int i = 0; i < c->nw && at < sizeof names; i++)
-                if (c->w[i].involved && !c->w[i].answered) {
+                if (c->w[i].involved && !c->w[i].answered && !c->w[i].lost) {
                     at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", at ? ", " : "", c->w[i].name);
                     if (c->cm)
                         shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_TIMEOUT);
@@ -291,7 +352,8 @@ static void wait_replies(shoal_expert_client *c)
             return;
         }
         /* capped, so that a missed wake-up could only delay, never hang */
-        uint64_t ms = (c->deadline_us - now + 999) / 1000;
+        uint64_t until = next_fo < c->deadline_us ? (next_fo > now ? next_fo : now) : c->deadline_us;
+        uint64_t ms = (until - now + 999) / 1000;
         int pr = poll(c->pfd, (nfds_t)n, ms > 50 ? 50 : (int)ms);
         if (pr < 0 && errno != EINTR)
             usleep(1000);
@@ -319,21 +381,14 @@ static void pack_row(uint8_t *dst, const float *zt, int d, int bf16)
     }
 }
 
-static int submit(void *self, int layer, int T, int k, const float *z, const int32_t *ids, char *err, size_t errlen)
+/* This round's requests from powner (smu held): every pair whose owner is
+ * w >= 0 goes to w, in (token, slot) order; the activation rows of each
+ * involved worker's tokens are packed from c->z (a worker that has every
+ * token shares one packed frame). Sets involved, rids and the control frames. */
+static void pack(shoal_expert_client *c)
 {
-    shoal_expert_client *c = self;
-    if (c->state != IDLE) /* only this thread writes state */
-        return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: submit while a request is outstanding");
-    if (layer < 0 || layer >= c->L || !c->cfg->is_moe[layer])
-        return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: layer %d is not an MoE layer", layer);
-    if (T < 1 || T > c->o.max_tokens || k != c->k)
-        return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: T = %d (max %d), k = %d (model %d)", T,
-                             c->o.max_tokens, k, c->k);
-    int d = c->d, bf16 = c->o.act_bf16;
+    const int T = c->T, k = c->k, d = c->d, bf16 = c->o.act_bf16;
     size_t row = (size_t)d * (bf16 ? 2 : 4);
-    /* the request buffers may still be read by zmq until the previous
-     * request's replies came; the lock also waits out a keeper pass */
-    pthread_mutex_lock(&c->smu);
     if (++c->tag == 0) { /* wrapped: forget old stamps */
         memset(c->seen, 0, sizeof *c->seen * (size_t)c->E);
         c->tag = 1;
@@ -343,17 +398,12 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
         c->w[i].last_t = -1;
         c->w[i].involved = 0;
     }
-    shoal_owners_pick(c->owners, layer, T, k, ids, c->pick); /* one owner per expert, balanced */
-    const int32_t *own = c->pick;
-    for (int t = 0; t < T; t++) {
+    for (int t = 0; t < T; t++)
         for (int s = 0; s < k; s++) {
-            int32_t e = ids[(size_t)t * k + s];
-            if (e < 0 || e >= c->E || (s && e <= ids[(size_t)t * k + s - 1])) {
-                pthread_mutex_unlock(&c->smu);
-                return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: token %d slot %d: expert id %d out "
-                                     "of range or not ascending", t, s, (int)e);
-            }
-            shoal__ec_worker *w = &c->w[own[e]];
+            int32_t o = c->powner[(size_t)t * k + s], e = c->ids[(size_t)t * k + s];
+            if (o < 0)
+                continue;
+            shoal__ec_worker *w = &c->w[o];
             if (w->last_t != t) { /* first pair of this token for w: its next activation row */
                 w->last_t = t;
                 w->ntok++;
@@ -367,7 +417,6 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
                 w->nexperts++;
             }
         }
-    }
     /* the activation rows: a worker that has every token gets the same frame
      * as any other such worker, packed once (always so in decode, T = 1);
      * the others get their own tokens' rows, in token order */
@@ -385,7 +434,7 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
             uint32_t t = (uint32_t)w->dest[p] / (uint32_t)k;
             if (t != last) {
                 last = t;
-                pack_row(w->act + SHOAL_PROTO_TENSOR_HDR + (size_t)r++ * row, z + (size_t)t * d, d, bf16);
+                pack_row(w->act + SHOAL_PROTO_TENSOR_HDR + (size_t)r++ * row, c->z + (size_t)t * d, d, bf16);
             }
         }
         shoal_proto_tensor_hdr(w->act, bf16 ? SHOAL_WIRE_BF16 : SHOAL_WIRE_F32, w->ntok, (uint32_t)d);
@@ -399,10 +448,111 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
             continue;
         w->rid = ++c->next_rid;
         shoal_proto_tensor_hdr(w->route, SHOAL_WIRE_I32, w->npairs, 2);
-        if (shoal_proto_enc_batch(w->ctl, sizeof w->ctl, &w->ctl_len, w->rid, (uint32_t)layer, SHOAL_WIRE_BF16))
+        if (shoal_proto_enc_batch(w->ctl, sizeof w->ctl, &w->ctl_len, w->rid, (uint32_t)c->layer, SHOAL_WIRE_BF16))
             SHOAL_PANIC("EXPERT_BATCH control does not fit");
     }
+}
+
+/* The live mask of a pick (smu held): the workers that are up. */
+static void live_mask(shoal_expert_client *c)
+{
+    for (int i = 0; i < c->nw; i++)
+        c->live[i] = !c->w[i].lost && atomic_load(&c->w[i].link) == W_UP;
+}
+
+/* Failover (smu held, state SENT, after a round in which every involved
+ * worker answered or was lost): the pairs still owned by a lost worker go to
+ * other owners that are up, picked as in submit() among them, in a new round
+ * under the same deadline. With an expert that has no other owner up, the
+ * request fails with the first loss's error. */
+static void resend(shoal_expert_client *c)
+{
+    live_mask(c);
+    const size_t n = (size_t)c->T * (size_t)c->k;
+    int m = 0;
+    for (size_t p = 0; p < n; p++) {
+        if (c->powner[p] < 0)
+            continue;
+        int32_t e = c->ids[p];
+        const int32_t *who;
+        int no = shoal_owners_of(c->owners, c->layer, e, &who), ok = 0;
+        for (int q = 0; q < no && !ok; q++)
+            ok = c->live[who[q]];
+        if (!ok) {
+            shoal__ec_fail(c, c->lost_rc ? c->lost_rc : SHOAL_EPEER, "%s%s", c->lost_err,
+                           no > 1 ? " (and no other owner of that expert is up)" : "");
+            return;
+        }
+        c->rs_ids[m++] = e;
+    }
+    shoal_owners_pick(c->owners, c->layer, m, 1, c->rs_ids, c->live, c->pick);
+    uint64_t now = shoal__ec_now_ns();
+    for (int i = 0; i < c->nw; i++) {
+        shoal__ec_worker *w = &c->w[i];
+        if (!w->lost)
+            continue;
+        c->st.failovers++;
+        SHOAL_WARN("expert worker %s lost at layer %d after %.1f ms (%s): its %u pairs resent to other owners",
+                   w->name, c->layer, (double)(now - w->sent_ns) * 1e-6, w->why, w->npairs);
+        if (c->cm)
+            shoal_cmetrics_failover(c->cm, i, w->npairs);
+    }
+    for (size_t p = 0; p < n; p++)
+        if (c->powner[p] >= 0) {
+            c->powner[p] = c->pick[c->ids[p]];
+            if (c->cm)
+                shoal_cmetrics_takeover(c->cm, c->powner[p], 1);
+        }
+    c->st.resent_pairs += (uint64_t)m;
+    c->round++;
+    pack(c);
+    send_all(c);
+}
+
+static int submit(void *self, int layer, int T, int k, const float *z, const int32_t *ids, char *err, size_t errlen)
+{
+    shoal_expert_client *c = self;
+    if (c->state != IDLE) /* only this thread writes state */
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: submit while a request is outstanding");
+    if (layer < 0 || layer >= c->L || !c->cfg->is_moe[layer])
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: layer %d is not an MoE layer", layer);
+    if (T < 1 || T > c->o.max_tokens || k != c->k)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: T = %d (max %d), k = %d (model %d)", T,
+                             c->o.max_tokens, k, c->k);
+    for (int t = 0; t < T; t++)
+        for (int s = 0; s < k; s++) {
+            int32_t e = ids[(size_t)t * k + s];
+            if (e < 0 || e >= c->E || (s && e <= ids[(size_t)t * k + s - 1]))
+                return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: token %d slot %d: expert id %d out "
+                                     "of range or not ascending", t, s, (int)e);
+        }
+    /* the request buffers may still be read by zmq until the previous
+     * request's replies came; the lock also waits out a keeper pass */
+    pthread_mutex_lock(&c->smu);
+    for (int i = 0; i < c->nw; i++) {
+        c->w[i].lost = 0;
+        c->w[i].lost_sent_ns = 0;
+        c->w[i].sent_ns = 0;
+    }
+    c->z = z;
+    c->ids = ids;
+    c->T = T;
     c->layer = layer;
+    live_mask(c);
+    /* one owner per expert, balanced over the owners that are up */
+    shoal_owners_pick(c->owners, layer, T, k, ids, c->live, c->pick);
+    for (size_t p = 0; p < (size_t)T * (size_t)k; p++)
+        c->powner[p] = c->pick[ids[p]];
+    if (c->cm && shoal_owners_replicated(c->owners)) /* pairs of replicated experts, per picked worker */
+        for (size_t p = 0; p < (size_t)T * (size_t)k; p++) {
+            const int32_t *who;
+            if (shoal_owners_of(c->owners, layer, ids[p], &who) > 1)
+                shoal_cmetrics_replica_pick(c->cm, c->powner[p], 1);
+        }
+    c->round = 0;
+    c->lost_rc = 0;
+    c->lost_err[0] = 0;
+    pack(c);
     c->rc = 0;
     c->err[0] = 0;
     c->deadline_us = shoal__ec_now_us() + (uint64_t)c->o.timeout_ms * 1000u;
@@ -419,10 +569,29 @@ static int gather(void *self, uint16_t *y, char *err, size_t errlen)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: gather without submit");
     uint64_t t0 = shoal__ec_now_us();
     c->y = y;
-    if (c->state == SENT)
+    /* rounds: every involved worker answers or is lost; the lost ones' pairs
+     * are resent to other owners (resend), until all are answered, the
+     * deadline passes or an expert has no owner left */
+    while (c->state == SENT) {
         wait_replies(c);
+        int left = 0;
+        for (size_t p = 0; p < (size_t)c->T * (size_t)c->k && !left; p++)
+            left = c->powner[p] >= 0;
+        if (c->state != SENT || !left)
+            break;
+        resend(c);
+    }
     int rc = c->state == FAILED ? c->rc : 0;
     c->rc = rc;
+    if (!rc && c->round) { /* the time from each lost part's send to the end of the exchange */
+        uint64_t now = shoal__ec_now_ns();
+        for (int i = 0; i < c->nw; i++)
+            if (c->w[i].lost_sent_ns) {
+                c->st.failover_ns += now - c->w[i].lost_sent_ns;
+                if (c->cm)
+                    shoal_cmetrics_failover_time(c->cm, now - c->w[i].lost_sent_ns);
+            }
+    }
     if (c->cm)
         shoal_cmetrics_layer_wait(c->cm, c->layer, (shoal__ec_now_us() - t0) * 1000u, rc ? -1 : c->last_answer);
     if (rc) {
@@ -442,26 +611,29 @@ static int gather(void *self, uint16_t *y, char *err, size_t errlen)
 /* Split the hinted experts of `layer` by owner and send one PREFETCH notice
  * to each worker that acts on hints (PROTOCOL.md §3.6), right after this
  * request's batches (forward thread, smu held, between submit and gather).
- * A replicated expert is hinted to each of its owners (which one an exchange
- * picks depends on routing not known yet). Fire and forget: nothing waits for
- * it; a worker down, or both of its hint buffers still possibly in ZeroMQ's
- * hands, just gets no hint (counted as dropped). Never allocates. */
+ * A replicated expert is hinted only to the owner a later exchange would
+ * pick for it: the pick of submit() (owners.h) on the hinted experts among
+ * the owners that are up -- the same choice when the guess is a decode
+ * token's experts. Fire and forget: nothing waits for it; a worker down, or
+ * both of its hint buffers still possibly in ZeroMQ's hands, just gets no
+ * hint (counted as dropped). Never allocates. */
 static void hint(void *self, int layer, const int32_t *experts, int n)
 {
     shoal_expert_client *c = self;
     if (c->state != SENT || layer < 0 || layer >= c->L || !c->cfg->is_moe[layer] || n < 1)
         return;
-    for (int i = 0; i < c->nw; i++)
+    for (int i = 0; i < c->nw; i++) {
         c->w[i].hint_n = 0;
+        c->live[i] = atomic_load(&c->w[i].link) == W_UP;
+    }
+    shoal_owners_pick(c->owners, layer, n, 1, experts, c->live, c->hpick);
     for (int j = 0; j < n; j++) { /* ascending in, ascending out per worker */
-        const int32_t *who;
-        int no = experts[j] >= 0 && experts[j] < c->E ? shoal_owners_of(c->owners, layer, experts[j], &who) : 0;
-        for (int q = 0; q < no; q++) {
-            shoal__ec_worker *w = &c->w[who[q]];
-            if (w->prefetch && w->hint_n < SHOAL_PROTO_MAX_PREFETCH &&
-                (!w->hint_n || (uint32_t)experts[j] > w->hint_ids[w->hint_n - 1]))
-                w->hint_ids[w->hint_n++] = (uint32_t)experts[j];
-        }
+        if (experts[j] < 0 || experts[j] >= c->E)
+            continue;
+        shoal__ec_worker *w = &c->w[c->hpick[experts[j]]];
+        if (w->prefetch && w->hint_n < SHOAL_PROTO_MAX_PREFETCH &&
+            (!w->hint_n || (uint32_t)experts[j] > w->hint_ids[w->hint_n - 1]))
+            w->hint_ids[w->hint_n++] = (uint32_t)experts[j];
     }
     for (int i = 0; i < c->nw; i++) {
         shoal__ec_worker *w = &c->w[i];
@@ -500,6 +672,9 @@ void shoal_expert_client_set_timeout(shoal_expert_client *c, int timeout_ms)
 {
     pthread_mutex_lock(&c->smu);
     c->o.timeout_ms = timeout_ms > 0 ? timeout_ms : 30000;
+    if (c->o.failover_ms <= 0)
+        c->failover_us = (uint64_t)(c->o.timeout_ms / 3 < 1000 ? (c->o.timeout_ms / 3 > 0 ? c->o.timeout_ms / 3 : 1)
+                                                              : 1000) * 1000u;
     pthread_mutex_unlock(&c->smu);
 }
 

@@ -58,6 +58,12 @@ typedef struct {
     const uint8_t *fingerprint;   /* SHOAL_PROTO_FP_BYTES: the coordinator's model (copied at open) */
     int max_tokens;               /* largest T of a submit (the engine's max_batch) */
     int timeout_ms;               /* deadline of each gather; 0: 30000 */
+    /* Failover (replicated experts): a worker silent this long after its
+     * part of an exchange was sent, whose pairs all have another owner up,
+     * is given up (marked down) and its pairs are resent to those owners
+     * within the same deadline; 0: the default, min(1000, timeout_ms / 3).
+     * A worker that errors or disconnects is given up at once. */
+    int failover_ms;
     int hello_timeout_ms;         /* deadline for every worker's HELLO at open; 0: 60000 */
     int act_bf16;                 /* 1: send activations as bf16 (not bit-identical to in-process) */
     const char *peer;             /* our name in HELLO; NULL: "coordinator <pid>" */
@@ -107,6 +113,9 @@ typedef struct {
     uint64_t recoveries;    /* times one came back (HELLO re-verified) */
     uint64_t hints;         /* PREFETCH notices sent (bytes in bytes_out) */
     uint64_t hints_dropped; /* hints not sent (worker down, its hint buffers still queued, or the send failed) */
+    uint64_t failovers;     /* workers given up mid-exchange whose part was resent to other owners */
+    uint64_t resent_pairs;  /* (token, expert) pairs resent so */
+    uint64_t failover_ns;   /* sum over those of the time from the lost part's send to the end of the exchange */
 } shoal_expert_client_stats;
 
 /* Report every exchange, layer wait and failure to cm (coordinator/obs/cmetrics.h,

@@ -86,6 +86,9 @@ typedef struct {
     int last_t;
     uint64_t rid;
     int involved;
+    int lost;     /* involved in this round, its part given up (marked down): resent to other owners */
+    int fo_checked; /* the failover time passed this round and was looked at */
+    uint64_t lost_sent_ns; /* when its lost part was first sent (time lost per failover) */
     int early;    /* its last reply was already there when gather() began: time the next one's arrival */
     int mon_hot;  /* its monitor's fd polled readable: read the monitor */
     int sock_hot; /* its socket's fd polled readable: receive */
@@ -149,6 +152,22 @@ struct shoal_expert_client {
     int last_answer;    /* worker whose reply completed the request */
     uint16_t *y;        /* gather()'s output: each reply is scattered into it as it arrives */
     uint64_t req_seq;   /* requests submitted (never reset) */
+    /* failover (expert_client.c, forward thread): the request's inputs, kept
+     * until gather() returns (the engine leaves z and ids alone until then,
+     * engine/experts.h), each pair's worker in this round (-1: answered),
+     * the live mask of the pick, the first loss of the request (its error
+     * is the request's when no other owner is up) and the round */
+    const float *z;
+    const int32_t *ids;
+    int T;
+    int32_t *powner;    /* [max_tokens * k], pair t*k+s */
+    int32_t *rs_ids;    /* [max_tokens * k]: the experts to resend */
+    uint8_t *live;      /* [nw] */
+    int32_t *hpick;     /* [E]: the prefetch hints' owner per expert */
+    int round;
+    int lost_rc;
+    char lost_err[1024];
+    uint64_t failover_us; /* a silent worker whose pairs all have another live owner is given up after this */
     /* trunk role (trunk_client.c): the row-shardable matrices, which are
      * remote, the placement (pieces of each remote matrix, by matrix then
      * row: pbeg[k] .. pbeg[k] + pcnt[k]), the names sorted for lookup, the

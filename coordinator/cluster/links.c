@@ -775,6 +775,10 @@ void shoal_expert_client_close(shoal_expert_client *c)
     free(c->tx);
     free(c->pick);
     free(c->seen);
+    free(c->powner);
+    free(c->rs_ids);
+    free(c->live);
+    free(c->hpick);
     free(c->w);
     free(c);
 }
@@ -817,6 +821,14 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "trunk client: no model store, or its matrices do not list");
     }
     c->seen = shoal_xcalloc((size_t)c->E, sizeof *c->seen);
+    c->powner = shoal_xcalloc((size_t)o->max_tokens * (size_t)c->k, sizeof *c->powner);
+    c->rs_ids = shoal_xcalloc((size_t)o->max_tokens * (size_t)c->k, sizeof *c->rs_ids);
+    c->live = shoal_xcalloc((size_t)c->nw, 1);
+    c->hpick = shoal_xcalloc((size_t)c->E, sizeof *c->hpick);
+    {
+        int fo = o->failover_ms > 0 ? o->failover_ms : (c->o.timeout_ms / 3 < 1000 ? c->o.timeout_ms / 3 : 1000);
+        c->failover_us = (uint64_t)(fo > 0 ? fo : 1) * 1000u;
+    }
     c->zctx = zmq_ctx_new();
     zmq_ctx_set(c->zctx, ZMQ_IO_THREADS, (c->nw + WORKERS_PER_IO_THREAD - 1) / WORKERS_PER_IO_THREAD);
     int rc = 0;

@@ -114,7 +114,8 @@ int shoal_owners_of(const shoal_owners *o, int layer, int expert, const int32_t 
     return (int)(o->off[c + 1] - o->off[c]);
 }
 
-void shoal_owners_pick(shoal_owners *o, int layer, int T, int k, const int32_t *ids, int32_t *pick)
+void shoal_owners_pick(shoal_owners *o, int layer, int T, int k, const int32_t *ids, const uint8_t *live,
+                       int32_t *pick)
 {
     if (layer < 0 || layer >= o->L || T < 1 || k < 1)
         return;
@@ -154,9 +155,15 @@ void shoal_owners_pick(shoal_owners *o, int layer, int T, int k, const int32_t *
     for (int i = 0; i < nu; i++) {
         int32_t e = o->used[i];
         int32_t best = -1;
-        for (uint32_t j = off[e]; j < off[e + 1]; j++) /* ascending index: ties to the lower */
-            if (best < 0 || o->load[o->who[j]] < o->load[best])
-                best = o->who[j];
+        for (uint32_t j = off[e]; j < off[e + 1]; j++) { /* ascending index: ties to the lower */
+            int32_t w = o->who[j];
+            if (live && !live[w])
+                continue;
+            if (best < 0 || o->load[w] < o->load[best])
+                best = w;
+        }
+        if (best < 0) /* no owner up: the lowest (the request names it down) */
+            best = o->who[off[e]];
         pick[e] = best;
         o->load[best] += o->cnt[e];
         o->cnt[e] = 0;

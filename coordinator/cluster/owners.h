@@ -10,7 +10,7 @@
  * (token, expert) pairs each worker gets in the exchange: the experts with one
  * owner are fixed; the replicated experts of the exchange, most pairs first
  * (ties to the lower id), each go to the owner with the fewest pairs so far
- * (ties to the lower worker index). Any choice gives the same bits: every
+ * (ties to the lower worker index), among the owners that are up. Any choice gives the same bits: every
  * worker computes an expert with the same kernels (PROTOCOL.md section 8).
  *
  * Not thread-safe: one owner thread (the expert client's caller). pick does
@@ -45,7 +45,14 @@ int shoal_owners_of(const shoal_owners *o, int layer, int expert, const int32_t 
 /* One exchange at MoE layer `layer`: ids[T * k] are the routed experts of T
  * tokens. Sets pick[e] (pick has num_experts entries) to the chosen owner of
  * every expert e in ids that is in range; other entries are left as they
- * are. Out-of-range ids are skipped (the caller refuses them). */
-void shoal_owners_pick(shoal_owners *o, int layer, int T, int k, const int32_t *ids, int32_t *pick);
+ * are. Out-of-range ids are skipped (the caller refuses them). live[w] (or
+ * NULL: all) says which workers may be picked: a replicated expert goes to
+ * a live owner only (failover: the dead ones are passed over), or to its
+ * lowest owner when none is live (the caller then fails the request naming
+ * it); a single-owner expert always goes to its owner. Also used on a
+ * compact list of experts (T = n, k = 1), e.g. for the resend of a lost
+ * worker's pairs and for the prefetch hints. */
+void shoal_owners_pick(shoal_owners *o, int layer, int T, int k, const int32_t *ids, const uint8_t *live,
+                       int32_t *pick);
 
 #endif

@@ -21,6 +21,7 @@ typedef struct {
     shoal_metrics_counter queue_us, compute_us, network_ns, rtt_ns;
     shoal_metrics_counter timeouts, errors, stale, slowest;
     shoal_metrics_counter restarts; /* of a local worker (--workers N) by its supervisor */
+    shoal_metrics_counter failovers, lost_pairs, takeover_pairs, replica_picks; /* failover (replicas) */
     shoal_metrics_counter t_requests, t_rows, t_weight, t_out, t_in, t_queue_us, t_compute_us, t_network_ns;
     shoal_metrics_hist rtt, net;
     shoal_metrics_hist *layer_rtt;      /* [num_layers] */
@@ -36,6 +37,8 @@ struct shoal_cmetrics {
     shoal_metrics_counter phase_ns[SHOAL_PHASE_COUNT];
     shoal_metrics_counter tokens, chunks;
     shoal_metrics_hist *layer_wait; /* [num_layers] */
+    shoal_metrics_counter failovers, resent_pairs;
+    shoal_metrics_hist failover_time;
 };
 
 static const char *const phase_names[SHOAL_PHASE_COUNT] = {
@@ -133,6 +136,39 @@ void shoal_cmetrics_worker_restarted(shoal_cmetrics *cm, int w)
     worker *k = get_w(cm, w);
     if (k)
         shoal_metrics_add(&k->restarts, 1);
+}
+
+void shoal_cmetrics_failover(shoal_cmetrics *cm, int w, uint32_t pairs)
+{
+    if (!cm)
+        return;
+    shoal_metrics_add(&cm->failovers, 1);
+    shoal_metrics_add(&cm->resent_pairs, pairs);
+    worker *k = get_w(cm, w);
+    if (k) {
+        shoal_metrics_add(&k->failovers, 1);
+        shoal_metrics_add(&k->lost_pairs, pairs);
+    }
+}
+
+void shoal_cmetrics_takeover(shoal_cmetrics *cm, int w, uint32_t pairs)
+{
+    worker *k = get_w(cm, w);
+    if (k)
+        shoal_metrics_add(&k->takeover_pairs, pairs);
+}
+
+void shoal_cmetrics_replica_pick(shoal_cmetrics *cm, int w, uint32_t pairs)
+{
+    worker *k = get_w(cm, w);
+    if (k)
+        shoal_metrics_add(&k->replica_picks, pairs);
+}
+
+void shoal_cmetrics_failover_time(shoal_cmetrics *cm, uint64_t ns)
+{
+    if (cm)
+        shoal_metrics_observe(&cm->failover_time, ns);
 }
 
 void shoal_cmetrics_add_phase(shoal_cmetrics *cm, shoal_cmetrics_phase ph, uint64_t ns)
@@ -349,6 +385,22 @@ void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b)
         shoal_metrics_label lab[1] = {{"layer", ls}};
         shoal_metrics_summary_samples(b, "shoal_layer_wait_seconds", lab, 1, &s, qs, 3);
     }
+    if (cm->nworkers) {
+        shoal_metrics_family(b, "shoal_failovers_total", SHOAL_METRICS_COUNTER,
+                             "Workers given up in the middle of an expert exchange (timeout, error, disconnect) "
+                             "whose part was resent to other owners of the same experts (replicas).");
+        shoal_metrics_sample(b, "shoal_failovers_total", NULL, 0, (double)shoal_metrics_get(&cm->failovers));
+        shoal_metrics_family(b, "shoal_failover_resent_pairs_total", SHOAL_METRICS_COUNTER,
+                             "(token, expert) pairs resent to another owner after a failover.");
+        shoal_metrics_sample(b, "shoal_failover_resent_pairs_total", NULL, 0,
+                             (double)shoal_metrics_get(&cm->resent_pairs));
+        shoal_metrics_snap s;
+        shoal_metrics_snapshot(&cm->failover_time, &s);
+        shoal_metrics_family(b, "shoal_failover_seconds", SHOAL_METRICS_SUMMARY,
+                             "Per failover: seconds from the lost part's send to the end of the exchange that "
+                             "resent it (the time the token lost to the failure, at most).");
+        shoal_metrics_summary_samples(b, "shoal_failover_seconds", NULL, 0, &s, qs, 3);
+    }
     if (!cm->nworkers)
         return;
     shoal_metrics_family(b, "shoal_layer_imbalance", SHOAL_METRICS_GAUGE,
@@ -382,6 +434,19 @@ void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b)
         shoal_metrics_sample(b, "shoal_worker_restarts_total", wl, 1,
                              (double)shoal_metrics_get(&cm->w[i].restarts));
     }
+    worker_counter(cm, b, "shoal_worker_failovers_total",
+                   "Times the worker was given up mid-exchange and its part resent to other owners.",
+                   offsetof(worker, failovers), 1, 1);
+    worker_counter(cm, b, "shoal_worker_lost_pairs_total",
+                   "(token, expert) pairs of the worker's lost parts, resent to other owners.",
+                   offsetof(worker, lost_pairs), 1, 1);
+    worker_counter(cm, b, "shoal_worker_takeover_pairs_total",
+                   "(token, expert) pairs the worker took over from a lost worker (resent to it).",
+                   offsetof(worker, takeover_pairs), 1, 1);
+    worker_counter(cm, b, "shoal_worker_replica_picks_total",
+                   "(token, expert) pairs of replicated experts (several owners) sent to the worker when the "
+                   "exchange picked it.",
+                   offsetof(worker, replica_picks), 1, 1);
     shoal_metrics_family(b, "shoal_worker_experts_owned", SHOAL_METRICS_GAUGE,
                          "(layer, expert) pairs the worker owns (from its HELLO).");
     for (int i = 0; i < cm->nworkers; i++) {

@@ -64,7 +64,7 @@ static void t_pick(void)
     const int32_t ids1[6] = {0, 2, 2, 3, 0, 5};
     for (int e = 0; e < 6; e++)
         pick[e] = -7;
-    shoal_owners_pick(o, 1, 3, 2, ids1, pick);
+    shoal_owners_pick(o, 1, 3, 2, ids1, NULL, pick);
     const int32_t want1[6] = {0, -7, 1, 0, -7, 2};
     CHECK_MSG(!memcmp(pick, want1, sizeof want1), "%d %d %d %d %d %d", pick[0], pick[1], pick[2], pick[3], pick[4],
               pick[5]);
@@ -73,7 +73,7 @@ static void t_pick(void)
     const int32_t ids2[4] = {1, 4, 1, 2};
     for (int e = 0; e < 6; e++)
         pick[e] = -7;
-    shoal_owners_pick(o, 1, 2, 2, ids2, pick);
+    shoal_owners_pick(o, 1, 2, 2, ids2, NULL, pick);
     const int32_t want2[6] = {-7, 0, 1, -7, 1, -7};
     CHECK_MSG(!memcmp(pick, want2, sizeof want2), "%d %d %d %d %d %d", pick[0], pick[1], pick[2], pick[3], pick[4],
               pick[5]);
@@ -82,15 +82,31 @@ static void t_pick(void)
     const int32_t ids3[4] = {0, 3, 99, -1};
     for (int e = 0; e < 6; e++)
         pick[e] = -7;
-    shoal_owners_pick(o, 2, 2, 2, ids3, pick);
+    shoal_owners_pick(o, 2, 2, 2, ids3, NULL, pick);
     const int32_t want3[6] = {0, -7, -7, 1, -7, -7};
     CHECK(!memcmp(pick, want3, sizeof want3));
     /* deterministic: the same exchange gives the same picks */
     int32_t again[6];
     for (int e = 0; e < 6; e++)
         again[e] = -7;
-    shoal_owners_pick(o, 1, 3, 2, ids1, again);
+    shoal_owners_pick(o, 1, 3, 2, ids1, NULL, again);
     CHECK(!memcmp(again, want1, sizeof want1));
+    /* failover: w0 down. Layer 1 ids1 again: e0 {0,2} -> w2 (only live
+     * owner); e2 {0,1} -> w1; e3 {0,1} -> w1; e5 {1,2}: w1 has 3 pairs, w2 2
+     * -> w2. With w0 and w1 down, e2 and e3 have no live owner: their lowest
+     * owner, w0 (the caller fails the request naming it). */
+    const uint8_t live1[3] = {0, 1, 1}, live2[3] = {0, 0, 1};
+    for (int e = 0; e < 6; e++)
+        again[e] = -7;
+    shoal_owners_pick(o, 1, 3, 2, ids1, live1, again);
+    const int32_t want4[6] = {2, -7, 1, 1, -7, 2};
+    CHECK_MSG(!memcmp(again, want4, sizeof want4), "%d %d %d %d %d %d", again[0], again[1], again[2], again[3],
+              again[4], again[5]);
+    for (int e = 0; e < 6; e++)
+        again[e] = -7;
+    shoal_owners_pick(o, 1, 3, 2, ids1, live2, again);
+    const int32_t want5[6] = {2, -7, 0, 0, -7, 2};
+    CHECK(!memcmp(again, want5, sizeof want5));
     shoal_owners_close(o);
 }
 
