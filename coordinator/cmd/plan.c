@@ -182,7 +182,7 @@ static int parse_root(shoal_plan_cluster *c, json_t *root, const char *what, cha
         json_t *name = json_object_get(h, "name"), *addr = json_object_get(h, "address");
         json_t *user = json_object_get(h, "ssh_user"), *ram = json_object_get(h, "expert_ram");
         json_t *disk = json_object_get(h, "disk"), *port = json_object_get(h, "port");
-        json_t *sport = json_object_get(h, "ssh_port");
+        json_t *sport = json_object_get(h, "ssh_port"), *dom = json_object_get(h, "domain");
         if (!json_is_string(name) || !valid_name(json_string_value(name)))
             return shoal_err_set(err, errlen, SHOAL_EFORMAT,
                                  "cluster %s: hosts[%d].name must be 1..%d of [A-Za-z0-9._-], not starting with . or -",
@@ -225,6 +225,12 @@ static int parse_root(shoal_plan_cluster *c, json_t *root, const char *what, cha
         if (sport && get_int(sport, 1, 65535, &ph->ssh_port))
             return shoal_err_set(err, errlen, SHOAL_EFORMAT, "cluster %s: hosts[%d] (%s).ssh_port must be 1..65535",
                                  what, i, ph->name);
+        if (dom && (!json_is_string(dom) || !valid_name(json_string_value(dom))))
+            return shoal_err_set(err, errlen, SHOAL_EFORMAT,
+                                 "cluster %s: hosts[%d] (%s).domain must be 1..%d of [A-Za-z0-9._-], not starting "
+                                 "with . or -", what, i, ph->name, SHOAL_PLAN_MAX_NAME);
+        if (dom)
+            snprintf(ph->domain, sizeof ph->domain, "%s", json_string_value(dom));
         if (!strcmp(ph->name, json_string_value(coord)))
             c->coordinator = i;
     }
@@ -570,6 +576,174 @@ int shoal_plan_replicate(const shoal_plan_in *in, int replicas, const int32_t *o
     return rc;
 }
 
+/* ---- redundancy (--replicas R) ------------------------------------------ */
+
+/* Water level over owners: pour h into the least loaded of n loads so that
+ * they rise to one level (the coordinator's pick sends each exchange's
+ * pairs to the less loaded owner). */
+static void pour(double **ld, int n, double h)
+{
+    for (int i = 1; i < n; i++) { /* ascending by load (n is small) */
+        double *x = ld[i];
+        int j = i;
+        while (j > 0 && *ld[j - 1] > *x) {
+            ld[j] = ld[j - 1];
+            j--;
+        }
+        ld[j] = x;
+    }
+    int m = 1;
+    double sum = *ld[0];
+    while (m < n && *ld[m] * m - sum < h) { /* raising the m lowest to ld[m] costs less than h */
+        sum += *ld[m];
+        m++;
+    }
+    double level = (sum + h) / m;
+    for (int i = 0; i < m; i++)
+        *ld[i] = level;
+}
+
+void shoal_plan_load_held(const shoal_plan_in *in, const uint8_t *hold, double *load)
+{
+    const int L = in->num_layers, E = in->num_experts, W = in->nworkers;
+    const size_t cells = (size_t)L * E;
+    hot *hs = shoal_xmalloc((size_t)E * sizeof *hs);
+    double **ld = shoal_xmalloc((size_t)W * sizeof *ld);
+    for (size_t i = 0; i < (size_t)W * L; i++)
+        load[i] = 0;
+    for (int l = 0; l < L; l++) {
+        if (!in->is_moe[l])
+            continue;
+        for (int e = 0; e < E; e++)
+            hs[e] = (hot){in->hits ? in->hits[(size_t)l * E + e] : 1, e};
+        qsort(hs, (size_t)E, sizeof *hs, cmp_hot);
+        for (int i = 0; i < E; i++) {
+            size_t c = (size_t)l * E + hs[i].e;
+            int n = 0;
+            for (int w = 0; w < W; w++)
+                if (hold[(size_t)w * cells + c])
+                    ld[n++] = &load[(size_t)w * L + l];
+            if (n)
+                pour(ld, n, (double)hs[i].hits);
+        }
+    }
+    free(hs);
+    free(ld);
+}
+
+int shoal_plan_redundant(const shoal_plan_in *in, int replicas, const int *domain, int ndomains, uint8_t *hold,
+                         char *err, size_t errlen)
+{
+    const int L = in->num_layers, E = in->num_experts, W = in->nworkers;
+    const size_t cells = (size_t)L * E;
+    if (L <= 0 || E <= 0 || W <= 0 || in->expert_bytes == 0 || !in->is_moe || !in->budget)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "plan: empty model or no workers");
+    if (replicas < 0)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "plan: %d replicas", replicas);
+    int D = domain ? ndomains : W;
+    if (D < replicas + 1)
+        return shoal_err_set(err, errlen, SHOAL_ECONFIG,
+                             "plan: --replicas %d puts every expert on %d distinct %s; the cluster has %d", replicas,
+                             replicas + 1, domain ? "failure domains" : "worker hosts", D);
+    int nmoe = 0;
+    for (int l = 0; l < L; l++)
+        nmoe += in->is_moe[l] != 0;
+    const uint64_t N = (uint64_t)nmoe * (uint64_t)E, need = (uint64_t)(replicas + 1) * N;
+    uint64_t *cap = shoal_xcalloc((size_t)W, sizeof *cap), *dcap = shoal_xcalloc((size_t)D, sizeof *dcap);
+    uint64_t *dn = shoal_xcalloc((size_t)D, sizeof *dn), *hn = shoal_xcalloc((size_t)W, sizeof *hn);
+    for (int w = 0; w < W; w++) {
+        cap[w] = in->budget[w] / in->expert_bytes;
+        if (cap[w] > N)
+            cap[w] = N; /* a host holds each expert once */
+        dcap[domain ? domain[w] : w] += cap[w];
+    }
+    uint64_t room = 0;
+    for (int d = 0; d < D; d++) {
+        if (dcap[d] > N)
+            dcap[d] = N; /* and so does a domain */
+        room += dcap[d];
+    }
+    int rc = 0;
+    if (room < need) {
+        uint64_t s = need - room;
+        rc = shoal_err_set(err, errlen, SHOAL_ECONFIG,
+                           "plan: --replicas %d needs each of the %llu routed experts on %d distinct %s: %llu expert "
+                           "copies of %llu B; the budgets hold %llu (a %s holds an expert at most once): short by "
+                           "%llu experts = %llu B (%.2f GiB)",
+                           replicas, (unsigned long long)N, replicas + 1, domain ? "failure domains" : "hosts",
+                           (unsigned long long)need, (unsigned long long)in->expert_bytes, (unsigned long long)room,
+                           domain ? "domain" : "host", (unsigned long long)s,
+                           (unsigned long long)(s * in->expert_bytes), (double)(s * in->expert_bytes) / 1073741824.0);
+        goto out;
+    }
+    /* copies per domain as even as the budgets allow, then per host within it */
+    water_fill(D, dcap, need, dn);
+    {
+        int *members = shoal_xmalloc((size_t)W * sizeof *members);
+        uint64_t *mcap = shoal_xmalloc((size_t)W * sizeof *mcap), *mn = shoal_xmalloc((size_t)W * sizeof *mn);
+        for (int d = 0; d < D; d++) {
+            int m = 0;
+            for (int w = 0; w < W; w++)
+                if ((domain ? domain[w] : w) == d) {
+                    members[m] = w;
+                    mcap[m++] = cap[w];
+                }
+            if (m)
+                water_fill(m, mcap, dn[d], mn);
+            for (int j = 0; j < m; j++)
+                hn[members[j]] = mn[j];
+        }
+        free(members);
+        free(mcap);
+        free(mn);
+    }
+    /* the cyclic order of the cells: layers interleaved (rank i of every MoE
+     * layer, then rank i + 1), and within a layer, with hits, hottest and
+     * coldest alternating, so that any run of it holds a fair share of every
+     * layer's experts and of their load */
+    {
+        size_t *ord = shoal_xmalloc((size_t)N * sizeof *ord);
+        hot *hs = shoal_xmalloc((size_t)E * sizeof *hs);
+        int li = 0;
+        for (int l = 0; l < L; l++) {
+            if (!in->is_moe[l])
+                continue;
+            for (int e = 0; e < E; e++)
+                hs[e] = (hot){in->hits ? in->hits[(size_t)l * E + e] : 0, e};
+            if (in->hits)
+                qsort(hs, (size_t)E, sizeof *hs, cmp_hot);
+            for (int i = 0; i < E; i++) {
+                int r = !in->hits ? i : (i % 2 == 0 ? i / 2 : E - 1 - i / 2);
+                ord[(size_t)i * nmoe + li] = (size_t)l * E + hs[r].e;
+            }
+            li++;
+        }
+        /* wrap-around: domain after domain (hosts of a domain in turn) takes
+         * the next run of the order repeated R + 1 times; a domain's run is
+         * at most N long, so it holds distinct experts, and so copies of one
+         * expert land in distinct domains */
+        memset(hold, 0, (size_t)W * cells);
+        uint64_t pos = 0;
+        for (int d = 0; d < D; d++)
+            for (int w = 0; w < W; w++) {
+                if ((domain ? domain[w] : w) != d)
+                    continue;
+                for (uint64_t j = 0; j < hn[w]; j++, pos++)
+                    hold[(size_t)w * cells + ord[pos % N]] = 1;
+            }
+        if (pos != need)
+            SHOAL_PANIC("plan: %llu of %llu copies placed", (unsigned long long)pos, (unsigned long long)need);
+        free(ord);
+        free(hs);
+    }
+out:
+    free(cap);
+    free(dcap);
+    free(dn);
+    free(hn);
+    return rc;
+}
+
 /* ---- RANGES --------------------------------------------------------------- */
 
 typedef struct {
@@ -598,9 +772,14 @@ static void sb_printf(sbuf *b, const char *fmt, ...)
     }
 }
 
-/* Does w hold (owner or replica) cell c? */
+/* Does w hold (owner or replica) cell c? With owner NULL, replica is a
+ * hold bitmap cast (shoal_plan_ranges_held). */
+static const uint8_t *held_map;
+static size_t held_cells;
 static int holds(const int32_t *owner, const int32_t *replica, size_t c, int w)
 {
+    if (!owner)
+        return held_map[(size_t)w * held_cells + c] != 0;
     return owner[c] == w || (replica && replica[c] == w);
 }
 
@@ -651,4 +830,14 @@ int shoal_plan_ranges(const int32_t *owner, const int32_t *replica, int num_laye
     }
     *out = b.s;
     return 0;
+}
+
+int shoal_plan_ranges_held(const uint8_t *hold, int num_layers, const uint8_t *is_moe, int num_experts, int w,
+                           char **out)
+{
+    held_map = hold;
+    held_cells = (size_t)num_layers * (size_t)num_experts;
+    int rc = shoal_plan_ranges(NULL, NULL, num_layers, is_moe, num_experts, w, out);
+    held_map = NULL;
+    return rc;
 }

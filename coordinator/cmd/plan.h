@@ -3,7 +3,8 @@
  * to one worker host so that each host's expert budget holds its share and the
  * expected load is balanced (by routing-trace hits when given, else by
  * bytes), deterministically for the same inputs; optionally gives the hottest
- * experts of each layer a second owner (replicas) with the room left.
+ * experts of each layer a second owner (hot replicas, --hot) with the room left,
+ * or puts every expert on R + 1 distinct hosts (--replicas R, failover).
  *
  * shoal_plan_compute is pure (arrays in, owner map out), so the tests drive it
  * with hand-computed cases; shoal_plan_cluster_read parses the manifest; the
@@ -27,6 +28,7 @@ typedef struct {
     uint64_t expert_ram;                /* bytes of expert weights this host may hold (0: not a worker) */
     uint64_t disk;                      /* bytes of disk for its pack; 0: not limited */
     int port;                           /* worker port (the manifest's worker_port unless given) */
+    char domain[SHOAL_PLAN_MAX_NAME + 1]; /* failure domain (rack, zone, provider); "" when not given */
 } shoal_plan_host;
 
 typedef struct {
@@ -92,6 +94,30 @@ int shoal_plan_replicate(const shoal_plan_in *in, int replicas, const int32_t *o
  * owner (coordinator/cluster/owners.h); it never raises a layer's largest load.
  * replica may be NULL. */
 void shoal_plan_load(const shoal_plan_in *in, const int32_t *owner, const int32_t *replica, double *load);
+
+/* Redundancy (`shoal plan --replicas R`): every routed expert on R + 1
+ * distinct workers -- distinct failure domains when domain[w] (0 ..
+ * ndomains-1) is given, else each worker its own -- each within its budget:
+ * hold[w * num_layers * num_experts + l * num_experts + e] = 1 when worker w
+ * holds (l, e). Method (docs/CLUSTER.md, "Replicas"): the (R + 1) x N copies
+ * are split over the domains as evenly as their room allows (a host, and a
+ * domain, holds an expert at most once: its room is min(budget, N)), then
+ * over each domain's hosts; the cells in a fixed cyclic order (MoE layers
+ * interleaved; within a layer, with hits, hottest and coldest alternating),
+ * repeated R + 1 times, are cut into consecutive runs, one per host, domain
+ * after domain: a domain's run is at most N long, so the copies of an expert
+ * are in distinct domains. This succeeds exactly when the room suffices:
+ * SHOAL_ECONFIG otherwise, naming the copies needed, the room and the
+ * shortfall in experts and bytes, or the domains needed. */
+int shoal_plan_redundant(const shoal_plan_in *in, int replicas, const int *domain, int ndomains, uint8_t *hold,
+                         char *err, size_t errlen);
+/* Expected load of a hold map, as shoal_plan_load: per layer, each expert,
+ * hottest first, fills its owners' loads to one level (the least loaded
+ * first). */
+void shoal_plan_load_held(const shoal_plan_in *in, const uint8_t *hold, double *load);
+/* shoal_plan_ranges of a hold map. */
+int shoal_plan_ranges_held(const uint8_t *hold, int num_layers, const uint8_t *is_moe, int num_experts, int w,
+                           char **out);
 
 /* Format worker w's experts (those it owns or holds a replica of; replica
  * may be NULL) as a RANGES string (runs of experts, consecutive MoE layers

@@ -18,7 +18,7 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: shoal plan --model DIR --cluster FILE [--trace FILE] [--replicas N] -o plan.json\n"
+    fprintf(f, "usage: shoal plan --model DIR --cluster FILE [--trace FILE] [--replicas R | --hot N] -o plan.json\n"
                "                  [--inventory FILE] [--trunk local|spread]\n"
                "\n"
                "Assign every routed expert (layer, expert) of the model in DIR to one worker host of\n"
@@ -30,7 +30,12 @@ static void usage(FILE *f)
                "imbalance. A cluster too small is refused with the shortfall.\n"
                "\n"
                "  --trace FILE      routing trace to balance load by (default: by bytes)\n"
-               "  --replicas N      at every MoE layer, give the N hottest experts (by the trace; without\n"
+               "  --replicas R      failover: every routed expert on R + 1 distinct hosts (distinct\n"
+               "                    failure domains when the manifest names hosts' \"domain\"), each\n"
+               "                    within its budget; refused naming the copies needed and the room\n"
+               "                    when that cannot be; the coordinator resends a lost worker's part\n"
+               "                    to another owner mid-token (default 0: one owner per expert)\n"
+               "  --hot N           at every MoE layer, give the N hottest experts (by the trace; without\n"
                "                    one, the lowest ids) a second owner with room left in its budget;\n"
                "                    the coordinator sends each exchange's expert to the less loaded\n"
                "                    owner (default 0)\n"
@@ -110,7 +115,7 @@ static int write_inventory(const char *path, const shoal_plan_cluster *c, const 
 int shoal_cmd_plan(int argc, char **argv)
 {
     const char *model = NULL, *cluster = NULL, *trace = NULL, *out = NULL, *inv = NULL;
-    long replicas = 0;
+    long replicas = 0, hot = 0;
     int spread = 0;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -140,14 +145,15 @@ int shoal_cmd_plan(int argc, char **argv)
             }
             spread = !strcmp(v, "spread");
         }
-        else if (!strcmp(a, "--replicas")) {
+        else if (!strcmp(a, "--replicas") || !strcmp(a, "--hot")) {
             char *end;
             errno = 0;
-            replicas = strtol(v, &end, 10);
-            if (errno || *end || end == v || replicas < 0 || replicas > 1000000) {
-                fprintf(stderr, "shoal plan: bad --replicas '%s'\n", v);
+            long x = strtol(v, &end, 10);
+            if (errno || *end || end == v || x < 0 || x > 1000000) {
+                fprintf(stderr, "shoal plan: bad %s '%s'\n", a, v);
                 return 2;
             }
+            *(!strcmp(a, "--hot") ? &hot : &replicas) = x;
         } else {
             fprintf(stderr, "shoal plan: unexpected argument '%s'\n", a);
             usage(stderr);
@@ -156,6 +162,11 @@ int shoal_cmd_plan(int argc, char **argv)
     }
     if (!model || !cluster || !out) {
         usage(stderr);
+        return 2;
+    }
+    if (replicas && hot) {
+        fprintf(stderr, "shoal plan: --replicas and --hot are not combined (yet): with --replicas every expert "
+                        "already has several owners, and the coordinator spreads each exchange over them\n");
         return 2;
     }
     char err[4096] = "", path[4096];
@@ -167,6 +178,8 @@ int shoal_cmd_plan(int argc, char **argv)
     shoal_trace_stats ts = {0};
     uint64_t *budget = NULL, *tbytes = NULL;
     int32_t *owner = NULL, *replica = NULL;
+    uint8_t *hold = NULL;
+    int *dom = NULL;
     int *widx = NULL;
     json_t *root = NULL;
     snprintf(path, sizeof path, "%s/config.json", model);
@@ -258,13 +271,56 @@ int shoal_cmd_plan(int argc, char **argv)
     if ((rc = shoal_plan_compute(&pin, owner, err, sizeof err)))
         goto fail;
     replica = shoal_xmalloc((size_t)L * E * sizeof *replica);
-    if ((rc = shoal_plan_replicate(&pin, (int)replicas, owner, replica, err, sizeof err)))
+    if ((rc = shoal_plan_replicate(&pin, (int)hot, owner, replica, err, sizeof err)))
         goto fail;
+    /* the expected load without any replica, for the report */
+    double lw_plain = 0;
+    {
+        double *l0 = shoal_xcalloc((size_t)W * L, sizeof *l0), smx = 0, smean = 0;
+        shoal_plan_load(&pin, owner, NULL, l0);
+        for (int l = 0; l < L; l++) {
+            if (!cfg.is_moe[l])
+                continue;
+            double mx = 0, s = 0;
+            for (int w = 0; w < W; w++) {
+                s += l0[(size_t)w * L + l];
+                mx = l0[(size_t)w * L + l] > mx ? l0[(size_t)w * L + l] : mx;
+            }
+            smx += mx;
+            smean += s / W;
+        }
+        lw_plain = smean > 0 ? smx / smean : 0;
+        free(l0);
+    }
+    int ndom = 0;
+    if (replicas) { /* failure domains: the named ones, else each host its own */
+        dom = shoal_xmalloc((size_t)W * sizeof *dom);
+        for (int w = 0; w < W; w++) {
+            const char *dn = c.hosts[widx[w]].domain[0] ? c.hosts[widx[w]].domain : c.hosts[widx[w]].name;
+            dom[w] = -1;
+            for (int v = 0; v < w && dom[w] < 0; v++) {
+                const char *dv = c.hosts[widx[v]].domain[0] ? c.hosts[widx[v]].domain : c.hosts[widx[v]].name;
+                if (!strcmp(dn, dv))
+                    dom[w] = dom[v];
+            }
+            if (dom[w] < 0)
+                dom[w] = ndom++;
+        }
+        hold = shoal_xmalloc((size_t)W * L * E);
+        int named = 0;
+        for (int w = 0; w < W; w++)
+            named |= c.hosts[widx[w]].domain[0] != 0;
+        if ((rc = shoal_plan_redundant(&pin, (int)replicas, named ? dom : NULL, ndom, hold, err, sizeof err)))
+            goto fail;
+    }
 
     /* expected load: trace hits, else one unit per expert; a replicated
      * expert's load levels its two owners (shoal_plan_load) */
     double *load = shoal_xcalloc((size_t)W * L, sizeof *load), total = 0, sum_max = 0, sum_mean = 0;
-    shoal_plan_load(&pin, owner, replica, load);
+    if (hold)
+        shoal_plan_load_held(&pin, hold, load);
+    else
+        shoal_plan_load(&pin, owner, replica, load);
     uint64_t *cnt = shoal_xcalloc((size_t)W, sizeof *cnt), *nrep = shoal_xcalloc((size_t)W, sizeof *nrep);
     for (int l = 0; l < L; l++) {
         if (!cfg.is_moe[l])
@@ -273,13 +329,18 @@ int shoal_cmd_plan(int argc, char **argv)
             size_t cell = (size_t)l * E + e;
             int w = owner[cell], r2 = replica[cell];
             double x = hits ? (double)hits[cell] : 1.0;
+            total += x;
+            if (hold) {
+                for (int v = 0; v < W; v++)
+                    cnt[v] += hold[(size_t)v * L * E + cell];
+                continue;
+            }
             cnt[w]++;
             if (r2 >= 0) {
                 cnt[r2]++;
                 nrep[w]++;
                 nrep[r2]++;
             }
-            total += x;
         }
         double mx = 0, s = 0;
         for (int w = 0; w < W; w++) {
@@ -310,6 +371,8 @@ int shoal_cmd_plan(int argc, char **argv)
     json_object_set_new(root, "coordinator", jc);
     json_object_set_new(root, "load_basis", json_string(hits ? "trace" : "bytes"));
     json_object_set_new(root, "replicas", json_integer(replicas));
+    if (hot)
+        json_object_set_new(root, "hot", json_integer(hot));
     json_object_set_new(root, "trunk", json_string(spread ? "spread" : "local"));
     if (hits)
         json_object_set_new(root, "trace_pairs", json_integer((json_int_t)ts.pairs));
@@ -323,7 +386,10 @@ int shoal_cmd_plan(int argc, char **argv)
     for (int w = 0; w < W; w++) {
         const shoal_plan_host *h = &c.hosts[widx[w]];
         char *ranges = NULL, ep[400];
-        shoal_plan_ranges(owner, replica, L, cfg.is_moe, E, w, &ranges);
+        if (hold)
+            shoal_plan_ranges_held(hold, L, cfg.is_moe, E, w, &ranges);
+        else
+            shoal_plan_ranges(owner, replica, L, cfg.is_moe, E, w, &ranges);
         double wl = 0;
         for (int l = 0; l < L; l++)
             wl += load[(size_t)w * L + l];
@@ -341,7 +407,9 @@ int shoal_cmd_plan(int argc, char **argv)
         snprintf(ep, sizeof ep, "tcp://%s:%d", v6 ? "[::]" : "0.0.0.0", h->port);
         json_object_set_new(o, "listen", json_string(ep));
         json_object_set_new(o, "expert_count", json_integer((json_int_t)cnt[w]));
-        if (replicas) { /* the experts it holds as the second owner */
+        if (replicas && c.hosts[widx[w]].domain[0])
+            json_object_set_new(o, "domain", json_string(c.hosts[widx[w]].domain));
+        if (hot) { /* the experts it holds as the second owner */
             char *rr = NULL;
             shoal_plan_ranges(replica, NULL, L, cfg.is_moe, E, w, &rr);
             json_object_set_new(o, "replicated", json_integer((json_int_t)nrep[w]));
@@ -372,10 +440,17 @@ int shoal_cmd_plan(int argc, char **argv)
     json_object_set_new(root, "layer_weighted_imbalance", json_real(lw));
     printf("imbalance (max/mean share): %.4f; layer-weighted imbalance (sum of per-layer max / mean): %.4f\n", imb,
            lw);
+    json_object_set_new(root, "layer_weighted_imbalance_without_replicas", json_real(lw_plain));
+    if (hot)
+        printf("hot replicas: the %ld hottest experts of each MoE layer have two owners (%ld in all; \"experts\" "
+               "above counts them on both); a replicated expert's load levels its two owners' as far as it goes\n",
+               hot, hot * cfg.num_moe);
     if (replicas)
-        printf("replicas: the %ld hottest experts of each MoE layer have two owners (%ld in all; \"experts\" above "
-               "counts them on both); a replicated expert's load levels its two owners' as far as it goes\n",
-               replicas, replicas * cfg.num_moe);
+        printf("replicas: every routed expert on %ld distinct %s (\"experts\" above counts every copy); any %ld "
+               "of them may fail at once\n",
+               replicas + 1, ndom < W ? "failure domains" : "hosts", replicas);
+    if (replicas || hot)
+        printf("layer-weighted imbalance without replicas (one owner each): %.4f\n", lw_plain);
     free(load);
     free(cnt);
     free(nrep);
@@ -399,6 +474,8 @@ done:
     json_decref(root);
     free(owner);
     free(replica);
+    free(hold);
+    free(dom);
     free(budget);
     free(tbytes);
     free(widx);

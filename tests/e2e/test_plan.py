@@ -9,7 +9,7 @@
 - with a trace, the layer-weighted imbalance is no worse than by bytes;
 - workers started with `shoal expert --plan --name` and `shoal run --plan`
   generate the same ids as the in-process run;
-- with --replicas 2 and a trace: every expert owned at least once, the two
+- with --hot 2 and a trace: every expert owned at least once, the two
   hottest of every layer (from the trace, read here) exactly twice, budgets
   kept, expected shares recomputed here from the documented levelling rule,
   layer-weighted imbalance no worse than without replicas; the replicated
@@ -207,8 +207,8 @@ def case_replicas(tmp, tr, hits, ref, plan_plain_lw, procs):
     budgets = [600000] * 3  # 91 experts each: 64 primary + room for 27
     cl = cluster(tmp, budgets, "cluster_r.json")
     pr = os.path.join(tmp, "plan_r.json")
-    r = sh("plan", "--model", TINY, "--cluster", cl, "--trace", tr, "--replicas", "2", "-o", pr)
-    if not check("replicas: plan --replicas 2 --trace exits 0", r.returncode == 0, r.stderr[-500:]):
+    r = sh("plan", "--model", TINY, "--cluster", cl, "--trace", tr, "--hot", "2", "-o", pr)
+    if not check("replicas: plan --hot 2 --trace exits 0", r.returncode == 0, r.stderr[-500:]):
         return
     plan = json.load(open(pr))
     p0 = os.path.join(tmp, "plan_r0.json")
@@ -308,7 +308,7 @@ def case_replicas(tmp, tr, hits, ref, plan_plain_lw, procs):
 
     # replicas the budgets cannot hold: refused with the shortfall
     small = cluster(tmp, [460000, 460000, 340000], "exact.json")  # room for exactly the 192
-    r = sh("plan", "--model", TINY, "--cluster", small, "--replicas", "1", "-o", os.path.join(tmp, "x.json"))
+    r = sh("plan", "--model", TINY, "--cluster", small, "--hot", "1", "-o", os.path.join(tmp, "x.json"))
     check("replicas the budgets cannot hold refused with the shortfall",
           r.returncode == 3 and f"need room for 8 more experts" in r.stderr and
           f"short by 8 experts = {8 * EXPERT_BYTES} B" in r.stderr, f"rc {r.returncode}: {r.stderr[-300:]}")
@@ -325,6 +325,77 @@ def layer_weighted(plan, hits):
         smax += max(loads)
         smean += sum(loads) / len(loads)
     return smax / smean
+
+
+def case_redundancy(tmp):
+    """issue 18: --replicas R puts every routed expert on R + 1 distinct hosts
+    (distinct failure domains when the manifest names them), within each
+    host's budget; refused naming the numbers when it cannot be. The expected
+    counts are worked out here from the budgets, not taken from the planner."""
+    moe = {(l, e) for l in range(1, L) for e in range(E)}
+    n = len(moe)
+
+    def holders(plan):
+        h = {}
+        for w in plan["workers"]:
+            for c in parse_ranges(w["experts"]):
+                h.setdefault(c, []).append(w["name"])
+        return h
+
+    def manifest(budgets, domains, name):
+        path = cluster(tmp, budgets, name)
+        doc = json.load(open(path))
+        for h, d in zip(doc["hosts"][1:], domains):
+            if d:
+                h["domain"] = d
+        json.dump(doc, open(path, "w"))
+        return path
+
+    # 4 hosts in 2 domains, room for 306 experts each: R = 1
+    cl = manifest([2000000] * 4, ["a", "a", "b", "b"], "red_dom.json")
+    pr = os.path.join(tmp, "red_dom_plan.json")
+    r = sh("plan", "--model", TINY, "--cluster", cl, "--replicas", "1", "-o", pr)
+    if check("redundancy: --replicas 1 on 2 domains exits 0", r.returncode == 0, r.stderr[-400:]):
+        plan = json.load(open(pr))
+        dom = {f"w{i}": "ab"[i // 2] for i in range(4)}
+        h = holders(plan)
+        check("redundancy: every routed expert on exactly 2 hosts, in distinct domains, nothing else held",
+              set(h) == moe and all(len(v) == 2 and dom[v[0]] != dom[v[1]] for v in h.values()),
+              str(sorted((c, v) for c, v in h.items() if len(v) != 2 or dom[v[0]] == dom[v[1]])[:5]))
+        check("redundancy: the plan says replicas 1 and each worker's domain",
+              plan["replicas"] == 1 and [w.get("domain") for w in plan["workers"]] == ["a", "a", "b", "b"])
+        check("redundancy: counts as even as the budgets allow (2 x 192 / 4 each)",
+              [w["expert_count"] for w in plan["workers"]] == [96] * 4, str([w["expert_count"] for w in plan["workers"]]))
+    # R = 2 on 2 domains: refused, naming the domains
+    r = sh("plan", "--model", TINY, "--cluster", cl, "--replicas", "2", "-o", os.path.join(tmp, "x.json"))
+    check("redundancy: --replicas 2 with 2 failure domains refused naming them",
+          r.returncode == 3 and "3 distinct failure domains; the cluster has 2" in r.stderr, r.stderr[-300:])
+    # uneven budgets, no domains: 107, 306, 306 and 45 experts of room
+    budgets = [700000, 2000000, 2000000, 300000]
+    room = [min(b // EXPERT_BYTES, n) for b in budgets]
+    cl2 = manifest(budgets, [None] * 4, "red_uneven.json")
+    pr2 = os.path.join(tmp, "red_uneven_plan.json")
+    r = sh("plan", "--model", TINY, "--cluster", cl2, "--replicas", "1", "-o", pr2)
+    if check("redundancy: --replicas 1 on uneven budgets exits 0", r.returncode == 0, r.stderr[-400:]):
+        plan = json.load(open(pr2))
+        h = holders(plan)
+        check("redundancy: every expert on 2 distinct hosts (uneven budgets)",
+              set(h) == moe and all(len(set(v)) == 2 == len(v) for v in h.values()))
+        check("redundancy: each host within its budget",
+              all(w["expert_count"] <= room[i] and w["bytes"] <= budgets[i] for i, w in enumerate(plan["workers"])),
+              str([(w["expert_count"], room[i]) for i, w in enumerate(plan["workers"])]))
+    # R = 2 needs 3 x 192 = 576 copies; the room is min(room, 192) summed
+    need, have = 3 * n, sum(min(x, n) for x in room)
+    r = sh("plan", "--model", TINY, "--cluster", cl2, "--replicas", "2", "-o", os.path.join(tmp, "x.json"))
+    check("redundancy: --replicas 2 beyond the budgets refused with the copies, the room and the shortfall",
+          r.returncode == 3 and f"{need} expert copies" in r.stderr and f"hold {have}" in r.stderr and
+          f"short by {need - have} experts = {(need - have) * EXPERT_BYTES} B" in r.stderr, r.stderr[-400:])
+    r = sh("plan", "--model", TINY, "--cluster", cl2, "--replicas", "4", "-o", os.path.join(tmp, "x.json"))
+    check("redundancy: --replicas 4 on 4 hosts refused (5 hosts needed)",
+          r.returncode == 3 and "5 distinct worker hosts; the cluster has 4" in r.stderr, r.stderr[-300:])
+    r = sh("plan", "--model", TINY, "--cluster", cl2, "--replicas", "1", "--hot", "2", "-o", os.path.join(tmp, "x.json"))
+    check("redundancy: --replicas with --hot refused as a usage error", r.returncode == 2 and "--hot" in r.stderr,
+          r.stderr[-300:])
 
 
 def case_inventory_injection(tmp):
@@ -436,11 +507,12 @@ def main():
         want = f"short by {192 - 115} experts = {(192 - 115) * EXPERT_BYTES} B"
         check("too small a cluster refused with the shortfall", r.returncode == 3 and want in r.stderr,
               f"rc {r.returncode}: {r.stderr[-300:]}")
-        r = sh("plan", "--model", TINY, "--cluster", cl, "--replicas", "25", "-o", os.path.join(tmp, "x.json"))
-        check("--replicas beyond the experts of a layer refused", r.returncode == 3 and "at most the 24" in r.stderr,
+        r = sh("plan", "--model", TINY, "--cluster", cl, "--hot", "25", "-o", os.path.join(tmp, "x.json"))
+        check("--hot beyond the experts of a layer refused", r.returncode == 3 and "at most the 24" in r.stderr,
               r.stderr[-300:])
 
         case_inventory_injection(tmp)
+        case_redundancy(tmp)
 
         # a worker with a plan made for another model
         p = subprocess.run([BIN, "expert", "--model", PLAIN, "--plan", out, "--name", "w0", "--listen",

@@ -101,6 +101,40 @@ static void t_hits(void)
  * levelling moves (13 - 11) / 2 = 1: loads 12, 12, 12.
  * Two: then e1 (9, on w1) -> w0 (w2 has no room left); 12 vs 12: nothing
  * moves. Four: room for 3 only. */
+/* Redundancy, worked by hand: layer 1 of 4 experts (N = 4), budgets of 4, 2
+ * and 2 experts, R = 1: 8 copies, room 4 + 2 + 2 = 8; the order 1:0..1:3
+ * repeated twice is cut into runs of 4, 2, 2: w0 all four, w1 e0 e1, w2 e2
+ * e3. Domains {0, 0, 1}: w0 and w1 share one, whose room is min(6, N) = 4,
+ * and w2's is 2 < 4 copies: refused. Budgets 4, 2, 1: room 7, short by 1.
+ * The expected loads (no hits, 1 per expert, in id order): e0 on w0 w1 at
+ * 0, 0 -> 0.5, 0.5; e1 -> 1, 1; e2 on w0 w2 at 1, 0 -> w2 rises to 1; e3 at
+ * 1, 1 -> 1.5, 1.5: w0 1.5, w1 1, w2 1.5. */
+static void t_redundant(void)
+{
+    const uint8_t moe2[2] = {0, 1};
+    uint64_t budget[3] = {40, 20, 20};
+    uint8_t hold[3 * 8];
+    shoal_plan_in in = {.num_layers = 2, .num_experts = 4, .is_moe = moe2, .expert_bytes = 10, .nworkers = 3,
+                        .budget = budget};
+    char err[512];
+    CHECK_EQ_INT(shoal_plan_redundant(&in, 1, NULL, 0, hold, err, sizeof err), 0);
+    const uint8_t want[24] = {0, 0, 0, 0, 1, 1, 1, 1, /* w0 */ 0, 0, 0, 0, 1, 1, 0, 0, /* w1 */
+                              0, 0, 0, 0, 0, 0, 1, 1 /* w2 */};
+    CHECK(!memcmp(hold, want, sizeof want));
+    double load[6];
+    shoal_plan_load_held(&in, hold, load);
+    CHECK_MSG(load[1] == 1.5 && load[3] == 1 && load[5] == 1.5, "%g %g %g", load[1], load[3], load[5]);
+    const int dom[3] = {0, 0, 1};
+    CHECK_EQ_INT(shoal_plan_redundant(&in, 1, dom, 2, hold, err, sizeof err), SHOAL_ECONFIG);
+    CHECK_STR_CONTAINS(err, "the budgets hold 6");
+    budget[2] = 10;
+    CHECK_EQ_INT(shoal_plan_redundant(&in, 1, NULL, 0, hold, err, sizeof err), SHOAL_ECONFIG);
+    CHECK_STR_CONTAINS(err, "8 expert copies");
+    CHECK_STR_CONTAINS(err, "short by 1 experts = 10 B");
+    CHECK_EQ_INT(shoal_plan_redundant(&in, 3, NULL, 0, hold, err, sizeof err), SHOAL_ECONFIG);
+    CHECK_STR_CONTAINS(err, "4 distinct worker hosts; the cluster has 3");
+}
+
 static void t_replicas(void)
 {
     const uint8_t moe2[2] = {0, 1};
@@ -245,6 +279,7 @@ int main(void)
     RUN(t_short);
     RUN(t_hits);
     RUN(t_replicas);
+    RUN(t_redundant);
     RUN(t_bytes);
     RUN(t_cluster);
     RUN(t_planfile);
