@@ -114,40 +114,53 @@ int shoal__ec_send_frame(void *sock, void *data, size_t len, int more)
 }
 
 /* Send the packed request to every involved worker (smu held, state SENT). */
+/* A disconnect not yet seen by the keeper (smu held): mark that worker down
+ * and leave its socket alone (its pending pipe commands, and a
+ * reconnection's, allocate: the keeper's). One poll over the monitors' fds
+ * of the workers that are up (a monitor read to the end signals the next
+ * event), reading only those that have something. Before a pick, so that a
+ * worker that just died is not picked. */
+static void see_disconnects(shoal_expert_client *c)
+{
+    int n = 0;
+    for (int i = 0; i < c->nw; i++)
+        if (atomic_load(&c->w[i].link) == W_UP) {
+            c->pidx[n] = i;
+            c->pfd[n++] = (struct pollfd){.fd = c->w[i].mfd, .events = POLLIN};
+        }
+    if (n && poll(c->pfd, (nfds_t)n, 0) > 0)
+        for (int j = 0; j < n; j++)
+            if (c->pfd[j].revents && shoal__ec_monitor_disconnected(c->w[c->pidx[j]].mon))
+                shoal__ec_mark_down(c, c->pidx[j], "disconnected (the worker died?)");
+}
+
 static void send_all(shoal_expert_client *c)
 {
     c->st.requests++;
-    /* a disconnect not yet seen by the keeper: leave that socket alone (its
-     * pending pipe commands, and a reconnection's, allocate: the keeper's).
-     * One poll over the monitors' fds (a monitor read to the end signals the
-     * next event), reading only those that have something. */
-    int n = 0;
     for (int i = 0; i < c->nw; i++) {
         c->w[i].answered = 0;
         c->w[i].lost = 0;
         c->w[i].fo_checked = 0;
         c->w[i].mon_hot = 0;
-        if (c->w[i].involved && atomic_load(&c->w[i].link) == W_UP) {
-            c->pidx[n] = i;
-            c->pfd[n++] = (struct pollfd){.fd = c->w[i].mfd, .events = POLLIN};
-        }
     }
-    if (n && poll(c->pfd, (nfds_t)n, 0) > 0)
-        for (int j = 0; j < n; j++)
-            if (c->pfd[j].revents && shoal__ec_monitor_disconnected(c->w[c->pidx[j]].mon))
-                shoal__ec_mark_down(c, c->pidx[j], "disconnected (the worker died?)");
     for (int i = 0; i < c->nw; i++) {
         shoal__ec_worker *w = &c->w[i];
-        if (w->involved && atomic_load(&w->link) != W_UP) { /* fail fast: the keeper is bringing it back */
+        if (!w->involved || atomic_load(&w->link) == W_UP)
+            continue;
+        /* picked though down: an expert of its part has no owner up; fail
+         * fast (the keeper is bringing it back) -- or, when it went down
+         * between the pick and now and every pair has another owner, lose it */
+        if (!others_up(c, i)) {
             shoal__ec_fail(c, SHOAL_EPEER,
                            "expert worker %s is down (%s); not sent layer %d, reconnecting in the background", w->name,
                            w->why, c->layer);
             return;
         }
+        lose(c, i, SHOAL_EPEER, "expert worker %s is down (%s); not sent layer %d", w->name, w->why, c->layer);
     }
     for (int i = 0; i < c->nw; i++) {
         shoal__ec_worker *w = &c->w[i];
-        if (!w->involved)
+        if (!w->involved || w->lost)
             continue;
         size_t alen, rlen;
         shoal_proto_tensor_len(c->o.act_bf16 ? SHOAL_WIRE_BF16 : SHOAL_WIRE_F32, w->ntok, (uint32_t)c->d, &alen);
@@ -161,9 +174,14 @@ static void send_all(shoal_expert_client *c)
             if (c->cm)
                 shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
             shoal__ec_mark_down(c, i, "cannot send: %s", e == EAGAIN ? "not connected" : zmq_strerror(e));
+            if (!others_up(c, i)) {
+                shoal__ec_fail(c, SHOAL_EPEER, "expert worker %s: cannot send layer %d: %s", w->name, c->layer,
+                               e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
+                return;
+            }
             lose(c, i, SHOAL_EPEER, "expert worker %s: cannot send layer %d: %s", w->name, c->layer,
                  e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
-            continue; /* its pairs go to other owners, if any (gather) */
+            continue; /* its pairs go to other owners (gather) */
         }
         c->st.messages++;
         c->st.pairs += w->npairs;
@@ -538,6 +556,7 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
     c->ids = ids;
     c->T = T;
     c->layer = layer;
+    see_disconnects(c);
     live_mask(c);
     /* one owner per expert, balanced over the owners that are up */
     shoal_owners_pick(c->owners, layer, T, k, ids, c->live, c->pick);
