@@ -517,9 +517,10 @@ static void resend(shoal_expert_client *c)
     }
     for (size_t p = 0; p < n; p++)
         if (c->powner[p] >= 0) {
+            int32_t from = c->powner[p];
             c->powner[p] = c->pick[c->ids[p]];
             if (c->cm)
-                shoal_cmetrics_takeover(c->cm, c->powner[p], 1);
+                shoal_cmetrics_takeover(c->cm, from, c->powner[p], 1);
         }
     c->st.resent_pairs += (uint64_t)m;
     c->round++;

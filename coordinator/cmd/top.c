@@ -290,6 +290,12 @@ typedef struct {
     double requests, errors, timeouts;
     /* trunk rows (--trunk remote): TRUNK_BATCH exchanges */
     double t_requests, t_weight, t_out, t_in, t_queue_s, t_compute_s, t_network_s;
+    /* failover (replicas): times it was lost mid-exchange, pairs it took over
+     * from others, and who took its pairs over (the largest takers) */
+    double failovers, took, picks;
+    char taker[4][ID_MAX + 1];
+    double taken[4];
+    int ntakers;
 } row_t;
 
 typedef struct {
@@ -297,6 +303,7 @@ typedef struct {
     int n;
     double tokens, uptime, worst_imb;
     int worst_layer;
+    double failovers, resent, fo_p50, fo_p99;
 } view_t;
 
 static row_t *row_of(view_t *v, const char *id)
@@ -328,6 +335,40 @@ static int collect(void *ctx, const shoal_metrics_parsed *s)
             v->worst_imb = s->value;
             v->worst_layer = atoi(l);
         }
+    }
+    else if (!strcmp(n, "shoal_failovers_total"))
+        v->failovers = s->value;
+    else if (!strcmp(n, "shoal_failover_resent_pairs_total"))
+        v->resent = s->value;
+    else if (!strcmp(n, "shoal_failover_seconds")) {
+        const char *q = shoal_metrics_label_get(s, "quantile");
+        if (q && !strcmp(q, "0.5"))
+            v->fo_p50 = s->value;
+        else if (q && !strcmp(q, "0.99"))
+            v->fo_p99 = s->value;
+    } else if (!strcmp(n, "shoal_failover_takeover_pairs_total")) {
+        const char *from = shoal_metrics_label_get(s, "from"), *to = shoal_metrics_label_get(s, "to");
+        if (!from || !to || strlen(from) > ID_MAX || strlen(to) > ID_MAX)
+            return 0;
+        row_t *r = row_of(v, from);
+        if (!r)
+            return 0;
+        /* keep the 4 largest takers, largest first */
+        int at = r->ntakers < 4 ? r->ntakers++ : 3;
+        if (at == 3 && r->ntakers == 4 && r->taken[3] >= s->value)
+            return 0;
+        snprintf(r->taker[at], sizeof r->taker[at], "%s", to);
+        r->taken[at] = s->value;
+        for (; at > 0 && r->taken[at - 1] < r->taken[at]; at--) {
+            char t[ID_MAX + 1];
+            double x = r->taken[at];
+            memcpy(t, r->taker[at], sizeof t);
+            memcpy(r->taker[at], r->taker[at - 1], sizeof t);
+            r->taken[at] = r->taken[at - 1];
+            memcpy(r->taker[at - 1], t, sizeof t);
+            r->taken[at - 1] = x;
+        }
+        return 0;
     }
     if (strncmp(n, "shoal_worker_", 13))
         return 0;
@@ -368,6 +409,12 @@ static int collect(void *ctx, const shoal_metrics_parsed *s)
         r->errors = s->value;
     else if (!strcmp(n, "timeouts_total"))
         r->timeouts = s->value;
+    else if (!strcmp(n, "failovers_total"))
+        r->failovers = s->value;
+    else if (!strcmp(n, "takeover_pairs_total"))
+        r->took = s->value;
+    else if (!strcmp(n, "replica_picks_total"))
+        r->picks = s->value;
     else if (!strcmp(n, "trunk_requests_total"))
         r->t_requests = s->value;
     else if (!strcmp(n, "trunk_weight_bytes_total"))
@@ -394,6 +441,8 @@ static int fetch(const url_t *u, view_t *v, char *err, size_t errlen)
         return rc;
     v->n = 0;
     v->tokens = v->uptime = v->worst_imb = 0;
+    v->failovers = v->resent = 0;
+    v->fo_p50 = v->fo_p99 = NAN;
     v->worst_layer = -1;
     rc = shoal_metrics_parse(body, blen, collect, v, err, errlen);
     free(body);
@@ -487,8 +536,9 @@ static int render(const view_t *v, const char *url, char (*lines)[LINE_MAX_], in
                      sort_names[g_sort], g_reverse ? " (reversed)" : "");
     }
     if (k < max)
-        snprintf(lines[k++], LINE_MAX_, "%-20s %-6s %8s %7s %7s %6s %9s %9s %7s %13s %9s %6s", "SHARD", "STATUS",
-                 "EXPERTS", "SHARE", "FAIR", "xFAIR", "P50(ms)", "P99(ms)", "GB/s", "MEM/HOST", "REQS", "ERR");
+        snprintf(lines[k++], LINE_MAX_, "%-20s %-6s %8s %7s %7s %6s %9s %9s %7s %13s %9s %6s %6s %8s", "SHARD",
+                 "STATUS", "EXPERTS", "SHARE", "FAIR", "xFAIR", "P50(ms)", "P99(ms)", "GB/s", "MEM/HOST", "REQS", "ERR",
+                 "LOST", "TOOK");
     for (int i = 0; i < v->n && k < max; i++) {
         const row_t *r = &v->rows[i];
         char p50[16], p99[16], mem[16], host[16], mh[40];
@@ -497,9 +547,32 @@ static int render(const view_t *v, const char *url, char (*lines)[LINE_MAX_], in
         fmt_gib(mem, sizeof mem, r->expert_bytes);
         fmt_gib(host, sizeof host, r->mem_total);
         snprintf(mh, sizeof mh, "%s/%s", mem, host);
-        snprintf(lines[k++], LINE_MAX_, "%-20.20s %-6s %8.0f %7.3f %7.3f %6.2f %9s %9s %7.3f %13s %9.0f %6.0f", r->id,
+        snprintf(lines[k++], LINE_MAX_,
+                 "%-20.20s %-6s %8.0f %7.3f %7.3f %6.2f %9s %9s %7.3f %13s %9.0f %6.0f %6.0f %8.0f", r->id,
                  r->up == 1 ? "up" : r->up == 0 ? "DOWN" : "?", r->owned, r->share, r->fair,
-                 r->fair > 0 ? r->share / r->fair : 0, p50, p99, gbps(r), mh, r->requests, r->errors + r->timeouts);
+                 r->fair > 0 ? r->share / r->fair : 0, p50, p99, gbps(r), mh, r->requests, r->errors + r->timeouts,
+                 r->failovers, r->took);
+    }
+    /* failover: the totals, and for every shard that is down, who took its
+     * pairs over (since start, the largest first) */
+    if (v->failovers > 0 && k < max) {
+        char a[16], b[16];
+        fmt_ms(a, sizeof a, v->fo_p50);
+        fmt_ms(b, sizeof b, v->fo_p99);
+        snprintf(lines[k++], LINE_MAX_, "failovers %.0f, %.0f pairs resent to other owners; time lost per failover "
+                 "p50 %s ms, p99 %s ms", v->failovers, v->resent, a, b);
+    }
+    for (int i = 0; i < v->n && k < max; i++) {
+        const row_t *r = &v->rows[i];
+        if (r->up != 0)
+            continue;
+        char who[LINE_MAX_] = "";
+        size_t at = 0;
+        for (int j = 0; j < r->ntakers && at < sizeof who; j++)
+            at += (size_t)snprintf(who + at, sizeof who - at, "%s%.20s (%.0f pairs)", j ? ", " : "", r->taker[j],
+                                   r->taken[j]);
+        snprintf(lines[k++], LINE_MAX_, "%.20s is DOWN; %s%.180s", r->id,
+                 r->ntakers ? "taken over by " : "nothing taken over (no replica asked yet)", who);
     }
     /* trunk rows, when some shard computes them: per-request means of the
      * network / queue / compute split, bytes read and on the wire */

@@ -22,6 +22,7 @@ typedef struct {
     shoal_metrics_counter timeouts, errors, stale, slowest;
     shoal_metrics_counter restarts; /* of a local worker (--workers N) by its supervisor */
     shoal_metrics_counter failovers, lost_pairs, takeover_pairs, replica_picks; /* failover (replicas) */
+    shoal_metrics_counter *took_from; /* [max_workers] pairs taken over from each worker (NULL past 1024 workers) */
     shoal_metrics_counter t_requests, t_rows, t_weight, t_out, t_in, t_queue_us, t_compute_us, t_network_ns;
     shoal_metrics_hist rtt, net;
     shoal_metrics_hist *layer_rtt;      /* [num_layers] */
@@ -72,6 +73,8 @@ int shoal_cmetrics_open(shoal_cmetrics **out, const shoal_cmetrics_opts *o, char
         for (int i = 0; i < o->max_workers; i++) {
             cm->w[i].layer_rtt = shoal_xcalloc((size_t)o->num_layers, sizeof *cm->w[i].layer_rtt);
             cm->w[i].layer_pairs = shoal_xcalloc((size_t)o->num_layers, sizeof *cm->w[i].layer_pairs);
+            if (o->max_workers <= 1024)
+                cm->w[i].took_from = shoal_xcalloc((size_t)o->max_workers, sizeof *cm->w[i].took_from);
         }
     }
     *out = cm;
@@ -85,6 +88,7 @@ void shoal_cmetrics_close(shoal_cmetrics *cm)
     for (int i = 0; i < cm->max_workers; i++) {
         free(cm->w[i].layer_rtt);
         free(cm->w[i].layer_pairs);
+        free(cm->w[i].took_from);
     }
     free(cm->w);
     free(cm->layer_wait);
@@ -151,11 +155,14 @@ void shoal_cmetrics_failover(shoal_cmetrics *cm, int w, uint32_t pairs)
     }
 }
 
-void shoal_cmetrics_takeover(shoal_cmetrics *cm, int w, uint32_t pairs)
+void shoal_cmetrics_takeover(shoal_cmetrics *cm, int from, int w, uint32_t pairs)
 {
     worker *k = get_w(cm, w);
-    if (k)
-        shoal_metrics_add(&k->takeover_pairs, pairs);
+    if (!k)
+        return;
+    shoal_metrics_add(&k->takeover_pairs, pairs);
+    if (k->took_from && from >= 0 && from < cm->max_workers)
+        shoal_metrics_add(&k->took_from[from], pairs);
 }
 
 void shoal_cmetrics_replica_pick(shoal_cmetrics *cm, int w, uint32_t pairs)
@@ -447,6 +454,17 @@ void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b)
                    "(token, expert) pairs of replicated experts (several owners) sent to the worker when the "
                    "exchange picked it.",
                    offsetof(worker, replica_picks), 1, 1);
+    shoal_metrics_family(b, "shoal_failover_takeover_pairs_total", SHOAL_METRICS_COUNTER,
+                         "(token, expert) pairs of worker `from`'s lost parts that worker `to` took over (only "
+                         "the pairs of workers that did).");
+    for (int i = 0; i < cm->nworkers; i++)
+        for (int f = 0; cm->w[i].took_from && f < cm->nworkers; f++) {
+            uint64_t v = shoal_metrics_get(&cm->w[i].took_from[f]);
+            if (!v)
+                continue;
+            shoal_metrics_label l[2] = {{"from", cm->w[f].id}, {"to", cm->w[i].id}};
+            shoal_metrics_sample(b, "shoal_failover_takeover_pairs_total", l, 2, (double)v);
+        }
     shoal_metrics_family(b, "shoal_worker_experts_owned", SHOAL_METRICS_GAUGE,
                          "(layer, expert) pairs the worker owns (from its HELLO).");
     for (int i = 0; i < cm->nworkers; i++) {

@@ -69,11 +69,11 @@ void shoal_cmetrics_worker_restarted(shoal_cmetrics *cm, int w);
 /* ---- hot-path updates --------------------------------------------------- */
 
 /* Failover (replicated experts): worker w's part of an exchange (pairs) was
- * given up and resent to other owners; worker w took over pairs of a lost
- * part; pairs of replicated experts were sent to w by an exchange's pick;
+ * given up and resent to other owners; worker w took over pairs of worker
+ * from's lost part; pairs of replicated experts were sent to w by an exchange's pick;
  * ns from a lost part's send to the end of the exchange that resent it. */
 void shoal_cmetrics_failover(shoal_cmetrics *cm, int w, uint32_t pairs);
-void shoal_cmetrics_takeover(shoal_cmetrics *cm, int w, uint32_t pairs);
+void shoal_cmetrics_takeover(shoal_cmetrics *cm, int from, int w, uint32_t pairs);
 void shoal_cmetrics_replica_pick(shoal_cmetrics *cm, int w, uint32_t pairs);
 void shoal_cmetrics_failover_time(shoal_cmetrics *cm, uint64_t ns);
 

@@ -19,7 +19,9 @@ with the official `openai` client:
 - checks: 0 failed requests, every id sequence identical to the fault-free
   run, failovers happened (shoal_failovers_total > 0, resent pairs counted,
   the takeover pairs per worker add up to them), a worker was down at least
-  once and two at once at least once, and the service ends with all 4 up.
+  once and two at once at least once, and the service ends with all 4 up;
+- `shoal top --once` with one worker stopped marks it DOWN and names who took
+  its pairs over (a worker holding its experts).
 
 N = 100 distinct prompts (SHOAL_CHAOS_N); the chaos phase cycles through them
 until at least N completions and SHOAL_CHAOS_S seconds (default 20) are done,
@@ -275,6 +277,26 @@ def main():
             time.sleep(0.1)
         check("after the chaos: all 4 workers up again", up_in_health() == {0, 1, 2, 3})
         check("after the chaos: the same ids again", complete(prompts[0]) == base[0])
+
+        # shoal top marks a stopped worker down and names who took over: stop
+        # cw0, one request (its exchanges give cw0 up after --failover-ms and
+        # resend to the holders of its experts)
+        os.kill(ws.p[0].pid, signal.SIGSTOP)
+        got0 = complete(prompts[1])
+        top = subprocess.run([BIN, "top", "--coordinator", url, "--once"], capture_output=True, text=True, timeout=30)
+        line = [x for x in top.stdout.splitlines() if x.startswith("cw0 is DOWN")]
+        takers = [i for i in range(1, 4) if held[i] & held[0]]
+        check("top: the stopped worker is DOWN and taken over by a holder of its experts",
+              got0 == base[1] and top.returncode == 0 and line and "taken over by" in line[0] and
+              any(f"cw{i} (" in line[0] for i in takers) and
+              not any(f"cw{i} (" in line[0] for i in range(1, 4) if i not in takers),
+              f"ids {got0 == base[1]}, rc {top.returncode}: {top.stdout[-1200:]} {top.stderr[-300:]}")
+        check("top: the failover totals line", "failovers " in top.stdout and "pairs resent" in top.stdout,
+              top.stdout[-600:])
+        os.kill(ws.p[0].pid, signal.SIGCONT)
+        t_end = time.time() + 30
+        while time.time() < t_end and up_in_health() != {0, 1, 2, 3}:
+            time.sleep(0.1)
         if os.environ.get("SHOAL_CHAOS_OUT"):
             json.dump({"n": N, "completions": total, "seed": SEED, "faults": ev, "failed": len(failed), "differ": len(diff),
                        "t_clean_s": t_clean, "t_chaos_s": t_chaos, "latency_s": lat, "failovers": fo,

@@ -61,7 +61,7 @@ def rows(text, head="SHARD"):
     i = next(i for i, l in enumerate(lines) if l.startswith(head + " "))
     out = []
     for l in lines[i + 1:]:
-        if l.startswith("TRUNK SHARD") or l.startswith("SHARD "):
+        if l.startswith("TRUNK SHARD") or l.startswith("SHARD ") or l.startswith("failovers ") or " is DOWN;" in l:
             break
         if l.strip():
             out.append(l.split())
@@ -72,12 +72,15 @@ def once_default():
     p = top("--once")
     assert p.returncode == 0, p.stderr
     r = rows(p.stdout)
-    # SHARD STATUS EXPERTS SHARE FAIR xFAIR P50 P99 GB/s MEM/HOST REQS ERR
+    # SHARD STATUS EXPERTS SHARE FAIR xFAIR P50 P99 GB/s MEM/HOST REQS ERR LOST TOOK
     assert [x[0] for x in r] == ["a", 'b"x'], r
     a, b = r
     assert a[1:6] == ["up", "4", "0.667", "0.500", "1.33"], a
     assert b[1:6] == ["DOWN", "4", "0.333", "0.500", "0.67"], b
-    assert a[10:] == ["2", "1"] and b[10:] == ["2", "1"], (a, b)
+    # test_cmetrics' failover case: b"x lost twice (5 pairs), all taken over by a
+    assert a[10:] == ["2", "1", "0", "5"] and b[10:] == ["2", "1", "2", "0"], (a, b)
+    assert "failovers 2, 5 pairs resent to other owners" in p.stdout, p.stdout
+    assert 'b"x is DOWN; taken over by a (5 pairs)' in p.stdout, p.stdout
     # p50/p99 from log buckets: within a factor 1.19 of the order statistics
     assert 1 / 1.19 <= float(a[6]) <= 1.19 and 2 / 1.19 <= float(a[7]) <= 2.0, a
     assert 4 / 1.19 <= float(b[7]) <= 4.0, b

@@ -61,6 +61,16 @@ static shoal_cmetrics *build(void)
     shoal_cmetrics_failure_add(cm, 1, SHOAL_CMETRICS_TIMEOUT);
     shoal_cmetrics_failure_add(cm, 1, SHOAL_CMETRICS_STALE);
     shoal_cmetrics_failure_add(cm, 0, SHOAL_CMETRICS_ERROR);
+    /* failover: w1 lost twice (3 + 2 pairs), all taken over by w0, after
+     * 0.3 s and 0.1 s; 4 pairs of replicated experts picked on w0, 1 on w1 */
+    shoal_cmetrics_failover(cm, 1, 3);
+    shoal_cmetrics_failover(cm, 1, 2);
+    shoal_cmetrics_takeover(cm, 1, 0, 5);
+    shoal_cmetrics_takeover(cm, 1, 7, 5); /* no such worker: ignored */
+    shoal_cmetrics_failover_time(cm, 300000000);
+    shoal_cmetrics_failover_time(cm, 100000000);
+    shoal_cmetrics_replica_pick(cm, 0, 4);
+    shoal_cmetrics_replica_pick(cm, 1, 1);
     shoal_cmetrics_forward(cm, 2);
     shoal_cmetrics_forward(cm, 1);
     shoal_cmetrics_add_phase(cm, SHOAL_PHASE_ATTENTION, 3000000);
@@ -191,6 +201,19 @@ static void t_exposition(void)
     CHECK_NEAR(get(&b, "shoal_worker_trunk_network_seconds_total", "worker", "a", NULL, NULL), 200e-6, 1e-15);
     /* the expert network time is unchanged by them (800 µs, as above) */
     CHECK_NEAR(get(&b, "shoal_worker_network_seconds_total", "worker", "a", NULL, NULL), 800e-6, 1e-15);
+    /* failover */
+    CHECK_NEAR(get(&b, "shoal_failovers_total", NULL, NULL, NULL, NULL), 2, 0);
+    CHECK_NEAR(get(&b, "shoal_failover_resent_pairs_total", NULL, NULL, NULL, NULL), 5, 0);
+    CHECK_NEAR(get(&b, "shoal_failover_seconds_count", NULL, NULL, NULL, NULL), 2, 0);
+    CHECK_NEAR(get(&b, "shoal_failover_seconds_sum", NULL, NULL, NULL, NULL), 0.4, 1e-12);
+    CHECK_NEAR(get(&b, "shoal_failover_takeover_pairs_total", "from", "b\"x", "to", "a"), 5, 0);
+    CHECK(!strstr(b.p, "shoal_failover_takeover_pairs_total{from=\"a\""));
+    CHECK_NEAR(get(&b, "shoal_worker_failovers_total", "worker", "b\"x", NULL, NULL), 2, 0);
+    CHECK_NEAR(get(&b, "shoal_worker_failovers_total", "worker", "a", NULL, NULL), 0, 0);
+    CHECK_NEAR(get(&b, "shoal_worker_lost_pairs_total", "worker", "b\"x", NULL, NULL), 5, 0);
+    CHECK_NEAR(get(&b, "shoal_worker_takeover_pairs_total", "worker", "a", NULL, NULL), 5, 0);
+    CHECK_NEAR(get(&b, "shoal_worker_replica_picks_total", "worker", "a", NULL, NULL), 4, 0);
+    CHECK_NEAR(get(&b, "shoal_worker_replica_picks_total", "worker", "b\"x", NULL, NULL), 1, 0);
     /* no layer 0 (dense) series */
     CHECK(!strstr(b.p, "layer=\"0\""));
     shoal_metrics_buf_free(&b);
