@@ -377,6 +377,87 @@ static void t_silent_worker_deadline(void)
     srv_stop(&w[1]);
 }
 
+/* Failover: w1, silent (1 s per batch), owns everything, as does w0; w2
+ * owns experts 12-23. A request that involves w1 is not failed: after
+ * failover_ms (150) w1 is given up (marked down) and its pairs are resent to
+ * w0 or w2 within the same 3 s deadline; the outputs equal the in-process
+ * backend's bit for bit; the next requests avoid w1 (down) and are quick.
+ * Then w2 is stopped (a disconnect): its pairs go to w0 at once. */
+static void t_failover(void)
+{
+    if (!have_model)
+        SKIP("tests/models/tiny-k3 not present");
+    srv w[3];
+    srv_start(&w[0], "1-8:0-23", 0);
+    srv_start(&w[1], "1-8:0-23", 1000000);
+    srv_start(&w[2], "1-8:12-23", 0);
+    const char *eps[3] = {w[0].ep, w[1].ep, w[2].ep};
+    shoal_expert_client_opts o = {.endpoints = eps, .nworkers = 3, .cfg = &cfg, .fingerprint = fp,
+                                  .max_tokens = 16, .timeout_ms = 3000, .failover_ms = 150,
+                                  .hello_timeout_ms = 5000};
+    shoal_expert_client *c = NULL;
+    char err[2048];
+    CHECK_MSG(shoal_expert_client_open(&c, &o, err, sizeof err) == 0, "%s", err);
+    if (c) {
+        shoal_experts local, b = shoal_expert_client_backend(c);
+        CHECK(shoal_experts_local_open(&local, store, &cfg, "language_model.model.layers.", 16, err, sizeof err) == 0);
+        int d = cfg.latent_size, k = cfg.experts_per_token;
+        float *z = malloc(sizeof(float) * 16 * (size_t)d);
+        int32_t *ids = malloc(sizeof(int32_t) * 16 * (size_t)k);
+        uint16_t *ya = malloc(2 * 16 * (size_t)k * (size_t)d), *yb = malloc(2 * 16 * (size_t)k * (size_t)d);
+        int T = 8;
+        random_batch(T, z, ids); /* 8 tokens x k experts over 3 owners: every worker gets pairs */
+        CHECK(local.vt->submit(local.self, 3, T, k, z, ids, err, sizeof err) == 0);
+        CHECK(local.vt->gather(local.self, ya, err, sizeof err) == 0);
+        double t0 = now_s();
+        CHECK_MSG(b.vt->submit(b.self, 3, T, k, z, ids, err, sizeof err) == 0, "%s", err);
+        int rc = b.vt->gather(b.self, yb, err, sizeof err);
+        double dt = now_s() - t0;
+        CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
+        CHECK_MSG(dt >= 0.14 && dt < 0.9, "finished after %.3f s (failover 0.15 s, the silent reply at 1 s)", dt);
+        CHECK(!memcmp(ya, yb, 2 * (size_t)T * k * d));
+        shoal_expert_client_stats st;
+        shoal_expert_client_get_stats(c, &st);
+        CHECK_MSG(st.failovers == 1 && st.resent_pairs > 0 && st.failures == 0 && st.downs == 1,
+                  "failovers %llu resent %llu failures %llu downs %llu", (unsigned long long)st.failovers,
+                  (unsigned long long)st.resent_pairs, (unsigned long long)st.failures, (unsigned long long)st.downs);
+        char why[512];
+        CHECK(shoal_expert_client_worker_up(c, 1, why, sizeof why) == 0);
+        CHECK_STR_CONTAINS(why, "failover");
+        /* w1 down: picks avoid it, no waiting */
+        for (int trial = 0; trial < 3; trial++) {
+            random_batch(T, z, ids);
+            CHECK(local.vt->submit(local.self, 5, T, k, z, ids, err, sizeof err) == 0);
+            CHECK(local.vt->gather(local.self, ya, err, sizeof err) == 0);
+            t0 = now_s();
+            CHECK(b.vt->submit(b.self, 5, T, k, z, ids, err, sizeof err) == 0);
+            rc = b.vt->gather(b.self, yb, err, sizeof err);
+            dt = now_s() - t0;
+            CHECK_MSG(rc == 0 && dt < 0.14, "rc %d after %.3f s: %s", rc, dt, err);
+            CHECK(!memcmp(ya, yb, 2 * (size_t)T * k * d));
+        }
+        /* w2 goes away: a disconnect; its pairs go to w0 (w1 may be back
+         * by now: the keeper re-probes it, and it is slow, so it may be
+         * given up again) */
+        srv_stop(&w[2]);
+        random_batch(T, z, ids);
+        CHECK(local.vt->submit(local.self, 7, T, k, z, ids, err, sizeof err) == 0);
+        CHECK(local.vt->gather(local.self, ya, err, sizeof err) == 0);
+        CHECK(b.vt->submit(b.self, 7, T, k, z, ids, err, sizeof err) == 0);
+        rc = b.vt->gather(b.self, yb, err, sizeof err);
+        CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
+        CHECK(!memcmp(ya, yb, 2 * (size_t)T * k * d));
+        local.vt->close(local.self);
+        free(z);
+        free(ids);
+        free(ya);
+        free(yb);
+    }
+    shoal_expert_client_close(c);
+    srv_stop(&w[0]);
+    srv_stop(&w[1]);
+}
+
 static void t_stopped_worker_fails_fast(void)
 {
     if (!have_model)
@@ -680,6 +761,7 @@ int main(void)
     RUN(t_refuses_fingerprint);
     RUN(t_no_hello_deadline);
     RUN(t_silent_worker_deadline);
+    RUN(t_failover);
     RUN(t_stopped_worker_fails_fast);
     RUN(t_worker_comes_back);
     RUN(t_rtt_excludes_caller_time);
