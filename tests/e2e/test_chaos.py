@@ -205,7 +205,8 @@ def main():
                 if stop.is_set():
                     break
                 avail = up_in_health() - faulted
-                two = rng.random() < (0.5 if len(avail) == 4 else 0.2)
+                # two at once: whenever all 4 are up until it has happened once, then at random
+                two = len(avail) == 4 and (ev["two"] == 0 or rng.random() < 0.5) or rng.random() < 0.1
                 if two:
                     cand = [p for p in pairs_ok if p[0] in avail and p[1] in avail and
                             covers(cells, held, avail - set(p))]
@@ -268,6 +269,9 @@ def main():
         check("chaos: failovers happened and were counted; takeover and lost pairs add up to the resent pairs",
               fo > 0 and rs > 0 and tk == rs and lp == rs, f"failovers {fo}, resent {rs}, takeover {tk}, lost {lp}")
         print(f"# failovers {fo:.0f}, resent pairs {rs:.0f}", flush=True)
+        al = metric_sum(m, "shoal_forward_allocations_total")
+        check("chaos: no heap allocation on the forward thread through the failovers", al == 0,
+              f"shoal_forward_allocations_total {al}")
         for line in m.splitlines():
             if line.startswith("shoal_failover_seconds"):
                 print("# " + line, flush=True)
