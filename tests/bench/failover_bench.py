@@ -64,7 +64,13 @@ def main():
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="shoal-fobench-")
     procs = []
-    out = {"model": a.model, "gen": a.gen, "reps": a.reps, "threads": a.threads, "decode": [], "failover": {}}
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    git = subprocess.run(["git", "-C", src, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", src, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True).stdout.strip() != ""
+    out = {"commit": git + ("+dirty" if dirty else ""), "command": sys.argv, "machine": os.uname()._asdict(),
+           "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(), "model": a.model, "gen": a.gen,
+           "reps": a.reps, "threads": a.threads, "failover_ms": a.failover_ms, "decode": [], "failover": {}}
     try:
         cl = os.path.join(tmp, "cluster.json")
         cluster(cl, 4, 1 << 50)

@@ -366,6 +366,15 @@ def case_redundancy(tmp):
               plan["replicas"] == 1 and [w.get("domain") for w in plan["workers"]] == ["a", "a", "b", "b"])
         check("redundancy: counts as even as the budgets allow (2 x 192 / 4 each)",
               [w["expert_count"] for w in plan["workers"]] == [96] * 4, str([w["expert_count"] for w in plan["workers"]]))
+        # shoal pack writes every copy: each worker's pack holds exactly its RANGES
+        ok, why = True, ""
+        for w in plan["workers"]:
+            d = os.path.join(tmp, "red_pack_" + w["name"])
+            r = sh("pack", "--model", TINY, "--plan", pr, "--worker", w["name"], "-o", d, "--quiet")
+            pj = json.load(open(os.path.join(d, "shoal-pack.json"))) if r.returncode == 0 else {}
+            if r.returncode or parse_ranges(pj.get("experts", "")) != parse_ranges(w["experts"]):
+                ok, why = False, f"{w['name']}: rc {r.returncode} {pj.get('experts')} vs {w['experts']} {r.stderr[-200:]}"
+        check("redundancy: shoal pack writes each worker's copies (its pack holds exactly its RANGES)", ok, why)
     # R = 2 on 2 domains: refused, naming the domains
     r = sh("plan", "--model", TINY, "--cluster", cl, "--replicas", "2", "-o", os.path.join(tmp, "x.json"))
     check("redundancy: --replicas 2 with 2 failure domains refused naming them",
