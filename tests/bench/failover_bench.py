@@ -68,7 +68,7 @@ def main():
     git = subprocess.run(["git", "-C", src, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", src, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                            text=True).stdout.strip() != ""
-    out = {"commit": git + ("+dirty" if dirty else ""), "command": sys.argv, "machine": os.uname()._asdict(),
+    out = {"commit": git + ("+dirty" if dirty else ""), "command": sys.argv, "machine": " ".join(os.uname()),
            "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(), "model": a.model, "gen": a.gen,
            "reps": a.reps, "threads": a.threads, "failover_ms": a.failover_ms, "decode": [], "failover": {}}
     try:
