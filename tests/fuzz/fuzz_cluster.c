@@ -2,7 +2,9 @@
  * for accepted manifests, the planner on a small model with the hosts'
  * budgets: every refusal names something; an accepted plan owns every expert
  * exactly once within each worker's budget, and its replicas (1 or 2 per layer,
- * chosen by the input's size) are on another worker, still within budget. */
+ * chosen by the input's size) are on another worker, still within budget; and
+ * a redundant plan (--replicas 1 or 2) holds every expert on R + 1 workers of
+ * distinct failure domains, within budget. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +71,58 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(cnt);
     } else if (!err[0]) {
         abort();
+    }
+    /* redundancy: R = 1 or 2 (by the input's size), failure domains from
+     * the manifest when it names any; accepted: every MoE expert on exactly
+     * R + 1 workers in distinct domains, nothing else held, each within its
+     * budget; refused: with a message */
+    if (W > 0) {
+        int R = 1 + (int)(size / 2 % 2), dom[SHOAL_PLAN_MAX_HOSTS], nd = 0, named = 0;
+        char dn[SHOAL_PLAN_MAX_HOSTS][SHOAL_PLAN_MAX_NAME + 1];
+        for (int i = 0, w = 0; i < c.nhosts; i++) {
+            if (!c.hosts[i].expert_ram)
+                continue;
+            const char *d = c.hosts[i].domain[0] ? c.hosts[i].domain : c.hosts[i].name;
+            named |= c.hosts[i].domain[0] != 0;
+            dom[w] = -1;
+            for (int j = 0; j < nd && dom[w] < 0; j++)
+                if (!strcmp(dn[j], d))
+                    dom[w] = j;
+            if (dom[w] < 0) {
+                strcpy(dn[nd], d);
+                dom[w] = nd++;
+            }
+            w++;
+        }
+        uint8_t *hold = malloc((size_t)W * L * E);
+        err[0] = 0;
+        if (shoal_plan_redundant(&in, R, named ? dom : NULL, nd, hold, err, sizeof err) == 0) {
+            for (int w = 0; w < W; w++) {
+                uint64_t n = 0;
+                for (int x = 0; x < L * E; x++)
+                    n += hold[(size_t)w * L * E + x];
+                if (n * 100 > budget[w])
+                    abort();
+            }
+            for (int l = 0; l < L; l++)
+                for (int e = 0; e < E; e++) {
+                    int n = 0;
+                    uint8_t seen[SHOAL_PLAN_MAX_HOSTS] = {0};
+                    for (int w = 0; w < W; w++) {
+                        if (!hold[(size_t)w * L * E + l * E + e])
+                            continue;
+                        int d = named ? dom[w] : w;
+                        if (seen[d]++)
+                            abort(); /* two copies in one domain */
+                        n++;
+                    }
+                    if (moe[l] ? n != R + 1 : n != 0)
+                        abort();
+                }
+        } else if (!err[0]) {
+            abort();
+        }
+        free(hold);
     }
     shoal_plan_cluster_free(&c);
     return 0;
