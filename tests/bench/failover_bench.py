@@ -210,6 +210,11 @@ def main():
                         os.kill(wp[(1, w)].pid, signal.SIGCONT)
                     else:
                         wp[(1, w)].wait()
+                        # the coordinator must have seen it go before it is
+                        # counted up again (else the next fault is a double one)
+                        t_end = time.time() + 10
+                        while time.time() < t_end and harness.health(url)[1]["workers"][w]["up"]:
+                            time.sleep(0.02)
                         start(1, w)
                     all_up()
                     # the token the failover happened in: the largest gap after

@@ -189,6 +189,12 @@ def main():
 
         def heal(i, how):
             if how == "kill":
+                # restarted once the coordinator has seen it go (else /health
+                # could still list the old process up, and the driver would
+                # take its replica down too: a double fault R = 1 does not cover)
+                t_end = time.time() + 5
+                while time.time() < t_end and i in up_in_health():
+                    time.sleep(0.02)
                 ws.start(i)
             else:
                 try:
