@@ -596,7 +596,8 @@ static int get_fields(dctx *c, const msgpack_object *body, const char *tname, fi
             return fail(c, SHOAL_PERR_MALFORMED, "%s: body key %u is not a string", tname, i);
         for (uint32_t j = 0; j < i; j++) {
             const msgpack_object *k2 = &mp->ptr[j].key;
-            if (k2->via.str.size == k->via.str.size && !memcmp(k2->via.str.ptr, k->via.str.ptr, k->via.str.size))
+            if (k2->via.str.size == k->via.str.size &&
+                (!k->via.str.size || !memcmp(k2->via.str.ptr, k->via.str.ptr, k->via.str.size))) /* "" has no ptr */
                 return fail(c, SHOAL_PERR_MALFORMED, "%s: key '%.*s' appears twice", tname,
                             (int)(k->via.str.size > 64 ? 64 : k->via.str.size), k->via.str.ptr);
         }
