@@ -336,17 +336,26 @@ int shoal_proto_enc_prefetch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid
     return enc_done(&e, len);
 }
 
-int shoal_proto_enc_tbatch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t layer,
-                           const shoal_proto_trows *seg, uint32_t n)
+static int name_ok(const char *name)
 {
-    if (n < 1 || n > SHOAL_PROTO_MAX_TSEGS)
+    return name[0] && strlen(name) <= SHOAL_PROTO_MAX_NAME;
+}
+
+int shoal_proto_enc_tbatch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t layer,
+                           const shoal_proto_trows *seg, uint32_t n, const shoal_proto_tchain *chain,
+                           uint32_t nchain)
+{
+    if (n > SHOAL_PROTO_MAX_TSEGS || nchain > SHOAL_PROTO_MAX_TCHAIN || n + nchain < 1)
         return SHOAL_ERANGE;
     for (uint32_t i = 0; i < n; i++)
-        if (strlen(seg[i].name) > SHOAL_PROTO_MAX_NAME || seg[i].lo > seg[i].hi)
+        if (!name_ok(seg[i].name) || seg[i].lo > seg[i].hi)
+            return SHOAL_ERANGE;
+    for (uint32_t i = 0; i < nchain; i++)
+        if (!name_ok(chain[i].a) || !name_ok(chain[i].b.name) || chain[i].b.lo > chain[i].b.hi)
             return SHOAL_ERANGE;
     enc e;
     enc_init(&e, buf, cap);
-    enc_head(&e, SHOAL_MSG_TRUNK_BATCH, rid, 2);
+    enc_head(&e, SHOAL_MSG_TRUNK_BATCH, rid, nchain ? 3 : 2);
     enc_ku64(&e, "layer", layer);
     enc_key(&e, "mats");
     msgpack_pack_array(&e.pk, n);
@@ -355,6 +364,17 @@ int shoal_proto_enc_tbatch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, 
         enc_str(&e, seg[i].name);
         msgpack_pack_uint32(&e.pk, seg[i].lo);
         msgpack_pack_uint32(&e.pk, seg[i].hi);
+    }
+    if (nchain) {
+        enc_key(&e, "chain");
+        msgpack_pack_array(&e.pk, nchain);
+        for (uint32_t i = 0; i < nchain; i++) {
+            msgpack_pack_array(&e.pk, 4);
+            enc_str(&e, chain[i].a);
+            enc_str(&e, chain[i].b.name);
+            msgpack_pack_uint32(&e.pk, chain[i].b.lo);
+            msgpack_pack_uint32(&e.pk, chain[i].b.hi);
+        }
     }
     return enc_done(&e, len);
 }
@@ -576,7 +596,8 @@ static int get_fields(dctx *c, const msgpack_object *body, const char *tname, fi
             return fail(c, SHOAL_PERR_MALFORMED, "%s: body key %u is not a string", tname, i);
         for (uint32_t j = 0; j < i; j++) {
             const msgpack_object *k2 = &mp->ptr[j].key;
-            if (k2->via.str.size == k->via.str.size && !memcmp(k2->via.str.ptr, k->via.str.ptr, k->via.str.size))
+            if (k2->via.str.size == k->via.str.size &&
+                (!k->via.str.size || !memcmp(k2->via.str.ptr, k->via.str.ptr, k->via.str.size))) /* "" has no ptr */
                 return fail(c, SHOAL_PERR_MALFORMED, "%s: key '%.*s' appears twice", tname,
                             (int)(k->via.str.size > 64 ? 64 : k->via.str.size), k->via.str.ptr);
         }
@@ -642,6 +663,34 @@ static int get_dtype_list(dctx *c, const char *tname, const field *f, uint32_t *
     return 0;
 }
 
+/* A trunk matrix name: 1 to SHOAL_PROTO_MAX_NAME printable ASCII bytes. */
+static int dec_tname(dctx *c, const char *what, uint32_t i, const msgpack_object *o, char out[SHOAL_PROTO_MAX_NAME + 1])
+{
+    if (o->type != MSGPACK_OBJECT_STR || o->via.str.size < 1 || o->via.str.size > SHOAL_PROTO_MAX_NAME)
+        return fail(c, SHOAL_PERR_MALFORMED, "%s[%u]: the name is not a string of 1 to %d bytes", what, i,
+                    SHOAL_PROTO_MAX_NAME);
+    for (uint32_t j = 0; j < o->via.str.size; j++) {
+        unsigned char ch = (unsigned char)o->via.str.ptr[j];
+        if (ch <= 0x20 || ch >= 0x7f)
+            return fail(c, SHOAL_PERR_MALFORMED, "%s[%u]: the name has a byte 0x%02x (printable ASCII only)", what, i,
+                        ch);
+    }
+    memcpy(out, o->via.str.ptr, o->via.str.size);
+    out[o->via.str.size] = 0;
+    return 0;
+}
+
+/* lo, hi of a row range: 32-bit, lo <= hi. */
+static int dec_lohi(dctx *c, const char *what, uint32_t i, const msgpack_object *a, uint32_t *lo, uint32_t *hi)
+{
+    if (a[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER || a[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+        a[0].via.u64 > UINT32_MAX || a[1].via.u64 > UINT32_MAX || a[0].via.u64 > a[1].via.u64)
+        return fail(c, SHOAL_PERR_MALFORMED, "%s[%u]: lo, hi are not 32-bit rows with lo <= hi", what, i);
+    *lo = (uint32_t)a[0].via.u64;
+    *hi = (uint32_t)a[1].via.u64;
+    return 0;
+}
+
 /* One [name, lo, hi] item of a trunk row list (HELLO 'trunk', TRUNK_BATCH
  * 'mats'). */
 static int dec_trows(dctx *c, const char *what, uint32_t i, const msgpack_object *r, shoal_proto_trows *out)
@@ -649,23 +698,21 @@ static int dec_trows(dctx *c, const char *what, uint32_t i, const msgpack_object
     if (r->type != MSGPACK_OBJECT_ARRAY || r->via.array.size != 3)
         return fail(c, SHOAL_PERR_MALFORMED, "%s[%u] is not [name, lo, hi]", what, i);
     const msgpack_object *a = r->via.array.ptr;
-    if (a[0].type != MSGPACK_OBJECT_STR || a[0].via.str.size < 1 || a[0].via.str.size > SHOAL_PROTO_MAX_NAME)
-        return fail(c, SHOAL_PERR_MALFORMED, "%s[%u]: the name is not a string of 1 to %d bytes", what, i,
-                    SHOAL_PROTO_MAX_NAME);
-    for (uint32_t j = 0; j < a[0].via.str.size; j++) {
-        unsigned char ch = (unsigned char)a[0].via.str.ptr[j];
-        if (ch <= 0x20 || ch >= 0x7f)
-            return fail(c, SHOAL_PERR_MALFORMED, "%s[%u]: the name has a byte 0x%02x (printable ASCII only)", what, i,
-                        ch);
-    }
-    if (a[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER || a[2].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
-        a[1].via.u64 > UINT32_MAX || a[2].via.u64 > UINT32_MAX || a[1].via.u64 > a[2].via.u64)
-        return fail(c, SHOAL_PERR_MALFORMED, "%s[%u]: lo, hi are not 32-bit rows with lo <= hi", what, i);
-    memcpy(out->name, a[0].via.str.ptr, a[0].via.str.size);
-    out->name[a[0].via.str.size] = 0;
-    out->lo = (uint32_t)a[1].via.u64;
-    out->hi = (uint32_t)a[2].via.u64;
-    return 0;
+    int rc = dec_tname(c, what, i, &a[0], out->name);
+    return rc ? rc : dec_lohi(c, what, i, a + 1, &out->lo, &out->hi);
+}
+
+/* One [a, b, lo, hi] item of TRUNK_BATCH 'chain' (1.4). */
+static int dec_tchain(dctx *c, uint32_t i, const msgpack_object *r, shoal_proto_tchain *out)
+{
+    const char *what = "TRUNK_BATCH: 'chain'";
+    if (r->type != MSGPACK_OBJECT_ARRAY || r->via.array.size != 4)
+        return fail(c, SHOAL_PERR_MALFORMED, "%s[%u] is not [a, b, lo, hi]", what, i);
+    const msgpack_object *a = r->via.array.ptr;
+    int rc;
+    if ((rc = dec_tname(c, what, i, &a[0], out->a)) || (rc = dec_tname(c, what, i, &a[1], out->b.name)))
+        return rc;
+    return dec_lohi(c, what, i, a + 2, &out->b.lo, &out->b.hi);
 }
 
 static int dec_trunk_owned(dctx *c, const msgpack_object *tv, const msgpack_object *fv, shoal_proto_hello *h)
@@ -911,18 +958,30 @@ static int dec_body(dctx *c, const shoal_frame *frames, int nframes, shoal_proto
         return 0;
     }
     case SHOAL_MSG_TRUNK_BATCH: {
-        field f[] = {{"layer", 1, NULL}, {"mats", 1, NULL}};
-        if ((rc = get_fields(c, body, "TRUNK_BATCH", f, 2)) ||
+        field f[] = {{"layer", 1, NULL}, {"mats", 1, NULL}, {"chain", 0, NULL}};
+        if ((rc = get_fields(c, body, "TRUNK_BATCH", f, 3)) ||
             (rc = get_u32f(c, "TRUNK_BATCH", &f[0], &m->tbatch.layer)))
             return rc;
-        const msgpack_object *mv = f[1].val;
-        if (mv->type != MSGPACK_OBJECT_ARRAY || mv->via.array.size < 1 || mv->via.array.size > SHOAL_PROTO_MAX_TSEGS)
-            return fail(c, SHOAL_PERR_MALFORMED, "TRUNK_BATCH: 'mats' is not a list of 1 to %d [name, lo, hi]",
+        const msgpack_object *mv = f[1].val, *cv = f[2].val;
+        if (mv->type != MSGPACK_OBJECT_ARRAY || mv->via.array.size > SHOAL_PROTO_MAX_TSEGS)
+            return fail(c, SHOAL_PERR_MALFORMED, "TRUNK_BATCH: 'mats' is not a list of up to %d [name, lo, hi]",
                         SHOAL_PROTO_MAX_TSEGS);
         for (uint32_t i = 0; i < mv->via.array.size; i++)
             if ((rc = dec_trows(c, "TRUNK_BATCH: 'mats'", i, &mv->via.array.ptr[i], &m->tbatch.seg[i])))
                 return rc;
         m->tbatch.n = mv->via.array.size;
+        if (cv) {
+            if (cv->type != MSGPACK_OBJECT_ARRAY || cv->via.array.size < 1 ||
+                cv->via.array.size > SHOAL_PROTO_MAX_TCHAIN)
+                return fail(c, SHOAL_PERR_MALFORMED, "TRUNK_BATCH: 'chain' is not a list of 1 to %d [a, b, lo, hi]",
+                            SHOAL_PROTO_MAX_TCHAIN);
+            for (uint32_t i = 0; i < cv->via.array.size; i++)
+                if ((rc = dec_tchain(c, i, &cv->via.array.ptr[i], &m->tbatch.chain[i])))
+                    return rc;
+            m->tbatch.nchain = cv->via.array.size;
+        }
+        if (m->tbatch.n + m->tbatch.nchain < 1)
+            return fail(c, SHOAL_PERR_MALFORMED, "TRUNK_BATCH: no segment ('mats' empty and no 'chain')");
         if ((rc = dec_tensor(c, &frames[1], "TRUNK_BATCH x", &m->tbatch.x)))
             return rc;
         if (m->tbatch.x.dtype != SHOAL_WIRE_F32)

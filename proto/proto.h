@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define SHOAL_PROTO_MAJOR 1
-#define SHOAL_PROTO_MINOR 3
+#define SHOAL_PROTO_MINOR 4
 
 #define SHOAL_PROTO_MAX_CONTROL (4u << 20) /* control frame bytes */
 #define SHOAL_PROTO_MAX_FRAMES 3
@@ -31,6 +31,8 @@
 #define SHOAL_PROTO_MAX_NAME 128       /* a trunk matrix name (checkpoint tensor name) */
 #define SHOAL_PROTO_MAX_TROWS 65536    /* trunk row ranges in a HELLO reply (1.3) */
 #define SHOAL_PROTO_MAX_TSEGS 64       /* (matrix, rows) segments in one TRUNK_BATCH (1.3) */
+#define SHOAL_PROTO_MAX_TCHAIN 8       /* chained segments in one TRUNK_BATCH (1.4) */
+#define SHOAL_PROTO_MAX_CHAIN_ROWS 4096 /* rows of a chain's first matrix (1.4) */
 
 typedef enum {
     SHOAL_MSG_HELLO = 1,
@@ -103,6 +105,14 @@ typedef struct {
     uint32_t lo, hi;
 } shoal_proto_trows;
 
+/* A chained segment (TRUNK_BATCH 'chain', 1.4, PROTOCOL.md §3.7): every row
+ * of matrix `a` applied to the request's input, then rows b.lo..b.hi of
+ * matrix b.name applied to that output. */
+typedef struct {
+    char a[SHOAL_PROTO_MAX_NAME + 1];
+    shoal_proto_trows b;
+} shoal_proto_tchain;
+
 /* Inclusive range of owned experts: layers l_lo..l_hi × experts e_lo..e_hi. */
 typedef struct {
     uint32_t l_lo, l_hi, e_lo, e_hi;
@@ -153,8 +163,10 @@ typedef struct {
     } result;
     struct {
         uint32_t layer; /* the layer the rows serve (num_layers: lm_head); for logs and metrics */
-        uint32_t n;     /* seg[0..n-1], 1 <= n <= SHOAL_PROTO_MAX_TSEGS */
+        uint32_t n;     /* seg[0..n-1], 0 <= n <= SHOAL_PROTO_MAX_TSEGS */
         shoal_proto_trows seg[SHOAL_PROTO_MAX_TSEGS];
+        uint32_t nchain; /* 1.4: chain[0..nchain-1] (0 when absent); n + nchain >= 1 */
+        shoal_proto_tchain chain[SHOAL_PROTO_MAX_TCHAIN];
         shoal_proto_tensor x; /* F32 [T, cols] */
     } tbatch;
     struct {
@@ -184,10 +196,13 @@ int shoal_proto_enc_result(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, 
  * ascending, n <= SHOAL_PROTO_MAX_PREFETCH (n may be 0). */
 int shoal_proto_enc_prefetch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t layer,
                              const uint32_t *experts, uint32_t n);
-/* TRUNK_BATCH (1.3): seg[n] (1 <= n <= SHOAL_PROTO_MAX_TSEGS, lo <= hi,
- * names of at most SHOAL_PROTO_MAX_NAME bytes); the x frame follows. */
+/* TRUNK_BATCH (1.3): seg[n] (0 <= n <= SHOAL_PROTO_MAX_TSEGS, lo <= hi,
+ * names of at most SHOAL_PROTO_MAX_NAME bytes) and, since 1.4, chain[nchain]
+ * (nchain <= SHOAL_PROTO_MAX_TCHAIN; the key is written only when nchain > 0);
+ * n + nchain >= 1. The x frame follows. */
 int shoal_proto_enc_tbatch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t layer,
-                           const shoal_proto_trows *seg, uint32_t n);
+                           const shoal_proto_trows *seg, uint32_t n, const shoal_proto_tchain *chain,
+                           uint32_t nchain);
 /* TRUNK_RESULT (1.3); the y frame follows. */
 int shoal_proto_enc_tresult(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint64_t queue_us,
                             uint64_t compute_us);

@@ -90,6 +90,15 @@ def messages():
     m["trunk_batch"] = [control(TBATCH, 2**33 + 1, {"layer": 3, "mats": [
         ["language_model.model.layers.3.self_attn.q_proj.weight", 0, 2],
         ["language_model.model.layers.3.self_attn.k_proj.weight", 255, 256]]}), tensor(F32, x)]
+    # 1.4: a chained segment (every row of f_a on x, then rows of f_b on that),
+    # after one plain segment; 'chain' is written after 'mats'
+    m["trunk_batch_chain"] = [control(TBATCH, 7, {"layer": 1, "mats": [
+        ["language_model.model.layers.1.self_attn.q_proj.weight", 0, 31]], "chain": [
+        ["language_model.model.layers.1.self_attn.f_a_proj.weight",
+         "language_model.model.layers.1.self_attn.f_b_proj.weight", 64, 127]]}), tensor(F32, x)]
+    m["trunk_batch_chain_only"] = [control(TBATCH, 8, {"layer": 1, "mats": [], "chain": [
+        ["language_model.model.layers.1.self_attn.f_a_proj.weight",
+         "language_model.model.layers.1.self_attn.f_b_proj.weight", 0, 63]]}), tensor(F32, x)]
     ty = (np.arange(2 * 5, dtype=np.float32) * 1.5).reshape(1, 10).astype("<f4")
     m["trunk_result"] = [control(TRESULT, 2**33 + 1, {"queue_us": 0, "compute_us": 70000}), tensor(F32, ty)]
     return m

@@ -323,7 +323,8 @@ static int load_trunk(server *s, const char *dir, const char *spec, char *err, s
         size_t esz = shoal_dtype_size(t->dtype);
         uint32_t first = pack ? s->trunk[i].lo - slice[i]->lo : s->trunk[i].lo; /* the range's first row in t */
         s->tmat[i] = (shoal_serve_tmat){.w = (const char *)t->data + (size_t)first * (size_t)t->shape[1] * esz,
-                                        .bf16 = t->dtype == SHOAL_DT_BF16, .cols = (int)t->shape[1]};
+                                        .bf16 = t->dtype == SHOAL_DT_BF16, .cols = (int)t->shape[1],
+                                        .rows = pack ? (int)slice[i]->shape[0] : (int)t->shape[0]};
         if (pack) { /* the full matrix's line, once per distinct matrix (as shoal_fprint_trunk) */
             int seen = 0;
             for (size_t j = 0; j < i && !seen; j++)

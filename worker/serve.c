@@ -53,6 +53,8 @@ struct shoal_serve {
     int last_perr; /* ERROR code of the reply being built (0: not an ERROR) */
     float *tx;     /* [max_tokens * max trunk cols]: a TRUNK_BATCH's input, aligned */
     size_t tx_cap; /* floats */
+    float *ta;     /* [max_tokens * chain_rows]: a chain's first output (1.4) */
+    int chain_rows; /* the most rows of a wholly owned matrix usable as a chain's first (<= MAX_CHAIN_ROWS) */
     uint64_t tbatches;
 };
 
@@ -99,6 +101,11 @@ int shoal_serve_open(shoal_serve **out, const shoal_serve_opts *o, const shoal_b
             tcols = (size_t)o->tmat[i].cols;
     s->tx_cap = tcols * (size_t)o->max_tokens;
     s->tx = s->tx_cap ? shoal_xmalloc(s->tx_cap * sizeof *s->tx) : NULL;
+    for (size_t i = 0; i < o->ntrunk; i++) /* wholly owned, small enough to be a chain's first matrix */
+        if (o->trunk[i].lo == 0 && (int)o->trunk[i].hi == o->tmat[i].rows - 1 &&
+            o->tmat[i].rows <= SHOAL_PROTO_MAX_CHAIN_ROWS && o->tmat[i].rows > s->chain_rows)
+            s->chain_rows = o->tmat[i].rows;
+    s->ta = s->chain_rows ? shoal_xmalloc((size_t)s->chain_rows * (size_t)o->max_tokens * sizeof *s->ta) : NULL;
     s->ctl = shoal_xmalloc(s->ctlcap);
     size_t mt = (size_t)o->max_tokens, pairs = mt * (size_t)o->k;
     s->xe = shoal_xmalloc(mt * (size_t)d * sizeof *s->xe);
@@ -122,6 +129,7 @@ void shoal_serve_close(shoal_serve *s)
         return;
     free(s->ctl);
     free(s->tx);
+    free(s->ta);
     free(s->xe);
     free(s->ye);
     free(s->h);
@@ -433,17 +441,47 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
     shoal_wmetrics_batch(s->o.metrics, act->rows, n, (uint32_t)ntouched, queue_us, compute_us);
 }
 
+/* The owned range of trunk rows lo..hi of `name` (inside one range), or -1;
+ * *named: some range of that matrix is owned. */
+static int trunk_owner(const shoal_serve *s, const char *name, uint32_t lo, uint32_t hi, int *named)
+{
+    *named = 0;
+    for (size_t j = 0; j < s->o.ntrunk; j++) {
+        const shoal_proto_trows *o = &s->o.trunk[j];
+        if (strcmp(o->name, name))
+            continue;
+        *named = 1;
+        if (o->lo <= lo && hi <= o->hi)
+            return (int)j;
+    }
+    return -1;
+}
+
+static void tgemm(float *y, const shoal_serve_tmat *tm, size_t skip_rows, const float *x, int n, int T)
+{
+    size_t skip = skip_rows * (size_t)tm->cols;
+    if (tm->bf16)
+        shoal_gemm_bf16(y, (const uint16_t *)tm->w + skip, x, n, tm->cols, T);
+    else
+        shoal_gemm_f32(y, (const float *)tm->w + skip, x, n, tm->cols, T);
+}
+
 /* TRUNK_BATCH (PROTOCOL.md §3.7): every segment inside one owned range,
  * of the input's width; each computed with the coordinator's in-process
  * kernel (shoal_gemm_bf16/f32 over the segment's rows), so every output
- * element has the bits it has in-process (kernels/README.md, contract 1). */
+ * element has the bits it has in-process (kernels/README.md, contract 1).
+ * A chained segment (1.4) applies every row of its first matrix (owned whole
+ * here) to x with the same kernel, then its rows of the second to that
+ * output: the first output is what the coordinator computes in-process, so
+ * the second's elements keep their bits too. */
 static void do_tbatch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us, shoal_serve_alloc_fn alloc,
                       void *actx, shoal_serve_reply *rep)
 {
     char msg[512];
     const shoal_proto_tensor *x = &m->tbatch.x;
-    int owner[SHOAL_PROTO_MAX_TSEGS];
+    int owner[SHOAL_PROTO_MAX_TSEGS], aown[SHOAL_PROTO_MAX_TCHAIN], bown[SHOAL_PROTO_MAX_TCHAIN];
     uint64_t total = 0;
+    int named;
     if (!s->o.ntrunk) {
         reply_error(s, rep, m->rid, SHOAL_PERR_NOT_OWNED, "TRUNK_BATCH: this worker owns no trunk rows");
         return;
@@ -455,15 +493,7 @@ static void do_tbatch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_u
     }
     for (uint32_t i = 0; i < m->tbatch.n; i++) {
         const shoal_proto_trows *g = &m->tbatch.seg[i];
-        int k = -1, named = 0;
-        for (size_t j = 0; j < s->o.ntrunk && k < 0; j++) {
-            const shoal_proto_trows *o = &s->o.trunk[j];
-            if (strcmp(o->name, g->name))
-                continue;
-            named = 1;
-            if (o->lo <= g->lo && g->hi <= o->hi)
-                k = (int)j;
-        }
+        int k = trunk_owner(s, g->name, g->lo, g->hi, &named);
         if (k < 0) {
             snprintf(msg, sizeof msg, "TRUNK_BATCH: rows %u-%u of %s are not owned by this worker%s", g->lo, g->hi,
                      g->name, named ? " (not inside one owned range)" : "");
@@ -478,6 +508,42 @@ static void do_tbatch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_u
         }
         owner[i] = k;
         total += (uint64_t)(g->hi - g->lo + 1);
+    }
+    for (uint32_t i = 0; i < m->tbatch.nchain; i++) {
+        const shoal_proto_tchain *ch = &m->tbatch.chain[i];
+        int a = -1;
+        for (size_t j = 0; j < s->o.ntrunk && a < 0; j++)
+            if (!strcmp(s->o.trunk[j].name, ch->a) && s->o.trunk[j].lo == 0 &&
+                (int)s->o.trunk[j].hi == s->o.tmat[j].rows - 1)
+                a = (int)j;
+        if (a < 0) {
+            snprintf(msg, sizeof msg, "TRUNK_BATCH: chain[%u]: this worker does not own all rows of %s", i, ch->a);
+            reply_error(s, rep, m->rid, SHOAL_PERR_NOT_OWNED, msg);
+            return;
+        }
+        const shoal_serve_tmat *ta = &s->o.tmat[a];
+        if ((uint32_t)ta->cols != x->cols || ta->rows > s->chain_rows) {
+            snprintf(msg, sizeof msg, "TRUNK_BATCH: chain[%u]: %s is [%d, %d]; x has %u columns, a chain's first "
+                     "matrix has at most %d rows", i, ch->a, ta->rows, ta->cols, x->cols, SHOAL_PROTO_MAX_CHAIN_ROWS);
+            reply_error(s, rep, m->rid, SHOAL_PERR_BAD_SHAPE, msg);
+            return;
+        }
+        int b = trunk_owner(s, ch->b.name, ch->b.lo, ch->b.hi, &named);
+        if (b < 0) {
+            snprintf(msg, sizeof msg, "TRUNK_BATCH: chain[%u]: rows %u-%u of %s are not owned by this worker%s", i,
+                     ch->b.lo, ch->b.hi, ch->b.name, named ? " (not inside one owned range)" : "");
+            reply_error(s, rep, m->rid, SHOAL_PERR_NOT_OWNED, msg);
+            return;
+        }
+        if (s->o.tmat[b].cols != ta->rows) {
+            snprintf(msg, sizeof msg, "TRUNK_BATCH: chain[%u]: %s has %d columns, %s gives %d", i, ch->b.name,
+                     s->o.tmat[b].cols, ch->a, ta->rows);
+            reply_error(s, rep, m->rid, SHOAL_PERR_BAD_SHAPE, msg);
+            return;
+        }
+        aown[i] = a;
+        bown[i] = b;
+        total += (uint64_t)(ch->b.hi - ch->b.lo + 1);
     }
     uint64_t nout = total * x->rows;
     if (nout > UINT32_MAX || nout * 4 > (1ull << 31)) {
@@ -506,13 +572,16 @@ static void do_tbatch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_u
     int T = (int)x->rows;
     for (uint32_t i = 0; i < m->tbatch.n; i++) {
         const shoal_proto_trows *g = &m->tbatch.seg[i];
-        const shoal_serve_tmat *tm = &s->o.tmat[owner[i]];
         int n = (int)(g->hi - g->lo + 1);
-        size_t skip = (size_t)(g->lo - s->o.trunk[owner[i]].lo) * (size_t)tm->cols;
-        if (tm->bf16)
-            shoal_gemm_bf16(out, (const uint16_t *)tm->w + skip, s->tx, n, tm->cols, T);
-        else
-            shoal_gemm_f32(out, (const float *)tm->w + skip, s->tx, n, tm->cols, T);
+        tgemm(out, &s->o.tmat[owner[i]], g->lo - s->o.trunk[owner[i]].lo, s->tx, n, T);
+        out += (size_t)n * (size_t)T;
+    }
+    for (uint32_t i = 0; i < m->tbatch.nchain; i++) {
+        const shoal_proto_tchain *ch = &m->tbatch.chain[i];
+        int n = (int)(ch->b.hi - ch->b.lo + 1);
+        if (!i || aown[i] != aown[i - 1]) /* consecutive segments of one chain share its first output */
+            tgemm(s->ta, &s->o.tmat[aown[i]], 0, s->tx, s->o.tmat[aown[i]].rows, T);
+        tgemm(out, &s->o.tmat[bown[i]], ch->b.lo - s->o.trunk[bown[i]].lo, s->ta, n, T);
         out += (size_t)n * (size_t)T;
     }
     uint64_t compute_us = now_us() - t0;

@@ -28,6 +28,7 @@ typedef struct {
     const void *w;
     int bf16; /* 1: BF16, 0: F32 */
     int cols;
+    int rows; /* the whole matrix's rows (a range lo = 0, hi = rows - 1 owns all of it) */
 } shoal_serve_tmat;
 
 typedef struct {

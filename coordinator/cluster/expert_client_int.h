@@ -107,6 +107,10 @@ typedef struct {
     shoal_proto_trows *tseg; /* [SHOAL_PROTO_MAX_TSEGS] */
     int32_t tjob[SHOAL_PROTO_MAX_TSEGS];
     uint32_t ntseg;
+    int chain;                /* its HELLO (1.4+): it takes chained segments */
+    shoal_proto_tchain tchain[SHOAL_PROTO_MAX_TCHAIN]; /* chained segments, after tseg in its reply */
+    int32_t tcjob[SHOAL_PROTO_MAX_TCHAIN];
+    uint32_t ntchain;
     uint64_t trows;          /* sum of its segments' rows */
     uint64_t tweight;        /* bytes of those rows of the matrices (metrics) */
     uint8_t *tctl;           /* [TCTL_CAP] its TRUNK_BATCH control frame */
@@ -185,7 +189,8 @@ struct shoal_expert_client {
     uint64_t trunk_requests, trunk_messages;
 };
 
-#define SHOAL__EC_TCTL_CAP (64 + SHOAL_PROTO_MAX_TSEGS * (SHOAL_PROTO_MAX_NAME + 16))
+#define SHOAL__EC_TCTL_CAP                                                                                        \
+    (64 + SHOAL_PROTO_MAX_TSEGS * (SHOAL_PROTO_MAX_NAME + 16) + SHOAL_PROTO_MAX_TCHAIN * (2 * SHOAL_PROTO_MAX_NAME + 24))
 
 /* ---- links.c, for the exchange ---------------------------------------------- */
 

@@ -149,6 +149,7 @@ static int take_hello(shoal_expert_client *c, shoal__ec_worker *w, const shoal_f
     w->expert_bytes = h->expert_bytes;
     w->mem_total = h->mem_total;
     w->prefetch = h->minor >= 2 && h->prefetch;
+    w->chain = h->minor >= 4;
     w->owned = h->owned;
     w->nowned = h->nowned;
     m.hello.owned = NULL; /* taken */
@@ -592,6 +593,10 @@ static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np,
             shoal_shard_format(w->owned, w->nowned, a, sizeof a);
             shoal_shard_format(m.hello.owned, m.hello.nowned, b, sizeof b);
             snprintf(r, sizeof r, "refused on reconnection: it now owns %.200s, not %.200s", b, a);
+            refused(c, w, r);
+        } else if (c->o.trunk_role && w->chain && m.hello.minor < 4) {
+            snprintf(r, sizeof r, "refused on reconnection: it now speaks protocol %u.%u, which has no chained trunk "
+                     "segments; it was placed with them at %d.%d", m.hello.major, m.hello.minor, SHOAL_PROTO_MAJOR, 4);
             refused(c, w, r);
         } else if (!same_trunk) {
             char a[200], b[200];

@@ -47,17 +47,48 @@ static int has(void *self, const char *name, int rows, int cols)
     return k >= 0 && c->tremote[k] && c->tmats[k].rows == rows && c->tmats[k].cols == cols;
 }
 
+/* Worker w holds all rows of matrix k in one announced range. */
+static int holds_all(const shoal__ec_worker *w, const shoal_tshard_mat *mt)
+{
+    for (size_t i = 0; i < w->ntrunk; i++)
+        if (!strcmp(w->trunk[i].name, mt->name) && w->trunk[i].lo == 0 && (int)w->trunk[i].hi == mt->rows - 1)
+            return 1;
+    return 0;
+}
+
+/* A chain pre -> name: both remote with these shapes, pre small enough, and
+ * every worker that computes rows of name (the placement's pieces) speaks
+ * 1.4 and holds all of pre (PROTOCOL.md §3.7). */
+static int has_chain(void *self, const char *pre, int pre_rows, int pre_cols, const char *name, int rows, int cols)
+{
+    shoal_expert_client *c = self;
+    if (!has(c, pre, pre_rows, pre_cols) || !has(c, name, rows, cols) || cols != pre_rows ||
+        pre_rows > SHOAL_PROTO_MAX_CHAIN_ROWS)
+        return 0;
+    int ka = find_mat(c, pre), kb = find_mat(c, name);
+    for (int p = c->pbeg[kb]; p < c->pbeg[kb] + c->pcnt[kb]; p++) {
+        const shoal__ec_worker *w = &c->w[c->pieces[p].w];
+        if (!w->chain || !holds_all(w, &c->tmats[ka]))
+            return 0;
+    }
+    return 1;
+}
+
 static int submit(void *self, int layer, const shoal_rmat_job *jobs, int n, const float *x, int T, char *err,
                   size_t errlen)
 {
     shoal_expert_client *c = self;
     if (n < 1 || n > SHOAL_RMAT_MAX_JOBS || T < 1 || T > c->o.max_tokens)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "trunk submit: %d jobs, %d tokens", n, T);
-    int cols = jobs[0].cols;
-    for (int j = 0; j < n; j++)
-        if (jobs[j].cols != cols || !has(c, jobs[j].name, jobs[j].rows, jobs[j].cols))
-            return shoal_err_set(err, errlen, SHOAL_EINVAL, "trunk submit: %s is not a remote matrix of width %d",
-                                 jobs[j].name, cols);
+    int cols = jobs[0].pre ? jobs[0].pre_cols : jobs[0].cols;
+    for (int j = 0; j < n; j++) {
+        const shoal_rmat_job *jb = &jobs[j];
+        if ((jb->pre ? jb->pre_cols : jb->cols) != cols || !has(c, jb->name, jb->rows, jb->cols) ||
+            (jb->pre && !has_chain(c, jb->pre, jb->pre_rows, jb->pre_cols, jb->name, jb->rows, jb->cols)))
+            return shoal_err_set(err, errlen, SHOAL_EINVAL, "trunk submit: %s%s%s is not a remote %s of width %d",
+                                 jb->pre ? jb->pre : "", jb->pre ? " -> " : "", jb->name,
+                                 jb->pre ? "chain" : "matrix", cols);
+    }
     if ((size_t)SHOAL_PROTO_TENSOR_HDR + (size_t)T * (size_t)cols * 4 > c->tx_cap)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "trunk submit: input larger than the buffer");
     pthread_mutex_lock(&c->smu);
@@ -70,30 +101,44 @@ static int submit(void *self, int layer, const shoal_rmat_job *jobs, int n, cons
     c->tT = T;
     for (int i = 0; i < c->nw; i++) {
         c->w[i].ntseg = 0;
+        c->w[i].ntchain = 0;
         c->w[i].trows = 0;
         c->w[i].tweight = 0;
         c->w[i].involved = 0;
         c->w[i].answered = 0;
     }
     for (int j = 0; j < n && c->state == SENT; j++) {
-        int k = find_mat(c, jobs[j].name);
+        int k = find_mat(c, jobs[j].name), ka = jobs[j].pre ? find_mat(c, jobs[j].pre) : -1;
         for (int p = c->pbeg[k]; p < c->pbeg[k] + c->pcnt[k]; p++) {
             const shoal_tshard_piece *pc = &c->pieces[p];
             shoal__ec_worker *w = &c->w[pc->w];
-            if (w->ntseg == SHOAL_PROTO_MAX_TSEGS) {
-                shoal__ec_fail(c, SHOAL_ECONFIG, "trunk worker %s: more than %d row ranges in one request (layer %d)",
-                               w->name, SHOAL_PROTO_MAX_TSEGS, layer);
+            if (ka < 0 ? w->ntseg == SHOAL_PROTO_MAX_TSEGS : w->ntchain == SHOAL_PROTO_MAX_TCHAIN) {
+                shoal__ec_fail(c, SHOAL_ECONFIG, "trunk worker %s: more than %d %s in one request (layer %d)",
+                               w->name, ka < 0 ? SHOAL_PROTO_MAX_TSEGS : SHOAL_PROTO_MAX_TCHAIN,
+                               ka < 0 ? "row ranges" : "chained row ranges", layer);
                 break;
             }
-            shoal_proto_trows *g = &w->tseg[w->ntseg];
+            shoal_proto_trows *g;
+            if (ka < 0) {
+                g = &w->tseg[w->ntseg];
+                w->tjob[w->ntseg++] = j;
+            } else {
+                shoal_proto_tchain *ch = &w->tchain[w->ntchain];
+                memcpy(ch->a, c->tmats[ka].name, sizeof ch->a);
+                g = &ch->b;
+                w->tcjob[w->ntchain++] = j;
+            }
             memcpy(g->name, c->tmats[k].name, sizeof g->name);
             g->lo = pc->lo;
             g->hi = pc->hi;
-            w->tjob[w->ntseg++] = j;
             w->trows += pc->hi - pc->lo + 1;
             const shoal_tensor *tt = shoal_st_find(c->o.st, c->tmats[k].name); /* O(1), no allocation */
             w->tweight += (uint64_t)(pc->hi - pc->lo + 1) * (uint64_t)c->tmats[k].cols *
                           (tt ? shoal_dtype_size(tt->dtype) : 0);
+            if (ka >= 0) { /* the chain's first matrix, read whole by this worker */
+                const shoal_tensor *ta = shoal_st_find(c->o.st, c->tmats[ka].name);
+                w->tweight += ta ? ta->nbytes : 0;
+            }
             w->involved = 1;
         }
     }
@@ -115,7 +160,7 @@ static int submit(void *self, int layer, const shoal_rmat_job *jobs, int n, cons
         }
         w->rid = ++c->next_rid;
         if (shoal_proto_enc_tbatch(w->tctl, SHOAL__EC_TCTL_CAP, &w->tctl_len, w->rid, (uint32_t)layer, w->tseg,
-                                   w->ntseg)) {
+                                   w->ntseg, w->tchain, w->ntchain)) {
             shoal__ec_fail(c, SHOAL_EINTERNAL, "trunk worker %s: TRUNK_BATCH does not encode", w->name);
             break;
         }
@@ -179,11 +224,12 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
         const shoal_rmat_job *jobs = c->tjobs;
         const uint8_t *src = m.tresult.y.data;
         int T = c->tT;
-        for (uint32_t s = 0; s < w->ntseg; s++) {
-            const shoal_rmat_job *jb = &jobs[w->tjob[s]];
-            size_t nr = (size_t)(w->tseg[s].hi - w->tseg[s].lo + 1);
+        for (uint32_t s = 0; s < w->ntseg + w->ntchain; s++) { /* segments, then chained segments */
+            const shoal_proto_trows *g = s < w->ntseg ? &w->tseg[s] : &w->tchain[s - w->ntseg].b;
+            const shoal_rmat_job *jb = &jobs[s < w->ntseg ? w->tjob[s] : w->tcjob[s - w->ntseg]];
+            size_t nr = (size_t)(g->hi - g->lo + 1);
             for (int t = 0; t < T; t++)
-                memcpy(jb->y + (size_t)t * (size_t)jb->rows + w->tseg[s].lo, src + ((size_t)t * nr) * 4, nr * 4);
+                memcpy(jb->y + (size_t)t * (size_t)jb->rows + g->lo, src + ((size_t)t * nr) * 4, nr * 4);
             src += (size_t)T * nr * 4;
         }
         c->st.worker_queue_us += m.tresult.queue_us;
@@ -270,7 +316,8 @@ static void vt_close(void *self)
     shoal_expert_client_close(self);
 }
 
-static const shoal_rmat_vt trunk_vt = {.has = has, .submit = submit, .gather = gather, .close = vt_close};
+static const shoal_rmat_vt trunk_vt = {.has = has, .has_chain = has_chain, .submit = submit, .gather = gather,
+                                       .close = vt_close};
 
 int shoal_trunk_client_open(shoal_expert_client **out, const shoal_expert_client_opts *o, char *err, size_t errlen)
 {

@@ -41,7 +41,8 @@ static void usage(FILE *f)
                "                    owner (default 0)\n"
                "  --trunk MODE      local (default): the trunk stays on the coordinator; spread: every\n"
                "                    worker also owns the i-th of N near-equal row parts of every\n"
-               "                    row-shardable trunk matrix (ROWSPEC '*:i/N', PROTOCOL.md 7.1), so each\n"
+               "                    row-shardable trunk matrix (ROWSPEC '*:i/N', PROTOCOL.md 7.1; KDA's small\n"
+               "                    f_a whole on each, for one round trip fewer per KDA layer), so each\n"
                "                    reads 1/N of the trunk per token; its trunk bytes come out of its\n"
                "                    budget before the experts are placed (one fit)\n"
                "  -o FILE           write plan.json here (required)\n"
@@ -116,7 +117,7 @@ int shoal_cmd_plan(int argc, char **argv)
 {
     const char *model = NULL, *cluster = NULL, *trace = NULL, *out = NULL, *inv = NULL;
     long replicas = 0, hot = 0;
-    int spread = 0;
+    int spread = 0, has_fa = 0;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -246,8 +247,12 @@ int shoal_cmd_plan(int argc, char **argv)
                 break;
             }
             uint64_t row = t->nbytes / (uint64_t)mats[k].rows, R = (uint64_t)mats[k].rows;
+            /* KDA's f_a whole on every worker: f_b(f_a(xn)) then rides in the
+             * layer's first request (PROTOCOL.md §3.7, chains) */
+            int whole = strstr(mats[k].name, ".f_a_proj.weight") != NULL;
+            has_fa |= whole;
             for (int w = 0; w < W; w++)
-                tbytes[w] += ((uint64_t)(w + 1) * R / (uint64_t)W - (uint64_t)w * R / (uint64_t)W) * row;
+                tbytes[w] += (whole ? R : (uint64_t)(w + 1) * R / (uint64_t)W - (uint64_t)w * R / (uint64_t)W) * row;
         }
         free(mats);
         if (rc)
@@ -419,8 +424,8 @@ int shoal_cmd_plan(int argc, char **argv)
         }
         json_object_set_new(o, "bytes", json_integer((json_int_t)bytes));
         if (spread) {
-            char spec[64];
-            snprintf(spec, sizeof spec, "*:%d/%d", w, W);
+            char spec[96];
+            snprintf(spec, sizeof spec, "*:%d/%d%s", w, W, has_fa ? ",*.f_a_proj.weight:all" : "");
             json_object_set_new(o, "trunk", json_string(spec));
             json_object_set_new(o, "trunk_bytes", json_integer((json_int_t)tbytes[w]));
         }
@@ -430,7 +435,8 @@ int shoal_cmd_plan(int argc, char **argv)
                (double)bytes / 1073741824.0, 100.0 * (double)bytes / (double)budget[w], share, 1.0 / W,
                share * W);
         if (spread)
-            printf("  trunk *:%d/%d %.3f GiB", w, W, (double)tbytes[w] / 1073741824.0);
+            printf("  trunk *:%d/%d%s %.3f GiB", w, W, has_fa ? ",*.f_a_proj.weight:all" : "",
+                   (double)tbytes[w] / 1073741824.0);
         printf("\n");
         free(ranges);
     }

@@ -47,6 +47,7 @@ typedef struct {
 
     /* KDA */
     shoal__wmat q_proj, k_proj, v_proj, f_a, f_b, b_proj;
+    int fab_chain; /* f_b(f_a(xn)) goes out as one chained remote job with the step on xn (rmat.h) */
     float *q_conv, *k_conv, *v_conv; /* [C, 1, K] fp32 copies */
     float *A_log;                          /* first kda_heads entries */
     float *dt_bias;                        /* [C] */

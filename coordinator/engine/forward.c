@@ -123,6 +123,7 @@ static void mm(float *y, const shoal__wmat *w, const float *x, int T)
 typedef struct {
     const shoal__wmat *w;
     float *y;
+    const shoal__wmat *pre; /* a chained job: y = w(pre(x)), both remote (the layer's fab_chain) */
 } mmjob;
 
 static int mm_set(shoal_model *m, int layer, const float *x, int T, const mmjob *j, int n, char *err, size_t errlen)
@@ -132,7 +133,9 @@ static int mm_set(shoal_model *m, int layer, const float *x, int T, const mmjob 
     for (int i = 0; i < n; i++)
         if (j[i].w->remote)
             rj[nr++] = (shoal_rmat_job){.name = j[i].w->t->name, .rows = j[i].w->rows, .cols = j[i].w->cols,
-                                        .y = j[i].y};
+                                        .y = j[i].y, .pre = j[i].pre ? j[i].pre->t->name : NULL,
+                                        .pre_rows = j[i].pre ? j[i].pre->rows : 0,
+                                        .pre_cols = j[i].pre ? j[i].pre->cols : 0};
     double t0 = nr ? now_s() : 0.0;
     if (nr) {
         int rc = m->rmat.vt->submit(m->rmat.self, layer, rj, nr, x, T, err, errlen);
@@ -155,7 +158,7 @@ static int mm_set(shoal_model *m, int layer, const float *x, int T, const mmjob 
 static int mm1(shoal_model *m, int layer, float *y, const shoal__wmat *w, const float *x, int T, char *err,
                size_t errlen)
 {
-    mmjob j = {w, y};
+    mmjob j = {w, y, NULL};
     return mm_set(m, layer, x, T, &j, 1, err, errlen);
 }
 
@@ -202,14 +205,19 @@ static int kda_layer(shoal_model *m, const shoal__layer *ly, int L, shoal_seq *c
     const float *xn = sc->xn;
 
     int rc;
-    {
-        mmjob j[] = {{&ly->q_proj, qt}, {&ly->k_proj, kt}, {&ly->v_proj, vt},
-                     {&ly->g_proj, G},  {&ly->f_a, fa},    {&ly->b_proj, bl}};
+    if (ly->fab_chain) { /* f_b(f_a(xn)) computed on the trunk servers in the same round trip */
+        mmjob j[] = {{&ly->q_proj, qt, NULL}, {&ly->k_proj, kt, NULL}, {&ly->v_proj, vt, NULL},
+                     {&ly->g_proj, G, NULL},  {&ly->b_proj, bl, NULL}, {&ly->f_b, z, &ly->f_a}};
         if ((rc = mm_set(m, L, xn, T, j, 6, err, errlen)))
             return rc;
+    } else {
+        mmjob j[] = {{&ly->q_proj, qt, NULL}, {&ly->k_proj, kt, NULL}, {&ly->v_proj, vt, NULL},
+                     {&ly->g_proj, G, NULL},  {&ly->f_a, fa, NULL},    {&ly->b_proj, bl, NULL}};
+        if ((rc = mm_set(m, L, xn, T, j, 6, err, errlen)))
+            return rc;
+        if ((rc = mm1(m, L, z, &ly->f_b, fa, T, err, errlen)))
+            return rc;
     }
-    if ((rc = mm1(m, L, z, &ly->f_b, fa, T, err, errlen)))
-        return rc;
 
     const float qscale = 1.0f / sqrtf((float)D);
     size_t win = (size_t)(K - 1) * C;
@@ -253,7 +261,7 @@ static int mla_layer(shoal_model *m, const shoal__layer *ly, int L, shoal_seq *c
 
     int rc;
     {
-        mmjob j[] = {{&ly->q_a, qa}, {&ly->kv_a, ckv}, {&ly->g_proj, G}};
+        mmjob j[] = {{&ly->q_a, qa, NULL}, {&ly->kv_a, ckv, NULL}, {&ly->g_proj, G, NULL}};
         if ((rc = mm_set(m, L, xn, T, j, 3, err, errlen)))
             return rc;
     }
@@ -327,7 +335,7 @@ static int dense_mlp(shoal_model *m, const shoal__layer *ly, int L, int T, char 
     shoal__scratch *sc = &m->sc;
     size_t F = (size_t)c->intermediate_size;
     float *g = sc->work, *u = g + (size_t)T * F;
-    mmjob j[] = {{&ly->mlp_gate, g}, {&ly->mlp_up, u}};
+    mmjob j[] = {{&ly->mlp_gate, g, NULL}, {&ly->mlp_up, u, NULL}};
     int rc = mm_set(m, L, sc->xn, T, j, 2, err, errlen);
     if (rc)
         return rc;
@@ -453,7 +461,7 @@ static int moe_layer(shoal_model *m, const shoal__layer *ly, int L, int T, char 
      * gate and up projections with them, so a remote trunk takes one round
      * trip for all four */
     {
-        mmjob j[] = {{&ly->router, lg}, {&ly->rdown, z}, {&ly->sh_gate, sg}, {&ly->sh_up, su}};
+        mmjob j[] = {{&ly->router, lg, NULL}, {&ly->rdown, z, NULL}, {&ly->sh_gate, sg, NULL}, {&ly->sh_up, su, NULL}};
         int rc = mm_set(m, L, sc->xn, T, j, 4, err, errlen);
         if (rc)
             return rc;

@@ -700,6 +700,13 @@ int shoal_model_set_rmat(shoal_model *m, shoal_rmat *b, int *nremote, char *err,
                     b->vt->has(b->self, w->t->name, w->rows, w->cols);
         n += w->remote;
     }
+    for (int L = 0; L < m->cfg.num_layers; L++) {
+        shoal__layer *ly = &m->layers[L];
+        ly->fab_chain = 0;
+        if (ly->kind == SHOAL_ATTN_KDA && ly->f_a.remote && ly->f_b.remote && b->vt->has_chain)
+            ly->fab_chain = b->vt->has_chain(b->self, ly->f_a.t->name, ly->f_a.rows, ly->f_a.cols, ly->f_b.t->name,
+                                             ly->f_b.rows, ly->f_b.cols) == 1;
+    }
     /* The coordinator holds none of the remote rows: each remote matrix's
      * pages are given up (and made inaccessible, so a stray read faults
      * rather than making them resident again), and so is the embedding

@@ -29,10 +29,19 @@ typedef struct {
     const char *name; /* the checkpoint tensor name */
     int rows, cols;   /* the whole matrix */
     float *y;         /* [T, rows] */
+    /* A chained job (only where has_chain() said yes): y = (x · Aᵀ) · Wᵀ
+     * with A = pre [pre_rows, pre_cols], every row of A applied first; cols
+     * is then pre_rows and pre_cols the input's width. NULL: a plain job. */
+    const char *pre;
+    int pre_rows, pre_cols;
 } shoal_rmat_job;
 
 typedef struct {
     int (*has)(void *self, const char *name, int rows, int cols);
+    /* 1 when a chained job pre -> name can be sent: both remote and every
+     * worker computing rows of name holds all of pre (PROTOCOL.md §3.7,
+     * 'chain'). NULL: never. */
+    int (*has_chain)(void *self, const char *pre, int pre_rows, int pre_cols, const char *name, int rows, int cols);
     int (*submit)(void *self, int layer, const shoal_rmat_job *jobs, int n, const float *x, int T, char *err,
                   size_t errlen);
     int (*gather)(void *self, char *err, size_t errlen);

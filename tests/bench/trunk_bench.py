@@ -12,7 +12,10 @@ trunk round trips per token, wire bytes per token (experts + trunk, both
 directions), the load average before it.
 
 usage: trunk_bench.py --model DIR --bin SHOAL --out FILE.json [--gen N] [--reps N]
-       [--threads N] [--delays 0.2,0.5,1] [--workers 1,2,4] [--relay-workers 0,2]"""
+       [--threads N] [--delays 0.2,0.5,1] [--workers 1,2,4] [--relay-workers 0,2] [--chain off|on|both]
+--chain on: every trunk worker also holds each KDA f_a whole (ROWSPEC `*:i/N,*.f_a_proj.weight:all`,
+as `shoal plan --trunk spread` writes), so f_b(f_a(xn)) goes out chained (PROTOCOL.md §3.7, 1.4);
+both: each remote set twice, without ("ipc", "relayD") and with ("ipc+chain", "relayD+chain")."""
 import argparse
 import json
 import os
@@ -44,6 +47,7 @@ def main():
     ap.add_argument("--delays", default="0.2,0.5,1")
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--relay-workers", default="0,2", help="worker counts behind the relay (0: the local baseline)")
+    ap.add_argument("--chain", default="off", choices=["off", "on", "both"])
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="shoal-tbench-")
     ex = moe_range(a.model)
@@ -59,38 +63,46 @@ def main():
         procs.append(p)
         return p
 
+    chains = {"off": [False], "on": [True], "both": [False, True]}[a.chain]
+
+    def spec(i, n, chain):
+        return f"*:{i}/{n}" + (",*.f_a_proj.weight:all" if chain else "")
+
     # worker sets: ipc, and tcp behind relays (one relay per worker per delay)
-    maxw = max(int(x) for x in a.workers.split(","))
     sets = {}
-    for n in sorted({1} | {int(x) for x in a.workers.split(",")}):
-        eps = []
-        for i in range(n):
-            ep = f"ipc://{tmp}/w{n}-{i}"
-            worker(ep, ex if i == 0 else None, f"*:{i}/{n}")
-            eps.append(ep)
-        sets[("ipc", n)] = eps
+    for ch in chains:
+        for n in sorted({1} | {int(x) for x in a.workers.split(",")}):
+            eps = []
+            for i in range(n):
+                ep = f"ipc://{tmp}/w{n}-{i}{'c' if ch else ''}"
+                worker(ep, ex if i == 0 else None, spec(i, n, ch))
+                eps.append(ep)
+            sets[("ipc+chain" if ch else "ipc", n)] = eps
     # the local baseline's expert worker (no trunk rows), ipc and tcp
     sets[("ipc", 0)] = [f"ipc://{tmp}/x"]
     worker(sets[("ipc", 0)][0], ex)
     relays = []
     delays = [float(x) for x in a.delays.split(",") if x]
     tcp_sets = {}
-    for n in sorted({int(x) for x in a.relay_workers.split(",") if x}):  # 0: the local baseline
-        ports = []
-        for i in range(max(n, 1)):
-            port = harness.free_port()
-            worker(f"tcp://127.0.0.1:{port}", ex if i == 0 else None, f"*:{i}/{n}" if n else None,
-                   ["--insecure"])
-            ports.append(port)
-        tcp_sets[n] = ports
+    for ch in chains:
+        for n in sorted({int(x) for x in a.relay_workers.split(",") if x}):  # 0: the local baseline
+            if n == 0 and ch:
+                continue
+            ports = []
+            for i in range(max(n, 1)):
+                port = harness.free_port()
+                worker(f"tcp://127.0.0.1:{port}", ex if i == 0 else None, spec(i, n, ch) if n else None,
+                       ["--insecure"])
+                ports.append(port)
+            tcp_sets[(ch, n)] = ports
     for d in delays:
-        for n, ports in tcp_sets.items():
+        for (ch, n), ports in tcp_sets.items():
             eps = []
             for port in ports:
                 r = Relay(("127.0.0.1", port), delay_ms=d)
                 relays.append(r)
                 eps.append(f"tcp://127.0.0.1:{r.port}")
-            sets[(f"relay{d}", n)] = eps
+            sets[(f"relay{d}" + ("+chain" if ch else ""), n)] = eps
     time.sleep(3)
 
     ids = ",".join(str(x) for x in (5, 17, 3, 99, 42, 7, 1000, 2047))
@@ -105,7 +117,7 @@ def main():
                     str(a.threads), "--hello-timeout-ms", "60000", "--expert-timeout-ms", "60000"]
             for e in sets[(k, n)]:
                 args += ["--worker", e]
-            if k != "ipc":
+            if not k.startswith("ipc"):
                 args += ["--insecure-workers"]
             if n:
                 args += ["--trunk", "remote"]
@@ -150,7 +162,7 @@ def main():
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     doc = {"commit": commit, "model": os.path.basename(os.path.normpath(a.model)), "gen": a.gen, "reps": a.reps,
-           "threads": a.threads, "worker_threads": 1, "nproc": os.cpu_count(), "command": " ".join(sys.argv),
+           "threads": a.threads, "worker_threads": 1, "chain": a.chain, "nproc": os.cpu_count(), "command": " ".join(sys.argv),
            "runs": results, "summary": summary, "failures": bad}
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)

@@ -274,7 +274,7 @@ def case_mismatches():
     c = Client(w.ep)
     (m, _) = c.hello(fp_tiny, major=2, minor=7)
     check("worker refuses protocol 2.7 naming both versions",
-          m[0] == 2 and m[2]["code"] == 2 and "coordinator 2.7, worker 1.3" in m[2]["message"], str(m))
+          m[0] == 2 and m[2]["code"] == 2 and "coordinator 2.7, worker 1.4" in m[2]["message"], str(m))
     (m, _) = c.hello(fp_plain)
     check("worker refuses another model's fingerprint naming both",
           m[0] == 2 and m[2]["code"] == 3 and fp_plain in m[2]["message"] and fp_tiny in m[2]["message"], str(m))
@@ -312,7 +312,7 @@ def case_mismatches():
         p.kill()
         out, errs = p.communicate()
     check("coordinator refuses a worker speaking protocol 2.0 (exit 3, both versions)",
-          ok and p.returncode == 3 and "coordinator 1.3, worker 2.0" in errs, f"rc {p.returncode}: {errs[-500:]}")
+          ok and p.returncode == 3 and "coordinator 1.4, worker 2.0" in errs, f"rc {p.returncode}: {errs[-500:]}")
     srv.close()
 
 

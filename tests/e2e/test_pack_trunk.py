@@ -5,7 +5,8 @@ real processes over loopback tcp:
 - `shoal plan --trunk spread` over 3 workers, `shoal pack` per worker: every
   pack's trunk slices are parsed here (independently of the C code) and hold
   exactly the rows PROTOCOL.md §7.1 gives worker w (floor(wR/N) ..
-  floor((w+1)R/N)-1) of every row-shardable matrix, bytes equal to those rows
+  floor((w+1)R/N)-1) of every row-shardable matrix, and all rows of each KDA
+  f_a (the chain of PROTOCOL.md §3.7), bytes equal to those rows
   of the original model; the manifest's trunk_rows carry the FULL shapes,
   dtypes and sizes (from the original headers); its sizes and BLAKE2b-256
   equal hashlib's;
@@ -121,11 +122,12 @@ def main():
         for f in man["files"]:
             if f["name"].startswith("trunk-rows-"):
                 got.update(st_file(os.path.join(d, f["name"])))
-        want_rows = {k: (wi * v[1][0] // N, (wi + 1) * v[1][0] // N - 1) for k, v in shard.items()}
-        ok = man.get("trunk") == w["trunk"] and len(rows) == len(shard) and \
-            {x["name"]: (x["lo"], x["hi"]) for x in rows} == want_rows
-        check(f"pack {w['name']}: trunk_rows are §7.1's rows *:{wi}/{N} of every row-shardable matrix", ok,
-              f"{len(rows)} entries, want {len(shard)}")
+        # §7.1's share of every matrix, and (PROTOCOL.md §3.7, chains) every KDA f_a whole besides
+        want_rows = sorted([(k, wi * v[1][0] // N, (wi + 1) * v[1][0] // N - 1) for k, v in shard.items()] +
+                           [(k, 0, v[1][0] - 1) for k, v in shard.items() if k.endswith(".f_a_proj.weight")])
+        ok = man.get("trunk") == w["trunk"] and sorted((x["name"], x["lo"], x["hi"]) for x in rows) == want_rows
+        check(f"pack {w['name']}: trunk_rows are §7.1's rows *:{wi}/{N} of every row-shardable matrix, "
+              "and every f_a whole", ok, f"{len(rows)} entries, want {len(want_rows)}")
         ok = all(x["dtype"] == orig[x["name"]][0] and x["shape"] == orig[x["name"]][1] and
                  x["nbytes"] == len(orig[x["name"]][2]) for x in rows)
         check(f"pack {w['name']}: trunk_rows carry the full matrices' dtype, shape and size", ok)

@@ -2,7 +2,8 @@
 """`shoal plan --trunk spread` (issue 16) on tests/models/tiny-k3, with real
 processes over loopback tcp (--insecure):
 
-- every worker gets ROWSPEC `*:w/N` and the trunk bytes of those rows, equal
+- every worker gets ROWSPEC `*:w/N,*.f_a_proj.weight:all` (its share, and
+  KDA's f_a whole for the chain of §3.7) and the trunk bytes of those rows, equal
   to the sum worked out here from the safetensors headers with PROTOCOL.md
   §7.1's rule (a language-model tensor, 2-D, not a routed expert, at least 2 rows, not embed_tokens nor
   kv_b_proj; rows floor(wR/N) .. floor((w+1)R/N)-1); every routed expert is
@@ -94,8 +95,9 @@ def main():
     shard = {k: (s, nb) for k, (s, nb) in ts.items()
              if k.startswith("language_model.") and len(s) == 2 and s[0] >= 2 and not (".experts." in k and "shared_experts" not in k)
              and not k.endswith("embed_tokens.weight") and not k.endswith("kv_b_proj.weight")}
-    want_tb = [sum(((w + 1) * s[0] // N - w * s[0] // N) * (nb // s[0]) for s, nb in shard.values())
-               for w in range(N)]
+    # each worker's share of every matrix; KDA's f_a whole on every worker (PROTOCOL.md §3.7, chains)
+    want_tb = [sum((s[0] if k.endswith(".f_a_proj.weight") else (w + 1) * s[0] // N - w * s[0] // N) * (nb // s[0])
+                   for k, (s, nb) in shard.items()) for w in range(N)]
     exp_all = sum(nb for k, (s, nb) in ts.items() if ".experts." in k and "shared_experts" not in k)
     trunk_all = sum(nb for s, nb in shard.values())
 
@@ -107,7 +109,8 @@ def main():
         return 1
     plan = json.load(open(pp))
     ws = plan["workers"]
-    check("every worker gets *:w/N", [w.get("trunk") for w in ws] == [f"*:{i}/{N}" for i in range(N)],
+    check("every worker gets *:w/N and every f_a whole",
+          [w.get("trunk") for w in ws] == [f"*:{i}/{N},*.f_a_proj.weight:all" for i in range(N)],
           str([w.get("trunk") for w in ws]))
     check("trunk bytes per worker as worked out from the headers", [w.get("trunk_bytes") for w in ws] == want_tb,
           f"{[w.get('trunk_bytes') for w in ws]} vs {want_tb}")

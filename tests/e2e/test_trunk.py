@@ -126,6 +126,49 @@ def case_determinism():
                 stop_all()
 
 
+def kda_layers(model):
+    c = json.load(open(os.path.join(model, "config.json")))
+    c = c.get("text_config", c)
+    return len(c["linear_attn_config"]["kda_layers"])
+
+
+def case_chain():
+    """Proto 1.4 chains (PROTOCOL.md §3.7): with f_a held whole by every
+    worker that computes f_b rows, f_b(f_a(xn)) rides in the KDA layer's first
+    request: one round trip fewer per KDA layer, the same bits."""
+    for model in MODELS:
+        name = os.path.basename(model)
+        ex = moe_range(model)
+        rc, ref, ref_logits, err, _ = run(model, [])
+        if not check(f"{name}: chain: in-process reference run", rc == 0 and ref, err[-300:]):
+            continue
+        rts = {}
+        for label, specs in (("halves", ["*:0/2", "*:1/2"]),
+                             ("halves + f_a whole on both", ["*:0/2,*.f_a_proj.weight:all",
+                                                             "*:1/2,*.f_a_proj.weight:all"]),
+                             # the second computes f_b rows without holding f_a whole
+                             ("f_a on one, f_b on the other (no chain possible)",
+                              ["*:0/2,*.f_a_proj.weight:all", "*:1/2"])):
+            eps = [worker(model, ex)[0]]
+            try:
+                for t in specs:
+                    eps.append(worker(model, None, t)[0])
+                rc, j, lg, err, _ = run(model, eps, "remote")
+                ok = rc == 0 and j is not None and j["generated_ids"] == ref["generated_ids"] and lg == ref_logits
+                rts[label] = j.get("decode_trunk_round_trips_per_token") if j else None
+                check(f"{name}: chain: {label}: ids and logits bit-identical to in-process", ok,
+                      err[-400:] if not j else f"ids {j['generated_ids']} vs {ref['generated_ids']}")
+            finally:
+                stop_all()
+        a, b, c = (rts.get(k) for k in ("halves", "halves + f_a whole on both",
+                                        "f_a on one, f_b on the other (no chain possible)"))
+        n = kda_layers(model)
+        check(f"{name}: chain: one round trip fewer per KDA layer ({n} layers): {a} -> {b} per token",
+              a is not None and b is not None and abs((a - b) - n) < 1e-9, f"{a} -> {b}")
+        check(f"{name}: chain: not used where an f_b owner lacks f_a: {c} round trips per token (as without)",
+              c is not None and a is not None and abs(c - a) < 1e-9, f"{c} vs {a}")
+
+
 def case_coverage():
     model = MODELS[0]
     ex = moe_range(model)
@@ -174,6 +217,7 @@ def main():
         return 77
     try:
         case_determinism()
+        case_chain()
         case_coverage()
         case_killed()
     finally:

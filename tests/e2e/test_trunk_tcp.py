@@ -11,7 +11,9 @@ keygen`, every link encrypted and the worker keys pinned):
   round trips counted in its JSON) over tcp (the wire bytes counted);
 - k3-scale (real K3 widths, tools/ensure_scale_model.sh into
   $SHOAL_BUILD/k3-scale): one configuration, 4 trunk servers in quarters with
-  the routed experts on the first, same ids and logits. SKIP (visible) when
+  the routed experts on the first, same ids and logits; and the same with
+  every KDA f_a whole on each server (the chain of PROTOCOL.md §3.7): same
+  bits, one round trip fewer per KDA layer (12 -> 11 per token). SKIP (visible) when
   the model cannot be made here (no numpy, under 3 GB free) or
   SHOAL_TRUNK_TCP_SCALE=0.
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~10 s
@@ -176,10 +178,22 @@ def main():
                     ref, ref_lg, err = run(SCALE, [], gen=4, threads=2)
                     if check("k3-scale: in-process reference", ref is not None and len(ref_lg) > 0, err[-300:]):
                         l0, l1, E = moe(SCALE)
-                        quarters = split(shardable(SCALE), 4, lambda r, R: r * 4 // R)
-                        gate("k3-scale", SCALE, "CURVE tcp, 4 trunk servers in quarters, experts on the first",
-                             [(f"{l0}-{l1}:0-{E - 1}" if w == 0 else None, quarters[w]) for w in range(4)], ref,
-                             ref_lg, gen=4, threads=2)
+                        sm = shardable(SCALE)
+                        quarters = split(sm, 4, lambda r, R: r * 4 // R)
+                        j1 = gate("k3-scale", SCALE, "CURVE tcp, 4 trunk servers in quarters, experts on the first",
+                                  [(f"{l0}-{l1}:0-{E - 1}" if w == 0 else None, quarters[w]) for w in range(4)],
+                                  ref, ref_lg, gen=4, threads=2)
+                        # the same with every KDA f_a whole on each: the chain of PROTOCOL.md §3.7
+                        fa = ",".join(f"{n}:0-{r - 1}" for n, r in sorted(sm.items()) if n.endswith(".f_a_proj.weight"))
+                        j2 = gate("k3-scale", SCALE, "CURVE tcp, quarters + f_a whole on each (chained f_a -> f_b)",
+                                  [(f"{l0}-{l1}:0-{E - 1}" if w == 0 else None, quarters[w] + "," + fa)
+                                   for w in range(4)], ref, ref_lg, gen=4, threads=2)
+                        c = json.load(open(os.path.join(SCALE, "config.json")))
+                        nk = len(c.get("text_config", c)["linear_attn_config"]["kda_layers"])
+                        a = j1.get("decode_trunk_round_trips_per_token") if j1 else None
+                        b = j2.get("decode_trunk_round_trips_per_token") if j2 else None
+                        check(f"k3-scale: chained: one round trip fewer per KDA layer ({nk}): {a} -> {b} per token",
+                              a is not None and b is not None and abs((a - b) - nk) < 1e-9, f"{a} -> {b}")
     finally:
         stop_all()
     print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")

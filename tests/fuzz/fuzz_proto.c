@@ -36,14 +36,20 @@ static const uint8_t fz_moe[L] = {0, 1, 1, 1};
 static uint8_t fp[SHOAL_PROTO_FP_BYTES];
 static const char peer_id[] = "fuzz-peer";
 /* trunk rows: the golden trunk_batch's matrices (tools/proto_golden.py) */
-enum { TQ = 128, TK = 256 };
-static uint16_t tq[TQ * D];
+/* and the golden trunk_batch_chain's (1.4): f_a [TA, D] whole, f_b [TB, TA] */
+enum { TQ = 128, TK = 256, TA = 8, TB = 128, NTR = 4 };
+static uint16_t tq[TQ * D], ta[TA * D], tb[TB * TA];
 static float tk[TK * D];
-static const shoal_proto_trows trows[2] = {
+static const shoal_proto_trows trows[NTR] = {
     {.name = "language_model.model.layers.3.self_attn.q_proj.weight", .lo = 0, .hi = TQ - 1},
     {.name = "language_model.model.layers.3.self_attn.k_proj.weight", .lo = 128, .hi = 128 + TK - 1},
+    {.name = "language_model.model.layers.1.self_attn.f_a_proj.weight", .lo = 0, .hi = TA - 1},
+    {.name = "language_model.model.layers.1.self_attn.f_b_proj.weight", .lo = 0, .hi = TB - 1},
 };
-static const shoal_serve_tmat tmats[2] = {{.w = tq, .bf16 = 1, .cols = D}, {.w = tk, .bf16 = 0, .cols = D}};
+static const shoal_serve_tmat tmats[NTR] = {{.w = tq, .bf16 = 1, .cols = D, .rows = TQ},
+                                            {.w = tk, .bf16 = 0, .cols = D, .rows = 128 + TK},
+                                            {.w = ta, .bf16 = 1, .cols = D, .rows = TA},
+                                            {.w = tb, .bf16 = 1, .cols = TA, .rows = TB}};
 static uint8_t tfp[SHOAL_PROTO_FP_BYTES];
 
 static void *alloc_out(void *ctx, size_t len)
@@ -64,6 +70,14 @@ static void setup(void)
     for (int i = 0; i < TQ * D; i++) {
         x = x * 1664525u + 1013904223u;
         tq[i] = (uint16_t)(0x3c00 + (x >> 24) % 0x400) ^ (uint16_t)((x >> 16) & 0x8000);
+    }
+    for (int i = 0; i < TA * D; i++) {
+        x = x * 1664525u + 1013904223u;
+        ta[i] = (uint16_t)(0x3c00 + (x >> 24) % 0x400) ^ (uint16_t)((x >> 16) & 0x8000);
+    }
+    for (int i = 0; i < TB * TA; i++) {
+        x = x * 1664525u + 1013904223u;
+        tb[i] = (uint16_t)(0x3c00 + (x >> 24) % 0x400) ^ (uint16_t)((x >> 16) & 0x8000);
     }
     for (int i = 0; i < TK * D; i++) {
         x = x * 1664525u + 1013904223u;
@@ -86,7 +100,7 @@ static void setup(void)
     memcpy(ranges, r, sizeof r);
     shoal_serve_opts so = {.id = "fuzz", .fingerprint = fp, .owned = ranges, .nowned = nr, .own = own,
                            .num_layers = L, .is_moe = fz_moe, .num_experts = E, .k = 2, .max_tokens = 16,
-                           .isa = "scalar", .threads = 1, .trunk = trows, .tmat = tmats, .ntrunk = 2,
+                           .isa = "scalar", .threads = 1, .trunk = trows, .tmat = tmats, .ntrunk = NTR,
                            .trunk_fp = tfp};
     if (shoal_serve_open(&srv, &so, bank, err, sizeof err))
         abort();
@@ -120,11 +134,28 @@ static uint64_t trunk_expect(const shoal_proto_msg *m)
     for (uint32_t i = 0; i < m->tbatch.n; i++) {
         const shoal_proto_trows *g = &m->tbatch.seg[i];
         int in = 0;
-        for (int j = 0; j < 2; j++)
-            in |= !strcmp(g->name, trows[j].name) && trows[j].lo <= g->lo && g->hi <= trows[j].hi;
+        for (int j = 0; j < NTR; j++) /* inside one owned range, of width D */
+            in |= !strcmp(g->name, trows[j].name) && trows[j].lo <= g->lo && g->hi <= trows[j].hi &&
+                  tmats[j].cols == D;
         if (!in)
             return 0;
         rows += g->hi - g->lo + 1;
+    }
+    for (uint32_t i = 0; i < m->tbatch.nchain; i++) {
+        const shoal_proto_tchain *c = &m->tbatch.chain[i];
+        int a = -1, in = 0;
+        for (int j = 0; j < NTR; j++) /* the first owned whole, of width D */
+            if (!strcmp(c->a, trows[j].name) && trows[j].lo == 0 && (int)trows[j].hi == tmats[j].rows - 1 &&
+                tmats[j].cols == D)
+                a = j;
+        if (a < 0)
+            return 0;
+        for (int j = 0; j < NTR; j++) /* the second inside one owned range, as wide as the first is tall */
+            in |= !strcmp(c->b.name, trows[j].name) && trows[j].lo <= c->b.lo && c->b.hi <= trows[j].hi &&
+                  tmats[j].cols == tmats[a].rows;
+        if (!in)
+            return 0;
+        rows += c->b.hi - c->b.lo + 1;
     }
     return rows * x->rows;
 }

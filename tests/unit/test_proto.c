@@ -269,7 +269,7 @@ static void t_golden_encode(void)
                                {"language_model.model.layers.3.self_attn.k_proj.weight", 255, 256}};
     CHECK(golden("trunk_batch", &g) == 0);
     CHECK(g.n == 2);
-    CHECK(shoal_proto_enc_tbatch(buf, sizeof buf, &len, (1ull << 33) + 1, 3, ts, 2) == 0);
+    CHECK(shoal_proto_enc_tbatch(buf, sizeof buf, &len, (1ull << 33) + 1, 3, ts, 2, NULL, 0) == 0);
     CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
     uint8_t xframe[16 + 2 * 32 * 4];
     CHECK(shoal_proto_tensor_hdr(xframe, SHOAL_WIRE_F32, 2, 32) == 0);
@@ -290,11 +290,29 @@ static void t_golden_encode(void)
     }
     CHECK(same_bytes(tyframe, sizeof tyframe, g.data[1], g.len[1]));
     gfree(&g);
+    /* 1.4: chained segments ('chain' after 'mats'; mats may then be empty) */
+    shoal_proto_trows q = {"language_model.model.layers.1.self_attn.q_proj.weight", 0, 31};
+    shoal_proto_tchain ch = {"language_model.model.layers.1.self_attn.f_a_proj.weight",
+                             {"language_model.model.layers.1.self_attn.f_b_proj.weight", 64, 127}};
+    CHECK(golden("trunk_batch_chain", &g) == 0);
+    CHECK(shoal_proto_enc_tbatch(buf, sizeof buf, &len, 7, 1, &q, 1, &ch, 1) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    gfree(&g);
+    ch.b.lo = 0;
+    ch.b.hi = 63;
+    CHECK(golden("trunk_batch_chain_only", &g) == 0);
+    CHECK(shoal_proto_enc_tbatch(buf, sizeof buf, &len, 8, 1, NULL, 0, &ch, 1) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    gfree(&g);
+    CHECK(shoal_proto_enc_tbatch(buf, sizeof buf, &len, 1, 3, NULL, 0, &ch, SHOAL_PROTO_MAX_TCHAIN + 1) ==
+          SHOAL_ERANGE);
+    ch.b.lo = 70;
+    CHECK(shoal_proto_enc_tbatch(buf, sizeof buf, &len, 1, 3, NULL, 0, &ch, 1) == SHOAL_ERANGE);
     /* limits: no segment, too many, lo > hi, a name too long */
-    CHECK(shoal_proto_enc_tbatch(buf, sizeof buf, &len, 1, 3, ts, 0) == SHOAL_ERANGE);
-    CHECK(shoal_proto_enc_tbatch(buf, sizeof buf, &len, 1, 3, ts, SHOAL_PROTO_MAX_TSEGS + 1) == SHOAL_ERANGE);
+    CHECK(shoal_proto_enc_tbatch(buf, sizeof buf, &len, 1, 3, ts, 0, NULL, 0) == SHOAL_ERANGE);
+    CHECK(shoal_proto_enc_tbatch(buf, sizeof buf, &len, 1, 3, ts, SHOAL_PROTO_MAX_TSEGS + 1, NULL, 0) == SHOAL_ERANGE);
     ts[0].lo = 5;
-    CHECK(shoal_proto_enc_tbatch(buf, sizeof buf, &len, 1, 3, ts, 1) == SHOAL_ERANGE);
+    CHECK(shoal_proto_enc_tbatch(buf, sizeof buf, &len, 1, 3, ts, 1, NULL, 0) == SHOAL_ERANGE);
 }
 
 /* ---- 1.3 trunk messages: decoding the Python bytes, and refusals ---------- */
@@ -341,6 +359,25 @@ static void t_trunk_decode(void)
     g.n = 2;
     gfree(&g);
 
+    CHECK(m.tbatch.nchain == 0);
+    shoal_proto_msg_clear(&m);
+
+    /* 1.4 chains */
+    CHECK(golden("trunk_batch_chain", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.type == SHOAL_MSG_TRUNK_BATCH && m.rid == 7 && m.tbatch.layer == 1 && m.tbatch.n == 1 &&
+          m.tbatch.nchain == 1);
+    CHECK(!strcmp(m.tbatch.chain[0].a, "language_model.model.layers.1.self_attn.f_a_proj.weight"));
+    CHECK(!strcmp(m.tbatch.chain[0].b.name, "language_model.model.layers.1.self_attn.f_b_proj.weight"));
+    CHECK(m.tbatch.chain[0].b.lo == 64 && m.tbatch.chain[0].b.hi == 127);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+    CHECK(golden("trunk_batch_chain_only", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.tbatch.n == 0 && m.tbatch.nchain == 1 && m.tbatch.chain[0].b.hi == 63);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+
     CHECK(golden("trunk_result", &g) == 0);
     CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0);
     CHECK(m.type == SHOAL_MSG_TRUNK_RESULT && m.tresult.compute_us == 70000 && m.tresult.y.rows == 1 &&
@@ -359,10 +396,24 @@ static void t_trunk_decode(void)
                                        't', 's', 0x91, 0x93, 0xa2, 'w', ' ', 0x00, 0x04};
     static const uint8_t empty_list[] = {0x93, 0x0c, 0x01, 0x82, 0xa5, 'l', 'a', 'y', 'e', 'r', 0x00,
                                          0xa4, 'm',  'a',  't',  's',  0x90};
+    /* 1.4 'chain': an item of 3, an empty chain, lo > hi, a non-string first name */
+    static const uint8_t chain3[] = {0x93, 0x0c, 0x01, 0x83, 0xa5, 'l', 'a', 'y', 'e', 'r', 0x00, 0xa4, 'm', 'a',
+                                     't', 's', 0x90, 0xa5, 'c', 'h', 'a', 'i', 'n', 0x91, 0x93, 0xa1, 'a', 0xa1, 'b',
+                                     0x00};
+    static const uint8_t chain0[] = {0x93, 0x0c, 0x01, 0x83, 0xa5, 'l', 'a', 'y', 'e', 'r', 0x00, 0xa4, 'm', 'a',
+                                     't', 's', 0x90, 0xa5, 'c', 'h', 'a', 'i', 'n', 0x90};
+    static const uint8_t chain_lohi[] = {0x93, 0x0c, 0x01, 0x83, 0xa5, 'l', 'a', 'y', 'e', 'r', 0x00, 0xa4, 'm',
+                                         'a', 't', 's', 0x90, 0xa5, 'c', 'h', 'a', 'i', 'n', 0x91, 0x94, 0xa1, 'a',
+                                         0xa1, 'b', 0x05, 0x04};
+    static const uint8_t chain_num[] = {0x93, 0x0c, 0x01, 0x83, 0xa5, 'l', 'a', 'y', 'e', 'r', 0x00, 0xa4, 'm',
+                                        'a', 't', 's', 0x90, 0xa5, 'c', 'h', 'a', 'i', 'n', 0x91, 0x94, 0x01, 0xa1,
+                                        'b', 0x00, 0x04};
     const struct {
         const uint8_t *b;
         size_t n;
-    } bad[] = {{bad_lohi, sizeof bad_lohi}, {bad_name, sizeof bad_name}, {empty_list, sizeof empty_list}};
+    } bad[] = {{bad_lohi, sizeof bad_lohi}, {bad_name, sizeof bad_name}, {empty_list, sizeof empty_list},
+               {chain3, sizeof chain3},     {chain0, sizeof chain0},     {chain_lohi, sizeof chain_lohi},
+               {chain_num, sizeof chain_num}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         shoal_frame f[2] = {{bad[i].b, bad[i].n}, {x, sizeof x}};
         CHECK_MSG(shoal_proto_decode(f, 2, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err) == SHOAL_EPROTO &&
@@ -371,7 +422,7 @@ static void t_trunk_decode(void)
         shoal_proto_msg_clear(&m);
     }
     shoal_proto_trows one = {"w", 0, 4};
-    CHECK(shoal_proto_enc_tbatch(ctl, sizeof ctl, &len, 1, 0, &one, 1) == 0);
+    CHECK(shoal_proto_enc_tbatch(ctl, sizeof ctl, &len, 1, 0, &one, 1, NULL, 0) == 0);
     uint8_t xb[16 + 32 * 2];
     CHECK(shoal_proto_tensor_hdr(xb, SHOAL_WIRE_BF16, 1, 32) == 0);
     memset(xb + 16, 0, 64);
