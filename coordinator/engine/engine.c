@@ -58,6 +58,8 @@ void shoal_seq_free(shoal_seq *s)
     if (!s)
         return;
     s->m->seqs_alive--;
+    free(s->ck_S);
+    free(s->ck_conv);
     free(s->kda_S);
     free(s->kda_conv);
     free(s->mla);
@@ -71,6 +73,7 @@ void shoal_seq_reset(shoal_seq *s)
     memset(s->kda_conv, 0, sizeof(float) * kda_conv_floats(c));
     s->pos = 0;
     s->broken = 0;
+    s->ck_n = 0;
 }
 
 int shoal_seq_pos(const shoal_seq *s)
@@ -106,6 +109,7 @@ int shoal_seq_copy(shoal_seq *dst, const shoal_seq *src, char *err, size_t errle
                sizeof(float) * row * (size_t)src->pos);
     dst->pos = src->pos;
     dst->broken = src->broken;
+    dst->ck_n = 0;
     return 0;
 }
 
@@ -125,6 +129,45 @@ int shoal_seq_fork(shoal_seq **out, const shoal_seq *src, int capacity, char *er
         return rc;
     }
     *out = s;
+    return 0;
+}
+
+int shoal_seq_reserve_rewind(shoal_seq *s, int n, char *err, size_t errlen)
+{
+    if (n < 0 || n >= s->m->info.max_batch)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "rewind room for %d positions outside [0, max_batch %d)", n,
+                             s->m->info.max_batch);
+    if (n <= s->ck_cap)
+        return 0;
+    const shoal_k3cfg *c = &s->m->cfg;
+    free(s->ck_S);
+    free(s->ck_conv);
+    s->ck_S = shoal_xmalloc(sizeof(float) * (kda_state_floats(c) * (size_t)n + 1));
+    s->ck_conv = shoal_xmalloc(sizeof(float) * (kda_conv_floats(c) * (size_t)n + 1));
+    s->bytes += sizeof(float) * (kda_state_floats(c) + kda_conv_floats(c)) * (size_t)(n - s->ck_cap);
+    s->ck_cap = n;
+    s->ck_n = 0;
+    return 0;
+}
+
+int shoal_seq_rewind(shoal_seq *s, int pos, char *err, size_t errlen)
+{
+    if (pos == s->pos)
+        return 0;
+    if (s->broken)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "rewind: sequence broken by an earlier failure");
+    if (pos <= s->ck_base || pos > s->ck_base + s->ck_n)
+        return shoal_err_set(err, errlen, SHOAL_ERANGE,
+                             "rewind to position %d: the last verify (at %d, %d states kept) cannot reach it", pos,
+                             s->ck_base, s->ck_n);
+    const shoal_k3cfg *c = &s->m->cfg;
+    size_t j = (size_t)(pos - s->ck_base - 1), sn = kda_state_floats(c), cn = kda_conv_floats(c);
+    /* ck_S[j] holds every KDA layer of position j back to back, the layout of kda_S */
+    memcpy(s->kda_S, s->ck_S + j * sn, sizeof(float) * sn);
+    memcpy(s->kda_conv, s->ck_conv + j * cn, sizeof(float) * cn);
+    /* the MLA rows past pos are never read before they are written again */
+    s->pos = pos;
+    s->ck_n = (int)j; /* positions before the new end can still be reached */
     return 0;
 }
 
@@ -182,6 +225,22 @@ int shoal_seq_prefill(shoal_seq *s, const int32_t *ids, int n, shoal_logits_mode
         done += T;
     }
     return 0;
+}
+
+int shoal_seq_verify(shoal_seq *s, const int32_t *ids, int n, float *logits, char *err, size_t errlen)
+{
+    if (n < 1 || n > s->m->info.max_batch || n - 1 > s->ck_cap)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL,
+                             "verify: %d tokens (one chunk of at most max_batch %d, rewind room %d + 1)", n,
+                             s->m->info.max_batch, s->ck_cap);
+    int base = s->pos;
+    s->ck_arm = 1;
+    s->ck_base = base;
+    s->ck_n = 0;
+    int rc = shoal_seq_prefill(s, ids, n, SHOAL_LOGITS_ALL, logits, err, errlen);
+    s->ck_arm = 0;
+    s->ck_n = rc ? 0 : n - 1;
+    return rc;
 }
 
 int shoal_seq_decode(shoal_seq *s, int32_t id, float *logits, char *err, size_t errlen)

@@ -166,6 +166,14 @@ struct shoal_seq {
     float *mla;      /* [num_mla, capacity, R + P] */
     int broken;      /* a forward failed part-way: state invalid until reset/copy */
     size_t bytes;
+    /* rewind (shoal_seq_verify / shoal_seq_rewind): room for ck_cap
+     * per-position copies of the KDA states and conv windows; while ck_arm,
+     * the forward saves token j's state (j = position - ck_base, j < ck_cap)
+     * after it has been applied; ck_n: positions saved by the last forward
+     * (0 after any other forward, a reset or a copy) */
+    float *ck_S;    /* [ck_cap, num_kda, H, D, D] */
+    float *ck_conv; /* [ck_cap, num_kda, 3, K-1, C] */
+    int ck_cap, ck_arm, ck_base, ck_n;
 };
 
 /* forward.c: lay the scratch out from base (NULL: just count) for Tmax tokens

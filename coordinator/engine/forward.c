@@ -231,6 +231,14 @@ static int kda_layer(shoal_model *m, const shoal__layer *ly, int L, shoal_seq *c
         for (int h = 0; h < H; h++)
             sc->beta[h] = shoal_sigmoid(bl[(size_t)t * H + h]);
         shoal_kda_step(o + (size_t)t * C, S, sc->tq, sc->tk, sc->tv, sc->tg, sc->beta, H, D);
+        if (s->ck_arm) { /* shoal_seq_verify: keep this position's state for a rewind */
+            int j = sc->tpos[t] - s->ck_base;
+            if (j >= 0 && j < s->ck_cap) {
+                size_t sn = (size_t)H * D * D, cn = 3 * win;
+                memcpy(s->ck_S + ((size_t)j * c->num_kda + (size_t)ly->kda_idx) * sn, S, sizeof(float) * sn);
+                memcpy(s->ck_conv + ((size_t)j * c->num_kda + (size_t)ly->kda_idx) * cn, w, sizeof(float) * cn);
+            }
+        }
         shoal_gated_rmsnorm(on + (size_t)t * C, o + (size_t)t * C, G + (size_t)t * C, ly->o_norm, H, D,
                             c->rms_norm_eps);
     }
@@ -755,8 +763,11 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
     shoal_cmetrics_forward(m->cm, (uint32_t)T);
     shoal__engine_guard_arm(0);
 
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < T; t++) {
         seqs[t]->pos = sc->tpos[t] + 1;
+        if (!seqs[t]->ck_arm)
+            seqs[t]->ck_n = 0; /* saved states of an earlier verify are stale now */
+    }
     m->stats.tokens += (uint64_t)T;
     m->stats.chunks++;
     m->stats.trunk_bytes += m->trunk_bytes_fixed + (uint64_t)T * m->embed_row_bytes;
