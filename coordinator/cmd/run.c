@@ -686,6 +686,9 @@ done:;
                 json_object_set_new(dj, "passes_per_token",
                                     json_real(sst.fed ? (double)sst.passes / (double)sst.fed : 0.0));
                 json_object_set_new(dj, "rewinds", json_integer((json_int_t)sst.rewinds));
+                json_object_set_new(dj, "shadowed", json_integer((json_int_t)sst.shadowed));
+                json_object_set_new(dj, "shadow_hits", json_integer((json_int_t)sst.shadow_hits));
+                json_object_set_new(dj, "k_now", json_integer(spec ? shoal_spec_k(spec) : 0));
                 json_object_set_new(dj, "rewind_s", json_real(sst.rewind_s));
                 json_object_set_new(dj, "forward_tokens", json_integer((json_int_t)ds.tokens));
                 json_object_set_new(o, "draft", dj);

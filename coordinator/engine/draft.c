@@ -7,7 +7,6 @@
 #include "coordinator/engine/draft.h"
 
 #define DECAY 0.8
-#define COST 0.15 /* one more verify position / one pass (draft.h, 3.) */
 
 struct shoal_drafter {
     shoal_draft_opts o;
@@ -34,9 +33,9 @@ static int k_of(const shoal_drafter *d)
     if (r >= 1.0)
         return d->o.max;
     if (r <= 0.0)
-        return 1;
-    double k = floor(log(COST) / log(r));
-    return k < 1 ? 1 : k > d->o.max ? d->o.max : (int)k;
+        return 0;
+    double k = floor(log(d->o.cost) / log(r));
+    return k < 0 ? 0 : k > d->o.max ? d->o.max : (int)k;
 }
 
 void shoal_drafter_reset(shoal_drafter *d)
@@ -58,6 +57,10 @@ int shoal_drafter_create(shoal_drafter **out, const shoal_draft_opts *opts, char
         o.ngram_min = 2;
     if (!o.ngram_max)
         o.ngram_max = 16;
+    if (o.cost == 0.0)
+        o.cost = 0.2;
+    if (!(o.cost > 0.0 && o.cost < 1.0))
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "draft: cost %g outside (0, 1)", o.cost);
     if (o.max < 1 || o.max > SHOAL_DRAFT_MAX_K)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "draft: max %d outside [1, %d]", o.max, SHOAL_DRAFT_MAX_K);
     if (o.ngram_min < 1 || o.ngram_max < o.ngram_min)
@@ -103,7 +106,7 @@ void shoal_drafter_update(shoal_drafter *d, int drafted, int accepted)
 
 int shoal_drafter_propose(shoal_drafter *d, const int32_t *hist, int n, int limit, int32_t *out)
 {
-    int k = d->k < limit ? d->k : limit;
+    int k = limit < SHOAL_DRAFT_MAX_K ? limit : SHOAL_DRAFT_MAX_K;
     if (k <= 0 || n < 1 || d->o.mode == SHOAL_DRAFT_OFF)
         return 0;
     if (d->o.mode == SHOAL_DRAFT_SCRIPT) {

@@ -16,10 +16,13 @@
  *     until the first rejection; r = S / N with S = accepted drafts and
  *     N = accepted + rejections, both decayed by 0.8 per verified chunk
  *     (start: S = 1, N = 2). A draft at depth j is worth proposing while
- *     r^j >= 0.15 (the measured cost of one more position in a verify
- *     chunk relative to a pass; docs/PERFORMANCE.md), so
- *     K = clamp(floor(log 0.15 / log r), 1, max) (r = 1: max). With
- *     adapt = 0, K = max always.
+ *     r^j >= cost (the cost of one more position in a verify chunk relative
+ *     to a pass, measured in docs/PERFORMANCE.md; default 0.2), so
+ *     K = min(floor(log cost / log r), max) (r = 1: max). K = 0 means no
+ *     verify at all: the caller then only shadows one draft (proposes it,
+ *     decodes plainly, and reports whether the next token equalled it), so r
+ *     keeps being measured at no cost and K comes back when drafts start to
+ *     hit. With fixed = 1, K = max always.
  * No match of at least ngram_min tokens: no draft (the caller decodes
  * plainly, at no extra cost). */
 #ifndef SHOAL_DRAFT_H
@@ -43,6 +46,7 @@ typedef struct {
     int ngram_min; /* shortest suffix match that drafts; 0 = 2 */
     int ngram_max; /* longest suffix match looked for; 0 = 16 */
     int fixed;     /* 1: K = max always (no adaptation) */
+    double cost;   /* one more verify position / one pass, in (0, 1); 0 = 0.2 */
     const int32_t *script; /* SHOAL_DRAFT_SCRIPT: borrowed, n_script ids */
     int n_script;
 } shoal_draft_opts;
@@ -56,8 +60,9 @@ int shoal_drafter_create(shoal_drafter **out, const shoal_draft_opts *opts, char
 void shoal_drafter_free(shoal_drafter *d); /* accepts NULL */
 /* A new sequence: K and the acceptance estimate back to their start. */
 void shoal_drafter_reset(shoal_drafter *d);
-/* Up to min(K, limit) drafts continuing hist[0..n) into out[]; returns how
- * many (0: none). Never allocates. */
+/* Up to limit drafts continuing hist[0..n) into out[] (the caller passes
+ * min(K, what it can use), or 1 for a shadow draft); returns how many (0:
+ * none). Never allocates. */
 int shoal_drafter_propose(shoal_drafter *d, const int32_t *hist, int n, int limit, int32_t *out);
 /* A verified chunk: drafted drafts were proposed, the first accepted of them
  * were accepted (accepted < drafted: the next one was rejected). */

@@ -341,6 +341,8 @@ typedef struct {
     uint64_t drafted;     /* tokens drafted into verify chunks */
     uint64_t accepted;    /* of those, fed next (their logits came free) */
     uint64_t rewinds;     /* verify chunks cut back */
+    uint64_t shadowed;    /* K was 0: drafts proposed but not verified (draft.h 3.) */
+    uint64_t shadow_hits; /* of those, equal to the token fed next */
     double rewind_s;      /* seconds in shoal_seq_rewind */
 } shoal_spec_stats;
 
@@ -360,7 +362,8 @@ void shoal_spec_begin(shoal_spec *sp);
  * tokens before hist[n - 1]). */
 int shoal_spec_decode(shoal_spec *sp, const int32_t *hist, int n, int limit, float *logits, char *err,
                       size_t errlen);
-/* Drop pending drafts: the sequence then holds exactly the fed tokens. */
+/* Drop pending drafts: the sequence then holds exactly the fed tokens.
+ * Accepts NULL (nothing to do). */
 int shoal_spec_settle(shoal_spec *sp, char *err, size_t errlen);
 void shoal_spec_get_stats(const shoal_spec *sp, shoal_spec_stats *out);
 /* The drafter's current K (adapted to the recent acceptance). */

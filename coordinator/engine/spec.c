@@ -20,6 +20,7 @@ struct shoal_spec {
     float *lg;      /* [K + 1, V] */
     int32_t *chunk; /* [K + 1] */
     int base, nchunk, used;
+    int32_t shadow; /* K = 0: the draft proposed but not verified, -1: none */
     shoal_spec_stats st;
 };
 
@@ -51,6 +52,7 @@ int shoal_spec_create(shoal_spec **out, shoal_seq *s, const shoal_draft_opts *op
     sp->V = s->m->info.vocab;
     sp->lg = K ? shoal_xmalloc(sizeof(float) * (size_t)(K + 1) * (size_t)sp->V) : NULL;
     sp->chunk = shoal_xmalloc(sizeof(int32_t) * (size_t)(K + 1));
+    sp->shadow = -1;
     *out = sp;
     return 0;
 }
@@ -69,6 +71,7 @@ void shoal_spec_begin(shoal_spec *sp)
 {
     sp->nchunk = sp->used = 0;
     sp->base = sp->s->pos;
+    sp->shadow = -1;
     shoal_drafter_reset(sp->d);
 }
 
@@ -97,7 +100,7 @@ static int cut(shoal_spec *sp, char *err, size_t errlen)
 
 int shoal_spec_settle(shoal_spec *sp, char *err, size_t errlen)
 {
-    return cut(sp, err, errlen);
+    return sp ? cut(sp, err, errlen) : 0;
 }
 
 int shoal_spec_decode(shoal_spec *sp, const int32_t *hist, int n, int limit, float *logits, char *err,
@@ -107,6 +110,12 @@ int shoal_spec_decode(shoal_spec *sp, const int32_t *hist, int n, int limit, flo
     if (n < 1)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "spec decode: empty history");
     int32_t id = hist[n - 1];
+    if (sp->shadow >= 0) { /* the unverified draft of the last plain step: was it right? */
+        shoal_drafter_update(sp->d, 1, sp->shadow == id);
+        sp->st.shadowed++;
+        sp->st.shadow_hits += sp->shadow == id;
+        sp->shadow = -1;
+    }
     if (sp->used < sp->nchunk) {
         if (sp->base + sp->used != n - 1)
             return shoal_err_set(err, errlen, SHOAL_EINVAL,
@@ -127,13 +136,18 @@ int shoal_spec_decode(shoal_spec *sp, const int32_t *hist, int n, int limit, flo
     if (s->pos != n - 1)
         return shoal_err_set(err, errlen, SHOAL_EINVAL,
                              "spec decode: history of %d tokens, the sequence is at position %d", n - 1, s->pos);
-    int room = s->capacity - s->pos - 1, k = limit < sp->K ? limit : sp->K;
+    int room = s->capacity - s->pos - 1, K = shoal_drafter_k(sp->d);
+    if (K > sp->K)
+        K = sp->K;
+    int k = limit < K ? limit : K;
     if (k > room)
         k = room;
     k = k > 0 ? shoal_drafter_propose(sp->d, hist, n, k, sp->chunk + 1) : 0;
     sp->base = s->pos;
     int rc;
     if (k == 0) {
+        if (K == 0 && limit > 0 && sp->K > 0 && shoal_drafter_propose(sp->d, hist, n, 1, sp->chunk + 1) == 1)
+            sp->shadow = sp->chunk[1];
         sp->nchunk = sp->used = 0;
         rc = shoal_seq_decode(s, id, logits, err, errlen);
         if (rc)

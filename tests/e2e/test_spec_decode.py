@@ -46,6 +46,72 @@ def run(model, prompt, tmp, tag, *args):
     return doc, logits, err
 
 
+class Server:
+    def __init__(self, model, *args):
+        self.log = harness.logfile()
+        self.p = subprocess.Popen([BIN, "serve", "--model", model, "--port", "0", "--model-name", "tiny",
+                                   "--threads", "1", *args], stdout=subprocess.PIPE, stderr=self.log, text=True)
+        line = self.p.stdout.readline()
+        if "listening on" not in line:
+            harness.terminate(self.p)
+            self.log.seek(0)
+            raise RuntimeError(f"server did not start: {line!r} {self.log.read()[-1000:]}")
+        self.url = line.strip().split("listening on ")[1]
+        import openai
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+    def ids(self, prompt, **kw):
+        r = self.client.completions.create(model="tiny", prompt=prompt, max_tokens=GEN,
+                                           extra_body={"return_token_ids": True}, **kw)
+        return r.choices[0].model_dump()["token_ids"]
+
+    def metric(self, family):
+        import urllib.request
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(family + " "):
+                    return float(line.split()[1])
+        return None
+
+    def close(self):
+        harness.terminate(self.p)
+
+
+def serve_cases():
+    """shoal serve --draft ngram against --draft off: the same ids per request
+    (greedy, seeded, a stop string, and a second turn continuing a kept
+    sequence after a speculative one), with drafting visible in /metrics."""
+    model = os.path.join(SRC, "tests", "models", "tiny-k3-plain")
+    distinct = [(i * 7 + (i // 50) * 3) % 3800 + 10 for i in range(400)]
+    off = on = None
+    try:
+        off = Server(model, "--draft", "off")
+        on = Server(model, "--draft", "ngram", "--draft-ngram-min", "1", "--draft-max", "6")
+        reqs = [("repeated greedy", REPEAT, dict(temperature=0)),
+                ("distinct greedy", distinct, dict(temperature=0)),
+                ("distinct seeded", distinct, dict(temperature=0.8, top_p=0.9, seed=11)),
+                ("repeated seeded", REPEAT, dict(temperature=1.0, seed=5))]
+        for name, prompt, kw in reqs:
+            a, b = off.ids(prompt, **kw), on.ids(prompt, **kw)
+            R.check(f"serve {name}: ids identical to --draft off", a == b and len(a) > 0, f"{b} != {a}")
+            # the next turn extends the kept sequence the first one left
+            a2, b2 = off.ids(prompt + a + distinct[:5], **kw), on.ids(prompt + b + distinct[:5], **kw)
+            R.check(f"serve {name}: next turn on the kept state identical", a2 == b2, f"{b2} != {a2}")
+        fed, passes = on.metric("shoal_decode_fed_tokens_total"), on.metric("shoal_decode_passes_total")
+        drafted, acc = on.metric("shoal_draft_tokens_total"), on.metric("shoal_draft_accepted_total")
+        R.check("serve: drafts counted in /metrics", drafted and drafted > 0 and fed and passes + acc == fed,
+                f"fed {fed} passes {passes} drafted {drafted} accepted {acc}")
+        ofed, opasses = off.metric("shoal_decode_fed_tokens_total"), off.metric("shoal_decode_passes_total")
+        R.check("serve --draft off: one pass per token, nothing drafted",
+                ofed and ofed == opasses and off.metric("shoal_draft_tokens_total") == 0, f"{ofed} {opasses}")
+    except Exception as e:  # a server that did not start, a failed request
+        R.check("serve cases ran", False, repr(e)[-500:])
+    finally:
+        for srv in (off, on):
+            if srv:
+                srv.close()
+
+
 def main():
     if not os.path.exists(BIN):
         R.record("SKIP", "all", f"{BIN} not built")
@@ -94,6 +160,7 @@ def main():
                             if "K4" in vname:
                                 R.check(f"{c}: planted misses rewound", d["rewinds"] > 0, json.dumps(d))
                         R.check(f"{c}: summary line on stderr", "shoal run: draft " in err, err[-300:])
+        serve_cases()
     print(f"{R.counts['PASS']} passed, {R.counts['FAIL']} failed, {R.counts['SKIP']} skipped")
     return 1 if R.counts["FAIL"] else (77 if not R.counts["PASS"] else 0)
 

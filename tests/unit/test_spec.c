@@ -72,8 +72,8 @@ static void t_drafter_contract(void)
     CHECK_EQ_INT(shoal_drafter_propose(d, h3, 6, 0, out), 0);
     shoal_drafter_free(d);
 
-    /* adaptation: start r = 1/2 -> K = floor(log .15 / log .5) = 2; all
-     * accepted raises it to max, rejections bring it down to 1 */
+    /* adaptation: start r = 1/2 -> K = floor(log .2 / log .5) = 2; all
+     * accepted raises it to max, rejections bring it down to 0 (shadow only) */
     o = (shoal_draft_opts){.mode = SHOAL_DRAFT_NGRAM, .max = 8};
     CHECK(shoal_drafter_create(&d, &o, err, sizeof err) == 0);
     CHECK_EQ_INT(shoal_drafter_k(d), 2);
@@ -82,7 +82,18 @@ static void t_drafter_contract(void)
     CHECK_EQ_INT(shoal_drafter_k(d), 8);
     for (int i = 0; i < 30; i++)
         shoal_drafter_update(d, 8, 0);
-    CHECK_EQ_INT(shoal_drafter_k(d), 1);
+    CHECK_EQ_INT(shoal_drafter_k(d), 0);
+    /* three misses of 2 from the start: r = .8^3 / (2 * .8^3 + 2.44) = .148 -> 0 */
+    shoal_drafter_reset(d);
+    shoal_drafter_update(d, 2, 0);
+    CHECK_EQ_INT(shoal_drafter_k(d), 1); /* r = .8 / 2.6 = .31 */
+    shoal_drafter_update(d, 1, 0);
+    shoal_drafter_update(d, 1, 0);
+    CHECK_EQ_INT(shoal_drafter_k(d), 0);
+    /* shadow hits bring it back: two hits from r = .148 */
+    shoal_drafter_update(d, 1, 1);
+    shoal_drafter_update(d, 1, 1);
+    CHECK(shoal_drafter_k(d) >= 1);
     /* r = S/N after one chunk of 4 drafted, 1 accepted from the start:
      * S = .8 + 1, N = 1.6 + 2 -> r = .5 -> K 2 */
     shoal_drafter_reset(d);
@@ -94,6 +105,9 @@ static void t_drafter_contract(void)
     o = (shoal_draft_opts){.mode = SHOAL_DRAFT_NGRAM, .max = 17};
     CHECK(shoal_drafter_create(&d, &o, err, sizeof err) == SHOAL_EINVAL);
     CHECK_STR_CONTAINS(err, "max");
+    o = (shoal_draft_opts){.mode = SHOAL_DRAFT_NGRAM, .cost = 1.5};
+    CHECK(shoal_drafter_create(&d, &o, err, sizeof err) == SHOAL_EINVAL);
+    CHECK_STR_CONTAINS(err, "cost");
     o = (shoal_draft_opts){.mode = SHOAL_DRAFT_NGRAM, .ngram_min = 5, .ngram_max = 3};
     CHECK(shoal_drafter_create(&d, &o, err, sizeof err) == SHOAL_EINVAL);
     CHECK_STR_CONTAINS(err, "n-gram");
@@ -261,9 +275,9 @@ static void t_identity_ngram(void)
             snprintf(what, sizeof what, "%s ngram %s", MODELS[mi], k ? "seeded" : "greedy");
             shoal_spec_stats st = spec_decode(m, prompt, NP, sos[k], &d, &r, what);
             CHECK_MSG(st.drafted > 0, "%s: nothing drafted", what);
-            fprintf(stderr, "  %s: drafted %llu accepted %llu passes %llu for %d tokens\n", what,
+            fprintf(stderr, "  %s: drafted %llu accepted %llu passes %llu for %d tokens, %llu shadowed\n", what,
                     (unsigned long long)st.drafted, (unsigned long long)st.accepted, (unsigned long long)st.passes,
-                    GEN);
+                    GEN, (unsigned long long)st.shadowed);
             free(r.lg);
         }
         shoal_model_close(m);
