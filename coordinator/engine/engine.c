@@ -58,8 +58,10 @@ void shoal_seq_free(shoal_seq *s)
     if (!s)
         return;
     s->m->seqs_alive--;
-    free(s->ck_S);
-    free(s->ck_conv);
+    free(s->ck_S0);
+    free(s->ck_conv0);
+    free(s->ck_tok);
+    free(s->ck_o);
     free(s->kda_S);
     free(s->kda_conv);
     free(s->mla);
@@ -140,11 +142,18 @@ int shoal_seq_reserve_rewind(shoal_seq *s, int n, char *err, size_t errlen)
     if (n <= s->ck_cap)
         return 0;
     const shoal_k3cfg *c = &s->m->cfg;
-    free(s->ck_S);
-    free(s->ck_conv);
-    s->ck_S = shoal_xmalloc(sizeof(float) * (kda_state_floats(c) * (size_t)n + 1));
-    s->ck_conv = shoal_xmalloc(sizeof(float) * (kda_conv_floats(c) * (size_t)n + 1));
-    s->bytes += sizeof(float) * (kda_state_floats(c) + kda_conv_floats(c)) * (size_t)(n - s->ck_cap);
+    size_t C = (size_t)c->kda_heads * c->kda_head_dim;
+    size_t w = 7 * C + (size_t)c->kda_heads;
+    if (!s->ck_S0) {
+        s->ck_S0 = shoal_xmalloc(sizeof(float) * (kda_state_floats(c) + 1));
+        s->ck_conv0 = shoal_xmalloc(sizeof(float) * (kda_conv_floats(c) + 1));
+        s->ck_o = shoal_xmalloc(sizeof(float) * (C + 1));
+        s->bytes += sizeof(float) * (kda_state_floats(c) + kda_conv_floats(c) + C);
+    }
+    free(s->ck_tok);
+    s->ck_tok = shoal_xmalloc(sizeof(float) * ((size_t)n * (size_t)c->num_kda * w + 1));
+    s->ck_tok_w = w;
+    s->bytes += sizeof(float) * (size_t)c->num_kda * w * (size_t)(n - s->ck_cap);
     s->ck_cap = n;
     s->ck_n = 0;
     return 0;
@@ -161,10 +170,29 @@ int shoal_seq_rewind(shoal_seq *s, int pos, char *err, size_t errlen)
                              "rewind to position %d: the last verify (at %d, %d states kept) cannot reach it", pos,
                              s->ck_base, s->ck_n);
     const shoal_k3cfg *c = &s->m->cfg;
-    size_t j = (size_t)(pos - s->ck_base - 1), sn = kda_state_floats(c), cn = kda_conv_floats(c);
-    /* ck_S[j] holds every KDA layer of position j back to back, the layout of kda_S */
-    memcpy(s->kda_S, s->ck_S + j * sn, sizeof(float) * sn);
-    memcpy(s->kda_conv, s->ck_conv + j * cn, sizeof(float) * cn);
+    int j = pos - s->ck_base - 1, H = c->kda_heads, D = c->kda_head_dim, K = c->conv_kernel;
+    size_t C = (size_t)H * D, sn = (size_t)H * D * D, win = (size_t)(K - 1) * C;
+    for (int l = 0; l < c->num_kda; l++) {
+        /* the state before the chunk, then the kept steps again */
+        float *S = s->kda_S + (size_t)l * sn;
+        memcpy(S, s->ck_S0 + (size_t)l * sn, sizeof(float) * sn);
+        for (int t = 0; t <= j; t++) {
+            const float *r = s->ck_tok + ((size_t)t * c->num_kda + (size_t)l) * s->ck_tok_w;
+            shoal_kda_step(s->ck_o, S, r, r + C, r + 2 * C, r + 3 * C, r + 4 * C, H, D);
+        }
+        /* each window: the last K-1 pre-conv rows of (window before the chunk, rows 0..j) */
+        for (int q = 0; q < 3; q++) {
+            float *w = s->kda_conv + ((size_t)l * 3 + (size_t)q) * win;
+            const float *w0 = s->ck_conv0 + ((size_t)l * 3 + (size_t)q) * win;
+            for (int i = 0; i < K - 1; i++) {
+                int x = j + 1 + i; /* index into w0 ++ rows */
+                const float *src = x < K - 1 ? w0 + (size_t)x * C
+                                             : s->ck_tok + ((size_t)(x - (K - 1)) * c->num_kda + (size_t)l) *
+                                                               s->ck_tok_w + 4 * C + (size_t)H + (size_t)q * C;
+                memcpy(w + (size_t)i * C, src, sizeof(float) * C);
+            }
+        }
+    }
     /* the MLA rows past pos are never read before they are written again */
     s->pos = pos;
     s->ck_n = (int)j; /* positions before the new end can still be reached */

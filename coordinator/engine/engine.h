@@ -298,10 +298,12 @@ int shoal_model_decode_batch(shoal_model *m, shoal_seq *const *seqs, const int32
 
 /* ---- rewind: verify a chunk, keep only a prefix of it (speculative decoding) */
 
-/* Room for n per-position copies of the KDA states and conv windows
- * (n * seq_fixed_bytes, allocated here, never in the forward), so a verify
- * chunk of up to n + 1 tokens can be cut back to any of its prefixes.
- * n in [0, max_batch); a smaller n than already reserved keeps the room. */
+/* Room for a verify chunk of up to n + 1 tokens to be cut back to any of
+ * its prefixes (allocated here, never in the forward): one copy of the KDA
+ * states and conv windows (seq_fixed_bytes) for the state before the chunk,
+ * and per token and KDA layer the inputs of its delta-rule step and its
+ * pre-conv rows (7 C + H floats, C = kda_heads x kda_head_dim). n in [0,
+ * max_batch); a smaller n than already reserved keeps the room. */
 int shoal_seq_reserve_rewind(shoal_seq *s, int n, char *err, size_t errlen);
 /* A prefill of n tokens in one chunk (1 <= n <= max_batch, n - 1 <= the
  * reserved room) with every position's logits in logits[n, vocab], that also
@@ -310,10 +312,14 @@ int shoal_seq_reserve_rewind(shoal_seq *s, int n, char *err, size_t errlen);
 int shoal_seq_verify(shoal_seq *s, const int32_t *ids, int n, float *logits, char *err, size_t errlen);
 /* Cut the last verify chunk (started at position b) back to position pos,
  * b < pos <= current: the state becomes exactly the one after its first
- * pos - b tokens, as if the rest had never run (KDA states and conv windows
- * restored from the kept copies; the MLA rows past pos are dead). pos equal to
- * the current position is a no-op. Any other forward on s, a reset or a copy
- * into s ends the chunk's reach (then SHOAL_ERANGE). O(seq_fixed_bytes). */
+ * pos - b tokens, as if the rest had never run (the KDA states before the
+ * chunk restored and its first pos - b delta-rule steps replayed with the
+ * kept inputs -- the same kernel on the same values, so the same bits -- and
+ * the conv windows rebuilt from the kept rows; the MLA rows past pos are
+ * dead). pos equal to the current position is a no-op. Any other forward on
+ * s, a reset or a copy into s ends the chunk's reach (then SHOAL_ERANGE).
+ * Cost: one seq_fixed_bytes copy plus pos - b KDA steps per KDA layer; it
+ * runs kernels (OpenMP), so call it from the thread that runs s's forwards. */
 int shoal_seq_rewind(shoal_seq *s, int pos, char *err, size_t errlen);
 
 /* ---- speculative decoding (draft.h drafts; spec.c verifies) --------------- */

@@ -217,6 +217,17 @@ static int kda_layer(shoal_model *m, const shoal__layer *ly, int L, shoal_seq *c
         shoal_seq *s = seqs[t];
         float *S = s->kda_S + (size_t)ly->kda_idx * H * (size_t)D * D;
         float *w = s->kda_conv + (size_t)ly->kda_idx * 3 * win;
+        int ckj = s->ck_arm ? sc->tpos[t] - s->ck_base : -1; /* shoal_seq_verify: keep what a rewind needs */
+        if (ckj == 0) {
+            memcpy(s->ck_S0 + (size_t)ly->kda_idx * H * (size_t)D * D, S, sizeof(float) * H * (size_t)D * D);
+            memcpy(s->ck_conv0 + (size_t)ly->kda_idx * 3 * win, w, sizeof(float) * 3 * win);
+        }
+        if (ckj >= 0 && ckj < s->ck_cap) {
+            float *r = s->ck_tok + ((size_t)ckj * c->num_kda + (size_t)ly->kda_idx) * s->ck_tok_w + 4 * C + H;
+            memcpy(r, qt + (size_t)t * C, sizeof(float) * C);
+            memcpy(r + C, kt + (size_t)t * C, sizeof(float) * C);
+            memcpy(r + 2 * C, vt + (size_t)t * C, sizeof(float) * C);
+        }
         shoal_kda_conv_step(sc->tq, w, qt + (size_t)t * C, ly->q_conv, (int)C, K);
         shoal_kda_conv_step(sc->tk, w + win, kt + (size_t)t * C, ly->k_conv, (int)C, K);
         shoal_kda_conv_step(sc->tv, w + 2 * win, vt + (size_t)t * C, ly->v_conv, (int)C, K);
@@ -230,15 +241,15 @@ static int kda_layer(shoal_model *m, const shoal__layer *ly, int L, shoal_seq *c
                        c->gate_lower_bound);
         for (int h = 0; h < H; h++)
             sc->beta[h] = shoal_sigmoid(bl[(size_t)t * H + h]);
-        shoal_kda_step(o + (size_t)t * C, S, sc->tq, sc->tk, sc->tv, sc->tg, sc->beta, H, D);
-        if (s->ck_arm) { /* shoal_seq_verify: keep this position's state for a rewind */
-            int j = sc->tpos[t] - s->ck_base;
-            if (j >= 0 && j < s->ck_cap) {
-                size_t sn = (size_t)H * D * D, cn = 3 * win;
-                memcpy(s->ck_S + ((size_t)j * c->num_kda + (size_t)ly->kda_idx) * sn, S, sizeof(float) * sn);
-                memcpy(s->ck_conv + ((size_t)j * c->num_kda + (size_t)ly->kda_idx) * cn, w, sizeof(float) * cn);
-            }
+        if (ckj >= 0 && ckj < s->ck_cap) {
+            float *r = s->ck_tok + ((size_t)ckj * c->num_kda + (size_t)ly->kda_idx) * s->ck_tok_w;
+            memcpy(r, sc->tq, sizeof(float) * C);
+            memcpy(r + C, sc->tk, sizeof(float) * C);
+            memcpy(r + 2 * C, sc->tv, sizeof(float) * C);
+            memcpy(r + 3 * C, sc->tg, sizeof(float) * C);
+            memcpy(r + 4 * C, sc->beta, sizeof(float) * H);
         }
+        shoal_kda_step(o + (size_t)t * C, S, sc->tq, sc->tk, sc->tv, sc->tg, sc->beta, H, D);
         shoal_gated_rmsnorm(on + (size_t)t * C, o + (size_t)t * C, G + (size_t)t * C, ly->o_norm, H, D,
                             c->rms_norm_eps);
     }
