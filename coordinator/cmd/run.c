@@ -66,6 +66,8 @@ static void usage(FILE *f)
             "  --draft-max K        most drafted tokens per pass, 1..16 (default 8; adapted down\n"
             "                       to the recent acceptance)\n"
             "  --draft-ngram-min N  shortest match that drafts (default 2)\n"
+            "  --draft-cost A[,B]   a verify pass of k drafts costs 1 + B + A*k plain passes\n"
+            "                       (default 0.2,0.3); K maximises tokens per cost\n"
             "  --draft-ids LIST     testing: draft from LIST (ids of the whole sequence, prompt\n"
             "                       first) instead of the lookup, K fixed at --draft-max\n"
             "  --json               print one JSON object instead of the text report; it has\n"
@@ -185,6 +187,7 @@ int shoal_cmd_run(int argc, char **argv)
     long gen = 16, threads = 0, top_k = 0, max_ctx = 0, batch = 256, draft_max = 8, draft_ngram_min = 2;
     shoal_draft_mode draft_mode = SHOAL_DRAFT_NGRAM;
     const char *draft_ids_s = NULL;
+    shoal_draft_opts dcost = {0};
     double temp = 0.0, top_p = 1.0;
     unsigned long long seed = 0;
     int json = 0, allow_special = 0, dr, trunk_no_direct = 0;
@@ -272,6 +275,9 @@ int shoal_cmd_run(int argc, char **argv)
         } else if (!strcmp(a, "--draft-ngram-min")) {
             VAL();
             bad = parse_int(v, 1, 64, &draft_ngram_min);
+        } else if (!strcmp(a, "--draft-cost")) {
+            VAL();
+            bad = shoal_draft_parse_cost(v, &dcost) != 0;
         } else if (!strcmp(a, "--draft-ids")) {
             VAL();
             draft_ids_s = v;
@@ -494,6 +500,8 @@ int shoal_cmd_run(int argc, char **argv)
                                 .ngram_min = (int)draft_ngram_min,
                                 .ngram_max = draft_ngram_min > 16 ? (int)draft_ngram_min : 0,
                                 .fixed = draft_script != NULL,
+                                .cost = dcost.cost,
+                                .cost0 = dcost.cost0,
                                 .script = draft_script,
                                 .n_script = n_draft_script};
         if ((rc = shoal_spec_create(&spec, seq, &dop, err, sizeof err))) {

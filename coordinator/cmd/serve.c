@@ -68,6 +68,7 @@ static void usage(FILE *f)
             "                         drafts from the prompt + output verified in one pass; same ids\n"
             "  --draft-max K          most drafted tokens per pass, 1..16 (default 8, adapted)\n"
             "  --draft-ngram-min N    shortest match that drafts, 1..64 (default 2)\n"
+            "  --draft-cost A[,B]     a verify pass of k drafts costs 1 + B + A*k passes (0.2,0.3)\n"
             "\n");
     shoal_dist_usage(f);
 }
@@ -265,6 +266,14 @@ int shoal_cmd_serve(int argc, char **argv)
             }
             draft.ngram_min = (int)k;
             draft.ngram_max = k > 16 ? (int)k : 0;
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--draft-cost")) {
+            if (!v || shoal_draft_parse_cost(v, &draft)) {
+                fprintf(stderr, "shoal serve: --draft-cost needs A[,B] with 0 < A < 1, 0 <= B <= 4\n");
+                bad = 1;
+            }
             i++;
             continue;
         }

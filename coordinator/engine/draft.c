@@ -25,17 +25,47 @@ int shoal_draft_parse_mode(const char *s, shoal_draft_mode *mode)
     return 0;
 }
 
+int shoal_draft_parse_cost(const char *s, shoal_draft_opts *o)
+{
+    char *end;
+    double a = strtod(s, &end), b = 0.0;
+    if (end == s || !(a > 0.0 && a < 1.0))
+        return SHOAL_EINVAL;
+    if (*end == ',') {
+        const char *q = end + 1;
+        b = strtod(q, &end);
+        if (end == q || !(b >= 0.0 && b <= 4.0))
+            return SHOAL_EINVAL;
+        if (b == 0.0)
+            b = -1.0; /* explicitly none */
+    }
+    if (*end)
+        return SHOAL_EINVAL;
+    o->cost = a;
+    o->cost0 = b;
+    return 0;
+}
+
 static int k_of(const shoal_drafter *d)
 {
     if (d->o.fixed)
         return d->o.max;
     double r = d->S / d->N;
-    if (r >= 1.0)
-        return d->o.max;
     if (r <= 0.0)
         return 0;
-    double k = floor(log(d->o.cost) / log(r));
-    return k < 0 ? 0 : k > d->o.max ? d->o.max : (int)k;
+    /* tokens per cost of a pass with k drafts, the best k (draft.h, 3.) */
+    double best = 1.0, gain = 1.0, p = 1.0;
+    int bk = 0;
+    for (int k = 1; k <= d->o.max; k++) {
+        p *= r;
+        gain += p;
+        double v = gain / (1.0 + d->o.cost0 + d->o.cost * k);
+        if (v > best) {
+            best = v;
+            bk = k;
+        }
+    }
+    return bk;
 }
 
 void shoal_drafter_reset(shoal_drafter *d)
@@ -61,6 +91,12 @@ int shoal_drafter_create(shoal_drafter **out, const shoal_draft_opts *opts, char
         o.cost = 0.2;
     if (!(o.cost > 0.0 && o.cost < 1.0))
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "draft: cost %g outside (0, 1)", o.cost);
+    if (o.cost0 == 0.0)
+        o.cost0 = 0.3;
+    else if (o.cost0 < 0.0)
+        o.cost0 = 0.0;
+    if (!(o.cost0 <= 4.0))
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "draft: cost0 %g outside [0, 4]", o.cost0);
     if (o.max < 1 || o.max > SHOAL_DRAFT_MAX_K)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "draft: max %d outside [1, %d]", o.max, SHOAL_DRAFT_MAX_K);
     if (o.ngram_min < 1 || o.ngram_max < o.ngram_min)

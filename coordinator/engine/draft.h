@@ -15,14 +15,15 @@
  *     chunk are modelled as accepted one after the other with probability r
  *     until the first rejection; r = S / N with S = accepted drafts and
  *     N = accepted + rejections, both decayed by 0.8 per verified chunk
- *     (start: S = 1, N = 2). A draft at depth j is worth proposing while
- *     r^j >= cost (the cost of one more position in a verify chunk relative
- *     to a pass, measured in docs/PERFORMANCE.md; default 0.2), so
- *     K = min(floor(log cost / log r), max) (r = 1: max). K = 0 means no
- *     verify at all: the caller then only shadows one draft (proposes it,
- *     decodes plainly, and reports whether the next token equalled it), so r
- *     keeps being measured at no cost and K comes back when drafts start to
- *     hit. With fixed = 1, K = max always.
+ *     (start: S = 1, N = 2). A verify pass of k drafts costs
+ *     1 + cost0 + cost * k plain passes (docs/PERFORMANCE.md measures both;
+ *     defaults cost 0.2, cost0 0.3) and yields 1 + r + r^2 + ... + r^k tokens on
+ *     average; K is the k in 0..max with the most tokens per cost (k = 0:
+ *     one token for one pass; ties to the smaller k). K = 0 means no verify
+ *     at all: the caller then only shadows one draft (proposes it, decodes
+ *     plainly, and reports whether the next token equalled it), so r keeps
+ *     being measured at no cost and K comes back when drafts start to hit.
+ *     With fixed = 1, K = max always.
  * No match of at least ngram_min tokens: no draft (the caller decodes
  * plainly, at no extra cost). */
 #ifndef SHOAL_DRAFT_H
@@ -47,6 +48,7 @@ typedef struct {
     int ngram_max; /* longest suffix match looked for; 0 = 16 */
     int fixed;     /* 1: K = max always (no adaptation) */
     double cost;   /* one more verify position / one pass, in (0, 1); 0 = 0.2 */
+    double cost0;  /* a verify pass's fixed extra / one pass, in [0, 4]; 0 = 0.3, < 0 = none */
     const int32_t *script; /* SHOAL_DRAFT_SCRIPT: borrowed, n_script ids */
     int n_script;
 } shoal_draft_opts;
@@ -55,6 +57,9 @@ typedef struct shoal_drafter shoal_drafter;
 
 /* "--draft" value: ngram|off. 0 or SHOAL_EINVAL. */
 int shoal_draft_parse_mode(const char *s, shoal_draft_mode *mode);
+/* "--draft-cost" value: PER[,FIXED] into cost (0 < PER < 1) and cost0
+ * (0 <= FIXED <= 4; absent: the default). 0 or SHOAL_EINVAL. */
+int shoal_draft_parse_cost(const char *s, shoal_draft_opts *o);
 /* Checks opts (SHOAL_EINVAL naming the field). NULL opts: ngram, defaults. */
 int shoal_drafter_create(shoal_drafter **out, const shoal_draft_opts *opts, char *err, size_t errlen);
 void shoal_drafter_free(shoal_drafter *d); /* accepts NULL */

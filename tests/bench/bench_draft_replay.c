@@ -13,7 +13,7 @@
  * is sum over passes of cost[T - 1], against n - 1 plain passes.
  *
  * Usage: bench_draft_replay CASES.json COSTS(comma-separated) [--max K]
- *        [--ngram-min N] [--cost C] [--fixed]
+ *        [--ngram-min N] [--cost A] [--cost0 B] [--fixed]  (the drafter's cost model, draft.h)
  * Prints one JSON object per case and one per kind (totals). */
 #include <jansson.h>
 #include <stdio.h>
@@ -66,6 +66,8 @@ int main(int argc, char **argv)
             o.ngram_min = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--cost") && i + 1 < argc)
             o.cost = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--cost0") && i + 1 < argc)
+            o.cost0 = atof(argv[++i]);
         else if (!strcmp(argv[i], "--fixed"))
             o.fixed = 1;
     }

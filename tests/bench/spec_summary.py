@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Summary of the speculative-decoding benchmarks (issue 21): from the raw
-bench_spec lines of spec_bench.py's JSON files, the per-T medians and a
-least-squares line time(T) = a + b·(T - 1) over every raw sample (robust to
-one slow sample, which a 2-core shared machine produces), so the cost of a
-verify pass of K + 1 tokens is c(K) = 1 + (b / a)·K; then bench_draft_replay
-over the real-text cases with that cost, for K max 4 and 8, giving passes
-per token and the estimated s/token = a · cost per token for editing (a),
+bench_spec lines of spec_bench.py's JSON files, the per-T medians (wall and
+process CPU seconds), their ratios to T = 1, and the least-squares line
+ratio(K) = 1 + B + A·K through the ratios of K = 1..8 (the drafter's cost
+model, draft.h; a line smooths the noise of single medians on a loaded
+machine); then bench_draft_replay over the real-text cases with that cost
+(and the drafter told the same A, B), for K max 4 and 8: passes per token
+and the estimated s/token = median(T = 1) · cost per token for editing (a),
 summarising (b) and free generation (c).
 
 Usage: spec_summary.py --build build --cases CASES.json --out SUMMARY.json BENCH.json..."""
@@ -43,32 +44,36 @@ def main():
             for field in ("s", "cpu_s"):
                 if field not in raw[0]:
                     continue
-                pts = [(r["T"] - 1, r[field]) for r in raw]
-                t0, slope = fit(pts)
                 med = {T: statistics.median(r[field] for r in raw if r["T"] == T) for T in sorted({r["T"] for r in raw})}
-                res[field] = {"median_by_T": med, "fit_T1": t0, "fit_per_extra_token": slope,
-                              "alpha": slope / t0, "median_ratio_by_T": {T: v / med[1] for T, v in med.items()}}
+                ratio = {T: v / med[1] for T, v in med.items()}
+                b0, alpha = fit([(T - 1, ratio[T]) for T in ratio if T > 1])
+                beta = b0 - 1.0
+                res[field] = {"median_by_T": med, "median_ratio_by_T": ratio, "cost_per_draft": alpha,
+                              "cost_fixed": beta}
             out["runs"][key] = res
-            alpha = res["s"]["alpha"]
-            costs = ",".join(f"{1 + alpha * k:.4f}" for k in range(17))
-            res["replay"] = {}
-            for kmax in (4, 8):
-                r = subprocess.run([os.path.join(a.build, "tests", "bench_draft_replay"), a.cases, costs, "--max",
-                                    str(kmax), "--cost", f"{min(max(alpha, 0.01), 0.99):.4f}"],
-                                   capture_output=True, text=True, check=True)
-                lines = [json.loads(l) for l in r.stdout.splitlines()]
-                res["replay"][f"K{kmax}"] = {
-                    "cases": [l for l in lines if "case" in l],
-                    "totals": {l["kind"]: dict(l, est_s_per_token=res["s"]["fit_T1"] * l["cost_per_token"],
-                                               plain_s_per_token=res["s"]["fit_T1"])
-                               for l in lines if "total" in l}}
-            print(key, f"T1 {res['s']['fit_T1']:.3f} s, +{alpha:.3f}/token (wall)",
-                  f"cpu +{res['cpu_s']['alpha']:.3f}" if "cpu_s" in res else "")
-            for kmax in (4, 8):
-                for kind, l in res["replay"][f"K{kmax}"]["totals"].items():
-                    print(f"  K{kmax} {kind:10s} accept {l['acceptance']:.3f} passes/token {l['passes_per_token']:.3f}"
-                          f" est {l['est_s_per_token']:.3f} s/token (plain {l['plain_s_per_token']:.3f}) "
-                          f"speedup {l['speedup']:.2f}x")
+            for field in ("s", "cpu_s"):
+                if field not in res:
+                    continue
+                alpha = min(max(res[field]["cost_per_draft"], 0.01), 0.99)
+                beta = min(max(res[field]["cost_fixed"], 0.0), 4.0)
+                costs = ",".join(f"{1 + (beta + alpha * k if k else 0):.4f}" for k in range(17))
+                res[field]["replay"] = {}
+                for kmax in (4, 8):
+                    r = subprocess.run([os.path.join(a.build, "tests", "bench_draft_replay"), a.cases, costs, "--max",
+                                        str(kmax), "--cost", f"{alpha:.4f}", "--cost0", f"{beta if beta > 0 else -1:.4f}"],
+                                       capture_output=True, text=True, check=True)
+                    lines = [json.loads(l) for l in r.stdout.splitlines()]
+                    t1 = res[field]["median_by_T"][1]
+                    res[field]["replay"][f"K{kmax}"] = {
+                        "cases": [l for l in lines if "case" in l],
+                        "totals": {l["kind"]: dict(l, est_s_per_token=t1 * l["cost_per_token"], plain_s_per_token=t1)
+                                   for l in lines if "total" in l}}
+                print(key, field, f"T1 median {res[field]['median_by_T'][1]:.3f} s, cost 1 + {beta:.3f} + {alpha:.3f} k")
+                for kmax in (4, 8):
+                    for kind, l in res[field]["replay"][f"K{kmax}"]["totals"].items():
+                        print(f"  K{kmax} {kind:10s} accept {l['acceptance']:.3f} passes/token {l['passes_per_token']:.3f}"
+                              f" est {l['est_s_per_token']:.3f} s/token (plain {l['plain_s_per_token']:.3f}) "
+                              f"speedup {l['speedup']:.2f}x")
     json.dump(out, open(a.out, "w"), indent=1)
 
 

@@ -72,8 +72,9 @@ static void t_drafter_contract(void)
     CHECK_EQ_INT(shoal_drafter_propose(d, h3, 6, 0, out), 0);
     shoal_drafter_free(d);
 
-    /* adaptation: start r = 1/2 -> K = floor(log .2 / log .5) = 2; all
-     * accepted raises it to max, rejections bring it down to 0 (shadow only) */
+    /* adaptation (cost 1 + 0.3 + 0.2 k): start r = 1/2 -> tokens per cost
+     * 1, 1.5/1.5, 1.75/1.7, 1.875/1.9 -> K = 2; all accepted raises it to max,
+     * rejections bring it down to 0 (shadow only) */
     o = (shoal_draft_opts){.mode = SHOAL_DRAFT_NGRAM, .max = 8};
     CHECK(shoal_drafter_create(&d, &o, err, sizeof err) == 0);
     CHECK_EQ_INT(shoal_drafter_k(d), 2);
@@ -83,17 +84,15 @@ static void t_drafter_contract(void)
     for (int i = 0; i < 30; i++)
         shoal_drafter_update(d, 8, 0);
     CHECK_EQ_INT(shoal_drafter_k(d), 0);
-    /* three misses of 2 from the start: r = .8^3 / (2 * .8^3 + 2.44) = .148 -> 0 */
+    /* one miss of 2 from the start: r = .8 / 2.6 = .31, 1.31 / 1.5 < 1 -> 0 */
     shoal_drafter_reset(d);
     shoal_drafter_update(d, 2, 0);
-    CHECK_EQ_INT(shoal_drafter_k(d), 1); /* r = .8 / 2.6 = .31 */
-    shoal_drafter_update(d, 1, 0);
-    shoal_drafter_update(d, 1, 0);
     CHECK_EQ_INT(shoal_drafter_k(d), 0);
-    /* shadow hits bring it back: two hits from r = .148 */
+    /* two shadow hits: r = 2.312 / 3.464 = .667 -> per cost 1.11, 1.24,
+     * 1.268, 1.24 for k = 1..4 -> K = 3 */
     shoal_drafter_update(d, 1, 1);
     shoal_drafter_update(d, 1, 1);
-    CHECK(shoal_drafter_k(d) >= 1);
+    CHECK_EQ_INT(shoal_drafter_k(d), 3);
     /* r = S/N after one chunk of 4 drafted, 1 accepted from the start:
      * S = .8 + 1, N = 1.6 + 2 -> r = .5 -> K 2 */
     shoal_drafter_reset(d);
@@ -111,6 +110,13 @@ static void t_drafter_contract(void)
     o = (shoal_draft_opts){.mode = SHOAL_DRAFT_NGRAM, .ngram_min = 5, .ngram_max = 3};
     CHECK(shoal_drafter_create(&d, &o, err, sizeof err) == SHOAL_EINVAL);
     CHECK_STR_CONTAINS(err, "n-gram");
+    shoal_draft_opts co = {0};
+    CHECK(shoal_draft_parse_cost("0.15,0.5", &co) == 0 && co.cost == 0.15 && co.cost0 == 0.5);
+    CHECK(shoal_draft_parse_cost("0.3", &co) == 0 && co.cost == 0.3 && co.cost0 == 0.0);
+    CHECK(shoal_draft_parse_cost("0.3,0", &co) == 0 && co.cost0 < 0.0); /* explicitly no fixed cost */
+    CHECK(shoal_draft_parse_cost("1.5", &co) == SHOAL_EINVAL);
+    CHECK(shoal_draft_parse_cost("0.2,9", &co) == SHOAL_EINVAL);
+    CHECK(shoal_draft_parse_cost("0.2,x", &co) == SHOAL_EINVAL);
     shoal_draft_mode md;
     CHECK(shoal_draft_parse_mode("ngram", &md) == 0 && md == SHOAL_DRAFT_NGRAM);
     CHECK(shoal_draft_parse_mode("off", &md) == 0 && md == SHOAL_DRAFT_OFF);
