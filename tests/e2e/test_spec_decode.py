@@ -112,6 +112,40 @@ def serve_cases():
                 srv.close()
 
 
+def scale_cases(tmp):
+    """k3-scale (real K3 widths; made by e2e_test_scale_model into
+    $SHOAL_BUILD/k3-scale, or $SHOAL_K3_SCALE): forced hits and misses, greedy
+    and seeded, in process and with 2 workers; ids and logits identical."""
+    model = os.environ.get("SHOAL_K3_SCALE") or os.path.join(os.environ.get("SHOAL_BUILD", "build"), "k3-scale")
+    if not os.path.exists(os.path.join(model, "config.json")):
+        R.record("SKIP", "k3-scale", f"{model} not there (e2e_test_scale_model makes it)")
+        return
+    global GEN
+    keep, GEN = GEN, 8
+    try:
+        prompt = SHORT[:8]
+        for sname, sargs, extra in (("greedy", [], [[], ["--workers", "2"]]),
+                                    ("seeded", ["--temperature", "0.8", "--seed", "3"], [[]])):
+            ref, ref_lg, err = run(model, prompt, tmp, "sref", "--draft", "off", "--threads", "2", *sargs)
+            if not R.check(f"k3-scale {sname}: --draft off runs", ref is not None, err[-400:]):
+                continue
+            want = ref["generated_ids"]
+            planted = prompt + [(t + 1) % 3840 if i % 3 == 2 else t for i, t in enumerate(want)]
+            for ex in extra:
+                doc, lg, err = run(model, prompt, tmp, "sspec", "--threads", "2", *sargs, "--draft-ids",
+                                   ",".join(map(str, planted)), "--draft-max", "4", *ex)
+                c = f"k3-scale {sname}, ids K4{', 2 workers' if ex else ''}"
+                if not R.check(f"{c}: runs", doc is not None, err[-400:]):
+                    continue
+                R.check(f"{c}: ids identical to --draft off", doc["generated_ids"] == want,
+                        f"{doc['generated_ids']} != {want}")
+                R.check(f"{c}: logits identical byte for byte", lg == ref_lg and lg is not None)
+                d = doc["draft"]
+                R.check(f"{c}: accepted and rewound", d["accepted"] > 0 and d["rewinds"] > 0, json.dumps(d))
+    finally:
+        GEN = keep
+
+
 def main():
     if not os.path.exists(BIN):
         R.record("SKIP", "all", f"{BIN} not built")
@@ -160,6 +194,7 @@ def main():
                             if "K4" in vname:
                                 R.check(f"{c}: planted misses rewound", d["rewinds"] > 0, json.dumps(d))
                         R.check(f"{c}: summary line on stderr", "shoal run: draft " in err, err[-300:])
+        scale_cases(tmp)
         serve_cases()
     print(f"{R.counts['PASS']} passed, {R.counts['FAIL']} failed, {R.counts['SKIP']} skipped")
     return 1 if R.counts["FAIL"] else (77 if not R.counts["PASS"] else 0)
