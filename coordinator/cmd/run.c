@@ -477,6 +477,13 @@ int shoal_cmd_run(int argc, char **argv)
             status = 2;
             goto done;
         }
+    for (int i = 0; i < n_draft_script; i++)
+        if (draft_script[i] >= info.vocab) {
+            fprintf(stderr, "shoal run: --draft-ids id %d (index %d) is outside the vocabulary [0, %d)\n",
+                    (int)draft_script[i], i, info.vocab);
+            status = 2;
+            goto done;
+        }
     if (n_prompt + gen > mo.max_context) {
         fprintf(stderr, "shoal run: prompt (%d) + gen (%ld) exceeds --max-context %d\n", n_prompt, gen,
                 mo.max_context);

@@ -150,6 +150,14 @@ def main():
     if not os.path.exists(BIN):
         R.record("SKIP", "all", f"{BIN} not built")
         return 77
+    tiny = os.path.join(SRC, "tests", "models", "tiny-k3")
+    for args, needle in ((["--draft-ids", "1,2,3,99999"], "--draft-ids id 99999 (index 3) is outside the vocabulary"),
+                         (["--draft", "eagle"], "bad value for --draft: 'eagle'"),
+                         (["--draft-max", "17"], "bad value for --draft-max"),
+                         (["--draft-cost", "1.5"], "bad value for --draft-cost")):
+        p = subprocess.run([BIN, "run", "--model", tiny, "--ids", "1,2,3", "--gen", "4", *args], capture_output=True,
+                           text=True, timeout=60)
+        R.check(f"refused: {' '.join(args)}", p.returncode == 2 and needle in p.stderr, f"{p.returncode} {p.stderr[-300:]}")
     samplers = [("greedy", []), ("seeded", ["--temperature", "0.8", "--top-p", "0.9", "--seed", "7"])]
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("tiny-k3", "tiny-k3-plain"):
