@@ -29,6 +29,7 @@ struct shoal_slot {
     int32_t *out;         /* [max_context]: every sampled id */
     int n_out, max_new;
     shoal_sampler *sampler;
+    shoal_spec *spec;          /* the decode path of seq (speculative when drafting is on) */
     shoal_detok *detok;        /* completions */
     shoal_chatparse *parser;   /* chat */
     int answer_started;        /* chat: content or a tool call seen */
@@ -54,6 +55,8 @@ static int slots_init(shoal_sched *s, char *err, size_t errlen)
         int rc = shoal_seq_create(&sl->seq, s->o.model, s->max_context, err, errlen);
         if (rc)
             return rc;
+        if ((rc = shoal_spec_create(&sl->spec, sl->seq, &s->o.draft, err, errlen)))
+            return rc;
         sl->logits = shoal_xmalloc((size_t)s->vocab * sizeof *sl->logits);
         sl->ids = shoal_xmalloc((size_t)s->max_context * sizeof *sl->ids);
         sl->out = shoal_xmalloc((size_t)s->max_context * sizeof *sl->out);
@@ -65,6 +68,7 @@ static void slots_free(shoal_sched *s)
 {
     for (int i = 0; i < s->nslots; i++) {
         shoal_slot *sl = &s->slots[i];
+        shoal_spec_free(sl->spec);
         shoal_seq_free(sl->seq);
         free(sl->logits);
         free(sl->ids);
@@ -340,8 +344,11 @@ static void finish(shoal_sched *s, shoal_slot *sl, const char *reason, int stopp
         sl->rec = NULL;
         sl->rec_tail = &sl->rec;
     }
-    /* the state after every fed id, for a next turn that extends it */
-    shoal__sched_kept_put(s, sl->ids, sl->n_ids, sl->seq, sl->logits);
+    /* the state after every fed id, for a next turn that extends it (drafts
+     * run ahead dropped first) */
+    char serr[320];
+    if (shoal_spec_settle(sl->spec, serr, sizeof serr) == 0)
+        shoal__sched_kept_put(s, sl->ids, sl->n_ids, sl->seq, sl->logits);
     shoal_sched_stats add = {.completed = 1,
                              .prompt_tokens = (uint64_t)sl->n_prompt,
                              .completion_tokens = (uint64_t)sl->n_out,
@@ -485,6 +492,7 @@ static void admit(shoal_sched *s, shoal_slot *sl)
         return;
     }
     shoal__sched_kept_put(s, sl->ids, sl->n_prompt, sl->seq, sl->logits);
+    shoal_spec_begin(sl->spec);
     shoal_ev *e = shoal__sched_ev_new(SHOAL_EV_START);
     e->prompt_tokens = sl->n_prompt;
     e->reused_tokens = sl->reused;
@@ -526,7 +534,9 @@ static void step(shoal_sched *s, shoal_slot *sl)
     }
     char err[320];
     shoal_model_set_cancel(s->o.model, &j->cancel);
-    int rc = shoal_seq_decode(sl->seq, id, sl->logits, err, sizeof err);
+    sl->ids[sl->n_ids] = id; /* plain decoding's logits, drafted ahead when it pays */
+    int rc = shoal_spec_decode(sl->spec, sl->ids, sl->n_ids + 1, sl->max_new - sl->n_out - 1, sl->logits, err,
+                               sizeof err);
     if (rc) {
         fail_forward(s, sl, rc, err);
         return;

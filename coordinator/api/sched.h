@@ -119,6 +119,9 @@ typedef struct {
     /* Coordinator metrics (borrowed; NULL: none): the scheduler adds the
      * sampler's time to the SAMPLING phase. */
     struct shoal_cmetrics *cm;
+    /* Speculative decoding of every request (engine.h shoal_spec_decode;
+     * mode 0 = off): same ids, fewer passes when drafts hit. */
+    shoal_draft_opts draft;
 } shoal_sched_opts;
 
 typedef struct {

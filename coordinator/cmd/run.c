@@ -60,6 +60,16 @@ static void usage(FILE *f)
             "                       A budget below the minimum is refused (exit 3) naming it.\n"
             "                       Default: the trunk is mapped (docs/CONFIG.md)\n"
             "  --trunk-no-direct    buffered reads for --trunk-gb (no O_DIRECT)\n"
+            "  --draft ngram|off    speculative decoding (default ngram): draft up to K next tokens\n"
+            "                       from the longest earlier match of the text's end in prompt +\n"
+            "                       output, verify them in one pass; same ids as off\n"
+            "  --draft-max K        most drafted tokens per pass, 1..16 (default 8; adapted down\n"
+            "                       to the recent acceptance)\n"
+            "  --draft-ngram-min N  shortest match that drafts (default 2)\n"
+            "  --draft-cost A[,B]   a verify pass of k drafts costs 1 + B + A*k plain passes\n"
+            "                       (default 0.2,0.3); K maximises tokens per cost\n"
+            "  --draft-ids LIST     testing: draft from LIST (ids of the whole sequence, prompt\n"
+            "                       first) instead of the lookup, K fixed at --draft-max\n"
             "  --json               print one JSON object instead of the text report; it has\n"
             "                       prompt_ids, generated_ids, text (when the tokenizer loads),\n"
             "                       stop_reason, prefill/decode tokens and tokens_per_s,\n"
@@ -174,7 +184,10 @@ int shoal_cmd_run(int argc, char **argv)
 {
     const char *model = NULL, *ids_s = NULL, *prompt = NULL, *prompt_file = NULL, *dump = NULL, *trace_path = NULL, *metrics_path = NULL;
     const char *tokenizer_dir = NULL;
-    long gen = 16, threads = 0, top_k = 0, max_ctx = 0, batch = 256;
+    long gen = 16, threads = 0, top_k = 0, max_ctx = 0, batch = 256, draft_max = 8, draft_ngram_min = 2;
+    shoal_draft_mode draft_mode = SHOAL_DRAFT_NGRAM;
+    const char *draft_ids_s = NULL;
+    shoal_draft_opts dcost = {0};
     double temp = 0.0, top_p = 1.0;
     unsigned long long seed = 0;
     int json = 0, allow_special = 0, dr, trunk_no_direct = 0;
@@ -253,6 +266,21 @@ int shoal_cmd_run(int argc, char **argv)
             bad = shoal_model_parse_trunk(v, &trunk_mode, &trunk_budget) != 0;
         } else if (!strcmp(a, "--trunk-no-direct")) {
             trunk_no_direct = 1;
+        } else if (!strcmp(a, "--draft")) {
+            VAL();
+            bad = shoal_draft_parse_mode(v, &draft_mode) != 0;
+        } else if (!strcmp(a, "--draft-max")) {
+            VAL();
+            bad = parse_int(v, 1, SHOAL_DRAFT_MAX_K, &draft_max);
+        } else if (!strcmp(a, "--draft-ngram-min")) {
+            VAL();
+            bad = parse_int(v, 1, 64, &draft_ngram_min);
+        } else if (!strcmp(a, "--draft-cost")) {
+            VAL();
+            bad = shoal_draft_parse_cost(v, &dcost) != 0;
+        } else if (!strcmp(a, "--draft-ids")) {
+            VAL();
+            draft_ids_s = v;
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "--allow-special")) {
@@ -304,8 +332,13 @@ int shoal_cmd_run(int argc, char **argv)
             return 3;
         }
     }
-    int32_t *prompt_ids = NULL;
-    int n_prompt = 0;
+    int32_t *prompt_ids = NULL, *draft_script = NULL;
+    int n_prompt = 0, n_draft_script = 0;
+    if (draft_ids_s && parse_ids(draft_ids_s, &draft_script, &n_draft_script)) {
+        fprintf(stderr, "shoal run: --draft-ids must be comma-separated non-negative integers\n");
+        shoal_tok_close(tok);
+        return 2;
+    }
     if (ids_s) {
         if (parse_ids(ids_s, &prompt_ids, &n_prompt)) {
             fprintf(stderr, "shoal run: --ids must be comma-separated non-negative integers\n");
@@ -382,6 +415,11 @@ int shoal_cmd_run(int argc, char **argv)
     shoal_sampler *smp = NULL;
     float *logits = shoal_xmalloc(sizeof(float) * (size_t)info.vocab);
     int32_t *out_ids = shoal_xmalloc(sizeof(int32_t) * (size_t)(gen + 1));
+    /* the whole sequence for the drafter: prompt, then every sampled id */
+    int32_t *hist = shoal_xmalloc(sizeof(int32_t) * (size_t)(n_prompt + gen + 1));
+    memcpy(hist, prompt_ids, sizeof(int32_t) * (size_t)n_prompt);
+    shoal_spec *spec = NULL;
+    shoal_spec_stats sst = {0};
     double *step_s = shoal_xmalloc(sizeof(double) * (size_t)(gen + 1));
     FILE *df = NULL;
     int n_out = 0;
@@ -439,6 +477,13 @@ int shoal_cmd_run(int argc, char **argv)
             status = 2;
             goto done;
         }
+    for (int i = 0; i < n_draft_script; i++)
+        if (draft_script[i] >= info.vocab) {
+            fprintf(stderr, "shoal run: --draft-ids id %d (index %d) is outside the vocabulary [0, %d)\n",
+                    (int)draft_script[i], i, info.vocab);
+            status = 2;
+            goto done;
+        }
     if (n_prompt + gen > mo.max_context) {
         fprintf(stderr, "shoal run: prompt (%d) + gen (%ld) exceeds --max-context %d\n", n_prompt, gen,
                 mo.max_context);
@@ -455,6 +500,22 @@ int shoal_cmd_run(int argc, char **argv)
         fprintf(stderr, "shoal run: %s\n", err);
         status = 2;
         goto done;
+    }
+    {
+        shoal_draft_opts dop = {.mode = draft_script ? SHOAL_DRAFT_SCRIPT : draft_mode,
+                                .max = (int)draft_max,
+                                .ngram_min = (int)draft_ngram_min,
+                                .ngram_max = draft_ngram_min > 16 ? (int)draft_ngram_min : 0,
+                                .fixed = draft_script != NULL,
+                                .cost = dcost.cost,
+                                .cost0 = dcost.cost0,
+                                .script = draft_script,
+                                .n_script = n_draft_script};
+        if ((rc = shoal_spec_create(&spec, seq, &dop, err, sizeof err))) {
+            fprintf(stderr, "shoal run: %s\n", err);
+            status = 2;
+            goto done;
+        }
     }
     if (dump && !(df = fopen(dump, "wb"))) {
         fprintf(stderr, "shoal run: %s: %s\n", dump, strerror(errno));
@@ -478,6 +539,7 @@ int shoal_cmd_run(int argc, char **argv)
         printf("prompt: %d tokens\ncontinuation: ", n_prompt);
         fflush(stdout);
     }
+    shoal_spec_begin(spec);
     for (int step = 0; step < gen; step++) {
         if (df && fwrite(logits, sizeof(float), (size_t)info.vocab, df) != (size_t)info.vocab) {
             fprintf(stderr, "shoal run: %s: write failed\n", dump);
@@ -504,7 +566,9 @@ int shoal_cmd_run(int argc, char **argv)
         if (step + 1 == gen)
             break;
         double s0 = now_s();
-        rc = shoal_seq_decode(seq, id, logits, err, sizeof err);
+        /* plain decoding's logits, bit for bit, drafted ahead when it pays */
+        hist[n_prompt + n_out - 1] = id;
+        rc = shoal_spec_decode(spec, hist, n_prompt + n_out, (int)gen - n_out - 1, logits, err, sizeof err);
         step_s[n_out - 1] = now_s() - s0;
         decode_s += step_s[n_out - 1];
         if (rc) {
@@ -514,8 +578,14 @@ int shoal_cmd_run(int argc, char **argv)
         }
     }
     shoal_model_get_stats(m, &ds);
+    if (spec && (rc = shoal_spec_settle(spec, err, sizeof err))) {
+        fprintf(stderr, "shoal run: %s\n", err);
+        status = 4;
+    }
 
 done:;
+    if (spec)
+        shoal_spec_get_stats(spec, &sst);
     shoal_model_set_monitor(m, NULL, NULL);
     if (metrics_path && cm) {
         shoal_metrics_buf mb = {0};
@@ -551,7 +621,9 @@ done:;
         printf("%s\n", dt ? "" : "(no tokenizer: ids below)");
         fflush(stdout);
     }
-    int n_steps = (int)ds.tokens;
+    /* decode steps: tokens fed back (a drafted token that was rejected ran
+     * through the forward but is no step) */
+    int n_steps = (int)sst.fed;
     if (ps.tokens)
         shoal_dist_mark(dist, "decode", n_steps);
     double prefill_tps = prefill_s > 0 ? n_prompt / prefill_s : 0;
@@ -615,6 +687,26 @@ done:;
                                     json_real(n_steps ? (double)ds.trunk_read_bytes / n_steps : 0));
                 json_object_set_new(tj, "decode_stall_s", json_real(ds.trunk_stall_s));
                 json_object_set_new(o, "trunk", tj);
+            }
+            {
+                json_t *dj = json_object();
+                json_object_set_new(dj, "mode", json_string(draft_script ? "ids" : draft_mode ? "ngram" : "off"));
+                json_object_set_new(dj, "max", json_integer(draft_max));
+                json_object_set_new(dj, "drafted", json_integer((json_int_t)sst.drafted));
+                json_object_set_new(dj, "accepted", json_integer((json_int_t)sst.accepted));
+                json_object_set_new(dj, "acceptance",
+                                    json_real(sst.drafted ? (double)sst.accepted / (double)sst.drafted : 0.0));
+                json_object_set_new(dj, "passes", json_integer((json_int_t)sst.passes));
+                json_object_set_new(dj, "verifies", json_integer((json_int_t)sst.verifies));
+                json_object_set_new(dj, "passes_per_token",
+                                    json_real(sst.fed ? (double)sst.passes / (double)sst.fed : 0.0));
+                json_object_set_new(dj, "rewinds", json_integer((json_int_t)sst.rewinds));
+                json_object_set_new(dj, "shadowed", json_integer((json_int_t)sst.shadowed));
+                json_object_set_new(dj, "shadow_hits", json_integer((json_int_t)sst.shadow_hits));
+                json_object_set_new(dj, "k_now", json_integer(spec ? shoal_spec_k(spec) : 0));
+                json_object_set_new(dj, "rewind_s", json_real(sst.rewind_s));
+                json_object_set_new(dj, "forward_tokens", json_integer((json_int_t)ds.tokens));
+                json_object_set_new(o, "draft", dj);
             }
             json_object_set_new(o, "threads", json_integer(omp_get_max_threads()));
             json_object_set_new(o, "isa", json_string(shoal_isa_name(shoal_kernels_isa())));
@@ -696,12 +788,21 @@ done:;
             }
         }
     }
+    if (spec && sst.fed)
+        fprintf(stderr,
+                "shoal run: draft %s: %llu drafted, %llu accepted (%.1f%%), %llu passes for %llu tokens (%.3f per "
+                "token), %llu rewinds (%.3f ms)\n",
+                draft_script ? "ids" : draft_mode ? "ngram" : "off", (unsigned long long)sst.drafted,
+                (unsigned long long)sst.accepted, sst.drafted ? 100.0 * (double)sst.accepted / (double)sst.drafted : 0.0,
+                (unsigned long long)sst.passes, (unsigned long long)sst.fed, (double)sst.passes / (double)sst.fed,
+                (unsigned long long)sst.rewinds, sst.rewind_s * 1e3);
     if (df)
         fclose(df);
     shoal_detok_close(dt);
     shoal_tok_close(tok);
     free(otext);
     shoal_sampler_free(smp);
+    shoal_spec_free(spec);
     shoal_seq_free(seq);
     shoal_model_close(m); /* closes the expert client */
     shoal_dist_stop(dist);
@@ -710,5 +811,7 @@ done:;
     free(out_ids);
     free(step_s);
     free(prompt_ids);
+    free(hist);
+    free(draft_script);
     return status;
 }

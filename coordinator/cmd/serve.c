@@ -64,6 +64,11 @@ static void usage(FILE *f)
             "                         layers + streamed ones, same tokens (docs/CONFIG.md);\n"
             "                         default: the trunk is mapped\n"
             "  --trunk-no-direct      buffered reads for --trunk-gb (no O_DIRECT)\n"
+            "  --draft ngram|off      speculative decoding of every request (default ngram):\n"
+            "                         drafts from the prompt + output verified in one pass; same ids\n"
+            "  --draft-max K          most drafted tokens per pass, 1..16 (default 8, adapted)\n"
+            "  --draft-ngram-min N    shortest match that drafts, 1..64 (default 2)\n"
+            "  --draft-cost A[,B]     a verify pass of k drafts costs 1 + B + A*k passes (0.2,0.3)\n"
             "\n");
     shoal_dist_usage(f);
 }
@@ -202,6 +207,7 @@ int shoal_cmd_serve(int argc, char **argv)
     long threads = 0, max_body_kb = 4096, max_header_kb = 16, max_conn = 256;
     long req_to = 30, idle_to = 60, write_to = 30, hdr_to = 10, max_per_addr = 64;
     int insecure = 0, trunk_no_direct = 0;
+    shoal_draft_opts draft = {.mode = SHOAL_DRAFT_NGRAM, .max = 8};
     shoal_trunk_mode trunk_mode = SHOAL_TRUNK_MAPPED;
     uint64_t trunk_budget = 0;
     const char *trace_path = NULL;
@@ -241,6 +247,45 @@ int shoal_cmd_serve(int argc, char **argv)
         }
         if (!strcmp(a, "--trunk-no-direct")) {
             trunk_no_direct = 1;
+            continue;
+        }
+        if (!strcmp(a, "--draft")) {
+            if (!v || shoal_draft_parse_mode(v, &draft.mode)) {
+                fprintf(stderr, "shoal serve: --draft needs ngram or off\n");
+                bad = 1;
+            }
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--draft-ngram-min")) {
+            char *end = NULL;
+            long k = v ? strtol(v, &end, 10) : 0;
+            if (!v || *end || k < 1 || k > 64) {
+                fprintf(stderr, "shoal serve: --draft-ngram-min needs a number in 1..64\n");
+                bad = 1;
+            }
+            draft.ngram_min = (int)k;
+            draft.ngram_max = k > 16 ? (int)k : 0;
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--draft-cost")) {
+            if (!v || shoal_draft_parse_cost(v, &draft)) {
+                fprintf(stderr, "shoal serve: --draft-cost needs A[,B] with 0 < A < 1, 0 <= B <= 4\n");
+                bad = 1;
+            }
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--draft-max")) {
+            char *end = NULL;
+            long k = v ? strtol(v, &end, 10) : 0;
+            if (!v || *end || k < 1 || k > SHOAL_DRAFT_MAX_K) {
+                fprintf(stderr, "shoal serve: --draft-max needs a number in 1..%d\n", SHOAL_DRAFT_MAX_K);
+                bad = 1;
+            }
+            draft.max = (int)k;
+            i++;
             continue;
         }
         if (!strcmp(a, "--trunk-gb")) {
@@ -443,6 +488,7 @@ int shoal_cmd_serve(int argc, char **argv)
         .memo_bytes = (size_t)memo_mb << 20,
         .threads = (int)threads,
         .cm = ctx.cm,
+        .draft = draft,
     };
     rc = shoal_sched_open(&sched, &so, err, sizeof err);
     if (rc) {

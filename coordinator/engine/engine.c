@@ -58,6 +58,10 @@ void shoal_seq_free(shoal_seq *s)
     if (!s)
         return;
     s->m->seqs_alive--;
+    free(s->ck_S0);
+    free(s->ck_conv0);
+    free(s->ck_tok);
+    free(s->ck_o);
     free(s->kda_S);
     free(s->kda_conv);
     free(s->mla);
@@ -71,6 +75,7 @@ void shoal_seq_reset(shoal_seq *s)
     memset(s->kda_conv, 0, sizeof(float) * kda_conv_floats(c));
     s->pos = 0;
     s->broken = 0;
+    s->ck_n = 0;
 }
 
 int shoal_seq_pos(const shoal_seq *s)
@@ -106,6 +111,7 @@ int shoal_seq_copy(shoal_seq *dst, const shoal_seq *src, char *err, size_t errle
                sizeof(float) * row * (size_t)src->pos);
     dst->pos = src->pos;
     dst->broken = src->broken;
+    dst->ck_n = 0;
     return 0;
 }
 
@@ -125,6 +131,71 @@ int shoal_seq_fork(shoal_seq **out, const shoal_seq *src, int capacity, char *er
         return rc;
     }
     *out = s;
+    return 0;
+}
+
+int shoal_seq_reserve_rewind(shoal_seq *s, int n, char *err, size_t errlen)
+{
+    if (n < 0 || n >= s->m->info.max_batch)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "rewind room for %d positions outside [0, max_batch %d)", n,
+                             s->m->info.max_batch);
+    if (n <= s->ck_cap)
+        return 0;
+    const shoal_k3cfg *c = &s->m->cfg;
+    size_t C = (size_t)c->kda_heads * c->kda_head_dim;
+    size_t w = 7 * C + (size_t)c->kda_heads;
+    if (!s->ck_S0) {
+        s->ck_S0 = shoal_xmalloc(sizeof(float) * (kda_state_floats(c) + 1));
+        s->ck_conv0 = shoal_xmalloc(sizeof(float) * (kda_conv_floats(c) + 1));
+        s->ck_o = shoal_xmalloc(sizeof(float) * (C + 1));
+        s->bytes += sizeof(float) * (kda_state_floats(c) + kda_conv_floats(c) + C);
+    }
+    free(s->ck_tok);
+    s->ck_tok = shoal_xmalloc(sizeof(float) * ((size_t)n * (size_t)c->num_kda * w + 1));
+    s->ck_tok_w = w;
+    s->bytes += sizeof(float) * (size_t)c->num_kda * w * (size_t)(n - s->ck_cap);
+    s->ck_cap = n;
+    s->ck_n = 0;
+    return 0;
+}
+
+int shoal_seq_rewind(shoal_seq *s, int pos, char *err, size_t errlen)
+{
+    if (pos == s->pos)
+        return 0;
+    if (s->broken)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "rewind: sequence broken by an earlier failure");
+    if (pos <= s->ck_base || pos > s->ck_base + s->ck_n)
+        return shoal_err_set(err, errlen, SHOAL_ERANGE,
+                             "rewind to position %d: the last verify (at %d, %d states kept) cannot reach it", pos,
+                             s->ck_base, s->ck_n);
+    const shoal_k3cfg *c = &s->m->cfg;
+    int j = pos - s->ck_base - 1, H = c->kda_heads, D = c->kda_head_dim, K = c->conv_kernel;
+    size_t C = (size_t)H * D, sn = (size_t)H * D * D, win = (size_t)(K - 1) * C;
+    for (int l = 0; l < c->num_kda; l++) {
+        /* the state before the chunk, then the kept steps again */
+        float *S = s->kda_S + (size_t)l * sn;
+        memcpy(S, s->ck_S0 + (size_t)l * sn, sizeof(float) * sn);
+        for (int t = 0; t <= j; t++) {
+            const float *r = s->ck_tok + ((size_t)t * c->num_kda + (size_t)l) * s->ck_tok_w;
+            shoal_kda_step(s->ck_o, S, r, r + C, r + 2 * C, r + 3 * C, r + 4 * C, H, D);
+        }
+        /* each window: the last K-1 pre-conv rows of (window before the chunk, rows 0..j) */
+        for (int q = 0; q < 3; q++) {
+            float *w = s->kda_conv + ((size_t)l * 3 + (size_t)q) * win;
+            const float *w0 = s->ck_conv0 + ((size_t)l * 3 + (size_t)q) * win;
+            for (int i = 0; i < K - 1; i++) {
+                int x = j + 1 + i; /* index into w0 ++ rows */
+                const float *src = x < K - 1 ? w0 + (size_t)x * C
+                                             : s->ck_tok + ((size_t)(x - (K - 1)) * c->num_kda + (size_t)l) *
+                                                               s->ck_tok_w + 4 * C + (size_t)H + (size_t)q * C;
+                memcpy(w + (size_t)i * C, src, sizeof(float) * C);
+            }
+        }
+    }
+    /* the MLA rows past pos are never read before they are written again */
+    s->pos = pos;
+    s->ck_n = (int)j; /* positions before the new end can still be reached */
     return 0;
 }
 
@@ -182,6 +253,22 @@ int shoal_seq_prefill(shoal_seq *s, const int32_t *ids, int n, shoal_logits_mode
         done += T;
     }
     return 0;
+}
+
+int shoal_seq_verify(shoal_seq *s, const int32_t *ids, int n, float *logits, char *err, size_t errlen)
+{
+    if (n < 1 || n > s->m->info.max_batch || n - 1 > s->ck_cap)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL,
+                             "verify: %d tokens (one chunk of at most max_batch %d, rewind room %d + 1)", n,
+                             s->m->info.max_batch, s->ck_cap);
+    int base = s->pos;
+    s->ck_arm = 1;
+    s->ck_base = base;
+    s->ck_n = 0;
+    int rc = shoal_seq_prefill(s, ids, n, SHOAL_LOGITS_ALL, logits, err, errlen);
+    s->ck_arm = 0;
+    s->ck_n = rc ? 0 : n - 1;
+    return rc;
 }
 
 int shoal_seq_decode(shoal_seq *s, int32_t id, float *logits, char *err, size_t errlen)

@@ -56,6 +56,7 @@
 #include "coordinator/engine/experts.h"
 #include "coordinator/engine/rmat.h"
 #include "coordinator/engine/sampler.h"
+#include "coordinator/engine/draft.h"
 #include "kernels/kernels.h"
 
 typedef struct shoal_model shoal_model;
@@ -294,6 +295,85 @@ int shoal_seq_decode(shoal_seq *s, int32_t id, float *logits, char *err, size_t 
  * Validation is done for all before anything runs. */
 int shoal_model_decode_batch(shoal_model *m, shoal_seq *const *seqs, const int32_t *ids, int n, float *logits,
                              char *err, size_t errlen);
+
+/* ---- rewind: verify a chunk, keep only a prefix of it (speculative decoding) */
+
+/* Room for a verify chunk of up to n + 1 tokens to be cut back to any of
+ * its prefixes (allocated here, never in the forward): one copy of the KDA
+ * states and conv windows (seq_fixed_bytes) for the state before the chunk,
+ * and per token and KDA layer the inputs of its delta-rule step and its
+ * pre-conv rows (7 C + H floats, C = kda_heads x kda_head_dim). n in [0,
+ * max_batch); a smaller n than already reserved keeps the room. */
+int shoal_seq_reserve_rewind(shoal_seq *s, int n, char *err, size_t errlen);
+/* A prefill of n tokens in one chunk (1 <= n <= max_batch, n - 1 <= the
+ * reserved room) with every position's logits in logits[n, vocab], that also
+ * keeps the state after each of its first n - 1 tokens. Bit-identical to
+ * shoal_seq_prefill (and so to decoding the tokens one by one). */
+int shoal_seq_verify(shoal_seq *s, const int32_t *ids, int n, float *logits, char *err, size_t errlen);
+/* Cut the last verify chunk (started at position b) back to position pos,
+ * b < pos <= current: the state becomes exactly the one after its first
+ * pos - b tokens, as if the rest had never run (the KDA states before the
+ * chunk restored and its first pos - b delta-rule steps replayed with the
+ * kept inputs -- the same kernel on the same values, so the same bits -- and
+ * the conv windows rebuilt from the kept rows; the MLA rows past pos are
+ * dead). pos equal to the current position is a no-op. Any other forward on
+ * s, a reset or a copy into s ends the chunk's reach (then SHOAL_ERANGE).
+ * Cost: one seq_fixed_bytes copy plus pos - b KDA steps per KDA layer; it
+ * runs kernels (OpenMP), so call it from the thread that runs s's forwards. */
+int shoal_seq_rewind(shoal_seq *s, int pos, char *err, size_t errlen);
+
+/* ---- speculative decoding (draft.h drafts; spec.c verifies) --------------- */
+
+/* A drop-in for shoal_seq_decode that drafts and verifies (issue 21). One
+ * object per sequence (a slot, a run). Each call feeds one token and returns
+ * its logits -- the same logits, bit for bit, as shoal_seq_decode would -- so
+ * the caller samples and checks stops exactly as in plain decoding (the
+ * sampler's draws are the same ones in the same order: same ids, greedy or
+ * seeded). Behind the call: when nothing drafted is pending, the drafter
+ * proposes up to K tokens that continue hist (shoal_drafter_propose), and the
+ * fed token and the drafts run as one chunk (shoal_seq_verify: one pass over
+ * the trunk, one expert exchange per layer for all of them); while the next
+ * fed token equals the next draft, its logits come from that chunk without a
+ * forward; a fed token that differs cuts the chunk back (shoal_seq_rewind) and
+ * starts a new one. The sequence may therefore hold drafted tokens past the
+ * fed ones: call shoal_spec_settle before using the sequence any other way
+ * (copy, keep, plain decode, reset). */
+typedef struct shoal_spec shoal_spec;
+
+typedef struct {
+    uint64_t fed;         /* tokens fed through shoal_spec_decode */
+    uint64_t passes;      /* forwards it ran (plain and verify) */
+    uint64_t verifies;    /* of which: verify chunks with at least one draft */
+    uint64_t drafted;     /* tokens drafted into verify chunks */
+    uint64_t accepted;    /* of those, fed next (their logits came free) */
+    uint64_t rewinds;     /* verify chunks cut back */
+    uint64_t shadowed;    /* K was 0: drafts proposed but not verified (draft.h 3.) */
+    uint64_t shadow_hits; /* of those, equal to the token fed next */
+    double rewind_s;      /* seconds in shoal_seq_rewind */
+} shoal_spec_stats;
+
+/* For sequence s (borrowed; it must outlive the object): reserves rewind
+ * room on s for opts->max drafts and a [max + 1, vocab] logits buffer. opts
+ * are checked (shoal_drafter_create). */
+int shoal_spec_create(shoal_spec **out, shoal_seq *s, const shoal_draft_opts *opts, char *err, size_t errlen);
+void shoal_spec_free(shoal_spec *sp); /* accepts NULL */
+/* A new generation on the sequence (after the caller reset, prefilled or
+ * copied into it): forget pending drafts and the acceptance history. */
+void shoal_spec_begin(shoal_spec *sp);
+/* Feed hist[n - 1] (hist[0..n - 1) are the tokens the sequence already holds,
+ * prompt and generated, n - 1 == the fed position) and write its logits into
+ * logits[vocab]. limit: drafts beyond this many more tokens are useless (the
+ * caller stops by then); 0 turns drafting off for this call. Returns 0 or the
+ * forward's code (cancel: SHOAL_ECANCELED, the sequence then holds the fed
+ * tokens before hist[n - 1]). */
+int shoal_spec_decode(shoal_spec *sp, const int32_t *hist, int n, int limit, float *logits, char *err,
+                      size_t errlen);
+/* Drop pending drafts: the sequence then holds exactly the fed tokens.
+ * Accepts NULL (nothing to do). */
+int shoal_spec_settle(shoal_spec *sp, char *err, size_t errlen);
+void shoal_spec_get_stats(const shoal_spec *sp, shoal_spec_stats *out);
+/* The drafter's current K (adapted to the recent acceptance). */
+int shoal_spec_k(const shoal_spec *sp);
 
 /* Allocations seen by the engine's guard while a forward was running (with
  * SHOAL_ALLOC_GUARD=abort the first aborts instead; 0 in a correct build). */

@@ -167,6 +167,20 @@ struct shoal_seq {
     float *mla;      /* [num_mla, capacity, R + P] */
     int broken;      /* a forward failed part-way: state invalid until reset/copy */
     size_t bytes;
+    /* rewind (shoal_seq_verify / shoal_seq_rewind): while ck_arm, the
+     * forward keeps, per KDA layer, the state and conv windows before the
+     * chunk's first token (j = position - ck_base = 0) and, for each token
+     * j < ck_cap, the exact inputs of its delta-rule step (q, k, v, g after
+     * conv, norms and gate; beta) and its pre-conv rows; a rewind to after
+     * token j restores the first and replays steps 0..j (the same kernel on
+     * the same inputs: the same bits), the windows rebuilt from the rows.
+     * ck_n: tokens reachable (0 after any other forward, a reset or a copy) */
+    float *ck_S0;    /* [num_kda, H, D, D] */
+    float *ck_conv0; /* [num_kda, 3, K-1, C] */
+    float *ck_tok;   /* [ck_cap, num_kda, ck_tok_w]: q, k, v, g [C each], beta [H], raw q, k, v [C each] */
+    float *ck_o;     /* [C] replay output (discarded) */
+    size_t ck_tok_w;
+    int ck_cap, ck_arm, ck_base, ck_n;
 };
 
 /* forward.c: lay the scratch out from base (NULL: just count) for Tmax tokens

@@ -225,6 +225,17 @@ static int kda_layer(shoal_model *m, const shoal__layer *ly, int L, shoal_seq *c
         shoal_seq *s = seqs[t];
         float *S = s->kda_S + (size_t)ly->kda_idx * H * (size_t)D * D;
         float *w = s->kda_conv + (size_t)ly->kda_idx * 3 * win;
+        int ckj = s->ck_arm ? sc->tpos[t] - s->ck_base : -1; /* shoal_seq_verify: keep what a rewind needs */
+        if (ckj == 0) {
+            memcpy(s->ck_S0 + (size_t)ly->kda_idx * H * (size_t)D * D, S, sizeof(float) * H * (size_t)D * D);
+            memcpy(s->ck_conv0 + (size_t)ly->kda_idx * 3 * win, w, sizeof(float) * 3 * win);
+        }
+        if (ckj >= 0 && ckj < s->ck_cap) {
+            float *r = s->ck_tok + ((size_t)ckj * c->num_kda + (size_t)ly->kda_idx) * s->ck_tok_w + 4 * C + H;
+            memcpy(r, qt + (size_t)t * C, sizeof(float) * C);
+            memcpy(r + C, kt + (size_t)t * C, sizeof(float) * C);
+            memcpy(r + 2 * C, vt + (size_t)t * C, sizeof(float) * C);
+        }
         shoal_kda_conv_step(sc->tq, w, qt + (size_t)t * C, ly->q_conv, (int)C, K);
         shoal_kda_conv_step(sc->tk, w + win, kt + (size_t)t * C, ly->k_conv, (int)C, K);
         shoal_kda_conv_step(sc->tv, w + 2 * win, vt + (size_t)t * C, ly->v_conv, (int)C, K);
@@ -238,6 +249,14 @@ static int kda_layer(shoal_model *m, const shoal__layer *ly, int L, shoal_seq *c
                        c->gate_lower_bound);
         for (int h = 0; h < H; h++)
             sc->beta[h] = shoal_sigmoid(bl[(size_t)t * H + h]);
+        if (ckj >= 0 && ckj < s->ck_cap) {
+            float *r = s->ck_tok + ((size_t)ckj * c->num_kda + (size_t)ly->kda_idx) * s->ck_tok_w;
+            memcpy(r, sc->tq, sizeof(float) * C);
+            memcpy(r + C, sc->tk, sizeof(float) * C);
+            memcpy(r + 2 * C, sc->tv, sizeof(float) * C);
+            memcpy(r + 3 * C, sc->tg, sizeof(float) * C);
+            memcpy(r + 4 * C, sc->beta, sizeof(float) * H);
+        }
         shoal_kda_step(o + (size_t)t * C, S, sc->tq, sc->tk, sc->tv, sc->tg, sc->beta, H, D);
         shoal_gated_rmsnorm(on + (size_t)t * C, o + (size_t)t * C, G + (size_t)t * C, ly->o_norm, H, D,
                             c->rms_norm_eps);
@@ -763,8 +782,11 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
     shoal_cmetrics_forward(m->cm, (uint32_t)T);
     shoal__engine_guard_arm(0);
 
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < T; t++) {
         seqs[t]->pos = sc->tpos[t] + 1;
+        if (!seqs[t]->ck_arm)
+            seqs[t]->ck_n = 0; /* saved states of an earlier verify are stale now */
+    }
     m->stats.tokens += (uint64_t)T;
     m->stats.chunks++;
     m->stats.trunk_bytes += m->trunk_bytes_fixed + (uint64_t)T * m->embed_row_bytes;

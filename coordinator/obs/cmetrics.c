@@ -37,6 +37,7 @@ struct shoal_cmetrics {
     worker *w;
     shoal_metrics_counter phase_ns[SHOAL_PHASE_COUNT];
     shoal_metrics_counter tokens, chunks;
+    shoal_metrics_counter spec_fed, spec_passes, spec_drafted, spec_accepted;
     shoal_metrics_hist *layer_wait; /* [num_layers] */
     shoal_metrics_counter failovers, resent_pairs;
     shoal_metrics_hist failover_time;
@@ -192,6 +193,16 @@ void shoal_cmetrics_forward(shoal_cmetrics *cm, uint32_t T)
     shoal_metrics_add(&cm->chunks, 1);
 }
 
+void shoal_cmetrics_spec(shoal_cmetrics *cm, uint64_t fed, uint64_t passes, uint64_t drafted, uint64_t accepted)
+{
+    if (!cm)
+        return;
+    shoal_metrics_add(&cm->spec_fed, fed);
+    shoal_metrics_add(&cm->spec_passes, passes);
+    shoal_metrics_add(&cm->spec_drafted, drafted);
+    shoal_metrics_add(&cm->spec_accepted, accepted);
+}
+
 void shoal_cmetrics_exchange(shoal_cmetrics *cm, int w, int layer, const shoal_cmetrics_xchg *x)
 {
     worker *k = get_w(cm, w);
@@ -266,6 +277,10 @@ void shoal_cmetrics_get_totals(shoal_cmetrics *cm, shoal_cmetrics_totals *out)
     memset(out, 0, sizeof *out);
     out->tokens = shoal_metrics_get(&cm->tokens);
     out->chunks = shoal_metrics_get(&cm->chunks);
+    out->spec_fed = shoal_metrics_get(&cm->spec_fed);
+    out->spec_passes = shoal_metrics_get(&cm->spec_passes);
+    out->spec_drafted = shoal_metrics_get(&cm->spec_drafted);
+    out->spec_accepted = shoal_metrics_get(&cm->spec_accepted);
     for (int p = 0; p < SHOAL_PHASE_COUNT; p++)
         out->phase_s[p] = (double)shoal_metrics_get(&cm->phase_ns[p]) / 1e9;
 }
@@ -368,6 +383,20 @@ void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b)
     shoal_metrics_family(b, "shoal_forward_chunks_total", SHOAL_METRICS_COUNTER,
                          "Forward chunks (a prefill chunk or a decode step).");
     shoal_metrics_sample(b, "shoal_forward_chunks_total", NULL, 0, (double)shoal_metrics_get(&cm->chunks));
+    shoal_metrics_family(b, "shoal_decode_fed_tokens_total", SHOAL_METRICS_COUNTER,
+                         "Generated tokens fed back through the decode path (plain or speculative).");
+    shoal_metrics_sample(b, "shoal_decode_fed_tokens_total", NULL, 0, (double)shoal_metrics_get(&cm->spec_fed));
+    shoal_metrics_family(b, "shoal_decode_passes_total", SHOAL_METRICS_COUNTER,
+                         "Forward passes the decode path ran for them; passes per token = this / "
+                         "shoal_decode_fed_tokens_total (1 without drafting).");
+    shoal_metrics_sample(b, "shoal_decode_passes_total", NULL, 0, (double)shoal_metrics_get(&cm->spec_passes));
+    shoal_metrics_family(b, "shoal_draft_tokens_total", SHOAL_METRICS_COUNTER,
+                         "Tokens drafted (prompt lookup) into verify chunks.");
+    shoal_metrics_sample(b, "shoal_draft_tokens_total", NULL, 0, (double)shoal_metrics_get(&cm->spec_drafted));
+    shoal_metrics_family(b, "shoal_draft_accepted_total", SHOAL_METRICS_COUNTER,
+                         "Drafted tokens that were the ones decoding chose; acceptance rate = this / "
+                         "shoal_draft_tokens_total.");
+    shoal_metrics_sample(b, "shoal_draft_accepted_total", NULL, 0, (double)shoal_metrics_get(&cm->spec_accepted));
     shoal_metrics_family(b, "shoal_phase_seconds_total", SHOAL_METRICS_COUNTER,
                          "Wall seconds of the forward by phase; divide by shoal_forward_tokens_total for per-token "
                          "time.");

@@ -81,6 +81,10 @@ void shoal_cmetrics_add_phase(shoal_cmetrics *cm, shoal_cmetrics_phase ph, uint6
 /* One forward chunk of T tokens completed. */
 void shoal_cmetrics_forward(shoal_cmetrics *cm, uint32_t T);
 
+/* Speculative decoding (engine.h shoal_spec_decode): tokens fed, forward
+ * passes run for them, tokens drafted into verify chunks, drafts accepted. */
+void shoal_cmetrics_spec(shoal_cmetrics *cm, uint64_t fed, uint64_t passes, uint64_t drafted, uint64_t accepted);
+
 /* One EXPERT_BATCH exchange with worker w for MoE layer `layer`, as seen by
  * the coordinator: rtt_ns from the first byte sent to the reply received;
  * queue_us / compute_us as the worker reported them. */
@@ -137,6 +141,7 @@ void shoal_cmetrics_report(shoal_cmetrics *cm, FILE *f, const shoal_cmetrics_tot
 struct shoal_cmetrics_totals {
     uint64_t tokens, chunks;
     double phase_s[SHOAL_PHASE_COUNT];
+    uint64_t spec_fed, spec_passes, spec_drafted, spec_accepted; /* shoal_cmetrics_spec */
 };
 void shoal_cmetrics_get_totals(shoal_cmetrics *cm, shoal_cmetrics_totals *out);
 

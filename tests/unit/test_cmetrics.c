@@ -73,6 +73,8 @@ static shoal_cmetrics *build(void)
     shoal_cmetrics_replica_pick(cm, 1, 1);
     shoal_cmetrics_forward(cm, 2);
     shoal_cmetrics_forward(cm, 1);
+    shoal_cmetrics_spec(cm, 5, 3, 4, 2);
+    shoal_cmetrics_spec(cm, 1, 1, 0, 0);
     shoal_cmetrics_add_phase(cm, SHOAL_PHASE_ATTENTION, 3000000);
     shoal_cmetrics_add_phase(cm, SHOAL_PHASE_EXPERTS, 1500000);
     shoal_cmetrics_add_phase(cm, SHOAL_PHASE_SAMPLING, 300000);
@@ -89,6 +91,10 @@ static void t_totals(void)
     shoal_cmetrics_get_totals(cm, &t);
     CHECK_EQ_INT(t.tokens, 3);
     CHECK_EQ_INT(t.chunks, 2);
+    CHECK_EQ_INT(t.spec_fed, 6);
+    CHECK_EQ_INT(t.spec_passes, 4);
+    CHECK_EQ_INT(t.spec_drafted, 4);
+    CHECK_EQ_INT(t.spec_accepted, 2);
     CHECK_NEAR(t.phase_s[SHOAL_PHASE_ATTENTION], 0.003, 1e-12);
     CHECK_NEAR(t.phase_s[SHOAL_PHASE_SAMPLING], 0.0003, 1e-12);
     shoal_cmetrics_worker_totals a, b;
