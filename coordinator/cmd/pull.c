@@ -474,18 +474,19 @@ static void source_id(const puller *p, char *out)
     shoal_packfile_hex(h, 16, out);
 }
 
-/* Is the logged piece (dst, len, hex) still on disk? */
-static int piece_on_disk(int fd, uint64_t dst, uint64_t len, const char *hex, unsigned char *buf, size_t cap)
+/* Is the logged piece (its runs sg[n], BLAKE2b hex) still on disk? */
+static int piece_on_disk(int fd, const shoal_hub_seg *sg, int n, const char *hex, unsigned char *buf, size_t cap)
 {
     crypto_generichash_state hs;
     crypto_generichash_init(&hs, NULL, 0, 32);
-    for (uint64_t o = 0; o < len;) {
-        size_t k = len - o < cap ? (size_t)(len - o) : cap;
-        if (pread_all(fd, buf, k, dst + o))
-            return 0;
-        crypto_generichash_update(&hs, buf, k);
-        o += k;
-    }
+    for (int i = 0; i < n; i++)
+        for (uint64_t o = 0; o < sg[i].len;) {
+            size_t k = sg[i].len - o < cap ? (size_t)(sg[i].len - o) : cap;
+            if (pread_all(fd, buf, k, sg[i].dst + o))
+                return 0;
+            crypto_generichash_update(&hs, buf, k);
+            o += k;
+        }
     uint8_t h[32];
     char got[65];
     crypto_generichash_final(&hs, h, 32);
@@ -497,6 +498,18 @@ typedef struct {
     uint64_t dst, len;
     char hex[65];
 } logent;
+
+typedef struct {
+    const char *file;
+    uint64_t off, len, dst;
+} item;
+
+static int item_cmp(const void *a, const void *b)
+{
+    const item *x = a, *y = b;
+    int c = strcmp(x->file, y->file);
+    return c ? c : x->off < y->off ? -1 : x->off > y->off;
+}
 
 /* Open (or resume) f's NAME.part and append its missing pieces to *pcs. */
 static int prepare(puller *p, int fi, const char *sid, uint64_t chunk, shoal_hub_piece **pcs, pinfo **infos,
@@ -565,24 +578,50 @@ static int prepare(puller *p, int fi, const char *sid, uint64_t chunk, shoal_hub
             return shoal_err_set(err, errlen, -errno, "%s: %s", logp, strerror(errno));
         }
     }
-    /* runs of source bytes adjacent in the shard, then chunks of them */
+    /* the source ranges in shard order: bytes adjacent in the shard are one
+     * request (scattered into the file where the pack orders them
+     * differently), cut into pieces of at most chunk bytes */
+    item *it = shoal_xcalloc((size_t)f->nsrc + 1, sizeof *it);
     uint64_t dst = f->hlen;
+    for (int i = 0; i < f->nsrc; i++) {
+        it[i] = (item){f->src[i].file, f->src[i].off, f->src[i].nbytes, dst};
+        dst += f->src[i].nbytes;
+    }
+    qsort(it, (size_t)f->nsrc, sizeof *it, item_cmp);
     for (int i = 0; i < f->nsrc;) {
         int j = i + 1;
-        uint64_t len = f->src[i].nbytes;
-        while (j < f->nsrc && !strcmp(f->src[j].file, f->src[i].file) && f->src[j].off == f->src[i].off + len) {
-            len += f->src[j].nbytes;
+        while (j < f->nsrc && !strcmp(it[j].file, it[i].file) && it[j].off == it[j - 1].off + it[j - 1].len)
             j++;
-        }
-        for (uint64_t o = 0; o < len; o += chunk) {
-            uint64_t k = len - o < chunk ? len - o : chunk;
+        /* items i..j-1 are one run of the shard; walk it in pieces */
+        int k = i;
+        uint64_t in = 0; /* bytes of item k already placed */
+        while (k < j) {
+            uint64_t start = it[k].off + in, len = 0;
+            shoal_hub_seg *sg = NULL;
+            int ns = 0;
+            while (k < j && len < chunk) {
+                uint64_t take = it[k].len - in < chunk - len ? it[k].len - in : chunk - len;
+                if (ns && sg[ns - 1].dst + sg[ns - 1].len == it[k].dst + in) {
+                    sg[ns - 1].len += take;
+                } else {
+                    sg = shoal_xrealloc(sg, (size_t)(ns + 1) * sizeof *sg);
+                    sg[ns++] = (shoal_hub_seg){it[k].dst + in, take};
+                }
+                len += take;
+                in += take;
+                if (in == it[k].len) {
+                    k++;
+                    in = 0;
+                }
+            }
             int have = 0;
             for (size_t e = 0; e < nle && !have; e++)
-                if (le[e].dst == dst + o && le[e].len == k)
-                    have = piece_on_disk(fd, dst + o, k, le[e].hex, buf, bufcap);
+                if (le[e].dst == sg[0].dst && le[e].len == len)
+                    have = piece_on_disk(fd, sg, ns, le[e].hex, buf, bufcap);
             if (have) {
-                f->have += k;
-                p->kept += k;
+                f->have += len;
+                p->kept += len;
+                free(sg);
                 continue; /* still logged, for a later interruption */
             }
             if (*npc == *cap) {
@@ -591,14 +630,14 @@ static int prepare(puller *p, int fi, const char *sid, uint64_t chunk, shoal_hub
                 *infos = shoal_xrealloc(*infos, *cap * sizeof **infos);
             }
             (*infos)[*npc].file = fi;
-            (*pcs)[*npc] = (shoal_hub_piece){.file = f->src[i].file, .off = f->src[i].off + o, .len = k, .fd = fd,
-                                             .dst = dst + o};
+            (*pcs)[*npc] = (shoal_hub_piece){.file = it[i].file, .off = start, .len = len, .fd = fd,
+                                             .dst = sg[0].dst, .seg = sg, .nseg = ns};
             (*npc)++;
-            p->total += k;
+            p->total += len;
         }
-        dst += len;
         i = j;
     }
+    free(it);
     free(le);
     return 0;
 }
@@ -917,6 +956,8 @@ done:
     }
     free(pl.f);
     free(pl.sh);
+    for (size_t i = 0; i < npc; i++)
+        free((void *)pcs[i].seg);
     free(pcs);
     free(infos);
     free(buf);

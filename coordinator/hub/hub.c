@@ -27,7 +27,38 @@ struct shoal_hub {
     long stall;
     CURLM *multi;
     shoal_hub_stats st;
+    struct {
+        char *file, *url;
+        char letag[128], cetag[128]; /* the hub's X-Linked-Etag and the final URL's ETag then */
+    } *cdn; /* a file's last final URL (after the hub's redirect) */
+    int ncdn;
 };
+
+static int cdn_find(const shoal_hub *h, const char *file)
+{
+    for (int i = 0; i < h->ncdn; i++)
+        if (!strcmp(h->cdn[i].file, file) && h->cdn[i].url)
+            return i;
+    return -1;
+}
+
+static void cdn_set(shoal_hub *h, const char *file, const char *url, const char *letag, const char *cetag)
+{
+    int i = 0;
+    while (i < h->ncdn && strcmp(h->cdn[i].file, file))
+        i++;
+    if (i == h->ncdn) {
+        if (!url)
+            return;
+        h->cdn = shoal_xrealloc(h->cdn, (size_t)(h->ncdn + 1) * sizeof *h->cdn);
+        memset(&h->cdn[i], 0, sizeof h->cdn[i]);
+        h->cdn[h->ncdn++].file = shoal_xstrdup(file);
+    }
+    free(h->cdn[i].url);
+    h->cdn[i].url = url ? shoal_xstrdup(url) : NULL;
+    snprintf(h->cdn[i].letag, sizeof h->cdn[i].letag, "%s", url ? letag : "");
+    snprintf(h->cdn[i].cetag, sizeof h->cdn[i].cetag, "%s", url ? cetag : "");
+}
 
 /* One transfer in flight: the piece it fills and what its responses said. */
 typedef struct {
@@ -36,6 +67,9 @@ typedef struct {
     size_t idx;
     shoal_hub_piece *p;
     int whole; /* GET of a whole file into a growing buffer */
+    int via_cdn; /* sent to a remembered final URL */
+    int si;      /* the segment being written, and how far into it */
+    uint64_t so;
     size_t max;
     char *buf;
     size_t cap;
@@ -153,6 +187,11 @@ void shoal_hub_close(shoal_hub *h)
     free(h->repo);
     free(h->rev);
     free(h->ua);
+    for (int i = 0; i < h->ncdn; i++) {
+        free(h->cdn[i].file);
+        free(h->cdn[i].url);
+    }
+    free(h->cdn);
     free(h);
 }
 
@@ -290,9 +329,18 @@ static size_t on_body(char *b, size_t sz, size_t nm, void *u)
             return 0;
         }
         if (x->p->fd >= 0) {
+            shoal_hub_seg one = {x->p->dst, x->p->len};
+            const shoal_hub_seg *sg = x->p->nseg > 0 ? x->p->seg : &one;
             size_t w = 0;
             while (w < n) {
-                ssize_t r = pwrite(x->p->fd, b + w, n - w, (off_t)(x->p->dst + x->got + w));
+                while (x->so == sg[x->si].len) {
+                    x->si++;
+                    x->so = 0;
+                }
+                size_t k = n - w;
+                if (k > sg[x->si].len - x->so)
+                    k = (size_t)(sg[x->si].len - x->so);
+                ssize_t r = pwrite(x->p->fd, b + w, k, (off_t)(sg[x->si].dst + x->so));
                 if (r < 0 && errno == EINTR)
                     continue;
                 if (r <= 0) {
@@ -300,6 +348,7 @@ static size_t on_body(char *b, size_t sz, size_t nm, void *u)
                     return 0;
                 }
                 w += (size_t)r;
+                x->so += (uint64_t)r;
             }
         } else {
             memcpy((char *)x->p->mem + x->got, b, n);
@@ -331,7 +380,15 @@ static void start(shoal_hub *h, xfer *x, shoal_hub_piece *p, size_t idx, int who
     crypto_hash_sha256_init(&x->sha);
     crypto_generichash_init(&x->b2, NULL, 0, 32);
     char url[8192];
-    shoal_hub_url(h, p->file, url, sizeof url);
+    int ci = whole ? -1 : cdn_find(h, p->file);
+    const char *cached = ci >= 0 ? h->cdn[ci].url : NULL;
+    if (cached)
+        snprintf(url, sizeof url, "%s", cached);
+    else
+        shoal_hub_url(h, p->file, url, sizeof url);
+    x->via_cdn = cached != NULL;
+    size_t epn = strlen(h->endpoint);
+    int same_host = !cached || (!strncmp(url, h->endpoint, epn) && url[epn] == '/');
     curl_easy_reset(e);
     curl_easy_setopt(e, CURLOPT_URL, url);
     curl_easy_setopt(e, CURLOPT_PRIVATE, x);
@@ -349,7 +406,7 @@ static void start(shoal_hub *h, xfer *x, shoal_hub_piece *p, size_t idx, int who
     curl_easy_setopt(e, CURLOPT_HEADERDATA, x);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, x);
-    if (h->hdrs)
+    if (h->hdrs && same_host) /* never the token to a CDN host */
         curl_easy_setopt(e, CURLOPT_HTTPHEADER, h->hdrs);
     if (!whole) {
         char r[64];
@@ -392,6 +449,11 @@ static int classify(shoal_hub *h, xfer *x, CURLcode res, char *msg, size_t n)
         return DONE_RETRY;
     }
     long st = x->status;
+    if (x->via_cdn && (st == 403 || st == 404 || st == 410)) { /* an expired signed URL: ask the hub again */
+        cdn_set(h, x->p->file, NULL, NULL, NULL);
+        shoal_err_set(msg, n, SHOAL_EPEER, "%s: HTTP %ld from the remembered CDN URL", what, st);
+        return DONE_RETRY;
+    }
     if (res != CURLE_OK) {
         shoal_err_set(msg, n, SHOAL_EIO, "%s: %s%s%s (after %llu of %llu bytes)", what, curl_easy_strerror(res),
                       x->errbuf[0] ? ": " : "", x->errbuf, (unsigned long long)x->got,
@@ -438,6 +500,17 @@ static int classify(shoal_hub *h, xfer *x, CURLcode res, char *msg, size_t n)
         }
     }
     const char *tag = x->letag[0] ? x->letag : x->etag;
+    if (!x->whole && !x->via_cdn) {
+        char *eff = NULL;
+        curl_easy_getinfo(x->e, CURLINFO_EFFECTIVE_URL, &eff);
+        if (eff && strcmp(eff, url))
+            cdn_set(h, x->p->file, eff, x->letag, x->etag);
+    } else if (x->via_cdn) { /* the tag the hub gave, unless the final URL's own ETag changed since */
+        int ci = cdn_find(h, x->p->file);
+        if (ci >= 0 && (!x->etag[0] || !h->cdn[ci].cetag[0] || !strcmp(x->etag, h->cdn[ci].cetag)) &&
+            h->cdn[ci].letag[0])
+            tag = h->cdn[ci].letag;
+    }
     snprintf(x->p->etag, sizeof x->p->etag, "%s", tag);
     crypto_generichash_final(&x->b2, x->p->blake2b, 32);
     if (x->whole)

@@ -13,8 +13,11 @@
  * errors, truncated bodies, digest mismatches, 408, 429 and 5xx are retried
  * with exponential backoff and jitter (Retry-After honoured); 401, 403, 404
  * and 416 fail at once with a message naming the URL and what to do.
- * Redirects (the hub sends resolve URLs to a CDN) are followed; the bearer
- * token goes to the endpoint's host only, never into a message or log.
+ * Redirects (the hub sends resolve URLs to a CDN) are followed, and where a
+ * file's final URL is remembered, its later ranges go there directly (one
+ * request instead of two; a 403/404/410 from a remembered URL, an expired
+ * signature, falls back to the resolve URL). The bearer token goes to the
+ * endpoint's host only, never into a message or log.
  * May use: common/ and libcurl. Not thread-safe: one caller thread per hub. */
 #ifndef SHOAL_HUB_H
 #define SHOAL_HUB_H
@@ -44,6 +47,12 @@ typedef struct {
     int http2;          /* 1 once a response came over HTTP/2 */
 } shoal_hub_stats;
 
+/* Where a piece's bytes go when they are not one run: the next len bytes to
+ * offset dst of the piece's fd. */
+typedef struct {
+    uint64_t dst, len;
+} shoal_hub_seg;
+
 /* One byte range of a repository file to fetch. */
 typedef struct {
     const char *file;     /* path in the repository */
@@ -51,6 +60,8 @@ typedef struct {
     uint64_t off, len;    /* the bytes [off, off + len), len > 0 */
     int fd;               /* destination file (pwrite at dst + i), or -1 for mem */
     uint64_t dst;
+    const shoal_hub_seg *seg; /* nseg > 0: the bytes go to these runs of fd, in order (lens sum to len) */
+    int nseg;
     void *mem;            /* destination of len bytes when fd < 0 */
     /* filled on success */
     uint64_t total;        /* the file's size (Content-Range) */

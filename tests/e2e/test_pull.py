@@ -14,7 +14,8 @@ tests/models/tiny-k3 (issue 22):
   is killed mid-file fails, and the rerun (fresh server) fetches only what is
   missing and ends identical;
 - faults: flipped bytes (caught by the response's Content-Digest), truncated
-  bodies, 503/429, a wrong Content-Range are retried and the pack ends
+  bodies, 503/429, a wrong Content-Range, a 403 from a remembered CDN URL
+  (an expired signature) are retried and the pack ends
   identical; a server ignoring Range is refused naming it, as is a flip
   with retries exhausted (no manifest written);
 - a wrong or missing token is a clear 401 message (the token not printed);
@@ -280,7 +281,8 @@ def main():
         # faults that are retried: the pack still ends identical
         w2 = workers[2]
         for mode, kw, n in [("flip", {}, 3), ("truncate", {}, 3), ("error", {"code": 503}, 3),
-                            ("error", {"code": 429}, 2), ("bad_range", {}, 2)]:
+                            ("error", {"code": 429}, 2), ("bad_range", {}, 2),
+                            ("error", {"code": 403}, 1)]:  # an expired CDN URL: asked of the hub again
             d = os.path.join(tmp, f"pull-{mode}-{kw.get('code', '')}")
             hub.get("/_reset")
             hub.fault(mode, n, **kw)
