@@ -11,7 +11,8 @@ benchmark (stdlib only, threaded HTTP/1.1 with keep-alive).
                                      requests: 206 + Content-Range, 416 past the
                                      end, an optional RFC 9530 Content-Digest.
   GET /_control?mode=M&count=N&...   set a fault mode for the next N ranged CDN
-                                     responses (count=-1: until reset)
+                                     responses (count=-1: until reset), after
+                                     skip=K unharmed ones
   GET /_stats                        counters (JSON); /_reset zeroes them
 
 Fault modes: flip (one byte of the body inverted; the Content-Digest, when on,
@@ -40,7 +41,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOCK = threading.Lock()
-STATE = {"mode": None, "count": 0, "code": 503, "rate": 0}
+STATE = {"mode": None, "count": 0, "code": 503, "rate": 0, "skip": 0}
 STATS = {"requests": 0, "hub_requests": 0, "cdn_requests": 0, "range_requests": 0, "body_bytes": 0,
          "cdn_auth": 0, "unauthorized": 0, "faults": 0, "ranges": []}
 SHA = {}
@@ -64,6 +65,9 @@ def take_fault():
     with LOCK:
         m = STATE["mode"]
         if not m or STATE["count"] == 0:
+            return None
+        if STATE["skip"] > 0:
+            STATE["skip"] -= 1
             return None
         if STATE["count"] > 0:
             STATE["count"] -= 1
@@ -114,6 +118,7 @@ class Handler(BaseHTTPRequestHandler):
                 STATE["count"] = int(q.get("count", "1"))
                 STATE["code"] = int(q.get("code", "503"))
                 STATE["rate"] = int(q.get("rate", "0"))
+                STATE["skip"] = int(q.get("skip", "0"))
             return self.send_plain(200, "{}")
         m = re.fullmatch(r"/cdn/([0-9a-f]{64})/(.+)", path)
         if m:

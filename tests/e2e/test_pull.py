@@ -282,7 +282,8 @@ def main():
         w2 = workers[2]
         for mode, kw, n in [("flip", {}, 3), ("truncate", {}, 3), ("error", {"code": 503}, 3),
                             ("error", {"code": 429}, 2), ("bad_range", {}, 2),
-                            ("error", {"code": 403}, 1)]:  # an expired CDN URL: asked of the hub again
+                            # an expired CDN URL (past the 2 header reads per shard): asked of the hub again
+                            ("error", {"code": 403, "skip": 2 * len(layout)}, 1)]:
             d = os.path.join(tmp, f"pull-{mode}-{kw.get('code', '')}")
             hub.get("/_reset")
             hub.fault(mode, n, **kw)
