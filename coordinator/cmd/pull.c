@@ -37,7 +37,7 @@
 #include "coordinator/cmd/pack.h"
 #include "coordinator/hub/hub.h"
 
-#define MAX_SMALL (64u << 20)
+#define MAX_SMALL (256u << 20)
 #define MAX_HEADER (100u << 20)
 
 typedef struct {
@@ -512,8 +512,9 @@ static int item_cmp(const void *a, const void *b)
 }
 
 /* Open (or resume) f's NAME.part and append its missing pieces to *pcs. */
-static int prepare(puller *p, int fi, const char *sid, uint64_t chunk, shoal_hub_piece **pcs, pinfo **infos,
-                   size_t *npc, size_t *cap, unsigned char *buf, size_t bufcap, char *err, size_t errlen)
+static int prepare(puller *p, int fi, const char *sid, uint64_t chunk, int dry, shoal_hub_piece **pcs,
+                   pinfo **infos, size_t *npc, size_t *cap, unsigned char *buf, size_t bufcap, char *err,
+                   size_t errlen)
 {
     lfile *f = &p->f[fi];
     char part[4400], logp[4400];
@@ -522,7 +523,7 @@ static int prepare(puller *p, int fi, const char *sid, uint64_t chunk, shoal_hub
     logent *le = NULL;
     size_t nle = 0;
     int fresh = 1;
-    int fd = open(part, O_RDWR | O_CLOEXEC);
+    int fd = dry ? -1 : open(part, O_RDWR | O_CLOEXEC);
     FILE *lf = fd >= 0 ? fopen(logp, "r") : NULL;
     struct stat sb;
     if (lf && !fstat(fd, &sb) && (uint64_t)sb.st_size == f->size) {
@@ -546,7 +547,7 @@ static int prepare(puller *p, int fi, const char *sid, uint64_t chunk, shoal_hub
     }
     if (lf)
         fclose(lf);
-    if (fresh) {
+    if (fresh && !dry) {
         if (fd >= 0)
             close(fd);
         fd = open(part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -565,12 +566,12 @@ static int prepare(puller *p, int fi, const char *sid, uint64_t chunk, shoal_hub
         }
     }
     f->fd = fd;
-    f->logfd = open(logp, O_WRONLY | O_CREAT | O_APPEND | (fresh ? O_TRUNC : 0) | O_CLOEXEC, 0644);
-    if (f->logfd < 0) {
+    f->logfd = dry ? -1 : open(logp, O_WRONLY | O_CREAT | O_APPEND | (fresh ? O_TRUNC : 0) | O_CLOEXEC, 0644);
+    if (f->logfd < 0 && !dry) {
         free(le);
         return shoal_err_set(err, errlen, -errno, "%s: %s", logp, strerror(errno));
     }
-    if (fresh) {
+    if (fresh && !dry) {
         char line[64];
         int k = snprintf(line, sizeof line, "source %s\n", sid);
         if (write_all(f->logfd, line, (size_t)k)) {
@@ -692,6 +693,7 @@ static void usage(FILE *f)
             "  --retries N       retries per request on 408/429/5xx/transport errors (default 8; 0: none)\n"
             "  --backoff S       first retry wait in seconds, doubled each time (default 1)\n"
             "  --quiet           no progress; --json: one JSON summary line on stdout\n"
+            "  --dry-run         read the headers, print (JSON) what the pull would download, write nothing\n"
             "\n"
             "exit codes: 0 ok, 2 usage error, 3 invalid model, plan or pin, 4 I/O, network or hub failure\n");
 }
@@ -701,7 +703,7 @@ int shoal_cmd_pull(int argc, char **argv)
     const char *repo = NULL, *rev = NULL, *endpoint = getenv("HF_ENDPOINT"), *plan = NULL, *worker = NULL,
                *to = NULL, *pinf = NULL, *tokf = NULL, *npar = NULL, *nchunk = NULL, *nretry = NULL,
                *nback = NULL;
-    int quiet = 0, trunk = 0, config_only = 0, json = 0;
+    int quiet = 0, trunk = 0, config_only = 0, json = 0, dry = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -709,7 +711,8 @@ int shoal_cmd_pull(int argc, char **argv)
             return 0;
         }
         int *flag = !strcmp(a, "--quiet") ? &quiet : !strcmp(a, "--trunk") ? &trunk
-                  : !strcmp(a, "--config-only") ? &config_only : !strcmp(a, "--json") ? &json : NULL;
+                  : !strcmp(a, "--config-only") ? &config_only : !strcmp(a, "--json") ? &json
+                  : !strcmp(a, "--dry-run") ? &dry : NULL;
         if (flag) {
             *flag = 1;
             continue;
@@ -849,7 +852,7 @@ int shoal_cmd_pull(int argc, char **argv)
         there += a;
     }
     struct statvfs vf;
-    if (!statvfs(to, &vf)) {
+    if (!dry && !statvfs(to, &vf)) {
         uint64_t avail = (uint64_t)vf.f_bavail * (uint64_t)vf.f_frsize;
         if (avail < need) {
             snprintf(err, sizeof err,
@@ -867,8 +870,20 @@ int shoal_cmd_pull(int argc, char **argv)
     uint64_t chunk = (uint64_t)chunk_mib << 20;
     for (int i = 0; i < pl.nf; i++)
         if (!pl.f[i].done &&
-            (rc = prepare(&pl, i, sid, chunk, &pcs, &infos, &npc, &cap, buf, bufcap, err, sizeof err)))
+            (rc = prepare(&pl, i, sid, chunk, dry, &pcs, &infos, &npc, &cap, buf, bufcap, err, sizeof err)))
             goto fail;
+    if (dry) { /* what a pull would download; nothing written but the header-only copy */
+        shoal_hub_stats hs;
+        shoal_hub_get_stats(h, &hs);
+        printf("{\"dir\": \"%s\", \"worker\": \"%s\", \"experts\": %zu, \"files\": %d, \"pack_bytes\": %llu, "
+               "\"meta_bytes\": %llu, \"range_bytes\": %llu, \"range_requests\": %zu, \"kept\": %llu, "
+               "\"shards\": %d}\n",
+               to, trunk ? "trunk" : worker, sum.nexperts, sum.nfiles, (unsigned long long)packbytes,
+               (unsigned long long)hs.bytes, (unsigned long long)pl.total, npc, (unsigned long long)pl.kept, pl.nsh);
+        rm_stub(stub, &pl);
+        ret = 0;
+        goto done;
+    }
     for (size_t i = 0; i < npc; i++)
         pcs[i].user = &infos[i];
     pl.t0 = pl.last = pl.synced = now_s();

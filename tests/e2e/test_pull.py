@@ -21,7 +21,8 @@ tests/models/tiny-k3 (issue 22):
 - a wrong or missing token is a clear 401 message (the token not printed);
   pins refuse a config.json whose sha256 differs; the shipped K3 pin file
   equals the sha256 of ../shared/k3's official files; --config-only gives a
-  header-only model from which `shoal plan` makes the same plan.
+  header-only model from which `shoal plan` makes the same plan; --dry-run
+  counts exactly the bytes the real pull downloads.
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS.
 """
 import hashlib
@@ -208,6 +209,12 @@ def main():
             check(f"pull {w}: the token never went to the CDN (a redirect to another host:port)",
                   st["cdn_auth"] == 0 and st["cdn_requests"] > 0, json.dumps({k: st[k] for k in st if k != "ranges"}))
             packs[w] = d
+        d = os.path.join(tmp, "pull-dry")
+        r = pull(hub, "--plan", plan, "--worker", workers[2], "--to", d, "--dry-run")
+        s = summary(r)
+        check("--dry-run: exactly the bytes the real pull downloaded (headers + ranges), nothing written",
+              r.returncode == 0 and s and s["meta_bytes"] == meta and s["meta_bytes"] + s["range_bytes"] ==
+              fresh[workers[2]] and not os.listdir(d), f"{s} vs {fresh[workers[2]]}: {r.stderr[-300:]}")
         trunk_ref = os.path.join(tmp, "pack-trunk")
         sh("pack", "--model", TINY, "--trunk", "--plan", plan, "-o", trunk_ref, "--quiet")
         trunk = os.path.join(tmp, "pull-trunk")
