@@ -25,7 +25,7 @@ With --token T every hub request must carry "Authorization: Bearer T" (else
 401); the CDN needs none and counts the requests that carried one anyway.
 
 usage: hubserver.py --repo OWNER/NAME --revision REV --root DIR [--port P]
-       [--cdn-port P] [--token T] [--digest] [--port-file F]
+       [--cdn-port P] [--token T] [--digest] [--rate B] [--fast-etag] [--port-file F]
 """
 import argparse
 import base64
@@ -47,10 +47,16 @@ STATS = {"requests": 0, "hub_requests": 0, "cdn_requests": 0, "range_requests": 
 SHA = {}
 
 
+FAST_ETAG = False
+
+
 def sha256_of(path):
     with LOCK:
         if path in SHA:
             return SHA[path]
+    if FAST_ETAG:  # the benchmark's sparse 1.5 TB layout: name, size and mtime stand in for the content
+        st = os.stat(path)
+        return hashlib.sha256(f"{path} {st.st_size} {st.st_mtime_ns}".encode()).hexdigest()
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for b in iter(lambda: f.read(1 << 20), b""):
@@ -248,7 +254,10 @@ def main():
     ap.add_argument("--digest", action="store_true")
     ap.add_argument("--rate", type=int, default=0, help="bytes/s per response (0: unlimited)")
     ap.add_argument("--port-file")
+    ap.add_argument("--fast-etag", action="store_true", help="ETag from name, size and mtime, not the sha256")
     cfg = ap.parse_args()
+    global FAST_ETAG
+    FAST_ETAG = cfg.fast_etag
     cfg.root = os.path.abspath(cfg.root)
     hub = Server((cfg.host, cfg.port), Handler)
     cdn = None
