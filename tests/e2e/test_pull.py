@@ -361,6 +361,64 @@ def main():
         else:
             record("SKIP", "deploy/pins/kimi-k3.json vs ../shared/k3", "no ../shared/k3 in this checkout")
 
+        # a plan with trunk rows on the workers (--trunk spread): the pulled pack holds them too
+        plan_t = os.path.join(tmp, "plan-trunk.json")
+        cl_t = os.path.join(tmp, "cluster-trunk.json")
+        big = json.load(open(cl))
+        for h in big["hosts"][1:]:
+            h["expert_ram"] = 1 << 30
+        json.dump(big, open(cl_t, "w"))
+        r = sh("plan", "--model", TINY, "--cluster", cl_t, "--trunk", "spread", "-o", plan_t)
+        ref = os.path.join(tmp, "pack-trows")
+        r2 = sh("pack", "--model", TINY, "--plan", plan_t, "--worker", w1, "-o", ref, "--quiet")
+        d = os.path.join(tmp, "pull-trows")
+        r3 = pull(hub, "--plan", plan_t, "--worker", w1, "--to", d)
+        same, why = same_tree(d, ref) if r3.returncode == 0 else (False, r3.stderr[-300:])
+        check("--trunk spread plan: the pulled worker pack (trunk rows included) is byte for byte `shoal pack`'s",
+              r.returncode == 0 and r2.returncode == 0 and same and
+              any(f.startswith("trunk-rows-") for f in os.listdir(d)), why + r.stderr[-200:] + r2.stderr[-200:])
+
+        # free space: a 600 KiB tmpfs (room for the header-only copy, ~370 KiB, not for the 830 KiB pack)
+        small = os.path.join(tmp, "small")
+        os.mkdir(small)
+        if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", small],
+                                                capture_output=True).returncode == 0:
+            try:
+                hub.get("/_reset")
+                r = pull(hub, "--plan", plan, "--worker", w0, "--to", os.path.join(small, "p"))
+                st = hub.get("/_stats")
+                data = [x for x in st["ranges"] if x[1] >= layout[x[0]][0]]
+                check("too little free space: refused before any data is fetched, naming the numbers",
+                      r.returncode == 4 and "GiB free" in r.stderr and "needs" in r.stderr and not data,
+                      f"rc {r.returncode}, {len(data)} data ranges: {r.stderr[-300:]}")
+            finally:
+                subprocess.run(["umount", small], capture_output=True)
+        else:
+            record("SKIP", "too little free space refused", "cannot mount a small tmpfs (not root)")
+
+        # a terminal: the bar is redrawn in place
+        import pty
+        mfd, sfd = pty.openpty()
+        e = dict(os.environ, HF_TOKEN=TOKEN)
+        p = subprocess.Popen([BIN, "pull", "--repo", REPO, "--revision", REV, "--endpoint", hub.url, "--plan", plan,
+                              "--worker", w0, "--to", os.path.join(tmp, "pull-tty")], stdout=subprocess.DEVNULL,
+                             stderr=sfd, env=e)
+        os.close(sfd)
+        buf = b""
+        while True:
+            try:
+                chunk = os.read(mfd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+        p.wait(60)
+        os.close(mfd)
+        txt = buf.decode(errors="replace")
+        check("on a terminal: a progress bar redrawn in place (\\r, bar, GiB, MiB/s, ETA)",
+              p.returncode == 0 and "\rpull [" in txt and "#" in txt and "MiB/s" in txt and "ETA" in txt, txt[-300:])
+
         # --config-only: a header-only model that shoal plan accepts, giving the same plan
         d = os.path.join(tmp, "headers")
         r = pull(hub, "--config-only", "--to", d)
