@@ -74,6 +74,7 @@ typedef struct {
     uint64_t total, kept, got;
     double t0, last, synced;
     int quiet, tty;
+    int quiet_retries; /* --quiet (--json keeps the retry lines on stderr) */
 } puller;
 
 static double now_s(void)
@@ -120,6 +121,16 @@ static void progress(puller *p, int final)
                 (double)all / 1073741824.0, 100.0 * frac, rate / 1048576.0, eta,
                 p->kept ? " (resumed: verified bytes kept)" : "");
     }
+}
+
+/* One line per retry (the hub's reason), so a long backoff is never silent. */
+static void on_retry(void *ctx, const char *why, double wait_s, int attempt, int attempts)
+{
+    puller *p = ctx;
+    if (p->quiet_retries)
+        return;
+    fprintf(stderr, "%spull: retry %d of %d in %.1f s: %s\n", p->tty && !p->quiet ? "\n" : "", attempt - 1, attempts - 1, wait_s,
+            why);
 }
 
 static void on_progress(void *ctx, int64_t delta)
@@ -761,7 +772,7 @@ int shoal_cmd_pull(int argc, char **argv)
     char *token = NULL;
     pins pn = {0};
     shoal_hub *h = NULL;
-    puller pl = {.quiet = quiet || json, .tty = isatty(2)};
+    puller pl = {.quiet = quiet || json, .tty = isatty(2), .quiet_retries = quiet};
     shoal_hub_piece *pcs = NULL;
     pinfo *infos = NULL;
     size_t npc = 0, cap = 0;
@@ -788,7 +799,8 @@ int shoal_cmd_pull(int argc, char **argv)
         goto fail;
     shoal_hub_opts ho = {.endpoint = endpoint, .repo = repo, .revision = rev, .token = token,
                          .user_agent = "shoal/" SHOAL_VERSION, .parallel = (int)par,
-                         .retries = retries ? (int)retries : -1, .backoff_s = back};
+                         .retries = retries ? (int)retries : -1, .backoff_s = back, .on_retry = on_retry,
+                         .retry_ctx = &pl};
     if ((rc = shoal_hub_open(&h, &ho, err, sizeof err)))
         goto fail;
     if (mkdir(to, 0755) && errno != EEXIST) {

@@ -25,6 +25,8 @@ struct shoal_hub {
     int parallel, retries;
     double backoff;
     long stall;
+    void (*on_retry)(void *, const char *, double, int, int);
+    void *retry_ctx;
     CURLM *multi;
     shoal_hub_stats st;
     struct {
@@ -167,6 +169,8 @@ int shoal_hub_open(shoal_hub **out, const shoal_hub_opts *o, char *err, size_t e
     h->retries = o->retries > 0 ? o->retries : o->retries < 0 ? 0 : 8;
     h->backoff = o->backoff_s > 0 ? o->backoff_s : 1.0;
     h->stall = o->stall_s > 0 ? o->stall_s : 60;
+    h->on_retry = o->on_retry;
+    h->retry_ctx = o->retry_ctx;
     h->multi = curl_multi_init();
     if (!h->multi)
         SHOAL_PANIC("curl_multi_init");
@@ -354,7 +358,8 @@ static size_t on_body(char *b, size_t sz, size_t nm, void *u)
             memcpy((char *)x->p->mem + x->got, b, n);
         }
     }
-    crypto_hash_sha256_update(&x->sha, (const unsigned char *)b, n);
+    if (x->has_digest) /* only a response that carries one is hashed twice */
+        crypto_hash_sha256_update(&x->sha, (const unsigned char *)b, n);
     crypto_generichash_update(&x->b2, (const unsigned char *)b, n);
     x->got += n;
     if (x->prog && !x->whole)
@@ -614,7 +619,10 @@ static int fetch_core(shoal_hub *h, shoal_hub_piece *p, size_t n, int whole, siz
                 if (c == DONE_RETRY && att[i] < h->retries) {
                     att[i]++;
                     h->st.retried++;
-                    after[i] = now_s() + backoff(h, att[i], x->retry_after);
+                    double wait = backoff(h, att[i], x->retry_after);
+                    after[i] = now_s() + wait;
+                    if (h->on_retry)
+                        h->on_retry(h->retry_ctx, why, wait, att[i] + 1, h->retries + 1);
                     state[i] = 0;
                     if (i < first)
                         first = i;

@@ -37,6 +37,9 @@ typedef struct {
     int retries;          /* attempts after the first, per request (0: 8; -1: none) */
     double backoff_s;     /* first wait before a retry, doubled each time up to 60 s (0: 1 s) */
     long stall_s;         /* a transfer under 1 KiB/s for this long is retried (0: 60 s) */
+    /* told of each retry before its wait (may be NULL): why, the wait, the attempt about to be made and the most */
+    void (*on_retry)(void *ctx, const char *why, double wait_s, int attempt, int attempts);
+    void *retry_ctx;
 } shoal_hub_opts;
 
 typedef struct {

@@ -13,14 +13,21 @@ data in docs/data/). Two parts:
           local server: one worker's pack of MODEL pulled RUNS times (fresh
           directory each run), then the exact ranges it requested (read back
           from the server's /_stats) fetched by curl, in parallel (-Z, the same
-          number in flight) and one at a time, each range to a file.
+          number in flight; also once with `sync -f` inside the timing, as
+          durable as pull's fsynced pack) and one at a time, each range to a file.
 
 usage: pull_bench.py bytes K3_LAYOUT_DIR OUT.json [--workers 16]
        pull_bench.py speed MODEL_DIR OUT.json [--workers 4] [--runs 3] [--parallel 8]
+
+Each timed command's CPU (user + system of the child) is recorded with its wall time
+and the load average around it: on a shared machine pull's hashing (BLAKE2b of every
+piece for the resume log, then of every finished file for the manifest) competes for
+the cores, curl's writes do not hash at all.
 """
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -38,6 +45,11 @@ REPO, REV = "bench/k3", "0" * 40
 
 def loadavg():
     return [float(x) for x in open("/proc/loadavg").read().split()[:3]]
+
+
+def child_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 class Hub:
@@ -129,23 +141,27 @@ def part_speed(a):
         plan, workers = make_plan(a.model, tmp, a.workers, "64GiB")
         w = workers[0]
         hub = Hub(a.model, tmp)
-        res = {"pull": [], "curl_parallel": [], "curl_serial": []}
+        res = {"pull": [], "curl_parallel": [], "curl_parallel_sync": [], "curl_serial": []}
         ranges = None
         try:
+            # warm-up, untimed: the test server hashes each shard once for its X-Linked-Etag
+            pull(hub, "--plan", plan, "--worker", w, "--to", os.path.join(tmp, "warm"), "--dry-run")
             for run in range(a.runs):
                 d = os.path.join(tmp, f"pull-{run}")
                 hub.get("/_reset")
                 la = loadavg()
+                c0 = child_cpu()
                 t0 = time.time()
                 s = pull(hub, "--plan", plan, "--worker", w, "--to", d, "--parallel", str(a.parallel))
                 dt = time.time() - t0
+                cpu = child_cpu() - c0
                 st = hub.get("/_stats")
                 ranges = st["ranges"]
-                res["pull"].append({"seconds": dt, "bytes": s["downloaded"], "requests": s["requests"],
+                res["pull"].append({"seconds": dt, "cpu_s": cpu, "bytes": s["downloaded"], "requests": s["requests"],
                                     "load_before": la, "load_after": loadavg()})
                 shutil.rmtree(d)
                 # the same ranges with curl: from the CDN URLs pull went to (no redirect, as pull after its first)
-                for mode in ("curl_parallel", "curl_serial"):
+                for mode in ("curl_parallel", "curl_parallel_sync", "curl_serial"):
                     cd = os.path.join(tmp, "curl")
                     os.makedirs(cd, exist_ok=True)
                     cfg = os.path.join(tmp, "curl.cfg")
@@ -157,15 +173,19 @@ def part_speed(a):
                             if i + 1 < len(ranges):
                                 f.write("next\n")
                     la = loadavg()
+                    c0 = child_cpu()
                     t0 = time.time()
                     cmd = ["curl", "-s", "-f", "-K", cfg]
-                    if mode == "curl_parallel":
+                    if mode != "curl_serial":
                         cmd[1:1] = ["-Z", "--parallel-max", str(a.parallel)]
                     subprocess.run(cmd, check=True)
+                    if mode == "curl_parallel_sync":  # as durable as pull's pack: flushed to the disk
+                        subprocess.run(["sync", "-f", cd], check=True)
                     dt = time.time() - t0
+                    cpu = child_cpu() - c0
                     got = sum(os.path.getsize(os.path.join(cd, x)) for x in os.listdir(cd))
-                    res[mode].append({"seconds": dt, "bytes": got, "requests": len(ranges), "load_before": la,
-                                      "load_after": loadavg()})
+                    res[mode].append({"seconds": dt, "cpu_s": cpu, "bytes": got, "requests": len(ranges),
+                                      "load_before": la, "load_after": loadavg()})
                     shutil.rmtree(cd)
                 print(f"run {run}: " + ", ".join(f"{k} {v[-1]['bytes'] / v[-1]['seconds'] / 2**20:.0f} MiB/s"
                                                  for k, v in res.items()), file=sys.stderr)
@@ -174,9 +194,12 @@ def part_speed(a):
         summ = {}
         for k, v in res.items():
             rates = [x["bytes"] / x["seconds"] / 2**20 for x in v]
-            summ[k] = {"median_MiB_s": statistics.median(rates), "min_MiB_s": min(rates), "max_MiB_s": max(rates)}
+            cpu = [x["cpu_s"] / (x["bytes"] / 2**30) for x in v]
+            summ[k] = {"median_MiB_s": statistics.median(rates), "min_MiB_s": min(rates), "max_MiB_s": max(rates),
+                       "median_cpu_s_per_GiB": statistics.median(cpu)}
         out = {"what": "pull throughput vs curl of the same ranges, local hubserver.py", "model": a.model,
-               "worker": w, "workers_in_plan": a.workers, "parallel": a.parallel, "runs": res, "summary": summ,
+               "worker": w, "workers_in_plan": a.workers, "parallel": a.parallel, 
+               "runs": res, "summary": summ,
                "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "curl": subprocess.run(["curl", "--version"], capture_output=True, text=True).stdout.splitlines()[0]}
         json.dump(out, open(a.out, "w"), indent=1)

@@ -298,8 +298,9 @@ def main():
             s = summary(r)
             same, why = same_tree(d, ref_packs[w2]) if r.returncode == 0 else (False, "")
             st = hub.get("/_stats")
-            check(f"fault {mode}{kw.get('code', '')} x{n}: caught, re-fetched, pack identical",
-                  r.returncode == 0 and same and s and s["retried"] >= n and st["faults"] == n,
+            check(f"fault {mode}{kw.get('code', '')} x{n}: caught, re-fetched (a line per retry), pack identical",
+                  r.returncode == 0 and same and s and s["retried"] >= n and st["faults"] == n and
+                  r.stderr.count("pull: retry ") == s["retried"],
                   f"{why} {s} faults {st['faults']}: {r.stderr[-300:]}")
         d = os.path.join(tmp, "pull-flip-fatal")
         hub.fault("flip", -1)
