@@ -43,7 +43,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 LOCK = threading.Lock()
 STATE = {"mode": None, "count": 0, "code": 503, "rate": 0, "skip": 0}
 STATS = {"requests": 0, "hub_requests": 0, "cdn_requests": 0, "range_requests": 0, "body_bytes": 0,
-         "cdn_auth": 0, "unauthorized": 0, "faults": 0, "ranges": []}
+         "cdn_auth": 0, "unauthorized": 0, "faults": 0, "ranges": [], "clients": []}
 SHA = {}
 
 
@@ -108,13 +108,15 @@ class Handler(BaseHTTPRequestHandler):
         path = urllib.parse.unquote(u.path)
         with LOCK:
             STATS["requests"] += 1
+            if not path.startswith("/_") and self.client_address[0] not in STATS["clients"]:
+                STATS["clients"].append(self.client_address[0])
         if path == "/_stats":
             with LOCK:
                 return self.send_plain(200, json.dumps(STATS))
         if path == "/_reset":
             with LOCK:
                 for k in STATS:
-                    STATS[k] = [] if k == "ranges" else 0
+                    STATS[k] = [] if k in ("ranges", "clients") else 0
                 STATE.update(mode=None, count=0)
             return self.send_plain(200, "{}")
         if path == "/_control":
