@@ -572,6 +572,7 @@ static int prepare(puller *p, int fi, const char *sid, uint64_t chunk, int dry, 
         int fe = posix_fallocate(fd, 0, (off_t)f->size);
         if (fe == ENOSPC) {
             close(fd);
+            free(le);
             return shoal_err_set(err, errlen, -ENOSPC, "%s: no space left for its %llu bytes", part,
                                  (unsigned long long)f->size);
         }
