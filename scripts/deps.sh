@@ -9,7 +9,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 PKGS=(build-essential cmake pkg-config git python3 python3-venv
       libzmq3-dev libmsgpack-dev libuv1-dev libjansson-dev libpcre2-dev
-      libhttp-parser-dev libsodium-dev libncurses-dev
+      libhttp-parser-dev libsodium-dev libncurses-dev libcurl4-openssl-dev
       clang libclang-rt-14-dev libomp-14-dev
       libsimde-dev)
 # extra tools used by the full suite (network namespaces, sshd, tmux)

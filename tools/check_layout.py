@@ -22,7 +22,7 @@ import sys
 
 # room -> rooms it may include (besides itself). cli is the executable's
 # entry: it may use every room, like cmd.
-COORD = ["text", "obs", "engine", "cluster", "api", "cmd"]
+COORD = ["text", "obs", "engine", "cluster", "api", "hub", "cmd"]
 ALLOWED = {
     "common": set(),
     "kernels": {"common"},
@@ -33,6 +33,7 @@ ALLOWED = {
     "engine": {"common", "kernels", "obs"},
     "cluster": {"common", "proto", "kernels", "obs", "engine"},
     "api": {"common", "obs", "text", "engine"},
+    "hub": {"common"},
     "cmd": {"common", "kernels", "proto", "worker", "cli", *COORD},
     "cli": {"common", "kernels", "proto", "worker", *COORD},
 }

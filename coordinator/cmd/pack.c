@@ -28,6 +28,7 @@
 #include "common/packfile.h"
 #include "common/planfile.h"
 #include "common/st.h"
+#include "coordinator/cmd/pack.h"
 #include "proto/fprint.h"
 #include "proto/shard.h"
 #include "proto/tshard.h"
@@ -35,8 +36,8 @@
 #define CHUNK (8u << 20)
 
 typedef struct {
-    const shoal_st *st;
     int *fds; /* per source file, opened lazily */
+    int nfds;
     unsigned char *buf;
     uint64_t total, done, skipped;
     double t0, last;
@@ -219,9 +220,7 @@ static char *make_header(const shoal_tensor *const *t, const rowsel *sel, int n,
     return out;
 }
 
-/* Is path already the file we would write (same header, same size, bytes
- * still hashing to path.blake2b)? Fills hash when it is. */
-static int already_done(const char *path, const char *hdr, size_t hlen, uint64_t size, uint8_t *hash)
+int shoal_pack_layer_done(const char *path, const char *hdr, size_t hlen, uint64_t size, uint8_t *hash)
 {
     char side[4400], hex[80];
     size_t n = 0;
@@ -248,16 +247,28 @@ static int already_done(const char *path, const char *hdr, size_t hlen, uint64_t
     return 1;
 }
 
-static int write_layer(packer *p, const char *path, const shoal_tensor *const *t, const rowsel *sel, int n,
-                       uint8_t *hash, uint64_t *bytes, char *err, size_t errlen)
+int shoal_pack_write_sum(const char *path, const uint8_t hash[32], char *err, size_t errlen)
 {
-    size_t hlen;
-    uint64_t data;
-    char *hdr = make_header(t, sel, n, &hlen, &data);
-    *bytes = hlen + data;
-    if (already_done(path, hdr, hlen, hlen + data, hash)) {
-        free(hdr);
-        p->skipped += data;
+    char side[4400], hex[66];
+    snprintf(side, sizeof side, "%s.blake2b", path);
+    shoal_packfile_hex(hash, 32, hex);
+    hex[64] = '\n';
+    hex[65] = 0;
+    return write_small(side, hex, 65, err, errlen);
+}
+
+int shoal_pack_write_small(const char *path, const void *b, size_t n, char *err, size_t errlen)
+{
+    return write_small(path, b, n, err, errlen);
+}
+
+/* `shoal pack`'s layer writer: copy the ranges from the model's files. */
+static int write_layer(void *ctx, const char *path, const char *hdr, size_t hlen, uint64_t size,
+                       const shoal_pack_src *s, int n, uint8_t *hash, char *err, size_t errlen)
+{
+    packer *p = ctx;
+    if (shoal_pack_layer_done(path, hdr, hlen, size, hash)) {
+        p->skipped += size - hlen;
         progress(p, 0);
         return 0;
     }
@@ -266,31 +277,28 @@ static int write_layer(packer *p, const char *path, const shoal_tensor *const *t
     snprintf(side, sizeof side, "%s.blake2b", path);
     unlink(side);
     int fd = open(part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        free(hdr);
+    if (fd < 0)
         return shoal_err_set(err, errlen, -errno, "%s: %s", part, strerror(errno));
-    }
     crypto_generichash_state hs;
     crypto_generichash_init(&hs, NULL, 0, 32);
     crypto_generichash_update(&hs, (const unsigned char *)hdr, hlen);
     int rc = write_all(fd, hdr, hlen);
-    free(hdr);
     for (int i = 0; i < n && !rc; i++) {
-        int f = t[i]->file;
-        if (p->fds[f] < 0) {
-            const char *src = shoal_st_file_path(p->st, f);
-            if ((p->fds[f] = open(src, O_RDONLY | O_CLOEXEC)) < 0) {
-                rc = shoal_err_set(err, errlen, -errno, "%s: %s", src, strerror(errno));
-                break;
-            }
+        int f = s[i].file;
+        if (f >= p->nfds) {
+            p->fds = shoal_xrealloc(p->fds, (size_t)(f + 1) * sizeof *p->fds);
+            while (p->nfds <= f)
+                p->fds[p->nfds++] = -1;
         }
-        uint64_t src, nb;
-        item_geom(t[i], sel ? &sel[i] : NULL, &src, &nb);
-        for (uint64_t off = 0; off < nb && !rc;) {
-            size_t k = nb - off < CHUNK ? (size_t)(nb - off) : CHUNK;
-            if ((rc = pread_all(p->fds[f], p->buf, k, src + off))) {
-                rc = shoal_err_set(err, errlen, rc < 0 ? rc : SHOAL_EIO, "%s: reading %s failed",
-                                   shoal_st_file_path(p->st, f), t[i]->name);
+        if (p->fds[f] < 0 && (p->fds[f] = open(s[i].path, O_RDONLY | O_CLOEXEC)) < 0) {
+            rc = shoal_err_set(err, errlen, -errno, "%s: %s", s[i].path, strerror(errno));
+            break;
+        }
+        for (uint64_t off = 0; off < s[i].nbytes && !rc;) {
+            size_t k = s[i].nbytes - off < CHUNK ? (size_t)(s[i].nbytes - off) : CHUNK;
+            if ((rc = pread_all(p->fds[f], p->buf, k, s[i].off + off))) {
+                rc = shoal_err_set(err, errlen, rc < 0 ? rc : SHOAL_EIO, "%s: reading %s failed", s[i].path,
+                                   s[i].name);
                 break;
             }
             crypto_generichash_update(&hs, p->buf, k);
@@ -311,12 +319,43 @@ static int write_layer(packer *p, const char *path, const shoal_tensor *const *t
     if (rc)
         return rc;
     crypto_generichash_final(&hs, hash, 32);
-    char hex[66];
-    shoal_packfile_hex(hash, 32, hex);
-    hex[64] = '\n';
-    hex[65] = 0;
-    return write_small(side, hex, 65, err, errlen);
+    return shoal_pack_write_sum(path, hash, err, errlen);
 }
+
+/* The dry pass of `shoal pack`: the bytes to copy, for the progress line. */
+static int count_layer(void *ctx, const char *path, const char *hdr, size_t hlen, uint64_t size,
+                       const shoal_pack_src *s, int n, uint8_t *hash, char *err, size_t errlen)
+{
+    (void)path, (void)hdr, (void)s, (void)n, (void)err, (void)errlen;
+    ((packer *)ctx)->total += size - hlen;
+    memset(hash, 0, 32);
+    return 0;
+}
+
+/* Build layer file path's header from tensors t (rows sel, or whole) and hand
+ * it with its source ranges to j->layer. */
+static int emit_layer(const shoal_pack_job *j, const shoal_st *st, const char *path, const shoal_tensor *const *t,
+                      const rowsel *sel, int n, uint8_t *hash, uint64_t *bytes, char *err, size_t errlen)
+{
+    size_t hlen;
+    uint64_t data;
+    char *hdr = make_header(t, sel, n, &hlen, &data);
+    *bytes = hlen + data;
+    shoal_pack_src *s = shoal_xcalloc((size_t)n, sizeof *s);
+    for (int i = 0; i < n; i++) {
+        s[i].file = t[i]->file;
+        s[i].path = shoal_st_file_path(st, t[i]->file);
+        s[i].name = t[i]->name;
+        item_geom(t[i], sel ? &sel[i] : NULL, &s[i].off, &s[i].nbytes);
+    }
+    int rc = j->layer(j->ctx, path, hdr, hlen, hlen + data, s, n, hash, err, errlen);
+    free(s);
+    free(hdr);
+    return rc;
+}
+
+const char *const shoal_pack_tokfiles[SHOAL_PACK_NTOK] = {"tiktoken.model", "tokenizer_config.json",
+                                                          "generation_config.json", "special_tokens_map.json"};
 
 static void usage(FILE *f)
 {
@@ -335,35 +374,11 @@ static void usage(FILE *f)
                "exit codes: 0 ok, 2 usage error, 3 invalid model or plan, 4 I/O failure\n");
 }
 
-int shoal_cmd_pack(int argc, char **argv)
+int shoal_pack_build(const shoal_pack_job *j, shoal_pack_sum *sum, char *err, size_t errlen)
 {
-    const char *model = NULL, *plan = NULL, *worker = NULL, *out = NULL;
-    int quiet = 0, trunk = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--quiet") || !strcmp(a, "--trunk")) {
-            *(a[2] == 'q' ? &quiet : &trunk) = 1;
-            continue;
-        }
-        const char **dst = !strcmp(a, "--model") ? &model : !strcmp(a, "--plan") ? &plan
-                         : !strcmp(a, "--worker") ? &worker : (!strcmp(a, "-o") || !strcmp(a, "--out")) ? &out : NULL;
-        if (!dst || !v) {
-            fprintf(stderr, "shoal pack: %s '%s'\n", dst ? "missing value for" : "unexpected argument", a);
-            usage(stderr);
-            return 2;
-        }
-        *dst = v;
-        i++;
-    }
-    if (!model || !out || (trunk ? worker != NULL : (!plan || !worker))) {
-        usage(stderr);
-        return 2;
-    }
-    char err[8192] = "", path[4096];
+    const char *model = j->model, *plan = j->plan, *worker = j->worker, *out = j->out;
+    int trunk = j->trunk;
+    char path[4096];
     int rc, ret = 3;
     shoal_k3cfg cfg;
     shoal_st *st = NULL;
@@ -371,7 +386,6 @@ int shoal_cmd_pack(int argc, char **argv)
     shoal_proto_range *r = NULL;
     size_t nr = 0;
     shoal_shard *own = NULL;
-    packer pk = {0};
     tlist *tl = NULL;
     json_t *files = NULL, *wmap = NULL;
     char *cfgbuf = NULL;
@@ -385,32 +399,32 @@ int shoal_cmd_pack(int argc, char **argv)
     uint64_t tbytes = 0;
     json_t *jrows = NULL;
     snprintf(path, sizeof path, "%s/config.json", model);
-    if ((rc = shoal_k3cfg_load(&cfg, path, err, sizeof err)))
+    if ((rc = shoal_k3cfg_load(&cfg, path, err, errlen)))
         goto fail;
     shoal_st_opts so = {.map = 0};
     uint8_t fp[32];
-    if ((rc = shoal_st_open(&st, model, &so, err, sizeof err)) ||
-        (rc = shoal_fprint_model(fp, &cfg, st, err, sizeof err)) ||
-        (plan && (rc = shoal_planfile_read(&pf, plan, err, sizeof err))))
+    if ((rc = shoal_st_open(&st, model, &so, err, errlen)) ||
+        (rc = shoal_fprint_model(fp, &cfg, st, err, errlen)) ||
+        (plan && (rc = shoal_planfile_read(&pf, plan, err, errlen))))
         goto fail;
     if (pf.has_fingerprint && memcmp(pf.fingerprint, fp, 32)) {
         char a[65], b[65];
         shoal_packfile_hex(pf.fingerprint, 32, a);
         shoal_packfile_hex(fp, 32, b);
-        snprintf(err, sizeof err, "plan %s was made for model %.16s..., %s is %.16s...", plan, a, model, b);
+        snprintf(err, errlen, "plan %s was made for model %.16s..., %s is %.16s...", plan, a, model, b);
         goto fail;
     }
     const shoal_planfile_worker *pw = trunk ? NULL : shoal_planfile_find(&pf, worker);
     if (!trunk && !pw) {
-        snprintf(err, sizeof err, "plan %s has no worker \"%s\"", plan, worker);
+        snprintf(err, errlen, "plan %s has no worker \"%s\"", plan, worker);
         goto fail;
     }
-    if (!trunk && ((rc = shoal_shard_parse(pw->experts, &r, &nr, err, sizeof err)) ||
+    if (!trunk && ((rc = shoal_shard_parse(pw->experts, &r, &nr, err, errlen)) ||
                    (rc = shoal_shard_open(&own, r, nr, cfg.num_layers, cfg.is_moe, cfg.num_experts, err,
-                                          sizeof err))))
+                                          errlen))))
         goto fail;
     if (mkdir(out, 0755) && errno != EEXIST) {
-        snprintf(err, sizeof err, "%s: %s", out, strerror(errno));
+        snprintf(err, errlen, "%s: %s", out, strerror(errno));
         ret = 4;
         goto fail;
     }
@@ -427,11 +441,10 @@ int shoal_cmd_pack(int argc, char **argv)
             int l = ls ? atoi(ls + 13) : -1;
             tlist *d = &tl[l >= 0 && l < cfg.num_layers ? l + 1 : 0];
             if (d->n == (int)(sizeof d->t / sizeof d->t[0])) {
-                snprintf(err, sizeof err, "too many tensors for one pack file");
+                snprintf(err, errlen, "too many tensors for one pack file");
                 goto fail;
             }
             d->t[d->n++] = t;
-            pk.total += t->nbytes;
         }
     }
     for (int l = 0; !trunk && l < cfg.num_layers; l++) {
@@ -445,15 +458,14 @@ int shoal_cmd_pack(int argc, char **argv)
             for (int i = 0; i < n; i++) {
                 const shoal_tensor *t = shoal_st_find(st, ent[i].name);
                 if (!t) {
-                    snprintf(err, sizeof err, "%s: missing routed-expert tensor %s", model, ent[i].name);
+                    snprintf(err, errlen, "%s: missing routed-expert tensor %s", model, ent[i].name);
                     goto fail;
                 }
                 if (tl[l + 1].n == (int)(sizeof tl[l + 1].t / sizeof tl[l + 1].t[0])) {
-                    snprintf(err, sizeof err, "layer %d: too many experts for one pack file", l);
+                    snprintf(err, errlen, "layer %d: too many experts for one pack file", l);
                     goto fail;
                 }
                 tl[l + 1].t[tl[l + 1].n++] = t;
-                pk.total += t->nbytes;
             }
         }
     }
@@ -461,10 +473,10 @@ int shoal_cmd_pack(int argc, char **argv)
      * ROWSPEC entry, grouped in one file per layer (lm_head in its own) */
     if (!trunk && pw->trunk) {
         if ((rc = shoal_tshard_mats(&cfg, &mats, &nmats))) {
-            snprintf(err, sizeof err, "the model's trunk matrices do not list");
+            snprintf(err, errlen, "the model's trunk matrices do not list");
             goto fail;
         }
-        if ((rc = shoal_tshard_parse(pw->trunk, mats, nmats, &trows, &ntrows, err, sizeof err)))
+        if ((rc = shoal_tshard_parse(pw->trunk, mats, nmats, &trows, &ntrows, err, errlen)))
             goto fail;
         tsel = shoal_xcalloc(ntrows ? ntrows : 1, sizeof *tsel);
         tten = shoal_xcalloc(ntrows ? ntrows : 1, sizeof *tten);
@@ -473,25 +485,15 @@ int shoal_cmd_pack(int argc, char **argv)
             const shoal_tensor *t = shoal_st_find(st, trows[i].name);
             int k = shoal_tshard_find(mats, nmats, trows[i].name);
             if (!t || k < 0 || t->ndim != 2 || (t->dtype != SHOAL_DT_BF16 && t->dtype != SHOAL_DT_F32)) {
-                snprintf(err, sizeof err, "%s: trunk matrix %s is missing or not a 2-D BF16/F32 tensor", model,
+                snprintf(err, errlen, "%s: trunk matrix %s is missing or not a 2-D BF16/F32 tensor", model,
                          trows[i].name);
                 goto fail;
             }
             tten[i] = t;
             tsel[i] = (rowsel){trows[i].lo, trows[i].hi};
             tlay[i] = mats[k].layer;
-            uint64_t off, nb;
-            item_geom(t, &tsel[i], &off, &nb);
-            pk.total += nb;
         }
     }
-    pk.st = st;
-    pk.quiet = quiet;
-    pk.fds = shoal_xmalloc((size_t)shoal_st_nfiles(st) * sizeof *pk.fds);
-    for (int i = 0; i < shoal_st_nfiles(st); i++)
-        pk.fds[i] = -1;
-    pk.buf = shoal_xmalloc(CHUNK);
-    pk.t0 = pk.last = now_s();
     files = json_array();
     wmap = json_object();
     uint64_t total_size = 0;
@@ -508,7 +510,7 @@ int shoal_cmd_pack(int argc, char **argv)
         snprintf(fpath, sizeof fpath, "%s/%s", out, name);
         uint8_t h[32];
         uint64_t bytes;
-        if ((rc = write_layer(&pk, fpath, tf->t, NULL, tf->n, h, &bytes, err, sizeof err))) {
+        if ((rc = emit_layer(j, st, fpath, tf->t, NULL, tf->n, h, &bytes, err, errlen))) {
             ret = 4;
             goto fail;
         }
@@ -540,7 +542,7 @@ int shoal_cmd_pack(int argc, char **argv)
         snprintf(fpath, sizeof fpath, "%s/%s", out, name);
         uint8_t h[32];
         uint64_t bytes;
-        rc = n ? write_layer(&pk, fpath, ft, fs, n, h, &bytes, err, sizeof err) : 0;
+        rc = n ? emit_layer(j, st, fpath, ft, fs, n, h, &bytes, err, errlen) : 0;
         for (int i = 0; i < n && !rc; i++) {
             char sn[SHOAL_PROTO_MAX_NAME + 64];
             uint64_t off, nb;
@@ -569,12 +571,19 @@ int shoal_cmd_pack(int argc, char **argv)
                                                "blake2b", hex));
         nlayerfiles++;
     }
-    progress(&pk, 1);
+    sum->nexperts = own ? shoal_shard_count(own) : 0;
+    sum->nfiles = nlayerfiles;
+    sum->total_size = total_size;
+    snprintf(sum->trunk, sizeof sum->trunk, "%s", ntrows ? pw->trunk : "");
+    if (j->dry) {
+        ret = 0;
+        goto done;
+    }
     /* config.json (copied byte for byte) and the index */
     size_t cfgn = 0;
     cfgbuf = shoal_xmalloc(1u << 24);
     if ((rc = read_small(path, cfgbuf, 1u << 24, &cfgn))) {
-        snprintf(err, sizeof err, "%s: %s", path, strerror(-rc));
+        snprintf(err, errlen, "%s: %s", path, strerror(-rc));
         goto fail;
     }
     json_t *idx = json_pack("{s:{s:I}, s:O}", "metadata", "total_size", (json_int_t)total_size, "weight_map", wmap);
@@ -588,9 +597,8 @@ int shoal_cmd_pack(int argc, char **argv)
     int nsmall = 2;
     char *extra[4] = {0};
     if (trunk) { /* the coordinator also needs the tokenizer files that exist */
-        static const char *const tok[4] = {"tiktoken.model", "tokenizer_config.json", "generation_config.json",
-                                           "special_tokens_map.json"};
-        for (int i = 0; i < 4; i++) {
+        const char *const *tok = shoal_pack_tokfiles;
+        for (int i = 0; i < SHOAL_PACK_NTOK; i++) {
             char tp[4200];
             size_t tn = 0;
             snprintf(tp, sizeof tp, "%s/%s", model, tok[i]);
@@ -609,7 +617,7 @@ int shoal_cmd_pack(int argc, char **argv)
         char fpath[4200], hex[65];
         uint8_t h[32];
         snprintf(fpath, sizeof fpath, "%s/%s", out, small[i].name);
-        if ((rc = write_small(fpath, small[i].b, small[i].n, err, sizeof err))) {
+        if ((rc = write_small(fpath, small[i].b, small[i].n, err, errlen))) {
             free(idxs);
             for (int k = 0; k < 4; k++)
                 free(extra[k]);
@@ -638,29 +646,16 @@ int shoal_cmd_pack(int argc, char **argv)
     char *mans = json_dumps(man, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(man);
     snprintf(path, sizeof path, "%s/%s", out, SHOAL_PACKFILE_NAME);
-    rc = write_small(path, mans, strlen(mans), err, sizeof err);
+    rc = write_small(path, mans, strlen(mans), err, errlen);
     free(mans);
     if (rc) {
         ret = 4;
         goto fail;
     }
-    printf("pack %s: %s %s, %zu experts%s%s in %d files, %.3f GiB (%.3f GiB copied, %.3f GiB kept from a "
-           "previous run)\n",
-           out, trunk ? "the trunk" : "worker", trunk ? "(no routed experts)" : worker, own ? shoal_shard_count(own) : 0,
-           ntrows ? " and trunk rows " : "", ntrows ? pw->trunk : "", nlayerfiles,
-           (double)total_size / 1073741824.0,
-           (double)pk.done / 1073741824.0, (double)pk.skipped / 1073741824.0);
     ret = 0;
     goto done;
 fail:
-    fprintf(stderr, "shoal pack: %s\n", err);
 done:
-    if (pk.fds)
-        for (int i = 0; i < shoal_st_nfiles(st); i++)
-            if (pk.fds[i] >= 0)
-                close(pk.fds[i]);
-    free(pk.fds);
-    free(pk.buf);
     free(cfgbuf);
     json_decref(files);
     json_decref(wmap);
@@ -675,5 +670,65 @@ done:
     free(r);
     shoal_planfile_free(&pf);
     shoal_st_close(st);
+    return ret;
+}
+
+int shoal_cmd_pack(int argc, char **argv)
+{
+    const char *model = NULL, *plan = NULL, *worker = NULL, *out = NULL;
+    int quiet = 0, trunk = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--quiet") || !strcmp(a, "--trunk")) {
+            *(a[2] == 'q' ? &quiet : &trunk) = 1;
+            continue;
+        }
+        const char **dst = !strcmp(a, "--model") ? &model : !strcmp(a, "--plan") ? &plan
+                         : !strcmp(a, "--worker") ? &worker : (!strcmp(a, "-o") || !strcmp(a, "--out")) ? &out : NULL;
+        if (!dst || !v) {
+            fprintf(stderr, "shoal pack: %s '%s'\n", dst ? "missing value for" : "unexpected argument", a);
+            usage(stderr);
+            return 2;
+        }
+        *dst = v;
+        i++;
+    }
+    if (!model || !out || (trunk ? worker != NULL : (!plan || !worker))) {
+        usage(stderr);
+        return 2;
+    }
+    char err[8192] = "";
+    packer pk = {.quiet = quiet};
+    shoal_pack_sum sum = {0};
+    shoal_pack_job j = {.model = model, .plan = plan, .worker = worker, .out = out, .trunk = trunk, .dry = 1,
+                        .layer = count_layer, .ctx = &pk};
+    int ret = shoal_pack_build(&j, &sum, err, sizeof err);
+    if (!ret) {
+        pk.buf = shoal_xmalloc(CHUNK);
+        pk.t0 = pk.last = now_s();
+        j.dry = 0;
+        j.layer = write_layer;
+        ret = shoal_pack_build(&j, &sum, err, sizeof err);
+        if (!ret) {
+            progress(&pk, 1);
+            printf("pack %s: %s %s, %zu experts%s%s in %d files, %.3f GiB (%.3f GiB copied, %.3f GiB kept from a "
+                   "previous run)\n",
+                   out, trunk ? "the trunk" : "worker", trunk ? "(no routed experts)" : worker, sum.nexperts,
+                   sum.trunk[0] ? " and trunk rows " : "", sum.trunk, sum.nfiles,
+                   (double)sum.total_size / 1073741824.0, (double)pk.done / 1073741824.0,
+                   (double)pk.skipped / 1073741824.0);
+        }
+        for (int i = 0; i < pk.nfds; i++)
+            if (pk.fds[i] >= 0)
+                close(pk.fds[i]);
+        free(pk.fds);
+        free(pk.buf);
+    }
+    if (ret)
+        fprintf(stderr, "shoal pack: %s\n", err);
     return ret;
 }

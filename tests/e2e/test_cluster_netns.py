@@ -9,6 +9,11 @@ with --trunk auto) ids and logits too; the coordinator reaches the workers
 through delay-injecting relays (0.25 ms each way; what they add is measured
 and recorded); a coordinator key the workers do not list is refused; a second
 site.yml run changes nothing; rolling-restart.yml, status.yml and stop.yml work.
+Pull mode (issue 22): site.yml with shoal_pull_repo against tests/e2e/hubserver.py
+on the bridge (token, CDN port, pin): no pack made on the controller, each host
+runs `shoal pull` (the server sees every host's address; the token never reaches
+the CDN) and holds byte for byte the pack `shoal pack` made; the cluster on the
+pulled packs generates the single-process ids.
 Then the systemd units: site.yml --tags units in systemd mode renders each host's
 unit and shoalctl (into the test's directories, not /etc/systemd/system);
 `systemd-analyze verify` (systemd's own unit parser; it runs without systemd as
@@ -26,6 +31,7 @@ Needs root, iproute2, sshd, ansible-playbook, rsync (scripts/deps.sh): SKIPs
 otherwise, counted as skipped. Each case appends PASS/FAIL/SKIP lines to
 $SHOAL_TEST_RESULTS.
 """
+import hashlib
 import json
 import os
 import re
@@ -36,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -300,6 +307,64 @@ def main():
         check("stop.yml stops everything", r.returncode == 0 and "running" not in play("status.yml").stdout
               .replace("not running", ""), r.stdout[-800:])
         print(f"# site.yml first run {t1 - t0:.1f} s, second {time.monotonic() - t1:.1f} s", flush=True)
+
+        # pull mode (issue 22): no pack made or copied; each host runs `shoal pull` against
+        # a hub-layout server (tests/e2e/hubserver.py, token, CDN on a second port) on the
+        # bridge, and downloads its own pack
+        tp = time.monotonic()
+        pf = os.path.join(tmp, "hub-port.json")
+        hub_log = harness.logfile()
+        procs.append(subprocess.Popen([PY, os.path.join(SRC, "tests", "e2e", "hubserver.py"), "--repo", "acme/tiny-k3",
+                                       "--revision", "r1", "--root", TINY, "--host", f"{NET}.1", "--cdn-port", "0",
+                                       "--token", "hf_netns_token", "--digest", "--port-file", pf],
+                                      stdout=hub_log, stderr=hub_log))
+        for _ in range(200):
+            if os.path.exists(pf):
+                break
+            time.sleep(0.05)
+        hub_url = f"http://{NET}.1:{json.load(open(pf))['port']}"
+        tok = os.path.join(tmp, "hf-token")
+        with open(tok, "w") as f:
+            f.write("hf_netns_token\n")
+        cfgb = open(os.path.join(TINY, "config.json"), "rb").read()
+        pin = os.path.join(tmp, "pin.json")
+        json.dump({"format": "shoal-pin", "version": 1, "repo": "acme/tiny-k3", "revision": "r1",
+                   "files": {"config.json": {"bytes": len(cfgb), "sha256": hashlib.sha256(cfgb).hexdigest()}}},
+                  open(pin, "w"))
+        evp = dict(ev, shoal_root=os.path.join(tmp, "hosts-pull", "{{ inventory_hostname }}"),
+                   shoal_packs_dir=os.path.join(tmp, "packs-unused"), shoal_pull_repo="acme/tiny-k3",
+                   shoal_pull_revision="r1", shoal_pull_endpoint=hub_url, shoal_pull_token_file=tok,
+                   shoal_pull_pin=pin)
+        json.dump(evp, open(evf, "w"))
+        r = play("site.yml")
+        with urllib.request.urlopen(hub_url + "/_stats", timeout=10) as u:
+            hst = json.load(u)
+        pulled = {w: os.path.join(tmp, "hosts-pull", w, "pack") for w in ("w0", "w1", "w2")}
+        same = all(sorted(os.listdir(pulled[w])) == sorted(os.listdir(os.path.join(tmp, "packs", w))) and
+                   all(open(os.path.join(pulled[w], f), "rb").read() ==
+                       open(os.path.join(tmp, "packs", w, f), "rb").read() for f in os.listdir(pulled[w]))
+                   for w in ("w0", "w1", "w2"))
+        check("site.yml with shoal_pull_repo: every host pulled its own pack from the hub (requests from each "
+              "host's address), byte for byte the packs shoal pack made; none made on the controller",
+              r.returncode == 0 and same and not os.path.exists(evp["shoal_packs_dir"]) and
+              os.path.exists(os.path.join(tmp, "hosts-pull", "c", "model", "shoal-pack.json")) and
+              set(IP.values()) <= set(hst["clients"]) and hst["cdn_auth"] == 0,
+              f"rc {r.returncode}, identical {same}, controller packs dir made "
+              f"{os.path.exists(evp['shoal_packs_dir'])}, clients {hst['clients']}, cdn_auth {hst['cdn_auth']}: "
+              f"{(r.stdout + r.stderr)[-1200:]}")
+        r = play("start.yml")
+        root_p = os.path.join(tmp, "hosts-pull", "c")
+        argsp = ["--model", os.path.join(root_p, "model"), "--plan", os.path.join(root_p, "etc", "plan.json"),
+                 "--curve-secret", os.path.join(root_p, "keys", "self.key"), "--curve-keys",
+                 os.path.join(root_p, "keys")]
+        got, rr = run_ids(nsc, *argsp)
+        check("pull mode: generate on the cluster whose hosts pulled their packs: ids identical",
+              r.returncode == 0 and got == ref, f"got {got} want {ref}: {(r.stdout + r.stderr)[-600:]} "
+              f"{rr.stderr[-400:]}")
+        r = play("stop.yml")
+        check("pull mode: stop.yml", r.returncode == 0, r.stdout[-600:])
+        json.dump(ev, open(evf, "w"))
+        print(f"# pull mode {time.monotonic() - tp:.1f} s", flush=True)
 
         # systemd mode: the units as site.yml renders them for each host (into the test's
         # directories; every "host" shares this file system, so the rendering runs over a
