@@ -2,8 +2,8 @@
 """Trains K3-nano, a small Kimi K3 that speaks, on CPU, and writes it in the
 published checkpoint layout (tests/models/k3-nano).
 
-    nice -n 19 python3 tools/train_nano.py --work /tmp/nano --out tests/models/k3-nano \
-        [--steps 1500] [--threads 2] [--seed 1]
+    nice -n 10 python3 tools/train_nano.py --work /tmp/nano --out tests/models/k3-nano \
+        [--budget 1900 | --decay-at STEP] [--batch 4] [--threads 1] [--seed 1]
 
 Stages (each result cached in --work, so a rerun resumes after the last finished one):
   1. data:  tools/nano_data.py (Python 3.11 standard library documentation, PSF
@@ -18,9 +18,12 @@ Stages (each result cached in --work, so a rerun resumes after the last finished
             sigmoid router + e_score_correction_bias (top-k on score+bias,
             weights from the score, renormalised, aux-loss-free bias update),
             routed experts in the latent width with SiTU-GLU, shared experts.
-            AdamW, fixed seed, fixed step count; the last 20% of the steps see
-            the routed experts through MXFP4 fake quantization (straight-through)
-            so the native storage costs little. One line of loss per step in
+            AdamW, fixed seed; warmup, constant lr until the wall-time budget
+            (--budget) or --decay-at, then a linear decay over a quarter as many
+            steps during which the routed experts are seen through MXFP4 fake
+            quantization (straight-through), so the native storage costs
+            little. The step where the decay began is recorded: rerunning with
+            --decay-at that step repeats the run. One line of loss per step in
             the raw log (--log);
   4. export: tools/make_tiny_k3.py's writer (same tensor list, names, dtypes,
             shard layout, config.json and tokenizer files): trunk bf16, routed
@@ -29,10 +32,11 @@ Stages (each result cached in --work, so a rerun resumes after the last finished
             reference) against the training graph on the fp32 weights (same
             math: max |logit diff|), and held-out perplexity for fp32 training
             weights (training graph and reference) and the exported bf16/MXFP4
-            files (reference) -> <out>/../k3-nano recipe in train_report.json.
+            files (reference) -> WORK/train_report.json; README.md (recipe,
+            seed, data list, figures) and MANIFEST.json (sha256s) in --out.
 
 Determinism: torch.manual_seed(seed), numpy RandomState(seed) for batches,
-fixed step count; single-process CPU. Bit-identical reruns need the same torch
+the step count fixed by --decay-at; single-process CPU. Bit-identical reruns need the same torch
 version and thread count (recorded in the report).
 """
 import argparse
@@ -204,6 +208,7 @@ class Nano(torch.nn.Module):
         self.params = torch.nn.ParameterDict()
         self.buf = {}
         self.fake_quant = False
+        self.bf16_expert_out = False
         d, V, H, D = p["hidden"], p["vocab"], p["kda_heads"], p["kda_head_dim"]
         C = H * D
         std = 0.02
@@ -372,6 +377,8 @@ class Nano(torch.nn.Module):
             W1, W3, W2 = (mxfp4_fake(t.reshape(-1, t.shape[-1])).view(t.shape) for t in (W1, W3, W2))
         y = torch.bmm(situ(torch.bmm(buf, W1.transpose(1, 2)), torch.bmm(buf, W3.transpose(1, 2))),
                       W2.transpose(1, 2))
+        if self.bf16_expert_out:  # the reference's (and SPEC §3.6's) rounding of y_e; off in training
+            y = R.bf16_round(y)
         r = torch.zeros_like(z).index_add(0, ftok[order], w.reshape(-1)[order][:, None] * y[es, pos])
         r = rms_norm(r, self.W(m + "routed_expert_norm.weight"), self.cfg.eps)
         r = r @ self.W(m + "routed_expert_up_proj.weight").t()
@@ -503,6 +510,86 @@ def nll_ref(m, wins):
     return out
 
 
+def write_card(out, rep):
+    """README.md (what, recipe, seed, data list, figures) and MANIFEST.json (sha256
+    of every file) in the model directory."""
+    import hashlib
+    p = dict(PRESET, vocab=RANKS + 256)
+    lic, files = nano_data.data_list()
+    hp = rep["heldout_ppl"]
+    cmd = (f"nice -n 10 python3 tools/train_nano.py --work WORK --out tests/models/k3-nano --seed {rep['seed']} "
+           f"--batch {rep['batch']} --threads {rep['threads']} --decay-at {rep['decay_at']}")
+    lines = [
+        "# K3-nano",
+        "",
+        "A small Kimi K3 trained from scratch on CPU by `tools/train_nano.py`, so that the engine's output can be",
+        "read: the K3 text architecture at toy widths, in the published checkpoint layout (bf16 trunk, routed",
+        "experts in native MXFP4 `weight_packed`/`weight_scale`, F32 `A_log`/`dt_bias`/conv taps/`o_norm`/router",
+        "bias, `config.json` in the official nested layout, `tiktoken.model` + `tokenizer_config.json`).",
+        "It knows a little of the Python 3.11 documentation and the K3 chat format; it is not a useful assistant.",
+        "",
+        "## Architecture",
+        "",
+        f"- {p['layers']} layers: {', '.join(MK.schedule(p['layers']))} (MLA where (L+1) % 4 == 0 and on the last",
+        f"  layer, the real K3 pattern); Attention Residuals with block size {p['block']}",
+        f"- hidden {p['hidden']}; KDA {p['kda_heads']} heads x {p['kda_head_dim']}, short conv {p['conv']}, "
+        f"gate lower bound {p['gate_lower_bound']}",
+        f"- MLA {p['mla_heads']} heads, q_lora {p['q_lora']}, kv_lora {p['kv_lora']}, nope {p['nope']} + rope "
+        f"{p['rope']}, v {p['v_dim']}, output gate",
+        f"- layer 0 dense SiTU-GLU ({p['inter']}); layers 1-{p['layers'] - 1} latent MoE: {p['experts']} routed "
+        f"experts (top-{p['topk']}, sigmoid router + correction bias, renormalised), latent {p['latent']}, "
+        f"expert width {p['moe_inter']}, {p['shared']} shared experts",
+        f"- vocabulary {p['vocab']} ({RANKS} byte-level BPE ranks trained on the training text with the K3 "
+        f"pre-tokenizer, + 256 specials at the K3 offsets)",
+        f"- {rep['parameters']:,} parameters",
+        "",
+        "## Training recipe",
+        "",
+        "```",
+        cmd,
+        "```",
+        "",
+        f"- seed {rep['seed']}; {rep['steps']} steps of {rep['batch']} x {rep['ctx']} tokens (AdamW, lr {rep['lr']},"
+        f" betas 0.9/0.95, weight decay 0.1, clip 1.0; 50 warmup steps, constant, then linear decay from step "
+        f"{rep['decay_at']} with the routed experts seen through MXFP4 fake quantization)",
+        f"- wall time {rep['train_seconds'] / 60:.1f} min on a shared 2-core machine, torch {rep['torch']}, "
+        f"{rep['threads']} thread(s); loss curve: docs/nano_loss.svg (raw log docs/data/nano_train_log.tsv)",
+        f"- {rep['train_tokens']:,} training tokens, {rep['heldout_tokens']:,} held-out tokens "
+        f"(documents with sha256(name) % 20 == 0)",
+        "",
+        "## Held-out perplexity",
+        "",
+        f"{rep['eval_windows']} windows of {rep['ctx']} held-out tokens:",
+        "",
+        "| weights | perplexity |",
+        "|---|---|",
+        f"| fp32 training weights, training graph | {hp['fp32_training_graph']:.3f} |",
+        f"| fp32 training weights, tools/reference.py | {hp['fp32_reference']:.3f} |",
+        f"| these files (bf16 trunk, MXFP4 experts), tools/reference.py | {hp['bf16_mxfp4_reference']:.3f} |",
+        "",
+        "## Data",
+        "",
+        f"{lic}. Read by tools/nano_data.py: the language reference topics (pydoc_data/topics.py), the",
+        "docstrings of these modules, and chat turns made from both. Files, relative to /usr/lib/python3.11:",
+        "",
+        "```",
+        *files,
+        "```",
+        "",
+        "MANIFEST.json holds the sha256 of every other file here.",
+        "",
+    ]
+    with open(os.path.join(out, "README.md"), "w") as f:
+        f.write("\n".join(lines))
+    man = {}
+    for fn in sorted(os.listdir(out)):
+        if fn != "MANIFEST.json":
+            man[fn] = hashlib.sha256(open(os.path.join(out, fn), "rb").read()).hexdigest()
+    with open(os.path.join(out, "MANIFEST.json"), "w") as f:
+        f.write(json.dumps({"model": "k3-nano", "generator": "tools/train_nano.py", "seed": rep["seed"],
+                            "sha256": man}, indent=1, sort_keys=True) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", required=True, help="cache directory (documents, vocabulary, checkpoints)")
@@ -511,12 +598,18 @@ def main():
     ap.add_argument("--decay-at", type=int, help="start the decay phase at this step (reproduces a budgeted run)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--threads", type=int, default=2)
+    # one thread: on a shared, oversubscribed machine two OpenMP threads ran a
+    # training step 25x slower (every parallel region waits for a descheduled thread)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--log", help="raw training log (default WORK/train_log.tsv)")
     ap.add_argument("--eval-windows", type=int, default=16)
     ap.add_argument("--bench", type=int, default=0, help="time this many steps and exit")
+    ap.add_argument("--card-only", action="store_true", help="only (re)write README.md and MANIFEST.json of --out")
     a = ap.parse_args()
+    if a.card_only:
+        write_card(a.out, json.load(open(os.path.join(a.work, "train_report.json"))))
+        return 0
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     os.makedirs(a.work, exist_ok=True)
@@ -639,7 +732,11 @@ def main():
         nll_train = [(-lp[i, torch.arange(CTX), torch.tensor(w[1:])]).tolist() for i, w in enumerate(wins)]
     m32 = ref_model_from(named, os.path.join(a.out, "config.json"))
     with torch.no_grad():
-        d = float((R.forward_full(m32, wins[0][:-1]) - lg[0]).abs().max())
+        ref0 = R.forward_full(m32, wins[0][:-1])
+        d = float((ref0 - lg[0]).abs().max())
+        model.bf16_expert_out = True
+        d_bf16 = float((ref0 - model(torch.tensor([wins[0][:-1]]))[0]).abs().max())
+        model.bf16_expert_out = False
     nll32 = nll_ref(m32, wins)
     mq = R.Model(a.out)
     nllq = nll_ref(mq, wins)
@@ -653,10 +750,12 @@ def main():
            "train_tokens": int(len(stream)), "heldout_tokens": len(held), "eval_windows": len(wins),
            "eval_tokens": len(wins) * CTX,
            "max_abs_logit_diff_training_graph_vs_reference_fp32": d,
+           "max_abs_logit_diff_training_graph_bf16_expert_out_vs_reference_fp32": d_bf16,
            "heldout_ppl": {"fp32_training_graph": ppl(nll_train), "fp32_reference": ppl(nll32),
                            "bf16_mxfp4_reference": ppl(nllq)}}
     json.dump(rep, open(os.path.join(a.work, "train_report.json"), "w"), indent=1)
     json.dump({"windows": wins, "nll_bf16_mxfp4": nllq}, open(os.path.join(a.work, "heldout_eval.json"), "w"))
+    write_card(a.out, rep)
     log(json.dumps(rep))
     return 0
 
