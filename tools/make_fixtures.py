@@ -42,7 +42,13 @@ GREEDY_PROMPTS = [
     "Greedy decoding takes the most likely token every time, so two correct engines agree. 北京 ü 42\n",
     "Checkpoints are split into shards and an index maps every tensor to its shard. 東京 é 7\n",
 ]
+NANO_PROMPTS = [
+    "The \"assert\" statement\n**********************\n\nAssert statements are a convenient way to",
+    "Return a new list containing all items from the iterable in ascending order. The",
+]
 SAMPLE_PROMPT = "Once upon a time, in a data center far away, "
+HELDOUT_WINDOWS, HELDOUT_LEN = 4, 256
+NANO_CHAT = ["What does json.dumps do?", "Explain the assert statement."]
 SAMPLE_OPTS = dict(temperature=0.8, top_p=0.95, top_k=40, seed=1234, n=24)
 
 
@@ -106,9 +112,16 @@ def audit(m, ids, first=0):
     return ok, rep, base_lg, base_st
 
 
-def candidates(enc, bos, n):
-    """Candidate teacher-forced sequences: [BOS] + the project's own text."""
-    text = vocab_corpus.corpus(seed=7, paragraphs=400)
+def nano_heldout_text():
+    """k3-nano: its held-out documents (tools/nano_data.py), never trained on."""
+    import nano_data
+    return "\n\n".join(p for n, k, p in nano_data.documents() if k == "text" and nano_data.held_out(n))
+
+
+def candidates(enc, bos, n, nano=False):
+    """Candidate teacher-forced sequences: [BOS] + the project's own text
+    (k3-nano: + its held-out text)."""
+    text = nano_heldout_text() if nano else vocab_corpus.corpus(seed=7, paragraphs=400)
     ids_all = enc.encode(text, disallowed_special=())
     step = 97
     for i in range(n):
@@ -226,11 +239,98 @@ def sample(logits, temperature, top_p, top_k, rng):
     return order[-1], u, 0.0
 
 
+def nano_fixtures(m, enc, specials, out, name, log):
+    """heldout.json: per-token log-probabilities of held-out windows (perplexity);
+    chat.json: greedy chat answers in the K3 XTML format, and a stop string cut
+    from real answer text."""
+    import math
+    ids_all = enc.encode(nano_heldout_text(), disallowed_special=())
+    wins, nll, reps = [], [], []
+    i = 0
+    while len(wins) < HELDOUT_WINDOWS:
+        w = ids_all[i * HELDOUT_LEN: (i + 1) * HELDOUT_LEN + 1]
+        i += 1
+        if len(w) < HELDOUT_LEN + 1:
+            raise SystemExit("make_fixtures: held-out text too short")
+        ok, rep, lg, _ = audit(m, w[:-1])
+        # the log-probabilities need no argmax margin, only agreement of the routing
+        ok = rep["router_disagreements"] == 0
+        log(f"held-out window {i - 1}: ok={ok} {rep}")
+        if not ok:
+            continue
+        lp = torch.log_softmax(lg.double(), -1)
+        wins.append(w)
+        nll.append([float(-lp[t, w[t + 1]]) for t in range(HELDOUT_LEN)])
+        reps.append(rep)
+    flat = [x for r in nll for x in r]
+    json.dump({"model": name, "windows": wins, "nll": nll, "tokens": len(flat),
+               "mean_nll": sum(flat) / len(flat), "perplexity": math.exp(sum(flat) / len(flat)),
+               "logit_max_abs_diff_variants": max(r["logit_max_abs_diff"] for r in reps)},
+              open(os.path.join(out, "heldout.json"), "w"), indent=None, separators=(",", ":"))
+    chats = []
+    eom = specials["<|end_of_msg|>"]
+    for q in NANO_CHAT:
+        for thinking in (True, False):
+            prompt = prompt_ids(enc, specials, q, thinking)
+            with torch.no_grad():
+                gen = R.greedy(m, prompt, 64, incremental=True)
+            if eom in gen:
+                gen = gen[: gen.index(eom) + 1]
+            seq = prompt + gen
+            ok, rep, lgg, _ = audit(m, seq, first=len(prompt) - 1)
+            log(f"chat {q!r} thinking={thinking}: ok={ok} {enc.decode(gen)!r}")
+            chats.append({"question": q, "thinking": thinking, "prompt_ids": prompt, "generated_ids": gen,
+                          "text": enc.decode(gen), "robust": ok, "min_margin": rep["min_argmax_margin"],
+                          **answer_regions(enc, specials, gen, thinking)})
+    json.dump({"model": name, "chats": chats}, open(os.path.join(out, "chat.json"), "w"), indent=1,
+              ensure_ascii=False)
+
+
+def answer_regions(enc, sp, gen, thinking):
+    """The reasoning and content of a generated answer when it has the trained
+    structure ([think ids] <|close|>think<|sep|><|open|>response<|sep|> CONTENT
+    <|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>), else {}."""
+    def t(s):
+        return enc.encode(s, disallowed_special=())
+    tail = [sp["<|close|>"]] + t("response") + [sp["<|sep|>"], sp["<|close|>"]] + t("message") + \
+        [sp["<|sep|>"], sp["<|end_of_msg|>"]]
+    head = [sp["<|close|>"]] + t("think") + [sp["<|sep|>"], sp["<|open|>"]] + t("response") + [sp["<|sep|>"]]
+    if len(gen) < len(tail) or gen[-len(tail):] != tail:
+        return {"structured": False}
+    body = gen[: -len(tail)]
+    reasoning = ""
+    if thinking:
+        for i in range(len(body) - len(head) + 1):
+            if body[i: i + len(head)] == head:
+                reasoning, body = enc.decode(body[:i]), body[i + len(head):]
+                break
+        else:
+            return {"structured": False}
+    specials = set(sp.values())
+    if any(x in specials for x in body):
+        return {"structured": False}
+    return {"structured": True, "reasoning": reasoning, "content": enc.decode(body)}
+
+
+def prompt_ids(enc, sp, question, thinking):
+    """The chat prompt `shoal serve` builds for one user message (SPEC §5.4):
+    the user turn, then the unclosed assistant message."""
+    def t(s):
+        return enc.encode(s, disallowed_special=())
+    ids = [sp["<|open|>"]] + t("message") + t(" role") + t('="') + t("user") + t('"') + [sp["<|sep|>"]]
+    ids += t(question) + [sp["<|close|>"]] + t("message") + [sp["<|sep|>"], sp["<|end_of_msg|>"]]
+    ids += [sp["<|open|>"]] + t("message") + t(" role") + t('="') + t("assistant") + t('"') + [sp["<|sep|>"]]
+    ids += [sp["<|open|>"]] + t("think" if thinking else "response") + [sp["<|sep|>"]]
+    return ids
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--candidates", type=int, default=40)
+    ap.add_argument("--nano", action="store_true",
+                    help="k3-nano (a trained model): held-out text, real prompts, heldout.json and chat.json")
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -244,7 +344,7 @@ def main():
     # -- teacher-forced sequence, chosen for robustness
     chosen = None
     tried = []
-    for i, ids in candidates(enc, bos, a.candidates):
+    for i, ids in candidates(enc, bos, a.candidates, a.nano):
         ok, rep, lg, st = audit(m, ids)
         tried.append({"candidate": i, "ok": ok, **rep})
         log(f"candidate {i}: ok={ok} {rep}")
@@ -271,7 +371,7 @@ def main():
 
     # -- greedy: incremental decode; verified against the full-sequence path
     greedy_tried = []
-    for gi, text in enumerate(GREEDY_PROMPTS):
+    for gi, text in enumerate((NANO_PROMPTS if a.nano else []) + GREEDY_PROMPTS):
         prompt = enc.encode(text, disallowed_special=())
         assert len(prompt) >= 16, len(prompt)
         with torch.no_grad():
@@ -286,8 +386,9 @@ def main():
             break
     if not ok:
         raise SystemExit("make_fixtures: no robust greedy prompt")
+    extra = {"generated_text": enc.decode(gen)} if a.nano else {}
     json.dump({"model": name, "prompt_text": text, "prompt_ids": prompt, "generated_ids": gen,
-               "min_margin": rep_g["min_argmax_margin"]},
+               "min_margin": rep_g["min_argmax_margin"], **extra},
               open(os.path.join(a.out, "greedy.json"), "w"), indent=1)
 
     # -- sampled run (sampler.h contract), incremental; margins recorded
@@ -308,6 +409,9 @@ def main():
                "top_k": SAMPLE_OPTS["top_k"], "seed": SAMPLE_OPTS["seed"], "generated_ids": out,
                "draws_u": us, "min_mass_margin": min(margins)},
               open(os.path.join(a.out, "sampled.json"), "w"), indent=1)
+
+    if a.nano:
+        nano_fixtures(m, enc, specials, a.out, name, log)
 
     # -- stats that show the model exercises what it should
     sat = st.c

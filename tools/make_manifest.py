@@ -15,7 +15,7 @@ import platform
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODELS = ["tiny-k3", "tiny-k3-plain"]
+MODELS = ["tiny-k3", "tiny-k3-plain", "k3-nano"]
 TOL_FACTOR = 4.0
 
 
@@ -83,7 +83,8 @@ def main():
         "about": "Golden fixtures of the fp32 reference (tools/reference.py); docs/TESTING.md explains every field.",
         "generator": {
             "models": "tools/regen_models.sh  (python3 tools/make_tiny_k3.py --preset MODEL --seed 1 --out tests/models/MODEL)",
-            "fixtures": "tools/regen_fixtures.sh  (python3 tools/make_fixtures.py --model tests/models/MODEL --out tests/fixtures/MODEL; torch single-threaded)",
+            "k3-nano": "trained: tools/train_nano.py (recipe, seed and data list in tests/models/k3-nano/README.md)",
+            "fixtures": "tools/regen_fixtures.sh  (python3 tools/make_fixtures.py --model tests/models/MODEL --out tests/fixtures/MODEL [--nano for k3-nano]; torch single-threaded)",
             "scale": "tools/regen_fixtures.sh --scale  (python3 tools/make_tiny_k3.py --preset k3-scale --seed 1 --out DIR; python3 tools/make_scale_fixture.py --model DIR --out tests/fixtures/k3-scale)",
             "seed": 1,
             "torch_threads": 1,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rebuilds every committed fixture from the fp32 reference, bit-identically on the
 # same torch version and CPU (torch single-threaded, deterministic algorithms):
-#   tests/fixtures/tiny-k3/, tests/fixtures/tiny-k3-plain/  (tools/make_fixtures.py)
+#   tests/fixtures/tiny-k3/, tests/fixtures/tiny-k3-plain/, tests/fixtures/k3-nano/  (tools/make_fixtures.py)
 #   tests/fixtures/k3-scale/   with --scale (regenerates the ~2 GB k3-scale model in a temp dir)
 #   tests/fixtures/MANIFEST.json  (tools/make_manifest.py)
 # Usage: tools/regen_fixtures.sh [--check] [--scale]
@@ -29,6 +29,8 @@ fi
 for m in tiny-k3 tiny-k3-plain; do
     "$py" "$root/tools/make_fixtures.py" --model "$root/tests/models/$m" --out "$root/tests/fixtures/$m"
 done
+# the trained model (tools/train_nano.py): held-out text, real prompts, heldout.json, chat.json
+"$py" "$root/tools/make_fixtures.py" --model "$root/tests/models/k3-nano" --out "$root/tests/fixtures/k3-nano" --nano
 if [ $scale -eq 1 ]; then
     tmp="$(mktemp -d)"
     "$py" "$root/tools/make_tiny_k3.py" --preset k3-scale --seed 1 --out "$tmp/k3-scale"
@@ -38,7 +40,7 @@ fi
 "$py" "$root/tools/make_manifest.py"
 if [ $check -eq 1 ]; then
     status=0
-    dirs="tests/fixtures/tiny-k3 tests/fixtures/tiny-k3-plain"
+    dirs="tests/fixtures/tiny-k3 tests/fixtures/tiny-k3-plain tests/fixtures/k3-nano"
     [ $scale -eq 1 ] && dirs="$dirs tests/fixtures/k3-scale"
     for d in $dirs; do
         for f in "$here/$d"/*; do

@@ -71,8 +71,9 @@ static void t_no_unlisted_files(void)
     if (!manifest)
         SKIP("no manifest");
     json_t *files = json_object_get(manifest, "sha256");
-    const char *dirs[] = {"tests/models/tiny-k3", "tests/models/tiny-k3-plain", "tests/fixtures/tiny-k3",
-                          "tests/fixtures/tiny-k3-plain", "tests/fixtures/k3-scale"};
+    const char *dirs[] = {"tests/models/tiny-k3",   "tests/models/tiny-k3-plain", "tests/models/k3-nano",
+                          "tests/fixtures/tiny-k3", "tests/fixtures/tiny-k3-plain", "tests/fixtures/k3-nano",
+                          "tests/fixtures/k3-scale"};
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
         DIR *d = opendir(test_src_path(dirs[i]));
         CHECK_MSG(d != NULL, "missing directory %s", dirs[i]);
@@ -156,6 +157,7 @@ static void t_fixture_shapes(void)
         SKIP("no manifest");
     check_model_fixtures("tiny-k3", 4096);
     check_model_fixtures("tiny-k3-plain", 4096);
+    check_model_fixtures("k3-nano", 2048);
 }
 
 /* the scale fixture names every regenerated model file with size and sha256 */
