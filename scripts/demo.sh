@@ -49,7 +49,7 @@ r = client.chat.completions.create(model="k3-nano",
                                    messages=[{"role": "user", "content": "Explain the assert statement."}],
                                    max_tokens=80, temperature=0)
 m = r.choices[0].message
-print("reasoning_content:", repr(m.reasoning_content))
+print("reasoning_content:", repr(getattr(m, "reasoning_content", None)))
 print("content:          ", repr(m.content))
 print("finish_reason:", r.choices[0].finish_reason, "| prompt_tokens:", r.usage.prompt_tokens,
       "completion_tokens:", r.usage.completion_tokens)
