@@ -551,7 +551,7 @@ static int prepare(puller *p, int fi, const char *sid, uint64_t chunk, int dry, 
                     le = shoal_xrealloc(le, (nle + 1) * sizeof *le);
                     le[nle].dst = d;
                     le[nle].len = l;
-                    snprintf(le[nle].hex, sizeof le[nle].hex, "%s", hex);
+                    memcpy(le[nle].hex, hex, 65); /* strlen(hex) == 64 checked: 64 digits and the NUL */
                     nle++;
                 }
         }
