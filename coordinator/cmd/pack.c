@@ -80,7 +80,7 @@ static void progress(packer *p, int final)
             rate / 1048576.0, final ? "0s" : eta, p->skipped ? " (resumed: verified files kept)" : "");
 }
 
-static int write_all(int fd, const void *b, size_t n)
+int shoal_pack_write_all(int fd, const void *b, size_t n)
 {
     const unsigned char *c = b;
     while (n) {
@@ -95,7 +95,7 @@ static int write_all(int fd, const void *b, size_t n)
     return 0;
 }
 
-static int pread_all(int fd, void *b, size_t n, uint64_t off)
+int shoal_pack_pread_all(int fd, void *b, size_t n, uint64_t off)
 {
     unsigned char *c = b;
     while (n) {
@@ -119,7 +119,7 @@ static int write_small(const char *path, const void *b, size_t n, char *err, siz
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return shoal_err_set(err, errlen, -errno, "%s: %s", tmp, strerror(errno));
-    int rc = write_all(fd, b, n);
+    int rc = shoal_pack_write_all(fd, b, n);
     if (!rc && fsync(fd))
         rc = -errno;
     close(fd);
@@ -238,7 +238,7 @@ int shoal_pack_layer_done(const char *path, const char *hdr, size_t hlen, uint64
     if (fd < 0)
         return 0;
     char *h = shoal_xmalloc(hlen);
-    int same = pread_all(fd, h, hlen, 0) == 0 && !memcmp(h, hdr, hlen);
+    int same = shoal_pack_pread_all(fd, h, hlen, 0) == 0 && !memcmp(h, hdr, hlen);
     free(h);
     close(fd);
     if (!same || shoal_packfile_hash(path, got, NULL, NULL, 0) || memcmp(got, want, 32))
@@ -282,7 +282,7 @@ static int write_layer(void *ctx, const char *path, const char *hdr, size_t hlen
     crypto_generichash_state hs;
     crypto_generichash_init(&hs, NULL, 0, 32);
     crypto_generichash_update(&hs, (const unsigned char *)hdr, hlen);
-    int rc = write_all(fd, hdr, hlen);
+    int rc = shoal_pack_write_all(fd, hdr, hlen);
     for (int i = 0; i < n && !rc; i++) {
         int f = s[i].file;
         if (f >= p->nfds) {
@@ -296,13 +296,13 @@ static int write_layer(void *ctx, const char *path, const char *hdr, size_t hlen
         }
         for (uint64_t off = 0; off < s[i].nbytes && !rc;) {
             size_t k = s[i].nbytes - off < CHUNK ? (size_t)(s[i].nbytes - off) : CHUNK;
-            if ((rc = pread_all(p->fds[f], p->buf, k, s[i].off + off))) {
+            if ((rc = shoal_pack_pread_all(p->fds[f], p->buf, k, s[i].off + off))) {
                 rc = shoal_err_set(err, errlen, rc < 0 ? rc : SHOAL_EIO, "%s: reading %s failed", s[i].path,
                                    s[i].name);
                 break;
             }
             crypto_generichash_update(&hs, p->buf, k);
-            if ((rc = write_all(fd, p->buf, k))) {
+            if ((rc = shoal_pack_write_all(fd, p->buf, k))) {
                 rc = shoal_err_set(err, errlen, rc, "%s: %s", part, strerror(-rc));
                 break;
             }

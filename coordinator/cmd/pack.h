@@ -59,4 +59,9 @@ int shoal_pack_write_small(const char *path, const void *b, size_t n, char *err,
 /* Store hash as path.blake2b (the checksum beside a finished layer file). */
 int shoal_pack_write_sum(const char *path, const uint8_t hash[32], char *err, size_t errlen);
 
+/* Whole-buffer I/O that retries EINTR and short counts (pack and pull):
+ * 0, -errno, or SHOAL_EIO when pread meets the end of the file. */
+int shoal_pack_write_all(int fd, const void *b, size_t n);
+int shoal_pack_pread_all(int fd, void *b, size_t n, uint64_t off);
+
 #endif

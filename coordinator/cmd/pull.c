@@ -140,37 +140,6 @@ static void on_progress(void *ctx, int64_t delta)
     progress(p, 0);
 }
 
-static int write_all(int fd, const void *b, size_t n)
-{
-    const unsigned char *c = b;
-    while (n) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -errno;
-        c += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-static int pread_all(int fd, void *b, size_t n, uint64_t off)
-{
-    unsigned char *c = b;
-    while (n) {
-        ssize_t r = pread(fd, c, n, (off_t)off);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return r < 0 ? -errno : SHOAL_EIO;
-        c += r;
-        n -= (size_t)r;
-        off += (uint64_t)r;
-    }
-    return 0;
-}
-
 /* ---- pins ---------------------------------------------------------------- */
 
 typedef struct {
@@ -362,7 +331,7 @@ static int fetch_headers(shoal_hub *h, puller *pl, const char *dir, uint64_t *by
         char path[4600];
         snprintf(path, sizeof path, "%s/%s", dir, pl->sh[i].file);
         int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0 || write_all(fd, hb[i], 8 + pc[i].len) || ftruncate(fd, (off_t)pl->sh[i].total)) {
+        if (fd < 0 || shoal_pack_write_all(fd, hb[i], 8 + pc[i].len) || ftruncate(fd, (off_t)pl->sh[i].total)) {
             rc = shoal_err_set(err, errlen, -errno, "%s: %s", path, strerror(errno));
             if (fd >= 0)
                 close(fd);
@@ -438,7 +407,7 @@ static int sync_logs(puller *p, char *err, size_t errlen)
             continue;
         if (fdatasync(f->fd))
             return shoal_err_set(err, errlen, -errno, "%s.part: fdatasync: %s", f->path, strerror(errno));
-        if (write_all(f->logfd, f->pend, f->npend))
+        if (shoal_pack_write_all(f->logfd, f->pend, f->npend))
             return shoal_err_set(err, errlen, -errno, "%s.part.log: %s", f->path, strerror(errno));
         f->npend = 0;
     }
@@ -493,7 +462,7 @@ static int piece_on_disk(int fd, const shoal_hub_seg *sg, int n, const char *hex
     for (int i = 0; i < n; i++)
         for (uint64_t o = 0; o < sg[i].len;) {
             size_t k = sg[i].len - o < cap ? (size_t)(sg[i].len - o) : cap;
-            if (pread_all(fd, buf, k, sg[i].dst + o))
+            if (shoal_pack_pread_all(fd, buf, k, sg[i].dst + o))
                 return 0;
             crypto_generichash_update(&hs, buf, k);
             o += k;
@@ -540,7 +509,7 @@ static int prepare(puller *p, int fi, const char *sid, uint64_t chunk, int dry, 
     if (lf && !fstat(fd, &sb) && (uint64_t)sb.st_size == f->size) {
         char line[256];
         char *h = shoal_xmalloc(f->hlen);
-        int same = !pread_all(fd, h, f->hlen, 0) && !memcmp(h, f->hdr, f->hlen);
+        int same = !shoal_pack_pread_all(fd, h, f->hlen, 0) && !memcmp(h, f->hdr, f->hlen);
         free(h);
         if (same && fgets(line, sizeof line, lf) && !strncmp(line, "source ", 7) && !strncmp(line + 7, sid, 32)) {
             fresh = 0;
@@ -562,7 +531,7 @@ static int prepare(puller *p, int fi, const char *sid, uint64_t chunk, int dry, 
         if (fd >= 0)
             close(fd);
         fd = open(part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0 || write_all(fd, f->hdr, f->hlen) || ftruncate(fd, (off_t)f->size)) {
+        if (fd < 0 || shoal_pack_write_all(fd, f->hdr, f->hlen) || ftruncate(fd, (off_t)f->size)) {
             int e = errno;
             if (fd >= 0)
                 close(fd);
@@ -586,7 +555,7 @@ static int prepare(puller *p, int fi, const char *sid, uint64_t chunk, int dry, 
     if (fresh && !dry) {
         char line[64];
         int k = snprintf(line, sizeof line, "source %s\n", sid);
-        if (write_all(f->logfd, line, (size_t)k)) {
+        if (shoal_pack_write_all(f->logfd, line, (size_t)k)) {
             free(le);
             return shoal_err_set(err, errlen, -errno, "%s: %s", logp, strerror(errno));
         }
