@@ -72,6 +72,17 @@ void shoal_cmetrics_add_phase(shoal_cmetrics *cm, shoal_cmetrics_phase ph, uint6
 /* One forward chunk of T tokens completed. */
 void shoal_cmetrics_forward(shoal_cmetrics *cm, uint32_t T);
 
+/* The scheduler's step loop (coordinator/api/sched.c): one step ran
+ * `decode` sequences in one decode batch (0: none) and `prompt` prompt
+ * tokens in prefill chunks. */
+void shoal_cmetrics_step(shoal_cmetrics *cm, uint32_t decode, uint32_t prompt);
+/* Per request, in nanoseconds: submit to admission into a slot (queue),
+ * submit to its first generated token (ttft), and between two generated
+ * tokens (inter-token, one per token after the first). */
+void shoal_cmetrics_request_queue(shoal_cmetrics *cm, uint64_t ns);
+void shoal_cmetrics_request_ttft(shoal_cmetrics *cm, uint64_t ns);
+void shoal_cmetrics_request_itl(shoal_cmetrics *cm, uint64_t ns);
+
 /* One EXPERT_BATCH exchange with worker w for MoE layer `layer`, as seen by
  * the coordinator: rtt_ns from the first byte sent to the reply received;
  * queue_us / compute_us as the worker reported them. */
