@@ -11,9 +11,10 @@ server with --slots 1. The reference is that one-at-a-time path (the
 scheduler before batching: one sequence, prompt and decode alone). Ids
 (`return_token_ids`), text, reasoning, finish reason and usage must be equal,
 and the batched server's /metrics must show that sequences really were
-decoded together (else the case proves nothing and fails). In-process and
+decoded together (else the case proves nothing and fails). In process here;
 with --workers 2 (the routed experts of the whole batch in one EXPERT_BATCH
-per worker per layer). The batched server keeps conversation reuse and the
+per worker per layer) in test_batching_workers.py, which runs this file's
+identity case. The batched server keeps conversation reuse and the
 memo on: a follow-up turn continues a kept state, a repeated request is
 answered from the memo, both equal to the reference.
 
@@ -46,7 +47,8 @@ import harness  # noqa: E402
 SRC = os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
 MODEL = os.path.join(SRC, "tests", "models", "tiny-k3")
-rec = harness.Recorder("test_batching")
+WORKERS = os.environ.get("SHOAL_BATCHING_WORKERS") == "1"
+rec = harness.Recorder("test_batching_workers" if WORKERS else "test_batching")
 
 
 class Server:
@@ -326,10 +328,12 @@ def main():
     except ImportError:
         rec.record("SKIP", "all", "the openai package is not installed (scripts/deps.sh)")
         return 77
-    run("identity_inprocess", identity, "inprocess", [])
-    run("identity_workers2", identity, "workers2", ["--workers", "2", "--worker-threads", "1"])
-    run("disconnect", t_disconnect)
-    run("state_budget", t_state_budget)
+    if WORKERS:  # tests/e2e/test_batching_workers.py: the identity case with --workers 2
+        run("identity_workers2", identity, "workers2", ["--workers", "2", "--worker-threads", "1"])
+    else:
+        run("identity_inprocess", identity, "inprocess", [])
+        run("disconnect", t_disconnect)
+        run("state_budget", t_state_budget)
     return 1 if rec.counts["FAIL"] else 0
 
 
