@@ -51,8 +51,9 @@ static void usage(FILE *f)
             "                         (default 256); prompts get at least half of it\n"
             "  --state-gb G           memory for the slots' sequence states, GiB (fractions\n"
             "                         allowed; default: a quarter of the usable memory, at\n"
-            "                         most 8 full-context sequences); a request whose state\n"
-            "                         does not fit waits in the queue\n"
+            "                         most a full-context sequence per slot, 8 without\n"
+            "                         --slots); a request whose state does not fit waits\n"
+            "                         in the queue\n"
             "  --keep N               sequence states kept for conversation reuse (default 8, 0 off)\n"
             "  --keep-mb N            memory those states may use, MiB (default 1024)\n"
             "  --memo N               deterministic responses memoised (default 256, 0 off)\n"
@@ -465,12 +466,14 @@ int shoal_cmd_serve(int argc, char **argv)
         shoal_memplan_probe mp;
         shoal_memplan_read("", &mp);
         uint64_t usable = shoal_memplan_usable(&mp);
-        state_bytes = usable == UINT64_MAX ? 8 * full_state : usable / 4;
-        if (state_bytes > 8 * full_state)
-            state_bytes = 8 * full_state;
+        /* room for a full-context sequence in every slot (8 when --slots is not given) */
+        uint64_t cap = (uint64_t)(slots ? slots : 8) * full_state;
+        state_bytes = usable == UINT64_MAX ? cap : usable / 4;
+        if (state_bytes > cap)
+            state_bytes = cap;
         if (state_bytes < full_state)
             state_bytes = full_state;
-        state_from = "default: a quarter of the usable memory, at most 8 full-context sequences";
+        state_from = "default: a quarter of the usable memory, at most a full-context sequence per slot";
     }
     if (state_bytes < full_state) {
         char b1[32], b2[32];

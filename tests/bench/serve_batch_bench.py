@@ -101,7 +101,7 @@ def long_point(client, n_long, tokens):
           for i in range(4)]
     for t in ts:
         t.start()
-    lt = threading.Thread(target=stream, args=(client, [3000 + k % 5000 for k in range(n_long)], 4, lres, 2.0))
+    lt = threading.Thread(target=stream, args=(client, [1000 + k % 3000 for k in range(n_long)], 4, lres, 2.0))
     lt.start()
     for t in ts + [lt]:
         t.join()
@@ -144,7 +144,7 @@ def main():
             stream(client, [5, 6, 7, 8], 2, [])  # warm the page cache and the workers
             run = {"slots": s, "points": []}
             cl = a.clients_slots1 if s == 1 and a.clients_slots1 else a.clients
-            for i, c in enumerate(int(x) for x in cl.split(",")):
+            for i, c in enumerate(int(x) for x in cl.split(",") if x):
                 pt = point(client, c, a.tokens, a.prompt, 1000 * (i + 1))
                 print(json.dumps({"slots": s, **pt}), flush=True)
                 run["points"].append(pt)
