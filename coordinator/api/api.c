@@ -647,6 +647,14 @@ static void metrics(shoal_api *a, shoal_http_ex *ex)
     shoal_sched_get_stats(a->o.sched, &ss);
     metric(&b, "shoal_sched_queued", G, "Requests waiting in the queue.", ss.queued);
     metric(&b, "shoal_sched_running", G, "Requests generating.", ss.running);
+    metric(&b, "shoal_sched_slots", G, "Sequences the step loop decodes together at most (--slots).", ss.slots);
+    metric(&b, "shoal_sched_state_bytes", G, "Sequence state held by the slots now.", (double)ss.state_bytes);
+    metric(&b, "shoal_sched_state_budget_bytes", G, "Sequence state the slots may hold (--state-gb; 0: no limit).",
+           (double)ss.state_budget);
+    metric(&b, "shoal_sched_state_waiting", G, "1 while the first request in line waits for sequence state.",
+           ss.waiting_state);
+    metric(&b, "shoal_sched_state_waits_total", C, "Requests that waited for sequence state to be freed.",
+           (double)ss.state_waits);
     metric(&b, "shoal_sched_submitted_total", C, "Requests accepted into the queue.", (double)ss.submitted);
     metric(&b, "shoal_sched_refused_total", C, "Requests refused because the queue was full.",
            (double)ss.refused_full);

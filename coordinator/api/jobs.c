@@ -19,6 +19,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "coordinator/text/text.h"
 #include "coordinator/engine/engine.h"
 #include "coordinator/api/sched_int.h"
@@ -227,6 +228,7 @@ int shoal_sched_submit(shoal_sched *s, shoal_sched_job *j)
     }
     shoal_sched_job_ref(j);
     j->queued = 1;
+    j->t_submit = shoal_metrics_now_ns();
     j->qprev = s->qtail;
     j->qnext = NULL;
     if (s->qtail)
@@ -424,6 +426,10 @@ void shoal_sched_get_stats(shoal_sched *s, shoal_sched_stats *out)
     out->running = s->running;
     out->kept_seqs = (uint64_t)s->nkept;
     out->kept_bytes = s->kept_bytes;
+    out->state_bytes = s->state_used;
+    out->waiting_state = s->waiting_state;
+    out->state_budget = s->o.state_bytes;
+    out->slots = s->o.slots;
     pthread_mutex_unlock(&s->mu);
     pthread_mutex_lock(&s->memo_mu);
     out->memo_hits = s->memo_hits;

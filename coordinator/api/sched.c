@@ -1,9 +1,11 @@
 /* sched: the scheduler (sched.h) -- open/close and its model thread, which
- * admits jobs into slots (render the prompt, check it against the context,
- * continue from a kept sequence or prefill), then decodes one token per
- * active slot per turn, turning ids into events (text per channel, tool
- * calls) through the detokenizer or the chat output parser and the
- * stop-string filter. The jobs, the queue, the memo and the kept states it
+ * runs the step loop (sched.h): admits jobs into slots (render the prompt,
+ * check it against the context, admit its state against the budget,
+ * continue from a kept sequence), then per step decodes one token for every
+ * decoding slot in one batch and prefills prompt chunks within the step's
+ * token budget, turning ids into events (text per channel, tool calls)
+ * through the detokenizer or the chat output parser and the stop-string
+ * filter. The jobs, the queue, the memo and the kept states it
  * works on are jobs.c's (sched_int.h). Everything here runs on the model
  * thread except open/close and cancel_running. */
 #include <omp.h>
@@ -19,10 +21,21 @@
 #include "coordinator/engine/engine.h"
 #include "coordinator/api/sched_int.h"
 
+/* A slot's life: FREE -> WAIT (popped, rendered; waits while its state does
+ * not fit the budget) -> PREFILL (prompt chunks, one per step at most) ->
+ * DECODE (one token per step) -> FREE. */
+enum { SLOT_FREE = 0, SLOT_WAIT, SLOT_PREFILL, SLOT_DECODE };
+
 struct shoal_slot {
     shoal_sched *s;
     shoal_sched_job *job; /* NULL: free */
-    shoal_seq *seq;       /* capacity max_context, reused across jobs */
+    int state;
+    shoal_seq *seq;       /* capacity prompt + max_new, created at admission */
+    size_t state_bytes;   /* of seq, charged against opts.state_bytes */
+    int fed;              /* prompt ids in seq (prefill progress) */
+    uint64_t order;       /* admission order: prompts are prefilled oldest first */
+    uint64_t t_last;      /* the last generated token's time (ns) */
+    int counted_wait;     /* this job's wait for state was counted */
     float *logits;        /* [vocab]: the last fed token's */
     int32_t *ids;         /* [max_context]: every fed id (prompt, then generated) */
     int n_ids, n_prompt, reused;
@@ -45,22 +58,24 @@ struct shoal_slot {
     int recording;
 };
 
+
 static int slots_init(shoal_sched *s, char *err, size_t errlen)
 {
+    (void)err;
+    (void)errlen;
     s->nslots = s->o.slots;
     s->slots = shoal_xcalloc((size_t)s->nslots, sizeof *s->slots);
     for (int i = 0; i < s->nslots; i++) {
         shoal_slot *sl = &s->slots[i];
         sl->s = s;
-        int rc = shoal_seq_create(&sl->seq, s->o.model, s->max_context, err, errlen);
-        if (rc)
-            return rc;
-        if ((rc = shoal_spec_create(&sl->spec, sl->seq, &s->o.draft, err, errlen)))
-            return rc;
         sl->logits = shoal_xmalloc((size_t)s->vocab * sizeof *sl->logits);
         sl->ids = shoal_xmalloc((size_t)s->max_context * sizeof *sl->ids);
         sl->out = shoal_xmalloc((size_t)s->max_context * sizeof *sl->out);
     }
+    s->blogits = shoal_xmalloc((size_t)s->nslots * (size_t)s->vocab * sizeof *s->blogits);
+    s->bseqs = shoal_xcalloc((size_t)s->nslots, sizeof *s->bseqs);
+    s->bids = shoal_xcalloc((size_t)s->nslots, sizeof *s->bids);
+    s->bslots = shoal_xcalloc((size_t)s->nslots, sizeof *s->bslots);
     return 0;
 }
 
@@ -81,6 +96,10 @@ static void slots_free(shoal_sched *s)
         shoal_ev_free_list(sl->rec);
     }
     free(s->slots);
+    free(s->blogits);
+    free(s->bseqs);
+    free(s->bids);
+    free(s->bslots);
     s->slots = NULL;
     s->nslots = 0;
 }
@@ -297,7 +316,16 @@ static void release(shoal_sched *s, shoal_slot *sl, const shoal_sched_stats *add
     sl->rec_tail = &sl->rec;
     sl->recording = 0;
     sl->held[0].n = sl->held[1].n = 0;
+    shoal_spec_free(sl->spec);
+    sl->spec = NULL;
+    shoal_seq_free(sl->seq); /* the state goes back to the budget at once */
+    sl->seq = NULL;
     pthread_mutex_lock(&s->mu);
+    if (sl->state == SLOT_WAIT && s->waiting_state)
+        s->waiting_state = 0;
+    s->state_used -= sl->state_bytes;
+    sl->state_bytes = 0;
+    sl->state = SLOT_FREE;
     sl->job = NULL;
     s->running--;
     pthread_mutex_unlock(&s->mu);
@@ -441,11 +469,21 @@ static int render(shoal_sched *s, shoal_slot *sl)
 }
 
 /* Admission: render, sampler, output state, reuse or prefill, START. */
-static void admit(shoal_sched *s, shoal_slot *sl)
+
+/* Bytes of a sequence of capacity cap (shoal_seq_create allocates this). */
+static size_t state_need(const shoal_sched *s, int cap)
+{
+    return s->seq_fixed + (size_t)cap * s->seq_per_token + s->spec_extra;
+}
+
+/* A popped job: output state, render, sampler. Returns 0, or emits the error,
+ * frees the slot and returns -1. */
+static int prepare(shoal_sched *s, shoal_slot *sl)
 {
     shoal_sched_job *j = sl->job;
     shoal_gen_params *p = &j->p;
-    sl->n_out = sl->reasoning_tokens = sl->ntools = sl->reused = 0;
+    sl->n_out = sl->reasoning_tokens = sl->ntools = sl->reused = sl->fed = 0;
+    sl->counted_wait = 0;
     sl->last_ch = SHOAL_CH_CONTENT;
     sl->rec = NULL;
     sl->rec_tail = &sl->rec;
@@ -454,7 +492,7 @@ static void admit(shoal_sched *s, shoal_slot *sl)
     if (render(s, sl)) {
         shoal_sched_stats add = {.failed = 1};
         release(s, sl, &add);
-        return;
+        return -1;
     }
     char err[320];
     shoal_sampler_opts so = {.temperature = p->temperature, .top_p = p->top_p, .top_k = p->top_k, .seed = p->seed};
@@ -462,86 +500,276 @@ static void admit(shoal_sched *s, shoal_slot *sl)
         emit_error(s, sl, 400, "invalid_request_error", "temperature", err);
         shoal_sched_stats add = {.failed = 1};
         release(s, sl, &add);
-        return;
+        return -1;
     }
     if (output_begin(s, sl)) {
         emit_error(s, sl, 500, "internal_error", NULL, "cannot start the output parser");
         shoal_sched_stats add = {.failed = 1};
         release(s, sl, &add);
-        return;
+        return -1;
     }
-    /* continue from the longest kept prefix, if any */
-    int rc = 0;
-    int k = shoal__sched_kept_find(s, sl->ids, sl->n_prompt);
-    shoal_model_set_cancel(s->o.model, &j->cancel);
-    if (k >= 0) {
-        rc = shoal_seq_copy(sl->seq, s->kept[k].seq, err, sizeof err);
-        if (rc == 0) {
-            sl->reused = s->kept[k].n;
-            if (sl->reused == sl->n_prompt)
-                memcpy(sl->logits, s->kept[k].logits, (size_t)s->vocab * sizeof *sl->logits);
+    return 0;
+}
+
+/* A rendered job (SLOT_WAIT) takes its sequence state if it fits the budget:
+ * create the sequence, continue from the longest kept prefix, then PREFILL
+ * (or DECODE when the whole prompt was kept, START emitted). Returns 0 when
+ * it must keep waiting, 1 otherwise (started, or failed and released). */
+static int try_start(shoal_sched *s, shoal_slot *sl)
+{
+    int cap = sl->n_prompt + sl->max_new;
+    if (cap > s->max_context)
+        cap = s->max_context;
+    size_t need = state_need(s, cap);
+    pthread_mutex_lock(&s->mu);
+    if (s->o.state_bytes && s->state_used + need > s->o.state_bytes) {
+        s->waiting_state = 1;
+        if (!sl->counted_wait) {
+            sl->counted_wait = 1;
+            s->st.state_waits++;
         }
+        pthread_mutex_unlock(&s->mu);
+        return 0;
+    }
+    s->waiting_state = 0;
+    s->state_used += need;
+    sl->state_bytes = need;
+    pthread_mutex_unlock(&s->mu);
+    char err[320];
+    int rc = shoal_seq_create(&sl->seq, s->o.model, cap, err, sizeof err);
+    if (rc) {
+        SHOAL_ERROR("sched: cannot create a sequence of %d tokens: %s", cap, err);
+        emit_error(s, sl, 500, "internal_error", NULL, "cannot allocate the sequence state; see the server log");
+        shoal_sched_stats add = {.failed = 1};
+        release(s, sl, &add);
+        return 1;
+    }
+    if (s->o.draft.mode != SHOAL_DRAFT_OFF &&
+        (rc = shoal_spec_create(&sl->spec, sl->seq, &s->o.draft, err, sizeof err))) {
+        SHOAL_ERROR("sched: cannot reserve the drafting room of a sequence: %s", err);
+        emit_error(s, sl, 500, "internal_error", NULL, "cannot allocate the sequence state; see the server log");
+        shoal_sched_stats add = {.failed = 1};
+        release(s, sl, &add);
+        return 1;
+    }
+    int k = shoal__sched_kept_find(s, sl->ids, sl->n_prompt);
+    if (k >= 0 && shoal_seq_copy(sl->seq, s->kept[k].seq, err, sizeof err) == 0) {
+        sl->reused = s->kept[k].n;
+        if (sl->reused == sl->n_prompt)
+            memcpy(sl->logits, s->kept[k].logits, (size_t)s->vocab * sizeof *sl->logits);
     } else {
         shoal_seq_reset(sl->seq);
+        sl->reused = 0;
     }
-    if (rc == 0 && sl->reused < sl->n_prompt)
-        rc = shoal_seq_prefill(sl->seq, sl->ids + sl->reused, sl->n_prompt - sl->reused, SHOAL_LOGITS_LAST,
-                               sl->logits, err, sizeof err);
-    if (rc) {
-        fail_forward(s, sl, rc, err);
-        return;
+    sl->fed = sl->reused;
+    sl->order = ++s->admit_tick;
+    if (sl->fed < sl->n_prompt) {
+        sl->state = SLOT_PREFILL;
+        return 1;
     }
-    shoal__sched_kept_put(s, sl->ids, sl->n_prompt, sl->seq, sl->logits);
-    shoal_spec_begin(sl->spec);
+    if (sl->spec)
+        shoal_spec_begin(sl->spec);
     shoal_ev *e = shoal__sched_ev_new(SHOAL_EV_START);
     e->prompt_tokens = sl->n_prompt;
     e->reused_tokens = sl->reused;
     emit(s, sl, e);
+    sl->state = SLOT_DECODE;
+    return 1;
 }
 
-/* One decode step: sample, output, stop checks, feed. */
-static void step(shoal_sched *s, shoal_slot *sl)
+/* Fills free slots from the fair queue. The first job whose state does not
+ * fit waits in its slot (first in line) and no other job is taken meanwhile,
+ * so a large request is not overtaken forever. */
+static void admit_queued(shoal_sched *s)
+{
+    for (;;) {
+        shoal_slot *w = NULL, *fr = NULL;
+        for (int i = 0; i < s->nslots; i++) {
+            if (s->slots[i].state == SLOT_WAIT && !w)
+                w = &s->slots[i];
+            if (s->slots[i].state == SLOT_FREE && !fr)
+                fr = &s->slots[i];
+        }
+        if (w) {
+            if (atomic_load(&w->job->cancel)) {
+                shoal_sched_stats add = {.canceled = 1};
+                release(s, w, &add);
+                continue;
+            }
+            if (!try_start(s, w))
+                return;
+            continue;
+        }
+        if (!fr)
+            return;
+        pthread_mutex_lock(&s->mu);
+        shoal_sched_job *j = s->stopping ? NULL : shoal__sched_pop_fair(s);
+        if (j) {
+            fr->job = j; /* the queue's reference moves to the slot */
+            fr->state = SLOT_WAIT;
+            s->running++;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (!j)
+            return;
+        if (s->o.cm)
+            shoal_cmetrics_request_queue(s->o.cm, shoal_metrics_now_ns() - j->t_submit);
+        prepare(s, fr); /* on failure the slot is free again */
+    }
+}
+
+/* A decoding slot's part of a step before the forward: sample the next id
+ * from its logits, output it, check stop / length. Returns 1 with *id to
+ * feed, 0 when the job left its slot. */
+static int sample_one(shoal_sched *s, shoal_slot *sl, int32_t *id_out)
 {
     shoal_sched_job *j = sl->job;
     if (atomic_load(&j->cancel)) {
         shoal_sched_stats add = {.canceled = 1};
         release(s, sl, &add);
-        return;
+        return 0;
     }
-    uint64_t t0 = s->o.cm ? shoal_metrics_now_ns() : 0;
+    uint64_t t0 = shoal_metrics_now_ns();
     int32_t id = shoal_sampler_sample(sl->sampler, sl->logits);
-    if (s->o.cm)
-        shoal_cmetrics_add_phase(s->o.cm, SHOAL_PHASE_SAMPLING, shoal_metrics_now_ns() - t0);
+    uint64_t t1 = shoal_metrics_now_ns();
+    if (s->o.cm) {
+        shoal_cmetrics_add_phase(s->o.cm, SHOAL_PHASE_SAMPLING, t1 - t0);
+        if (sl->n_out == 0)
+            shoal_cmetrics_request_ttft(s->o.cm, t1 - j->t_submit);
+        else
+            shoal_cmetrics_request_itl(s->o.cm, t1 - sl->t_last);
+    }
+    sl->t_last = t1;
     sl->out[sl->n_out++] = id;
     int stop = output_token(s, sl, id);
     if (stop == 2) {
         finish(s, sl, "stop", 0);
-        return;
+        return 0;
     }
     if (stop < 0) {
         shoal_sched_stats add = {.failed = 1};
         emit_error(s, sl, 500, "internal_error", NULL, "the output could not be decoded; see the server log");
         release(s, sl, &add);
-        return;
+        return 0;
     }
     if (stop) {
         finish(s, sl, "stop", 1);
-        return;
+        return 0;
     }
-    if (sl->n_out >= sl->max_new || sl->n_ids >= s->max_context) {
+    if (sl->n_out >= sl->max_new || sl->n_ids >= shoal_seq_capacity(sl->seq)) {
         finish(s, sl, "length", 0);
-        return;
+        return 0;
     }
+    *id_out = id;
+    return 1;
+}
+
+/* The decode half of a step: every decoding slot samples, and those that go
+ * on are fed in one decode batch (one token each; bit-identical per
+ * sequence to decoding alone). Returns the batch size.
+ * Drafting (issue #21): a slot that decodes alone (nb == 1) goes through
+ * shoal_spec_decode, which may verify K drafted ids in one chunk; with two
+ * or more, each slot's pending drafts are settled first and all take the
+ * one-token batch (a verify chunk per slot would multiply the step's
+ * tokens while the batch already shares the weight reads). Either way each
+ * slot gets the logits plain decoding would give. */
+static int decode_step(shoal_sched *s)
+{
+    int nb = 0;
+    for (int i = 0; i < s->nslots; i++) {
+        shoal_slot *sl = &s->slots[i];
+        int32_t id;
+        if (sl->state != SLOT_DECODE || !sample_one(s, sl, &id))
+            continue;
+        s->bseqs[nb] = sl->seq;
+        s->bids[nb] = id;
+        s->bslots[nb] = sl;
+        nb++;
+    }
+    if (!nb)
+        return 0;
     char err[320];
-    shoal_model_set_cancel(s->o.model, &j->cancel);
-    sl->ids[sl->n_ids] = id; /* plain decoding's logits, drafted ahead when it pays */
-    int rc = shoal_spec_decode(sl->spec, sl->ids, sl->n_ids + 1, sl->max_new - sl->n_out - 1, sl->logits, err,
-                               sizeof err);
-    if (rc) {
-        fail_forward(s, sl, rc, err);
-        return;
+    if (nb == 1 && s->o.draft.mode != SHOAL_DRAFT_OFF) {
+        /* alone in the step: draft and verify (the same logits, bit for bit,
+         * as the one-token path; fewer passes when the drafts hit) */
+        shoal_slot *sl = s->bslots[0];
+        shoal_model_set_cancel(s->o.model, &sl->job->cancel);
+        sl->ids[sl->n_ids] = s->bids[0];
+        int rc = shoal_spec_decode(sl->spec, sl->ids, sl->n_ids + 1, sl->max_new - sl->n_out - 1, sl->logits, err,
+                                   sizeof err);
+        if (rc)
+            fail_forward(s, sl, rc, err);
+        else
+            sl->n_ids++;
+        return nb;
     }
-    sl->ids[sl->n_ids++] = id;
+    /* several in the step: drafts run ahead are dropped first, so each
+     * sequence holds exactly its fed ids before the batch */
+    int rc = 0;
+    for (int b = 0; b < nb && !rc; b++)
+        rc = shoal_spec_settle(s->bslots[b]->spec, err, sizeof err);
+    shoal_model_set_cancel(s->o.model, &s->abort);
+    if (!rc)
+        rc = shoal_model_decode_batch(s->o.model, s->bseqs, s->bids, nb, s->blogits, err, sizeof err);
+    if (!rc && s->o.cm)
+        shoal_cmetrics_spec(s->o.cm, (uint64_t)nb, (uint64_t)nb, 0, 0); /* a pass per sequence in the batch */
+    for (int b = 0; b < nb; b++) {
+        shoal_slot *sl = s->bslots[b];
+        if (rc) { /* the batch's chunk failed: every sequence in it is broken */
+            fail_forward(s, sl, rc, err);
+            continue;
+        }
+        memcpy(sl->logits, s->blogits + (size_t)b * (size_t)s->vocab, (size_t)s->vocab * sizeof *sl->logits);
+        sl->ids[sl->n_ids++] = s->bids[b];
+    }
+    return nb;
+}
+
+/* The prompt half of a step: chunks of the prefilling slots, oldest
+ * admission first, budget tokens in all. Returns the tokens prefilled. */
+static int prefill_step(shoal_sched *s, int budget)
+{
+    int done = 0;
+    while (budget > 0) {
+        shoal_slot *sl = NULL;
+        for (int i = 0; i < s->nslots; i++)
+            if (s->slots[i].state == SLOT_PREFILL && (!sl || s->slots[i].order < sl->order))
+                sl = &s->slots[i];
+        if (!sl)
+            break;
+        shoal_sched_job *j = sl->job;
+        if (atomic_load(&j->cancel)) {
+            shoal_sched_stats add = {.canceled = 1};
+            release(s, sl, &add);
+            continue;
+        }
+        int n = sl->n_prompt - sl->fed;
+        if (n > budget)
+            n = budget;
+        int last = sl->fed + n == sl->n_prompt;
+        char err[320];
+        shoal_model_set_cancel(s->o.model, &j->cancel);
+        int rc = shoal_seq_prefill(sl->seq, sl->ids + sl->fed, n, last ? SHOAL_LOGITS_LAST : SHOAL_LOGITS_NONE,
+                                   sl->logits, err, sizeof err);
+        if (rc) {
+            fail_forward(s, sl, rc, err);
+            continue;
+        }
+        sl->fed += n;
+        budget -= n;
+        done += n;
+        if (!last)
+            break; /* the budget is spent */
+        shoal__sched_kept_put(s, sl->ids, sl->n_prompt, sl->seq, sl->logits);
+        if (sl->spec)
+            shoal_spec_begin(sl->spec);
+        shoal_ev *e = shoal__sched_ev_new(SHOAL_EV_START);
+        e->prompt_tokens = sl->n_prompt;
+        e->reused_tokens = sl->reused;
+        emit(s, sl, e);
+        sl->state = SLOT_DECODE;
+    }
+    return done;
 }
 
 static void *model_main(void *arg)
@@ -550,13 +778,12 @@ static void *model_main(void *arg)
     if (s->o.threads > 0)
         omp_set_num_threads(s->o.threads);
     for (;;) {
-        int admitted[64], nadm = 0, active = 0;
         pthread_mutex_lock(&s->mu);
         for (;;) {
-            active = 0;
+            int busy = 0;
             for (int i = 0; i < s->nslots; i++)
-                active += s->slots[i].job != NULL;
-            if (s->stopping || active || s->nqueued)
+                busy += s->slots[i].job != NULL;
+            if (s->stopping || busy || s->nqueued)
                 break;
             pthread_cond_wait(&s->cv, &s->mu);
         }
@@ -564,23 +791,17 @@ static void *model_main(void *arg)
             pthread_mutex_unlock(&s->mu);
             break;
         }
-        for (int i = 0; i < s->nslots && nadm < 64; i++) {
-            if (s->slots[i].job)
-                continue;
-            shoal_sched_job *j = shoal__sched_pop_fair(s);
-            if (!j)
-                break;
-            s->slots[i].job = j; /* the queue's reference moves to the slot */
-            s->running++;
-            admitted[nadm++] = i;
-        }
         pthread_mutex_unlock(&s->mu);
-        for (int a = 0; a < nadm; a++)
-            admit(s, &s->slots[admitted[a]]);
-        /* one token for every active slot (decode_batch once slots > 1) */
-        for (int i = 0; i < s->nslots; i++)
-            if (s->slots[i].job)
-                step(s, &s->slots[i]);
+        admit_queued(s);
+        /* one step: a token for every decoding slot, then prompt chunks with
+         * what the step's budget leaves (at least half of it) */
+        int nb = decode_step(s);
+        int budget = s->step_tokens - nb;
+        if (budget < (s->step_tokens + 1) / 2)
+            budget = (s->step_tokens + 1) / 2;
+        int np = prefill_step(s, budget);
+        if (s->o.cm && (nb || np))
+            shoal_cmetrics_step(s->o.cm, (uint32_t)nb, (uint32_t)np);
     }
     /* stopping: running jobs end without further events */
     for (int i = 0; i < s->nslots; i++) {
@@ -603,15 +824,26 @@ int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, si
     if (o->queue_size <= 0 || o->queue_size > 1000000)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "sched: --queue must be in 1..1000000 (got %d)",
                              o->queue_size);
-    if (o->slots != 1)
-        return shoal_err_set(err, errlen, SHOAL_EUNSUPPORTED, "sched: only one sequence per step is supported");
+    shoal_model_info info;
+    shoal_model_get_info(o->model, &info);
+    if (o->slots < 1 || o->slots > info.max_batch)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sched: --slots must be in 1..%d (the model's max batch; got %d)",
+                             info.max_batch, o->slots);
+    if (o->step_tokens < 0 || o->step_tokens > (1 << 20))
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sched: --step-tokens must be in 1..%d (got %d)", 1 << 20,
+                             o->step_tokens);
+    size_t spec_extra = shoal_spec_bytes(o->model, &o->draft);
+    size_t full = info.seq_fixed_bytes + (size_t)info.max_context * info.seq_bytes_per_token + spec_extra;
+    if (o->state_bytes && o->state_bytes < full)
+        return shoal_err_set(err, errlen, SHOAL_ECONFIG,
+                             "sched: the sequence state budget (%zu bytes) is below one sequence of the whole context "
+                             "(%d tokens: %zu bytes); raise --state-gb or lower --max-context",
+                             o->state_bytes, info.max_context, full);
     if (o->keep_seqs < 0 || o->keep_seqs > SHOAL_SCHED_MAX_KEPT)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "sched: keep_seqs must be in 0..%d", SHOAL_SCHED_MAX_KEPT);
     if (o->memo_entries < 0 || o->memo_entries > SHOAL_SCHED_MAX_MEMO)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "sched: memo entries must be in 0..%d",
                              SHOAL_SCHED_MAX_MEMO);
-    shoal_model_info info;
-    shoal_model_get_info(o->model, &info);
     if (shoal_tok_n_vocab(o->tok) > info.vocab)
         return shoal_err_set(err, errlen, SHOAL_EMODEL,
                              "sched: the tokenizer has %d ids but the model only %d logits",
@@ -620,6 +852,11 @@ int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, si
     s->o = *o;
     s->vocab = info.vocab;
     s->max_context = info.max_context;
+    s->seq_fixed = info.seq_fixed_bytes;
+    s->seq_per_token = info.seq_bytes_per_token;
+    s->spec_extra = spec_extra;
+    s->step_tokens = o->step_tokens ? o->step_tokens : info.max_batch;
+    atomic_init(&s->abort, 0);
     s->n_eos = info.n_eos;
     memcpy(s->eos, info.eos, sizeof s->eos);
     pthread_mutex_init(&s->mu, NULL);
@@ -649,6 +886,7 @@ void shoal_sched_close(shoal_sched *s)
     if (!s)
         return;
     shoal__sched_queue_stop(s);
+    atomic_store(&s->abort, 1);
     cancel_running(s);
     pthread_join(s->thread, NULL);
     slots_free(s);

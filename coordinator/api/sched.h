@@ -6,11 +6,20 @@
  * events of deterministic requests. Callers: the API layer (coordinator/api/api.c)
  * and tests. The model path runs only on the scheduler's thread.
  *
- * Structure for batching: the model thread holds an array of active slots
- * (one today: opts.slots must be 1); each loop turn admits queued jobs into free
- * slots (render + prefill) and then runs one decode step for every active
- * slot, so decoding several sequences per step means widening the slot array
- * and calling shoal_model_decode_batch.
+ * The step loop (continuous batching): the model thread holds opts.slots
+ * slots. Each turn it admits queued jobs into free slots (render the prompt,
+ * then admit its sequence state against opts.state_bytes: a job that does not
+ * fit waits, first in line, until enough state is freed), then runs one step:
+ * one token for every decoding slot in one shoal_model_decode_batch (so the
+ * routed experts of all of them go to the backend together, one exchange per
+ * worker per MoE layer), then prompt chunks of the prefilling slots, oldest
+ * admission first, up to the step's token budget (opts.step_tokens less the
+ * decode tokens, and at least half of it), so a long prompt does not freeze
+ * the other streams. A job that ends (done, error, cancel) leaves its slot at
+ * once and the slot is free for the next turn. Every slot has its own sampler
+ * (its own seeded RNG) and output state, and the engine's decode_batch and
+ * chunked prefill are bit-identical per sequence to running alone, so each
+ * request's ids do not depend on what else runs.
  *
  * Fairness: the queue is served round-robin across client keys (the API uses
  * the peer address plus the request's `user`): the next job is the oldest one
@@ -107,7 +116,15 @@ typedef struct {
     shoal_model *model;      /* borrowed; the scheduler runs its forward */
     const shoal_tok *tok;    /* borrowed */
     int queue_size;          /* waiting jobs at most (more -> SHOAL_EBUSY); > 0 */
-    int slots;               /* sequences decoded together; must be 1 for now */
+    int slots;               /* sequences decoded together, 1..max_batch of the model */
+    /* Tokens one step may run (decode tokens + prompt chunk tokens); 0: the
+     * model's max_batch. Prompt chunks get what the decode tokens leave, and
+     * at least half of it. */
+    int step_tokens;
+    /* Bytes of sequence state (shoal_model_info seq_fixed_bytes + capacity *
+     * seq_bytes_per_token; capacity = prompt + max_tokens) the slots may hold
+     * at once; 0: no limit. Must hold one max_context sequence. */
+    size_t state_bytes;
     int keep_seqs;           /* conversation reuse: kept states (0: off) */
     size_t keep_bytes;       /* bytes the kept states may use (0: off) */
     int memo_entries;        /* response memo (0: off) */
@@ -129,7 +146,12 @@ typedef struct {
     uint64_t prompt_tokens, completion_tokens, reused_tokens;
     uint64_t memo_hits, memo_misses, memo_entries, memo_bytes;
     uint64_t kept_seqs, kept_bytes;
+    uint64_t state_bytes;    /* sequence state held by the slots now */
+    uint64_t state_waits;    /* jobs that waited for state to be freed */
+    uint64_t state_budget;   /* opts.state_bytes (0: no limit) */
+    int slots;               /* opts.slots */
     int queued, running;
+    int waiting_state;       /* 1 while the first in line waits for state */
 } shoal_sched_stats;
 
 int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, size_t errlen);

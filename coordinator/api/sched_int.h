@@ -29,6 +29,7 @@ struct shoal_sched_job {
     /* queue links, under the scheduler's mu */
     shoal_sched_job *qnext, *qprev;
     int queued;
+    uint64_t t_submit; /* shoal_metrics_now_ns() at submit */
 };
 
 typedef struct {
@@ -81,6 +82,17 @@ struct shoal_sched {
     /* model thread */
     shoal_slot *slots;
     int nslots;
+    int step_tokens;
+    size_t seq_fixed, seq_per_token; /* shoal_model_info's */
+    size_t spec_extra;               /* bytes drafting adds to a sequence (rewind room, verify logits); 0 when off */
+    size_t state_used;     /* bytes of the slots' sequences (under mu for stats) */
+    int waiting_state;
+    uint64_t admit_tick;
+    float *blogits;        /* [nslots, vocab]: one decode step's logits */
+    shoal_seq **bseqs;     /* [nslots] */
+    int32_t *bids;         /* [nslots] */
+    shoal_slot **bslots;   /* [nslots] */
+    atomic_int abort;      /* close: stops a running step */
 };
 
 void shoal__sched_emit(shoal_sched_job *j, shoal_ev *e);

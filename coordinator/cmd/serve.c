@@ -44,6 +44,16 @@ static void usage(FILE *f)
             "                         more are refused with 429\n"
             "  --max-context N        tokens per sequence, prompt + completion\n"
             "                         (default: the model's max_position_embeddings, at most 16384)\n"
+            "  --slots N              sequences decoded together, one token each per step\n"
+            "                         (default: what the state budget holds of full-context\n"
+            "                         sequences, 1..8; 1 = one request at a time)\n"
+            "  --step-tokens N        tokens one step may run: decode tokens + prompt chunks\n"
+            "                         (default 256); prompts get at least half of it\n"
+            "  --state-gb G           memory for the slots' sequence states, GiB (fractions\n"
+            "                         allowed; default: a quarter of the usable memory, at\n"
+            "                         most a full-context sequence per slot, 8 without\n"
+            "                         --slots); a request whose state does not fit waits\n"
+            "                         in the queue\n"
             "  --keep N               sequence states kept for conversation reuse (default 8, 0 off)\n"
             "  --keep-mb N            memory those states may use, MiB (default 1024)\n"
             "  --memo N               deterministic responses memoised (default 256, 0 off)\n"
@@ -204,6 +214,8 @@ int shoal_cmd_serve(int argc, char **argv)
     const char *model_dir = NULL, *host = "127.0.0.1", *api_key = NULL, *key_file = NULL;
     char model_name[128] = "";
     long port = 8000, queue = 64, max_context = 0, keep = 8, keep_mb = 1024, memo = 256, memo_mb = 64;
+    long slots = 0, step_tokens = 256;
+    double state_gb = 0;
     long threads = 0, max_body_kb = 4096, max_header_kb = 16, max_conn = 256;
     long req_to = 30, idle_to = 60, write_to = 30, hdr_to = 10, max_per_addr = 64;
     int insecure = 0, trunk_no_direct = 0;
@@ -226,9 +238,10 @@ int shoal_cmd_serve(int argc, char **argv)
         {"--max-header-kb", 1, 1024}, {"--max-connections", 1, 100000},
         {"--request-timeout", 1, 3600}, {"--idle-timeout", 1, 3600}, {"--write-timeout", 1, 3600},
         {"--header-timeout", 1, 3600}, {"--max-connections-per-addr", 1, 100000},
+        {"--slots", 1, 256},          {"--step-tokens", 1, 1 << 20},
     };
     long *dsts[] = {&port, &queue, &max_context, &keep, &keep_mb, &memo, &memo_mb, &threads, &max_body_kb,
-                    &max_header_kb, &max_conn, &req_to, &idle_to, &write_to, &hdr_to, &max_per_addr};
+                    &max_header_kb, &max_conn, &req_to, &idle_to, &write_to, &hdr_to, &max_per_addr, &slots, &step_tokens};
     for (int i = 1; i < argc && !bad; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -272,6 +285,16 @@ int shoal_cmd_serve(int argc, char **argv)
         if (!strcmp(a, "--draft-cost")) {
             if (!v || shoal_draft_parse_cost(v, &draft)) {
                 fprintf(stderr, "shoal serve: --draft-cost needs A[,B] with 0 < A < 1, 0 <= B <= 4\n");
+                bad = 1;
+            }
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--state-gb")) {
+            char *end = NULL;
+            state_gb = v ? strtod(v, &end) : 0;
+            if (!v || end == v || *end || !(state_gb > 0) || state_gb > 1 << 20) {
+                fprintf(stderr, "shoal serve: --state-gb needs a size in GiB > 0 (got '%s')\n", v ? v : "");
                 bad = 1;
             }
             i++;
@@ -477,11 +500,64 @@ int shoal_cmd_serve(int argc, char **argv)
         }
     }
     shoal_model_set_monitor(model, ctx.cm, trace);
+    /* the memory plan of the slots' sequence states */
+    /* a sequence's state, with its drafting room when --draft is on */
+    uint64_t full_state = info.seq_fixed_bytes + (uint64_t)info.max_context * info.seq_bytes_per_token +
+                          shoal_spec_bytes(model, &draft);
+    uint64_t state_bytes;
+    const char *state_from;
+    if (state_gb > 0) {
+        state_bytes = (uint64_t)(state_gb * 1073741824.0);
+        state_from = "--state-gb";
+    } else {
+        shoal_memplan_probe mp;
+        shoal_memplan_read("", &mp);
+        uint64_t usable = shoal_memplan_usable(&mp);
+        /* room for a full-context sequence in every slot (8 when --slots is not given) */
+        uint64_t cap = (uint64_t)(slots ? slots : 8) * full_state;
+        state_bytes = usable == UINT64_MAX ? cap : usable / 4;
+        if (state_bytes > cap)
+            state_bytes = cap;
+        if (state_bytes < full_state)
+            state_bytes = full_state;
+        state_from = "default: a quarter of the usable memory, at most a full-context sequence per slot";
+    }
+    if (state_bytes < full_state) {
+        char b1[32], b2[32];
+        fprintf(stderr,
+                "shoal serve: --state-gb %s is below one full-context sequence's state (%s for %d tokens); raise it "
+                "or lower --max-context\n",
+                shoal_memplan_fmt(state_bytes, b1, sizeof b1), shoal_memplan_fmt(full_state, b2, sizeof b2),
+                info.max_context);
+        status = 2;
+        goto out;
+    }
+    if (!slots) {
+        uint64_t n = state_bytes / full_state;
+        slots = n < 1 ? 1 : n > 8 ? 8 : (long)n;
+    }
+    if (slots > info.max_batch) {
+        fprintf(stderr, "shoal serve: --slots %ld is more than the model's batch (%d)\n", slots, info.max_batch);
+        status = 2;
+        goto out;
+    }
+    {
+        char b1[32], b2[32], b3[32];
+        SHOAL_INFO("serve: memory plan: sequence state budget %s (%s); one full-context sequence %s (%zu B fixed + "
+                   "%d tokens x %zu B + %zu B drafting room); a request holds fixed + drafting + (prompt + "
+                   "max_tokens) x per token; slots %ld, step tokens %ld; forward scratch %s",
+                   shoal_memplan_fmt(state_bytes, b1, sizeof b1), state_from,
+                   shoal_memplan_fmt(full_state, b2, sizeof b2), info.seq_fixed_bytes, info.max_context,
+                   info.seq_bytes_per_token, shoal_spec_bytes(model, &draft), slots, step_tokens,
+                   shoal_memplan_fmt(info.scratch_bytes, b3, sizeof b3));
+    }
     shoal_sched_opts so = {
         .model = model,
         .tok = tok,
         .queue_size = (int)queue,
-        .slots = 1,
+        .slots = (int)slots,
+        .step_tokens = (int)step_tokens,
+        .state_bytes = (size_t)state_bytes,
         .keep_seqs = (int)keep,
         .keep_bytes = (size_t)keep_mb << 20,
         .memo_entries = (int)memo,
@@ -533,8 +609,8 @@ int shoal_cmd_serve(int argc, char **argv)
     }
     shoal_api_set_http(api, http);
     shoal_api_set_ready(api, 1);
-    SHOAL_INFO("serve: model '%s' (%s), context %d, queue %ld, %d expert worker%s, %s", model_name, model_dir,
-               info.max_context, queue, shoal_dist_nworkers(ctx.dist), shoal_dist_nworkers(ctx.dist) == 1 ? "" : "s",
+    SHOAL_INFO("serve: model '%s' (%s), context %d, %ld slot%s, queue %ld, %d expert worker%s, %s", model_name,
+               model_dir, info.max_context, slots, slots == 1 ? "" : "s", queue, shoal_dist_nworkers(ctx.dist), shoal_dist_nworkers(ctx.dist) == 1 ? "" : "s",
                api_key ? "API key required" : "no API key");
     /* one machine-readable line on stdout for scripts and tests */
     printf("shoal serve: listening on http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "", host,

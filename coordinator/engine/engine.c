@@ -134,6 +134,14 @@ int shoal_seq_fork(shoal_seq **out, const shoal_seq *src, int capacity, char *er
     return 0;
 }
 
+size_t shoal_model_rewind_bytes(const shoal_model *m, int n)
+{
+    const shoal_k3cfg *c = &m->cfg;
+    size_t C = (size_t)c->kda_heads * c->kda_head_dim;
+    size_t w = 7 * C + (size_t)c->kda_heads;
+    return sizeof(float) * (kda_state_floats(c) + kda_conv_floats(c) + C + (size_t)n * (size_t)c->num_kda * w);
+}
+
 int shoal_seq_reserve_rewind(shoal_seq *s, int n, char *err, size_t errlen)
 {
     if (n < 0 || n >= s->m->info.max_batch)

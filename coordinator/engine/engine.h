@@ -305,6 +305,8 @@ int shoal_model_decode_batch(shoal_model *m, shoal_seq *const *seqs, const int32
  * pre-conv rows (7 C + H floats, C = kda_heads x kda_head_dim). n in [0,
  * max_batch); a smaller n than already reserved keeps the room. */
 int shoal_seq_reserve_rewind(shoal_seq *s, int n, char *err, size_t errlen);
+/* The bytes shoal_seq_reserve_rewind(s, n) adds to a sequence of model m. */
+size_t shoal_model_rewind_bytes(const shoal_model *m, int n);
 /* A prefill of n tokens in one chunk (1 <= n <= max_batch, n - 1 <= the
  * reserved room) with every position's logits in logits[n, vocab], that also
  * keeps the state after each of its first n - 1 tokens. Bit-identical to
@@ -357,6 +359,9 @@ typedef struct {
  * are checked (shoal_drafter_create). */
 int shoal_spec_create(shoal_spec **out, shoal_seq *s, const shoal_draft_opts *opts, char *err, size_t errlen);
 void shoal_spec_free(shoal_spec *sp); /* accepts NULL */
+/* The bytes a spec object made with opts adds to its sequence (rewind room
+ * and verify logits); 0 when drafting is off. For state budgets. */
+size_t shoal_spec_bytes(const shoal_model *m, const shoal_draft_opts *opts);
 /* A new generation on the sequence (after the caller reset, prefilled or
  * copied into it): forget pending drafts and the acceptance history. */
 void shoal_spec_begin(shoal_spec *sp);

@@ -57,6 +57,21 @@ int shoal_spec_create(shoal_spec **out, shoal_seq *s, const shoal_draft_opts *op
     return 0;
 }
 
+size_t shoal_spec_bytes(const shoal_model *m, const shoal_draft_opts *opts)
+{
+    if (!opts || opts->mode == SHOAL_DRAFT_OFF)
+        return 0;
+    int K = opts->max ? opts->max : 8; /* shoal_drafter_create's default */
+    if (K > SHOAL_DRAFT_MAX_K)
+        K = SHOAL_DRAFT_MAX_K;
+    if (K + 1 > m->info.max_batch)
+        K = m->info.max_batch - 1;
+    if (K < 0)
+        K = 0;
+    return shoal_model_rewind_bytes(m, K) +
+           (size_t)(K + 1) * (sizeof(float) * (size_t)m->info.vocab + sizeof(int32_t));
+}
+
 void shoal_spec_free(shoal_spec *sp)
 {
     if (!sp)

@@ -3,6 +3,8 @@
 #include "coordinator/obs/cmetrics.h"
 
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +43,10 @@ struct shoal_cmetrics {
     shoal_metrics_hist *layer_wait; /* [num_layers] */
     shoal_metrics_counter failovers, resent_pairs;
     shoal_metrics_hist failover_time;
+    /* the scheduler's steps and per-request latencies */
+    shoal_metrics_counter steps, decode_steps, decode_seqs, step_prompt;
+    shoal_metrics_gauge last_batch, max_batch;
+    shoal_metrics_hist req_queue, req_ttft, req_itl;
 };
 
 static const char *const phase_names[SHOAL_PHASE_COUNT] = {
@@ -201,6 +207,39 @@ void shoal_cmetrics_spec(shoal_cmetrics *cm, uint64_t fed, uint64_t passes, uint
     shoal_metrics_add(&cm->spec_passes, passes);
     shoal_metrics_add(&cm->spec_drafted, drafted);
     shoal_metrics_add(&cm->spec_accepted, accepted);
+}
+
+void shoal_cmetrics_step(shoal_cmetrics *cm, uint32_t decode, uint32_t prompt)
+{
+    if (!cm)
+        return;
+    shoal_metrics_add(&cm->steps, 1);
+    shoal_metrics_add(&cm->step_prompt, prompt);
+    if (decode) {
+        shoal_metrics_add(&cm->decode_steps, 1);
+        shoal_metrics_add(&cm->decode_seqs, decode);
+        if ((int64_t)decode > shoal_metrics_gauge_get(&cm->max_batch))
+            shoal_metrics_gauge_set(&cm->max_batch, decode); /* one writer: the model thread */
+    }
+    shoal_metrics_gauge_set(&cm->last_batch, decode);
+}
+
+void shoal_cmetrics_request_queue(shoal_cmetrics *cm, uint64_t ns)
+{
+    if (cm)
+        shoal_metrics_observe(&cm->req_queue, ns);
+}
+
+void shoal_cmetrics_request_ttft(shoal_cmetrics *cm, uint64_t ns)
+{
+    if (cm)
+        shoal_metrics_observe(&cm->req_ttft, ns);
+}
+
+void shoal_cmetrics_request_itl(shoal_cmetrics *cm, uint64_t ns)
+{
+    if (cm)
+        shoal_metrics_observe(&cm->req_itl, ns);
 }
 
 void shoal_cmetrics_exchange(shoal_cmetrics *cm, int w, int layer, const shoal_cmetrics_xchg *x)
@@ -403,6 +442,55 @@ void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b)
     for (int p = 0; p < SHOAL_PHASE_COUNT; p++) {
         shoal_metrics_label l[1] = {{"phase", phase_names[p]}};
         shoal_metrics_sample(b, "shoal_phase_seconds_total", l, 1, (double)shoal_metrics_get(&cm->phase_ns[p]) / 1e9);
+    }
+
+    /* the scheduler's step loop (continuous batching) */
+    shoal_metrics_family(b, "shoal_sched_steps_total", SHOAL_METRICS_COUNTER,
+                         "Steps of the scheduler's loop (a decode batch and/or prompt chunks).");
+    shoal_metrics_sample(b, "shoal_sched_steps_total", NULL, 0, (double)shoal_metrics_get(&cm->steps));
+    shoal_metrics_family(b, "shoal_sched_decode_steps_total", SHOAL_METRICS_COUNTER,
+                         "Steps that decoded at least one sequence.");
+    shoal_metrics_sample(b, "shoal_sched_decode_steps_total", NULL, 0, (double)shoal_metrics_get(&cm->decode_steps));
+    shoal_metrics_family(b, "shoal_sched_decode_sequences_total", SHOAL_METRICS_COUNTER,
+                         "Sequences decoded, summed over steps; divided by shoal_sched_decode_steps_total: the mean "
+                         "batch size.");
+    shoal_metrics_sample(b, "shoal_sched_decode_sequences_total", NULL, 0,
+                         (double)shoal_metrics_get(&cm->decode_seqs));
+    shoal_metrics_family(b, "shoal_sched_step_prompt_tokens_total", SHOAL_METRICS_COUNTER,
+                         "Prompt tokens prefilled by the step loop (in chunks within --step-tokens).");
+    shoal_metrics_sample(b, "shoal_sched_step_prompt_tokens_total", NULL, 0,
+                         (double)shoal_metrics_get(&cm->step_prompt));
+    shoal_metrics_family(b, "shoal_sched_batch_size", SHOAL_METRICS_GAUGE,
+                         "Sequences decoded together in the last step (0: none was decoding).");
+    shoal_metrics_sample(b, "shoal_sched_batch_size", NULL, 0, (double)shoal_metrics_gauge_get(&cm->last_batch));
+    shoal_metrics_family(b, "shoal_sched_batch_size_max", SHOAL_METRICS_GAUGE,
+                         "Most sequences decoded together in one step since start.");
+    shoal_metrics_sample(b, "shoal_sched_batch_size_max", NULL, 0, (double)shoal_metrics_gauge_get(&cm->max_batch));
+    {
+        static const double rq[] = {0.5, 0.9, 0.99};
+        static const struct {
+            const char *hist, *sum, *help;
+            size_t off;
+        } lat[] = {
+            {"shoal_request_queue_seconds", "shoal_request_queue_quantile_seconds",
+             "Per request: from submit to admission into a slot.", offsetof(shoal_cmetrics, req_queue)},
+            {"shoal_request_ttft_seconds", "shoal_request_ttft_quantile_seconds",
+             "Per request: from submit to its first generated token (time to first token).",
+             offsetof(shoal_cmetrics, req_ttft)},
+            {"shoal_request_inter_token_seconds", "shoal_request_inter_token_quantile_seconds",
+             "Per generated token after a request's first: the time since its previous token.",
+             offsetof(shoal_cmetrics, req_itl)},
+        };
+        for (size_t i = 0; i < sizeof lat / sizeof lat[0]; i++) {
+            shoal_metrics_snap s;
+            shoal_metrics_snapshot((const shoal_metrics_hist *)((const char *)cm + lat[i].off), &s);
+            shoal_metrics_family(b, lat[i].hist, SHOAL_METRICS_HISTOGRAM, lat[i].help);
+            shoal_metrics_hist_samples(b, lat[i].hist, NULL, 0, &s);
+            char help[160];
+            snprintf(help, sizeof help, "p50/p90/p99 of %s, from its buckets (within a factor 1.19).", lat[i].hist);
+            shoal_metrics_family(b, lat[i].sum, SHOAL_METRICS_SUMMARY, help);
+            shoal_metrics_summary_samples(b, lat[i].sum, NULL, 0, &s, rq, 3);
+        }
     }
 
     /* per-layer wait: only MoE layers that saw an exchange */

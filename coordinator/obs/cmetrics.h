@@ -84,6 +84,16 @@ void shoal_cmetrics_forward(shoal_cmetrics *cm, uint32_t T);
 /* Speculative decoding (engine.h shoal_spec_decode): tokens fed, forward
  * passes run for them, tokens drafted into verify chunks, drafts accepted. */
 void shoal_cmetrics_spec(shoal_cmetrics *cm, uint64_t fed, uint64_t passes, uint64_t drafted, uint64_t accepted);
+/* The scheduler's step loop (coordinator/api/sched.c): one step ran
+ * `decode` sequences in one decode batch (0: none) and `prompt` prompt
+ * tokens in prefill chunks. */
+void shoal_cmetrics_step(shoal_cmetrics *cm, uint32_t decode, uint32_t prompt);
+/* Per request, in nanoseconds: submit to admission into a slot (queue),
+ * submit to its first generated token (ttft), and between two generated
+ * tokens (inter-token, one per token after the first). */
+void shoal_cmetrics_request_queue(shoal_cmetrics *cm, uint64_t ns);
+void shoal_cmetrics_request_ttft(shoal_cmetrics *cm, uint64_t ns);
+void shoal_cmetrics_request_itl(shoal_cmetrics *cm, uint64_t ns);
 
 /* One EXPERT_BATCH exchange with worker w for MoE layer `layer`, as seen by
  * the coordinator: rtt_ns from the first byte sent to the reply received;

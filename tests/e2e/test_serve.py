@@ -604,7 +604,7 @@ def main():
     except ImportError:
         record("SKIP", "all", "the openai package is not installed (scripts/deps.sh)")
         return 77
-    A = Server("--memo", "0", "--queue", "2")
+    A = Server("--memo", "0", "--queue", "2", "--slots", "1")  # queue_full counts on one slot; B batches
     B = Server("--keep", "0", key="sekret")
     try:
         run("models", t_models, A)

@@ -1,7 +1,9 @@
 """Bounded loopback load test of `shoal serve` (real engine, tiny-k3):
 32 concurrent clients send 200 requests in all (mixed: completions and chat,
 streamed and not, short generations), twice: with a queue of 16 (so some are
-refused) and with a queue of 64 (none may be refused). Every request must end
+refused) and with a queue of 64 (none may be refused), both with the default
+slots (continuous batching); then 64 concurrent streaming clients, 200
+streamed requests, against --slots 8 and a queue of 64 (issue 17). Every request must end
 in a complete 200 answer or a clean 429 (queue full) -- none lost, none
 malformed -- and the server must be healthy and idle afterwards. Latencies are reported (printed and
 written to $SHOAL_BUILD/serve_load.json), not asserted: timing on a shared
@@ -46,9 +48,9 @@ def rnd(x):
     return None if x is None else round(x, 4)
 
 
-def one(url, i):
+def one(url, i, stream_only=False):
     """Returns (kind, status, seconds, problem or '')."""
-    kind = ("completion", "chat", "completion-stream", "chat-stream")[i % 4]
+    kind = ("completion", "chat", "completion-stream", "chat-stream")[i % 4 if not stream_only else 2 + i % 2]
     stream = kind.endswith("stream")
     if kind.startswith("chat"):
         path = "/v1/chat/completions"
@@ -91,10 +93,11 @@ def one(url, i):
         return kind, 0, time.time() - t0, f"{type(e).__name__}: {e}"
 
 
-def phase(name, queue):
-    """One server, 32 clients, 200 requests. Returns the report dict."""
+def phase(name, queue, clients=CLIENTS, slots=None, stream_only=False):
+    """One server, `clients` clients, 200 requests. Returns the report dict."""
+    extra = ["--slots", str(slots)] if slots else []
     p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", "0", "--model-name", "tiny", "--threads", "1",
-                          "--workers", "2", "--worker-threads", "1", "--queue", str(queue), "--memo", "0"],
+                          "--workers", "2", "--worker-threads", "1", "--queue", str(queue), "--memo", "0", *extra],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = p.stdout.readline()
     if "listening on" not in line:
@@ -105,8 +108,8 @@ def phase(name, queue):
     report = None
     try:
         t0 = time.time()
-        with cf.ThreadPoolExecutor(CLIENTS) as ex:
-            res = list(ex.map(lambda i: one(url, i), range(REQUESTS)))
+        with cf.ThreadPoolExecutor(clients) as ex:
+            res = list(ex.map(lambda i: one(url, i, stream_only), range(REQUESTS)))
         wall = time.time() - t0
         problems = [r for r in res if r[3]]
         ok = [r for r in res if r[1] == 200 and not r[3]]
@@ -115,7 +118,7 @@ def phase(name, queue):
             record("PASS", f"{name}_all_answered_or_429", f"{len(ok)} answered, {len(refused)} refused (429)")
         else:
             record("FAIL", f"{name}_all_answered_or_429", f"{len(ok)} ok, {len(refused)} 429, problems: {problems[:5]}")
-        if queue >= CLIENTS and refused:
+        if queue >= clients and refused:
             record("FAIL", f"{name}_no_refusal", f"{len(refused)} refused with a queue of {queue}")
         with urllib.request.urlopen(url + "/health", timeout=10) as r:
             h = json.loads(r.read())
@@ -126,14 +129,15 @@ def phase(name, queue):
         lat = [r[2] for r in ok]
         rej = [r[2] for r in refused]
         report = {
-            "phase": name, "clients": CLIENTS, "requests": REQUESTS, "queue": queue, "answered": len(ok),
+            "phase": name, "clients": clients, "slots": slots or "default", "streaming_only": stream_only, "requests": REQUESTS, "queue": queue, "answered": len(ok),
             "refused_429": len(refused), "wall_s": round(wall, 3),
             "answered_per_s": round(len(ok) / wall, 2),
             "answered_latency_s": {
                 "p50": rnd(pct(lat, 50)), "p90": rnd(pct(lat, 90)), "p99": rnd(pct(lat, 99)),
                 "max": round(max(lat), 4) if lat else None},
             "refused_latency_s": {"p50": rnd(pct(rej, 50)), "max": round(max(rej), 4) if rej else None},
-            "server": "shoal serve --threads 1 --workers 2 --worker-threads 1 --queue %d --memo 0 (tiny-k3)" % queue,
+            "server": "shoal serve --threads 1 --workers 2 --worker-threads 1 --queue %d --memo 0%s (tiny-k3)" % (
+                queue, " --slots %d" % slots if slots else ""),
         }
     except Exception as e:
         traceback.print_exc()
@@ -153,7 +157,8 @@ def main():
     if not os.path.exists(BIN):
         record("SKIP", "all", f"{BIN} not built")
         return 77
-    reports = [phase("small_queue", QUEUE), phase("queue_fits_clients", 2 * CLIENTS)]
+    reports = [phase("small_queue", QUEUE), phase("queue_fits_clients", 2 * CLIENTS),
+               phase("slots8_64_streaming", 64, clients=64, slots=8, stream_only=True)]
     out = {
         "phases": [r for r in reports if r],
         "request_mix": "1/4 each: completion, chat (thinking off), streamed completion, streamed chat; "
