@@ -73,9 +73,12 @@ static int slots_init(shoal_sched *s, char *err, size_t errlen)
         sl->out = shoal_xmalloc((size_t)s->max_context * sizeof *sl->out);
     }
     s->blogits = shoal_xmalloc((size_t)s->nslots * (size_t)s->vocab * sizeof *s->blogits);
-    s->bseqs = shoal_xcalloc((size_t)s->nslots, sizeof *s->bseqs);
-    s->bids = shoal_xcalloc((size_t)s->nslots, sizeof *s->bids);
+    s->bseqs = shoal_xcalloc((size_t)s->max_batch, sizeof *s->bseqs);
+    s->bids = shoal_xcalloc((size_t)s->max_batch, sizeof *s->bids);
+    s->brows = shoal_xcalloc((size_t)s->nslots, sizeof *s->brows);
     s->bslots = shoal_xcalloc((size_t)s->nslots, sizeof *s->bslots);
+    s->pslots = shoal_xcalloc((size_t)s->nslots, sizeof *s->pslots);
+    s->pn = shoal_xcalloc((size_t)s->nslots, sizeof *s->pn);
     return 0;
 }
 
@@ -100,6 +103,9 @@ static void slots_free(shoal_sched *s)
     free(s->bseqs);
     free(s->bids);
     free(s->bslots);
+    free(s->brows);
+    free(s->pslots);
+    free(s->pn);
     s->slots = NULL;
     s->nslots = 0;
 }
@@ -664,18 +670,91 @@ static int sample_one(shoal_sched *s, shoal_slot *sl, int32_t *id_out)
     return 1;
 }
 
-/* The decode half of a step: every decoding slot samples, and those that go
- * on are fed in one decode batch (one token each; bit-identical per
- * sequence to decoding alone). Returns the batch size.
+/* A prompt fed to its end: keep it for reuse, start drafting, tell the
+ * client, and decode from the next step. */
+static void prompt_done(shoal_sched *s, shoal_slot *sl)
+{
+    shoal__sched_kept_put(s, sl->ids, sl->n_prompt, sl->seq, sl->logits);
+    if (sl->spec)
+        shoal_spec_begin(sl->spec);
+    shoal_ev *e = shoal__sched_ev_new(SHOAL_EV_START);
+    e->prompt_tokens = sl->n_prompt;
+    e->reused_tokens = sl->reused;
+    emit(s, sl, e);
+    sl->state = SLOT_DECODE;
+}
+
+/* The oldest prefilling slot not yet in this step (pslots[0..np)), with
+ * canceled ones released on the way; NULL when none is left. */
+static shoal_slot *next_prompt(shoal_sched *s, int np)
+{
+    for (;;) {
+        shoal_slot *sl = NULL;
+        for (int i = 0; i < s->nslots; i++) {
+            shoal_slot *c = &s->slots[i];
+            int taken = 0;
+            for (int k = 0; k < np && !taken; k++)
+                taken = s->pslots[k] == c;
+            if (c->state == SLOT_PREFILL && !taken && (!sl || c->order < sl->order))
+                sl = c;
+        }
+        if (!sl || !atomic_load(&sl->job->cancel))
+            return sl;
+        shoal_sched_stats add = {.canceled = 1};
+        release(s, sl, &add);
+    }
+}
+
+/* A slot drafting alone: its prompt chunks go as plain prefills (oldest
+ * admission first, budget tokens in all), apart from the verify chunk.
+ * Returns the tokens prefilled. */
+static int prefill_alone(shoal_sched *s, int budget)
+{
+    int done = 0;
+    while (budget > 0) {
+        shoal_slot *sl = next_prompt(s, 0);
+        if (!sl)
+            break;
+        int n = sl->n_prompt - sl->fed;
+        if (n > budget)
+            n = budget;
+        int last = sl->fed + n == sl->n_prompt;
+        char err[320];
+        shoal_model_set_cancel(s->o.model, &sl->job->cancel);
+        int rc = shoal_seq_prefill(sl->seq, sl->ids + sl->fed, n, last ? SHOAL_LOGITS_LAST : SHOAL_LOGITS_NONE,
+                                   sl->logits, err, sizeof err);
+        if (rc) {
+            fail_forward(s, sl, rc, err);
+            continue;
+        }
+        sl->fed += n;
+        budget -= n;
+        done += n;
+        if (!last)
+            break; /* the budget is spent */
+        prompt_done(s, sl);
+    }
+    return done;
+}
+
+/* One step of continuous batching: every decoding slot samples, and the
+ * tokens of those that go on, then prompt chunks of prefilling slots
+ * (oldest admission first) within the step's budget, are fed as ONE chunk
+ * (shoal_model_step: the weights and each worker are visited once for all
+ * of them). Logits are computed for each decode token and for the last
+ * token of a prompt that ends in the chunk. Each sequence gets bit for bit
+ * what feeding it alone gives (engine.h). Returns the decode tokens; *np_out
+ * the prompt tokens.
  * Drafting (issue #21): a slot that decodes alone (nb == 1) goes through
- * shoal_spec_decode, which may verify K drafted ids in one chunk; with two
- * or more, each slot's pending drafts are settled first and all take the
- * one-token batch (a verify chunk per slot would multiply the step's
- * tokens while the batch already shares the weight reads). Either way each
- * slot gets the logits plain decoding would give. */
-static int decode_step(shoal_sched *s)
+ * shoal_spec_decode, which may verify K drafted ids in one chunk, and the
+ * prompts then take their own prefill; with two or more, each slot's
+ * pending drafts are settled first and all take the shared chunk (a verify
+ * chunk per slot would multiply the step's tokens while the batch already
+ * shares the weight reads). */
+static int step(shoal_sched *s, int *np_out)
 {
     int nb = 0;
+    *np_out = 0;
     for (int i = 0; i < s->nslots; i++) {
         shoal_slot *sl = &s->slots[i];
         int32_t id;
@@ -684,10 +763,13 @@ static int decode_step(shoal_sched *s)
         s->bseqs[nb] = sl->seq;
         s->bids[nb] = id;
         s->bslots[nb] = sl;
+        s->brows[nb] = nb;
         nb++;
     }
-    if (!nb)
-        return 0;
+    /* the prompts' share: what the decode tokens leave, at least half */
+    int budget = s->step_tokens - nb;
+    if (budget < (s->step_tokens + 1) / 2)
+        budget = (s->step_tokens + 1) / 2;
     char err[320];
     if (nb == 1 && s->o.draft.mode != SHOAL_DRAFT_OFF) {
         /* alone in the step: draft and verify (the same logits, bit for bit,
@@ -701,75 +783,71 @@ static int decode_step(shoal_sched *s)
             fail_forward(s, sl, rc, err);
         else
             sl->n_ids++;
+        *np_out = prefill_alone(s, budget);
         return nb;
     }
-    /* several in the step: drafts run ahead are dropped first, so each
-     * sequence holds exactly its fed ids before the batch */
+    /* drafts run ahead are dropped first, so each sequence holds exactly
+     * its fed ids before the chunk */
     int rc = 0;
     for (int b = 0; b < nb && !rc; b++)
         rc = shoal_spec_settle(s->bslots[b]->spec, err, sizeof err);
+    /* prompt chunks, in the room the budget and max_batch leave */
+    int n = nb, nrows = nb, np = 0;
+    while (!rc && budget > 0 && n < s->max_batch) {
+        shoal_slot *sl = next_prompt(s, np);
+        if (!sl)
+            break;
+        int k = sl->n_prompt - sl->fed;
+        if (k > budget)
+            k = budget;
+        if (k > s->max_batch - n)
+            k = s->max_batch - n;
+        for (int j = 0; j < k; j++) {
+            s->bseqs[n + j] = sl->seq;
+            s->bids[n + j] = sl->ids[sl->fed + j];
+        }
+        int last = sl->fed + k == sl->n_prompt;
+        if (last) {
+            s->brows[nrows] = n + k - 1;
+            s->bslots[nrows++] = sl;
+        }
+        s->pslots[np] = sl;
+        s->pn[np++] = k;
+        n += k;
+        budget -= k;
+        if (!last)
+            break; /* the budget or the chunk is full */
+    }
+    if (!n && !rc)
+        return 0;
     shoal_model_set_cancel(s->o.model, &s->abort);
     if (!rc)
-        rc = shoal_model_decode_batch(s->o.model, s->bseqs, s->bids, nb, s->blogits, err, sizeof err);
-    if (!rc && s->o.cm)
+        rc = shoal_model_step(s->o.model, s->bseqs, s->bids, n, s->brows, nrows, nrows ? s->blogits : NULL, err,
+                              sizeof err);
+    if (!rc && s->o.cm && nb)
         shoal_cmetrics_spec(s->o.cm, (uint64_t)nb, (uint64_t)nb, 0, 0); /* a pass per sequence in the batch */
+    if (rc) { /* the chunk failed: every sequence in it is broken */
+        for (int b = 0; b < nb; b++)
+            fail_forward(s, s->bslots[b], rc, err);
+        for (int p = 0; p < np; p++)
+            fail_forward(s, s->pslots[p], rc, err);
+        return nb;
+    }
     for (int b = 0; b < nb; b++) {
         shoal_slot *sl = s->bslots[b];
-        if (rc) { /* the batch's chunk failed: every sequence in it is broken */
-            fail_forward(s, sl, rc, err);
-            continue;
-        }
         memcpy(sl->logits, s->blogits + (size_t)b * (size_t)s->vocab, (size_t)s->vocab * sizeof *sl->logits);
         sl->ids[sl->n_ids++] = s->bids[b];
     }
-    return nb;
-}
-
-/* The prompt half of a step: chunks of the prefilling slots, oldest
- * admission first, budget tokens in all. Returns the tokens prefilled. */
-static int prefill_step(shoal_sched *s, int budget)
-{
-    int done = 0;
-    while (budget > 0) {
-        shoal_slot *sl = NULL;
-        for (int i = 0; i < s->nslots; i++)
-            if (s->slots[i].state == SLOT_PREFILL && (!sl || s->slots[i].order < sl->order))
-                sl = &s->slots[i];
-        if (!sl)
-            break;
-        shoal_sched_job *j = sl->job;
-        if (atomic_load(&j->cancel)) {
-            shoal_sched_stats add = {.canceled = 1};
-            release(s, sl, &add);
+    for (int p = 0, r = nb; p < np; p++) {
+        shoal_slot *sl = s->pslots[p];
+        sl->fed += s->pn[p];
+        *np_out += s->pn[p];
+        if (sl->fed < sl->n_prompt)
             continue;
-        }
-        int n = sl->n_prompt - sl->fed;
-        if (n > budget)
-            n = budget;
-        int last = sl->fed + n == sl->n_prompt;
-        char err[320];
-        shoal_model_set_cancel(s->o.model, &j->cancel);
-        int rc = shoal_seq_prefill(sl->seq, sl->ids + sl->fed, n, last ? SHOAL_LOGITS_LAST : SHOAL_LOGITS_NONE,
-                                   sl->logits, err, sizeof err);
-        if (rc) {
-            fail_forward(s, sl, rc, err);
-            continue;
-        }
-        sl->fed += n;
-        budget -= n;
-        done += n;
-        if (!last)
-            break; /* the budget is spent */
-        shoal__sched_kept_put(s, sl->ids, sl->n_prompt, sl->seq, sl->logits);
-        if (sl->spec)
-            shoal_spec_begin(sl->spec);
-        shoal_ev *e = shoal__sched_ev_new(SHOAL_EV_START);
-        e->prompt_tokens = sl->n_prompt;
-        e->reused_tokens = sl->reused;
-        emit(s, sl, e);
-        sl->state = SLOT_DECODE;
+        memcpy(sl->logits, s->blogits + (size_t)r++ * (size_t)s->vocab, (size_t)s->vocab * sizeof *sl->logits);
+        prompt_done(s, sl);
     }
-    return done;
+    return nb;
 }
 
 static void *model_main(void *arg)
@@ -793,13 +871,10 @@ static void *model_main(void *arg)
         }
         pthread_mutex_unlock(&s->mu);
         admit_queued(s);
-        /* one step: a token for every decoding slot, then prompt chunks with
-         * what the step's budget leaves (at least half of it) */
-        int nb = decode_step(s);
-        int budget = s->step_tokens - nb;
-        if (budget < (s->step_tokens + 1) / 2)
-            budget = (s->step_tokens + 1) / 2;
-        int np = prefill_step(s, budget);
+        /* one step: a token for every decoding slot and prompt chunks with
+         * what the step's budget leaves (at least half of it), one chunk */
+        int np;
+        int nb = step(s, &np);
         if (s->o.cm && (nb || np))
             shoal_cmetrics_step(s->o.cm, (uint32_t)nb, (uint32_t)np);
     }
@@ -856,6 +931,7 @@ int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, si
     s->seq_per_token = info.seq_bytes_per_token;
     s->spec_extra = spec_extra;
     s->step_tokens = o->step_tokens ? o->step_tokens : info.max_batch;
+    s->max_batch = info.max_batch;
     atomic_init(&s->abort, 0);
     s->n_eos = info.n_eos;
     memcpy(s->eos, info.eos, sizeof s->eos);

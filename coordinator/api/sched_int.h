@@ -88,10 +88,14 @@ struct shoal_sched {
     size_t state_used;     /* bytes of the slots' sequences (under mu for stats) */
     int waiting_state;
     uint64_t admit_tick;
-    float *blogits;        /* [nslots, vocab]: one decode step's logits */
-    shoal_seq **bseqs;     /* [nslots] */
-    int32_t *bids;         /* [nslots] */
-    shoal_slot **bslots;   /* [nslots] */
+    int max_batch;         /* the model's: tokens in one step's chunk */
+    float *blogits;        /* [nslots, vocab]: one step's logits rows */
+    shoal_seq **bseqs;     /* [max_batch]: the step chunk's sequence per token */
+    int32_t *bids;         /* [max_batch]: and its id */
+    int *brows;            /* [nslots]: chunk tokens whose logits the step wants */
+    shoal_slot **bslots;   /* [nslots]: the slot of each logits row */
+    shoal_slot **pslots;   /* [nslots]: prompt chunks in the step, and their lengths */
+    int *pn;               /* [nslots] */
     atomic_int abort;      /* close: stops a running step */
 };
 

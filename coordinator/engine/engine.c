@@ -255,7 +255,7 @@ int shoal_seq_prefill(shoal_seq *s, const int32_t *ids, int n, shoal_logits_mode
         } else if (mode == SHOAL_LOGITS_LAST && done + T == n) {
             lg = logits;
         }
-        rc = shoal__engine_forward(m, m->seqv, ids + done, T, lg, all, err, errlen);
+        rc = shoal__engine_forward(m, m->seqv, ids + done, T, lg, NULL, all ? T : 1, err, errlen);
         if (rc)
             return rc;
         done += T;
@@ -284,29 +284,55 @@ int shoal_seq_decode(shoal_seq *s, int32_t id, float *logits, char *err, size_t 
     return shoal_seq_prefill(s, &id, 1, logits ? SHOAL_LOGITS_LAST : SHOAL_LOGITS_NONE, logits, err, errlen);
 }
 
-int shoal_model_decode_batch(shoal_model *m, shoal_seq *const *seqs, const int32_t *ids, int n, float *logits,
-                             char *err, size_t errlen)
+/* What decode_batch and step check before anything runs: the count, the
+ * ids, each sequence's model, health and room (its k-th token in the chunk
+ * needs pos + k < capacity); with consecutive set, a sequence's tokens must
+ * be adjacent in the chunk. */
+static int check_chunk(shoal_model *m, const char *what, shoal_seq *const *seqs, const int32_t *ids, int n,
+                       int consecutive, char *err, size_t errlen)
 {
     if (n < 1 || n > m->info.max_batch)
-        return shoal_err_set(err, errlen, SHOAL_EINVAL, "decode_batch: %d sequences (max_batch %d)", n,
-                             m->info.max_batch);
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "%s: %d tokens (max_batch %d)", what, n, m->info.max_batch);
     int rc = check_ids(m, ids, n, err, errlen);
     if (rc)
         return rc;
     for (int i = 0; i < n; i++) {
         const shoal_seq *s = seqs[i];
-        if (s->m != m)
-            return shoal_err_set(err, errlen, SHOAL_EINVAL, "decode_batch: sequence %d belongs to another model", i);
+        if (!s || s->m != m)
+            return shoal_err_set(err, errlen, SHOAL_EINVAL, "%s: sequence %d belongs to another model", what, i);
         if (s->broken)
-            return shoal_err_set(err, errlen, SHOAL_EINVAL, "decode_batch: sequence %d is broken (reset it)", i);
+            return shoal_err_set(err, errlen, SHOAL_EINVAL, "%s: sequence %d is broken (reset it)", what, i);
         int need = 0;
         for (int j = 0; j <= i; j++)
             need += seqs[j] == s;
+        if (consecutive && need > 1 && seqs[i - 1] != s)
+            return shoal_err_set(err, errlen, SHOAL_EINVAL,
+                                 "%s: token %d's sequence appears earlier in the chunk, not just before it", what, i);
         if (s->pos + need > s->capacity)
-            return shoal_err_set(err, errlen, SHOAL_ERANGE, "decode_batch: sequence %d is full (capacity %d)", i,
+            return shoal_err_set(err, errlen, SHOAL_ERANGE, "%s: sequence %d is full (capacity %d)", what, i,
                                  s->capacity);
     }
     if (canceled(m))
-        return shoal_err_set(err, errlen, SHOAL_ECANCELED, "decode_batch canceled");
-    return shoal__engine_forward(m, seqs, ids, n, logits, 1, err, errlen);
+        return shoal_err_set(err, errlen, SHOAL_ECANCELED, "%s canceled", what);
+    return 0;
+}
+
+int shoal_model_decode_batch(shoal_model *m, shoal_seq *const *seqs, const int32_t *ids, int n, float *logits,
+                             char *err, size_t errlen)
+{
+    int rc = check_chunk(m, "decode_batch", seqs, ids, n, 0, err, errlen);
+    return rc ? rc : shoal__engine_forward(m, seqs, ids, n, logits, NULL, n, err, errlen);
+}
+
+int shoal_model_step(shoal_model *m, shoal_seq *const *seqs, const int32_t *ids, int n, const int *rows, int nrows,
+                     float *logits, char *err, size_t errlen)
+{
+    int rc = check_chunk(m, "step", seqs, ids, n, 1, err, errlen);
+    if (rc)
+        return rc;
+    if (!logits || !nrows)
+        nrows = 0;
+    else if (nrows < 0 || nrows > n || !rows)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "step: %d logits rows of %d tokens", nrows, n);
+    return shoal__engine_forward(m, seqs, ids, n, nrows ? logits : NULL, rows, nrows, err, errlen);
 }

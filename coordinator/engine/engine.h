@@ -295,6 +295,17 @@ int shoal_seq_decode(shoal_seq *s, int32_t id, float *logits, char *err, size_t 
  * Validation is done for all before anything runs. */
 int shoal_model_decode_batch(shoal_model *m, shoal_seq *const *seqs, const int32_t *ids, int n, float *logits,
                              char *err, size_t errlen);
+/* One chunk of n tokens (n <= max_batch) over any mix of sequences: a
+ * decode token for some, a prompt chunk for others (the continuous-batching
+ * step). Token i is ids[i] for seqs[i], at that sequence's position plus the
+ * number of its earlier tokens in the chunk; a sequence's tokens must be
+ * adjacent. logits[nrows, vocab] receives the logits of tokens rows[0..nrows)
+ * (strictly increasing; logits NULL or nrows 0: none). Every sequence's state and every
+ * logits row are bit-identical to feeding that sequence's tokens alone.
+ * Validation is done for all before anything runs; a failure inside the
+ * chunk marks every sequence in it broken. */
+int shoal_model_step(shoal_model *m, shoal_seq *const *seqs, const int32_t *ids, int n, const int *rows, int nrows,
+                     float *logits, char *err, size_t errlen);
 
 /* ---- rewind: verify a chunk, keep only a prefix of it (speculative decoding) */
 

@@ -190,10 +190,12 @@ size_t shoal__engine_scratch_layout(shoal__scratch *sc, float *base, const shoal
 /* Run T tokens: token t is ids[t] at position seqs[t]->pos + (number of earlier
  * tokens of the same sequence in this chunk). A sequence's tokens must be
  * consecutive in the chunk's order of appearance. Positions advance on success.
- * logits: NULL, or [T, vocab] when all_logits, else [1, vocab] for the last
- * token. Returns 0 or a negative code (err names the cause). */
+ * logits: NULL, or [nrows, vocab]: the logits of tokens rows[0..nrows)
+ * (strictly increasing), or of the last nrows tokens when rows is NULL
+ * (nrows = T: all; 1: the last). Returns 0 or a negative code (err names the
+ * cause). */
 int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t *ids, int T, float *logits,
-                          int all_logits, char *err, size_t errlen);
+                          const int *rows, int nrows, char *err, size_t errlen);
 
 /* trunk.c: plan, load and start the trunk under a budget (opts.trunk_mode
  * != MAPPED), after the binding and info, before the scratch is allocated;

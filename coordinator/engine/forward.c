@@ -545,8 +545,11 @@ static int moe_layer(shoal_model *m, const shoal__layer *ly, int L, int T, char 
 
 /* ---- one chunk ------------------------------------------------------------ */
 
+/* the token of logits row i: rows[i], or the last nrows tokens when rows is NULL */
+#define ROW(i) (rows ? rows[(i)] : T - nrows + (i))
+
 int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t *ids, int T, float *logits,
-                          int all_logits, char *err, size_t errlen)
+                          const int *rows, int nrows, char *err, size_t errlen)
 {
     const shoal_k3cfg *c = &m->cfg;
     shoal__scratch *sc = &m->sc;
@@ -559,6 +562,12 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "forward: %d tokens (max_batch %d)", T, m->info.max_batch);
     if (!m->have_experts && c->num_moe > 0)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "forward: no routed-expert backend set");
+    if (logits && (nrows < 1 || nrows > T))
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "forward: %d logits rows of %d tokens", nrows, T);
+    for (int i = 0; logits && rows && i < nrows; i++)
+        if (rows[i] < 0 || rows[i] >= T || (i && rows[i] <= rows[i - 1]))
+            return shoal_err_set(err, errlen, SHOAL_EINVAL,
+                                 "forward: logits row %d is %d (rows must increase within [0, %d))", i, rows[i], T);
     /* positions: a sequence's k-th token in this chunk is at its pos + k */
     for (int t = 0; t < T; t++)
         sc->tpos[t] = seqs[t]->pos++;
@@ -721,10 +730,18 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
     if (m->trace)
         m->trace(m->trace_ctx, c->num_layers, T, sc->x, d);
     if (logits) {
-        /* lm_head slice by slice (one slice when mapped): rows r0.. of every
-         * token's logits; a multi-row chunk with several slices goes token by
-         * token (each output row is independent of T: kernels.h) */
+        /* lm_head slice by slice (one slice when mapped): rows r0.. of the
+         * wanted tokens' logits; a multi-row chunk with several slices goes
+         * token by token (each output row is independent of T: kernels.h).
+         * The wanted tokens' normed rows are gathered into x (free now) when
+         * they are not the whole chunk. */
         int V = c->vocab_size, r0 = 0;
+        const float *hx = sc->xn;
+        if (nrows > 1 && nrows < T) {
+            for (int t = 0; t < nrows; t++)
+                memcpy(sc->x + (size_t)t * dd, sc->xn + (size_t)ROW(t) * dd, sizeof(float) * dd);
+            hx = sc->x;
+        }
         for (int i = 0; i < m->n_head; i++) {
             const shoal__wmat *w = &m->head[i];
             shoal__wmat wc;
@@ -739,13 +756,13 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
                 shoal__engine_trunk_point(&wc, tu, buf);
                 w = &wc;
             }
-            if (!all_logits)
-                rc = mm1(m, c->num_layers, logits + r0, w, sc->xn + (size_t)(T - 1) * dd, 1, err, errlen);
+            if (nrows == 1)
+                rc = mm1(m, c->num_layers, logits + r0, w, sc->xn + (size_t)ROW(0) * dd, 1, err, errlen);
             else if (m->n_head == 1)
-                rc = mm1(m, c->num_layers, logits, w, sc->xn, T, err, errlen);
+                rc = mm1(m, c->num_layers, logits, w, hx, nrows, err, errlen);
             else
-                for (int t = 0; t < T; t++)
-                    mm(logits + (size_t)t * V + r0, w, sc->xn + (size_t)t * dd, 1); /* sliced: never remote */
+                for (int t = 0; t < nrows; t++)
+                    mm(logits + (size_t)t * V + r0, w, sc->xn + (size_t)ROW(t) * dd, 1); /* sliced: never remote */
             if (rc)
                 goto fail;
             if (held) {
@@ -759,8 +776,7 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
          * sampled as id 0 forever (the sampler skips NaN): fail the forward by
          * name instead. A scan of what was just written, no allocation; finite
          * logits pass untouched, so a normal run's tokens cannot change. */
-        int rows = all_logits ? T : 1;
-        for (int t = 0; t < rows; t++) {
+        for (int t = 0; t < nrows; t++) {
             const float *lg = logits + (size_t)t * V;
             int bad = 0, first = -1;
             for (int v = 0; v < V; v++)
@@ -773,7 +789,7 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
                 rc = shoal_err_set(err, errlen, SHOAL_EMODEL,
                                    "non-finite logits: %d of %d are NaN or Inf (first id %d) at position %d; the "
                                    "model's weights (lm_head?) or activations are not finite, refusing to sample",
-                                   bad, V, first, sc->tpos[all_logits ? t : T - 1]);
+                                   bad, V, first, sc->tpos[ROW(t)]);
                 goto fail;
             }
         }
@@ -804,3 +820,4 @@ fail:
     m->stats.forward_s += now_s() - t0;
     return rc;
 }
+#undef ROW

@@ -13,7 +13,7 @@ while it is prefilled and its time to first token.
 
 Usage: serve_batch_bench.py --model DIR --out FILE.json [--slots 1,16]
        [--clients 1,2,4,8,16] [--clients-slots1 LIST] [--tokens 16] [--prompt 16] [--workers 0]
-       [--threads 2] [--step-tokens 256] [--long 0]
+       [--threads 2] [--step-tokens 256] [--long 0] [--draft off] [--url URL --vocab N]
 Speed is reported, never asserted."""
 import argparse
 import json
@@ -38,11 +38,11 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-def start(model, slots, workers, threads, step_tokens):
+def start(model, slots, workers, threads, step_tokens, draft):
     log = harness.logfile()
     cmd = [BIN, "serve", "--model", model, "--port", "0", "--model-name", "m", "--threads", str(threads),
            "--slots", str(slots), "--step-tokens", str(step_tokens), "--memo", "0", "--keep", "0",
-           "--max-context", "4096"]
+           "--max-context", "4096", "--draft", draft]
     if workers:
         cmd += ["--workers", str(workers), "--worker-threads", "1"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -56,23 +56,28 @@ def start(model, slots, workers, threads, step_tokens):
     return p, log, url, openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=3600)
 
 
+EXTRA = {}  # request fields for a foreign server (--url): llama-server's ignore_eos
+
+
 def stream(client, prompt, tokens, out, delay=0.0):
     time.sleep(delay)
     t0 = time.time()
     times, usage = [], None
     for ch in client.completions.create(model="m", prompt=prompt, max_tokens=tokens, temperature=0, stream=True,
-                                        stream_options={"include_usage": True}):
+                                        stream_options={"include_usage": True}, extra_body=EXTRA):
         if ch.usage:
             usage = ch.usage.completion_tokens
         if ch.choices and ch.choices[0].text:
             times.append(time.time())
-    out.append({"t0": t0, "t_end": time.time(), "times": times, "tokens": usage or 0})
+    # a server that reports no usage: count the chunks that carried text
+    out.append({"t0": t0, "t_end": time.time(), "times": times,
+                "tokens": usage if usage is not None else len(times), "usage_reported": usage is not None})
 
 
-def point(client, c, tokens, plen, base):
+def point(client, c, tokens, plen, base, vocab):
     res, ts = [], []
     for i in range(c):
-        prompt = [(base + 37 * i + 11 * k) % 150000 + 1000 for k in range(plen)]
+        prompt = [(base + 37 * i + 11 * k) % (vocab - 1000) + 1000 for k in range(plen)]
         ts.append(threading.Thread(target=stream, args=(client, prompt, tokens, res)))
     la0 = os.getloadavg()
     t0 = time.time()
@@ -131,31 +136,44 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--step-tokens", type=int, default=256)
     ap.add_argument("--long", type=int, default=0)
+    ap.add_argument("--draft", default="off", help="serve --draft mode (default off)")
+    ap.add_argument("--url", default=None,
+                    help="measure a running OpenAI-compatible server at URL instead (e.g. llama-server, the anchor); "
+                         "--slots then only labels the run")
+    ap.add_argument("--vocab", type=int, default=150000, help="prompt ids are drawn below this")
     a = ap.parse_args()
     out = {"what": "serve_batch_bench (issue 17)", "model": a.model, "workers": a.workers, "threads": a.threads,
-           "tokens_per_stream": a.tokens, "prompt_tokens": a.prompt, "step_tokens": a.step_tokens,
+           "tokens_per_stream": a.tokens, "prompt_tokens": a.prompt, "step_tokens": a.step_tokens, "draft": a.draft, "url": a.url,
            "machine": platform.node(), "nproc": os.cpu_count(),
            "commit": subprocess.run(["git", "-C", SRC, "rev-parse", "--short", "HEAD"], capture_output=True,
                                     text=True).stdout.strip(),
            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": []}
     for s in [int(x) for x in a.slots.split(",")]:
-        p, log, url, client = start(a.model, s, a.workers, a.threads, a.step_tokens)
+        if a.url:
+            import openai
+            EXTRA["ignore_eos"] = True
+            p, url = None, a.url
+            client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=3600)
+        else:
+            p, log, url, client = start(a.model, s, a.workers, a.threads, a.step_tokens, a.draft)
         try:
             stream(client, [5, 6, 7, 8], 2, [])  # warm the page cache and the workers
             run = {"slots": s, "points": []}
             cl = a.clients_slots1 if s == 1 and a.clients_slots1 else a.clients
             for i, c in enumerate(int(x) for x in cl.split(",") if x):
-                pt = point(client, c, a.tokens, a.prompt, 1000 * (i + 1))
+                pt = point(client, c, a.tokens, a.prompt, 1000 * (i + 1), a.vocab)
                 print(json.dumps({"slots": s, **pt}), flush=True)
                 run["points"].append(pt)
             if a.long:
                 run["long"] = long_point(client, a.long, a.tokens)
                 print(json.dumps({"slots": s, **run["long"]}), flush=True)
-            with urllib_metrics(url) as m:
-                run["metrics"] = m
+            if p:
+                with urllib_metrics(url) as m:
+                    run["metrics"] = m
             out["runs"].append(run)
         finally:
-            harness.terminate(p, 60)
+            if p:
+                harness.terminate(p, 60)
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)
     out["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

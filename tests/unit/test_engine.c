@@ -188,6 +188,85 @@ static void t_decode_batch(void)
     }
 }
 
+/* a mixed step (shoal_model_step): a decode token of one sequence, a prompt
+ * chunk of another that ends in the chunk, a first chunk of a third that does
+ * not, then a step finishing the third beside two decode tokens == each
+ * sequence fed alone (logits and the state the next decode sees), plus the
+ * refusals: a sequence's tokens apart, bad logits rows */
+static void t_step_mixed(void)
+{
+    for (int mi = 0; mi < NMODELS; mi++) {
+        shoal_model *m = open_model(MODELS[mi], 16, 48);
+        CHECK(m);
+        if (!m)
+            return;
+        int V = vocab_of(m);
+        char err[512];
+        shoal_seq *a[3], *b[3];
+        for (int i = 0; i < 3; i++) {
+            CHECK(shoal_seq_create(&a[i], m, 0, err, sizeof err) == 0);
+            CHECK(shoal_seq_create(&b[i], m, 0, err, sizeof err) == 0);
+        }
+        /* seq 0 has a 4-token prompt already; 1 gets its 6-token prompt in
+         * step 1; 2 gets 5 of its 9 prompt tokens in step 1, 4 in step 2 */
+        CHECK(shoal_seq_prefill(a[0], PROMPT, 4, SHOAL_LOGITS_NONE, NULL, err, sizeof err) == 0);
+        CHECK(shoal_seq_prefill(b[0], PROMPT, 4, SHOAL_LOGITS_NONE, NULL, err, sizeof err) == 0);
+        float *lg = malloc(sizeof(float) * 3 * V), *l1 = malloc(sizeof(float) * V);
+        shoal_seq *cs[16];
+        int32_t ids[16];
+        int n = 0;
+        cs[n] = a[0], ids[n++] = 500;
+        for (int j = 0; j < 6; j++)
+            cs[n] = a[1], ids[n++] = PROMPT[3 + j];
+        for (int j = 0; j < 5; j++)
+            cs[n] = a[2], ids[n++] = PROMPT[6 + j];
+        int rows1[2] = {0, 6};
+        CHECK(shoal_model_step(m, cs, ids, n, rows1, 2, lg, err, sizeof err) == 0);
+        CHECK(shoal_seq_decode(b[0], 500, l1, err, sizeof err) == 0);
+        CHECK_MSG(first_diff(lg, l1, (size_t)V) < 0, "%s: step 1 decode row differs", MODELS[mi]);
+        CHECK(shoal_seq_prefill(b[1], PROMPT + 3, 6, SHOAL_LOGITS_LAST, l1, err, sizeof err) == 0);
+        CHECK_MSG(first_diff(lg + V, l1, (size_t)V) < 0, "%s: step 1 prompt-end row differs", MODELS[mi]);
+        CHECK(shoal_seq_prefill(b[2], PROMPT + 6, 9, SHOAL_LOGITS_LAST, l1, err, sizeof err) == 0);
+        n = 0;
+        cs[n] = a[0], ids[n++] = 501;
+        cs[n] = a[1], ids[n++] = 502;
+        for (int j = 0; j < 4; j++)
+            cs[n] = a[2], ids[n++] = PROMPT[11 + j];
+        int rows2[3] = {0, 1, 5};
+        CHECK(shoal_model_step(m, cs, ids, n, rows2, 3, lg, err, sizeof err) == 0);
+        CHECK_MSG(first_diff(lg + 2 * (size_t)V, l1, (size_t)V) < 0, "%s: step 2 prompt-end row differs",
+                  MODELS[mi]);
+        CHECK(shoal_seq_decode(b[0], 501, l1, err, sizeof err) == 0);
+        CHECK_MSG(first_diff(lg, l1, (size_t)V) < 0, "%s: step 2 decode row 0 differs", MODELS[mi]);
+        CHECK(shoal_seq_decode(b[1], 502, l1, err, sizeof err) == 0);
+        CHECK_MSG(first_diff(lg + V, l1, (size_t)V) < 0, "%s: step 2 decode row 1 differs", MODELS[mi]);
+        /* the states carry on identically */
+        for (int i = 0; i < 3; i++) {
+            CHECK_EQ_INT(shoal_seq_pos(a[i]), shoal_seq_pos(b[i]));
+            CHECK(shoal_seq_decode(a[i], 7, lg, err, sizeof err) == 0);
+            CHECK(shoal_seq_decode(b[i], 7, l1, err, sizeof err) == 0);
+            CHECK_MSG(first_diff(lg, l1, (size_t)V) < 0, "%s: seq %d after the steps differs", MODELS[mi], i);
+        }
+        /* refusals, before anything runs */
+        int pos0 = shoal_seq_pos(a[0]);
+        shoal_seq *apart[3] = {a[0], a[1], a[0]};
+        int32_t three[3] = {1, 2, 3};
+        int r0[1] = {2}, rbad[2] = {1, 1}, rout[1] = {3};
+        CHECK(shoal_model_step(m, apart, three, 3, r0, 1, lg, err, sizeof err) == SHOAL_EINVAL);
+        shoal_seq *ok[3] = {a[0], a[0], a[1]};
+        CHECK(shoal_model_step(m, ok, three, 3, rbad, 2, lg, err, sizeof err) == SHOAL_EINVAL);
+        CHECK(shoal_model_step(m, ok, three, 3, rout, 1, lg, err, sizeof err) == SHOAL_EINVAL);
+        CHECK_EQ_INT(shoal_seq_pos(a[0]), pos0);
+        for (int i = 0; i < 3; i++) {
+            shoal_seq_free(a[i]);
+            shoal_seq_free(b[i]);
+        }
+        free(lg);
+        free(l1);
+        shoal_model_close(m);
+    }
+}
+
 /* identical logits with 1 and 2 OpenMP threads */
 static void t_threads(void)
 {
@@ -579,6 +658,7 @@ int main(void)
     RUN(t_prefill_equals_stepwise);
     RUN(t_incremental_equals_full);
     RUN(t_decode_batch);
+    RUN(t_step_mixed);
     RUN(t_threads);
     RUN(t_copy_fork);
     RUN(t_alloc_guard);
