@@ -85,7 +85,8 @@ DEFINE_TILE(bf16, uint16_t, ld_bf16, PF_DIST)
 DEFINE_TILE(f32, float, _mm256_loadu_ps, 2 * PF_DIST)
 
 /* GEMV (T = 1): four rows share each x load, 8 independent chains.
- * GEMM (T > 1): rows in blocks of 16, tokens in tiles of 3, columns in blocks
+ * GEMM (T > 1): rows in blocks of 16, tokens in tiles of 3 (of 2 for the
+ * last two or four: T = 2 is one 2-token pass, not two GEMVs), columns in blocks
  * of KBLOCK: a 3-token x block (12 KiB) stays in L1 and the 16-row weight
  * block in L2 while every tile passes; each weight is read from DRAM once. */
 #define KBLOCK 1024
@@ -109,10 +110,14 @@ DEFINE_TILE(f32, float, _mm256_loadu_ps, 2 * PF_DIST)
         int init = k0 == 0, fin = k1 == cols;                                                               \
         if (R == 2 && TT == 3)                                                                              \
             tile_##K(y, st, w, x, rows, cols, r, t, 2, 3, k0, k1, init, fin);                               \
+        else if (R == 2 && TT == 2)                                                                         \
+            tile_##K(y, st, w, x, rows, cols, r, t, 2, 2, k0, k1, init, fin);                               \
         else if (R == 2)                                                                                    \
             tile_##K(y, st, w, x, rows, cols, r, t, 2, 1, k0, k1, init, fin);                               \
         else if (TT == 3)                                                                                   \
             tile_##K(y, st, w, x, rows, cols, r, t, 1, 3, k0, k1, init, fin);                               \
+        else if (TT == 2)                                                                                   \
+            tile_##K(y, st, w, x, rows, cols, r, t, 1, 2, k0, k1, init, fin);                               \
         else                                                                                                \
             tile_##K(y, st, w, x, rows, cols, r, t, 1, 1, k0, k1, init, fin);                               \
     }                                                                                                       \
@@ -127,12 +132,13 @@ DEFINE_TILE(f32, float, _mm256_loadu_ps, 2 * PF_DIST)
             return;                                                                                         \
         }                                                                                                   \
         __m256 st[RBLOCK / 2][12];                                                                          \
+        int kb = T <= 4 ? cols : KBLOCK; /* x of <= 4 tokens stays in L2 unblocked */                   \
         for (int rb = r0; rb < r1; rb += RBLOCK) {                                                          \
             int re = rb + RBLOCK < r1 ? rb + RBLOCK : r1;                                                   \
             for (int t = 0; t < T;) {                                                                       \
-                int TT = T - t >= 3 ? 3 : 1;                                                                \
-                for (int k0 = 0; k0 < cols; k0 += KBLOCK) {                                                 \
-                    int k1 = k0 + KBLOCK < cols ? k0 + KBLOCK : cols;                                       \
+                int TT = T - t == 4 ? 2 : T - t >= 3 ? 3 : T - t;                                           \
+                for (int k0 = 0; k0 < cols; k0 += kb) {                                                     \
+                    int k1 = k0 + kb < cols ? k0 + kb : cols;                                               \
                     for (int r = rb; r < re; r += 2)                                                        \
                         K##_tile(y, st[(r - rb) / 2], w, x, rows, cols, r, t, re - r >= 2 ? 2 : 1, TT, k0, k1); \
                 }                                                                                           \
