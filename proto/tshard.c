@@ -212,70 +212,189 @@ int shoal_tshard_check(const shoal_proto_trows *t, size_t n, const shoal_tshard_
     return 0;
 }
 
-int shoal_tshard_place(const shoal_tshard_mat *mats, int nmats, int nw, const shoal_proto_trows *const *t,
-                       const size_t *nt, uint8_t *remote, shoal_tshard_piece **pieces, size_t *npieces, char *err,
-                       size_t errlen)
+/* One announced range, for the cells: matrix k, worker w, its index j in t[w]. */
+typedef struct {
+    int k, w, j;
+    uint32_t lo, hi;
+} ann;
+
+static const shoal_tshard_mat *cmp_mats; /* by_name's qsort only (shoal_tshard_cells is not reentrant) */
+static int by_name(const void *a, const void *b)
 {
-    *pieces = NULL;
-    *npieces = 0;
+    return strcmp(cmp_mats[*(const int *)a].name, cmp_mats[*(const int *)b].name);
+}
+
+static int by_mat_lo(const void *a, const void *b)
+{
+    const ann *x = a, *y = b;
+    if (x->k != y->k)
+        return x->k < y->k ? -1 : 1;
+    if (x->lo != y->lo)
+        return x->lo < y->lo ? -1 : 1;
+    return x->w != y->w ? (x->w < y->w ? -1 : 1) : (x->j > y->j) - (x->j < y->j);
+}
+
+static int by_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Worker w's range holding rows lo..hi among a[0..n): the one reaching
+ * farthest, then starting lowest, then listed first; -1 if none. */
+static int holding(const ann *a, size_t n, int w, uint32_t lo, uint32_t hi)
+{
+    int best = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (a[i].w != w || a[i].lo > lo || a[i].hi < hi)
+            continue;
+        if (best < 0 || a[i].hi > a[best].hi || (a[i].hi == a[best].hi && a[i].lo < a[best].lo))
+            best = (int)i;
+    }
+    return best;
+}
+
+int shoal_tshard_cells(const shoal_tshard_mat *mats, int nmats, int nw, const shoal_proto_trows *const *t,
+                       const size_t *nt, uint8_t *remote, shoal_tshard_cell **cells, size_t *ncells,
+                       shoal_tshard_owner **own, size_t *nown, char *err, size_t errlen)
+{
+    *cells = NULL;
+    *ncells = 0;
+    *own = NULL;
+    *nown = 0;
     memset(remote, 0, (size_t)nmats);
+    /* the matrices by name, for a lookup per announced range */
+    int *sorted = shoal_xmalloc((size_t)(nmats ? nmats : 1) * sizeof *sorted);
+    for (int k = 0; k < nmats; k++)
+        sorted[k] = k;
+    cmp_mats = mats;
+    qsort(sorted, (size_t)nmats, sizeof *sorted, by_name);
+    cmp_mats = NULL;
+    size_t na = 0;
+    for (int w = 0; w < nw; w++)
+        na += nt[w];
+    ann *a = shoal_xmalloc((na ? na : 1) * sizeof *a);
+    na = 0;
     for (int w = 0; w < nw; w++)
         for (size_t j = 0; j < nt[w]; j++) {
-            int k = shoal_tshard_find(mats, nmats, t[w][j].name);
-            if (k < 0 || t[w][j].hi >= (uint32_t)mats[k].rows)
-                return shoal_err_set(err, errlen, SHOAL_ERANGE, "trunk rows of '%s' outside the model", t[w][j].name);
+            const shoal_proto_trows *g = &t[w][j];
+            int lo = 0, hi = nmats - 1, k = -1;
+            while (lo <= hi && k < 0) {
+                int mid = (lo + hi) / 2, r = strcmp(g->name, mats[sorted[mid]].name);
+                if (!r)
+                    k = sorted[mid];
+                else if (r < 0)
+                    hi = mid - 1;
+                else
+                    lo = mid + 1;
+            }
+            if (k < 0 || g->lo > g->hi || g->hi >= (uint32_t)mats[k].rows) {
+                free(sorted);
+                free(a);
+                return shoal_err_set(err, errlen, SHOAL_ERANGE, "trunk rows of '%s' outside the model", g->name);
+            }
             remote[k] = 1;
+            a[na++] = (ann){.k = k, .w = w, .j = (int)j, .lo = g->lo, .hi = g->hi};
         }
-    size_t cap = 0, n = 0, at = 0;
-    shoal_tshard_piece *pc = NULL;
+    free(sorted);
+    qsort(a, na, sizeof *a, by_mat_lo);
+    size_t cap = 0, n = 0, ocap = 0, no = 0, at = 0;
+    shoal_tshard_cell *c = NULL;
+    shoal_tshard_owner *o = NULL;
+    uint32_t *cut = shoal_xmalloc((2 * na + 2) * sizeof *cut);
     int gaps = 0;
     if (errlen)
         err[0] = 0;
-    for (int k = 0; k < nmats; k++) {
-        if (!remote[k])
-            continue;
-        uint32_t r = 0, R = (uint32_t)mats[k].rows;
-        while (r < R) {
-            /* the owner whose range holding r reaches farthest; ties: lower w */
-            int best = -1;
-            uint32_t reach = 0, next = R; /* next: the first owned row above r when r is a gap */
-            for (int w = 0; w < nw; w++)
-                for (size_t j = 0; j < nt[w]; j++) {
-                    const shoal_proto_trows *g = &t[w][j];
-                    if (strcmp(g->name, mats[k].name))
-                        continue;
-                    if (g->lo <= r && r <= g->hi) {
-                        if (best < 0 || g->hi > reach) {
-                            best = w;
-                            reach = g->hi;
-                        }
-                    } else if (g->lo > r && g->lo < next) {
-                        next = g->lo;
-                    }
+    for (size_t s0 = 0; s0 < na;) {
+        size_t s1 = s0;
+        while (s1 < na && a[s1].k == a[s0].k)
+            s1++;
+        const int k = a[s0].k;
+        const uint32_t R = (uint32_t)mats[k].rows;
+        /* the boundaries: 0, R and every range's lo and hi + 1 */
+        size_t nc = 0;
+        cut[nc++] = 0;
+        cut[nc++] = R;
+        for (size_t i = s0; i < s1; i++) {
+            cut[nc++] = a[i].lo;
+            cut[nc++] = a[i].hi + 1;
+        }
+        qsort(cut, nc, sizeof *cut, by_u32);
+        size_t u = 0;
+        for (size_t i = 0; i < nc; i++)
+            if (!u || cut[i] != cut[u - 1])
+                cut[u++] = cut[i];
+        for (size_t b = 0; b + 1 < u; b++) {
+            uint32_t lo = cut[b], hi = cut[b + 1] - 1;
+            /* owners, ascending worker, each with its range holding lo..hi */
+            size_t first = no;
+            for (int w = 0; w < nw; w++) {
+                int h = holding(a + s0, s1 - s0, w, lo, hi);
+                if (h < 0)
+                    continue;
+                if (no == ocap) {
+                    ocap = ocap ? 2 * ocap : 64;
+                    o = shoal_xrealloc(o, ocap * sizeof *o);
                 }
-            if (best < 0) {
+                o[no++] = (shoal_tshard_owner){.w = w, .range = a[s0 + (size_t)h].j};
+            }
+            if (no == first) { /* a gap (cuts are next to owned rows: never two gap pieces in a row) */
                 if (gaps++ < 16 && at < errlen)
                     at += (size_t)snprintf(err + at, errlen - at, "%s%s rows %u-%u", gaps > 1 ? ", " : "",
-                                           mats[k].name, r, next - 1);
-                r = next;
+                                           mats[k].name, lo, hi);
+                continue;
+            }
+            /* the same owners in the same ranges as the cell before: one cell */
+            if (n && c[n - 1].mat == k && c[n - 1].hi + 1 == lo && c[n - 1].n == no - first &&
+                !memcmp(&o[c[n - 1].off], &o[first], (no - first) * sizeof *o)) {
+                c[n - 1].hi = hi;
+                no = first;
                 continue;
             }
             if (n == cap) {
                 cap = cap ? 2 * cap : 64;
-                pc = shoal_xrealloc(pc, cap * sizeof *pc);
+                c = shoal_xrealloc(c, cap * sizeof *c);
             }
-            pc[n++] = (shoal_tshard_piece){.mat = k, .w = best, .lo = r, .hi = reach};
-            r = reach + 1;
+            c[n++] = (shoal_tshard_cell){.mat = k, .lo = lo, .hi = hi, .off = (uint32_t)first,
+                                         .n = (uint32_t)(no - first)};
         }
+        s0 = s1;
     }
+    free(cut);
+    free(a);
     if (gaps) {
-        free(pc);
+        free(c);
+        free(o);
         char list[1024];
         snprintf(list, sizeof list, "%s", err);
         return shoal_err_set(err, errlen, SHOAL_ECONFIG, "trunk rows owned by no worker (%d gap%s): %s%s", gaps,
                              gaps == 1 ? "" : "s", list, gaps > 16 ? ", ..." : "");
     }
-    *pieces = pc;
-    *npieces = n;
+    *cells = c;
+    *ncells = n;
+    *own = o;
+    *nown = no;
     return 0;
+}
+
+void shoal_tshard_pick(const shoal_tshard_cell *cells, int n, const shoal_tshard_owner *own, int nw,
+                       const uint8_t *live, const uint8_t *want, uint64_t *load, int32_t *pick)
+{
+    memset(load, 0, (size_t)nw * sizeof *load);
+    for (int i = 0; i < n; i++) {
+        if (want && !want[i])
+            continue;
+        const shoal_tshard_cell *x = &cells[i];
+        int32_t best = -1;
+        for (uint32_t j = x->off; j < x->off + x->n; j++) { /* ascending worker: ties to the lower */
+            int32_t w = own[j].w;
+            if (live && !live[w])
+                continue;
+            if (best < 0 || load[w] < load[own[best].w])
+                best = (int32_t)j;
+        }
+        pick[i] = best;
+        if (best >= 0)
+            load[own[best].w] += x->hi - x->lo + 1;
+    }
 }

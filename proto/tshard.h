@@ -1,9 +1,10 @@
 /* tshard: trunk row shards (PROTOCOL.md §7.1) -- which trunk matrices may be
  * placed on workers as row shards, the ROWSPEC grammar of `shoal expert
  * --trunk`, the check of a worker's announced rows against a model, and the
- * coordinator's placement: which worker computes which rows of each remote
- * matrix (every row exactly once per request, chosen deterministically from the
- * announcements). Pure: no I/O. Callers: the worker (its --trunk), the
+ * coordinator's side of the announcements: the row cells of each remote
+ * matrix with their owners (several when rows are replicated) and the
+ * per-request choice of one live owner per cell (every row computed exactly
+ * once per request, chosen deterministically). Pure: no I/O. Callers: the worker (its --trunk), the
  * coordinator's trunk client (HELLO replies), tests. Lists are plain arrays
  * owned by the caller (free()). */
 #ifndef SHOAL_TSHARD_H
@@ -51,22 +52,45 @@ int shoal_tshard_parse(const char *spec, const shoal_tshard_mat *mats, int nmats
 int shoal_tshard_check(const shoal_proto_trows *t, size_t n, const shoal_tshard_mat *mats, int nmats, char *err,
                        size_t errlen);
 
-/* One piece of a placement: rows lo..hi of matrix `mat` computed by worker w. */
+/* The row cells of a set of announcements (owners and failover,
+ * PROTOCOL.md §7.1): every remote matrix is cut at the boundaries of every
+ * announced range of it, and adjacent pieces with the same owners holding
+ * them in the same ranges are joined again, so that each cell lies inside one
+ * announced range of each of its owners -- the one that reaches farthest
+ * (ties: the one starting lowest, then the first listed), so that a worker's
+ * consecutive cells of one range can travel as one segment. Owners of a cell:
+ * own[off .. off + n), ascending worker index; a row owned by several workers
+ * is a replica, any of which may compute it (the same bits). */
 typedef struct {
-    int mat, w;
-    uint32_t lo, hi;
-} shoal_tshard_piece;
+    int mat;         /* index into mats */
+    uint32_t lo, hi; /* inclusive rows */
+    uint32_t off, n; /* its owners in own[] */
+} shoal_tshard_cell;
 
-/* The placement over nw workers' announcements (t[w][0..nt[w]-1], each
- * checked): for every matrix that some worker announces ("remote"), pieces
- * that cover each of its rows exactly once, ascending by row; a row owned by
- * several workers goes to the lowest worker index among those whose range
- * reaches farthest from it (fewer, longer pieces). remote[i] = 1 for the
- * remote matrices. Rows of a remote matrix that no worker owns are refused:
- * SHOAL_ECONFIG with err listing the gaps ("name rows a-b", up to errlen).
- * *pieces is allocated (free()), ordered by matrix then row. */
-int shoal_tshard_place(const shoal_tshard_mat *mats, int nmats, int nw, const shoal_proto_trows *const *t,
-                       const size_t *nt, uint8_t *remote, shoal_tshard_piece **pieces, size_t *npieces, char *err,
-                       size_t errlen);
+typedef struct {
+    int32_t w;     /* the worker */
+    int32_t range; /* the index, in t[w], of its range holding the cell */
+} shoal_tshard_owner;
+
+/* Cells over nw workers' announcements (t[w][0..nt[w]-1], each checked), for
+ * every matrix some worker announces ("remote"; remote[i] = 1), ordered by
+ * matrix then row, covering each of its rows exactly once. Rows of a remote
+ * matrix that no worker owns are refused: SHOAL_ECONFIG with err listing the
+ * gaps ("name rows a-b", up to errlen); rows outside the model: SHOAL_ERANGE.
+ * *cells and *own are allocated (free()). */
+int shoal_tshard_cells(const shoal_tshard_mat *mats, int nmats, int nw, const shoal_proto_trows *const *t,
+                       const size_t *nt, uint8_t *remote, shoal_tshard_cell **cells, size_t *ncells,
+                       shoal_tshard_owner **own, size_t *nown, char *err, size_t errlen);
+
+/* One owner for each of n consecutive cells (cells of one matrix, in row
+ * order): for cell i with want == NULL or want[i] != 0, pick[i] = the index
+ * in own of the owner, among those with live[w] != 0 (live NULL: all), with
+ * the fewest rows picked so far in this call, ties to the lower worker
+ * index -- so the rows of a matrix are spread evenly over its live owners and
+ * a plan's near-equal parts each go to their first holder; -1 when no owner
+ * is live. Other entries of pick are left as they are. load[nw] is scratch
+ * (set here). Deterministic; allocates nothing. */
+void shoal_tshard_pick(const shoal_tshard_cell *cells, int n, const shoal_tshard_owner *own, int nw,
+                       const uint8_t *live, const uint8_t *want, uint64_t *load, int32_t *pick);
 
 #endif

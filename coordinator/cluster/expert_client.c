@@ -61,11 +61,11 @@ void shoal__ec_fail(shoal_expert_client *c, int rc, const char *fmt, ...)
 }
 
 /* Give up worker i's part of the current round (smu held; the caller has
- * marked it down): its pairs keep their owner in powner, so that gather()
- * resends them to other owners (resend()). The first loss of the request is
- * kept: its error is the request's when no other owner is up. */
-static void lose(shoal_expert_client *c, int i, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void lose(shoal_expert_client *c, int i, int rc, const char *fmt, ...)
+ * marked it down): in the expert role its pairs keep their owner in powner,
+ * so that gather() resends them to other owners (resend()); in the trunk role
+ * its cells keep theirs in tpick (trunk_client.c). The first loss of the
+ * request is kept: its error is the request's when no other owner is up. */
+void shoal__ec_lose(shoal_expert_client *c, int i, int rc, const char *fmt, ...)
 {
     shoal__ec_worker *w = &c->w[i];
     if (c->state != SENT || w->lost || w->answered)
@@ -91,7 +91,7 @@ static int others_up(shoal_expert_client *c, int i)
         const int32_t *who;
         int n = shoal_owners_of(c->owners, c->layer, c->ids[w->dest[p]], &who), ok = 0;
         for (int q = 0; q < n && !ok; q++)
-            ok = who[q] != i && !c->w[who[q]].lost && atomic_load(&c->w[who[q]].link) == W_UP;
+            ok = who[q] != i && shoal__ec_pickable(c, who[q]);
         if (!ok)
             return 0;
     }
@@ -113,14 +113,13 @@ int shoal__ec_send_frame(void *sock, void *data, size_t len, int more)
     return 0;
 }
 
-/* Send the packed request to every involved worker (smu held, state SENT). */
 /* A disconnect not yet seen by the keeper (smu held): mark that worker down
  * and leave its socket alone (its pending pipe commands, and a
  * reconnection's, allocate: the keeper's). One poll over the monitors' fds
  * of the workers that are up (a monitor read to the end signals the next
  * event), reading only those that have something. Before a pick, so that a
  * worker that just died is not picked. */
-static void see_disconnects(shoal_expert_client *c)
+void shoal__ec_see_disconnects(shoal_expert_client *c)
 {
     int n = 0;
     for (int i = 0; i < c->nw; i++)
@@ -134,6 +133,7 @@ static void see_disconnects(shoal_expert_client *c)
                 shoal__ec_mark_down(c, c->pidx[j], "disconnected (the worker died?)");
 }
 
+/* Send the packed request to every involved worker (smu held, state SENT). */
 static void send_all(shoal_expert_client *c)
 {
     c->st.requests++;
@@ -156,7 +156,8 @@ static void send_all(shoal_expert_client *c)
                            w->why, c->layer);
             return;
         }
-        lose(c, i, SHOAL_EPEER, "expert worker %s is down (%s); not sent layer %d", w->name, w->why, c->layer);
+        shoal__ec_lose(c, i, SHOAL_EPEER, "expert worker %s is down (%s); not sent layer %d", w->name, w->why,
+                       c->layer);
     }
     for (int i = 0; i < c->nw; i++) {
         shoal__ec_worker *w = &c->w[i];
@@ -179,7 +180,7 @@ static void send_all(shoal_expert_client *c)
                                e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
                 return;
             }
-            lose(c, i, SHOAL_EPEER, "expert worker %s: cannot send layer %d: %s", w->name, c->layer,
+            shoal__ec_lose(c, i, SHOAL_EPEER, "expert worker %s: cannot send layer %d: %s", w->name, c->layer,
                  e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
             continue; /* its pairs go to other owners (gather) */
         }
@@ -238,18 +239,18 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
         c->st.late_replies++; /* a reply to a request that already failed (or junk) */
     } else if (drc) {
         shoal__ec_mark_down(c, i, "malformed reply: %s", why);
-        lose(c, i, SHOAL_EPROTO, "expert worker %s: malformed reply to layer %d: %s", w->name, c->layer, why);
+        shoal__ec_lose(c, i, SHOAL_EPROTO, "expert worker %s: malformed reply to layer %d: %s", w->name, c->layer, why);
     } else if (m.type == SHOAL_MSG_ERROR) {
         shoal__ec_mark_down(c, i, "answered ERROR %s", shoal_perr_name((int)m.error.code));
-        lose(c, i, shoal_perr_to_err((int)m.error.code), "expert worker %s refused layer %d: %s: %s", w->name,
+        shoal__ec_lose(c, i, shoal_perr_to_err((int)m.error.code), "expert worker %s refused layer %d: %s: %s", w->name,
                        c->layer, shoal_perr_name((int)m.error.code), m.error.message);
     } else if (m.type != SHOAL_MSG_EXPERT_RESULT) {
         shoal__ec_mark_down(c, i, "answered a request with %s", shoal_msg_type_name(m.type));
-        lose(c, i, SHOAL_EPROTO, "expert worker %s answered layer %d with %s", w->name, c->layer,
+        shoal__ec_lose(c, i, SHOAL_EPROTO, "expert worker %s answered layer %d with %s", w->name, c->layer,
              shoal_msg_type_name(m.type));
     } else if (bad) {
         shoal__ec_mark_down(c, i, "reply of the wrong shape");
-        lose(c, i, SHOAL_EPROTO, "expert worker %s: layer %d reply is %s [%u, %u], expected bf16 [%u, %d]",
+        shoal__ec_lose(c, i, SHOAL_EPROTO, "expert worker %s: layer %d reply is %s [%u, %u], expected bf16 [%u, %d]",
                        w->name, c->layer, shoal_wire_dtype_name(m.result.y.dtype), m.result.y.rows, m.result.y.cols,
                        w->npairs, c->d);
     } else {
@@ -325,8 +326,9 @@ static void wait_replies(shoal_expert_client *c)
                 if (c->cm)
                     shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
                 shoal__ec_mark_down(c, i, "disconnected (the worker died?)");
-                lose(c, i, SHOAL_EPEER, "expert worker %s disconnected before answering layer %d (the worker died?)",
-                     w->name, c->layer);
+                shoal__ec_lose(c, i, SHOAL_EPEER,
+                               "expert worker %s disconnected before answering layer %d (the worker died?)",
+                               w->name, c->layer);
                 continue;
             }
             /* silent past the failover time: given up if every one of its
@@ -339,8 +341,8 @@ static void wait_replies(shoal_expert_client *c)
                         shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_TIMEOUT);
                     shoal__ec_mark_down(c, i, "no reply within %llu ms (failover)",
                                         (unsigned long long)(c->failover_us / 1000u));
-                    lose(c, i, SHOAL_ETIMEOUT, "no reply to layer %d within %llu ms from expert worker %s", c->layer,
-                         (unsigned long long)(c->failover_us / 1000u), w->name);
+                    shoal__ec_lose(c, i, SHOAL_ETIMEOUT, "no reply to layer %d within %llu ms from expert worker %s",
+                                   c->layer, (unsigned long long)(c->failover_us / 1000u), w->name);
                     continue;
                 }
             }
@@ -471,11 +473,12 @@ static void pack(shoal_expert_client *c)
     }
 }
 
-/* The live mask of a pick (smu held): the workers that are up. */
+/* The live mask of a pick (smu held): the workers that are up (here and on
+ * the sibling client's link). */
 static void live_mask(shoal_expert_client *c)
 {
     for (int i = 0; i < c->nw; i++)
-        c->live[i] = !c->w[i].lost && atomic_load(&c->w[i].link) == W_UP;
+        c->live[i] = shoal__ec_pickable(c, i);
 }
 
 /* Failover (smu held, state SENT, after a round in which every involved
@@ -557,7 +560,7 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
     c->ids = ids;
     c->T = T;
     c->layer = layer;
-    see_disconnects(c);
+    shoal__ec_see_disconnects(c);
     live_mask(c);
     /* one owner per expert, balanced over the owners that are up */
     shoal_owners_pick(c->owners, layer, T, k, ids, c->live, c->pick);
@@ -644,7 +647,7 @@ static void hint(void *self, int layer, const int32_t *experts, int n)
         return;
     for (int i = 0; i < c->nw; i++) {
         c->w[i].hint_n = 0;
-        c->live[i] = atomic_load(&c->w[i].link) == W_UP;
+        c->live[i] = shoal__ec_pickable(c, i);
     }
     shoal_owners_pick(c->owners, layer, n, 1, experts, c->live, c->hpick);
     for (int j = 0; j < n; j++) { /* ascending in, ascending out per worker */

@@ -106,10 +106,12 @@ typedef struct {
     size_t ntrunk;
     shoal_proto_trows *tseg; /* [SHOAL_PROTO_MAX_TSEGS] */
     int32_t tjob[SHOAL_PROTO_MAX_TSEGS];
+    int32_t tcell[SHOAL_PROTO_MAX_TSEGS][2]; /* the cells (first, last, of its job's matrix) a segment spans */
     uint32_t ntseg;
     int chain;                /* its HELLO (1.4+): it takes chained segments */
     shoal_proto_tchain tchain[SHOAL_PROTO_MAX_TCHAIN]; /* chained segments, after tseg in its reply */
     int32_t tcjob[SHOAL_PROTO_MAX_TCHAIN];
+    int32_t tccell[SHOAL_PROTO_MAX_TCHAIN][2];
     uint32_t ntchain;
     uint64_t trows;          /* sum of its segments' rows */
     uint64_t tweight;        /* bytes of those rows of the matrices (metrics) */
@@ -172,18 +174,35 @@ struct shoal_expert_client {
     int lost_rc;
     char lost_err[1024];
     uint64_t failover_us; /* a silent worker whose pairs all have another live owner is given up after this */
+    /* the other client over the same workers (the expert client and the trunk
+     * client of one coordinator, shoal_expert_client_set_sibling), or NULL: a
+     * worker down on its link is not picked among replicas here either, so a
+     * stopped worker costs one failover time per step, not one per client.
+     * Read by the forward thread only (its link is atomic). */
+    shoal_expert_client *sib;
     /* trunk role (trunk_client.c): the row-shardable matrices, which are
-     * remote, the placement (pieces of each remote matrix, by matrix then
-     * row: pbeg[k] .. pbeg[k] + pcnt[k]), the names sorted for lookup, the
-     * shared input frame and the current request's jobs */
+     * remote, their row cells with the owners of each (proto/tshard.h; by
+     * matrix then row: matrix k's are cells[cbeg[k] .. cbeg[k] + ccnt[k]),
+     * at most maxc), the names sorted for lookup, the shared input frame and
+     * the current request: its jobs and, per job j and cell i of its matrix,
+     * tpick[j * maxc + i] = the owner entry (index into cown) computing the
+     * cell in this round, -1 once its rows arrived; the pick's scratch */
     shoal_tshard_mat *tmats;
     int ntmats;
     uint8_t *tremote;
-    shoal_tshard_piece *pieces;
-    size_t npieces;
-    int32_t *pbeg, *pcnt, *tsorted;
+    shoal_tshard_cell *cells;
+    size_t ncells;
+    shoal_tshard_owner *cown;
+    size_t ncown;
+    int32_t *cbeg, *ccnt, *tsorted;
+    int maxc;
+    int32_t *tpick;  /* [SHOAL_RMAT_MAX_JOBS * maxc] */
+    int32_t *tfrom;  /* [maxc]: a resent cell's lost worker */
+    uint8_t *twant;  /* [2 * maxc]: the pick's retry, then the resend's cells */
+    uint8_t *tup;    /* [nw]: up on this client's link, not lost (the pick's second choice) */
+    uint64_t *tload; /* [nw] */
     uint8_t *tx;     /* [16 + max_tokens * max cols * 4] */
-    size_t tx_cap;
+    size_t tx_cap, txlen;
     const void *tjobs; /* the submitted shoal_rmat_job[] (borrowed until gather returns) */
     int ntjobs, tT;
     uint64_t trunk_requests, trunk_messages;
@@ -201,6 +220,15 @@ void shoal__ec_mark_down(shoal_expert_client *c, int i, const char *fmt, ...) __
 
 /* ---- expert_client.c, for the trunk client ------------------------------------ */
 
+/* Give up worker i's part of the current round (smu held; the caller has
+ * marked it down): its work is resent to other owners by the caller's
+ * gather. The first loss of the request is kept in lost_rc / lost_err: its
+ * error is the request's when no other owner is up. */
+void shoal__ec_lose(shoal_expert_client *c, int i, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* Mark down the workers that are up here whose connection dropped (smu held;
+ * before a pick, so that a worker that just died is not picked). */
+void shoal__ec_see_disconnects(shoal_expert_client *c);
+
 /* Record the request's failure (smu held; only the first one of a request
  * counts: nothing unless the state is SENT). */
 void shoal__ec_fail(shoal_expert_client *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -213,6 +241,14 @@ int shoal__ec_send_frame(void *sock, void *data, size_t len, int more);
 /* These are on the forward thread's path too (every reply, every disconnect a
  * request sees), so they are static inline: each file keeps its own copy, as
  * when the client was one file, and that path makes no call across files. */
+
+/* May a pick choose worker i (smu held)? Up on this client's link, not lost
+ * in this round, and not down on the sibling client's link. */
+static inline int shoal__ec_pickable(const shoal_expert_client *c, int i)
+{
+    return !c->w[i].lost && atomic_load(&c->w[i].link) == W_UP &&
+           (!c->sib || atomic_load(&c->sib->w[i].link) == W_UP);
+}
 
 /* CLOCK_MONOTONIC in ns and us, for deadlines and per-worker timings. */
 static inline uint64_t shoal__ec_now_ns(void)

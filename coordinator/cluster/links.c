@@ -170,9 +170,9 @@ static int by_name(const void *a, const void *b)
     return strcmp(sort_mats[*(const int32_t *)a].name, sort_mats[*(const int32_t *)b].name);
 }
 
-/* Trunk role, at open: the placement of every announced matrix's rows over
- * the workers (proto/tshard.h), refused with the gaps named; the names
- * sorted for the forward's lookup; the request buffers. */
+/* Trunk role, at open: the row cells of every announced matrix with their
+ * owners (proto/tshard.h), refused with the gaps named; the names sorted for
+ * the forward's lookup; the request buffers. */
 static int trunk_place(shoal_expert_client *c, char *err, size_t errlen)
 {
     const shoal_proto_trows **t = shoal_xcalloc((size_t)c->nw, sizeof *t);
@@ -183,20 +183,30 @@ static int trunk_place(shoal_expert_client *c, char *err, size_t errlen)
         any += nt[i];
     }
     c->tremote = shoal_xcalloc((size_t)c->ntmats + 1, 1);
-    int rc = any ? shoal_tshard_place(c->tmats, c->ntmats, c->nw, t, nt, c->tremote, &c->pieces, &c->npieces, err,
-                                      errlen)
+    int rc = any ? shoal_tshard_cells(c->tmats, c->ntmats, c->nw, t, nt, c->tremote, &c->cells, &c->ncells, &c->cown,
+                                      &c->ncown, err, errlen)
                  : shoal_err_set(err, errlen, SHOAL_ECONFIG, "--trunk remote: no worker announces trunk rows "
                                  "(start them with shoal expert --trunk ROWSPEC)");
     free(t);
     free(nt);
     if (rc)
         return rc;
-    c->pbeg = shoal_xcalloc((size_t)c->ntmats, sizeof *c->pbeg);
-    c->pcnt = shoal_xcalloc((size_t)c->ntmats, sizeof *c->pcnt);
-    for (size_t i = c->npieces; i-- > 0;) {
-        c->pbeg[c->pieces[i].mat] = (int32_t)i;
-        c->pcnt[c->pieces[i].mat]++;
+    c->cbeg = shoal_xcalloc((size_t)c->ntmats, sizeof *c->cbeg);
+    c->ccnt = shoal_xcalloc((size_t)c->ntmats, sizeof *c->ccnt);
+    size_t replicated = 0;
+    for (size_t i = c->ncells; i-- > 0;) {
+        c->cbeg[c->cells[i].mat] = (int32_t)i;
+        c->ccnt[c->cells[i].mat]++;
+        replicated += c->cells[i].n > 1;
     }
+    c->maxc = 1;
+    for (int k = 0; k < c->ntmats; k++)
+        c->maxc = c->ccnt[k] > c->maxc ? c->ccnt[k] : c->maxc;
+    c->tpick = shoal_xcalloc((size_t)SHOAL_RMAT_MAX_JOBS * (size_t)c->maxc, sizeof *c->tpick);
+    c->tfrom = shoal_xcalloc((size_t)c->maxc, sizeof *c->tfrom);
+    c->twant = shoal_xcalloc(2 * (size_t)c->maxc, 1);
+    c->tup = shoal_xcalloc((size_t)c->nw, 1);
+    c->tload = shoal_xcalloc((size_t)c->nw, sizeof *c->tload);
     c->tsorted = shoal_xcalloc((size_t)c->ntmats, sizeof *c->tsorted);
     size_t cols = 0;
     int nremote = 0;
@@ -220,8 +230,9 @@ static int trunk_place(shoal_expert_client *c, char *err, size_t errlen)
             return shoal_err_set(err, errlen, SHOAL_ERANGE, "trunk worker %s accepts %u tokens per request, the "
                                  "coordinator needs %d", c->w[i].name, c->w[i].max_tokens, c->o.max_tokens);
     }
-    SHOAL_INFO("trunk: %d matri%s remote in %zu piece%s over %d worker%s", nremote, nremote == 1 ? "x" : "ces",
-               c->npieces, c->npieces == 1 ? "" : "s", c->nw, c->nw == 1 ? "" : "s");
+    SHOAL_INFO("trunk: %d matri%s remote in %zu row cell%s over %d worker%s (%zu with more than one owner)", nremote,
+               nremote == 1 ? "x" : "ces", c->ncells, c->ncells == 1 ? "" : "s", c->nw, c->nw == 1 ? "" : "s",
+               replicated);
     return 0;
 }
 
@@ -773,9 +784,15 @@ void shoal_expert_client_close(shoal_expert_client *c)
     shoal_owners_close(c->owners);
     free(c->tmats);
     free(c->tremote);
-    free(c->pieces);
-    free(c->pbeg);
-    free(c->pcnt);
+    free(c->cells);
+    free(c->cown);
+    free(c->cbeg);
+    free(c->ccnt);
+    free(c->tpick);
+    free(c->tfrom);
+    free(c->twant);
+    free(c->tup);
+    free(c->tload);
     free(c->tsorted);
     free(c->tx);
     free(c->pick);

@@ -21,7 +21,9 @@
 #include <zmq.h>
 
 #include "common/err.h"
+#include "common/log.h"
 #include "coordinator/cluster/expert_client_int.h"
+#include "coordinator/obs/obs.h"
 
 /* Index of matrix name among the client's matrices (binary search), or -1. */
 static int find_mat(const shoal_expert_client *c, const char *name)
@@ -57,8 +59,9 @@ static int holds_all(const shoal__ec_worker *w, const shoal_tshard_mat *mt)
 }
 
 /* A chain pre -> name: both remote with these shapes, pre small enough, and
- * every worker that computes rows of name (the placement's pieces) speaks
- * 1.4 and holds all of pre (PROTOCOL.md §3.7). */
+ * every worker that may compute rows of name (every owner of each of its
+ * cells: failover may pick any of them) speaks 1.4 and holds all of pre
+ * (PROTOCOL.md §3.7). */
 static int has_chain(void *self, const char *pre, int pre_rows, int pre_cols, const char *name, int rows, int cols)
 {
     shoal_expert_client *c = self;
@@ -66,12 +69,156 @@ static int has_chain(void *self, const char *pre, int pre_rows, int pre_cols, co
         pre_rows > SHOAL_PROTO_MAX_CHAIN_ROWS)
         return 0;
     int ka = find_mat(c, pre), kb = find_mat(c, name);
-    for (int p = c->pbeg[kb]; p < c->pbeg[kb] + c->pcnt[kb]; p++) {
-        const shoal__ec_worker *w = &c->w[c->pieces[p].w];
-        if (!w->chain || !holds_all(w, &c->tmats[ka]))
-            return 0;
-    }
+    for (int i = c->cbeg[kb]; i < c->cbeg[kb] + c->ccnt[kb]; i++)
+        for (uint32_t j = c->cells[i].off; j < c->cells[i].off + c->cells[i].n; j++) {
+            const shoal__ec_worker *w = &c->w[c->cown[j].w];
+            if (!w->chain || !holds_all(w, &c->tmats[ka]))
+                return 0;
+        }
     return 1;
+}
+
+/* One owner per cell of job j's matrix (smu held): want NULL, every cell
+ * (a request's first round), else the cells with want[i] set (a resend); the
+ * owners that are pickable (up here and on the sibling's link, not lost)
+ * first, then for a cell none of whose owners is, one that is up here
+ * (shoal__ec_pickable). Returns the index of the first cell with no owner up
+ * here, or -1 when every one wanted has one. */
+static int pick_job(shoal_expert_client *c, int j, int k, const uint8_t *want)
+{
+    const shoal_tshard_cell *cl = &c->cells[c->cbeg[k]];
+    const int nc = c->ccnt[k];
+    int32_t *pk = &c->tpick[(size_t)j * (size_t)c->maxc];
+    for (int i = 0; i < c->nw; i++) {
+        c->live[i] = shoal__ec_pickable(c, i);
+        c->tup[i] = !c->w[i].lost && atomic_load(&c->w[i].link) == W_UP;
+    }
+    shoal_tshard_pick(cl, nc, c->cown, c->nw, c->live, want, c->tload, pk);
+    int again = 0;
+    for (int i = 0; i < nc; i++) {
+        c->twant[i] = (!want || want[i]) && pk[i] < 0;
+        again |= c->twant[i];
+    }
+    if (!again)
+        return -1;
+    shoal_tshard_pick(cl, nc, c->cown, c->nw, c->tup, c->twant, c->tload, pk);
+    for (int i = 0; i < nc; i++)
+        if ((!want || want[i]) && pk[i] < 0)
+            return i;
+    return -1;
+}
+
+/* This round's TRUNK_BATCH of every involved worker from tpick (smu held,
+ * state SENT): per job, its cells in row order; consecutive cells with the
+ * same owner in the same announced range travel as one segment. Resets the
+ * round's per-worker state. */
+static void pack_round(shoal_expert_client *c)
+{
+    const shoal_rmat_job *jobs = c->tjobs;
+    for (int i = 0; i < c->nw; i++) {
+        shoal__ec_worker *w = &c->w[i];
+        w->ntseg = w->ntchain = 0;
+        w->trows = w->tweight = 0;
+        w->involved = w->answered = w->lost = w->fo_checked = 0;
+    }
+    for (int j = 0; j < c->ntjobs && c->state == SENT; j++) {
+        int k = find_mat(c, jobs[j].name), ka = jobs[j].pre ? find_mat(c, jobs[j].pre) : -1;
+        const shoal_tshard_cell *cl = &c->cells[c->cbeg[k]];
+        const int32_t *pk = &c->tpick[(size_t)j * (size_t)c->maxc];
+        const shoal_tensor *tt = shoal_st_find(c->o.st, c->tmats[k].name); /* O(1), no allocation */
+        const uint64_t rowb = (uint64_t)c->tmats[k].cols * (tt ? shoal_dtype_size(tt->dtype) : 0);
+        int32_t prev = -1; /* owner entry of the cell before, when it is sent in this round */
+        for (int i = 0; i < c->ccnt[k]; i++) {
+            int32_t e = pk[i];
+            if (e < 0) {
+                prev = -1;
+                continue;
+            }
+            shoal__ec_worker *w = &c->w[c->cown[e].w];
+            uint32_t rows = cl[i].hi - cl[i].lo + 1;
+            if (prev >= 0 && c->cown[prev].w == c->cown[e].w && c->cown[prev].range == c->cown[e].range) {
+                /* the worker's last segment is this job's cell i - 1: extend it */
+                if (ka < 0) {
+                    w->tseg[w->ntseg - 1].hi = cl[i].hi;
+                    w->tcell[w->ntseg - 1][1] = i;
+                } else {
+                    w->tchain[w->ntchain - 1].b.hi = cl[i].hi;
+                    w->tccell[w->ntchain - 1][1] = i;
+                }
+            } else {
+                if (ka < 0 ? w->ntseg == SHOAL_PROTO_MAX_TSEGS : w->ntchain == SHOAL_PROTO_MAX_TCHAIN) {
+                    shoal__ec_fail(c, SHOAL_ECONFIG, "trunk worker %s: more than %d %s in one request (layer %d)",
+                                   w->name, ka < 0 ? SHOAL_PROTO_MAX_TSEGS : SHOAL_PROTO_MAX_TCHAIN,
+                                   ka < 0 ? "row ranges" : "chained row ranges", c->layer);
+                    return;
+                }
+                shoal_proto_trows *g;
+                if (ka < 0) {
+                    g = &w->tseg[w->ntseg];
+                    w->tjob[w->ntseg] = j;
+                    w->tcell[w->ntseg][0] = w->tcell[w->ntseg][1] = i;
+                    w->ntseg++;
+                } else {
+                    shoal_proto_tchain *ch = &w->tchain[w->ntchain];
+                    memcpy(ch->a, c->tmats[ka].name, sizeof ch->a);
+                    g = &ch->b;
+                    w->tcjob[w->ntchain] = j;
+                    w->tccell[w->ntchain][0] = w->tccell[w->ntchain][1] = i;
+                    w->ntchain++;
+                    const shoal_tensor *ta = shoal_st_find(c->o.st, c->tmats[ka].name);
+                    w->tweight += ta ? ta->nbytes : 0; /* the chain's first matrix, read whole by this worker */
+                }
+                memcpy(g->name, c->tmats[k].name, sizeof g->name);
+                g->lo = cl[i].lo;
+                g->hi = cl[i].hi;
+            }
+            w->trows += rows;
+            w->tweight += (uint64_t)rows * rowb;
+            w->involved = 1;
+            prev = e;
+        }
+    }
+    for (int i = 0; i < c->nw && c->state == SENT; i++) {
+        shoal__ec_worker *w = &c->w[i];
+        if (!w->involved)
+            continue;
+        w->rid = ++c->next_rid;
+        if (shoal_proto_enc_tbatch(w->tctl, SHOAL__EC_TCTL_CAP, &w->tctl_len, w->rid, (uint32_t)c->layer, w->tseg,
+                                   w->ntseg, w->tchain, w->ntchain))
+            shoal__ec_fail(c, SHOAL_EINTERNAL, "trunk worker %s: TRUNK_BATCH does not encode", w->name);
+    }
+}
+
+/* Send this round's requests (smu held, state SENT), every one before any
+ * reply is read. A worker that went down since the pick, or whose send
+ * fails, is lost: its cells go to other owners (gather). */
+static void send_round(shoal_expert_client *c)
+{
+    for (int i = 0; i < c->nw && c->state == SENT; i++) {
+        shoal__ec_worker *w = &c->w[i];
+        if (!w->involved)
+            continue;
+        if (atomic_load(&w->link) != W_UP) {
+            shoal__ec_lose(c, i, SHOAL_EPEER, "trunk worker %s is down (%s); not sent layer %d", w->name, w->why,
+                           c->layer);
+            continue;
+        }
+        w->sent_ns = shoal__ec_now_ns();
+        if (shoal__ec_send_frame(w->sock, w->tctl, w->tctl_len, 1) ||
+            shoal__ec_send_frame(w->sock, c->tx, c->txlen, 0)) {
+            int e = errno;
+            if (c->cm)
+                shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
+            shoal__ec_mark_down(c, i, "cannot send: %s", e == EAGAIN ? "not connected" : zmq_strerror(e));
+            shoal__ec_lose(c, i, SHOAL_EPEER, "trunk worker %s: cannot send layer %d: %s", w->name, c->layer,
+                           e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
+            continue;
+        }
+        c->trunk_messages++;
+        c->st.messages++;
+        c->st.bytes_out += w->tctl_len + c->txlen;
+        w->bytes_out = w->tctl_len + c->txlen;
+    }
 }
 
 static int submit(void *self, int layer, const shoal_rmat_job *jobs, int n, const float *x, int T, char *err,
@@ -99,91 +246,42 @@ static int submit(void *self, int layer, const shoal_rmat_job *jobs, int n, cons
     c->tjobs = jobs;
     c->ntjobs = n;
     c->tT = T;
+    c->round = 0;
+    c->lost_rc = 0;
+    c->lost_err[0] = 0;
     for (int i = 0; i < c->nw; i++) {
-        c->w[i].ntseg = 0;
-        c->w[i].ntchain = 0;
-        c->w[i].trows = 0;
-        c->w[i].tweight = 0;
-        c->w[i].involved = 0;
-        c->w[i].answered = 0;
+        c->w[i].lost = c->w[i].involved = c->w[i].answered = 0;
+        c->w[i].lost_sent_ns = 0;
+        c->w[i].sent_ns = 0;
     }
+    shoal__ec_see_disconnects(c);
+    /* one owner per cell, the rows of each matrix spread over the live owners */
     for (int j = 0; j < n && c->state == SENT; j++) {
-        int k = find_mat(c, jobs[j].name), ka = jobs[j].pre ? find_mat(c, jobs[j].pre) : -1;
-        for (int p = c->pbeg[k]; p < c->pbeg[k] + c->pcnt[k]; p++) {
-            const shoal_tshard_piece *pc = &c->pieces[p];
-            shoal__ec_worker *w = &c->w[pc->w];
-            if (ka < 0 ? w->ntseg == SHOAL_PROTO_MAX_TSEGS : w->ntchain == SHOAL_PROTO_MAX_TCHAIN) {
-                shoal__ec_fail(c, SHOAL_ECONFIG, "trunk worker %s: more than %d %s in one request (layer %d)",
-                               w->name, ka < 0 ? SHOAL_PROTO_MAX_TSEGS : SHOAL_PROTO_MAX_TCHAIN,
-                               ka < 0 ? "row ranges" : "chained row ranges", layer);
-                break;
-            }
-            shoal_proto_trows *g;
-            if (ka < 0) {
-                g = &w->tseg[w->ntseg];
-                w->tjob[w->ntseg++] = j;
-            } else {
-                shoal_proto_tchain *ch = &w->tchain[w->ntchain];
-                memcpy(ch->a, c->tmats[ka].name, sizeof ch->a);
-                g = &ch->b;
-                w->tcjob[w->ntchain++] = j;
-            }
-            memcpy(g->name, c->tmats[k].name, sizeof g->name);
-            g->lo = pc->lo;
-            g->hi = pc->hi;
-            w->trows += pc->hi - pc->lo + 1;
-            const shoal_tensor *tt = shoal_st_find(c->o.st, c->tmats[k].name); /* O(1), no allocation */
-            w->tweight += (uint64_t)(pc->hi - pc->lo + 1) * (uint64_t)c->tmats[k].cols *
-                          (tt ? shoal_dtype_size(tt->dtype) : 0);
-            if (ka >= 0) { /* the chain's first matrix, read whole by this worker */
-                const shoal_tensor *ta = shoal_st_find(c->o.st, c->tmats[ka].name);
-                w->tweight += ta ? ta->nbytes : 0;
-            }
-            w->involved = 1;
+        int k = find_mat(c, jobs[j].name), gap = pick_job(c, j, k, NULL);
+        if (gap >= 0) { /* no owner up: named after its first owner, fail fast (the keeper is bringing it back) */
+            const shoal_tshard_cell *cl = &c->cells[c->cbeg[k] + gap];
+            const shoal__ec_worker *w = &c->w[c->cown[cl->off].w];
+            shoal__ec_fail(c, SHOAL_EPEER,
+                           "trunk worker %s is down (%s); not sent layer %d, reconnecting in the background%s",
+                           w->name, w->why, layer, cl->n > 1 ? " (and no other owner of its rows is up)" : "");
         }
     }
-    size_t xlen = 0;
     if (c->state == SENT) {
         shoal_proto_tensor_hdr(c->tx, SHOAL_WIRE_F32, (uint32_t)T, (uint32_t)cols);
         memcpy(c->tx + SHOAL_PROTO_TENSOR_HDR, x, (size_t)T * (size_t)cols * 4);
-        shoal_proto_tensor_len(SHOAL_WIRE_F32, (uint32_t)T, (uint32_t)cols, &xlen);
+        shoal_proto_tensor_len(SHOAL_WIRE_F32, (uint32_t)T, (uint32_t)cols, &c->txlen);
+        pack_round(c);
     }
-    for (int i = 0; i < c->nw && c->state == SENT; i++) {
-        shoal__ec_worker *w = &c->w[i];
-        if (!w->involved)
-            continue;
-        if (atomic_load(&w->link) != W_UP) {
-            shoal__ec_fail(c, SHOAL_EPEER,
-                           "trunk worker %s is down (%s); not sent layer %d, reconnecting in the background", w->name,
-                           w->why, layer);
-            break;
-        }
-        w->rid = ++c->next_rid;
-        if (shoal_proto_enc_tbatch(w->tctl, SHOAL__EC_TCTL_CAP, &w->tctl_len, w->rid, (uint32_t)layer, w->tseg,
-                                   w->ntseg, w->tchain, w->ntchain)) {
-            shoal__ec_fail(c, SHOAL_EINTERNAL, "trunk worker %s: TRUNK_BATCH does not encode", w->name);
-            break;
-        }
-        if (shoal__ec_send_frame(w->sock, w->tctl, w->tctl_len, 1) || shoal__ec_send_frame(w->sock, c->tx, xlen, 0)) {
-            int e = errno;
-            shoal__ec_mark_down(c, i, "cannot send: %s", e == EAGAIN ? "not connected" : zmq_strerror(e));
-            shoal__ec_fail(c, SHOAL_EPEER, "trunk worker %s: cannot send layer %d: %s", w->name, layer,
-                 e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
-            break;
-        }
-        c->trunk_messages++;
-        c->st.messages++;
-        c->st.bytes_out += w->tctl_len + xlen;
-        w->bytes_out = w->tctl_len + xlen;
-        w->sent_ns = shoal__ec_now_us() * 1000u;
-    }
+    c->deadline_us = shoal__ec_now_us() + (uint64_t)c->o.timeout_ms * 1000u;
+    if (c->state == SENT)
+        send_round(c);
     c->trunk_requests++;
     c->st.requests++;
-    c->deadline_us = shoal__ec_now_us() + (uint64_t)c->o.timeout_ms * 1000u;
     return 0; /* a failure is returned by gather() (it releases the lock) */
 }
 
-/* One message from involved worker i (smu held): checked and scattered. */
+/* One message from involved worker i (smu held): checked and scattered; a
+ * bad answer loses the worker's part (resent to other owners). */
 static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, int truncated)
 {
     shoal__ec_worker *w = &c->w[i];
@@ -202,41 +300,47 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
                         : shoal_proto_decode_with(c->dec, f, np, SHOAL_SIDE_COORDINATOR, &m, &perr, why, sizeof why);
     if (truncated)
         snprintf(why, sizeof why, "more frames than the protocol allows");
-    int current = c->state == SENT && !w->answered && m.rid == w->rid;
+    int current = c->state == SENT && w->involved && !w->answered && !w->lost && m.rid == w->rid;
     uint64_t want = w->trows * (uint64_t)c->tT;
     if (!drc && (m.type == SHOAL_MSG_PONG || m.type == SHOAL_MSG_HELLO)) {
         /* an answer to an old probe */
     } else if (!current) {
-        c->st.late_replies++;
+        c->st.late_replies++; /* a reply to a lost part, or to a request that failed */
     } else if (drc) {
         shoal__ec_mark_down(c, i, "malformed reply: %s", why);
-        shoal__ec_fail(c, SHOAL_EPROTO, "trunk worker %s: malformed reply to layer %d: %s", w->name, c->layer, why);
+        shoal__ec_lose(c, i, SHOAL_EPROTO, "trunk worker %s: malformed reply to layer %d: %s", w->name, c->layer,
+                       why);
     } else if (m.type == SHOAL_MSG_ERROR) {
         shoal__ec_mark_down(c, i, "answered ERROR %s", shoal_perr_name((int)m.error.code));
-        shoal__ec_fail(c, shoal_perr_to_err((int)m.error.code), "trunk worker %s refused layer %d: %s: %s", w->name,
-                       c->layer, shoal_perr_name((int)m.error.code), m.error.message);
+        shoal__ec_lose(c, i, shoal_perr_to_err((int)m.error.code), "trunk worker %s refused layer %d: %s: %s",
+                       w->name, c->layer, shoal_perr_name((int)m.error.code), m.error.message);
     } else if (m.type != SHOAL_MSG_TRUNK_RESULT || m.tresult.y.cols != want) {
         shoal__ec_mark_down(c, i, "reply of the wrong type or shape");
-        shoal__ec_fail(c, SHOAL_EPROTO,
-                       "trunk worker %s answered layer %d with %s of %u values, expected TRUNK_RESULT of %llu", w->name,
-                       c->layer, shoal_msg_type_name(m.type), m.tresult.y.cols, (unsigned long long)want);
+        shoal__ec_lose(c, i, SHOAL_EPROTO,
+                       "trunk worker %s answered layer %d with %s of %u values, expected TRUNK_RESULT of %llu",
+                       w->name, c->layer, shoal_msg_type_name(m.type), m.tresult.y.cols, (unsigned long long)want);
     } else {
         const shoal_rmat_job *jobs = c->tjobs;
         const uint8_t *src = m.tresult.y.data;
         int T = c->tT;
         for (uint32_t s = 0; s < w->ntseg + w->ntchain; s++) { /* segments, then chained segments */
-            const shoal_proto_trows *g = s < w->ntseg ? &w->tseg[s] : &w->tchain[s - w->ntseg].b;
-            const shoal_rmat_job *jb = &jobs[s < w->ntseg ? w->tjob[s] : w->tcjob[s - w->ntseg]];
+            int plain = s < w->ntseg;
+            const shoal_proto_trows *g = plain ? &w->tseg[s] : &w->tchain[s - w->ntseg].b;
+            int j = plain ? w->tjob[s] : w->tcjob[s - w->ntseg];
+            const int32_t *cells = plain ? w->tcell[s] : w->tccell[s - w->ntseg];
+            const shoal_rmat_job *jb = &jobs[j];
             size_t nr = (size_t)(g->hi - g->lo + 1);
             for (int t = 0; t < T; t++)
                 memcpy(jb->y + (size_t)t * (size_t)jb->rows + g->lo, src + ((size_t)t * nr) * 4, nr * 4);
             src += (size_t)T * nr * 4;
+            for (int ci = cells[0]; ci <= cells[1]; ci++) /* these cells are done */
+                c->tpick[(size_t)j * (size_t)c->maxc + (size_t)ci] = -1;
         }
         c->st.worker_queue_us += m.tresult.queue_us;
         c->st.worker_compute_us += m.tresult.compute_us;
         w->answered = 1;
         if (c->cm) {
-            uint64_t t = shoal__ec_now_us() * 1000u, in = 0;
+            uint64_t t = shoal__ec_now_ns(), in = 0;
             for (int j = 0; j < np; j++)
                 in += f[j].len;
             shoal_cmetrics_txchg x = {.rows = w->trows * (uint64_t)T, .weight_bytes = w->tweight,
@@ -252,57 +356,193 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
     shoal__ec_close_parts(parts, np);
 }
 
-static int gather(void *self, char *err, size_t errlen)
+/* Can every cell worker i computes in this round go to another owner that
+ * is pickable (smu held)? */
+static int others_up(shoal_expert_client *c, int i)
 {
-    shoal_expert_client *c = self;
-    uint64_t t0 = shoal__ec_now_us();
+    const shoal_rmat_job *jobs = c->tjobs;
+    for (int j = 0; j < c->ntjobs; j++) {
+        int k = find_mat(c, jobs[j].name);
+        const int32_t *pk = &c->tpick[(size_t)j * (size_t)c->maxc];
+        for (int ci = 0; ci < c->ccnt[k]; ci++) {
+            if (pk[ci] < 0 || c->cown[pk[ci]].w != i)
+                continue;
+            const shoal_tshard_cell *cl = &c->cells[c->cbeg[k] + ci];
+            int ok = 0;
+            for (uint32_t e = cl->off; e < cl->off + cl->n && !ok; e++)
+                ok = c->cown[e].w != i && shoal__ec_pickable(c, c->cown[e].w);
+            if (!ok)
+                return 0;
+        }
+    }
+    return 1;
+}
+
+/* Wait until every involved worker of this round answered or was lost, or
+ * the request failed (smu held, state SENT). A worker is lost when it
+ * disconnects, answers badly (on_reply), or stays silent past the failover
+ * time while every one of its cells has another owner up; at the deadline
+ * the silent ones are marked down and the request fails naming them. The
+ * wait is a poll() over the sockets' and monitors' ZMQ_FD. */
+static void wait_round(shoal_expert_client *c)
+{
     while (c->state == SENT) {
         int n = 0;
+        uint64_t next_fo = UINT64_MAX; /* the earliest failover time still to check */
         for (int i = 0; i < c->nw && c->state == SENT; i++) {
             shoal__ec_worker *w = &c->w[i];
-            if (!w->involved || w->answered)
+            if (!w->involved || w->answered || w->lost)
                 continue;
             zmq_msg_t parts[SHOAL_PROTO_MAX_FRAMES];
             int np, truncated;
-            while (c->state == SENT && !w->answered && (np = shoal__ec_recv_parts(w->sock, parts, &truncated)) > 0)
+            while (c->state == SENT && !w->answered && !w->lost &&
+                   (np = shoal__ec_recv_parts(w->sock, parts, &truncated)) > 0)
                 on_reply(c, i, parts, np, truncated);
-            if (c->state != SENT || w->answered)
+            if (c->state != SENT || w->answered || w->lost)
                 continue;
             if (shoal__ec_monitor_disconnected(w->mon)) {
+                if (c->cm)
+                    shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
                 shoal__ec_mark_down(c, i, "disconnected (the worker died?)");
-                shoal__ec_fail(c, SHOAL_EPEER,
+                shoal__ec_lose(c, i, SHOAL_EPEER,
                                "trunk worker %s disconnected before answering layer %d (the worker died?)", w->name,
                                c->layer);
-                break;
+                continue;
             }
+            /* silent past the failover time: given up if every one of its
+             * cells has another owner up (checked once per round) */
+            uint64_t fo_at = w->sent_ns / 1000u + c->failover_us;
+            if (!w->fo_checked && shoal__ec_now_us() >= fo_at) {
+                w->fo_checked = 1;
+                if (others_up(c, i)) {
+                    if (c->cm)
+                        shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_TIMEOUT);
+                    shoal__ec_mark_down(c, i, "no reply within %llu ms (failover)",
+                                        (unsigned long long)(c->failover_us / 1000u));
+                    shoal__ec_lose(c, i, SHOAL_ETIMEOUT,
+                                   "no reply to the trunk rows of layer %d within %llu ms from trunk worker %s",
+                                   c->layer, (unsigned long long)(c->failover_us / 1000u), w->name);
+                    continue;
+                }
+            }
+            if (!w->fo_checked && fo_at < next_fo)
+                next_fo = fo_at;
             c->pfd[n] = (struct pollfd){.fd = w->fd, .events = POLLIN};
             c->pidx[n++] = i;
             c->pfd[n] = (struct pollfd){.fd = w->mfd, .events = POLLIN};
             c->pidx[n++] = i;
         }
         if (c->state != SENT || n == 0)
-            break;
+            return;
         uint64_t now = shoal__ec_now_us();
         if (now >= c->deadline_us) {
             char names[768] = "";
             size_t at = 0;
-            for (int i = 0; i < c->nw && at < sizeof names; i++)
-                if (c->w[i].involved && !c->w[i].answered) {
-                    at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", at ? ", " : "", c->w[i].name);
-                    shoal__ec_mark_down(c, i, "no reply within %d ms", c->o.timeout_ms);
-                }
+            for (int i = 0; i < c->nw && at < sizeof names; i++) {
+                const shoal__ec_worker *w = &c->w[i];
+                if (!w->involved || w->answered || w->lost)
+                    continue;
+                at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", at ? ", " : "", w->name);
+                if (c->cm)
+                    shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_TIMEOUT);
+                shoal__ec_mark_down(c, i, "no reply within %d ms", c->o.timeout_ms);
+            }
             shoal__ec_fail(c, SHOAL_ETIMEOUT,
                            "no reply to the trunk rows of layer %d within %d ms from trunk worker %s", c->layer,
                            c->o.timeout_ms, names);
-            break;
+            return;
         }
         /* capped, so that a missed wake-up (ZMQ_FD is edge-like) only delays */
-        uint64_t ms = (c->deadline_us - now + 999) / 1000;
+        uint64_t until = next_fo < c->deadline_us ? (next_fo > now ? next_fo : now) : c->deadline_us;
+        uint64_t ms = (until - now + 999) / 1000;
         if (poll(c->pfd, (nfds_t)n, ms > 20 ? 20 : (int)ms) < 0 && errno != EINTR)
             usleep(1000);
     }
-    c->st.wait_s += (double)(shoal__ec_now_us() - t0) / 1e6;
+}
+
+/* Failover (smu held, state SENT, after a round in which every involved
+ * worker answered or was lost): the cells still held by a lost worker go to
+ * other owners, picked as in submit() among those up, in a new round under
+ * the same deadline. A cell with no other owner up fails the request with
+ * the first loss's error. */
+static void resend(shoal_expert_client *c)
+{
+    const shoal_rmat_job *jobs = c->tjobs;
+    uint64_t now = shoal__ec_now_ns(), rows = 0;
+    for (int i = 0; i < c->nw; i++) {
+        shoal__ec_worker *w = &c->w[i];
+        if (!w->lost)
+            continue;
+        c->st.failovers++;
+        rows += w->trows;
+        SHOAL_WARN("trunk worker %s lost at layer %d after %.1f ms (%s): its %llu rows resent to other owners",
+                   w->name, c->layer, (double)(now - (w->sent_ns ? w->sent_ns : now)) * 1e-6, w->why,
+                   (unsigned long long)w->trows);
+        if (c->cm)
+            shoal_cmetrics_trunk_failover(c->cm, i, w->trows);
+    }
+    for (int j = 0; j < c->ntjobs && c->state == SENT; j++) {
+        int k = find_mat(c, jobs[j].name);
+        int32_t *pk = &c->tpick[(size_t)j * (size_t)c->maxc];
+        int any = 0;
+        for (int ci = 0; ci < c->ccnt[k]; ci++) {
+            c->tfrom[ci] = pk[ci] >= 0 ? c->cown[pk[ci]].w : -1;
+            any |= pk[ci] >= 0;
+        }
+        if (!any)
+            continue;
+        /* the wanted cells: those not done (their owner was lost) */
+        uint8_t *want = c->twant + c->maxc; /* twant[0 .. maxc) is pick_job's */
+        for (int ci = 0; ci < c->ccnt[k]; ci++)
+            want[ci] = c->tfrom[ci] >= 0;
+        int gap = pick_job(c, j, k, want);
+        if (gap >= 0) {
+            const shoal_tshard_cell *cl = &c->cells[c->cbeg[k] + gap];
+            shoal__ec_fail(c, c->lost_rc ? c->lost_rc : SHOAL_EPEER, "%s%s", c->lost_err,
+                           cl->n > 1 ? " (and no other owner of those rows is up)" : "");
+            return;
+        }
+        if (c->cm)
+            for (int ci = 0; ci < c->ccnt[k]; ci++)
+                if (want[ci]) {
+                    const shoal_tshard_cell *cl = &c->cells[c->cbeg[k] + ci];
+                    shoal_cmetrics_trunk_takeover(c->cm, c->tfrom[ci], c->cown[pk[ci]].w, cl->hi - cl->lo + 1);
+                }
+    }
+    c->st.resent_pairs += rows;
+    c->round++;
+    pack_round(c);
+    if (c->state == SENT)
+        send_round(c);
+}
+
+static int gather(void *self, char *err, size_t errlen)
+{
+    shoal_expert_client *c = self;
+    uint64_t t0 = shoal__ec_now_us();
+    /* rounds: every involved worker answers or is lost; the lost ones' cells
+     * are resent to other owners, until all arrived, the deadline passes or
+     * a cell has no owner left */
+    while (c->state == SENT) {
+        wait_round(c);
+        int left = 0;
+        for (int i = 0; i < c->nw && !left; i++)
+            left = c->w[i].involved && c->w[i].lost;
+        if (c->state != SENT || !left)
+            break;
+        resend(c);
+    }
     int rc = c->state == FAILED ? c->rc : 0;
+    if (!rc && c->round) { /* the time from each lost part's send to the end of the step */
+        uint64_t now = shoal__ec_now_ns();
+        for (int i = 0; i < c->nw; i++)
+            if (c->w[i].lost_sent_ns) {
+                c->st.failover_ns += now - c->w[i].lost_sent_ns;
+                if (c->cm)
+                    shoal_cmetrics_failover_time(c->cm, now - c->w[i].lost_sent_ns);
+            }
+    }
+    c->st.wait_s += (double)(shoal__ec_now_us() - t0) / 1e6;
     if (rc)
         shoal_err_set(err, errlen, rc, "%s", c->err);
     c->state = IDLE;

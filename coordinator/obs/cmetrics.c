@@ -24,6 +24,7 @@ typedef struct {
     shoal_metrics_counter timeouts, errors, stale, slowest;
     shoal_metrics_counter restarts; /* of a local worker (--workers N) by its supervisor */
     shoal_metrics_counter failovers, lost_pairs, takeover_pairs, replica_picks; /* failover (replicas) */
+    shoal_metrics_counter t_lost_rows, t_takeover_rows;                       /* ... of trunk rows */
     shoal_metrics_counter *took_from; /* [max_workers] pairs taken over from each worker (NULL past 1024 workers) */
     shoal_metrics_counter t_requests, t_rows, t_weight, t_out, t_in, t_queue_us, t_compute_us, t_network_ns;
     shoal_metrics_hist rtt, net;
@@ -41,7 +42,7 @@ struct shoal_cmetrics {
     shoal_metrics_counter tokens, chunks;
     shoal_metrics_counter spec_fed, spec_passes, spec_drafted, spec_accepted;
     shoal_metrics_hist *layer_wait; /* [num_layers] */
-    shoal_metrics_counter failovers, resent_pairs;
+    shoal_metrics_counter failovers, resent_pairs, trunk_failovers, resent_trunk_rows;
     shoal_metrics_hist failover_time;
     /* the scheduler's steps and per-request latencies */
     shoal_metrics_counter steps, decode_steps, decode_seqs, step_prompt;
@@ -170,6 +171,28 @@ void shoal_cmetrics_takeover(shoal_cmetrics *cm, int from, int w, uint32_t pairs
     shoal_metrics_add(&k->takeover_pairs, pairs);
     if (k->took_from && from >= 0 && from < cm->max_workers)
         shoal_metrics_add(&k->took_from[from], pairs);
+}
+
+void shoal_cmetrics_trunk_failover(shoal_cmetrics *cm, int w, uint64_t rows)
+{
+    if (!cm)
+        return;
+    shoal_metrics_add(&cm->failovers, 1);
+    shoal_metrics_add(&cm->trunk_failovers, 1);
+    shoal_metrics_add(&cm->resent_trunk_rows, rows);
+    worker *k = get_w(cm, w);
+    if (k) {
+        shoal_metrics_add(&k->failovers, 1);
+        shoal_metrics_add(&k->t_lost_rows, rows);
+    }
+}
+
+void shoal_cmetrics_trunk_takeover(shoal_cmetrics *cm, int from, int w, uint64_t rows)
+{
+    (void)from;
+    worker *k = get_w(cm, w);
+    if (k)
+        shoal_metrics_add(&k->t_takeover_rows, rows);
 }
 
 void shoal_cmetrics_replica_pick(shoal_cmetrics *cm, int w, uint32_t pairs)
@@ -511,9 +534,19 @@ void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b)
     }
     if (cm->nworkers) {
         shoal_metrics_family(b, "shoal_failovers_total", SHOAL_METRICS_COUNTER,
-                             "Workers given up in the middle of an expert exchange (timeout, error, disconnect) "
-                             "whose part was resent to other owners of the same experts (replicas).");
+                             "Workers given up in the middle of an expert exchange or a trunk step (timeout, error, "
+                             "disconnect) whose part was resent to other owners of the same experts or trunk rows "
+                             "(replicas).");
         shoal_metrics_sample(b, "shoal_failovers_total", NULL, 0, (double)shoal_metrics_get(&cm->failovers));
+        shoal_metrics_family(b, "shoal_trunk_failovers_total", SHOAL_METRICS_COUNTER,
+                             "Of shoal_failovers_total, those in a trunk step (TRUNK_BATCH, --trunk remote).");
+        shoal_metrics_sample(b, "shoal_trunk_failovers_total", NULL, 0,
+                             (double)shoal_metrics_get(&cm->trunk_failovers));
+        shoal_metrics_family(b, "shoal_failover_resent_trunk_rows_total", SHOAL_METRICS_COUNTER,
+                             "Trunk matrix rows resent to another owner after a failover (each for all the "
+                             "step's tokens).");
+        shoal_metrics_sample(b, "shoal_failover_resent_trunk_rows_total", NULL, 0,
+                             (double)shoal_metrics_get(&cm->resent_trunk_rows));
         shoal_metrics_family(b, "shoal_failover_resent_pairs_total", SHOAL_METRICS_COUNTER,
                              "(token, expert) pairs resent to another owner after a failover.");
         shoal_metrics_sample(b, "shoal_failover_resent_pairs_total", NULL, 0,
@@ -567,6 +600,12 @@ void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b)
     worker_counter(cm, b, "shoal_worker_takeover_pairs_total",
                    "(token, expert) pairs the worker took over from a lost worker (resent to it).",
                    offsetof(worker, takeover_pairs), 1, 1);
+    worker_counter(cm, b, "shoal_worker_lost_trunk_rows_total",
+                   "Trunk matrix rows of the worker's lost parts, resent to other owners.",
+                   offsetof(worker, t_lost_rows), 1, 1);
+    worker_counter(cm, b, "shoal_worker_takeover_trunk_rows_total",
+                   "Trunk matrix rows the worker took over from a lost worker (resent to it).",
+                   offsetof(worker, t_takeover_rows), 1, 1);
     worker_counter(cm, b, "shoal_worker_replica_picks_total",
                    "(token, expert) pairs of replicated experts (several owners) sent to the worker when the "
                    "exchange picked it.",

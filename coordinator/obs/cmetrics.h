@@ -76,6 +76,12 @@ void shoal_cmetrics_failover(shoal_cmetrics *cm, int w, uint32_t pairs);
 void shoal_cmetrics_takeover(shoal_cmetrics *cm, int from, int w, uint32_t pairs);
 void shoal_cmetrics_replica_pick(shoal_cmetrics *cm, int w, uint32_t pairs);
 void shoal_cmetrics_failover_time(shoal_cmetrics *cm, uint64_t ns);
+/* The same for a trunk step (replicated trunk rows, TRUNK_BATCH): worker w's
+ * part (rows of the matrices, each for all the step's tokens) was given up
+ * and resent -- one failover, counted in the failovers above too; w took
+ * over rows of worker from's lost part. */
+void shoal_cmetrics_trunk_failover(shoal_cmetrics *cm, int w, uint64_t rows);
+void shoal_cmetrics_trunk_takeover(shoal_cmetrics *cm, int from, int w, uint64_t rows);
 
 void shoal_cmetrics_add_phase(shoal_cmetrics *cm, shoal_cmetrics_phase ph, uint64_t ns);
 /* One forward chunk of T tokens completed. */

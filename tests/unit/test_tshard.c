@@ -1,9 +1,10 @@
 /* proto/tshard: the ROWSPEC grammar (PROTOCOL.md §7.1), the check of announced
  * rows and the placement of row shards over workers. Expected rows are worked
  * out by hand from the grammar's formula (i/n: rows floor(iR/n) ..
- * floor((i+1)R/n)-1) and the placement rule (the owner whose range reaches
- * farthest, ties to the lower worker), on three small matrices of 10, 7 and 5
- * rows; plus the list of row-shardable matrices of tests/models/tiny-k3. */
+ * floor((i+1)R/n)-1), the cells (cut at every boundary, each owner's range the
+ * one reaching farthest) and the pick rule (the live owner with the fewest
+ * rows so far, ties to the lower worker), on three small matrices of 10, 7 and
+ * 5 rows; plus the list of row-shardable matrices of tests/models/tiny-k3. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,103 +105,190 @@ static void t_check(void)
     CHECK_STR_CONTAINS(err, "not a row-shardable matrix of this model");
 }
 
-/* place over nw workers; expect the pieces (mat, w, lo, hi) and remote flags */
-static void expect_place(int nw, const shoal_proto_trows *const *t, const size_t *nt, const uint8_t want_remote[3],
-                         size_t n, const shoal_tshard_piece *want)
+/* cells over nw workers; expect the cells (mat, lo, hi, owners as (w, range) pairs) and remote flags */
+typedef struct {
+    int mat;
+    uint32_t lo, hi;
+    int n;
+    int ow[4][2];
+} want_cell;
+
+static void expect_cells(int nw, const shoal_proto_trows *const *t, const size_t *nt, const uint8_t want_remote[3],
+                         size_t n, const want_cell *want)
 {
     uint8_t remote[3];
-    shoal_tshard_piece *p = NULL;
-    size_t np = 0;
+    shoal_tshard_cell *c = NULL;
+    shoal_tshard_owner *o = NULL;
+    size_t nc = 0, no = 0;
     char err[512] = "";
-    int rc = shoal_tshard_place(M, 3, nw, t, nt, remote, &p, &np, err, sizeof err);
+    int rc = shoal_tshard_cells(M, 3, nw, t, nt, remote, &c, &nc, &o, &no, err, sizeof err);
     CHECK_MSG(rc == 0, "%s", err);
     CHECK(!memcmp(remote, want_remote, 3));
-    CHECK_MSG(np == n, "%zu pieces, want %zu", np, n);
-    for (size_t i = 0; rc == 0 && i < n && i < np; i++)
-        CHECK_MSG(p[i].mat == want[i].mat && p[i].w == want[i].w && p[i].lo == want[i].lo && p[i].hi == want[i].hi,
-                  "piece %zu: mat %d w %d %u-%u, want mat %d w %d %u-%u", i, p[i].mat, p[i].w, p[i].lo, p[i].hi,
-                  want[i].mat, want[i].w, want[i].lo, want[i].hi);
-    free(p);
+    CHECK_MSG(nc == n, "%zu cells, want %zu", nc, n);
+    for (size_t i = 0; rc == 0 && i < n && i < nc; i++) {
+        CHECK_MSG(c[i].mat == want[i].mat && c[i].lo == want[i].lo && c[i].hi == want[i].hi &&
+                      (int)c[i].n == want[i].n,
+                  "cell %zu: mat %d %u-%u with %u owners, want mat %d %u-%u with %d", i, c[i].mat, c[i].lo, c[i].hi,
+                  c[i].n, want[i].mat, want[i].lo, want[i].hi, want[i].n);
+        for (int j = 0; j < want[i].n && j < (int)c[i].n; j++)
+            CHECK_MSG(o[c[i].off + j].w == want[i].ow[j][0] && o[c[i].off + j].range == want[i].ow[j][1],
+                      "cell %zu owner %d: (%d, %d), want (%d, %d)", i, j, o[c[i].off + j].w, o[c[i].off + j].range,
+                      want[i].ow[j][0], want[i].ow[j][1]);
+    }
+    free(c);
+    free(o);
 }
 
-static void t_place(void)
+static void t_cells(void)
 {
-    /* halves of q_proj: two pieces; k_proj and lm_head stay local */
+    /* halves of q_proj: two cells of one owner each; k_proj and lm_head stay local */
     {
         shoal_proto_trows a[] = {{QN, 0, 4}}, b[] = {{QN, 5, 9}};
         const shoal_proto_trows *t[] = {a, b};
-        expect_place(2, t, (size_t[]){1, 1}, (uint8_t[]){1, 0, 0}, 2,
-                     (shoal_tshard_piece[]){{0, 0, 0, 4}, {0, 1, 5, 9}});
+        expect_cells(2, t, (size_t[]){1, 1}, (uint8_t[]){1, 0, 0}, 2,
+                     (want_cell[]){{0, 0, 4, 1, {{0, 0}}}, {0, 5, 9, 1, {{1, 0}}}});
     }
-    /* overlap: w2 owns all of q and reaches farthest from row 0 -> one piece */
+    /* overlaps: cut at 3 and 7 (w0 0-6, w1 3-9, w2 0-9) */
     {
         shoal_proto_trows a[] = {{QN, 0, 6}}, b[] = {{QN, 3, 9}}, c[] = {{QN, 0, 9}};
         const shoal_proto_trows *t[] = {a, b, c};
-        expect_place(3, t, (size_t[]){1, 1, 1}, (uint8_t[]){1, 0, 0}, 1, (shoal_tshard_piece[]){{0, 2, 0, 9}});
+        expect_cells(3, t, (size_t[]){1, 1, 1}, (uint8_t[]){1, 0, 0}, 3,
+                     (want_cell[]){{0, 0, 2, 2, {{0, 0}, {2, 0}}},
+                                   {0, 3, 6, 3, {{0, 0}, {1, 0}, {2, 0}}},
+                                   {0, 7, 9, 2, {{1, 0}, {2, 0}}}});
     }
-    /* a tie (every row owned twice, same reach): the lower worker index */
+    /* every row owned twice, same range: one cell, two owners */
     {
         shoal_proto_trows a[] = {{LN, 0, 4}}, b[] = {{LN, 0, 4}};
         const shoal_proto_trows *t[] = {a, b};
-        expect_place(2, t, (size_t[]){1, 1}, (uint8_t[]){0, 0, 1}, 1, (shoal_tshard_piece[]){{2, 0, 0, 4}});
+        expect_cells(2, t, (size_t[]){1, 1}, (uint8_t[]){0, 0, 1}, 1, (want_cell[]){{2, 0, 4, 2, {{0, 0}, {1, 0}}}});
     }
-    /* a chain: w0 0-5, w1 3-9 -> w0 0-5 (only owner of row 0), then w1 6-9 */
+    /* a part and the whole matrix on each worker: the whole (reaching
+     * farthest; for w1's rows 5-9, the one starting lowest) holds every row,
+     * so the cut at 5 joins again: one cell */
     {
-        shoal_proto_trows a[] = {{QN, 0, 5}}, b[] = {{QN, 3, 9}};
+        shoal_proto_trows a[] = {{QN, 0, 4}, {QN, 0, 9}}, b[] = {{QN, 5, 9}, {QN, 0, 9}};
         const shoal_proto_trows *t[] = {a, b};
-        expect_place(2, t, (size_t[]){1, 1}, (uint8_t[]){1, 0, 0}, 2,
-                     (shoal_tshard_piece[]){{0, 0, 0, 5}, {0, 1, 6, 9}});
+        expect_cells(2, t, (size_t[]){2, 2}, (uint8_t[]){1, 0, 0}, 1, (want_cell[]){{0, 0, 9, 2, {{0, 1}, {1, 1}}}});
     }
-    /* interleaved stripes of q and k, listed out of order: pieces by matrix then row */
+    /* two adjacent ranges of one worker stay two cells (one segment may not span them) */
+    {
+        shoal_proto_trows a[] = {{QN, 0, 4}, {QN, 5, 9}};
+        const shoal_proto_trows *t[] = {a};
+        expect_cells(1, t, (size_t[]){2}, (uint8_t[]){1, 0, 0}, 2,
+                     (want_cell[]){{0, 0, 4, 1, {{0, 0}}}, {0, 5, 9, 1, {{0, 1}}}});
+    }
+    /* interleaved stripes of q and k, listed out of order: cells by matrix then row */
     {
         shoal_proto_trows a[] = {{QN, 8, 9}, {QN, 0, 1}, {QN, 4, 5}, {KN, 0, 6}}, b[] = {{QN, 6, 7}, {QN, 2, 3}};
         const shoal_proto_trows *t[] = {a, b};
-        expect_place(2, t, (size_t[]){4, 2}, (uint8_t[]){1, 1, 0}, 6,
-                     (shoal_tshard_piece[]){{0, 0, 0, 1}, {0, 1, 2, 3}, {0, 0, 4, 5}, {0, 1, 6, 7}, {0, 0, 8, 9},
-                                            {1, 0, 0, 6}});
+        expect_cells(2, t, (size_t[]){4, 2}, (uint8_t[]){1, 1, 0}, 6,
+                     (want_cell[]){{0, 0, 1, 1, {{0, 1}}}, {0, 2, 3, 1, {{1, 1}}}, {0, 4, 5, 1, {{0, 2}}},
+                                   {0, 6, 7, 1, {{1, 0}}}, {0, 8, 9, 1, {{0, 0}}}, {1, 0, 6, 1, {{0, 3}}}});
     }
     /* a worker with no trunk rows between two that have some */
     {
         shoal_proto_trows a[] = {{KN, 0, 3}}, c[] = {{KN, 4, 6}};
         const shoal_proto_trows *t[] = {a, NULL, c};
-        expect_place(3, t, (size_t[]){1, 0, 1}, (uint8_t[]){0, 1, 0}, 2,
-                     (shoal_tshard_piece[]){{1, 0, 0, 3}, {1, 2, 4, 6}});
+        expect_cells(3, t, (size_t[]){1, 0, 1}, (uint8_t[]){0, 1, 0}, 2,
+                     (want_cell[]){{1, 0, 3, 1, {{0, 0}}}, {1, 4, 6, 1, {{2, 0}}}});
     }
 }
 
-static void t_place_refusals(void)
+/* A ring of replicas (shoal plan --trunk spread --replicas 1 on 4 workers):
+ * q_proj's quarters 0-1, 2-4, 5-6, 7-9 (rows floor(10i/4)), quarter p on
+ * workers p (listed first) and p + 1 mod 4. */
+static void t_pick(void)
+{
+    shoal_proto_trows a[] = {{QN, 0, 1}, {QN, 7, 9}}, b[] = {{QN, 2, 4}, {QN, 0, 1}}, c[] = {{QN, 5, 6}, {QN, 2, 4}},
+                      d[] = {{QN, 7, 9}, {QN, 5, 6}};
+    const shoal_proto_trows *t[] = {a, b, c, d};
+    expect_cells(4, t, (size_t[]){2, 2, 2, 2}, (uint8_t[]){1, 0, 0}, 4,
+                 (want_cell[]){{0, 0, 1, 2, {{0, 0}, {1, 1}}}, {0, 2, 4, 2, {{1, 0}, {2, 1}}},
+                               {0, 5, 6, 2, {{2, 0}, {3, 1}}}, {0, 7, 9, 2, {{0, 1}, {3, 0}}}});
+    uint8_t remote[3];
+    shoal_tshard_cell *cl = NULL;
+    shoal_tshard_owner *o = NULL;
+    size_t nc = 0, no = 0;
+    char err[256];
+    CHECK_EQ_INT(shoal_tshard_cells(M, 3, 4, t, (size_t[]){2, 2, 2, 2}, remote, &cl, &nc, &o, &no, err, sizeof err),
+                 0);
+    if (nc != 4)
+        return;
+    uint64_t load[4];
+    int32_t pick[4];
+    int w[4];
+#define WORKERS()                                                                                                  \
+    for (int i = 0; i < 4; i++)                                                                                    \
+    w[i] = pick[i] < 0 ? -1 : o[pick[i]].w
+    /* all up: each quarter to its first holder (ties to the lower index, and
+     * the worker that already has rows of the matrix is passed over) */
+    shoal_tshard_pick(cl, 4, o, 4, NULL, NULL, load, pick);
+    WORKERS();
+    CHECK_MSG(w[0] == 0 && w[1] == 1 && w[2] == 2 && w[3] == 3, "all up: %d %d %d %d", w[0], w[1], w[2], w[3]);
+    /* w1 down: 0-1 -> w0; 2-4 -> w2; 5-6 -> w3 (w2 has 3 rows, w3 none);
+     * 7-9 -> w0 (w0 and w3 have 2 rows each: the lower index) */
+    shoal_tshard_pick(cl, 4, o, 4, (uint8_t[]){1, 0, 1, 1}, NULL, load, pick);
+    WORKERS();
+    CHECK_MSG(w[0] == 0 && w[1] == 2 && w[2] == 3 && w[3] == 0, "w1 down: %d %d %d %d", w[0], w[1], w[2], w[3]);
+    CHECK_MSG(load[0] == 5 && load[1] == 0 && load[2] == 3 && load[3] == 2, "loads %llu %llu %llu %llu",
+              (unsigned long long)load[0], (unsigned long long)load[1], (unsigned long long)load[2],
+              (unsigned long long)load[3]);
+    /* w0 and w1 down: 0-1 has no live owner (-1), the rest to w2, w3, w3 */
+    shoal_tshard_pick(cl, 4, o, 4, (uint8_t[]){0, 0, 1, 1}, NULL, load, pick);
+    WORKERS();
+    CHECK_MSG(w[0] == -1 && w[1] == 2 && w[2] == 3 && w[3] == 3, "w0, w1 down: %d %d %d %d", w[0], w[1], w[2], w[3]);
+    /* a resend: only quarters 1 and 2 wanted (w2 lost), the others untouched */
+    pick[0] = pick[3] = -7;
+    shoal_tshard_pick(cl, 4, o, 4, (uint8_t[]){1, 1, 0, 1}, (uint8_t[]){0, 1, 1, 0}, load, pick);
+    CHECK_MSG(pick[0] == -7 && pick[3] == -7 && o[pick[1]].w == 1 && o[pick[2]].w == 3, "resend: %d %d %d %d",
+              pick[0], pick[1], pick[2], pick[3]);
+#undef WORKERS
+    free(cl);
+    free(o);
+}
+
+static void t_cells_refusals(void)
 {
     uint8_t remote[3];
-    shoal_tshard_piece *p = (shoal_tshard_piece *)1;
-    size_t np = 99;
+    shoal_tshard_cell *c = (shoal_tshard_cell *)1;
+    shoal_tshard_owner *o = (shoal_tshard_owner *)1;
+    size_t nc = 99, no = 99;
     char err[512];
     /* gaps: q rows 3-5 and 7-9, k rows 4-6; lm_head is not remote, so no gap */
     {
         shoal_proto_trows a[] = {{QN, 0, 2}, {QN, 6, 6}}, b[] = {{KN, 0, 3}};
         const shoal_proto_trows *t[] = {a, b};
-        CHECK_EQ_INT(shoal_tshard_place(M, 3, 2, t, (size_t[]){2, 1}, remote, &p, &np, err, sizeof err),
+        CHECK_EQ_INT(shoal_tshard_cells(M, 3, 2, t, (size_t[]){2, 1}, remote, &c, &nc, &o, &no, err, sizeof err),
                      SHOAL_ECONFIG);
-        CHECK(p == NULL && np == 0);
+        CHECK(c == NULL && nc == 0 && o == NULL && no == 0);
         CHECK_STR_CONTAINS(err, "trunk rows owned by no worker (3 gaps): " QN " rows 3-5, " QN " rows 7-9, " KN
                                 " rows 4-6");
         CHECK(!strstr(err, LN));
     }
-    /* one gap at the start of a matrix */
+    /* one gap at the start of a matrix; one between two ranges of a worker */
     {
         shoal_proto_trows a[] = {{LN, 2, 4}};
         const shoal_proto_trows *t[] = {a};
-        CHECK_EQ_INT(shoal_tshard_place(M, 3, 1, t, (size_t[]){1}, remote, &p, &np, err, sizeof err),
+        CHECK_EQ_INT(shoal_tshard_cells(M, 3, 1, t, (size_t[]){1}, remote, &c, &nc, &o, &no, err, sizeof err),
                      SHOAL_ECONFIG);
         CHECK_STR_CONTAINS(err, "(1 gap): " LN " rows 0-1");
+        shoal_proto_trows b[] = {{KN, 0, 1}, {KN, 5, 6}};
+        const shoal_proto_trows *u[] = {b};
+        CHECK_EQ_INT(shoal_tshard_cells(M, 3, 1, u, (size_t[]){2}, remote, &c, &nc, &o, &no, err, sizeof err),
+                     SHOAL_ECONFIG);
+        CHECK_STR_CONTAINS(err, "(1 gap): " KN " rows 2-4");
     }
     /* rows outside the model */
     {
         shoal_proto_trows a[] = {{LN, 0, 5}};
         const shoal_proto_trows *t[] = {a};
-        CHECK_EQ_INT(shoal_tshard_place(M, 3, 1, t, (size_t[]){1}, remote, &p, &np, err, sizeof err), SHOAL_ERANGE);
+        CHECK_EQ_INT(shoal_tshard_cells(M, 3, 1, t, (size_t[]){1}, remote, &c, &nc, &o, &no, err, sizeof err),
+                     SHOAL_ERANGE);
         shoal_proto_trows b[] = {{"language_model.model.norm.weight", 0, 0}};
         const shoal_proto_trows *u[] = {b};
-        CHECK_EQ_INT(shoal_tshard_place(M, 3, 1, u, (size_t[]){1}, remote, &p, &np, err, sizeof err), SHOAL_ERANGE);
+        CHECK_EQ_INT(shoal_tshard_cells(M, 3, 1, u, (size_t[]){1}, remote, &c, &nc, &o, &no, err, sizeof err),
+                     SHOAL_ERANGE);
         CHECK_STR_CONTAINS(err, "outside the model");
     }
 }
@@ -244,8 +332,9 @@ int main(void)
     RUN(t_parse);
     RUN(t_parse_refusals);
     RUN(t_check);
-    RUN(t_place);
-    RUN(t_place_refusals);
+    RUN(t_cells);
+    RUN(t_pick);
+    RUN(t_cells_refusals);
     RUN(t_mats_tiny);
     return test_finish();
 }
