@@ -596,12 +596,23 @@ static void health(shoal_api *a, shoal_http_ex *ex, int authorised)
     }
     shoal_sched_stats ss;
     shoal_sched_get_stats(a->o.sched, &ss);
-    int ready = atomic_load(&a->ready) && all_up;
-    const char *status = ready ? "ok" : atomic_load(&a->ready) ? "degraded" : "starting";
+    /* a worker down is "degraded" (200) while replicas still cover every
+     * expert and trunk row: requests are served; 503 only when something
+     * has no owner up (those requests fail) */
+    char why[512] = "";
+    int loaded = atomic_load(&a->ready);
+    int covered = all_up || (a->o.covered && a->o.covered(a->o.ud, why, sizeof why));
+    int ready = loaded && covered;
+    const char *status = !loaded ? "starting" : all_up ? "ok" : covered ? "degraded" : "unavailable";
     json_t *body;
     if (authorised) {
         body = json_pack("{s:s,s:b,s:s,s:o,s:{s:i,s:i}}", "status", status, "ready", ready, "model", a->model_name,
                          "workers", ws, "queue", "queued", ss.queued, "running", ss.running);
+        if (loaded && !covered) {
+            if (!why[0])
+                snprintf(why, sizeof why, "a worker is down");
+            json_object_set_new(body, "uncovered", jstr(why, strlen(why)));
+        }
     } else {
         json_decref(ws);
         body = json_pack("{s:s,s:b}", "status", status, "ready", ready);

@@ -74,6 +74,10 @@ typedef struct {
      * there are (0 when the experts run in-process). NULL: no workers. Called
      * on the loop thread for /health. */
     int (*workers)(void *ud, shoal_api_worker *w, int cap);
+    /* With some worker down: 1 when replicas still cover every expert and
+     * trunk row (/health answers 200 "degraded"), else 0 with what is not
+     * covered in why. NULL: a worker down is never covered. Loop thread. */
+    int (*covered)(void *ud, char *why, size_t whylen);
     /* Appends further metric families to /metrics (the coordinator's
      * cmetrics: forward phases, per-worker exchanges). NULL: none. Loop thread. */
     void (*metrics)(void *ud, shoal_metrics_buf *b);

@@ -328,7 +328,10 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
         shoal_expert_client_opts to = co;
         to.trunk_role = 1;
         to.st = shoal_model_store(m);
-        if ((rc = shoal_trunk_client_open(&d->trunk, &to, err, errlen))) {
+        if ((rc = shoal_trunk_client_open(&d->trunk, &to, err, errlen)) ||
+            (rc = shoal_expert_client_set_sibling(d->client, d->trunk, err, errlen))) {
+            shoal_expert_client_close(d->trunk);
+            d->trunk = NULL;
             shoal_expert_client_close(d->client);
             d->client = NULL;
         }
@@ -407,6 +410,14 @@ int shoal_dist_worker_up(shoal_dist *d, int i, char *why, size_t whylen)
     if (up && d->trunk)
         up = shoal_expert_client_worker_up(d->trunk, i, why, whylen);
     return up;
+}
+
+int shoal_dist_covered(shoal_dist *d, char *why, size_t whylen)
+{
+    if (!d)
+        return 1;
+    return shoal_expert_client_covered(d->client, why, whylen) &&
+           (!d->trunk || shoal_expert_client_covered(d->trunk, why, whylen));
 }
 
 static void count_restart(void *cm, int worker)

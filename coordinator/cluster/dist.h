@@ -81,6 +81,11 @@ const char *shoal_dist_worker_name(const shoal_dist *d, int i);
 /* 1 when worker i is up, else 0 with why (see shoal_expert_client_worker_up).
  * Any thread, any time. */
 int shoal_dist_worker_up(shoal_dist *d, int i, char *why, size_t whylen);
+/* 1 when every routed expert and every remote trunk row still has an owner
+ * that is up (replicas covering for the workers that are down: requests are
+ * served, /health says "degraded"); else 0 with what is left without one in
+ * why. 1 for a NULL d. Any thread, any time. */
+int shoal_dist_covered(shoal_dist *d, char *why, size_t whylen);
 /* Report the expert exchanges to cm (see shoal_expert_client_set_metrics).
  * cm must outlive the model (which closes the client). 0 for a NULL d. */
 int shoal_dist_set_metrics(shoal_dist *d, shoal_cmetrics *cm, char *err, size_t errlen);

@@ -11,19 +11,21 @@
  * before any reply is read; the caller computes the shared experts meanwhile;
  * gather() waits until every involved worker has answered or the deadline
  * passed, then places each expert output at its (t, slot). A worker that is
- * silent, disconnects or answers with ERROR fails the whole request with an
- * error naming it; y is then not to be used (never a partial mixture). Late
- * replies (after a timeout) carry an old request id and are dropped.
+ * silent, disconnects or answers with ERROR has its part resent to other
+ * owners (below), or, when some expert of it has none up, fails the whole
+ * request with an error naming it; y is then not to be used (never a partial
+ * mixture). Late replies carry an old request id and are dropped.
  *
  * Down and back: a worker that failed a request (deadline, ERROR, malformed
- * reply, disconnect, send failure) is marked down; every request that needs
- * it then fails at once (SHOAL_EPEER, naming it and why) until it is back.
- * Meanwhile the client's keeper thread re-sends HELLO to it with backoff
- * (100 ms doubling to 5 s, for as long as the client lives), re-verifies the
- * answer (protocol version, fingerprint, exactly the same ownership) and
- * marks it up again; the coordinator metrics' worker state follows
- * (shoal_cmetrics_worker_up). No failover yet: its experts are not sent to
- * a replica meanwhile.
+ * reply, disconnect, send failure) is marked down. Failover: when every
+ * expert of its part has another owner up (replicas), that part is resent to
+ * those owners within the same deadline (opts.failover_ms); otherwise the
+ * request fails (SHOAL_EPEER, naming it and why), and so does every request
+ * that needs one of its experts until it is back. Meanwhile the client's
+ * keeper thread re-sends HELLO to it with backoff (100 ms doubling to 5 s,
+ * for as long as the client lives), re-verifies the answer (protocol
+ * version, fingerprint, exactly the same ownership) and marks it up again;
+ * the coordinator metrics' worker state follows (shoal_cmetrics_worker_up).
  *
  * Threads: submit() and gather() run on the caller's thread (the engine's
  * forward), which drives the sockets itself and never allocates (request
@@ -143,6 +145,22 @@ int shoal_expert_client_any_trunk(const shoal_expert_client *c);
  * reconnection: ...") written to why[whylen] when why is not NULL. Any
  * thread, any time (does not wait for a request). */
 int shoal_expert_client_worker_up(shoal_expert_client *c, int i, char *why, size_t whylen);
+/* Pair a and b, two clients over the same workers (the same endpoints in the
+ * same order: the expert client and the trunk client of one coordinator): a
+ * worker down on either's link is not picked among replicas by the other, so
+ * a stopped worker given up by one is not waited for again by the other
+ * (docs/CLUSTER.md, "Replicas"). Before any request; SHOAL_EINVAL when the
+ * workers differ. Closing either unpairs them (the other must have no
+ * request under way then). */
+int shoal_expert_client_set_sibling(shoal_expert_client *a, shoal_expert_client *b, char *err, size_t errlen);
+/* 1 when everything this client serves still has an owner that is up: in
+ * the expert role every expert of every MoE layer, in the trunk role every
+ * row of every remote trunk matrix (replicas cover for workers that are
+ * down); else 0, with the first thing left without one named in why (e.g.
+ * "layer 3 expert 5: its owner cw1 is down", "rows 0-47 of NAME: their 2
+ * owners are down"). Any thread, any time (reads the links' states and what
+ * open fixed). */
+int shoal_expert_client_covered(shoal_expert_client *c, char *why, size_t whylen);
 /* Worker w's part in the last request that gathered successfully: 1 and its
  * reported queue/compute microseconds and the round trip seen here (first byte
  * sent to reply received, ns) when it was involved, else 0. Between requests. */

@@ -164,6 +164,9 @@ out:
     return rc;
 }
 
+/* The client's role in the keeper's log lines (one keeper per client). */
+#define ROLE(c) ((c)->o.trunk_role ? "trunk" : "expert")
+
 static const shoal_tshard_mat *sort_mats; /* trunk_place's qsort only (open is not reentrant on one client) */
 static int by_name(const void *a, const void *b)
 {
@@ -561,7 +564,7 @@ static void refused(shoal_expert_client *c, shoal__ec_worker *w, const char *why
         w->refusals = 0;
         pthread_mutex_unlock(&c->wmu);
         if (before)
-            SHOAL_WARN("expert worker %s: the previous refusal repeated %llu more times", w->name,
+            SHOAL_WARN("%s worker %s: the previous refusal repeated %llu more times", ROLE(c), w->name,
                        (unsigned long long)before);
         w->logged = 0;
     }
@@ -653,16 +656,16 @@ static unsigned keeper_pass(shoal_expert_client *c)
         if (!w->logged) {
             w->logged = 1;
             if (link == W_DOWN)
-                SHOAL_WARN("expert worker %s is down: %s; reconnecting in the background", w->name, w->why);
+                SHOAL_WARN("%s worker %s is down: %s; reconnecting in the background", ROLE(c), w->name, w->why);
             else if (link == W_UP) {
-                SHOAL_INFO("expert worker %s is back (re-verified HELLO) after %.1f s", w->name,
+                SHOAL_INFO("%s worker %s is back (re-verified HELLO) after %.1f s", ROLE(c), w->name,
                            (double)(now - w->down_us) * 1e-6);
                 pthread_mutex_lock(&c->wmu);
                 uint64_t before = w->refusals;
                 w->refusals = 0;
                 pthread_mutex_unlock(&c->wmu);
                 if (before)
-                    SHOAL_INFO("expert worker %s: its last refusal had repeated %llu more times", w->name,
+                    SHOAL_INFO("%s worker %s: its last refusal had repeated %llu more times", ROLE(c), w->name,
                                (unsigned long long)before);
             }
         }
@@ -776,6 +779,8 @@ void shoal_expert_client_close(shoal_expert_client *c)
         free(w->hint_ctl[0]);
         free(w->hint_ctl[1]);
     }
+    if (c->sib && c->sib->sib == c) /* no request of the other is under way (expert_client.h) */
+        c->sib->sib = NULL;
     pthread_mutex_destroy(&c->smu);
     pthread_mutex_destroy(&c->wmu);
     free(c->pfd);
@@ -1007,6 +1012,75 @@ int shoal_expert_client_worker_up(shoal_expert_client *c, int i, char *why, size
     }
     pthread_mutex_unlock(&c->wmu);
     return link == W_UP;
+}
+
+int shoal_expert_client_set_sibling(shoal_expert_client *a, shoal_expert_client *b, char *err, size_t errlen)
+{
+    if (!a || !b || a == b || a->nw != b->nw)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: siblings need the same workers");
+    for (int i = 0; i < a->nw; i++)
+        if (strcmp(a->w[i].endpoint, b->w[i].endpoint))
+            return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: sibling worker %d is %s, not %s", i,
+                                 b->w[i].endpoint, a->w[i].endpoint);
+    pthread_mutex_lock(&a->smu);
+    a->sib = b;
+    pthread_mutex_unlock(&a->smu);
+    pthread_mutex_lock(&b->smu);
+    b->sib = a;
+    pthread_mutex_unlock(&b->smu);
+    return 0;
+}
+
+/* Worker names of a list of owners for covered()'s message. */
+static void owner_names(const shoal_expert_client *c, const int32_t *who, int n, char *out, size_t len)
+{
+    size_t at = 0;
+    out[0] = 0;
+    for (int q = 0; q < n && at < len; q++)
+        at += (size_t)snprintf(out + at, len - at, "%s%s", q ? ", " : "",
+                               c->w[who[q]].id[0] ? c->w[who[q]].id : c->w[who[q]].endpoint);
+}
+
+int shoal_expert_client_covered(shoal_expert_client *c, char *why, size_t whylen)
+{
+    char names[512];
+    int32_t who[16];
+    if (c->o.trunk_role) {
+        for (size_t i = 0; i < c->ncells; i++) {
+            const shoal_tshard_cell *x = &c->cells[i];
+            int ok = 0, n = 0;
+            for (uint32_t j = x->off; j < x->off + x->n && !ok; j++) {
+                ok = atomic_load(&c->w[c->cown[j].w].link) == W_UP;
+                if (n < 16)
+                    who[n++] = c->cown[j].w;
+            }
+            if (ok)
+                continue;
+            if (why && whylen) {
+                owner_names(c, who, n, names, sizeof names);
+                snprintf(why, whylen, "trunk rows %u-%u of %s: %s %s down", x->lo, x->hi, c->tmats[x->mat].name,
+                         x->n > 1 ? "all their owners" : "their owner", names);
+            }
+            return 0;
+        }
+        return 1;
+    }
+    for (int l = 0; l < c->L; l++)
+        for (int e = 0; c->cfg->is_moe[l] && e < c->E; e++) {
+            const int32_t *ow;
+            int n = shoal_owners_of(c->owners, l, e, &ow), ok = 0;
+            for (int q = 0; q < n && !ok; q++)
+                ok = atomic_load(&c->w[ow[q]].link) == W_UP;
+            if (ok || n == 0)
+                continue;
+            if (why && whylen) {
+                owner_names(c, ow, n < 16 ? n : 16, names, sizeof names);
+                snprintf(why, whylen, "layer %d expert %d: %s %s down", l, e, n > 1 ? "all its owners" : "its owner",
+                         names);
+            }
+            return 0;
+        }
+    return 1;
 }
 
 int shoal_expert_client_any_prefetch(const shoal_expert_client *c)

@@ -44,7 +44,9 @@ static void usage(FILE *f)
                "                    row-shardable trunk matrix (ROWSPEC '*:i/N', PROTOCOL.md 7.1; KDA's small\n"
                "                    f_a whole on each, for one round trip fewer per KDA layer), so each\n"
                "                    reads 1/N of the trunk per token; its trunk bytes come out of its\n"
-               "                    budget before the experts are placed (one fit)\n"
+               "                    budget before the experts are placed (one fit). With --replicas R\n"
+               "                    every part is also on R more hosts (distinct failure domains),\n"
+               "                    each to the host with the most budget left ('*:w/N,*:p/N,...')\n"
                "  -o FILE           write plan.json here (required)\n"
                "  --inventory FILE  also write an Ansible inventory (YAML) for deploy/\n"
                "\n"
@@ -178,6 +180,7 @@ int shoal_cmd_plan(int argc, char **argv)
     shoal_trace_file *tf = NULL;
     shoal_trace_stats ts = {0};
     uint64_t *budget = NULL, *tbytes = NULL;
+    uint8_t *tpart = NULL; /* [W * W]: worker w holds trunk part p (--trunk spread) */
     int32_t *owner = NULL, *replica = NULL;
     uint8_t *hold = NULL;
     int *dom = NULL;
@@ -226,10 +229,29 @@ int shoal_cmd_plan(int argc, char **argv)
                 budget[W] = c.hosts[i].disk;
             W++;
         }
-    /* --trunk spread: worker w owns rows floor(wR/W) .. floor((w+1)R/W)-1 of
-     * every row-shardable matrix (ROWSPEC "*:w/W"); those bytes come out of
+    int ndom = 0, named = 0;
+    if (replicas) { /* failure domains: the named ones, else each host its own */
+        dom = shoal_xmalloc((size_t)(W ? W : 1) * sizeof *dom);
+        for (int w = 0; w < W; w++) {
+            const char *dn = c.hosts[widx[w]].domain[0] ? c.hosts[widx[w]].domain : c.hosts[widx[w]].name;
+            dom[w] = -1;
+            for (int v = 0; v < w && dom[w] < 0; v++) {
+                const char *dv = c.hosts[widx[v]].domain[0] ? c.hosts[widx[v]].domain : c.hosts[widx[v]].name;
+                if (!strcmp(dn, dv))
+                    dom[w] = dom[v];
+            }
+            if (dom[w] < 0)
+                dom[w] = ndom++;
+            named |= c.hosts[widx[w]].domain[0] != 0;
+        }
+    }
+    /* --trunk spread: worker w owns part w of W of every row-shardable
+     * matrix (rows floor(wR/W) .. floor((w+1)R/W)-1, ROWSPEC "*:w/W") and,
+     * with --replicas R, R more parts, so that every part is on R + 1
+     * distinct hosts (failure domains when named); those bytes come out of
      * its budget first, so trunk and experts are one fit */
     tbytes = shoal_xcalloc((size_t)(W ? W : 1), sizeof *tbytes);
+    tpart = shoal_xcalloc((size_t)(W ? W : 1) * (size_t)(W ? W : 1), 1);
     if (spread) {
         shoal_tshard_mat *mats = NULL;
         int nm = 0;
@@ -238,6 +260,14 @@ int shoal_cmd_plan(int argc, char **argv)
             rc = SHOAL_ECONFIG;
             goto fail;
         }
+        if (replicas && ndom < replicas + 1) {
+            snprintf(err, sizeof err, "--trunk spread --replicas %ld puts every trunk row on %ld distinct %s; the "
+                     "cluster has %d", replicas, replicas + 1, named ? "failure domains" : "worker hosts", ndom);
+            rc = SHOAL_ECONFIG;
+            free(mats);
+            goto fail;
+        }
+        uint64_t *pbytes = shoal_xcalloc((size_t)W, sizeof *pbytes), fa = 0; /* bytes of each part; f_a whole */
         for (int k = 0; k < nm && !rc; k++) {
             const shoal_tensor *t = shoal_st_find(st, mats[k].name);
             if (!t || mats[k].rows < W) {
@@ -251,17 +281,53 @@ int shoal_cmd_plan(int argc, char **argv)
              * layer's first request (PROTOCOL.md §3.7, chains) */
             int whole = strstr(mats[k].name, ".f_a_proj.weight") != NULL;
             has_fa |= whole;
-            for (int w = 0; w < W; w++)
-                tbytes[w] += (whole ? R : (uint64_t)(w + 1) * R / (uint64_t)W - (uint64_t)w * R / (uint64_t)W) * row;
+            if (whole)
+                fa += R * row;
+            else
+                for (int p = 0; p < W; p++)
+                    pbytes[p] += ((uint64_t)(p + 1) * R / (uint64_t)W - (uint64_t)p * R / (uint64_t)W) * row;
         }
         free(mats);
-        if (rc)
+        if (rc) {
+            free(pbytes);
             goto fail;
+        }
+        for (int w = 0; w < W; w++) {
+            tpart[(size_t)w * W + w] = 1;
+            tbytes[w] = fa + pbytes[w];
+        }
+        /* the replicas, copy after copy, part after part: each to the host
+         * with the most budget left among those whose failure domain holds
+         * no copy of the part yet (ties: the next host after the part's
+         * first, in worker order) -- with equal budgets, part p on hosts p
+         * .. p + R (mod W) */
+        for (long r = 1; r <= replicas; r++)
+            for (int p = 0; p < W; p++) {
+                int best = -1;
+                int64_t best_room = 0;
+                for (int q = 1; q < W; q++) {
+                    int w = (p + q) % W, taken = 0;
+                    for (int v = 0; v < W && !taken; v++)
+                        taken = tpart[(size_t)v * W + p] && dom[v] == dom[w];
+                    if (taken)
+                        continue;
+                    int64_t room = (int64_t)budget[w] - (int64_t)tbytes[w];
+                    if (best < 0 || room > best_room) {
+                        best = w;
+                        best_room = room;
+                    }
+                }
+                /* ndom >= replicas + 1: a domain without a copy is left */
+                tpart[(size_t)best * W + p] = 1;
+                tbytes[best] += pbytes[p];
+            }
+        free(pbytes);
         for (int w = 0; w < W; w++) {
             if (tbytes[w] >= budget[w]) {
-                snprintf(err, sizeof err, "--trunk spread: host %s: its trunk rows (%.3f GiB) do not leave room for "
-                         "experts in its budget (%.3f GiB); short by at least %.3f GiB", c.hosts[widx[w]].name,
-                         (double)tbytes[w] / 1073741824.0, (double)budget[w] / 1073741824.0,
+                snprintf(err, sizeof err, "--trunk spread%s: host %s: its trunk rows (%.3f GiB%s) do not leave room "
+                         "for experts in its budget (%.3f GiB); short by at least %.3f GiB",
+                         replicas ? " --replicas" : "", c.hosts[widx[w]].name, (double)tbytes[w] / 1073741824.0,
+                         replicas ? ", its parts and the replicas it holds" : "", (double)budget[w] / 1073741824.0,
                          (double)(tbytes[w] - budget[w]) / 1073741824.0);
                 rc = SHOAL_ECONFIG;
                 goto fail;
@@ -297,24 +363,8 @@ int shoal_cmd_plan(int argc, char **argv)
         lw_plain = smean > 0 ? smx / smean : 0;
         free(l0);
     }
-    int ndom = 0;
-    if (replicas) { /* failure domains: the named ones, else each host its own */
-        dom = shoal_xmalloc((size_t)W * sizeof *dom);
-        for (int w = 0; w < W; w++) {
-            const char *dn = c.hosts[widx[w]].domain[0] ? c.hosts[widx[w]].domain : c.hosts[widx[w]].name;
-            dom[w] = -1;
-            for (int v = 0; v < w && dom[w] < 0; v++) {
-                const char *dv = c.hosts[widx[v]].domain[0] ? c.hosts[widx[v]].domain : c.hosts[widx[v]].name;
-                if (!strcmp(dn, dv))
-                    dom[w] = dom[v];
-            }
-            if (dom[w] < 0)
-                dom[w] = ndom++;
-        }
+    if (replicas) {
         hold = shoal_xmalloc((size_t)W * L * E);
-        int named = 0;
-        for (int w = 0; w < W; w++)
-            named |= c.hosts[widx[w]].domain[0] != 0;
         if ((rc = shoal_plan_redundant(&pin, (int)replicas, named ? dom : NULL, ndom, hold, err, sizeof err)))
             goto fail;
     }
@@ -423,11 +473,25 @@ int shoal_cmd_plan(int argc, char **argv)
             free(rr);
         }
         json_object_set_new(o, "bytes", json_integer((json_int_t)bytes));
-        if (spread) {
-            char spec[96];
-            snprintf(spec, sizeof spec, "*:%d/%d%s", w, W, has_fa ? ",*.f_a_proj.weight:all" : "");
+        char *spec = NULL;
+        if (spread) { /* its own part first, then the replicas it holds, ascending */
+            size_t cap = 64 + 24 * (size_t)W, at = 0;
+            spec = shoal_xmalloc(cap);
+            json_t *parts = json_array();
+            at += (size_t)snprintf(spec + at, cap - at, "*:%d/%d", w, W);
+            json_array_append_new(parts, json_integer(w));
+            for (int p = 0; p < W; p++)
+                if (p != w && tpart[(size_t)w * W + p]) {
+                    at += (size_t)snprintf(spec + at, cap - at, ",*:%d/%d", p, W);
+                    json_array_append_new(parts, json_integer(p));
+                }
+            snprintf(spec + at, cap - at, "%s", has_fa ? ",*.f_a_proj.weight:all" : "");
             json_object_set_new(o, "trunk", json_string(spec));
             json_object_set_new(o, "trunk_bytes", json_integer((json_int_t)tbytes[w]));
+            if (replicas)
+                json_object_set_new(o, "trunk_parts", parts);
+            else
+                json_decref(parts);
         }
         json_object_set_new(o, "expected_share", json_real(share));
         json_array_append_new(jw, o);
@@ -435,9 +499,9 @@ int shoal_cmd_plan(int argc, char **argv)
                (double)bytes / 1073741824.0, 100.0 * (double)bytes / (double)budget[w], share, 1.0 / W,
                share * W);
         if (spread)
-            printf("  trunk *:%d/%d%s %.3f GiB", w, W, has_fa ? ",*.f_a_proj.weight:all" : "",
-                   (double)tbytes[w] / 1073741824.0);
+            printf("  trunk %s %.3f GiB", spec, (double)tbytes[w] / 1073741824.0);
         printf("\n");
+        free(spec);
         free(ranges);
     }
     json_object_set_new(root, "workers", jw);
@@ -452,9 +516,10 @@ int shoal_cmd_plan(int argc, char **argv)
                "above counts them on both); a replicated expert's load levels its two owners' as far as it goes\n",
                hot, hot * cfg.num_moe);
     if (replicas)
-        printf("replicas: every routed expert on %ld distinct %s (\"experts\" above counts every copy); any %ld "
+        printf("replicas: every routed expert%s on %ld distinct %s (\"experts\" above counts every copy); any %ld "
                "of them may fail at once\n",
-               replicas + 1, ndom < W ? "failure domains" : "hosts", replicas);
+               spread ? " and every part of the trunk rows" : "", replicas + 1,
+               ndom < W ? "failure domains" : "hosts", replicas);
     if (replicas || hot)
         printf("layer-weighted imbalance without replicas (one owner each): %.4f\n", lw_plain);
     free(load);
@@ -484,6 +549,7 @@ done:
     free(dom);
     free(budget);
     free(tbytes);
+    free(tpart);
     free(widx);
     shoal_trace_stats_free(&ts);
     shoal_trace_file_close(tf);

@@ -111,6 +111,12 @@ static int workers_cb(void *ud, shoal_api_worker *w, int cap)
     return n;
 }
 
+static int covered_cb(void *ud, char *why, size_t whylen)
+{
+    serve_ctx *c = ud;
+    return shoal_dist_covered(c->dist, why, whylen);
+}
+
 static void metrics_cb(void *ud, shoal_metrics_buf *b)
 {
     serve_ctx *c = ud;
@@ -576,6 +582,7 @@ int shoal_cmd_serve(int argc, char **argv)
         .api_key = api_key,
         .sched = sched,
         .workers = workers_cb,
+        .covered = covered_cb,
         .metrics = metrics_cb,
         .ud = &ctx,
     };
