@@ -21,7 +21,8 @@ with the official `openai` client:
   the takeover pairs per worker add up to them), a worker was down at least
   once and two at once at least once, and the service ends with all 4 up;
 - `shoal top --once` with one worker stopped marks it DOWN and names who took
-  its pairs over (a worker holding its experts).
+  its pairs over (a worker holding its experts), and /health answers 200
+  "degraded" meanwhile (its replicas cover every expert).
 
 N = 100 distinct prompts (SHOAL_CHAOS_N); the chaos phase cycles through them
 until at least N completions and SHOAL_CHAOS_S seconds (default 20) are done,
@@ -293,6 +294,11 @@ def main():
         # resend to the holders of its experts)
         os.kill(ws.p[0].pid, signal.SIGSTOP)
         got0 = complete(prompts[1])
+        # /health: cw0 given up, its replicas cover every expert: 200 "degraded"
+        st, h = harness.health(url)
+        check("health: a worker down, covered by replicas: 200 \"degraded\", ready",
+              st == 200 and h.get("status") == "degraded" and h.get("ready") is True and not h["workers"][0]["up"]
+              and all(x["up"] for x in h["workers"][1:]), f"{st} {h}")
         top = subprocess.run([BIN, "top", "--coordinator", url, "--once"], capture_output=True, text=True, timeout=30)
         line = [x for x in top.stdout.splitlines() if x.startswith("cw0 is DOWN")]
         takers = [i for i in range(1, 4) if held[i] & held[0]]
