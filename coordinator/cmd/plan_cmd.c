@@ -46,7 +46,7 @@ static void usage(FILE *f)
                "                    reads 1/N of the trunk per token; its trunk bytes come out of its\n"
                "                    budget before the experts are placed (one fit). With --replicas R\n"
                "                    every part is also on R more hosts (distinct failure domains),\n"
-               "                    each to the host with the most budget left ('*:w/N,*:p/N,...')\n"
+               "                    each to a host with room holding the fewest parts ('*:w/N,*:p/N,...')\n"
                "  -o FILE           write plan.json here (required)\n"
                "  --inventory FILE  also write an Ansible inventory (YAML) for deploy/\n"
                "\n"
@@ -296,14 +296,19 @@ int shoal_cmd_plan(int argc, char **argv)
             tpart[(size_t)w * W + w] = 1;
             tbytes[w] = fa + pbytes[w];
         }
-        /* the replicas, copy after copy, part after part: each to the host
-         * with the most budget left among those whose failure domain holds
-         * no copy of the part yet (ties: the next host after the part's
-         * first, in worker order) -- with equal budgets, part p on hosts p
-         * .. p + R (mod W) */
+        /* the replicas, copy after copy, part after part: each to a host
+         * whose failure domain holds no copy of the part yet -- among those
+         * with room for it in their budget, the one holding the fewest
+         * parts, ties to the next after the part's first host in worker
+         * order (so part p goes on hosts p .. p + R mod W when the domains
+         * allow); when none has room, the one with the most budget left
+         * (then refused below, with the numbers) */
+        uint64_t *nparts = shoal_xcalloc((size_t)W, sizeof *nparts);
+        for (int w = 0; w < W; w++)
+            nparts[w] = 1;
         for (long r = 1; r <= replicas; r++)
             for (int p = 0; p < W; p++) {
-                int best = -1;
+                int best = -1, best_fits = 0;
                 int64_t best_room = 0;
                 for (int q = 1; q < W; q++) {
                     int w = (p + q) % W, taken = 0;
@@ -312,16 +317,21 @@ int shoal_cmd_plan(int argc, char **argv)
                     if (taken)
                         continue;
                     int64_t room = (int64_t)budget[w] - (int64_t)tbytes[w];
-                    if (best < 0 || room > best_room) {
+                    int fits = room > (int64_t)pbytes[p];
+                    if (best < 0 || fits > best_fits || (fits && best_fits && nparts[w] < nparts[best]) ||
+                        (!fits && !best_fits && room > best_room)) {
                         best = w;
+                        best_fits = fits;
                         best_room = room;
                     }
                 }
+                nparts[best]++;
                 /* ndom >= replicas + 1: a domain without a copy is left */
                 tpart[(size_t)best * W + p] = 1;
                 tbytes[best] += pbytes[p];
             }
         free(pbytes);
+        free(nparts);
         for (int w = 0; w < W; w++) {
             if (tbytes[w] >= budget[w]) {
                 snprintf(err, sizeof err, "--trunk spread%s: host %s: its trunk rows (%.3f GiB%s) do not leave room "

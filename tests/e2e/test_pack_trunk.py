@@ -16,6 +16,9 @@ real processes over loopback tcp:
   and `shoal run --plan --trunk auto` gives the in-process ids and logits byte
   for byte (--dump-logits); so does a mix of one worker on the full model
   directory and two on packs;
+- with `--replicas 1` (failover, issue 18) each pack also holds the replica
+  parts the plan gives its worker (rows checked as above), and the packs serve
+  the in-process ids and logits;
 - a pack asked for rows it does not hold is refused naming them (exit 3); a
   flipped byte in a trunk-rows file is refused by --verify naming the file.
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~15 s.
@@ -171,6 +174,50 @@ def main():
     finally:
         for p in procs:
             harness.terminate(p, 5)
+
+    # ---- --replicas 1 (failover, issue 18): each pack holds its own part and
+    # the replica parts the plan gives it; the packs serve the in-process bits
+    rplan = os.path.join(tmp, "rplan.json")
+    r = sh("plan", "--model", TINY, "--cluster", cl, "--trunk", "spread", "--replicas", "1", "-o", rplan)
+    if check("plan --trunk spread --replicas 1", r.returncode == 0, r.stderr[-400:]):
+        rws = json.load(open(rplan))["workers"]
+        check("--replicas 1: every part in the plan on 2 workers",
+              all(sum(p in w["trunk_parts"] for w in rws) == 2 for p in range(N)), str([w["trunk"] for w in rws]))
+        rpacks = {}
+        for w in rws:
+            d = os.path.join(tmp, "rpack-" + w["name"])
+            r = sh("pack", "--model", TINY, "--plan", rplan, "--worker", w["name"], "-o", d, "--quiet")
+            if not check(f"replicas: pack {w['name']}: exit 0", r.returncode == 0, r.stderr[-400:]):
+                return 1
+            rpacks[w["name"]] = d
+            man = json.load(open(os.path.join(d, "shoal-pack.json")))
+            got = {}
+            for f in man["files"]:
+                if f["name"].startswith("trunk-rows-"):
+                    got.update(st_file(os.path.join(d, f["name"])))
+            want_rows = sorted([(k, p * v[1][0] // N, (p + 1) * v[1][0] // N - 1) for k, v in shard.items()
+                                for p in w["trunk_parts"]] +
+                               [(k, 0, v[1][0] - 1) for k, v in shard.items() if k.endswith(".f_a_proj.weight")])
+            rows = man.get("trunk_rows", [])
+            ok = sorted((x["name"], x["lo"], x["hi"]) for x in rows) == want_rows and len(got) == len(rows)
+            for x in rows:
+                dt, shp, data = orig[x["name"]]
+                row = len(data) // shp[0]
+                g = got.get(x["tensor"])
+                ok = ok and g is not None and g[2] == data[x["lo"] * row:(x["hi"] + 1) * row]
+            check(f"replicas: pack {w['name']}: the rows of parts {w['trunk_parts']} of every matrix and every "
+                  "f_a whole, bytes equal the model's", ok, f"{len(rows)} entries, want {len(want_rows)}")
+        procs = []
+        try:
+            procs = serve(tmp, rplan, rws, lambda w: rpacks[w["name"]], lambda w: ["--verify"])
+            j, lg, err = run_ids(tmp, "--plan", rplan, "--insecure-workers", "--trunk", "auto")
+            ok = j is not None
+            check("replicas: 3 workers on their packs: every trunk matrix remote, in-process ids and logits",
+                  ok and j.get("trunk_remote_matrices", 0) == len(shard) and
+                  j["generated_ids"] == ref["generated_ids"] and lg == ref_lg, err[-500:] if not ok else "")
+        finally:
+            for p in procs:
+                harness.terminate(p, 5)
 
     d = packs[ws[1]["name"]]
     port = harness.free_port()

@@ -14,6 +14,12 @@ processes over loopback tcp (--insecure):
 - workers started with `shoal expert --plan --name` pick up their trunk rows,
   and `shoal run --plan --trunk auto` goes remote and gives the in-process ids
   and logits byte for byte;
+- `--trunk spread --replicas 1` (failover, issue 18): every worker also holds
+  one other part, every part is on exactly 2 workers (in distinct failure
+  domains when the manifest names them), trunk bytes = its parts' rows + every
+  f_a from the headers, every expert on 2 workers; one failure domain, or a
+  budget that holds two copies of the experts but not two of the trunk, is
+  refused with the numbers;
 - `--trunk` with another value is refused (exit 2).
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~10 s.
 """
@@ -138,6 +144,66 @@ def main():
     check("trunk + experts within each budget", ok, r3.stderr[-300:])
     r4 = sh("plan", "--model", TINY, "--cluster", big, "--trunk", "all", "-o", os.path.join(tmp, "t4.json"))
     check("--trunk all refused (usage)", r4.returncode == 2 and "local or spread" in r4.stderr, r4.stderr[-200:])
+
+    # ---- --replicas 1: every quarter of the trunk rows on 2 distinct hosts (failover, issue 18)
+    def parts_of(spec):
+        return sorted(int(x.split(":")[1].split("/")[0]) for x in spec.split(",")
+                      if x.startswith("*:") and x.endswith(f"/{N}"))
+
+    def part_bytes(p):
+        return sum(((p + 1) * s[0] // N - p * s[0] // N) * (nb // s[0]) for k, (s, nb) in shard.items()
+                   if not k.endswith(".f_a_proj.weight"))
+    fa_bytes = sum(nb for k, (s, nb) in shard.items() if k.endswith(".f_a_proj.weight"))
+    pr = os.path.join(tmp, "rep.json")
+    r = sh("plan", "--model", TINY, "--cluster", big, "--trunk", "spread", "--replicas", "1", "-o", pr)
+    if check("plan --trunk spread --replicas 1", r.returncode == 0, r.stderr[-400:]):
+        wr = json.load(open(pr))["workers"]
+        held = [parts_of(w["trunk"]) for w in wr]
+        check("--replicas 1: each worker its own part first and one more; every part on exactly 2 workers",
+              all(w["trunk"].startswith(f"*:{i}/{N},") and len(held[i]) == 2 and
+                  w["trunk"].endswith(",*.f_a_proj.weight:all") and sorted(w["trunk_parts"]) == held[i]
+                  for i, w in enumerate(wr)) and
+              all(sum(p in h for h in held) == 2 for p in range(N)), str([w["trunk"] for w in wr]))
+        check("--replicas 1: trunk bytes = its parts' rows + every f_a, from the headers",
+              [w["trunk_bytes"] for w in wr] == [fa_bytes + sum(part_bytes(p) for p in h) for h in held],
+              f"{[w['trunk_bytes'] for w in wr]}")
+        owned = sorted(c for w in wr for c in cells(w["experts"]))
+        check("--replicas 1: every routed expert on 2 workers too",
+              owned == sorted(2 * [(l, e) for l in range(L0, L) for e in range(E)]), f"{len(owned)} cells")
+    # failure domains: 4 hosts in 2 domains -> the 2 holders of every part in distinct domains
+    dom = os.path.join(tmp, "dom.json")
+    cluster(tmp, [1 << 30] * 4, "dom.json")
+    c = json.load(open(dom))
+    for i, h in enumerate(c["hosts"][1:]):
+        h["domain"] = "rack-a" if i < 2 else "rack-b"
+    json.dump(c, open(dom, "w"))
+    pd = os.path.join(tmp, "repdom.json")
+    r = sh("plan", "--model", TINY, "--cluster", dom, "--trunk", "spread", "--replicas", "1", "-o", pd)
+    ok = r.returncode == 0
+    if ok:
+        wd = json.load(open(pd))["workers"]
+        hd = [sorted(int(x.split(":")[1].split("/")[0]) for x in w["trunk"].split(",")
+                     if x.startswith("*:") and x.endswith("/4")) for w in wd]
+        racks = [{("a" if i < 2 else "b") for i in range(4) if p in hd[i]} for p in range(4)]
+        ok = all(len([i for i in range(4) if p in hd[i]]) == 2 for p in range(4)) and all(len(x) == 2 for x in racks)
+    check("--replicas 1 over 2 failure domains: every part in both", ok, r.stderr[-300:] if r.returncode else str(hd))
+    for h in c["hosts"][1:]:
+        h["domain"] = "one-rack"
+    json.dump(c, open(dom, "w"))
+    r = sh("plan", "--model", TINY, "--cluster", dom, "--trunk", "spread", "--replicas", "1", "-o", pd)
+    check("--replicas 1 with one failure domain: refused naming the domains needed (exit 3)",
+          r.returncode == 3 and "2 distinct failure domains" in r.stderr and "has 1" in r.stderr, r.stderr[-300:])
+    # a budget for the experts twice and the trunk once, not twice: refused with the shortfall
+    b2 = (2 * exp_all + trunk_all) // N + (2 * exp_all // (E * (L - L0)))
+    t2 = cluster(tmp, [b2] * N, "tight2.json")
+    r1 = sh("plan", "--model", TINY, "--cluster", t2, "--replicas", "1", "-o", os.path.join(tmp, "t5.json"))
+    r2 = sh("plan", "--model", TINY, "--cluster", t2, "--trunk", "spread", "--replicas", "1",
+            "-o", os.path.join(tmp, "t6.json"))
+    check("a budget for 2 copies of the experts: planned with --replicas 1 alone", r1.returncode == 0,
+          r1.stderr[-300:])
+    check("...refused with --trunk spread --replicas 1 (2 copies of the trunk too), naming the shortfall",
+          r2.returncode == 3 and "short by" in r2.stderr and "replicas" in r2.stderr, f"{r2.returncode} "
+          f"{r2.stderr[-300:]}")
 
     # ---- the plan's workers serve their trunk rows; the coordinator goes remote, same bits
     ref, ref_lg, err = run_ids(tmp)
