@@ -1,13 +1,13 @@
-/* Internals of the expert client (expert_client.h), shared by its two files and
- * included by them only: links.c and expert_client.c. Not for other modules,
- * nor for the unit test, which goes through expert_client.h.
+/* Internals of the expert client (expert_client.h), shared by its files and
+ * included by them only: links.c, expert_client.c and trunk_client.c. Not for
+ * other modules, nor for the unit test, which goes through expert_client.h.
  *
  * The split. links.c holds the worker links: connect, HELLO and the ownership
  * checks, down and back (the keeper thread: probes with backoff,
- * re-verification, warm-up PINGs), open and close; it is the part a future
- * trunk-shard client will reuse over the same links. expert_client.c holds the
+ * re-verification, warm-up PINGs), open and close. expert_client.c holds the
  * per-layer expert exchange on the forward thread: submit, gather, hint, the
- * backend vtable and the request's stats.
+ * backend vtable and the request's stats; trunk_client.c the trunk step of a
+ * client opened in the trunk role, over the same links code.
  *
  * Calls point one way: the exchange calls into the links (shoal__ec_mark_down,
  * and the socket helpers at the end of this header), never the reverse. What

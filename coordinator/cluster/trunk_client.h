@@ -6,13 +6,22 @@
  * request and the layer's outstanding expert batch never share a reply
  * stream (the shared experts run between the expert submit and gather).
  *
- * Per call: submit() splits every job's rows over the workers by the
- * placement fixed at open (every row exactly once), packs one TRUNK_BATCH per
- * involved worker (all its segments, one shared input frame) and sends them
- * all before reading any reply; gather() waits for every involved worker or
- * the deadline and scatters the rows into each job's y. Failures name the
- * worker (deadline, disconnect, ERROR, malformed reply); y is then not to be
- * used. The forward thread allocates nothing here. */
+ * At open the workers' announced rows are cut into row cells, each with its
+ * owners (proto/tshard.h; several when rows are replicated, `shoal plan
+ * --trunk spread --replicas R`). Per call: submit() picks one owner that is
+ * up for every cell of every job (shoal_tshard_pick: every row exactly once,
+ * spread over the live owners), joins each worker's consecutive cells of one
+ * announced range into segments, packs one TRUNK_BATCH per involved worker
+ * (all its segments, one shared input frame) and sends them all before
+ * reading any reply; gather() waits for every involved worker and scatters
+ * the rows into each job's y. Failover, as the expert exchange: a worker that
+ * disconnects, answers badly, cannot be sent to, or stays silent past
+ * opts.failover_ms while each of its cells has another owner up, is marked
+ * down (the keeper re-probes it) and its cells are resent to their other
+ * owners in a new round under the same deadline; the rows are the same bits
+ * whoever computes them. A cell left with no owner up, or the deadline, fails
+ * the call naming the worker; y is then not to be used. The forward thread
+ * allocates nothing here. */
 #ifndef SHOAL_TRUNK_CLIENT_H
 #define SHOAL_TRUNK_CLIENT_H
 
@@ -21,7 +30,8 @@
 
 /* o->trunk_role and o->st must be set. Errors as shoal_expert_client_open;
  * SHOAL_ECONFIG: no worker announces trunk rows, or rows of an announced
- * matrix are owned by no worker (named). */
+ * matrix are owned by no worker (named). Rows owned by several workers are
+ * replicas. */
 int shoal_trunk_client_open(shoal_expert_client **out, const shoal_expert_client_opts *o, char *err, size_t errlen);
 /* The backend view: {vt, c}; vt->close closes c. */
 shoal_rmat shoal_trunk_client_backend(shoal_expert_client *c);

@@ -21,8 +21,17 @@ failover (--failover): `shoal serve` with the R = 1 workers and
   run first: an upper bound, noise spikes included. Every arrival time is kept. Also records the
   coordinator's shoal_failover_seconds quantiles after each kind.
 
+--trunk: the same with the trunk rows on the workers too (`shoal plan --trunk
+  spread`, `--replicas 0/1` for both the experts and the trunk quarters;
+  `shoal run/serve --trunk remote`): R = 1 then puts every trunk row on two
+  workers, and a stopped or killed worker is mostly met first by a trunk step
+  (about 6 trunk round trips per expert exchange), counted apart in
+  shoal_trunk_failovers_total, recorded per kind and per fault (the counters
+  read before and after each faulted completion); "trunk_only" figures are
+  over the faults that caused exactly one failover, in a trunk step.
+
 usage: failover_bench.py --model DIR --bin SHOAL --out FILE.json [--gen N] [--reps N]
-       [--threads N] [--failover] [--faults N] [--stream-gen N] [--failover-ms F]"""
+       [--threads N] [--failover] [--faults N] [--stream-gen N] [--failover-ms F] [--trunk]"""
 import argparse
 import json
 import os
@@ -62,6 +71,7 @@ def main():
     ap.add_argument("--failover-ms", type=int, default=300)
     ap.add_argument("--kinds", default="stop,kill")
     ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--trunk", action="store_true", help="trunk rows on the workers too (plan --trunk spread)")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="shoal-fobench-")
     procs = []
@@ -71,26 +81,32 @@ def main():
                            text=True).stdout.strip() != ""
     out = {"commit": git + ("+dirty" if dirty else ""), "command": sys.argv, "machine": " ".join(os.uname()),
            "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(), "model": a.model, "gen": a.gen,
-           "reps": a.reps, "threads": a.threads, "failover_ms": a.failover_ms, "decode": [], "failover": {}}
+           "reps": a.reps, "threads": a.threads, "failover_ms": a.failover_ms, "trunk": a.trunk, "decode": [],
+           "failover": {}}
     try:
         cl = os.path.join(tmp, "cluster.json")
         cluster(cl, 4, 1 << 50)
-        ranges = {}
+        ranges, trunks = {}, {}
         for r in (0, 1):
             pj = os.path.join(tmp, f"plan{r}.json")
-            p = subprocess.run([a.bin, "plan", "--model", a.model, "--cluster", cl, "--replicas", str(r), "-o", pj],
-                               capture_output=True, text=True, timeout=600)
+            p = subprocess.run([a.bin, "plan", "--model", a.model, "--cluster", cl, "--replicas", str(r), "-o", pj]
+                               + (["--trunk", "spread"] if a.trunk else []), capture_output=True, text=True,
+                               timeout=600)
             if p.returncode:
                 sys.exit(f"plan --replicas {r}: {p.stderr}")
             ranges[r] = [w["experts"] for w in json.load(open(pj))["workers"]]
+            trunks[r] = [w.get("trunk") for w in json.load(open(pj))["workers"]]
         out["ranges"] = ranges
+        out["trunk_rowspecs"] = trunks if a.trunk else None
+        tflag = ["--trunk", "remote"] if a.trunk else []
         tag = f"{os.getpid()}"
         eps = {r: [f"ipc://@shoal-fobench-{tag}-{r}-{i}" for i in range(4)] for r in (0, 1)}
         wp = {}
 
         def start(r, i):
             p = subprocess.Popen([a.bin, "expert", "--model", a.model, "--experts", ranges[r][i], "--listen",
-                                  eps[r][i], "--threads", "1", "--id", f"fb{r}{i}"], stdout=subprocess.DEVNULL,
+                                  eps[r][i], "--threads", "1", "--id", f"fb{r}{i}"]
+                                 + (["--trunk", trunks[r][i]] if a.trunk else []), stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
             procs.append(p)
             wp[(r, i)] = p
@@ -102,7 +118,7 @@ def main():
         for rep in range(0 if a.skip_decode else a.reps):
             for r in (0, 1):
                 cmd = [a.bin, "run", "--model", a.model, "--ids", prompt, "--gen", str(a.gen), "--threads",
-                       str(a.threads), "--json", "--hello-timeout-ms", "600000"]
+                       str(a.threads), "--json", "--hello-timeout-ms", "600000"] + tflag
                 for ep in eps[r]:
                     cmd += ["--worker", ep]
                 load = os.getloadavg()[0]
@@ -117,7 +133,8 @@ def main():
                     sys.exit(f"R={r} rep {rep}: ids {ids} differ from {ref}")
                 row = {"replicas": r, "rep": rep, "load1": load,
                        "decode_s_per_token": j["decode_s"] / max(1, j["decode_tokens"]),
-                       "decode_tokens": j["decode_tokens"]}
+                       "decode_tokens": j["decode_tokens"],
+                       "trunk_round_trips_per_token": j.get("decode_trunk_round_trips_per_token")}
                 out["decode"].append(row)
                 print(json.dumps(row), flush=True)
         if not a.skip_decode:
@@ -137,7 +154,7 @@ def main():
             log = harness.logfile()
             cmd = [a.bin, "serve", "--model", a.model, "--port", "0", "--model-name", "m", "--threads",
                    str(a.threads), "--expert-timeout-ms", "30000", "--failover-ms", str(a.failover_ms), "--memo", "0",
-                   "--hello-timeout-ms", "600000"]
+                   "--hello-timeout-ms", "600000"] + tflag
             for ep in eps[1]:
                 cmd += ["--worker", ep]
             srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -173,6 +190,13 @@ def main():
                     time.sleep(0.05)
                 return False
 
+            def counters():
+                """(shoal_failovers_total, shoal_trunk_failovers_total) now"""
+                with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+                    v = {x.split()[0]: float(x.split()[1]) for x in r.read().decode().splitlines()
+                         if x.startswith("shoal_failovers_total ") or x.startswith("shoal_trunk_failovers_total ")}
+                return v.get("shoal_failovers_total", 0.0), v.get("shoal_trunk_failovers_total", 0.0)
+
             gaps = []
             base = {}
             for k in range(8):
@@ -198,6 +222,7 @@ def main():
                         else:
                             wp[(1, w)].kill()
                     loads.append(os.getloadavg()[0])
+                    c0 = counters()
                     t, tf, toks = stream([3 + k, 9, 4, 2], (after, act))
                     flat = [x for c in toks for x in (c or [])]
                     if flat != base[k]:
@@ -224,24 +249,40 @@ def main():
                     # exchange that picks it). Noise spikes count too: an
                     # upper bound.
                     nxt = [j for j, x in enumerate(t) if x > tf and j > 0]
-                    raw.append({"worker": w, "after": after, "t_fault": tf, "t": t})
+                    c1 = counters()
+                    fo_n = c1[0] - c0[0]
+                    tfo_n = c1[1] - c0[1]
+                    raw.append({"worker": w, "after": after, "t_fault": tf, "t": t, "failovers": fo_n,
+                                "trunk_failovers": tfo_n})
                     if nxt:
                         added.append(max(t[j] - t[j - 1] for j in nxt) - med)
+                        raw[-1]["added_s"] = added[-1]
                 added.sort()
                 with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-                    m = [x for x in r.read().decode().splitlines() if x.startswith("shoal_failover")]
+                    m = [x for x in r.read().decode().splitlines()
+                         if x.startswith("shoal_failover") or x.startswith("shoal_trunk_failovers_total")]
                 cnt = next(float(x.split()[1]) for x in m if x.startswith("shoal_failover_seconds_count"))
                 sm = next(float(x.split()[1]) for x in m if x.startswith("shoal_failover_seconds_sum"))
-                prev = out["failover"].get("_prev", (0.0, 0.0))
-                out["failover"]["_prev"] = (cnt, sm)
+                tf_n = next((float(x.split()[1]) for x in m if x.startswith("shoal_trunk_failovers_total")), 0.0)
+                prev = out["failover"].get("_prev", (0.0, 0.0, 0.0))
+                out["failover"]["_prev"] = (cnt, sm, tf_n)
+                # the faults met by a trunk step alone: one trunk failover, no other
+                tonly = sorted(x["added_s"] for x in raw if "added_s" in x and x["failovers"] == 1 and
+                               x["trunk_failovers"] == 1)
                 res = {"n": len(added), "added_p50_s": statistics.median(added),
+                       "trunk_only_n": len(tonly),
+                       "trunk_only_added_p50_s": statistics.median(tonly) if tonly else None,
+                       "trunk_only_added_p99_s": tonly[int(0.99 * (len(tonly) - 1))] if tonly else None,
+                       "per_fault_failovers": [(x["failovers"], x["trunk_failovers"]) for x in raw],
                        "added_p99_s": added[int(0.99 * (len(added) - 1))], "added_max_s": added[-1],
                        "added_s": added, "ids_differ": bad, "load1": loads, "metrics": m, "raw": raw,
-                       "failovers": cnt - prev[0],
+                       "failovers": cnt - prev[0], "trunk_failovers": tf_n - prev[2],
                        "failover_mean_s": (sm - prev[1]) / (cnt - prev[0]) if cnt > prev[0] else None}
                 out["failover"][kind] = res
                 print(f"{kind}: n {res['n']}, added p50 {res['added_p50_s'] * 1e3:.1f} ms, p99 "
-                      f"{res['added_p99_s'] * 1e3:.1f} ms; ids differ {bad}; {m}", flush=True)
+                      f"{res['added_p99_s'] * 1e3:.1f} ms; ids differ {bad}; trunk-only faults {len(tonly)}"
+                      + (f" p50 {res['trunk_only_added_p50_s'] * 1e3:.1f} p99 {res['trunk_only_added_p99_s'] * 1e3:.1f}"
+                         " ms" if tonly else "") + f"; {m}", flush=True)
             harness.terminate(srv)
         out["failover"].pop("_prev", None)
         out["loadavg_end"] = os.getloadavg()
