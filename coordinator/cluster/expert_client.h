@@ -153,7 +153,8 @@ int shoal_expert_client_worker_up(shoal_expert_client *c, int i, char *why, size
  * workers differ. Closing either unpairs them (the other must have no
  * request under way then). */
 int shoal_expert_client_set_sibling(shoal_expert_client *a, shoal_expert_client *b, char *err, size_t errlen);
-/* 1 when everything this client serves still has an owner that is up: in
+/* 1 when everything this client serves still has an owner that is up (on
+ * this client's link and on its sibling's, if any): in
  * the expert role every expert of every MoE layer, in the trunk role every
  * row of every remote trunk matrix (replicas cover for workers that are
  * down); else 0, with the first thing left without one named in why (e.g.

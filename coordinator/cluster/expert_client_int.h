@@ -197,7 +197,7 @@ struct shoal_expert_client {
     int32_t *cbeg, *ccnt, *tsorted;
     int maxc;
     int32_t *tpick;  /* [SHOAL_RMAT_MAX_JOBS * maxc] */
-    int32_t *tfrom;  /* [maxc]: a resent cell's lost worker */
+    int32_t *tfrom;  /* [SHOAL_RMAT_MAX_JOBS * maxc]: a resent cell's lost worker (-1: done) */
     uint8_t *twant;  /* [2 * maxc]: the pick's retry, then the resend's cells */
     uint8_t *tup;    /* [nw]: up on this client's link, not lost (the pick's second choice) */
     uint64_t *tload; /* [nw] */

@@ -206,7 +206,7 @@ static int trunk_place(shoal_expert_client *c, char *err, size_t errlen)
     for (int k = 0; k < c->ntmats; k++)
         c->maxc = c->ccnt[k] > c->maxc ? c->ccnt[k] : c->maxc;
     c->tpick = shoal_xcalloc((size_t)SHOAL_RMAT_MAX_JOBS * (size_t)c->maxc, sizeof *c->tpick);
-    c->tfrom = shoal_xcalloc((size_t)c->maxc, sizeof *c->tfrom);
+    c->tfrom = shoal_xcalloc((size_t)SHOAL_RMAT_MAX_JOBS * (size_t)c->maxc, sizeof *c->tfrom);
     c->twant = shoal_xcalloc(2 * (size_t)c->maxc, 1);
     c->tup = shoal_xcalloc((size_t)c->nw, 1);
     c->tload = shoal_xcalloc((size_t)c->nw, sizeof *c->tload);
@@ -1041,6 +1041,14 @@ static void owner_names(const shoal_expert_client *c, const int32_t *who, int n,
                                c->w[who[q]].id[0] ? c->w[who[q]].id : c->w[who[q]].endpoint);
 }
 
+/* Up for covered(): on this client's link and on the sibling's (a worker is
+ * up in /health when both its links are; one that either client has seen
+ * die is not counted on, as the picks do not count on it). */
+static int up_both(const shoal_expert_client *c, int i)
+{
+    return atomic_load(&c->w[i].link) == W_UP && (!c->sib || atomic_load(&c->sib->w[i].link) == W_UP);
+}
+
 int shoal_expert_client_covered(shoal_expert_client *c, char *why, size_t whylen)
 {
     char names[512];
@@ -1050,7 +1058,7 @@ int shoal_expert_client_covered(shoal_expert_client *c, char *why, size_t whylen
             const shoal_tshard_cell *x = &c->cells[i];
             int ok = 0, n = 0;
             for (uint32_t j = x->off; j < x->off + x->n && !ok; j++) {
-                ok = atomic_load(&c->w[c->cown[j].w].link) == W_UP;
+                ok = up_both(c, c->cown[j].w);
                 if (n < 16)
                     who[n++] = c->cown[j].w;
             }
@@ -1070,7 +1078,7 @@ int shoal_expert_client_covered(shoal_expert_client *c, char *why, size_t whylen
             const int32_t *ow;
             int n = shoal_owners_of(c->owners, l, e, &ow), ok = 0;
             for (int q = 0; q < n && !ok; q++)
-                ok = atomic_load(&c->w[ow[q]].link) == W_UP;
+                ok = up_both(c, ow[q]);
             if (ok || n == 0)
                 continue;
             if (why && whylen) {

@@ -468,6 +468,29 @@ static void wait_round(shoal_expert_client *c)
 static void resend(shoal_expert_client *c)
 {
     const shoal_rmat_job *jobs = c->tjobs;
+    for (int j = 0; j < c->ntjobs && c->state == SENT; j++) {
+        int k = find_mat(c, jobs[j].name);
+        int32_t *pk = &c->tpick[(size_t)j * (size_t)c->maxc], *from = &c->tfrom[(size_t)j * (size_t)c->maxc];
+        int any = 0;
+        for (int ci = 0; ci < c->ccnt[k]; ci++) {
+            from[ci] = pk[ci] >= 0 ? c->cown[pk[ci]].w : -1;
+            any |= pk[ci] >= 0;
+        }
+        if (!any)
+            continue;
+        /* the wanted cells: those not done (their owner was lost) */
+        uint8_t *want = c->twant + c->maxc; /* twant[0 .. maxc) is pick_job's */
+        for (int ci = 0; ci < c->ccnt[k]; ci++)
+            want[ci] = from[ci] >= 0;
+        int gap = pick_job(c, j, k, want);
+        if (gap >= 0) {
+            const shoal_tshard_cell *cl = &c->cells[c->cbeg[k] + gap];
+            shoal__ec_fail(c, c->lost_rc ? c->lost_rc : SHOAL_EPEER, "%s%s", c->lost_err,
+                           cl->n > 1 ? " (and no other owner of those rows is up)" : "");
+            return;
+        }
+    }
+    /* every lost cell has a new owner: the failovers and takeovers */
     uint64_t now = shoal__ec_now_ns(), rows = 0;
     for (int i = 0; i < c->nw; i++) {
         shoal__ec_worker *w = &c->w[i];
@@ -481,33 +504,14 @@ static void resend(shoal_expert_client *c)
         if (c->cm)
             shoal_cmetrics_trunk_failover(c->cm, i, w->trows);
     }
-    for (int j = 0; j < c->ntjobs && c->state == SENT; j++) {
+    for (int j = 0; j < c->ntjobs && c->cm; j++) {
         int k = find_mat(c, jobs[j].name);
-        int32_t *pk = &c->tpick[(size_t)j * (size_t)c->maxc];
-        int any = 0;
-        for (int ci = 0; ci < c->ccnt[k]; ci++) {
-            c->tfrom[ci] = pk[ci] >= 0 ? c->cown[pk[ci]].w : -1;
-            any |= pk[ci] >= 0;
-        }
-        if (!any)
-            continue;
-        /* the wanted cells: those not done (their owner was lost) */
-        uint8_t *want = c->twant + c->maxc; /* twant[0 .. maxc) is pick_job's */
+        const int32_t *pk = &c->tpick[(size_t)j * (size_t)c->maxc], *from = &c->tfrom[(size_t)j * (size_t)c->maxc];
         for (int ci = 0; ci < c->ccnt[k]; ci++)
-            want[ci] = c->tfrom[ci] >= 0;
-        int gap = pick_job(c, j, k, want);
-        if (gap >= 0) {
-            const shoal_tshard_cell *cl = &c->cells[c->cbeg[k] + gap];
-            shoal__ec_fail(c, c->lost_rc ? c->lost_rc : SHOAL_EPEER, "%s%s", c->lost_err,
-                           cl->n > 1 ? " (and no other owner of those rows is up)" : "");
-            return;
-        }
-        if (c->cm)
-            for (int ci = 0; ci < c->ccnt[k]; ci++)
-                if (want[ci]) {
-                    const shoal_tshard_cell *cl = &c->cells[c->cbeg[k] + ci];
-                    shoal_cmetrics_trunk_takeover(c->cm, c->tfrom[ci], c->cown[pk[ci]].w, cl->hi - cl->lo + 1);
-                }
+            if (from[ci] >= 0) {
+                const shoal_tshard_cell *cl = &c->cells[c->cbeg[k] + ci];
+                shoal_cmetrics_trunk_takeover(c->cm, from[ci], c->cown[pk[ci]].w, cl->hi - cl->lo + 1);
+            }
     }
     c->st.resent_pairs += rows;
     c->round++;
