@@ -56,8 +56,9 @@ def mxfp4_dequant(packed, scale):
 
 
 def bf16_round(x):
-    """fp32 -> nearest bf16 (ties to even) -> fp32."""
-    return x.to(torch.bfloat16).to(torch.float32)
+    """fp32 -> nearest bf16 (ties to even) -> fp32 (float64 in, float64 out: the
+    float64 variant below keeps the same rounding)."""
+    return x.to(torch.bfloat16).to(x.dtype)
 
 
 class Config:
@@ -102,9 +103,14 @@ class Config:
 
 
 class Model:
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, dtype=torch.float32):
+        """dtype float64: the same computation with every fp32 quantity held in
+        float64 (weights widened exactly; the contract's two roundings kept:
+        expert outputs to bf16, router scores and weights in fp32) -- the
+        near-exact value that make_fixtures.py measures fp32 rounding against."""
         from safetensors import safe_open
         self.dir = model_dir
+        self.dtype = dtype
         self.cfg = Config(os.path.join(model_dir, "config.json"))
         idx = json.load(open(os.path.join(model_dir, "model.safetensors.index.json")))
         self.w = {}
@@ -119,11 +125,11 @@ class Model:
         for k, v in raw.items():
             if k.endswith(".weight_packed"):
                 base = k[: -len(".weight_packed")]
-                self.w[base + ".weight"] = mxfp4_dequant(v, raw[base + ".weight_scale"])
+                self.w[base + ".weight"] = mxfp4_dequant(v, raw[base + ".weight_scale"]).to(dtype)
             elif k.endswith(".weight_scale"):
                 continue
             else:
-                self.w[k] = v.to(torch.float32)  # exact widening of bf16/f32
+                self.w[k] = v.to(dtype)  # exact widening of bf16/f32
         c = self.cfg
         # A_log is stored longer than the head count; only the first H are used.
         for L in c.kda_layers:
@@ -190,7 +196,7 @@ def router(x, Wg, bias, cfg, stats=None):
     # vectorised or a scalar path depending on an element's position, which
     # would split an exact tie between equal rows
     s = torch.sigmoid(logits.double()).float()
-    choice = s + bias
+    choice = s + bias.float()  # fp32 (a no-op but for the float64 variant)
     order = torch.sort(choice, dim=-1, descending=True, stable=True).indices  # ties: lower id first
     ids = torch.sort(order[:, : cfg.topk], dim=-1).values
     w = torch.gather(s, 1, ids)
@@ -222,7 +228,7 @@ def moe(m, L, x, stats=None):
     ids, w = router(x, m.Lw(L, pre + "gate.weight"), m.Lw(L, pre + "gate.e_score_correction_bias"), c, stats)
     z = linear(x, m.Lw(L, pre + "routed_expert_down_proj.weight"))
     T = x.shape[0]
-    r = torch.zeros(T, c.latent, dtype=torch.float32)
+    r = torch.zeros(T, c.latent, dtype=z.dtype)
     for e in range(c.E):  # ascending expert id: the canonical summation order
         sel = (ids == e)
         rows = sel.any(-1).nonzero()[:, 0]
@@ -319,9 +325,10 @@ def kda_layer(m, L, x, state):
     return out, {"S": S, "conv": new_conv}
 
 
-def kda_state0(c):
+def kda_state0(c, dtype=torch.float32):
     C = c.H * c.D
-    return {"S": torch.zeros(c.H, c.D, c.D), "conv": {nm: torch.zeros(c.conv - 1, C) for nm in "qkv"}}
+    return {"S": torch.zeros(c.H, c.D, c.D, dtype=dtype),
+            "conv": {nm: torch.zeros(c.conv - 1, C, dtype=dtype) for nm in "qkv"}}
 
 
 # ---------------------------------------------------------------- MLA
@@ -354,8 +361,8 @@ def mla_layer(m, L, x, cache):
     return linear(o, m.Lw(L, a + "o_proj.weight")), {"c": allc, "kpe": allk}
 
 
-def mla_cache0(c):
-    return {"c": torch.zeros(0, c.kv_lora), "kpe": torch.zeros(0, c.rope)}
+def mla_cache0(c, dtype=torch.float32):
+    return {"c": torch.zeros(0, c.kv_lora, dtype=dtype), "kpe": torch.zeros(0, c.rope, dtype=dtype)}
 
 
 # ---------------------------------------------------------------- model
@@ -402,7 +409,8 @@ def run_layers(m, h, states, stats=None, trace=None):
 
 def init_states(m):
     c = m.cfg
-    return [kda_state0(c) if L in c.kda_layers else mla_cache0(c) for L in range(c.n_layers)]
+    dt = getattr(m, "dtype", torch.float32)
+    return [kda_state0(c, dt) if L in c.kda_layers else mla_cache0(c, dt) for L in range(c.n_layers)]
 
 
 def logits_of(m, h):

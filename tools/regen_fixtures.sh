@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Rebuilds every committed fixture from the fp32 reference, bit-identically on the
 # same torch version and CPU (torch single-threaded, deterministic algorithms):
-#   tests/fixtures/tiny-k3/, tests/fixtures/tiny-k3-plain/, tests/fixtures/k3-nano/  (tools/make_fixtures.py)
+#   tests/fixtures/tiny-k3/, tests/fixtures/tiny-k3-plain/, tests/fixtures/k3-nano/  (tools/make_fixtures.py,
+#     then tools/measure_tolerances.py: tolerance.json)
 #   tests/fixtures/k3-scale/   with --scale (regenerates the ~2 GB k3-scale model in a temp dir)
 #   tests/fixtures/MANIFEST.json  (tools/make_manifest.py)
 # Usage: tools/regen_fixtures.sh [--check] [--scale]
@@ -31,6 +32,10 @@ for m in tiny-k3 tiny-k3-plain; do
 done
 # the trained model (tools/train_nano.py): held-out text, real prompts, heldout.json, chat.json
 "$py" "$root/tools/make_fixtures.py" --model "$root/tests/models/k3-nano" --out "$root/tests/fixtures/k3-nano" --nano
+# the summation-order family the tolerances are derived from (tolerance.json; make_manifest.py)
+for m in tiny-k3 tiny-k3-plain k3-nano; do
+    "$py" "$root/tools/measure_tolerances.py" --model "$root/tests/models/$m" --fixtures "$root/tests/fixtures/$m"
+done
 if [ $scale -eq 1 ]; then
     tmp="$(mktemp -d)"
     "$py" "$root/tools/make_tiny_k3.py" --preset k3-scale --seed 1 --out "$tmp/k3-scale"

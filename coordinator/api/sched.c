@@ -294,7 +294,7 @@ static int output_token(shoal_sched *s, shoal_slot *sl, int32_t id)
     if (sl->parser) {
         int in_reasoning = sl->job->p.thinking && !sl->answer_started;
         int end = shoal_chatparse_feed(sl->parser, id);
-        if (in_reasoning)
+        if (in_reasoning && !sl->answer_started) /* the id that began the answer is not reasoning */
             sl->reasoning_tokens++;
         if (sl->stop_hit)
             return 1;

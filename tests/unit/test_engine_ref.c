@@ -12,7 +12,12 @@
  *   - greedy: generated_ids of greedy.json exactly (prefill + decode);
  *   - sampled: generated_ids of sampled.json exactly with its temperature,
  *     top_p, top_k and seed (the sampler.h contract re-implemented by the
- *     fixture generator). */
+ *     fixture generator);
+ * and the same for the trained tests/models/k3-nano, plus its own fixtures:
+ *   - heldout: the negative log-probability of every token of heldout.json's
+ *     held-out windows within tolerances.k3-nano.heldout_nll_abs, and the
+ *     perplexity with it;
+ *   - chat: the greedy chat answers of chat.json (robust ones) exactly. */
 #include <jansson.h>
 #include <math.h>
 #include <omp.h>
@@ -26,7 +31,8 @@
 #include "coordinator/engine/sampler.h"
 #include "test.h"
 
-static const char *MODELS[] = {"tiny-k3", "tiny-k3-plain"};
+static const char *MODELS[] = {"tiny-k3", "tiny-k3-plain", "k3-nano"};
+#define NMODELS ((int)(sizeof MODELS / sizeof MODELS[0]))
 
 static json_t *load_json(const char *rel)
 {
@@ -162,7 +168,7 @@ static void check_tf_logits(const char *name, json_t *tf, json_t *lj, double tol
 
 static void t_teacher_forced_and_logits(void)
 {
-    for (int mi = 0; mi < 2; mi++) {
+    for (int mi = 0; mi < NMODELS; mi++) {
         const char *name = MODELS[mi];
         json_t *tf = fixture(name, "teacher_forced.json"), *lj = fixture(name, "logits.json");
         double tol = tolerance(name, "logits_abs");
@@ -279,7 +285,7 @@ static void check_hidden(const char *name, json_t *hj, double tol)
 
 static void t_hidden(void)
 {
-    for (int mi = 0; mi < 2; mi++) {
+    for (int mi = 0; mi < NMODELS; mi++) {
         const char *name = MODELS[mi];
         json_t *hj = fixture(name, "hidden.json");
         double tol = tolerance(name, "hidden_summary_rel");
@@ -347,7 +353,7 @@ static void check_greedy(const char *name, json_t *g)
 
 static void t_greedy(void)
 {
-    for (int mi = 0; mi < 2; mi++) {
+    for (int mi = 0; mi < NMODELS; mi++) {
         json_t *g = fixture(MODELS[mi], "greedy.json");
         CHECK(g != NULL);
         if (g)
@@ -358,7 +364,7 @@ static void t_greedy(void)
 
 static void t_sampled(void)
 {
-    for (int mi = 0; mi < 2; mi++) {
+    for (int mi = 0; mi < NMODELS; mi++) {
         const char *name = MODELS[mi];
         json_t *g = fixture(name, "sampled.json");
         CHECK(g != NULL);
@@ -389,6 +395,97 @@ static void t_sampled(void)
         free(want);
         json_decref(g);
     }
+}
+
+/* ---- k3-nano: held-out log-probabilities and chat answers ---------------- */
+
+static void t_nano_heldout(void)
+{
+    json_t *hj = fixture("k3-nano", "heldout.json");
+    double tol = tolerance("k3-nano", "heldout_nll_abs");
+    CHECK(hj && tol > 0);
+    if (!hj || tol <= 0) {
+        json_decref(hj);
+        return;
+    }
+    json_t *wins = json_object_get(hj, "windows"), *nll = json_object_get(hj, "nll");
+    CHECK(json_array_size(wins) > 0 && json_array_size(wins) == json_array_size(nll));
+    int len;
+    free(jids(json_array_get(wins, 0), &len));
+    shoal_model *m = open_model("k3-nano", 64, len);
+    if (!m) {
+        json_decref(hj);
+        return;
+    }
+    int V = m->info.vocab;
+    double worst = 0, sum = 0, sum_ref = 0;
+    int tokens = 0;
+    for (size_t w = 0; w < json_array_size(wins); w++) {
+        int n;
+        int32_t *ids = jids(json_array_get(wins, w), &n);
+        json_t *ref = json_array_get(nll, w);
+        CHECK_EQ_INT(json_array_size(ref), n - 1);
+        float *lg = all_logits(m, ids, n - 1);
+        for (int t = 0; t + 1 < n; t++) {
+            const float *row = lg + (size_t)t * V;
+            double mx = row[0], z = 0;
+            for (int v = 1; v < V; v++)
+                mx = row[v] > mx ? row[v] : mx;
+            for (int v = 0; v < V; v++)
+                z += exp((double)row[v] - mx);
+            double got = mx + log(z) - row[ids[t + 1]];
+            double want = json_number_value(json_array_get(ref, (size_t)t));
+            worst = fabs(got - want) > worst ? fabs(got - want) : worst;
+            sum += got;
+            sum_ref += want;
+            tokens++;
+        }
+        free(lg);
+        free(ids);
+    }
+    double ppl = exp(sum / tokens), ppl_ref = exp(sum_ref / tokens);
+    printf("  k3-nano held-out: %d tokens, perplexity %.4f (reference %.4f, fixture %.4f), "
+           "max |nll - reference| = %.3g (tolerance %.3g)\n",
+           tokens, ppl, ppl_ref, json_number_value(json_object_get(hj, "perplexity")), worst, tol);
+    CHECK_EQ_INT(tokens, (int)json_number_value(json_object_get(hj, "tokens")));
+    CHECK_MSG(worst <= tol, "held-out log-probabilities differ by %.4g > %.4g", worst, tol);
+    /* the mean of the per-token differences is within their bound */
+    CHECK_MSG(fabs(log(ppl) - log(ppl_ref)) <= tol, "perplexity %.6f vs reference %.6f", ppl, ppl_ref);
+    CHECK_NEAR(ppl_ref, json_number_value(json_object_get(hj, "perplexity")), 1e-9 * ppl_ref);
+    shoal_model_close(m);
+    json_decref(hj);
+}
+
+static void t_nano_chat(void)
+{
+    json_t *cj = fixture("k3-nano", "chat.json");
+    CHECK(cj != NULL);
+    json_t *chats = json_object_get(cj, "chats");
+    int checked = 0;
+    for (size_t i = 0; i < json_array_size(chats); i++) {
+        json_t *c = json_array_get(chats, i);
+        if (!json_is_true(json_object_get(c, "robust")))
+            continue; /* the audit found it fragile: no exact ids expected */
+        int np, ng;
+        int32_t *prompt = jids(json_object_get(c, "prompt_ids"), &np);
+        int32_t *want = jids(json_object_get(c, "generated_ids"), &ng);
+        shoal_model *m = open_model("k3-nano", 64, np + ng);
+        if (m) {
+            int32_t *got = generate(m, prompt, np, ng, NULL);
+            char what[160];
+            snprintf(what, sizeof what, "k3-nano chat %zu (%s, thinking %s)", i,
+                     json_string_value(json_object_get(c, "question")),
+                     json_is_true(json_object_get(c, "thinking")) ? "on" : "off");
+            check_ids(what, got, want, ng);
+            free(got);
+            checked++;
+        }
+        shoal_model_close(m);
+        free(prompt);
+        free(want);
+    }
+    CHECK_MSG(checked > 0, "no robust chat answer in chat.json");
+    json_decref(cj);
 }
 
 /* ---- the real-width scale model (run by tests/e2e/test_engine_scale.sh) --- */
@@ -437,5 +534,7 @@ int main(int argc, char **argv)
     RUN(t_hidden);
     RUN(t_greedy);
     RUN(t_sampled);
+    RUN(t_nano_heldout);
+    RUN(t_nano_chat);
     return test_finish();
 }
