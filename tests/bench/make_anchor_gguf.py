@@ -5,8 +5,9 @@ so the shape of the throughput curve can be compared on the same machine.
 The model is sized by its decode weight bytes per token (every bf16 matrix is
 read once per token; the embedding is one row), chosen to match what
 `shoal run --json` reports for the k3-slice (decode_weight_bytes_per_token).
-Weights are bf16 (the dtype of K3's trunk) drawn from N(0, 0.02) with a fixed
-seed; norms are 1. The vocabulary is SentencePiece-shaped (<unk> <s> </s>, the
+Weights are bf16 (the dtype of K3's trunk; --dtype f16 for llama.cpp's faster
+path on CPUs without AVX512-BF16) drawn from N(0, 0.02) with a fixed seed;
+norms are 1. The vocabulary is SentencePiece-shaped (<unk> <s> </s>, the
 256 byte tokens, then "t<i>" pieces) so llama.cpp loads it; the benchmark
 sends token ids and asks llama-server to ignore EOS, so the text is irrelevant.
 
@@ -14,7 +15,7 @@ Needs the `gguf` and `numpy` packages (pip install gguf numpy), not the
 project venv's requirements.
 
 Usage: make_anchor_gguf.py --out FILE.gguf [--hidden 4096] [--ffn 11008]
-       [--layers N | --bytes-per-token B] [--vocab 32000] [--heads 32] [--seed 1]
+       [--layers N | --bytes-per-token B] [--vocab 32000] [--heads 32] [--seed 1] [--dtype bf16|f16]
 """
 import argparse
 import sys
@@ -43,6 +44,7 @@ def main():
     ap.add_argument("--bytes-per-token", type=float, default=0,
                     help="choose --layers so the decode weight bytes per token come closest to this")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
     a = ap.parse_args()
     import gguf
 
@@ -69,7 +71,8 @@ def main():
     w.add_head_count_kv(a.heads)
     w.add_rope_dimension_count(h // a.heads)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
+    f16 = a.dtype == "f16"
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.MOSTLY_BF16)
     toks, scores, types = ["<unk>", "<s>", "</s>"], [0.0, 0.0, 0.0], [2, 3, 3]
     for b in range(256):
         toks.append(f"<0x{b:02X}>")
@@ -89,12 +92,16 @@ def main():
 
     def mat(name, rows, cols):
         # chunks of rows keep the fp32 temporary small
-        out = np.empty((rows, cols), dtype=np.uint16)
+        out = np.empty((rows, cols), dtype=np.float16 if f16 else np.uint16)
         step = max(1, (64 << 20) // (4 * cols))
         for r in range(0, rows, step):
             n = min(step, rows - r)
-            out[r:r + n] = bf16_bits(rng.standard_normal((n, cols), dtype=np.float32) * 0.02)
-        w.add_tensor(name, out, raw_shape=(rows, cols), raw_dtype=gguf.GGMLQuantizationType.BF16)
+            v = rng.standard_normal((n, cols), dtype=np.float32) * 0.02
+            out[r:r + n] = v.astype(np.float16) if f16 else bf16_bits(v)
+        if f16:
+            w.add_tensor(name, out)
+        else:
+            w.add_tensor(name, out, raw_shape=(rows, cols), raw_dtype=gguf.GGMLQuantizationType.BF16)
 
     def ones(name, n):
         w.add_tensor(name, np.ones(n, dtype=np.float32))
