@@ -546,11 +546,16 @@ def children(pid):
 
 
 def t_worker_down():
-    """Kill one of two expert servers: a request fails with 503 naming it,
-    /health turns 503 listing it down, and the server still exits cleanly."""
+    """Stop one of two expert servers (SIGSTOP: it stays a process, so the
+    supervisor does not restart it, and the outcome does not race a restart):
+    a request fails within --expert-timeout-ms with 503 naming it, /health
+    turns 503 listing it down; after SIGCONT it rejoins and requests succeed
+    again; the server still exits cleanly. (A killed worker's restart is
+    test_supervise's.)"""
     import openai
     import signal
-    C = Server("--memo", "0")
+    C = Server("--memo", "0", "--expert-timeout-ms", "1500")
+    stopped = None
     try:
         with urllib.request.urlopen(C.url + "/health", timeout=10) as r:
             h = json.loads(r.read())
@@ -562,14 +567,16 @@ def t_worker_down():
         with open(f"/proc/{kids[0]}/cmdline") as f:
             argv = f.read().split("\0")
         wid = argv[argv.index("--id") + 1]
-        os.kill(kids[0], signal.SIGKILL)
-        time.sleep(0.5)
+        os.kill(kids[0], signal.SIGSTOP)
+        stopped = kids[0]
+        t0 = time.time()
         try:
             C.client.completions.create(model="tiny", prompt=[1, 2, 4], max_tokens=2, temperature=0)
             raise AssertionError("served with a worker down")
         except openai.APIStatusError as e:
             check(e.status_code == 503 and e.code == "worker_unavailable", f"503 worker_unavailable: {e.status_code} {e.code}")
             check(wid in e.message, f"the message names worker {wid}: {e.message}")
+        check(time.time() - t0 < 10, f"the 503 came within the deadline: {time.time() - t0:.1f} s")
         try:
             urllib.request.urlopen(C.url + "/health", timeout=10)
             raise AssertionError("healthy with a worker down")
@@ -580,7 +587,21 @@ def t_worker_down():
             check(h["ready"] is False and len(down) == 1 and wid in down[0]["endpoint"], f"health lists {wid} down: {h}")
         m = C.metrics()
         check(m.get("shoal_ready") == 1, "the model itself stays loaded")
+        os.kill(stopped, signal.SIGCONT)
+        stopped = None
+        ok, last = False, None
+        deadline = time.time() + 30
+        while time.time() < deadline and not ok:
+            try:
+                r = C.client.completions.create(model="tiny", prompt=[1, 2, 5], max_tokens=2, temperature=0)
+                ok = r.usage.completion_tokens == 2
+            except openai.APIStatusError as e:
+                last = e
+                time.sleep(0.3)
+        check(ok, f"served again after the worker returned: {last}")
     finally:
+        if stopped:
+            os.kill(stopped, signal.SIGCONT)
         rc = C.stop()
     check(rc == 0, f"exit code {rc}")
     check(not children(C.p.pid), "no worker left behind")
