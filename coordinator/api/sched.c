@@ -391,6 +391,19 @@ static void finish(shoal_sched *s, shoal_slot *sl, const char *reason, int stopp
 }
 
 /* A forward failed: map the engine's code to what the client sees. */
+/* The whole prompt is in the sequence: start drafting, tell the client, and
+ * decode from the next step. */
+static void start_decoding(shoal_sched *s, shoal_slot *sl)
+{
+    if (sl->spec)
+        shoal_spec_begin(sl->spec);
+    shoal_ev *e = shoal__sched_ev_new(SHOAL_EV_START);
+    e->prompt_tokens = sl->n_prompt;
+    e->reused_tokens = sl->reused;
+    emit(s, sl, e);
+    sl->state = SLOT_DECODE;
+}
+
 static void fail_forward(shoal_sched *s, shoal_slot *sl, int rc, const char *err)
 {
     shoal_sched_stats add = {0};
@@ -573,13 +586,7 @@ static int try_start(shoal_sched *s, shoal_slot *sl)
         sl->state = SLOT_PREFILL;
         return 1;
     }
-    if (sl->spec)
-        shoal_spec_begin(sl->spec);
-    shoal_ev *e = shoal__sched_ev_new(SHOAL_EV_START);
-    e->prompt_tokens = sl->n_prompt;
-    e->reused_tokens = sl->reused;
-    emit(s, sl, e);
-    sl->state = SLOT_DECODE;
+    start_decoding(s, sl);
     return 1;
 }
 
@@ -670,18 +677,11 @@ static int sample_one(shoal_sched *s, shoal_slot *sl, int32_t *id_out)
     return 1;
 }
 
-/* A prompt fed to its end: keep it for reuse, start drafting, tell the
- * client, and decode from the next step. */
+/* A prompt fed to its end: keep it for reuse, then start decoding. */
 static void prompt_done(shoal_sched *s, shoal_slot *sl)
 {
     shoal__sched_kept_put(s, sl->ids, sl->n_prompt, sl->seq, sl->logits);
-    if (sl->spec)
-        shoal_spec_begin(sl->spec);
-    shoal_ev *e = shoal__sched_ev_new(SHOAL_EV_START);
-    e->prompt_tokens = sl->n_prompt;
-    e->reused_tokens = sl->reused;
-    emit(s, sl, e);
-    sl->state = SLOT_DECODE;
+    start_decoding(s, sl);
 }
 
 /* The oldest prefilling slot not yet in this step (pslots[0..np)), with
