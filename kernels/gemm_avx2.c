@@ -40,10 +40,18 @@ INLINE __m256 ld_bf16(const uint16_t *p)
  * x tile in L1 at large T) is bit-identical to one pass. */
 
 #define PF_DIST 768 /* bytes ahead on each weight row stream */
+/* GEMV over short rows (cols * sizeof(WT) <= GV_SHORT bytes, e.g. MLA q_b,
+ * 1536 bf16 = 3 KiB): PF_DIST ahead on a row lands in the next row of the
+ * same tile, which is already being read, so the next tiles' rows were never
+ * prefetched. There the tile instead prefetches the tile GV_AHEAD tiles on,
+ * as one linear stream: R rows of 16 columns per step = R * 16 * sizeof(WT)
+ * bytes, the same as it consumes. */
+#define GV_SHORT 4096
+#define GV_AHEAD 2
 
 #define DEFINE_TILE(K, WT, LOADW, PF)                                                                       \
     INLINE void tile_##K(float *y, __m256 *st, const WT *w, const float *x, int rows, int cols, int r, int t, \
-                         int R, int TT, int k0, int k1, int init, int fin)                                  \
+                         int R, int TT, int k0, int k1, int init, int fin, const char *pfn)                 \
     {                                                                                                       \
         __m256 acc[4][3][2];                                                                                \
         for (int a = 0; a < R; a++)                                                                         \
@@ -58,8 +66,14 @@ INLINE __m256 ld_bf16(const uint16_t *p)
             xt[b] = x + (size_t)(t + b) * cols;                                                             \
         for (int i = k0; i < k1; i += 16) {                                                                 \
             __m256 w0[4], w1[4];                                                                            \
+            if (pfn) {                                                                                      \
+                const char *q_ = pfn + (size_t)(i - k0) * R * sizeof(WT);                                   \
+                for (int l_ = 0; l_ < R * 16 * (int)sizeof(WT); l_ += 64)                                   \
+                    _mm_prefetch(q_ + l_, _MM_HINT_T0);                                                     \
+            }                                                                                               \
             for (int a = 0; a < R; a++) {                                                                   \
-                _mm_prefetch((const char *)(wr[a] + i) + (PF), _MM_HINT_T0);                                \
+                if (!pfn)                                                                                   \
+                    _mm_prefetch((const char *)(wr[a] + i) + (PF), _MM_HINT_T0);                            \
                 w0[a] = LOADW(wr[a] + i);                                                                   \
                 w1[a] = LOADW(wr[a] + i + 8);                                                               \
             }                                                                                               \
@@ -92,16 +106,16 @@ DEFINE_TILE(f32, float, _mm256_loadu_ps, 2 * PF_DIST)
 #define KBLOCK 1024
 #define RBLOCK 16
 
-#define TILE_FNS(K, WT)                                                                                     \
+#define TILE_FNS(K, WT, SHORTPF)                                                                            \
     __attribute__((noinline)) static void K##_4x1(float *y, const WT *w, const float *x, int rows, int cols, \
-                                                  int r)                                                   \
+                                                  int r, const char *pfn)                                  \
     {                                                                                                       \
-        tile_##K(y, NULL, w, x, rows, cols, r, 0, 4, 1, 0, cols, 1, 1);                                     \
+        tile_##K(y, NULL, w, x, rows, cols, r, 0, 4, 1, 0, cols, 1, 1, pfn);                                \
     }                                                                                                       \
     __attribute__((noinline)) static void K##_1x1(float *y, const WT *w, const float *x, int rows, int cols, \
                                                   int r)                                                   \
     {                                                                                                       \
-        tile_##K(y, NULL, w, x, rows, cols, r, 0, 1, 1, 0, cols, 1, 1);                                     \
+        tile_##K(y, NULL, w, x, rows, cols, r, 0, 1, 1, 0, cols, 1, 1, NULL);                               \
     }                                                                                                       \
     /* one (R, TT) tile over columns [k0, k1) */                                                            \
     __attribute__((noinline)) static void K##_tile(float *y, __m256 *st, const WT *w, const float *x, int rows, \
@@ -109,24 +123,27 @@ DEFINE_TILE(f32, float, _mm256_loadu_ps, 2 * PF_DIST)
     {                                                                                                       \
         int init = k0 == 0, fin = k1 == cols;                                                               \
         if (R == 2 && TT == 3)                                                                              \
-            tile_##K(y, st, w, x, rows, cols, r, t, 2, 3, k0, k1, init, fin);                               \
+            tile_##K(y, st, w, x, rows, cols, r, t, 2, 3, k0, k1, init, fin, NULL);                         \
         else if (R == 2 && TT == 2)                                                                         \
-            tile_##K(y, st, w, x, rows, cols, r, t, 2, 2, k0, k1, init, fin);                               \
+            tile_##K(y, st, w, x, rows, cols, r, t, 2, 2, k0, k1, init, fin, NULL);                         \
         else if (R == 2)                                                                                    \
-            tile_##K(y, st, w, x, rows, cols, r, t, 2, 1, k0, k1, init, fin);                               \
+            tile_##K(y, st, w, x, rows, cols, r, t, 2, 1, k0, k1, init, fin, NULL);                         \
         else if (TT == 3)                                                                                   \
-            tile_##K(y, st, w, x, rows, cols, r, t, 1, 3, k0, k1, init, fin);                               \
+            tile_##K(y, st, w, x, rows, cols, r, t, 1, 3, k0, k1, init, fin, NULL);                         \
         else if (TT == 2)                                                                                   \
-            tile_##K(y, st, w, x, rows, cols, r, t, 1, 2, k0, k1, init, fin);                               \
+            tile_##K(y, st, w, x, rows, cols, r, t, 1, 2, k0, k1, init, fin, NULL);                         \
         else                                                                                                \
-            tile_##K(y, st, w, x, rows, cols, r, t, 1, 1, k0, k1, init, fin);                               \
+            tile_##K(y, st, w, x, rows, cols, r, t, 1, 1, k0, k1, init, fin, NULL);                         \
     }                                                                                                       \
     static void K##_rows(float *y, const WT *w, const float *x, int rows, int cols, int T, int r0, int r1)  \
     {                                                                                                       \
         if (T == 1) {                                                                                       \
-            int r = r0;                                                                                     \
-            for (; r + 4 <= r1; r += 4)                                                                     \
-                K##_4x1(y, w, x, rows, cols, r);                                                            \
+            int r = r0, shortr = SHORTPF && (size_t)cols * sizeof(WT) <= GV_SHORT;                          \
+            for (; r + 4 <= r1; r += 4) {                                                                   \
+                int rp = r + 4 * GV_AHEAD; /* past the matrix: per-row prefetch */                          \
+                const char *pfn = shortr && rp + 4 <= rows ? (const char *)(w + (size_t)rp * cols) : NULL;  \
+                K##_4x1(y, w, x, rows, cols, r, pfn);                                                       \
+            }                                                                                               \
             for (; r < r1; r++)                                                                             \
                 K##_1x1(y, w, x, rows, cols, r);                                                            \
             return;                                                                                         \
@@ -147,8 +164,8 @@ DEFINE_TILE(f32, float, _mm256_loadu_ps, 2 * PF_DIST)
         }                                                                                                   \
     }
 
-TILE_FNS(bf16, uint16_t)
-TILE_FNS(f32, float)
+TILE_FNS(bf16, uint16_t, 1)
+TILE_FNS(f32, float, 0)
 
 static void gemm_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int T, int r0, int r1)
 {
