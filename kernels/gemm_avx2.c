@@ -209,7 +209,7 @@ static void gemm_f32(float *y, const float *w, const float *x, int rows, int col
 #define MX_TMAX 4
 
 typedef struct {
-    __m256i arr, shift, mask;
+    __m256i arr, shift, mask, hi16;
 } mx_consts;
 
 INLINE mx_consts mx_make(void)
@@ -219,6 +219,7 @@ INLINE mx_consts mx_make(void)
                              12, 13, 14, 15);
     c.shift = _mm256_setr_epi64x(0, 4, 0, 4);
     c.mask = _mm256_set1_epi8(0x0f);
+    c.hi16 = _mm256_set1_epi32((int)0xffff0000u);
     return c;
 }
 
@@ -232,26 +233,27 @@ INLINE void mx_dec(__m256 *f, const uint8_t *p, unsigned e, const mx_consts *c)
     __m256i th = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(tb + 16)));
     __m256i bl = _mm256_shuffle_epi8(tl, t), bh = _mm256_shuffle_epi8(th, t);
     __m256i w0 = _mm256_unpacklo_epi8(bl, bh), w1 = _mm256_unpackhi_epi8(bl, bh);
-    __m256i z = _mm256_setzero_si256();
-    f[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w0));
-    f[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w0));
-    f[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w1));
-    f[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w1));
+    f[0] = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
+    f[1] = _mm256_castsi256_ps(_mm256_and_si256(w0, c->hi16));
+    f[2] = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
+    f[3] = _mm256_castsi256_ps(_mm256_and_si256(w1, c->hi16));
 }
 
-/* reduce16 of the lanes held as acc0 = [0-3 | 8-11], acc1 = [4-7 | 12-15] */
+/* reduce16 of the lanes held as acc0 = [0,2,4,6 | 8,10,12,14], acc1 = [1,3,5,7 | 9,11,13,15] */
 INLINE float mx_hsum(__m256 a0, __m256 a1)
 {
-    __m128 u = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1)); /* b[0..3] */
-    __m128 v = _mm_add_ps(_mm256_castps256_ps128(a1), _mm256_extractf128_ps(a1, 1)); /* b[4..7] */
-    __m128 c = _mm_add_ps(u, v);                                                      /* c[j] = b[j] + b[j+4] */
-    __m128 d = _mm_add_ps(c, _mm_movehl_ps(c, c));
-    __m128 e = _mm_add_ss(d, _mm_movehdup_ps(d));
-    return _mm_cvtss_f32(e);
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1)); /* b[0,2,4,6] */
+    __m128 v = _mm_add_ps(_mm256_castps256_ps128(a1), _mm256_extractf128_ps(a1, 1)); /* b[1,3,5,7] */
+    __m128 cu = _mm_add_ps(u, _mm_movehl_ps(u, u)); /* c[0] = b0 + b4, c[2] = b2 + b6 */
+    __m128 cv = _mm_add_ps(v, _mm_movehl_ps(v, v)); /* c[1] = b1 + b5, c[3] = b3 + b7 */
+    __m128 d = _mm_add_ss(cu, _mm_movehdup_ps(cu)); /* c0 + c2 */
+    __m128 e = _mm_add_ss(cv, _mm_movehdup_ps(cv)); /* c1 + c3 */
+    return _mm_cvtss_f32(_mm_add_ss(d, e));
 }
 
-/* x[t..t+TT) groups [g0, g1) -> xb[b*xs + 32*(g-g0) + 8k]: k = 0: x[0,2,4,6 | 16,18,20,22],
- * 1: x[8,10,12,14 | 24,26,28,30], 2: x[1,3,5,7 | 17,19,21,23], 3: x[9,..,15 | 25,..,31] */
+/* x[t..t+TT) groups [g0, g1) -> xb[b*xs + 32*(g-g0) + 8k + i] = x[4i + o_k], o = (0, 2, 1, 3):
+ * slot i of f[k] holds byte 2i (k even) or 2i+1 (k odd) of [0-7 | 8-15], low
+ * nibble for k < 2, high for k >= 2 (a 4x4 transpose of each half-group) */
 static void mx_deint(float *xb, int xs, const float *x, int cols, int t, int TT, int g0, int g1)
 {
     for (int b = 0; b < TT; b++) {
@@ -261,13 +263,16 @@ static void mx_deint(float *xb, int xs, const float *x, int cols, int t, int TT,
             const float *xg = xt + 32 * g;
             __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8), x2 = _mm256_loadu_ps(xg + 16),
                    x3 = _mm256_loadu_ps(xg + 24);
-            __m256 a = _mm256_permute2f128_ps(x0, x2, 0x20), bb = _mm256_permute2f128_ps(x0, x2, 0x31);
-            __m256 c = _mm256_permute2f128_ps(x1, x3, 0x20), d = _mm256_permute2f128_ps(x1, x3, 0x31);
+            /* rows of four columns: y0 = [r0 | r4], y1 = [r1 | r5], y2 = [r2 | r6], y3 = [r3 | r7] */
+            __m256 y0 = _mm256_permute2f128_ps(x0, x2, 0x20), y1 = _mm256_permute2f128_ps(x0, x2, 0x31);
+            __m256 y2 = _mm256_permute2f128_ps(x1, x3, 0x20), y3 = _mm256_permute2f128_ps(x1, x3, 0x31);
+            __m256 t0 = _mm256_unpacklo_ps(y0, y1), t1 = _mm256_unpackhi_ps(y0, y1);
+            __m256 t2 = _mm256_unpacklo_ps(y2, y3), t3 = _mm256_unpackhi_ps(y2, y3);
             float *og = o + 32 * (g - g0);
-            _mm256_store_ps(og, _mm256_shuffle_ps(a, bb, 0x88));
-            _mm256_store_ps(og + 8, _mm256_shuffle_ps(c, d, 0x88));
-            _mm256_store_ps(og + 16, _mm256_shuffle_ps(a, bb, 0xDD));
-            _mm256_store_ps(og + 24, _mm256_shuffle_ps(c, d, 0xDD));
+            _mm256_store_ps(og, _mm256_shuffle_ps(t0, t2, 0x44));      /* column 4i */
+            _mm256_store_ps(og + 8, _mm256_shuffle_ps(t1, t3, 0x44));  /* 4i + 2 */
+            _mm256_store_ps(og + 16, _mm256_shuffle_ps(t0, t2, 0xEE)); /* 4i + 1 */
+            _mm256_store_ps(og + 24, _mm256_shuffle_ps(t1, t3, 0xEE)); /* 4i + 3 */
         }
     }
 }
