@@ -293,22 +293,43 @@ INLINE void mx_tile(float *y, __m256 *st, const uint8_t *packed, const uint8_t *
         s[a] = scale + (size_t)(r + a) * ng;
     }
     size_t pf = (size_t)R * (cols / 2);
-    for (int g = g0; g < g1; g++) {
+/* one group of every row of the tile, groups in increasing order */
+#define MX_GROUP(G)                                                                                         \
+    do {                                                                                                    \
+        const float *xg = xb + 32 * ((G)-g0);                                                               \
+        for (int a = 0; a < R; a++) {                                                                       \
+            __m256 f[4];                                                                                    \
+            mx_dec(f, p[a] + 16 * (G), s[a][G], c);                                                         \
+            for (int k = 0; k < 4; k++)                                                                     \
+                for (int b = 0; b < TT; b++)                                                                \
+                    acc[a][b][k & 1] =                                                                      \
+                        _mm256_fmadd_ps(f[k], _mm256_load_ps(xg + (size_t)b * xs + 8 * k), acc[a][b][k & 1]); \
+        }                                                                                                   \
+    } while (0)
+    /* Four groups per step (g0 is a multiple of 16), so the prefetches need no
+     * test per group: one line (4 groups) of the same line of the next tile's
+     * row (rows are short), the scales every 16 groups. */
+    int g = g0;
+    for (; g + 4 <= g1; g += 4) {
         if ((g & 15) == 0)
             for (int a = 0; a < R; a++)
                 _mm_prefetch((const char *)s[a] + (size_t)R * ng + g, _MM_HINT_T0);
-        const float *xg = xb + 32 * (g - g0);
-        for (int a = 0; a < R; a++) {
-            if ((g & 3) == 0) /* the same line of the next tile's row (rows are short, see MX_PF) */
-                _mm_prefetch((const char *)p[a] + pf + 16 * g, _MM_HINT_T0);
-            __m256 f[4];
-            mx_dec(f, p[a] + 16 * g, s[a][g], c);
-            for (int k = 0; k < 4; k++)
-                for (int b = 0; b < TT; b++)
-                    acc[a][b][k & 1] =
-                        _mm256_fmadd_ps(f[k], _mm256_load_ps(xg + (size_t)b * xs + 8 * k), acc[a][b][k & 1]);
-        }
+        for (int a = 0; a < R; a++)
+            _mm_prefetch((const char *)p[a] + pf + 16 * g, _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)
+            MX_GROUP(g + u);
     }
+    for (; g < g1; g++) {
+        if ((g & 15) == 0)
+            for (int a = 0; a < R; a++)
+                _mm_prefetch((const char *)s[a] + (size_t)R * ng + g, _MM_HINT_T0);
+        if ((g & 3) == 0)
+            for (int a = 0; a < R; a++)
+                _mm_prefetch((const char *)p[a] + pf + 16 * g, _MM_HINT_T0);
+        MX_GROUP(g);
+    }
+#undef MX_GROUP
     for (int a = 0; a < R; a++)
         for (int b = 0; b < TT; b++) {
             if (fin)
