@@ -187,7 +187,7 @@ static void gemm_f32(float *y, const float *w, const float *x, int rows, int col
  * The canonical order (kernels/README.md, "MXFP4"): 16 lanes, lane j of a
  * group takes packed byte j, low nibble (column 2j) then high nibble (column
  * 2j+1); result 4 * reduce16. Here the 16 lanes are two ymm registers,
- * acc0 = lanes [0-3 | 8-11] and acc1 = lanes [4-7 | 12-15], which is the
+ * acc0 = lanes [0,2,4,6 | 8,10,12,14] and acc1 = lanes [1,3,5,7 | 9,11,13,15], the
  * order the decoder produces (one lane is still one register slot, with the
  * same chain). Decode of one group (16 packed bytes) with E8M0 code e:
  *  1. broadcast the 16 bytes to both 128-bit lanes; vpshufb (ARR) makes lane 0
@@ -198,9 +198,12 @@ static void gemm_f32(float *y, const float *w, const float *x, int rows, int col
  *  3. two vpshufb from the scale's table (shoal__kernels_mx_bf[e]) give the
  *     low and high bytes of the exact weight E2M1/4 * 2^(e-127) as bf16 (exact:
  *     two significant bits);
- *  4. vpunpck{l,h}bw pair them into bf16 words, vpunpck{l,h}wd with zero
- *     widen them to fp32: f0 = low nibbles of bytes [0-3 | 8-11], f1 = low
- *     [4-7 | 12-15], f2 = high [0-3 | 8-11], f3 = high [4-7 | 12-15].
+ *  4. vpunpck{l,h}bw pair them into bf16 words (w0: low nibbles of bytes
+ *     [0-7 | 8-15], w1: high nibbles); a dword holds the words of bytes 2i and
+ *     2i+1, so fp32 = w << 16 for the even byte and w & 0xffff0000 for the
+ *     odd one: f0 = low nibbles of bytes [0,2,4,6 | 8,..,14], f1 = low
+ *     [1,3,5,7 | 9,..,15], f2 = high even, f3 = high odd (a shift and a mask
+ *     instead of four vpunpck{l,h}wd: 5 shuffles per group, not 9).
  * 11 instructions per 32 weights, the scale folded in; each token then costs
  * four FMAs per group, with x deinterleaved once per column block into the
  * matching order (xb, on the stack). */
