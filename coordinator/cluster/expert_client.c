@@ -82,6 +82,39 @@ void shoal__ec_lose(shoal_expert_client *c, int i, int rc, const char *fmt, ...)
     }
 }
 
+int shoal__ec_check_worker(shoal_expert_client *c, int i, int disconnected,
+                           int (*others_up)(shoal_expert_client *c, int i), const char *role, const char *part,
+                           uint64_t *next_fo)
+{
+    shoal__ec_worker *w = &c->w[i];
+    if (disconnected) {
+        if (c->cm)
+            shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
+        shoal__ec_mark_down(c, i, "disconnected (the worker died?)");
+        shoal__ec_lose(c, i, SHOAL_EPEER, "%s worker %s disconnected before answering layer %d (the worker died?)",
+                       role, w->name, c->layer);
+        return 1;
+    }
+    /* silent past the failover time: given up if every part of it has
+     * another owner up (checked once per round) */
+    uint64_t fo_at = w->sent_ns / 1000u + c->failover_us;
+    if (!w->fo_checked && shoal__ec_now_us() >= fo_at) {
+        w->fo_checked = 1;
+        if (others_up(c, i)) {
+            if (c->cm)
+                shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_TIMEOUT);
+            shoal__ec_mark_down(c, i, "no reply within %llu ms (failover)",
+                                (unsigned long long)(c->failover_us / 1000u));
+            shoal__ec_lose(c, i, SHOAL_ETIMEOUT, "no reply to %slayer %d within %llu ms from %s worker %s", part,
+                           c->layer, (unsigned long long)(c->failover_us / 1000u), role, w->name);
+            return 1;
+        }
+    }
+    if (!w->fo_checked && fo_at < *next_fo)
+        *next_fo = fo_at;
+    return 0;
+}
+
 /* Can worker i's pairs of this round all go to another owner that is up
  * (smu held)? */
 static int others_up(shoal_expert_client *c, int i)
@@ -322,32 +355,9 @@ static void wait_replies(shoal_expert_client *c)
                 on_reply(c, i, parts, np, truncated);
             if (c->state != SENT || w->answered || w->lost)
                 continue;
-            if (w->mon_hot && shoal__ec_monitor_disconnected(w->mon)) {
-                if (c->cm)
-                    shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
-                shoal__ec_mark_down(c, i, "disconnected (the worker died?)");
-                shoal__ec_lose(c, i, SHOAL_EPEER,
-                               "expert worker %s disconnected before answering layer %d (the worker died?)",
-                               w->name, c->layer);
+            if (shoal__ec_check_worker(c, i, w->mon_hot && shoal__ec_monitor_disconnected(w->mon), others_up, "expert",
+                                       "", &next_fo))
                 continue;
-            }
-            /* silent past the failover time: given up if every one of its
-             * pairs has another owner up (checked once per round) */
-            uint64_t fo_at = w->sent_ns / 1000u + c->failover_us;
-            if (!w->fo_checked && shoal__ec_now_us() >= fo_at) {
-                w->fo_checked = 1;
-                if (others_up(c, i)) {
-                    if (c->cm)
-                        shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_TIMEOUT);
-                    shoal__ec_mark_down(c, i, "no reply within %llu ms (failover)",
-                                        (unsigned long long)(c->failover_us / 1000u));
-                    shoal__ec_lose(c, i, SHOAL_ETIMEOUT, "no reply to layer %d within %llu ms from expert worker %s",
-                                   c->layer, (unsigned long long)(c->failover_us / 1000u), w->name);
-                    continue;
-                }
-            }
-            if (!w->fo_checked && fo_at < next_fo)
-                next_fo = fo_at;
             w->mon_hot = 0;
             c->pidx[n] = i;
             c->pfd[n++] = (struct pollfd){.fd = w->fd, .events = POLLIN};

@@ -225,6 +225,16 @@ void shoal__ec_mark_down(shoal_expert_client *c, int i, const char *fmt, ...) __
  * gather. The first loss of the request is kept in lost_rc / lost_err: its
  * error is the request's when no other owner is up. */
 void shoal__ec_lose(shoal_expert_client *c, int i, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* The checks of one unanswered worker in a wait round (smu held), for both
+ * roles: a dropped connection (disconnected) loses it at once; silence past
+ * the failover time loses it when others_up(c, i) says every part of it has
+ * another owner up (checked once per round). role names it in the error
+ * ("expert", "trunk"), part prefixes "layer N" ("" or "the trunk rows of ").
+ * Returns 1 when it was lost; else 0, with *next_fo lowered to its failover
+ * time while that check is still to come. */
+int shoal__ec_check_worker(shoal_expert_client *c, int i, int disconnected,
+                           int (*others_up)(shoal_expert_client *c, int i), const char *role, const char *part,
+                           uint64_t *next_fo);
 /* Mark down the workers that are up here whose connection dropped (smu held;
  * before a pick, so that a worker that just died is not picked). */
 void shoal__ec_see_disconnects(shoal_expert_client *c);

@@ -400,33 +400,9 @@ static void wait_round(shoal_expert_client *c)
                 on_reply(c, i, parts, np, truncated);
             if (c->state != SENT || w->answered || w->lost)
                 continue;
-            if (shoal__ec_monitor_disconnected(w->mon)) {
-                if (c->cm)
-                    shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
-                shoal__ec_mark_down(c, i, "disconnected (the worker died?)");
-                shoal__ec_lose(c, i, SHOAL_EPEER,
-                               "trunk worker %s disconnected before answering layer %d (the worker died?)", w->name,
-                               c->layer);
+            if (shoal__ec_check_worker(c, i, shoal__ec_monitor_disconnected(w->mon), others_up, "trunk",
+                                       "the trunk rows of ", &next_fo))
                 continue;
-            }
-            /* silent past the failover time: given up if every one of its
-             * cells has another owner up (checked once per round) */
-            uint64_t fo_at = w->sent_ns / 1000u + c->failover_us;
-            if (!w->fo_checked && shoal__ec_now_us() >= fo_at) {
-                w->fo_checked = 1;
-                if (others_up(c, i)) {
-                    if (c->cm)
-                        shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_TIMEOUT);
-                    shoal__ec_mark_down(c, i, "no reply within %llu ms (failover)",
-                                        (unsigned long long)(c->failover_us / 1000u));
-                    shoal__ec_lose(c, i, SHOAL_ETIMEOUT,
-                                   "no reply to the trunk rows of layer %d within %llu ms from trunk worker %s",
-                                   c->layer, (unsigned long long)(c->failover_us / 1000u), w->name);
-                    continue;
-                }
-            }
-            if (!w->fo_checked && fo_at < next_fo)
-                next_fo = fo_at;
             c->pfd[n] = (struct pollfd){.fd = w->fd, .events = POLLIN};
             c->pidx[n++] = i;
             c->pfd[n] = (struct pollfd){.fd = w->mfd, .events = POLLIN};
