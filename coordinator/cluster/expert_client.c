@@ -82,6 +82,19 @@ void shoal__ec_lose(shoal_expert_client *c, int i, int rc, const char *fmt, ...)
     }
 }
 
+void shoal__ec_count_failover_time(shoal_expert_client *c)
+{
+    if (!c->round)
+        return;
+    uint64_t now = shoal__ec_now_ns();
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].lost_sent_ns) {
+            c->st.failover_ns += now - c->w[i].lost_sent_ns;
+            if (c->cm)
+                shoal_cmetrics_failover_time(c->cm, now - c->w[i].lost_sent_ns);
+        }
+}
+
 int shoal__ec_check_worker(shoal_expert_client *c, int i, int disconnected,
                            int (*others_up)(shoal_expert_client *c, int i), const char *role, const char *part,
                            uint64_t *next_fo)
@@ -616,15 +629,8 @@ static int gather(void *self, uint16_t *y, char *err, size_t errlen)
     }
     int rc = c->state == FAILED ? c->rc : 0;
     c->rc = rc;
-    if (!rc && c->round) { /* the time from each lost part's send to the end of the exchange */
-        uint64_t now = shoal__ec_now_ns();
-        for (int i = 0; i < c->nw; i++)
-            if (c->w[i].lost_sent_ns) {
-                c->st.failover_ns += now - c->w[i].lost_sent_ns;
-                if (c->cm)
-                    shoal_cmetrics_failover_time(c->cm, now - c->w[i].lost_sent_ns);
-            }
-    }
+    if (!rc)
+        shoal__ec_count_failover_time(c);
     if (c->cm)
         shoal_cmetrics_layer_wait(c->cm, c->layer, (shoal__ec_now_us() - t0) * 1000u, rc ? -1 : c->last_answer);
     if (rc) {

@@ -225,6 +225,9 @@ void shoal__ec_mark_down(shoal_expert_client *c, int i, const char *fmt, ...) __
  * gather. The first loss of the request is kept in lost_rc / lost_err: its
  * error is the request's when no other owner is up. */
 void shoal__ec_lose(shoal_expert_client *c, int i, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* A request that resent lost parts and succeeded (smu held): the time from
+ * each lost part's send to now goes to the stats and the failover histogram. */
+void shoal__ec_count_failover_time(shoal_expert_client *c);
 /* The checks of one unanswered worker in a wait round (smu held), for both
  * roles: a dropped connection (disconnected) loses it at once; silence past
  * the failover time loses it when others_up(c, i) says every part of it has

@@ -513,15 +513,8 @@ static int gather(void *self, char *err, size_t errlen)
         resend(c);
     }
     int rc = c->state == FAILED ? c->rc : 0;
-    if (!rc && c->round) { /* the time from each lost part's send to the end of the step */
-        uint64_t now = shoal__ec_now_ns();
-        for (int i = 0; i < c->nw; i++)
-            if (c->w[i].lost_sent_ns) {
-                c->st.failover_ns += now - c->w[i].lost_sent_ns;
-                if (c->cm)
-                    shoal_cmetrics_failover_time(c->cm, now - c->w[i].lost_sent_ns);
-            }
-    }
+    if (!rc)
+        shoal__ec_count_failover_time(c);
     c->st.wait_s += (double)(shoal__ec_now_us() - t0) / 1e6;
     if (rc)
         shoal_err_set(err, errlen, rc, "%s", c->err);

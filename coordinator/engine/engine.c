@@ -330,9 +330,7 @@ int shoal_model_step(shoal_model *m, shoal_seq *const *seqs, const int32_t *ids,
     int rc = check_chunk(m, "step", seqs, ids, n, 1, err, errlen);
     if (rc)
         return rc;
-    if (!logits || !nrows)
-        nrows = 0;
-    else if (nrows < 0 || nrows > n || !rows)
-        return shoal_err_set(err, errlen, SHOAL_EINVAL, "step: %d logits rows of %d tokens", nrows, n);
+    if (nrows && !rows) /* the rows' range and order: the forward checks them */
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "step: %d logits rows but no row list", nrows);
     return shoal__engine_forward(m, seqs, ids, n, nrows ? logits : NULL, rows, nrows, err, errlen);
 }

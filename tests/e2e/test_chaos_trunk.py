@@ -46,10 +46,11 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+from chaos import covers, metric_sum, metrics, parse_ranges  # noqa: E402
+import chaos  # noqa: E402
 
 T = "test_chaos_trunk"
 SRC = os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -69,16 +70,6 @@ counts, record, check = R.counts, R.record, R.check
 procs = []
 
 
-def parse_ranges(s):
-    out = set()
-    for g in s.split(","):
-        ls, es = g.split(":")
-        la, lb = ls.split("-") if "-" in ls else (ls, ls)
-        ea, eb = es.split("-") if "-" in es else (es, es)
-        out |= {(l, e) for l in range(int(la), int(lb) + 1) for e in range(int(ea), int(eb) + 1)}
-    return out
-
-
 def parse_parts(spec):
     """the quarters `*:p/4` of a ROWSPEC (KDA's f_a, whole on every worker, aside)"""
     out = set()
@@ -89,26 +80,6 @@ def parse_parts(spec):
             if int(n) == W:
                 out.add(("part", int(p)))
     return out
-
-
-def metrics(url):
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        return r.read().decode()
-
-
-def metric_sum(text, family):
-    s = 0.0
-    for line in text.splitlines():
-        if line.startswith(family + "{") or line.startswith(family + " "):
-            s += float(line.rsplit(" ", 1)[1])
-    return s
-
-
-def covers(need, held, up):
-    got = set()
-    for i in up:
-        got |= held[i]
-    return need <= got
 
 
 class Workers:
@@ -231,11 +202,7 @@ def main():
         print(f"# fault-free: {N} completions in {t_clean:.1f} s", flush=True)
 
         def up_in_health():
-            try:
-                st, h = harness.health(url)
-                return {i for i, x in enumerate(h["workers"]) if x["up"]}
-            except Exception:  # noqa: BLE001 -- a busy server: nothing known up
-                return set()
+            return chaos.up_in_health(url)
 
         def wait_up(want, secs=30):
             t_end = time.time() + secs
@@ -279,84 +246,9 @@ def main():
         check("both restarted: /health 200 \"ok\" again", ok and st == 200 and h.get("status") == "ok", f"{st} {h}")
         m0 = metrics(url)
 
-        # ---- chaos
-        ev = {"kill": 0, "stop": 0, "two": 0, "max_down": 0}
-        faulted = set()
-        lock = threading.Lock()
-
-        def heal(i, how):
-            if how == "kill":
-                # restarted once the coordinator has seen it go (else /health
-                # could still list the old process up, and the driver could
-                # take its replica down too: a double fault R = 1 does not cover)
-                t_end = time.time() + 5
-                while time.time() < t_end and i in up_in_health():
-                    time.sleep(0.02)
-                wk.start(i)
-            else:
-                try:
-                    os.kill(wk.p[i].pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-            with lock:
-                faulted.discard(i)
-
-        def driver():
-            timers = []
-            while not stop.is_set():
-                time.sleep(rng.uniform(0.1, 0.6))
-                if stop.is_set():
-                    break
-                avail = up_in_health() - faulted
-                two = pairs_ok and (len(avail) == W and (ev["two"] == 0 or rng.random() < 0.5) or rng.random() < 0.1)
-                if two:
-                    cand = [p for p in pairs_ok if p[0] in avail and p[1] in avail and
-                            covers(need, held, avail - set(p))]
-                    victims = list(rng.choice(cand)) if cand else []
-                else:
-                    cand = [i for i in avail if covers(need, held, avail - {i})]
-                    victims = [rng.choice(cand)] if cand else []
-                if not victims:
-                    continue
-                for i in victims:
-                    # the first two faults a stop and a kill, then at random
-                    nf = ev["kill"] + ev["stop"]
-                    how = ("stop", "kill")[nf] if nf < 2 else rng.choice(["kill", "stop"])
-                    with lock:
-                        faulted.add(i)
-                    if how == "kill":
-                        wk.p[i].kill()
-                        wk.p[i].wait()
-                    else:
-                        os.kill(wk.p[i].pid, signal.SIGSTOP)
-                    ev[how] += 1
-                    t = threading.Timer(rng.uniform(0.2, 1.5), heal, (i, how))
-                    t.start()
-                    timers.append(t)
-                ev["two"] += len(victims) == 2
-                with lock:
-                    ev["max_down"] = max(ev["max_down"], len(faulted))
-            for t in timers:
-                t.join()
-
-        th = threading.Thread(target=driver, daemon=True)
-        th.start()
-        got, failed, lat = [], [], []
-        t0 = time.time()
-        i = 0
-        while i < N or time.time() - t0 < CHAOS_S:
-            t1 = time.time()
-            try:
-                got.append(complete(prompts[i % N]))
-            except openai.APIError as e:  # every error counts: a lost request
-                got.append(None)
-                failed.append((i, repr(e)[:300]))
-            lat.append(time.time() - t1)
-            i += 1
-        total = i
-        t_chaos = time.time() - t0
-        stop.set()
-        th.join(30)
+        # ---- chaos (tests/e2e/chaos.py); the first two faults a stop and a kill
+        ev, got, failed, lat, total, t_chaos = chaos.run(wk, url, need, held, pairs_ok, rng, complete, prompts, N,
+                                                         CHAOS_S, stop, first=("stop", "kill"))
         print(f"# chaos: {total} completions in {t_chaos:.1f} s; faults {ev}", flush=True)
         check("chaos: 0 failed requests", not failed, f"{len(failed)} failed: {failed[:3]}")
         diff = [i for i in range(total) if got[i] is not None and got[i] != base[i % N]]
