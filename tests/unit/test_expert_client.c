@@ -29,6 +29,7 @@
 #include "proto/fprint.h"
 #include "proto/shard.h"
 #include "tests/unit/test.h"
+#include "tests/unit/test_srv.h"
 #include "worker/expert_server.h"
 
 #define MAXW 4
@@ -39,55 +40,23 @@ static shoal_st *store;
 static uint8_t fp[SHOAL_PROTO_FP_BYTES];
 static int have_model;
 
-typedef struct {
-    shoal_expert_server_opts o;
-    volatile sig_atomic_t stop;
-    int rc;
-    char err[1024], ep[128], ranges[256];
-    pthread_t th;
-    int running;
-} srv;
-
-static void *srv_main(void *arg)
-{
-    srv *s = arg;
-    s->o.stop = &s->stop;
-    s->rc = shoal_expert_server_run(&s->o, s->err, sizeof s->err);
-    return NULL;
-}
+typedef test_srv srv;
 
 static int tag;
 static void srv_start(srv *s, const char *ranges, unsigned delay_us)
 {
-    memset(s, 0, sizeof *s);
-    snprintf(s->ep, sizeof s->ep, "ipc://@shoal-test-client-%d-%d", (int)getpid(), tag++);
-    snprintf(s->ranges, sizeof s->ranges, "%s", ranges);
-    s->o = (shoal_expert_server_opts){.model = model, .experts = s->ranges, .listen = s->ep, .threads = 1,
-                                      .delay_us = delay_us, .max_tokens = 64};
-    s->running = pthread_create(&s->th, NULL, srv_main, s) == 0;
+    char ep[128];
+    snprintf(ep, sizeof ep, "ipc://@shoal-test-client-%d-%d", (int)getpid(), tag++);
+    test_srv_start(s, model, ep, ranges, NULL, delay_us);
 }
 
 /* Restart on s's endpoint (a worker process restarted in place). */
 static void srv_restart(srv *s, const char *ranges)
 {
-    char ep[128];
-    snprintf(ep, sizeof ep, "%s", s->ep);
-    memset(s, 0, sizeof *s);
-    snprintf(s->ep, sizeof s->ep, "%s", ep);
-    snprintf(s->ranges, sizeof s->ranges, "%s", ranges);
-    s->o = (shoal_expert_server_opts){.model = model, .experts = s->ranges, .listen = s->ep, .threads = 1,
-                                      .max_tokens = 64};
-    s->running = pthread_create(&s->th, NULL, srv_main, s) == 0;
+    test_srv_start(s, model, s->ep, ranges, NULL, 0);
 }
 
-static void srv_stop(srv *s)
-{
-    if (!s->running)
-        return;
-    s->stop = 1;
-    pthread_join(s->th, NULL);
-    s->running = 0;
-}
+#define srv_stop test_srv_stop
 
 static int open_client(shoal_expert_client **c, srv *w, int n, const uint8_t *fpr, int timeout_ms, char *err,
                        size_t errlen)

@@ -26,6 +26,7 @@
 #include "proto/fprint.h"
 #include "proto/tshard.h"
 #include "tests/unit/test.h"
+#include "tests/unit/test_srv.h"
 #include "worker/expert_server.h"
 
 static char model[4096];
@@ -34,41 +35,16 @@ static shoal_st *store;
 static uint8_t fp[SHOAL_PROTO_FP_BYTES];
 static int have_model;
 
-typedef struct {
-    shoal_expert_server_opts o;
-    volatile sig_atomic_t stop;
-    int rc;
-    char err[1024], ep[128], trunk[256];
-    pthread_t th;
-    int running;
-} srv;
-
-static void *srv_main(void *arg)
-{
-    srv *s = arg;
-    s->o.stop = &s->stop;
-    s->rc = shoal_expert_server_run(&s->o, s->err, sizeof s->err);
-    return NULL;
-}
+typedef test_srv srv;
 
 static void srv_start(srv *s, int tag, const char *trunk, unsigned delay_us)
 {
-    memset(s, 0, sizeof *s);
-    snprintf(s->ep, sizeof s->ep, "ipc://@shoal-test-trunk-client-%d-%d", (int)getpid(), tag);
-    snprintf(s->trunk, sizeof s->trunk, "%s", trunk);
-    s->o = (shoal_expert_server_opts){.model = model, .trunk = s->trunk, .listen = s->ep, .threads = 1,
-                                      .delay_us = delay_us, .max_tokens = 64};
-    s->running = pthread_create(&s->th, NULL, srv_main, s) == 0;
+    char ep[128];
+    snprintf(ep, sizeof ep, "ipc://@shoal-test-trunk-client-%d-%d", (int)getpid(), tag);
+    test_srv_start(s, model, ep, NULL, trunk, delay_us);
 }
 
-static void srv_stop(srv *s)
-{
-    if (!s->running)
-        return;
-    s->stop = 1;
-    pthread_join(s->th, NULL);
-    s->running = 0;
-}
+#define srv_stop test_srv_stop
 
 static double now_s(void)
 {
