@@ -10,6 +10,7 @@ request. The driver's random choices come from the caller's rng (the tests'
 SHOAL_CHAOS_SEED)."""
 import os
 import signal
+import subprocess
 import threading
 import time
 import urllib.request
@@ -146,3 +147,15 @@ def run(wk, url, need, held, pairs, rng, complete, prompts, n, chaos_s, stop, fi
     stop.set()
     th.join(30)
     return ev, got, failed, lat, i, seconds
+
+
+def reap(procs):
+    """end every process still running (a stopped one is continued first)"""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGCONT)
+                p.terminate()
+                p.wait(20)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                p.kill()

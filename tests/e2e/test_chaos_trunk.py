@@ -288,14 +288,7 @@ def main():
                        "loadavg": os.getloadavg()}, open(os.environ["SHOAL_CHAOS_OUT"], "w"), indent=1)
     finally:
         stop.set()
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    p.send_signal(signal.SIGCONT)
-                    p.terminate()
-                    p.wait(20)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    p.kill()
+        chaos.reap(procs)
     rc = srv.returncode
     check("serve exits cleanly", rc == 0, f"exit code {rc}")
     print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
