@@ -366,8 +366,7 @@ static int norm_content(json_t *content, const char *where, int null_ok, json_t 
             pname(pp, sizeof pp, "%s[%zu].text", param, i);
             return BADTYPE(pp, "a string");
         }
-        pname(pp, sizeof pp, "%s.content[]", where);
-        if (shoal_api_check_fields(part, pp, part_fields, ign, err))
+        if (shoal_api_check_fields(part, "messages[].content[]", part_fields, ign, err))
             return -1;
         total += json_string_length(text) + 1;
     }
