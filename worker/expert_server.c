@@ -137,9 +137,11 @@ static void send_reply(void *sock, zmq_msg_t *rid, const shoal_serve_reply *rep,
         if (rc >= 0)
             of->live = 0; /* ZeroMQ owns it now */
     }
-    if (rc < 0) {
+    if (rc < 0) { /* a peer that never reads fills its queue: counted, logged the first 20 then every 1000th */
+        if (*dropped < 20 || *dropped % 1000 == 0)
+            SHOAL_WARN("reply not sent: %s%s", zmq_strerror(errno),
+                       *dropped >= 20 ? " (counting; logged every 1000th)" : "");
         (*dropped)++;
-        SHOAL_WARN("reply not sent: %s", zmq_strerror(errno));
     }
     if (of->live) {
         zmq_msg_close(&of->msg);
