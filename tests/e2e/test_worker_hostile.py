@@ -545,17 +545,6 @@ def case_reply_amplification_k3(tmp):
     rlen = 16 + 4 * T1 * rows
     big = 16 + 4 * maxT * rows
     req = len(tbatch(0, [(n, *owned[n]) for n in wide], T1, cols)[1])
-    ctx = zmq.Context.instance()
-    rogues = []
-    for i in range(6):
-        s = ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.RCVHWM, 1)      # ZeroMQ on the rogue's side takes at most one reply ...
-        s.setsockopt(zmq.RCVBUF, 4096)   # ... and the kernel little more: the rest stays with the worker
-        s.setsockopt(zmq.SNDTIMEO, 30000)
-        s.connect(ep)
-        s.send_multipart([msgpack.packb([1, 1, {"proto": [1, 4], "fingerprint": fp, "peer": f"rogue{i}"}])])
-        rogues.append(s)
     n_per = 24
     peak = base
     nstats = [0]
@@ -579,7 +568,18 @@ def case_reply_amplification_k3(tmp):
             time.sleep(0.1)
         return False
 
-    base_req = stats() - nstats[0]  # requests before any STATS of ours
+    base_req = stats() - nstats[0]  # requests before any STATS of ours, and before the rogues connect
+    ctx = zmq.Context.instance()
+    rogues = []
+    for i in range(6):
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RCVHWM, 1)      # ZeroMQ on the rogue's side takes at most one reply ...
+        s.setsockopt(zmq.RCVBUF, 4096)   # ... and the kernel little more: the rest stays with the worker
+        s.setsockopt(zmq.SNDTIMEO, 30000)
+        s.connect(ep)
+        s.send_multipart([msgpack.packb([1, 1, {"proto": [1, 4], "fingerprint": fp, "peer": f"rogue{i}"}])])
+        rogues.append(s)
     t0 = time.monotonic()
     sent = 0
     # first the sixth rogue alone: T = max_tokens, each reply larger than the per-connection limit;
