@@ -44,8 +44,10 @@ typedef struct {
     int prefetch; /* --prefetch on|off: 1 on, -1 off, 0 the default (SHOAL_DIST_PREFETCH_DEFAULT) */
     /* --trunk local|remote|auto (PROTOCOL.md §3.7): 0 local (the default:
      * the whole trunk in-process), 1 remote (the matrices the workers
-     * announce run on them; refused when none does), 2 auto (remote when
-     * some worker announces trunk rows) */
+     * announce run on them; refused when none does; with --workers N each
+     * local worker is started with its 1/N of every row-shardable matrix,
+     * shoal_tshard_spread_spec), 2 auto (remote when some worker announces
+     * trunk rows; local with --workers) */
     int trunk;
 } shoal_dist_opts;
 
