@@ -20,6 +20,7 @@
 #include "common/err.h"
 #include "common/st.h"
 #include "kernels/kernels.h"
+#include "kernels/readbw.h"
 
 #define BENCH_SET_BYTES ((size_t)320 << 20) /* 10x the 32 MiB L3 of the dev machine */
 #define READ_BYTES ((size_t)512 << 20)
@@ -101,45 +102,11 @@ static void fill_f32(float *p, size_t n, float lo, float hi)
 /* ---- STREAM-like read bandwidth ------------------------------------------ */
 
 static uint64_t read_sink;
-static size_t read_words;
 
-/* Each thread sums its contiguous share of buf as 64-bit words, read as four
- * concurrent sequential streams (one per quarter of the share) with software
- * prefetch: the access pattern of the GEMV kernels (four weight rows in
- * flight), so the ratio compares like with like. A sum, so the loads cannot
- * be elided. */
+/* The pass itself: kernels/readbw.h (shared with the worker's host facts). */
 static double read_bw_once(const uint64_t *buf, size_t nwords)
 {
-    uint64_t total = 0;
-    double t0 = now_s();
-#pragma omp parallel reduction(+ : total)
-    {
-        int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        size_t per = nwords / (size_t)nt, a = per * (size_t)id;
-        size_t q = per / 4 / 8 * 8; /* words per stream, multiple of 8 */
-        const uint64_t *p0 = buf + a, *p1 = p0 + q, *p2 = p1 + q, *p3 = p2 + q;
-        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (size_t i = 0; i < q; i += 8) {
-            __builtin_prefetch(p0 + i + 128);
-            __builtin_prefetch(p1 + i + 128);
-            __builtin_prefetch(p2 + i + 128);
-            __builtin_prefetch(p3 + i + 128);
-            for (int j = 0; j < 8; j++) {
-                s0 += p0[i + j];
-                s1 += p1[i + j];
-                s2 += p2[i + j];
-                s3 += p3[i + j];
-            }
-        }
-        total += s0 + s1 + s2 + s3;
-#pragma omp atomic
-        read_words += 4 * q;
-    }
-    double dt = now_s() - t0;
-    read_sink += total;
-    double words = (double)read_words;
-    read_words = 0;
-    return words * 8 / dt / 1e9;
+    return shoal_read_bw_pass(buf, nwords, 0, &read_sink);
 }
 
 /* The read-bandwidth buffer, kept for the whole run: every row times a read

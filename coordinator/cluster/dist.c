@@ -389,6 +389,11 @@ void shoal_dist_stop(shoal_dist *d)
     free(d);
 }
 
+shoal_expert_client *shoal_dist_client(shoal_dist *d)
+{
+    return d ? d->client : NULL;
+}
+
 int shoal_dist_nworkers(const shoal_dist *d)
 {
     return d ? d->nworkers : 0;

@@ -75,6 +75,10 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
  * client). Accepts NULL. */
 void shoal_dist_stop(shoal_dist *d);
 
+/* The expert client (NULL for a NULL d): `shoal doctor` probes its links
+ * (coordinator/cluster/probe.h) while no forward runs. */
+shoal_expert_client *shoal_dist_client(shoal_dist *d);
+
 /* Workers in use (0 for NULL): for shoal_cmetrics_opts.max_workers. */
 int shoal_dist_nworkers(const shoal_dist *d);
 /* "id (endpoint)" of worker i (0 <= i < nworkers), as the expert client names
