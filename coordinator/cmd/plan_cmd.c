@@ -591,10 +591,10 @@ int shoal_cmd_plan(int argc, char **argv)
             spec = shoal_xmalloc(cap);
             json_t *parts = json_array();
             at += (size_t)snprintf(spec + at, cap - at, "*:%d/%d", tslot[w], TW);
-            json_array_append_new(parts, json_integer(w));
-            for (int p = 0; p < W; p++)
-                if (p != w && tpart[(size_t)w * W + p]) {
-                    at += (size_t)snprintf(spec + at, cap - at, ",*:%d/%d", p, W);
+            json_array_append_new(parts, json_integer(tslot[w]));
+            for (int p = 0; p < TW; p++)
+                if (p != tslot[w] && tpart[(size_t)w * W + p]) {
+                    at += (size_t)snprintf(spec + at, cap - at, ",*:%d/%d", p, TW);
                     json_array_append_new(parts, json_integer(p));
                 }
             snprintf(spec + at, cap - at, "%s", has_fa ? ",*.f_a_proj.weight:all" : "");
