@@ -289,12 +289,18 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
         free(ms);
         return rc;
     }
-    /* trunk servers: the fastest memory first (ties: manifest order) */
+    /* trunk servers: the cheapest first, by what one token would cost it
+     * holding the whole trunk alone -- its round trips, its link, its reads
+     * (ties: manifest order) */
     int *order = malloc((size_t)W * sizeof *order);
-    for (int w = 0; w < W; w++)
+    double *tcost = malloc((size_t)W * sizeof *tcost);
+    for (int w = 0; w < W; w++) {
         order[w] = w;
+        tcost[w] = f.steps_serial * (ms[w].rtt + m->overhead_s) + f.x_in / ms[w].rout + f.y_out / ms[w].rin +
+                   f.tr / ms[w].bw;
+    }
     for (int i = 1; i < W; i++)
-        for (int j = i; j > 0 && ms[order[j]].bw > ms[order[j - 1]].bw; j--) {
+        for (int j = i; j > 0 && tcost[order[j]] < tcost[order[j - 1]]; j--) {
             int t = order[j];
             order[j] = order[j - 1];
             order[j - 1] = t;
@@ -333,6 +339,7 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
             for (int i = 0; i < nc; i++)
                 free(cs[i].share);
             free(order);
+            free(tcost);
             free(ms);
             return shoal_err_set(err, errlen, SHOAL_ECONFIG, "--trunk-servers %d is not a placement considered "
                                  "(1, 2, 4, ... and all %d workers, at most the smallest matrix's rows)", m->force_G, W);
@@ -413,6 +420,7 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
     for (int i = 0; i < nc; i++)
         free(cs[i].share);
     free(order);
+    free(tcost);
     free(ms);
     return rc;
 }

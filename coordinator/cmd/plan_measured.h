@@ -1,7 +1,8 @@
 /* plan_measured: `shoal plan --measured doctor.json` (issue 34,
  * docs/CLUSTER.md "Measured plans"): predicts the seconds per token of the
  * placements a plan can write -- the trunk on the coordinator, or its rows
- * spread over G of the workers (the G with the fastest memory), the routed
+ * spread over G of the workers (the G cheapest: round trips, link and reads
+ * of one token if it held the whole trunk alone), the routed
  * experts split in proportion to each host's measured read bandwidth within
  * its memory budget -- from the model's per-token bytes and round trips and
  * `shoal doctor`'s measured figures, prints the prediction term by term for
