@@ -40,6 +40,8 @@ CLASSES = {
     "bare metal": {"link_Bps": 25e9 / 8, "rtt": 0.2e-3, "read": 100 * GB},
     "cloud": {"link_Bps": 10e9 / 8, "rtt": 0.2e-3, "read": 40 * GB},
     "cheap VPS": {"link_Bps": 1e9 / 8, "rtt": 0.5e-3, "read": 20 * GB},
+    # the same VPSs with a coordinator on a 10 Gb/s port (its NIC carries every link's bytes)
+    "cheap VPS, 10G coordinator": {"link_Bps": 1e9 / 8, "nic_Bps": 10e9 / 8, "rtt": 0.5e-3, "read": 20 * GB},
 }
 
 
@@ -75,7 +77,10 @@ def placement(cls, N, G, fanout=0, users=1):
     involved = N * (1 - (1 - 1 / N) ** K)
     out = egress + MOE * involved * ACT * u
     inn = (Y_OUT if G else 0) * u + MOE * YEXP * u
-    wire = (out + inn) / cls["link_Bps"]  # the coordinator's NIC (= a link) carries every link's bytes
+    # the coordinator's NIC carries every link's bytes; each link its own (a trunk server's, the busiest)
+    nic = cls.get("nic_Bps", cls["link_Bps"])
+    link = ((X_IN + Y_OUT / G) * u if G else 0) + MOE * (ACT + YEXP / N) * u
+    wire = max((out + inn) / nic, link / cls["link_Bps"])
     total = reads + coord + rt + wire
     mem_server = (TRUNK_R / G + FA if G else 0) + EXPERTS_ALL / N if G else EXPERTS_ALL / N
     mem_coord = TRUNK_C + 0.6 * GB if G else 113.5 * GB

@@ -101,7 +101,10 @@ def main():
     ap.add_argument("--gen", type=int, default=24)
     ap.add_argument("--overhead-us", default="100")
     ap.add_argument("--out", default="")
+    ap.add_argument("--uniform", action="store_true", help="w2 shaped like w0 and w1 (no slow host)")
     a = ap.parse_args()
+    if a.uniform:
+        net.SHAPE["w2"] = net.SHAPE["w0"]
     MODEL = net.TINY = os.path.abspath(a.model)
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
@@ -120,7 +123,11 @@ def main():
                "hosts": [{"name": "c", "address": net.IP["c"], "ssh_user": "root", "cpus": 1, "expert_ram": 0}] +
                [{"name": w, "address": net.IP[w], "ssh_user": "root", "cpus": 1, "expert_ram": "8GiB"}
                 for w in ("w0", "w1", "w2")]}, open(cluster, "w"))
-    res = {"model": MODEL, "load_start": load(), "shape": {k: list(v) for k, v in net.SHAPE.items()},
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    flags = next((l for l in open("/proc/cpuinfo") if l.startswith("flags")), "")
+    res = {"model": MODEL, "load_start": load(), "cpu": cpu, "cores": os.cpu_count(),
+           "avx512f": " avx512f " in flags, "avx512_bf16": " avx512_bf16 " in flags,
+           "command": " ".join(sys.argv), "shape": {k: list(v) for k, v in net.SHAPE.items()},
            "rate_fast_mbit": net.RATE_FAST, "reps": a.reps, "gen": a.gen, "overhead_us": float(a.overhead_us),
            "placements": {}}
     net.setup_net()
