@@ -24,6 +24,7 @@
 #include "common/log.h"
 #include "coordinator/cluster/dist.h"
 #include "coordinator/cluster/probe.h"
+#include "coordinator/cmd/plan.h"
 #include "coordinator/engine/engine.h"
 #include "kernels/kernels.h"
 #include "worker/hostfacts.h"
@@ -35,12 +36,17 @@ typedef struct {
     char err[512];
     shoal_proto_facts f;
     double rtt_p50_us, rtt_p99_us, out_Bps, in_Bps, fwd_out_us, fwd_in_us;
+    double need;      /* weight bytes the plan or the manifest gives it (0: not known) */
+    const char *need_from;
 } wres;
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: shoal doctor --model DIR (--plan plan.json | --worker EP ... | --workers N) [options]\n"
+            "usage: shoal doctor --model DIR (--cluster cluster.json | --plan plan.json | --worker EP ... |\n"
+            "                    --workers N) [options]\n"
+            "  --cluster FILE     the manifest's worker hosts (tcp://address:port; with --curve-keys DIR,\n"
+            "                     DIR/NAME.pub is host NAME's key), their budgets checked against the hosts\n"
             "  measures every worker's host and the link to it over the real connection\n"
             "  (docs/CLUSTER.md \"shoal doctor\"; PROBE, proto/PROTOCOL.md 3.8)\n"
             "  --json             print the measurements as JSON (for shoal plan --measured)\n"
@@ -157,7 +163,11 @@ static void findings(const wres *r, int n, const shoal_proto_facts *local, json_
             SAY("%s: memory read %.1f GB/s, %.1fx slower than the others (%.1f GB/s): it will set the pace of every "
                 "layer unless the plan gives it less (plan --measured weighs the split by it)", w->id, bw / GB,
                 mb / bw, mb / GB);
-        if (w->f.held_bytes > w->f.mem_total / 10 * 9)
+        if (w->need > 0 && w->need > (double)w->f.mem_total * 0.9)
+            SAY("%s has %.0f GB of memory, %s gives it %.0f GB of weights (plus the OS and buffers): its weights "
+                "will be read from disk, or give it less", w->id, (double)w->f.mem_total / GB, w->need_from,
+                w->need / GB);
+        else if (w->f.held_bytes > w->f.mem_total / 10 * 9)
             SAY("%s has %.0f GB of memory, its share needs %.0f GB (plus the OS and buffers): its weights will be "
                 "read from disk", w->id, (double)w->f.mem_total / GB, (double)w->f.held_bytes / GB);
         else if (w->f.mem_avail < w->f.mem_total / 20)
@@ -179,7 +189,9 @@ static void findings(const wres *r, int n, const shoal_proto_facts *local, json_
 
 int shoal_cmd_doctor(int argc, char **argv)
 {
-    const char *model = NULL, *out = NULL;
+    const char *model = NULL, *out = NULL, *cluster = NULL;
+    shoal_plan_cluster cm = {0};
+    char (*ckeys)[4096] = NULL;
     int json = 0, rounds = 200, bulk_count = 24, no_facts = 0, no_local = 0;
     long bulk_bytes = 1 << 20, fwd_bytes = 0;
     shoal_dist_opts d = {0};
@@ -194,6 +206,9 @@ int shoal_cmd_doctor(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "-o") && v) {
             out = v;
+            i++;
+        } else if (!strcmp(a, "--cluster") && v) {
+            cluster = v;
             i++;
         } else if (!strcmp(a, "--json")) {
             json = 1;
@@ -229,23 +244,56 @@ int shoal_cmd_doctor(int argc, char **argv)
             return 2;
         }
     }
+    char err[2048];
+    if (cluster) { /* the manifest's worker hosts, at tcp://address:port; keys from --curve-keys DIR/NAME.pub */
+        if (shoal_dist_enabled(&d)) {
+            fprintf(stderr, "shoal doctor: --cluster excludes --plan, --worker and --workers\n");
+            return 2;
+        }
+        int rc0 = shoal_plan_cluster_read(&cm, cluster, err, sizeof err);
+        if (rc0) {
+            fprintf(stderr, "shoal doctor: %s\n", err);
+            return 3;
+        }
+        ckeys = shoal_xcalloc((size_t)cm.nhosts + 1, sizeof *ckeys);
+        static char eps[SHOAL_EXPERT_CLIENT_MAX_WORKERS][320];
+        for (int h = 0; h < cm.nhosts && d.nworker < SHOAL_EXPERT_CLIENT_MAX_WORKERS; h++) {
+            const shoal_plan_host *ho = &cm.hosts[h];
+            if (!ho->expert_ram)
+                continue;
+            snprintf(eps[d.nworker], sizeof eps[0], strchr(ho->address, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d",
+                     ho->address, ho->port);
+            if (d.curve_keys) {
+                snprintf(ckeys[d.nworker], sizeof ckeys[0], "%s/%s.pub", d.curve_keys, ho->name);
+                d.worker_key[d.nworker_key++] = ckeys[d.nworker];
+            }
+            d.worker[d.nworker] = eps[d.nworker];
+            d.nworker++;
+        }
+        d.curve_keys = NULL;
+    }
     if (!model || shoal_dist_enabled(&d) != 1) {
-        fprintf(stderr, "shoal doctor: give --model DIR and one of --plan, --worker, --workers\n");
+        fprintf(stderr, "shoal doctor: give --model DIR and one of --cluster, --plan, --worker, --workers\n");
         usage(stderr);
+        free(ckeys);
+        shoal_plan_cluster_free(&cm);
         return 2;
     }
-    char err[2048];
     shoal_model_opts mo = {.max_context = 8, .max_batch = 1, .threads = 1, .quiet = 1, .remote_experts = 1};
     shoal_model *m = NULL;
     int rc = shoal_model_open(&m, model, &mo, err, sizeof err);
     if (rc) {
         fprintf(stderr, "shoal doctor: %s: %s\n%s\n", model, shoal_strerror(rc), err);
+        free(ckeys);
+        shoal_plan_cluster_free(&cm);
         return 3;
     }
     shoal_dist *dist = NULL;
     if ((rc = shoal_dist_start(&dist, &d, model, m, err, sizeof err))) {
         fprintf(stderr, "shoal doctor: expert workers: %s: %s\n", shoal_strerror(rc), err);
         shoal_model_close(m);
+        free(ckeys);
+        shoal_plan_cluster_free(&cm);
         return shoal_err_exit_code(rc);
     }
     shoal_model_info info;
@@ -310,6 +358,27 @@ int shoal_cmd_doctor(int argc, char **argv)
             fprintf(stderr, "doctor: %s %s\n", w->name, w->ok ? "measured" : w->err);
     }
     free(rtt);
+    /* what the manifest or the plan gives each worker, by its id */
+    json_t *pj = d.plan ? json_load_file(d.plan, 0, NULL) : NULL;
+    for (int i = 0; i < n; i++) {
+        for (int h = 0; h < cm.nhosts; h++)
+            if (cm.hosts[h].expert_ram && !strcmp(cm.hosts[h].name, r[i].id)) {
+                r[i].need = (double)cm.hosts[h].expert_ram;
+                r[i].need_from = "the manifest";
+            }
+        size_t k;
+        json_t *x;
+        json_array_foreach(json_object_get(pj, "workers"), k, x)
+        {
+            const char *nm = json_string_value(json_object_get(x, "name"));
+            if (nm && !strcmp(nm, r[i].id)) {
+                r[i].need = json_number_value(json_object_get(x, "bytes")) +
+                            json_number_value(json_object_get(x, "trunk_bytes"));
+                r[i].need_from = "the plan";
+            }
+        }
+    }
+    json_decref(pj);
     shoal_proto_facts local;
     memset(&local, 0, sizeof local);
     if (!no_local) {
@@ -343,6 +412,8 @@ int shoal_cmd_doctor(int argc, char **argv)
         json_object_set_new(o, "in_bytes_per_s", json_real(r[i].in_Bps));
         json_object_set_new(o, "fwd_out_us", json_real(r[i].fwd_out_us));
         json_object_set_new(o, "fwd_in_us", json_real(r[i].fwd_in_us));
+        if (r[i].need > 0)
+            json_object_set_new(o, "given_bytes", json_real(r[i].need));
         json_array_append_new(jw, o);
     }
     json_object_set_new(root, "workers", jw);
@@ -411,5 +482,7 @@ int shoal_cmd_doctor(int argc, char **argv)
     free(r);
     shoal_model_close(m);
     shoal_dist_stop(dist);
+    free(ckeys);
+    shoal_plan_cluster_free(&cm);
     return status;
 }

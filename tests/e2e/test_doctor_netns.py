@@ -21,7 +21,7 @@ Checks, against the shaping (the independent reference):
 - the host facts are there (cores, memory, the read pass), as the host says;
 - --json and -o write the same document.
 Needs root and iproute2 with netem (scripts/deps.sh): SKIPs otherwise.
-Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~20 s.
+Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~35 s.
 """
 import json
 import os
@@ -207,6 +207,23 @@ def main():
               repr(f))
         check("findings: nobody else's RTT or link", not any(
             (s.startswith("w0:") or s.startswith("w1:")) and ("the others" in s) for s in f), repr(f))
+        # against the cluster manifest: the hosts at their addresses (no relay), keys from --curve-keys
+        man = f"{tmp}/cluster.json"
+        json.dump({"format": "shoal-cluster", "version": 1, "coordinator": "c", "worker_port": 5555, "hosts":
+                   [{"name": "c", "address": IP["c"], "ssh_user": "root", "cpus": 1, "expert_ram": 0}] +
+                   [{"name": w, "address": IP[w], "ssh_user": "root", "cpus": 1,
+                     "expert_ram": "100TiB" if w == "w1" else "8MiB"} for w in ("w0", "w1", "w2")]}, open(man, "w"))
+        r = sh(["ip", "netns", "exec", NS["c"], BIN, "doctor", "--model", TINY, "--cluster", man, "--curve-secret",
+                f"{tmp}/c.key", "--curve-keys", tmp, "--json", "--rounds", "50", "--bulk-count", "4", "--no-local",
+                "--hello-timeout-ms", "20000"], check_rc=False, timeout=180)
+        ok = r.returncode == 0
+        if check("doctor --cluster (the manifest's hosts, CURVE keys by name)", ok, r.stderr[-800:]):
+            dc = json.loads(r.stdout)
+            check("--cluster: the three hosts measured", sorted(w["name"] for w in dc["workers"] if w["ok"]) ==
+                  ["w0", "w1", "w2"], json.dumps(dc)[:400])
+            check("--cluster: a budget larger than the host's memory is named",
+                  any(s.startswith("w1 has") and "the manifest gives it" in s for s in dc["findings"]) and
+                  not any(s.startswith(("w0 has", "w2 has")) for s in dc["findings"]), repr(dc["findings"]))
         # the person's table: every worker, the worst values marked
         r = doctor(tmp, ["--no-facts", "--no-local", "--rounds", "50", "--bulk-count", "8"])
         lines = r.stdout.splitlines()
