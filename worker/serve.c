@@ -653,9 +653,14 @@ static void do_probe(shoal_serve *s, const shoal_proto_msg *m, shoal_serve_alloc
         reply_error(s, rep, m->rid, SHOAL_PERR_BAD_SHAPE, "PROBE: reply size");
         return;
     }
-    uint8_t *y = alloc(actx, ylen);
+    char why[384] = "", msg[448];
+    uint8_t *y = alloc(actx, ylen, why, sizeof why);
     if (!y) {
-        reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, "PROBE: out of memory for the reply");
+        if (why[0])
+            snprintf(msg, sizeof msg, "PROBE: %s", why);
+        else
+            snprintf(msg, sizeof msg, "PROBE: out of memory for the %zu-byte reply", ylen);
+        reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, msg);
         return;
     }
     shoal_proto_tensor_hdr(y, SHOAL_WIRE_F32, 1, m->probe.reply / 4);
