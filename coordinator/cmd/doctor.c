@@ -25,6 +25,8 @@
 #include "coordinator/cluster/dist.h"
 #include "coordinator/cluster/probe.h"
 #include "coordinator/cmd/plan.h"
+#include "common/packfile.h"
+#include "proto/fprint.h"
 #include "coordinator/engine/engine.h"
 #include "kernels/kernels.h"
 #include "worker/hostfacts.h"
@@ -392,6 +394,26 @@ int shoal_cmd_doctor(int argc, char **argv)
     json_object_set_new(root, "format", json_string("shoal-doctor"));
     json_object_set_new(root, "version", json_integer(1));
     json_object_set_new(root, "shoal", json_string(SHOAL_VERSION));
+    { /* the model every worker's HELLO matched (PROTOCOL.md §5; a pack carries the full model's) */
+        uint8_t fp[SHOAL_PROTO_FP_BYTES];
+        char hex[2 * SHOAL_PROTO_FP_BYTES + 1], e2[256];
+        shoal_packfile pk;
+        int frc;
+        if (shoal_packfile_is_pack(model)) {
+            frc = shoal_packfile_read(&pk, model, e2, sizeof e2);
+            if (!frc)
+                memcpy(fp, pk.fingerprint, SHOAL_PROTO_FP_BYTES);
+            shoal_packfile_free(&pk);
+        } else {
+            frc = shoal_fprint_model(fp, info.cfg, shoal_model_store(m), e2, sizeof e2);
+        }
+        if (!frc) {
+            shoal_proto_hex(fp, hex);
+            json_object_set_new(root, "model_fingerprint", json_string(hex));
+            if (!json)
+                printf("model fingerprint %.16s... (every worker's HELLO matched it)\n", hex);
+        }
+    }
     json_object_set_new(root, "fwd_bytes", json_integer(fwd_bytes));
     json_object_set_new(root, "bulk_bytes", json_integer(bulk_bytes));
     json_object_set_new(root, "rounds", json_integer(rounds));

@@ -14,6 +14,7 @@ PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~5 s.
 """
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -76,6 +77,8 @@ def main():
         check(f"{n}: read pass and link figures present",
               h.get("read_bw_1", 0) > 0 and h.get("read_bw_all", 0) > 0 and 0 < w["rtt_p50_us"] <= w["rtt_p99_us"]
               and w["out_bytes_per_s"] > 0 and w["in_bytes_per_s"] > 0 and w["fwd_out_us"] > 0, json.dumps(w))
+    check("the model fingerprint reported (64 hex digits)",
+          re.fullmatch(r"[0-9a-f]{64}", d.get("model_fingerprint", "")) is not None, str(d.get("model_fingerprint")))
     check("this host measured too", d.get("coordinator", {}).get("cores") == os.cpu_count(), str(d.get("coordinator")))
     r = subprocess.run(base + ["--no-facts", "--no-local"], capture_output=True, text=True, timeout=120)
     check("the table lists both workers", r.returncode == 0 and any(l.startswith("w0 ") for l in r.stdout.splitlines())
