@@ -141,7 +141,7 @@ int shoal_cmd_plan(int argc, char **argv)
     int mslots = 8, TW = 0, *tslot = NULL;
     double mnic = 0, meff = 0.82, mimb = 1.2, mpred = 0, movh = 100;
     long mforce = -1;
-    uint64_t *mcount = NULL;
+    uint64_t *mcount = NULL, *pbudget = NULL;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -433,11 +433,16 @@ int shoal_cmd_plan(int argc, char **argv)
             budget[w] -= tbytes[w];
         }
     }
-    if (measured) /* the expert split by measured bandwidth: each worker's count is its cap, and the caps add up
-                     to every routed expert, so the water filling gives each exactly its count */
-        for (int w = 0; w < W; w++)
+    if (measured) { /* the expert split by measured bandwidth: each worker's count is its cap, and the caps add up
+                       to every routed expert, so the water filling gives each exactly its count; the report
+                       still shows the share of the real budget used */
+        pbudget = shoal_xmalloc((size_t)(W ? W : 1) * sizeof *pbudget);
+        for (int w = 0; w < W; w++) {
+            pbudget[w] = budget[w];
             if (budget[w] > mcount[w] * tot.bytes_per_expert)
                 budget[w] = mcount[w] * tot.bytes_per_expert;
+        }
+    }
     const int L = cfg.num_layers, E = cfg.num_experts;
     owner = shoal_xmalloc((size_t)L * E * sizeof *owner);
     shoal_plan_in pin = {.num_layers = L, .num_experts = E, .is_moe = cfg.is_moe,
@@ -608,7 +613,7 @@ int shoal_cmd_plan(int argc, char **argv)
         json_object_set_new(o, "expected_share", json_real(share));
         json_array_append_new(jw, o);
         printf("%-20s %8llu %12.3f %6.1f%% %8.4f %8.4f %7.3f", h->name, (unsigned long long)cnt[w],
-               (double)bytes / 1073741824.0, 100.0 * (double)bytes / (double)budget[w], share, 1.0 / W,
+               (double)bytes / 1073741824.0, 100.0 * (double)bytes / (double)(pbudget ? pbudget[w] : budget[w]), share, 1.0 / W,
                share * W);
         if (spec)
             printf("  trunk %s %.3f GiB", spec, (double)tbytes[w] / 1073741824.0);
@@ -664,6 +669,7 @@ done:
     free(tpart);
     free(tslot);
     free(mcount);
+    free(pbudget);
     free(widx);
     shoal_trace_stats_free(&ts);
     shoal_trace_file_close(tf);
