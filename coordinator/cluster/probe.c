@@ -145,3 +145,44 @@ out:
     free(sent_ns);
     return rc;
 }
+
+int shoal_probe_facts_together(shoal_expert_client *c, shoal_proto_facts *f, int *ok, int timeout_ms, char *err,
+                               size_t errlen)
+{
+    uint8_t x[SHOAL_PROTO_TENSOR_HDR + 4] = {0};
+    shoal_proto_tensor_hdr(x, SHOAL_WIRE_F32, 1, 1);
+    uint64_t deadline = shoal__ec_now_us() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 60000) * 1000u;
+    uint64_t *rid = shoal_xcalloc((size_t)c->nw + 1, sizeof *rid);
+    int rc = 0;
+    char e2[512];
+    pthread_mutex_lock(&c->smu);
+    for (int i = 0; i < c->nw; i++) { /* every request out first: the workers measure at the same time */
+        ok[i] = 0;
+        memset(&f[i], 0, sizeof f[i]);
+        shoal__ec_worker *w = &c->w[i];
+        if (atomic_load(&w->link) != W_UP)
+            continue;
+        zmq_msg_t parts[SHOAL_PROTO_MAX_FRAMES];
+        int trunc, np;
+        while ((np = shoal__ec_recv_parts(w->sock, parts, &trunc)) > 0)
+            shoal__ec_close_parts(parts, np);
+        rid[i] = c->next_rid++;
+        if (send_probe(w, rid[i], 4, 1, x, sizeof x))
+            rid[i] = 0;
+    }
+    for (int i = 0; i < c->nw; i++) {
+        if (!rid[i])
+            continue;
+        uint64_t got = 0;
+        int r;
+        do
+            r = recv_reply(&c->w[i], deadline, &got, &f[i], e2, sizeof e2);
+        while (!r && got != rid[i]);
+        if (r && !rc)
+            rc = shoal_err_set(err, errlen, r, "%s", e2);
+        ok[i] = !r && f[i].has;
+    }
+    pthread_mutex_unlock(&c->smu);
+    free(rid);
+    return rc;
+}

@@ -33,4 +33,13 @@ typedef struct {
 int shoal_probe_run(shoal_expert_client *c, int w, const shoal_probe_opts *o, shoal_probe_result *r, char *err,
                     size_t errlen);
 
+/* The host facts of every worker measured at the same time (PROBE with
+ * facts sent to all, then the replies collected): on hosts that share a
+ * memory bus or a disk (VMs on one machine, a noisy neighbour) the figures
+ * come out lower than each measured alone. f[i] (has = 0 when worker i did
+ * not answer; ok[i] 1 when it did). 0, or the first error (the others still
+ * measured). */
+int shoal_probe_facts_together(shoal_expert_client *c, shoal_proto_facts *f, int *ok, int timeout_ms, char *err,
+                               size_t errlen);
+
 #endif

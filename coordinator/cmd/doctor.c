@@ -39,6 +39,7 @@ typedef struct {
     shoal_proto_facts f;
     double rtt_p50_us, rtt_p99_us, out_Bps, in_Bps, fwd_out_us, fwd_in_us;
     double need;      /* weight bytes the plan or the manifest gives it (0: not known) */
+    double bw_together, disk_together; /* its read pass and disk rate measured with every worker at once */
     const char *need_from;
 } wres;
 
@@ -182,6 +183,23 @@ static void findings(const wres *r, int n, const shoal_proto_facts *local, json_
             SAY("%s runs the scalar kernels (no AVX2): expect it to be several times slower", w->id);
         if (strcmp(w->f.version, SHOAL_VERSION))
             SAY("%s runs shoal %s, this coordinator %s", w->id, w->f.version, SHOAL_VERSION);
+    }
+    { /* shared hardware: several workers reading much slower together than alone */
+        char names[256] = "";
+        int k = 0;
+        double a = 0, t = 0;
+        for (int i = 0; i < n; i++)
+            if (r[i].ok && r[i].f.has && r[i].bw_together > 0 && r[i].bw_together < 0.7 * (double)r[i].f.read_bw_all) {
+                size_t at = strlen(names);
+                snprintf(names + at, sizeof names - at, "%s%s", k ? ", " : "", r[i].id);
+                a += (double)r[i].f.read_bw_all;
+                t += r[i].bw_together;
+                k++;
+            }
+        if (k >= 2)
+            SAY("%s read %.1f GB/s each on average when measured at the same time, %.1f GB/s alone: they share "
+                "memory bandwidth (VMs on one physical host?); plan --measured uses the figures measured together",
+                names, t / k / GB, a / k / GB);
     }
     if (local && local->has && local->mem_avail < local->mem_total / 20)
         SAY("this host has %.1f GB of its %.0f GB memory available", (double)local->mem_avail / GB,
@@ -360,6 +378,21 @@ int shoal_cmd_doctor(int argc, char **argv)
             fprintf(stderr, "doctor: %s %s\n", w->name, w->ok ? "measured" : w->err);
     }
     free(rtt);
+    /* the host facts again, every worker at the same time: hosts that share a memory bus or
+     * a disk (VMs on one machine) read slower together than alone */
+    if (!no_facts && n >= 2) {
+        shoal_proto_facts *ft = shoal_xcalloc((size_t)n, sizeof *ft);
+        int *okt = shoal_xcalloc((size_t)n, sizeof *okt);
+        char e3[512];
+        shoal_probe_facts_together(c, ft, okt, 120000, e3, sizeof e3);
+        for (int i = 0; i < n; i++)
+            if (okt[i] && r[i].ok) {
+                r[i].bw_together = (double)ft[i].read_bw_all;
+                r[i].disk_together = (double)ft[i].disk_read_bw;
+            }
+        free(ft);
+        free(okt);
+    }
     /* what the manifest or the plan gives each worker, by its id */
     json_t *pj = d.plan ? json_load_file(d.plan, 0, NULL) : NULL;
     for (int i = 0; i < n; i++) {
@@ -436,6 +469,10 @@ int shoal_cmd_doctor(int argc, char **argv)
         json_object_set_new(o, "fwd_in_us", json_real(r[i].fwd_in_us));
         if (r[i].need > 0)
             json_object_set_new(o, "given_bytes", json_real(r[i].need));
+        if (r[i].bw_together > 0) {
+            json_object_set_new(o, "read_bw_all_together", json_real(r[i].bw_together));
+            json_object_set_new(o, "disk_read_bw_together", json_real(r[i].disk_together));
+        }
         json_array_append_new(jw, o);
     }
     json_object_set_new(root, "workers", jw);
@@ -468,8 +505,8 @@ int shoal_cmd_doctor(int argc, char **argv)
         }
         if (n < 2)
             wr = wo = wi = wb = wd = -1;
-        printf("%-12s %-6s %5s %7s %7s %7s %6s %7s %7s %7s %6s %8s %8s %8s %8s\n", "worker", "isa", "cores",
-               "mem GB", "avail", "held GB", "rd1", "rd GB/s", "disk MB/s", "free GB", "rtt ms", "p99 ms", "out MB/s",
+        printf("%-12s %-6s %5s %7s %7s %7s %6s %7s %8s %7s %7s %6s %8s %8s %8s %8s\n", "worker", "isa", "cores",
+               "mem GB", "avail", "held GB", "rd1", "rd GB/s", "together", "disk MB/s", "free GB", "rtt ms", "p99 ms", "out MB/s",
                "in MB/s", "fwd ms");
         for (int i = 0; i < n; i++) {
             const wres *w = &r[i];
@@ -477,11 +514,12 @@ int shoal_cmd_doctor(int argc, char **argv)
                 printf("%-12.12s not measured: %s\n", w->id, w->err);
                 continue;
             }
-            printf("%-12.12s %-6s %5u %7.1f %7.1f %7.2f %6.1f %6.1f%c %8.0f%c %7.1f %5.2f%c %8.2f %7.0f%c %7.0f%c "
+            printf("%-12.12s %-6s %5u %7.1f %7.1f %7.2f %6.1f %6.1f%c %8.1f %8.0f%c %7.1f %5.2f%c %8.2f %7.0f%c %7.0f%c "
                    "%4.2f/%4.2f\n",
                    w->id, w->f.has ? w->f.isa : "?", w->f.cores, (double)w->f.mem_total / GB,
                    (double)w->f.mem_avail / GB, (double)w->f.held_bytes / GB, (double)w->f.read_bw_1 / GB,
-                   (double)w->f.read_bw_all / GB, i == wb ? '*' : ' ', (double)w->f.disk_read_bw / MB,
+                   (double)w->f.read_bw_all / GB, i == wb ? '*' : ' ', w->bw_together / GB,
+                   (double)w->f.disk_read_bw / MB,
                    i == wd ? '*' : ' ', (double)w->f.disk_free / GB, w->rtt_p50_us / 1e3, i == wr ? '*' : ' ',
                    w->rtt_p99_us / 1e3, w->out_Bps / MB, i == wo ? '*' : ' ', w->in_Bps / MB, i == wi ? '*' : ' ',
                    w->fwd_out_us / 1e3, w->fwd_in_us / 1e3);

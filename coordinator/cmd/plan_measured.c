@@ -138,6 +138,9 @@ static int load_doctor(const char *path, int W, const char *const *names, double
         }
         json_t *h = json_object_get(o, "host");
         double bw = json_number_value(json_object_get(h, "read_bw_all"));
+        double tog = json_number_value(json_object_get(o, "read_bw_all_together"));
+        if (tog > 0 && tog < bw) /* hosts sharing a memory bus read at this rate when all work */
+            bw = tog;
         meas *q = &ms[w];
         q->bw = bw * eff;
         q->rtt = json_number_value(json_object_get(o, "rtt_p50_us")) * 1e-6;

@@ -74,6 +74,8 @@ def main():
         want = expert_bytes(TINY, *halves[n])
         check(f"{n}: held_bytes = its experts' bytes from the headers ({want})", h.get("held_bytes") == want,
               f"{h.get('held_bytes')}")
+        check(f"{n}: the read pass measured with both workers at once too",
+              w.get("read_bw_all_together", 0) > 0, json.dumps(w))
         check(f"{n}: read pass and link figures present",
               h.get("read_bw_1", 0) > 0 and h.get("read_bw_all", 0) > 0 and 0 < w["rtt_p50_us"] <= w["rtt_p99_us"]
               and w["out_bytes_per_s"] > 0 and w["in_bytes_per_s"] > 0 and w["fwd_out_us"] > 0, json.dumps(w))
