@@ -128,7 +128,7 @@ def main():
     res = {"model": MODEL, "load_start": load(), "cpu": cpu, "cores": os.cpu_count(),
            "avx512f": " avx512f " in flags, "avx512_bf16": " avx512_bf16 " in flags,
            "command": " ".join(sys.argv), "shape": {k: list(v) for k, v in net.SHAPE.items()},
-           "rate_fast_mbit": net.RATE_FAST, "reps": a.reps, "gen": a.gen, "overhead_us": float(a.overhead_us),
+           "rate_fast_mbit": net.RATE_FAST, "tbf_burst": net.BURST, "reps": a.reps, "gen": a.gen, "overhead_us": float(a.overhead_us),
            "placements": {}}
     net.setup_net()
     procs = []
