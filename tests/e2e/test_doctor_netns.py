@@ -19,7 +19,11 @@ Checks, against the shaping (the independent reference):
   IP packets; goodput over TCP with CURVE is a few % below);
 - the findings name w2 for its RTT and its link, and nobody else for those;
 - the host facts are there (cores, memory, the read pass), as the host says;
-- --json and -o write the same document.
+- --json and -o write the same document; --cluster with a manifest;
+- `shoal plan --measured` on this doctor.json keeps tiny-k3's trunk local (8
+  round trips rather than 48), and the plan, served from the namespaces
+  through the shaped links, gives the in-process ids at a measured s/token
+  within 30% of its prediction.
 Needs root and iproute2 with netem (scripts/deps.sh): SKIPs otherwise.
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~35 s.
 """
@@ -234,11 +238,60 @@ def main():
         w2 = [x for x in lines if x.startswith("w2 ")]
         check("the table marks w2's RTT as the worst", r.returncode == 0 and w2 and "*" in w2[0] and
               not any("*" in x for x in lines if x.startswith("w0 ") or x.startswith("w1 ")), r.stdout[-1500:])
+        # the measured plan on these figures, served: its choice, and its prediction against a run
+        wprocs = procs[:3]
+        for p in wprocs:
+            harness.terminate(p, 5)
+            procs.remove(p)
+        case_measured_plan(tmp, man, procs)
     finally:
         for p in procs:
             harness.terminate(p, 5)
         teardown_net()
     return 1 if counts["FAIL"] else 0
+
+
+def case_measured_plan(tmp, man, procs):
+    """plan --measured on this run's doctor.json (tiny-k3: 3 MB of trunk, round trips of 2 and
+    8 ms): the trunk stays local, the experts split by the measured read pass; the plan's
+    workers started from it in their namespaces, one decode through the relays: ids as in
+    process, the measured s/token within 30% of the prediction"""
+    import re
+    gen = 16
+    ref = sh([BIN, "run", "--model", TINY, "--ids", "5,17,3,99", "--gen", str(gen), "--json", "--threads", "1"])
+    ref_ids = json.loads(ref.stdout)["generated_ids"]
+    out = f"{tmp}/plan.json"
+    r = sh([BIN, "plan", "--model", TINY, "--cluster", man, "--measured", f"{tmp}/doctor.json", "-o", out],
+           check_rc=False)
+    if not check("plan --measured on the doctor's figures", r.returncode == 0, r.stderr[-600:] + r.stdout[-600:]):
+        return
+    m = re.search(r"^  trunk local\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+([\d.]+).*<- chosen", r.stdout, re.M)
+    check("it keeps the trunk local (8 round trips rather than 48 at these RTTs)", m is not None, r.stdout[-1500:])
+    if not m:
+        return
+    pred = float(m.group(1))
+    p = json.load(open(out))
+    for w in p["workers"]:
+        w["endpoint"] = f"tcp://127.0.0.1:{PORT[w['name']]}"
+        w["listen"] = f"tcp://{IP[w['name']]}:5555"
+    json.dump(p, open(out, "w"))
+    for w in ("w0", "w1", "w2"):
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", NS[w], BIN, "expert", "--model", TINY, "--plan", out, "--name", w, "--threads",
+             "1", "--curve-secret", f"{tmp}/{w}.key", "--curve-allow", f"{tmp}/c.pub"],
+            stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/{w}.plan.log", "w")))
+    r = sh(["ip", "netns", "exec", NS["c"], BIN, "run", "--model", TINY, "--plan", out, "--curve-secret",
+            f"{tmp}/c.key", "--curve-keys", tmp, "--ids", "5,17,3,99", "--gen", str(gen), "--json", "--threads", "1",
+            "--hello-timeout-ms", "30000"], check_rc=False, timeout=180)
+    if not check("the measured plan served through the shaped links", r.returncode == 0, r.stderr[-800:]):
+        return
+    j = json.loads(r.stdout)
+    meas = 1.0 / j["decode_tokens_per_s"]
+    print(f"measured plan: predicted {pred * 1e3:.1f} ms/token, measured {meas * 1e3:.1f} ms/token", flush=True)
+    check("the measured plan's run: ids identical to the in-process run", j["generated_ids"] == ref_ids,
+          f"{j['generated_ids']} vs {ref_ids}")
+    check(f"its prediction ({pred * 1e3:.1f} ms) within 30% of the measured s/token ({meas * 1e3:.1f} ms)",
+          abs(pred - meas) <= 0.3 * meas, "")
 
 
 if __name__ == "__main__":
