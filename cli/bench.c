@@ -20,7 +20,6 @@
 #include "common/err.h"
 #include "common/st.h"
 #include "kernels/kernels.h"
-#include "kernels/readbw.h"
 
 #define BENCH_SET_BYTES ((size_t)320 << 20) /* 10x the 32 MiB L3 of the dev machine */
 #define READ_BYTES ((size_t)512 << 20)
@@ -103,7 +102,7 @@ static void fill_f32(float *p, size_t n, float lo, float hi)
 
 static uint64_t read_sink;
 
-/* The pass itself: kernels/readbw.h (shared with the worker's host facts). */
+/* The pass itself: kernels/kernels.h (shared with the worker's host facts). */
 static double read_bw_once(const uint64_t *buf, size_t nwords)
 {
     return shoal_read_bw_pass(buf, nwords, 0, &read_sink);

@@ -129,4 +129,17 @@ typedef struct {
 void shoal_expert_ffn(uint16_t *y, const shoal_expert_w *e, const float *x, int T, float b1, float b2,
                       float *scratch);
 
+
+/* ---- memory read pass -------------------------------------------------- */
+
+/* The STREAM-like read pass of `shoal bench` and of the worker's host facts
+ * (PROBE, PROTOCOL.md §3.8): each thread sums its contiguous share of
+ * buf[nwords] as 64-bit words, read as four concurrent sequential streams with
+ * software prefetch -- the access pattern of the GEMV kernels (four weight
+ * rows in flight), so kernel / read ratios compare like with like. One pass
+ * with `threads` OpenMP threads (0: the current default); GB/s (1e9 bytes/s)
+ * of the words read. *sink absorbs the sum (pass a global, so the loads
+ * cannot be elided). No allocation; any thread (kernels/readbw.c). */
+double shoal_read_bw_pass(const uint64_t *buf, size_t nwords, int threads, uint64_t *sink);
+
 #endif

@@ -1,5 +1,5 @@
-/* The read-bandwidth pass (see readbw.h). */
-#include "kernels/readbw.h"
+/* The read-bandwidth pass (declared in kernels.h). */
+#include "kernels/kernels.h"
 
 #include <omp.h>
 #include <time.h>

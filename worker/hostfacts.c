@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "cli/version.h"
-#include "kernels/readbw.h"
+#include "kernels/kernels.h"
 
 #define BW_BYTES (256u << 20)   /* memory pass buffer: far past any L3 */
 #define DISK_BYTES (256u << 20) /* at most this much of the model file is read */

@@ -2,9 +2,11 @@
  * facts, PROTOCOL.md §3.8): CPU model, cores, memory total/available, the
  * disk under the model directory (free, total, a cold read rate), and the
  * memory read bandwidth with one and with `threads` threads (bench's read
- * pass, kernels/readbw.h). Reads /proc and the filesystem; allocates a
+ * pass, shoal_read_bw_pass in kernels/kernels.h). Reads /proc and the filesystem; allocates a
  * 256 MiB buffer for the memory pass (freed before returning). Takes about a
- * second. Callers: worker/serve.c. Any thread, one call at a time. */
+ * second. Callers: worker/serve.c, `shoal doctor` (this host; through
+ * worker/expert_server.h, the room's public header). Any thread, one call at
+ * a time. */
 #ifndef SHOAL_HOSTFACTS_H
 #define SHOAL_HOSTFACTS_H
 

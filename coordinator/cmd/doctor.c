@@ -22,14 +22,13 @@
 #include "cli/commands.h"
 #include "common/err.h"
 #include "common/log.h"
-#include "coordinator/cluster/dist.h"
-#include "coordinator/cluster/probe.h"
+#include "coordinator/cluster/cluster.h"
 #include "coordinator/cmd/plan.h"
 #include "common/packfile.h"
 #include "proto/fprint.h"
 #include "coordinator/engine/engine.h"
 #include "kernels/kernels.h"
-#include "worker/hostfacts.h"
+#include "worker/expert_server.h"
 
 typedef struct {
     const char *name;
