@@ -22,8 +22,17 @@ typedef struct {
     uint64_t used; /* LRU stamp; 0 = free slot */
 } peer;
 
+/* PROBE host facts (PROTOCOL.md §3.8): each measurement stalls the loop about
+ * a second, so at most FACTS_BURST in a row, then one per FACTS_EVERY_US;
+ * beyond that the last figures are sent again (measure_us 0) */
+#define FACTS_BURST 8.0
+#define FACTS_EVERY_US 7500000.0
+
 struct shoal_serve {
     shoal_serve_opts o;
+    shoal_proto_facts facts;  /* the last measured (facts.has: there is one) */
+    double facts_tokens;      /* measurements allowed now (a bucket of FACTS_BURST) */
+    uint64_t facts_at_us;     /* when the bucket was last topped up */
     char id[SHOAL_PROTO_MAX_ID + 1];
     uint8_t fingerprint[SHOAL_PROTO_FP_BYTES];
     const shoal_bank *bank;
@@ -667,7 +676,19 @@ static void do_probe(shoal_serve *s, const shoal_proto_msg *m, shoal_serve_alloc
     memset(y + SHOAL_PROTO_TENSOR_HDR, 0, ylen - SHOAL_PROTO_TENSOR_HDR);
     shoal_proto_facts f;
     memset(&f, 0, sizeof f);
-    if (m->probe.facts) {
+    uint64_t now = now_us();
+    if (!s->facts_at_us)
+        s->facts_tokens = FACTS_BURST;
+    else
+        s->facts_tokens += (double)(now - s->facts_at_us) / FACTS_EVERY_US;
+    if (s->facts_tokens > FACTS_BURST)
+        s->facts_tokens = FACTS_BURST;
+    s->facts_at_us = now;
+    if (m->probe.facts && s->facts_tokens < 1 && s->facts.has) {
+        f = s->facts; /* over the rate: the last figures again */
+        f.measure_us = 0;
+    } else if (m->probe.facts) {
+        s->facts_tokens -= 1;
         shoal_hostfacts_measure(&f, s->o.model_dir, s->o.threads);
         snprintf(f.isa, sizeof f.isa, "%s", s->o.isa ? s->o.isa : "?");
         f.threads = (uint32_t)s->o.threads;
@@ -675,6 +696,7 @@ static void do_probe(shoal_serve *s, const shoal_proto_msg *m, shoal_serve_alloc
         for (size_t i = 0; i < s->o.ntrunk; i++)
             f.held_bytes += (uint64_t)(s->o.trunk[i].hi - s->o.trunk[i].lo + 1) * (uint64_t)s->o.tmat[i].cols *
                             (s->o.tmat[i].bf16 ? 2u : 4u);
+        s->facts = f;
     }
     size_t len = 0;
     if (shoal_proto_enc_probe_reply(s->ctl, s->ctlcap, &len, m->rid, &f))

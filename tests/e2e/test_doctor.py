@@ -8,9 +8,12 @@ Checks against what this host and the model say, worked out here:
 - held_bytes = the bytes of the routed-expert tensors the worker owns (its
   even half of every MoE layer, from the safetensors headers);
 - the read pass gives a positive rate, 1 thread and all; RTT p50 <= p99;
-- the table names both workers; a bad --rounds is a usage error (exit 2).
+- the table names both workers; a bad --rounds is a usage error (exit 2);
+- the worker measures its host at most 8 times in a row (each stalls it about
+  a second): a 9th PROBE with facts at once gets the last figures again with
+  measure_us 0 (pyzmq and msgpack as a raw peer, PROTOCOL.md §3.8).
 (The shaped-network figures are test_doctor_netns.py's.) Each case appends
-PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~5 s.
+PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~7 s.
 """
 import json
 import os
@@ -88,7 +91,51 @@ def main():
     r = subprocess.run([BIN, "doctor", "--model", TINY, "--workers", "2", "--rounds", "0"], capture_output=True,
                        text=True, timeout=60)
     check("--rounds 0: usage error (exit 2)", r.returncode == 2, f"rc {r.returncode}: {r.stderr[-300:]}")
+    case_facts_rate(d["model_fingerprint"])
     return 1 if counts["FAIL"] else 0
+
+
+def case_facts_rate(fp_hex):
+    try:
+        import msgpack
+        import zmq
+    except ImportError as e:
+        record("SKIP", "facts rate", f"pyzmq/msgpack missing ({e})")
+        return
+    import tempfile
+    import time
+    tmp = tempfile.mkdtemp(prefix="shoal-doctor-")
+    c = json.load(open(os.path.join(TINY, "config.json")))
+    c = c.get("text_config", c)
+    ep = f"ipc://{tmp}/w"
+    w = subprocess.Popen([BIN, "expert", "--model", TINY, "--listen", ep, "--threads", "1", "--experts",
+                          f"{c['first_k_dense_replace']}-{c['num_hidden_layers'] - 1}:0-{c['num_experts'] - 1}"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(ep)
+    try:
+        def call(mtype, rid, body, frames=()):
+            s.send_multipart([msgpack.packb([mtype, rid, body], use_bin_type=True)] + list(frames))
+            if not s.poll(60000):
+                return None
+            fr = s.recv_multipart()
+            return msgpack.unpackb(fr[0], raw=False)
+        h = call(1, 1, {"proto": [1, 5], "fingerprint": bytes.fromhex(fp_hex), "peer": "test_doctor"})
+        if not check("raw peer: HELLO accepted", h is not None and h[0] == 1, repr(h)):
+            return
+        x = b"SHTF" + bytes([1, 0, 0, 0]) + struct.pack("<II", 1, 1) + b"\0" * 4
+        got = []
+        for i in range(9):
+            m = call(14, 10 + i, {"reply": 4, "facts": True}, [x])
+            got.append(m[2].get("measure_us") if m and m[0] == 15 else repr(m))
+        check("facts measured 8 times in a row, the 9th the last figures again (measure_us 0)",
+              all(isinstance(v, int) and v > 0 for v in got[:8]) and got[8] == 0, repr(got))
+    finally:
+        s.close()
+        ctx.term()
+        harness.terminate(w, 5)
 
 
 if __name__ == "__main__":
