@@ -300,7 +300,8 @@ int shoal_cmd_plan(int argc, char **argv)
                                   .expert_bytes = tot.bytes_per_expert, .doctor = measured, .slots = mslots,
                                   .nic_Bps = mnic * 1e9 / 8, .eff = meff, .imbalance = mimb,
                                   .max_trunk_servers = replicas > 0, .tslot = tslot, .count = mcount,
-                                  .overhead_s = movh * 1e-6, .force_G = (int)mforce};
+                                  .overhead_s = movh * 1e-6, .force_G = (int)mforce,
+                                  .budget_split = replicas || hot};
         rc = shoal_plan_measured_choose(&pm, err, sizeof err);
         free(names);
         if (rc)
@@ -433,7 +434,7 @@ int shoal_cmd_plan(int argc, char **argv)
             budget[w] -= tbytes[w];
         }
     }
-    if (measured) { /* the expert split by measured bandwidth: each worker's count is its cap, and the caps add up
+    if (measured && !replicas && !hot) { /* the expert split by measured bandwidth: each worker's count is its cap, and the caps add up
                        to every routed expert, so the water filling gives each exactly its count; the report
                        still shows the share of the real budget used */
         pbudget = shoal_xmalloc((size_t)(W ? W : 1) * sizeof *pbudget);

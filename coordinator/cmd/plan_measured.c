@@ -415,10 +415,15 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
             given--;
         }
         free(rem);
-        printf("  chosen: %s, experts by measured bandwidth:", cs[0].label);
-        for (int w = 0; w < W; w++)
-            printf(" %s %llu%s", m->names[w], (unsigned long long)m->count[w], m->tslot[w] >= 0 ? " +trunk" : "");
-        printf("\n");
+        if (m->budget_split) {
+            printf("  chosen: %s; the experts by the budgets (the prediction assumed the measured split)\n",
+                   cs[0].label);
+        } else {
+            printf("  chosen: %s, experts by measured bandwidth:", cs[0].label);
+            for (int w = 0; w < W; w++)
+                printf(" %s %llu%s", m->names[w], (unsigned long long)m->count[w], m->tslot[w] >= 0 ? " +trunk" : "");
+            printf("\n");
+        }
     }
     for (int i = 0; i < nc; i++)
         free(cs[i].share);

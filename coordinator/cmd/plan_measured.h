@@ -49,6 +49,7 @@ typedef struct {
     int max_trunk_servers;    /* 0: any; else spread only over all (replicas need every host) */
     double overhead_s;        /* software cost of one round trip beyond the measured RTT (--overhead-us) */
     int force_G;              /* -1: choose; 0: trunk local; G: spread over G (the report still lists all) */
+    int budget_split;         /* 1: the experts will be placed by the budgets (--replicas, --hot), not by count */
     /* out */
     int spread;         /* 1: trunk rows on G workers */
     int G;

@@ -11,6 +11,7 @@ docs/CLUSTER.md "Measured plans" states:
   *:0/2 and *:1/2), and the printed trunk-read term of "trunk local" is the
   trunk's bytes (from the headers) / (1 MB/s x 0.82);
 - --trunk-servers 1: one worker's ROWSPEC *:0/1 (only), the other none;
+- --replicas 1 with --measured: every expert on both workers (as before);
 - a worker missing from doctor.json: refused (exit 3) naming it.
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~2 s.
 """
@@ -111,6 +112,10 @@ def main():
         check("one worker holds *:0/1 (and f_a), the other no trunk rows",
               sorted(s is None for s in specs) == [False, True] and
               [s for s in specs if s][0] == "*:0/1,*.f_a_proj.weight:all", str(specs))
+    r, p = plan(doctor([2e10, 1e10], 100, 1e9, coord_bw=1e10), ["--replicas", "1"])
+    check("--replicas 1 with --measured: every expert on both workers, placed by the budgets as before",
+          r.returncode == 0 and p and p["replicas"] == 1 and [w["expert_count"] for w in p["workers"]] == [192, 192],
+          r.stderr[-400:] + (str([w["expert_count"] for w in p["workers"]]) if p else ""))
     r, p = plan(doctor([1e10], 10, 1e9, names=("w0",)))
     check("a worker missing from doctor.json: refused (exit 3) naming it", r.returncode == 3 and "w1" in r.stderr,
           f"rc {r.returncode}: {r.stderr[-300:]}")
