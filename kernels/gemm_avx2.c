@@ -369,15 +369,20 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
     __attribute__((aligned(32))) float xb[MX_XB];
     __m256 st[MX_RB * MX_TMAX * 2];
     int ng = cols / 32;
-    for (int t = 0; t < T;) {
-        int TT = T - t >= 4 ? 4 : T - t >= 2 ? 2 : 1;
-        int R = TT == 1 ? 2 : 1;
-        mx_tile_fn big = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_2x1;
-        mx_tile_fn one = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_1x1;
-        int kb = MX_XB / TT / 32, xs = kb * 32;
-        int rbs = ng <= kb ? r1 - r0 : MX_RB;
-        for (int rb = r0; rb < r1; rb += rbs) {
-            int re = rb + rbs < r1 ? rb + rbs : r1;
+    /* Row blocks outside the token tiles, so a block's weights stay in L2 while
+     * every token tile passes (the caller hands one range per thread). With a
+     * single column block for every tile width no lanes are saved: the block
+     * is as large as L2 allows (T = 1: the whole range, one stream). */
+    int kbmin = MX_XB / (T >= 4 ? 4 : T >= 2 ? 2 : 1) / 32;
+    int rbs = ng > kbmin ? MX_RB : T == 1 ? r1 - r0 : shoal__kernels_gemm_rb(cols / 2 + ng, 1 << 16);
+    for (int rb = r0; rb < r1; rb += rbs) {
+        int re = rb + rbs < r1 ? rb + rbs : r1;
+        for (int t = 0; t < T;) {
+            int TT = T - t >= 4 ? 4 : T - t >= 2 ? 2 : 1;
+            int R = TT == 1 ? 2 : 1;
+            mx_tile_fn big = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_2x1;
+            mx_tile_fn one = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_1x1;
+            int kb = MX_XB / TT / 32, xs = kb * 32;
             for (int g0 = 0; g0 < ng; g0 += kb) {
                 int g1 = g0 + kb < ng ? g0 + kb : ng;
                 mx_deint(xb, xs, x, cols, t, TT, g0, g1);
@@ -387,8 +392,8 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
                 for (; r < re; r++)
                     one(y, st + (size_t)(r - rb) * MX_TMAX * 2, packed, scale, xb, xs, rows, cols, r, t, g0, g1);
             }
+            t += TT;
         }
-        t += TT;
     }
 }
 

@@ -47,7 +47,22 @@ INLINE __m512 ld_bf16(const uint16_t *p)
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
 
-/* ---- bf16 / f32 -------------------------------------------------------------- */
+/* ---- bf16 / f32 ----------------------------------------------------------------
+ * T = 1 (GEMV): 8 rows share each x load, one zmm of 16 canonical lanes per
+ * row, full width in one pass.
+ * T > 1 (GEMM): the rows [r0, r1) go in row blocks of RB rows (chosen from the
+ * L2 size so the block's weights stay in L2, shoal__kernels_gemm_rb), the
+ * tokens in tiles of up to GM_T, the columns in blocks of GM_KB; inside a
+ * column block every GM_R x TT register tile of the row block passes over the
+ * same TT x GM_KB activation panel (24 KiB at TT = 12: L1). A tile's lanes are
+ * saved to st between column blocks and reloaded (same values, same order:
+ * each output's chain is the GEMV's). Per call each weight comes from DRAM
+ * once, then from L2 once per token tile; x comes from L3/L2 once per row
+ * block instead of once per 4-row strip. */
+#define GM_KB 512 /* columns per block */
+#define GM_R 2    /* rows per register tile (T > 1) */
+#define GM_T 12   /* tokens per register tile: 24 accumulators + 2 weights + 1 x of the 32 zmm */
+#define GM_RBMAX 64
 
 INLINE void tile_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int r, int t, int R, int TT)
 {
@@ -97,26 +112,95 @@ INLINE void tile_f32(float *y, const float *w, const float *x, int rows, int col
             y[(size_t)(t + b) * rows + r + a] = hsum16(acc[a][b]);
 }
 
+/* The blocked GEMM tile: R rows x TT tokens over columns [k0, k1); lanes from
+ * zero (k0 == 0) or st, to y (k1 == cols) or st ([a * TT + b]). pf: prefetch
+ * the weight rows ahead (the first token tile, which reads them from DRAM). */
+#define DEFINE_GTILE(K, WT, LOADW, PFB)                                                                     \
+    INLINE void gtile_##K(float *y, __m512 *st, const WT *w, const float *x, int rows, int cols, int r, int t, \
+                          int R, int TT, int k0, int k1, int pf)                                           \
+    {                                                                                                       \
+        __m512 acc[GM_R][GM_T];                                                                             \
+        int init = k0 == 0, fin = k1 == cols;                                                               \
+        for (int a = 0; a < R; a++)                                                                         \
+            for (int b = 0; b < TT; b++)                                                                    \
+                acc[a][b] = init ? _mm512_setzero_ps() : st[a * TT + b];                                    \
+        const WT *wr[GM_R];                                                                                 \
+        for (int a = 0; a < R; a++)                                                                         \
+            wr[a] = w + (size_t)(r + a) * cols;                                                             \
+        const float *xt = x + (size_t)t * cols;                                                             \
+        for (int i = k0; i < k1; i += 16) {                                                                 \
+            __m512 wv[GM_R];                                                                                \
+            for (int a = 0; a < R; a++) {                                                                   \
+                if (pf)                                                                                     \
+                    _mm_prefetch((const char *)(wr[a] + i) + (PFB), _MM_HINT_T0);                           \
+                wv[a] = LOADW(wr[a] + i);                                                                   \
+            }                                                                                               \
+            for (int b = 0; b < TT; b++) {                                                                  \
+                __m512 xv = _mm512_loadu_ps(xt + (size_t)b * cols + i);                                     \
+                for (int a = 0; a < R; a++)                                                                 \
+                    acc[a][b] = _mm512_fmadd_ps(wv[a], xv, acc[a][b]);                                      \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int a = 0; a < R; a++)                                                                         \
+            for (int b = 0; b < TT; b++) {                                                                  \
+                if (fin)                                                                                    \
+                    y[(size_t)(t + b) * rows + r + a] = hsum16(acc[a][b]);                                  \
+                else                                                                                        \
+                    st[a * TT + b] = acc[a][b];                                                             \
+            }                                                                                               \
+    }
+
+INLINE __m512 ld_f32(const float *p)
+{
+    return _mm512_loadu_ps(p);
+}
+DEFINE_GTILE(bf16, uint16_t, ld_bf16, 1024)
+DEFINE_GTILE(f32, float, ld_f32, 2048)
+
+/* One noinline instance per (R, TT): the tile's bounds are constants, so its
+ * accumulators live in registers. */
+#define GT1(K, WT, R, TT)                                                                                   \
+    case (R) * 16 + (TT):                                                                                   \
+        gtile_##K(y, st, w, x, rows, cols, r, t, R, TT, k0, k1, pf);                                        \
+        break;
+#define GT_ALL(K, WT, R)                                                                                    \
+    GT1(K, WT, R, 1)                                                                                        \
+    GT1(K, WT, R, 2)                                                                                        \
+    GT1(K, WT, R, 3)                                                                                        \
+    GT1(K, WT, R, 4)                                                                                        \
+    GT1(K, WT, R, 5)                                                                                        \
+    GT1(K, WT, R, 6)                                                                                        \
+    GT1(K, WT, R, 7)                                                                                        \
+    GT1(K, WT, R, 8)                                                                                        \
+    GT1(K, WT, R, 9)                                                                                        \
+    GT1(K, WT, R, 10)                                                                                       \
+    GT1(K, WT, R, 11)                                                                                       \
+    GT1(K, WT, R, 12)
+#define DEFINE_GTILE_FN(K, WT)                                                                              \
+    __attribute__((noinline)) static void K##_gtile_1(float *y, __m512 *st, const WT *w, const float *x,      \
+                                                      int rows, int cols, int r, int t, int TT, int k0, int k1, \
+                                                      int pf)                                              \
+    {                                                                                                       \
+        switch (16 + TT) {                                                                                  \
+            GT_ALL(K, WT, 1)                                                                                \
+        }                                                                                                   \
+    }                                                                                                       \
+    __attribute__((noinline)) static void K##_gtile_2(float *y, __m512 *st, const WT *w, const float *x,      \
+                                                      int rows, int cols, int r, int t, int TT, int k0, int k1, \
+                                                      int pf)                                              \
+    {                                                                                                       \
+        switch (32 + TT) {                                                                                  \
+            GT_ALL(K, WT, 2)                                                                                \
+        }                                                                                                   \
+    }
+DEFINE_GTILE_FN(bf16, uint16_t)
+DEFINE_GTILE_FN(f32, float)
+
 #define TILE_FNS(K, WT)                                                                                     \
     __attribute__((noinline)) static void K##_8x1(float *y, const WT *w, const float *x, int rows, int cols, \
                                                   int r, int t)                                            \
     {                                                                                                       \
         tile_##K(y, w, x, rows, cols, r, t, 8, 1);                                                          \
-    }                                                                                                       \
-    __attribute__((noinline)) static void K##_4x4(float *y, const WT *w, const float *x, int rows, int cols, \
-                                                  int r, int t)                                            \
-    {                                                                                                       \
-        tile_##K(y, w, x, rows, cols, r, t, 4, 4);                                                          \
-    }                                                                                                       \
-    __attribute__((noinline)) static void K##_1x4(float *y, const WT *w, const float *x, int rows, int cols, \
-                                                  int r, int t)                                            \
-    {                                                                                                       \
-        tile_##K(y, w, x, rows, cols, r, t, 1, 4);                                                          \
-    }                                                                                                       \
-    __attribute__((noinline)) static void K##_4x1(float *y, const WT *w, const float *x, int rows, int cols, \
-                                                  int r, int t)                                            \
-    {                                                                                                       \
-        tile_##K(y, w, x, rows, cols, r, t, 4, 1);                                                          \
     }                                                                                                       \
     __attribute__((noinline)) static void K##_1x1(float *y, const WT *w, const float *x, int rows, int cols, \
                                                   int r, int t)                                            \
@@ -133,19 +217,22 @@ INLINE void tile_f32(float *y, const float *w, const float *x, int rows, int col
                 K##_1x1(y, w, x, rows, cols, r, 0);                                                         \
             return;                                                                                         \
         }                                                                                                   \
-        for (; r + 4 <= r1; r += 4) {                                                                       \
-            int t = 0;                                                                                      \
-            for (; t + 4 <= T; t += 4)                                                                      \
-                K##_4x4(y, w, x, rows, cols, r, t);                                                         \
-            for (; t < T; t++)                                                                              \
-                K##_4x1(y, w, x, rows, cols, r, t);                                                         \
-        }                                                                                                   \
-        for (; r < r1; r++) {                                                                               \
-            int t = 0;                                                                                      \
-            for (; t + 4 <= T; t += 4)                                                                      \
-                K##_1x4(y, w, x, rows, cols, r, t);                                                         \
-            for (; t < T; t++)                                                                              \
-                K##_1x1(y, w, x, rows, cols, r, t);                                                         \
+        __m512 st[GM_RBMAX * GM_T];                                                                         \
+        int kb = T <= 4 ? cols : GM_KB; /* x of <= 4 tokens stays in L2 unblocked */                       \
+        int rbn = shoal__kernels_gemm_rb(cols * (int)sizeof(WT), GM_RBMAX);                                 \
+        for (int rb = r0; rb < r1; rb += rbn) {                                                             \
+            int re = rb + rbn < r1 ? rb + rbn : r1;                                                         \
+            for (int t = 0; t < T;) {                                                                       \
+                int TT = T - t < GM_T ? T - t : GM_T;                                                       \
+                for (int k0 = 0; k0 < cols; k0 += kb) {                                                     \
+                    int k1 = k0 + kb < cols ? k0 + kb : cols;                                               \
+                    for (r = rb; r + GM_R <= re; r += GM_R)                                                 \
+                        K##_gtile_2(y, st + (size_t)(r - rb) * TT, w, x, rows, cols, r, t, TT, k0, k1, t == 0); \
+                    for (; r < re; r++)                                                                     \
+                        K##_gtile_1(y, st + (size_t)(r - rb) * TT, w, x, rows, cols, r, t, TT, k0, k1, t == 0); \
+                }                                                                                           \
+                t += TT;                                                                                    \
+            }                                                                                               \
         }                                                                                                   \
     }
 
@@ -283,16 +370,20 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
     __attribute__((aligned(64))) float xb[MX_XB];
     __m512 st[MX_RB * MX_TMAX];
     int ng = cols / 32;
-    for (int t = 0; t < T;) {
-        int TT = T - t >= 4 ? 4 : T - t >= 2 ? 2 : 1, R = 4;
-        mx_tile_fn big = TT == 4 ? mx_tile_4x4 : TT == 2 ? mx_tile_4x2 : mx_tile_4x1;
-        mx_tile_fn one = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_1x1;
-        int kb = MX_XB / TT / 32; /* groups per column block */
-        int xs = kb * 32;
-        /* one column block: no lanes to save, so the rows need no blocking */
-        int rbs = ng <= kb ? r1 - r0 : MX_RB;
-        for (int rb = r0; rb < r1; rb += rbs) {
-            int re = rb + rbs < r1 ? rb + rbs : r1;
+    /* Row blocks outside the token tiles, so a block's weights stay in L2 while
+     * every token tile passes (the caller hands one range per thread). With a
+     * single column block for every tile width no lanes are saved: the block
+     * is as large as L2 allows (T = 1: the whole range, one stream). */
+    int kbmin = MX_XB / (T >= 4 ? 4 : T >= 2 ? 2 : 1) / 32;
+    int rbs = ng > kbmin ? MX_RB : T == 1 ? r1 - r0 : shoal__kernels_gemm_rb(cols / 2 + ng, 1 << 16);
+    for (int rb = r0; rb < r1; rb += rbs) {
+        int re = rb + rbs < r1 ? rb + rbs : r1;
+        for (int t = 0; t < T;) {
+            int TT = T - t >= 4 ? 4 : T - t >= 2 ? 2 : 1, R = 4;
+            mx_tile_fn big = TT == 4 ? mx_tile_4x4 : TT == 2 ? mx_tile_4x2 : mx_tile_4x1;
+            mx_tile_fn one = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_1x1;
+            int kb = MX_XB / TT / 32; /* groups per column block */
+            int xs = kb * 32;
             for (int g0 = 0; g0 < ng; g0 += kb) {
                 int g1 = g0 + kb < ng ? g0 + kb : ng;
                 mx_deint(xb, xs, x, cols, t, TT, g0, g1);
@@ -302,8 +393,8 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
                 for (; r < re; r++)
                     one(y, st + (size_t)(r - rb) * MX_TMAX, packed, scale, xb, xs, rows, cols, r, t, g0, g1);
             }
+            t += TT;
         }
-        t += TT;
     }
 }
 

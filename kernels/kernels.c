@@ -9,6 +9,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "kernels/kernels_int.h"
@@ -101,10 +102,31 @@ shoal_isa shoal_kernels_isa(void)
     return active_isa;
 }
 
+/* Bytes of L2 per core (the GEMMs' row blocks are sized from it). */
+static long l2_bytes = 1L << 20;
+
+int shoal__kernels_gemm_rb(int row_bytes, int max)
+{
+    long rb = l2_bytes / 2 / (row_bytes > 0 ? row_bytes : 1);
+    rb = rb > max ? max : rb;
+    rb &= ~3L;
+    return rb < 4 ? 4 : (int)rb;
+}
+
+long shoal_kernels_l2_bytes(void)
+{
+    return l2_bytes;
+}
+
 int shoal_kernels_init(void)
 {
     if (initialised)
         return 0;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (l2 >= (64L << 10) && l2 <= (64L << 20))
+        l2_bytes = l2;
+#endif
     const char *env = getenv("SHOAL_ISA");
     if (env && *env) {
         shoal_isa want;
@@ -133,8 +155,10 @@ int shoal_kernels_init(void)
 
 /* ---- threaded entry points ---------------------------------------------- */
 
-/* Rows per work item: a multiple of every worker's row blocking (4), large
- * enough that a thread streams long contiguous runs of W. */
+/* Threads split the rows into one contiguous range each, in multiples of
+ * ROW_BLOCK (a multiple of every worker's row tile); the worker then blocks
+ * its range for the caches (one call per thread, so a row block of the
+ * blocked GEMM can span more than 16 rows and x is read once per block). */
 #define ROW_BLOCK 16
 /* Below this many multiply-adds a call runs on the calling thread only: a
  * parallel region costs microseconds, a 128x512 GEMV about ten. */
@@ -144,11 +168,13 @@ int shoal_kernels_init(void)
     do {                                                                                                        \
         int nb_ = (rows + ROW_BLOCK - 1) / ROW_BLOCK;                                                           \
         long work_ = (long)rows * cols * T;                                                                     \
-        _Pragma("omp parallel for schedule(static) if (work_ >= PAR_MIN_WORK)") for (int b_ = 0; b_ < nb_;      \
-                                                                                     b_++)                      \
+        _Pragma("omp parallel if (work_ >= PAR_MIN_WORK)")                                                      \
         {                                                                                                       \
-            int r0 = b_ * ROW_BLOCK, r1 = r0 + ROW_BLOCK < rows ? r0 + ROW_BLOCK : rows;                        \
-            call;                                                                                               \
+            int nt_ = omp_get_num_threads(), id_ = omp_get_thread_num();                                        \
+            int r0 = (int)((long)nb_ * id_ / nt_) * ROW_BLOCK, r1 = (int)((long)nb_ * (id_ + 1) / nt_) * ROW_BLOCK; \
+            r1 = r1 < rows ? r1 : rows;                                                                         \
+            if (r1 > r0)                                                                                        \
+                call;                                                                                           \
         }                                                                                                       \
     } while (0)
 

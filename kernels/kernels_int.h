@@ -80,6 +80,11 @@ int shoal__kernels_fill_avx512(shoal__kernels_table *t);
 
 extern const shoal__kernels_table *shoal__kernels_active;
 
+/* Rows per row block of the blocked GEMMs (T > 1): as many rows of row_bytes
+ * as fill half of this CPU's L2 (sysconf, read once by shoal_kernels_init;
+ * 1 MiB when unknown), a multiple of 4 in [4, max]. Blocking changes no bit. */
+int shoal__kernels_gemm_rb(int row_bytes, int max);
+
 /* E2M1 code -> E2M1 value / 4 (codes 8..15 negate 0..7; code 8 is -0). */
 extern const float shoal__kernels_e2m1q[16];
 /* E8M0 code -> 2^(e-127) (exact, subnormal for e = 0), NaN for e = 255. */

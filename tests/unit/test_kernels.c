@@ -418,6 +418,46 @@ static void t_isa_bit_identical(void)
                    shoal_isa_name((shoal_isa)i));
 }
 
+/* The blocked GEMMs at large T (issue 33): several token tiles, column blocks
+ * with a remainder, row blocks with leftover rows, 1 and 3 threads; every ISA
+ * equals the scalar specification bit for bit. */
+static void t_isa_large_T(void)
+{
+    if (nisas < 2)
+        SKIP("only the scalar variant runs on this CPU");
+    static const int cases[][3] = {/* rows, cols, T */ {70, 1056, 130}, {37, 2080, 64}, {129, 544, 25},
+                                   {5, 8224, 13},   {3, 9248, 7},     {66, 4128, 29}};
+    shoal_isa keep = shoal_kernels_isa();
+    int n = 0;
+    for (int k = 0; k < 3; k++)
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            int rows = cases[c][0], cols = cases[c][1], T = cases[c][2];
+            mat m = mat_new((mkind)k, rows, cols);
+            float *x = frand_vec((size_t)T * cols, -2.0f, 2.0f);
+            for (size_t i = 5; i < (size_t)T * cols; i += 13)
+                x[i] = -0.0f;
+            size_t ny = (size_t)T * rows;
+            float *ref = xmalloc(ny * 4), *got = xmalloc(ny * 4);
+            shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+            mat_gemm(&m, ref, x, T);
+            for (int i = 1; i < nisas; i++)
+                for (int th = 1; th <= 3; th += 2) {
+                    omp_set_num_threads(th);
+                    shoal_kernels_set_isa((shoal_isa)isas[i]);
+                    memset(got, 0x5a, ny * 4);
+                    mat_gemm(&m, got, x, T);
+                    CHECK_MSG(!memcmp(ref, got, ny * 4), "%s %s %dx%d T=%d threads=%d differs from scalar",
+                              kind_name[k], shoal_isa_name((shoal_isa)isas[i]), rows, cols, T, th);
+                    n++;
+                }
+            omp_set_num_threads(2);
+            free(ref), free(got), free(x);
+            mat_free(&m);
+        }
+    shoal_kernels_set_isa(keep);
+    CHECK(n > 0);
+}
+
 /* The AVX-512 variant is compiled in but cannot run on a CPU without it. */
 static void t_isa_avx512(void)
 {
@@ -1005,6 +1045,7 @@ int main(int argc, char **argv)
     RUN(t_gemm_vs_double);
     RUN(t_gemv_t_vs_double);
     RUN(t_isa_bit_identical);
+    RUN(t_isa_large_T);
     RUN(t_thread_invariance);
     RUN(t_token_invariance);
     RUN(t_nan_inf);
