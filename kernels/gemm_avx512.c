@@ -54,14 +54,15 @@ INLINE __m512 ld_bf16(const uint16_t *p)
  * L2 size so the block's weights stay in L2, shoal__kernels_gemm_rb), the
  * tokens in tiles of up to GM_T, the columns in blocks of GM_KB; inside a
  * column block every GM_R x TT register tile of the row block passes over the
- * same TT x GM_KB activation panel (24 KiB at TT = 12: L1). A tile's lanes are
+ * same TT x GM_KB activation panel, packed (24 KiB: L1). A tile's lanes are
  * saved to st between column blocks and reloaded (same values, same order:
  * each output's chain is the GEMV's). Per call each weight comes from DRAM
  * once, then from L2 once per token tile; x comes from L3/L2 once per row
  * block instead of once per 4-row strip. */
-#define GM_KB 512 /* columns per block */
-#define GM_R 2    /* rows per register tile (T > 1) */
-#define GM_T 12   /* tokens per register tile: 24 accumulators + 2 weights + 1 x of the 32 zmm */
+#define GM_KB 1024 /* columns per block: a 6-token panel is 24 KiB (L1) */
+
+#define GM_R 4    /* rows per register tile (T > 1) */
+#define GM_T 6    /* tokens per register tile: 24 accumulators + 4 weights + 1 x of the 32 zmm */
 #define GM_RBMAX 64
 
 INLINE void tile_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int r, int t, int R, int TT)
@@ -116,10 +117,10 @@ INLINE void tile_f32(float *y, const float *w, const float *x, int rows, int col
  * zero (k0 == 0) or st, to y (k1 == cols) or st ([a * TT + b]). pf: prefetch
  * the weight rows ahead (the first token tile, which reads them from DRAM). */
 #define DEFINE_GTILE(K, WT, LOADW, PFB)                                                                     \
-    INLINE void gtile_##K(float *y, __m512 *st, const WT *w, const float *x, int rows, int cols, int r, int t, \
+    INLINE void gtile_##K(float *y, __m512 *st, const WT *w, const float *xp, int rows, int cols, int r, int t, \
                           int R, int TT, int k0, int k1, int pf)                                           \
     {                                                                                                       \
-        __m512 acc[GM_R][GM_T];                                                                             \
+        __m512 acc[GM_R][12];                                                                                   \
         int init = k0 == 0, fin = k1 == cols;                                                               \
         for (int a = 0; a < R; a++)                                                                         \
             for (int b = 0; b < TT; b++)                                                                    \
@@ -127,16 +128,17 @@ INLINE void tile_f32(float *y, const float *w, const float *x, int rows, int col
         const WT *wr[GM_R];                                                                                 \
         for (int a = 0; a < R; a++)                                                                         \
             wr[a] = w + (size_t)(r + a) * cols;                                                             \
-        const float *xt = x + (size_t)t * cols;                                                             \
-        for (int i = k0; i < k1; i += 16) {                                                                 \
+        const float *xq = xp;                                                                               \
+        for (int i = k0; i < k1; i += 16, xq += 16 * TT) {                                                  \
             __m512 wv[GM_R];                                                                                \
             for (int a = 0; a < R; a++) {                                                                   \
-                if (pf)                                                                                     \
+                if (pf) /* the same columns of the next tile's rows: a tile's row runs are short */       \
                     _mm_prefetch((const char *)(wr[a] + i) + (PFB), _MM_HINT_T0);                           \
                 wv[a] = LOADW(wr[a] + i);                                                                   \
             }                                                                                               \
             for (int b = 0; b < TT; b++) {                                                                  \
-                __m512 xv = _mm512_loadu_ps(xt + (size_t)b * cols + i);                                     \
+                __m512 xv = _mm512_load_ps(xq + 16 * b);                                                    \
+                __asm__("" : "+v"(xv)); /* one load per x, shared by the R rows */                        \
                 for (int a = 0; a < R; a++)                                                                 \
                     acc[a][b] = _mm512_fmadd_ps(wv[a], xv, acc[a][b]);                                      \
             }                                                                                               \
@@ -150,6 +152,17 @@ INLINE void tile_f32(float *y, const float *w, const float *x, int rows, int col
             }                                                                                               \
     }
 
+/* The activation panel of tokens [t, t+TT), columns [k0, k1): 16 columns of
+ * every token in turn, xp[((i - k0) / 16 * TT + b) * 16 + i % 16], so a tile
+ * reads it as one stream (token rows of a K3 width are a multiple of 4 KiB
+ * apart: read in place, 12 of them would share one L1 set). */
+static void gm_pack(float *xp, const float *x, int cols, int t, int TT, int k0, int k1)
+{
+    for (int i = k0; i < k1; i += 16)
+        for (int b = 0; b < TT; b++, xp += 16)
+            _mm512_store_ps(xp, _mm512_loadu_ps(x + (size_t)(t + b) * cols + i));
+}
+
 INLINE __m512 ld_f32(const float *p)
 {
     return _mm512_loadu_ps(p);
@@ -161,7 +174,7 @@ DEFINE_GTILE(f32, float, ld_f32, 2048)
  * accumulators live in registers. */
 #define GT1(K, WT, R, TT)                                                                                   \
     case (R) * 16 + (TT):                                                                                   \
-        gtile_##K(y, st, w, x, rows, cols, r, t, R, TT, k0, k1, pf);                                        \
+        gtile_##K(y, st, w, xp, rows, cols, r, t, R, TT, k0, k1, pf);                                       \
         break;
 #define GT_ALL(K, WT, R)                                                                                    \
     GT1(K, WT, R, 1)                                                                                        \
@@ -177,7 +190,7 @@ DEFINE_GTILE(f32, float, ld_f32, 2048)
     GT1(K, WT, R, 11)                                                                                       \
     GT1(K, WT, R, 12)
 #define DEFINE_GTILE_FN(K, WT)                                                                              \
-    __attribute__((noinline)) static void K##_gtile_1(float *y, __m512 *st, const WT *w, const float *x,      \
+    __attribute__((noinline)) static void K##_gtile_1(float *y, __m512 *st, const WT *w, const float *xp,     \
                                                       int rows, int cols, int r, int t, int TT, int k0, int k1, \
                                                       int pf)                                              \
     {                                                                                                       \
@@ -185,12 +198,12 @@ DEFINE_GTILE(f32, float, ld_f32, 2048)
             GT_ALL(K, WT, 1)                                                                                \
         }                                                                                                   \
     }                                                                                                       \
-    __attribute__((noinline)) static void K##_gtile_2(float *y, __m512 *st, const WT *w, const float *x,      \
+    __attribute__((noinline)) static void K##_gtile_R(float *y, __m512 *st, const WT *w, const float *xp,     \
                                                       int rows, int cols, int r, int t, int TT, int k0, int k1, \
                                                       int pf)                                              \
     {                                                                                                       \
-        switch (32 + TT) {                                                                                  \
-            GT_ALL(K, WT, 2)                                                                                \
+        switch (GM_R * 16 + TT) {                                                                           \
+            GT_ALL(K, WT, GM_R)                                                                             \
         }                                                                                                   \
     }
 DEFINE_GTILE_FN(bf16, uint16_t)
@@ -218,7 +231,8 @@ DEFINE_GTILE_FN(f32, float)
             return;                                                                                         \
         }                                                                                                   \
         __m512 st[GM_RBMAX * GM_T];                                                                         \
-        int kb = T <= 4 ? cols : GM_KB; /* x of <= 4 tokens stays in L2 unblocked */                       \
+        __attribute__((aligned(64))) float xp[GM_KB * GM_T];                                                \
+        int kb = GM_KB;                                                                                     \
         int rbn = shoal__kernels_gemm_rb(cols * (int)sizeof(WT), GM_RBMAX);                                 \
         for (int rb = r0; rb < r1; rb += rbn) {                                                             \
             int re = rb + rbn < r1 ? rb + rbn : r1;                                                         \
@@ -226,10 +240,11 @@ DEFINE_GTILE_FN(f32, float)
                 int TT = T - t < GM_T ? T - t : GM_T;                                                       \
                 for (int k0 = 0; k0 < cols; k0 += kb) {                                                     \
                     int k1 = k0 + kb < cols ? k0 + kb : cols;                                               \
+                    gm_pack(xp, x, cols, t, TT, k0, k1);                                                    \
                     for (r = rb; r + GM_R <= re; r += GM_R)                                                 \
-                        K##_gtile_2(y, st + (size_t)(r - rb) * TT, w, x, rows, cols, r, t, TT, k0, k1, t == 0); \
+                        K##_gtile_R(y, st + (size_t)(r - rb) * TT, w, xp, rows, cols, r, t, TT, k0, k1, 1); \
                     for (; r < re; r++)                                                                     \
-                        K##_gtile_1(y, st + (size_t)(r - rb) * TT, w, x, rows, cols, r, t, TT, k0, k1, t == 0); \
+                        K##_gtile_1(y, st + (size_t)(r - rb) * TT, w, xp, rows, cols, r, t, TT, k0, k1, t == 0); \
                 }                                                                                           \
                 t += TT;                                                                                    \
             }                                                                                               \
