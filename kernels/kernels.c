@@ -153,6 +153,50 @@ int shoal_kernels_init(void)
     return 0;
 }
 
+/* ---- instruction peaks ---------------------------------------------------- */
+
+double shoal_kernels_peak(shoal_peak kind, long n, const char **what)
+{
+    const char *dummy;
+    what = what ? what : &dummy;
+    *what = "none";
+#if defined(__x86_64__)
+    switch (kind) {
+    case SHOAL_PEAK_FMA_F32:
+        if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512)) {
+            *what = "vfmadd231ps zmm";
+            return shoal__kernels_peak_fma_zmm(n);
+        }
+        if (shoal_kernels_cpu_has(SHOAL_ISA_AVX2)) {
+            *what = "vfmadd231ps ymm";
+            return shoal__kernels_peak_fma_ymm(n);
+        }
+        return 0;
+    case SHOAL_PEAK_BF16_DOT:
+        if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512) && __builtin_cpu_supports("avx512bf16")) {
+            *what = "vdpbf16ps zmm";
+            return shoal__kernels_peak_bf16dot(n);
+        }
+        return 0;
+    case SHOAL_PEAK_INT8_VNNI:
+        if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512) && __builtin_cpu_supports("avx512vnni")) {
+            *what = "vpdpbusd zmm";
+            return shoal__kernels_peak_vnni8(n);
+        }
+        return 0;
+    case SHOAL_PEAK_AMX_BF16:
+        if (shoal__kernels_amx_usable()) {
+            *what = "tdpbf16ps 16x16x32";
+            return shoal__kernels_peak_amx_bf16(n);
+        }
+        return 0;
+    }
+#else
+    (void)kind, (void)n;
+#endif
+    return 0;
+}
+
 /* ---- threaded entry points ---------------------------------------------- */
 
 /* Threads split the rows into one contiguous range each, in multiples of

@@ -34,6 +34,24 @@ const char *shoal_isa_name(shoal_isa isa);
  * shoal_kernels_init; 1 MiB when the system does not say). */
 long shoal_kernels_l2_bytes(void);
 
+/* ---- instruction peaks (shoal bench peak) -------------------------------- */
+
+/* The arithmetic ceilings a kernel figure is stated against: fp32 FMA (the
+ * widest vector the CPU has), AVX512-BF16 vdpbf16ps, AVX512-VNNI vpdpbusd
+ * (int8), AMX TDPBF16PS. */
+typedef enum {
+    SHOAL_PEAK_FMA_F32 = 0,
+    SHOAL_PEAK_BF16_DOT = 1,
+    SHOAL_PEAK_INT8_VNNI = 2,
+    SHOAL_PEAK_AMX_BF16 = 3,
+} shoal_peak;
+#define SHOAL_PEAK_COUNT 4
+/* Run n iterations of that instruction's loop on the calling thread (no memory
+ * traffic; 12 independent chains, or 4 AMX tiles) and return the
+ * multiply-adds done; 0 when the CPU or the build lacks it. *what names the
+ * instruction used (e.g. "vfmadd231ps zmm"). */
+double shoal_kernels_peak(shoal_peak kind, long n, const char **what);
+
 /* ---- matrix kernels ---------------------------------------------------- */
 
 /* y[T, rows] = x[T, cols] · W[rows, cols]^T; W row-major bf16. */

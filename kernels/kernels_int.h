@@ -74,6 +74,16 @@ void shoal__kernels_mla_head(float *ctx, const float *q_lat, const float *q_pe, 
 void shoal__kernels_mla_heads_scalar(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S0,
                                      int T, int H, int R, int P, float scale, float *scratch, int h0, int h1);
 
+/* Instruction-rate loops (peak_*.c, gemm_amx.c): multiply-adds done, 0 when not compiled in. */
+double shoal__kernels_peak_fma_zmm(long n);
+double shoal__kernels_peak_fma_ymm(long n);
+double shoal__kernels_peak_bf16dot(long n);
+double shoal__kernels_peak_vnni8(long n);
+double shoal__kernels_peak_amx_bf16(long n);
+/* 1 when the CPU has AMX-TILE + AMX-BF16, the OS enables the tile state and
+ * grants this process the tile data permission (asked once). */
+int shoal__kernels_amx_usable(void);
+
 /* Filled by the ISA files; each returns 0 when the variant was not compiled in. */
 int shoal__kernels_fill_avx2(shoal__kernels_table *t);
 int shoal__kernels_fill_avx512(shoal__kernels_table *t);

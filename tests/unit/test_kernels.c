@@ -458,6 +458,26 @@ static void t_isa_large_T(void)
     CHECK(n > 0);
 }
 
+/* shoal bench peak's loops report the multiply-adds they did: n iterations of
+ * 12 chains of 16 (zmm) or 8 (ymm) fp32 lanes, 32 bf16 pairs, 64 int8 quads. */
+static void t_peak_counts(void)
+{
+    const char *what;
+    double f = shoal_kernels_peak(SHOAL_PEAK_FMA_F32, 10, &what);
+    if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512))
+        CHECK_MSG(f == 10.0 * 12 * 16 && !strcmp(what, "vfmadd231ps zmm"), "fma %g %s", f, what);
+    else if (shoal_kernels_cpu_has(SHOAL_ISA_AVX2))
+        CHECK_MSG(f == 10.0 * 12 * 8 && !strcmp(what, "vfmadd231ps ymm"), "fma %g %s", f, what);
+    double b = shoal_kernels_peak(SHOAL_PEAK_BF16_DOT, 10, &what);
+    CHECK(b == 0 || b == 10.0 * 12 * 32);
+    double v = shoal_kernels_peak(SHOAL_PEAK_INT8_VNNI, 10, &what);
+    CHECK(v == 0 || v == 10.0 * 12 * 64);
+    double a = shoal_kernels_peak(SHOAL_PEAK_AMX_BF16, 10, &what);
+    CHECK(a == 0 || a == 10.0 * 4 * 16 * 16 * 32);
+    if (a == 0)
+        SKIP("AMX-BF16 not on this CPU: the AMX peak loop not run");
+}
+
 /* The AVX-512 variant is compiled in but cannot run on a CPU without it. */
 static void t_isa_avx512(void)
 {
@@ -1046,6 +1066,7 @@ int main(int argc, char **argv)
     RUN(t_gemv_t_vs_double);
     RUN(t_isa_bit_identical);
     RUN(t_isa_large_T);
+    RUN(t_peak_counts);
     RUN(t_thread_invariance);
     RUN(t_token_invariance);
     RUN(t_nan_inf);
