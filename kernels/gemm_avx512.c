@@ -47,23 +47,7 @@ INLINE __m512 ld_bf16(const uint16_t *p)
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
 
-/* ---- bf16 / f32 ----------------------------------------------------------------
- * T = 1 (GEMV): 8 rows share each x load, one zmm of 16 canonical lanes per
- * row, full width in one pass.
- * T > 1 (GEMM): the rows [r0, r1) go in row blocks of RB rows (chosen from the
- * L2 size so the block's weights stay in L2, shoal__kernels_gemm_rb), the
- * tokens in tiles of up to GM_T, the columns in blocks of GM_KB; inside a
- * column block every GM_R x TT register tile of the row block passes over the
- * same TT x GM_KB activation panel, packed (24 KiB: L1). A tile's lanes are
- * saved to st between column blocks and reloaded (same values, same order:
- * each output's chain is the GEMV's). Per call each weight comes from DRAM
- * once, then from L2 once per token tile; x comes from L3/L2 once per row
- * block instead of once per 4-row strip. */
-#define GM_KB 1024 /* columns per block: a 6-token panel is 24 KiB (L1) */
-
-#define GM_R 4    /* rows per register tile (T > 1) */
-#define GM_T 6    /* tokens per register tile: 24 accumulators + 4 weights + 1 x of the 32 zmm */
-#define GM_RBMAX 64
+/* ---- bf16 / f32 -------------------------------------------------------------- */
 
 INLINE void tile_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int r, int t, int R, int TT)
 {
@@ -113,107 +97,26 @@ INLINE void tile_f32(float *y, const float *w, const float *x, int rows, int col
             y[(size_t)(t + b) * rows + r + a] = hsum16(acc[a][b]);
 }
 
-/* The blocked GEMM tile: R rows x TT tokens over columns [k0, k1); lanes from
- * zero (k0 == 0) or st, to y (k1 == cols) or st ([a * TT + b]). pf: prefetch
- * the weight rows ahead (the first token tile, which reads them from DRAM). */
-#define DEFINE_GTILE(K, WT, LOADW, PFB)                                                                     \
-    INLINE void gtile_##K(float *y, __m512 *st, const WT *w, const float *xp, int rows, int cols, int r, int t, \
-                          int R, int TT, int k0, int k1, int pf)                                           \
-    {                                                                                                       \
-        __m512 acc[GM_R][12];                                                                                   \
-        int init = k0 == 0, fin = k1 == cols;                                                               \
-        for (int a = 0; a < R; a++)                                                                         \
-            for (int b = 0; b < TT; b++)                                                                    \
-                acc[a][b] = init ? _mm512_setzero_ps() : st[a * TT + b];                                    \
-        const WT *wr[GM_R];                                                                                 \
-        for (int a = 0; a < R; a++)                                                                         \
-            wr[a] = w + (size_t)(r + a) * cols;                                                             \
-        const float *xq = xp;                                                                               \
-        for (int i = k0; i < k1; i += 16, xq += 16 * TT) {                                                  \
-            __m512 wv[GM_R];                                                                                \
-            for (int a = 0; a < R; a++) {                                                                   \
-                if (pf) /* the same columns of the next tile's rows: a tile's row runs are short */       \
-                    _mm_prefetch((const char *)(wr[a] + i) + (PFB), _MM_HINT_T0);                           \
-                wv[a] = LOADW(wr[a] + i);                                                                   \
-            }                                                                                               \
-            for (int b = 0; b < TT; b++) {                                                                  \
-                __m512 xv = _mm512_load_ps(xq + 16 * b);                                                    \
-                __asm__("" : "+v"(xv)); /* one load per x, shared by the R rows */                        \
-                for (int a = 0; a < R; a++)                                                                 \
-                    acc[a][b] = _mm512_fmadd_ps(wv[a], xv, acc[a][b]);                                      \
-            }                                                                                               \
-        }                                                                                                   \
-        for (int a = 0; a < R; a++)                                                                         \
-            for (int b = 0; b < TT; b++) {                                                                  \
-                if (fin)                                                                                    \
-                    y[(size_t)(t + b) * rows + r + a] = hsum16(acc[a][b]);                                  \
-                else                                                                                        \
-                    st[a * TT + b] = acc[a][b];                                                             \
-            }                                                                                               \
-    }
-
-/* The activation panel of tokens [t, t+TT), columns [k0, k1): 16 columns of
- * every token in turn, xp[((i - k0) / 16 * TT + b) * 16 + i % 16], so a tile
- * reads it as one stream (token rows of a K3 width are a multiple of 4 KiB
- * apart: read in place, 12 of them would share one L1 set). */
-static void gm_pack(float *xp, const float *x, int cols, int t, int TT, int k0, int k1)
-{
-    for (int i = k0; i < k1; i += 16)
-        for (int b = 0; b < TT; b++, xp += 16)
-            _mm512_store_ps(xp, _mm512_loadu_ps(x + (size_t)(t + b) * cols + i));
-}
-
-INLINE __m512 ld_f32(const float *p)
-{
-    return _mm512_loadu_ps(p);
-}
-DEFINE_GTILE(bf16, uint16_t, ld_bf16, 1024)
-DEFINE_GTILE(f32, float, ld_f32, 2048)
-
-/* One noinline instance per (R, TT): the tile's bounds are constants, so its
- * accumulators live in registers. */
-#define GT1(K, WT, R, TT)                                                                                   \
-    case (R) * 16 + (TT):                                                                                   \
-        gtile_##K(y, st, w, xp, rows, cols, r, t, R, TT, k0, k1, pf);                                       \
-        break;
-#define GT_ALL(K, WT, R)                                                                                    \
-    GT1(K, WT, R, 1)                                                                                        \
-    GT1(K, WT, R, 2)                                                                                        \
-    GT1(K, WT, R, 3)                                                                                        \
-    GT1(K, WT, R, 4)                                                                                        \
-    GT1(K, WT, R, 5)                                                                                        \
-    GT1(K, WT, R, 6)                                                                                        \
-    GT1(K, WT, R, 7)                                                                                        \
-    GT1(K, WT, R, 8)                                                                                        \
-    GT1(K, WT, R, 9)                                                                                        \
-    GT1(K, WT, R, 10)                                                                                       \
-    GT1(K, WT, R, 11)                                                                                       \
-    GT1(K, WT, R, 12)
-#define DEFINE_GTILE_FN(K, WT)                                                                              \
-    __attribute__((noinline)) static void K##_gtile_1(float *y, __m512 *st, const WT *w, const float *xp,     \
-                                                      int rows, int cols, int r, int t, int TT, int k0, int k1, \
-                                                      int pf)                                              \
-    {                                                                                                       \
-        switch (16 + TT) {                                                                                  \
-            GT_ALL(K, WT, 1)                                                                                \
-        }                                                                                                   \
-    }                                                                                                       \
-    __attribute__((noinline)) static void K##_gtile_R(float *y, __m512 *st, const WT *w, const float *xp,     \
-                                                      int rows, int cols, int r, int t, int TT, int k0, int k1, \
-                                                      int pf)                                              \
-    {                                                                                                       \
-        switch (GM_R * 16 + TT) {                                                                           \
-            GT_ALL(K, WT, GM_R)                                                                             \
-        }                                                                                                   \
-    }
-DEFINE_GTILE_FN(bf16, uint16_t)
-DEFINE_GTILE_FN(f32, float)
-
 #define TILE_FNS(K, WT)                                                                                     \
     __attribute__((noinline)) static void K##_8x1(float *y, const WT *w, const float *x, int rows, int cols, \
                                                   int r, int t)                                            \
     {                                                                                                       \
         tile_##K(y, w, x, rows, cols, r, t, 8, 1);                                                          \
+    }                                                                                                       \
+    __attribute__((noinline)) static void K##_4x4(float *y, const WT *w, const float *x, int rows, int cols, \
+                                                  int r, int t)                                            \
+    {                                                                                                       \
+        tile_##K(y, w, x, rows, cols, r, t, 4, 4);                                                          \
+    }                                                                                                       \
+    __attribute__((noinline)) static void K##_1x4(float *y, const WT *w, const float *x, int rows, int cols, \
+                                                  int r, int t)                                            \
+    {                                                                                                       \
+        tile_##K(y, w, x, rows, cols, r, t, 1, 4);                                                          \
+    }                                                                                                       \
+    __attribute__((noinline)) static void K##_4x1(float *y, const WT *w, const float *x, int rows, int cols, \
+                                                  int r, int t)                                            \
+    {                                                                                                       \
+        tile_##K(y, w, x, rows, cols, r, t, 4, 1);                                                          \
     }                                                                                                       \
     __attribute__((noinline)) static void K##_1x1(float *y, const WT *w, const float *x, int rows, int cols, \
                                                   int r, int t)                                            \
@@ -230,24 +133,19 @@ DEFINE_GTILE_FN(f32, float)
                 K##_1x1(y, w, x, rows, cols, r, 0);                                                         \
             return;                                                                                         \
         }                                                                                                   \
-        __m512 st[GM_RBMAX * GM_T];                                                                         \
-        __attribute__((aligned(64))) float xp[GM_KB * GM_T];                                                \
-        int kb = GM_KB;                                                                                     \
-        int rbn = shoal__kernels_gemm_rb(cols * (int)sizeof(WT), GM_RBMAX);                                 \
-        for (int rb = r0; rb < r1; rb += rbn) {                                                             \
-            int re = rb + rbn < r1 ? rb + rbn : r1;                                                         \
-            for (int t = 0; t < T;) {                                                                       \
-                int TT = T - t < GM_T ? T - t : GM_T;                                                       \
-                for (int k0 = 0; k0 < cols; k0 += kb) {                                                     \
-                    int k1 = k0 + kb < cols ? k0 + kb : cols;                                               \
-                    gm_pack(xp, x, cols, t, TT, k0, k1);                                                    \
-                    for (r = rb; r + GM_R <= re; r += GM_R)                                                 \
-                        K##_gtile_R(y, st + (size_t)(r - rb) * TT, w, xp, rows, cols, r, t, TT, k0, k1, 1); \
-                    for (; r < re; r++)                                                                     \
-                        K##_gtile_1(y, st + (size_t)(r - rb) * TT, w, xp, rows, cols, r, t, TT, k0, k1, t == 0); \
-                }                                                                                           \
-                t += TT;                                                                                    \
-            }                                                                                               \
+        for (; r + 4 <= r1; r += 4) {                                                                       \
+            int t = 0;                                                                                      \
+            for (; t + 4 <= T; t += 4)                                                                      \
+                K##_4x4(y, w, x, rows, cols, r, t);                                                         \
+            for (; t < T; t++)                                                                              \
+                K##_4x1(y, w, x, rows, cols, r, t);                                                         \
+        }                                                                                                   \
+        for (; r < r1; r++) {                                                                               \
+            int t = 0;                                                                                      \
+            for (; t + 4 <= T; t += 4)                                                                      \
+                K##_1x4(y, w, x, rows, cols, r, t);                                                         \
+            for (; t < T; t++)                                                                              \
+                K##_1x1(y, w, x, rows, cols, r, t);                                                         \
         }                                                                                                   \
     }
 
