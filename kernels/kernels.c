@@ -22,6 +22,8 @@ static const shoal__kernels_table scalar_table = {
     .gemv_t_f32 = shoal__kernels_gemv_t_f32_scalar,
     .kda_head = shoal__kernels_kda_head_scalar,
     .mla_heads = shoal__kernels_mla_heads_scalar,
+    .gemm_bf16_mu = shoal__kernels_gemm_bf16_mu_scalar,
+    .gemm_mxfp4_mu = shoal__kernels_gemm_mxfp4_mu_scalar,
 };
 
 static shoal__kernels_table isa_tables[3];
@@ -239,6 +241,24 @@ void shoal_gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, con
 {
     shoal__gemm_mxfp4_fn fn = shoal__kernels_active->gemm_mxfp4;
     ROW_SPLIT(fn(y, packed, scale, x, rows, cols, T, r0, r1));
+}
+
+void shoal_gemm_bf16_mu(float *y, const uint16_t *w, const float *x, int rows, int cols, int T)
+{
+    shoal__gemm_bf16_fn fn = shoal__kernels_active->gemm_bf16_mu;
+    ROW_SPLIT(fn(y, w, x, rows, cols, T, r0, r1));
+}
+
+void shoal_gemm_mxfp4_mu(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
+                         int T)
+{
+    shoal__gemm_mxfp4_fn fn = shoal__kernels_active->gemm_mxfp4_mu;
+    ROW_SPLIT(fn(y, packed, scale, x, rows, cols, T, r0, r1));
+}
+
+const char *shoal_kernels_mu_path(void)
+{
+    return shoal_isa_name(active_isa);
 }
 
 #define COL_BLOCK 64

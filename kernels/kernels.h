@@ -63,6 +63,22 @@ void shoal_gemm_f32(float *y, const float *w, const float *x, int rows, int cols
  * Computed straight from the packed bytes; never a dequantized copy. */
 void shoal_gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows,
                       int cols, int T);
+/* The matrix-unit order ("mu"; kernels/README.md, "Matrix-unit order"): the
+ * same products as shoal_gemm_bf16 / shoal_gemm_mxfp4 in the order AMX-BF16
+ * computes them: x rounded to bf16 at the input, per 32 columns two FMA chains
+ * (even, odd columns) folded into the output as C + (E + O), subnormals
+ * flushed. An opt-in numerics class: bit-identical across ISAs (AMX where its
+ * start-up self-test passes, the AVX-512F / AVX2 emulation or the scalar
+ * specification elsewhere), T, threads and batch composition, but not equal
+ * to shoal_gemm_bf16. */
+void shoal_gemm_bf16_mu(float *y, const uint16_t *w, const float *x, int rows, int cols, int T);
+void shoal_gemm_mxfp4_mu(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
+                         int T);
+/* Which engine computes the mu kernels: "amx", or the active ISA's name when
+ * AMX is absent or failed its self-test (shoal_kernels_init logs nothing;
+ * the caller reports it in `shoal version` / metrics). */
+const char *shoal_kernels_mu_path(void);
+
 /* y[cols] = W[rows, cols]^T · x[rows] (sums over r in increasing order); W bf16.
  * Used for the absorbed MLA query (W_UK^T q_nope). */
 void shoal_gemv_t_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols);

@@ -44,6 +44,9 @@ typedef struct {
     shoal__gemv_t_f32_fn gemv_t_f32;
     shoal__kda_head_fn kda_head;
     shoal__mla_heads_fn mla_heads;
+    /* the matrix-unit order (gemm_mu.c): an opt-in numerics class */
+    shoal__gemm_bf16_fn gemm_bf16_mu;
+    shoal__gemm_mxfp4_fn gemm_mxfp4_mu;
 } shoal__kernels_table;
 
 /* Scalar specification (always built). */
@@ -59,6 +62,18 @@ void shoal__kernels_gemv_t_f32_scalar(float *y, const float *w, const float *x, 
                                       int c1);
 void shoal__kernels_kda_head_scalar(float *o, float *S, const float *q, const float *k, const float *v,
                                     const float *g, float beta, int D);
+/* Matrix-unit order (gemm_mu.c): the scalar specification, activations
+ * rounded to bf16 (RNE, NaN kept quiet, subnormals to zero), an MXFP4 weight
+ * as the unit sees it (exact, +-inf from 2^128, zero below 2^-126). */
+void shoal__kernels_gemm_bf16_mu_scalar(float *y, const uint16_t *w, const float *x, int rows, int cols, int T,
+                                        int r0, int r1);
+void shoal__kernels_gemm_mxfp4_mu_scalar(float *y, const uint8_t *packed, const uint8_t *scale, const float *x,
+                                         int rows, int cols, int T, int r0, int r1);
+float shoal__kernels_mu_round_bf16(float v);
+float shoal__kernels_mu_mx_weight(unsigned code, unsigned e);
+/* mu_bf[e][c]: shoal__kernels_mu_mx_weight(c, e) as bf16 bits (exact), built with mx_w */
+extern uint16_t shoal__kernels_mu_bf[256][16];
+
 /* One MXFP4 row dot product (the spec of one output element); x [cols]. */
 float shoal__kernels_dot_mxfp4_scalar(const uint8_t *packed, const uint8_t *scale, const float *x, int cols);
 /* Canonical 16-lane dot product of fp32 vectors (lane = i mod 16, fmaf, then
