@@ -73,6 +73,8 @@ float shoal__kernels_mu_round_bf16(float v);
 float shoal__kernels_mu_mx_weight(unsigned code, unsigned e);
 /* mu_bf[e][c]: shoal__kernels_mu_mx_weight(c, e) as bf16 bits (exact), built with mx_w */
 extern uint16_t shoal__kernels_mu_bf[256][16];
+/* the same split into low bytes [0..15] and high bytes [16..31] for vpshufb */
+extern uint8_t shoal__kernels_mu_bfs[256][32];
 
 /* One MXFP4 row dot product (the spec of one output element); x [cols]. */
 float shoal__kernels_dot_mxfp4_scalar(const uint8_t *packed, const uint8_t *scale, const float *x, int cols);
