@@ -100,6 +100,16 @@ double shoal__kernels_peak_amx_bf16(long n);
 /* 1 when the CPU has AMX-TILE + AMX-BF16, the OS enables the tile state and
  * grants this process the tile data permission (asked once). */
 int shoal__kernels_amx_usable(void);
+/* The matrix-unit-order GEMM on AMX (gemm_amx.c); selected only after the
+ * self-test (kernels.c) found it equal to the scalar specification. */
+void shoal__kernels_gemm_bf16_mu_amx(float *y, const uint16_t *w, const float *x, int rows, int cols, int T, int r0,
+                                     int r1);
+void shoal__kernels_gemm_mxfp4_mu_amx(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows,
+                                      int cols, int T, int r0, int r1);
+
+/* The start-up self-test of a matrix-unit-order kernel pair: 0 when it equals
+ * the scalar specification on the probe inputs, SHOAL_EUNSUPPORTED otherwise. */
+int shoal__kernels_mu_selftest(shoal__gemm_bf16_fn bf, shoal__gemm_mxfp4_fn mx);
 
 /* Filled by the ISA files; each returns 0 when the variant was not compiled in. */
 int shoal__kernels_fill_avx2(shoal__kernels_table *t);

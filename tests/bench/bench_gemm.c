@@ -4,7 +4,7 @@
  * keeps one copy: in cache when it fits). Reports the median of the reps and
  * the [min, max], wall clock and the calling thread's CPU time.
  * usage: bench_gemm KIND ROWS COLS T[,T...] [--reps N] [--copies N] [--threads N]
- *   KIND: bf16 | f32 | mxfp4 */
+ *   KIND: bf16 | f32 | mxfp4, or bf16mu | mxfp4mu (the matrix-unit order) */
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -66,7 +66,8 @@ int main(int argc, char **argv)
         return 3;
     }
     omp_set_num_threads(threads);
-    int k = !strcmp(kind, "bf16") ? 0 : !strcmp(kind, "f32") ? 1 : !strcmp(kind, "mxfp4") ? 2 : -1;
+    int mu = !strcmp(kind, "bf16mu") || !strcmp(kind, "mxfp4mu");
+    int k = !strncmp(kind, "bf16", 4) ? 0 : !strcmp(kind, "f32") ? 1 : !strncmp(kind, "mxfp4", 5) ? 2 : -1;
     if (k < 0) {
         fprintf(stderr, "bench_gemm: unknown kind %s\n", kind);
         return 2;
@@ -107,10 +108,14 @@ int main(int argc, char **argv)
             double t0 = now(CLOCK_MONOTONIC), c0 = now(CLOCK_THREAD_CPUTIME_ID);
             for (int c = 0; c < copies; c++) {
                 const uint8_t *wc = w + (size_t)c * wb;
-                if (k == 0)
+                if (k == 0 && mu)
+                    shoal_gemm_bf16_mu(y, (const uint16_t *)wc, x, rows, cols, T);
+                else if (k == 0)
                     shoal_gemm_bf16(y, (const uint16_t *)wc, x, rows, cols, T);
                 else if (k == 1)
                     shoal_gemm_f32(y, (const float *)wc, x, rows, cols, T);
+                else if (mu)
+                    shoal_gemm_mxfp4_mu(y, wc, wc + n / 2, x, rows, cols, T);
                 else
                     shoal_gemm_mxfp4(y, wc, wc + n / 2, x, rows, cols, T);
             }

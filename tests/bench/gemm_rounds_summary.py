@@ -14,12 +14,12 @@ for path in sys.argv[1:]:
         if "meta" in j:
             meta[j["meta"]] = j["value"]
             continue
-        key = (j["build"], j["kind"], j["shape"], j["T"])
+        key = (j["build"], j["isa"], j["shape"], j["T"])
         rows[key].append(j)
         if j["build"] not in order:
             order.append(j["build"])
     print(f"## {path}\n{meta.get('machine')}; {meta.get('command')}; load {meta.get('load_before')} -> {meta.get('load_after')}")
-    print("| kind | shape | T | " + " | ".join(f"{b} wall / cpu GMAC/s" for b in order) + " | cpu ratio |")
+    print("| isa | shape | T | " + " | ".join(f"{b} wall / cpu GMAC/s" for b in order) + " | cpu ratio |")
     print("|---|---|---|" + "---|" * len(order) + "---|")
     for (b, kind, shape, T) in sorted({(k[1], k[2], k[3]) for k in rows} and rows, key=lambda k: (k[1], k[2], k[3])):
         if b != order[0]:

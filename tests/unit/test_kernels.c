@@ -14,6 +14,7 @@
 #include "common/err.h"
 #include "common/st.h"
 #include "kernels/kernels.h"
+#include "kernels/kernels_int.h"
 #include "test.h"
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -707,6 +708,91 @@ static void t_mu_isa(void)
     CHECK(n > 0);
 }
 
+/* The start-up self-test accepts the specification and every emulation, and
+ * refuses kernels of another order: the fp32-activation GEMMs and a variant
+ * that rounds to the subnormal grid before flushing (wrappers below). AMX
+ * itself only where the CPU has it. */
+static void gemm_bf16_as_mu(float *y, const uint16_t *w, const float *x, int rows, int cols, int T, int r0, int r1)
+{
+    (void)r0, (void)r1;
+    shoal_gemm_bf16(y, w, x, rows, cols, T);
+}
+static void gemm_mxfp4_as_mu(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int T,
+                             int r0, int r1)
+{
+    (void)r0, (void)r1;
+    shoal_gemm_mxfp4(y, p, s, x, rows, cols, T);
+}
+/* the oracle with the flush decided on the subnormal-grid result (|r| < 2^-126) */
+static void bf16_mu_gridflush(float *y, const uint16_t *w, const float *x, int rows, int cols, int T, int r0, int r1)
+{
+    for (int r = r0; r < r1; r++)
+        for (int t = 0; t < T; t++) {
+            float C = 0.0f;
+            for (int k0 = 0; k0 < cols; k0 += 32) {
+                float E = 0.0f, O = 0.0f;
+                for (int p = 0; p < 16; p++) {
+                    float e = fmaf(o_daz(bitsf((uint32_t)w[(size_t)r * cols + k0 + 2 * p] << 16)),
+                                   o_bf16(x[(size_t)t * cols + k0 + 2 * p]), E);
+                    float o = fmaf(o_daz(bitsf((uint32_t)w[(size_t)r * cols + k0 + 2 * p + 1] << 16)),
+                                   o_bf16(x[(size_t)t * cols + k0 + 2 * p + 1]), O);
+                    E = o_daz(e), O = o_daz(o);
+                }
+                C = o_add(C, o_add(E, O));
+            }
+            y[(size_t)t * rows + r] = C;
+        }
+}
+static void mxfp4_mu_spec(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int T,
+                          int r0, int r1)
+{
+    shoal_isa keep = shoal_kernels_isa();
+    shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+    (void)r0, (void)r1;
+    shoal_gemm_mxfp4_mu(y, p, s, x, rows, cols, T);
+    shoal_kernels_set_isa(keep);
+}
+static void bf16_mu_active(float *y, const uint16_t *w, const float *x, int rows, int cols, int T, int r0, int r1)
+{
+    (void)r0, (void)r1;
+    shoal_gemm_bf16_mu(y, w, x, rows, cols, T);
+}
+static void mxfp4_mu_active(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int T,
+                            int r0, int r1)
+{
+    (void)r0, (void)r1;
+    shoal_gemm_mxfp4_mu(y, p, s, x, rows, cols, T);
+}
+
+static void mu_selftest_one_isa(void)
+{
+    CHECK(shoal__kernels_mu_selftest(bf16_mu_active, mxfp4_mu_active) == 0);
+}
+
+static void t_mu_selftest(void)
+{
+    for_each_isa(mu_selftest_one_isa, "mu self-test");
+    CHECK_MSG(shoal__kernels_mu_selftest(gemm_bf16_as_mu, gemm_mxfp4_as_mu) != 0,
+              "the self-test accepted the fp32-activation kernels");
+    CHECK_MSG(shoal__kernels_mu_selftest(bf16_mu_gridflush, mxfp4_mu_spec) != 0,
+              "the self-test accepted a flush on the subnormal grid");
+}
+
+/* On an AMX machine the unit passed its self-test and runs the mu kernels
+ * (then t_mu_isa compared it with the specification on every shape). */
+static void t_mu_amx(void)
+{
+    shoal_isa keep = shoal_kernels_isa();
+    if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512))
+        shoal_kernels_set_isa(SHOAL_ISA_AVX512);
+    const char *path = shoal_kernels_mu_path();
+    shoal_kernels_set_isa(keep);
+    if (!strstr(path, "amx"))
+        SKIP("AMX-BF16 not on this CPU (or not usable): the AMX kernel and its self-test not run (mu path: %s)",
+             path);
+    CHECK_MSG(!strcmp(path, "amx"), "AMX present, mu path: %s", path);
+}
+
 /* The AVX-512 variant is compiled in but cannot run on a CPU without it. */
 static void t_isa_avx512(void)
 {
@@ -1299,6 +1385,8 @@ int main(int argc, char **argv)
     RUN(t_mu_spec);
     RUN(t_mu_probes);
     RUN(t_mu_isa);
+    RUN(t_mu_selftest);
+    RUN(t_mu_amx);
     RUN(t_thread_invariance);
     RUN(t_token_invariance);
     RUN(t_nan_inf);
