@@ -60,6 +60,7 @@ void shoal_gen_params_free(shoal_gen_params *p)
     json_decref(p->response_format);
     free(p->prompt);
     free(p->prompt_ids);
+    free(p->prefill);
     for (int i = 0; i < p->nstop; i++)
         free(p->stop[i]);
     memset(p, 0, sizeof *p);

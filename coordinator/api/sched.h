@@ -71,6 +71,11 @@ typedef struct {
     int nstop;
     char *stop[SHOAL_MAX_STOP];
     int return_token_ids;   /* shoal extension: report prompt and output ids */
+    /* chat: text the assistant's answer starts with (Anthropic's trailing
+     * assistant message): encoded after the generation prompt, which opens
+     * the response (the caller sets thinking = 0); the output continues it.
+     * NULL: none. */
+    char *prefill;
 } shoal_gen_params;
 
 void shoal_gen_params_free(shoal_gen_params *p);
@@ -96,6 +101,7 @@ typedef struct shoal_ev {
     int prompt_tokens, reused_tokens;
     /* DONE */
     char finish[16];       /* "stop" | "length" | "tool_calls" */
+    int stop_index;        /* the stop string that ended it (index into stop[]), or -1 */
     int completion_tokens, reasoning_tokens;
     int32_t *prompt_ids, *output_ids; /* DONE, only with return_token_ids */
     int n_prompt_ids, n_output_ids;
@@ -183,6 +189,12 @@ int shoal_sched_submit(shoal_sched *s, shoal_sched_job *j);
  * free), a running one stops at its next token. No further events are
  * produced. Idempotent. */
 void shoal_sched_cancel(shoal_sched *s, shoal_sched_job *j);
+
+/* The prompt p renders to, in tokens, as admission would count it (chat:
+ * messages, tools, switches and prefill; completion: the prompt). Returns 0,
+ * or a negative code with the renderer's message naming the field. Uses only
+ * the tokenizer (immutable): any thread. */
+int shoal_sched_prompt_tokens(shoal_sched *s, const shoal_gen_params *p, int *n, char *err, size_t errlen);
 
 /* Response memo: the events stored under key (a deep copy, caller frees), or
  * NULL. Thread-safe. */
