@@ -47,9 +47,10 @@ static int absent(const json_t *v)
  * as Anthropic refuses extra inputs. */
 static const char *const implemented[] = {"model", "messages", "max_tokens", "system", "stop_sequences",
                                           "stream", "temperature", "top_p", "top_k", "tools", "tool_choice",
-                                          "thinking", "metadata", NULL};
+                                          "thinking", "metadata", "output_config", NULL};
 static const char *const ignored[] = {"service_tier", "container", "context_management", "cache_control",
-                                      "inference_geo", NULL};
+                                      "inference_geo", "speed", "diagnostics", "user_profile_id", "workspace_id",
+                                      NULL};
 
 static int in_list(const char *const *l, const char *k)
 {
@@ -422,18 +423,49 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
                         "'tool_choice' must be {type: auto | any | none} or {type: tool, name}");
         }
     }
-    /* thinking: K3's switch. Absent: K3's default (on), except with a
-     * prefill, which continues the answer itself (thinking off). */
+    /* output_config: effort -> K3's thinking effort, format -> K3's
+     * response-format message (as response_format on the chat path) */
+    json_t *oc = json_object_get(root, "output_config");
+    if (!absent(oc)) {
+        json_t *ef = json_is_object(oc) ? json_object_get(oc, "effort") : NULL;
+        json_t *fm = json_is_object(oc) ? json_object_get(oc, "format") : NULL;
+        int bad = !json_is_object(oc) || (!absent(ef) && !json_is_string(ef));
+        if (!bad && !absent(fm)) {
+            json_t *ft = json_is_object(fm) ? json_object_get(fm, "type") : NULL;
+            bad = !json_is_string(ft) || strcmp(json_string_value(ft), "json_schema") ||
+                  !json_is_object(json_object_get(fm, "schema"));
+            if (!bad)
+                json_object_set_new(chat, "response_format",
+                                    json_pack("{s:s,s:{s:s,s:O}}", "type", "json_schema", "json_schema", "name",
+                                              "output", "schema", json_object_get(fm, "schema")));
+        }
+        if (bad) {
+            json_decref(chat);
+            free(*prefill);
+            *prefill = NULL;
+            return fail(err, 400, "output_config",
+                        "output_config must be {effort?: low|medium|high|xhigh|max, format?: {type: json_schema, "
+                        "schema}}");
+        }
+        if (!absent(ef))
+            json_object_set(chat, "reasoning_effort", ef);
+    }
+    /* thinking: K3's switch (enabled / adaptive / between_tools: on;
+     * disabled: off). Absent: K3's default (on), except with a prefill,
+     * which continues the answer itself (thinking off). */
     json_t *th = json_object_get(root, "thinking");
     int thinking = !*prefill;
     if (!absent(th)) {
         json_t *ty = json_is_object(th) ? json_object_get(th, "type") : NULL;
         const char *s = json_is_string(ty) ? json_string_value(ty) : "";
         json_t *bt = json_object_get(th, "budget_tokens");
+        int on = !strcmp(s, "enabled") || !strcmp(s, "adaptive") || !strcmp(s, "between_tools");
+        if (!absent(json_object_get(th, "display")))
+            shoal__api_ignore(a, ignored_out, igcap, "thinking.display");
         if (!strcmp(s, "disabled")) {
             thinking = 0;
-        } else if (!strcmp(s, "enabled")) {
-            if (!json_is_integer(bt) || json_integer_value(bt) < 1) {
+        } else if (on) {
+            if (!strcmp(s, "enabled") && (!json_is_integer(bt) || json_integer_value(bt) < 1)) {
                 json_decref(chat);
                 free(*prefill);
                 *prefill = NULL;
@@ -449,15 +481,19 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
                             "answer itself)");
             }
             /* K3 has no thinking budget: its reasoning ends when it ends */
-            shoal__api_ignore(a, ignored_out, igcap, "thinking.budget_tokens");
+            if (!absent(bt))
+                shoal__api_ignore(a, ignored_out, igcap, "thinking.budget_tokens");
             thinking = 1;
         } else {
             json_decref(chat);
             free(*prefill);
             *prefill = NULL;
-            return fail(err, 400, "thinking.type", "thinking.type must be 'enabled' or 'disabled'");
+            return fail(err, 400, "thinking.type",
+                        "thinking.type must be 'enabled', 'adaptive', 'between_tools' or 'disabled'");
         }
     }
+    if (!thinking && json_object_get(chat, "reasoning_effort"))
+        json_object_del(chat, "reasoning_effort"); /* K3's effort only matters when it thinks */
     json_object_set_new(chat, "thinking", json_pack("{s:s}", "type", thinking ? "enabled" : "disabled"));
     *chat_out = chat;
     return 0;
