@@ -387,7 +387,9 @@ static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **con
                  QUOTE(q, json_string_value(prev)));
             goto out;
         }
-        json_array_extend(conv, old);
+        json_t *cp = json_deep_copy(old); /* input items may extend its last turn: never the stored one */
+        json_array_extend(conv, cp);
+        json_decref(cp);
     }
     json_t *input = json_object_get(root, "input");
     if (absent(input)) {
