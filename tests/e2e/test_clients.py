@@ -503,6 +503,55 @@ def litellm_cases(srv, chats):
                 repr(r)[:400])
 
 
+def metric(srv, name, labels=""):
+    req = urllib.request.Request(srv.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        text = r.read().decode()
+    tot = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (line[len(name)] in " {") and all(l in line for l in labels.split(",") if l):
+            tot += float(line.rsplit(" ", 1)[1])
+    return tot
+
+
+def shared_path_cases(srv):
+    """the new endpoints run on the chat path: Claude Code's ?beta=true form,
+    cancellation on disconnect, the HTTP and scheduler metrics"""
+    import socket
+    st, _, body = post(srv.url, "/v1/messages?beta=true", {"model": "nano", "max_tokens": 2, "messages": [
+        {"role": "user", "content": "hi"}]}, {"anthropic-beta": "interleaved-thinking-2025-05-14"})
+    R.check("anthropic: /v1/messages?beta=true (Claude Code's form) and anthropic-beta accepted", st == 200, repr(body))
+    for path, body in (("/v1/messages", {"model": "nano", "max_tokens": 4000, "stream": True, "temperature": 0,
+                                         "thinking": {"type": "disabled"},
+                                         "messages": [{"role": "user", "content": "Tell me everything."}]}),
+                       ("/v1/responses", {"model": "nano", "max_output_tokens": 4000, "stream": True,
+                                          "input": "Tell me everything.", "reasoning": {"effort": "none"}})):
+        before = metric(srv, "shoal_sched_canceled_total")
+        host, port = srv.url.split("//")[1].split(":")
+        data = json.dumps(body).encode()
+        sk = socket.create_connection((host, int(port)), timeout=30)
+        sk.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nx-api-key: {KEY}\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        got = b""
+        while b"delta" not in got:  # generation has begun
+            chunk = sk.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+        sk.close()
+        deadline, after = time.time() + 30, before
+        while time.time() < deadline and after <= before:
+            time.sleep(0.05)
+            after = metric(srv, "shoal_sched_canceled_total")
+        R.check(f"{path}: a client that goes away cancels its generation (shoal_sched_canceled_total)",
+                after > before, f"{before} -> {after}")
+    for ep in ("/v1/messages", "/v1/messages/count_tokens", "/v1/responses"):
+        R.check(f"metrics: shoal_http_responses_total counts {ep}",
+                metric(srv, "shoal_http_responses_total", f'endpoint="{ep}",status="200"') > 0)
+    R.check("metrics: shoal_api_ignored_fields_total counts ignored fields",
+            metric(srv, "shoal_api_ignored_fields_total") > 0)
+
+
 def main():
     if not os.path.exists(BIN):
         R.record("SKIP", "all", f"{BIN} not built")
@@ -521,7 +570,8 @@ def main():
         for name, fn, mods in (("anthropic", lambda: anthropic_cases(srv, chats), ["anthropic"]),
                                ("responses", lambda: responses_cases(srv, chats), ["openai"]),
                                ("agents", lambda: agents_case(srv), ["agents", "openai"]),
-                               ("litellm", lambda: litellm_cases(srv, chats), ["litellm"])):
+                               ("litellm", lambda: litellm_cases(srv, chats), ["litellm"]),
+                               ("shared path", lambda: shared_path_cases(srv), [])):
             if any(m in missing for m in mods):
                 R.record("SKIP", name, f"not installed: {', '.join(m for m in mods if m in missing)}")
                 continue
