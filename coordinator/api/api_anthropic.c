@@ -43,8 +43,9 @@ static int absent(const json_t *v)
 }
 
 /* Fields of the Messages API: implemented, or accepted and ignored (listed in
- * x-shoal-ignored: they do not change the tokens). Anything else is refused,
- * as Anthropic refuses extra inputs. */
+ * x-shoal-ignored: they do not change the tokens). A field in neither list is
+ * ignored and listed too (the one unknown-field policy, docs/API.md); what
+ * would change the output and is not implemented is refused where checked. */
 static const char *const implemented[] = {"model", "messages", "max_tokens", "system", "stop_sequences",
                                           "stream", "temperature", "top_p", "top_k", "tools", "tool_choice",
                                           "thinking", "metadata", "output_config", NULL};
@@ -251,10 +252,13 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
             shoal__api_ignore(a, ignored_out, igcap, key);
             continue;
         }
-        if (!strcmp(key, "mcp_servers") && (absent(val) || (json_is_array(val) && json_array_size(val) == 0)))
-            continue;
-        char q[68];
-        return fail(err, 400, key, "%s: Extra inputs are not permitted (not supported by this server)", QUOTE(q, key));
+        if (!strcmp(key, "mcp_servers") && !(absent(val) || (json_is_array(val) && json_array_size(val) == 0))) {
+            /* remote tools would change what the model can do: not run here */
+            return fail(err, 400, key, "mcp_servers: MCP connectors are not supported by this server");
+        }
+        /* one policy for every endpoint (docs/API.md): a field this server
+         * does not know is accepted, ignored and named */
+        shoal__api_ignore(a, ignored_out, igcap, key);
     }
     json_t *model = json_object_get(root, "model");
     if (!json_is_string(model))

@@ -343,8 +343,16 @@ static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **con
             shoal__api_ignore(a, ign, igcap, key);
             continue;
         }
-        char q[68], pq[68];
-        return fail(err, 400, "unknown_parameter", QUOTE(pq, key), "Unknown parameter: '%s'.", QUOTE(q, key));
+        if (!strcmp(key, "conversation") || !strcmp(key, "prompt")) {
+            if (absent(val))
+                continue;
+            char q[68];
+            return UNSUPPORTED(key, "'%s' (server-side conversations and prompt templates) is not supported",
+                               QUOTE(q, key));
+        }
+        /* one policy for every endpoint (docs/API.md): a field this server
+         * does not know is accepted, ignored and named */
+        shoal__api_ignore(a, ign, igcap, key);
     }
     json_t *bg = json_object_get(root, "background");
     if (json_is_true(bg))
