@@ -424,7 +424,8 @@ static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **con
         if (json_is_string(tc)) {
             json_object_set(chat, "tool_choice", tc);
         } else if (json_is_object(tc) && json_is_string(json_object_get(tc, "type")) &&
-                   !strcmp(json_string_value(json_object_get(tc, "type")), "function")) {
+                   !strcmp(json_string_value(json_object_get(tc, "type")), "function") &&
+                   json_is_string(json_object_get(tc, "name"))) {
             json_object_set_new(chat, "tool_choice", json_pack("{s:s,s:{s:O}}", "type", "function", "function",
                                                                "name", json_object_get(tc, "name")));
         } else {
