@@ -7,7 +7,6 @@
  * content blocks and events. So batching, reuse, the memo, cancellation and
  * metrics are the chat path's. Fields and their mapping: docs/API.md. Runs on
  * the HTTP loop thread (api_int.h). */
-#include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,24 +41,16 @@ static int absent(const json_t *v)
     return !v || json_is_null(v);
 }
 
-/* Fields of the Messages API: implemented, or accepted and ignored (listed in
- * x-shoal-ignored: they do not change the tokens). A field in neither list is
- * ignored and listed too (the one unknown-field policy, docs/API.md); what
- * would change the output and is not implemented is refused where checked. */
+/* Fields of the Messages API this server implements; every other key goes
+ * through the one unknown-field policy (shoal_api_check_fields: a known
+ * field that would change the output is refused, anything else is accepted,
+ * ignored and named in x-shoal-ignored -- service_tier, container,
+ * cache_control, ...). */
 static const char *const implemented[] = {"model", "messages", "max_tokens", "system", "stop_sequences",
                                           "stream", "temperature", "top_p", "top_k", "tools", "tool_choice",
-                                          "thinking", "metadata", "output_config", NULL};
-static const char *const ignored[] = {"service_tier", "container", "context_management", "cache_control",
-                                      "inference_geo", "speed", "diagnostics", "user_profile_id", "workspace_id",
-                                      NULL};
-
-static int in_list(const char *const *l, const char *k)
-{
-    for (; *l; l++)
-        if (!strcmp(*l, k))
-            return 1;
-    return 0;
-}
+                                          "thinking", "metadata", "output_config", "mcp_servers", NULL};
+static const char *const thinking_used[] = {"type", NULL}; /* budget_tokens, display: ignored (no budget in K3) */
+static const char *const tool_choice_used[] = {"type", "name", NULL};
 
 /* The text of a string or an array of text blocks ("where" names it); other
  * block types are refused (a text-only engine). Appends to *out. */
@@ -232,33 +223,21 @@ static int one_message(json_t *m, size_t idx, json_t *out, shoal_api_error *err)
     return rc;
 }
 
-/* The Anthropic body -> an OpenAI chat body; *prefill gets the text of a
- * trailing assistant message (NULL when none); stops (cap SHOAL_MAX_STOP)
- * gets copies of stop_sequences for naming the one that matched. counting:
- * count_tokens (max_tokens optional). */
-static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out, char **prefill, char *ignored_out,
-                     size_t igcap, shoal_api_error *err)
+/* The Anthropic body -> an OpenAI chat body (a trailing assistant message
+ * becomes a partial one, continued); fields accepted and ignored go to *ign.
+ * counting: count_tokens (max_tokens optional). */
+static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out, shoal_api_ignored *ign,
+                     shoal_api_error *err)
 {
     *chat_out = NULL;
-    *prefill = NULL;
     if (!json_is_object(root))
         return fail(err, 400, "body", "the body must be a JSON object");
-    const char *key;
-    json_t *val;
-    json_object_foreach(root, key, val) {
-        if (in_list(implemented, key))
-            continue;
-        if (in_list(ignored, key)) {
-            shoal__api_ignore(a, ignored_out, igcap, key);
-            continue;
-        }
-        if (!strcmp(key, "mcp_servers") && !(absent(val) || (json_is_array(val) && json_array_size(val) == 0))) {
-            /* remote tools would change what the model can do: not run here */
-            return fail(err, 400, key, "mcp_servers: MCP connectors are not supported by this server");
-        }
-        /* one policy for every endpoint (docs/API.md): a field this server
-         * does not know is accepted, ignored and named */
-        shoal__api_ignore(a, ignored_out, igcap, key);
+    json_t *mcp = json_object_get(root, "mcp_servers");
+    if (!(absent(mcp) || (json_is_array(mcp) && json_array_size(mcp) == 0))) /* remote tools: not run here */
+        return fail(err, 400, "mcp_servers", "mcp_servers: MCP connectors are not supported by this server");
+    if (shoal_api_check_fields(root, "", implemented, ign, err)) {
+        err->status = 400;
+        return -1;
     }
     json_t *model = json_object_get(root, "model");
     if (!json_is_string(model))
@@ -331,7 +310,9 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
     for (size_t i = 0; i < n; i++) {
         json_t *m = json_array_get(in, i);
         if (prefilled && i == n - 1) {
-            /* prefill: the answer starts with this text and continues it */
+            /* prefill: the answer starts with this text and continues it
+             * (the chat path's partial mode: the response element is left
+             * open, no generation prompt) */
             shoal_sbuf t = {0};
             char p[48];
             snprintf(p, sizeof p, "messages[%zu].content", i);
@@ -340,21 +321,18 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
                 json_decref(chat);
                 return -1;
             }
-            *prefill = shoal_xstrdup(t.p ? t.p : "");
+            json_array_append_new(msgs, json_pack("{s:s,s:o,s:b}", "role", "assistant", "content", sbuf_json(&t),
+                                                  "partial", 1));
             free(t.p);
             continue;
         }
         if (one_message(m, i, msgs, err)) {
             json_decref(chat);
-            free(*prefill);
-            *prefill = NULL;
             return -1;
         }
     }
     if (json_array_size(msgs) == 0 || (prefilled && n == 1)) {
         json_decref(chat);
-        free(*prefill);
-        *prefill = NULL;
         return fail(err, 400, "messages", "'messages' must hold a user message first");
     }
     /* tools */
@@ -362,8 +340,6 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
     if (!absent(tools)) {
         if (!json_is_array(tools)) {
             json_decref(chat);
-            free(*prefill);
-            *prefill = NULL;
             return fail(err, 400, "tools", "'tools' must be an array");
         }
         json_t *ct = json_array();
@@ -393,8 +369,6 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
                 bad = fail(err, 400, p, "'%s.description' must be a string", p);
             if (bad) {
                 json_decref(chat);
-                free(*prefill);
-                *prefill = NULL;
                 return -1;
             }
             json_t *fn = json_pack("{s:O,s:O}", "name", name, "parameters", schema);
@@ -407,9 +381,10 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
     if (!absent(tc)) {
         json_t *ty = json_is_object(tc) ? json_object_get(tc, "type") : NULL;
         const char *s = json_is_string(ty) ? json_string_value(ty) : "";
-        json_t *dp = json_is_object(tc) ? json_object_get(tc, "disable_parallel_tool_use") : NULL;
-        if (!absent(dp))
-            shoal__api_ignore(a, ignored_out, igcap, "tool_choice.disable_parallel_tool_use");
+        if (shoal_api_check_fields(tc, "tool_choice", tool_choice_used, ign, err)) { /* disable_parallel_tool_use */
+            json_decref(chat);
+            return -1;
+        }
         if (!strcmp(s, "auto"))
             json_object_set_new(chat, "tool_choice", json_string("auto"));
         else if (!strcmp(s, "any"))
@@ -421,8 +396,6 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
                                                                json_object_get(tc, "name")));
         else {
             json_decref(chat);
-            free(*prefill);
-            *prefill = NULL;
             return fail(err, 400, "tool_choice",
                         "'tool_choice' must be {type: auto | any | none} or {type: tool, name}");
         }
@@ -445,8 +418,6 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
         }
         if (bad) {
             json_decref(chat);
-            free(*prefill);
-            *prefill = NULL;
             return fail(err, 400, "output_config",
                         "output_config must be {effort?: low|medium|high|xhigh|max, format?: {type: json_schema, "
                         "schema}}");
@@ -458,40 +429,35 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
      * disabled: off). Absent: K3's default (on), except with a prefill,
      * which continues the answer itself (thinking off). */
     json_t *th = json_object_get(root, "thinking");
-    int thinking = !*prefill;
+    int thinking = !prefilled;
     if (!absent(th)) {
         json_t *ty = json_is_object(th) ? json_object_get(th, "type") : NULL;
         const char *s = json_is_string(ty) ? json_string_value(ty) : "";
         json_t *bt = json_object_get(th, "budget_tokens");
         int on = !strcmp(s, "enabled") || !strcmp(s, "adaptive") || !strcmp(s, "between_tools");
-        if (!absent(json_object_get(th, "display")))
-            shoal__api_ignore(a, ignored_out, igcap, "thinking.display");
+        if (shoal_api_check_fields(th, "thinking", thinking_used, ign, err)) {
+            json_decref(chat);
+            return -1;
+        }
         if (!strcmp(s, "disabled")) {
             thinking = 0;
         } else if (on) {
             if (!strcmp(s, "enabled") && (!json_is_integer(bt) || json_integer_value(bt) < 1)) {
                 json_decref(chat);
-                free(*prefill);
-                *prefill = NULL;
                 return fail(err, 400, "thinking.budget_tokens",
                             "thinking.budget_tokens: an integer is required when thinking is enabled");
             }
-            if (*prefill) {
+            if (prefilled) {
                 json_decref(chat);
-                free(*prefill);
-                *prefill = NULL;
                 return fail(err, 400, "thinking",
                             "thinking cannot be enabled with a final assistant message (a prefill continues the "
                             "answer itself)");
             }
-            /* K3 has no thinking budget: its reasoning ends when it ends */
-            if (!absent(bt))
-                shoal__api_ignore(a, ignored_out, igcap, "thinking.budget_tokens");
+            /* K3 has no thinking budget (its reasoning ends when it ends):
+             * budget_tokens is listed as ignored above */
             thinking = 1;
         } else {
             json_decref(chat);
-            free(*prefill);
-            *prefill = NULL;
             return fail(err, 400, "thinking.type",
                         "thinking.type must be 'enabled', 'adaptive', 'between_tools' or 'disabled'");
         }
@@ -506,10 +472,10 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
 /* The chat validator's errors name chat fields; most Anthropic fields were
  * checked under their own names before, so what reaches here is rare (a tool
  * name, a range). */
-static int parse(shoal_api *a, const shoal_http_request *req, int counting, shoal_api_req *q, char *ignored_out,
-                 size_t igcap, shoal_api_error *err)
+static int parse(shoal_api *a, const shoal_http_request *req, int counting, shoal_api_req *q, shoal_api_error *err)
 {
     memset(err, 0, sizeof *err);
+    memset(q, 0, sizeof *q);
     json_error_t je;
     json_t *root = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
@@ -518,57 +484,40 @@ static int parse(shoal_api *a, const shoal_http_request *req, int counting, shoa
                     je.line, je.column);
     }
     json_t *chat;
-    char *prefill;
-    int rc = translate(a, root, counting, &chat, &prefill, ignored_out, igcap, err);
+    shoal_api_ignored ign = {0};
+    int rc = translate(a, root, counting, &chat, &ign, err);
     json_decref(root);
     if (rc)
         return -1;
     char *body = json_dumps(chat, JSON_COMPACT);
     json_decref(chat);
-    if (!body) {
-        free(prefill);
+    if (!body)
         return fail(err, 500, "", "the request could not be translated");
-    }
     rc = shoal_api_parse(SHOAL_GEN_CHAT, body, strlen(body), &a->o.limits, q, err);
     free(body);
-    if (rc) {
-        free(prefill);
+    if (rc)
         return -1;
-    }
-    if (prefill) {
-        q->gen.prefill = prefill;
-        q->gen.thinking = 0;
-        q->gen.effort[0] = '\0';
-        if (q->memo_key) { /* the prefill is part of what the tokens depend on */
-            unsigned char h[crypto_hash_sha256_BYTES];
-            crypto_hash_sha256_state st;
-            crypto_hash_sha256_init(&st);
-            crypto_hash_sha256_update(&st, (const unsigned char *)q->memo_key, strlen(q->memo_key));
-            crypto_hash_sha256_update(&st, (const unsigned char *)"\0prefill\0", 9);
-            crypto_hash_sha256_update(&st, (const unsigned char *)prefill, strlen(prefill));
-            crypto_hash_sha256_final(&st, h);
-            sodium_bin2hex(q->memo_key, 2 * sizeof h + 1, h, sizeof h);
-        }
-    }
+    for (int i = 0; i < ign.n; i++) /* the Anthropic fields ignored, with the chat body's (none) */
+        shoal_api_ignored_add(&q->ignored, ign.name[i], ign.known[i]);
+    q->ignored.dropped += ign.dropped;
     return 0;
 }
 
-static void ignored_header(char *buf, size_t cap, const char *ignored_list)
+static void ignored_header(char *buf, size_t cap, const shoal_api_ignored *ign)
 {
+    char list[512];
+    shoal_api_ignored_list(ign, list, sizeof list);
     buf[0] = '\0';
-    if (ignored_list[0])
-        snprintf(buf, cap, "x-shoal-ignored: %s\r\n", ignored_list);
+    if (list[0])
+        snprintf(buf, cap, "x-shoal-ignored: %s\r\n", list);
 }
 
 void shoal__api_anth_messages(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req)
 {
     shoal_api_req q;
     shoal_api_error err;
-    char ign[256] = "";
-    if (parse(a, req, 0, &q, ign, sizeof ign, &err)) {
-        char extra[300];
-        ignored_header(extra, sizeof extra, ign);
-        shoal__api_respond_error(a, ex, EP_MESSAGES, &err, extra[0] ? extra : NULL);
+    if (parse(a, req, 0, &q, &err)) {
+        shoal__api_respond_error(a, ex, EP_MESSAGES, &err, NULL);
         return;
     }
     if (shoal__api_not_ready(a, ex, EP_MESSAGES)) {
@@ -576,7 +525,6 @@ void shoal__api_anth_messages(shoal_api *a, shoal_http_ex *ex, const shoal_http_
         return;
     }
     areq *r = shoal__api_areq_new(a, ex, EP_MESSAGES, FMT_ANTHROPIC, &q, "msg_");
-    snprintf(r->ignored, sizeof r->ignored, "%s", ign);
     for (int i = 0; i < q.gen.nstop; i++)
         r->stops[r->nstop++] = shoal_xstrdup(q.gen.stop[i]);
     shoal__api_start(r, &q);
@@ -586,17 +534,17 @@ void shoal__api_anth_count_tokens(shoal_api *a, shoal_http_ex *ex, const shoal_h
 {
     shoal_api_req q;
     shoal_api_error err;
-    char ign[256] = "", extra[300];
-    if (parse(a, req, 1, &q, ign, sizeof ign, &err)) {
-        ignored_header(extra, sizeof extra, ign);
-        shoal__api_respond_error(a, ex, EP_COUNT_TOKENS, &err, extra[0] ? extra : NULL);
+    if (parse(a, req, 1, &q, &err)) {
+        shoal__api_respond_error(a, ex, EP_COUNT_TOKENS, &err, NULL);
         return;
     }
+    char extra[600];
+    ignored_header(extra, sizeof extra, &q.ignored);
+    shoal__api_count_ignored(a, &q.ignored);
     int n = 0;
     char msg[320];
     int rc = shoal_sched_prompt_tokens(a->o.sched, &q.gen, &n, msg, sizeof msg);
     shoal_api_req_free(&q);
-    ignored_header(extra, sizeof extra, ign);
     if (rc) {
         fail(&err, rc == SHOAL_EINTERNAL ? 500 : 400, "messages", "%s", msg);
         shoal__api_respond_error(a, ex, EP_COUNT_TOKENS, &err, extra[0] ? extra : NULL);
@@ -644,22 +592,23 @@ static json_t *tool_input(const char *args, size_t n)
 
 void shoal__api_anth_full(areq *r, const shoal_ev *e)
 {
+    const achoice *c = &r->ch[0];
     json_t *content = json_array();
-    if (r->reasoning.n)
+    if (c->reasoning.n)
         json_array_append_new(content, json_pack("{s:s,s:o,s:s}", "type", "thinking", "thinking",
-                                                 shoal__api_jstr(r->reasoning.p, r->reasoning.n), "signature", ""));
-    if (r->content.n || (!r->reasoning.n && !r->ncalls))
+                                                 shoal__api_jstr(c->reasoning.p, c->reasoning.n), "signature", ""));
+    if (c->content.n || (!c->reasoning.n && !c->ncalls))
         json_array_append_new(content,
-                              json_pack("{s:s,s:o}", "type", "text", "text", shoal__api_jstr(r->content.p, r->content.n)));
-    for (int i = 0; i < r->ncalls; i++)
-        json_array_append_new(content, json_pack("{s:s,s:s,s:o,s:o}", "type", "tool_use", "id", r->calls[i].id, "name",
-                                                 shoal__api_jstr(r->calls[i].name, r->calls[i].name ? strlen(r->calls[i].name) : 0),
-                                                 "input", tool_input(r->calls[i].args.p, r->calls[i].args.n)));
+                              json_pack("{s:s,s:o}", "type", "text", "text", shoal__api_jstr(c->content.p, c->content.n)));
+    for (int i = 0; i < c->ncalls; i++)
+        json_array_append_new(content, json_pack("{s:s,s:s,s:o,s:o}", "type", "tool_use", "id", c->calls[i].id, "name",
+                                                 shoal__api_jstr(c->calls[i].name, c->calls[i].name ? strlen(c->calls[i].name) : 0),
+                                                 "input", tool_input(c->calls[i].args.p, c->calls[i].args.n)));
     json_t *m = json_pack("{s:s,s:s,s:s,s:s,s:o}", "id", r->id, "type", "message", "role", "assistant", "model",
                           r->api->model_name, "content", content);
     stop_reason(r, e, m);
     json_object_set_new(m, "usage", usage(r, e->completion_tokens));
-    char extra[640];
+    char extra[1024];
     shoal__api_extra_headers(r, extra, sizeof extra);
     shoal__api_respond_json(r->api, r->ex, r->ep, 200, m, extra);
 }
@@ -711,7 +660,7 @@ void shoal__api_anth_text(areq *r, shoal_channel ch, const char *t, size_t n)
 
 void shoal__api_anth_tool(areq *r, const shoal_ev *e)
 {
-    tcall *c = shoal__api_call_at(r, e->tool_index);
+    tcall *c = shoal__api_call_at(&r->ch[0], e->tool_index);
     if (e->name)
         open_block(r, 2, json_pack("{s:s,s:s,s:o,s:{}}", "type", "tool_use", "id", c->id, "name",
                                    shoal__api_jstr(e->name, strlen(e->name)), "input"));

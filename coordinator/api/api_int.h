@@ -34,6 +34,7 @@ extern const char *const shoal__api_ep_names[EP_N];
 typedef enum { FMT_OPENAI = 0, FMT_ANTHROPIC = 1, FMT_RESPONSES = 2 } shoal__api_fmt;
 
 #define MAX_STATUS_SLOTS 24
+#define MAX_IGNORED_LABELS 96
 
 typedef struct shoal__resp_store shoal__resp_store;
 
@@ -49,8 +50,13 @@ struct shoal_api {
         uint64_t count[EP_N];
     } st[MAX_STATUS_SLOTS];
     uint64_t memo_hits_served, streams, tokens_streamed;
-    uint64_t ignored_fields; /* request fields accepted and ignored (x-shoal-ignored) */
-    int live;        /* open generation requests */
+    /* shoal_api_ignored_fields_total{field} (api.h: the field policy) */
+    struct {
+        char name[64];
+        uint64_t count;
+    } ign[MAX_IGNORED_LABELS];
+    int nign;
+    int live; /* open generation requests */
     int last_status; /* the status of the response just sent (access log) */
     int handed;      /* the request became an areq, which logs its own line */
     double t0;       /* when the request being routed arrived */
@@ -63,28 +69,45 @@ typedef struct {
     shoal_sbuf args;
 } tcall;
 
+struct areq;
+
+/* One choice of a request (n choices: one scheduler job each; the
+ * Anthropic and Responses formats have one). */
+typedef struct {
+    struct areq *r;
+    int index;
+    shoal_sched_job *job;
+    shoal_sbuf content, reasoning;
+    tcall *calls;
+    int ncalls;
+    int done;
+    shoal_ev *done_ev;  /* its DONE (full responses are built when every choice is done) */
+    json_t *lp;         /* logprob entries not yet sent (streaming) or all of them; NULL without logprobs */
+    size_t text_off;    /* completions' text_offset: bytes of the tokens so far */
+} achoice;
+
 typedef struct areq {
     atomic_int refs;
     shoal_api *api;
     shoal_http_ex *ex; /* NULL once the exchange ended */
-    shoal_sched_job *job;
     int ep;
     shoal__api_fmt fmt;
     shoal_gen_kind kind;
-    int stream, include_usage, return_ids;
+    int stream, include_usage, return_ids, logprobs;
     int memo; /* 0: not deterministic, 1: miss, 2: hit */
     char id[48];
     long long created;
     int head_sent;
+    int started;
     int prompt_tokens, reused_tokens;
     int status, completion_tokens; /* for the access log */
+    int ndone;
     double t0;
     char peer[64];
-    shoal_sbuf content, reasoning;
-    tcall *calls;
-    int ncalls;
-    char ignored[256]; /* x-shoal-ignored: fields accepted and ignored, "a,b" */
-    /* the typed-event formats (Anthropic, Responses) */
+    char ignored[512]; /* x-shoal-ignored */
+    int n;
+    achoice *ch;
+    /* the typed-event formats (Anthropic, Responses; one choice, ch[0]) */
     char *stops[SHOAL_MAX_STOP]; /* Anthropic: the stop strings, to name the one that matched */
     int nstop;
     int seq;           /* Responses: sequence_number of the next event */
@@ -109,22 +132,23 @@ json_t *shoal__api_error_json(int ep, const shoal_api_error *e);
 void shoal__api_count(shoal_api *a, int ep, int status);
 /* x-request-id, x-shoal-memo, x-shoal-reused-tokens, x-shoal-ignored lines. */
 void shoal__api_extra_headers(areq *r, char *buf, size_t cap);
-/* The tool call of index (created with its id on first use). */
-tcall *shoal__api_call_at(areq *r, int index);
+/* The tool call of index of a choice (created with its id on first use). */
+tcall *shoal__api_call_at(achoice *c, int index);
 /* One server-sent event: "event: name\n" (when name) + "data: json\n\n". */
 void shoal__api_sse(areq *r, const char *name, json_t *obj);
 
 /* A request parsed by one of the formats: makes its areq (one reference, the
- * exchange's), for the caller to fill the format's fields, then
- * shoal__api_start answers from the memo or submits the job. */
+ * exchange's; q's ignored fields counted and listed), for the caller to fill
+ * the format's fields, then shoal__api_start answers from the memo or submits
+ * the job(s). */
 areq *shoal__api_areq_new(shoal_api *a, shoal_http_ex *ex, int ep, shoal__api_fmt fmt, const shoal_api_req *q,
                           const char *id_prefix);
 void shoal__api_start(areq *r, shoal_api_req *q);
 /* 1 and a 503 sent when the model is not loaded yet. */
 int shoal__api_not_ready(shoal_api *a, shoal_http_ex *ex, int ep);
 
-/* Adds name to the request's ignored-field list (and the counter). */
-void shoal__api_ignore(shoal_api *a, char *list, size_t cap, const char *name);
+/* A request's ignored fields into shoal_api_ignored_fields_total. */
+void shoal__api_count_ignored(shoal_api *a, const shoal_api_ignored *ign);
 
 /* ---- Anthropic Messages (api_anthropic.c) ---- */
 void shoal__api_anth_messages(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req);

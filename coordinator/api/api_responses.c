@@ -127,22 +127,17 @@ static int absent(const json_t *v)
     return !v || json_is_null(v);
 }
 
+/* Fields this server implements; every other key goes through the one
+ * unknown-field policy (shoal_api_check_fields: a known field that would
+ * change the output is refused, anything else -- service_tier, truncation,
+ * include, prompt_cache_key, ... -- is accepted, ignored and named in
+ * x-shoal-ignored). */
 static const char *const implemented[] = {
     "model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature", "top_p",
     "stream", "previous_response_id", "store", "reasoning", "text", "metadata", "user", "parallel_tool_calls",
-    "top_logprobs", "background", "seed", "top_k", NULL};
-/* documented fields that do not change the tokens: accepted, listed in x-shoal-ignored */
-static const char *const ignored[] = {"service_tier", "prompt_cache_key", "safety_identifier", "truncation",
-                                      "include", "stream_options", "max_tool_calls", "prompt_cache_retention",
-                                      NULL};
-
-static int in_list(const char *const *l, const char *k)
-{
-    for (; *l; l++)
-        if (!strcmp(*l, k))
-            return 1;
-    return 0;
-}
+    "top_logprobs", "background", "seed", "top_k", "conversation", "prompt", NULL};
+static const char *const reasoning_used[] = {"effort", NULL}; /* summary: the full reasoning text is returned */
+static const char *const text_used[] = {"format", "verbosity", NULL};
 
 /* Text of a string or an array of text parts (input_text, output_text, text,
  * summary_text, reasoning_text), joined with "\n". */
@@ -329,31 +324,18 @@ static int tools_of(json_t *tools, json_t *chat, shoal_api_error *err)
 /* The Responses body -> an OpenAI chat body, *conv (the conversation without
  * the instructions) and *echo (fields the response object repeats). */
 static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **conv_out, json_t **echo_out,
-                     int *store, char *ign, size_t igcap, shoal_api_error *err)
+                     int *store, shoal_api_ignored *ign, shoal_api_error *err)
 {
     *chat_out = *conv_out = *echo_out = NULL;
     if (!json_is_object(root))
         return BAD("body", "the body must be a JSON object");
-    const char *key;
-    json_t *val;
-    json_object_foreach(root, key, val) {
-        if (in_list(implemented, key))
-            continue;
-        if (in_list(ignored, key)) {
-            shoal__api_ignore(a, ign, igcap, key);
-            continue;
-        }
-        if (!strcmp(key, "conversation") || !strcmp(key, "prompt")) {
-            if (absent(val))
-                continue;
-            char q[68];
-            return UNSUPPORTED(key, "'%s' (server-side conversations and prompt templates) is not supported",
-                               QUOTE(q, key));
-        }
-        /* one policy for every endpoint (docs/API.md): a field this server
-         * does not know is accepted, ignored and named */
-        shoal__api_ignore(a, ign, igcap, key);
-    }
+    if (shoal_api_check_fields(root, "", implemented, ign, err))
+        return -1;
+    const char *unsupported[] = {"conversation", "prompt"};
+    for (size_t i = 0; i < 2; i++)
+        if (!absent(json_object_get(root, unsupported[i])))
+            return UNSUPPORTED(unsupported[i], "'%s' (server-side conversations and prompt templates) is not supported",
+                               unsupported[i]);
     json_t *bg = json_object_get(root, "background");
     if (json_is_true(bg))
         return UNSUPPORTED("background", "'background' responses are not supported");
@@ -442,8 +424,8 @@ static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **con
         }
         if (!absent(ef))
             json_object_set(chat, "reasoning_effort", ef);
-        if (!absent(json_object_get(re, "summary")) || !absent(json_object_get(re, "generate_summary")))
-            shoal__api_ignore(a, ign, igcap, "reasoning.summary"); /* the full reasoning text is returned */
+        if (shoal_api_check_fields(re, "reasoning", reasoning_used, ign, err))
+            goto out;
     }
     json_t *tx = json_object_get(root, "text");
     if (!absent(tx)) {
@@ -453,8 +435,12 @@ static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **con
             fail(err, 400, "invalid_type", "text", "'text.format' must be an object with a string 'type'");
             goto out;
         }
+        if (shoal_api_check_fields(tx, "text", text_used, ign, err))
+            goto out;
+        /* a hint to the model's length; K3 has none (OpenAI's own `verbosity`
+         * field is refused on chat, as it would change the output there) */
         if (!absent(json_object_get(tx, "verbosity")))
-            shoal__api_ignore(a, ign, igcap, "text.verbosity");
+            shoal_api_ignored_add(ign, "text.verbosity", 1);
         const char *fs = json_is_string(ft) ? json_string_value(ft) : "text";
         if (!strcmp(fs, "json_schema")) {
             json_t *js = json_pack("{s:O}", "schema", json_object_get(f, "schema"));
@@ -506,7 +492,6 @@ void shoal__api_resp_create(shoal_api *a, shoal_http_ex *ex, const shoal_http_re
 {
     shoal_api_error err;
     memset(&err, 0, sizeof err);
-    char ign[256] = "";
     json_error_t je;
     json_t *root = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
@@ -518,13 +503,11 @@ void shoal__api_resp_create(shoal_api *a, shoal_http_ex *ex, const shoal_http_re
     }
     json_t *chat, *conv, *echo;
     int store = 1;
-    int rc = translate(a, root, &chat, &conv, &echo, &store, ign, sizeof ign, &err);
+    shoal_api_ignored ign = {0};
+    int rc = translate(a, root, &chat, &conv, &echo, &store, &ign, &err);
     json_decref(root);
-    char extra[300] = "";
-    if (ign[0])
-        snprintf(extra, sizeof extra, "x-shoal-ignored: %s\r\n", ign);
     if (rc) {
-        shoal__api_respond_error(a, ex, EP_RESPONSES, &err, extra[0] ? extra : NULL);
+        shoal__api_respond_error(a, ex, EP_RESPONSES, &err, NULL);
         return;
     }
     char *body = json_dumps(chat, JSON_COMPACT);
@@ -536,10 +519,13 @@ void shoal__api_resp_create(shoal_api *a, shoal_http_ex *ex, const shoal_http_re
         free(body);
         json_decref(conv);
         json_decref(echo);
-        shoal__api_respond_error(a, ex, EP_RESPONSES, &err, extra[0] ? extra : NULL);
+        shoal__api_respond_error(a, ex, EP_RESPONSES, &err, NULL);
         return;
     }
     free(body);
+    for (int i = 0; i < ign.n; i++) /* the Responses fields ignored, with the chat body's (none) */
+        shoal_api_ignored_add(&q.ignored, ign.name[i], ign.known[i]);
+    q.ignored.dropped += ign.dropped;
     if (shoal__api_not_ready(a, ex, EP_RESPONSES)) {
         shoal_api_req_free(&q);
         json_decref(conv);
@@ -547,7 +533,6 @@ void shoal__api_resp_create(shoal_api *a, shoal_http_ex *ex, const shoal_http_re
         return;
     }
     areq *r = shoal__api_areq_new(a, ex, EP_RESPONSES, FMT_RESPONSES, &q, "resp_");
-    snprintf(r->ignored, sizeof r->ignored, "%s", ign);
     r->conv = conv;
     r->echo = echo;
     r->store = store;
@@ -644,23 +629,24 @@ static void keep_conversation(areq *r, json_t *items)
 
 void shoal__api_resp_full(areq *r, const shoal_ev *e)
 {
+    achoice *c = &r->ch[0];
     json_t *out = json_array();
     char id[48];
-    if (r->reasoning.n) {
+    if (c->reasoning.n) {
         new_item_id(id, sizeof id, "rs_");
-        json_array_append_new(out, reasoning_item(id, r->reasoning.p, r->reasoning.n));
+        json_array_append_new(out, reasoning_item(id, c->reasoning.p, c->reasoning.n));
     }
-    if (r->content.n || !r->ncalls) {
+    if (c->content.n || !c->ncalls) {
         new_item_id(id, sizeof id, "msg_");
-        json_array_append_new(out, message_item(id, r->content.p, r->content.n, "completed"));
+        json_array_append_new(out, message_item(id, c->content.p, c->content.n, "completed"));
     }
-    for (int i = 0; i < r->ncalls; i++) {
+    for (int i = 0; i < c->ncalls; i++) {
         new_item_id(id, sizeof id, "fc_");
-        json_array_append_new(out, call_item(id, &r->calls[i], r->calls[i].args.p, r->calls[i].args.n, "completed"));
+        json_array_append_new(out, call_item(id, &c->calls[i], c->calls[i].args.p, c->calls[i].args.n, "completed"));
     }
     keep_conversation(r, out);
     json_t *o = response_obj(r, strcmp(e->finish, "length") ? "completed" : "incomplete", out, e);
-    char extra[640];
+    char extra[1024];
     shoal__api_extra_headers(r, extra, sizeof extra);
     shoal__api_respond_json(r->api, r->ex, r->ep, 200, o, extra);
 }
@@ -703,7 +689,7 @@ static void close_item(areq *r)
                      "logprobs"));
         item = message_item(r->item_id, t, n, "completed");
     } else {
-        tcall *c = &r->calls[r->ncalls - 1];
+        tcall *c = &r->ch[0].calls[r->ch[0].ncalls - 1];
         ev(r, "response.function_call_arguments.done",
            json_pack("{s:s,s:i,s:o,s:o}", "item_id", r->item_id, "output_index", oi, "arguments",
                      shoal__api_jstr(t, n), "name", shoal__api_jstr(c->name, c->name ? strlen(c->name) : 0)));
@@ -765,7 +751,7 @@ void shoal__api_resp_text(areq *r, shoal_channel ch, const char *t, size_t n)
 
 void shoal__api_resp_tool(areq *r, const shoal_ev *e)
 {
-    tcall *c = shoal__api_call_at(r, e->tool_index);
+    tcall *c = shoal__api_call_at(&r->ch[0], e->tool_index);
     if (e->name) {
         if (!c->name)
             c->name = shoal_xstrdup(e->name);
