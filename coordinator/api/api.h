@@ -6,10 +6,12 @@
  * Routes HTTP exchanges (api/http.h) to the
  * scheduler (api/sched.h) and formats what comes back. Owns request
  * validation (every field type- and range-checked, errors in OpenAI's error
- * object naming the field), authentication (Bearer API key), the response
- * memo lookup, and the JSON / server-sent-event response formats of
+ * object naming the field), authentication (Bearer or x-api-key), the
+ * response memo lookup, and the JSON / server-sent-event response formats of
  * /v1/chat/completions, /v1/completions, /v1/models, plus /health and
- * /metrics. docs/API.md lists the fields honoured, the defaults and the
+ * /metrics; /v1/messages (+ count_tokens, Anthropic) and /v1/responses
+ * (OpenAI Responses) are translations onto the chat path (api_anthropic.c,
+ * api_responses.c, sharing api_int.h). docs/API.md lists the fields honoured, the defaults and the
  * errors. Callers: `shoal serve` (coordinator/cmd/serve.c), the fuzz target and
  * tests.
  *

@@ -235,10 +235,8 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
     json_t *mcp = json_object_get(root, "mcp_servers");
     if (!(absent(mcp) || (json_is_array(mcp) && json_array_size(mcp) == 0))) /* remote tools: not run here */
         return fail(err, 400, "mcp_servers", "mcp_servers: MCP connectors are not supported by this server");
-    if (shoal_api_check_fields(root, "", implemented, ign, err)) {
-        err->status = 400;
+    if (shoal_api_check_fields(root, "", implemented, ign, err))
         return -1;
-    }
     json_t *model = json_object_get(root, "model");
     if (!json_is_string(model))
         return fail(err, 400, "model", "'model' is required (a string)");
