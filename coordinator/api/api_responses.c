@@ -135,7 +135,8 @@ static int absent(const json_t *v)
 static const char *const implemented[] = {
     "model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature", "top_p",
     "stream", "previous_response_id", "store", "reasoning", "text", "metadata", "user", "parallel_tool_calls",
-    "top_logprobs", "background", "seed", "top_k", "conversation", "prompt", NULL};
+    "top_logprobs", "background", "seed", "top_k", "conversation", "prompt", "logit_bias", NULL};
+/* seed, top_k, logit_bias: shoal extensions, as on chat */
 static const char *const reasoning_used[] = {"effort", NULL}; /* summary: the full reasoning text is returned */
 static const char *const text_used[] = {"format", "verbosity", NULL};
 
@@ -353,7 +354,7 @@ static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **con
                              {"temperature", "temperature"}, {"top_p", "top_p"},
                              {"stream", "stream"},       {"user", "user"},
                              {"seed", "seed"},           {"top_k", "top_k"},
-                             {"parallel_tool_calls", "parallel_tool_calls"}};
+                             {"parallel_tool_calls", "parallel_tool_calls"}, {"logit_bias", "logit_bias"}};
     for (size_t i = 0; i < sizeof copy / sizeof copy[0]; i++)
         if (!absent(json_object_get(root, copy[i][0])))
             json_object_set(chat, copy[i][1], json_object_get(root, copy[i][0]));

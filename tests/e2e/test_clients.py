@@ -27,7 +27,10 @@ Expected values come from outside the code under test where they can:
 k3-nano is a 5M-parameter toy that does not call tools by itself: tool cases
 check that tools / tool_choice are accepted and rendered, and that tool_use /
 tool_result / function_call / function_call_output history round-trips into
-the prompt; a tool call the model does emit is checked for shape.
+the prompt; a tool call the model does emit is checked for shape. It also
+closes its think element at once; with <|open|> and <|close|> biased away
+(logit_bias) it keeps thinking, which exercises thinking blocks and reasoning
+items with text (= the chat endpoint's reasoning_content, streamed = full).
 """
 import asyncio
 import json
@@ -335,6 +338,69 @@ def anthropic_cases(srv, chats):
             st == 200 and hd.get("x-shoal-ignored", "").split(",") == ["service_tier", "x_vendor"], f"{st} {hd}")
 
 
+# k3-nano closes its think element at once: with <|open|> and <|close|>
+# biased away (logit_bias, a shoal extension on every endpoint) it can only
+# keep thinking, so the reasoning channel carries real generated text
+NO_CLOSE = {str(SP["<|open|>"]): -100, str(SP["<|close|>"]): -100}
+
+
+def chat_reasoning(srv, q, n):
+    st, _, r = post(srv.url, "/v1/chat/completions", {"model": "nano", "messages": [{"role": "user", "content": q}],
+                                                      "max_tokens": n, "temperature": 0, "logit_bias": NO_CLOSE})
+    if st != 200:
+        raise RuntimeError(f"chat/completions {st}: {r}")
+    return r["choices"][0]["message"].get("reasoning_content") or ""
+
+
+def anthropic_thinking_cases(srv, q):
+    import anthropic
+    cl = anthropic.Anthropic(base_url=srv.url, api_key=KEY, max_retries=0, timeout=120)
+    ref = chat_reasoning(srv, q, 16)
+    kw = dict(model="nano", max_tokens=16, thinking={"type": "enabled", "budget_tokens": 1024},
+              messages=[{"role": "user", "content": q}], extra_body={"temperature": 0, "logit_bias": NO_CLOSE})
+    m = cl.messages.create(**kw)
+    think = [b for b in m.content if b.type == "thinking"]
+    R.check("anthropic: a thinking block carries K3's reasoning (= the chat endpoint's reasoning_content)",
+            len(ref) > 0 and len(think) == 1 and think[0].thinking == ref and m.content[0].type == "thinking"
+            and m.stop_reason == "max_tokens", f"{m.content!r} vs {ref!r}")
+    starts, deltas = [], ""
+    with cl.messages.stream(**kw) as s:
+        for ev in s:
+            if ev.type == "content_block_start":
+                starts.append(ev.content_block.type)
+            elif ev.type == "content_block_delta" and ev.delta.type == "thinking_delta":
+                deltas += ev.delta.thinking
+        final = s.get_final_message()
+    R.check("anthropic: streamed thinking block (thinking_delta) == the full one",
+            starts[:1] == ["thinking"] and deltas == ref and final.content[0].thinking == ref,
+            f"{starts} {deltas!r}")
+
+
+def responses_reasoning_cases(srv, q):
+    import openai
+    cl = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    ref = chat_reasoning(srv, q, 16)
+    kw = dict(model="nano", input=q, max_output_tokens=16, temperature=0, extra_body={"logit_bias": NO_CLOSE})
+    r = cl.responses.create(**kw)
+    rs = [it for it in r.output if it.type == "reasoning"]
+    R.check("responses: a reasoning item carries K3's reasoning (= the chat endpoint's reasoning_content)",
+            len(ref) > 0 and len(rs) == 1 and "".join(p.text for p in rs[0].content) == ref
+            and r.usage.output_tokens_details.reasoning_tokens == 16, f"{r.output!r} vs {ref!r}")
+    types, text, final = [], "", None
+    for ev in cl.responses.create(stream=True, **kw):
+        types.append(ev.type)
+        if ev.type == "response.reasoning_text.delta":
+            text += ev.delta
+        if ev.type in ("response.completed", "response.incomplete"):
+            final = ev.response
+    need = ["response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+            "response.reasoning_text.done", "response.content_part.done", "response.output_item.done"]
+    R.check("responses: streamed reasoning (reasoning_text events) == the full item",
+            text == ref and all(x in types for x in need) and final is not None
+            and "".join(p.text for it in final.output if it.type == "reasoning" for p in it.content) == ref,
+            f"{types[:8]} {text!r}")
+
+
 def post_raise(srv, body):
     import anthropic
     import httpx
@@ -575,7 +641,11 @@ def main():
                                ("responses", lambda: responses_cases(srv, chats), ["openai"]),
                                ("agents", lambda: agents_case(srv), ["agents", "openai"]),
                                ("litellm", lambda: litellm_cases(srv, chats), ["litellm"]),
-                               ("shared path", lambda: shared_path_cases(srv), [])):
+                               ("shared path", lambda: shared_path_cases(srv), []),
+                               ("anthropic thinking", lambda: anthropic_thinking_cases(srv, chats[0]["question"]),
+                                ["anthropic"]),
+                               ("responses reasoning", lambda: responses_reasoning_cases(srv, chats[0]["question"]),
+                                ["openai"])):
             if any(m in missing for m in mods):
                 R.record("SKIP", name, f"not installed: {', '.join(m for m in mods if m in missing)}")
                 continue
