@@ -808,12 +808,24 @@ static json_t *model_object(shoal_api *a)
 static void health(shoal_api *a, shoal_http_ex *ex, int authorised)
 {
     shoal_api_worker w[64];
+    memset(w, 0, sizeof w);
     int n = a->o.workers ? a->o.workers(a->o.ud, w, 64) : 0;
     json_t *ws = json_array();
     int all_up = 1;
     for (int i = 0; i < n && i < 64; i++) {
-        json_array_append_new(ws, json_pack("{s:o,s:b,s:o}", "endpoint", jstr(w[i].name, strlen(w[i].name)), "up",
-                                            w[i].up, "state", jstr(w[i].state, strlen(w[i].state))));
+        json_t *wj = json_pack("{s:o,s:b,s:o}", "endpoint", jstr(w[i].name, strlen(w[i].name)), "up", w[i].up,
+                               "state", jstr(w[i].state, strlen(w[i].state)));
+        if (w[i].local) { /* the supervisor's record of a local worker (docs/API.md) */
+            json_object_set_new(wj, "restarts", json_integer(w[i].restarts));
+            json_object_set_new(wj, "hangs", json_integer(w[i].hangs));
+            json_object_set_new(wj, "backing_off", json_boolean(w[i].backing_off));
+            if (w[i].backing_off) {
+                json_object_set_new(wj, "backoff_s", json_integer(w[i].backoff_s));
+                json_object_set_new(wj, "next_restart_in_s", json_real(w[i].next_try_s));
+                json_object_set_new(wj, "next_restart_at", json_real(w[i].next_try_unix));
+            }
+        }
+        json_array_append_new(ws, wj);
         all_up &= w[i].up != 0;
     }
     shoal_sched_stats ss;

@@ -105,6 +105,12 @@ typedef struct {
     char name[128];  /* endpoint, e.g. "tcp://127.0.0.1:5601" */
     int up;          /* answered its last check */
     char state[640]; /* free text: "ready", "down: timeout", ...; room for a 512-byte reason and counts */
+    /* local workers (`--workers N`) only: their supervisor's record */
+    int local, restarts, hangs;
+    int backing_off;           /* crash-looping: the next restart waits */
+    int backoff_s;             /* that wait */
+    double next_try_s;         /* seconds until that restart */
+    double next_try_unix;      /* its time, seconds since the epoch */
 } shoal_api_worker;
 
 typedef struct shoal_api shoal_api;

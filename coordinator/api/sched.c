@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/err.h"
 #include "common/sbuf.h"
@@ -433,6 +434,32 @@ static void start_decoding(shoal_sched *s, shoal_slot *sl)
     sl->state = SLOT_DECODE;
 }
 
+/* One warning per distinct worker failure: the requests that meet a down
+ * worker all fail with the same message, and a hundred of them in a second
+ * would flood the log. A message equal to the last one within 10 s is
+ * counted instead, and the count is logged with the next different message
+ * or once 10 s have passed. Model thread only. */
+static void warn_worker_failure(const char *err)
+{
+    static char last[512];
+    static uint64_t repeats;
+    static struct timespec first;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double age = (double)(now.tv_sec - first.tv_sec) + (double)(now.tv_nsec - first.tv_nsec) / 1e9;
+    if (last[0] && !strncmp(last, err, sizeof last - 1) && age < 10) {
+        repeats++;
+        return;
+    }
+    if (repeats)
+        SHOAL_WARN("sched: the previous failure repeated %llu more times (requests answered 503)",
+                   (unsigned long long)repeats);
+    repeats = 0;
+    first = now;
+    snprintf(last, sizeof last, "%s", err);
+    SHOAL_WARN("sched: %s", err);
+}
+
 static void fail_forward(shoal_sched *s, shoal_slot *sl, int rc, const char *err)
 {
     shoal_sched_stats add = {0};
@@ -444,7 +471,7 @@ static void fail_forward(shoal_sched *s, shoal_slot *sl, int rc, const char *err
     add.failed = 1;
     if (rc == SHOAL_EPEER || rc == SHOAL_ETIMEOUT || rc == SHOAL_EPROTO || rc == SHOAL_EVERSION) {
         /* the engine's message names the worker (endpoint) that failed */
-        SHOAL_WARN("sched: %s", err);
+        warn_worker_failure(err);
         emit_error(s, sl, 503, "worker_unavailable", NULL, err);
     } else {
         SHOAL_ERROR("sched: forward failed: %s (%s)", err, shoal_err_name(rc));
