@@ -213,7 +213,7 @@ def penalised(row, prompt, gen, rep, freq, pres, bias):
 
 
 def t_penalties(R):
-    n = 24
+    n = 16
     plain = R.client.completions.create(model="nano", prompt=PROMPT, max_tokens=n, temperature=0,
                                         extra_body={"return_token_ids": True}).choices[0].model_dump()
     pids = plain["prompt_token_ids"]
