@@ -74,9 +74,9 @@ void shoal_gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, con
 void shoal_gemm_bf16_mu(float *y, const uint16_t *w, const float *x, int rows, int cols, int T);
 void shoal_gemm_mxfp4_mu(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
                          int T);
-/* Which engine computes the mu kernels: "amx", or the active ISA's name when
- * AMX is absent or failed its self-test (shoal_kernels_init logs nothing;
- * the caller reports it in `shoal version` / metrics). */
+/* Which engine computes the mu kernels: "amx", or the active ISA's name, with
+ * a note when AMX is present but failed its start-up self-test (kernels never
+ * log: `shoal version` prints it as its one line about the mu kernels). */
 const char *shoal_kernels_mu_path(void);
 
 /* y[cols] = W[rows, cols]^T · x[rows] (sums over r in increasing order); W bf16.
