@@ -629,6 +629,10 @@ int shoal_cmd_serve(int argc, char **argv)
         uint64_t n = state_bytes / full_state;
         slots = n < 1 ? 1 : n > 8 ? 8 : (long)n;
     }
+    /* a default budget makes room for the prefix cache's memory on top of
+     * the slots' (with --state-gb the captures share the given budget) */
+    if (state_gb <= 0 && pcache_gb > 0)
+        state_bytes += (uint64_t)(pcache_gb * 1073741824.0);
     if (slots > info.max_batch) {
         fprintf(stderr, "shoal serve: --slots %ld is more than the model's batch (%d)\n", slots, info.max_batch);
         status = 2;
