@@ -33,10 +33,16 @@ static uint64_t rotl(uint64_t x, int r)
 
 static uint64_t rd64(const uint8_t *p)
 {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t v;
+    memcpy(&v, p, 8); /* one load: the checksum runs over whole captures (0.7 GB on K3) */
+    return v;
+#else
     uint64_t v = 0;
     for (int i = 7; i >= 0; i--)
         v = (v << 8) | p[i];
     return v;
+#endif
 }
 
 static uint32_t rd32(const uint8_t *p)

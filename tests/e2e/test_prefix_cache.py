@@ -353,6 +353,9 @@ def serve_cases(tmp):
               and m["shoal_prefix_cache_disk_writes_total"] == m["shoal_prefix_cache_captures_total"]
               and m["shoal_prefix_cache_saved_tokens_total"] > 0 and m["shoal_prefix_cache_bytes"] > 0, str(
                   {k: v for k, v in m.items() if "prefix" in k}))
+        tp = sh(["top", "--coordinator", srv.url, "--once"])
+        check("top_shows_prefix_cache", f"prefix cache: {m['shoal_prefix_cache_hits_total']:.0f} hits of "
+              f"{m['shoal_prefix_cache_lookups_total']:.0f} prompts" in tp.stdout, tp.stdout[-800:] + tp.stderr[-300:])
         srv.stop()
         # every file in the directory reads back with the documented layout
         files = sorted(os.listdir(cdir))
