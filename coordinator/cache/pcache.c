@@ -440,9 +440,25 @@ typedef struct {
     uint64_t hash;  /* shoal_pcache_ids_hash(ids, n) */
     void *blob;     /* memory tier: the exported state, or NULL */
     size_t bytes;   /* state bytes */
-    int on_disk;    /* a verified-at-open file in the directory */
+    int on_disk;    /* its file is in the directory (indexed at open, or written) */
+    int pending;    /* its file is queued to the writer, not written yet */
     uint64_t last;  /* LRU tick */
 } entry;
+
+/* A capture on its way to the directory (the writer thread owns it). */
+typedef struct wjob {
+    struct wjob *next;
+    char *path;
+    int32_t *ids;
+    int n;
+    uint64_t hash;
+    void *blob;
+    size_t bytes;
+    int ok;         /* done list: 1 when the file was written */
+} wjob;
+
+#define WRITER_QUEUE 2                /* captures queued at most (each holds a copy of its state) */
+#define WRITER_WAIT_NS (600ull * 1000000000ull) /* longest wait for room in the queue or a flush */
 
 struct shoal_pcache {
     shoal_pcache_opts o;
@@ -455,8 +471,17 @@ struct shoal_pcache {
     uint64_t mem;
     uint64_t *ph; /* prefix hashes of the prompt being looked up (grown as needed) */
     int ph_cap;
-    pthread_mutex_t mu; /* st */
+    pthread_mutex_t mu; /* st, and the writer's queue and done list */
     shoal_pcache_stats st;
+    /* the writer thread (with a directory): captures are written off the
+     * model thread, so a prefill does not wait for the disk (a full-K3
+     * capture is ~0.5-0.7 GB) */
+    pthread_t writer;
+    int has_writer, stopping;
+    pthread_cond_t wcv;   /* queue non-empty or stopping (writer waits) */
+    pthread_cond_t dcv;   /* a job finished (model thread waits) */
+    wjob *qhead, *qtail, *done;
+    int queued;           /* in the queue or being written */
 };
 
 static void entry_path(const shoal_pcache *pc, const entry *e, char *out, size_t n)
@@ -477,6 +502,8 @@ static void add_refused(shoal_pcache_stats *s, const void *a)
     (void)a;
     s->refused++;
 }
+
+static void reap(shoal_pcache *pc);
 
 static void recount(shoal_pcache *pc)
 {
@@ -509,7 +536,7 @@ static void evict(shoal_pcache *pc, int i)
     pthread_mutex_lock(&pc->mu);
     pc->st.evictions++;
     pthread_mutex_unlock(&pc->mu);
-    if (!e->on_disk) {
+    if (!e->on_disk && !e->pending) {
         drop_entry(pc, i);
         return;
     }
@@ -523,6 +550,7 @@ void shoal_pcache_shrink(shoal_pcache *pc, uint64_t bytes)
 {
     if (!pc)
         return;
+    reap(pc);
     while (pc->mem > bytes) {
         int lru = -1;
         for (int i = 0; i < pc->ne; i++)
@@ -566,6 +594,97 @@ static int find_exact(shoal_pcache *pc, const int32_t *ids, int n, uint64_t hash
         if (pc->e[i].n == n && pc->e[i].hash == hash && !memcmp(pc->e[i].ids, ids, 4 * (size_t)n))
             return i;
     return -1;
+}
+
+static void *writer_main(void *arg)
+{
+    shoal_pcache *pc = arg;
+    pthread_mutex_lock(&pc->mu);
+    for (;;) {
+        while (!pc->qhead && !pc->stopping)
+            pthread_cond_wait(&pc->wcv, &pc->mu);
+        if (!pc->qhead)
+            break; /* stopping, and everything queued is written */
+        wjob *j = pc->qhead;
+        pc->qhead = j->next;
+        if (!pc->qhead)
+            pc->qtail = NULL;
+        pthread_mutex_unlock(&pc->mu);
+        uint64_t t0 = shoal_metrics_now_ns();
+        char why[320];
+        j->ok = shoal_pcache_file_write(j->path, pc->fp, j->ids, j->n, j->blob, j->bytes, NULL, 0, why, sizeof why) == 0;
+        if (!j->ok)
+            SHOAL_WARN("prefix cache: %s", why);
+        double secs = (double)(shoal_metrics_now_ns() - t0) * 1e-9;
+        free(j->blob);
+        j->blob = NULL;
+        pthread_mutex_lock(&pc->mu);
+        if (j->ok) {
+            pc->st.disk_writes++;
+            pc->st.disk_write_bytes += j->bytes;
+        }
+        pc->st.disk_write_s += secs;
+        j->next = pc->done;
+        pc->done = j;
+        pc->queued--;
+        pthread_cond_broadcast(&pc->dcv);
+    }
+    pthread_mutex_unlock(&pc->mu);
+    return NULL;
+}
+
+/* Model thread: the writer's finished jobs update the index (the entry is
+ * now on disk; one evicted meanwhile comes back as a disk entry; a failed
+ * write leaves an entry without a copy out of the index). */
+static void reap(shoal_pcache *pc)
+{
+    if (!pc->has_writer)
+        return;
+    pthread_mutex_lock(&pc->mu);
+    wjob *d = pc->done;
+    pc->done = NULL;
+    pthread_mutex_unlock(&pc->mu);
+    while (d) {
+        wjob *j = d;
+        d = d->next;
+        int i = find_exact(pc, j->ids, j->n, j->hash);
+        if (i >= 0) {
+            pc->e[i].pending = 0;
+            pc->e[i].on_disk = j->ok;
+            if (!j->ok && !pc->e[i].blob)
+                drop_entry(pc, i);
+        } else if (j->ok) {
+            add_entry(pc, j->ids, j->n, j->hash)->on_disk = 1;
+        }
+        free(j->path);
+        free(j->ids);
+        free(j);
+    }
+    recount(pc);
+}
+
+/* Waits until the writer has at most `room` jobs (deadline
+ * WRITER_WAIT_NS); 0, or SHOAL_ETIMEOUT. */
+static int wait_queue(shoal_pcache *pc, int room)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += (time_t)(WRITER_WAIT_NS / 1000000000ull);
+    int rc = 0;
+    pthread_mutex_lock(&pc->mu);
+    while (pc->queued > room && rc == 0)
+        rc = pthread_cond_timedwait(&pc->dcv, &pc->mu, &dl);
+    int late = pc->queued > room;
+    pthread_mutex_unlock(&pc->mu);
+    reap(pc);
+    return late ? SHOAL_ETIMEOUT : 0;
+}
+
+void shoal_pcache_flush(shoal_pcache *pc)
+{
+    if (pc && pc->has_writer && wait_queue(pc, 0))
+        SHOAL_WARN("prefix cache: the directory's writes did not finish in %llu s",
+                   (unsigned long long)(WRITER_WAIT_NS / 1000000000ull));
 }
 
 static void index_dir(shoal_pcache *pc)
@@ -634,9 +753,18 @@ int shoal_pcache_open(shoal_pcache **out, const shoal_pcache_opts *o, char *err,
     pc->cap = o->max_entries ? o->max_entries : 4096;
     pc->e = shoal_xcalloc((size_t)pc->cap, sizeof *pc->e);
     pthread_mutex_init(&pc->mu, NULL);
+    pthread_cond_init(&pc->wcv, NULL);
+    pthread_cond_init(&pc->dcv, NULL);
     pc->st.mem_budget = o->mem_bytes;
-    if (pc->dir)
+    if (pc->dir) {
         index_dir(pc);
+        int rc = pthread_create(&pc->writer, NULL, writer_main, pc);
+        if (rc) {
+            shoal_pcache_close(pc);
+            return shoal_err_set(err, errlen, -rc, "prefix cache: cannot start the writer thread");
+        }
+        pc->has_writer = 1;
+    }
     recount(pc);
     *out = pc;
     return 0;
@@ -646,6 +774,14 @@ void shoal_pcache_close(shoal_pcache *pc)
 {
     if (!pc)
         return;
+    if (pc->has_writer) { /* what is queued is written first: captures survive the restart */
+        pthread_mutex_lock(&pc->mu);
+        pc->stopping = 1;
+        pthread_cond_broadcast(&pc->wcv);
+        pthread_mutex_unlock(&pc->mu);
+        pthread_join(pc->writer, NULL);
+        reap(pc);
+    }
     for (int i = 0; i < pc->ne; i++) {
         free(pc->e[i].ids);
         free(pc->e[i].blob);
@@ -653,6 +789,8 @@ void shoal_pcache_close(shoal_pcache *pc)
     free(pc->e);
     free(pc->ph);
     free(pc->dir);
+    pthread_cond_destroy(&pc->wcv);
+    pthread_cond_destroy(&pc->dcv);
     pthread_mutex_destroy(&pc->mu);
     free(pc);
 }
@@ -694,6 +832,8 @@ static int candidates(shoal_pcache *pc, const int32_t *ids, int n, int max, int 
 int shoal_pcache_lookup(shoal_pcache *pc, const int32_t *ids, int n, int max)
 {
     int b;
+    if (pc)
+        reap(pc);
     if (!pc || !candidates(pc, ids, n, max, &b, 1))
         return 0;
     return pc->e[b].n;
@@ -727,6 +867,7 @@ int shoal_pcache_resume(shoal_pcache *pc, const int32_t *ids, int n, int max, sh
         return 0;
     resume_add ra = {0};
     int got = 0;
+    reap(pc);
     for (int tries = 0; tries < 8 && !got; tries++) {
         int b;
         if (!candidates(pc, ids, n, max, &b, 1))
@@ -735,6 +876,14 @@ int shoal_pcache_resume(shoal_pcache *pc, const int32_t *ids, int n, int max, sh
         if (e->n > shoal_seq_capacity(seq))
             break;
         char why[320];
+        if (!e->blob && e->pending) {
+            /* only in the writer's queue (no memory copy): wait for its file */
+            if (wait_queue(pc, 0)) {
+                SHOAL_WARN("prefix cache: a capture's write did not finish in time; the prefix is recomputed");
+                break;
+            }
+            continue;
+        }
         if (e->blob) {
             if (shoal_seq_import(seq, e->n, e->blob, e->bytes, why, sizeof why) == 0) {
                 e->last = ++pc->tick;
@@ -787,8 +936,8 @@ int shoal_pcache_resume(shoal_pcache *pc, const int32_t *ids, int n, int max, sh
 }
 
 typedef struct {
-    uint64_t captures, bytes, writes, write_bytes;
-    double capture_s, write_s;
+    uint64_t captures, bytes;
+    double capture_s;
 } capture_add;
 
 static void add_capture(shoal_pcache_stats *s, const void *a)
@@ -797,9 +946,6 @@ static void add_capture(shoal_pcache_stats *s, const void *a)
     s->captures += c->captures;
     s->capture_bytes += c->bytes;
     s->capture_s += c->capture_s;
-    s->disk_writes += c->writes;
-    s->disk_write_bytes += c->write_bytes;
-    s->disk_write_s += c->write_s;
 }
 
 int shoal_pcache_capture(shoal_pcache *pc, const int32_t *ids, int n, const shoal_seq *seq, char *err, size_t errlen)
@@ -809,6 +955,7 @@ int shoal_pcache_capture(shoal_pcache *pc, const int32_t *ids, int n, const shoa
     if (n < 1 || n != shoal_seq_pos(seq))
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "prefix cache: capture of %d ids from a sequence at %d", n,
                              shoal_seq_pos(seq));
+    reap(pc);
     uint64_t hash = shoal_pcache_ids_hash(ids, n);
     int i = find_exact(pc, ids, n, hash);
     if (i >= 0) {
@@ -832,28 +979,46 @@ int shoal_pcache_capture(shoal_pcache *pc, const int32_t *ids, int n, const shoa
     ca.bytes = bytes;
     if (to_mem)
         shoal_pcache_shrink(pc, pc->o.mem_bytes - bytes);
+    /* room in the writer's queue first (back-pressure: the queue holds at
+     * most WRITER_QUEUE copies) */
+    int to_disk = pc->has_writer && wait_queue(pc, WRITER_QUEUE - 1) == 0;
+    if (!to_mem && !to_disk) {
+        free(blob);
+        SHOAL_WARN("prefix cache: the directory's writer is behind; a capture of %d tokens is not kept", n);
+        return 0;
+    }
     entry *e = add_entry(pc, ids, n, hash);
-    if (pc->dir) {
+    if (to_disk) {
+        wjob *j = shoal_xcalloc(1, sizeof *j);
         char path[4096];
         entry_path(pc, e, path, sizeof path);
-        uint64_t t1 = shoal_metrics_now_ns();
-        char why[320];
-        if (shoal_pcache_file_write(path, pc->fp, ids, n, blob, bytes, NULL, 0, why, sizeof why) == 0) {
-            e->on_disk = 1;
-            ca.writes = 1;
-            ca.write_bytes = bytes;
+        j->path = shoal_xstrdup(path);
+        j->ids = shoal_xmalloc(4 * (size_t)n);
+        memcpy(j->ids, ids, 4 * (size_t)n);
+        j->n = n;
+        j->hash = hash;
+        j->bytes = bytes;
+        if (to_mem) { /* the memory tier keeps its own copy */
+            j->blob = shoal_xmalloc(bytes);
+            memcpy(j->blob, blob, bytes);
         } else {
-            SHOAL_WARN("prefix cache: %s", why);
+            j->blob = blob;
+            blob = NULL;
         }
-        ca.write_s = (double)(shoal_metrics_now_ns() - t1) * 1e-9;
+        e->pending = 1;
+        pthread_mutex_lock(&pc->mu);
+        if (pc->qtail)
+            pc->qtail->next = j;
+        else
+            pc->qhead = j;
+        pc->qtail = j;
+        pc->queued++;
+        pthread_cond_signal(&pc->wcv);
+        pthread_mutex_unlock(&pc->mu);
     }
     if (to_mem) {
         e->blob = blob;
         pc->mem += bytes;
-    } else {
-        free(blob);
-        if (!e->on_disk) /* nowhere to keep it */
-            drop_entry(pc, (int)(e - pc->e));
     }
     count(pc, add_capture, &ca);
     recount(pc);

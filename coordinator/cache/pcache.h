@@ -24,7 +24,8 @@
  * Callers: the scheduler (coordinator/api/sched.c, on its model thread),
  * `shoal run`, `shoal serve` (open/close), tests. May use: common/, engine/.
  * Thread-safety: every call on one cache comes from one thread, except
- * shoal_pcache_get_stats (any thread). The file functions are thread-safe. */
+ * shoal_pcache_get_stats (any thread); with a directory the cache runs its
+ * own writer thread. The file functions are thread-safe. */
 #ifndef SHOAL_PCACHE_H
 #define SHOAL_PCACHE_H
 
@@ -163,11 +164,17 @@ int shoal_pcache_resume(shoal_pcache *pc, const int32_t *ids, int n, int max, sh
 /* Capture: seq's state (at position n, which must equal shoal_seq_pos) as
  * the entry for ids[0..n), unless already captured (then only its age is
  * refreshed). Memory entries are evicted, least recently used first, to
- * fit the budget; the state is written to the directory when there is one.
+ * fit the budget; the state is queued for the directory's writer when there
+ * is one (a resume that needs it before it is written waits for it).
  * A state larger than the whole memory budget goes to the directory only.
  * 0, or a code (the entry is then not kept). */
 int shoal_pcache_capture(shoal_pcache *pc, const int32_t *ids, int n, const shoal_seq *seq, char *err,
                          size_t errlen);
+/* The directory's writes are made by a writer thread (a capture is copied
+ * and queued, at most 2 at a time; a capture finding the queue full waits
+ * for room): flush waits (deadline 600 s) until every queued capture is
+ * written and indexed as on disk. close flushes too. */
+void shoal_pcache_flush(shoal_pcache *pc);
 /* Evicts memory entries (least recently used first) until the memory tier
  * holds at most bytes; entries on disk stay indexed. For a state budget
  * shared with running sequences. */

@@ -350,7 +350,7 @@ def serve_cases(tmp):
         check("concurrent_same_ids", all(same(x, y) for x, y in zip(refs, res)), "")
         m = srv.metrics()
         check("metrics_counted", m["shoal_prefix_cache_hits_total"] >= 9 and m["shoal_prefix_cache_captures_total"] > 0
-              and m["shoal_prefix_cache_disk_writes_total"] == m["shoal_prefix_cache_captures_total"]
+              and 1 <= m["shoal_prefix_cache_disk_writes_total"] <= m["shoal_prefix_cache_captures_total"]
               and m["shoal_prefix_cache_saved_tokens_total"] > 0 and m["shoal_prefix_cache_bytes"] > 0, str(
                   {k: v for k, v in m.items() if "prefix" in k}))
         tp = sh(["top", "--coordinator", srv.url, "--once"])
@@ -365,8 +365,8 @@ def serve_cases(tmp):
                 parse_file(open(os.path.join(cdir, f), "rb").read())
             except AssertionError as e:
                 bad.append(f"{f}: {e}")
-        check("file_format", files and not bad and all(re.fullmatch(r"pc-[0-9a-f]{16}-\d+\.shst", f) for f in files),
-              f"{len(files)} files, {bad[:3]}")
+        check("file_format", len(files) == m["shoal_prefix_cache_captures_total"] and not bad and all(re.fullmatch(r"pc-[0-9a-f]{16}-\d+\.shst", f) for f in files),
+              f"{len(files)} files for {m['shoal_prefix_cache_captures_total']} captures, {bad[:3]}")
 
         # restart: the same directory, a new user turn after S
         srv = Server("--slots", "2", "--prefix-cache-gb", "0.25", "--prefix-cache-dir", cdir, "--prefix-cache-stride",
@@ -438,13 +438,13 @@ def serve_cases(tmp):
               f"first {b['cached']} (want {want1}: the capture at {n_fs} is damaged), then {b2['cached']} "
               f"(want {want2}: recaptured)")
         check("damaged_same_ids", same(a, b) and same(a, b2), f"{a} {b} {b2}")
+        srv.stop()  # the writer finishes what is queued before the server exits
         try:
             parse_file(open(fs, "rb").read())
             ok = True
         except AssertionError:
             ok = False
         check("damaged_file_rewritten", ok, "the recomputed capture did not replace the damaged file")
-        srv.stop()
     finally:
         ref.stop()
         srv.stop()

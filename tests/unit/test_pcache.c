@@ -224,9 +224,11 @@ static void t_index(void)
     shoal_seq_reset(s);
     shoal_seq_prefill(s, Q, 11, SHOAL_LOGITS_NONE, NULL, err, sizeof err);
     CHECK_EQ_INT(shoal_pcache_capture(pc, Q, 11, s, err, sizeof err), 0); /* C: evicts B (least recent) */
+    shoal_pcache_flush(pc); /* the writer thread has written all three */
     shoal_pcache_stats st;
     shoal_pcache_get_stats(pc, &st);
-    CHECK(st.evictions == 1 && st.mem_entries == 2 && st.mem_bytes <= o.mem_bytes && st.disk_entries == 3);
+    CHECK(st.evictions == 1 && st.mem_entries == 2 && st.mem_bytes <= o.mem_bytes && st.disk_entries == 3 &&
+          st.disk_writes == 3);
     /* B is still on disk: resuming P reads it back */
     CHECK_EQ_INT(shoal_pcache_resume(pc, P, NP, NP, r), 12);
     shoal_pcache_get_stats(pc, &st);
