@@ -974,14 +974,15 @@ int shoal_pcache_capture(shoal_pcache *pc, const int32_t *ids, int n, const shoa
         free(blob);
         return rc;
     }
-    ca.capture_s = (double)(shoal_metrics_now_ns() - t0) * 1e-9;
     ca.captures = 1;
     ca.bytes = bytes;
     if (to_mem)
         shoal_pcache_shrink(pc, pc->o.mem_bytes - bytes);
     /* room in the writer's queue first (back-pressure: the queue holds at
      * most WRITER_QUEUE copies) */
+    uint64_t tw = shoal_metrics_now_ns();
     int to_disk = pc->has_writer && wait_queue(pc, WRITER_QUEUE - 1) == 0;
+    double wait_s = (double)(shoal_metrics_now_ns() - tw) * 1e-9;
     if (!to_mem && !to_disk) {
         free(blob);
         SHOAL_WARN("prefix cache: the directory's writer is behind; a capture of %d tokens is not kept", n);
@@ -1020,6 +1021,9 @@ int shoal_pcache_capture(shoal_pcache *pc, const int32_t *ids, int n, const shoa
         e->blob = blob;
         pc->mem += bytes;
     }
+    /* the model thread's time: the export and the writer's copy (not a wait
+     * for room in the writer's queue, nor the shrink) */
+    ca.capture_s = (double)(shoal_metrics_now_ns() - t0) * 1e-9 - wait_s;
     count(pc, add_capture, &ca);
     recount(pc);
     return 0;
