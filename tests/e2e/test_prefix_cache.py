@@ -33,7 +33,11 @@ restart: a new server on the same directory resumes the first request from
   answers still equal the reference.
 eviction: a memory budget of ~3 captures, 5 system prompts cycled twice, with
   --workers 2 and drafting: evictions counted, every answer equal.
-Time: ~30 s on the 2-core CI machine.
+trunk_remote: `serve --trunk remote` (an expert server, two trunk servers)
+  with the cache: the second user turn resumes from the system prompt's
+  capture, ids equal an in-process server's.
+(Drafting is `shoal serve`'s default, so every serve case runs with it.)
+Time: ~15-25 s on the 2-core VM at load 4-8.
 """
 import json
 import os
@@ -203,6 +207,50 @@ def same(a, b):
 # ---- the cases ---------------------------------------------------------------------------
 
 
+def trunk_workers():
+    """An expert server and two trunk servers of tiny-k3 over ipc://: (processes, coordinator flags)."""
+    tag = f"{os.getpid()}-{random.randrange(1 << 30):x}"
+    eps = [f"ipc://@shoal-pc-{tag}-{i}" for i in range(3)]
+    ws = []
+    for i, extra in enumerate([["--experts", "1-8:0-23"], ["--trunk", "*:0/3"], ["--trunk", "*:1/3,*:2/3"]]):
+        p = subprocess.Popen([BIN, "expert", "--model", TINY, "--listen", eps[i], "--threads", "1", "--id", f"pc{i}"]
+                             + extra, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(p)
+        ws.append(p)
+    remote = ["--trunk", "remote", "--hello-timeout-ms", "20000"]
+    for e in eps:
+        remote += ["--worker", e]
+    return ws, remote
+
+
+def trunk_remote_serve():
+    """The cache with the trunk remote in `shoal serve` (the state stays on the coordinator): a
+    second user turn after a shared system prompt resumes from its capture, ids equal in process."""
+    rng = random.Random(21)
+    ws, remote = trunk_workers()
+    ref = Server("--slots", "1")
+    srv = None
+    try:
+        srv = Server("--slots", "2", "--prefix-cache-gb", "0.1", *remote)
+        check("trunk_remote_really_remote", "matrices on the workers" in srv.logtext(), srv.logtext()[-600:])
+        S = {"role": "system", "content": "remote system " + words(rng, 40)}
+        out = []
+        for u in ("first " + words(rng, 4), "second " + words(rng, 5)):
+            m = [S, {"role": "user", "content": u}]
+            out.append((ref.chat(m, sample=True), srv.chat(m, sample=True)))
+        a, b = out[1]
+        eom = int(sh(["tokenize", "--model", TINY, "--allow-special", EOM]).stdout.strip())
+        L = [i + 1 for i, t in enumerate(a["prompt_ids"]) if t == eom][0]
+        check("trunk_remote_cached_tokens", b["cached"] == L, f"cached {b['cached']}, want {L}")
+        check("trunk_remote_same_ids", all(same(x, y) for x, y in out), str(out))
+    finally:
+        ref.stop()
+        if srv:
+            srv.stop()
+        for p in ws:
+            harness.terminate(p)
+
+
 def run_identity(tmp):
     rng = random.Random(5)
     prefix = [rng.randrange(1, 3800) for _ in range(70)]
@@ -235,17 +283,7 @@ def run_identity(tmp):
     load("run_inprocess_draft_ngram", ["--draft", "ngram"])
     load("run_workers2", ["--workers", "2", "--worker-threads", "1"])
     # the trunk remote: experts on one server, the trunk rows over two
-    tag = f"{os.getpid()}-{random.randrange(1 << 30):x}"
-    eps = [f"ipc://@shoal-pc-{tag}-{i}" for i in range(3)]
-    ws = []
-    for i, extra in enumerate([["--experts", "1-8:0-23"], ["--trunk", "*:0/3"], ["--trunk", "*:1/3,*:2/3"]]):
-        p = subprocess.Popen([BIN, "expert", "--model", TINY, "--listen", eps[i], "--threads", "1", "--id", f"pc{i}"]
-                             + extra, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        procs.append(p)
-        ws.append(p)
-    remote = ["--trunk", "remote", "--hello-timeout-ms", "20000"]
-    for e in eps:
-        remote += ["--worker", e]
+    ws, remote = trunk_workers()
     load("run_trunk_remote", remote)
     # saved with workers, loaded in process: the state is the coordinator's either way
     sv2 = sh(base + ["--ids", ids(prefix), "--gen", "1", "--save-state", f"{tmp}/pw.shst"] + remote)
@@ -497,10 +535,11 @@ def main():
                 import traceback
                 traceback.print_exc()
                 check(f.__name__, False, f"{type(e).__name__}: {e}")
-        try:
-            eviction_case()
-        except Exception as e:  # noqa: BLE001
-            check("eviction_case", False, f"{type(e).__name__}: {e}")
+        for f in (eviction_case, trunk_remote_serve):
+            try:
+                f()
+            except Exception as e:  # noqa: BLE001 -- a crash of the case is its failure
+                check(f.__name__, False, f"{type(e).__name__}: {e}")
     finally:
         for p in procs:
             harness.terminate(p)
