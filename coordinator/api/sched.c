@@ -671,6 +671,10 @@ static int lead_wait(shoal_sched *s, shoal_slot *sl)
     shoal_slot *o = sl->lead;
     if (!o)
         return 0;
+    if (atomic_load(&sl->job->cancel)) { /* canceled while waiting: let next_prompt release it now */
+        sl->lead = NULL;
+        return 0;
+    }
     if (o->job == sl->lead_job && o->order == sl->lead_order && o->state == SLOT_PREFILL &&
         o->fed < sl->lead_pos && !atomic_load(&o->job->cancel))
         return 1;
