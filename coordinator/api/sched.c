@@ -20,7 +20,7 @@
 #include "coordinator/text/text.h"
 #include "coordinator/obs/obs.h"
 #include "coordinator/engine/engine.h"
-#include "coordinator/cache/pcache.h"
+#include "coordinator/pcache/pcache.h"
 #include "coordinator/api/sched_int.h"
 
 /* A slot's life: FREE -> WAIT (popped, rendered; waits while its state does

@@ -168,7 +168,7 @@ typedef struct {
     /* Speculative decoding of every request (engine.h shoal_spec_decode;
      * mode 0 = off): same ids, fewer passes when drafts hit. */
     shoal_draft_opts draft;
-    /* Prefix cache (coordinator/cache/pcache.h; borrowed, used only on the
+    /* Prefix cache (coordinator/pcache/pcache.h; borrowed, used only on the
      * model thread; NULL: off). A prompt resumes from its longest captured
      * prefix (when longer than a kept sequence's) and prefills only the
      * rest; while prefilling, the state is captured at the end of every

@@ -15,7 +15,7 @@
 #include "common/log.h"
 #include "common/memplan.h"
 #include "coordinator/cluster/cluster.h"
-#include "coordinator/cache/pcache.h"
+#include "coordinator/pcache/pcache.h"
 #include "coordinator/engine/engine.h"
 #include "proto/fprint.h"
 #include "coordinator/text/text.h"

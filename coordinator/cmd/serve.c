@@ -18,7 +18,7 @@
 #include "coordinator/api/api.h"
 #include "coordinator/obs/obs.h"
 #include "coordinator/cluster/cluster.h"
-#include "coordinator/cache/pcache.h"
+#include "coordinator/pcache/pcache.h"
 #include "coordinator/engine/engine.h"
 #include "coordinator/text/text.h"
 #include "proto/fprint.h"

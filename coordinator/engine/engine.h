@@ -268,7 +268,7 @@ int shoal_seq_copy(shoal_seq *dst, const shoal_seq *src, char *err, size_t errle
 int shoal_seq_fork(shoal_seq **out, const shoal_seq *src, int capacity, char *err, size_t errlen);
 
 /* A sequence's state as bytes, for prefix caches and state files
- * (coordinator/cache/pcache.h). The layout, in host float order (little-endian
+ * (coordinator/pcache/pcache.h). The layout, in host float order (little-endian
  * on every supported target): the KDA states [num_kda, H, D, D], the conv
  * windows [num_kda, 3, K-1, C], then per MLA layer the rows of positions
  * 0..pos ([num_mla, pos, R + P]) -- exactly the values a forward reads, so a

@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "coordinator/cache/pcache.h"
+#include "coordinator/pcache/pcache.h"
 
 static double now(void)
 {

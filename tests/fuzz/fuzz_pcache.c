@@ -1,4 +1,4 @@
-/* libFuzzer target for the prefix cache's state files (coordinator/cache/
+/* libFuzzer target for the prefix cache's state files (coordinator/pcache/
  * pcache.h; they are input: a cache directory or `shoal run --load-state`).
  * Any bytes are refused with a message or accepted; an accepted file's parts
  * lie inside it and agree with its header. Two readers: the pure verifier
@@ -13,7 +13,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "coordinator/cache/pcache.h"
+#include "coordinator/pcache/pcache.h"
 
 #define FIXED 64
 #define PER_TOKEN 8

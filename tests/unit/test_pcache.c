@@ -1,4 +1,4 @@
-/* Unit tests of the prefix cache (coordinator/cache/pcache.h) and the engine's
+/* Unit tests of the prefix cache (coordinator/pcache/pcache.h) and the engine's
  * state export/import (engine.h), on tests/models/tiny-k3:
  *   format     -- a state file round-trips; every single-byte change of the
  *                 header and of sampled payload bytes, every truncation and
@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "coordinator/cache/pcache.h"
+#include "coordinator/pcache/pcache.h"
 #include "coordinator/engine/engine.h"
 #include "test.h"
 

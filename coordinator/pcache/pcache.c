@@ -15,7 +15,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "coordinator/cache/pcache.h"
+#include "coordinator/pcache/pcache.h"
 
 static const uint8_t MAGIC[8] = {'S', 'H', 'O', 'A', 'L', 'S', 'T', 0x1a};
 #define MAX_LOGITS (1u << 24)

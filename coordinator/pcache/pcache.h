@@ -1,5 +1,5 @@
 /* pcache: the prefix cache (issue 32) -- the one public header of the cache
- * room (coordinator/cache/). Owns three things:
+ * room (coordinator/pcache/). Owns three things:
  *   1. the state file format: one sequence state captured after a token
  *      prefix (engine.h shoal_seq_export), with the model fingerprint, the
  *      capture position, the prefix's token ids, their hash and checksums;
