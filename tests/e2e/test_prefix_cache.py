@@ -302,6 +302,17 @@ def run_identity(tmp):
     other = [7] + full[1:]
     r = sh(base + ["--ids", ids(other), "--load-state", f"{tmp}/p.shst"])
     check("run_not_a_prefix_refused", r.returncode == 2 and "not a prefix" in r.stderr, f"{r.returncode} {r.stderr}")
+    # a damaged state file is refused by name (exit 3), never used
+    b = bytearray(open(f"{tmp}/p.shst", "rb").read())
+    b[len(b) // 2] ^= 1
+    open(f"{tmp}/bad.shst", "wb").write(bytes(b))
+    r = sh(base + ["--ids", ids(full), "--load-state", f"{tmp}/bad.shst"])
+    check("run_damaged_state_refused", r.returncode == 3 and "bad.shst refused" in r.stderr and "checksum" in r.stderr,
+          f"{r.returncode} {r.stderr[-300:]}")
+    r = sh(base + ["--ids", ids(full), "--load-state", f"{tmp}/p.shst", "--model", os.path.join(SRC, "tests", "models",
+                                                                                               "tiny-k3-plain")])
+    check("run_other_model_state_refused", r.returncode == 3 and "another model" in r.stderr,
+          f"{r.returncode} {r.stderr[-300:]}")
 
 
 def serve_cases(tmp):
