@@ -28,6 +28,7 @@ static shoal_sched *bare(int queue, int memo_entries, size_t memo_bytes)
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->memo_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->rcv, NULL);
     s->o.queue_size = queue;
     s->o.memo_entries = memo_entries;
     s->o.memo_bytes = memo_bytes;
@@ -49,6 +50,20 @@ static void t_fair_queue(void)
         CHECK_EQ_INT(shoal_sched_submit(s, order[i]), 0);
     shoal_sched_job *extra = job("d");
     CHECK_EQ_INT(shoal_sched_submit(s, extra), SHOAL_EBUSY); /* bounded */
+    /* nothing is admitted before it is rendered (issue 30: rendering runs on
+     * the render thread, never the model thread) */
+    pthread_mutex_lock(&s->mu);
+    CHECK(shoal__sched_pop_fair(s) == NULL);
+    pthread_mutex_unlock(&s->mu);
+    CHECK_EQ_INT(s->nready, 0);
+    /* the renderer takes them in the same fair order (no client served yet:
+     * arrival order) */
+    for (int i = 0; i < 5; i++) {
+        CHECK_EQ_INT(shoal__sched_render_next(s), 1);
+        CHECK_MSG(order[i]->rstate == SHOAL_RENDER_DONE, "render %d", i);
+    }
+    CHECK_EQ_INT(shoal__sched_render_next(s), 0);
+    CHECK_EQ_INT(s->nready, 5);
     /* round robin across clients, arrival order within one: a1 b1 c1 a2 a3 */
     shoal_sched_job *want[] = {a1, b1, c1, a2, a3};
     for (int i = 0; i < 5; i++) {
@@ -64,6 +79,16 @@ static void t_fair_queue(void)
     shoal_sched_job *a4 = job("a"), *d1 = job("d");
     shoal_sched_submit(s, a4);
     shoal_sched_submit(s, d1);
+    /* d1 is rendered first: its client was never served */
+    pthread_mutex_lock(&s->mu);
+    shoal_sched_job *r1 = shoal__sched_pick_render(s);
+    pthread_mutex_unlock(&s->mu);
+    CHECK(r1 == d1);
+    pthread_mutex_lock(&s->mu);
+    shoal__sched_render_done(s, r1);
+    pthread_mutex_unlock(&s->mu);
+    shoal_sched_job_unref(r1);
+    CHECK_EQ_INT(shoal__sched_render_next(s), 1);
     pthread_mutex_lock(&s->mu);
     shoal_sched_job *first = shoal__sched_pop_fair(s);
     pthread_mutex_unlock(&s->mu);
@@ -72,6 +97,7 @@ static void t_fair_queue(void)
     /* cancel frees the place at once */
     shoal_sched_cancel(s, a4);
     CHECK_EQ_INT(s->nqueued, 0);
+    CHECK_EQ_INT(s->nready, 0);
     pthread_mutex_lock(&s->mu);
     CHECK(shoal__sched_pop_fair(s) == NULL);
     pthread_mutex_unlock(&s->mu);
