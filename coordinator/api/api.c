@@ -794,14 +794,20 @@ void shoal_api_on_request(void *ud, shoal_http_ex *ex, const shoal_http_request 
 {
     shoal_api *a = ud;
     int ep;
-    char peer[64];
-    snprintf(peer, sizeof peer, "%s", shoal_http_ex_peer(ex)); /* the exchange may end inside route */
+    /* Captured before route: the exchange may end inside it, and an answer
+     * given at once on a keep-alive connection resets the parser that owns
+     * req's method and path (the log line then had neither). Longer than
+     * access_log's clips, so a cut is still marked there. */
+    char peer[64], method[32], path[256];
+    snprintf(peer, sizeof peer, "%s", shoal_http_ex_peer(ex));
+    snprintf(method, sizeof method, "%s", req->method ? req->method : "");
+    snprintf(path, sizeof path, "%s", req->path ? req->path : "");
     a->t0 = now_ms();
     a->last_status = 0;
     a->handed = 0;
     route(a, ex, req, &ep);
     if (!a->handed)
-        access_log(peer, req->method, req->path, a->last_status ? a->last_status : 500, 0, 0, a->t0, NULL);
+        access_log(peer, method, path, a->last_status ? a->last_status : 500, 0, 0, a->t0, NULL);
 }
 
 int shoal_api_open(shoal_api **out, const shoal_api_opts *o, char *err, size_t errlen)
