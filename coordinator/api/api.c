@@ -602,8 +602,11 @@ static void health(shoal_api *a, shoal_http_ex *ex, int authorised)
     char why[512] = "";
     int loaded = atomic_load(&a->ready);
     int covered = all_up || (a->o.covered && a->o.covered(a->o.ud, why, sizeof why));
-    int ready = loaded && covered;
-    const char *status = !loaded ? "starting" : all_up ? "ok" : covered ? "degraded" : "unavailable";
+    /* a model file truncated under the mapping: every forward is refused */
+    char files[512] = "";
+    int files_ok = !loaded || !a->o.model || shoal_model_check_files(a->o.model, files, sizeof files) == 0;
+    int ready = loaded && covered && files_ok;
+    const char *status = !loaded ? "starting" : !files_ok ? "unavailable" : all_up ? "ok" : covered ? "degraded" : "unavailable";
     json_t *body;
     if (authorised) {
         body = json_pack("{s:s,s:b,s:s,s:o,s:{s:i,s:i}}", "status", status, "ready", ready, "model", a->model_name,
@@ -613,6 +616,8 @@ static void health(shoal_api *a, shoal_http_ex *ex, int authorised)
                 snprintf(why, sizeof why, "a worker is down");
             json_object_set_new(body, "uncovered", jstr(why, strlen(why)));
         }
+        if (!files_ok)
+            json_object_set_new(body, "model_files", jstr(files, strlen(files)));
     } else {
         json_decref(ws);
         body = json_pack("{s:s,s:b}", "status", status, "ready", ready);

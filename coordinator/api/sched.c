@@ -416,7 +416,16 @@ static void fail_forward(shoal_sched *s, shoal_slot *sl, int rc, const char *err
         return;
     }
     add.failed = 1;
-    if (rc == SHOAL_EPEER || rc == SHOAL_ETIMEOUT || rc == SHOAL_EPROTO || rc == SHOAL_EVERSION) {
+    if (rc == SHOAL_EIO) {
+        /* a model file truncated under the mapping (the engine logged it once,
+         * by name) or unreadable (a streamed trunk's read failed): a named
+         * error, and the server serves on (/health names a truncated file) */
+        if (!strstr(err, "truncated while mapped"))
+            SHOAL_ERROR("sched: %s", err);
+        emit_error(s, sl, 503, "model_unavailable", NULL,
+                   "a model file could not be read (truncated under the server, or failing storage); see the "
+                   "server log and /health");
+    } else if (rc == SHOAL_EPEER || rc == SHOAL_ETIMEOUT || rc == SHOAL_EPROTO || rc == SHOAL_EVERSION) {
         /* the engine's message names the worker (endpoint) that failed */
         SHOAL_WARN("sched: %s", err);
         emit_error(s, sl, 503, "worker_unavailable", NULL, err);
