@@ -505,18 +505,101 @@ static void on_abort(void *arg)
 
 /* ---- endpoints ------------------------------------------------------------ */
 
-static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req, int ep, shoal_gen_kind kind)
-{
+/* A generation request being parsed (JSON, validation, normalisation, the
+ * memo key) on the HTTP layer's thread pool: linear in the body, but a 4 MB
+ * body takes a good fraction of a second on a busy machine, and on the loop
+ * thread that would stall every other connection (their streams included). */
+typedef struct {
+    shoal_api *a;
+    shoal_http_ex *ex; /* NULL once the client left while parsing */
+    int ep;
+    shoal_gen_kind kind;
+    char *body;
+    size_t len;
+    double t0;
+    char peer[64];
+    int rc;
     shoal_api_req q;
     shoal_api_error err;
-    if (shoal_api_parse(kind, req->body, req->body_len, &a->o.limits, &q, &err)) {
-        respond_error(a, ex, ep, &err, NULL);
+} parsing;
+
+static void generate_parsed(shoal_api *a, shoal_http_ex *ex, int ep, shoal_gen_kind kind, shoal_api_req *qp,
+                            double t0);
+
+static void parse_work(void *arg)
+{
+    parsing *w = arg;
+    w->rc = shoal_api_parse(w->kind, w->body, w->len, &w->a->o.limits, &w->q, &w->err);
+    free(w->body);
+    w->body = NULL;
+}
+
+static void parse_abort(void *arg)
+{
+    parsing *w = arg;
+    access_log(w->peer, "POST", ep_names[w->ep], 499, 0, 0, w->t0, NULL);
+    shoal_http_stream_end(w->ex); /* frees the aborted exchange */
+    w->ex = NULL;
+}
+
+static void parse_done(void *arg, int canceled)
+{
+    parsing *w = arg;
+    shoal_api *a = w->a;
+    int parsed = !canceled && w->rc == 0; /* w->q holds a request to free or hand on */
+    if (w->ex) {
+        shoal_http_ex_on_abort(w->ex, NULL, NULL);
+        if (canceled) { /* the pool dropped it unrun: the server is stopping */
+            respond_simple_error(a, w->ex, w->ep, 503, "server_error", "shutting_down", NULL, NULL,
+                                 "the server is stopping");
+            access_log(w->peer, "POST", ep_names[w->ep], 503, 0, 0, w->t0, NULL);
+        } else if (w->rc) {
+            respond_error(a, w->ex, w->ep, &w->err, NULL);
+            access_log(w->peer, "POST", ep_names[w->ep], a->last_status ? a->last_status : 500, 0, 0, w->t0, NULL);
+        } else {
+            generate_parsed(a, w->ex, w->ep, w->kind, &w->q, w->t0); /* takes q */
+            parsed = 0;
+        }
+    }
+    if (parsed)
+        shoal_api_req_free(&w->q);
+    free(w->body);
+    free(w);
+}
+
+static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req, int ep, shoal_gen_kind kind)
+{
+    parsing *w = shoal_xcalloc(1, sizeof *w);
+    w->a = a;
+    w->ex = ex;
+    w->ep = ep;
+    w->kind = kind;
+    w->t0 = a->t0;
+    snprintf(w->peer, sizeof w->peer, "%s", shoal_http_ex_peer(ex));
+    /* copied: the request's bytes are the connection's, freed if it closes */
+    w->body = shoal_xmalloc(req->body_len + 1);
+    memcpy(w->body, req->body, req->body_len);
+    w->body[req->body_len] = 0;
+    w->len = req->body_len;
+    a->handed = 1; /* logged when answered */
+    if (!a->http || shoal_http_work(a->http, parse_work, parse_done, w)) {
+        parse_work(w); /* no pool (tests without a server): here */
+        parse_done(w, 0);
         return;
     }
+    shoal_http_ex_on_abort(ex, parse_abort, w);
+}
+
+static void generate_parsed(shoal_api *a, shoal_http_ex *ex, int ep, shoal_gen_kind kind, shoal_api_req *qp,
+                            double t0)
+{
+    shoal_api_req q = *qp;
+    memset(qp, 0, sizeof *qp);
     if (!atomic_load(&a->ready)) {
         shoal_api_req_free(&q);
         respond_simple_error(a, ex, ep, 503, "server_error", "not_ready", NULL, "Retry-After: 1\r\n",
                              "the model is still loading");
+        access_log(shoal_http_ex_peer(ex), "POST", ep_names[ep], 503, 0, 0, t0, NULL);
         return;
     }
     /* No admission check on the workers' states: a request that reaches a
@@ -532,9 +615,8 @@ static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *
     r->include_usage = q.include_usage;
     r->return_ids = q.gen.return_token_ids;
     r->created = (long long)time(NULL);
-    r->t0 = a->t0;
+    r->t0 = t0;
     snprintf(r->peer, sizeof r->peer, "%s", shoal_http_ex_peer(ex));
-    a->handed = 1;
     snprintf(r->id, sizeof r->id, "%s", kind == SHOAL_GEN_CHAT ? "chatcmpl-" : "cmpl-");
     random_hex(r->id + strlen(r->id), 12);
     a->live++;

@@ -1265,6 +1265,39 @@ int shoal_http_post(shoal_http *h, void (*fn)(void *), void *arg)
     return 0;
 }
 
+typedef struct {
+    uv_work_t w;
+    void (*work)(void *);
+    void (*done)(void *, int);
+    void *arg;
+} hwork;
+
+static void hwork_run(uv_work_t *w)
+{
+    hwork *x = (hwork *)w;
+    x->work(x->arg);
+}
+
+static void hwork_after(uv_work_t *w, int status)
+{
+    hwork *x = (hwork *)w;
+    x->done(x->arg, status == UV_ECANCELED);
+    free(x);
+}
+
+int shoal_http_work(shoal_http *h, void (*work)(void *), void (*done)(void *, int), void *arg)
+{
+    hwork *x = shoal_xcalloc(1, sizeof *x);
+    x->work = work;
+    x->done = done;
+    x->arg = arg;
+    if (uv_queue_work(&h->loop, &x->w, hwork_run, hwork_after) < 0) {
+        free(x);
+        return SHOAL_EINVAL;
+    }
+    return 0;
+}
+
 void shoal_http_close(shoal_http *h)
 {
     if (!h)

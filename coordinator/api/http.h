@@ -156,6 +156,13 @@ void shoal_http_get_stats(const shoal_http *h, shoal_http_stats *out);
  * stopping (fn does not run and the caller keeps arg). */
 int shoal_http_post(shoal_http *h, void (*fn)(void *arg), void *arg);
 
+/* Loop thread: run work(arg) on libuv's thread pool (off the loop, so a long
+ * piece of work -- parsing a 4 MB request -- does not stall every other
+ * connection), then done(arg, canceled) back on the loop thread; canceled is
+ * 1 when the pool dropped the work unrun (stopping). 0, or SHOAL_EINVAL when
+ * it cannot be queued (the caller keeps arg and may run both itself). */
+int shoal_http_work(shoal_http *h, void (*work)(void *arg), void (*done)(void *arg, int canceled), void *arg);
+
 /* ---- exchanges (loop thread) ---------------------------------------------- */
 
 /* Peer address ("127.0.0.1", "::1"), valid until the exchange ends. */

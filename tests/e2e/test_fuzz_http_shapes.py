@@ -10,7 +10,9 @@ again at 4s (up to the 4 MiB body limit), with random structure otherwise.
 Checks, per shape:
 - answered (any documented status; the process alive, /health 200 after);
 - linear: the 4s request takes at most 10x the s one, +0.3 s (linear is 4x;
-  quadratic, the defect of issue 30 item 1, is 16x);
+  quadratic, the defect of issue 30 item 1, is 16x); when it does not, both
+  are measured twice more and the least of each judged (a load spike only
+  adds time; quadratic work shows in every run);
 - a 3-token completion sent while the 4s request is being parsed and rendered
   is delayed by at most 1 s against the same request on the idle server.
 
@@ -270,6 +272,14 @@ def main():
             R.check(f"{name}: answered, server alive", alive and st1 in (200, 400) and st2 in (200, 400),
                     f"status {st1} {st2}, alive {alive}")
             k = len(big_b) / len(small_b)
+            if t2 > 2.5 * k * t1 + 0.3:
+                # one load spike on a busy machine must not fail it: measured
+                # twice more, the least of each (a spike only ever adds time;
+                # quadratic work shows in every run)
+                t1 = min([t1] + [timed(S, small_b)[1] for _ in range(2)])
+                t2 = min([t2] + [timed(S, big_b)[1] for _ in range(2)])
+                row["seconds_min_of_3"] = [round(t1, 4), round(t2, 4)]
+                print(f"    remeasured, least of 3: {t1:.3f} s, {t2:.3f} s", flush=True)
             R.check(f"{name}: linear in size", t2 <= 2.5 * k * t1 + 0.3,
                     f"{len(small_b)} B in {t1:.3f} s, {k:.1f}x the size in {t2:.3f} s")
             R.check(f"{name}: a small request beside it waits < 1 s more", lat - base <= 1.0,
