@@ -205,6 +205,10 @@ def t_render_30000_tool_calls(S):
     expect(st_s == 400 and code_s == "context_length_exceeded", f"small: {st_s} {code_s}")
     # 8x the size: linear is 8x the time; quadratic (the defect: 56 s) 64x. The
     # margin (2.5x, +1 s) is for a busy machine, far below quadratic
+    if t_big > 8 * 2.5 * t_small + 1.0:
+        # a load spike must not fail it: twice more, the least of each (quadratic shows in every run)
+        t_small = min([t_small] + [timed_with_side(S, small_body)[0][2] for _ in range(2)])
+        t_big = min([t_big] + [timed_with_side(S, big_body)[0][2] for _ in range(2)])
     expect(t_big <= 8 * 2.5 * t_small + 1.0, f"not linear: {t_small:.3f} s -> {t_big:.3f} s for 8x the size")
     expect(side - base <= 1.0, f"the 3-token completion beside it was delayed {side - base:.3f} s (> 1 s)")
 
