@@ -42,7 +42,6 @@ def render_s(path):
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(SRC, "docs", "data", "render_scaling.json")
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    shapes.rng.seed(30)
     load0 = os.getloadavg()
     cpu = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")][0]
     commit = subprocess.run(["git", "-C", SRC, "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -52,6 +51,7 @@ def main():
     bodies = {}
     for sh in SHAPES:
         for size in SIZES:
+            shapes.rng.seed(30)  # the same random structure at every size of a shape
             b = shapes.body_of(sh, size)
             p = os.path.join(tmp, f"{sh.__name__}-{size}.json")
             open(p, "wb").write(b)
