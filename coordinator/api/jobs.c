@@ -107,6 +107,12 @@ shoal_sched_job *shoal_sched_job_new(shoal_gen_params *params, const char *clien
     return j;
 }
 
+void shoal_sched_job_fork_of(shoal_sched_job *child, shoal_sched_job *parent)
+{
+    shoal_sched_job_ref(parent);
+    child->fork_of = parent;
+}
+
 void shoal_sched_job_ref(shoal_sched_job *j)
 {
     atomic_fetch_add(&j->refs, 1);
@@ -119,6 +125,7 @@ void shoal_sched_job_unref(shoal_sched_job *j)
     shoal_gen_params_free(&j->p);
     free(j->rids);
     shoal_ev_free_list(j->head);
+    shoal_sched_job_unref(j->fork_of);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }
@@ -211,6 +218,10 @@ static shoal_sched_job *fair_pick(shoal_sched *s, int rstate)
     uint64_t best_last = 0;
     for (shoal_sched_job *j = s->qhead; j; j = j->qnext) {
         if (j->rstate != rstate)
+            continue;
+        /* n choices: a child rendered before its parent waits for the parent
+         * to be admitted first (it copies the parent's prompt state) */
+        if (rstate == SHOAL_RENDER_DONE && j->fork_of && j->fork_of->queued)
             continue;
         uint64_t last = client_last_served(s, j->client);
         if (!best || last < best_last) { /* strict: the oldest job wins ties */

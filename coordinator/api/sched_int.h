@@ -31,6 +31,7 @@ struct shoal_sched_job {
     shoal_sched_job *qnext, *qprev;
     int queued;
     uint64_t t_submit; /* shoal_metrics_now_ns() at submit */
+    shoal_sched_job *fork_of; /* n choices: the job whose prompt state this one copies (a reference) */
     /* The rendered prompt, written by the render thread while rstate is
      * RENDER_BUSY, read by the model thread once it is RENDER_DONE (rstate
      * under the scheduler's mu). rrc: 0, or the render's error code with the
