@@ -914,6 +914,71 @@ static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *
     shoal_http_ex_on_abort(ex, parse_abort, w);
 }
 
+static void defer_work(void *arg)
+{
+    shoal__api_deferred *d = arg;
+    d->work(d);
+    d->ran = 1;
+}
+
+static void defer_abort(void *arg)
+{
+    shoal__api_deferred *d = arg;
+    access_log(d->peer, "POST", ep_names[d->ep], 499, 0, 0, d->t0, NULL);
+    shoal_http_stream_end(d->ex); /* frees the aborted exchange */
+    d->ex = NULL;
+}
+
+static void defer_done(void *arg, int canceled)
+{
+    shoal__api_deferred *d = arg;
+    shoal_api *a = d->a;
+    if (d->ex) {
+        shoal_http_ex_on_abort(d->ex, NULL, NULL);
+        if (canceled) {
+            respond_simple_error(a, d->ex, d->ep, 503, "server_error", "shutting_down", NULL, NULL,
+                                 "the server is stopping");
+            access_log(d->peer, "POST", ep_names[d->ep], 503, 0, 0, d->t0, NULL);
+            d->ex = NULL;
+        }
+    }
+    shoal_http_ex *ex = d->ex;
+    a->t0 = d->t0; /* for an areq done() creates: its own request's start */
+    a->handed = 0;
+    a->last_status = 0;
+    d->done(d);
+    if (ex && !a->handed)
+        access_log(d->peer, "POST", ep_names[d->ep], a->last_status ? a->last_status : 500, 0, 0, d->t0, NULL);
+    free((char *)d->req.body);
+    free(d);
+}
+
+void shoal__api_defer(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req, int ep,
+                      void (*work)(shoal__api_deferred *d), void (*done)(shoal__api_deferred *d), void *ctx)
+{
+    shoal__api_deferred *d = shoal_xcalloc(1, sizeof *d);
+    d->a = a;
+    d->ex = ex;
+    d->ep = ep;
+    d->t0 = a->t0;
+    snprintf(d->peer, sizeof d->peer, "%s", shoal_http_ex_peer(ex));
+    char *body = shoal_xmalloc(req->body_len + 1); /* the connection's bytes go if it closes */
+    memcpy(body, req->body, req->body_len);
+    body[req->body_len] = 0;
+    d->req.body = body;
+    d->req.body_len = req->body_len;
+    d->ctx = ctx;
+    d->work = work;
+    d->done = done;
+    a->handed = 1; /* logged when answered */
+    if (!a->http || shoal_http_work(a->http, defer_work, defer_done, d)) {
+        defer_work(d); /* no pool (tests without a server): here */
+        defer_done(d, 0);
+        return;
+    }
+    shoal_http_ex_on_abort(ex, defer_abort, d);
+}
+
 static json_t *model_object(shoal_api *a)
 {
     return json_pack("{s:s,s:s,s:I,s:s,s:i}", "id", a->model_name, "object", "model", "created",

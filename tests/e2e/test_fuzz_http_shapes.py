@@ -2,7 +2,7 @@
 large parts -- tool calls with their results (ids out of order, repeated,
 unmatched, long), many messages, many content parts, tool-call arguments with
 many (and repeated) keys, deep arguments, 128 tools with large schemas, a
-json_schema response format, special-token text -- against a RUNNING `shoal
+json_schema response format, special-token text, many turns counted by /v1/messages/count_tokens -- against a RUNNING `shoal
 serve --model tests/models/tiny-k3` (in-process; SHOAL_FUZZ_SHAPES_WORKERS=2
 for --workers 2). Each shape is drawn at a random size s in [0.5, 1] MB and
 again at 4s (up to the 4 MiB body limit), with random structure otherwise.
@@ -151,15 +151,32 @@ def shape_special_text(size):
     return {"messages": [{"role": "user", "content": unit * max(1, size // len(unit.encode()))}]}
 
 
+def shape_anthropic_count(size):
+    """/v1/messages/count_tokens (parsed and rendered in full to count): many
+    alternating turns with text blocks"""
+    n = max(1, size // 70)
+    msgs = []
+    for i in range(n):
+        role = "user" if i % 2 == 0 else "assistant"
+        msgs.append({"role": role, "content": [{"type": "text", "text": rng.choice(("hi", "a b", "<|sep|>"))}]})
+    if msgs[-1]["role"] != "user":
+        msgs.append({"role": "user", "content": "end"})
+    return {"messages": msgs}
+
+
+PATHS = {"anthropic_count": "/v1/messages/count_tokens"}
+
 SHAPES = [shape_tool_calls, shape_messages, shape_content_parts, shape_argument_keys, shape_deep_arguments,
-          shape_tools_schemas, shape_json_schema, shape_special_text]
+          shape_tools_schemas, shape_json_schema, shape_special_text, shape_anthropic_count]
 
 
 def body_of(shape, size):
     """the shape's request, scaled down until it fits the body limit"""
     while True:
         req = shape(size)
-        req.update({"model": "tiny", "max_tokens": 1})
+        req.update({"model": "tiny"})
+        if shape is not shape_anthropic_count:
+            req["max_tokens"] = 1
         b = dumps(req).encode()
         if len(b) <= LIMIT - 1024:
             return b
@@ -223,7 +240,7 @@ def read_status(s):
     return int(head.split(b" ")[1])
 
 
-def timed(S, body, side=False):
+def timed(S, body, side=False, path="/v1/chat/completions"):
     """(status, seconds) of the request, and the small request's latency when
     sent as soon as body was written in full (None without side)"""
     out = {}
@@ -232,7 +249,7 @@ def timed(S, body, side=False):
     def go():
         s = socket.create_connection(("127.0.0.1", S.port), timeout=300)
         t0 = time.time()
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" % path.encode() +
                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
         sent.set()
         out["st"] = read_status(s)
@@ -267,8 +284,9 @@ def main():
             rng.seed(sub)
             big_b = body_of(shape, 4 * size)
             rng.seed(sub + 1)
-            st1, t1, _ = timed(S, small_b)
-            st2, t2, lat = timed(S, big_b, side=True)
+            path = PATHS.get(name, "/v1/chat/completions")
+            st1, t1, _ = timed(S, small_b, path=path)
+            st2, t2, lat = timed(S, big_b, side=True, path=path)
             row = {"shape": name, "bytes": [len(small_b), len(big_b)], "status": [st1, st2],
                    "seconds": [round(t1, 4), round(t2, 4)], "side_s": round(lat, 4), "side_idle_s": round(base, 4)}
             rows.append(row)
@@ -282,8 +300,8 @@ def main():
                 # one load spike on a busy machine must not fail it: measured
                 # twice more, the least of each (a spike only ever adds time;
                 # quadratic work shows in every run)
-                t1 = min([t1] + [timed(S, small_b)[1] for _ in range(2)])
-                t2 = min([t2] + [timed(S, big_b)[1] for _ in range(2)])
+                t1 = min([t1] + [timed(S, small_b, path=path)[1] for _ in range(2)])
+                t2 = min([t2] + [timed(S, big_b, path=path)[1] for _ in range(2)])
                 row["seconds_min_of_3"] = [round(t1, 4), round(t2, 4)]
                 print(f"    remeasured, least of 3: {t1:.3f} s, {t2:.3f} s", flush=True)
             R.check(f"{name}: linear in size", t2 <= 2.5 * k * t1 + 0.3,
