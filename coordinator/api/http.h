@@ -20,8 +20,12 @@
  * writes are silently dropped, and the owner must still end the exchange,
  * which then only frees it. While an exchange is open the connection reads no
  * further request (pipelined bytes wait: one request in flight per
- * connection), but still notices a disconnect. A client that half-closes
- * (EOF after its request) still gets its answers, then the connection closes.
+ * connection), but still notices a disconnect: a reset, or an EOF (FIN)
+ * while an exchange with an abort callback is open -- TCP cannot tell a
+ * half-close from a client that is gone, and such an exchange (a generation)
+ * would otherwise run to its end for nobody; its abort callback runs. A client
+ * that half-closes otherwise (EOF after requests answered at once) still gets
+ * its answers, then the connection closes.
  * A HEAD request is handed over like GET; the response's body is not sent. 
  *
  * The pure request parser (shoal_http_parser_*) is exported separately so that
