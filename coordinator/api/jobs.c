@@ -219,6 +219,12 @@ static shoal_sched_job *fair_pick(shoal_sched *s, int rstate)
     for (shoal_sched_job *j = s->qhead; j; j = j->qnext) {
         if (j->rstate != rstate)
             continue;
+        /* n choices: a child's prompt is its parent's; it is copied from the
+         * parent's render (shoal__sched_render_next) rather than rendered n
+         * times, so the child waits while the parent's render is on its way */
+        if (rstate == SHOAL_RENDER_NONE && j->fork_of && j->fork_of->rstate != SHOAL_RENDER_DONE &&
+            (j->fork_of->queued || j->fork_of->rstate == SHOAL_RENDER_BUSY))
+            continue;
         /* n choices: a child rendered before its parent waits for the parent
          * to be admitted first (it copies the parent's prompt state) */
         if (rstate == SHOAL_RENDER_DONE && j->fork_of && j->fork_of->queued)
@@ -259,6 +265,7 @@ void shoal__sched_render_done(shoal_sched *s, shoal_sched_job *j)
         s->nready++;
         pthread_cond_signal(&s->cv);
     }
+    pthread_cond_broadcast(&s->rcv); /* children waiting for this render */
 }
 
 int shoal_sched_submit(shoal_sched *s, shoal_sched_job *j)

@@ -558,14 +558,34 @@ static void render_job(shoal_sched *s, shoal_sched_job *j)
     j->rn = (int)ids.n;
 }
 
-int shoal__sched_render_next(shoal_sched *s)
+/* s->mu held: a fork child's ids copied from its parent's render, when the
+ * parent has them (rendered, not yet admitted: admission frees them). 1 when
+ * copied. The copy is a memcpy of the ids, far cheaper than a render. */
+static int copy_parent_render(shoal_sched_job *j)
+{
+    const shoal_sched_job *p = j->fork_of;
+    if (!p || p->rstate != SHOAL_RENDER_DONE || p->rrc || !p->rids)
+        return 0;
+    j->rids = shoal_xmalloc((size_t)(p->rn > 0 ? p->rn : 1) * sizeof *j->rids);
+    memcpy(j->rids, p->rids, (size_t)p->rn * sizeof *j->rids);
+    j->rn = p->rn;
+    j->rrc = 0;
+    return 1;
+}
+
+/* One turn of a render thread: pick (waiting when wait is set and nothing is
+ * renderable), render or copy, mark done. 0 when nothing was picked. */
+static int render_turn(shoal_sched *s, int wait)
 {
     pthread_mutex_lock(&s->mu);
-    shoal_sched_job *j = shoal__sched_pick_render(s);
+    shoal_sched_job *j;
+    while (!(j = shoal__sched_pick_render(s)) && wait && !s->stopping)
+        pthread_cond_wait(&s->rcv, &s->mu);
+    int copied = j && copy_parent_render(j);
     pthread_mutex_unlock(&s->mu);
     if (!j)
         return 0;
-    if (!atomic_load(&j->cancel))
+    if (!copied && !atomic_load(&j->cancel))
         render_job(s, j);
     pthread_mutex_lock(&s->mu);
     shoal__sched_render_done(s, j);
@@ -574,25 +594,17 @@ int shoal__sched_render_next(shoal_sched *s)
     return 1;
 }
 
+int shoal__sched_render_next(shoal_sched *s)
+{
+    return render_turn(s, 0);
+}
+
 static void *render_main(void *arg)
 {
     shoal_sched *s = arg;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        for (;;) {
-            int todo = 0;
-            for (shoal_sched_job *j = s->qhead; j && !todo; j = j->qnext)
-                todo = j->rstate == SHOAL_RENDER_NONE;
-            if (s->stopping || todo)
-                break;
-            pthread_cond_wait(&s->rcv, &s->mu);
-        }
-        int stop = s->stopping;
-        pthread_mutex_unlock(&s->mu);
-        if (stop)
-            return NULL;
-        shoal__sched_render_next(s);
-    }
+    while (render_turn(s, 1))
+        ;
+    return NULL; /* stopping */
 }
 
 /* The rendered prompt into sl->ids (model thread). Returns 0, or emits the
@@ -632,8 +644,12 @@ static int render(shoal_sched *s, shoal_slot *sl)
         return -1;
     }
     memcpy(sl->ids, j->rids, (size_t)n * sizeof *sl->ids);
-    free(j->rids); /* copied: the job need not hold them while it runs */
+    /* copied: the job need not hold them while it runs (under mu: a fork
+     * child's render may be copying them) */
+    pthread_mutex_lock(&s->mu);
+    free(j->rids);
     j->rids = NULL;
+    pthread_mutex_unlock(&s->mu);
     sl->n_ids = sl->n_prompt = n;
     sl->max_new = p->max_tokens ? p->max_tokens : limit - n;
     return 0;

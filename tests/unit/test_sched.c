@@ -397,10 +397,62 @@ static void t_api_serves_tool_calls(void)
     shoal_http_close(L.h);
 }
 
+/* Issue 30: an n-choice request's children take their parent's rendered ids
+ * (one render, not n); a child waits while its parent's render runs, and
+ * renders itself when the parent left without one. */
+static void t_fork_children_copy_the_render(void)
+{
+    shoal_sched *s = bare(8, 0, 0);
+    int32_t ids[3] = {5, 6, 7};
+    shoal_gen_params pp = {.kind = SHOAL_GEN_COMPLETION, .n_prompt_ids = 3};
+    pp.prompt_ids = malloc(sizeof ids);
+    memcpy(pp.prompt_ids, ids, sizeof ids);
+    shoal_gen_params cp = pp;
+    cp.prompt_ids = malloc(sizeof ids);
+    memcpy(cp.prompt_ids, ids, sizeof ids);
+    shoal_sched_job *parent = shoal_sched_job_new(&pp, "a", NULL, NULL, NULL);
+    shoal_sched_job *child = shoal_sched_job_new(&cp, "a", NULL, NULL, NULL);
+    shoal_sched_job_fork_of(child, parent);
+    CHECK_EQ_INT(shoal_sched_submit(s, parent), 0);
+    CHECK_EQ_INT(shoal_sched_submit(s, child), 0);
+    pthread_mutex_lock(&s->mu);
+    shoal_sched_job *first = shoal__sched_pick_render(s);
+    shoal_sched_job *second = shoal__sched_pick_render(s); /* the parent is being rendered: none */
+    pthread_mutex_unlock(&s->mu);
+    CHECK(first == parent && second == NULL);
+    /* the parent's render lands (what render_job writes) */
+    parent->rids = malloc(sizeof ids);
+    memcpy(parent->rids, ids, sizeof ids);
+    parent->rn = 3;
+    pthread_mutex_lock(&s->mu);
+    shoal__sched_render_done(s, parent);
+    pthread_mutex_unlock(&s->mu);
+    shoal_sched_job_unref(parent); /* the renderer's reference */
+    /* the child's turn copies the parent's ids */
+    CHECK_EQ_INT(shoal__sched_render_next(s), 1);
+    CHECK(child->rstate == SHOAL_RENDER_DONE && child->rn == 3 && child->rids && child->rids != parent->rids &&
+          !memcmp(child->rids, ids, sizeof ids));
+    /* a rendered child is not admitted before its queued parent */
+    pthread_mutex_lock(&s->mu);
+    shoal_sched_job *a = shoal__sched_pop_fair(s), *b = shoal__sched_pop_fair(s);
+    pthread_mutex_unlock(&s->mu);
+    CHECK(a == parent && b == child);
+    shoal_sched_job_unref(a);
+    shoal_sched_job_unref(b);
+    shoal_sched_job_unref(child);
+    shoal_sched_job_unref(parent);
+    pthread_cond_destroy(&s->rcv);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->memo_mu);
+    free(s);
+}
+
 int main(void)
 {
     test_binary = "test_sched";
     RUN(t_fair_queue);
+    RUN(t_fork_children_copy_the_render);
     RUN(t_memo_bounds);
     RUN(t_replay_tool_call);
     RUN(t_replay_stop_strings);
