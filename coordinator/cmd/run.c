@@ -711,6 +711,8 @@ done:;
             }
             json_object_set_new(o, "threads", json_integer(omp_get_max_threads()));
             json_object_set_new(o, "isa", json_string(shoal_isa_name(shoal_kernels_isa())));
+            /* where the opt-in matrix-unit-order kernels would run (AMX only after its self-test) */
+            json_object_set_new(o, "mu_path", json_string(shoal_kernels_mu_path()));
             shoal_dist_json(dist, o);
             if (ps.prefetch_hinted || ds.prefetch_hinted) {
                 json_t *pf = json_object();
