@@ -213,7 +213,7 @@ def penalised(row, prompt, gen, rep, freq, pres, bias):
 
 
 def t_penalties(R):
-    n = 24
+    n = 16
     plain = R.client.completions.create(model="nano", prompt=PROMPT, max_tokens=n, temperature=0,
                                         extra_body={"return_token_ids": True}).choices[0].model_dump()
     pids = plain["prompt_token_ids"]
@@ -273,12 +273,14 @@ def t_n_choices(S, R):
                                                  f"{r.usage.prompt_tokens} prompt tokens")
     check(r.usage.completion_tokens == sum(len(x) for x in got), "usage sums the choices")
     # completions, streamed, n = 3
-    ck = dict(model="nano", prompt=PROMPT, max_tokens=10, temperature=1.0,
+    ck = dict(model="nano", prompt=PROMPT, max_tokens=10, temperature=1.0, logprobs=2,
               extra_body={"return_token_ids": True})
-    texts, ids = ["", "", ""], [None] * 3
+    texts, ids, lps = ["", "", ""], [None] * 3, [[], [], []]
     for ch in S.client.completions.create(n=3, seed=5, stream=True, **ck):
         for c in ch.choices:
             texts[c.index] += c.text
+            if c.logprobs:
+                lps[c.index] += list(zip(c.logprobs.tokens, c.logprobs.token_logprobs))
             d = c.model_dump()
             if d.get("token_ids") is not None:
                 ids[c.index] = d["token_ids"]
@@ -286,6 +288,8 @@ def t_n_choices(S, R):
         one = R.client.completions.create(seed=5 + i, **ck).choices[0]
         check(ids[i] == ids_of(one) and texts[i] == one.text, f"choice {i}: {ids[i]} {texts[i]!r} vs "
                                                                f"{ids_of(one)} {one.text!r}")
+        want = list(zip(one.logprobs.tokens, one.logprobs.token_logprobs))
+        check(lps[i] == want and len(want) == len(ids[i]), f"choice {i} streamed logprobs {lps[i][:3]} vs {want[:3]}")
 
 
 def prompt_ids(srv, **kw):
