@@ -10,8 +10,10 @@
  * matrix kernel is bit-identical across variants), only the speed. */
 int shoal_cmd_version(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    if (argc > 1) {
+        fprintf(stderr, "shoal version: takes no argument ('%s')\n", argv[1]);
+        return 2;
+    }
     printf("shoal %s\n", SHOAL_VERSION);
     int rc = shoal_kernels_init();
     if (rc < 0) {

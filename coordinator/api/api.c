@@ -692,18 +692,25 @@ static void metrics(shoal_api *a, shoal_http_ex *ex)
  * everything after "Bearer " exactly as sent (a key with a leading space is
  * a different key); digests are compared so the time taken does not depend
  * on the key. */
-static int authorized(shoal_api *a, const shoal_http_request *req)
+int shoal_api_key_ok(const char *api_key, const shoal_http_request *req)
 {
-    if (!a->api_key)
+    if (!api_key)
         return 1;
+    if (sodium_init() < 0) /* idempotent; before the API is open nobody else has called it */
+        return 0;
     const char *h = shoal_http_request_header(req, "authorization");
     if (!h || strncasecmp(h, "Bearer ", 7))
         return 0;
     const char *k = h + 7;
     unsigned char want[crypto_hash_sha256_BYTES], got[crypto_hash_sha256_BYTES];
-    crypto_hash_sha256(want, (const unsigned char *)a->api_key, strlen(a->api_key));
+    crypto_hash_sha256(want, (const unsigned char *)api_key, strlen(api_key));
     crypto_hash_sha256(got, (const unsigned char *)k, strlen(k));
     return sodium_memcmp(want, got, sizeof want) == 0;
+}
+
+static int authorized(shoal_api *a, const shoal_http_request *req)
+{
+    return shoal_api_key_ok(a->api_key, req);
 }
 
 /* Methods of RFC 9110 (and PATCH): known, so a route answers 405 for the

@@ -90,6 +90,10 @@ int shoal_api_open(shoal_api **out, const shoal_api_opts *o, char *err, size_t e
 void shoal_api_set_http(shoal_api *a, shoal_http *h);
 /* 1 once the model is loaded and every worker answered: /health says ready. */
 void shoal_api_set_ready(shoal_api *a, int ready);
+/* 1 when req carries "Authorization: Bearer API_KEY" exactly (or api_key is
+ * NULL); compared by digest, in a time that does not depend on the key. For
+ * `shoal serve`'s answers before the API is open (the "starting" state). */
+int shoal_api_key_ok(const char *api_key, const shoal_http_request *req);
 /* The HTTP request callback (ud = the shoal_api). */
 void shoal_api_on_request(void *ud, shoal_http_ex *ex, const shoal_http_request *req);
 /* After the HTTP loop stopped and the scheduler closed. Accepts NULL. */

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/suggest.h"
 #include "common/err.h"
 #include "common/metrics.h"
 
@@ -730,8 +731,12 @@ int shoal_cmd_top(int argc, char **argv)
             }
             i++;
         } else {
-            fprintf(stderr, "shoal top: unknown or incomplete option '%s'\n", a);
-            usage(stderr);
+            if (a[0] == '-' && shoal_suggest_flag(a, usage) && strcmp(shoal_suggest_flag(a, usage), a))
+                shoal_suggest_unknown_flag("shoal top", a, usage);
+            else {
+                fprintf(stderr, "shoal top: unknown or incomplete option '%s'\n", a);
+                usage(stderr);
+            }
             return 2;
         }
     }
