@@ -101,6 +101,13 @@ shoal_isa shoal_kernels_isa(void)
     return active_isa;
 }
 
+shoal_isa shoal_kernels_cpu_best(void)
+{
+    return shoal_kernels_cpu_has(SHOAL_ISA_AVX512) ? SHOAL_ISA_AVX512
+           : shoal_kernels_cpu_has(SHOAL_ISA_AVX2) ? SHOAL_ISA_AVX2
+                                                   : SHOAL_ISA_SCALAR;
+}
+
 int shoal_kernels_init(void)
 {
     if (initialised)

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "kernels/kernels.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/memplan.h"
@@ -135,6 +136,8 @@ static int covered_cb(void *ud, char *why, size_t whylen)
 static void metrics_cb(void *ud, shoal_metrics_buf *b)
 {
     serve_ctx *c = ud;
+    shoal_metrics_process_families(b, SHOAL_VERSION, shoal_isa_name(shoal_kernels_cpu_best()),
+                                   shoal_isa_name(shoal_kernels_isa()));
     shoal_cmetrics_write(c->cm, b);
     /* the trunk budget (--trunk-gb): all 0 when the trunk is mapped */
     uint64_t rd;
