@@ -105,6 +105,7 @@ typedef struct {
     shoal_cmetrics *cm;
     shoal_model *model;
     uint64_t trunk_budget, trunk_resident; /* from the model's trunk plan */
+    long queue;                             /* --queue */
 } serve_ctx;
 
 static int workers_cb(void *ud, shoal_api_worker *w, int cap)
@@ -139,6 +140,9 @@ static void metrics_cb(void *ud, shoal_metrics_buf *b)
     shoal_metrics_process_families(b, SHOAL_VERSION, shoal_isa_name(shoal_kernels_cpu_best()),
                                    shoal_isa_name(shoal_kernels_isa()));
     shoal_cmetrics_write(c->cm, b);
+    shoal_metrics_family(b, "shoal_sched_queue_capacity", SHOAL_METRICS_GAUGE,
+                         "Requests that may wait for the model (--queue); more are refused with 429.");
+    shoal_metrics_sample(b, "shoal_sched_queue_capacity", NULL, 0, (double)c->queue);
     /* the trunk budget (--trunk-gb): all 0 when the trunk is mapped */
     uint64_t rd;
     double stall;
@@ -742,6 +746,7 @@ int shoal_cmd_serve(int argc, char **argv)
     shoal_model_info info;
     shoal_model_get_info(model, &info);
     ctx.model = model;
+    ctx.queue = queue;
     ctx.trunk_budget = info.trunk_budget;
     ctx.trunk_resident = info.trunk_resident_bytes;
     SHOAL_INFO("serve: model loaded in %.1f s", since_s(boot.stage_ns));
