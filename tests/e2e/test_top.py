@@ -68,6 +68,20 @@ def rows(text, head="SHARD"):
     return out
 
 
+def hist_quantile(buckets, q):
+    """Prometheus' histogram_quantile (documented formula) over [(le, cumulative count)]"""
+    total = buckets[-1][1]
+    rank = q * total
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
 def once_default():
     p = top("--once")
     assert p.returncode == 0, p.stderr
@@ -79,11 +93,20 @@ def once_default():
     assert b[1:6] == ["DOWN", "4", "0.333", "0.500", "0.67"], b
     # test_cmetrics' failover case: b"x lost twice (5 pairs), all taken over by a
     assert a[10:] == ["2", "1", "0", "5"] and b[10:] == ["2", "1", "2", "0"], (a, b)
-    assert "failovers 2, 5 pairs resent to other owners" in p.stdout, p.stdout
+    assert "failovers 2 (0 in trunk steps), 5 pairs and 0 trunk rows resent to other owners" in p.stdout, p.stdout
     assert 'b"x is DOWN; taken over by a (5 pairs)' in p.stdout, p.stdout
-    # p50/p99 from log buckets: within a factor 1.19 of the order statistics
-    assert 1 / 1.19 <= float(a[6]) <= 1.19 and 2 / 1.19 <= float(a[7]) <= 2.0, a
-    assert 4 / 1.19 <= float(b[7]) <= 4.0, b
+    # p50/p99 since start (--once): Prometheus' histogram_quantile over the
+    # exposed buckets, computed here from the body; and within a factor
+    # sqrt(2) (the exposed buckets' width) of the order statistics (1, 2 ms; 0.5, 4 ms)
+    fams = promcheck.parse(BODY.decode())
+    for row, w in ((a, "a"), (b, 'b"x')):
+        bk = sorted((float(l["le"]), v) for l, v in promcheck.samples(fams, "shoal_worker_rtt_seconds",
+                                                                       "shoal_worker_rtt_seconds_bucket", worker=w))
+        for col, q in ((6, 0.5), (7, 0.99)):
+            want = hist_quantile(bk, q) * 1e3
+            assert abs(float(row[col]) - want) <= 0.0015, (w, q, row[col], want)
+    assert 1 / 1.42 <= float(a[6]) <= 1.42 and 2 / 1.42 <= float(a[7]) <= 2 * 1.42, a
+    assert 4 / 1.42 <= float(b[7]) <= 4 * 1.42, b
     # GB/s = weight bytes / compute seconds: a 5 x 1000 B / 2.1 ms = 0.002
     assert a[8] == "0.002", a
     assert "1/2 shards up" in p.stdout and "3 tokens" in p.stdout, p.stdout
@@ -101,7 +124,11 @@ def once_trunk():
     p = top("--once")
     assert p.returncode == 0, p.stderr
     t = rows(p.stdout, "TRUNK SHARD")
-    assert t == [["a", "2", "0.000", "0.000", "0.100", "0.050", "0.425"]], t
+    fams = promcheck.parse(BODY.decode())
+    lost = promcheck.samples(fams, "shoal_worker_lost_trunk_rows", "shoal_worker_lost_trunk_rows_total", worker="a")[0][1]
+    took = promcheck.samples(fams, "shoal_worker_takeover_trunk_rows", "shoal_worker_takeover_trunk_rows_total",
+                             worker="a")[0][1]
+    assert t == [["a", "2", "0.000", "0.000", "0.100", "0.050", "0.425", f"{lost:.0f}", f"{took:.0f}"]], t
 
 
 R.check("once_trunk_rows", once_trunk)
