@@ -630,6 +630,14 @@ static void metrics(shoal_api *a, shoal_http_ex *ex)
 {
     count(a, EP_METRICS, 200); /* counted before formatting, so it includes itself */
     shoal_metrics_buf b = {0};
+    shoal_api_metrics_text(a, &b);
+    shoal_http_respond(ex, 200, "text/plain; version=0.0.4", NULL, b.p, b.len);
+    shoal_metrics_buf_free(&b);
+}
+
+void shoal_api_metrics_text(shoal_api *a, shoal_metrics_buf *bp)
+{
+    shoal_metrics_buf b = *bp;
     const shoal_metrics_type C = SHOAL_METRICS_COUNTER, G = SHOAL_METRICS_GAUGE;
     shoal_metrics_family(&b, "shoal_http_responses_total", C, "HTTP responses of the API, by endpoint and status.");
     for (int i = 0; i < MAX_STATUS_SLOTS && a->st[i].status; i++)
@@ -684,8 +692,7 @@ static void metrics(shoal_api *a, shoal_http_ex *ex)
     metric(&b, "shoal_ready", G, "1 when the model and every worker answered.", atomic_load(&a->ready));
     if (a->o.metrics)
         a->o.metrics(a->o.ud, &b);
-    shoal_http_respond(ex, 200, "text/plain; version=0.0.4", NULL, b.p, b.len);
-    shoal_metrics_buf_free(&b);
+    *bp = b;
 }
 
 /* 1 when the request carries the key (or none is set). The client's key is
@@ -742,6 +749,10 @@ static void route(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req
         return;
     }
     int auth = authorized(a, req);
+    if (ep == EP_OTHER && a->o.route && a->o.route(a->o.ud, ex, req, auth)) {
+        a->handed = 1; /* the route owns the exchange (and its log) */
+        return;
+    }
     /* the key is checked before anything else is said about the path; only
      * /health answers without it (its status, not the workers' addresses) */
     if (!auth && ep != EP_HEALTH) {

@@ -81,6 +81,11 @@ typedef struct {
     /* Appends further metric families to /metrics (the coordinator's
      * cmetrics: forward phases, per-worker exchanges). NULL: none. Loop thread. */
     void (*metrics)(void *ud, shoal_metrics_buf *b);
+    /* Further routes (the cluster page, coordinator/cmd/webui.h), asked
+     * first for every request with a known method: returns 1 when it
+     * answered (it then owns the exchange), 0 to let the API answer (401
+     * without the key, 404 for a path nobody knows). NULL: none. Loop thread. */
+    int (*route)(void *ud, shoal_http_ex *ex, const shoal_http_request *req, int authorised);
     void *ud;
 } shoal_api_opts;
 
@@ -96,6 +101,8 @@ void shoal_api_set_ready(shoal_api *a, int ready);
 int shoal_api_key_ok(const char *api_key, const shoal_http_request *req);
 /* The HTTP request callback (ud = the shoal_api). */
 void shoal_api_on_request(void *ud, shoal_http_ex *ex, const shoal_http_request *req);
+/* The /metrics exposition into b (loop thread). */
+void shoal_api_metrics_text(shoal_api *a, shoal_metrics_buf *b);
 /* After the HTTP loop stopped and the scheduler closed. Accepts NULL. */
 void shoal_api_close(shoal_api *a);
 

@@ -30,6 +30,7 @@
 #include "common/metrics.h"
 #include "common/suggest.h"
 #include "coordinator/api/api.h"
+#include "coordinator/cmd/webui.h"
 #include "coordinator/obs/obs.h"
 #include "coordinator/cluster/cluster.h"
 #include "coordinator/engine/engine.h"
@@ -106,6 +107,8 @@ typedef struct {
     shoal_model *model;
     uint64_t trunk_budget, trunk_resident; /* from the model's trunk plan */
     long queue;                             /* --queue */
+    shoal_api *api;                         /* for the cluster page's snapshots */
+    shoal_webui *web;                       /* the cluster page (coordinator/cmd/webui.h) */
 } serve_ctx;
 
 static int workers_cb(void *ud, shoal_api_worker *w, int cap)
@@ -278,6 +281,45 @@ static void boot_request(void *ud, shoal_http_ex *ex, const shoal_http_request *
         SHOAL_PANIC("serve: cannot format the starting answer");
     shoal_http_respond(ex, status, "application/json", extra, txt, strlen(txt));
     free(txt);
+}
+
+/* /health's view for the cluster page: status and the workers' states. */
+static json_t *health_json(serve_ctx *c)
+{
+    static shoal_api_worker w[64];
+    int n = workers_cb(c, w, 64), all_up = 1;
+    json_t *ws = json_array();
+    for (int i = 0; i < n && i < 64; i++) {
+        json_t *st = json_string(w[i].state), *nm = json_string(w[i].name);
+        json_array_append_new(ws, json_pack("{s:o,s:b,s:o}", "endpoint", nm ? nm : json_string("?"), "up", w[i].up,
+                                            "state", st ? st : json_string("?")));
+        all_up &= w[i].up != 0;
+    }
+    char why[512];
+    const char *status = all_up ? "ok" : covered_cb(c, why, sizeof why) ? "degraded" : "unavailable";
+    return json_pack("{s:s,s:o}", "status", status, "workers", ws);
+}
+
+/* The cluster page's snapshot (loop thread): our own exposition and health. */
+static char *cluster_source(void *ud)
+{
+    serve_ctx *c = ud;
+    shoal_metrics_buf b = {0};
+    shoal_api_metrics_text(c->api, &b);
+    json_t *h = health_json(c);
+    char err[256];
+    char *out = shoal_webui_cluster_json(b.p ? b.p : "", b.len, h, err, sizeof err);
+    if (!out)
+        SHOAL_WARN("serve: cluster page: %s", err);
+    json_decref(h);
+    shoal_metrics_buf_free(&b);
+    return out;
+}
+
+static int route_cb(void *ud, shoal_http_ex *ex, const shoal_http_request *req, int authorised)
+{
+    serve_ctx *c = ud;
+    return shoal_webui_route(c->web, ex, req, authorised);
 }
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
@@ -873,12 +915,19 @@ int shoal_cmd_serve(int argc, char **argv)
         .workers = workers_cb,
         .covered = covered_cb,
         .metrics = metrics_cb,
+        .route = route_cb,
         .ud = &ctx,
     };
     rc = shoal_api_open(&api, &ao, err, sizeof err);
     if (rc) {
         fprintf(stderr, "shoal serve: %s\n", err);
         status = 2;
+        goto out;
+    }
+    ctx.api = api;
+    if ((rc = shoal_webui_open(&ctx.web, http, NULL, cluster_source, &ctx, 500, err, sizeof err))) {
+        fprintf(stderr, "shoal serve: %s\n", err);
+        status = 4;
         goto out;
     }
     shoal_api_set_http(api, http);
@@ -908,6 +957,7 @@ out:
         shoal_http_stop(http);
         pthread_join(loop_thr, NULL);
     }
+    shoal_webui_close(ctx.web); /* its ticker posts to the loop: stopped before the server closes */
     shoal_sched_close(sched); /* after the loop: every exchange is aborted by now */
     shoal_api_close(api);
     shoal_http_close(http);
