@@ -32,7 +32,9 @@
 
 #include "common/suggest.h"
 #include "common/err.h"
+#include "common/log.h"
 #include "common/metrics.h"
+#include "coordinator/cmd/webui.h"
 
 #define MAX_BODY (64u << 20)
 #define MAX_ROWS 4096
@@ -167,8 +169,10 @@ static int read_key_file(const char *path, char *out, size_t cap)
     return 0;
 }
 
-/* GET url; on success *body (malloc'd, NUL-terminated) and *blen. */
-static int http_get(const url_t *u, double timeout_s, char **body, size_t *blen, char *err, size_t errlen)
+/* GET url; on success *body (malloc'd, NUL-terminated) and *blen. A 503
+ * is a success too when ok503 (the body of /health while degraded). */
+static int http_get_st(const url_t *u, double timeout_s, int ok503, char **body, size_t *blen, char *err,
+                       size_t errlen)
 {
     *body = NULL;
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
@@ -272,7 +276,7 @@ static int http_get(const url_t *u, double timeout_s, char **body, size_t *blen,
         rc = shoal_err_set(err, errlen, SHOAL_EPROTO, "%s:%s: truncated HTTP header", u->host, u->port);
         goto out;
     }
-    if (status != 200) {
+    if (status != 200 && !(ok503 && status == 503)) {
         char line[128];
         size_t ll = strcspn(buf, "\r\n");
         snprintf(line, sizeof line, "%.*s", (int)(ll < 100 ? ll : 100), buf);
@@ -302,6 +306,11 @@ static int http_get(const url_t *u, double timeout_s, char **body, size_t *blen,
 out:
     close(fd);
     return rc;
+}
+
+static int http_get(const url_t *u, double timeout_s, char **body, size_t *blen, char *err, size_t errlen)
+{
+    return http_get_st(u, timeout_s, 0, body, blen, err, errlen);
 }
 
 /* ---- the model of the table ---------------------------------------------- */
@@ -834,6 +843,10 @@ static void usage(FILE *f)
                "                     start; with --window S: two reads S seconds apart)\n"
                "  --interval S       refresh period of the live view (default 2)\n"
                "  --window S         latencies and rates over the last S seconds (default 10)\n"
+               "  --web PORT         instead of the terminal view, serve the live cluster page for\n"
+               "                     this coordinator on http://127.0.0.1:PORT/ (0: a free port,\n"
+               "                     printed); the page needs the same key as the coordinator\n"
+               "  --web-host ADDR    the page's bind address (default 127.0.0.1)\n"
                "  --sort KEY         name, share, p50, p99, gbps, mem, errors (default share)\n"
                "  --reverse          reverse the order\n"
                "  --api-key KEY      the coordinator's key (`shoal serve --api-key`), sent as a Bearer token\n"
@@ -929,10 +942,77 @@ static int live(const url_t *u, const char *url, double interval, view_t *v)
     return 0;
 }
 
+/* ---- --web: the cluster page for any coordinator ------------------------ */
+
+typedef struct {
+    url_t metrics, health;
+} web_src;
+
+/* The snapshot, read from the coordinator on the loop thread (a blocking
+ * GET with its deadline: one browser tab's wait, nobody else's). */
+static char *web_source(void *ud)
+{
+    web_src *w = ud;
+    char *body = NULL, *hbody = NULL, err[512];
+    size_t blen = 0, hlen = 0;
+    if (http_get(&w->metrics, 5.0, &body, &blen, err, sizeof err)) {
+        SHOAL_WARN("top --web: %s", clean(err));
+        return NULL;
+    }
+    json_t *h = NULL;
+    if (!http_get_st(&w->health, 5.0, 1, &hbody, &hlen, err, sizeof err))
+        h = json_loadb(hbody, hlen, 0, NULL);
+    free(hbody);
+    char *out = shoal_webui_cluster_json(body, blen, json_is_object(h) ? h : NULL, err, sizeof err);
+    if (!out)
+        SHOAL_WARN("top --web: %s", clean(err));
+    json_decref(h);
+    free(body);
+    return out;
+}
+
+static void web_request(void *ud, shoal_http_ex *ex, const shoal_http_request *req)
+{
+    shoal_webui **w = ud;
+    shoal_webui_on_request(*w, ex, req);
+}
+
+static int web(const url_t *u, const char *host, int port, const char *key)
+{
+    web_src src = {*u, *u};
+    snprintf(src.health.path, sizeof src.health.path, "/health");
+    shoal_http *http = NULL;
+    shoal_webui *w = NULL;
+    char err[512];
+    shoal_http_opts ho = {.host = host, .port = port, .max_header_bytes = 16 << 10, .max_body_bytes = 1 << 10,
+                          .max_connections = 64, .max_per_addr = 32, .header_timeout_ms = 10000,
+                          .request_timeout_ms = 30000, .idle_timeout_ms = 60000, .write_timeout_ms = 30000,
+                          .max_write_queue = 16u << 20, .handle_signals = 1, .on_request = web_request,
+                          .ud = &w}; /* requests come once the loop runs: w is set by then */
+    shoal_log_set_role("T");
+    int rc = shoal_http_open(&http, &ho, err, sizeof err);
+    if (!rc)
+        rc = shoal_webui_open(&w, http, key, web_source, &src, 1000, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "shoal top: --web: %s\n", err);
+        shoal_http_close(http);
+        return rc == SHOAL_EINVAL ? 2 : 4;
+    }
+    printf("shoal top: cluster page on http://%s%s%s:%d/ for %s:%s\n", strchr(host, ':') ? "[" : "", host,
+           strchr(host, ':') ? "]" : "", shoal_http_port(http), u->host, u->port);
+    fflush(stdout);
+    shoal_http_run(http);
+    shoal_webui_close(w);
+    shoal_http_close(http);
+    return 0;
+}
+
 int shoal_cmd_top(int argc, char **argv)
 {
     const char *url = NULL, *key = NULL, *key_file = NULL;
     int once = 0, window_given = 0;
+    long web_port = -1;
+    const char *web_host = "127.0.0.1";
     double interval = 2;
     g_window = 10;
     g_sort = SORT_SHARE;
@@ -955,6 +1035,17 @@ int shoal_cmd_top(int argc, char **argv)
             once = 1;
         } else if (!strcmp(a, "--reverse")) {
             g_reverse = 1;
+        } else if (!strcmp(a, "--web") && val) {
+            char *end;
+            web_port = strtol(val, &end, 10);
+            if (*end || web_port < 0 || web_port > 65535) {
+                fprintf(stderr, "shoal top: --web needs a port 0..65535\n");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--web-host") && val) {
+            web_host = val;
+            i++;
         } else if (!strcmp(a, "--window") && val) {
             char *end;
             g_window = strtod(val, &end);
@@ -1017,7 +1108,9 @@ int shoal_cmd_top(int argc, char **argv)
     u.key = key;
     view_t v = {.rows = shoal_xcalloc(MAX_ROWS, sizeof(row_t))};
     int status = 0;
-    if (once) {
+    if (web_port >= 0) {
+        status = web(&u, web_host, (int)web_port, key);
+    } else if (once) {
         /* since start; over --window S: a first read, S seconds, the second */
         int rc = 0;
         if (window_given && !(rc = fetch(&u, &v, err, sizeof err))) {
