@@ -18,6 +18,9 @@ PKGS+=(iproute2 tmux)
 # on both processes' /metrics and `check`/`test rules` on deploy/prometheus-alerts.yml
 # (tests/e2e/test_promtool.py, skipped by name without it)
 PKGS+=(prometheus)
+# the cluster page's test in a real browser (tests/e2e/test_webui.py, skipped by name without
+# it): Debian's chromium, 81 MB download, ~60 s to install on a 2-core machine
+PKGS+=(chromium)
 # deployment and the multi-host test (docs/DEPLOY.md): Ansible, sshd per namespace, rsync
 PKGS+=(ansible-core openssh-server openssh-client rsync)
 # systemd-analyze verify on the rendered units (works without systemd as PID 1); python3-apt
