@@ -168,6 +168,35 @@ def rules_fire():
     assert p.returncode == 0 and "SUCCESS" in p.stdout, p.stdout + p.stderr
 
 
+def grafana_exprs():
+    """every query of deploy/grafana-shoal.json is valid PromQL (promtool parses
+    it as a recording rule, the dashboard's variables replaced by values), and
+    the dashboard has the instance and worker variables and the request,
+    failover and drafting panels"""
+    d = json.load(open(os.path.join(src, "deploy", "grafana-shoal.json")))
+    names = [v["name"] for v in d["templating"]["list"]]
+    assert names == ["instance", "worker"], names
+    exprs = [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
+    titles = [p["title"] for p in d["panels"]]
+    for need in ("Time to first token", "Inter-token time", "Queue wait and depth", "Failovers and restarts",
+                 "Speculative decoding"):
+        assert need in titles, need
+    rules = {"groups": [{"name": "grafana", "rules": [
+        {"record": f"shoal:grafana_{i}", "expr": e.replace("$__rate_interval", "1m").replace("$instance", ".*")
+         .replace("$worker", ".*")} for i, e in enumerate(exprs)]}]}
+    path = os.path.join(TMP, "grafana_rules.yml")
+    with open(path, "w") as f:
+        json.dump(rules, f)  # JSON is YAML
+    p = promtool("check", "rules", path)
+    assert p.returncode == 0 and f"SUCCESS: {len(exprs)} rules found" in p.stdout, p.stdout + p.stderr
+    for e in exprs:  # every series filtered by the variables
+        for m in re.finditer(r"\b(shoal_[a-z0-9_]+)\{([^}]*)\}", e):
+            if not m.group(1).startswith("shoal_expert_server_"):
+                assert 'instance=~"$instance"' in m.group(2), e
+            if m.group(1).startswith(("shoal_worker_", "shoal_expert_server_")):
+                assert 'worker=~"$worker"' in m.group(2), e
+
+
 try:
     if not PROMTOOL:
         R.record("SKIP", "all", "promtool not installed (Debian package prometheus; scripts/deps.sh installs it)")
@@ -177,6 +206,7 @@ try:
         R.check("promtool_check_metrics_coordinator_and_worker", both_processes)
         R.check("promtool_check_rules_documented_names", rules_check)
         R.check("promtool_test_rules_alerts_fire", rules_fire)
+        R.check("grafana_queries_parse_and_use_the_variables", grafana_exprs)
 finally:
     for p in procs:
         if p.poll() is None:
