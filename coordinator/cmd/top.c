@@ -785,8 +785,8 @@ static int render(const view_t *v, const snap_t *base, const snap_t *base60, con
         char a[16], b[16];
         fmt_ms(a, sizeof a, v->fo_p50);
         fmt_ms(b, sizeof b, v->fo_p99);
-        snprintf(lines[k++], LINE_MAX_, "failovers %.0f (%.0f in trunk steps), %.0f pairs and %.0f trunk rows resent "
-                 "to other owners; time lost per failover p50 %s ms, p99 %s ms (since start)",
+        snprintf(lines[k++], LINE_MAX_, "failovers %.0f (%.0f in trunk steps), %.0f pairs resent and %.0f trunk rows "
+                 "resent to other owners; time lost per failover p50 %s ms, p99 %s ms (since start)",
                  v->failovers, v->trunk_failovers, v->resent, v->resent_rows, a, b);
     }
     for (int i = 0; i < v->n && k < max; i++) {

@@ -93,7 +93,7 @@ def once_default():
     assert b[1:6] == ["DOWN", "4", "0.333", "0.500", "0.67"], b
     # test_cmetrics' failover case: b"x lost twice (5 pairs), all taken over by a
     assert a[10:] == ["2", "1", "0", "5"] and b[10:] == ["2", "1", "2", "0"], (a, b)
-    assert "failovers 2 (0 in trunk steps), 5 pairs and 0 trunk rows resent to other owners" in p.stdout, p.stdout
+    assert "failovers 2 (0 in trunk steps), 5 pairs resent and 0 trunk rows resent to other owners" in p.stdout, p.stdout
     assert 'b"x is DOWN; taken over by a (5 pairs)' in p.stdout, p.stdout
     # p50/p99 since start (--once): Prometheus' histogram_quantile over the
     # exposed buckets, computed here from the body; and within a factor
