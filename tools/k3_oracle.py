@@ -30,6 +30,9 @@ offline, so their behaviour is reproduced here from the SPEC:
 Open point: a whitespace-only reasoning_content renders as an empty think
 element (see xtml_segments); the SPEC says only "possibly empty".
 
+Partial mode (continue_final) is modelled as vLLM's continue_final_message (the final
+assistant message rendered, its closing cut off).
+
 Not covered (the SPEC leaves them open or they are not needed here): content
 given as a list of parts, thinking_effort, tool_choice "none",
 response_format, tool messages that do not match the last assistant's calls.
@@ -220,7 +223,23 @@ def _content(m):
     return c
 
 
-def xtml_segments(messages, thinking=True, add_generation_prompt=True, tools=None, tool_choice=None):
+def xtml_segments(messages, thinking=True, add_generation_prompt=True, tools=None, tool_choice=None,
+                  continue_final=False):
+    """continue_final: Moonshot's partial mode, modelled as vLLM's continue_final_message: the
+    conversation is rendered without a generation prompt and the closing of the final
+    (assistant) message -- the response element's close, the message's close and its
+    <|end_of_msg|> -- is cut off, so the model continues its content."""
+    if continue_final:
+        if not messages or messages[-1]["role"] != "assistant" or messages[-1].get("tool_calls"):
+            raise ValueError("k3_oracle: continue_final needs a final assistant message without tool calls")
+        if tool_choice:
+            raise ValueError("k3_oracle: continue_final with tool_choice is not modelled")
+        segs = xtml_segments(messages, thinking=thinking, add_generation_prompt=False, tools=tools)
+        tail = [("<|close|>", True), ("response", False), ("<|sep|>", True), ("<|close|>", True),
+                ("message", False), ("<|sep|>", True), ("<|end_of_msg|>", True)]
+        if segs[-len(tail):] != tail:
+            raise ValueError("k3_oracle: the final message does not end as an assistant message")
+        return segs[:-len(tail)]
     s = _Segs()
     if tools:
         body = TOOL_DECLARE_HEAD + json.dumps(tools, separators=(",", ":"), sort_keys=True,

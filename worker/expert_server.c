@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <malloc.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,7 @@
 #include "proto/shard.h"
 #include "proto/tshard.h"
 #include "worker/bank.h"
+#include "worker/rbudget.h"
 #include "worker/serve.h"
 #include "worker/store.h"
 
@@ -49,6 +51,9 @@ typedef struct {
 typedef struct {
     zmq_msg_t msg;
     int live;
+    shoal_rbudget *budget; /* admits and counts every reply data frame */
+    const uint8_t *peer;   /* the request's routing id */
+    size_t peerlen;
 } out_frame;
 
 static uint64_t now_us(void)
@@ -58,13 +63,22 @@ static uint64_t now_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-static void *alloc_frame(void *ctx, size_t len)
+/* The reply's data frame, admitted by the reply budget (worker/rbudget.h):
+ * ZeroMQ releases it through shoal_rbudget_release once it has written it or
+ * dropped its connection, which is what keeps the count of unread reply bytes
+ * per peer true. */
+static void *alloc_frame(void *ctx, size_t len, char *why, size_t whylen)
 {
     out_frame *o = ctx;
-    if (zmq_msg_init_size(&o->msg, len))
+    void *data, *hint;
+    if (shoal_rbudget_alloc(o->budget, o->peer, o->peerlen, len, &data, &hint, why, whylen))
         return NULL;
+    if (zmq_msg_init_data(&o->msg, data, len, shoal_rbudget_release, hint)) {
+        shoal_rbudget_release(data, hint);
+        return NULL;
+    }
     o->live = 1;
-    return zmq_msg_data(&o->msg);
+    return data;
 }
 
 /* Receive one whole multipart message: if one is waiting, or with `wait`
@@ -130,7 +144,7 @@ static void send_reply(void *sock, zmq_msg_t *rid, const shoal_serve_reply *rep,
 }
 
 static void handle(void *sock, shoal_serve *srv, qreq *r, int stopping, int *shutdown, uint64_t *dropped,
-                   shoal_wmetrics *wm)
+                   shoal_wmetrics *wm, shoal_rbudget *budget)
 {
     if (r->nparts < 2) { /* no routing id or no frame: nothing to answer */
         qreq_close(r);
@@ -141,7 +155,7 @@ static void handle(void *sock, shoal_serve *srv, qreq *r, int stopping, int *shu
     for (int i = 0; i < nf; i++)
         f[i] = (shoal_frame){zmq_msg_data(&r->part[i + 1]), zmq_msg_size(&r->part[i + 1])};
     shoal_serve_reply rep;
-    out_frame of = {.live = 0};
+    out_frame of = {.live = 0, .budget = budget, .peer = zmq_msg_data(&r->part[0]), .peerlen = zmq_msg_size(&r->part[0])};
     if (r->too_many) {
         shoal_serve_refuse(srv, f, nf, SHOAL_PERR_MALFORMED, "message has more frames than the protocol allows",
                            &rep);
@@ -226,6 +240,7 @@ typedef struct {
     shoal_curve_zap *zap;
     qreq *q;
     shoal_wmetrics *wm;
+    shoal_rbudget *budget; /* freed after the context: ZeroMQ may release replies until then */
     /* trunk rows (--trunk): what HELLO announces and where each is mapped */
     shoal_st *tst; /* a mapped store for the trunk when st is headers-only (cached experts) */
     shoal_proto_trows *trunk;
@@ -243,6 +258,7 @@ static void server_free(server *s)
     shoal_curve_zap_stop(s->zap);
     if (s->zctx)
         zmq_ctx_term(s->zctx);
+    shoal_rbudget_close(s->budget);
     shoal_serve_close(s->srv);
     shoal_wmetrics_close(s->wm);
     shoal_bank_close(s->bank);
@@ -556,8 +572,19 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     if ((rc = shoal_serve_open(&s.srv, &so, s.bank, err, errlen)))
         goto out;
     if (o->skip_compute)
-        SHOAL_WARN("--bench-skip-compute: answering zeros instead of the experts (benchmarks only)");
+        SHOAL_WARN("--bench-skip-compute: answering zeros instead of the experts and trunk rows (benchmarks only)");
 
+    /* requests (ZeroMQ's receive buffers) of a MiB and more are mapped and
+     * unmapped directly: glibc's default would raise the threshold to 32 MiB
+     * after the first large free and keep freed requests in the heap, so the
+     * worker would hold its peak for good (replies: worker/rbudget.c) */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+    shoal_rbudget_opts bo = {
+        .peer_bytes = o->peer_reply_bytes ? o->peer_reply_bytes : (uint64_t)SHOAL_EXPERT_PEER_REPLY_MB << 20,
+        .total_bytes = o->reply_budget_bytes ? o->reply_budget_bytes : (uint64_t)SHOAL_EXPERT_REPLY_BUDGET_MB << 20,
+        .wait_us = 2000};
+    if ((rc = shoal_rbudget_open(&s.budget, &bo, err, errlen)))
+        goto out;
     s.zctx = zmq_ctx_new();
     s.sock = zmq_socket(s.zctx, ZMQ_ROUTER);
     int one = 1, linger = 2000;
@@ -607,6 +634,23 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                    (double)tb / 1048576.0);
     }
 
+    {
+        /* the largest reply a legal request can ask for: T = max_tokens, every
+         * pair f32 (EXPERT_BATCH); every owned trunk row once (TRUNK_BATCH,
+         * overlaps refused), at most the 2 GiB reply limit */
+        uint64_t big = shoal_shard_count(s.own) ? (uint64_t)so.max_tokens * (uint64_t)so.k * (uint64_t)s.cfg.latent_size * 4
+                                                : 0, rows = 0;
+        for (size_t i = 0; i < s.ntrunk; i++)
+            rows += s.trunk[i].hi - s.trunk[i].lo + 1;
+        uint64_t tb = rows * (uint64_t)so.max_tokens * 4;
+        if (tb > (1ull << 31))
+            tb = 1ull << 31;
+        if (tb > big)
+            big = tb;
+        SHOAL_INFO("reply budget: %.0f MiB of unread replies per connection, %.0f MiB in all (the largest legal reply "
+                   "is %.1f MiB)", (double)bo.peer_bytes / 1048576.0, (double)bo.total_bytes / 1048576.0,
+                   (double)(big + 16) / 1048576.0);
+    }
     s.q = shoal_xcalloc(QCAP, sizeof *s.q);
     int head = 0, count = 0, shutdown = 0;
     uint64_t dropped = 0, nrefused = 0, handled = 0;
@@ -629,7 +673,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
         }
         if (count == 0)
             continue;
-        handle(s.sock, s.srv, &s.q[head], 0, &shutdown, &dropped, s.wm);
+        handle(s.sock, s.srv, &s.q[head], 0, &shutdown, &dropped, s.wm, s.budget);
         head = (head + 1) % QCAP;
         count--;
         handled++;
@@ -640,7 +684,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
             count++;
         if (count == 0)
             break;
-        handle(s.sock, s.srv, &s.q[head], 1, &shutdown, &dropped, s.wm);
+        handle(s.sock, s.srv, &s.q[head], 1, &shutdown, &dropped, s.wm, s.budget);
         head = (head + 1) % QCAP;
         count--;
     }
@@ -725,9 +769,13 @@ static void usage(FILE *f)
                "  --no-prefetch        ignore the coordinator's PREFETCH hints (read only on demand)\n"
                "  --refuse-shutdown    answer SHUTDOWN with ERROR (what `shoal serve --workers N` gives its\n"
                "                       workers: only the coordinator that started them stops them, by SIGTERM)\n"
+               "  --peer-reply-mb N    MiB of replies one connection may leave unread before its requests are\n"
+               "                       refused with ERROR (default 256; a connection holding none may always\n"
+               "                       have one reply; PROTOCOL.md section 6)\n"
+               "  --reply-budget-mb N  the same for all connections together (default 1024)\n"
                "  --print-fingerprint  print the model fingerprint (PROTOCOL.md section 5) and exit\n"
                "  --test-delay-ms N    (tests) sleep N ms before computing each batch\n"
-               "  --bench-skip-compute (benchmarks) answer zeros instead of running the experts\n"
+               "  --bench-skip-compute (benchmarks) answer zeros instead of running the experts (and trunk rows)\n"
                "\n"
                "SIGTERM/SIGINT: finish the request in flight, refuse queued ones, exit 0.\n");
 }
@@ -759,6 +807,8 @@ int shoal_cmd_expert(int argc, char **argv)
                                              {"no-direct", no_argument, 0, 'D'},
                                              {"no-prefetch", no_argument, 0, 'F'},
                                              {"refuse-shutdown", no_argument, 0, 'R'},
+                                             {"peer-reply-mb", required_argument, 0, 'Q'},
+                                             {"reply-budget-mb", required_argument, 0, 'B'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     shoal_expert_server_opts o = {.stop = &stop_flag};
@@ -769,7 +819,7 @@ int shoal_cmd_expert(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         char *end = NULL;
         long v = 0;
-        if (c == 't' || c == 'x' || c == 'd' || c == 'M' || c == 'S' || c == 'I') {
+        if (c == 't' || c == 'x' || c == 'd' || c == 'M' || c == 'S' || c == 'I' || c == 'Q' || c == 'B') {
             errno = 0;
             v = strtol(optarg, &end, 10);
             if (errno || !end || *end || v < 0 || v > 1000000) {
@@ -814,6 +864,14 @@ int shoal_cmd_expert(int argc, char **argv)
         case 'D': o.no_direct = 1; break;
         case 'F': o.no_prefetch = 1; break;
         case 'R': o.refuse_shutdown = 1; break;
+        case 'Q':
+        case 'B':
+            if (v < 1) {
+                fprintf(stderr, "shoal expert: --%s must be at least 1\n", c == 'Q' ? "peer-reply-mb" : "reply-budget-mb");
+                return 2;
+            }
+            *(c == 'Q' ? &o.peer_reply_bytes : &o.reply_budget_bytes) = (uint64_t)v << 20;
+            break;
         case 'G': {
             if (strspn(optarg, "abcdefghijklmnopqrstuvwxyz") == strlen(optarg)) {
                 o.cache_preset = optarg; /* checked by the server, with the model */

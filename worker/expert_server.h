@@ -26,8 +26,8 @@ typedef struct {
      * (fault tests: a worker that is slow or gets killed mid-request). 0 off. */
     unsigned delay_us;
     /* Benchmark hook: answer every batch with zero outputs, skipping only the
-     * expert FFNs (decode, checks, grouping, the reply all happen), so the cost
-     * of the exchange itself can be measured. */
+     * expert FFNs and trunk row products (decode, checks, grouping, the reply
+     * all happen), so the cost of the exchange itself can be measured. */
     int skip_compute;
     int refuse_shutdown; /* --refuse-shutdown: no peer may stop this worker by message (PROTOCOL.md §3.3) */
     /* Prometheus /metrics (docs/METRICS.md) on metrics_host:metrics_port
@@ -58,7 +58,15 @@ typedef struct {
      * CLI refuses a non-ipc endpoint without CURVE unless --insecure). */
     const char *curve_secret;
     const char *curve_allow;
+    /* Reply budget (worker/rbudget.h, PROTOCOL.md section 6): bytes of
+     * replies ZeroMQ may hold unread for one connection, and for all of them;
+     * 0: the defaults (SHOAL_EXPERT_PEER_REPLY_MB, SHOAL_EXPERT_REPLY_BUDGET_MB). */
+    uint64_t peer_reply_bytes;
+    uint64_t reply_budget_bytes;
 } shoal_expert_server_opts;
+
+#define SHOAL_EXPERT_PEER_REPLY_MB 256
+#define SHOAL_EXPERT_REPLY_BUDGET_MB 1024
 
 /* Runs the server. Returns 0 after a clean stop, or an error code with err:
  * SHOAL_EINVAL (options), SHOAL_ECONFIG / SHOAL_EMODEL (model), SHOAL_ERANGE

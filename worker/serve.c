@@ -322,13 +322,16 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
         reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, msg);
         return;
     }
-    uint8_t *y = missing < 0 ? alloc(actx, ylen) : NULL;
+    char why[384] = "";
+    uint8_t *y = missing < 0 ? alloc(actx, ylen, why, sizeof why) : NULL;
     if (!y) {
         for (int i = 0; i < ntouched; i++)
             s->cnt[s->touched[i]] = 0;
         if (missing >= 0)
             snprintf(msg, sizeof msg, "EXPERT_BATCH: layer %d expert %d is owned but has no weights bound", layer,
                      missing);
+        else if (why[0])
+            snprintf(msg, sizeof msg, "EXPERT_BATCH: %s", why);
         else
             snprintf(msg, sizeof msg, "EXPERT_BATCH: cannot allocate the %zu-byte reply", ylen);
         reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, msg);
@@ -545,6 +548,22 @@ static void do_tbatch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_u
         bown[i] = b;
         total += (uint64_t)(ch->b.hi - ch->b.lo + 1);
     }
+    /* No row twice in one reply: duplicated or overlapping segments (of
+     * `mats`, or of the chains' b rows) would let a small request ask for a
+     * reply many times its size (PROTOCOL.md section 6). Adjacent is fine. */
+    uint32_t nseg = m->tbatch.n + m->tbatch.nchain;
+    for (uint32_t i = 0; i < nseg; i++) {
+        const shoal_proto_trows *gi = i < m->tbatch.n ? &m->tbatch.seg[i] : &m->tbatch.chain[i - m->tbatch.n].b;
+        for (uint32_t j = i + 1; j < nseg; j++) {
+            const shoal_proto_trows *gj = j < m->tbatch.n ? &m->tbatch.seg[j] : &m->tbatch.chain[j - m->tbatch.n].b;
+            if (gi->lo <= gj->hi && gj->lo <= gi->hi && !strcmp(gi->name, gj->name)) {
+                snprintf(msg, sizeof msg, "TRUNK_BATCH: rows %u-%u and %u-%u of %s overlap (segments %u and %u): "
+                         "a request asks for each row at most once", gi->lo, gi->hi, gj->lo, gj->hi, gi->name, i, j);
+                reply_error(s, rep, m->rid, SHOAL_PERR_BAD_SHAPE, msg);
+                return;
+            }
+        }
+    }
     uint64_t nout = total * x->rows;
     if (nout > UINT32_MAX || nout * 4 > (1ull << 31)) {
         snprintf(msg, sizeof msg, "TRUNK_BATCH: %llu outputs exceed the 2 GiB reply limit", (unsigned long long)nout);
@@ -559,9 +578,14 @@ static void do_tbatch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_u
         reply_error(s, rep, m->rid, SHOAL_PERR_BAD_SHAPE, "TRUNK_BATCH: reply too large");
         return;
     }
-    uint8_t *y = alloc(actx, ylen);
+    char why[384] = "";
+    uint8_t *y = alloc(actx, ylen, why, sizeof why);
     if (!y) {
-        reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, "TRUNK_BATCH: out of memory for the reply");
+        if (why[0])
+            snprintf(msg, sizeof msg, "TRUNK_BATCH: %s", why);
+        else
+            snprintf(msg, sizeof msg, "TRUNK_BATCH: out of memory for the %zu-byte reply", ylen);
+        reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, msg);
         return;
     }
     shoal_proto_tensor_hdr(y, SHOAL_WIRE_F32, 1, (uint32_t)nout);
@@ -570,13 +594,17 @@ static void do_tbatch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_u
      * 16-byte aligned, so the payload is float-aligned) */
     float *out = (float *)(void *)(y + SHOAL_PROTO_TENSOR_HDR);
     int T = (int)x->rows;
-    for (uint32_t i = 0; i < m->tbatch.n; i++) {
+    if (s->o.skip_compute) { /* benchmark hook: the exchange and the reply, zeros instead of the rows */
+        memset(out, 0, (size_t)nout * sizeof *out);
+        nout = 0;
+    }
+    for (uint32_t i = 0; i < m->tbatch.n && nout; i++) {
         const shoal_proto_trows *g = &m->tbatch.seg[i];
         int n = (int)(g->hi - g->lo + 1);
         tgemm(out, &s->o.tmat[owner[i]], g->lo - s->o.trunk[owner[i]].lo, s->tx, n, T);
         out += (size_t)n * (size_t)T;
     }
-    for (uint32_t i = 0; i < m->tbatch.nchain; i++) {
+    for (uint32_t i = 0; i < m->tbatch.nchain && nout; i++) {
         const shoal_proto_tchain *ch = &m->tbatch.chain[i];
         int n = (int)(ch->b.hi - ch->b.lo + 1);
         if (!i || aown[i] != aown[i - 1]) /* consecutive segments of one chain share its first output */

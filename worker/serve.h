@@ -47,7 +47,7 @@ typedef struct {
     uint64_t mem_total;
     shoal_wmetrics *metrics;               /* optional (NULL): counters for /metrics; borrowed */
     unsigned delay_us;                     /* test hook: sleep before computing each EXPERT_BATCH */
-    int skip_compute;                      /* benchmark hook: outputs zero instead of the expert FFNs */
+    int skip_compute;                      /* benchmark hook: outputs zero instead of the expert FFNs and trunk rows */
     int refuse_shutdown;                   /* 1: SHUTDOWN is answered ERROR UNKNOWN_TYPE (PROTOCOL.md §3.3) */
     /* Optional: the experts come from this RAM-budgeted store (worker/store.h)
      * instead of the bank, which is then NULL. Borrowed; one thread uses it. */
@@ -69,12 +69,14 @@ typedef struct {
 
 typedef struct shoal_serve shoal_serve;
 
-/* Allocates the reply's data frame (len bytes); NULL on failure (answered
- * with ERROR INTERNAL). ctx is the caller's. Called at most once per request:
+/* Allocates the reply's data frame (len bytes); NULL on failure or when the
+ * caller's reply budget refuses it (worker/rbudget.h): answered with ERROR
+ * INTERNAL whose message is `why` when the function wrote one (it names the
+ * limit), else a generic one. ctx is the caller's. Called at most once per request:
  * the caller owns and sends (or frees) it. The reply carries it (rep->n == 2)
  * unless reading an expert from the store failed afterwards (rep->n == 1, an
  * ERROR): then the caller frees it. */
-typedef void *(*shoal_serve_alloc_fn)(void *ctx, size_t len);
+typedef void *(*shoal_serve_alloc_fn)(void *ctx, size_t len, char *why, size_t whylen);
 
 typedef struct {
     shoal_frame frames[2]; /* [0] control (the serve's buffer, valid until the next call), [1] data */

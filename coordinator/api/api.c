@@ -4,6 +4,7 @@
  * the open exchange, the scheduler's notify (one reference per posted drain),
  * and nobody else -- whichever drops the last reference frees it, on any
  * thread, and it owns no loop resource by then. */
+#include <math.h>
 #include <sodium.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -40,6 +41,7 @@ enum { EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_OTHER, EP_N
 static const char *const ep_names[EP_N] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
                                            "/health",              "/metrics",        "other"};
 #define MAX_STATUS_SLOTS 24
+#define MAX_IGNORED_LABELS 96
 
 struct shoal_api {
     shoal_api_opts o;
@@ -53,6 +55,12 @@ struct shoal_api {
         uint64_t count[EP_N];
     } st[MAX_STATUS_SLOTS];
     uint64_t memo_hits_served, streams, tokens_streamed;
+    /* shoal_api_ignored_fields_total{field} (api.h: the field policy) */
+    struct {
+        char name[64];
+        uint64_t count;
+    } ign[MAX_IGNORED_LABELS];
+    int nign;
     int live; /* open generation requests */
     int last_status; /* the status of the response just sent (access log) */
     int handed;      /* the request became an areq, which logs its own line */
@@ -156,39 +164,62 @@ typedef struct {
     shoal_sbuf args;
 } tcall;
 
+struct areq;
+
+/* One choice of a request (n choices: one scheduler job each). */
+typedef struct {
+    struct areq *r;
+    int index;
+    shoal_sched_job *job;
+    shoal_sbuf content, reasoning;
+    tcall *calls;
+    int ncalls;
+    int done;
+    shoal_ev *done_ev;  /* its DONE (full responses are built when every choice is done) */
+    json_t *lp;         /* logprob entries not yet sent (streaming) or all of them; NULL without logprobs */
+    size_t text_off;    /* completions' text_offset: bytes of the tokens so far */
+} achoice;
+
 typedef struct areq {
     atomic_int refs;
     shoal_api *api;
     shoal_http_ex *ex; /* NULL once the exchange ended */
-    shoal_sched_job *job;
     int ep;
     shoal_gen_kind kind;
-    int stream, include_usage, return_ids;
+    int stream, include_usage, return_ids, logprobs;
     int memo; /* 0: not deterministic, 1: miss, 2: hit */
     char id[48];
     long long created;
     int head_sent;
+    int started;
     int prompt_tokens, reused_tokens;
     int status, completion_tokens; /* for the access log */
+    int ndone;
     double t0;
     char peer[64];
-    shoal_sbuf content, reasoning;
-    tcall *calls;
-    int ncalls;
+    char ignored[512]; /* x-shoal-ignored */
+    int n;
+    achoice *ch;
 } areq;
 
 static void areq_unref(areq *r)
 {
     if (atomic_fetch_sub(&r->refs, 1) != 1)
         return;
-    shoal_sched_job_unref(r->job);
-    free(r->content.p);
-    free(r->reasoning.p);
-    for (int i = 0; i < r->ncalls; i++) {
-        free(r->calls[i].name);
-        free(r->calls[i].args.p);
+    for (int k = 0; k < r->n; k++) {
+        achoice *c = &r->ch[k];
+        shoal_sched_job_unref(c->job);
+        free(c->content.p);
+        free(c->reasoning.p);
+        for (int i = 0; i < c->ncalls; i++) {
+            free(c->calls[i].name);
+            free(c->calls[i].args.p);
+        }
+        free(c->calls);
+        shoal_ev_free_list(c->done_ev);
+        json_decref(c->lp);
     }
-    free(r->calls);
+    free(r->ch);
     free(r);
 }
 
@@ -215,15 +246,22 @@ static void extra_headers(areq *r, char *buf, size_t cap)
     if (r->memo)
         n += snprintf(buf + n, cap - (size_t)n, "x-shoal-memo: %s\r\n", r->memo == 2 ? "hit" : "miss");
     if (r->memo != 2)
-        snprintf(buf + n, cap - (size_t)n, "x-shoal-reused-tokens: %d\r\n", r->reused_tokens);
+        n += snprintf(buf + n, cap - (size_t)n, "x-shoal-reused-tokens: %d\r\n", r->reused_tokens);
+    if (r->ignored[0] && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, "x-shoal-ignored: %s\r\n", r->ignored);
 }
 
-static json_t *usage_json(const areq *r, const shoal_ev *done)
+static json_t *usage_json(const areq *r)
 {
-    return json_pack("{s:i,s:i,s:i,s:{s:i},s:{s:i}}", "prompt_tokens", r->prompt_tokens, "completion_tokens",
-                     done->completion_tokens, "total_tokens", r->prompt_tokens + done->completion_tokens,
-                     "prompt_tokens_details", "cached_tokens", r->memo == 2 ? 0 : r->reused_tokens,
-                     "completion_tokens_details", "reasoning_tokens", done->reasoning_tokens);
+    int ctok = 0, rtok = 0;
+    for (int i = 0; i < r->n; i++)
+        if (r->ch[i].done_ev) {
+            ctok += r->ch[i].done_ev->completion_tokens;
+            rtok += r->ch[i].done_ev->reasoning_tokens;
+        }
+    return json_pack("{s:i,s:i,s:i,s:{s:i},s:{s:i}}", "prompt_tokens", r->prompt_tokens, "completion_tokens", ctok,
+                     "total_tokens", r->prompt_tokens + ctok, "prompt_tokens_details", "cached_tokens",
+                     r->memo == 2 ? 0 : r->reused_tokens, "completion_tokens_details", "reasoning_tokens", rtok);
 }
 
 static json_t *ids_json(const int32_t *v, int n)
@@ -239,6 +277,100 @@ static json_t *envelope(const areq *r, const char *object)
 {
     return json_pack("{s:s,s:s,s:I,s:s}", "id", r->id, "object", object, "created", (json_int_t)r->created,
                      "model", r->api->model_name);
+}
+
+/* A DONE event kept for the full response (the scheduler's list is freed). */
+static shoal_ev *done_copy(const shoal_ev *e)
+{
+    shoal_ev *c = shoal_xmalloc(sizeof *c);
+    *c = *e;
+    c->next = NULL;
+    c->text = c->name = NULL;
+    c->len = 0;
+    c->prompt_ids = c->output_ids = NULL;
+    if (e->prompt_ids && e->n_prompt_ids > 0) {
+        c->prompt_ids = shoal_xmalloc((size_t)e->n_prompt_ids * sizeof *c->prompt_ids);
+        memcpy(c->prompt_ids, e->prompt_ids, (size_t)e->n_prompt_ids * sizeof *c->prompt_ids);
+    }
+    if (e->output_ids && e->n_output_ids > 0) {
+        c->output_ids = shoal_xmalloc((size_t)e->n_output_ids * sizeof *c->output_ids);
+        memcpy(c->output_ids, e->output_ids, (size_t)e->n_output_ids * sizeof *c->output_ids);
+    }
+    return c;
+}
+
+/* ---- log-probabilities ---------------------------------------------------- */
+
+/* JSON has no infinity: an id the model gives no mass is reported as -9999
+ * (OpenAI's convention for "practically impossible"). */
+static json_t *lp_num(double x)
+{
+    return json_real(isfinite(x) && x > -9999.0 ? x : -9999.0);
+}
+
+static json_t *bytes_json(const char *b, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(a, json_integer((unsigned char)b[i]));
+    return a;
+}
+
+/* One LOGPROB event as the endpoint's entry: chat {token, logprob, bytes,
+ * top_logprobs}; completions [token, logprob, {token: logprob}, offset]. */
+static void lp_add(areq *r, achoice *c, const shoal_ev *e)
+{
+    if (!c->lp)
+        c->lp = json_array();
+    const char *t = e->text ? e->text : "";
+    if (r->kind == SHOAL_GEN_CHAT) {
+        json_t *top = json_array();
+        size_t off = (size_t)e->tok_len;
+        for (int i = 0; i < e->ntop; i++) {
+            json_array_append_new(top, json_pack("{s:o,s:o,s:o}", "token", jstr(t + off, (size_t)e->top_len[i]),
+                                                 "logprob", lp_num(e->top_lp[i]), "bytes",
+                                                 bytes_json(t + off, e->top_len[i])));
+            off += (size_t)e->top_len[i];
+        }
+        json_array_append_new(c->lp, json_pack("{s:o,s:o,s:o,s:o}", "token", jstr(t, (size_t)e->tok_len), "logprob",
+                                               lp_num(e->logprob), "bytes", bytes_json(t, e->tok_len),
+                                               "top_logprobs", top));
+    } else {
+        json_t *top = json_object();
+        size_t off = (size_t)e->tok_len;
+        for (int i = 0; i < e->ntop; i++) {
+            json_t *k = jstr(t + off, (size_t)e->top_len[i]);
+            json_object_set_new(top, json_string_value(k), lp_num(e->top_lp[i]));
+            json_decref(k);
+            off += (size_t)e->top_len[i];
+        }
+        json_array_append_new(c->lp, json_pack("[o,o,o,I]", jstr(t, (size_t)e->tok_len), lp_num(e->logprob), top,
+                                               (json_int_t)c->text_off));
+        c->text_off += (size_t)e->tok_len;
+    }
+}
+
+/* The entries held so far as the choice's "logprobs" value (they are
+ * handed over: the next call starts empty); json null without logprobs. */
+static json_t *lp_take(areq *r, achoice *c)
+{
+    if (!r->logprobs)
+        return json_null();
+    json_t *entries = c->lp ? c->lp : json_array();
+    c->lp = NULL;
+    if (r->kind == SHOAL_GEN_CHAT)
+        return json_pack("{s:o,s:n}", "content", entries, "refusal");
+    json_t *o = json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+    size_t i;
+    json_t *x;
+    json_array_foreach(entries, i, x) {
+        json_array_append(json_object_get(o, "tokens"), json_array_get(x, 0));
+        json_array_append(json_object_get(o, "token_logprobs"), json_array_get(x, 1));
+        json_array_append(json_object_get(o, "top_logprobs"), json_array_get(x, 2));
+        json_array_append(json_object_get(o, "text_offset"), json_array_get(x, 3));
+    }
+    json_decref(entries);
+    return o;
 }
 
 /* ---- streaming ------------------------------------------------------------ */
@@ -261,24 +393,26 @@ static void sse_send(areq *r, json_t *obj)
     free(s);
 }
 
-static json_t *chunk(const areq *r, json_t *delta_or_text, const char *finish)
+/* A chunk of choice c; carries the log-probabilities held since its last chunk. */
+static json_t *chunk(areq *r, achoice *c, json_t *delta_or_text, const char *finish)
 {
-    json_t *c = envelope(r, r->kind == SHOAL_GEN_CHAT ? "chat.completion.chunk" : "text_completion");
-    json_t *choice = json_pack("{s:i,s:n,s:o}", "index", 0, "logprobs", "finish_reason",
+    json_t *o = envelope(r, r->kind == SHOAL_GEN_CHAT ? "chat.completion.chunk" : "text_completion");
+    json_t *choice = json_pack("{s:i,s:o,s:o}", "index", c->index, "logprobs",
+                               c->lp || finish ? lp_take(r, c) : json_null(), "finish_reason",
                                finish ? json_string(finish) : json_null());
     if (r->kind == SHOAL_GEN_CHAT)
         json_object_set_new(choice, "delta", delta_or_text);
     else
         json_object_set_new(choice, "text", delta_or_text);
-    json_object_set_new(c, "choices", json_pack("[o]", choice));
+    json_object_set_new(o, "choices", json_pack("[o]", choice));
     if (r->include_usage)
-        json_object_set_new(c, "usage", json_null());
-    return c;
+        json_object_set_new(o, "usage", json_null());
+    return o;
 }
 
 static void stream_head(areq *r)
 {
-    char extra[256];
+    char extra[1024];
     extra_headers(r, extra, sizeof extra);
     r->head_sent = 1;
     r->status = 200;
@@ -286,40 +420,41 @@ static void stream_head(areq *r)
     r->api->streams++;
     shoal_http_stream_begin(r->ex, 200, "text/event-stream", extra);
     if (r->kind == SHOAL_GEN_CHAT)
-        sse_send(r, chunk(r, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL));
+        for (int i = 0; i < r->n; i++)
+            sse_send(r, chunk(r, &r->ch[i], json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL));
 }
 
-static void stream_text(areq *r, shoal_channel ch, const char *text, size_t len)
+static void stream_text(areq *r, achoice *c, shoal_channel ch, const char *text, size_t len)
 {
     if (len == 0)
         return;
     json_t *t = jstr(text, len);
     if (r->kind == SHOAL_GEN_CHAT)
-        sse_send(r, chunk(r, json_pack("{s:o}", ch == SHOAL_CH_REASONING ? "reasoning_content" : "content", t),
+        sse_send(r, chunk(r, c, json_pack("{s:o}", ch == SHOAL_CH_REASONING ? "reasoning_content" : "content", t),
                           NULL));
     else
-        sse_send(r, chunk(r, t, NULL));
+        sse_send(r, chunk(r, c, t, NULL));
 }
 
-static tcall *call_at(areq *r, int index)
+static tcall *call_at(achoice *c, int index)
 {
     if (index < 0 || index > 1024)
         SHOAL_PANIC("api: tool call index %d out of range", index);
-    if (index >= r->ncalls) {
-        r->calls = shoal_xrealloc(r->calls, (size_t)(index + 1) * sizeof *r->calls);
-        memset(r->calls + r->ncalls, 0, (size_t)(index + 1 - r->ncalls) * sizeof *r->calls);
-        for (int i = r->ncalls; i <= index; i++) {
-            memcpy(r->calls[i].id, "call_", 5);
-            random_hex(r->calls[i].id + 5, 12);
+    if (index >= c->ncalls) {
+        c->calls = shoal_xrealloc(c->calls, (size_t)(index + 1) * sizeof *c->calls);
+        memset(c->calls + c->ncalls, 0, (size_t)(index + 1 - c->ncalls) * sizeof *c->calls);
+        for (int i = c->ncalls; i <= index; i++) {
+            memcpy(c->calls[i].id, "call_", 5);
+            random_hex(c->calls[i].id + 5, 12);
         }
-        r->ncalls = index + 1;
+        c->ncalls = index + 1;
     }
-    return &r->calls[index];
+    return &c->calls[index];
 }
 
-static void stream_tool(areq *r, const shoal_ev *e)
+static void stream_tool(areq *r, achoice *ch, const shoal_ev *e)
 {
-    tcall *c = call_at(r, e->tool_index);
+    tcall *c = call_at(ch, e->tool_index);
     json_t *fn = json_object();
     json_t *tc = json_pack("{s:i}", "index", e->tool_index);
     if (e->name) {
@@ -329,22 +464,28 @@ static void stream_tool(areq *r, const shoal_ev *e)
     }
     json_object_set_new(fn, "arguments", jstr(e->text, e->len));
     json_object_set_new(tc, "function", fn);
-    sse_send(r, chunk(r, json_pack("{s:[o]}", "tool_calls", tc), NULL));
+    sse_send(r, chunk(r, ch, json_pack("{s:[o]}", "tool_calls", tc), NULL));
 }
 
-static void stream_done(areq *r, const shoal_ev *e)
+/* Choice c is done: its last chunk. */
+static void stream_choice_done(areq *r, achoice *c, const shoal_ev *e)
 {
-    json_t *last = chunk(r, r->kind == SHOAL_GEN_CHAT ? json_object() : json_string(""), e->finish);
+    json_t *last = chunk(r, c, r->kind == SHOAL_GEN_CHAT ? json_object() : json_string(""), e->finish);
     if (r->return_ids && e->output_ids) {
         json_t *ch = json_array_get(json_object_get(last, "choices"), 0);
         json_object_set_new(ch, "token_ids", ids_json(e->output_ids, e->n_output_ids));
         json_object_set_new(ch, "prompt_token_ids", ids_json(e->prompt_ids, e->n_prompt_ids));
     }
     sse_send(r, last);
+}
+
+/* Every choice is done: usage, [DONE], the end. */
+static void stream_done(areq *r)
+{
     if (r->include_usage) {
         json_t *u = envelope(r, r->kind == SHOAL_GEN_CHAT ? "chat.completion.chunk" : "text_completion");
         json_object_set_new(u, "choices", json_array());
-        json_object_set_new(u, "usage", usage_json(r, e));
+        json_object_set_new(u, "usage", usage_json(r));
         sse_send(r, u);
     }
     static const char done[] = "data: [DONE]\n\n";
@@ -354,47 +495,65 @@ static void stream_done(areq *r, const shoal_ev *e)
 
 /* ---- full responses ------------------------------------------------------- */
 
-static void full_done(areq *r, const shoal_ev *e)
+static json_t *full_choice(areq *r, achoice *c)
 {
-    r->status = 200;
-    json_t *resp = envelope(r, r->kind == SHOAL_GEN_CHAT ? "chat.completion" : "text_completion");
-    json_t *choice = json_pack("{s:i,s:n,s:s}", "index", 0, "logprobs", "finish_reason", e->finish);
+    const shoal_ev *e = c->done_ev;
+    json_t *choice = json_pack("{s:i,s:o,s:s}", "index", c->index, "logprobs", lp_take(r, c), "finish_reason",
+                               e->finish);
     if (r->kind == SHOAL_GEN_CHAT) {
         json_t *msg = json_pack("{s:s}", "role", "assistant");
-        if (r->ncalls && r->content.n == 0)
+        if (c->ncalls && c->content.n == 0)
             json_object_set_new(msg, "content", json_null());
         else
-            json_object_set_new(msg, "content", jstr(r->content.p, r->content.n));
-        if (r->reasoning.n)
-            json_object_set_new(msg, "reasoning_content", jstr(r->reasoning.p, r->reasoning.n));
-        if (r->ncalls) {
+            json_object_set_new(msg, "content", jstr(c->content.p, c->content.n));
+        if (c->reasoning.n)
+            json_object_set_new(msg, "reasoning_content", jstr(c->reasoning.p, c->reasoning.n));
+        if (c->ncalls) {
             json_t *calls = json_array();
-            for (int i = 0; i < r->ncalls; i++)
+            for (int i = 0; i < c->ncalls; i++)
                 json_array_append_new(
-                    calls, json_pack("{s:s,s:s,s:{s:o,s:o}}", "id", r->calls[i].id, "type", "function", "function",
-                                     "name", jstr(r->calls[i].name, r->calls[i].name ? strlen(r->calls[i].name) : 0),
-                                     "arguments", jstr(r->calls[i].args.p, r->calls[i].args.n)));
+                    calls, json_pack("{s:s,s:s,s:{s:o,s:o}}", "id", c->calls[i].id, "type", "function", "function",
+                                     "name", jstr(c->calls[i].name, c->calls[i].name ? strlen(c->calls[i].name) : 0),
+                                     "arguments", jstr(c->calls[i].args.p, c->calls[i].args.n)));
             json_object_set_new(msg, "tool_calls", calls);
         }
         json_object_set_new(choice, "message", msg);
     } else {
-        json_object_set_new(choice, "text", jstr(r->content.p, r->content.n));
+        json_object_set_new(choice, "text", jstr(c->content.p, c->content.n));
     }
     if (r->return_ids && e->output_ids) {
         json_object_set_new(choice, "token_ids", ids_json(e->output_ids, e->n_output_ids));
         json_object_set_new(choice, "prompt_token_ids", ids_json(e->prompt_ids, e->n_prompt_ids));
     }
-    json_object_set_new(resp, "choices", json_pack("[o]", choice));
-    json_object_set_new(resp, "usage", usage_json(r, e));
-    char extra[256];
+    return choice;
+}
+
+static void full_done(areq *r)
+{
+    r->status = 200;
+    json_t *resp = envelope(r, r->kind == SHOAL_GEN_CHAT ? "chat.completion" : "text_completion");
+    json_t *choices = json_array();
+    for (int i = 0; i < r->n; i++)
+        json_array_append_new(choices, full_choice(r, &r->ch[i]));
+    json_object_set_new(resp, "choices", choices);
+    json_object_set_new(resp, "usage", usage_json(r));
+    char extra[1024];
     extra_headers(r, extra, sizeof extra);
     respond_json(r->api, r->ex, r->ep, 200, resp, extra);
+}
+
+static void cancel_all(areq *r)
+{
+    for (int i = 0; i < r->n; i++)
+        if (r->ch[i].job)
+            shoal_sched_cancel(r->api->o.sched, r->ch[i].job);
 }
 
 static void finish_error(areq *r, const shoal_ev *e)
 {
     if (!r->head_sent)
         r->status = e->status;
+    cancel_all(r); /* the other choices' work is wasted now */
     shoal_api_error err = {.status = e->status};
     snprintf(err.type, sizeof err.type, "%s",
              e->status >= 500 ? "server_error" : e->status == 429 ? "rate_limit_error" : "invalid_request_error");
@@ -412,17 +571,24 @@ static void finish_error(areq *r, const shoal_ev *e)
     }
 }
 
-/* Applies events in order; merges adjacent text of one channel first so a
- * lagging loop sends fewer, larger chunks. Ends the exchange on DONE/ERROR. */
-static void apply_events(areq *r, shoal_ev *evs)
+/* Applies choice c's events in order; merges adjacent text of one channel
+ * first so a lagging loop sends fewer, larger chunks. Ends the exchange on
+ * an ERROR, or on the DONE of the last choice. */
+static void apply_events(areq *r, achoice *c, shoal_ev *evs)
 {
     for (shoal_ev *e = evs; e && r->ex; e = e->next) {
         switch (e->type) {
         case SHOAL_EV_START:
-            r->prompt_tokens = e->prompt_tokens;
-            r->reused_tokens = e->reused_tokens;
-            if (r->stream)
+            if (c->index == 0 || !r->started) {
+                r->prompt_tokens = e->prompt_tokens;
+                r->reused_tokens = e->reused_tokens;
+            }
+            if (!r->started && r->stream)
                 stream_head(r);
+            r->started = 1;
+            break;
+        case SHOAL_EV_LOGPROB:
+            lp_add(r, c, e);
             break;
         case SHOAL_EV_TEXT: {
             shoal_sbuf merged = {0};
@@ -438,34 +604,44 @@ static void apply_events(areq *r, shoal_ev *evs)
             const char *t = last != e ? merged.p : e->text;
             size_t len = last != e ? merged.n : e->len;
             if (r->stream)
-                stream_text(r, e->channel, t, len);
+                stream_text(r, c, e->channel, t, len);
             else
-                shoal_sbuf_add(e->channel == SHOAL_CH_REASONING ? &r->reasoning : &r->content, t ? t : "", len);
+                shoal_sbuf_add(e->channel == SHOAL_CH_REASONING ? &c->reasoning : &c->content, t ? t : "", len);
             free(merged.p);
             e = last;
             break;
         }
         case SHOAL_EV_TOOL:
             if (r->stream) {
-                stream_tool(r, e);
+                stream_tool(r, c, e);
             } else {
-                tcall *c = call_at(r, e->tool_index);
-                if (e->name && !c->name)
-                    c->name = shoal_xstrdup(e->name);
-                shoal_sbuf_add(&c->args, e->text ? e->text : "", e->len);
+                tcall *tc = call_at(c, e->tool_index);
+                if (e->name && !tc->name)
+                    tc->name = shoal_xstrdup(e->name);
+                shoal_sbuf_add(&tc->args, e->text ? e->text : "", e->len);
             }
             break;
-        case SHOAL_EV_DONE:
-            r->completion_tokens = e->completion_tokens;
+        case SHOAL_EV_DONE: {
+            if (c->done)
+                break;
+            c->done = 1;
+            c->done_ev = done_copy(e);
+            r->ndone++;
+            r->completion_tokens += e->completion_tokens;
             if (r->stream) {
                 if (!r->head_sent)
                     stream_head(r);
-                stream_done(r, e);
-            } else {
-                full_done(r, e);
+                stream_choice_done(r, c, e);
             }
+            if (r->ndone < r->n)
+                break;
+            if (r->stream)
+                stream_done(r);
+            else
+                full_done(r);
             end_exchange(r);
             return;
+        }
         case SHOAL_EV_ERROR:
             finish_error(r, e);
             end_exchange(r);
@@ -476,10 +652,11 @@ static void apply_events(areq *r, shoal_ev *evs)
 
 static void drain(void *arg)
 {
-    areq *r = arg;
-    if (r->ex && r->job) {
-        shoal_ev *evs = shoal_sched_job_take(r->job);
-        apply_events(r, evs);
+    achoice *c = arg;
+    areq *r = c->r;
+    if (r->ex && c->job) {
+        shoal_ev *evs = shoal_sched_job_take(c->job);
+        apply_events(r, c, evs);
         shoal_ev_free_list(evs);
     }
     areq_unref(r);
@@ -488,22 +665,44 @@ static void drain(void *arg)
 /* Model thread: events are waiting. */
 static void on_job_events(void *arg)
 {
-    areq *r = arg;
-    atomic_fetch_add(&r->refs, 1);
-    if (shoal_http_post(r->api->http, drain, r) != 0)
-        areq_unref(r); /* stopping: the exchange is being aborted anyway */
+    achoice *c = arg;
+    atomic_fetch_add(&c->r->refs, 1);
+    if (shoal_http_post(c->r->api->http, drain, c) != 0)
+        areq_unref(c->r); /* stopping: the exchange is being aborted anyway */
 }
 
 static void on_abort(void *arg)
 {
     areq *r = arg;
-    if (r->job)
-        shoal_sched_cancel(r->api->o.sched, r->job);
+    cancel_all(r);
     shoal_http_stream_end(r->ex); /* frees the aborted exchange */
     end_exchange(r);
 }
 
 /* ---- endpoints ------------------------------------------------------------ */
+
+/* The metric's row of a label; the table full: the "other" row (the last). */
+static int ign_row(shoal_api *a, const char *name)
+{
+    for (int k = 0; k < a->nign; k++)
+        if (!strcmp(a->ign[k].name, name))
+            return k;
+    if (a->nign == MAX_IGNORED_LABELS)
+        return strcmp(name, "other") ? ign_row(a, "other") : MAX_IGNORED_LABELS - 1;
+    if (a->nign == MAX_IGNORED_LABELS - 1 && strcmp(name, "other"))
+        return ign_row(a, "other"); /* the last row is kept for "other" */
+    snprintf(a->ign[a->nign].name, sizeof a->ign[0].name, "%s", name);
+    return a->nign++;
+}
+
+/* The ignored fields of a request into the metric's table. */
+static void count_ignored(shoal_api *a, const shoal_api_ignored *ign)
+{
+    for (int i = 0; i < ign->n; i++)
+        a->ign[ign_row(a, ign->known[i] ? ign->name[i] : "other")].count++;
+    if (ign->dropped)
+        a->ign[ign_row(a, "other")].count += (uint64_t)ign->dropped;
+}
 
 static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req, int ep, shoal_gen_kind kind)
 {
@@ -519,6 +718,7 @@ static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *
                              "the model is still loading");
         return;
     }
+    count_ignored(a, &q.ignored);
     /* No admission check on the workers' states: a request that reaches a
      * down worker fails at once with 503 naming it (coordinator/api/sched.c),
      * and one that finds it back (restarted) is served. */
@@ -531,8 +731,16 @@ static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *
     r->stream = q.stream;
     r->include_usage = q.include_usage;
     r->return_ids = q.gen.return_token_ids;
+    r->logprobs = q.gen.logprobs;
     r->created = (long long)time(NULL);
     r->t0 = a->t0;
+    r->n = q.n > 0 ? q.n : 1;
+    r->ch = shoal_xcalloc((size_t)r->n, sizeof *r->ch);
+    for (int i = 0; i < r->n; i++) {
+        r->ch[i].r = r;
+        r->ch[i].index = i;
+    }
+    shoal_api_ignored_list(&q.ignored, r->ignored, sizeof r->ignored);
     snprintf(r->peer, sizeof r->peer, "%s", shoal_http_ex_peer(ex));
     a->handed = 1;
     snprintf(r->id, sizeof r->id, "%s", kind == SHOAL_GEN_CHAT ? "chatcmpl-" : "cmpl-");
@@ -545,7 +753,7 @@ static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *
             a->memo_hits_served++;
             shoal_api_req_free(&q);
             atomic_fetch_add(&r->refs, 1); /* apply_events may end the exchange */
-            apply_events(r, hit);
+            apply_events(r, &r->ch[0], hit);
             shoal_ev_free_list(hit);
             if (r->ex) { /* a stored list always ends with DONE; never leave an exchange open */
                 shoal_ev bad = {.type = SHOAL_EV_ERROR, .status = 500};
@@ -561,11 +769,25 @@ static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *
     }
     char client[256];
     snprintf(client, sizeof client, "%s/%s", shoal_http_ex_peer(ex), q.user);
-    r->job = shoal_sched_job_new(&q.gen, client, q.memo_key, on_job_events, r);
+    /* n choices: choice i is the request with seed + i; choices 1.. copy the
+     * prompt state of choice 0 once it is prefilled */
+    for (int i = r->n - 1; i >= 1; i--) {
+        shoal_gen_params g;
+        if (shoal_gen_params_copy(&g, &q.gen))
+            SHOAL_PANIC("api: out of memory copying a request");
+        g.seed = q.gen.seed + (uint64_t)i;
+        r->ch[i].job = shoal_sched_job_new(&g, client, NULL, on_job_events, &r->ch[i]);
+    }
+    r->ch[0].job = shoal_sched_job_new(&q.gen, client, q.memo_key, on_job_events, &r->ch[0]);
     shoal_api_req_free(&q);
+    for (int i = 1; i < r->n; i++)
+        shoal_sched_job_fork_of(r->ch[i].job, r->ch[0].job);
     shoal_http_ex_on_abort(ex, on_abort, r);
-    int rc = shoal_sched_submit(a->o.sched, r->job);
+    int rc = 0;
+    for (int i = 0; i < r->n && !rc; i++)
+        rc = shoal_sched_submit(a->o.sched, r->ch[i].job);
     if (rc) {
+        cancel_all(r); /* the choices already queued leave the queue */
         char extra[128];
         snprintf(extra, sizeof extra, "x-request-id: %s\r\nRetry-After: 1\r\n", r->id);
         respond_simple_error(a, ex, ep, 429, "rate_limit_error", "queue_full", NULL, extra,
@@ -586,12 +808,24 @@ static json_t *model_object(shoal_api *a)
 static void health(shoal_api *a, shoal_http_ex *ex, int authorised)
 {
     shoal_api_worker w[64];
+    memset(w, 0, sizeof w);
     int n = a->o.workers ? a->o.workers(a->o.ud, w, 64) : 0;
     json_t *ws = json_array();
     int all_up = 1;
     for (int i = 0; i < n && i < 64; i++) {
-        json_array_append_new(ws, json_pack("{s:o,s:b,s:o}", "endpoint", jstr(w[i].name, strlen(w[i].name)), "up",
-                                            w[i].up, "state", jstr(w[i].state, strlen(w[i].state))));
+        json_t *wj = json_pack("{s:o,s:b,s:o}", "endpoint", jstr(w[i].name, strlen(w[i].name)), "up", w[i].up,
+                               "state", jstr(w[i].state, strlen(w[i].state)));
+        if (w[i].local) { /* the supervisor's record of a local worker (docs/API.md) */
+            json_object_set_new(wj, "restarts", json_integer(w[i].restarts));
+            json_object_set_new(wj, "hangs", json_integer(w[i].hangs));
+            json_object_set_new(wj, "backing_off", json_boolean(w[i].backing_off));
+            if (w[i].backing_off) {
+                json_object_set_new(wj, "backoff_s", json_integer(w[i].backoff_s));
+                json_object_set_new(wj, "next_restart_in_s", json_real(w[i].next_try_s));
+                json_object_set_new(wj, "next_restart_at", json_real(w[i].next_try_unix));
+            }
+        }
+        json_array_append_new(ws, wj);
         all_up &= w[i].up != 0;
     }
     shoal_sched_stats ss;
@@ -689,6 +923,13 @@ void shoal_api_metrics_text(shoal_api *a, shoal_metrics_buf *bp)
     metric(&b, "shoal_memo_bytes", G, "Bytes held by the memo.", (double)ss.memo_bytes);
     metric(&b, "shoal_kept_sequences", G, "Sequence states kept for conversation reuse.", (double)ss.kept_seqs);
     metric(&b, "shoal_kept_bytes", G, "Bytes of the kept sequence states.", (double)ss.kept_bytes);
+    shoal_metrics_family(&b, "shoal_api_ignored_fields_total", C,
+                         "Request fields accepted and ignored (docs/API.md: the field policy), by field; fields "
+                         "in no known vocabulary count as field=\"other\".");
+    for (int i = 0; i < a->nign; i++) {
+        shoal_metrics_label l[1] = {{"field", a->ign[i].name}};
+        shoal_metrics_sample(&b, "shoal_api_ignored_fields_total", l, 1, (double)a->ign[i].count);
+    }
     metric(&b, "shoal_ready", G, "1 when the model and every worker answered.", atomic_load(&a->ready));
     if (a->o.metrics)
         a->o.metrics(a->o.ud, &b);

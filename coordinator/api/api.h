@@ -19,6 +19,7 @@
 #ifndef SHOAL_API_H
 #define SHOAL_API_H
 
+#include <jansson.h>
 #include <stddef.h>
 
 #include "common/metrics.h"
@@ -42,13 +43,55 @@ typedef struct {
     char message[320];
 } shoal_api_error;
 
+/* ---- the unknown-field policy (one for every endpoint, docs/API.md) ----
+ * Every key of every request object is one of:
+ *   used      the endpoint implements it (its own list, `used` below);
+ *   refused   a field of a known vocabulary (OpenAI, Anthropic, vLLM/SGLang,
+ *             llama-server) that would change the output and that shoal does
+ *             not implement (a grammar, guided_json, mirostat, ...): 400
+ *             `unsupported_parameter` naming it -- unless it carries its
+ *             neutral value (false, 0, 1.0, null, empty: what a client sends
+ *             by default), then it is ignored like the next;
+ *   ignored   anything else -- a known field that does not change the output
+ *             (store, metadata, priority, ...) or a field in no known
+ *             vocabulary (a vendor extension): accepted, listed once per
+ *             request in the response header `x-shoal-ignored: a,b` and
+ *             counted in shoal_api_ignored_fields_total{field} (a field in no
+ *             known vocabulary is counted as field="other", so clients cannot
+ *             grow the metric without bound).
+ * Nested objects are checked with their path: "messages[].cache_control",
+ * "stream_options.x". */
+#define SHOAL_API_MAX_IGNORED 16
+
+typedef struct {
+    int n;       /* names held (at most SHOAL_API_MAX_IGNORED; more are counted in dropped) */
+    int dropped;
+    char name[SHOAL_API_MAX_IGNORED][64]; /* the path, header-safe (A-Za-z0-9_.[]- only, '?' else) */
+    int known[SHOAL_API_MAX_IGNORED];     /* 1: in a known vocabulary (the metric's label) */
+} shoal_api_ignored;
+
+/* Checks obj's keys (obj not an object: nothing to check). where: the path
+ * prefix ("" at the top level, "messages[]", "stream_options"); used: the
+ * NULL-terminated keys the endpoint implements in that object. Appends the
+ * ignored ones to *ign (deduplicated). Returns 0, or -1 with *err naming the
+ * first refused field. */
+int shoal_api_check_fields(const json_t *obj, const char *where, const char *const *used, shoal_api_ignored *ign,
+                           shoal_api_error *err);
+/* "a,b,c" (", +N more" past the cap); "" when none. */
+void shoal_api_ignored_list(const shoal_api_ignored *ign, char *buf, size_t cap);
+
+#define SHOAL_API_MAX_N 8            /* `n` choices at most */
+#define SHOAL_API_MAX_TOP_LOGPROBS 20
+
 /* A validated request. */
 typedef struct {
     shoal_gen_params gen;
     int stream;
     int include_usage;  /* stream_options.include_usage */
+    int n;              /* choices (1..SHOAL_API_MAX_N); choice i samples with seed gen.seed + i */
     char *memo_key;     /* hex digest of the canonical request; NULL when not deterministic */
     char user[128];     /* `user` (fairness key with the peer address) */
+    shoal_api_ignored ignored;
 } shoal_api_req;
 
 /* Parses and validates a request body for kind. Returns 0 and fills *out
@@ -62,6 +105,12 @@ typedef struct {
     char name[128];  /* endpoint, e.g. "tcp://127.0.0.1:5601" */
     int up;          /* answered its last check */
     char state[640]; /* free text: "ready", "down: timeout", ...; room for a 512-byte reason and counts */
+    /* local workers (`--workers N`) only: their supervisor's record */
+    int local, restarts, hangs;
+    int backing_off;           /* crash-looping: the next restart waits */
+    int backoff_s;             /* that wait */
+    double next_try_s;         /* seconds until that restart */
+    double next_try_unix;      /* its time, seconds since the epoch */
 } shoal_api_worker;
 
 typedef struct shoal_api shoal_api;

@@ -60,9 +60,34 @@ void shoal_gen_params_free(shoal_gen_params *p)
     json_decref(p->response_format);
     free(p->prompt);
     free(p->prompt_ids);
+    free(p->bias);
     for (int i = 0; i < p->nstop; i++)
         free(p->stop[i]);
     memset(p, 0, sizeof *p);
+}
+
+int shoal_gen_params_copy(shoal_gen_params *d, const shoal_gen_params *p)
+{
+    *d = *p;
+    json_incref(d->messages);
+    json_incref(d->tools);
+    json_incref(d->tool_choice);
+    json_incref(d->response_format);
+    if (p->prompt) {
+        d->prompt = shoal_xmalloc(p->prompt_len + 1);
+        memcpy(d->prompt, p->prompt, p->prompt_len + 1);
+    }
+    if (p->prompt_ids) {
+        d->prompt_ids = shoal_xmalloc((size_t)p->n_prompt_ids * sizeof *d->prompt_ids);
+        memcpy(d->prompt_ids, p->prompt_ids, (size_t)p->n_prompt_ids * sizeof *d->prompt_ids);
+    }
+    if (p->bias) {
+        d->bias = shoal_xmalloc((size_t)(p->nbias + 1) * sizeof *d->bias);
+        memcpy(d->bias, p->bias, (size_t)p->nbias * sizeof *d->bias);
+    }
+    for (int i = 0; i < p->nstop; i++)
+        d->stop[i] = shoal_xstrdup(p->stop[i]);
+    return 0;
 }
 
 void shoal_api_req_free(shoal_api_req *r)
@@ -129,10 +154,180 @@ static int get_number(const json_t *root, const char *key, double lo, double hi,
     return 0;
 }
 
+/* ---- the unknown-field policy (api.h) ----------------------------------- */
+
+/* What each endpoint implements, per object. */
+static const char *const chat_fields[] = {
+    "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
+    "top_p", "top_k", "min_p", "seed", "stop", "n", "tools", "tool_choice", "reasoning_effort", "thinking",
+    "thinking_effort", "chat_template_kwargs", "user", "logprobs", "top_logprobs", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "logit_bias", "response_format", "modalities", "return_token_ids",
+    NULL};
+static const char *const completion_fields[] = {
+    "model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+    "stop", "n", "best_of", "echo", "suffix", "logprobs", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "logit_bias", "user", "return_token_ids", NULL};
+static const char *const message_fields[] = {"role", "content", "name", "tool_calls", "tool_call_id",
+                                             "reasoning_content", "reasoning", "partial", "prefix", NULL};
+static const char *const part_fields[] = {"type", "text", NULL};
+static const char *const stream_options_fields[] = {"include_usage", NULL};
+static const char *const tool_fields[] = {"type", "function", NULL};
+static const char *const function_fields[] = {"name", "description", "parameters", "strict", NULL};
+static const char *const thinking_fields[] = {"type", NULL};
+static const char *const kwargs_fields[] = {"thinking", "thinking_effort", "reasoning_effort", NULL};
+
+/* Fields of the known vocabularies that change the output and are not
+ * implemented, with the value that changes nothing (accepted then, as
+ * ignored). */
+enum { NEUTRAL_NONE, NEUTRAL_FALSE, NEUTRAL_TRUE, NEUTRAL_ZERO, NEUTRAL_ONE, NEUTRAL_EMPTY };
+static const struct {
+    const char *name;
+    int neutral; /* besides null, which is always neutral */
+} refused_fields[] = {
+    /* vLLM / SGLang structured output and sampling */
+    {"guided_json", NEUTRAL_EMPTY}, {"guided_regex", NEUTRAL_EMPTY}, {"guided_choice", NEUTRAL_EMPTY},
+    {"guided_grammar", NEUTRAL_EMPTY}, {"guided_decoding_backend", NEUTRAL_EMPTY},
+    {"guided_whitespace_pattern", NEUTRAL_EMPTY}, {"structured_outputs", NEUTRAL_EMPTY},
+    {"structural_tag", NEUTRAL_EMPTY}, {"regex", NEUTRAL_EMPTY}, {"ebnf", NEUTRAL_EMPTY},
+    {"json_schema", NEUTRAL_EMPTY}, {"grammar", NEUTRAL_EMPTY}, {"logits_processors", NEUTRAL_EMPTY},
+    {"bad_words", NEUTRAL_EMPTY}, {"allowed_token_ids", NEUTRAL_EMPTY}, {"stop_token_ids", NEUTRAL_EMPTY},
+    {"min_tokens", NEUTRAL_ZERO}, {"ignore_eos", NEUTRAL_FALSE}, {"include_stop_str_in_output", NEUTRAL_FALSE},
+    {"skip_special_tokens", NEUTRAL_TRUE}, {"spaces_between_special_tokens", NEUTRAL_TRUE},
+    {"truncate_prompt_tokens", NEUTRAL_EMPTY}, {"prompt_logprobs", NEUTRAL_EMPTY},
+    {"use_beam_search", NEUTRAL_FALSE}, {"length_penalty", NEUTRAL_ONE}, {"early_stopping", NEUTRAL_FALSE},
+    {"continue_final_message", NEUTRAL_FALSE}, {"add_generation_prompt", NEUTRAL_TRUE},
+    {"chat_template", NEUTRAL_EMPTY}, {"documents", NEUTRAL_EMPTY}, {"add_special_tokens", NEUTRAL_FALSE},
+    {"return_tokens_as_token_ids", NEUTRAL_FALSE}, {"echo", NEUTRAL_FALSE},
+    /* llama-server */
+    {"n_probs", NEUTRAL_ZERO}, {"mirostat", NEUTRAL_ZERO}, {"mirostat_tau", NEUTRAL_NONE},
+    {"mirostat_eta", NEUTRAL_NONE}, {"typical_p", NEUTRAL_ONE}, {"tfs_z", NEUTRAL_ONE},
+    {"dynatemp_range", NEUTRAL_ZERO}, {"dynatemp_exponent", NEUTRAL_ONE}, {"dry_multiplier", NEUTRAL_ZERO},
+    {"dry_base", NEUTRAL_NONE}, {"dry_allowed_length", NEUTRAL_NONE}, {"dry_penalty_last_n", NEUTRAL_NONE},
+    {"dry_sequence_breakers", NEUTRAL_NONE}, {"xtc_probability", NEUTRAL_ZERO}, {"xtc_threshold", NEUTRAL_NONE},
+    {"repeat_penalty", NEUTRAL_ONE}, {"repeat_last_n", NEUTRAL_NONE}, {"penalty_last_n", NEUTRAL_NONE},
+    {"samplers", NEUTRAL_EMPTY}, {"n_predict", NEUTRAL_NONE}, {"n_keep", NEUTRAL_NONE},
+    {"post_sampling_probs", NEUTRAL_FALSE},
+    /* OpenAI fields that change the output */
+    {"functions", NEUTRAL_EMPTY}, {"function_call", NEUTRAL_EMPTY}, {"audio", NEUTRAL_EMPTY},
+    {"web_search_options", NEUTRAL_EMPTY}, {"verbosity", NEUTRAL_EMPTY},
+};
+
+/* Known fields that do not change the output: ignored, counted by name. */
+static const char *const known_ignored[] = {
+    /* OpenAI */
+    "store", "metadata", "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
+    "parallel_tool_calls", "prediction", "user", "refusal", "annotations", "include_obfuscation",
+    /* vLLM / SGLang */
+    "priority", "request_id", "cache_salt", "kv_transfer_params", "vllm_xargs", "continuous_usage_stats",
+    "return_hidden_states", "lora_path", "rid", "bootstrap_host", "bootstrap_port", "bootstrap_room",
+    "separate_reasoning", "stream_reasoning", "custom_logit_processor", "mm_processor_kwargs",
+    /* llama-server */
+    "cache_prompt", "id_slot", "t_max_predict_ms", "timings_per_token", "return_progress", "n_indent",
+    "n_discard", "n_cmpl", "lora", "reasoning_format", "parse_tool_calls",
+    /* Anthropic (through proxies) */
+    "cache_control", "anthropic_version", "anthropic_beta", "container", "citations", "budget_tokens",
+    /* OpenAI-compatible proxies (LiteLLM, OpenRouter) */
+    "provider", "transforms", "route", "models", "usage", "extra_body", "extra_headers", "num_retries",
+    "mock_response", "caching", "tags", "reasoning", "fallbacks", "context_window_fallback_dict",
+    NULL};
+
+static int known(const char *const *list, const char *k)
+{
+    for (; *list; list++)
+        if (!strcmp(*list, k))
+            return 1;
+    return 0;
+}
+
+static int is_neutral(const json_t *v, int kind)
+{
+    if (json_is_null(v))
+        return 1;
+    switch (kind) {
+    case NEUTRAL_FALSE:
+        return json_is_false(v);
+    case NEUTRAL_TRUE:
+        return json_is_true(v);
+    case NEUTRAL_ZERO:
+        return json_is_number(v) && json_number_value(v) == 0;
+    case NEUTRAL_ONE:
+        return json_is_number(v) && json_number_value(v) == 1;
+    case NEUTRAL_EMPTY:
+        return (json_is_string(v) && !json_string_length(v)) || (json_is_array(v) && !json_array_size(v)) ||
+               (json_is_object(v) && !json_object_size(v)) || json_is_false(v);
+    default:
+        return 0;
+    }
+}
+
+static void ignore(shoal_api_ignored *ign, const char *path, int is_known)
+{
+    char clean[64];
+    size_t i = 0;
+    for (; path[i] && i < sizeof clean - 1; i++) {
+        char c = path[i];
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                 c == '.' || c == '[' || c == ']' || c == '-';
+        clean[i] = ok ? c : '?';
+    }
+    clean[i] = '\0';
+    for (int k = 0; k < ign->n; k++)
+        if (!strcmp(ign->name[k], clean))
+            return;
+    if (ign->n == SHOAL_API_MAX_IGNORED) {
+        ign->dropped++;
+        return;
+    }
+    memcpy(ign->name[ign->n], clean, i + 1);
+    ign->known[ign->n++] = is_known;
+}
+
+int shoal_api_check_fields(const json_t *obj, const char *where, const char *const *used, shoal_api_ignored *ign,
+                           shoal_api_error *err)
+{
+    if (!json_is_object(obj))
+        return 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach((json_t *)obj, key, val) {
+        if (known(used, key))
+            continue;
+        char path[160], q[68];
+        pname(path, sizeof path, "%s%s%s", where, where[0] ? "." : "", QUOTE(q, key));
+        int refused = 0, listed = 0;
+        for (size_t i = 0; i < sizeof refused_fields / sizeof refused_fields[0]; i++)
+            if (!strcmp(refused_fields[i].name, key)) {
+                listed = 1;
+                refused = !is_neutral(val, refused_fields[i].neutral);
+                break;
+            }
+        if (refused)
+            return fail(err, 400, "unsupported_parameter", path,
+                        "'%s' is not supported by this server and would change the output; leave it out "
+                        "(docs/API.md lists the fields)",
+                        path);
+        if (ign)
+            ignore(ign, path, listed || known(known_ignored, key));
+    }
+    return 0;
+}
+
+void shoal_api_ignored_list(const shoal_api_ignored *ign, char *buf, size_t cap)
+{
+    size_t o = 0;
+    if (cap)
+        buf[0] = '\0';
+    for (int i = 0; i < ign->n && o < cap; i++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%s", i ? "," : "", ign->name[i]);
+    if (ign->dropped && o < cap)
+        snprintf(buf + o, cap - o, ",+%d more", ign->dropped);
+}
+
 /* Text of a message's content: a string, or an array of {"type":"text"}
  * parts joined with "\n". NULL content is allowed where null_ok. Returns a
  * new json string (or json null) through *out. */
-static int norm_content(json_t *content, const char *where, int null_ok, json_t **out, shoal_api_error *err)
+static int norm_content(json_t *content, const char *where, int null_ok, json_t **out, shoal_api_ignored *ign,
+                        shoal_api_error *err)
 {
     char param[160];
     pname(param, sizeof param, "%s.content", where);
@@ -171,6 +366,8 @@ static int norm_content(json_t *content, const char *where, int null_ok, json_t 
             pname(pp, sizeof pp, "%s[%zu].text", param, i);
             return BADTYPE(pp, "a string");
         }
+        if (shoal_api_check_fields(part, "messages[].content[]", part_fields, ign, err))
+            return -1;
         total += json_string_length(text) + 1;
     }
     char *buf = malloc(total + 1);
@@ -251,7 +448,7 @@ static int norm_tool_calls(json_t *calls, const char *where, json_t *out_msg, sh
     return 0;
 }
 
-static int norm_messages(json_t *msgs, json_t **out, shoal_api_error *err)
+static int norm_messages(json_t *msgs, json_t **out, int *partial, shoal_api_ignored *ign, shoal_api_error *err)
 {
     if (!msgs)
         return BAD("messages", "'messages' is required");
@@ -288,7 +485,8 @@ static int norm_messages(json_t *msgs, json_t **out, shoal_api_error *err)
         json_object_set_new(nm, "role", json_string(is_sys ? "system" : r));
         json_t *content = NULL;
         int has_calls = is_asst && !is_null_or_absent(json_object_get(m, "tool_calls"));
-        if (norm_content(json_object_get(m, "content"), where, is_asst, &content, err)) {
+        if (shoal_api_check_fields(m, "messages[]", message_fields, ign, err) ||
+            norm_content(json_object_get(m, "content"), where, is_asst, &content, ign, err)) {
             json_decref(nm);
             json_decref(res);
             return -1;
@@ -304,8 +502,32 @@ static int norm_messages(json_t *msgs, json_t **out, shoal_api_error *err)
             }
             json_object_set(nm, "name", name);
         }
+        /* Moonshot's partial mode ("partial": true; DeepSeek's "prefix": true):
+         * the last message, an assistant one, is continued */
+        static const char *const pkeys[] = {"partial", "prefix"};
+        for (int k = 0; k < 2; k++) {
+            json_t *pv = json_object_get(m, pkeys[k]);
+            if (is_null_or_absent(pv))
+                continue;
+            pname(p, sizeof p, "%s.%s", where, pkeys[k]);
+            const char *why = !json_is_boolean(pv)                  ? "must be a boolean"
+                              : !json_is_true(pv)                    ? NULL
+                              : !is_asst                             ? "is only allowed on an assistant message"
+                              : i + 1 != json_array_size(msgs)       ? "is only allowed on the last message"
+                              : has_calls                            ? "is not allowed with tool_calls"
+                                                                     : NULL;
+            if (why) {
+                json_decref(nm);
+                json_decref(res);
+                return json_is_boolean(pv) ? BAD(p, "'%s' %s", p, why) : BADTYPE(p, "a boolean");
+            }
+            if (json_is_true(pv))
+                *partial = 1;
+        }
         if (is_asst) {
             json_t *rc = json_object_get(m, "reasoning_content");
+            if (is_null_or_absent(rc) || (json_is_string(rc) && !json_string_length(rc)))
+                rc = json_object_get(m, "reasoning"); /* vLLM's name; the renderer's synonym */
             if (!is_null_or_absent(rc)) {
                 pname(p, sizeof p, "%s.reasoning_content", where);
                 if (!json_is_string(rc)) {
@@ -334,11 +556,13 @@ static int norm_messages(json_t *msgs, json_t **out, shoal_api_error *err)
         }
         json_array_append_new(res, nm);
     }
+    if (*partial) /* the renderer reads the flag on the message */
+        json_object_set_new(json_array_get(res, json_array_size(res) - 1), "partial", json_true());
     *out = res;
     return 0;
 }
 
-static int norm_tools(json_t *tools, json_t **out, shoal_api_error *err)
+static int norm_tools(json_t *tools, json_t **out, shoal_api_ignored *ign, shoal_api_error *err)
 {
     *out = NULL;
     if (is_null_or_absent(tools))
@@ -381,6 +605,9 @@ static int norm_tools(json_t *tools, json_t **out, shoal_api_error *err)
             pname(p, sizeof p, "tools[%zu].function.strict", i);
             bad = BADTYPE(p, "a boolean");
         }
+        if (!bad && (shoal_api_check_fields(t, "tools[]", tool_fields, ign, err) ||
+                     shoal_api_check_fields(fn, "tools[].function", function_fields, ign, err)))
+            bad = -1;
         if (bad) {
             json_decref(res);
             return bad;
@@ -522,44 +749,89 @@ static int get_prompt(json_t *root, const shoal_api_limits *lim, shoal_gen_param
     return 0;
 }
 
-/* Fields every endpoint accepts, those accepted and ignored, and those whose
- * only supported value is the neutral one. Anything else is refused. */
-static const char *const chat_fields[] = {
-    "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
-    "top_p", "top_k", "seed", "stop", "n", "tools", "tool_choice", "parallel_tool_calls", "reasoning_effort",
-    "thinking", "user", "metadata", "store", "service_tier", "logprobs", "top_logprobs", "presence_penalty",
-    "frequency_penalty", "logit_bias", "response_format", "modalities", "return_token_ids", "prompt_cache_key",
-    "safety_identifier", NULL};
-static const char *const completion_fields[] = {
-    "model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-    "n", "best_of", "echo", "suffix", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "user",
-    "return_token_ids", NULL};
-
-static int known(const char *const *list, const char *k)
-{
-    for (; *list; list++)
-        if (!strcmp(*list, k))
-            return 1;
-    return 0;
-}
-
-static int neutral_only(json_t *root, shoal_api_error *err)
+static int get_penalties(json_t *root, shoal_gen_params *g, shoal_api_error *err)
 {
     double x;
     int present;
-    if (get_number(root, "presence_penalty", -2, 2, &x, &present, err) ||
-        (present && x != 0 && UNSUPPORTED("presence_penalty", "'presence_penalty' is not supported (only 0)")))
+    g->repetition_penalty = 1.0f;
+    if (get_number(root, "presence_penalty", -2, 2, &x, &present, err))
         return -1;
-    if (get_number(root, "frequency_penalty", -2, 2, &x, &present, err) ||
-        (present && x != 0 && UNSUPPORTED("frequency_penalty", "'frequency_penalty' is not supported (only 0)")))
+    if (present)
+        g->presence_penalty = (float)x;
+    if (get_number(root, "frequency_penalty", -2, 2, &x, &present, err))
         return -1;
-    json_t *lb = json_object_get(root, "logit_bias");
-    if (!is_null_or_absent(lb)) {
-        if (!json_is_object(lb))
-            return BADTYPE("logit_bias", "an object");
-        if (json_object_size(lb))
-            return UNSUPPORTED("logit_bias", "'logit_bias' is not supported");
+    if (present)
+        g->frequency_penalty = (float)x;
+    if (get_number(root, "repetition_penalty", 0, 10, &x, &present, err))
+        return -1;
+    if (present) {
+        if (x <= 0)
+            return BAD("repetition_penalty", "'repetition_penalty' must be greater than 0 (1 = off)");
+        g->repetition_penalty = (float)x;
     }
+    if (get_number(root, "min_p", 0, 1, &x, &present, err))
+        return -1;
+    if (present)
+        g->min_p = (float)x;
+    json_t *lb = json_object_get(root, "logit_bias");
+    if (is_null_or_absent(lb))
+        return 0;
+    if (!json_is_object(lb))
+        return BADTYPE("logit_bias", "an object (token id -> bias)");
+    if (json_object_size(lb) > 1024)
+        return BAD("logit_bias", "'logit_bias' accepts at most 1024 entries");
+    g->bias = shoal_xcalloc(json_object_size(lb) + 1, sizeof *g->bias);
+    const char *k;
+    json_t *v;
+    json_object_foreach(lb, k, v) {
+        char p[160], q[40];
+        pname(p, sizeof p, "logit_bias.%s", QUOTE(q, k));
+        char *end;
+        long id = strtol(k, &end, 10);
+        if (!k[0] || *end || k[0] == '-' || k[0] == '+' || k[0] == ' ' || id < 0 || id >= INT32_MAX)
+            return BAD(p, "'logit_bias' keys must be token ids (decimal integers)");
+        if (!json_is_number(v))
+            return BADTYPE(p, "a number");
+        double b = json_number_value(v);
+        if (!isfinite(b) || b < -100 || b > 100)
+            return BAD(p, "'%s' is %g; it must be between -100 and 100", p, b);
+        g->bias[g->nbias].id = (int32_t)id;
+        g->bias[g->nbias++].bias = (float)b;
+    }
+    return 0;
+}
+
+static int check_bias_ids(const shoal_gen_params *g, const shoal_api_limits *lim, shoal_api_error *err)
+{
+    for (int i = 0; i < g->nbias; i++)
+        if (g->bias[i].id >= lim->vocab) {
+            char p[64];
+            pname(p, sizeof p, "logit_bias.%d", (int)g->bias[i].id);
+            return BAD(p, "token id %d is outside the vocabulary [0, %d)", (int)g->bias[i].id, lim->vocab);
+        }
+    return 0;
+}
+
+/* reasoning_effort / thinking_effort values -> K3's effort ("" = default) */
+static int map_effort(const json_t *v, const char *param, shoal_gen_params *g, shoal_api_error *err)
+{
+    if (is_null_or_absent(v))
+        return 0;
+    if (!json_is_string(v))
+        return BADTYPE(param, "a string");
+    const char *e = json_string_value(v);
+    static const char *const from[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
+    /* K3's encoder takes low / high / max; "medium" is its default (no
+     * effort message), so it maps to "" */
+    static const char *const to[] = {"", "low", "low", "", "high", "max", "max"};
+    size_t i;
+    for (i = 0; i < sizeof from / sizeof from[0]; i++)
+        if (!strcmp(e, from[i]))
+            break;
+    if (i == sizeof from / sizeof from[0])
+        return UNSUPPORTED(param, "'%s' must be none, minimal, low, medium, high, xhigh or max", param);
+    g->thinking = i != 0;
+    snprintf(g->effort, sizeof g->effort, "%s", to[i]);
     return 0;
 }
 
@@ -567,7 +839,7 @@ static char *memo_key(shoal_gen_kind kind, const shoal_api_limits *lim, const sh
 {
     int greedy = g->temperature <= 0 || g->top_k == 1;
     json_t *k = json_object();
-    json_object_set_new(k, "v", json_integer(1));
+    json_object_set_new(k, "v", json_integer(2));
     json_object_set_new(k, "model", json_string(lim->model_name));
     json_object_set_new(k, "kind", json_integer(kind));
     if (g->messages)
@@ -600,6 +872,16 @@ static char *memo_key(shoal_gen_kind kind, const shoal_api_limits *lim, const sh
         json_array_append_new(st, json_string(g->stop[i]));
     json_object_set_new(k, "stop", st);
     json_object_set_new(k, "ids", json_integer(g->return_token_ids));
+    json_object_set_new(k, "partial", json_integer(g->partial));
+    json_object_set_new(k, "logprobs", json_pack("[i,i]", g->logprobs, g->top_logprobs));
+    json_object_set_new(k, "penalties", json_pack("[f,f,f]", (double)g->presence_penalty, (double)g->frequency_penalty,
+                                                  (double)g->repetition_penalty));
+    if (!greedy)
+        json_object_set_new(k, "min_p", json_real(g->min_p));
+    json_t *bias = json_array();
+    for (int i = 0; i < g->nbias; i++)
+        json_array_append_new(bias, json_pack("[i,f]", (int)g->bias[i].id, (double)g->bias[i].bias));
+    json_object_set_new(k, "bias", bias);
     char *s = json_dumps(k, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENSURE_ASCII);
     json_decref(k);
     if (!s)
@@ -683,16 +965,9 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
         BADTYPE("body", "a JSON object");
         goto done;
     }
-    const char *key;
-    json_t *val;
-    json_object_foreach(root, key, val) {
-        if (!known(kind == SHOAL_GEN_CHAT ? chat_fields : completion_fields, key)) {
-            char p[80], q[68];
-            QUOTE(p, key);
-            fail(err, 400, "unknown_parameter", p, "Unrecognized request argument supplied: %s", QUOTE(q, key));
-            goto done;
-        }
-    }
+    if (shoal_api_check_fields(root, "", kind == SHOAL_GEN_CHAT ? chat_fields : completion_fields, &out->ignored,
+                               err))
+        goto done;
     /* model */
     json_t *model = json_object_get(root, "model");
     if (!model) {
@@ -713,17 +988,18 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
     long long n = 1;
     if (get_int(root, "n", 1, 128, &n, NULL, err))
         goto done;
-    if (n != 1) {
-        UNSUPPORTED("n", "'n' must be 1 (one choice per request)");
+    if (n > SHOAL_API_MAX_N) {
+        UNSUPPORTED("n", "'n' is %lld; at most %d choices per request are supported", n, SHOAL_API_MAX_N);
         goto done;
     }
+    out->n = (int)n;
     if (kind == SHOAL_GEN_COMPLETION) {
-        long long best_of = 1;
+        long long best_of = n;
         int echo = 0;
         if (get_int(root, "best_of", 1, 128, &best_of, NULL, err))
             goto done;
-        if (best_of != 1) {
-            UNSUPPORTED("best_of", "'best_of' must be 1");
+        if (best_of != n) {
+            UNSUPPORTED("best_of", "'best_of' must equal 'n' (no server-side selection among choices)");
             goto done;
         }
         if (get_bool(root, "echo", &echo, err))
@@ -736,23 +1012,26 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
             UNSUPPORTED("suffix", "'suffix' is not supported");
             goto done;
         }
-        json_t *lp = json_object_get(root, "logprobs");
-        if (!is_null_or_absent(lp) && !(json_is_integer(lp) && json_integer_value(lp) == 0)) {
-            UNSUPPORTED("logprobs", "'logprobs' is not supported");
+        /* logprobs: an integer, the alternatives per token (vLLM's bound, 20) */
+        long long lp = 0;
+        int has_lp = 0;
+        if (get_int(root, "logprobs", 0, SHOAL_API_MAX_TOP_LOGPROBS, &lp, &has_lp, err))
             goto done;
-        }
+        g->logprobs = has_lp;
+        g->top_logprobs = (int)lp;
     } else {
         int lp = 0;
-        if (get_bool(root, "logprobs", &lp, err))
+        long long tlp = 0;
+        int has_tlp = 0;
+        if (get_bool(root, "logprobs", &lp, err) ||
+            get_int(root, "top_logprobs", 0, SHOAL_API_MAX_TOP_LOGPROBS, &tlp, &has_tlp, err))
             goto done;
-        if (lp) {
-            UNSUPPORTED("logprobs", "'logprobs' is not supported");
+        if (has_tlp && !lp) {
+            BAD("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
             goto done;
         }
-        if (!is_null_or_absent(json_object_get(root, "top_logprobs"))) {
-            UNSUPPORTED("top_logprobs", "'top_logprobs' is not supported");
-            goto done;
-        }
+        g->logprobs = lp;
+        g->top_logprobs = (int)tlp;
         json_t *rf = json_object_get(root, "response_format");
         if (!is_null_or_absent(rf)) {
             json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
@@ -763,6 +1042,14 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
             const char *rt = json_string_value(t);
             if (!strcmp(rt, "json_schema") && !json_is_object(json_object_get(rf, "json_schema"))) {
                 BADTYPE("response_format.json_schema", "an object");
+                goto done;
+            }
+            if (!strcmp(rt, "json_schema") && json_is_true(json_object_get(json_object_get(rf, "json_schema"), "strict"))) {
+                /* strict promises schema-valid output: that needs constrained decoding */
+                UNSUPPORTED("response_format.json_schema.strict",
+                            "'response_format.json_schema.strict' is not supported: decoding is not constrained "
+                            "(leave it out or false: the schema is then given to the model as K3's "
+                            "response-format message)");
                 goto done;
             }
             if (!strcmp(rt, "json_object") || !strcmp(rt, "json_schema")) {
@@ -807,7 +1094,7 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
             goto done;
         }
     }
-    if (neutral_only(root, err))
+    if (get_penalties(root, g, err) || check_bias_ids(g, lim, err))
         goto done;
     /* stream */
     if (get_bool(root, "stream", &out->stream, err))
@@ -822,6 +1109,8 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
             BADTYPE("stream_options", "an object");
             goto done;
         }
+        if (shoal_api_check_fields(so, "stream_options", stream_options_fields, &out->ignored, err))
+            goto done;
         json_t *iu = json_object_get(so, "include_usage");
         if (!is_null_or_absent(iu)) {
             if (!json_is_boolean(iu)) {
@@ -848,7 +1137,7 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
     long long tk = 0, seed = 0;
     int has_seed = 0;
     if (get_number(root, "temperature", 0, 2, &t, NULL, err) || get_number(root, "top_p", 0, 1, &tp, NULL, err) ||
-        get_int(root, "top_k", 0, 1 << 30, &tk, NULL, err) ||
+        get_int(root, "top_k", -1, 1 << 30, &tk, NULL, err) ||
         get_int(root, "seed", INT64_MIN, INT64_MAX, &seed, &has_seed, err))
         goto done;
     if (tp <= 0) {
@@ -857,7 +1146,7 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
     }
     g->temperature = (float)t;
     g->top_p = (float)tp;
-    g->top_k = (int)tk;
+    g->top_k = tk < 0 ? 0 : (int)tk; /* -1: vLLM's "off" */
     int greedy = g->temperature <= 0 || g->top_k == 1;
     if (has_seed)
         g->seed = (uint64_t)seed;
@@ -879,36 +1168,41 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
         if (get_prompt(root, lim, g, err))
             goto done;
     } else {
-        if (norm_messages(json_object_get(root, "messages"), &g->messages, err))
+        if (norm_messages(json_object_get(root, "messages"), &g->messages, &g->partial, &out->ignored, err))
             goto done;
-        if (norm_tools(json_object_get(root, "tools"), &g->tools, err))
+        if (norm_tools(json_object_get(root, "tools"), &g->tools, &out->ignored, err))
             goto done;
         if (norm_tool_choice(json_object_get(root, "tool_choice"), g->tools, &g->tool_choice, err))
             goto done;
-        /* thinking: reasoning_effort "none" or thinking.type "disabled" turn it off */
-        json_t *re = json_object_get(root, "reasoning_effort");
-        if (!is_null_or_absent(re)) {
-            if (!json_is_string(re)) {
-                BADTYPE("reasoning_effort", "a string");
+        /* thinking: later wins, as the renderer reads a request body
+         * (shoal_chat_opts_from_request): reasoning_effort < thinking_effort <
+         * chat_template_kwargs.reasoning_effort < chat_template_kwargs.thinking_effort;
+         * chat_template_kwargs.thinking (bool) and thinking.type then switch
+         * thinking on or off ("none" efforts turn it off) */
+        json_t *kw = json_object_get(root, "chat_template_kwargs");
+        if (!is_null_or_absent(kw) && !json_is_object(kw)) {
+            BADTYPE("chat_template_kwargs", "an object");
+            goto done;
+        }
+        if (json_is_object(kw) && shoal_api_check_fields(kw, "chat_template_kwargs", kwargs_fields, &out->ignored, err))
+            goto done;
+        if (map_effort(json_object_get(root, "reasoning_effort"), "reasoning_effort", g, err) ||
+            map_effort(json_object_get(root, "thinking_effort"), "thinking_effort", g, err) ||
+            map_effort(json_object_get(kw, "reasoning_effort"), "chat_template_kwargs.reasoning_effort", g, err) ||
+            map_effort(json_object_get(kw, "thinking_effort"), "chat_template_kwargs.thinking_effort", g, err))
+            goto done;
+        int effort_none = !g->thinking;
+        json_t *kth = json_object_get(kw, "thinking");
+        if (!is_null_or_absent(kth)) {
+            if (!json_is_boolean(kth)) {
+                BADTYPE("chat_template_kwargs.thinking", "a boolean");
                 goto done;
             }
-            const char *e = json_string_value(re);
-            static const char *const from[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
-            /* K3's encoder takes low / high / max; "medium" is its default (no
-             * effort message), so it maps to "" */
-            static const char *const to[] = {"", "low", "low", "", "high", "max", "max"};
-            size_t i;
-            for (i = 0; i < sizeof from / sizeof from[0]; i++)
-                if (!strcmp(e, from[i]))
-                    break;
-            if (i == sizeof from / sizeof from[0]) {
-                UNSUPPORTED("reasoning_effort",
-                            "'reasoning_effort' must be none, minimal, low, medium, high, xhigh or max");
+            if (json_is_true(kth) && effort_none) {
+                BAD("chat_template_kwargs.thinking", "'chat_template_kwargs.thinking' is true but the effort is \"none\"");
                 goto done;
             }
-            if (i == 0)
-                g->thinking = 0;
-            snprintf(g->effort, sizeof g->effort, "%s", to[i]);
+            g->thinking = json_is_true(kth);
         }
         json_t *th = json_object_get(root, "thinking");
         if (!is_null_or_absent(th)) {
@@ -917,12 +1211,14 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
                 BADTYPE("thinking.type", "a string (\"enabled\" or \"disabled\")");
                 goto done;
             }
+            if (shoal_api_check_fields(th, "thinking", thinking_fields, &out->ignored, err))
+                goto done;
             const char *s = json_string_value(tt);
             if (!strcmp(s, "disabled")) {
                 g->thinking = 0;
             } else if (!strcmp(s, "enabled")) {
                 if (!g->thinking) {
-                    BAD("thinking", "'thinking' is enabled but 'reasoning_effort' is \"none\"");
+                    BAD("thinking", "'thinking' is enabled but the effort is \"none\" or chat_template_kwargs.thinking is false");
                     goto done;
                 }
             } else {
@@ -933,7 +1229,7 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
         if (!g->thinking)
             g->effort[0] = '\0';
     }
-    if (greedy || has_seed)
+    if ((greedy || has_seed) && out->n == 1)
         out->memo_key = memo_key(kind, lim, g);
     rc = 0;
 done:

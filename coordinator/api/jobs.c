@@ -107,6 +107,12 @@ shoal_sched_job *shoal_sched_job_new(shoal_gen_params *params, const char *clien
     return j;
 }
 
+void shoal_sched_job_fork_of(shoal_sched_job *child, shoal_sched_job *parent)
+{
+    shoal_sched_job_ref(parent);
+    child->fork_of = parent;
+}
+
 void shoal_sched_job_ref(shoal_sched_job *j)
 {
     atomic_fetch_add(&j->refs, 1);
@@ -118,6 +124,7 @@ void shoal_sched_job_unref(shoal_sched_job *j)
         return;
     shoal_gen_params_free(&j->p);
     shoal_ev_free_list(j->head);
+    shoal_sched_job_unref(j->fork_of);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }

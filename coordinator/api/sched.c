@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/err.h"
 #include "common/sbuf.h"
@@ -226,6 +227,34 @@ static int is_eos(const shoal_sched *s, int32_t id)
     return 0;
 }
 
+/* The sampled id's log-probability and the top alternatives, from the raw
+ * logits row it was sampled from (sched.h SHOAL_EV_LOGPROB). */
+static void emit_logprob(shoal_sched *s, shoal_slot *sl, int32_t id)
+{
+    const shoal_gen_params *p = &sl->job->p;
+    shoal_ev *e = shoal__sched_ev_new(SHOAL_EV_LOGPROB);
+    int k = p->top_logprobs > SHOAL_MAX_TOP_LOGPROBS ? SHOAL_MAX_TOP_LOGPROBS : p->top_logprobs;
+    e->id = id;
+    e->logprob = shoal_logprobs(sl->logits, s->vocab, id, k, e->top_ids, e->top_lp);
+    e->ntop = 0;
+    while (e->ntop < k && e->top_ids[e->ntop] >= 0)
+        e->ntop++;
+    shoal_sbuf b = {0};
+    size_t n;
+    const uint8_t *t = shoal_tok_token_bytes(s->o.tok, id, &n);
+    shoal_sbuf_add(&b, (const char *)t, n);
+    e->tok_len = (int)n;
+    for (int i = 0; i < e->ntop; i++) {
+        t = shoal_tok_token_bytes(s->o.tok, e->top_ids[i], &n);
+        shoal_sbuf_add(&b, (const char *)t, n);
+        e->top_len[i] = (int)n;
+    }
+    shoal_sbuf_add(&b, "", 1); /* NUL-terminated, like every event text */
+    e->text = b.p;
+    e->len = b.n - 1;
+    emit(s, sl, e);
+}
+
 /* ---- output: ids to text and tool calls --------------------------------------- */
 
 static void on_parse_event(void *ud, const shoal_chatparse_event *ev)
@@ -279,7 +308,8 @@ static int output_begin(shoal_sched *s, shoal_slot *sl)
         return 0;
     }
     char err[256];
-    shoal_chatparse_opts po = {.thinking_off = !p->thinking, .on_event = on_parse_event, .ud = sl};
+    /* partial mode: the prompt ends inside the response element */
+    shoal_chatparse_opts po = {.thinking_off = !p->thinking || p->partial, .on_event = on_parse_event, .ud = sl};
     if (shoal_chatparse_open(&sl->parser, s->o.tok, &po, err, sizeof err)) {
         SHOAL_ERROR("sched: %s", err);
         return -1;
@@ -292,7 +322,7 @@ static int output_begin(shoal_sched *s, shoal_slot *sl)
 static int output_token(shoal_sched *s, shoal_slot *sl, int32_t id)
 {
     if (sl->parser) {
-        int in_reasoning = sl->job->p.thinking && !sl->answer_started;
+        int in_reasoning = sl->job->p.thinking && !sl->job->p.partial && !sl->answer_started;
         int end = shoal_chatparse_feed(sl->parser, id);
         if (in_reasoning && !sl->answer_started) /* the id that began the answer is not reasoning */
             sl->reasoning_tokens++;
@@ -404,6 +434,32 @@ static void start_decoding(shoal_sched *s, shoal_slot *sl)
     sl->state = SLOT_DECODE;
 }
 
+/* One warning per distinct worker failure: the requests that meet a down
+ * worker all fail with the same message, and a hundred of them in a second
+ * would flood the log. A message equal to the last one within 10 s is
+ * counted instead, and the count is logged with the next different message
+ * or once 10 s have passed. Model thread only. */
+static void warn_worker_failure(const char *err)
+{
+    static char last[512];
+    static uint64_t repeats;
+    static struct timespec first;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double age = (double)(now.tv_sec - first.tv_sec) + (double)(now.tv_nsec - first.tv_nsec) / 1e9;
+    if (last[0] && !strncmp(last, err, sizeof last - 1) && age < 10) {
+        repeats++;
+        return;
+    }
+    if (repeats)
+        SHOAL_WARN("sched: the previous failure repeated %llu more times (requests answered 503)",
+                   (unsigned long long)repeats);
+    repeats = 0;
+    first = now;
+    snprintf(last, sizeof last, "%s", err);
+    SHOAL_WARN("sched: %s", err);
+}
+
 static void fail_forward(shoal_sched *s, shoal_slot *sl, int rc, const char *err)
 {
     shoal_sched_stats add = {0};
@@ -415,7 +471,7 @@ static void fail_forward(shoal_sched *s, shoal_slot *sl, int rc, const char *err
     add.failed = 1;
     if (rc == SHOAL_EPEER || rc == SHOAL_ETIMEOUT || rc == SHOAL_EPROTO || rc == SHOAL_EVERSION) {
         /* the engine's message names the worker (endpoint) that failed */
-        SHOAL_WARN("sched: %s", err);
+        warn_worker_failure(err);
         emit_error(s, sl, 503, "worker_unavailable", NULL, err);
     } else {
         SHOAL_ERROR("sched: forward failed: %s (%s)", err, shoal_err_name(rc));
@@ -514,13 +570,24 @@ static int prepare(shoal_sched *s, shoal_slot *sl)
         return -1;
     }
     char err[320];
-    shoal_sampler_opts so = {.temperature = p->temperature, .top_p = p->top_p, .top_k = p->top_k, .seed = p->seed};
+    shoal_sampler_opts so = {.temperature = p->temperature,
+                             .top_p = p->top_p,
+                             .top_k = p->top_k,
+                             .seed = p->seed,
+                             .min_p = p->min_p,
+                             .presence_penalty = p->presence_penalty,
+                             .frequency_penalty = p->frequency_penalty,
+                             .repetition_penalty = p->repetition_penalty,
+                             .bias = p->bias,
+                             .nbias = p->nbias};
     if (shoal_sampler_create(&sl->sampler, &so, s->vocab, err, sizeof err)) {
         emit_error(s, sl, 400, "invalid_request_error", "temperature", err);
         shoal_sched_stats add = {.failed = 1};
         release(s, sl, &add);
         return -1;
     }
+    for (int i = 0; i < sl->n_prompt; i++) /* the repetition penalty covers the prompt */
+        shoal_sampler_observe(sl->sampler, sl->ids[i], 0);
     if (output_begin(s, sl)) {
         emit_error(s, sl, 500, "internal_error", NULL, "cannot start the output parser");
         shoal_sched_stats add = {.failed = 1};
@@ -534,8 +601,33 @@ static int prepare(shoal_sched *s, shoal_slot *sl)
  * create the sequence, continue from the longest kept prefix, then PREFILL
  * (or DECODE when the whole prompt was kept, START emitted). Returns 0 when
  * it must keep waiting, 1 otherwise (started, or failed and released). */
+/* n choices (shoal_sched_job_fork_of): the slot of sl's parent job, or NULL
+ * when it holds none (not admitted yet cannot happen: the parent is queued
+ * first; ended, failed or canceled: the child prefills on its own). */
+static shoal_slot *parent_slot(shoal_sched *s, const shoal_slot *sl)
+{
+    if (!sl->job->fork_of)
+        return NULL;
+    for (int i = 0; i < s->nslots; i++)
+        if (s->slots[i].job == sl->job->fork_of)
+            return &s->slots[i];
+    return NULL;
+}
+
+/* The parent holds exactly the prompt's state (prefilled, nothing sampled
+ * yet): the child's state can be a copy of it. */
+static int can_fork(const shoal_slot *sl, const shoal_slot *ps)
+{
+    return ps && ps->state == SLOT_DECODE && ps->n_out == 0 && ps->n_prompt == sl->n_prompt &&
+           shoal_seq_pos(ps->seq) == ps->n_prompt &&
+           !memcmp(ps->ids, sl->ids, (size_t)sl->n_prompt * sizeof *sl->ids);
+}
+
 static int try_start(shoal_sched *s, shoal_slot *sl)
 {
+    shoal_slot *ps = parent_slot(s, sl);
+    if (ps && (ps->state == SLOT_WAIT || ps->state == SLOT_PREFILL))
+        return 0; /* the parent's prompt state is on its way: copy it then */
     int cap = sl->n_prompt + sl->max_new;
     if (cap > s->max_context)
         cap = s->max_context;
@@ -571,8 +663,12 @@ static int try_start(shoal_sched *s, shoal_slot *sl)
         release(s, sl, &add);
         return 1;
     }
-    int k = shoal__sched_kept_find(s, sl->ids, sl->n_prompt);
-    if (k >= 0 && shoal_seq_copy(sl->seq, s->kept[k].seq, err, sizeof err) == 0) {
+    int k;
+    if (can_fork(sl, ps) && shoal_seq_copy(sl->seq, ps->seq, err, sizeof err) == 0) {
+        sl->reused = sl->n_prompt; /* prefilled once, for every choice */
+        memcpy(sl->logits, ps->logits, (size_t)s->vocab * sizeof *sl->logits);
+    } else if ((k = shoal__sched_kept_find(s, sl->ids, sl->n_prompt)) >= 0 &&
+               shoal_seq_copy(sl->seq, s->kept[k].seq, err, sizeof err) == 0) {
         sl->reused = s->kept[k].n;
         if (sl->reused == sl->n_prompt)
             memcpy(sl->logits, s->kept[k].logits, (size_t)s->vocab * sizeof *sl->logits);
@@ -654,6 +750,9 @@ static int sample_one(shoal_sched *s, shoal_slot *sl, int32_t *id_out)
     }
     sl->t_last = t1;
     sl->out[sl->n_out++] = id;
+    shoal_sampler_observe(sl->sampler, id, 1);
+    if (j->p.logprobs)
+        emit_logprob(s, sl, id);
     int stop = output_token(s, sl, id);
     if (stop == 2) {
         finish(s, sl, "stop", 0);

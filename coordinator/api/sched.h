@@ -71,9 +71,23 @@ typedef struct {
     int nstop;
     char *stop[SHOAL_MAX_STOP];
     int return_token_ids;   /* shoal extension: report prompt and output ids */
+    /* sampling adjustments (coordinator/engine/sampler.h) */
+    float min_p;              /* [0, 1]; 0 = off */
+    float presence_penalty;   /* [-2, 2] */
+    float frequency_penalty;  /* [-2, 2] */
+    float repetition_penalty; /* (0, ...]; 1 = off */
+    shoal_logit_bias *bias;   /* nbias entries (owned) */
+    int nbias;
+    /* log-probabilities: 1 = one SHOAL_EV_LOGPROB per sampled id with the
+     * log-softmax of the raw logits (before bias, penalties, temperature) */
+    int logprobs;
+    int top_logprobs;         /* 0..20 alternatives per id */
+    int partial;              /* chat: the last message is an assistant turn to continue (Moonshot partial mode) */
 } shoal_gen_params;
 
 void shoal_gen_params_free(shoal_gen_params *p);
+/* A deep copy (n choices: one job each). Returns 0. */
+int shoal_gen_params_copy(shoal_gen_params *dst, const shoal_gen_params *src);
 
 typedef enum {
     SHOAL_EV_START = 0, /* prompt rendered and admitted: prompt_tokens, reused_tokens */
@@ -81,7 +95,10 @@ typedef enum {
     SHOAL_EV_TOOL,      /* a tool call starts (name) or grows (arguments text) */
     SHOAL_EV_DONE,      /* the end: finish reason and counts */
     SHOAL_EV_ERROR,     /* the end: status, code, param, message */
+    SHOAL_EV_LOGPROB,   /* one sampled id's log-probability (with logprobs), before its text */
 } shoal_ev_type;
+
+#define SHOAL_MAX_TOP_LOGPROBS 20
 
 typedef enum { SHOAL_CH_CONTENT = 0, SHOAL_CH_REASONING = 1 } shoal_channel;
 
@@ -99,6 +116,15 @@ typedef struct shoal_ev {
     int completion_tokens, reasoning_tokens;
     int32_t *prompt_ids, *output_ids; /* DONE, only with return_token_ids */
     int n_prompt_ids, n_output_ids;
+    /* LOGPROB: the id, its log-probability, the top alternatives. text/len
+     * hold the bytes of the id (tok_len of them) then of each alternative
+     * (top_len[i] each); a token's bytes may be a partial UTF-8 sequence */
+    int32_t id;
+    double logprob;
+    int ntop, tok_len;
+    int32_t top_ids[SHOAL_MAX_TOP_LOGPROBS];
+    double top_lp[SHOAL_MAX_TOP_LOGPROBS];
+    int top_len[SHOAL_MAX_TOP_LOGPROBS];
     /* ERROR */
     int status;
     char code[40];
@@ -169,6 +195,11 @@ void shoal_sched_get_stats(shoal_sched *s, shoal_sched_stats *out);
  * job starts with one reference, the caller's. */
 shoal_sched_job *shoal_sched_job_new(shoal_gen_params *params, const char *client, const char *memo_key,
                                      void (*notify)(void *arg), void *arg);
+/* n choices of one request: child (a job with the same prompt) takes the
+ * prompt's state from parent once parent's prompt is prefilled, instead of
+ * prefilling it again (shoal_seq_copy: bit-identical). Call before either is
+ * submitted, parent first in the queue. Takes a reference on parent. */
+void shoal_sched_job_fork_of(shoal_sched_job *child, shoal_sched_job *parent);
 void shoal_sched_job_ref(shoal_sched_job *j);
 /* Drops a reference; the last one frees the job (any thread). */
 void shoal_sched_job_unref(shoal_sched_job *j);

@@ -30,6 +30,7 @@ struct shoal_sched_job {
     shoal_sched_job *qnext, *qprev;
     int queued;
     uint64_t t_submit; /* shoal_metrics_now_ns() at submit */
+    shoal_sched_job *fork_of; /* n choices: the job whose prompt state this one copies (a reference) */
 };
 
 typedef struct {

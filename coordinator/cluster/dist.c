@@ -331,6 +331,7 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
                                    .max_tokens = info.max_batch, .timeout_ms = o->timeout_ms,
                                    .failover_ms = o->failover_ms, .hello_timeout_ms = o->hello_timeout_ms,
                                    .check = start_check, .check_ctx = d,
+                                   .busy = shoal_spawn_busy_slots(d->spawn, 0),
                                    .curve = any ? &kp : NULL, .curve_server_keys = any ? pk : NULL};
     if (!rc)
         rc = shoal_expert_client_open(&d->client, &co, err, errlen);
@@ -339,6 +340,7 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
     if (!rc && (o->trunk == 1 || (o->trunk == 2 && shoal_expert_client_any_trunk(d->client)))) {
         shoal_expert_client_opts to = co;
         to.trunk_role = 1;
+        to.busy = shoal_spawn_busy_slots(d->spawn, 1);
         to.st = shoal_model_store(m);
         if ((rc = shoal_trunk_client_open(&d->trunk, &to, err, errlen)) ||
             (rc = shoal_expert_client_set_sibling(d->client, d->trunk, err, errlen))) {
@@ -437,12 +439,26 @@ static void count_restart(void *cm, int worker)
     shoal_cmetrics_worker_restarted(cm, worker);
 }
 
+static void count_hang(void *cm, int worker)
+{
+    shoal_cmetrics_worker_hung(cm, worker);
+}
+
+int shoal_dist_local_state(shoal_dist *d, int i, shoal_spawn_state *out)
+{
+    if (!d || !d->spawn)
+        return -1;
+    return shoal_spawn_state_get(d->spawn, i, out);
+}
+
 int shoal_dist_set_metrics(shoal_dist *d, shoal_cmetrics *cm, char *err, size_t errlen)
 {
     if (!d)
         return 0;
-    if (cm)
+    if (cm) {
         shoal_spawn_on_restart(d->spawn, count_restart, cm);
+        shoal_spawn_on_hang(d->spawn, count_hang, cm);
+    }
     int rc = shoal_expert_client_set_metrics(d->client, cm, err, errlen);
     if (!rc && d->trunk)
         shoal_trunk_client_set_metrics(d->trunk, cm);

@@ -23,6 +23,7 @@
 
 #include "coordinator/engine/engine.h"
 #include "coordinator/cluster/expert_client.h"
+#include "coordinator/cluster/spawn.h"
 
 typedef struct {
     const char *worker[SHOAL_EXPERT_CLIENT_MAX_WORKERS]; /* --worker, borrowed from argv */
@@ -86,6 +87,9 @@ const char *shoal_dist_worker_name(const shoal_dist *d, int i);
 /* 1 when worker i is up, else 0 with why (see shoal_expert_client_worker_up).
  * Any thread, any time. */
 int shoal_dist_worker_up(shoal_dist *d, int i, char *why, size_t whylen);
+/* The supervision state of local worker i (`--workers N`): restarts, hangs,
+ * backoff (coordinator/cluster/spawn.h); -1 when the workers are not local. */
+int shoal_dist_local_state(shoal_dist *d, int i, shoal_spawn_state *out);
 /* 1 when every routed expert and every remote trunk row still has an owner
  * that is up (replicas covering for the workers that are down: requests are
  * served, /health says "degraded"); else 0 with what is left without one in

@@ -214,6 +214,7 @@ static void send_all(shoal_expert_client *c)
         shoal_proto_tensor_len(SHOAL_WIRE_I32, w->npairs, 2, &rlen);
         atomic_store(&w->arr_ns, 0);
         w->sent_ns = shoal__ec_now_ns();
+        shoal__ec_busy_sent(c, i, w->sent_ns);
         if (shoal__ec_send_frame(w->sock, w->ctl, w->ctl_len, 1) ||
             shoal__ec_send_frame(w->sock, (void *)w->tx_act, alen, 1) ||
             shoal__ec_send_frame(w->sock, w->route, rlen, 0)) {
@@ -246,6 +247,7 @@ static void send_all(shoal_expert_client *c)
 static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, int truncated)
 {
     shoal__ec_worker *w = &c->w[i];
+    shoal__ec_busy_answered(c, i); /* it answers */
     uint64_t t_recv = shoal__ec_now_ns();
     shoal_frame f[SHOAL_PROTO_MAX_FRAMES];
     size_t bytes = 0;

@@ -73,6 +73,11 @@ typedef struct {
      * open with that code and its message (e.g. a spawned worker exited). */
     int (*check)(void *ctx, char *err, size_t errlen);
     void *check_ctx;
+    /* Optional, nworkers entries that outlive the client (the local workers'
+     * supervisor's, coordinator/cluster/spawn.h): busy[i] is set to when the
+     * oldest request sent to worker i since its last message was sent
+     * (CLOCK_MONOTONIC ns), 0 when it has answered everything. */
+    _Atomic unsigned long long *busy;
     /* CURVE (common/curve.h, PROTOCOL.md section 9): our key pair and, per
      * worker, its pinned public key (Z85; NULL entry: that link is plain).
      * Both NULL: no CURVE. Borrowed for open only. */

@@ -278,6 +278,19 @@ static inline uint64_t shoal__ec_now_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+/* The supervisor's busy record of worker i (opts.busy): a request sent
+ * (kept if an older one is still unanswered), or any message received. */
+static inline void shoal__ec_busy_sent(shoal_expert_client *c, int i, uint64_t ns)
+{
+    if (c->o.busy && !atomic_load(&c->o.busy[i]))
+        atomic_store(&c->o.busy[i], ns);
+}
+static inline void shoal__ec_busy_answered(shoal_expert_client *c, int i)
+{
+    if (c->o.busy)
+        atomic_store(&c->o.busy[i], 0);
+}
+
 /* Read the events waiting on a monitor socket; 1 if one was a disconnect. */
 static inline int shoal__ec_monitor_disconnected(void *mon)
 {

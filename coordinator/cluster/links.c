@@ -574,6 +574,7 @@ static void refused(shoal_expert_client *c, shoal__ec_worker *w, const char *why
 static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, int truncated)
 {
     shoal__ec_worker *w = &c->w[i];
+    shoal__ec_busy_answered(c, i); /* it answers */
     shoal_frame f[SHOAL_PROTO_MAX_FRAMES];
     for (int j = 0; j < np; j++)
         f[j] = (shoal_frame){zmq_msg_data(&parts[j]), zmq_msg_size(&parts[j])};

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -18,9 +19,17 @@
 #include "common/log.h"
 #include "proto/shard.h"
 
-/* Restarts allowed per worker within RESTART_WINDOW_S before it is left down. */
+/* Restarts allowed per worker within RESTART_WINDOW_S before the next ones
+ * wait: 1 s, doubled at each further exit within the window, at most
+ * BACKOFF_MAX_S; a worker that stayed up RESTART_WINDOW_S is restarted at
+ * once again. It is never given up on. */
 #define RESTART_MAX 5
 #define RESTART_WINDOW_S 60
+#define BACKOFF_MAX_S 60
+/* A worker that has had a request outstanding for HANG_MS, is neither
+ * running nor in disk I/O, and has used no CPU in that time is hung (e.g.
+ * SIGSTOPped): it is killed (SIGKILL) and restarted like one that died. */
+#define HANG_MS 3000
 
 typedef struct {
     pid_t pid;
@@ -29,8 +38,15 @@ typedef struct {
     char id[16];
     char *ranges;
     int restarts;                  /* total, under s->mu */
-    int gave_up;                   /* over the rate limit: left down */
     struct timespec at[RESTART_MAX]; /* the last RESTART_MAX restarts, a ring */
+    /* backoff: exited and reaped, restart due at next_try */
+    int waiting, backoff_s;
+    struct timespec next_try;
+    char how[64]; /* how it last exited */
+    /* hang detection: CPU time (ticks) and when it last changed */
+    unsigned long long cpu;
+    struct timespec cpu_at, started;
+    int hangs;
 } child;
 
 struct shoal_spawn {
@@ -48,6 +64,9 @@ struct shoal_spawn {
     pthread_cond_t cv;
     void (*on_restart)(void *ctx, int worker);
     void *on_restart_ctx;
+    void (*on_hang)(void *ctx, int worker);
+    void *hang_ctx;
+    _Atomic unsigned long long *busy; /* [2 * n]: the clients' records (shoal_spawn_busy_slots) */
 };
 
 /* The private directory of the local workers' sockets: $XDG_RUNTIME_DIR (a
@@ -138,6 +157,9 @@ static int launch(shoal_spawn *s, child *c, char *err, size_t errlen)
         close(devnull);
     c->pid = pid;
     c->reaped = 0;
+    c->cpu = 0;
+    clock_gettime(CLOCK_MONOTONIC, &c->cpu_at);
+    c->started = c->cpu_at;
     if (!s->pgid)
         s->pgid = pid;
     setpgid(pid, s->pgid); /* also from the parent: no window where the child is outside the group */
@@ -169,6 +191,7 @@ int shoal_spawn_start(shoal_spawn **out, const shoal_spawn_opts *o, const shoal_
     s->n = o->n;
     s->c = shoal_xcalloc((size_t)o->n, sizeof *s->c);
     s->eps = shoal_xcalloc((size_t)o->n, sizeof *s->eps);
+    s->busy = shoal_xcalloc(2 * (size_t)o->n, sizeof *s->busy);
     int drc = make_socket_dir(s->dir, sizeof s->dir, err, errlen);
     if (drc) {
         shoal_spawn_stop(s);
@@ -243,46 +266,125 @@ static double since_s(const struct timespec *a, const struct timespec *b)
     return (double)(b->tv_sec - a->tv_sec) + (double)(b->tv_nsec - a->tv_nsec) / 1e9;
 }
 
-/* One pass over the children (under s->mu): reap the dead, restart them with
- * the same ownership and endpoint unless over the rate limit. The coordinator's
- * keeper sees the endpoint answer again, re-checks HELLO (fingerprint,
- * ownership) and marks the worker up. */
+/* State and CPU ticks (utime + stime) of pid from /proc/PID/stat; 0 or -1. */
+static int proc_stat(pid_t pid, char *state, unsigned long long *ticks)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    unsigned long long ut, st;
+    if (!p || sscanf(p + 2, "%c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", state, &ut, &st) != 3)
+        return -1;
+    *ticks = ut + st;
+    return 0;
+}
+
+/* A live child with a request outstanding for HANG_MS that is not running,
+ * not in disk I/O and has used no CPU since: SIGKILL, logged once; the next
+ * pass reaps and restarts it (its requests fail over or fail at once when its
+ * connection drops, instead of waiting out the expert timeout). */
+static void hang_check(shoal_spawn *s, int i, child *c, const struct timespec *now)
+{
+    char state = '?';
+    unsigned long long ticks;
+    if (proc_stat(c->pid, &state, &ticks))
+        return;
+    if (ticks != c->cpu || state == 'R' || state == 'D') {
+        c->cpu = ticks;
+        c->cpu_at = *now;
+        return;
+    }
+    /* the oldest unanswered request on either link, if sent to this process */
+    uint64_t now_ns = (uint64_t)now->tv_sec * 1000000000u + (uint64_t)now->tv_nsec, busy = 0;
+    uint64_t start_ns = (uint64_t)c->started.tv_sec * 1000000000u + (uint64_t)c->started.tv_nsec;
+    for (int r = 0; r < 2; r++) {
+        uint64_t t = atomic_load(&s->busy[r * s->n + i]);
+        if (t && t >= start_ns && t < now_ns && (now_ns - t) / 1000000u > busy)
+            busy = (now_ns - t) / 1000000u;
+    }
+    double idle_ms = since_s(&c->cpu_at, now) * 1000.0;
+    if (busy < HANG_MS || idle_ms < HANG_MS)
+        return;
+    c->hangs++;
+    SHOAL_ERROR("local expert worker %s (%s, pid %d) has not answered a request for %.1f s and used no CPU for %.1f s "
+                "(state %c%s): killing it (SIGKILL) and restarting it (hang %d)",
+                c->id, c->endpoint, (int)c->pid, (double)busy / 1000.0, idle_ms / 1000.0, state,
+                state == 'T' || state == 't' ? ": stopped" : "", c->hangs);
+    kill(c->pid, SIGKILL);
+    c->cpu_at = *now; /* not again before it is reaped */
+    if (s->on_hang)
+        s->on_hang(s->hang_ctx, i);
+}
+
+/* Start child c again now (its socket file removed first); on failure back off. */
+static void restart_now(shoal_spawn *s, int i, child *c, const struct timespec *now, int after_backoff)
+{
+    if (!strncmp(c->endpoint, "ipc://", 6))
+        unlink(c->endpoint + 6); /* a killed worker leaves its socket file */
+    char err[256];
+    if (launch(s, c, err, sizeof err)) {
+        c->backoff_s = c->backoff_s ? (c->backoff_s * 2 < BACKOFF_MAX_S ? c->backoff_s * 2 : BACKOFF_MAX_S) : 1;
+        c->next_try = *now;
+        c->next_try.tv_sec += c->backoff_s;
+        c->waiting = 1;
+        SHOAL_ERROR("local expert worker %s (%s) cannot be restarted: %s; trying again in %d s", c->id, c->endpoint,
+                    err, c->backoff_s);
+        return;
+    }
+    c->waiting = 0;
+    c->at[c->restarts % RESTART_MAX] = *now;
+    c->restarts++;
+    if (s->on_restart)
+        s->on_restart(s->on_restart_ctx, i);
+    SHOAL_WARN("local expert worker %s (%s) exited (%s); restarted as pid %d with the same experts (restart %d%s)",
+               c->id, c->endpoint, c->how, (int)c->pid, c->restarts, after_backoff ? ", after backing off" : "");
+}
+
+/* One pass over the children (under s->mu): reap the dead and restart them
+ * with the same ownership and endpoint -- at once, or, past RESTART_MAX
+ * restarts within RESTART_WINDOW_S, after an exponential backoff; kill the
+ * hung. The coordinator's keeper sees the endpoint answer again, re-checks
+ * HELLO (fingerprint, ownership) and marks the worker up. */
 static void supervise_pass(shoal_spawn *s)
 {
     for (int i = 0; i < s->n && !s->stop; i++) {
         child *c = &s->c[i];
-        if (c->gave_up || c->pid <= 0)
+        if (c->pid <= 0)
             continue;
-        reap(c, 0);
-        if (!c->reaped)
-            continue;
-        char how[64];
-        describe(c, how, sizeof how);
         struct timespec now;
         clock_gettime(CLOCK_MONOTONIC, &now);
+        if (c->waiting) {
+            if (since_s(&c->next_try, &now) >= 0)
+                restart_now(s, i, c, &now, 1);
+            continue;
+        }
+        reap(c, 0);
+        if (!c->reaped) {
+            hang_check(s, i, c, &now);
+            continue;
+        }
+        describe(c, c->how, sizeof c->how);
         int k = c->restarts % RESTART_MAX; /* the oldest of the last RESTART_MAX restarts */
         if (c->restarts >= RESTART_MAX && since_s(&c->at[k], &now) < RESTART_WINDOW_S) {
-            c->gave_up = 1;
-            SHOAL_ERROR("local expert worker %s (%s) exited (%s); it was restarted %d times within %d s, so it is "
-                        "left down (requests that need it get a 503 naming it)",
-                        c->id, c->endpoint, how, RESTART_MAX, RESTART_WINDOW_S);
+            c->backoff_s = c->backoff_s ? (c->backoff_s * 2 < BACKOFF_MAX_S ? c->backoff_s * 2 : BACKOFF_MAX_S) : 1;
+            c->next_try = now;
+            c->next_try.tv_sec += c->backoff_s;
+            c->waiting = 1;
+            SHOAL_ERROR("local expert worker %s (%s) exited (%s); it was restarted %d times within %d s: backing off, "
+                        "next restart in %d s (requests that need it get a 503 naming it meanwhile)",
+                        c->id, c->endpoint, c->how, RESTART_MAX, RESTART_WINDOW_S, c->backoff_s);
             continue;
         }
-        if (!strncmp(c->endpoint, "ipc://", 6))
-            unlink(c->endpoint + 6); /* a killed worker leaves its socket file */
-        char err[256];
-        if (launch(s, c, err, sizeof err)) {
-            SHOAL_ERROR("local expert worker %s (%s) exited (%s) and cannot be restarted: %s", c->id, c->endpoint,
-                        how, err);
-            c->gave_up = 1;
-            continue;
-        }
-        c->at[k] = now;
-        c->restarts++;
-        if (s->on_restart)
-            s->on_restart(s->on_restart_ctx, i);
-        SHOAL_WARN("local expert worker %s (%s) exited (%s); restarted as pid %d with the same experts (restart %d)",
-                   c->id, c->endpoint, how, (int)c->pid, c->restarts);
+        c->backoff_s = 0; /* up long enough: the crash loop, if any, is over */
+        restart_now(s, i, c, &now, 0);
     }
 }
 
@@ -324,6 +426,45 @@ void shoal_spawn_on_restart(shoal_spawn *s, void (*fn)(void *ctx, int worker), v
     s->on_restart = fn;
     s->on_restart_ctx = ctx;
     pthread_mutex_unlock(&s->mu);
+}
+
+_Atomic unsigned long long *shoal_spawn_busy_slots(shoal_spawn *s, int role)
+{
+    return s ? s->busy + (role ? s->n : 0) : NULL;
+}
+
+void shoal_spawn_on_hang(shoal_spawn *s, void (*on_hang)(void *ctx, int worker), void *ctx)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->on_hang = on_hang;
+    s->hang_ctx = ctx;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int shoal_spawn_state_get(shoal_spawn *s, int i, shoal_spawn_state *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!s || i < 0 || i >= s->n)
+        return -1;
+    pthread_mutex_lock(&s->mu);
+    child *c = &s->c[i];
+    out->restarts = c->restarts;
+    out->hangs = c->hangs;
+    out->backing_off = c->waiting;
+    out->backoff_s = c->waiting ? c->backoff_s : 0;
+    if (c->waiting) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double left = -since_s(&c->next_try, &now);
+        out->next_try_s = left > 0 ? left : 0;
+        struct timespec rt;
+        clock_gettime(CLOCK_REALTIME, &rt);
+        out->next_try_unix = (double)rt.tv_sec + (double)rt.tv_nsec / 1e9 + out->next_try_s;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return 0;
 }
 
 void shoal_spawn_stop(shoal_spawn *s)
@@ -379,6 +520,7 @@ void shoal_spawn_stop(shoal_spawn *s)
         SHOAL_WARN("cannot remove the local workers' socket directory %s: %s", s->dir, strerror(errno));
     free(s->c);
     free(s->eps);
+    free((void *)s->busy);
     free(s->model);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

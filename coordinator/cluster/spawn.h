@@ -10,6 +10,7 @@
 #define SHOAL_SPAWN_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "common/k3cfg.h"
@@ -34,11 +35,33 @@ int shoal_spawn_check(void *ctx, char *err, size_t errlen);
 /* Supervision, once the coordinator is connected: a thread (a sleeping wait,
  * 5 wake-ups a second) reaps a child that exited (no zombie) and restarts it
  * with the same experts and endpoint, where the coordinator's keeper finds it
- * and marks it up after re-checking its HELLO. At most 5 restarts per worker
- * within 60 s; after that it is left down and logged. */
+ * and marks it up after re-checking its HELLO. Up to 5 restarts per worker
+ * within 60 s at once; past that each restart waits, 1 s doubled at every
+ * further exit up to 60 s (logged, and in shoal_spawn_state_get), and a
+ * worker that stayed up 60 s is restarted at once again: never given up on.
+ * A child with a request outstanding for 3 s (shoal_spawn_busy_slots) that
+ * is neither running nor in disk I/O and used no CPU meanwhile (e.g.
+ * SIGSTOPped) is killed with SIGKILL, logged once, and restarted. */
 int shoal_spawn_supervise(shoal_spawn *s, char *err, size_t errlen);
 /* Called (from the supervisor thread) after child `worker` was restarted. */
 void shoal_spawn_on_restart(shoal_spawn *s, void (*fn)(void *ctx, int worker), void *ctx);
+/* n slots (one per worker) where a coordinator client records when the
+ * oldest request that worker has not answered was sent (CLOCK_MONOTONIC ns;
+ * 0: none): role 0 the expert link, 1 the trunk link. They live as long as s,
+ * longer than the clients (shoal_expert_client_opts.busy). NULL for NULL s. */
+_Atomic unsigned long long *shoal_spawn_busy_slots(shoal_spawn *s, int role);
+/* on_hang(ctx, worker) is called (supervisor thread) after a hung child was killed. */
+void shoal_spawn_on_hang(shoal_spawn *s, void (*on_hang)(void *ctx, int worker), void *ctx);
+typedef struct {
+    int restarts;         /* restarts since start */
+    int hangs;            /* kills for not answering while it had work */
+    int backing_off;      /* 1: it exited too often; restarted in next_try_s */
+    int backoff_s;        /* the wait before that restart (0 when not backing off) */
+    double next_try_s;    /* seconds until it (0 when not backing off) */
+    double next_try_unix; /* its time, seconds since the epoch */
+} shoal_spawn_state;
+/* Child i's supervision state (any thread); -1 for a bad i. */
+int shoal_spawn_state_get(shoal_spawn *s, int i, shoal_spawn_state *out);
 /* Supervision stops first; then SIGTERM to every child, up to 5 s for them to exit, then SIGKILL; reaps all.
  * Accepts NULL. */
 void shoal_spawn_stop(shoal_spawn *s);

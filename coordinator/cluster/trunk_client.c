@@ -204,6 +204,7 @@ static void send_round(shoal_expert_client *c)
             continue;
         }
         w->sent_ns = shoal__ec_now_ns();
+        shoal__ec_busy_sent(c, i, w->sent_ns);
         if (shoal__ec_send_frame(w->sock, w->tctl, w->tctl_len, 1) ||
             shoal__ec_send_frame(w->sock, c->tx, c->txlen, 0)) {
             int e = errno;
@@ -285,6 +286,7 @@ static int submit(void *self, int layer, const shoal_rmat_job *jobs, int n, cons
 static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, int truncated)
 {
     shoal__ec_worker *w = &c->w[i];
+    shoal__ec_busy_answered(c, i); /* it answers */
     shoal_frame f[SHOAL_PROTO_MAX_FRAMES];
     for (int j = 0; j < np; j++)
         f[j] = (shoal_frame){zmq_msg_data(&parts[j]), zmq_msg_size(&parts[j])};

@@ -249,7 +249,8 @@ static int plain_name(const char *s)
 
 /* The index (or a single model.safetensors) and every shard's header, into
  * the header-only copy in dir. */
-static int fetch_headers(shoal_hub *h, puller *pl, const char *dir, uint64_t *bytes, char *err, size_t errlen)
+static int fetch_headers(shoal_hub *h, const pins *pn, puller *pl, const char *dir, uint64_t *bytes, char *err,
+                         size_t errlen)
 {
     char *b = NULL;
     size_t n = 0;
@@ -263,6 +264,11 @@ static int fetch_headers(shoal_hub *h, puller *pl, const char *dir, uint64_t *by
         return rc;
     } else {
         *bytes += n;
+        int pinned;
+        if ((rc = pin_check(pn, "model.safetensors.index.json", b, n, &pinned, err, errlen))) {
+            free(b);
+            return rc;
+        }
         json_error_t je;
         idx = json_loadb(b, n, 0, &je);
         json_t *wm = idx ? json_object_get(idx, "weight_map") : NULL;
@@ -721,6 +727,10 @@ int shoal_cmd_pull(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (endpoint && *endpoint && strncmp(endpoint, "http://", 7) && strncmp(endpoint, "https://", 8)) {
+        fprintf(stderr, "shoal pull: --endpoint '%s' is not an http:// or https:// URL\n", endpoint);
+        return 2;
+    }
     char *end;
     long par = npar ? strtol(npar, &end, 10) : 8;
     if (npar && (*end || par < 1 || par > 256)) {
@@ -800,7 +810,7 @@ int shoal_cmd_pull(int argc, char **argv)
     for (int i = 0; i < SHOAL_PACK_NTOK && (trunk || config_only); i++)
         if ((rc = fetch_small(h, &pn, stub, shoal_pack_tokfiles[i], 1, &got, &small_bytes, err, sizeof err)))
             goto fail_model;
-    if ((rc = fetch_headers(h, &pl, stub, &small_bytes, err, sizeof err)))
+    if ((rc = fetch_headers(h, &pn, &pl, stub, &small_bytes, err, sizeof err)))
         goto fail_model;
     if (config_only) {
         shoal_hub_stats hs;

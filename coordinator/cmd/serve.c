@@ -122,8 +122,21 @@ static int workers_cb(void *ud, shoal_api_worker *w, int cap)
         snprintf(w[i].name, sizeof w[i].name, "%s", name ? name : "?");
         char why[512]; /* the client's whole reason (fingerprints are 64 hex digits each): never cut */
         w[i].up = shoal_dist_worker_up(c->dist, i, why, sizeof why);
+        shoal_spawn_state ls;
+        w[i].local = !shoal_dist_local_state(c->dist, i, &ls);
+        if (w[i].local) {
+            w[i].restarts = ls.restarts;
+            w[i].hangs = ls.hangs;
+            w[i].backing_off = ls.backing_off;
+            w[i].backoff_s = ls.backoff_s;
+            w[i].next_try_s = ls.next_try_s;
+            w[i].next_try_unix = ls.next_try_unix;
+        }
         if (w[i].up)
             snprintf(w[i].state, sizeof w[i].state, "ready");
+        else if (w[i].local && ls.backing_off) /* a crash loop: the supervisor waits before the next restart */
+            snprintf(w[i].state, sizeof w[i].state, "down: crash-looping, backing off: next restart in %.1f s (%d restarts so far)",
+                     ls.next_try_s, ls.restarts);
         else /* the client keeps reconnecting it in the background */
             snprintf(w[i].state, sizeof w[i].state, "down: %s (%llu timeouts, %llu errors so far)", why,
                      (unsigned long long)t.timeouts, (unsigned long long)t.errors);
@@ -142,6 +155,12 @@ static void metrics_cb(void *ud, shoal_metrics_buf *b)
     serve_ctx *c = ud;
     shoal_metrics_process_families(b, SHOAL_VERSION, shoal_isa_name(shoal_kernels_cpu_best()),
                                    shoal_isa_name(shoal_kernels_isa()));
+    int nw = shoal_dist_nworkers(c->dist);
+    for (int i = 0; i < nw; i++) { /* the local workers' backoff, as of this scrape */
+        shoal_spawn_state ls;
+        if (!shoal_dist_local_state(c->dist, i, &ls))
+            shoal_cmetrics_worker_backoff(c->cm, i, ls.backing_off ? ls.next_try_s : 0);
+    }
     shoal_cmetrics_write(c->cm, b);
     shoal_metrics_family(b, "shoal_sched_queue_capacity", SHOAL_METRICS_GAUGE,
                          "Requests that may wait for the model (--queue); more are refused with 429.");

@@ -371,6 +371,7 @@ typedef struct {
     /* trunk rows (--trunk remote): TRUNK_BATCH exchanges */
     double t_requests, t_weight, t_out, t_in, t_queue_s, t_compute_s, t_network_s;
     double t_lost, t_took; /* trunk rows lost to failover / taken over from others */
+    double backoff_s;      /* a crash-looping local worker: seconds to its next restart */
     /* failover (replicas): times it was lost mid-exchange, pairs it took over
      * from others, and who took its pairs over (the largest takers) */
     double failovers, took, picks;
@@ -563,6 +564,8 @@ static int collect(void *ctx, const shoal_metrics_parsed *s)
         r->fair = s->value;
     else if (!strcmp(n, "rtt_seconds_bucket"))
         hist_add(&r->rtt, s);
+    else if (!strcmp(n, "restart_backoff_seconds"))
+        r->backoff_s = s->value;
     else if (!strcmp(n, "lost_trunk_rows_total"))
         r->t_lost = s->value;
     else if (!strcmp(n, "takeover_trunk_rows_total"))
@@ -762,7 +765,7 @@ static int render(const view_t *v, const snap_t *base, const snap_t *base60, con
     }
     g_header_line = k;
     if (k < max)
-        snprintf(lines[k++], LINE_MAX_, "%-20s %-6s %8s %7s %7s %6s %9s %9s %7s %13s %9s %6s %6s %8s", "SHARD",
+        snprintf(lines[k++], LINE_MAX_, "%-20s %-7s %8s %7s %7s %6s %9s %9s %7s %13s %9s %6s %6s %8s", "SHARD",
                  "STATUS", "EXPERTS", "SHARE", "FAIR", "xFAIR", "P50(ms)", "P99(ms)", "GB/s", "MEM/HOST", "REQS", "ERR",
                  "LOST", "TOOK");
     for (int i = 0; i < v->n && k < max; i++) {
@@ -774,8 +777,8 @@ static int render(const view_t *v, const snap_t *base, const snap_t *base60, con
         fmt_gib(host, sizeof host, r->mem_total);
         snprintf(mh, sizeof mh, "%s/%s", mem, host);
         snprintf(lines[k++], LINE_MAX_,
-                 "%-20.20s %-6s %8.0f %7.3f %7.3f %6.2f %9s %9s %7.3f %13s %9.0f %6.0f %6.0f %8.0f", r->id,
-                 r->up == 1 ? "up" : r->up == 0 ? "DOWN" : "?", r->owned, r->share, r->fair,
+                 "%-20.20s %-7s %8.0f %7.3f %7.3f %6.2f %9s %9s %7.3f %13s %9.0f %6.0f %6.0f %8.0f", r->id,
+                 r->up == 1 ? "up" : r->up == 0 ? (r->backoff_s > 0 ? "BACKOFF" : "DOWN") : "?", r->owned, r->share, r->fair,
                  r->fair > 0 ? r->share / r->fair : 0, p50, p99, gbps(r), mh, r->requests, r->errors + r->timeouts,
                  r->failovers, r->took);
     }
@@ -798,8 +801,12 @@ static int render(const view_t *v, const snap_t *base, const snap_t *base60, con
         for (int j = 0; j < r->ntakers && at < sizeof who; j++)
             at += (size_t)snprintf(who + at, sizeof who - at, "%s%.20s (%.0f pairs)", j ? ", " : "", r->taker[j],
                                    r->taken[j]);
-        snprintf(lines[k++], LINE_MAX_, "%.20s is DOWN; %s%.180s", r->id,
-                 r->ntakers ? "taken over by " : "nothing taken over (no replica asked yet)", who);
+        if (r->backoff_s > 0)
+            snprintf(lines[k++], LINE_MAX_, "%.20s is DOWN, crash-looping: backing off, next restart in %.0f s; %s%.150s",
+                     r->id, r->backoff_s, r->ntakers ? "taken over by " : "nothing taken over", who);
+        else
+            snprintf(lines[k++], LINE_MAX_, "%.20s is DOWN; %s%.180s", r->id,
+                     r->ntakers ? "taken over by " : "nothing taken over (no replica asked yet)", who);
     }
     /* trunk rows, when some shard computes them: per-request means of the
      * network / queue / compute split, bytes read and on the wire */

@@ -3,6 +3,7 @@
  * over a preallocated index array (qsort may allocate). */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/err.h"
 #include "coordinator/engine/sampler.h"
@@ -13,6 +14,14 @@ struct shoal_sampler {
     uint64_t s[4];
     int32_t *idx; /* [vocab] */
     double *p;    /* [vocab] */
+    /* adjustments (sampler.h a-c); NULL when unused */
+    shoal_logit_bias *bias;
+    int nbias;
+    int penalties;    /* any penalty set */
+    int32_t *counts;  /* [vocab]: times generated */
+    uint8_t *seen;    /* [vocab]: in the prompt or generated */
+    float *adj;       /* [vocab]: the adjusted row */
+    double log_min_p; /* log(min_p); -inf when off */
 };
 
 static uint64_t splitmix64(uint64_t *x)
@@ -62,11 +71,44 @@ int shoal_sampler_create(shoal_sampler **out, const shoal_sampler_opts *opts, in
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "sampler: top_p %g outside (0, 1]", (double)o.top_p);
     if (o.top_k < 0)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "sampler: top_k %d is negative", o.top_k);
+    if (!(o.min_p >= 0.0f && o.min_p <= 1.0f))
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sampler: min_p %g outside [0, 1]", (double)o.min_p);
+    if (!isfinite(o.presence_penalty) || !isfinite(o.frequency_penalty))
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sampler: presence/frequency penalties must be finite");
+    if (o.repetition_penalty == 0.0f)
+        o.repetition_penalty = 1.0f;
+    if (!(o.repetition_penalty > 0.0f) || !isfinite(o.repetition_penalty))
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sampler: repetition_penalty %g must be > 0",
+                             (double)o.repetition_penalty);
+    if (o.nbias < 0 || (o.nbias && !o.bias))
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sampler: logit_bias without entries");
+    for (int i = 0; i < o.nbias; i++) {
+        if (o.bias[i].id < 0 || o.bias[i].id >= vocab)
+            return shoal_err_set(err, errlen, SHOAL_EINVAL, "sampler: logit_bias id %d outside [0, %d)",
+                                 (int)o.bias[i].id, vocab);
+        if (!isfinite(o.bias[i].bias))
+            return shoal_err_set(err, errlen, SHOAL_EINVAL, "sampler: logit_bias of id %d is not finite",
+                                 (int)o.bias[i].id);
+    }
     shoal_sampler *s = shoal_xcalloc(1, sizeof *s);
     s->o = o;
     s->vocab = vocab;
     s->idx = shoal_xmalloc(sizeof(int32_t) * (size_t)vocab);
     s->p = shoal_xmalloc(sizeof(double) * (size_t)vocab);
+    s->log_min_p = o.min_p > 0.0f ? log((double)o.min_p) : -INFINITY;
+    if (o.nbias) {
+        s->bias = shoal_xmalloc(sizeof *s->bias * (size_t)o.nbias);
+        memcpy(s->bias, o.bias, sizeof *s->bias * (size_t)o.nbias);
+        s->nbias = o.nbias;
+    }
+    s->o.bias = NULL;
+    s->penalties = o.presence_penalty != 0.0f || o.frequency_penalty != 0.0f || o.repetition_penalty != 1.0f;
+    if (s->penalties) {
+        s->counts = shoal_xcalloc((size_t)vocab, sizeof *s->counts);
+        s->seen = shoal_xcalloc((size_t)vocab, 1);
+    }
+    if (s->penalties || s->nbias)
+        s->adj = shoal_xmalloc(sizeof(float) * (size_t)vocab);
     shoal_sampler_reseed(s, o.seed);
     *out = s;
     return 0;
@@ -78,7 +120,49 @@ void shoal_sampler_free(shoal_sampler *s)
         return;
     free(s->idx);
     free(s->p);
+    free(s->bias);
+    free(s->counts);
+    free(s->seen);
+    free(s->adj);
     free(s);
+}
+
+void shoal_sampler_observe(shoal_sampler *s, int32_t id, int generated)
+{
+    if (!s->penalties || id < 0 || id >= s->vocab)
+        return;
+    s->seen[id] = 1;
+    if (generated && s->counts[id] < INT32_MAX)
+        s->counts[id]++;
+}
+
+int shoal_sampler_adjusts(const shoal_sampler *s)
+{
+    return s->adj != NULL;
+}
+
+/* sampler.h a-c on a copy of the row. */
+static const float *adjust(shoal_sampler *s, const float *logits)
+{
+    if (!s->adj)
+        return logits;
+    float *a = s->adj;
+    memcpy(a, logits, sizeof(float) * (size_t)s->vocab);
+    for (int i = 0; i < s->nbias; i++)
+        a[s->bias[i].id] += s->bias[i].bias;
+    if (s->penalties) {
+        float r = s->o.repetition_penalty, fp = s->o.frequency_penalty, pp = s->o.presence_penalty;
+        for (int j = 0; j < s->vocab; j++) {
+            if (!s->seen[j])
+                continue;
+            if (r != 1.0f)
+                a[j] = a[j] > 0.0f ? a[j] / r : a[j] * r;
+            int32_t c = s->counts[j];
+            if (c > 0)
+                a[j] -= (float)c * fp + pp;
+        }
+    }
+    return a;
 }
 
 int32_t shoal_argmax(const float *x, int n)
@@ -133,8 +217,9 @@ static int32_t draw(shoal_sampler *s, const int32_t *cand, const double *p, int 
     return cand[n - 1];
 }
 
-int32_t shoal_sampler_sample(shoal_sampler *s, const float *logits)
+int32_t shoal_sampler_sample(shoal_sampler *s, const float *raw)
 {
+    const float *logits = adjust(s, raw);
     int V = s->vocab;
     float T = s->o.temperature;
     int k = s->o.top_k;
@@ -151,7 +236,7 @@ int32_t shoal_sampler_sample(shoal_sampler *s, const float *logits)
         int n = 0;
         double tot = 0.0;
         for (int i = 0; i < V; i++) {
-            if (isnan(logits[i]))
+            if (isnan(logits[i]) || ((double)logits[i] - lmax) * invT < s->log_min_p)
                 continue;
             s->idx[n] = i;
             s->p[n] = exp(((double)logits[i] - lmax) * invT);
@@ -194,6 +279,8 @@ int32_t shoal_sampler_sample(shoal_sampler *s, const float *logits)
             sift_down(h, e, 0, logits, 0);
         }
         n = m;
+        while (n > 1 && ((double)logits[h[n - 1]] - lmax) * invT < s->log_min_p)
+            n--; /* min_p: rank order, so the kept ones are a prefix */
         double tot = 0.0;
         for (int i = 0; i < n; i++) {
             s->p[i] = exp(((double)logits[h[i]] - lmax) * invT);
@@ -220,7 +307,7 @@ int32_t shoal_sampler_sample(shoal_sampler *s, const float *logits)
     double Z = 0.0;
     int m = 0;
     for (int i = 0; i < V; i++) {
-        if (isnan(logits[i]))
+        if (isnan(logits[i]) || ((double)logits[i] - lmax) * invT < s->log_min_p)
             continue;
         Z += exp(((double)logits[i] - lmax) * invT);
         h[m++] = i;
@@ -253,4 +340,32 @@ int32_t shoal_sampler_sample(shoal_sampler *s, const float *logits)
             return h[m - 1 - i];
     }
     return h[m - n];
+}
+
+double shoal_logprobs(const float *logits, int n, int32_t id, int k, int32_t *top_ids, double *top_lp)
+{
+    int32_t amax = shoal_argmax(logits, n);
+    double lmax = logits[amax], z = 0.0;
+    int m = 0; /* top_ids[0..m): the best so far, rank order */
+    for (int i = 0; i < n; i++) {
+        if (isnan(logits[i]))
+            continue;
+        z += exp((double)logits[i] - lmax);
+        if (k <= 0 || (m == k && !better(logits, i, top_ids[m - 1])))
+            continue;
+        int j = m < k ? m++ : k - 1; /* insert, dropping the last when full */
+        while (j > 0 && better(logits, i, top_ids[j - 1])) {
+            top_ids[j] = top_ids[j - 1];
+            j--;
+        }
+        top_ids[j] = i;
+    }
+    double lse = isnan(lmax) ? NAN : lmax + log(z);
+    for (int i = 0; i < m; i++)
+        top_lp[i] = (double)logits[top_ids[i]] - lse;
+    for (int i = m; i < k; i++) {
+        top_ids[i] = -1;
+        top_lp[i] = -INFINITY;
+    }
+    return id >= 0 && id < n ? (double)logits[id] - lse : -INFINITY;
 }

@@ -79,6 +79,7 @@ typedef struct {
     int range_ok, refused_200, bad_range, too_many, too_big, io_err;
     char crange[160], etag[128], letag[128];
     double retry_after;
+    int64_t clen; /* the final response's Content-Length; -1: none */
     int has_digest;
     uint8_t digest[32];
     crypto_hash_sha256_state sha;
@@ -256,6 +257,7 @@ static size_t on_header(char *b, size_t sz, size_t nm, void *u)
         x->crange[0] = x->etag[0] = 0;
         x->has_digest = 0;
         x->retry_after = 0;
+        x->clen = -1;
         return n;
     }
     if (n <= 2) { /* end of this response's headers */
@@ -283,7 +285,13 @@ static size_t on_header(char *b, size_t sz, size_t nm, void *u)
         trim_value(v, vn, x->crange, sizeof x->crange);
     else if (kn == 4 && !strncasecmp(b, "etag", 4))
         trim_value(v, vn, x->etag, sizeof x->etag);
-    else if (kn == 13 && !strncasecmp(b, "x-linked-etag", 13) && !x->letag[0])
+    else if (kn == 14 && !strncasecmp(b, "content-length", 14)) {
+        char tmp[32], *end = NULL;
+        trim_value(v, vn, tmp, sizeof tmp);
+        errno = 0;
+        unsigned long long cl = strtoull(tmp, &end, 10);
+        x->clen = tmp[0] >= '0' && tmp[0] <= '9' && !*end && !errno && cl <= INT64_MAX ? (int64_t)cl : -2;
+    } else if (kn == 13 && !strncasecmp(b, "x-linked-etag", 13) && !x->letag[0])
         trim_value(v, vn, x->letag, sizeof x->letag);
     else if (kn == 11 && !strncasecmp(b, "retry-after", 11)) {
         char tmp[32];
@@ -382,6 +390,7 @@ static void start(shoal_hub *h, xfer *x, shoal_hub_piece *p, size_t idx, int who
     x->max = max;
     x->prog = prog;
     x->ctx = ctx;
+    x->clen = -1;
     crypto_hash_sha256_init(&x->sha);
     crypto_generichash_init(&x->b2, NULL, 0, 32);
     char url[8192];
@@ -398,6 +407,10 @@ static void start(shoal_hub *h, xfer *x, shoal_hub_piece *p, size_t idx, int who
     curl_easy_setopt(e, CURLOPT_URL, url);
     curl_easy_setopt(e, CURLOPT_PRIVATE, x);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    /* http and https only, for the request and for every redirect: a hub
+     * that redirects to ftp:// or file:// is refused at once, never followed */
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(e, CURLOPT_MAXREDIRS, 10L);
     curl_easy_setopt(e, CURLOPT_USERAGENT, h->ua);
@@ -459,6 +472,14 @@ static int classify(shoal_hub *h, xfer *x, CURLcode res, char *msg, size_t n)
         shoal_err_set(msg, n, SHOAL_EPEER, "%s: HTTP %ld from the remembered CDN URL", what, st);
         return DONE_RETRY;
     }
+    if (res == CURLE_UNSUPPORTED_PROTOCOL) { /* a redirect to ftp:// and the like: not retried */
+        char *to = NULL;
+        curl_easy_getinfo(x->e, CURLINFO_EFFECTIVE_URL, &to);
+        return shoal_err_set(msg, n, SHOAL_EPROTO,
+                             "%s: the server redirected to %.200s, which is not http:// or https:// (refused; shoal "
+                             "pull follows only http and https)",
+                             what, to && strcmp(to, url) ? to : "another protocol");
+    }
     if (res != CURLE_OK) {
         shoal_err_set(msg, n, SHOAL_EIO, "%s: %s%s%s (after %llu of %llu bytes)", what, curl_easy_strerror(res),
                       x->errbuf[0] ? ": " : "", x->errbuf, (unsigned long long)x->got,
@@ -490,6 +511,16 @@ static int classify(shoal_hub *h, xfer *x, CURLcode res, char *msg, size_t n)
     if (st != (x->whole ? 200 : 206))
         return shoal_err_set(msg, n, SHOAL_EPROTO, "%s: unexpected HTTP %ld from %s%s%.120s", what, st, url,
                              x->nbody ? ": " : "", x->body);
+    /* every response's body is exactly its Content-Length, small files too
+     * (libcurl lets a chunked body override a lying Content-Length) */
+    if (x->clen == -2 || (x->clen >= 0 && x->got != (uint64_t)x->clen)) {
+        char cl[32] = "unreadable";
+        if (x->clen >= 0)
+            snprintf(cl, sizeof cl, "%lld bytes", (long long)x->clen);
+        shoal_err_set(msg, n, SHOAL_EIO, "%s: the body is %llu bytes, its Content-Length says %s: truncated, not kept",
+                      what, (unsigned long long)x->got, cl);
+        return DONE_RETRY;
+    }
     if (!x->whole && x->got != x->p->len) {
         shoal_err_set(msg, n, SHOAL_EIO, "%s: the body was truncated (%llu of %llu bytes)", what,
                       (unsigned long long)x->got, (unsigned long long)x->p->len);

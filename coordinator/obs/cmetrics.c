@@ -23,6 +23,8 @@ typedef struct {
     shoal_metrics_counter queue_us, compute_us, network_ns, rtt_ns;
     shoal_metrics_counter timeouts, errors, stale, slowest;
     shoal_metrics_counter restarts; /* of a local worker (--workers N) by its supervisor */
+    shoal_metrics_counter hangs;    /* ... killed by it for not answering while it had work */
+    shoal_metrics_gauge backoff_ms; /* ... until its next restart while crash-looping (0: none) */
     shoal_metrics_counter failovers, lost_pairs, takeover_pairs, replica_picks; /* failover (replicas) */
     shoal_metrics_counter t_lost_rows, t_takeover_rows;                       /* ... of trunk rows */
     shoal_metrics_counter *took_from; /* [max_workers] pairs taken over from each worker (NULL past 1024 workers) */
@@ -148,6 +150,20 @@ void shoal_cmetrics_worker_restarted(shoal_cmetrics *cm, int w)
     worker *k = get_w(cm, w);
     if (k)
         shoal_metrics_add(&k->restarts, 1);
+}
+
+void shoal_cmetrics_worker_hung(shoal_cmetrics *cm, int w)
+{
+    worker *k = get_w(cm, w);
+    if (k)
+        shoal_metrics_add(&k->hangs, 1);
+}
+
+void shoal_cmetrics_worker_backoff(shoal_cmetrics *cm, int w, double seconds)
+{
+    worker *k = get_w(cm, w);
+    if (k)
+        shoal_metrics_gauge_set(&k->backoff_ms, (int64_t)(seconds * 1000.0 + 0.5));
 }
 
 void shoal_cmetrics_failover(shoal_cmetrics *cm, int w, uint32_t pairs)
@@ -587,6 +603,21 @@ void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b)
         WL(i);
         shoal_metrics_sample(b, "shoal_worker_restarts_total", wl, 1,
                              (double)shoal_metrics_get(&cm->w[i].restarts));
+    }
+    shoal_metrics_family(b, "shoal_worker_hangs_total", SHOAL_METRICS_COUNTER,
+                         "Times a local worker (`--workers N`) that stopped answering while it had work (hung, e.g. "
+                         "SIGSTOPped) was killed and restarted by the coordinator.");
+    for (int i = 0; i < cm->nworkers; i++) {
+        WL(i);
+        shoal_metrics_sample(b, "shoal_worker_hangs_total", wl, 1, (double)shoal_metrics_get(&cm->w[i].hangs));
+    }
+    shoal_metrics_family(b, "shoal_worker_restart_backoff_seconds", SHOAL_METRICS_GAUGE,
+                         "Seconds until a crash-looping local worker (`--workers N`) is restarted again (0: not "
+                         "backing off).");
+    for (int i = 0; i < cm->nworkers; i++) {
+        WL(i);
+        shoal_metrics_sample(b, "shoal_worker_restart_backoff_seconds", wl, 1,
+                             (double)shoal_metrics_gauge_get(&cm->w[i].backoff_ms) / 1000.0);
     }
     worker_counter(cm, b, "shoal_worker_failovers_total",
                    "Times the worker was given up mid-exchange and its part resent to other owners.",

@@ -65,6 +65,11 @@ int shoal_cmetrics_set_worker(shoal_cmetrics *cm, int w, const char *id, const c
 void shoal_cmetrics_worker_up(shoal_cmetrics *cm, int w, int up);
 /* A local worker w was restarted after it exited (shoal_worker_restarts_total). */
 void shoal_cmetrics_worker_restarted(shoal_cmetrics *cm, int w);
+/* A local worker w that stopped answering while it had work was killed (shoal_worker_hangs_total). */
+void shoal_cmetrics_worker_hung(shoal_cmetrics *cm, int w);
+/* Seconds until crash-looping local worker w is restarted again, 0 when it is not backing off
+ * (shoal_worker_restart_backoff_seconds; set by whoever reads the supervisor's state). */
+void shoal_cmetrics_worker_backoff(shoal_cmetrics *cm, int w, double seconds);
 
 /* ---- hot-path updates --------------------------------------------------- */
 

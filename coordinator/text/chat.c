@@ -318,7 +318,7 @@ static int tool_call(ctx *c, const json_t *tc, size_t index, const char *path)
     return 0;
 }
 
-static int assistant(ctx *c, const json_t *msg, const char *path)
+static int assistant(ctx *c, const json_t *msg, const char *path, int partial)
 {
     if (c->thinking) {
         /* reasoning_content or reasoning (Python `or`: the first non-empty) */
@@ -339,7 +339,7 @@ static int assistant(ctx *c, const json_t *msg, const char *path)
     }
     open_tag(c, "response", NULL, 0);
     int rc = content(c, json_object_get(msg, "content"), path);
-    if (rc)
+    if (rc || partial) /* partial: the response element stays open, to be continued */
         return rc;
     close_tag(c, "response");
     const json_t *calls = json_object_get(msg, "tool_calls");
@@ -516,6 +516,17 @@ static void response_format(ctx *c)
     }
 }
 
+/* The tool-choice and response-format messages that follow the conversation. */
+static void tail_system(ctx *c)
+{
+    const char *choice = json_string_value(c->o->tool_choice);
+    if (choice && !strcmp(choice, "required"))
+        internal_system(c, "tool-choice", choice_required, sizeof choice_required - 1);
+    else if (choice && !strcmp(choice, "none"))
+        internal_system(c, "tool-choice", choice_none, sizeof choice_none - 1);
+    response_format(c);
+}
+
 static int render(ctx *c, const json_t *messages)
 {
     if (!json_is_array(messages))
@@ -543,6 +554,16 @@ static int render(ctx *c, const json_t *messages)
                         path, r);
     }
     item *items = reorder(messages, n);
+    /* partial mode: the last message, an assistant one with "partial": true,
+     * is left open (no generation prompt); the internal system messages that
+     * would follow the conversation come before it */
+    const json_t *last = n ? items[n - 1].msg : NULL;
+    int partial = last && json_is_true(json_object_get(last, "partial")) &&
+                  !strcmp(json_string_value(json_object_get(last, "role")), "assistant");
+    if (partial && json_array_size(json_object_get(last, "tool_calls"))) {
+        free(items);
+        return fail(c, SHOAL_EINVAL, "%s: %s", "messages[last]", "a partial assistant message cannot carry tool_calls");
+    }
     const json_t *calls = NULL;
     size_t tool_index = 0;
     for (size_t i = 0; i < n && !rc; i++) {
@@ -572,9 +593,11 @@ static int render(ctx *c, const json_t *messages)
             rc = name_attr(c, m, path, at, &na);
             if (rc)
                 break;
+            if (partial && i == n - 1)
+                tail_system(c);
             open_tag(c, "message", at, na);
-            rc = assistant(c, m, path);
-            if (rc)
+            rc = assistant(c, m, path, partial && i == n - 1);
+            if (rc || (partial && i == n - 1))
                 break;
             close_tag(c, "message");
             mark(c, EOM);
@@ -612,14 +635,9 @@ static int render(ctx *c, const json_t *messages)
         }
     }
     free(items);
-    if (rc)
+    if (rc || partial)
         return rc;
-    const char *choice = json_string_value(c->o->tool_choice);
-    if (choice && !strcmp(choice, "required"))
-        internal_system(c, "tool-choice", choice_required, sizeof choice_required - 1);
-    else if (choice && !strcmp(choice, "none"))
-        internal_system(c, "tool-choice", choice_none, sizeof choice_none - 1);
-    response_format(c);
+    tail_system(c);
     if (!c->o->no_generation_prompt) {
         attr at[] = {A("role", "assistant")};
         open_tag(c, "message", at, 1);

@@ -30,6 +30,11 @@
  *   5. response_format json_object / json_schema: a type="response-format" message;
  *   6. the generation prompt: <|open|>message role="assistant"<|sep|> then
  *      <|open|>think<|sep|> (thinking on) or <|open|>response<|sep|>.
+ *   Partial mode (Moonshot): when the last message is an assistant message
+ *   with "partial": true, items 4-5 come before it, it is rendered without
+ *   closing its response element (no </response>, </message>, <|end_of_msg|>)
+ *   and there is no generation prompt (vLLM's continue_final_message); it
+ *   must not carry tool_calls (SHOAL_EINVAL).
  * Attribute values escape & as &amp; then " as &quot;. Empty texts are not
  * segments. No [BOS] is added (SPEC §5.5).
  *

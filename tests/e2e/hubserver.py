@@ -12,14 +12,22 @@ benchmark (stdlib only, threaded HTTP/1.1 with keep-alive).
                                      end, an optional RFC 9530 Content-Digest.
   GET /_control?mode=M&count=N&...   set a fault mode for the next N ranged CDN
                                      responses (count=-1: until reset), after
-                                     skip=K unharmed ones
+                                     skip=K unharmed ones; with target=hub, for
+                                     the next N whole-file hub responses instead
+                                     (small files: config.json, the index, the
+                                     tokenizer files), file=NAME: only NAME's
   GET /_stats                        counters (JSON); /_reset zeroes them
 
 Fault modes: flip (one byte of the body inverted; the Content-Digest, when on,
 still names the true bytes, as if corrupted on the way), truncate (half the
 body, then the connection is closed), ignore_range (200 with the whole file),
 bad_range (a Content-Range for other bytes), error (HTTP `code`, with
-Retry-After: 0), slow (`rate` bytes/s).
+Retry-After: 0), slow (`rate` bytes/s), short_length (a Content-Length 10 bytes
+short of the body, whose last 10 bytes are then not sent: a well-formed response
+that is a truncated file), chunked_short (Content-Length of the whole file, and
+Transfer-Encoding: chunked carrying half of it, properly ended: a lying
+Content-Length that HTTP lets the chunking override), redirect (302 to
+`location`, e.g. ftp://...).
 
 With --token T every hub request must carry "Authorization: Bearer T" (else
 401); the CDN needs none and counts the requests that carried one anyway.
@@ -41,7 +49,8 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOCK = threading.Lock()
-STATE = {"mode": None, "count": 0, "code": 503, "rate": 0, "skip": 0}
+STATE = {"mode": None, "count": 0, "code": 503, "rate": 0, "skip": 0, "target": "cdn", "file": None,
+         "location": ""}
 STATS = {"requests": 0, "hub_requests": 0, "cdn_requests": 0, "range_requests": 0, "body_bytes": 0,
          "cdn_auth": 0, "unauthorized": 0, "faults": 0, "ranges": [], "clients": []}
 SHA = {}
@@ -66,11 +75,14 @@ def sha256_of(path):
     return SHA[path]
 
 
-def take_fault():
-    """The fault mode for this ranged response, or None (and count it)."""
+def take_fault(target="cdn", name=None):
+    """The fault mode for this response (a ranged CDN one, or a whole-file hub
+    one), or None (and count it)."""
     with LOCK:
         m = STATE["mode"]
-        if not m or STATE["count"] == 0:
+        if not m or STATE["count"] == 0 or STATE["target"] != target:
+            return None
+        if STATE["file"] and name != STATE["file"]:
             return None
         if STATE["skip"] > 0:
             STATE["skip"] -= 1
@@ -127,6 +139,9 @@ class Handler(BaseHTTPRequestHandler):
                 STATE["code"] = int(q.get("code", "503"))
                 STATE["rate"] = int(q.get("rate", "0"))
                 STATE["skip"] = int(q.get("skip", "0"))
+                STATE["target"] = q.get("target", "cdn")
+                STATE["file"] = q.get("file") or None
+                STATE["location"] = q.get("location", "")
             return self.send_plain(200, "{}")
         m = re.fullmatch(r"/cdn/([0-9a-f]{64})/(.+)", path)
         if m:
@@ -180,6 +195,9 @@ class Handler(BaseHTTPRequestHandler):
         fault = None
         if rng is None:
             a, b, code = 0, size - 1, 200
+            fault = take_fault("hub", name) if not cdn else None
+            if fault == "error":
+                return self.send_plain(STATE["code"], json.dumps({"error": "injected"}), [("Retry-After", "0")])
         else:
             m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng.strip())
             if not m:
@@ -199,9 +217,28 @@ class Handler(BaseHTTPRequestHandler):
                 a, b, code = 0, size - 1, 200
             if fault == "error":
                 return self.send_plain(STATE["code"], json.dumps({"error": "injected"}), [("Retry-After", "0")])
+        if fault == "redirect":
+            self.send_response(302)
+            self.send_header("Location", STATE["location"])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         with open(fp, "rb") as f:
             f.seek(a)
             body = f.read(b - a + 1)
+        if fault == "short_length":
+            body = body[:max(0, len(body) - 10)]
+        if fault == "chunked_short":
+            half = body[:len(body) // 2]
+            self.send_response(code)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("ETag", etag)
+            self.end_headers()
+            self.wfile.write(b"%x\r\n" % len(half) + half + b"\r\n0\r\n\r\n")
+            self.close_connection = True
+            return
         self.send_response(code)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(body)))

@@ -146,6 +146,8 @@ CASES = {
         "expert", "--model", TINY, "--experts", "1-8:0-23", "--listen", f"tcp://127.0.0.1:{harness.free_port()}",
         "--curve-secret", keypair() + ".key", "--curve-allow", bad_allow()),
     "keygen over an existing key": lambda: sh("keygen", "-o", keypair()),
+    "pull --endpoint ftp://x": lambda: sh("pull", "--repo", "a/b", "--revision", "main", "--endpoint", "ftp://x",
+                                          "--config-only", "--to", os.path.join(tempfile.gettempdir(), "shoal-x")),
     "expert --experts malformed": lambda: sh("expert", "--model", TINY, "--experts", "1-8:zz",
                                              "--listen", f"ipc://{TMP}/m.sock"),
     "inspect missing model": lambda: sh("inspect", os.path.join(TMP, "no-such-dir")),

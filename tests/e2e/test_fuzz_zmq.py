@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Live ZeroMQ fuzzer (issue 20): a rogue peer sends mutated and truncated
 HELLO / EXPERT_BATCH / PREFETCH / PING / STATS / SHUTDOWN frames to a running
-`shoal expert` (proto/PROTOCOL.md; formats as tools/proto_golden.py), while a
+`shoal expert` (proto/PROTOCOL.md; formats as tools/proto_golden.py), a second
+one past HELLO asks for the largest legal replies and never reads them (issue
+30: held to --peer-reply-mb, every excess request refused naming it), while a
 well-behaved coordinator connection checks, every CHECK_EVERY cases, that the
 worker still answers a valid EXPERT_BATCH with the same bytes as before the
 fuzz. Two workers: the mapped bank, and the expert cache (--cache-gb).
@@ -176,7 +178,8 @@ def fuzz_worker(tag, extra, tmp):
     # --refuse-shutdown: a SHUTDOWN from the rogue (which completed HELLO) would
     # otherwise end the worker, as PROTOCOL.md §3.3 allows; refused, it is one more case
     w = subprocess.Popen([BIN, "expert", "--model", TINY, "--experts", "1-8:0-23", "--listen", ep, "--threads", "1",
-                          "--refuse-shutdown", *extra], stdout=subprocess.DEVNULL, stderr=log)
+                          "--refuse-shutdown", "--peer-reply-mb", "1", "--reply-budget-mb", "4", *extra],
+                         stdout=subprocess.DEVNULL, stderr=log)
     ctx = zmq.Context()
     good = ctx.socket(zmq.DEALER)
     good.setsockopt(zmq.LINGER, 0)
@@ -201,6 +204,22 @@ def fuzz_worker(tag, extra, tmp):
         s.setsockopt(zmq.RCVHWM, 100000)
         s.connect(ep)
     rogue[0].send_multipart([ctl(HELLO, 1, {"proto": [1, 2], "fingerprint": fp, "peer": "rogue"})])
+    # a third rogue past HELLO asks for the largest replies a legal request can (every token routed
+    # to k experts, f32 out) and never reads them (issue 30 item 3): the worker's reply budget
+    # (--peer-reply-mb 1 here) refuses it once it holds a MiB unread, the good client is not refused
+    sink = ctx.socket(zmq.DEALER)
+    sink.setsockopt(zmq.LINGER, 0)
+    sink.setsockopt(zmq.SNDTIMEO, 5000)
+    sink.setsockopt(zmq.RCVHWM, 1)
+    sink.setsockopt(zmq.RCVBUF, 4096)
+    sink.connect(ep)
+    sink.send_multipart([ctl(HELLO, 1, {"proto": [1, 2], "fingerprint": fp, "peer": "sink"})])
+    k = tc["num_experts_per_token"]
+    ST = 64
+    amp = batch(3, 3, d, [(t, (t + j) % E) for t in range(ST) for j in sorted(range(k), key=lambda j: (t + j) % E)],
+                T=ST, out="f32")
+    amp_bytes = 16 + 4 * ST * k * d
+    sink_sent = 0
     rng = random.Random(SEED)
     mut = Mutator(rng, fp, d, E, int(tc.get("num_hidden_layers", 9)))
     rss0, fds0 = proc_figures(w.pid)
@@ -216,6 +235,11 @@ def fuzz_worker(tag, extra, tmp):
             except zmq.Again:
                 send_fail += 1
             n += 1
+        try:
+            sink.send_multipart(amp)
+            sink_sent += 1
+        except zmq.Again:
+            send_fail += 1
         for s in rogue:
             while s.poll(0):
                 s.recv_multipart()
@@ -233,6 +257,14 @@ def fuzz_worker(tag, extra, tmp):
     for s in rogue:
         while s.poll(200):
             s.recv_multipart()
+    sink_res = sink_err = sink_named = 0
+    while sink.poll(500):
+        f = sink.recv_multipart()
+        h = msgpack.unpackb(f[0], raw=False)
+        sink_res += h[0] == RESULT
+        sink_err += h[0] == ERROR
+        sink_named += h[0] == ERROR and "--peer-reply-mb" in h[2].get("message", "")
+    sink.close()
     alive = w.poll() is None
     rid += 1
     r = good_call(batch(rid, 3, d, [(0, 1), (0, 5), (1, 2)], T=2)) if alive else None
@@ -254,6 +286,12 @@ def fuzz_worker(tag, extra, tmp):
     R.check(f"{tag}: RSS bounded (< 64 MiB growth)", rss1 - rss0 < 64 << 20, f"{rss0} -> {rss1}")
     R.check(f"{tag}: the log stays bounded (ERROR replies rate-limited)", len(text.splitlines()) < 2000,
             f"{len(text.splitlines())} lines")
+    # the sink: replies admitted while it held under a MiB (the first always), the rest refused naming the limit
+    print(f"{tag} figures: the never-reading peer sent {sink_sent} requests for {amp_bytes / 1024:.0f} KiB replies: "
+          f"{sink_res} admitted, {sink_err} refused ({sink_named} naming --peer-reply-mb)")
+    R.check(f"{tag}: a never-reading peer is held to its reply budget (--peer-reply-mb 1)",
+            sink_sent > 0 and 1 <= sink_res <= max(1, (1 << 20) // amp_bytes) + 1 and sink_named > 0
+            and sink_res + sink_err == sink_sent, f"sent {sink_sent}, results {sink_res}, errors {sink_err}")
     for s in rogue:
         s.close()
     good.close()

@@ -147,6 +147,75 @@ def run_ids(*args, model=TINY):
         return None, r
 
 
+def hostile_hub(hub, tmp, plan, w, ref):
+    """issue 30 items 8, 9, 11: a hub that lies about lengths and ranges, redirects to ftp://, is slow"""
+    cfg = open(os.path.join(TINY, "config.json"), "rb").read()
+    # a small file shorter than its Content-Length (a chunked body, properly ended, overriding it):
+    # retried; on every try: refused naming the file, nothing kept
+    d = os.path.join(tmp, "hostile-short-once")
+    hub.get("/_reset")
+    hub.fault("chunked_short", 1, target="hub", file="config.json")
+    r = pull(hub, "--config-only", "--to", d, "--retries", "2", "--backoff", "0.05")
+    check("hostile hub: config.json shorter than its Content-Length is retried, the file kept is whole",
+          r.returncode == 0 and "config.json: the body is" in r.stderr and "Content-Length" in r.stderr and
+          open(os.path.join(d, "config.json"), "rb").read() == cfg, f"rc {r.returncode}: {r.stderr[-300:]}")
+    for f in ("config.json", "model.safetensors.index.json", "tokenizer_config.json"):
+        d = os.path.join(tmp, "hostile-short-" + f)
+        hub.get("/_reset")
+        hub.fault("chunked_short", -1, target="hub", file=f)
+        r = pull(hub, "--config-only", "--to", d, "--retries", "1", "--backoff", "0.05")
+        check(f"hostile hub: {f} always short: exit 4 naming it and its Content-Length, no {f} kept",
+              r.returncode == 4 and f + ": the body is" in r.stderr and "Content-Length says" in r.stderr and
+              not os.path.exists(os.path.join(d, f)), f"rc {r.returncode}: {r.stderr[-300:]}")
+    # a well-formed response shorter than the file (both lengths agree): only a pin can tell
+    d = os.path.join(tmp, "hostile-short-pinned")
+    pin = os.path.join(tmp, "hostile-pin.json")
+    json.dump({"format": "shoal-pin", "repo": REPO, "revision": REV,
+               "files": {"config.json": {"bytes": len(cfg), "sha256": hashlib.sha256(cfg).hexdigest()}}},
+              open(pin, "w"))
+    hub.get("/_reset")
+    hub.fault("short_length", -1, target="hub", file="config.json")
+    r = pull(hub, "--config-only", "--to", d, "--pin", pin)
+    check("hostile hub: a consistently short config.json is refused by its pin (exit 3), not kept",
+          r.returncode == 3 and "the pin says" in r.stderr and not os.path.exists(os.path.join(d, "config.json")),
+          f"rc {r.returncode}: {r.stderr[-300:]}")
+    # redirects to another protocol: refused at once, never followed, never retried
+    for target, what in (("hub", "config.json"), ("cdn", "a shard range")):
+        d = os.path.join(tmp, "hostile-ftp-" + target)
+        hub.get("/_reset")
+        hub.fault("redirect", -1, target=target, location="ftp://127.0.0.1:1/x")
+        t0 = time.monotonic()
+        args = ("--config-only",) if target == "hub" else ("--plan", plan, "--worker", w)
+        r = pull(hub, *args, "--to", d)
+        dt = time.monotonic() - t0
+        check(f"hostile hub: a redirect of {what} to ftp:// is refused at once (exit 4 in {dt:.1f} s, no retry)",
+              r.returncode == 4 and "ftp://127.0.0.1:1/x" in r.stderr and "not http:// or https://" in r.stderr
+              and "retry" not in r.stderr and dt < 10, f"rc {r.returncode} in {dt:.1f} s: {r.stderr[-300:]}")
+    # lying ranges: a 206 whose Content-Length (and body) is short of the Content-Range it names
+    d = os.path.join(tmp, "hostile-range-short")
+    hub.get("/_reset")
+    hub.fault("short_length", 2)
+    r = pull(hub, "--plan", plan, "--worker", w, "--to", d, "--retries", "4", "--backoff", "0.05")
+    same, why = same_tree(d, ref) if r.returncode == 0 else (False, "")
+    check("hostile hub: a range body short of its Content-Range is retried, the pack identical",
+          r.returncode == 0 and same and r.stderr.count("pull: retry ") >= 2, f"{why} rc {r.returncode}: "
+          f"{r.stderr[-300:]}")
+    # a slow small file (2 KB/s): waited for, whole
+    d = os.path.join(tmp, "hostile-slow")
+    hub.get("/_reset")
+    hub.fault("slow", 1, target="hub", file="config.json", rate=4000)
+    t0 = time.monotonic()
+    r = pull(hub, "--config-only", "--to", d)
+    check(f"hostile hub: a slow config.json (4 KB/s) is waited for and kept whole ({time.monotonic() - t0:.1f} s)",
+          r.returncode == 0 and open(os.path.join(d, "config.json"), "rb").read() == cfg,
+          f"rc {r.returncode}: {r.stderr[-300:]}")
+    hub.get("/_reset")
+    r = sh("pull", "--repo", REPO, "--revision", REV, "--endpoint", "ftp://x", "--config-only", "--to",
+           os.path.join(tmp, "hostile-ftp-endpoint"))
+    check("--endpoint ftp://x is a usage error (exit 2) naming it", r.returncode == 2 and "ftp://x" in r.stderr,
+          f"rc {r.returncode}: {r.stderr[-300:]}")
+
+
 def main():
     if not os.path.exists(BIN):
         record("SKIP", "all", f"no binary {BIN}")
@@ -431,6 +500,7 @@ def main():
         du = sum(os.stat(os.path.join(d, f)).st_blocks * 512 for f in os.listdir(d))
         check("--config-only: the shards are sparse (headers only on disk)",
               du < sum(os.path.getsize(os.path.join(TINY, f)) for f in os.listdir(TINY)) // 2, f"{du} bytes")
+        hostile_hub(hub, tmp, plan, w2, ref_packs[w2])
     finally:
         for p in procs:
             harness.terminate(p)

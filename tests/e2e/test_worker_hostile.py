@@ -18,6 +18,18 @@ sockets, each case named after the defect it reproduces:
 - local_workers_private: `shoal run --workers N` puts its workers' ipc sockets
   in a 0700 directory (no abstract sockets), removed at exit; a peer that is
   not the spawning coordinator is refused SHUTDOWN (item 4).
+- reply_amplification_k3 (issue 30 item 3): at K3 widths (the k3-scale model,
+  tools/ensure_scale_model.sh into $SHOAL_BUILD/k3-scale; SKIP, visible, when
+  it cannot be made), a worker serving every trunk row: TRUNK_BATCH with 64
+  copies of lm_head, or overlapping rows, or T past max_tokens, is refused
+  BAD_SHAPE naming the overlap; then rogue peers past HELLO ask for ~12x
+  amplified replies (every owned row of width 7168, T = 64, and T = 1024) and
+  never read: every refusal names the per-connection or the total limit, the
+  worker's anonymous RSS stays within the documented bound (PROTOCOL.md
+  section 6: the total reply budget, or one largest reply, plus the received
+  requests), a reading peer is served again once the rogues read or leave.
+  With --bench-skip-compute (zeros instead of the row products: the memory is
+  the same reply buffers, written whole; the products would take minutes here).
 """
 import json
 import os
@@ -39,6 +51,7 @@ T = "test_worker_hostile"
 SRC = os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
 TINY = os.path.join(SRC, "tests", "models", "tiny-k3")
+BUILD = os.environ.get("SHOAL_BUILD", os.path.join(SRC, "build"))
 R = harness.Recorder(T)
 procs = []
 
@@ -451,12 +464,225 @@ def case_local_workers_private(tmp):
             f"rc {rc}, {d} exists: {os.path.exists(d)}")
 
 
+def proc_mem(pid):
+    """(RssAnon, VmRSS, VmHWM) in bytes"""
+    v = {}
+    for line in open(f"/proc/{pid}/status"):
+        k, _, rest = line.partition(":")
+        if k in ("RssAnon", "VmRSS", "VmHWM"):
+            v[k] = int(rest.split()[0]) * 1024
+    return v.get("RssAnon", 0), v.get("VmRSS", 0), v.get("VmHWM", 0)
+
+
+def st_widths(model):
+    """{tensor name: (rows, cols)} of the 2-D tensors, from the safetensors headers"""
+    out = {}
+    for fn in sorted(os.listdir(model)):
+        if fn.endswith(".safetensors"):
+            with open(os.path.join(model, fn), "rb") as f:
+                n = struct.unpack("<Q", f.read(8))[0]
+                for k, v in json.loads(f.read(n)).items():
+                    if k != "__metadata__" and len(v["shape"]) == 2:
+                        out[k] = tuple(v["shape"])
+    return out
+
+
+def tbatch(rid, mats, T, cols, layer=0):
+    return [msgpack.packb([12, rid, {"layer": layer, "mats": [list(m) for m in mats]}], use_bin_type=True),
+            tensor(1, T, cols, bytes(4 * T * cols))]
+
+
+def case_reply_amplification_k3(tmp):
+    c = "reply_amplification_k3"
+    model = os.path.join(BUILD, "k3-scale")
+    if not os.path.isdir(model) and shutil.disk_usage(BUILD).free < 3_000_000_000:
+        R.record("SKIP", c, f"k3-scale: less than 3 GB free in {BUILD}")
+        return
+    g = subprocess.run(["bash", os.path.join(SRC, "tools", "ensure_scale_model.sh"), model],
+                       env=dict(os.environ, SHOAL_PYTHON=os.environ.get("SHOAL_PYTHON", sys.executable)),
+                       capture_output=True, text=True)
+    if g.returncode != 0:
+        R.record("SKIP" if "numpy" in g.stderr + g.stdout else "FAIL", c, (g.stdout + g.stderr)[-400:])
+        return
+    ep = f"ipc://{tmp}/amp.sock"
+    log = harness.logfile()
+    w = subprocess.Popen([BIN, "expert", "--model", model, "--trunk", "*:all", "--listen", ep, "--threads", "1",
+                          "--bench-skip-compute"], stdout=subprocess.DEVNULL, stderr=log)
+    w.log = log
+    procs.append(w)
+    fp = fingerprint(model)
+    obs = Peer(ep)
+    m, _ = obs.call(1, 1, {"proto": [1, 4], "fingerprint": fp, "peer": "observer"}, ms=60000)
+    if not R.check(f"{c}: HELLO", m is not None and m[0] == 1 and m[2].get("trunk"), str(m)[:300] + log_of(w)[-300:]):
+        return
+    widths = st_widths(model)
+    maxT = m[2]["max_tokens"]
+    owned = {n: (lo, hi) for n, lo, hi in m[2]["trunk"]}
+    lm = next(n for n in owned if n.endswith("lm_head.weight"))
+    cols = widths[lm][1]
+    wide = sorted(n for n in owned if widths[n][1] == cols)[:64]
+    rows = sum(owned[n][1] - owned[n][0] + 1 for n in wide)
+    rid = 10
+    base = proc_mem(w.pid)
+    # the issue's request: 64 copies of lm_head at T = max_tokens (a 1 GiB reply before the fix)
+    for name, mats, T in (("64 copies of lm_head", [(lm, 0, owned[lm][1])] * 64, maxT),
+                          ("overlapping rows", [(lm, 0, 100), (lm, 50, 200)], 1),
+                          ("T past max_tokens", [(lm, 0, 10)], maxT + 1)):
+        rid += 1
+        obs.send(tbatch(rid, mats, T, cols))
+        r, _ = obs.recv(30000)
+        want = "overlap" if "T past" not in name else "max_tokens"
+        R.check(f"{c}: {name} refused BAD_SHAPE naming the {want}", r is not None and r[0] == 2 and r[2]["code"] == 6
+                and want in r[2]["message"], str(r)[:300])
+    rid += 1
+    obs.send(tbatch(rid, [(lm, 0, 99), (lm, 100, 199)], 1, cols))
+    r, fr = obs.recv(30000)
+    R.check(f"{c}: adjacent segments are served", r is not None and r[0] == 13 and len(fr[0]) == 16 + 4 * 200,
+            str(r)[:300])
+    # rogues past HELLO: ~12x amplified replies (every owned row of the input's width), never read
+    peer_mb, total_mb = 256, 1024  # the defaults (docs/CONFIG.md "Resource bounds")
+    T1 = 64
+    rlen = 16 + 4 * T1 * rows
+    big = 16 + 4 * maxT * rows
+    req = len(tbatch(0, [(n, *owned[n]) for n in wide], T1, cols)[1])
+    ctx = zmq.Context.instance()
+    rogues = []
+    for i in range(6):
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RCVHWM, 1)      # ZeroMQ on the rogue's side takes at most one reply ...
+        s.setsockopt(zmq.RCVBUF, 4096)   # ... and the kernel little more: the rest stays with the worker
+        s.setsockopt(zmq.SNDTIMEO, 30000)
+        s.connect(ep)
+        s.send_multipart([msgpack.packb([1, 1, {"proto": [1, 4], "fingerprint": fp, "peer": f"rogue{i}"}])])
+        rogues.append(s)
+    n_per = 24
+    peak = base
+    nstats = [0]
+
+    def stats():
+        nonlocal rid
+        rid += 1
+        nstats[0] += 1
+        st, _ = obs.call(5, rid, {}, ms=30000)
+        return st[2]["requests"] if st and st[0] == 6 else None
+
+    def settle(target):
+        """poll STATS (bounded) until the worker has taken `target` more requests than at base_req"""
+        nonlocal peak
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            q = stats()
+            peak = tuple(max(a, b) for a, b in zip(peak, proc_mem(w.pid)))
+            if q is not None and q - base_req - nstats[0] >= target:
+                return True
+            time.sleep(0.1)
+        return False
+
+    base_req = stats() - nstats[0]  # requests before any STATS of ours
+    t0 = time.monotonic()
+    sent = 0
+    # first the sixth rogue alone: T = max_tokens, each reply larger than the per-connection limit;
+    # a connection holding nothing gets one, then it is refused
+    bigframes = tbatch(3, [(n, *owned[n]) for n in wide], maxT, cols)
+    for k in range(3):
+        rogues[5].send_multipart(bigframes)
+        sent += 1
+    settle(6 + sent)  # the six HELLOs and these
+    # then one rogue alone (T = 64): held to its per-connection limit; then four more: the total limit
+    frames = tbatch(2, [(n, *owned[n]) for n in wide], T1, cols)
+    for k in range(n_per):
+        rogues[0].send_multipart(frames)
+        sent += 1
+    settle(6 + sent)
+    for k in range(n_per):
+        for i, s in enumerate(rogues[1:5]):
+            s.send_multipart(frames)
+            sent += 1
+        peak = tuple(max(a, b) for a, b in zip(peak, proc_mem(w.pid)))
+    settled = settle(6 + sent)
+    dt = time.monotonic() - t0
+    R.check(f"{c}: the worker took all {sent} rogue requests", settled, log_of(w)[-300:])
+    for _ in range(5):
+        time.sleep(0.1)
+        peak = tuple(max(a, b) for a, b in zip(peak, proc_mem(w.pid)))
+    # while the rogues hold the total budget, a small reply for a reading peer may be refused (the
+    # price of a total cap); it is answered either way, at once
+    rid += 1
+    obs.send(tbatch(rid, [(lm, 0, 9)], 1, cols))
+    during, _ = obs.recv(30000)
+    # now read everything the rogues were sent
+    got = []
+    for s in rogues:
+        res = errs = 0
+        msgs = []
+        while s.poll(5000):
+            f = s.recv_multipart()
+            h = msgpack.unpackb(f[0], raw=False)
+            if h[0] == 13:
+                res += 1
+            elif h[0] == 2:
+                errs += 1
+                msgs.append(h[2]["message"])
+        got.append((res, errs, msgs))
+    grow = peak[0] - base[0]
+    # PROTOCOL.md section 6: replies held <= max(total budget, the largest legal reply); received
+    # requests <= (16 queued + 16 per connection in ZeroMQ) x their frame (the T = 64 ones here: the
+    # T = max_tokens ones were taken and freed first); scratch sized at open, touched now
+    # (the input copy, max_tokens x cols floats); 32 MiB for the allocator and ZeroMQ's pipes
+    scratch = 4 * maxT * cols
+    bound = max(total_mb << 20, big) + (16 + 16 * 4) * req + scratch + (32 << 20)
+    print(f"{c} figures: K3 widths (k3-scale, d = {cols}), {len(wide)} matrices, {rows} rows owned; request "
+          f"{req / 2**20:.2f} MiB, reply {rlen / 2**20:.1f} MiB ({rlen / req:.1f}x) at T = {T1}, "
+          f"{big / 2**20:.1f} MiB at T = {maxT}; {sent} rogue requests in {dt:.1f} s; worker RssAnon "
+          f"{base[0] / 2**20:.1f} MiB before, peak {peak[0] / 2**20:.1f} MiB (+{grow / 2**20:.1f} MiB), VmHWM "
+          f"{peak[2] / 2**20:.1f} MiB; bound +{bound / 2**20:.0f} MiB; per rogue (results, errors) "
+          f"{[(a, b) for a, b, _ in got]}", flush=True)
+    per = (peer_mb << 20) // rlen
+    ok_per = all(a <= max(per, 1) for a, _, _ in got[:5]) and got[0][0] == per
+    R.check(f"{c}: no connection had more than {per} unread {rlen / 2**20:.1f} MiB replies admitted", ok_per,
+            str([(a, b) for a, b, _ in got]))
+    R.check(f"{c}: a lone rogue's refusals name the per-connection limit",
+            got[0][1] == n_per - per and all("--peer-reply-mb" in x for x in got[0][2]), str(got[0][2][:2]))
+    R.check(f"{c}: refusals name the total limit", any("--reply-budget-mb" in x for g in got for x in g[2]),
+            str([g[2][:1] for g in got]))
+    R.check(f"{c}: at T = max_tokens a connection holding nothing gets one reply over its limit, then refused",
+            got[5][0] == 1 and got[5][1] == 2 and all("--peer-reply-mb" in x for x in got[5][2]), str(got[5]))
+    R.check(f"{c}: all {sent} rogue requests answered (result or ERROR)",
+            sum(a + b for a, b, _ in got) == sent, str([(a, b) for a, b, _ in got]))
+    R.check(f"{c}: worker RssAnon grew {grow / 2**20:.0f} MiB, within the bound {bound / 2**20:.0f} MiB", grow <= bound,
+            f"{base} -> {peak}")
+    R.check(f"{c}: the reading peer was answered during the attack", during is not None and during[0] in (2, 13),
+            str(during)[:300])
+    for s in rogues:
+        s.close()
+    # the rogues gone (their replies released): a reading peer is served again
+    ok = False
+    end = time.monotonic() + 30
+    while time.monotonic() < end and not ok:
+        rid += 1
+        obs.send(tbatch(rid, [(lm, 0, 9)], 1, cols))
+        r, fr = obs.recv(30000)
+        ok = r is not None and r[0] == 13 and len(fr[0]) == 16 + 40
+        if not ok:
+            time.sleep(0.1)
+    R.check(f"{c}: a reading peer is served once the rogues leave", ok, str(r)[:300])
+    after = proc_mem(w.pid)
+    print(f"{c} figures: RssAnon {after[0] / 2**20:.1f} MiB after the rogues left", flush=True)
+    R.check(f"{c}: the memory goes back once the rogues leave (RssAnon {after[0] / 2**20:.0f} MiB)",
+            after[0] - base[0] < 64 << 20, f"{base} -> {after}")
+    R.check(f"{c}: the worker is alive", w.poll() is None, log_of(w)[-400:])
+    obs.close()
+    harness.terminate(w)
+
+
 def main():
     if not os.path.exists(BIN) or not os.path.isdir(TINY):
         R.record("SKIP", "all", "build/bin/shoal or tests/models/tiny-k3 missing")
         return 77
     tmp = tempfile.mkdtemp(prefix="shoal-hostile-")
     try:
+        case_reply_amplification_k3(tmp)
         case_metrics_drip(tmp)
         case_local_workers_private(tmp)
         case_sigbus_truncated_shard(tmp)

@@ -52,9 +52,11 @@ static const shoal_serve_tmat tmats[NTR] = {{.w = tq, .bf16 = 1, .cols = D, .row
                                             {.w = tb, .bf16 = 1, .cols = TA, .rows = TB}};
 static uint8_t tfp[SHOAL_PROTO_FP_BYTES];
 
-static void *alloc_out(void *ctx, size_t len)
+static void *alloc_out(void *ctx, size_t len, char *why, size_t whylen)
 {
     (void)ctx;
+    (void)why;
+    (void)whylen;
     return malloc(len);
 }
 

@@ -62,7 +62,7 @@ static void t_chat_refusals(void)
             "{\"model\":\"tiny\",\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":"
             "\"c\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{}}}]}]}",
             400, "messages[0].tool_calls[0].function.arguments");
-    e = refused(C, CHAT(",\"n\":2"), 400, "n");
+    e = refused(C, CHAT(",\"n\":9"), 400, "n"); /* over the bound, SHOAL_API_MAX_N */
     CHECK(strstr(e.message, "'n'") != NULL);
     refused(C, CHAT(",\"n\":\"1\""), 400, "n");
     refused(C, CHAT(",\"temperature\":3"), 400, "temperature");
@@ -101,13 +101,39 @@ static void t_chat_refusals(void)
     refused(C, CHAT(",\"reasoning_effort\":\"extreme\""), 400, "reasoning_effort");
     refused(C, CHAT(",\"thinking\":{\"type\":\"maybe\"}"), 400, "thinking.type");
     refused(C, CHAT(",\"thinking\":{\"type\":\"enabled\"},\"reasoning_effort\":\"none\""), 400, "thinking");
-    refused(C, CHAT(",\"logprobs\":true"), 400, "logprobs");
-    refused(C, CHAT(",\"presence_penalty\":0.5"), 400, "presence_penalty");
-    refused(C, CHAT(",\"logit_bias\":{\"5\":10}"), 400, "logit_bias");
+    refused(C, CHAT(",\"logprobs\":1"), 400, "logprobs");
+    refused(C, CHAT(",\"logprobs\":true,\"top_logprobs\":21"), 400, "top_logprobs");
+    refused(C, CHAT(",\"top_logprobs\":2"), 400, "top_logprobs"); /* without logprobs: true */
+    refused(C, CHAT(",\"presence_penalty\":2.5"), 400, "presence_penalty");
+    refused(C, CHAT(",\"frequency_penalty\":-3"), 400, "frequency_penalty");
+    refused(C, CHAT(",\"repetition_penalty\":0"), 400, "repetition_penalty");
+    refused(C, CHAT(",\"min_p\":1.5"), 400, "min_p");
+    refused(C, CHAT(",\"logit_bias\":{\"5\":101}"), 400, "logit_bias.5");
+    refused(C, CHAT(",\"logit_bias\":{\"x\":1}"), 400, "logit_bias.x");
+    refused(C, CHAT(",\"logit_bias\":{\"4096\":1}"), 400, "logit_bias.4096"); /* outside the vocabulary */
+    refused(C, CHAT(",\"chat_template_kwargs\":{\"thinking\":\"no\"}"), 400, "chat_template_kwargs.thinking");
+    refused(C, CHAT(",\"thinking_effort\":\"extreme\""), 400, "thinking_effort");
+    refused(C, CHAT(",\"chat_template_kwargs\":{\"thinking\":true},\"reasoning_effort\":\"none\""), 400,
+            "chat_template_kwargs.thinking");
+    refused(C,
+            "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\",\"partial\":true}]}", 400,
+            "messages[0].partial");
+    refused(C,
+            "{\"model\":\"tiny\",\"messages\":[{\"role\":\"assistant\",\"content\":\"a\",\"partial\":true},"
+            "{\"role\":\"user\",\"content\":\"hi\"}]}",
+            400, "messages[0].partial");
+    refused(C, CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"strict\":true}}"),
+            400, "response_format.json_schema.strict");
     refused(C, CHAT(",\"response_format\":{\"type\":\"yaml\"}"), 400, "response_format.type");
     refused(C, CHAT(",\"modalities\":[\"audio\"]"), 400, "modalities");
-    e = refused(C, CHAT(",\"frobnicate\":1"), 400, "frobnicate");
-    CHECK(!strcmp(e.code, "unknown_parameter"));
+    /* the field policy: an output-changing field that is not implemented is refused naming it */
+    e = refused(C, CHAT(",\"guided_json\":{\"type\":\"object\"}"), 400, "guided_json");
+    CHECK(!strcmp(e.code, "unsupported_parameter"));
+    refused(C, CHAT(",\"grammar\":\"root ::= x\""), 400, "grammar");
+    refused(C, CHAT(",\"ignore_eos\":true"), 400, "ignore_eos");
+    refused(C, CHAT(",\"stream\":true,\"stream_options\":{\"include_usage\":true},\"min_tokens\":3"), 400, "min_tokens");
+    refused(C, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\",\"function_call\":{\"name\":\"f\"}}]}",
+            400, "messages[].function_call");
     refused(C, CHAT(",\"user\":5"), 400, "user");
 }
 
@@ -125,9 +151,10 @@ static void t_completion_refusals(void)
     refused(K, CMPL(",\"echo\":true"), 400, "echo");
     refused(K, CMPL(",\"best_of\":2"), 400, "best_of");
     refused(K, CMPL(",\"suffix\":\"x\""), 400, "suffix");
-    refused(K, CMPL(",\"logprobs\":3"), 400, "logprobs");
-    refused(K, CMPL(",\"n\":3"), 400, "n");
-    refused(K, CMPL(",\"messages\":[]"), 400, "messages"); /* a chat field is unknown here */
+    refused(K, CMPL(",\"logprobs\":21"), 400, "logprobs");
+    refused(K, CMPL(",\"logprobs\":true"), 400, "logprobs");
+    refused(K, CMPL(",\"n\":9"), 400, "n");
+    refused(K, CMPL(",\"n\":2,\"best_of\":3"), 400, "best_of");
     /* a prompt of ids longer than the context is refused before queueing */
     char big[8192] = "{\"model\":\"tiny\",\"prompt\":[";
     for (int i = 0; i < 600; i++)
@@ -223,6 +250,77 @@ static char *key_of(shoal_gen_kind k, const char *body)
     return key;
 }
 
+/* The field policy (api.h): ignored fields are listed once, with their path,
+ * and marked known or not; neutral values of refused fields are ignored. */
+static void t_field_policy(void)
+{
+    shoal_api_req q;
+    shoal_api_error e;
+    int rc = parse(SHOAL_GEN_CHAT,
+                   "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+                   "\"text\":\"hi\",\"cache_control\":{}}],\"cache_control\":{}},{\"role\":\"user\",\"content\":"
+                   "\"x\",\"cache_control\":{}}],\"store\":true,\"frobnicate\":1,\"ignore_eos\":false,"
+                   "\"typical_p\":1.0,\"stream\":true,\"stream_options\":{\"include_usage\":true,\"zz\":1},"
+                   "\"chat_template_kwargs\":{\"thinking\":false,\"foo\":1},\"n\":3,\"logprobs\":true,"
+                   "\"top_logprobs\":4,\"presence_penalty\":0.5,\"frequency_penalty\":-0.25,\"repetition_penalty\":1.2,"
+                   "\"min_p\":0.1,\"top_k\":-1,\"logit_bias\":{\"5\":10,\"7\":-100}}",
+                   &q, &e);
+    CHECK_MSG(rc == 0, "%s", e.message);
+    if (rc)
+        return;
+    char list[512];
+    shoal_api_ignored_list(&q.ignored, list, sizeof list);
+    CHECK_MSG(!strcmp(list, "store,frobnicate,ignore_eos,typical_p,stream_options.zz,messages[].cache_control,"
+                            "messages[].content[].cache_control,chat_template_kwargs.foo"),
+              "%s", list);
+    CHECK_EQ_INT(q.ignored.known[0], 1); /* store */
+    CHECK_EQ_INT(q.ignored.known[1], 0); /* frobnicate: no known vocabulary */
+    CHECK_EQ_INT(q.ignored.known[2], 1); /* ignore_eos: neutral value */
+    CHECK_EQ_INT(q.n, 3);
+    CHECK_EQ_INT(q.gen.thinking, 0);
+    CHECK_EQ_INT(q.gen.logprobs, 1);
+    CHECK_EQ_INT(q.gen.top_logprobs, 4);
+    CHECK_NEAR(q.gen.presence_penalty, 0.5, 0);
+    CHECK_NEAR(q.gen.frequency_penalty, -0.25, 0);
+    CHECK_NEAR(q.gen.repetition_penalty, 1.2, 1e-7);
+    CHECK_NEAR(q.gen.min_p, 0.1, 1e-7);
+    CHECK_EQ_INT(q.gen.top_k, 0);
+    CHECK_EQ_INT(q.gen.nbias, 2);
+    CHECK(q.memo_key == NULL); /* n > 1: no memo */
+    shoal_api_req_free(&q);
+    /* K3's switches: chat_template_kwargs and thinking_effort, later wins */
+    rc = parse(SHOAL_GEN_CHAT, CHAT(",\"thinking_effort\":\"high\""), &q, &e);
+    CHECK(rc == 0 && q.gen.thinking == 1 && !strcmp(q.gen.effort, "high"));
+    shoal_api_req_free(&q);
+    rc = parse(SHOAL_GEN_CHAT, CHAT(",\"reasoning_effort\":\"low\",\"chat_template_kwargs\":{\"thinking_effort\":\"max\"}"),
+               &q, &e);
+    CHECK(rc == 0 && q.gen.thinking == 1 && !strcmp(q.gen.effort, "max"));
+    shoal_api_req_free(&q);
+    /* partial mode: the flag reaches the renderer on the last message */
+    rc = parse(SHOAL_GEN_CHAT,
+               "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\","
+               "\"content\":\"Once\",\"partial\":true}]}",
+               &q, &e);
+    CHECK_MSG(rc == 0, "%s", e.message);
+    CHECK_EQ_INT(q.gen.partial, 1);
+    CHECK(json_is_true(json_object_get(json_array_get(q.gen.messages, 1), "partial")));
+    shoal_api_req_free(&q);
+    /* completions: logprobs is an integer */
+    rc = parse(SHOAL_GEN_COMPLETION, CMPL(",\"logprobs\":0,\"n\":2,\"best_of\":2"), &q, &e);
+    CHECK(rc == 0 && q.gen.logprobs == 1 && q.gen.top_logprobs == 0 && q.n == 2);
+    shoal_api_req_free(&q);
+    /* more ignored names than the list holds: counted, the header says how many more */
+    char big[2048] = "{\"model\":\"tiny\",\"prompt\":\"hi\"";
+    for (int i = 0; i < 20; i++)
+        snprintf(big + strlen(big), sizeof big - strlen(big), ",\"x%d\":1", i);
+    strcat(big, "}");
+    rc = parse(SHOAL_GEN_COMPLETION, big, &q, &e);
+    CHECK(rc == 0 && q.ignored.n == SHOAL_API_MAX_IGNORED && q.ignored.dropped == 4);
+    shoal_api_ignored_list(&q.ignored, list, sizeof list);
+    CHECK_MSG(strstr(list, ",+4 more") != NULL, "%s", list);
+    shoal_api_req_free(&q);
+}
+
 static void t_memo_key(void)
 {
     char *a = key_of(SHOAL_GEN_CHAT, CHAT(",\"temperature\":0,\"max_tokens\":5"));
@@ -252,6 +350,7 @@ int main(void)
     RUN(t_chat_refusals);
     RUN(t_completion_refusals);
     RUN(t_accepted_and_normalised);
+    RUN(t_field_policy);
     RUN(t_memo_key);
     return test_finish();
 }

@@ -311,6 +311,32 @@ static void t_assistant_history(void)
                 "<|sep|><|close|>message|<|sep|><|end_of_msg|>");
 }
 
+/* Partial mode: the last assistant message with "partial": true stays open
+ * (no closing of its response, no end of message, no generation prompt);
+ * the tool-choice message comes before it; tool calls on it are refused. */
+static void t_partial(void)
+{
+    json_t *none = json_string("none");
+    expect_flat("[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"Once\",\"partial\":true}]",
+                (shoal_chat_opts){0},
+                USER "<|open|>message| role|=\"|assistant|\"|<|sep|><|open|>think|<|sep|><|close|>think|<|sep|>"
+                     "<|open|>response|<|sep|>Once|");
+    expect_flat("[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"Once\",\"partial\":true}]",
+                (shoal_chat_opts){.thinking_off = 1, .tool_choice = none},
+                USER "<|open|>message| role|=\"|system|\"| type|=\"|tool-choice|\"|<|sep|>The system is invoked with "
+                     "`tool_choice=none`.\nYou MUST NOT call any tools in the next message.|<|close|>message|<|sep|>"
+                     "<|end_of_msg|>" GEN_RESP "Once|");
+    /* "partial": false, or on an earlier message: rendered as usual */
+    expect_flat("[{\"role\":\"assistant\",\"content\":\"A\",\"partial\":true},{\"role\":\"user\",\"content\":\"Hi\"}]",
+                (shoal_chat_opts){.thinking_off = 1},
+                "<|open|>message| role|=\"|assistant|\"|<|sep|><|open|>response|<|sep|>A|<|close|>response|"
+                "<|sep|><|close|>message|<|sep|><|end_of_msg|>" USER GEN_RESP);
+    expect_error("[{\"role\":\"assistant\",\"content\":null,\"partial\":true,\"tool_calls\":[{\"id\":\"c\","
+                 "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}]",
+                 (shoal_chat_opts){0}, SHOAL_EINVAL, "partial");
+    json_decref(none);
+}
+
 #define CALL_HEAD(name, i)                                                                         \
     "<|open|>call| tool|=\"|" name "|\"| index|=\"|" i "|\"|<|sep|>"
 #define ARG(k, t, v)                                                                               \
@@ -417,6 +443,7 @@ int main(void)
     RUN(t_thinking_effort_rules);
     RUN(t_choice_format_dynamic);
     RUN(t_assistant_history);
+    RUN(t_partial);
     RUN(t_tool_arguments);
     RUN(t_tool_results);
     RUN(t_errors);

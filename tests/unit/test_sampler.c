@@ -225,6 +225,128 @@ static void t_no_alloc(void)
     free(x);
 }
 
+/* Penalties and bias (sampler.h a-c), checked against the formulas written
+ * out here: greedy must pick the argmax of the reference-adjusted row. */
+static void ref_adjust(const float *l, float *a, int V, const int32_t *prompt, int np, const int32_t *gen, int ng,
+                       float rep, float freq, float pres, const shoal_logit_bias *b, int nb)
+{
+    for (int j = 0; j < V; j++)
+        a[j] = l[j];
+    for (int i = 0; i < nb; i++)
+        a[b[i].id] += b[i].bias;
+    for (int j = 0; j < V; j++) {
+        int seen = 0, c = 0;
+        for (int i = 0; i < np; i++)
+            seen |= prompt[i] == j;
+        for (int i = 0; i < ng; i++)
+            c += gen[i] == j;
+        if (seen || c)
+            a[j] = a[j] > 0 ? a[j] / rep : a[j] * rep;
+        a[j] -= (float)c * freq + (c > 0 ? pres : 0.0f);
+    }
+}
+
+static void t_penalties(void)
+{
+    enum { V = 8 };
+    const float l[V] = {2.0f, 1.9f, -0.5f, 1.7f, -0.2f, 0.3f, 1.8f, -3.0f};
+    const int32_t prompt[] = {0, 2};
+    const struct {
+        float rep, freq, pres;
+    } cfg[] = {{1.0f, 0.0f, 0.0f}, {1.3f, 0.0f, 0.0f}, {1.0f, 0.4f, 0.0f}, {1.0f, 0.0f, 0.35f},
+               {1.15f, 0.2f, 0.1f}, {0.8f, -0.3f, -0.2f}};
+    const shoal_logit_bias bias[] = {{6, -0.05f}, {4, 0.6f}};
+    int changed = 0;
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++)
+        for (int nb = 0; nb <= 2; nb++) {
+            shoal_sampler *s = NULL;
+            char err[256];
+            shoal_sampler_opts o = {.temperature = 0, .top_p = 1, .repetition_penalty = cfg[c].rep,
+                                    .frequency_penalty = cfg[c].freq, .presence_penalty = cfg[c].pres,
+                                    .bias = nb ? bias : NULL, .nbias = nb};
+            CHECK_MSG(shoal_sampler_create(&s, &o, V, err, sizeof err) == 0, "%s", err);
+            for (int i = 0; i < 2; i++)
+                shoal_sampler_observe(s, prompt[i], 0);
+            int32_t gen[12];
+            for (int t = 0; t < 12; t++) {
+                float a[V];
+                ref_adjust(l, a, V, prompt, 2, gen, t, cfg[c].rep, cfg[c].freq, cfg[c].pres, bias, nb);
+                int32_t want = shoal_argmax(a, V), got = shoal_sampler_sample(s, l);
+                CHECK_MSG(got == want, "cfg %zu bias %d step %d: %d, want %d", c, nb, t, (int)got, (int)want);
+                changed += got != shoal_argmax(l, V);
+                gen[t] = got;
+                shoal_sampler_observe(s, got, 1);
+            }
+            shoal_sampler_free(s);
+        }
+    CHECK(changed > 20); /* the adjustments did change choices */
+    /* refusals */
+    shoal_sampler *s = NULL;
+    char err[128];
+    shoal_sampler_opts bad = {.temperature = 1, .top_p = 1, .min_p = 1.5f};
+    CHECK(shoal_sampler_create(&s, &bad, V, err, sizeof err) == SHOAL_EINVAL);
+    shoal_logit_bias far = {V, 1.0f};
+    shoal_sampler_opts bad2 = {.temperature = 1, .top_p = 1, .bias = &far, .nbias = 1};
+    CHECK(shoal_sampler_create(&s, &bad2, V, err, sizeof err) == SHOAL_EINVAL);
+    shoal_sampler_opts bad3 = {.temperature = 1, .top_p = 1, .repetition_penalty = -1};
+    CHECK(shoal_sampler_create(&s, &bad3, V, err, sizeof err) == SHOAL_EINVAL);
+}
+
+/* min_p keeps the ids whose probability is at least min_p times the most
+ * likely one's: min_p = 1 is greedy at any temperature; otherwise the draws
+ * never leave the kept set and cover it, with top_k / top_p or without. */
+static void t_min_p(void)
+{
+    enum { V = 6 };
+    const float l[V] = {0.0f, 1.0f, -2.0f, 0.9f, 0.2f, -0.1f};
+    /* exp(l - 1): 0.368 1 0.05 0.905 0.449 0.333 */
+    const struct {
+        float min_p, top_p;
+        int top_k;
+    } cfg[] = {{1.0f, 1.0f, 0}, {0.4f, 1.0f, 0}, {0.4f, 1.0f, 5}, {0.4f, 0.999f, 0}};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        shoal_sampler *s = NULL;
+        char err[128];
+        shoal_sampler_opts o = {.temperature = 1, .top_p = cfg[c].top_p, .top_k = cfg[c].top_k, .seed = 7 + c,
+                                .min_p = cfg[c].min_p};
+        CHECK(shoal_sampler_create(&s, &o, V, err, sizeof err) == 0);
+        int hits[V] = {0};
+        for (int i = 0; i < 3000; i++)
+            hits[shoal_sampler_sample(s, l)]++;
+        for (int j = 0; j < V; j++) {
+            int kept = exp((double)l[j] - 1.0) >= cfg[c].min_p;
+            CHECK_MSG(kept ? hits[j] > 0 : hits[j] == 0, "cfg %zu id %d: %d draws (kept %d)", c, j, hits[j], kept);
+        }
+        shoal_sampler_free(s);
+    }
+}
+
+/* shoal_logprobs: log-softmax in double, top ids in rank order (ties to the
+ * lower id), against a direct computation. */
+static void t_logprobs(void)
+{
+    enum { V = 7 };
+    const float l[V] = {1.5f, -2.0f, 3.25f, 1.5f, 0.0f, -40.0f, 3.0f};
+    double z = 0;
+    for (int j = 0; j < V; j++)
+        z += exp((double)l[j]);
+    int32_t top[4];
+    double lp[4];
+    double got = shoal_logprobs(l, V, 4, 4, top, lp);
+    CHECK_NEAR(got, 0.0 - log(z), 1e-12);
+    const int32_t want[4] = {2, 6, 0, 3};
+    for (int i = 0; i < 4; i++) {
+        CHECK_EQ_INT(top[i], want[i]);
+        CHECK_NEAR(lp[i], (double)l[want[i]] - log(z), 1e-12);
+    }
+    int32_t top9[9];
+    double lp9[9];
+    shoal_logprobs(l, V, 0, 9, top9, lp9);
+    CHECK_EQ_INT(top9[6], 5);
+    CHECK_EQ_INT(top9[7], -1);
+    CHECK(shoal_logprobs(l, V, 0, 0, NULL, NULL) < 0);
+}
+
 int main(void)
 {
     test_binary = "test_sampler";
@@ -236,5 +358,8 @@ int main(void)
     RUN(t_topk_ties);
     RUN(t_nan);
     RUN(t_no_alloc);
+    RUN(t_penalties);
+    RUN(t_min_p);
+    RUN(t_logprobs);
     return test_finish();
 }

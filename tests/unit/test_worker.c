@@ -117,9 +117,11 @@ static void fx_close(fixture *fx)
     shoal_shard_close(fx->own);
 }
 
-static void *alloc_out(void *ctx, size_t len)
+static void *alloc_out(void *ctx, size_t len, char *why, size_t whylen)
 {
     (void)ctx;
+    (void)why;
+    (void)whylen;
     return malloc(len);
 }
 
