@@ -61,7 +61,7 @@ def rows(text, head="SHARD"):
     i = next(i for i, l in enumerate(lines) if l.startswith(head + " "))
     out = []
     for l in lines[i + 1:]:
-        if l.startswith("TRUNK SHARD") or l.startswith("SHARD ") or l.startswith("failovers ") or " is DOWN;" in l:
+        if l.startswith("TRUNK SHARD") or l.startswith("SHARD ") or l.startswith("failovers ") or " is DOWN" in l:
             break
         if l.strip():
             out.append(l.split())
@@ -260,6 +260,23 @@ def host_port():
 
 R.check("host_port_without_scheme", host_port)
 
+
+def backing_off():
+    """a crash-looping local worker (h30b's supervisor backoff): STATUS
+    BACKOFF and a line with the next restart"""
+    body = (b'shoal_worker_up{worker="w0"} 0\nshoal_worker_restart_backoff_seconds{worker="w0"} 8\n'
+            b'shoal_worker_up{worker="w1"} 1\nshoal_worker_restart_backoff_seconds{worker="w1"} 0\n')
+    ls, hp = serve_body(lambda: body)
+    try:
+        p = subprocess.run([shoal, "top", "--coordinator", hp, "--once", "--sort", "name"], capture_output=True,
+                           text=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+        r = rows(p.stdout)
+        assert [x[:2] for x in r] == [["w0", "BACKOFF"], ["w1", "up"]], r
+        assert "w0 is DOWN, crash-looping: backing off, next restart in 8 s" in p.stdout, p.stdout
+    finally:
+        ls.close()
+
 # ---- a coordinator exposition that changes: the windowed figures ----------
 
 BOUNDS = [2 ** (i / 2) * 1e-6 for i in range(57)]  # shoal's exposed bounds (docs/METRICS.md)
@@ -409,6 +426,7 @@ def hostile_metrics():
 
 
 R.check("hostile_metrics_sanitised", hostile_metrics)
+R.check("backing_off_shown", backing_off)
 
 
 def api_key():
