@@ -42,7 +42,9 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: shoal serve --model DIR [options]\n"
             "\n"
-            "Serves the OpenAI-compatible API (docs/API.md) for the model in DIR.\n"
+            "Serves the OpenAI-compatible API (docs/API.md) for the model in DIR, and the live\n"
+            "cluster page at http://HOST:PORT/ (docs/METRICS.md). The port is bound first:\n"
+            "/health answers 503 \"starting\" until the model and every worker are ready.\n"
             "\n"
             "  --model DIR            model directory (config.json, safetensors, tiktoken.model)\n"
             "  --tokenizer DIR        tiktoken.model + tokenizer_config.json from DIR instead of\n"
