@@ -126,9 +126,13 @@ class Browser:
                     raise RuntimeError(f"{method}: {m['error']}")
                 return m.get("result", {})
 
-    def navigate(self, url):
+    def navigate(self, url, timeout=30):
+        """load url and wait until the new document is complete"""
         self.call("Page.enable")
         self.call("Page.navigate", url=url)
+        want = url.split("#")[0]
+        self.wait(f"document.readyState === 'complete' && location.href.split('#')[0] === {json.dumps(want)}",
+                  f"{url} loaded", timeout=timeout)
 
     def eval(self, expr):
         r = self.call("Runtime.evaluate", expression=expr, returnByValue=True, awaitPromise=True)
@@ -140,8 +144,11 @@ class Browser:
         deadline = time.monotonic() + timeout
         v = None
         while time.monotonic() < deadline:
-            v = self.eval(expr)
-            if v:
+            try:
+                v = self.eval(expr)
+            except RuntimeError as e:  # e.g. the element is not there yet
+                v = e
+            if v and not isinstance(v, RuntimeError):
                 return v
             time.sleep(poll)
         raise AssertionError(f"timed out waiting for {what} (last {v!r})")
