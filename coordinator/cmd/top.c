@@ -1116,6 +1116,17 @@ int shoal_cmd_top(int argc, char **argv)
     view_t v = {.rows = shoal_xcalloc(MAX_ROWS, sizeof(row_t))};
     int status = 0;
     if (web_port >= 0) {
+        /* the page shows the cluster's addresses: beyond this machine only behind the key */
+        struct in_addr a4;
+        struct in6_addr a6;
+        int loop = (inet_pton(AF_INET, web_host, &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127) ||
+                   (inet_pton(AF_INET6, web_host, &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6));
+        if (!loop && !key) {
+            fprintf(stderr, "shoal top: --web-host %s is reachable from other machines: give --api-key (the "
+                            "page then requires it)\n", web_host);
+            free(v.rows);
+            return 2;
+        }
         status = web(&u, web_host, (int)web_port, key);
     } else if (once) {
         /* since start; over --window S: a first read, S seconds, the second */

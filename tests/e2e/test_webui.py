@@ -156,6 +156,10 @@ def top_web():
     b.wait("document.querySelector('[data-worker=\"w0\"]').getAttribute('data-state') === 'down'", "w0 down")
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=20) == 0
+    # beyond this machine only behind the key
+    r = subprocess.run([BIN, "top", "--coordinator", "127.0.0.1:1", "--web", "0", "--web-host", "0.0.0.0"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--api-key" in r.stderr, (r.returncode, r.stderr)
 
 
 try:
