@@ -112,6 +112,14 @@ def page():
                "tokens/s after a request")
     assert float(v) > 0, v
     b.wait("document.getElementById('ttft').textContent.indexOf('- /') < 0", "TTFT shown")
+    # the heat map: one cell per MoE layer (tiny-k3: 1..8) and worker, from the routing counters
+    b.wait("document.querySelectorAll('#heat rect[data-heat]').length === 16", "16 heat cells")
+    assert b.eval("Math.max(...[...document.querySelectorAll('#heat rect[data-heat]')]"
+                  ".map(r => parseFloat(r.getAttribute('data-heat'))))") == 1.0
+    # the chat box streams a completion through the API, with the key
+    b.eval("document.getElementById('prompt').value = 'hello'; document.getElementById('send').click(); 1")
+    b.wait("/chunks/.test(document.getElementById('chatstat').textContent)", "the chat box's streamed answer",
+           timeout=60)
     # SIGSTOP w0, then a request that needs it: red within 2 s, taken over by w1
     w0 = S["workers"][0]
     os.kill(w0.pid, signal.SIGSTOP)
