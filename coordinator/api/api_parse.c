@@ -312,6 +312,11 @@ int shoal_api_check_fields(const json_t *obj, const char *where, const char *con
     return 0;
 }
 
+void shoal_api_ignored_add(shoal_api_ignored *ign, const char *path, int is_known)
+{
+    ignore(ign, path, is_known);
+}
+
 void shoal_api_ignored_list(const shoal_api_ignored *ign, char *buf, size_t cap)
 {
     size_t o = 0;

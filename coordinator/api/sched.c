@@ -48,6 +48,7 @@ struct shoal_slot {
     shoal_chatparse *parser;   /* chat */
     int answer_started;        /* chat: content or a tool call seen */
     int stop_hit;              /* a stop string matched: drop further text */
+    int stop_which;            /* which one (index into the job's stop[]) */
     int reasoning_tokens;
     int ntools;
     /* stop-string filter: text held back per channel, and the last channel */
@@ -196,8 +197,10 @@ static int text_out(shoal_sched *s, shoal_slot *sl, shoal_channel ch, const char
     size_t best = (size_t)-1;
     for (int i = 0; i < p->nstop; i++) {
         const char *m = memmem(h->p, h->n, p->stop[i], strlen(p->stop[i]));
-        if (m && (size_t)(m - h->p) < best)
+        if (m && (size_t)(m - h->p) < best) {
             best = (size_t)(m - h->p);
+            sl->stop_which = i;
+        }
     }
     if (best != (size_t)-1) {
         emit_text(s, sl, ch, h->p, best);
@@ -295,6 +298,7 @@ static int output_begin(shoal_sched *s, shoal_slot *sl)
 {
     const shoal_gen_params *p = &sl->job->p;
     sl->answer_started = sl->stop_hit = 0;
+    sl->stop_which = -1;
     shoal_chatparse_close(sl->parser);
     sl->parser = NULL;
     if (p->kind != SHOAL_GEN_CHAT) {
@@ -390,6 +394,7 @@ static void finish(shoal_sched *s, shoal_slot *sl, const char *reason, int stopp
     }
     shoal_ev *e = shoal__sched_ev_new(SHOAL_EV_DONE);
     snprintf(e->finish, sizeof e->finish, "%s", sl->ntools && !strcmp(reason, "stop") ? "tool_calls" : reason);
+    e->stop_index = sl->stop_hit ? sl->stop_which : -1;
     e->completion_tokens = sl->n_out;
     e->reasoning_tokens = sl->reasoning_tokens;
     if (j->p.return_token_ids) {
@@ -481,31 +486,50 @@ static void fail_forward(shoal_sched *s, shoal_slot *sl, int rc, const char *err
 }
 
 
+/* The prompt's ids (appended to *ids). Returns 0, or a negative code with
+ * the message in err; *param names the field at fault. Uses only the
+ * tokenizer: any thread. */
+static int encode_prompt(const shoal_sched *s, const shoal_gen_params *p, shoal_tok_ids *ids, const char **param,
+                         char *err, size_t errlen)
+{
+    *param = "prompt";
+    if (p->kind != SHOAL_GEN_CHAT) {
+        if (p->prompt)
+            return shoal_tok_encode(s->o.tok, p->prompt, p->prompt_len, 1, ids, err, errlen);
+        for (int i = 0; i < p->n_prompt_ids; i++)
+            shoal_tok_ids_push(ids, p->prompt_ids[i]);
+        return 0;
+    }
+    *param = "messages";
+    shoal_chat_opts co = {
+        .thinking_off = !p->thinking,
+        .thinking_effort = p->effort[0] ? p->effort : NULL,
+        .effort_rule = SHOAL_CHAT_EFFORT_ENCODER,
+        .tools = p->tools,
+        .tool_choice = p->tool_choice,
+        .response_format = p->response_format,
+    };
+    return shoal_chat_encode(s->o.tok, p->messages, &co, ids, err, errlen);
+}
+
+int shoal_sched_prompt_tokens(shoal_sched *s, const shoal_gen_params *p, int *n, char *err, size_t errlen)
+{
+    shoal_tok_ids ids = {0};
+    const char *param;
+    int rc = encode_prompt(s, p, &ids, &param, err, errlen);
+    *n = rc ? 0 : (int)ids.n;
+    shoal_tok_ids_free(&ids);
+    return rc;
+}
+
 /* Renders the prompt into sl->ids. Returns 0, or emits the error and returns -1. */
 static int render(shoal_sched *s, shoal_slot *sl)
 {
     shoal_gen_params *p = &sl->job->p;
     shoal_tok_ids ids = {0};
     char err[320];
-    int rc = 0;
-    const char *param = "prompt";
-    if (p->kind == SHOAL_GEN_CHAT) {
-        param = "messages";
-        shoal_chat_opts co = {
-            .thinking_off = !p->thinking,
-            .thinking_effort = p->effort[0] ? p->effort : NULL,
-            .effort_rule = SHOAL_CHAT_EFFORT_ENCODER,
-            .tools = p->tools,
-            .tool_choice = p->tool_choice,
-            .response_format = p->response_format,
-        };
-        rc = shoal_chat_encode(s->o.tok, p->messages, &co, &ids, err, sizeof err);
-    } else if (p->prompt) {
-        rc = shoal_tok_encode(s->o.tok, p->prompt, p->prompt_len, 1, &ids, err, sizeof err);
-    } else {
-        for (int i = 0; i < p->n_prompt_ids; i++)
-            shoal_tok_ids_push(&ids, p->prompt_ids[i]);
-    }
+    const char *param;
+    int rc = encode_prompt(s, p, &ids, &param, err, sizeof err);
     if (rc) {
         shoal_tok_ids_free(&ids);
         if (rc == SHOAL_EINTERNAL) {

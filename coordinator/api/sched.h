@@ -113,6 +113,7 @@ typedef struct shoal_ev {
     int prompt_tokens, reused_tokens;
     /* DONE */
     char finish[16];       /* "stop" | "length" | "tool_calls" */
+    int stop_index;        /* the stop string that ended it (index into stop[]), or -1 */
     int completion_tokens, reasoning_tokens;
     int32_t *prompt_ids, *output_ids; /* DONE, only with return_token_ids */
     int n_prompt_ids, n_output_ids;
@@ -214,6 +215,12 @@ int shoal_sched_submit(shoal_sched *s, shoal_sched_job *j);
  * free), a running one stops at its next token. No further events are
  * produced. Idempotent. */
 void shoal_sched_cancel(shoal_sched *s, shoal_sched_job *j);
+
+/* The prompt p renders to, in tokens, as admission would count it (chat:
+ * messages, tools, switches, a partial last turn; completion: the prompt). Returns 0,
+ * or a negative code with the renderer's message naming the field. Uses only
+ * the tokenizer (immutable): any thread. */
+int shoal_sched_prompt_tokens(shoal_sched *s, const shoal_gen_params *p, int *n, char *err, size_t errlen);
 
 /* Response memo: the events stored under key (a deep copy, caller frees), or
  * NULL. Thread-safe. */
