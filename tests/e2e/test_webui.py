@@ -118,8 +118,8 @@ def page():
                   ".map(r => parseFloat(r.getAttribute('data-heat'))))") == 1.0
     # the chat box streams a completion through the API, with the key
     b.eval("document.getElementById('prompt').value = 'hello'; document.getElementById('send').click(); 1")
-    b.wait("/chunks/.test(document.getElementById('chatstat').textContent)", "the chat box's streamed answer",
-           timeout=60)
+    b.wait("/^[1-9][0-9]* chunks/.test(document.getElementById('chatstat').textContent) && "
+           "document.getElementById('chatlog').textContent.length > 0", "the chat box's streamed answer", timeout=60)
     # SIGSTOP w0, then a request that needs it: red within 2 s, taken over by w1
     w0 = S["workers"][0]
     os.kill(w0.pid, signal.SIGSTOP)
