@@ -21,6 +21,8 @@ int shoal_cmd_version(int argc, char **argv)
         return 2;
     }
     printf("kernels %s\n", shoal_isa_name(shoal_kernels_isa()));
+    /* the opt-in matrix-unit-order kernels (kernels/README.md): AMX only after its self-test */
+    printf("mu-order kernels %s\n", shoal_kernels_mu_path());
     printf("openmp wait %s (%s)\n", shoal_omp_wait_policy(), shoal_omp_wait_origin());
     return 0;
 }

@@ -962,7 +962,8 @@ void shoal_api_metrics_text(shoal_api *a, shoal_metrics_buf *bp)
     metric(&b, "shoal_sched_failed_total", C, "Requests ended by an error.", (double)ss.failed);
     metric(&b, "shoal_prompt_tokens_total", C, "Prompt tokens of admitted requests.", (double)ss.prompt_tokens);
     metric(&b, "shoal_completion_tokens_total", C, "Tokens generated.", (double)ss.completion_tokens);
-    metric(&b, "shoal_reused_tokens_total", C, "Prompt tokens continued from a kept sequence.",
+    metric(&b, "shoal_reused_tokens_total", C,
+           "Prompt tokens not prefilled again (kept sequence, prefix cache, n choices).",
            (double)ss.reused_tokens);
     metric(&b, "shoal_memo_hits_total", C, "Requests answered from the response memo.", (double)ss.memo_hits);
     metric(&b, "shoal_memo_entries", G, "Responses in the memo.", (double)ss.memo_entries);

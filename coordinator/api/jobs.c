@@ -455,6 +455,8 @@ void shoal__sched_count(shoal_sched *s, const shoal_sched_stats *add)
     s->st.prompt_tokens += add->prompt_tokens;
     s->st.completion_tokens += add->completion_tokens;
     s->st.reused_tokens += add->reused_tokens;
+    s->st.prefilled_tokens += add->prefilled_tokens;
+    s->st.cache_waits += add->cache_waits;
     pthread_mutex_unlock(&s->mu);
 }
 

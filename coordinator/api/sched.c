@@ -20,6 +20,7 @@
 #include "coordinator/text/text.h"
 #include "coordinator/obs/obs.h"
 #include "coordinator/engine/engine.h"
+#include "coordinator/pcache/pcache.h"
 #include "coordinator/api/sched_int.h"
 
 /* A slot's life: FREE -> WAIT (popped, rendered; waits while its state does
@@ -41,6 +42,14 @@ struct shoal_slot {
     int32_t *ids;         /* [max_context]: every fed id (prompt, then generated) */
     int n_ids, n_prompt, reused;
     int32_t *out;         /* [max_context]: every sampled id */
+    /* prefix cache: capture positions in (reused, n_prompt), ascending, and
+     * the next one; a slot waiting for another's capture (lead's job still
+     * lead_job, until lead->fed reaches lead_pos) is not prefilled */
+    int *caps, ncaps, capi;
+    shoal_slot *lead;
+    shoal_sched_job *lead_job;
+    int lead_pos;
+    uint64_t lead_order;
     int n_out, max_new;
     shoal_sampler *sampler;
     shoal_spec *spec;          /* the decode path of seq (speculative when drafting is on) */
@@ -73,6 +82,7 @@ static int slots_init(shoal_sched *s, char *err, size_t errlen)
         sl->logits = shoal_xmalloc((size_t)s->vocab * sizeof *sl->logits);
         sl->ids = shoal_xmalloc((size_t)s->max_context * sizeof *sl->ids);
         sl->out = shoal_xmalloc((size_t)s->max_context * sizeof *sl->out);
+        sl->caps = shoal_xmalloc((size_t)s->max_context * sizeof *sl->caps);
     }
     s->blogits = shoal_xmalloc((size_t)s->nslots * (size_t)s->vocab * sizeof *s->blogits);
     s->bseqs = shoal_xcalloc((size_t)s->max_batch, sizeof *s->bseqs);
@@ -93,6 +103,7 @@ static void slots_free(shoal_sched *s)
         free(sl->logits);
         free(sl->ids);
         free(sl->out);
+        free(sl->caps);
         shoal_sampler_free(sl->sampler);
         shoal_detok_close(sl->detok);
         shoal_chatparse_close(sl->parser);
@@ -367,6 +378,9 @@ static void release(shoal_sched *s, shoal_slot *sl, const shoal_sched_stats *add
     sl->state_bytes = 0;
     sl->state = SLOT_FREE;
     sl->job = NULL;
+    sl->lead = NULL;
+    sl->lead_job = NULL;
+    sl->ncaps = sl->capi = 0;
     s->running--;
     pthread_mutex_unlock(&s->mu);
     shoal_sched_job_unref(j);
@@ -421,7 +435,8 @@ static void finish(shoal_sched *s, shoal_slot *sl, const char *reason, int stopp
     shoal_sched_stats add = {.completed = 1,
                              .prompt_tokens = (uint64_t)sl->n_prompt,
                              .completion_tokens = (uint64_t)sl->n_out,
-                             .reused_tokens = (uint64_t)sl->reused};
+                             .reused_tokens = (uint64_t)sl->reused,
+                             .prefilled_tokens = (uint64_t)(sl->n_prompt - sl->reused)};
     release(s, sl, &add);
 }
 
@@ -567,6 +582,114 @@ static int render(shoal_sched *s, shoal_slot *sl)
     return 0;
 }
 
+/* ---- prefix cache (opts.pcache) ------------------------------------------------ */
+
+/* Where the slot's prompt is captured while it is prefilled: after every
+ * <|end_of_msg|> id (the renderer puts one at the end of each message and
+ * nowhere else: a client's text cannot produce it) and every pcache_stride
+ * tokens, below n_prompt (a resume must leave one token to prefill, whose
+ * logits start the answer; the whole prompt is kept by kept_put). */
+static void plan_captures(shoal_sched *s, shoal_slot *sl)
+{
+    sl->ncaps = sl->capi = 0;
+    if (!s->o.pcache)
+        return;
+    int stride = s->o.pcache_stride;
+    for (int i = 0; i + 1 < sl->n_prompt; i++) {
+        int p = i + 1;
+        if ((s->eom_id >= 0 && sl->ids[i] == s->eom_id) || (stride > 0 && p % stride == 0))
+            sl->caps[sl->ncaps++] = p;
+    }
+}
+
+static void skip_captures(shoal_slot *sl)
+{
+    while (sl->capi < sl->ncaps && sl->caps[sl->capi] <= sl->fed)
+        sl->capi++;
+}
+
+/* The tokens the slot may prefill before its next capture position. */
+static int until_capture(const shoal_slot *sl)
+{
+    return sl->capi < sl->ncaps ? sl->caps[sl->capi] - sl->fed : sl->n_prompt - sl->fed;
+}
+
+/* After a prompt chunk: capture the state when the slot stands on a capture
+ * position. The memory tier only takes what the slots leave of the state
+ * budget. A failed capture is logged; the request goes on. */
+static void capture_due(shoal_sched *s, shoal_slot *sl)
+{
+    if (sl->capi >= sl->ncaps || sl->caps[sl->capi] != sl->fed)
+        return;
+    sl->capi++;
+    if (s->o.state_bytes) {
+        size_t bytes = shoal_seq_state_size(s->o.model, sl->fed);
+        pthread_mutex_lock(&s->mu);
+        size_t used = s->state_used;
+        pthread_mutex_unlock(&s->mu);
+        if (used + bytes > s->o.state_bytes)
+            return;
+        shoal_pcache_shrink(s->o.pcache, s->o.state_bytes - used - bytes);
+    }
+    char err[320];
+    if (shoal_pcache_capture(s->o.pcache, sl->ids, sl->fed, sl->seq, err, sizeof err))
+        SHOAL_WARN("sched: prefix capture at %d: %s", sl->fed, err);
+}
+
+/* A slot about to prefill from sl->fed: is another slot prefilling the same
+ * prefix up to a capture position beyond what this one resumed from? Then
+ * wait for that capture (sl->lead) rather than compute the prefix twice. */
+static void find_lead(shoal_sched *s, shoal_slot *sl)
+{
+    sl->lead = NULL;
+    if (!s->o.pcache)
+        return;
+    int best = sl->fed;
+    for (int i = 0; i < s->nslots; i++) {
+        shoal_slot *o = &s->slots[i];
+        if (o == sl || !o->job || o->state != SLOT_PREFILL || o->lead)
+            continue;
+        int lim = (sl->n_prompt < o->n_prompt ? sl->n_prompt : o->n_prompt) - 1, c = 0;
+        while (c < lim && sl->ids[c] == o->ids[c])
+            c++;
+        for (int k = o->capi; k < o->ncaps && o->caps[k] <= c; k++)
+            if (o->caps[k] > best && o->caps[k] > o->fed) {
+                best = o->caps[k];
+                sl->lead = o;
+                sl->lead_job = o->job;
+                sl->lead_pos = best;
+                sl->lead_order = o->order;
+            }
+    }
+}
+
+/* 1 while the slot waits for its lead's capture. When the wait ends (the
+ * lead reached the position, or left), resume from the longest captured
+ * prefix now (normally the lead's capture) and look for a lead again. */
+static int lead_wait(shoal_sched *s, shoal_slot *sl)
+{
+    shoal_slot *o = sl->lead;
+    if (!o)
+        return 0;
+    if (atomic_load(&sl->job->cancel)) { /* canceled while waiting: let next_prompt release it now */
+        sl->lead = NULL;
+        return 0;
+    }
+    if (o->job == sl->lead_job && o->order == sl->lead_order && o->state == SLOT_PREFILL &&
+        o->fed < sl->lead_pos && !atomic_load(&o->job->cancel))
+        return 1;
+    sl->lead = NULL;
+    sl->lead_job = NULL;
+    if (shoal_pcache_lookup(s->o.pcache, sl->ids, sl->n_prompt, sl->n_prompt - 1) > sl->fed) {
+        int got = shoal_pcache_resume(s->o.pcache, sl->ids, sl->n_prompt, sl->n_prompt - 1, sl->seq);
+        if (got) /* the sequence now holds that prefix */
+            sl->fed = sl->reused = got;
+    }
+    skip_captures(sl);
+    find_lead(s, sl);
+    return sl->lead != NULL;
+}
+
 /* Admission: render, sampler, output state, reuse or prefill, START. */
 
 /* Bytes of a sequence of capacity cap (shoal_seq_create allocates this). */
@@ -656,6 +779,13 @@ static int try_start(shoal_sched *s, shoal_slot *sl)
     if (cap > s->max_context)
         cap = s->max_context;
     size_t need = state_need(s, cap);
+    if (s->o.pcache && s->o.state_bytes) { /* captures give way to requests */
+        pthread_mutex_lock(&s->mu);
+        size_t used = s->state_used;
+        pthread_mutex_unlock(&s->mu);
+        if (used + need + shoal_pcache_mem_bytes(s->o.pcache) > s->o.state_bytes)
+            shoal_pcache_shrink(s->o.pcache, used + need < s->o.state_bytes ? s->o.state_bytes - used - need : 0);
+    }
     pthread_mutex_lock(&s->mu);
     if (s->o.state_bytes && s->state_used + need > s->o.state_bytes) {
         s->waiting_state = 1;
@@ -687,22 +817,38 @@ static int try_start(shoal_sched *s, shoal_slot *sl)
         release(s, sl, &add);
         return 1;
     }
-    int k;
+    int k = -1;
+    sl->reused = 0;
     if (can_fork(sl, ps) && shoal_seq_copy(sl->seq, ps->seq, err, sizeof err) == 0) {
         sl->reused = sl->n_prompt; /* prefilled once, for every choice */
         memcpy(sl->logits, ps->logits, (size_t)s->vocab * sizeof *sl->logits);
-    } else if ((k = shoal__sched_kept_find(s, sl->ids, sl->n_prompt)) >= 0 &&
-               shoal_seq_copy(sl->seq, s->kept[k].seq, err, sizeof err) == 0) {
-        sl->reused = s->kept[k].n;
-        if (sl->reused == sl->n_prompt)
-            memcpy(sl->logits, s->kept[k].logits, (size_t)s->vocab * sizeof *sl->logits);
     } else {
-        shoal_seq_reset(sl->seq);
-        sl->reused = 0;
+        k = shoal__sched_kept_find(s, sl->ids, sl->n_prompt);
+        /* the prefix cache when it holds more than the kept sequence (it
+         * never holds the whole prompt: that one is the kept sequence's) */
+        if (s->o.pcache &&
+            shoal_pcache_lookup(s->o.pcache, sl->ids, sl->n_prompt, sl->n_prompt - 1) > (k >= 0 ? s->kept[k].n : 0))
+            sl->reused = shoal_pcache_resume(s->o.pcache, sl->ids, sl->n_prompt, sl->n_prompt - 1, sl->seq);
+        if (sl->reused) {
+        } else if (k >= 0 && shoal_seq_copy(sl->seq, s->kept[k].seq, err, sizeof err) == 0) {
+            sl->reused = s->kept[k].n;
+            if (sl->reused == sl->n_prompt)
+                memcpy(sl->logits, s->kept[k].logits, (size_t)s->vocab * sizeof *sl->logits);
+        } else {
+            shoal_seq_reset(sl->seq);
+            sl->reused = 0;
+        }
     }
     sl->fed = sl->reused;
     sl->order = ++s->admit_tick;
     if (sl->fed < sl->n_prompt) {
+        plan_captures(s, sl);
+        skip_captures(sl);
+        find_lead(s, sl);
+        if (sl->lead) {
+            shoal_sched_stats add = {.cache_waits = 1};
+            shoal__sched_count(s, &add);
+        }
         sl->state = SLOT_PREFILL;
         return 1;
     }
@@ -818,7 +964,7 @@ static shoal_slot *next_prompt(shoal_sched *s, int np)
             int taken = 0;
             for (int k = 0; k < np && !taken; k++)
                 taken = s->pslots[k] == c;
-            if (c->state == SLOT_PREFILL && !taken && (!sl || c->order < sl->order))
+            if (c->state == SLOT_PREFILL && !taken && (!sl || c->order < sl->order) && !lead_wait(s, c))
                 sl = c;
         }
         if (!sl || !atomic_load(&sl->job->cancel))
@@ -838,7 +984,7 @@ static int prefill_alone(shoal_sched *s, int budget)
         shoal_slot *sl = next_prompt(s, 0);
         if (!sl)
             break;
-        int n = sl->n_prompt - sl->fed;
+        int n = until_capture(sl);
         if (n > budget)
             n = budget;
         int last = sl->fed + n == sl->n_prompt;
@@ -853,8 +999,12 @@ static int prefill_alone(shoal_sched *s, int budget)
         sl->fed += n;
         budget -= n;
         done += n;
-        if (!last)
+        if (!last) {
+            capture_due(s, sl);
+            if (budget > 0)
+                continue; /* stopped at a capture position */
             break; /* the budget is spent */
+        }
         prompt_done(s, sl);
     }
     return done;
@@ -920,7 +1070,7 @@ static int step(shoal_sched *s, int *np_out)
         shoal_slot *sl = next_prompt(s, np);
         if (!sl)
             break;
-        int k = sl->n_prompt - sl->fed;
+        int k = until_capture(sl);
         if (k > budget)
             k = budget;
         if (k > s->max_batch - n)
@@ -965,8 +1115,10 @@ static int step(shoal_sched *s, int *np_out)
         shoal_slot *sl = s->pslots[p];
         sl->fed += s->pn[p];
         *np_out += s->pn[p];
-        if (sl->fed < sl->n_prompt)
+        if (sl->fed < sl->n_prompt) {
+            capture_due(s, sl);
             continue;
+        }
         memcpy(sl->logits, s->blogits + (size_t)r++ * (size_t)s->vocab, (size_t)s->vocab * sizeof *sl->logits);
         prompt_done(s, sl);
     }
@@ -1055,6 +1207,14 @@ int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, si
     s->spec_extra = spec_extra;
     s->step_tokens = o->step_tokens ? o->step_tokens : info.max_batch;
     s->max_batch = info.max_batch;
+    s->eom_id = shoal_tok_special_id(o->tok, "<|end_of_msg|>");
+    if (s->eom_id < 0)
+        s->eom_id = -1;
+    if (o->pcache_stride < 0) {
+        free(s);
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sched: --prefix-cache-stride must be >= 0 (got %d)",
+                             o->pcache_stride);
+    }
     atomic_init(&s->abort, 0);
     s->n_eos = info.n_eos;
     memcpy(s->eos, info.eos, sizeof s->eos);

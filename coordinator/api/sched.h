@@ -90,7 +90,9 @@ void shoal_gen_params_free(shoal_gen_params *p);
 int shoal_gen_params_copy(shoal_gen_params *dst, const shoal_gen_params *src);
 
 typedef enum {
-    SHOAL_EV_START = 0, /* prompt rendered and admitted: prompt_tokens, reused_tokens */
+    SHOAL_EV_START = 0, /* prompt rendered and admitted: prompt_tokens, reused_tokens (prompt
+                         * tokens not prefilled: from a kept sequence or the prefix cache;
+                         * the value for OpenAI cached_tokens, Anthropic cache_read_input_tokens) */
     SHOAL_EV_TEXT,      /* text of one channel */
     SHOAL_EV_TOOL,      /* a tool call starts (name) or grows (arguments text) */
     SHOAL_EV_DONE,      /* the end: finish reason and counts */
@@ -166,11 +168,27 @@ typedef struct {
     /* Speculative decoding of every request (engine.h shoal_spec_decode;
      * mode 0 = off): same ids, fewer passes when drafts hit. */
     shoal_draft_opts draft;
+    /* Prefix cache (coordinator/pcache/pcache.h; borrowed, used only on the
+     * model thread; NULL: off). A prompt resumes from its longest captured
+     * prefix (when longer than a kept sequence's) and prefills only the
+     * rest; while prefilling, the state is captured at the end of every
+     * message (after each <|end_of_msg|> id: system prompt, tool
+     * declarations, each turn) and every pcache_stride tokens (0: no stride
+     * captures) -- a prompt chunk ends there, which changes no bits. A
+     * request whose prompt shares a prefix with one being prefilled, up to
+     * a capture point not reached yet, waits for that capture instead of
+     * computing the prefix again. The memory tier counts against
+     * state_bytes: captures only use what the slots leave, and are evicted
+     * when a request needs the room. */
+    struct shoal_pcache *pcache;
+    int pcache_stride;
 } shoal_sched_opts;
 
 typedef struct {
     uint64_t submitted, refused_full, completed, canceled, failed;
     uint64_t prompt_tokens, completion_tokens, reused_tokens;
+    uint64_t prefilled_tokens;  /* prompt tokens run through the forward (not reused) */
+    uint64_t cache_waits;       /* requests that waited for another's prefix capture */
     uint64_t memo_hits, memo_misses, memo_entries, memo_bytes;
     uint64_t kept_seqs, kept_bytes;
     uint64_t state_bytes;    /* sequence state held by the slots now */

@@ -90,6 +90,7 @@ struct shoal_sched {
     int waiting_state;
     uint64_t admit_tick;
     int max_batch;         /* the model's: tokens in one step's chunk */
+    int32_t eom_id;        /* <|end_of_msg|> (message ends: prefix captures), -1 when the tokenizer has none */
     float *blogits;        /* [nslots, vocab]: one step's logits rows */
     shoal_seq **bseqs;     /* [max_batch]: the step chunk's sequence per token */
     int32_t *bids;         /* [max_batch]: and its id */

@@ -20,7 +20,7 @@
 #include <jansson.h>
 #include <stddef.h>
 
-#include "coordinator/api/http.h"
+#include "coordinator/api/api.h" /* the http server and exchange types (api/http.h) */
 
 typedef struct shoal_webui shoal_webui;
 

@@ -273,6 +273,23 @@ size_t shoal_seq_bytes(const shoal_seq *s); /* state bytes it owns */
 int shoal_seq_copy(shoal_seq *dst, const shoal_seq *src, char *err, size_t errlen);
 int shoal_seq_fork(shoal_seq **out, const shoal_seq *src, int capacity, char *err, size_t errlen);
 
+/* A sequence's state as bytes, for prefix caches and state files
+ * (coordinator/pcache/pcache.h). The layout, in host float order (little-endian
+ * on every supported target): the KDA states [num_kda, H, D, D], the conv
+ * windows [num_kda, 3, K-1, C], then per MLA layer the rows of positions
+ * 0..pos ([num_mla, pos, R + P]) -- exactly the values a forward reads, so a
+ * sequence imported from an export continues bit for bit as the exported one
+ * would. state_size: seq_fixed_bytes + pos * seq_bytes_per_token.
+ * export: s's state at its position into buf[n] (n must equal
+ * state_size(pos); a broken sequence is refused). import: s becomes the
+ * sequence at pos (<= its capacity) holding buf[n] (n == state_size(pos));
+ * clears any broken mark and rewind reach. Neither allocates nor runs the
+ * forward; the bytes are not checked (the caller verifies a file's checksum
+ * before importing it). 0, SHOAL_EINVAL or SHOAL_ERANGE. */
+size_t shoal_seq_state_size(const shoal_model *m, int pos);
+int shoal_seq_export(const shoal_seq *s, void *buf, size_t n, char *err, size_t errlen);
+int shoal_seq_import(shoal_seq *s, int pos, const void *buf, size_t n, char *err, size_t errlen);
+
 /* ---- forward ------------------------------------------------------------ */
 
 typedef enum {
