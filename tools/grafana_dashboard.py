@@ -83,6 +83,17 @@ panel("Speculative decoding", [(f"rate(shoal_draft_accepted_total{R}) / rate(sho
                                 "tokens per decode pass")], w=8,
       desc="--draft ngram: the share of drafted tokens the verify pass kept, and tokens fed per pass")
 
+panel("Prefix cache: hits and saved prefill", [(f"rate(shoal_prefix_cache_hits_total{R}) / "
+                                                f"rate(shoal_prefix_cache_lookups_total{R})", "hit rate"),
+                                               (f"rate(shoal_prefix_cache_saved_tokens_total{R}) / "
+                                                f"rate(shoal_prompt_tokens_total{R})", "prompt tokens not prefilled"),
+                                               (f"rate(shoal_prefix_cache_waits_total{R})", "waits for a capture/s")],
+      w=12, desc="--prefix-cache-gb / --prefix-cache-dir (docs/CONFIG.md)")
+panel("Prefix cache: memory and disk", [("shoal_prefix_cache_bytes", "held"),
+                                        ("shoal_prefix_cache_budget_bytes", "budget"),
+                                        (f"rate(shoal_prefix_cache_disk_read_bytes_total{R})", "disk reads/s")],
+      unit="bytes", w=12)
+
 row("Shards (as the coordinator sees them)")
 panel("Shard up", [("shoal_worker_up", "{{worker}}")], kind="stat", w=8, unit="none")
 panel("Load share vs fair share", [("shoal_worker_load_share", "{{worker}} share"),

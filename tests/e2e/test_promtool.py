@@ -179,7 +179,7 @@ def grafana_exprs():
     exprs = [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
     titles = [p["title"] for p in d["panels"]]
     for need in ("Time to first token", "Inter-token time", "Queue wait and depth", "Failovers and restarts",
-                 "Speculative decoding"):
+                 "Speculative decoding", "Prefix cache: hits and saved prefill"):
         assert need in titles, need
     rules = {"groups": [{"name": "grafana", "rules": [
         {"record": f"shoal:grafana_{i}", "expr": e.replace("$__rate_interval", "1m").replace("$instance", ".*")
