@@ -1,4 +1,5 @@
 #include <stdio.h>
+#include <string.h>
 
 #include "cli/commands.h"
 #include "cli/omp_wait.h"
@@ -10,8 +11,13 @@
  * matrix kernel is bit-identical across variants), only the speed. */
 int shoal_cmd_version(int argc, char **argv)
 {
+    /* no arguments: anything given is a usage mistake (exit 2), not ignored */
     if (argc > 1) {
-        fprintf(stderr, "shoal version: takes no argument ('%s')\n", argv[1]);
+        if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+            printf("usage: shoal version\nPrints the version, the kernel variant and the OpenMP wait policy.\n");
+            return argc == 2 ? 0 : 2;
+        }
+        fprintf(stderr, "shoal version: unexpected argument '%s' (usage: shoal version)\n", argv[1]);
         return 2;
     }
     printf("shoal %s\n", SHOAL_VERSION);

@@ -827,20 +827,156 @@ void shoal__api_start(areq *r, shoal_api_req *q)
     }
 }
 
-static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req, int ep, shoal_gen_kind kind)
-{
+/* A generation request being parsed (JSON, validation, normalisation, the
+ * memo key) on the HTTP layer's thread pool: linear in the body, but a 4 MB
+ * body takes a good fraction of a second on a busy machine, and on the loop
+ * thread that would stall every other connection (their streams included). */
+typedef struct {
+    shoal_api *a;
+    shoal_http_ex *ex; /* NULL once the client left while parsing */
+    int ep;
+    shoal_gen_kind kind;
+    char *body;
+    size_t len;
+    double t0;
+    char peer[64];
+    int rc;
     shoal_api_req q;
     shoal_api_error err;
-    if (shoal_api_parse(kind, req->body, req->body_len, &a->o.limits, &q, &err)) {
-        respond_error(a, ex, ep, &err, NULL);
+} parsing;
+
+static void parse_work(void *arg)
+{
+    parsing *w = arg;
+    w->rc = shoal_api_parse(w->kind, w->body, w->len, &w->a->o.limits, &w->q, &w->err);
+    free(w->body);
+    w->body = NULL;
+}
+
+static void parse_abort(void *arg)
+{
+    parsing *w = arg;
+    access_log(w->peer, "POST", ep_names[w->ep], 499, 0, 0, w->t0, NULL);
+    shoal_http_stream_end(w->ex); /* frees the aborted exchange */
+    w->ex = NULL;
+}
+
+static void parse_done(void *arg, int canceled)
+{
+    parsing *w = arg;
+    shoal_api *a = w->a;
+    int parsed = !canceled && w->rc == 0; /* w->q holds a request to free or hand on */
+    if (w->ex) {
+        shoal_http_ex_on_abort(w->ex, NULL, NULL);
+        if (canceled) { /* the pool dropped it unrun: the server is stopping */
+            respond_simple_error(a, w->ex, w->ep, 503, "server_error", "shutting_down", NULL, NULL,
+                                 "the server is stopping");
+            access_log(w->peer, "POST", ep_names[w->ep], 503, 0, 0, w->t0, NULL);
+        } else if (w->rc) {
+            respond_error(a, w->ex, w->ep, &w->err, NULL);
+            access_log(w->peer, "POST", ep_names[w->ep], a->last_status ? a->last_status : 500, 0, 0, w->t0, NULL);
+        } else if (shoal__api_not_ready(a, w->ex, w->ep)) {
+            access_log(w->peer, "POST", ep_names[w->ep], 503, 0, 0, w->t0, NULL);
+        } else {
+            areq *r = shoal__api_areq_new(a, w->ex, w->ep, FMT_OPENAI, &w->q,
+                                          w->kind == SHOAL_GEN_CHAT ? "chatcmpl-" : "cmpl-");
+            r->t0 = w->t0; /* a->t0 is the latest request's by now */
+            shoal__api_start(r, &w->q); /* takes q */
+            parsed = 0;
+        }
+    }
+    if (parsed)
+        shoal_api_req_free(&w->q);
+    free(w->body);
+    free(w);
+}
+
+static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req, int ep, shoal_gen_kind kind)
+{
+    parsing *w = shoal_xcalloc(1, sizeof *w);
+    w->a = a;
+    w->ex = ex;
+    w->ep = ep;
+    w->kind = kind;
+    w->t0 = a->t0;
+    snprintf(w->peer, sizeof w->peer, "%s", shoal_http_ex_peer(ex));
+    /* copied: the request's bytes are the connection's, freed if it closes */
+    w->body = shoal_xmalloc(req->body_len + 1);
+    memcpy(w->body, req->body, req->body_len);
+    w->body[req->body_len] = 0;
+    w->len = req->body_len;
+    a->handed = 1; /* logged when answered */
+    if (!a->http || shoal_http_work(a->http, parse_work, parse_done, w)) {
+        parse_work(w); /* no pool (tests without a server): here */
+        parse_done(w, 0);
         return;
     }
-    if (shoal__api_not_ready(a, ex, ep)) {
-        shoal_api_req_free(&q);
+    shoal_http_ex_on_abort(ex, parse_abort, w);
+}
+
+static void defer_work(void *arg)
+{
+    shoal__api_deferred *d = arg;
+    d->work(d);
+    d->ran = 1;
+}
+
+static void defer_abort(void *arg)
+{
+    shoal__api_deferred *d = arg;
+    access_log(d->peer, "POST", ep_names[d->ep], 499, 0, 0, d->t0, NULL);
+    shoal_http_stream_end(d->ex); /* frees the aborted exchange */
+    d->ex = NULL;
+}
+
+static void defer_done(void *arg, int canceled)
+{
+    shoal__api_deferred *d = arg;
+    shoal_api *a = d->a;
+    if (d->ex) {
+        shoal_http_ex_on_abort(d->ex, NULL, NULL);
+        if (canceled) {
+            respond_simple_error(a, d->ex, d->ep, 503, "server_error", "shutting_down", NULL, NULL,
+                                 "the server is stopping");
+            access_log(d->peer, "POST", ep_names[d->ep], 503, 0, 0, d->t0, NULL);
+            d->ex = NULL;
+        }
+    }
+    shoal_http_ex *ex = d->ex;
+    a->t0 = d->t0; /* for an areq done() creates: its own request's start */
+    a->handed = 0;
+    a->last_status = 0;
+    d->done(d);
+    if (ex && !a->handed)
+        access_log(d->peer, "POST", ep_names[d->ep], a->last_status ? a->last_status : 500, 0, 0, d->t0, NULL);
+    free((char *)d->req.body);
+    free(d);
+}
+
+void shoal__api_defer(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req, int ep,
+                      void (*work)(shoal__api_deferred *d), void (*done)(shoal__api_deferred *d), void *ctx)
+{
+    shoal__api_deferred *d = shoal_xcalloc(1, sizeof *d);
+    d->a = a;
+    d->ex = ex;
+    d->ep = ep;
+    d->t0 = a->t0;
+    snprintf(d->peer, sizeof d->peer, "%s", shoal_http_ex_peer(ex));
+    char *body = shoal_xmalloc(req->body_len + 1); /* the connection's bytes go if it closes */
+    memcpy(body, req->body, req->body_len);
+    body[req->body_len] = 0;
+    d->req.body = body;
+    d->req.body_len = req->body_len;
+    d->ctx = ctx;
+    d->work = work;
+    d->done = done;
+    a->handed = 1; /* logged when answered */
+    if (!a->http || shoal_http_work(a->http, defer_work, defer_done, d)) {
+        defer_work(d); /* no pool (tests without a server): here */
+        defer_done(d, 0);
         return;
     }
-    areq *r = shoal__api_areq_new(a, ex, ep, FMT_OPENAI, &q, kind == SHOAL_GEN_CHAT ? "chatcmpl-" : "cmpl-");
-    shoal__api_start(r, &q);
+    shoal_http_ex_on_abort(ex, defer_abort, d);
 }
 
 static json_t *model_object(shoal_api *a)
@@ -882,8 +1018,11 @@ static void health(shoal_api *a, shoal_http_ex *ex, int authorised)
     char why[512] = "";
     int loaded = atomic_load(&a->ready);
     int covered = all_up || (a->o.covered && a->o.covered(a->o.ud, why, sizeof why));
-    int ready = loaded && covered;
-    const char *status = !loaded ? "starting" : all_up ? "ok" : covered ? "degraded" : "unavailable";
+    /* a model file truncated under the mapping: every forward is refused */
+    char files[512] = "";
+    int files_ok = !loaded || !a->o.model || shoal_model_check_files(a->o.model, files, sizeof files) == 0;
+    int ready = loaded && covered && files_ok;
+    const char *status = !loaded ? "starting" : !files_ok ? "unavailable" : all_up ? "ok" : covered ? "degraded" : "unavailable";
     json_t *body;
     if (authorised) {
         body = json_pack("{s:s,s:b,s:s,s:o,s:{s:i,s:i}}", "status", status, "ready", ready, "model", a->model_name,
@@ -893,6 +1032,8 @@ static void health(shoal_api *a, shoal_http_ex *ex, int authorised)
                 snprintf(why, sizeof why, "a worker is down");
             json_object_set_new(body, "uncovered", jstr(why, strlen(why)));
         }
+        if (!files_ok)
+            json_object_set_new(body, "model_files", jstr(files, strlen(files)));
     } else {
         json_decref(ws);
         body = json_pack("{s:s,s:b}", "status", status, "ready", ready);
@@ -1117,14 +1258,20 @@ void shoal_api_on_request(void *ud, shoal_http_ex *ex, const shoal_http_request 
 {
     shoal_api *a = ud;
     int ep;
-    char peer[64];
-    snprintf(peer, sizeof peer, "%s", shoal_http_ex_peer(ex)); /* the exchange may end inside route */
+    /* Captured before route: the exchange may end inside it, and an answer
+     * given at once on a keep-alive connection resets the parser that owns
+     * req's method and path (the log line then had neither). Longer than
+     * access_log's clips, so a cut is still marked there. */
+    char peer[64], method[32], path[256];
+    snprintf(peer, sizeof peer, "%s", shoal_http_ex_peer(ex));
+    snprintf(method, sizeof method, "%s", req->method ? req->method : "");
+    snprintf(path, sizeof path, "%s", req->path ? req->path : "");
     a->t0 = now_ms();
     a->last_status = 0;
     a->handed = 0;
     route(a, ex, req, &ep);
     if (!a->handed)
-        access_log(peer, req->method, req->path, a->last_status ? a->last_status : 500, 0, 0, a->t0, NULL);
+        access_log(peer, method, path, a->last_status ? a->last_status : 500, 0, 0, a->t0, NULL);
 }
 
 int shoal_api_open(shoal_api **out, const shoal_api_opts *o, char *err, size_t errlen)

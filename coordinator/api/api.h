@@ -124,6 +124,9 @@ typedef struct {
     shoal_api_limits limits;
     const char *api_key;       /* NULL: no authentication */
     shoal_sched *sched;        /* borrowed */
+    /* borrowed: /health checks its mapped files (shoal_model_check_files)
+     * and answers 503 "unavailable" naming a truncated one. NULL: no check. */
+    const shoal_model *model;
     /* Worker states: fills up to cap entries of w, returns how many workers
      * there are (0 when the experts run in-process). NULL: no workers. Called
      * on the loop thread for /health. */

@@ -511,46 +511,78 @@ static void ignored_header(char *buf, size_t cap, const shoal_api_ignored *ign)
         snprintf(buf, cap, "x-shoal-ignored: %s\r\n", list);
 }
 
-void shoal__api_anth_messages(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req)
-{
+/* /v1/messages and count_tokens: parsed (and, for count_tokens, rendered) on
+ * the HTTP layer's thread pool (shoal__api_defer), answered on the loop. */
+typedef struct {
+    int counting, rc, ntok, trc;
     shoal_api_req q;
     shoal_api_error err;
-    if (parse(a, req, 0, &q, &err)) {
-        shoal__api_respond_error(a, ex, EP_MESSAGES, &err, NULL);
-        return;
+    char msg[320];
+} anth_job;
+
+static void anth_work(shoal__api_deferred *d)
+{
+    anth_job *j = d->ctx;
+    j->rc = parse(d->a, &d->req, j->counting, &j->q, &j->err);
+    if (!j->rc && j->counting) /* the tokenizer only: any thread */
+        j->trc = shoal_sched_prompt_tokens(d->a->o.sched, &j->q.gen, &j->ntok, j->msg, sizeof j->msg);
+}
+
+static void messages_done(shoal__api_deferred *d)
+{
+    anth_job *j = d->ctx;
+    shoal_api *a = d->a;
+    shoal_http_ex *ex = d->ex;
+    int have_q = d->ran && !j->rc;
+    if (ex && d->ran && j->rc) {
+        shoal__api_respond_error(a, ex, EP_MESSAGES, &j->err, NULL);
+    } else if (ex && have_q && !shoal__api_not_ready(a, ex, EP_MESSAGES)) {
+        areq *r = shoal__api_areq_new(a, ex, EP_MESSAGES, FMT_ANTHROPIC, &j->q, "msg_");
+        for (int i = 0; i < j->q.gen.nstop; i++)
+            r->stops[r->nstop++] = shoal_xstrdup(j->q.gen.stop[i]);
+        shoal__api_start(r, &j->q); /* takes q */
+        have_q = 0;
     }
-    if (shoal__api_not_ready(a, ex, EP_MESSAGES)) {
-        shoal_api_req_free(&q);
-        return;
+    if (have_q)
+        shoal_api_req_free(&j->q);
+    free(j);
+}
+
+void shoal__api_anth_messages(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req)
+{
+    anth_job *j = shoal_xcalloc(1, sizeof *j);
+    shoal__api_defer(a, ex, req, EP_MESSAGES, anth_work, messages_done, j);
+}
+
+static void count_done(shoal__api_deferred *d)
+{
+    anth_job *j = d->ctx;
+    shoal_api *a = d->a;
+    shoal_http_ex *ex = d->ex;
+    if (ex && d->ran && j->rc) {
+        shoal__api_respond_error(a, ex, EP_COUNT_TOKENS, &j->err, NULL);
+    } else if (ex && d->ran) {
+        char extra[600];
+        ignored_header(extra, sizeof extra, &j->q.ignored);
+        shoal__api_count_ignored(a, &j->q.ignored);
+        if (j->trc) {
+            fail(&j->err, j->trc == SHOAL_EINTERNAL ? 500 : 400, "messages", "%s", j->msg);
+            shoal__api_respond_error(a, ex, EP_COUNT_TOKENS, &j->err, extra[0] ? extra : NULL);
+        } else {
+            shoal__api_respond_json(a, ex, EP_COUNT_TOKENS, 200, json_pack("{s:i}", "input_tokens", j->ntok),
+                                    extra[0] ? extra : NULL);
+        }
     }
-    areq *r = shoal__api_areq_new(a, ex, EP_MESSAGES, FMT_ANTHROPIC, &q, "msg_");
-    for (int i = 0; i < q.gen.nstop; i++)
-        r->stops[r->nstop++] = shoal_xstrdup(q.gen.stop[i]);
-    shoal__api_start(r, &q);
+    if (d->ran && !j->rc)
+        shoal_api_req_free(&j->q);
+    free(j);
 }
 
 void shoal__api_anth_count_tokens(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req)
 {
-    shoal_api_req q;
-    shoal_api_error err;
-    if (parse(a, req, 1, &q, &err)) {
-        shoal__api_respond_error(a, ex, EP_COUNT_TOKENS, &err, NULL);
-        return;
-    }
-    char extra[600];
-    ignored_header(extra, sizeof extra, &q.ignored);
-    shoal__api_count_ignored(a, &q.ignored);
-    int n = 0;
-    char msg[320];
-    int rc = shoal_sched_prompt_tokens(a->o.sched, &q.gen, &n, msg, sizeof msg);
-    shoal_api_req_free(&q);
-    if (rc) {
-        fail(&err, rc == SHOAL_EINTERNAL ? 500 : 400, "messages", "%s", msg);
-        shoal__api_respond_error(a, ex, EP_COUNT_TOKENS, &err, extra[0] ? extra : NULL);
-        return;
-    }
-    shoal__api_respond_json(a, ex, EP_COUNT_TOKENS, 200, json_pack("{s:i}", "input_tokens", n),
-                            extra[0] ? extra : NULL);
+    anth_job *j = shoal_xcalloc(1, sizeof *j);
+    j->counting = 1;
+    shoal__api_defer(a, ex, req, EP_COUNT_TOKENS, anth_work, count_done, j);
 }
 
 /* ---- responses -------------------------------------------------------------- */

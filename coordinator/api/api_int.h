@@ -147,6 +147,29 @@ void shoal__api_start(areq *r, shoal_api_req *q);
 /* 1 and a 503 sent when the model is not loaded yet. */
 int shoal__api_not_ready(shoal_api *a, shoal_http_ex *ex, int ep);
 
+/* A request whose parsing (or rendering, for count_tokens) is heavy: work(d)
+ * runs on the HTTP layer's thread pool with d->req (a private copy of the
+ * body; method and path are not kept) and must touch no shared state and
+ * answer nothing; then done(d) runs on the loop thread: it answers d->ex, or,
+ * when d->ex is NULL (the client left, or the server is stopping and the
+ * request was answered 503 without work running: d->ran 0), only frees d->ctx.
+ * The access line is written for it unless done hands the exchange to an
+ * areq. Linear work on a 4 MB body no longer stalls every other connection. */
+typedef struct shoal__api_deferred shoal__api_deferred;
+struct shoal__api_deferred {
+    shoal_api *a;
+    shoal_http_ex *ex;
+    int ep, ran;
+    double t0;
+    char peer[64];
+    shoal_http_request req;
+    void *ctx;
+    void (*work)(shoal__api_deferred *d);
+    void (*done)(shoal__api_deferred *d);
+};
+void shoal__api_defer(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req, int ep,
+                      void (*work)(shoal__api_deferred *d), void (*done)(shoal__api_deferred *d), void *ctx);
+
 /* A request's ignored fields into shoal_api_ignored_fields_total. */
 void shoal__api_count_ignored(shoal_api *a, const shoal_api_ignored *ign);
 

@@ -7,7 +7,10 @@
  * through the detokenizer or the chat output parser and the stop-string
  * filter. The jobs, the queue, the memo and the kept states it
  * works on are jobs.c's (sched_int.h). Everything here runs on the model
- * thread except open/close and cancel_running. */
+ * thread except open/close, cancel_running and the render threads' part
+ * (render_job, render_main): queued jobs are rendered there, in the queue's
+ * fair order, and only rendered jobs are admitted, so rendering a
+ * large request never holds up the steps of the running ones. */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -489,7 +492,16 @@ static void fail_forward(shoal_sched *s, shoal_slot *sl, int rc, const char *err
         return;
     }
     add.failed = 1;
-    if (rc == SHOAL_EPEER || rc == SHOAL_ETIMEOUT || rc == SHOAL_EPROTO || rc == SHOAL_EVERSION) {
+    if (rc == SHOAL_EIO) {
+        /* a model file truncated under the mapping (the engine logged it once,
+         * by name) or unreadable (a streamed trunk's read failed): a named
+         * error, and the server serves on (/health names a truncated file) */
+        if (!strstr(err, "truncated while mapped"))
+            SHOAL_ERROR("sched: %s", err);
+        emit_error(s, sl, 503, "model_unavailable", NULL,
+                   "a model file could not be read (truncated under the server, or failing storage); see the "
+                   "server log and /health");
+    } else if (rc == SHOAL_EPEER || rc == SHOAL_ETIMEOUT || rc == SHOAL_EPROTO || rc == SHOAL_EVERSION) {
         /* the engine's message names the worker (endpoint) that failed */
         warn_worker_failure(err);
         emit_error(s, sl, 503, "worker_unavailable", NULL, err);
@@ -537,27 +549,99 @@ int shoal_sched_prompt_tokens(shoal_sched *s, const shoal_gen_params *p, int *n,
     return rc;
 }
 
-/* Renders the prompt into sl->ids. Returns 0, or emits the error and returns -1. */
-static int render(shoal_sched *s, shoal_slot *sl)
+/* Render thread: the job's prompt as ids (chat template + tokenizer, or the
+ * completion's text or ids) into j->rids / j->rn, or its error into j->rrc /
+ * j->rerr. Linear in the request's size (docs/CONFIG.md, "Resource bounds"),
+ * and off the model thread, so a 4 MB request delays other requests' steps
+ * by nothing and their admission by its own render time at most. */
+static void render_job(shoal_sched *s, shoal_sched_job *j)
 {
-    shoal_gen_params *p = &sl->job->p;
     shoal_tok_ids ids = {0};
-    char err[320];
     const char *param;
-    int rc = encode_prompt(s, p, &ids, &param, err, sizeof err);
+    j->rerr[0] = 0;
+    int rc = encode_prompt(s, &j->p, &ids, &param, j->rerr, sizeof j->rerr);
+    if (!rc && ids.n > (size_t)1 << 30) {
+        rc = SHOAL_EINVAL; /* unreachable under the body limit; keeps rn an int */
+        snprintf(j->rerr, sizeof j->rerr, "the prompt has more than 2^30 tokens");
+    }
+    j->rrc = rc;
     if (rc) {
         shoal_tok_ids_free(&ids);
+        return;
+    }
+    j->rids = ids.v; /* the job owns them now */
+    j->rn = (int)ids.n;
+}
+
+/* s->mu held: a fork child's ids copied from its parent's render, when the
+ * parent has them (rendered, not yet admitted: admission frees them). 1 when
+ * copied. The copy is a memcpy of the ids, far cheaper than a render. */
+static int copy_parent_render(shoal_sched_job *j)
+{
+    const shoal_sched_job *p = j->fork_of;
+    if (!p || p->rstate != SHOAL_RENDER_DONE || p->rrc || !p->rids)
+        return 0;
+    j->rids = shoal_xmalloc((size_t)(p->rn > 0 ? p->rn : 1) * sizeof *j->rids);
+    memcpy(j->rids, p->rids, (size_t)p->rn * sizeof *j->rids);
+    j->rn = p->rn;
+    j->rrc = 0;
+    return 1;
+}
+
+/* One turn of a render thread: pick (waiting when wait is set and nothing is
+ * renderable), render or copy, mark done. 0 when nothing was picked. */
+static int render_turn(shoal_sched *s, int wait)
+{
+    pthread_mutex_lock(&s->mu);
+    shoal_sched_job *j;
+    while (!(j = shoal__sched_pick_render(s)) && wait && !s->stopping)
+        pthread_cond_wait(&s->rcv, &s->mu);
+    int copied = j && copy_parent_render(j);
+    pthread_mutex_unlock(&s->mu);
+    if (!j)
+        return 0;
+    if (!copied && !atomic_load(&j->cancel))
+        render_job(s, j);
+    pthread_mutex_lock(&s->mu);
+    shoal__sched_render_done(s, j);
+    pthread_mutex_unlock(&s->mu);
+    shoal_sched_job_unref(j); /* the renderer's reference */
+    return 1;
+}
+
+int shoal__sched_render_next(shoal_sched *s)
+{
+    return render_turn(s, 0);
+}
+
+static void *render_main(void *arg)
+{
+    shoal_sched *s = arg;
+    while (render_turn(s, 1))
+        ;
+    return NULL; /* stopping */
+}
+
+/* The rendered prompt into sl->ids (model thread). Returns 0, or emits the
+ * error and returns -1. */
+static int render(shoal_sched *s, shoal_slot *sl)
+{
+    shoal_sched_job *j = sl->job;
+    shoal_gen_params *p = &j->p;
+    int rc = j->rrc;
+    const char *param = p->kind == SHOAL_GEN_CHAT ? "messages" : "prompt";
+    if (rc) {
         if (rc == SHOAL_EINTERNAL) {
-            SHOAL_ERROR("sched: tokenizer failed: %s", err);
+            SHOAL_ERROR("sched: tokenizer failed: %s", j->rerr);
             emit_error(s, sl, 500, "internal_error", NULL, "the tokenizer failed; see the server log");
         } else {
             /* the encoder's message names the field ("messages[2].tool_calls[0]...") */
             emit_error(s, sl, 400, rc == SHOAL_EUNSUPPORTED ? "unsupported_value" : "invalid_request_error",
-                       param, err);
+                       param, j->rerr);
         }
         return -1;
     }
-    int n = (int)ids.n;
+    int n = j->rn;
     int limit = s->max_context;
     if (n == 0 || (p->max_tokens ? (long)n + p->max_tokens > limit : n >= limit)) {
         char msg[256];
@@ -571,12 +655,16 @@ static int render(shoal_sched *s, shoal_slot *sl)
         else
             snprintf(msg, sizeof msg, "this model's maximum context length is %d tokens; the prompt has %d", limit,
                      n);
-        shoal_tok_ids_free(&ids);
         emit_error(s, sl, 400, n ? "context_length_exceeded" : "invalid_request_error", param, msg);
         return -1;
     }
-    memcpy(sl->ids, ids.v, (size_t)n * sizeof *sl->ids);
-    shoal_tok_ids_free(&ids);
+    memcpy(sl->ids, j->rids, (size_t)n * sizeof *sl->ids);
+    /* copied: the job need not hold them while it runs (under mu: a fork
+     * child's render may be copying them) */
+    pthread_mutex_lock(&s->mu);
+    free(j->rids);
+    j->rids = NULL;
+    pthread_mutex_unlock(&s->mu);
     sl->n_ids = sl->n_prompt = n;
     sl->max_new = p->max_tokens ? p->max_tokens : limit - n;
     return 0;
@@ -1136,7 +1224,7 @@ static void *model_main(void *arg)
             int busy = 0;
             for (int i = 0; i < s->nslots; i++)
                 busy += s->slots[i].job != NULL;
-            if (s->stopping || busy || s->nqueued)
+            if (s->stopping || busy || s->nready)
                 break;
             pthread_cond_wait(&s->cv, &s->mu);
         }
@@ -1221,6 +1309,7 @@ int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, si
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->memo_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->rcv, NULL);
     int rc = slots_init(s, err, errlen);
     if (rc) {
         slots_free(s);
@@ -1230,8 +1319,24 @@ int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, si
         free(s);
         return rc;
     }
+    for (int i = 0; i < SHOAL_SCHED_RENDER_THREADS && !rc; i++) {
+        rc = pthread_create(&s->render_threads[i], NULL, render_main, s);
+        if (!rc)
+            s->render_started++;
+    }
+    if (rc) {
+        shoal__sched_queue_stop(s);
+        for (int i = 0; i < s->render_started; i++)
+            pthread_join(s->render_threads[i], NULL);
+        slots_free(s);
+        free(s);
+        return shoal_err_set(err, errlen, -rc, "sched: cannot start the render threads");
+    }
     rc = pthread_create(&s->thread, NULL, model_main, s);
     if (rc) {
+        shoal__sched_queue_stop(s);
+        for (int i = 0; i < s->render_started; i++)
+            pthread_join(s->render_threads[i], NULL);
         slots_free(s);
         free(s);
         return shoal_err_set(err, errlen, -rc, "sched: cannot start the model thread");
@@ -1248,9 +1353,12 @@ void shoal_sched_close(shoal_sched *s)
     atomic_store(&s->abort, 1);
     cancel_running(s);
     pthread_join(s->thread, NULL);
+    for (int i = 0; i < s->render_started; i++)
+        pthread_join(s->render_threads[i], NULL);
     slots_free(s);
     shoal__sched_store_free(s);
     pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->rcv);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->memo_mu);
     free(s);

@@ -1,14 +1,15 @@
 /* Scheduler: owns the model thread and everything between a validated API
  * request and the stream of events it produces. It keeps a bounded, fair queue
- * of jobs, runs them on its one model thread (tokenise / render, prefill,
+ * of jobs, renders their prompts (chat template + tokenizer) on its render
+ * threads, runs them on its one model thread (prefill,
  * decode, sample, detokenise, parse reasoning and tool calls, stop strings),
  * keeps recent sequences' states for conversation reuse, and memoises the
  * events of deterministic requests. Callers: the API layer (coordinator/api/api.c)
  * and tests. The model path runs only on the scheduler's thread.
  *
  * The step loop (continuous batching): the model thread holds opts.slots
- * slots. Each turn it admits queued jobs into free slots (render the prompt,
- * then admit its sequence state against opts.state_bytes: a job that does not
+ * slots. Each turn it admits queued jobs already rendered into free slots
+ * (check the rendered prompt against the context, then admit its sequence state against opts.state_bytes: a job that does not
  * fit waits, first in line, until enough state is freed), then runs one step:
  * one token for every decoding slot in one shoal_model_decode_batch (so the
  * routed experts of all of them go to the backend together, one exchange per
@@ -24,7 +25,11 @@
  * Fairness: the queue is served round-robin across client keys (the API uses
  * the peer address plus the request's `user`): the next job is the oldest one
  * of the client served least recently, so one client's burst cannot starve the
- * others; within a client, jobs run in arrival order.
+ * others; within a client, jobs run in arrival order. Two render threads take
+ * queued jobs in the same order (a small request is rendered beside a large
+ * one, not after it); rendering is linear in the
+ * request's size (docs/CONFIG.md, "Resource bounds") and never runs on the
+ * model thread, so a 4 MB request delays no running stream.
  *
  * Threads: shoal_sched_open/close and every function below may be called from
  * any one thread (the API calls them from the HTTP loop thread) unless noted;

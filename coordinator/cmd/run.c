@@ -422,6 +422,7 @@ int shoal_cmd_run(int argc, char **argv)
         shoal_tok_close(tok);
         return shoal_err_exit_code(rc);
     }
+    shoal_model_guard(m); /* a mapped file truncated under a read: one line naming it */
     shoal_model_info info;
     shoal_model_get_info(m, &info);
     int status = 0;
@@ -872,6 +873,7 @@ done:;
     shoal_sampler_free(smp);
     shoal_spec_free(spec);
     shoal_seq_free(seq);
+    shoal_model_guard(NULL);
     shoal_model_close(m); /* closes the expert client */
     shoal_dist_stop(dist);
     shoal_cmetrics_close(cm);

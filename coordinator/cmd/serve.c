@@ -893,6 +893,7 @@ int shoal_cmd_serve(int argc, char **argv)
         fprintf(stderr, "shoal serve: model: %s\n", err);
         goto out;
     }
+    shoal_model_guard(model); /* a mapped file truncated under a read: one line naming it */
     shoal_model_info info;
     shoal_model_get_info(model, &info);
     ctx.model = model;
@@ -1049,6 +1050,7 @@ int shoal_cmd_serve(int argc, char **argv)
         .limits = {.model_name = model_name, .vocab = shoal_tok_n_vocab(tok), .max_context = info.max_context},
         .api_key = api_key,
         .sched = sched,
+        .model = model,
         .workers = workers_cb,
         .covered = covered_cb,
         .metrics = metrics_cb,
@@ -1102,6 +1104,7 @@ out:
     shoal_http_close(http);
     if (model)
         shoal_model_set_monitor(model, NULL, NULL);
+    shoal_model_guard(NULL);
     shoal_model_close(model); /* closes the expert client */
     shoal_dist_stop(ctx.dist); /* then the spawned workers */
     shoal_cmetrics_close(ctx.cm);

@@ -201,6 +201,20 @@ int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts 
 void shoal_model_close(shoal_model *m);
 
 void shoal_model_get_info(const shoal_model *m, shoal_model_info *out);
+
+/* A model file truncated while mapped (the forward would read a lost page:
+ * SIGBUS). Every forward checks first and fails with SHOAL_EIO naming the
+ * file (logged once per file); this is the same check for /health: 0, or
+ * SHOAL_EIO with err naming the file, its size now and the size its tensors
+ * need. Thread-safe (fstat only). */
+int shoal_model_check_files(const shoal_model *m, char *err, size_t errlen);
+
+/* The safety net for a file truncated between that check and the read: a
+ * SIGBUS handler that writes one line naming the mapped file at the faulting
+ * address and exits with status 4 (the fault arrives on whichever OpenMP
+ * thread was reading, inside a kernel; nothing can be unwound from there).
+ * One model is guarded at a time; NULL uninstalls. For serve and run. */
+void shoal_model_guard(const shoal_model *m);
 /* The trunk streaming reader's own counters since open (0 when the trunk is
  * mapped or fully resident): bytes it read from disk and the seconds forwards
  * waited for a streamed unit. Unlike shoal_model_get_stats, safe to call from
