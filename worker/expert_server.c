@@ -4,6 +4,7 @@
  * (stamped on arrival, so queue_us is the time spent behind earlier requests);
  * answer the head; repeat. One thread owns the socket. Replies are written
  * straight into ZeroMQ messages (no copy of the expert outputs). */
+#include "common/suggest.h"
 #include "worker/expert_server.h"
 
 #include <arpa/inet.h>
@@ -968,7 +969,12 @@ int shoal_cmd_expert(int argc, char **argv)
             break;
         }
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: /* getopt named it; a typo of a long option gets a suggestion, not the whole help */
+            if (optind > 1 && !strncmp(argv[optind - 1], "--", 2) && shoal_suggest_flag(argv[optind - 1], usage))
+                fprintf(stderr, "shoal expert: did you mean %s?\n", shoal_suggest_flag(argv[optind - 1], usage));
+            else
+                usage(stderr);
+            return 2;
         }
     }
     if (optind < argc) {
