@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +13,7 @@
 #include "common/err.h"
 #include "common/k3schema.h"
 #include "common/log.h"
+#include "common/mapguard.h"
 
 typedef struct {
     char *path;
@@ -196,13 +196,11 @@ int shoal_bank_from_views(shoal_bank **out, int num_layers, int num_experts, con
     return 0;
 }
 
-static const shoal_bank *volatile g_guarded;
-
 void shoal_bank_close(shoal_bank *b)
 {
     if (!b)
         return;
-    if (g_guarded == b)
+    if (shoal_mapguard_owner() == b)
         shoal_bank_guard(NULL);
     for (int i = 0; i < b->nfiles; i++) {
         if (b->files[i].fd >= 0)
@@ -247,53 +245,25 @@ int shoal_bank_check(const shoal_bank *b, int layer, const int32_t *experts, int
     return 0;
 }
 
-/* async-signal-safe output: write(2) only */
-static void put(const char *s)
+/* runs in the signal handler (common/mapguard): reads the bank's table only */
+static const char *find_file(const void *owner, uintptr_t a)
 {
-    size_t n = strlen(s);
-    while (n) {
-        ssize_t w = write(2, s, n);
-        if (w <= 0)
-            return;
-        s += w;
-        n -= (size_t)w;
-    }
+    const shoal_bank *b = owner;
+    for (int i = 0; i < b->nfiles; i++)
+        if (b->files[i].path && a >= b->files[i].lo && a < b->files[i].hi)
+            return b->files[i].path;
+    return NULL;
 }
 
-static void on_sigbus(int sig, siginfo_t *si, void *uc)
-{
-    (void)sig;
-    (void)uc;
-    const shoal_bank *b = g_guarded;
-    uintptr_t a = (uintptr_t)si->si_addr;
-    const char *path = NULL;
-    for (int i = 0; b && i < b->nfiles && !path; i++)
-        if (b->files[i].path && a >= b->files[i].lo && a < b->files[i].hi)
-            path = b->files[i].path;
-    char hex[2 + 16 + 1] = "0x";
-    for (int i = 0; i < 16; i++)
-        hex[2 + i] = "0123456789abcdef"[(a >> (60 - 4 * i)) & 15];
-    hex[18] = 0;
-    put("shoal expert: fatal: SIGBUS reading ");
-    put(path ? path : "a mapped shard");
-    put(" at ");
-    put(hex);
-    put(" (the file shrank, or its storage failed, under the mapping); exiting with status 4\n");
-    _exit(4);
-}
+static const shoal_mapguard_text guard_text = {
+    .who = "shoal expert",
+    .unknown = "a mapped shard",
+    .why = "the file shrank, or its storage failed, under the mapping",
+};
 
 void shoal_bank_guard(const shoal_bank *b)
 {
-    struct sigaction sa = {0};
-    g_guarded = b;
-    if (b) {
-        sa.sa_sigaction = on_sigbus;
-        sa.sa_flags = SA_SIGINFO;
-    } else {
-        sa.sa_handler = SIG_DFL;
-    }
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGBUS, &sa, NULL);
+    shoal_mapguard_set(b, find_file, &guard_text);
 }
 
 const shoal_expert_w *shoal_bank_get(const shoal_bank *b, int layer, int expert)

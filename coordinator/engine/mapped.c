@@ -1,6 +1,5 @@
 /* engine: the model's mapped files, checked before every forward (see
  * engine_int.h) and guarded against SIGBUS (engine.h, shoal_model_guard). */
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +9,7 @@
 #include "common/err.h"
 #include "common/k3schema.h"
 #include "common/log.h"
+#include "common/mapguard.h"
 #include "coordinator/engine/engine_int.h"
 
 typedef struct {
@@ -85,58 +85,29 @@ int shoal_model_check_files(const shoal_model *m, char *err, size_t errlen)
     return shoal__engine_mapped_check(m, err, errlen);
 }
 
-/* ---- the SIGBUS safety net ------------------------------------------------ */
+/* ---- the SIGBUS safety net (common/mapguard) ------------------------------ */
 
-static const shoal_model *g_guarded;
-
-static void put(const char *s)
+/* runs in the signal handler: reads the store's table only */
+static const char *find_file(const void *owner, uintptr_t a)
 {
-    size_t n = strlen(s);
-    while (n) {
-        ssize_t w = write(2, s, n);
-        if (w <= 0)
-            return;
-        s += w;
-        n -= (size_t)w;
-    }
-}
-
-static void on_sigbus(int sig, siginfo_t *si, void *uc)
-{
-    (void)sig;
-    (void)uc;
-    const shoal_model *m = g_guarded;
-    uintptr_t a = (uintptr_t)si->si_addr;
-    const char *path = NULL;
-    for (int i = 0; m && i < m->map_nfiles && !path; i++) {
+    const shoal_model *m = owner;
+    for (int i = 0; i < m->map_nfiles; i++) {
         uint64_t len;
         const char *base = shoal_st_file_map(m->st, i, &len);
         if (base && a >= (uintptr_t)base && a < (uintptr_t)base + len)
-            path = shoal_st_file_path(m->st, i);
+            return shoal_st_file_path(m->st, i);
     }
-    char hex[2 + 16 + 1] = "0x";
-    for (int i = 0; i < 16; i++)
-        hex[2 + i] = "0123456789abcdef"[(a >> (60 - 4 * i)) & 15];
-    hex[18] = 0;
-    put("shoal: fatal: SIGBUS reading ");
-    put(path ? path : "a mapped model file");
-    put(" at ");
-    put(hex);
-    put(" (the file shrank, or its storage failed, under the mapping, between the check before the forward "
-        "and the read); exiting with status 4\n");
-    _exit(4);
+    return NULL;
 }
+
+static const shoal_mapguard_text guard_text = {
+    .who = "shoal",
+    .unknown = "a mapped model file",
+    .why = "the file shrank, or its storage failed, under the mapping, between the check before the forward and "
+           "the read",
+};
 
 void shoal_model_guard(const shoal_model *m)
 {
-    struct sigaction sa = {0};
-    g_guarded = m;
-    if (m) {
-        sa.sa_sigaction = on_sigbus;
-        sa.sa_flags = SA_SIGINFO;
-    } else {
-        sa.sa_handler = SIG_DFL;
-    }
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGBUS, &sa, NULL);
+    shoal_mapguard_set(m, find_file, &guard_text);
 }

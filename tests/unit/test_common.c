@@ -4,10 +4,13 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/mapguard.h"
 #include "common/st.h"
 #include "common/strmap.h"
 #include "common/utf8.h"
@@ -195,9 +198,74 @@ static void t_strmap(void)
     shoal_strmap_free(NULL);
 }
 
+/* mapguard (the SIGBUS net under both processes' mapped model files): in a
+ * child, a read of a mapped page past the end of a file truncated under the
+ * mapping exits with status 4 and one stderr line naming the file and the
+ * address; the parent checks the whole line, written out here from the
+ * documented format. */
+static const char *mg_path;
+static uintptr_t mg_lo, mg_hi;
+static const char *mg_find(const void *owner, uintptr_t a)
+{
+    (void)owner;
+    return a >= mg_lo && a < mg_hi ? mg_path : NULL;
+}
+
+static void t_mapguard_names_file(void)
+{
+    char dir[] = "/tmp/shoal-test-mapguard-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[64];
+    snprintf(path, sizeof path, "%s/shard", dir);
+    long page = sysconf(_SC_PAGESIZE);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    CHECK(fd >= 0 && ftruncate(fd, 2 * page) == 0);
+    volatile char *map = mmap(NULL, (size_t)(2 * page), PROT_READ, MAP_SHARED, fd, 0);
+    CHECK(map != MAP_FAILED);
+    static const shoal_mapguard_text text = {"shoal test", "somewhere", "a test"};
+    int pfd[2];
+    CHECK(pipe(pfd) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pfd[1], 2);
+        close(pfd[0]);
+        mg_path = path;
+        mg_lo = (uintptr_t)map;
+        mg_hi = (uintptr_t)map + (uintptr_t)(2 * page);
+        int owner = 0;
+        shoal_mapguard_set(&owner, mg_find, &text);
+        if (shoal_mapguard_owner() != &owner || ftruncate(fd, 0))
+            _exit(9);
+        (void)map[page + 1]; /* faults: the page is past the file's end */
+        _exit(8);
+    }
+    close(pfd[1]);
+    char out[512] = {0};
+    size_t got = 0;
+    ssize_t r;
+    while (got < sizeof out - 1 && (r = read(pfd[0], out + got, sizeof out - 1 - got)) > 0)
+        got += (size_t)r;
+    close(pfd[0]);
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 4, "status 0x%x, stderr %s", st, out);
+    char want[512];
+    snprintf(want, sizeof want,
+             "shoal test: fatal: SIGBUS reading %s at 0x%016llx (a test); exiting with status 4\n", path,
+             (unsigned long long)((uintptr_t)map + (uintptr_t)page + 1));
+    CHECK_MSG(!strcmp(out, want), "got \"%s\" want \"%s\"", out, want);
+    shoal_mapguard_set(NULL, NULL, NULL); /* in this process: the default action, no owner */
+    CHECK(shoal_mapguard_owner() == NULL);
+    munmap((void *)map, (size_t)(2 * page));
+    close(fd);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     test_binary = "test_common";
+    RUN(t_mapguard_names_file);
     RUN(t_strmap);
     RUN(t_open_regular_fifo);
     RUN(t_exit_codes);
