@@ -7,7 +7,6 @@
  * content blocks and events. So batching, reuse, the memo, cancellation and
  * metrics are the chat path's. Fields and their mapping: docs/API.md. Runs on
  * the HTTP loop thread (api_int.h). */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,29 +16,11 @@
 #include "common/utf8.h"
 #include "coordinator/api/api_int.h"
 
-static int fail(shoal_api_error *e, int status, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(shoal_api_error *e, int status, const char *param, const char *fmt, ...)
-{
-    e->status = status;
-    snprintf(e->type, sizeof e->type, "invalid_request_error");
-    snprintf(e->code, sizeof e->code, "%s", status == 404 ? "not_found" : "invalid_request_error");
-    shoal_utf8_clip(e->param, sizeof e->param, param ? param : "", 0);
-    char msg[sizeof e->message * 2];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    shoal_utf8_clean(e->message, sizeof e->message, msg, strlen(msg), 0, NULL);
-    return -1;
-}
+/* Anthropic's error object has no code: the one it maps to is 404's
+ * not_found, every other status's invalid_request_error */
+#define fail(e, status, param, ...)                                                                       \
+    shoal__api_fail(e, status, (status) == 404 ? "not_found" : "invalid_request_error", param, __VA_ARGS__)
 
-#define QUOTE(buf, s) shoal_utf8_clip(buf, sizeof buf, (s), SHOAL_UTF8_MARK)
-
-static int absent(const json_t *v)
-{
-    return !v || json_is_null(v);
-}
 
 /* Fields of the Messages API this server implements; every other key goes
  * through the one unknown-field policy (shoal_api_check_fields: a known
@@ -84,11 +65,6 @@ static int text_of(json_t *v, const char *where, shoal_sbuf *out, shoal_api_erro
         shoal_sbuf_add(out, json_string_value(x), json_string_length(x));
     }
     return 0;
-}
-
-static json_t *sbuf_json(const shoal_sbuf *b)
-{
-    return shoal__api_jstr(b->p ? b->p : "", b->n);
 }
 
 /* One Anthropic message -> chat messages appended to out. A user message's
@@ -175,7 +151,7 @@ static int one_message(json_t *m, size_t idx, json_t *out, shoal_api_error *err)
                 rc = fail(err, 400, bp, "'%s.tool_use_id' must be a string", bp);
                 break;
             }
-            if (!absent(ie) && !json_is_boolean(ie)) {
+            if (!shoal__api_absent(ie) && !json_is_boolean(ie)) {
                 rc = fail(err, 400, bp, "'%s.is_error' must be a boolean", bp);
                 break;
             }
@@ -186,13 +162,13 @@ static int one_message(json_t *m, size_t idx, json_t *out, shoal_api_error *err)
                 shoal_sbuf_add(&res, "Error: ", 7);
             char cp[200];
             snprintf(cp, sizeof cp, "%s.content", bp);
-            if (!absent(c) && text_of(c, cp, &res, err)) {
+            if (!shoal__api_absent(c) && text_of(c, cp, &res, err)) {
                 free(res.p);
                 rc = -1;
                 break;
             }
             json_array_append_new(tools, json_pack("{s:s,s:O,s:o}", "role", "tool", "tool_call_id", id, "content",
-                                                   sbuf_json(&res)));
+                                                   shoal__api_sbuf_json(&res)));
             free(res.p);
         } else {
             char q[40];
@@ -206,12 +182,14 @@ static int one_message(json_t *m, size_t idx, json_t *out, shoal_api_error *err)
         if (user) {
             json_array_extend(out, tools);
             if (ntext || json_array_size(tools) == 0)
-                json_array_append_new(out, json_pack("{s:s,s:o}", "role", "user", "content", sbuf_json(&text)));
+                json_array_append_new(out,
+                                      json_pack("{s:s,s:o}", "role", "user", "content", shoal__api_sbuf_json(&text)));
         } else {
             json_t *am = json_pack("{s:s}", "role", "assistant");
-            json_object_set_new(am, "content", ntext || !json_array_size(calls) ? sbuf_json(&text) : json_null());
+            json_object_set_new(am, "content",
+                                ntext || !json_array_size(calls) ? shoal__api_sbuf_json(&text) : json_null());
             if (think.n)
-                json_object_set_new(am, "reasoning_content", sbuf_json(&think));
+                json_object_set_new(am, "reasoning_content", shoal__api_sbuf_json(&think));
             if (json_array_size(calls))
                 json_object_set(am, "tool_calls", calls);
             json_array_append_new(out, am);
@@ -234,7 +212,7 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
     if (!json_is_object(root))
         return fail(err, 400, "body", "the body must be a JSON object");
     json_t *mcp = json_object_get(root, "mcp_servers");
-    if (!(absent(mcp) || (json_is_array(mcp) && json_array_size(mcp) == 0))) /* remote tools: not run here */
+    if (!(shoal__api_absent(mcp) || (json_is_array(mcp) && json_array_size(mcp) == 0))) /* remote tools: not run here */
         return fail(err, 400, "mcp_servers", "mcp_servers: MCP connectors are not supported by this server");
     if (shoal_api_check_fields(root, "", implemented, ign, err))
         return -1;
@@ -247,19 +225,19 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
                     a->model_name);
     }
     json_t *mt = json_object_get(root, "max_tokens");
-    if (!counting && absent(mt))
+    if (!counting && shoal__api_absent(mt))
         return fail(err, 400, "max_tokens", "max_tokens: Field required");
-    if (!absent(mt) && (!json_is_integer(mt) || json_integer_value(mt) < 1))
+    if (!shoal__api_absent(mt) && (!json_is_integer(mt) || json_integer_value(mt) < 1))
         return fail(err, 400, "max_tokens", "max_tokens: must be an integer of at least 1");
     json_t *chat = json_pack("{s:O}", "model", model);
     if (!counting)
         json_object_set(chat, "max_tokens", mt);
     const char *copy[] = {"temperature", "top_p", "top_k", "stream", "logit_bias"};
     for (size_t i = 0; i < sizeof copy / sizeof copy[0]; i++)
-        if (!absent(json_object_get(root, copy[i])) && !(counting && !strcmp(copy[i], "stream")))
+        if (!shoal__api_absent(json_object_get(root, copy[i])) && !(counting && !strcmp(copy[i], "stream")))
             json_object_set(chat, copy[i], json_object_get(root, copy[i]));
     json_t *ss = json_object_get(root, "stop_sequences");
-    if (!absent(ss)) {
+    if (!shoal__api_absent(ss)) {
         if (!json_is_array(ss)) {
             json_decref(chat);
             return fail(err, 400, "stop_sequences", "'stop_sequences' must be an array of strings");
@@ -273,9 +251,9 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
             json_object_set(chat, "stop", ss);
     }
     json_t *md = json_object_get(root, "metadata");
-    if (!absent(md)) {
+    if (!shoal__api_absent(md)) {
         json_t *uid = json_is_object(md) ? json_object_get(md, "user_id") : NULL;
-        if (!json_is_object(md) || (!absent(uid) && !json_is_string(uid))) {
+        if (!json_is_object(md) || (!shoal__api_absent(uid) && !json_is_string(uid))) {
             json_decref(chat);
             return fail(err, 400, "metadata", "'metadata' must be an object with an optional string 'user_id'");
         }
@@ -286,7 +264,7 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
     json_t *msgs = json_array();
     json_object_set_new(chat, "messages", msgs);
     json_t *sys = json_object_get(root, "system");
-    if (!absent(sys)) {
+    if (!shoal__api_absent(sys)) {
         shoal_sbuf t = {0};
         if (text_of(sys, "system", &t, err)) {
             free(t.p);
@@ -294,7 +272,7 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
             return -1;
         }
         if (t.n)
-            json_array_append_new(msgs, json_pack("{s:s,s:o}", "role", "system", "content", sbuf_json(&t)));
+            json_array_append_new(msgs, json_pack("{s:s,s:o}", "role", "system", "content", shoal__api_sbuf_json(&t)));
         free(t.p);
     }
     json_t *in = json_object_get(root, "messages");
@@ -320,8 +298,8 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
                 json_decref(chat);
                 return -1;
             }
-            json_array_append_new(msgs, json_pack("{s:s,s:o,s:b}", "role", "assistant", "content", sbuf_json(&t),
-                                                  "partial", 1));
+            json_array_append_new(msgs, json_pack("{s:s,s:o,s:b}", "role", "assistant", "content",
+                                                  shoal__api_sbuf_json(&t), "partial", 1));
             free(t.p);
             continue;
         }
@@ -336,7 +314,7 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
     }
     /* tools */
     json_t *tools = json_object_get(root, "tools");
-    if (!absent(tools)) {
+    if (!shoal__api_absent(tools)) {
         if (!json_is_array(tools)) {
             json_decref(chat);
             return fail(err, 400, "tools", "'tools' must be an array");
@@ -355,7 +333,7 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
             int bad = 0;
             if (!json_is_object(t))
                 bad = fail(err, 400, p, "'%s' must be an object", p);
-            else if (!absent(ty) && !(json_is_string(ty) && !strcmp(json_string_value(ty), "custom"))) {
+            else if (!shoal__api_absent(ty) && !(json_is_string(ty) && !strcmp(json_string_value(ty), "custom"))) {
                 char q[48];
                 bad = fail(err, 400, p,
                            "'%s' is a server tool ('%s'); this server runs client tools only (no 'type', or 'custom')",
@@ -364,7 +342,7 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
                 bad = fail(err, 400, p, "'%s.name' must be a string", p);
             else if (!json_is_object(schema))
                 bad = fail(err, 400, p, "'%s.input_schema' must be an object (JSON Schema)", p);
-            else if (!absent(desc) && !json_is_string(desc))
+            else if (!shoal__api_absent(desc) && !json_is_string(desc))
                 bad = fail(err, 400, p, "'%s.description' must be a string", p);
             if (bad) {
                 json_decref(chat);
@@ -377,7 +355,7 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
         }
     }
     json_t *tc = json_object_get(root, "tool_choice");
-    if (!absent(tc)) {
+    if (!shoal__api_absent(tc)) {
         json_t *ty = json_is_object(tc) ? json_object_get(tc, "type") : NULL;
         const char *s = json_is_string(ty) ? json_string_value(ty) : "";
         if (shoal_api_check_fields(tc, "tool_choice", tool_choice_used, ign, err)) { /* disable_parallel_tool_use */
@@ -402,11 +380,11 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
     /* output_config: effort -> K3's thinking effort, format -> K3's
      * response-format message (as response_format on the chat path) */
     json_t *oc = json_object_get(root, "output_config");
-    if (!absent(oc)) {
+    if (!shoal__api_absent(oc)) {
         json_t *ef = json_is_object(oc) ? json_object_get(oc, "effort") : NULL;
         json_t *fm = json_is_object(oc) ? json_object_get(oc, "format") : NULL;
-        int bad = !json_is_object(oc) || (!absent(ef) && !json_is_string(ef));
-        if (!bad && !absent(fm)) {
+        int bad = !json_is_object(oc) || (!shoal__api_absent(ef) && !json_is_string(ef));
+        if (!bad && !shoal__api_absent(fm)) {
             json_t *ft = json_is_object(fm) ? json_object_get(fm, "type") : NULL;
             bad = !json_is_string(ft) || strcmp(json_string_value(ft), "json_schema") ||
                   !json_is_object(json_object_get(fm, "schema"));
@@ -421,7 +399,7 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
                         "output_config must be {effort?: low|medium|high|xhigh|max, format?: {type: json_schema, "
                         "schema}}");
         }
-        if (!absent(ef))
+        if (!shoal__api_absent(ef))
             json_object_set(chat, "reasoning_effort", ef);
     }
     /* thinking: K3's switch (enabled / adaptive / between_tools: on;
@@ -429,7 +407,7 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
      * which continues the answer itself (thinking off). */
     json_t *th = json_object_get(root, "thinking");
     int thinking = !prefilled;
-    if (!absent(th)) {
+    if (!shoal__api_absent(th)) {
         json_t *ty = json_is_object(th) ? json_object_get(th, "type") : NULL;
         const char *s = json_is_string(ty) ? json_string_value(ty) : "";
         json_t *bt = json_object_get(th, "budget_tokens");

@@ -123,6 +123,28 @@ typedef struct areq {
 
 /* A JSON string from bytes that should be UTF-8 (invalid bytes -> U+FFFD). */
 json_t *shoal__api_jstr(const char *s, size_t n);
+/* The same for a buffer's bytes (empty when it holds none). */
+static inline json_t *shoal__api_sbuf_json(const shoal_sbuf *b)
+{
+    return shoal__api_jstr(b->p ? b->p : "", b->n);
+}
+
+/* ---- request validation, shared by the three translations (api_parse.c) ---- */
+/* Fills e as a request error and returns -1: type "authentication_error" for
+ * 401, else "invalid_request_error"; code (NULL: ""); the param and the
+ * formatted message may carry the client's text: both go through the clean
+ * copy, so they are valid UTF-8 (JSON) whatever was sent and wherever the
+ * buffer cuts them. */
+int shoal__api_fail(shoal_api_error *e, int status, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* Client text quoted in a message: cut on a character boundary, never in the
+ * middle of one (the "%.64s" of a printf would); buf is an array. */
+#define QUOTE(buf, s) shoal_utf8_clip(buf, sizeof buf, (s), SHOAL_UTF8_MARK)
+/* A field that is missing or null. */
+static inline int shoal__api_absent(const json_t *v)
+{
+    return !v || json_is_null(v);
+}
 void shoal__api_random_hex(char *out, size_t nbytes);
 /* Sends body (reference taken) as the JSON response; 500 if it cannot be built. */
 void shoal__api_respond_json(shoal_api *a, shoal_http_ex *ex, int ep, int status, json_t *body, const char *extra);

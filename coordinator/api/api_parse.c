@@ -12,11 +12,10 @@
 
 #include "common/err.h"
 #include "common/utf8.h"
-#include "coordinator/api/api.h"
+#include "coordinator/api/api_int.h"
 
-static int fail(shoal_api_error *e, int status, const char *code, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int fail(shoal_api_error *e, int status, const char *code, const char *param, const char *fmt, ...)
+#define fail shoal__api_fail
+int shoal__api_fail(shoal_api_error *e, int status, const char *code, const char *param, const char *fmt, ...)
 {
     e->status = status;
     snprintf(e->type, sizeof e->type, "%s", status == 401 ? "authentication_error" : "invalid_request_error");
@@ -33,10 +32,6 @@ static int fail(shoal_api_error *e, int status, const char *code, const char *pa
     shoal_utf8_clean(e->message, sizeof e->message, msg, strlen(msg), 0, NULL);
     return -1;
 }
-
-/* Client text quoted in a message: cut on a character boundary, never in the
- * middle of one (the "%.64s" of a printf would). */
-#define QUOTE(buf, s) shoal_utf8_clip(buf, sizeof buf, (s), SHOAL_UTF8_MARK)
 
 /* A field path ("messages[2].content"); cut rather than overflow. */
 static void pname(char *dst, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

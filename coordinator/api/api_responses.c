@@ -13,7 +13,6 @@
  * without prefill while the state is still kept. A response no longer in the
  * store (evicted, or the server restarted) is a 400
  * previous_response_not_found. Fields: docs/API.md. Loop thread only. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,31 +100,9 @@ static void store_put(shoal_api *a, const char *id, json_t *conv)
 
 /* ---- request -> chat body --------------------------------------------------- */
 
-static int fail(shoal_api_error *e, int status, const char *code, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int fail(shoal_api_error *e, int status, const char *code, const char *param, const char *fmt, ...)
-{
-    e->status = status;
-    snprintf(e->type, sizeof e->type, "invalid_request_error");
-    snprintf(e->code, sizeof e->code, "%s", code);
-    shoal_utf8_clip(e->param, sizeof e->param, param ? param : "", 0);
-    char msg[sizeof e->message * 2];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    shoal_utf8_clean(e->message, sizeof e->message, msg, strlen(msg), 0, NULL);
-    return -1;
-}
-
+#define fail shoal__api_fail /* api_int.h */
 #define BAD(param, ...) fail(err, 400, "invalid_request_error", param, __VA_ARGS__)
 #define UNSUPPORTED(param, ...) fail(err, 400, "unsupported_value", param, __VA_ARGS__)
-#define QUOTE(buf, s) shoal_utf8_clip(buf, sizeof buf, (s), SHOAL_UTF8_MARK)
-
-static int absent(const json_t *v)
-{
-    return !v || json_is_null(v);
-}
 
 /* Fields this server implements; every other key goes through the one
  * unknown-field policy (shoal_api_check_fields: a known field that would
@@ -172,11 +149,6 @@ static int parts_text(json_t *v, const char *where, shoal_sbuf *out, shoal_api_e
     return 0;
 }
 
-static json_t *sbuf_json(const shoal_sbuf *b)
-{
-    return shoal__api_jstr(b->p ? b->p : "", b->n);
-}
-
 /* The assistant message input items are appended to: the last one of out
  * when it is an assistant message without tool calls after... any assistant
  * message last in out takes further function calls. */
@@ -187,7 +159,7 @@ static json_t *assistant_at_end(json_t *out, shoal_sbuf *pending_reasoning)
         return last;
     json_t *m = json_pack("{s:s,s:n}", "role", "assistant", "content");
     if (pending_reasoning->n) {
-        json_object_set_new(m, "reasoning_content", sbuf_json(pending_reasoning));
+        json_object_set_new(m, "reasoning_content", shoal__api_sbuf_json(pending_reasoning));
         pending_reasoning->n = 0;
     }
     json_array_append_new(out, m);
@@ -215,7 +187,7 @@ static int input_items(json_t *input, json_t *out, shoal_api_error *err)
             break;
         }
         json_t *t = json_object_get(it, "type");
-        const char *ty = json_is_string(t) ? json_string_value(t) : absent(t) ? "message" : "";
+        const char *ty = json_is_string(t) ? json_string_value(t) : shoal__api_absent(t) ? "message" : "";
         if (!strcmp(ty, "message")) {
             json_t *role = json_object_get(it, "role");
             const char *r = json_is_string(role) ? json_string_value(role) : "";
@@ -233,10 +205,10 @@ static int input_items(json_t *input, json_t *out, shoal_api_error *err)
                 break;
             }
             json_t *m = json_pack("{s:s,s:o}", "role", !strcmp(r, "developer") ? "system" : r, "content",
-                                  sbuf_json(&text));
+                                  shoal__api_sbuf_json(&text));
             free(text.p);
             if (!strcmp(r, "assistant") && reasoning.n) {
-                json_object_set_new(m, "reasoning_content", sbuf_json(&reasoning));
+                json_object_set_new(m, "reasoning_content", shoal__api_sbuf_json(&reasoning));
                 reasoning.n = 0;
             }
             json_array_append_new(out, m);
@@ -269,16 +241,16 @@ static int input_items(json_t *input, json_t *out, shoal_api_error *err)
                 break;
             }
             json_array_append_new(out, json_pack("{s:s,s:O,s:o}", "role", "tool", "tool_call_id", cid, "content",
-                                                 sbuf_json(&text)));
+                                                 shoal__api_sbuf_json(&text)));
             free(text.p);
         } else if (!strcmp(ty, "reasoning")) {
             /* K3's reasoning for the next assistant turn: its full text when
              * given (this server's own items carry it), else the summary */
             json_t *c = json_object_get(it, "content");
-            if (absent(c) || (json_is_array(c) && json_array_size(c) == 0))
+            if (shoal__api_absent(c) || (json_is_array(c) && json_array_size(c) == 0))
                 c = json_object_get(it, "summary");
             snprintf(p, sizeof p, "%s.content", w);
-            if (!absent(c) && parts_text(c, p, &reasoning, err)) {
+            if (!shoal__api_absent(c) && parts_text(c, p, &reasoning, err)) {
                 rc = -1;
                 break;
             }
@@ -295,7 +267,7 @@ static int input_items(json_t *input, json_t *out, shoal_api_error *err)
 
 static int tools_of(json_t *tools, json_t *chat, shoal_api_error *err)
 {
-    if (absent(tools))
+    if (shoal__api_absent(tools))
         return 0;
     if (!json_is_array(tools))
         return BAD("tools", "'tools' must be an array");
@@ -315,7 +287,7 @@ static int tools_of(json_t *tools, json_t *chat, shoal_api_error *err)
         json_t *fn = json_object();
         const char *keys[] = {"name", "description", "parameters", "strict"};
         for (size_t k = 0; k < 4; k++)
-            if (!absent(json_object_get(t, keys[k])))
+            if (!shoal__api_absent(json_object_get(t, keys[k])))
                 json_object_set(fn, keys[k], json_object_get(t, keys[k]));
         json_array_append_new(ct, json_pack("{s:s,s:o}", "type", "function", "function", fn));
     }
@@ -334,19 +306,19 @@ static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **con
         return -1;
     const char *unsupported[] = {"conversation", "prompt"};
     for (size_t i = 0; i < 2; i++)
-        if (!absent(json_object_get(root, unsupported[i])))
+        if (!shoal__api_absent(json_object_get(root, unsupported[i])))
             return UNSUPPORTED(unsupported[i], "'%s' (server-side conversations and prompt templates) is not supported",
                                unsupported[i]);
     json_t *bg = json_object_get(root, "background");
     if (json_is_true(bg))
         return UNSUPPORTED("background", "'background' responses are not supported");
     json_t *tl = json_object_get(root, "top_logprobs");
-    if (!absent(tl) && !(json_is_integer(tl) && json_integer_value(tl) == 0))
+    if (!shoal__api_absent(tl) && !(json_is_integer(tl) && json_integer_value(tl) == 0))
         return UNSUPPORTED("top_logprobs", "'top_logprobs' is not supported on /v1/responses");
     json_t *st = json_object_get(root, "store");
-    if (!absent(st) && !json_is_boolean(st))
+    if (!shoal__api_absent(st) && !json_is_boolean(st))
         return fail(err, 400, "invalid_type", "store", "'store' must be a boolean");
-    *store = absent(st) || json_is_true(st);
+    *store = shoal__api_absent(st) || json_is_true(st);
     json_t *chat = json_object();
     json_t *conv = json_array();
     int rc = -1;
@@ -356,16 +328,16 @@ static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **con
                              {"seed", "seed"},           {"top_k", "top_k"},
                              {"parallel_tool_calls", "parallel_tool_calls"}, {"logit_bias", "logit_bias"}};
     for (size_t i = 0; i < sizeof copy / sizeof copy[0]; i++)
-        if (!absent(json_object_get(root, copy[i][0])))
+        if (!shoal__api_absent(json_object_get(root, copy[i][0])))
             json_object_set(chat, copy[i][1], json_object_get(root, copy[i][0]));
     json_t *md = json_object_get(root, "metadata");
-    if (!absent(md) && !json_is_object(md)) {
+    if (!shoal__api_absent(md) && !json_is_object(md)) {
         fail(err, 400, "invalid_type", "metadata", "'metadata' must be an object");
         goto out;
     }
     /* the conversation so far */
     json_t *prev = json_object_get(root, "previous_response_id");
-    if (!absent(prev)) {
+    if (!shoal__api_absent(prev)) {
         if (!json_is_string(prev)) {
             fail(err, 400, "invalid_type", "previous_response_id", "'previous_response_id' must be a string");
             goto out;
@@ -383,7 +355,7 @@ static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **con
         json_decref(cp);
     }
     json_t *input = json_object_get(root, "input");
-    if (absent(input)) {
+    if (shoal__api_absent(input)) {
         BAD("input", "'input' is required");
         goto out;
     }
@@ -392,7 +364,7 @@ static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **con
     json_t *msgs = json_array();
     json_object_set_new(chat, "messages", msgs);
     json_t *ins = json_object_get(root, "instructions");
-    if (!absent(ins)) {
+    if (!shoal__api_absent(ins)) {
         if (!json_is_string(ins)) {
             fail(err, 400, "invalid_type", "instructions", "'instructions' must be a string");
             goto out;
@@ -403,7 +375,7 @@ static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **con
     if (tools_of(json_object_get(root, "tools"), chat, err))
         goto out;
     json_t *tc = json_object_get(root, "tool_choice");
-    if (!absent(tc)) {
+    if (!shoal__api_absent(tc)) {
         if (json_is_string(tc)) {
             json_object_set(chat, "tool_choice", tc);
         } else if (json_is_object(tc) && json_is_string(json_object_get(tc, "type")) &&
@@ -417,22 +389,22 @@ static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **con
         }
     }
     json_t *re = json_object_get(root, "reasoning");
-    if (!absent(re)) {
+    if (!shoal__api_absent(re)) {
         json_t *ef = json_is_object(re) ? json_object_get(re, "effort") : NULL;
-        if (!json_is_object(re) || (!absent(ef) && !json_is_string(ef))) {
+        if (!json_is_object(re) || (!shoal__api_absent(ef) && !json_is_string(ef))) {
             fail(err, 400, "invalid_type", "reasoning", "'reasoning' must be an object with a string 'effort'");
             goto out;
         }
-        if (!absent(ef))
+        if (!shoal__api_absent(ef))
             json_object_set(chat, "reasoning_effort", ef);
         if (shoal_api_check_fields(re, "reasoning", reasoning_used, ign, err))
             goto out;
     }
     json_t *tx = json_object_get(root, "text");
-    if (!absent(tx)) {
+    if (!shoal__api_absent(tx)) {
         json_t *f = json_is_object(tx) ? json_object_get(tx, "format") : NULL;
         json_t *ft = json_is_object(f) ? json_object_get(f, "type") : NULL;
-        if (!json_is_object(tx) || (!absent(f) && !json_is_string(ft))) {
+        if (!json_is_object(tx) || (!shoal__api_absent(f) && !json_is_string(ft))) {
             fail(err, 400, "invalid_type", "text", "'text.format' must be an object with a string 'type'");
             goto out;
         }
@@ -440,7 +412,7 @@ static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **con
             goto out;
         /* a hint to the model's length; K3 has none (OpenAI's own `verbosity`
          * field is refused on chat, as it would change the output there) */
-        if (!absent(json_object_get(tx, "verbosity")))
+        if (!shoal__api_absent(json_object_get(tx, "verbosity")))
             shoal_api_ignored_add(ign, "text.verbosity", 1);
         const char *fs = json_is_string(ft) ? json_string_value(ft) : "text";
         if (!strcmp(fs, "json_schema")) {
@@ -459,23 +431,24 @@ static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **con
     }
     /* what the response object repeats */
     json_t *echo = json_object();
-    json_object_set_new(echo, "instructions", absent(ins) ? json_null() : json_incref(ins));
-    json_object_set_new(echo, "previous_response_id", absent(prev) ? json_null() : json_incref(prev));
-    json_object_set_new(echo, "metadata", absent(md) ? json_object() : json_incref(md));
-    json_object_set_new(echo, "tools", absent(json_object_get(root, "tools")) ? json_array()
+    json_object_set_new(echo, "instructions", shoal__api_absent(ins) ? json_null() : json_incref(ins));
+    json_object_set_new(echo, "previous_response_id", shoal__api_absent(prev) ? json_null() : json_incref(prev));
+    json_object_set_new(echo, "metadata", shoal__api_absent(md) ? json_object() : json_incref(md));
+    json_object_set_new(echo, "tools", shoal__api_absent(json_object_get(root, "tools")) ? json_array()
                                                                                : json_incref(json_object_get(root, "tools")));
-    json_object_set_new(echo, "tool_choice", absent(tc) ? json_string("auto") : json_incref(tc));
+    json_object_set_new(echo, "tool_choice", shoal__api_absent(tc) ? json_string("auto") : json_incref(tc));
     json_t *ptc = json_object_get(root, "parallel_tool_calls");
-    json_object_set_new(echo, "parallel_tool_calls", absent(ptc) ? json_true() : json_incref(ptc));
+    json_object_set_new(echo, "parallel_tool_calls", shoal__api_absent(ptc) ? json_true() : json_incref(ptc));
     const char *nums[] = {"temperature", "top_p", "max_output_tokens"};
     for (size_t i = 0; i < 3; i++) {
         json_t *v = json_object_get(root, nums[i]);
-        json_object_set_new(echo, nums[i], absent(v) ? (i < 2 ? json_real(1.0) : json_null()) : json_incref(v));
+        json_object_set_new(echo, nums[i],
+                            shoal__api_absent(v) ? (i < 2 ? json_real(1.0) : json_null()) : json_incref(v));
     }
     json_object_set_new(echo, "store", json_boolean(*store));
     json_object_set_new(echo, "truncation", json_string("disabled"));
     json_object_set_new(echo, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
-    if (!absent(tx) && json_is_object(json_object_get(tx, "format")))
+    if (!shoal__api_absent(tx) && json_is_object(json_object_get(tx, "format")))
         json_object_set(json_object_get(echo, "text"), "format", json_object_get(tx, "format"));
     json_t *ef = json_is_object(re) ? json_object_get(re, "effort") : NULL;
     json_object_set_new(echo, "reasoning", json_pack("{s:O,s:n}", "effort", ef ? ef : json_null(), "summary"));
@@ -615,9 +588,9 @@ static void keep_conversation(areq *r, json_t *items)
                                                    "arguments", json_object_get(it, "arguments")));
     }
     json_t *m = json_pack("{s:s}", "role", "assistant");
-    json_object_set_new(m, "content", text.n || !json_array_size(calls) ? sbuf_json(&text) : json_null());
+    json_object_set_new(m, "content", text.n || !json_array_size(calls) ? shoal__api_sbuf_json(&text) : json_null());
     if (think.n)
-        json_object_set_new(m, "reasoning_content", sbuf_json(&think));
+        json_object_set_new(m, "reasoning_content", shoal__api_sbuf_json(&think));
     if (json_array_size(calls))
         json_object_set(m, "tool_calls", calls);
     json_decref(calls);
