@@ -827,91 +827,47 @@ void shoal__api_start(areq *r, shoal_api_req *q)
     }
 }
 
-/* A generation request being parsed (JSON, validation, normalisation, the
- * memo key) on the HTTP layer's thread pool: linear in the body, but a 4 MB
- * body takes a good fraction of a second on a busy machine, and on the loop
- * thread that would stall every other connection (their streams included). */
+/* A generation request is parsed (JSON, validation, normalisation, the memo
+ * key) on the HTTP layer's thread pool (shoal__api_defer, below): linear in
+ * the body, but a 4 MB body takes a good fraction of a second on a busy
+ * machine, and on the loop thread that would stall every other connection
+ * (their streams included). */
 typedef struct {
-    shoal_api *a;
-    shoal_http_ex *ex; /* NULL once the client left while parsing */
-    int ep;
     shoal_gen_kind kind;
-    char *body;
-    size_t len;
-    double t0;
-    char peer[64];
     int rc;
     shoal_api_req q;
     shoal_api_error err;
 } parsing;
 
-static void parse_work(void *arg)
+static void parse_work(shoal__api_deferred *d)
 {
-    parsing *w = arg;
-    w->rc = shoal_api_parse(w->kind, w->body, w->len, &w->a->o.limits, &w->q, &w->err);
-    free(w->body);
-    w->body = NULL;
+    parsing *w = d->ctx;
+    w->rc = shoal_api_parse(w->kind, d->req.body, d->req.body_len, &d->a->o.limits, &w->q, &w->err);
 }
 
-static void parse_abort(void *arg)
+static void parse_done(shoal__api_deferred *d)
 {
-    parsing *w = arg;
-    access_log(w->peer, "POST", ep_names[w->ep], 499, 0, 0, w->t0, NULL);
-    shoal_http_stream_end(w->ex); /* frees the aborted exchange */
-    w->ex = NULL;
-}
-
-static void parse_done(void *arg, int canceled)
-{
-    parsing *w = arg;
-    shoal_api *a = w->a;
-    int parsed = !canceled && w->rc == 0; /* w->q holds a request to free or hand on */
-    if (w->ex) {
-        shoal_http_ex_on_abort(w->ex, NULL, NULL);
-        if (canceled) { /* the pool dropped it unrun: the server is stopping */
-            respond_simple_error(a, w->ex, w->ep, 503, "server_error", "shutting_down", NULL, NULL,
-                                 "the server is stopping");
-            access_log(w->peer, "POST", ep_names[w->ep], 503, 0, 0, w->t0, NULL);
-        } else if (w->rc) {
-            respond_error(a, w->ex, w->ep, &w->err, NULL);
-            access_log(w->peer, "POST", ep_names[w->ep], a->last_status ? a->last_status : 500, 0, 0, w->t0, NULL);
-        } else if (shoal__api_not_ready(a, w->ex, w->ep)) {
-            access_log(w->peer, "POST", ep_names[w->ep], 503, 0, 0, w->t0, NULL);
-        } else {
-            areq *r = shoal__api_areq_new(a, w->ex, w->ep, FMT_OPENAI, &w->q,
-                                          w->kind == SHOAL_GEN_CHAT ? "chatcmpl-" : "cmpl-");
-            r->t0 = w->t0; /* a->t0 is the latest request's by now */
-            shoal__api_start(r, &w->q); /* takes q */
-            parsed = 0;
-        }
+    parsing *w = d->ctx;
+    shoal_api *a = d->a;
+    int parsed = d->ran && !w->rc; /* w->q holds a request to free or hand on */
+    if (d->ex && d->ran && w->rc) {
+        respond_error(a, d->ex, d->ep, &w->err, NULL);
+    } else if (d->ex && parsed && !shoal__api_not_ready(a, d->ex, d->ep)) {
+        areq *r = shoal__api_areq_new(a, d->ex, d->ep, FMT_OPENAI, &w->q,
+                                      w->kind == SHOAL_GEN_CHAT ? "chatcmpl-" : "cmpl-");
+        shoal__api_start(r, &w->q); /* takes q */
+        parsed = 0;
     }
     if (parsed)
         shoal_api_req_free(&w->q);
-    free(w->body);
     free(w);
 }
 
 static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req, int ep, shoal_gen_kind kind)
 {
     parsing *w = shoal_xcalloc(1, sizeof *w);
-    w->a = a;
-    w->ex = ex;
-    w->ep = ep;
     w->kind = kind;
-    w->t0 = a->t0;
-    snprintf(w->peer, sizeof w->peer, "%s", shoal_http_ex_peer(ex));
-    /* copied: the request's bytes are the connection's, freed if it closes */
-    w->body = shoal_xmalloc(req->body_len + 1);
-    memcpy(w->body, req->body, req->body_len);
-    w->body[req->body_len] = 0;
-    w->len = req->body_len;
-    a->handed = 1; /* logged when answered */
-    if (!a->http || shoal_http_work(a->http, parse_work, parse_done, w)) {
-        parse_work(w); /* no pool (tests without a server): here */
-        parse_done(w, 0);
-        return;
-    }
-    shoal_http_ex_on_abort(ex, parse_abort, w);
+    shoal__api_defer(a, ex, req, ep, parse_work, parse_done, w);
 }
 
 static void defer_work(void *arg)
