@@ -212,6 +212,24 @@ static void reply_error(shoal_serve *s, shoal_serve_reply *rep, uint64_t rid, in
     s->logged_errors++;
 }
 
+/* A reply's buffer from alloc; NULL after replying ERROR INTERNAL
+ * "<what>: <alloc's reason>" (the reply budget's refusal) or "<what>: out of
+ * memory for the N-byte reply". */
+static uint8_t *alloc_reply(shoal_serve *s, shoal_serve_alloc_fn alloc, void *actx, size_t ylen, const char *what,
+                            uint64_t rid, shoal_serve_reply *rep)
+{
+    char why[384] = "", msg[512];
+    uint8_t *y = alloc(actx, ylen, why, sizeof why);
+    if (!y) {
+        if (why[0])
+            snprintf(msg, sizeof msg, "%s: %s", what, why);
+        else
+            snprintf(msg, sizeof msg, "%s: out of memory for the %zu-byte reply", what, ylen);
+        reply_error(s, rep, rid, SHOAL_PERR_INTERNAL, msg);
+    }
+    return y;
+}
+
 static void count_out(shoal_serve *s, const shoal_serve_reply *rep, int type, const shoal_frame *in, int nin)
 {
     uint64_t in_bytes = 0, out_bytes = 0;
@@ -588,16 +606,9 @@ static void do_tbatch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_u
         reply_error(s, rep, m->rid, SHOAL_PERR_BAD_SHAPE, "TRUNK_BATCH: reply too large");
         return;
     }
-    char why[384] = "";
-    uint8_t *y = alloc(actx, ylen, why, sizeof why);
-    if (!y) {
-        if (why[0])
-            snprintf(msg, sizeof msg, "TRUNK_BATCH: %s", why);
-        else
-            snprintf(msg, sizeof msg, "TRUNK_BATCH: out of memory for the %zu-byte reply", ylen);
-        reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, msg);
+    uint8_t *y = alloc_reply(s, alloc, actx, ylen, "TRUNK_BATCH", m->rid, rep);
+    if (!y)
         return;
-    }
     shoal_proto_tensor_hdr(y, SHOAL_WIRE_F32, 1, (uint32_t)nout);
     memcpy(s->tx, x->data, x->nbytes); /* the frame is unaligned in general */
     /* the reply frame: 16-byte header, then floats (the allocation is at least
@@ -662,16 +673,9 @@ static void do_probe(shoal_serve *s, const shoal_proto_msg *m, shoal_serve_alloc
         reply_error(s, rep, m->rid, SHOAL_PERR_BAD_SHAPE, "PROBE: reply size");
         return;
     }
-    char why[384] = "", msg[448];
-    uint8_t *y = alloc(actx, ylen, why, sizeof why);
-    if (!y) {
-        if (why[0])
-            snprintf(msg, sizeof msg, "PROBE: %s", why);
-        else
-            snprintf(msg, sizeof msg, "PROBE: out of memory for the %zu-byte reply", ylen);
-        reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, msg);
+    uint8_t *y = alloc_reply(s, alloc, actx, ylen, "PROBE", m->rid, rep);
+    if (!y)
         return;
-    }
     shoal_proto_tensor_hdr(y, SHOAL_WIRE_F32, 1, m->probe.reply / 4);
     memset(y + SHOAL_PROTO_TENSOR_HDR, 0, ylen - SHOAL_PROTO_TENSOR_HDR);
     shoal_proto_facts f;
