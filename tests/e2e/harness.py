@@ -8,6 +8,8 @@ terminate(p) ends a process started by a test: SIGTERM, SIGKILL after a grace.
 logfile() is a child's stderr file that the test may reread at any time.
 health(url) is (status, body) of a server's GET /health; worker_metric(url,
 family, wid) the value of a per-worker sample on its /metrics (None: absent).
+Serve(cmd) starts `shoal serve` and waits for it; k3_encoder(dir) is the
+tiktoken reference of a K3 model's tokenizer.
 """
 import fcntl
 import json
@@ -15,7 +17,9 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 
@@ -86,3 +90,67 @@ def worker_metric(url, family, wid):
         if line.startswith(family + "{") and f'worker="{wid}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+class Serve:
+    """A `shoal serve` process: cmd is its whole argv (with --port 0). Once it
+    has printed "listening on URL": .p, .log (logfile()), .url, .port. With
+    ready (seconds), waits up to that long for /health to answer 200; past it,
+    raises RuntimeError when strict, else leaves the server to the test (its
+    first request then fails with the reason). Raises RuntimeError naming the
+    first stdout line and the log's tail when the server does not start."""
+
+    def __init__(self, cmd, ready=60, strict=False):
+        self.log = logfile()
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        line = self.p.stdout.readline()
+        if "listening on" not in line:
+            terminate(self.p)
+            self.log.seek(0)
+            raise RuntimeError(f"server did not start: {line!r} {self.log.read()[-2000:]!r}")
+        self.url = line.strip().split("listening on ")[1]
+        self.port = int(self.url.rsplit(":", 1)[1])
+        deadline = time.time() + (ready or 0)
+        while ready and health(self.url)[0] != 200:
+            if time.time() > deadline:
+                if strict:
+                    raise RuntimeError("server not ready")
+                break
+            time.sleep(0.1)
+
+    def openai(self, key="unused"):
+        """An official OpenAI SDK client of this server (no retries)."""
+        import openai
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    def metrics(self):
+        """{sample (name with labels): value} of GET /metrics."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out = {}
+        for l in text.splitlines():
+            if l and not l.startswith("#"):
+                k, v = l.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
+
+    def stop(self):
+        return terminate(self.p, 30)
+
+
+def k3_encoder(model_dir):
+    """(tiktoken Encoding, {special token: id}) of a K3 model directory's
+    tokenizer (tiktoken.model, tokenizer_config.json) with the K3
+    pre-tokenizer pattern (SPEC §5.2) from tools/train_vocab.py: the
+    independent reference the tests compare shoal's tokens with."""
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+    tools = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    from train_vocab import K3_PAT_STR
+    ranks = load_tiktoken_bpe(os.path.join(model_dir, "tiktoken.model"))
+    tc = json.load(open(os.path.join(model_dir, "tokenizer_config.json"), encoding="utf-8"))
+    specials = {v["content"]: int(k) for k, v in tc["added_tokens_decoder"].items()}
+    name = os.path.basename(os.path.normpath(model_dir))
+    return tiktoken.Encoding(name, pat_str=K3_PAT_STR, mergeable_ranks=ranks, special_tokens=specials), specials

@@ -57,38 +57,11 @@ PROMPT = ("The list append method adds an item to the end of the list. "
           "The list extend method adds all items of an iterable to the end of the list. The list")
 
 
-class Server:
+class Server(harness.Serve):
     def __init__(self, *args):
-        self.log = harness.logfile()
-        cmd = [BIN, "serve", "--model", NANO, "--port", "0", "--model-name", "nano", "--threads", "1",
-               "--memo", "0", "--keep", "0", *args]
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
-        line = self.p.stdout.readline()
-        if "listening on" not in line:
-            harness.terminate(self.p)
-            self.log.seek(0)
-            raise RuntimeError(f"server did not start: {line!r} {self.log.read()[-2000:]!r}")
-        self.url = line.strip().split("listening on ")[1]
-        deadline = time.time() + 60
-        while harness.health(self.url)[0] != 200:
-            if time.time() > deadline:
-                raise RuntimeError("server not ready")
-            time.sleep(0.1)
-        import openai
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-    def metrics(self):
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
-            text = r.read().decode()
-        out = {}
-        for l in text.splitlines():
-            if l and not l.startswith("#"):
-                k, v = l.rsplit(" ", 1)
-                out[k] = float(v)
-        return out
-
-    def stop(self):
-        return harness.terminate(self.p, 30)
+        super().__init__([BIN, "serve", "--model", NANO, "--port", "0", "--model-name", "nano", "--threads", "1",
+                          "--memo", "0", "--keep", "0", *args], strict=True)
+        self.client = self.openai()
 
 
 def check(cond, msg):

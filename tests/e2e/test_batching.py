@@ -57,33 +57,11 @@ WORKERS = os.environ.get("SHOAL_BATCHING_WORKERS") == "1"
 rec = harness.Recorder("test_batching_workers" if WORKERS else "test_batching")
 
 
-class Server:
+class Server(harness.Serve):
     def __init__(self, *args, model=MODEL):
-        self.log = harness.logfile()
-        cmd = [BIN, "serve", "--model", model, "--port", "0", "--model-name", "tiny", "--threads", "1", *args]
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
-        line = self.p.stdout.readline()
-        if "listening on" not in line:
-            harness.terminate(self.p)
-            self.log.seek(0)
-            raise RuntimeError(f"server did not start: {line!r} {self.log.read()[-2000:]!r}")
-        self.url = line.strip().split("listening on ")[1]
-        self.port = int(self.url.rsplit(":", 1)[1])
-        import openai
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-    def metrics(self):
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
-            text = r.read().decode()
-        out = {}
-        for l in text.splitlines():
-            if l and not l.startswith("#"):
-                k, v = l.rsplit(" ", 1)
-                out[k] = float(v)
-        return out
-
-    def stop(self):
-        return harness.terminate(self.p, 30)
+        super().__init__([BIN, "serve", "--model", model, "--port", "0", "--model-name", "tiny", "--threads", "1",
+                          *args], ready=None)
+        self.client = self.openai()
 
 
 def requests16():

@@ -54,17 +54,7 @@ sys.path.insert(0, os.path.join(SRC, "tools"))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download at import
 
 
-def encoder():
-    import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
-    from train_vocab import K3_PAT_STR
-    ranks = load_tiktoken_bpe(os.path.join(NANO, "tiktoken.model"))
-    tc = json.load(open(os.path.join(NANO, "tokenizer_config.json"), encoding="utf-8"))
-    specials = {v["content"]: int(k) for k, v in tc["added_tokens_decoder"].items()}
-    return tiktoken.Encoding("k3-nano", pat_str=K3_PAT_STR, mergeable_ranks=ranks, special_tokens=specials), specials
-
-
-ENC, SP = encoder()
+ENC, SP = harness.k3_encoder(NANO)
 EOM = SP["<|end_of_msg|>"]
 
 
@@ -94,24 +84,10 @@ def expected_answer(ids, thinking):
     return reasoning, ENC.decode(body), ended
 
 
-class Server:
+class Server(harness.Serve):
     def __init__(self, *args):
-        self.log = harness.logfile()
-        cmd = [BIN, "serve", "--model", NANO, "--port", "0", "--model-name", "nano", "--threads", "1",
-               "--memo", "0", "--api-key", KEY, *args]
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
-        line = self.p.stdout.readline()
-        if "listening on" not in line:
-            harness.terminate(self.p)
-            self.log.seek(0)
-            raise RuntimeError(f"server did not start: {line!r} {self.log.read()[-2000:]!r}")
-        self.url = line.strip().split("listening on ")[1]
-        deadline = time.time() + 60
-        while time.time() < deadline and harness.health(self.url)[0] != 200:
-            time.sleep(0.1)
-
-    def stop(self):
-        return harness.terminate(self.p, 30)
+        super().__init__([BIN, "serve", "--model", NANO, "--port", "0", "--model-name", "nano", "--threads", "1",
+                          "--memo", "0", "--api-key", KEY, *args])
 
 
 def post(url, path, body, headers=None):

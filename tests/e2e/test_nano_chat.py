@@ -45,17 +45,7 @@ R = harness.Recorder("test_nano_chat")
 sys.path.insert(0, os.path.join(SRC, "tools"))
 
 
-def encoder():
-    import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
-    from train_vocab import K3_PAT_STR
-    ranks = load_tiktoken_bpe(os.path.join(NANO, "tiktoken.model"))
-    tc = json.load(open(os.path.join(NANO, "tokenizer_config.json"), encoding="utf-8"))
-    specials = {v["content"]: int(k) for k, v in tc["added_tokens_decoder"].items()}
-    return tiktoken.Encoding("k3-nano", pat_str=K3_PAT_STR, mergeable_ranks=ranks, special_tokens=specials), specials
-
-
-ENC, SP = encoder()
+ENC, SP = harness.k3_encoder(NANO)
 EOM = SP["<|end_of_msg|>"]
 
 
@@ -96,26 +86,11 @@ def readable(text):
     return len(words) >= 8 and ok_chars and letters >= 0.85 * len(text)
 
 
-class Server:
+class Server(harness.Serve):
     def __init__(self, *args):
-        self.log = harness.logfile()
-        cmd = [BIN, "serve", "--model", NANO, "--port", "0", "--model-name", "nano", "--threads", "1",
-               "--memo", "0", *args]
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
-        line = self.p.stdout.readline()
-        if "listening on" not in line:
-            harness.terminate(self.p)
-            self.log.seek(0)
-            raise RuntimeError(f"server did not start: {line!r} {self.log.read()[-2000:]!r}")
-        self.url = line.strip().split("listening on ")[1]
-        deadline = time.time() + 30
-        while time.time() < deadline and harness.health(self.url)[0] != 200:
-            time.sleep(0.1)
-        import openai
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-    def stop(self):
-        return harness.terminate(self.p, 30)
+        super().__init__([BIN, "serve", "--model", NANO, "--port", "0", "--model-name", "nano", "--threads", "1",
+                          "--memo", "0", *args], ready=30)
+        self.client = self.openai()
 
 
 def chat_kw(question, thinking, max_tokens, **extra):
