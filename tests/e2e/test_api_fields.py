@@ -38,7 +38,6 @@ import tempfile
 import threading
 import time
 import traceback
-import urllib.request
 
 import numpy as np
 

@@ -44,7 +44,6 @@ import sys
 import threading
 import time
 import traceback
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness  # noqa: E402

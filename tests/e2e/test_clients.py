@@ -35,7 +35,6 @@ items with text (= the chat endpoint's reasoning_content, streamed = full).
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 import urllib.error
