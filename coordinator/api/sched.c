@@ -1325,22 +1325,18 @@ int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, si
         if (!rc)
             s->render_started++;
     }
-    if (rc) {
-        shoal__sched_queue_stop(s);
-        for (int i = 0; i < s->render_started; i++)
-            pthread_join(s->render_threads[i], NULL);
-        slots_free(s);
-        free(s);
-        return shoal_err_set(err, errlen, -rc, "sched: cannot start the render threads");
+    const char *what = "the render threads";
+    if (!rc) {
+        rc = pthread_create(&s->thread, NULL, model_main, s);
+        what = "the model thread";
     }
-    rc = pthread_create(&s->thread, NULL, model_main, s);
     if (rc) {
         shoal__sched_queue_stop(s);
         for (int i = 0; i < s->render_started; i++)
             pthread_join(s->render_threads[i], NULL);
         slots_free(s);
         free(s);
-        return shoal_err_set(err, errlen, -rc, "sched: cannot start the model thread");
+        return shoal_err_set(err, errlen, -rc, "sched: cannot start %s", what);
     }
     *out = s;
     return 0;
