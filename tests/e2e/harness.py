@@ -7,7 +7,8 @@ free_port() asks the kernel for a TCP port that is free on 127.0.0.1 now;
 terminate(p) ends a process started by a test: SIGTERM, SIGKILL after a grace.
 logfile() is a child's stderr file that the test may reread at any time.
 health(url) is (status, body) of a server's GET /health; worker_metric(url,
-family, wid) the value of a per-worker sample on its /metrics (None: absent).
+family, wid) the value of a per-worker sample on its /metrics (None: absent);
+metrics(url) all its samples.
 Serve(cmd) starts `shoal serve` and waits for it; k3_encoder(dir) is the
 tiktoken reference of a K3 model's tokenizer.
 """
@@ -92,6 +93,21 @@ def worker_metric(url, family, wid):
     return None
 
 
+def metrics(url, key=None):
+    """{sample (name with labels): value} of GET url/metrics (key: the API key)."""
+    req = urllib.request.Request(url + "/metrics")
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for l in text.splitlines():
+        if l and not l.startswith("#"):
+            k, v = l.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
 class Serve:
     """A `shoal serve` process: cmd is its whole argv (with --port 0). Once it
     has printed "listening on URL": .p, .log (logfile()), .url, .port. With
@@ -124,15 +140,7 @@ class Serve:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
 
     def metrics(self):
-        """{sample (name with labels): value} of GET /metrics."""
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
-            text = r.read().decode()
-        out = {}
-        for l in text.splitlines():
-            if l and not l.startswith("#"):
-                k, v = l.rsplit(" ", 1)
-                out[k] = float(v)
-        return out
+        return metrics(self.url)
 
     def stop(self):
         return terminate(self.p, 30)
@@ -154,3 +162,38 @@ def k3_encoder(model_dir):
     specials = {v["content"]: int(k) for k, v in tc["added_tokens_decoder"].items()}
     name = os.path.basename(os.path.normpath(model_dir))
     return tiktoken.Encoding(name, pat_str=K3_PAT_STR, mergeable_ranks=ranks, special_tokens=specials), specials
+
+
+def k3_answer_marks(enc, specials):
+    """(head, tail): the ids around an answer's content in K3's XTML
+    (SPEC §5.4): [thinking] head CONTENT tail, head = </think> <response>,
+    tail = </response> </message> <|end_of_msg|>."""
+    def t(s):
+        return enc.encode(s, disallowed_special=())
+    sp = specials
+    head = [sp["<|close|>"]] + t("think") + [sp["<|sep|>"], sp["<|open|>"]] + t("response") + [sp["<|sep|>"]]
+    tail = ([sp["<|close|>"]] + t("response") + [sp["<|sep|>"], sp["<|close|>"]] + t("message") +
+            [sp["<|sep|>"], sp["<|end_of_msg|>"]])
+    return head, tail
+
+
+def k3_answer(enc, specials, ids, thinking):
+    """The reference's answer ids with the XTML structure removed: (reasoning,
+    content, index of the first content id, whether the tail ended it), or
+    None when ids have another structure (no head with thinking on, or a
+    special token left in the content)."""
+    head, tail = k3_answer_marks(enc, specials)
+    body, start, reasoning = list(ids), 0, ""
+    if thinking:
+        for i in range(len(body) - len(head) + 1):
+            if body[i:i + len(head)] == head:
+                reasoning, body, start = enc.decode(body[:i]), body[i + len(head):], i + len(head)
+                break
+        else:
+            return None
+    ended = body[-len(tail):] == tail
+    if ended:
+        body = body[:-len(tail)]
+    if any(x in specials.values() for x in body):
+        return None
+    return reasoning, enc.decode(body), start, ended

@@ -54,33 +54,16 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download at 
 
 
 ENC, SP = harness.k3_encoder(NANO)
-EOM = SP["<|end_of_msg|>"]
 
 
 def t(s):
     return ENC.encode(s, disallowed_special=())
 
 
-HEAD = [SP["<|close|>"]] + t("think") + [SP["<|sep|>"], SP["<|open|>"]] + t("response") + [SP["<|sep|>"]]
-TAIL = [SP["<|close|>"]] + t("response") + [SP["<|sep|>"], SP["<|close|>"]] + t("message") + [SP["<|sep|>"], EOM]
-
-
 def expected_answer(ids, thinking):
     """(reasoning, content, ended) of the reference's answer ids: the XTML structure removed"""
-    body, reasoning = list(ids), ""
-    if thinking:
-        for i in range(len(body) - len(HEAD) + 1):
-            if body[i:i + len(HEAD)] == HEAD:
-                reasoning, body = ENC.decode(body[:i]), body[i + len(HEAD):]
-                break
-        else:
-            return None
-    ended = body[-len(TAIL):] == TAIL
-    if ended:
-        body = body[:-len(TAIL)]
-    if any(x in SP.values() for x in body):
-        return None
-    return reasoning, ENC.decode(body), ended
+    a = harness.k3_answer(ENC, SP, ids, thinking)
+    return a and (a[0], a[1], a[3])
 
 
 class Server(harness.Serve):

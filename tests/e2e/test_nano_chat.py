@@ -49,32 +49,13 @@ ENC, SP = harness.k3_encoder(NANO)
 EOM = SP["<|end_of_msg|>"]
 
 
-def t(s):
-    return ENC.encode(s, disallowed_special=())
-
-
-# the XTML structure of an answer (SPEC §5.4): [thinking] </think> <response> CONTENT </response> </message>
-HEAD = [SP["<|close|>"]] + t("think") + [SP["<|sep|>"], SP["<|open|>"]] + t("response") + [SP["<|sep|>"]]
-TAIL = [SP["<|close|>"]] + t("response") + [SP["<|sep|>"], SP["<|close|>"]] + t("message") + [SP["<|sep|>"], EOM]
+_, TAIL = harness.k3_answer_marks(ENC, SP)  # the XTML around an answer's content (SPEC §5.4)
 
 
 def expected_answer(ids, thinking):
     """(reasoning, content, index of the first content id) of the reference's ids"""
-    body, start = list(ids), 0
-    if thinking:
-        for i in range(len(body) - len(HEAD) + 1):
-            if body[i:i + len(HEAD)] == HEAD:
-                reasoning, body, start = ENC.decode(body[:i]), body[i + len(HEAD):], i + len(HEAD)
-                break
-        else:
-            return None
-    else:
-        reasoning = ""
-    if body[-len(TAIL):] == TAIL:
-        body = body[:-len(TAIL)]
-    if any(x in SP.values() for x in body):
-        return None
-    return reasoning, ENC.decode(body), start
+    a = harness.k3_answer(ENC, SP, ids, thinking)
+    return a and a[:3]
 
 
 def readable(text):

@@ -21,6 +21,9 @@ import time
 import traceback
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 SRC = os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
 MODEL = os.path.join(SRC, "tests", "models", "tiny-k3")
@@ -66,17 +69,7 @@ class Server:
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=key or "unused", max_retries=0, timeout=120)
 
     def metrics(self):
-        req = urllib.request.Request(self.url + "/metrics")
-        if self.key:
-            req.add_header("Authorization", "Bearer " + self.key)
-        with urllib.request.urlopen(req, timeout=10) as r:
-            text = r.read().decode()
-        out = {}
-        for l in text.splitlines():
-            if l and not l.startswith("#"):
-                k, v = l.rsplit(" ", 1)
-                out[k] = float(v)
-        return out
+        return harness.metrics(self.url, self.key)
 
     def stop(self):
         self.p.terminate()
