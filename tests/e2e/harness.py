@@ -197,3 +197,32 @@ def k3_answer(enc, specials, ids, thinking):
     if any(x in specials.values() for x in body):
         return None
     return reasoning, enc.decode(body), start, ended
+
+
+def children(pid):
+    """{pid: (state, argv)} of the direct children of pid (from /proc)."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+            rest = st[st.rindex(")") + 2:].split()
+            if int(rest[1]) != pid:
+                continue
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            out[int(d)] = (rest[0], [a.decode(errors="replace") for a in argv if a])
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def worker_pid(srv, wid):
+    """(pid, argv) of the live `shoal expert` child of srv (a Popen) named
+    wid ("w0", ...), or (None, None)."""
+    for pid, (state, argv) in children(srv.pid).items():
+        if "expert" in argv and wid in argv and state != "Z":
+            return pid, argv
+    return None, None

@@ -38,7 +38,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import Recorder, logfile, terminate  # noqa: E402
+from harness import Recorder, logfile, metrics, terminate  # noqa: E402
 
 SRC = os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
@@ -75,13 +75,7 @@ class Server:
             return None, None
 
     def metrics(self):
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
-            out = {}
-            for line in r.read().decode().splitlines():
-                if line and not line.startswith("#"):
-                    k, v = line.rsplit(" ", 1)
-                    out[k] = float(v)
-            return out
+        return metrics(self.url)
 
     def post(self, path, body, timeout=120):
         data = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()

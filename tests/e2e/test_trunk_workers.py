@@ -98,30 +98,7 @@ def case_run():
           rc == 3 and f"{small[0]} rows" in err and "cannot be spread over" in err, f"rc {rc}: {err[-300:]}")
 
 
-def children(pid):
-    out = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                st = f.read()
-            rest = st[st.rindex(")") + 2:].split()
-            if int(rest[1]) != pid:
-                continue
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-            out[int(d)] = (rest[0], argv)
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def worker_pid(srv, wid):
-    for pid, (state, argv) in children(srv.pid).items():
-        if "expert" in argv and wid in argv and state != "Z":
-            return pid, argv
-    return None, None
+children, worker_pid = harness.children, harness.worker_pid
 
 
 def case_serve():
