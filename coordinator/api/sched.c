@@ -8,6 +8,7 @@
  * filter. The jobs, the queue, the memo and the kept states it
  * works on are jobs.c's (sched_int.h). Everything here runs on the model
  * thread except open/close and cancel_running. */
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +44,11 @@ struct shoal_slot {
     int32_t *out;         /* [max_context]: every sampled id */
     int n_out, max_new;
     shoal_sampler *sampler;
+    /* structured output (issue 36): the compiled constraint, its run and the
+     * mask buffer ([vocab], kept for the slot's next constrained job) */
+    shoal_cons *cons;
+    shoal_cons_run *crun;
+    uint8_t *cmask;
     shoal_spec *spec;          /* the decode path of seq (speculative when drafting is on) */
     shoal_detok *detok;        /* completions */
     shoal_chatparse *parser;   /* chat */
@@ -93,6 +99,9 @@ static void slots_free(shoal_sched *s)
         free(sl->ids);
         free(sl->out);
         shoal_sampler_free(sl->sampler);
+        shoal_cons_run_free(sl->crun);
+        shoal_cons_free(sl->cons);
+        free(sl->cmask);
         shoal_detok_close(sl->detok);
         shoal_chatparse_close(sl->parser);
         free(sl->held[0].p);
@@ -347,6 +356,10 @@ static void release(shoal_sched *s, shoal_slot *sl, const shoal_sched_stats *add
     shoal__sched_count(s, add);
     shoal_sampler_free(sl->sampler);
     sl->sampler = NULL;
+    shoal_cons_run_free(sl->crun);
+    sl->crun = NULL;
+    shoal_cons_free(sl->cons);
+    sl->cons = NULL;
     shoal_ev_free_list(sl->rec);
     sl->rec = NULL;
     sl->rec_tail = &sl->rec;
@@ -543,6 +556,49 @@ static int render(shoal_sched *s, shoal_slot *sl)
     return 0;
 }
 
+/* Structured output: compile the request's constraint, the vocabulary trie
+ * once, and the run. What must follow the constrained text: in a chat, the
+ * rest of K3's reply after the content (thinking is off, api_parse.c:
+ * </response></message><|end_of_msg|> as K3 writes it, chatparse.h); in a
+ * completion, the first stop id. */
+static int constrain_begin(shoal_sched *s, shoal_slot *sl, char *err, size_t errlen)
+{
+    const shoal_gen_params *p = &sl->job->p;
+    int rc = shoal_cons_compile_spec(&sl->cons, p->constraint, err, errlen);
+    if (rc)
+        return rc;
+    if (!s->cvocab && (rc = shoal_cons_vocab_build(&s->cvocab, s->o.tok, err, errlen)))
+        return rc;
+    int32_t end[16];
+    int n_end = 0;
+    if (p->kind == SHOAL_GEN_CHAT) {
+        int32_t close = shoal_tok_special_id(s->o.tok, "<|close|>"), sep = shoal_tok_special_id(s->o.tok, "<|sep|>"),
+                eom = shoal_tok_special_id(s->o.tok, "<|end_of_msg|>");
+        const char *names[] = {"response", "message"};
+        for (int k = 0; k < 2 && close >= 0 && sep >= 0; k++) {
+            shoal_tok_ids ids = {0};
+            end[n_end++] = close;
+            if (shoal_tok_encode(s->o.tok, names[k], strlen(names[k]), 0, &ids, err, errlen) || ids.n > 4) {
+                shoal_tok_ids_free(&ids);
+                return shoal_err_set(err, errlen, SHOAL_EINTERNAL, "constrain: cannot encode K3's closing tags");
+            }
+            for (size_t i = 0; i < ids.n; i++)
+                end[n_end++] = ids.v[i];
+            shoal_tok_ids_free(&ids);
+            end[n_end++] = sep;
+        }
+        if (eom >= 0)
+            end[n_end++] = eom;
+        if (close < 0 || sep < 0 || eom < 0) /* not K3's format: end with the stop id */
+            n_end = 0;
+    }
+    if (!n_end)
+        end[n_end++] = s->eos[0];
+    if (!sl->cmask)
+        sl->cmask = shoal_xmalloc((size_t)s->vocab);
+    return shoal_cons_run_create(&sl->crun, sl->cons, s->cvocab, end, n_end, err, errlen);
+}
+
 /* Admission: render, sampler, output state, reuse or prefill, START. */
 
 /* Bytes of a sequence of capacity cap (shoal_seq_create allocates this). */
@@ -588,6 +644,12 @@ static int prepare(shoal_sched *s, shoal_slot *sl)
     }
     for (int i = 0; i < sl->n_prompt; i++) /* the repetition penalty covers the prompt */
         shoal_sampler_observe(sl->sampler, sl->ids[i], 0);
+    if (p->constraint && constrain_begin(s, sl, err, sizeof err)) {
+        emit_error(s, sl, 400, "invalid_request_error", "response_format", err);
+        shoal_sched_stats add = {.failed = 1};
+        release(s, sl, &add);
+        return -1;
+    }
     if (output_begin(s, sl)) {
         emit_error(s, sl, 500, "internal_error", NULL, "cannot start the output parser");
         shoal_sched_stats add = {.failed = 1};
@@ -739,7 +801,28 @@ static int sample_one(shoal_sched *s, shoal_slot *sl, int32_t *id_out)
         return 0;
     }
     uint64_t t0 = shoal_metrics_now_ns();
+    if (sl->crun) {
+        /* structured output: the disallowed ids leave the row, so sampling,
+         * penalties and logprobs all see the masked distribution */
+        int n = shoal_cons_run_mask(sl->crun, sl->cmask);
+        if (n <= 0) {
+            shoal_sched_stats add = {.failed = 1};
+            emit_error(s, sl, 500, "constraint_dead_end", NULL,
+                       "the structured-output constraint admits no continuation (docs/API.md lists the corner "
+                       "cases)");
+            release(s, sl, &add);
+            return 0;
+        }
+        for (int i = 0; i < s->vocab; i++)
+            if (!sl->cmask[i])
+                sl->logits[i] = -INFINITY;
+    }
     int32_t id = shoal_sampler_sample(sl->sampler, sl->logits);
+    if (sl->crun) {
+        if (id < 0 || id >= s->vocab || !sl->cmask[id])
+            id = shoal_argmax(sl->logits, s->vocab); /* a draw can only land on a masked id by rounding */
+        shoal_cons_run_accept(sl->crun, id);
+    }
     uint64_t t1 = shoal_metrics_now_ns();
     if (s->o.cm) {
         shoal_cmetrics_add_phase(s->o.cm, SHOAL_PHASE_SAMPLING, t1 - t0);
@@ -1065,6 +1148,7 @@ void shoal_sched_close(shoal_sched *s)
     cancel_running(s);
     pthread_join(s->thread, NULL);
     slots_free(s);
+    shoal_cons_vocab_free(s->cvocab);
     shoal__sched_store_free(s);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);

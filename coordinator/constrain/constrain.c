@@ -1370,6 +1370,42 @@ int shoal_cons_compile_choice(shoal_cons **out, const char *const *choices, int 
     return 0;
 }
 
+int shoal_cons_compile_spec(shoal_cons **out, const json_t *spec, char *err, size_t errlen)
+{
+    *out = NULL;
+    const char *kind = json_string_value(json_object_get(spec, "kind"));
+    if (!kind)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "constraint without a kind");
+    if (!strcmp(kind, "json")) {
+        const json_t *sc = json_object_get(spec, "schema");
+        return shoal_cons_compile_json(out, json_is_null(sc) ? NULL : sc, err, errlen);
+    }
+    if (!strcmp(kind, "regex")) {
+        const json_t *p = json_object_get(spec, "pattern");
+        if (!json_is_string(p))
+            return shoal_err_set(err, errlen, SHOAL_EINVAL, "regex: the pattern must be a string");
+        return shoal_cons_compile_regex(out, json_string_value(p), json_string_length(p), err, errlen);
+    }
+    if (!strcmp(kind, "choice")) {
+        const json_t *a = json_object_get(spec, "choices");
+        if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > 4096)
+            return shoal_err_set(err, errlen, SHOAL_EINVAL, "choice: a non-empty array of strings (at most 4096)");
+        int n = (int)json_array_size(a);
+        const char **v = shoal_xcalloc((size_t)n, sizeof *v);
+        for (int i = 0; i < n; i++) {
+            v[i] = json_string_value(json_array_get(a, (size_t)i));
+            if (!v[i] || strlen(v[i]) != json_string_length(json_array_get(a, (size_t)i))) {
+                free(v);
+                return shoal_err_set(err, errlen, SHOAL_EINVAL, "choice %d: a string without NUL", i);
+            }
+        }
+        int rc = shoal_cons_compile_choice(out, v, n, err, errlen);
+        free(v);
+        return rc;
+    }
+    return shoal_err_set(err, errlen, SHOAL_EINVAL, "constraint kind '%s'", kind);
+}
+
 /* ---- vocabulary trie ---------------------------------------------------- */
 
 typedef struct {

@@ -57,6 +57,10 @@ int shoal_cons_compile_json(shoal_cons **out, const json_t *schema, char *err, s
 int shoal_cons_compile_regex(shoal_cons **out, const char *re, size_t len, char *err, size_t errlen);
 /* The whole output is exactly one of the n strings (UTF-8, n >= 1). */
 int shoal_cons_compile_choice(shoal_cons **out, const char *const *choices, int n, char *err, size_t errlen);
+/* The normalised form the API stores in a request (shoal_gen_params.constraint):
+ * {"kind":"json","schema":S|null} | {"kind":"regex","pattern":"..."} |
+ * {"kind":"choice","choices":["...", ...]}. */
+int shoal_cons_compile_spec(shoal_cons **out, const json_t *spec, char *err, size_t errlen);
 void shoal_cons_free(shoal_cons *c); /* accepts NULL */
 
 /* The byte trie of t's ordinary tokens (ids [0, n_ranks)); special ids are

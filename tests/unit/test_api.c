@@ -122,12 +122,19 @@ static void t_chat_refusals(void)
             "{\"model\":\"tiny\",\"messages\":[{\"role\":\"assistant\",\"content\":\"a\",\"partial\":true},"
             "{\"role\":\"user\",\"content\":\"hi\"}]}",
             400, "messages[0].partial");
-    refused(C, CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"strict\":true}}"),
-            400, "response_format.json_schema.strict");
+    /* structured output (issue 36): enforced, so strict is accepted; a keyword
+     * the compiler does not implement is a 400 naming it */
+    e = refused(C, CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"strict\":true,"
+                        "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":1}}}}}"),
+                400, "response_format.json_schema.schema");
+    CHECK_STR_CONTAINS(e.message, "/properties/a/minimum");
+    refused(C, CHAT(",\"guided_regex\":\"(a\""), 400, "guided_regex");
+    refused(C, CHAT(",\"guided_choice\":[]"), 400, "guided_choice");
+    refused(C, CHAT(",\"guided_regex\":\"a\",\"guided_choice\":[\"a\"]"), 400, "guided_choice");
     refused(C, CHAT(",\"response_format\":{\"type\":\"yaml\"}"), 400, "response_format.type");
     refused(C, CHAT(",\"modalities\":[\"audio\"]"), 400, "modalities");
     /* the field policy: an output-changing field that is not implemented is refused naming it */
-    e = refused(C, CHAT(",\"guided_json\":{\"type\":\"object\"}"), 400, "guided_json");
+    e = refused(C, CHAT(",\"guided_grammar\":\"root ::= x\""), 400, "guided_grammar");
     CHECK(!strcmp(e.code, "unsupported_parameter"));
     refused(C, CHAT(",\"grammar\":\"root ::= x\""), 400, "grammar");
     refused(C, CHAT(",\"ignore_eos\":true"), 400, "ignore_eos");
