@@ -1,0 +1,438 @@
+#!/usr/bin/env python3
+"""Structured outputs enforced while sampling (issue 36), against `shoal serve`.
+
+The oracle is Python's `jsonschema` (Draft 2020-12, with its format checker)
+and `re`, never shoal's code. Cases:
+  property/<model>/*  generated schemas (every supported keyword, nested,
+                 recursive through $defs) sampled at temperature 1.5 through
+                 response_format json_schema: a finished output parses and
+                 validates; an output cut by max_tokens is a prefix of JSON
+                 text (checked by a scanner written here). SHOAL_CONSTRAIN_SCHEMAS
+                 sets the count per model (default 24). Models: k3-nano (its own
+                 4,096-id vocabulary) and, when K3's real vocabulary is beside the
+                 checkout, the tiny K3 with 163,840 logits and the real
+                 tiktoken.model (tools/make_tiny_k3.py --preset tiny-k3-vocab).
+  json_object    response_format json_object: an object.
+  regex, choice  guided_regex / guided_choice: re.fullmatch / membership, on
+                 chat and completions.
+  sdk_parse      the official openai SDK's chat.completions.parse with a
+                 Pydantic model (nested model, enum, Optional, list): the parsed
+                 object comes back.
+  isolation      an unconstrained greedy request gives the same text alone and
+                 next to a constrained one (a mask never leaks to another slot).
+  refusals       an unsupported keyword is a 400 naming it (param + message).
+"""
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+
+SRC = os.environ.get("SHOAL_SRC", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
+BUILD = os.environ.get("SHOAL_BUILD", os.path.join(SRC, "build"))
+sys.path.insert(0, os.path.join(SRC, "tests", "e2e"))
+import harness  # noqa: E402
+
+R = harness.Recorder("test_constrain")
+NANO = os.path.join(SRC, "tests", "models", "k3-nano")
+WORK = os.path.join(BUILD, "constrain")
+N_SCHEMAS = int(os.environ.get("SHOAL_CONSTRAIN_SCHEMAS", "24"))
+
+try:
+    import jsonschema
+except ImportError:
+    jsonschema = None
+
+
+class Server:
+    def __init__(self, model, name, *args):
+        self.log = harness.logfile()
+        cmd = [BIN, "serve", "--model", model, "--port", "0", "--model-name", name, "--threads", "1", "--memo", "0",
+               *args]
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        line = self.p.stdout.readline()
+        if "listening on" not in line:
+            harness.terminate(self.p)
+            self.log.seek(0)
+            raise RuntimeError(f"server did not start: {line!r} {self.log.read()[-2000:]!r}")
+        self.url = line.strip().split("listening on ")[1]
+        self.name = name
+        deadline = time.time() + 60
+        while time.time() < deadline and harness.health(self.url)[0] != 200:
+            time.sleep(0.1)
+        import openai
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+    def stop(self):
+        return harness.terminate(self.p, 30)
+
+
+# ------------------------------------------------------------ generator --
+
+PATTERNS = ["^[a-z]{1,6}$", "^[A-Z][a-z]{0,8}$", "^\\d{3}-\\d{4}$", "ab", "^(cat|dog)s?$", "^[a-f0-9]+$"]
+FORMATS = ["date", "uuid", "email", "time", "date-time"]
+WORDS = ["alpha", "beta", "gamma", "delta", "x", "y", "id", "name", "count", "tags", "é", "日本"]
+
+
+def gen_leaf(r):
+    k = r.choice(["string", "string", "integer", "number", "boolean", "null", "enum", "const", "typelist"])
+    if k == "string":
+        s = {"type": "string"}
+        v = r.random()
+        if v < 0.3:
+            lo = r.randint(0, 3)
+            s["minLength"] = lo
+            s["maxLength"] = lo + r.randint(0, 8)
+        elif v < 0.5:
+            s["pattern"] = r.choice(PATTERNS)
+        elif v < 0.7:
+            s["format"] = r.choice(FORMATS)
+        return s
+    if k in ("integer", "number", "boolean", "null"):
+        return {"type": k}
+    if k == "enum":
+        pool = ["red", "green", "blue", 1, 2.5, None, True, "日本", {"a": 1}, [1, "x"]]
+        return {"enum": r.sample(pool, r.randint(1, 4))}
+    if k == "const":
+        return {"const": r.choice(["fixed", 42, {"k": [True, None]}])}
+    return {"type": r.sample(["string", "integer", "boolean", "null"], r.randint(2, 3))}
+
+
+def gen_schema(r, depth=0):
+    if depth >= 3 or r.random() < 0.35:
+        return gen_leaf(r)
+    k = r.choice(["object", "object", "array", "anyOf", "oneOf"])
+    if k == "object":
+        names = r.sample(WORDS, r.randint(1, 4))
+        props = {n: gen_schema(r, depth + 1) for n in names}
+        s = {"type": "object", "properties": props, "required": [n for n in names if r.random() < 0.6]}
+        v = r.random()
+        if v < 0.6:
+            s["additionalProperties"] = False
+        elif v < 0.8:
+            s["additionalProperties"] = {"type": "integer"}
+        return s
+    if k == "array":
+        s = {"type": "array"}
+        if r.random() < 0.3:
+            s["prefixItems"] = [gen_schema(r, depth + 1) for _ in range(r.randint(1, 2))]
+            s["items"] = False if r.random() < 0.5 else gen_schema(r, depth + 1)
+        else:
+            s["items"] = gen_schema(r, depth + 1)
+        lo = r.randint(0, 2)
+        s["minItems"] = min(lo, len(s.get("prefixItems", []))) if s.get("items") is False else lo
+        s["maxItems"] = s["minItems"] + r.randint(0, 3)
+        return s
+    # anyOf: anything; oneOf: alternatives of distinct JSON types so exactly one matches
+    if k == "anyOf":
+        return {"anyOf": [gen_schema(r, depth + 1) for _ in range(r.randint(2, 3))]}
+    types = r.sample(["string", "integer", "boolean", "null", "object", "array"], 2)
+    alts = []
+    for t in types:
+        if t == "object":
+            alts.append({"type": "object", "properties": {"v": gen_leaf(r)}, "required": ["v"],
+                         "additionalProperties": False})
+        elif t == "array":
+            alts.append({"type": "array", "items": gen_leaf(r), "maxItems": 2})
+        else:
+            alts.append({"type": t})
+    return {"oneOf": alts}
+
+
+def gen_recursive(r):
+    node = {"type": "object", "properties": {"label": gen_leaf(r),
+                                             "children": {"type": "array", "maxItems": 2,
+                                                          "items": {"$ref": "#/$defs/node"}}},
+            "required": ["label"], "additionalProperties": False}
+    return {"$defs": {"node": node}, "$ref": "#/$defs/node"}
+
+
+# ------------------------------------------------------------ oracles --
+
+def json_prefix_ok(text):
+    """Is text a prefix of some JSON text? A scanner written from RFC 8259."""
+    stack = []  # 'o' object, 'a' array
+    i, n = 0, len(text)
+    state = "value"  # value | after | key | colon
+    while i < n:
+        c = text[i]
+        if c in " \t\n\r":
+            i += 1
+            continue
+        if state in ("value", "key"):
+            if state == "key" and c == "}" and stack and stack[-1] == "o":
+                stack.pop()
+                state = "after"
+                i += 1
+                continue
+            if state == "value" and c == "]" and stack and stack[-1] == "a":
+                stack.pop()
+                state = "after"
+                i += 1
+                continue
+            if c == '"':
+                j = i + 1
+                while j < n and text[j] != '"':
+                    if text[j] == "\\":
+                        j += 1
+                    j += 1
+                if j >= n:
+                    return True  # an open string
+                i = j + 1
+                state = "colon" if state == "key" else "after"
+                continue
+            if state == "key":
+                return False
+            if c == "{":
+                stack.append("o")
+                state = "key"
+                i += 1
+                continue
+            if c == "[":
+                stack.append("a")
+                state = "value"
+                i += 1
+                continue
+            m = re.match(r"-?(0|[1-9]\d*)?(\.\d*)?([eE][+-]?\d*)?", text[i:])
+            lit = next((w for w in ("true", "false", "null") if text[i:].startswith(w[:max(1, min(len(w), n - i))])), None)
+            if lit and text[i:i + len(lit)] == lit:
+                i += len(lit)
+                state = "after"
+                continue
+            if lit and i + len(lit) > n:
+                return True
+            if m and m.end() > 0:
+                i += m.end()
+                state = "after"
+                continue
+            return False
+        if state == "colon":
+            if c != ":":
+                return False
+            state = "value"
+            i += 1
+            continue
+        if state == "after":
+            if not stack:
+                return False
+            if c == ",":
+                state = "key" if stack[-1] == "o" else "value"
+                i += 1
+                continue
+            if (c == "}" and stack[-1] == "o") or (c == "]" and stack[-1] == "a"):
+                stack.pop()
+                i += 1
+                continue
+            return False
+    return True
+
+
+def validate(schema, obj):
+    v = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    errs = list(v.iter_errors(obj))
+    return "; ".join(e.message for e in errs[:2])
+
+
+# ------------------------------------------------------------ cases --
+
+def chat(srv, messages, max_tokens, **kw):
+    return srv.client.chat.completions.create(model=srv.name, messages=messages, max_tokens=max_tokens, **kw)
+
+
+def t_property(srv, label, count, seed):
+    r = random.Random(seed)
+    stats = {"stop": 0, "length": 0}
+    for k in range(count):
+        schema = gen_recursive(r) if k % 5 == 4 else gen_schema(r)
+        case = f"property/{label}/{k}"
+        try:
+            resp = chat(srv, [{"role": "user", "content": "Give me JSON."}], 60, temperature=1.5, seed=k,
+                        response_format={"type": "json_schema",
+                                         "json_schema": {"name": "s", "strict": True, "schema": schema}})
+        except Exception as e:  # noqa: BLE001
+            R.record("FAIL", case, f"{json.dumps(schema)}: {e}"[:600])
+            continue
+        ch = resp.choices[0]
+        text = ch.message.content or ""
+        stats[ch.finish_reason] = stats.get(ch.finish_reason, 0) + 1
+        if ch.finish_reason == "stop":
+            try:
+                obj = json.loads(text)
+            except ValueError as e:
+                R.record("FAIL", case, f"not JSON: {text!r} ({e}) schema {json.dumps(schema)}"[:600])
+                continue
+            why = validate(schema, obj)
+            R.check(case, not why, f"{why}: {text!r} schema {json.dumps(schema)}"[:600])
+        elif ch.finish_reason == "length":
+            R.check(case, json_prefix_ok(text), f"cut output is no JSON prefix: {text!r}"[:600])
+        else:
+            R.record("FAIL", case, f"finish_reason {ch.finish_reason}: {text!r}")
+    print(f"  {label}: finish reasons {stats}", flush=True)
+    R.check(f"property/{label}/finished_some", stats["stop"] >= count // 4,
+            f"too few outputs finished to test the oracle: {stats}")
+
+
+def t_json_object(srv, label):
+    ok = 0
+    for seed in range(4):
+        resp = chat(srv, [{"role": "user", "content": "JSON please"}], 80, temperature=1.2, seed=seed,
+                    response_format={"type": "json_object"})
+        ch = resp.choices[0]
+        text = ch.message.content or ""
+        if ch.finish_reason == "stop":
+            try:
+                good = isinstance(json.loads(text), dict)
+            except ValueError:
+                good = False
+            ok += 1
+            R.check(f"json_object/{label}/{seed}", good, repr(text)[:300])
+        else:
+            R.check(f"json_object/{label}/{seed}", ch.finish_reason == "length" and json_prefix_ok(text),
+                    f"{ch.finish_reason} {text!r}"[:300])
+
+
+def t_regex_choice(srv, label):
+    pat = r"(yes|no), [0-9]{2,4} (apples|pears)"
+    for seed in range(3):
+        resp = chat(srv, [{"role": "user", "content": "Answer"}], 40, temperature=1.5, seed=seed,
+                    extra_body={"guided_regex": pat})
+        text = resp.choices[0].message.content
+        R.check(f"regex/{label}/chat/{seed}", resp.choices[0].finish_reason == "stop" and re.fullmatch(pat, text),
+                f"{resp.choices[0].finish_reason} {text!r}")
+        c = srv.client.completions.create(model=srv.name, prompt="The answer is", max_tokens=40, temperature=1.5,
+                                          seed=seed, extra_body={"guided_regex": pat})
+        R.check(f"regex/{label}/completion/{seed}", c.choices[0].finish_reason == "stop" and
+                re.fullmatch(pat, c.choices[0].text), f"{c.choices[0].finish_reason} {c.choices[0].text!r}")
+    choices = ["Paris", "Lyon", "Marseille", "日本語"]
+    for seed in range(3):
+        resp = chat(srv, [{"role": "user", "content": "Pick"}], 20, temperature=2.0, seed=seed,
+                    extra_body={"guided_choice": choices})
+        R.check(f"choice/{label}/{seed}", resp.choices[0].message.content in choices,
+                repr(resp.choices[0].message.content))
+
+
+def t_sdk_parse(srv, label):
+    import enum
+    from typing import List, Optional
+
+    import pydantic
+
+    class Color(str, enum.Enum):
+        red = "red"
+        green = "green"
+
+    class Item(pydantic.BaseModel):
+        name: str
+        qty: int
+
+    class Order(pydantic.BaseModel):
+        customer: str
+        color: Color
+        note: Optional[str]
+        items: List[Item]
+
+    parse = getattr(srv.client.chat.completions, "parse", None) or srv.client.beta.chat.completions.parse
+    got = 0
+    for seed in range(3):
+        try:
+            resp = parse(model=srv.name, messages=[{"role": "user", "content": "An order"}], response_format=Order,
+                         max_tokens=200, temperature=0.8, seed=seed)
+        except Exception as e:  # noqa: BLE001  (a length cut raises LengthFinishReasonError)
+            if type(e).__name__ == "LengthFinishReasonError":
+                continue
+            R.record("FAIL", f"sdk_parse/{label}/{seed}", repr(e)[:400])
+            continue
+        p = resp.choices[0].message.parsed
+        got += 1
+        R.check(f"sdk_parse/{label}/{seed}", isinstance(p, Order), repr(resp.choices[0].message.content)[:300])
+    R.check(f"sdk_parse/{label}/some_parsed", got >= 1, "every try was cut by max_tokens")
+
+
+def t_isolation(srv, label):
+    kw = dict(messages=[{"role": "user", "content": "Tell me about the sea."}], temperature=0)
+    alone = chat(srv, max_tokens=24, **kw).choices[0].message.content
+    out = {}
+
+    def constrained():
+        out["c"] = chat(srv, [{"role": "user", "content": "x"}], 40, temperature=1.0, seed=3,
+                        response_format={"type": "json_object"})
+
+    th = threading.Thread(target=constrained)
+    th.start()
+    together = chat(srv, max_tokens=24, **kw).choices[0].message.content
+    th.join()
+    R.check(f"isolation/{label}", together == alone, f"{alone!r} vs {together!r}")
+
+
+def t_refusals(srv, label):
+    import openai
+    cases = [
+        ({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}, "/properties/n/minimum"),
+        ({"type": "string", "pattern": "^(a|b)*a(a|b){24}$"}, "too many"),
+        ({"type": "object", "patternProperties": {"a": {}}}, "patternProperties"),
+    ]
+    for schema, needle in cases:
+        try:
+            chat(srv, [{"role": "user", "content": "x"}], 5,
+                 response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+            R.record("FAIL", f"refusals/{label}/{needle}", "accepted")
+        except openai.BadRequestError as e:
+            b = e.body or {}
+            R.check(f"refusals/{label}/{needle}", b.get("param") == "response_format.json_schema.schema" and
+                    needle in (b.get("message") or ""), json.dumps(b)[:300])
+
+
+def real_dir():
+    d = os.environ.get("SHOAL_K3_TOKENIZER_DIR") or os.path.join(SRC, "..", "shared", "k3")
+    return d if os.path.exists(os.path.join(d, "tiktoken.model")) else None
+
+
+def real_vocab_model(real):
+    gen = os.path.join(WORK, "tiny-k3-vocab")
+    if not os.path.exists(os.path.join(gen, "model.safetensors.index.json")):
+        subprocess.run([sys.executable, os.path.join(SRC, "tools", "make_tiny_k3.py"), "--preset", "tiny-k3-vocab",
+                        "--out", gen], check=True, capture_output=True, timeout=600)
+    return gen
+
+
+def main():
+    if jsonschema is None:
+        R.record("SKIP", "all", "python jsonschema missing (tools/requirements.txt; scripts/deps.sh installs it)")
+        return 77
+    os.makedirs(WORK, exist_ok=True)
+    t0 = time.time()
+    srv = Server(NANO, "nano")
+    try:
+        t_refusals(srv, "nano")
+        t_json_object(srv, "nano")
+        t_regex_choice(srv, "nano")
+        t_sdk_parse(srv, "nano")
+        t_isolation(srv, "nano")
+        t_property(srv, "nano", N_SCHEMAS, 36)
+    finally:
+        srv.stop()
+    print(f"  nano: {time.time() - t0:.1f} s", flush=True)
+    real = real_dir()
+    if not real:
+        R.record("SKIP", "property/real_vocab", "K3's real vocabulary is not beside the checkout "
+                 "(../shared/k3/tiktoken.model; SHOAL_K3_TOKENIZER_DIR)")
+    else:
+        t1 = time.time()
+        srv = Server(real_vocab_model(real), "k3v", "--tokenizer", real)
+        try:
+            t_json_object(srv, "real_vocab")
+            t_property(srv, "real_vocab", max(4, N_SCHEMAS // 2), 3636)
+        finally:
+            srv.stop()
+        print(f"  real vocabulary: {time.time() - t1:.1f} s", flush=True)
+    if R.counts["FAIL"]:
+        return 1
+    return 77 if not R.counts["PASS"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
