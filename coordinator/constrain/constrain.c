@@ -1422,6 +1422,7 @@ struct shoal_cons_vocab {
     uint32_t *off; /* [n_ranks + 1] */
     vtrie all, odd; /* every token; the tokens outside plain */
     uint8_t *plain; /* [n_vocab]: only plain JSON string bytes, valid UTF-8 (a trailing partial character allowed) */
+    uint8_t *plain_chars; /* [n_vocab]: the characters a plain token starts (<= 254), 255 when not plain */
     int maxlen;
     int32_t n_plain;
 };
@@ -1510,6 +1511,8 @@ int shoal_cons_vocab_build(shoal_cons_vocab **out, const shoal_tok *t, char *err
     int32_t *ids = shoal_xmalloc(sizeof *ids * (size_t)v->n_ranks);
     int32_t *odd = shoal_xmalloc(sizeof *odd * (size_t)v->n_ranks);
     v->plain = shoal_xcalloc((size_t)v->n_vocab, 1);
+    v->plain_chars = shoal_xmalloc((size_t)v->n_vocab);
+    memset(v->plain_chars, 255, (size_t)v->n_vocab);
     int32_t nodd = 0;
     for (int32_t i = 0; i < v->n_ranks; i++) {
         size_t n;
@@ -1526,6 +1529,8 @@ int shoal_cons_vocab_build(shoal_cons_vocab **out, const shoal_tok *t, char *err
             ok = b[k] != '"' && b[k] != '\\' && str_byte(&sub, b[k], &chars, 0, 0) == 0;
         v->plain[i] = (uint8_t)ok;
         v->n_plain += ok;
+        if (ok)
+            v->plain_chars[i] = (uint8_t)(chars > 254 ? 254 : chars);
         if (!ok)
             odd[nodd++] = i;
     }
@@ -1555,6 +1560,7 @@ void shoal_cons_vocab_free(shoal_cons_vocab *v)
     free(v->blob);
     free(v->off);
     free(v->plain);
+    free(v->plain_chars);
     trie_free(&v->all);
     trie_free(&v->odd);
     free(v);
@@ -1630,21 +1636,26 @@ static int walk(shoal_cons_run *r, const vtrie *t, uint8_t *mask)
     return count;
 }
 
-/* the fast path's condition: one stack, in an unbounded string body (or an
- * additional key past the declared names) at a character boundary */
-static int plain_string(const shoal_cons_run *r)
+/* The fast path's condition: one stack, at a character boundary, in a
+ * string body without a pattern, or in a key that may be an additional one
+ * (a plain token keeps its additional path alive whatever the declared
+ * names). Returns the characters a plain token may add (UNLIMITED: any), or
+ * -1 when the path does not apply. */
+static int64_t plain_string(const shoal_cons_run *r)
 {
     if (r->cur.n != 1)
-        return 0;
+        return -1;
     const stack *s = &r->cur.s[0];
     const frame *f = &s->f[s->d - 1];
     if (f->c != 0)
-        return 0;
+        return -1;
     if (f->ph == PH_STR) {
         const cnode *n = &r->c->n[f->node];
-        return n->re < 0 && n->maxc == UNLIMITED;
+        if (n->re >= 0)
+            return -1;
+        return n->maxc == UNLIMITED ? (int64_t)UNLIMITED : (int64_t)n->maxc - (int64_t)f->a;
     }
-    return f->ph == PH_KEY && f->a == NONE && (f->b & 1);
+    return f->ph == PH_KEY && (f->b & 1) ? (int64_t)UNLIMITED : -1;
 }
 
 int shoal_cons_run_mask(shoal_cons_run *r, uint8_t *mask)
@@ -1658,9 +1669,19 @@ int shoal_cons_run_mask(shoal_cons_run *r, uint8_t *mask)
         return 1;
     }
     int count;
-    if (plain_string(r)) {
+    int64_t room = plain_string(r);
+    if (room == (int64_t)UNLIMITED) {
         memcpy(mask, v->plain, (size_t)v->n_vocab);
         count = v->n_plain + walk(r, &v->odd, mask);
+    } else if (room >= 0) {
+        /* a maxLength: the plain tokens that fit, then the others walked */
+        count = 0;
+        for (int32_t i = 0; i < v->n_ranks; i++) {
+            uint8_t ok = v->plain_chars[i] <= room;
+            mask[i] = ok;
+            count += ok;
+        }
+        count += walk(r, &v->odd, mask);
     } else {
         count = walk(r, &v->all, mask);
     }
