@@ -13,7 +13,7 @@
 #include "common/err.h"
 #include "common/utf8.h"
 #include "coordinator/api/api.h"
-#include "coordinator/constrain/constrain.h"
+#include "coordinator/text/text.h"
 
 static int fail(shoal_api_error *e, int status, const char *code, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));

@@ -9,7 +9,7 @@
 #include <pthread.h>
 
 #include "coordinator/api/sched.h"
-#include "coordinator/constrain/constrain.h"
+#include "coordinator/text/text.h"
 
 #define SHOAL_SCHED_CLIENTS 256
 #define SHOAL_SCHED_MAX_KEPT 64

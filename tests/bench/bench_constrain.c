@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "coordinator/constrain/constrain.h"
+#include "coordinator/text/constrain.h"
 #include "coordinator/text/tokenizer.h"
 
 static double now_us(void)

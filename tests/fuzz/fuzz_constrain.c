@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coordinator/constrain/constrain.h"
+#include "coordinator/text/constrain.h"
 #include "fuzz_tok_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

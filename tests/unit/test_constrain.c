@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "coordinator/constrain/constrain.h"
+#include "coordinator/text/constrain.h"
 #include "coordinator/text/tokenizer.h"
 #include "test.h"
 

@@ -23,8 +23,8 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "coordinator/constrain/constrain.h"
-#include "coordinator/constrain/constrain_int.h"
+#include "coordinator/text/constrain.h"
+#include "coordinator/text/constrain_int.h"
 
 /* ---- compiled constraint ------------------------------------------------- */
 

@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "coordinator/constrain/constrain.h"
-#include "coordinator/constrain/constrain_int.h"
+#include "coordinator/text/constrain.h"
+#include "coordinator/text/constrain_int.h"
 
 #define MAX_AST 8192
 #define MAX_REP 256
