@@ -1011,6 +1011,36 @@ static int parse_constraint(json_t *root, shoal_gen_kind kind, shoal_gen_params 
         return UNSUPPORTED(param, "give at most one of response_format (json_object / json_schema), guided_json, "
                                   "guided_regex, guided_choice");
     }
+    /* a forced tool call: tool_choice names a function (or is "required"
+     * with one tool declared): the reply is that call, its arguments
+     * constrained by the function's parameters */
+    const char *forced = NULL;
+    if (!spec && kind == SHOAL_GEN_CHAT && g->tools && g->tool_choice) {
+        if (json_is_object(g->tool_choice))
+            forced = json_string_value(json_object_get(json_object_get(g->tool_choice, "function"), "name"));
+        else if (!strcmp(json_string_value(g->tool_choice), "required") && json_array_size(g->tools) == 1)
+            forced = json_string_value(json_object_get(json_object_get(json_array_get(g->tools, 0), "function"),
+                                                       "name"));
+    }
+    if (forced) {
+        size_t i;
+        json_t *t, *params = NULL;
+        json_array_foreach(g->tools, i, t) {
+            json_t *fn = json_object_get(t, "function");
+            if (!strcmp(json_string_value(json_object_get(fn, "name")), forced)) {
+                params = json_object_get(fn, "parameters");
+                break;
+            }
+        }
+        if (params && !json_is_object(params))
+            params = NULL;
+        const char *pt = params ? json_string_value(json_object_get(params, "type")) : NULL;
+        if (pt && strcmp(pt, "object"))
+            return BAD("tools[].function.parameters", "the parameters of the forced tool '%s' must be an object schema",
+                       forced);
+        spec = json_pack("{s:s, s:O, s:s}", "kind", "json", "schema", params ? params : json_null(), "tool", forced);
+        param = "tools[].function.parameters";
+    }
     if (!spec)
         return 0;
     shoal_cons *c;

@@ -561,6 +561,39 @@ static int render(shoal_sched *s, shoal_slot *sl)
  * rest of K3's reply after the content (thinking is off, api_parse.c:
  * </response></message><|end_of_msg|> as K3 writes it, chatparse.h); in a
  * completion, the first stop id. */
+/* ids of K3's text pieces and markers, each piece encoded on its own as the
+ * chat encoder writes its segments (chat.c); a marker is "<|...|>" */
+static int cons_ids(shoal_sched *s, const char *const *pieces, int n, int32_t *out, int cap, char *err, size_t errlen)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (pieces[i][0] == '<' && pieces[i][1] == '|') {
+            int32_t id = shoal_tok_special_id(s->o.tok, pieces[i]);
+            if (id < 0 || k >= cap)
+                return -1;
+            out[k++] = id;
+            continue;
+        }
+        shoal_tok_ids ids = {0};
+        if (shoal_tok_encode(s->o.tok, pieces[i], strlen(pieces[i]), 0, &ids, err, errlen) ||
+            k + (int)ids.n > cap) {
+            shoal_tok_ids_free(&ids);
+            return -1;
+        }
+        for (size_t j = 0; j < ids.n; j++)
+            out[k++] = ids.v[j];
+        shoal_tok_ids_free(&ids);
+    }
+    return k;
+}
+
+/* Structured output: compile the request's constraint, the vocabulary trie
+ * once, and the run. What must follow the constrained text: in a chat, the
+ * rest of K3's reply after the content (thinking is off, api_parse.c:
+ * </response></message><|end_of_msg|> as K3 writes it, chatparse.h); for a
+ * forced tool call, the call's opening is forced before the arguments (K3's
+ * json element, raw JSON) and its closing after; in a completion, the first
+ * stop id. */
 static int constrain_begin(shoal_sched *s, shoal_slot *sl, char *err, size_t errlen)
 {
     const shoal_gen_params *p = &sl->job->p;
@@ -569,34 +602,38 @@ static int constrain_begin(shoal_sched *s, shoal_slot *sl, char *err, size_t err
         return rc;
     if (!s->cvocab && (rc = shoal_cons_vocab_build(&s->cvocab, s->o.tok, err, errlen)))
         return rc;
-    int32_t end[16];
-    int n_end = 0;
+    int32_t end[64], pre[64];
+    int n_end = 0, n_pre = 0;
+    const char *tool = json_string_value(json_object_get(p->constraint, "tool"));
     if (p->kind == SHOAL_GEN_CHAT) {
-        int32_t close = shoal_tok_special_id(s->o.tok, "<|close|>"), sep = shoal_tok_special_id(s->o.tok, "<|sep|>"),
-                eom = shoal_tok_special_id(s->o.tok, "<|end_of_msg|>");
-        const char *names[] = {"response", "message"};
-        for (int k = 0; k < 2 && close >= 0 && sep >= 0; k++) {
-            shoal_tok_ids ids = {0};
-            end[n_end++] = close;
-            if (shoal_tok_encode(s->o.tok, names[k], strlen(names[k]), 0, &ids, err, errlen) || ids.n > 4) {
-                shoal_tok_ids_free(&ids);
-                return shoal_err_set(err, errlen, SHOAL_EINTERNAL, "constrain: cannot encode K3's closing tags");
-            }
-            for (size_t i = 0; i < ids.n; i++)
-                end[n_end++] = ids.v[i];
-            shoal_tok_ids_free(&ids);
-            end[n_end++] = sep;
+        static const char *const reply_end[] = {"<|close|>", "response", "<|sep|>", "<|close|>", "message",
+                                                "<|sep|>", "<|end_of_msg|>"};
+        static const char *const call_end[] = {"<|close|>", "json", "<|sep|>", "<|close|>", "call", "<|sep|>",
+                                               "<|close|>", "tools", "<|sep|>", "<|close|>", "message", "<|sep|>",
+                                               "<|end_of_msg|>"};
+        if (tool) {
+            const char *call_pre[] = {"<|close|>", "response", "<|sep|>", "<|open|>", "tools", "<|sep|>",
+                                      "<|open|>", "call", " tool", "=\"", tool, "\"", " index", "=\"", "1", "\"",
+                                      "<|sep|>", "<|open|>", "json", " type", "=\"", "object", "\"", "<|sep|>"};
+            n_pre = cons_ids(s, call_pre, (int)(sizeof call_pre / sizeof call_pre[0]), pre, 64, err, errlen);
+            n_end = cons_ids(s, call_end, (int)(sizeof call_end / sizeof call_end[0]), end, 64, err, errlen);
+        } else {
+            n_end = cons_ids(s, reply_end, (int)(sizeof reply_end / sizeof reply_end[0]), end, 64, err, errlen);
         }
-        if (eom >= 0)
-            end[n_end++] = eom;
-        if (close < 0 || sep < 0 || eom < 0) /* not K3's format: end with the stop id */
-            n_end = 0;
+        if (n_end < 0 || n_pre < 0) { /* not K3's format: the text alone, then the stop id */
+            if (tool)
+                return shoal_err_set(err, errlen, SHOAL_EUNSUPPORTED,
+                                     "a forced tool call needs K3's chat markers in the vocabulary");
+            n_end = n_pre = 0;
+        }
     }
     if (!n_end)
         end[n_end++] = s->eos[0];
     if (!sl->cmask)
         sl->cmask = shoal_xmalloc((size_t)s->vocab);
-    return shoal_cons_run_create(&sl->crun, sl->cons, s->cvocab, end, n_end, err, errlen);
+    if ((rc = shoal_cons_run_create(&sl->crun, sl->cons, s->cvocab, end, n_end, err, errlen)))
+        return rc;
+    return n_pre ? shoal_cons_run_set_prefix(sl->crun, pre, n_pre) : 0;
 }
 
 /* Admission: render, sampler, output state, reuse or prefill, START. */

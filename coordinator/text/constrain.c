@@ -1573,7 +1573,7 @@ int32_t shoal_cons_vocab_size(const shoal_cons_vocab *v)
 
 /* ---- runs ---------------------------------------------------------------- */
 
-#define MAX_END 16
+#define MAX_END 64
 
 struct shoal_cons_run {
     const shoal_cons *c;
@@ -1582,7 +1582,21 @@ struct shoal_cons_run {
     mstate *lvl; /* [maxlen + 1] walk states */
     int32_t end[MAX_END];
     int n_end, end_pos; /* end_pos: end ids taken; -1 while in the text */
+    int32_t pre[MAX_END];
+    int n_pre, pre_pos; /* forced ids before the text, and how many are taken */
 };
+
+int shoal_cons_run_set_prefix(shoal_cons_run *r, const int32_t *ids, int n)
+{
+    if (n < 0 || n > MAX_END || r->pre_pos || r->end_pos >= 0)
+        return SHOAL_EINVAL;
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= r->v->n_vocab)
+            return SHOAL_EINVAL;
+    memcpy(r->pre, ids, sizeof *ids * (size_t)n);
+    r->n_pre = n;
+    return 0;
+}
 
 int shoal_cons_run_create(shoal_cons_run **out, const shoal_cons *c, const shoal_cons_vocab *v,
                           const int32_t *end_ids, int n_end, char *err, size_t errlen)
@@ -1662,6 +1676,10 @@ int shoal_cons_run_mask(shoal_cons_run *r, uint8_t *mask)
 {
     const shoal_cons_vocab *v = r->v;
     memset(mask, 0, (size_t)v->n_vocab);
+    if (r->pre_pos < r->n_pre) {
+        mask[r->pre[r->pre_pos]] = 1;
+        return 1;
+    }
     if (r->end_pos >= 0) {
         if (r->end_pos >= r->n_end)
             return 0;
@@ -1712,6 +1730,12 @@ int shoal_cons_run_feed(shoal_cons_run *r, const uint8_t *b, size_t n)
 
 int shoal_cons_run_accept(shoal_cons_run *r, int32_t id)
 {
+    if (r->pre_pos < r->n_pre) {
+        if (id != r->pre[r->pre_pos])
+            return SHOAL_EINVAL;
+        r->pre_pos++;
+        return 0;
+    }
     if (r->end_pos >= 0) {
         if (r->end_pos >= r->n_end || id != r->end[r->end_pos])
             return SHOAL_EINVAL;

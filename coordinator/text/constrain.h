@@ -73,10 +73,14 @@ int32_t shoal_cons_vocab_size(const shoal_cons_vocab *v); /* n_vocab of the toke
  * is the fixed id sequence that must follow the constrained text (e.g. K3's
  * <|close|>response<|sep|>...<|end_of_msg|>): when the text is complete the
  * mask allows end_ids[0] (next to the text's continuations); once it is taken
- * the rest is forced one id at a time. */
+ * the rest is forced one id at a time (n_end <= 64). */
 int shoal_cons_run_create(shoal_cons_run **out, const shoal_cons *c, const shoal_cons_vocab *v,
                           const int32_t *end_ids, int n_end, char *err, size_t errlen);
 void shoal_cons_run_free(shoal_cons_run *r); /* accepts NULL */
+/* Ids forced before the constrained text (at most 64; e.g. K3's tool-call
+ * opening up to the arguments' json element): the mask allows ids[k] alone
+ * until they are all taken. Only before the first accept. */
+int shoal_cons_run_set_prefix(shoal_cons_run *r, const int32_t *ids, int n);
 /* mask[n_vocab]: 1 where the id is allowed, 0 elsewhere. Returns the number
  * of allowed ids (0: nothing can follow -- the caller ends the request).
  * Never allocates. */

@@ -18,6 +18,8 @@ and `re`, never shoal's code. Cases:
   sdk_parse      the official openai SDK's chat.completions.parse with a
                  Pydantic model (nested model, enum, Optional, list): the parsed
                  object comes back.
+  tool_args      tool_choice naming a function: the reply is one call of it
+                 whose arguments parse and validate against its parameters.
   isolation      an unconstrained greedy request gives the same text alone and
                  next to a constrained one (a mask never leaks to another slot).
   refusals       an unsupported keyword is a 400 naming it (param + message).
@@ -352,6 +354,39 @@ def t_sdk_parse(srv, label):
     R.check(f"sdk_parse/{label}/some_parsed", got >= 1, "every try was cut by max_tokens")
 
 
+def t_tool_args(srv, label):
+    params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
+                                               "days": {"type": "integer"},
+                                               "unit": {"enum": ["celsius", "fahrenheit"]},
+                                               "hours": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}},
+              "required": ["city", "unit"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": params}},
+             {"type": "function", "function": {"name": "other", "parameters": {"type": "object"}}}]
+    done = 0
+    for seed in range(4):
+        for choice in ({"type": "function", "function": {"name": "get_weather"}},):
+            resp = chat(srv, [{"role": "user", "content": "Weather in Paris?"}], 300, temperature=1.0, seed=seed,
+                        tools=tools, tool_choice=choice)
+            ch = resp.choices[0]
+            case = f"tool_args/{label}/{seed}"
+            if ch.finish_reason == "length":
+                R.check(case, not ch.message.tool_calls, "a cut call returned as a tool call")
+                continue
+            calls = ch.message.tool_calls or []
+            if not R.check(case + "/one_call", len(calls) == 1 and calls[0].function.name == "get_weather" and
+                           ch.finish_reason == "tool_calls", f"{ch.finish_reason} {ch.message}"[:400]):
+                continue
+            try:
+                args = json.loads(calls[0].function.arguments)
+            except ValueError as e:
+                R.record("FAIL", case, f"arguments do not parse: {calls[0].function.arguments!r} {e}")
+                continue
+            why = validate(params, args)
+            done += 1
+            R.check(case, not why, f"{why}: {calls[0].function.arguments!r}")
+    R.check(f"tool_args/{label}/some_finished", done >= 1, "every call was cut by max_tokens")
+
+
 def t_isolation(srv, label):
     kw = dict(messages=[{"role": "user", "content": "Tell me about the sea."}], temperature=0)
     alone = chat(srv, max_tokens=24, **kw).choices[0].message.content
@@ -412,6 +447,7 @@ def main():
         t_regex_choice(srv, "nano")
         t_sdk_parse(srv, "nano")
         t_isolation(srv, "nano")
+        t_tool_args(srv, "nano")
         t_property(srv, "nano", N_SCHEMAS, 36)
     finally:
         srv.stop()
@@ -425,6 +461,7 @@ def main():
         srv = Server(real_vocab_model(real), "k3v", "--tokenizer", real)
         try:
             t_json_object(srv, "real_vocab")
+            t_tool_args(srv, "real_vocab")
             t_property(srv, "real_vocab", max(4, N_SCHEMAS // 2), 3636)
         finally:
             srv.stop()
