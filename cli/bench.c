@@ -101,45 +101,11 @@ static void fill_f32(float *p, size_t n, float lo, float hi)
 /* ---- STREAM-like read bandwidth ------------------------------------------ */
 
 static uint64_t read_sink;
-static size_t read_words;
 
-/* Each thread sums its contiguous share of buf as 64-bit words, read as four
- * concurrent sequential streams (one per quarter of the share) with software
- * prefetch: the access pattern of the GEMV kernels (four weight rows in
- * flight), so the ratio compares like with like. A sum, so the loads cannot
- * be elided. */
+/* The pass itself: kernels/kernels.h (shared with the worker's host facts). */
 static double read_bw_once(const uint64_t *buf, size_t nwords)
 {
-    uint64_t total = 0;
-    double t0 = now_s();
-#pragma omp parallel reduction(+ : total)
-    {
-        int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        size_t per = nwords / (size_t)nt, a = per * (size_t)id;
-        size_t q = per / 4 / 8 * 8; /* words per stream, multiple of 8 */
-        const uint64_t *p0 = buf + a, *p1 = p0 + q, *p2 = p1 + q, *p3 = p2 + q;
-        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (size_t i = 0; i < q; i += 8) {
-            __builtin_prefetch(p0 + i + 128);
-            __builtin_prefetch(p1 + i + 128);
-            __builtin_prefetch(p2 + i + 128);
-            __builtin_prefetch(p3 + i + 128);
-            for (int j = 0; j < 8; j++) {
-                s0 += p0[i + j];
-                s1 += p1[i + j];
-                s2 += p2[i + j];
-                s3 += p3[i + j];
-            }
-        }
-        total += s0 + s1 + s2 + s3;
-#pragma omp atomic
-        read_words += 4 * q;
-    }
-    double dt = now_s() - t0;
-    read_sink += total;
-    double words = (double)read_words;
-    read_words = 0;
-    return words * 8 / dt / 1e9;
+    return shoal_read_bw_pass(buf, nwords, 0, &read_sink);
 }
 
 /* The read-bandwidth buffer, kept for the whole run: every row times a read
@@ -670,14 +636,120 @@ static int bench_kernels(int argc, char **argv)
     return 0;
 }
 
+/* ---- shoal bench peak ------------------------------------------------------ */
+
+/* This machine's per-core ceilings: each instruction loop (kernels/peak_*.c)
+ * on one thread, timed with the thread's CPU clock (other processes' time
+ * slices do not count), median of reps with [min, max]; then the read pass on
+ * one thread and on all. Every kernel figure can then be stated as a fraction
+ * of the ceiling that binds it. */
+static int bench_peak(int argc, char **argv)
+{
+    bench_opts o = {.threads = omp_get_max_threads(), .reps = 5};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            o.json = 1;
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 3 || v > 1000) {
+                fprintf(stderr, "bench peak: --reps must be an integer in 3..1000, got '%s'\n", argv[i]);
+                return 2;
+            }
+            o.reps = (int)v;
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: shoal bench peak [--json] [--reps N]\n"
+                   "  Per-core instruction ceilings (fp32 FMA, vdpbf16ps, VNNI int8, AMX bf16 where the\n"
+                   "  CPU has them; thread CPU time) and the read pass on 1 thread and on all threads.\n");
+            return 0;
+        } else {
+            fprintf(stderr, "bench peak: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    int rc = shoal_kernels_init();
+    if (rc) {
+        fprintf(stderr, "bench: kernel ISA: %s\n", shoal_err_name(rc));
+        return 3;
+    }
+    static const char *names[SHOAL_PEAK_COUNT] = {"fp32_fma", "bf16_dot", "int8_vnni", "amx_bf16"};
+    double *v = calloc((size_t)o.reps, sizeof *v);
+    if (!o.json)
+        printf("# shoal bench peak: one thread, thread CPU time, median [min, max] of %d runs\n", o.reps);
+    for (int k = 0; k < SHOAL_PEAK_COUNT; k++) {
+        const char *what;
+        if (shoal_kernels_peak((shoal_peak)k, 1, &what) == 0) {
+            if (o.json)
+                printf("{\"op\":\"peak\",\"what\":\"%s\",\"instr\":\"none\",\"available\":false}\n", names[k]);
+            else
+                printf("%-10s %-20s not on this CPU (or not in this build)\n", names[k], "-");
+            continue;
+        }
+        /* calibrate: about 0.1 s per run */
+        long n = 1 << 12;
+        for (;;) {
+            double t0 = thread_cpu_s();
+            shoal_kernels_peak((shoal_peak)k, n, NULL);
+            double dt = thread_cpu_s() - t0;
+            if (dt > 0.02 || n > (1L << 40))
+                break;
+            n *= 4;
+        }
+        n *= 5;
+        for (int r = 0; r < o.reps; r++) {
+            double t0 = thread_cpu_s();
+            double macs = shoal_kernels_peak((shoal_peak)k, n, NULL);
+            v[r] = macs / (thread_cpu_s() - t0) / 1e9;
+        }
+        stat3 st = stats(v, o.reps);
+        if (o.json)
+            printf("{\"op\":\"peak\",\"what\":\"%s\",\"instr\":\"%s\",\"available\":true,\"gmacs\":%.2f,"
+                   "\"gmacs_min\":%.2f,\"gmacs_max\":%.2f,\"reps\":%d}\n",
+                   names[k], what, st.med, st.min, st.max, o.reps);
+        else
+            printf("%-10s %-20s %9.1f GMAC/s [%.1f, %.1f] per core\n", names[k], what, st.med, st.min, st.max);
+        fflush(stdout);
+    }
+    /* the read pass: one thread, then every thread */
+    size_t nwords = READ_BYTES / 8;
+    uint64_t *buf = big_alloc(nwords * 8);
+    if (!buf) {
+        free(v);
+        fprintf(stderr, "bench: out of memory for the read-bandwidth buffer\n");
+        return 4;
+    }
+    fill_bytes((uint8_t *)buf, nwords * 8);
+    int keep = omp_get_max_threads();
+    int ths[2] = {1, keep};
+    for (int i = 0; i < (keep > 1 ? 2 : 1); i++) {
+        omp_set_num_threads(ths[i]);
+        read_bw_once(buf, nwords);
+        for (int r = 0; r < o.reps; r++)
+            v[r] = read_bw_once(buf, nwords);
+        stat3 st = stats(v, o.reps);
+        if (o.json)
+            printf("{\"op\":\"peak\",\"what\":\"read_pass\",\"threads\":%d,\"gbps\":%.2f,\"gbps_min\":%.2f,"
+                   "\"gbps_max\":%.2f,\"reps\":%d}\n",
+                   ths[i], st.med, st.min, st.max, o.reps);
+        else
+            printf("%-10s %-20s %9.2f GB/s [%.2f, %.2f] on %d thread%s (%zu MiB, wall clock)\n", "read_pass", "4 streams/thread",
+                   st.med, st.min, st.max, ths[i], ths[i] > 1 ? "s" : "", (nwords * 8) >> 20);
+    }
+    omp_set_num_threads(keep);
+    free(buf), free(v);
+    return 0;
+}
+
 int shoal_cmd_bench(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        fprintf(argc < 2 ? stderr : stdout, "usage: shoal bench kernels [options]   (shoal bench kernels --help)\n");
+        fprintf(argc < 2 ? stderr : stdout, "usage: shoal bench kernels|peak [options]   (shoal bench kernels --help)\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "kernels"))
         return bench_kernels(argc - 1, argv + 1);
-    fprintf(stderr, "shoal bench: unknown benchmark '%s' (known: kernels)\n", argv[1]);
+    if (!strcmp(argv[1], "peak"))
+        return bench_peak(argc - 1, argv + 1);
+    fprintf(stderr, "shoal bench: unknown benchmark '%s' (known: kernels, peak)\n", argv[1]);
     return 2;
 }

@@ -12,6 +12,7 @@
     X(run, "run a prompt through the model in this process")               \
     X(bench, "benchmarks: 'bench kernels [--threads N] [--json]'")         \
     X(plan, "place the routed experts on a cluster: plan.json (docs/CLUSTER.md)") \
+    X(doctor, "measure a cluster's hosts and links for plan --measured (docs/CLUSTER.md)") \
     X(pack, "write one worker's experts of a plan into a pack directory (docs/DEPLOY.md)") \
     X(pull, "download one worker's pack straight from a Hugging Face-style hub (docs/DEPLOY.md)") \
     X(keygen, "make a CURVE key pair for authenticated, encrypted links (docs/DEPLOY.md)") \

@@ -1,4 +1,5 @@
 #include <stdio.h>
+#include <string.h>
 
 #include "cli/commands.h"
 #include "cli/omp_wait.h"
@@ -10,8 +11,15 @@
  * matrix kernel is bit-identical across variants), only the speed. */
 int shoal_cmd_version(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    /* no arguments: anything given is a usage mistake (exit 2), not ignored */
+    if (argc > 1) {
+        if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+            printf("usage: shoal version\nPrints the version, the kernel variant and the OpenMP wait policy.\n");
+            return argc == 2 ? 0 : 2;
+        }
+        fprintf(stderr, "shoal version: unexpected argument '%s' (usage: shoal version)\n", argv[1]);
+        return 2;
+    }
     printf("shoal %s\n", SHOAL_VERSION);
     int rc = shoal_kernels_init();
     if (rc < 0) {
@@ -19,6 +27,8 @@ int shoal_cmd_version(int argc, char **argv)
         return 2;
     }
     printf("kernels %s\n", shoal_isa_name(shoal_kernels_isa()));
+    /* the opt-in matrix-unit-order kernels (kernels/README.md): AMX only after its self-test */
+    printf("mu-order kernels %s\n", shoal_kernels_mu_path());
     printf("openmp wait %s (%s)\n", shoal_omp_wait_policy(), shoal_omp_wait_origin());
     return 0;
 }

@@ -1173,6 +1173,19 @@ const char *shoal_st_file_path(const shoal_st *st, int file)
     return file >= 0 && file < st->nfiles ? st->files[file].path : NULL;
 }
 
+int shoal_st_file_fd(const shoal_st *st, int file)
+{
+    return file >= 0 && file < st->nfiles ? st->files[file].fd : -1;
+}
+
+const void *shoal_st_file_map(const shoal_st *st, int file, uint64_t *len)
+{
+    int ok = file >= 0 && file < st->nfiles && st->files[file].map;
+    if (len)
+        *len = ok ? st->files[file].size : 0;
+    return ok ? st->files[file].map : NULL;
+}
+
 static float f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;

@@ -60,6 +60,11 @@ size_t shoal_st_count(const shoal_st *st);
 const shoal_tensor *shoal_st_at(const shoal_st *st, size_t i); /* file order */
 int shoal_st_nfiles(const shoal_st *st);
 const char *shoal_st_file_path(const shoal_st *st, int file);
+/* The store's own open descriptor of file (for fstat: a file truncated while
+ * mapped), or -1. Borrowed: closed by shoal_st_close. */
+int shoal_st_file_fd(const shoal_st *st, int file);
+/* The file's read-only mapping and its length (NULL and 0 when not mapped). */
+const void *shoal_st_file_map(const shoal_st *st, int file, uint64_t *len);
 
 /* Read len bytes of tensor t's data from byte off into dst, with pread on
  * the store's own descriptor (no mapping touched: nothing of t becomes

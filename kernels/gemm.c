@@ -142,6 +142,8 @@ void shoal__kernels_gemv_t_f32_scalar(float *y, const float *w, const float *x, 
  * tables add no rounding of their own. */
 __attribute__((aligned(64))) float shoal__kernels_mx_w[256][16];
 __attribute__((aligned(64))) uint8_t shoal__kernels_mx_bf[256][32];
+__attribute__((aligned(64))) uint16_t shoal__kernels_mu_bf[256][16];
+__attribute__((aligned(64))) uint8_t shoal__kernels_mu_bfs[256][32];
 
 void shoal__kernels_mx_tables(void)
 {
@@ -159,6 +161,10 @@ void shoal__kernels_mx_tables(void)
             shoal__kernels_mx_w[e][c] = w;
             shoal__kernels_mx_bf[e][c] = (uint8_t)(v.u >> 16);
             shoal__kernels_mx_bf[e][16 + c] = (uint8_t)(v.u >> 24);
+            v.f = shoal__kernels_mu_mx_weight((unsigned)c, e);
+            shoal__kernels_mu_bf[e][c] = (uint16_t)(v.u >> 16); /* exact: two significant bits, or inf/NaN */
+            shoal__kernels_mu_bfs[e][c] = (uint8_t)(v.u >> 16);
+            shoal__kernels_mu_bfs[e][16 + c] = (uint8_t)(v.u >> 24);
         }
     built = 1;
 }

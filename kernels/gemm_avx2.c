@@ -369,15 +369,20 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
     __attribute__((aligned(32))) float xb[MX_XB];
     __m256 st[MX_RB * MX_TMAX * 2];
     int ng = cols / 32;
-    for (int t = 0; t < T;) {
-        int TT = T - t >= 4 ? 4 : T - t >= 2 ? 2 : 1;
-        int R = TT == 1 ? 2 : 1;
-        mx_tile_fn big = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_2x1;
-        mx_tile_fn one = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_1x1;
-        int kb = MX_XB / TT / 32, xs = kb * 32;
-        int rbs = ng <= kb ? r1 - r0 : MX_RB;
-        for (int rb = r0; rb < r1; rb += rbs) {
-            int re = rb + rbs < r1 ? rb + rbs : r1;
+    /* Row blocks outside the token tiles, so a block's weights stay in L2 while
+     * every token tile passes (the caller hands one range per thread). With a
+     * single column block for every tile width no lanes are saved: the block
+     * is as large as L2 allows (T = 1: the whole range, one stream). */
+    int kbmin = MX_XB / (T >= 4 ? 4 : T >= 2 ? 2 : 1) / 32;
+    int rbs = ng > kbmin ? MX_RB : T == 1 ? r1 - r0 : shoal__kernels_gemm_rb(cols / 2 + ng, 1 << 16);
+    for (int rb = r0; rb < r1; rb += rbs) {
+        int re = rb + rbs < r1 ? rb + rbs : r1;
+        for (int t = 0; t < T;) {
+            int TT = T - t >= 4 ? 4 : T - t >= 2 ? 2 : 1;
+            int R = TT == 1 ? 2 : 1;
+            mx_tile_fn big = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_2x1;
+            mx_tile_fn one = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_1x1;
+            int kb = MX_XB / TT / 32, xs = kb * 32;
             for (int g0 = 0; g0 < ng; g0 += kb) {
                 int g1 = g0 + kb < ng ? g0 + kb : ng;
                 mx_deint(xb, xs, x, cols, t, TT, g0, g1);
@@ -387,9 +392,193 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
                 for (; r < re; r++)
                     one(y, st + (size_t)(r - rb) * MX_TMAX * 2, packed, scale, xb, xs, rows, cols, r, t, g0, g1);
             }
+            t += TT;
         }
-        t += TT;
     }
+}
+
+/* ---- matrix-unit order (gemm_mu.c is the specification) ----------------------
+ * As in gemm_avx512.c with 8 rows per ymm: per 32-column block each row's
+ * 64 bytes of bf16 weights (as stored, or an MXFP4 group decoded exactly to
+ * bf16 with vpshufb from the scale's split table shoal__kernels_mu_bfs[e]) are
+ * two ymm of 8 dwords (pairs 0-7, 8-15); two 8 x 8 dword transposes give the
+ * pairs of the 8 rows, split into even (<< 16) and odd (& 0xffff0000) weights
+ * in a stack buffer; then per token the E and O chains over p = 0..15 from +0
+ * and C += E + O, under MXCSR FTZ|DAZ. */
+#define MU_XB 8192
+#define MU_TT 4
+#define MU_RB 64
+
+static void mu_round_x(float *xb, int xs, const float *x, int cols, int t, int TT, int c0, int c1)
+{
+    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u), quiet = _mm256_set1_epi32(0x00400000);
+    for (int b = 0; b < TT; b++)
+        for (int c = c0; c < c1; c += 8) {
+            __m256 v = _mm256_loadu_ps(x + (size_t)(t + b) * cols + c);
+            __m256i u = _mm256_castps_si256(v);
+            __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            __m256i rn = _mm256_add_epi32(_mm256_add_epi32(u, bias), _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
+            rn = _mm256_blendv_epi8(rn, _mm256_or_si256(u, quiet), nan);
+            _mm256_store_ps(xb + (size_t)b * xs + (c - c0), _mm256_castsi256_ps(_mm256_and_si256(rn, hi)));
+        }
+}
+
+/* 8 x 8 dword transpose: d[j] lane i = r[i] lane j */
+INLINE void mu_transpose8(__m256i d[8], const __m256i r[8])
+{
+    __m256i a[8], b[8];
+    for (int k = 0; k < 4; k++) {
+        a[2 * k] = _mm256_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+        a[2 * k + 1] = _mm256_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    for (int m = 0; m < 2; m++) {
+        b[4 * m + 0] = _mm256_unpacklo_epi64(a[4 * m], a[4 * m + 2]);
+        b[4 * m + 1] = _mm256_unpackhi_epi64(a[4 * m], a[4 * m + 2]);
+        b[4 * m + 2] = _mm256_unpacklo_epi64(a[4 * m + 1], a[4 * m + 3]);
+        b[4 * m + 3] = _mm256_unpackhi_epi64(a[4 * m + 1], a[4 * m + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        d[c] = _mm256_permute2x128_si256(b[c], b[4 + c], 0x20);
+        d[4 + c] = _mm256_permute2x128_si256(b[c], b[4 + c], 0x31);
+    }
+}
+
+/* One MXFP4 group with E8M0 code e -> the row's two ymm (columns 0-15, 16-31) as bf16 words */
+INLINE void mu_mx_dec(__m256i out[2], const uint8_t *p, unsigned e)
+{
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+    __m128i tl = _mm_load_si128((const __m128i *)shoal__kernels_mu_bfs[e]);
+    __m128i th = _mm_load_si128((const __m128i *)(shoal__kernels_mu_bfs[e] + 16));
+    for (int h = 0; h < 2; h++) {
+        __m128i c = h ? _mm_unpackhi_epi8(lo, hi) : _mm_unpacklo_epi8(lo, hi); /* codes of columns 16h.. */
+        __m128i L = _mm_shuffle_epi8(tl, c), H = _mm_shuffle_epi8(th, c);
+        out[h] = _mm256_set_m128i(_mm_unpackhi_epi8(L, H), _mm_unpacklo_epi8(L, H));
+    }
+}
+
+INLINE void mu_tile(float *y, __m256 *st, const uint16_t *w, const uint8_t *packed, const uint8_t *scale,
+                    const float *xb, int xs, int rows, int cols, int r, int nr, int t, int TT, int c0, int c1)
+{
+    __m256 C[MU_TT];
+    for (int b = 0; b < TT; b++)
+        C[b] = c0 == 0 ? _mm256_setzero_ps() : st[b];
+    size_t row[8];
+    for (int i = 0; i < 8; i++)
+        row[i] = (size_t)r + (i < nr ? i : nr - 1);
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    __attribute__((aligned(32))) __m256 we[16], wo[16];
+    for (int c = c0; c < c1; c += 32) {
+        __m256i rv[2][8], d[8];
+        for (int i = 0; i < 8; i++) {
+            if (w) {
+                const uint16_t *q = w + row[i] * cols + c;
+                _mm_prefetch((const char *)q + 512, _MM_HINT_T0);
+                rv[0][i] = _mm256_loadu_si256((const __m256i *)q);
+                rv[1][i] = _mm256_loadu_si256((const __m256i *)(q + 16));
+            } else {
+                __m256i o[2];
+                mu_mx_dec(o, packed + row[i] * (cols / 2) + c / 2, scale[row[i] * (cols / 32) + c / 32]);
+                rv[0][i] = o[0], rv[1][i] = o[1];
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            mu_transpose8(d, rv[h]);
+            for (int p = 0; p < 8; p++) {
+                we[8 * h + p] = _mm256_castsi256_ps(_mm256_slli_epi32(d[p], 16));
+                wo[8 * h + p] = _mm256_castsi256_ps(_mm256_and_si256(d[p], hi));
+            }
+        }
+        const float *xc = xb + (c - c0);
+        for (int b = 0; b < TT; b++) {
+            const float *xq = xc + (size_t)b * xs;
+            __m256 E = _mm256_setzero_ps(), O = _mm256_setzero_ps();
+            for (int p = 0; p < 16; p++) {
+                E = _mm256_fmadd_ps(we[p], _mm256_broadcast_ss(xq + 2 * p), E);
+                O = _mm256_fmadd_ps(wo[p], _mm256_broadcast_ss(xq + 2 * p + 1), O);
+            }
+            C[b] = _mm256_add_ps(C[b], _mm256_add_ps(E, O));
+        }
+    }
+    for (int b = 0; b < TT; b++) {
+        if (c1 == cols) {
+            __attribute__((aligned(32))) float v[8];
+            _mm256_store_ps(v, C[b]);
+            for (int i = 0; i < nr; i++)
+                y[(size_t)(t + b) * rows + r + i] = v[i];
+        } else
+            st[b] = C[b];
+    }
+}
+
+#define MU_TILE(TT)                                                                                          \
+    __attribute__((noinline)) static void mu_tile_##TT(float *y, __m256 *st, const uint16_t *w,               \
+                                                       const uint8_t *packed, const uint8_t *scale,           \
+                                                       const float *xb, int xs, int rows, int cols, int r, int nr, \
+                                                       int t, int c0, int c1)                                 \
+    {                                                                                                        \
+        mu_tile(y, st, w, packed, scale, xb, xs, rows, cols, r, nr, t, TT, c0, c1);                          \
+    }
+MU_TILE(1)
+MU_TILE(2)
+MU_TILE(3)
+MU_TILE(4)
+
+__attribute__((noinline)) static void mu_rows(float *y, const uint16_t *w, const uint8_t *packed, const uint8_t *scale,
+                                              const float *x, int rows, int cols, int T, int r0, int r1)
+{
+    __attribute__((aligned(32))) float xb[MU_XB];
+    __m256 st[MU_RB / 8 * MU_TT];
+    for (int rb = r0; rb < r1; rb += MU_RB) {
+        int re = rb + MU_RB < r1 ? rb + MU_RB : r1;
+        for (int t = 0; t < T; t += MU_TT) {
+            int TT = T - t < MU_TT ? T - t : MU_TT;
+            int kc = MU_XB / TT / 32 * 32, xs = kc;
+            for (int c0 = 0; c0 < cols; c0 += kc) {
+                int c1 = c0 + kc < cols ? c0 + kc : cols;
+                mu_round_x(xb, xs, x, cols, t, TT, c0, c1);
+                for (int r = rb; r < re; r += 8) {
+                    int nr = re - r < 8 ? re - r : 8;
+                    __m256 *s = st + (size_t)(r - rb) / 8 * MU_TT;
+                    if (TT == 4)
+                        mu_tile_4(y, s, w, packed, scale, xb, xs, rows, cols, r, nr, t, c0, c1);
+                    else if (TT == 3)
+                        mu_tile_3(y, s, w, packed, scale, xb, xs, rows, cols, r, nr, t, c0, c1);
+                    else if (TT == 2)
+                        mu_tile_2(y, s, w, packed, scale, xb, xs, rows, cols, r, nr, t, c0, c1);
+                    else
+                        mu_tile_1(y, s, w, packed, scale, xb, xs, rows, cols, r, nr, t, c0, c1);
+                }
+            }
+        }
+    }
+}
+
+static void gemm_bf16_mu(float *y, const uint16_t *w, const float *x, int rows, int cols, int T, int r0, int r1)
+{
+    if (cols % 32) {
+        shoal__kernels_gemm_bf16_mu_scalar(y, w, x, rows, cols, T, r0, r1);
+        return;
+    }
+    unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
+    mu_rows(y, w, NULL, NULL, x, rows, cols, T, r0, r1);
+    _mm_setcsr(csr);
+}
+
+static void gemm_mxfp4_mu(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
+                          int T, int r0, int r1)
+{
+    if (cols % 32) {
+        shoal__kernels_gemm_mxfp4_mu_scalar(y, packed, scale, x, rows, cols, T, r0, r1);
+        return;
+    }
+    unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040);
+    mu_rows(y, NULL, packed, scale, x, rows, cols, T, r0, r1);
+    _mm_setcsr(csr);
 }
 
 /* ---- gemv_t: y[c] chains over r, eight columns per register -------------- */
@@ -635,6 +824,8 @@ int shoal__kernels_fill_avx2(shoal__kernels_table *t)
     t->gemv_t_f32 = gemv_t_f32;
     t->kda_head = kda_head;
     t->mla_heads = mla_heads;
+    t->gemm_bf16_mu = gemm_bf16_mu;
+    t->gemm_mxfp4_mu = gemm_mxfp4_mu;
     return 1;
 }
 

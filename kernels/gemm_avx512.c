@@ -283,16 +283,20 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
     __attribute__((aligned(64))) float xb[MX_XB];
     __m512 st[MX_RB * MX_TMAX];
     int ng = cols / 32;
-    for (int t = 0; t < T;) {
-        int TT = T - t >= 4 ? 4 : T - t >= 2 ? 2 : 1, R = 4;
-        mx_tile_fn big = TT == 4 ? mx_tile_4x4 : TT == 2 ? mx_tile_4x2 : mx_tile_4x1;
-        mx_tile_fn one = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_1x1;
-        int kb = MX_XB / TT / 32; /* groups per column block */
-        int xs = kb * 32;
-        /* one column block: no lanes to save, so the rows need no blocking */
-        int rbs = ng <= kb ? r1 - r0 : MX_RB;
-        for (int rb = r0; rb < r1; rb += rbs) {
-            int re = rb + rbs < r1 ? rb + rbs : r1;
+    /* Row blocks outside the token tiles, so a block's weights stay in L2 while
+     * every token tile passes (the caller hands one range per thread). With a
+     * single column block for every tile width no lanes are saved: the block
+     * is as large as L2 allows (T = 1: the whole range, one stream). */
+    int kbmin = MX_XB / (T >= 4 ? 4 : T >= 2 ? 2 : 1) / 32;
+    int rbs = ng > kbmin ? MX_RB : T == 1 ? r1 - r0 : shoal__kernels_gemm_rb(cols / 2 + ng, 1 << 16);
+    for (int rb = r0; rb < r1; rb += rbs) {
+        int re = rb + rbs < r1 ? rb + rbs : r1;
+        for (int t = 0; t < T;) {
+            int TT = T - t >= 4 ? 4 : T - t >= 2 ? 2 : 1, R = 4;
+            mx_tile_fn big = TT == 4 ? mx_tile_4x4 : TT == 2 ? mx_tile_4x2 : mx_tile_4x1;
+            mx_tile_fn one = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_1x1;
+            int kb = MX_XB / TT / 32; /* groups per column block */
+            int xs = kb * 32;
             for (int g0 = 0; g0 < ng; g0 += kb) {
                 int g1 = g0 + kb < ng ? g0 + kb : ng;
                 mx_deint(xb, xs, x, cols, t, TT, g0, g1);
@@ -302,9 +306,193 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
                 for (; r < re; r++)
                     one(y, st + (size_t)(r - rb) * MX_TMAX, packed, scale, xb, xs, rows, cols, r, t, g0, g1);
             }
+            t += TT;
         }
-        t += TT;
     }
+}
+
+/* ---- matrix-unit order (gemm_mu.c is the specification) ----------------------
+ * Lanes are 16 rows. Per 32-column block each row's 64 bytes of bf16 weights
+ * (bf16 as stored, or an MXFP4 group decoded exactly to bf16 with one vpermw
+ * from the scale's table shoal__kernels_mu_bf[e]) are one zmm of 16 dwords,
+ * dword p = the weights of columns 2p (low word) and 2p+1 (high word); a
+ * 16 x 16 dword transpose makes D[p] = pair p of the 16 rows. Then per token:
+ * E = fma(D[p] << 16, a[2p], E), O = fma(D[p] & 0xffff0000, a[2p+1], O) for
+ * p = 0..15 from +0, C += E + O: the specification's chains, one row per lane.
+ * MXCSR FTZ|DAZ is set around the arithmetic (restored after): x86 flushes
+ * results that are tiny after rounding and reads subnormal inputs as zero,
+ * which is the specification's ftz and daz. The activations are rounded to
+ * bf16 (RNE, quiet NaN kept) into a stack buffer once per row block and
+ * column chunk. */
+#define MU_XB 8192 /* floats of rounded activations on the stack */
+#define MU_TT 4    /* tokens per pass */
+#define MU_RB 64   /* rows per row block (4 tiles of 16): saved chains 16 zmm */
+
+/* x[t..t+TT) columns [c0, c1) rounded to bf16 -> xb[b * xs + c - c0] */
+static void mu_round_x(float *xb, int xs, const float *x, int cols, int t, int TT, int c0, int c1)
+{
+    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x00400000);
+    for (int b = 0; b < TT; b++)
+        for (int c = c0; c < c1; c += 16) {
+            __m512 v = _mm512_loadu_ps(x + (size_t)(t + b) * cols + c);
+            __m512i u = _mm512_castps_si512(v);
+            __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            __m512i rn = _mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(_mm512_srli_epi32(u, 16), one));
+            rn = _mm512_mask_or_epi32(rn, nan, u, quiet);
+            _mm512_store_ps(xb + (size_t)b * xs + (c - c0), _mm512_castsi512_ps(_mm512_and_si512(rn, hi)));
+        }
+}
+
+/* 16 x 16 dword transpose: d[j] lane i = r[i] lane j */
+INLINE void mu_transpose(__m512i d[16], const __m512i r[16])
+{
+    __m512i a[16], b[16];
+    for (int k = 0; k < 8; k++) {
+        a[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+        a[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    for (int m = 0; m < 4; m++) {
+        b[4 * m + 0] = _mm512_unpacklo_epi64(a[4 * m], a[4 * m + 2]);
+        b[4 * m + 1] = _mm512_unpackhi_epi64(a[4 * m], a[4 * m + 2]);
+        b[4 * m + 2] = _mm512_unpacklo_epi64(a[4 * m + 1], a[4 * m + 3]);
+        b[4 * m + 3] = _mm512_unpackhi_epi64(a[4 * m + 1], a[4 * m + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512i s0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44), s1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xEE);
+        __m512i s2 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44), s3 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xEE);
+        d[c] = _mm512_shuffle_i32x4(s0, s2, 0x88);
+        d[4 + c] = _mm512_shuffle_i32x4(s0, s2, 0xDD);
+        d[8 + c] = _mm512_shuffle_i32x4(s1, s3, 0x88);
+        d[12 + c] = _mm512_shuffle_i32x4(s1, s3, 0xDD);
+    }
+}
+
+/* One MXFP4 group (16 bytes) with E8M0 code e -> 32 bf16 words in column order. */
+INLINE __m512i mu_mx_dec(const uint8_t *p, unsigned e)
+{
+    __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    __m512i idx = _mm512_or_si512(_mm512_and_si512(d, _mm512_set1_epi32(15)), _mm512_slli_epi32(_mm512_srli_epi32(d, 4), 16));
+    __m512i tab = _mm512_castsi256_si512(_mm256_load_si256((const __m256i *)shoal__kernels_mu_bf[e]));
+    return _mm512_permutexvar_epi16(idx, tab);
+}
+
+/* Rows r..r+15 (row r + i for lane i, rows >= r + nr repeat the last one and
+ * are not stored), tokens t..t+TT-1, columns [c0, c1) (multiples of 32);
+ * chains from +0 (c0 == 0) or st[0..TT), to y (c1 == cols) or st. */
+INLINE void mu_tile(float *y, __m512 *st, const uint16_t *w, const uint8_t *packed, const uint8_t *scale,
+                    const float *xb, int xs, int rows, int cols, int r, int nr, int t, int TT, int c0, int c1)
+{
+    __m512 C[MU_TT];
+    for (int b = 0; b < TT; b++)
+        C[b] = c0 == 0 ? _mm512_setzero_ps() : st[b];
+    const uint16_t *wr[16];
+    const uint8_t *pr[16], *sr[16];
+    for (int i = 0; i < 16; i++) {
+        size_t row = (size_t)r + (i < nr ? i : nr - 1);
+        wr[i] = w ? w + row * cols : NULL;
+        pr[i] = packed ? packed + row * (cols / 2) : NULL;
+        sr[i] = packed ? scale + row * (cols / 32) : NULL;
+    }
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    for (int c = c0; c < c1; c += 32) {
+        __m512i rv[16], d[16];
+        for (int i = 0; i < 16; i++) {
+            if (w) {
+                _mm_prefetch((const char *)(wr[i] + c) + 512, _MM_HINT_T0);
+                rv[i] = _mm512_loadu_si512((const void *)(wr[i] + c));
+            } else
+                rv[i] = mu_mx_dec(pr[i] + c / 2, sr[i][c / 32]);
+        }
+        mu_transpose(d, rv);
+        const float *xc = xb + (c - c0);
+        for (int b = 0; b < TT; b++) {
+            const float *xq = xc + (size_t)b * xs;
+            __m512 E = _mm512_setzero_ps(), O = _mm512_setzero_ps();
+            for (int p = 0; p < 16; p++) {
+                E = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(d[p], 16)), _mm512_set1_ps(xq[2 * p]), E);
+                O = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(d[p], hi)), _mm512_set1_ps(xq[2 * p + 1]), O);
+            }
+            C[b] = _mm512_add_ps(C[b], _mm512_add_ps(E, O));
+        }
+    }
+    for (int b = 0; b < TT; b++) {
+        if (c1 == cols) {
+            __attribute__((aligned(64))) float v[16];
+            _mm512_store_ps(v, C[b]);
+            for (int i = 0; i < nr; i++)
+                y[(size_t)(t + b) * rows + r + i] = v[i];
+        } else
+            st[b] = C[b];
+    }
+}
+
+#define MU_TILE(TT)                                                                                          \
+    __attribute__((noinline)) static void mu_tile_##TT(float *y, __m512 *st, const uint16_t *w,               \
+                                                       const uint8_t *packed, const uint8_t *scale,           \
+                                                       const float *xb, int xs, int rows, int cols, int r, int nr, \
+                                                       int t, int c0, int c1)                                 \
+    {                                                                                                        \
+        mu_tile(y, st, w, packed, scale, xb, xs, rows, cols, r, nr, t, TT, c0, c1);                          \
+    }
+MU_TILE(1)
+MU_TILE(2)
+MU_TILE(3)
+MU_TILE(4)
+
+__attribute__((noinline)) static void mu_rows(float *y, const uint16_t *w, const uint8_t *packed, const uint8_t *scale,
+                                              const float *x, int rows, int cols, int T, int r0, int r1)
+{
+    __attribute__((aligned(64))) float xb[MU_XB];
+    __m512 st[MU_RB / 16 * MU_TT];
+    for (int rb = r0; rb < r1; rb += MU_RB) {
+        int re = rb + MU_RB < r1 ? rb + MU_RB : r1;
+        for (int t = 0; t < T; t += MU_TT) {
+            int TT = T - t < MU_TT ? T - t : MU_TT;
+            int kc = MU_XB / TT / 32 * 32, xs = kc;
+            for (int c0 = 0; c0 < cols; c0 += kc) {
+                int c1 = c0 + kc < cols ? c0 + kc : cols;
+                mu_round_x(xb, xs, x, cols, t, TT, c0, c1);
+                for (int r = rb; r < re; r += 16) {
+                    int nr = re - r < 16 ? re - r : 16;
+                    __m512 *s = st + (size_t)(r - rb) / 16 * MU_TT;
+                    if (TT == 4)
+                        mu_tile_4(y, s, w, packed, scale, xb, xs, rows, cols, r, nr, t, c0, c1);
+                    else if (TT == 3)
+                        mu_tile_3(y, s, w, packed, scale, xb, xs, rows, cols, r, nr, t, c0, c1);
+                    else if (TT == 2)
+                        mu_tile_2(y, s, w, packed, scale, xb, xs, rows, cols, r, nr, t, c0, c1);
+                    else
+                        mu_tile_1(y, s, w, packed, scale, xb, xs, rows, cols, r, nr, t, c0, c1);
+                }
+            }
+        }
+    }
+}
+
+static void gemm_bf16_mu(float *y, const uint16_t *w, const float *x, int rows, int cols, int T, int r0, int r1)
+{
+    if (cols % 32) {
+        shoal__kernels_gemm_bf16_mu_scalar(y, w, x, rows, cols, T, r0, r1);
+        return;
+    }
+    unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
+    mu_rows(y, w, NULL, NULL, x, rows, cols, T, r0, r1);
+    _mm_setcsr(csr);
+}
+
+static void gemm_mxfp4_mu(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
+                          int T, int r0, int r1)
+{
+    if (cols % 32) {
+        shoal__kernels_gemm_mxfp4_mu_scalar(y, packed, scale, x, rows, cols, T, r0, r1);
+        return;
+    }
+    unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040);
+    mu_rows(y, NULL, packed, scale, x, rows, cols, T, r0, r1);
+    _mm_setcsr(csr);
 }
 
 /* ---- gemv_t and the KDA head: independent columns, 16 per zmm ------------------- */
@@ -402,6 +590,8 @@ int shoal__kernels_fill_avx512(shoal__kernels_table *t)
     t->gemv_t_bf16 = gemv_t_bf16;
     t->gemv_t_f32 = gemv_t_f32;
     t->kda_head = kda_head;
+    t->gemm_bf16_mu = gemm_bf16_mu;
+    t->gemm_mxfp4_mu = gemm_mxfp4_mu;
     return 1;
 }
 

@@ -9,6 +9,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "kernels/kernels_int.h"
@@ -21,6 +22,8 @@ static const shoal__kernels_table scalar_table = {
     .gemv_t_f32 = shoal__kernels_gemv_t_f32_scalar,
     .kda_head = shoal__kernels_kda_head_scalar,
     .mla_heads = shoal__kernels_mla_heads_scalar,
+    .gemm_bf16_mu = shoal__kernels_gemm_bf16_mu_scalar,
+    .gemm_mxfp4_mu = shoal__kernels_gemm_mxfp4_mu_scalar,
 };
 
 static shoal__kernels_table isa_tables[3];
@@ -101,10 +104,33 @@ shoal_isa shoal_kernels_isa(void)
     return active_isa;
 }
 
+/* Bytes of L2 per core (the GEMMs' row blocks are sized from it). */
+static long l2_bytes = 1L << 20;
+
+int shoal__kernels_gemm_rb(int row_bytes, int max)
+{
+    long rb = l2_bytes / 2 / (row_bytes > 0 ? row_bytes : 1);
+    rb = rb > max ? max : rb;
+    rb &= ~3L;
+    return rb < 4 ? 4 : (int)rb;
+}
+
+long shoal_kernels_l2_bytes(void)
+{
+    return l2_bytes;
+}
+
+static void mu_try_amx(void);
+
 int shoal_kernels_init(void)
 {
     if (initialised)
         return 0;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (l2 >= (64L << 10) && l2 <= (64L << 20))
+        l2_bytes = l2;
+#endif
     const char *env = getenv("SHOAL_ISA");
     if (env && *env) {
         shoal_isa want;
@@ -127,14 +153,62 @@ int shoal_kernels_init(void)
             best = SHOAL_ISA_AVX2;
         shoal_kernels_set_isa(best);
     }
+    if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512) && isa_usable(SHOAL_ISA_AVX512))
+        mu_try_amx();
     initialised = 1;
+    return 0;
+}
+
+/* ---- instruction peaks ---------------------------------------------------- */
+
+double shoal_kernels_peak(shoal_peak kind, long n, const char **what)
+{
+    const char *dummy;
+    what = what ? what : &dummy;
+    *what = "none";
+#if defined(__x86_64__)
+    switch (kind) {
+    case SHOAL_PEAK_FMA_F32:
+        if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512)) {
+            *what = "vfmadd231ps zmm";
+            return shoal__kernels_peak_fma_zmm(n);
+        }
+        if (shoal_kernels_cpu_has(SHOAL_ISA_AVX2)) {
+            *what = "vfmadd231ps ymm";
+            return shoal__kernels_peak_fma_ymm(n);
+        }
+        return 0;
+    case SHOAL_PEAK_BF16_DOT:
+        if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512) && __builtin_cpu_supports("avx512bf16")) {
+            *what = "vdpbf16ps zmm";
+            return shoal__kernels_peak_bf16dot(n);
+        }
+        return 0;
+    case SHOAL_PEAK_INT8_VNNI:
+        if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512) && __builtin_cpu_supports("avx512vnni")) {
+            *what = "vpdpbusd zmm";
+            return shoal__kernels_peak_vnni8(n);
+        }
+        return 0;
+    case SHOAL_PEAK_AMX_BF16:
+        if (shoal__kernels_amx_usable()) {
+            *what = "tdpbf16ps 16x16x32";
+            return shoal__kernels_peak_amx_bf16(n);
+        }
+        return 0;
+    }
+#else
+    (void)kind, (void)n;
+#endif
     return 0;
 }
 
 /* ---- threaded entry points ---------------------------------------------- */
 
-/* Rows per work item: a multiple of every worker's row blocking (4), large
- * enough that a thread streams long contiguous runs of W. */
+/* Threads split the rows into one contiguous range each, in multiples of
+ * ROW_BLOCK (a multiple of every worker's row tile); the worker then blocks
+ * its range for the caches (one call per thread, so a row block of the
+ * blocked GEMM can span more than 16 rows and x is read once per block). */
 #define ROW_BLOCK 16
 /* Below this many multiply-adds a call runs on the calling thread only: a
  * parallel region costs microseconds, a 128x512 GEMV about ten. */
@@ -144,11 +218,13 @@ int shoal_kernels_init(void)
     do {                                                                                                        \
         int nb_ = (rows + ROW_BLOCK - 1) / ROW_BLOCK;                                                           \
         long work_ = (long)rows * cols * T;                                                                     \
-        _Pragma("omp parallel for schedule(static) if (work_ >= PAR_MIN_WORK)") for (int b_ = 0; b_ < nb_;      \
-                                                                                     b_++)                      \
+        _Pragma("omp parallel if (work_ >= PAR_MIN_WORK)")                                                      \
         {                                                                                                       \
-            int r0 = b_ * ROW_BLOCK, r1 = r0 + ROW_BLOCK < rows ? r0 + ROW_BLOCK : rows;                        \
-            call;                                                                                               \
+            int nt_ = omp_get_num_threads(), id_ = omp_get_thread_num();                                        \
+            int r0 = (int)((long)nb_ * id_ / nt_) * ROW_BLOCK, r1 = (int)((long)nb_ * (id_ + 1) / nt_) * ROW_BLOCK; \
+            r1 = r1 < rows ? r1 : rows;                                                                         \
+            if (r1 > r0)                                                                                        \
+                call;                                                                                           \
         }                                                                                                       \
     } while (0)
 
@@ -169,6 +245,123 @@ void shoal_gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, con
 {
     shoal__gemm_mxfp4_fn fn = shoal__kernels_active->gemm_mxfp4;
     ROW_SPLIT(fn(y, packed, scale, x, rows, cols, T, r0, r1));
+}
+
+void shoal_gemm_bf16_mu(float *y, const uint16_t *w, const float *x, int rows, int cols, int T)
+{
+    shoal__gemm_bf16_fn fn = shoal__kernels_active->gemm_bf16_mu;
+    ROW_SPLIT(fn(y, w, x, rows, cols, T, r0, r1));
+}
+
+void shoal_gemm_mxfp4_mu(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
+                         int T)
+{
+    shoal__gemm_mxfp4_fn fn = shoal__kernels_active->gemm_mxfp4_mu;
+    ROW_SPLIT(fn(y, packed, scale, x, rows, cols, T, r0, r1));
+}
+
+/* ---- the start-up self-test of a matrix-unit-order kernel ---------------------
+ * Probe inputs that separate the candidate orders, run through the candidate
+ * and the scalar specification, compared value for value (NaN by class):
+ * the flush threshold (an exact 2^-126 - 1.5 * 2^-151 that the subnormal grid
+ * rounds up to 2^-126 but an unbounded exponent rounds to a tiny value),
+ * even/odd chains against one chain, signed zeros, subnormal activations and
+ * weights, the per-32 fold (random rows over several column chunks), several
+ * token and row tiles with remainders, and MXFP4 edge scales. Static buffers:
+ * kernels never allocate. */
+#define ST_ROWS 70
+#define ST_COLS 2080
+#define ST_T 17
+static uint16_t st_w[ST_ROWS * ST_COLS];
+static uint8_t st_p[ST_ROWS * ST_COLS / 2], st_s[ST_ROWS * ST_COLS / 32];
+static float st_x[ST_T * ST_COLS], st_y0[ST_T * ST_ROWS], st_y1[ST_T * ST_ROWS];
+
+static uint32_t st_rand(uint64_t *s)
+{
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return (uint32_t)(*s >> 16);
+}
+
+static int st_same(const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(a[i] != a[i] && b[i] != b[i]) && memcmp(&a[i], &b[i], 4))
+            return 0;
+    return 1;
+}
+
+int shoal__kernels_mu_selftest(shoal__gemm_bf16_fn bf, shoal__gemm_mxfp4_fn mx)
+{
+    shoal__kernels_mx_tables();
+    uint64_t seed = 0x243f6a8885a308d3ull;
+    static const int shapes[][3] = {{1, 32, 1}, {3, 64, 1}, {70, 64, 17}, {20, ST_COLS, 3}};
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+        int rows = shapes[k][0], cols = shapes[k][1], T = shapes[k][2];
+        for (int i = 0; i < rows * cols; i++) {
+            uint32_t r = st_rand(&seed);
+            /* bf16 of every exponent class: normal around 1, tiny, subnormal, signed zero */
+            unsigned ex = r % 8 == 0 ? (r >> 8) % 256 : r % 8 == 1 ? 0 : 120 + (r >> 8) % 14;
+            st_w[i] = (uint16_t)((r >> 31) << 15 | (ex & 0xff) << 7 | ((r >> 16) & 0x7f));
+            if ((st_w[i] & 0x7f80) == 0x7f80)
+                st_w[i] &= 0xbfff; /* no inf/NaN weights: their payloads are not specified */
+        }
+        for (int i = 0; i < rows * cols / 2; i++)
+            st_p[i] = (uint8_t)st_rand(&seed);
+        for (int i = 0; i < rows * cols / 32; i++) {
+            uint32_t r = st_rand(&seed);
+            st_s[i] = (uint8_t)(r % 9 == 0 ? 0 : r % 9 == 1 ? 1 : r % 9 == 2 ? 254 : 118 + r % 12);
+        }
+        for (int i = 0; i < T * cols; i++) {
+            uint32_t r = st_rand(&seed);
+            float v = (float)(int32_t)(r & 0xffff) / 16384.0f - 2.0f;
+            st_x[i] = r % 11 == 0 ? v * 1e-39f : r % 11 == 1 ? v * 0x1p-125f : r % 11 == 2 ? -0.0f : v;
+        }
+        if (k == 0) { /* the flush threshold: 2^-126 - 1.5 * 2^-151 in the even chain */
+            memset(st_w, 0, 64);
+            memset(st_x, 0, 128);
+            st_w[0] = 0x3f80, st_x[0] = 0x1p-126f, st_w[2] = 0x99c0, st_x[2] = 0x1p-75f;
+        }
+        if (k == 1) { /* row 0: even/odd chains (1, 2^24, -2^24); row 1: -1 * +0 everywhere; row 2: +0 */
+            memset(st_w, 0, 3 * 64);
+            memset(st_x, 0, 128);
+            st_w[0] = st_w[3] = st_w[4] = 0x3f80;
+            st_x[0] = 1.0f, st_x[3] = 0x1p24f, st_x[4] = -0x1p24f;
+            for (int i = 0; i < 32; i++)
+                st_w[64 + i] = 0xbf80;
+        }
+        bf(st_y1, st_w, st_x, rows, cols, T, 0, rows);
+        shoal__kernels_gemm_bf16_mu_scalar(st_y0, st_w, st_x, rows, cols, T, 0, rows);
+        if (!st_same(st_y0, st_y1, (size_t)T * rows))
+            return SHOAL_EUNSUPPORTED;
+        mx(st_y1, st_p, st_s, st_x, rows, cols, T, 0, rows);
+        shoal__kernels_gemm_mxfp4_mu_scalar(st_y0, st_p, st_s, st_x, rows, cols, T, 0, rows);
+        if (!st_same(st_y0, st_y1, (size_t)T * rows))
+            return SHOAL_EUNSUPPORTED;
+    }
+    return 0;
+}
+
+/* Where the mu kernels run: "amx" after a passed self-test, else the ISA. */
+static const char *mu_path_note;
+
+const char *shoal_kernels_mu_path(void)
+{
+    if (mu_path_note && active_isa == SHOAL_ISA_AVX512)
+        return mu_path_note;
+    return shoal_isa_name(active_isa);
+}
+
+/* AMX for the AVX-512 table's mu kernels, if the unit computes the order. */
+static void mu_try_amx(void)
+{
+    if (!shoal__kernels_amx_usable() || isa_built[SHOAL_ISA_AVX512] != 1)
+        return;
+    if (shoal__kernels_mu_selftest(shoal__kernels_gemm_bf16_mu_amx, shoal__kernels_gemm_mxfp4_mu_amx) == 0) {
+        isa_tables[SHOAL_ISA_AVX512].gemm_bf16_mu = shoal__kernels_gemm_bf16_mu_amx;
+        isa_tables[SHOAL_ISA_AVX512].gemm_mxfp4_mu = shoal__kernels_gemm_mxfp4_mu_amx;
+        mu_path_note = "amx";
+    } else
+        mu_path_note = "avx512 (AMX present but failed the matrix-unit-order self-test: not used)";
 }
 
 #define COL_BLOCK 64

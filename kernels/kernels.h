@@ -30,6 +30,27 @@ shoal_isa shoal_kernels_isa(void);
 int shoal_kernels_set_isa(shoal_isa isa); /* tests and benchmarks; 0 or SHOAL_EUNSUPPORTED */
 int shoal_kernels_cpu_has(shoal_isa isa);
 const char *shoal_isa_name(shoal_isa isa);
+/* Bytes of L2 cache per core as the kernels size their blocks (sysconf at
+ * shoal_kernels_init; 1 MiB when the system does not say). */
+long shoal_kernels_l2_bytes(void);
+
+/* ---- instruction peaks (shoal bench peak) -------------------------------- */
+
+/* The arithmetic ceilings a kernel figure is stated against: fp32 FMA (the
+ * widest vector the CPU has), AVX512-BF16 vdpbf16ps, AVX512-VNNI vpdpbusd
+ * (int8), AMX TDPBF16PS. */
+typedef enum {
+    SHOAL_PEAK_FMA_F32 = 0,
+    SHOAL_PEAK_BF16_DOT = 1,
+    SHOAL_PEAK_INT8_VNNI = 2,
+    SHOAL_PEAK_AMX_BF16 = 3,
+} shoal_peak;
+#define SHOAL_PEAK_COUNT 4
+/* Run n iterations of that instruction's loop on the calling thread (no memory
+ * traffic; 12 independent chains, or 4 AMX tiles) and return the
+ * multiply-adds done; 0 when the CPU or the build lacks it. *what names the
+ * instruction used (e.g. "vfmadd231ps zmm"). */
+double shoal_kernels_peak(shoal_peak kind, long n, const char **what);
 
 /* ---- matrix kernels ---------------------------------------------------- */
 
@@ -42,6 +63,22 @@ void shoal_gemm_f32(float *y, const float *w, const float *x, int rows, int cols
  * Computed straight from the packed bytes; never a dequantized copy. */
 void shoal_gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows,
                       int cols, int T);
+/* The matrix-unit order ("mu"; kernels/README.md, "Matrix-unit order"): the
+ * same products as shoal_gemm_bf16 / shoal_gemm_mxfp4 in the order AMX-BF16
+ * computes them: x rounded to bf16 at the input, per 32 columns two FMA chains
+ * (even, odd columns) folded into the output as C + (E + O), subnormals
+ * flushed. An opt-in numerics class: bit-identical across ISAs (AMX where its
+ * start-up self-test passes, the AVX-512F / AVX2 emulation or the scalar
+ * specification elsewhere), T, threads and batch composition, but not equal
+ * to shoal_gemm_bf16. */
+void shoal_gemm_bf16_mu(float *y, const uint16_t *w, const float *x, int rows, int cols, int T);
+void shoal_gemm_mxfp4_mu(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
+                         int T);
+/* Which engine computes the mu kernels: "amx", or the active ISA's name, with
+ * a note when AMX is present but failed its start-up self-test (kernels never
+ * log: `shoal version` prints it as its one line about the mu kernels). */
+const char *shoal_kernels_mu_path(void);
+
 /* y[cols] = W[rows, cols]^T · x[rows] (sums over r in increasing order); W bf16.
  * Used for the absorbed MLA query (W_UK^T q_nope). */
 void shoal_gemv_t_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols);
@@ -128,5 +165,18 @@ typedef struct {
  * scratch: 2*T*f floats. */
 void shoal_expert_ffn(uint16_t *y, const shoal_expert_w *e, const float *x, int T, float b1, float b2,
                       float *scratch);
+
+
+/* ---- memory read pass -------------------------------------------------- */
+
+/* The STREAM-like read pass of `shoal bench` and of the worker's host facts
+ * (PROBE, PROTOCOL.md §3.8): each thread sums its contiguous share of
+ * buf[nwords] as 64-bit words, read as four concurrent sequential streams with
+ * software prefetch -- the access pattern of the GEMV kernels (four weight
+ * rows in flight), so kernel / read ratios compare like with like. One pass
+ * with `threads` OpenMP threads (0: the current default); GB/s (1e9 bytes/s)
+ * of the words read. *sink absorbs the sum (pass a global, so the loads
+ * cannot be elided). No allocation; any thread (kernels/readbw.c). */
+double shoal_read_bw_pass(const uint64_t *buf, size_t nwords, int threads, uint64_t *sink);
 
 #endif

@@ -44,6 +44,9 @@ typedef struct {
     shoal__gemv_t_f32_fn gemv_t_f32;
     shoal__kda_head_fn kda_head;
     shoal__mla_heads_fn mla_heads;
+    /* the matrix-unit order (gemm_mu.c): an opt-in numerics class */
+    shoal__gemm_bf16_fn gemm_bf16_mu;
+    shoal__gemm_mxfp4_fn gemm_mxfp4_mu;
 } shoal__kernels_table;
 
 /* Scalar specification (always built). */
@@ -59,6 +62,20 @@ void shoal__kernels_gemv_t_f32_scalar(float *y, const float *w, const float *x, 
                                       int c1);
 void shoal__kernels_kda_head_scalar(float *o, float *S, const float *q, const float *k, const float *v,
                                     const float *g, float beta, int D);
+/* Matrix-unit order (gemm_mu.c): the scalar specification, activations
+ * rounded to bf16 (RNE, NaN kept quiet, subnormals to zero), an MXFP4 weight
+ * as the unit sees it (exact, +-inf from 2^128, zero below 2^-126). */
+void shoal__kernels_gemm_bf16_mu_scalar(float *y, const uint16_t *w, const float *x, int rows, int cols, int T,
+                                        int r0, int r1);
+void shoal__kernels_gemm_mxfp4_mu_scalar(float *y, const uint8_t *packed, const uint8_t *scale, const float *x,
+                                         int rows, int cols, int T, int r0, int r1);
+float shoal__kernels_mu_round_bf16(float v);
+float shoal__kernels_mu_mx_weight(unsigned code, unsigned e);
+/* mu_bf[e][c]: shoal__kernels_mu_mx_weight(c, e) as bf16 bits (exact), built with mx_w */
+extern uint16_t shoal__kernels_mu_bf[256][16];
+/* the same split into low bytes [0..15] and high bytes [16..31] for vpshufb */
+extern uint8_t shoal__kernels_mu_bfs[256][32];
+
 /* One MXFP4 row dot product (the spec of one output element); x [cols]. */
 float shoal__kernels_dot_mxfp4_scalar(const uint8_t *packed, const uint8_t *scale, const float *x, int cols);
 /* Canonical 16-lane dot product of fp32 vectors (lane = i mod 16, fmaf, then
@@ -74,11 +91,36 @@ void shoal__kernels_mla_head(float *ctx, const float *q_lat, const float *q_pe, 
 void shoal__kernels_mla_heads_scalar(float *ctx, const float *q_lat, const float *q_pe, const float *cache, int S0,
                                      int T, int H, int R, int P, float scale, float *scratch, int h0, int h1);
 
+/* Instruction-rate loops (peak_*.c, gemm_amx.c): multiply-adds done, 0 when not compiled in. */
+double shoal__kernels_peak_fma_zmm(long n);
+double shoal__kernels_peak_fma_ymm(long n);
+double shoal__kernels_peak_bf16dot(long n);
+double shoal__kernels_peak_vnni8(long n);
+double shoal__kernels_peak_amx_bf16(long n);
+/* 1 when the CPU has AMX-TILE + AMX-BF16, the OS enables the tile state and
+ * grants this process the tile data permission (asked once). */
+int shoal__kernels_amx_usable(void);
+/* The matrix-unit-order GEMM on AMX (gemm_amx.c); selected only after the
+ * self-test (kernels.c) found it equal to the scalar specification. */
+void shoal__kernels_gemm_bf16_mu_amx(float *y, const uint16_t *w, const float *x, int rows, int cols, int T, int r0,
+                                     int r1);
+void shoal__kernels_gemm_mxfp4_mu_amx(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows,
+                                      int cols, int T, int r0, int r1);
+
+/* The start-up self-test of a matrix-unit-order kernel pair: 0 when it equals
+ * the scalar specification on the probe inputs, SHOAL_EUNSUPPORTED otherwise. */
+int shoal__kernels_mu_selftest(shoal__gemm_bf16_fn bf, shoal__gemm_mxfp4_fn mx);
+
 /* Filled by the ISA files; each returns 0 when the variant was not compiled in. */
 int shoal__kernels_fill_avx2(shoal__kernels_table *t);
 int shoal__kernels_fill_avx512(shoal__kernels_table *t);
 
 extern const shoal__kernels_table *shoal__kernels_active;
+
+/* Rows per row block of the blocked GEMMs (T > 1): as many rows of row_bytes
+ * as fill half of this CPU's L2 (sysconf, read once by shoal_kernels_init;
+ * 1 MiB when unknown), a multiple of 4 in [4, max]. Blocking changes no bit. */
+int shoal__kernels_gemm_rb(int row_bytes, int max);
 
 /* E2M1 code -> E2M1 value / 4 (codes 8..15 negate 0..7; code 8 is -0). */
 extern const float shoal__kernels_e2m1q[16];

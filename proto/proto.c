@@ -27,8 +27,8 @@ const char *shoal_msg_type_name(int type)
 {
     static const char *names[] = {"?",           "HELLO",    "ERROR",        "PING",         "PONG",         "STATS",
                                   "STATS_REPLY", "SHUTDOWN", "SHUTDOWN_ACK", "EXPERT_BATCH", "EXPERT_RESULT", "PREFETCH",
-                                  "TRUNK_BATCH", "TRUNK_RESULT"};
-    return type >= 1 && type <= 13 ? names[type] : "?";
+                                  "TRUNK_BATCH", "TRUNK_RESULT", "PROBE", "PROBE_REPLY"};
+    return type >= 1 && type <= 15 ? names[type] : "?";
 }
 
 const char *shoal_perr_name(int perr)
@@ -387,6 +387,52 @@ int shoal_proto_enc_tresult(uint8_t *buf, size_t cap, size_t *len, uint64_t rid,
     enc_head(&e, SHOAL_MSG_TRUNK_RESULT, rid, 2);
     enc_ku64(&e, "queue_us", queue_us);
     enc_ku64(&e, "compute_us", compute_us);
+    return enc_done(&e, len);
+}
+
+int shoal_proto_enc_probe(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t reply, int facts)
+{
+    if (reply < 4 || reply % 4 || reply > SHOAL_PROTO_MAX_PROBE)
+        return SHOAL_ERANGE;
+    enc e;
+    enc_init(&e, buf, cap);
+    enc_head(&e, SHOAL_MSG_PROBE, rid, facts ? 2 : 1);
+    enc_ku64(&e, "reply", reply);
+    if (facts) {
+        enc_key(&e, "facts");
+        msgpack_pack_true(&e.pk);
+    }
+    return enc_done(&e, len);
+}
+
+int shoal_proto_enc_probe_reply(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, const shoal_proto_facts *f)
+{
+    int has = f && f->has;
+    if (has && (strlen(f->cpu) > SHOAL_PROTO_MAX_CPU || strlen(f->isa) > 16 || strlen(f->version) > 32))
+        return SHOAL_ERANGE;
+    enc e;
+    enc_init(&e, buf, cap);
+    enc_head(&e, SHOAL_MSG_PROBE_REPLY, rid, has ? 15 : 0);
+    if (has) {
+        enc_key(&e, "cpu");
+        enc_str(&e, f->cpu);
+        enc_key(&e, "isa");
+        enc_str(&e, f->isa);
+        enc_key(&e, "version");
+        enc_str(&e, f->version);
+        enc_ku64(&e, "cores", f->cores);
+        enc_ku64(&e, "threads", f->threads);
+        enc_ku64(&e, "mem_total", f->mem_total);
+        enc_ku64(&e, "mem_avail", f->mem_avail);
+        enc_ku64(&e, "disk_free", f->disk_free);
+        enc_ku64(&e, "disk_total", f->disk_total);
+        enc_ku64(&e, "read_bw_1", f->read_bw_1);
+        enc_ku64(&e, "read_bw_all", f->read_bw_all);
+        enc_ku64(&e, "disk_read_bw", f->disk_read_bw);
+        enc_ku64(&e, "held_bytes", f->held_bytes);
+        enc_ku64(&e, "measure_us", f->measure_us);
+        enc_ku64(&e, "facts", 1);
+    }
     return enc_done(&e, len);
 }
 
@@ -870,8 +916,10 @@ static int dec_tensor(dctx *c, const shoal_frame *f, const char *what, shoal_pro
 static int frames_needed(int type)
 {
     return type == SHOAL_MSG_EXPERT_BATCH                                             ? 3
-           : type == SHOAL_MSG_EXPERT_RESULT || type == SHOAL_MSG_TRUNK_BATCH || type == SHOAL_MSG_TRUNK_RESULT ? 2
-                                                                                                              : 1;
+           : type == SHOAL_MSG_EXPERT_RESULT || type == SHOAL_MSG_TRUNK_BATCH || type == SHOAL_MSG_TRUNK_RESULT ||
+                   type == SHOAL_MSG_PROBE || type == SHOAL_MSG_PROBE_REPLY
+               ? 2
+               : 1;
 }
 
 static int dec_body(dctx *c, const shoal_frame *frames, int nframes, shoal_proto_side side, const msgpack_object *body,
@@ -880,10 +928,10 @@ static int dec_body(dctx *c, const shoal_frame *frames, int nframes, shoal_proto
     int type = m->type, rc;
     int is_req = type == SHOAL_MSG_HELLO || type == SHOAL_MSG_PING || type == SHOAL_MSG_STATS ||
                  type == SHOAL_MSG_SHUTDOWN || type == SHOAL_MSG_EXPERT_BATCH || type == SHOAL_MSG_PREFETCH ||
-                 type == SHOAL_MSG_TRUNK_BATCH;
+                 type == SHOAL_MSG_TRUNK_BATCH || type == SHOAL_MSG_PROBE;
     int is_rep = type == SHOAL_MSG_HELLO || type == SHOAL_MSG_ERROR || type == SHOAL_MSG_PONG ||
                  type == SHOAL_MSG_STATS_REPLY || type == SHOAL_MSG_SHUTDOWN_ACK || type == SHOAL_MSG_EXPERT_RESULT ||
-                 type == SHOAL_MSG_TRUNK_RESULT;
+                 type == SHOAL_MSG_TRUNK_RESULT || type == SHOAL_MSG_PROBE_REPLY;
     if (side == SHOAL_SIDE_WORKER ? !is_req : !is_rep)
         return fail(c, SHOAL_PERR_UNKNOWN_TYPE, "message type %d (%s) is not a %s", type, shoal_msg_type_name(type),
                     side == SHOAL_SIDE_WORKER ? "request" : "reply");
@@ -1002,6 +1050,65 @@ static int dec_body(dctx *c, const shoal_frame *frames, int nframes, shoal_proto
                         shoal_wire_dtype_name(m->tresult.y.dtype), m->tresult.y.rows, m->tresult.y.cols);
         return 0;
     }
+    case SHOAL_MSG_PROBE: {
+        field f[] = {{"reply", 1, NULL}, {"facts", 0, NULL}};
+        uint64_t r = 0;
+        if ((rc = get_fields(c, body, "PROBE", f, 2)) || (rc = get_u64(c, "PROBE", &f[0], SHOAL_PROTO_MAX_PROBE, &r)))
+            return rc;
+        if (r < 4 || r % 4)
+            return fail(c, SHOAL_PERR_MALFORMED, "PROBE: 'reply' = %llu is not a multiple of 4 from 4 to %u",
+                        (unsigned long long)r, SHOAL_PROTO_MAX_PROBE);
+        m->probe.reply = (uint32_t)r;
+        if (f[1].val) {
+            if (f[1].val->type != MSGPACK_OBJECT_BOOLEAN)
+                return fail(c, SHOAL_PERR_MALFORMED, "PROBE: 'facts' is not a boolean");
+            m->probe.facts = f[1].val->via.boolean;
+        }
+        if ((rc = dec_tensor(c, &frames[1], "PROBE x", &m->probe.x)))
+            return rc;
+        if (m->probe.x.dtype != SHOAL_WIRE_F32 || m->probe.x.rows != 1 || m->probe.x.nbytes > SHOAL_PROTO_MAX_PROBE)
+            return fail(c, SHOAL_PERR_MALFORMED, "PROBE x: %s [%u, %u], expected f32 [1, n] of at most %u bytes",
+                        shoal_wire_dtype_name(m->probe.x.dtype), m->probe.x.rows, m->probe.x.cols,
+                        SHOAL_PROTO_MAX_PROBE);
+        return 0;
+    }
+    case SHOAL_MSG_PROBE_REPLY: {
+        field f[] = {{"facts", 0, NULL},       {"cpu", 0, NULL},        {"isa", 0, NULL},
+                     {"version", 0, NULL},     {"cores", 0, NULL},      {"threads", 0, NULL},
+                     {"mem_total", 0, NULL},   {"mem_avail", 0, NULL},  {"disk_free", 0, NULL},
+                     {"disk_total", 0, NULL},  {"read_bw_1", 0, NULL},  {"read_bw_all", 0, NULL},
+                     {"disk_read_bw", 0, NULL}, {"held_bytes", 0, NULL}, {"measure_us", 0, NULL}};
+        shoal_proto_facts *x = &m->preply.facts;
+        if ((rc = get_fields(c, body, "PROBE_REPLY", f, 15)))
+            return rc;
+        if (f[0].val) { /* the facts come together: every key required */
+            for (int i = 1; i < 15; i++)
+                if (!f[i].val)
+                    return fail(c, SHOAL_PERR_MALFORMED, "PROBE_REPLY: 'facts' without '%s'", f[i].key);
+            uint64_t one = 0, cores = 0, threads = 0;
+            uint64_t *dst[] = {&x->mem_total, &x->mem_avail, &x->disk_free, &x->disk_total, &x->read_bw_1,
+                               &x->read_bw_all, &x->disk_read_bw, &x->held_bytes, &x->measure_us};
+            if ((rc = get_u64(c, "PROBE_REPLY", &f[0], 1, &one)) ||
+                (rc = get_str(c, "PROBE_REPLY", &f[1], x->cpu, SHOAL_PROTO_MAX_CPU)) ||
+                (rc = get_str(c, "PROBE_REPLY", &f[2], x->isa, 16)) ||
+                (rc = get_str(c, "PROBE_REPLY", &f[3], x->version, 32)) ||
+                (rc = get_u64(c, "PROBE_REPLY", &f[4], UINT32_MAX, &cores)) ||
+                (rc = get_u64(c, "PROBE_REPLY", &f[5], UINT32_MAX, &threads)))
+                return rc;
+            for (int i = 0; i < 9; i++)
+                if ((rc = get_u64(c, "PROBE_REPLY", &f[6 + i], UINT64_MAX, dst[i])))
+                    return rc;
+            x->cores = (uint32_t)cores;
+            x->threads = (uint32_t)threads;
+            x->has = one == 1;
+        }
+        if ((rc = dec_tensor(c, &frames[1], "PROBE_REPLY y", &m->preply.y)))
+            return rc;
+        if (m->preply.y.dtype != SHOAL_WIRE_F32 || m->preply.y.rows != 1)
+            return fail(c, SHOAL_PERR_MALFORMED, "PROBE_REPLY y: %s [%u, %u], expected f32 [1, n]",
+                        shoal_wire_dtype_name(m->preply.y.dtype), m->preply.y.rows, m->preply.y.cols);
+        return 0;
+    }
     default: return dec_empty(c, body, type);
     }
 }
@@ -1055,7 +1162,7 @@ static int decode_in(msgpack_zone *zone_p, const shoal_frame *frames, int nframe
         goto out;
     }
     m->rid = rid->via.u64;
-    if (ty->via.u64 < 1 || ty->via.u64 > 13) {
+    if (ty->via.u64 < 1 || ty->via.u64 > 15) {
         rc = fail(&c, SHOAL_PERR_UNKNOWN_TYPE, "unknown message type %llu", (unsigned long long)ty->via.u64);
         goto out;
     }

@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define SHOAL_PROTO_MAJOR 1
-#define SHOAL_PROTO_MINOR 4
+#define SHOAL_PROTO_MINOR 5
 
 #define SHOAL_PROTO_MAX_CONTROL (4u << 20) /* control frame bytes */
 #define SHOAL_PROTO_MAX_FRAMES 3
@@ -33,6 +33,8 @@
 #define SHOAL_PROTO_MAX_TSEGS 64       /* (matrix, rows) segments in one TRUNK_BATCH (1.3) */
 #define SHOAL_PROTO_MAX_TCHAIN 8       /* chained segments in one TRUNK_BATCH (1.4) */
 #define SHOAL_PROTO_MAX_CHAIN_ROWS 4096 /* rows of a chain's first matrix (1.4) */
+#define SHOAL_PROTO_MAX_PROBE ((4u << 20) - 16u) /* payload bytes of a PROBE's x or its reply's y (1.5) */
+#define SHOAL_PROTO_MAX_CPU 128        /* bytes of PROBE_REPLY 'cpu' (1.5) */
 
 typedef enum {
     SHOAL_MSG_HELLO = 1,
@@ -48,6 +50,8 @@ typedef enum {
     SHOAL_MSG_PREFETCH = 11, /* a notice (1.2): never answered */
     SHOAL_MSG_TRUNK_BATCH = 12,  /* 1.3: rows of trunk matrices applied to one input */
     SHOAL_MSG_TRUNK_RESULT = 13, /* 1.3 */
+    SHOAL_MSG_PROBE = 14,        /* 1.5: a timed echo of a payload, and optionally the host's facts */
+    SHOAL_MSG_PROBE_REPLY = 15,  /* 1.5 */
 } shoal_msg_type;
 
 const char *shoal_msg_type_name(int type); /* "HELLO", ...; "?" if unknown */
@@ -143,6 +147,21 @@ typedef struct {
     uint64_t uptime_us, requests, errors, batches, tokens, pairs, bytes_in, bytes_out, queue_us, compute_us;
 } shoal_proto_stats;
 
+/* The host facts of a PROBE_REPLY (1.5, PROTOCOL.md §3.8), all optional on
+ * the wire (has = 1 when the reply carried them). Rates in bytes/s. */
+typedef struct {
+    int has;
+    char cpu[SHOAL_PROTO_MAX_CPU + 1];
+    char isa[17];
+    char version[33];
+    uint32_t cores, threads;
+    uint64_t mem_total, mem_avail, disk_free, disk_total;
+    uint64_t read_bw_1, read_bw_all; /* memory read rate, one thread / all threads */
+    uint64_t disk_read_bw;           /* the model files read from disk (0: not measured) */
+    uint64_t held_bytes;             /* weight bytes it serves (experts + trunk rows) */
+    uint64_t measure_us;             /* time the measurements took */
+} shoal_proto_facts;
+
 typedef struct {
     int type;     /* shoal_msg_type */
     uint64_t rid; /* request id (0 when the envelope did not decode) */
@@ -173,6 +192,15 @@ typedef struct {
         uint64_t queue_us, compute_us;
         shoal_proto_tensor y; /* F32 [1, T * sum of segment rows], segment-major */
     } tresult;
+    struct {
+        uint32_t reply; /* bytes of the reply's y payload asked for (multiple of 4, 4 ..  MAX_PROBE) */
+        int facts;      /* 1: measure and send the host facts */
+        shoal_proto_tensor x; /* F32 [1, n]: the payload, contents unused */
+    } probe;
+    struct {
+        shoal_proto_facts facts;
+        shoal_proto_tensor y; /* F32 [1, reply / 4] */
+    } preply;
     struct {
         uint32_t layer;
         uint32_t n; /* experts[0..n-1], strictly ascending */
@@ -206,6 +234,11 @@ int shoal_proto_enc_tbatch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, 
 /* TRUNK_RESULT (1.3); the y frame follows. */
 int shoal_proto_enc_tresult(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint64_t queue_us,
                             uint64_t compute_us);
+/* PROBE (1.5): the reply's payload bytes (a multiple of 4, 4 ..
+ * SHOAL_PROTO_MAX_PROBE) and whether to measure the facts; the x frame follows. */
+int shoal_proto_enc_probe(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t reply, int facts);
+/* PROBE_REPLY (1.5), with the facts when f && f->has; the y frame follows. */
+int shoal_proto_enc_probe_reply(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, const shoal_proto_facts *f);
 /* hdr[16] for a tensor frame of rows × cols elements of dtype. 0 or SHOAL_ERANGE. */
 int shoal_proto_tensor_hdr(uint8_t hdr[SHOAL_PROTO_TENSOR_HDR], int dtype, uint32_t rows, uint32_t cols);
 /* Byte length of such a frame (header included) into *len; SHOAL_ERANGE on overflow. */
@@ -214,8 +247,9 @@ int shoal_proto_tensor_len(int dtype, uint32_t rows, uint32_t cols, size_t *len)
 /* ---- decoding ---------------------------------------------------------- */
 
 typedef enum {
-    SHOAL_SIDE_WORKER = 0,      /* decode requests: HELLO, PING, STATS, SHUTDOWN, EXPERT_BATCH, TRUNK_BATCH; PREFETCH */
-    SHOAL_SIDE_COORDINATOR = 1, /* decode replies: HELLO, ERROR, PONG, STATS_REPLY, SHUTDOWN_ACK, EXPERT_RESULT, TRUNK_RESULT */
+    SHOAL_SIDE_WORKER = 0,      /* decode requests: HELLO, PING, STATS, SHUTDOWN, EXPERT_BATCH, TRUNK_BATCH, PROBE; PREFETCH */
+    SHOAL_SIDE_COORDINATOR = 1, /* decode replies: HELLO, ERROR, PONG, STATS_REPLY, SHUTDOWN_ACK, EXPERT_RESULT, TRUNK_RESULT,
+                                   PROBE_REPLY */
 } shoal_proto_side;
 
 /* Decode one message (frames[0] control, then its tensor frames). Returns 0, or

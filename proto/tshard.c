@@ -64,6 +64,26 @@ int shoal_tshard_mats(const shoal_k3cfg *c, shoal_tshard_mat **out, int *n)
     return 0;
 }
 
+int shoal_tshard_spread_spec(const shoal_tshard_mat *mats, int nmats, int i, int n, char *buf, size_t cap, char *err,
+                             size_t errlen)
+{
+    if (n < 1 || i < 0 || i >= n || nmats < 1)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "trunk spread: part %d of %d over %d matrices", i, n, nmats);
+    int fa = 0;
+    for (int k = 0; k < nmats; k++) {
+        int whole = strstr(mats[k].name, ".f_a_proj.weight") != NULL;
+        fa |= whole;
+        if (mats[k].rows < n)
+            return shoal_err_set(err, errlen, SHOAL_ERANGE,
+                                 "the trunk cannot be spread over %d workers: %s has %d rows (at most %d workers)", n,
+                                 mats[k].name, mats[k].rows, mats[k].rows);
+    }
+    int w = snprintf(buf, cap, "*:%d/%d%s", i, n, fa ? ",*.f_a_proj.weight:all" : "");
+    if (w < 0 || (size_t)w >= cap)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "trunk spread: ROWSPEC buffer too small");
+    return 0;
+}
+
 int shoal_tshard_find(const shoal_tshard_mat *mats, int n, const char *name)
 {
     for (int i = 0; i < n; i++)

@@ -47,6 +47,16 @@ int shoal_tshard_find(const shoal_tshard_mat *mats, int n, const char *name);
 int shoal_tshard_parse(const char *spec, const shoal_tshard_mat *mats, int nmats, shoal_proto_trows **out,
                        size_t *nout, char *err, size_t errlen);
 
+/* The ROWSPEC of part i of n of an even spread (what `shoal plan --trunk
+ * spread` gives each of n workers, and `shoal run|serve --workers n --trunk
+ * remote` its local workers): "*:i/n", plus ",*.f_a_proj.weight:all" when the
+ * model has KDA f_a matrices (each worker holds them whole, so f_b(f_a(x))
+ * rides as one chain, PROTOCOL.md §3.7). 0; SHOAL_ERANGE when a matrix has
+ * fewer rows than n (err names it and its rows); SHOAL_EINVAL for a bad i/n
+ * or a buffer too small. */
+int shoal_tshard_spread_spec(const shoal_tshard_mat *mats, int nmats, int i, int n, char *buf, size_t cap, char *err,
+                             size_t errlen);
+
 /* Check announced rows against mats: names exist, hi < rows. 0 or
  * SHOAL_ERANGE naming the first bad entry. */
 int shoal_tshard_check(const shoal_proto_trows *t, size_t n, const shoal_tshard_mat *mats, int nmats, char *err,

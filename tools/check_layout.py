@@ -22,7 +22,7 @@ import sys
 
 # room -> rooms it may include (besides itself). cli is the executable's
 # entry: it may use every room, like cmd.
-COORD = ["text", "obs", "engine", "cluster", "api", "hub", "cmd"]
+COORD = ["text", "obs", "engine", "cluster", "api", "hub", "pcache", "cmd"]
 ALLOWED = {
     "common": set(),
     "kernels": {"common"},
@@ -32,8 +32,9 @@ ALLOWED = {
     "obs": {"common", "proto"},
     "engine": {"common", "kernels", "obs"},
     "cluster": {"common", "proto", "kernels", "obs", "engine"},
-    "api": {"common", "obs", "text", "engine"},
+    "api": {"common", "obs", "text", "engine", "pcache"},
     "hub": {"common"},
+    "pcache": {"common", "engine"},
     "cmd": {"common", "kernels", "proto", "worker", "cli", *COORD},
     "cli": {"common", "kernels", "proto", "worker", *COORD},
 }

@@ -20,7 +20,8 @@ import sys
 import msgpack
 import numpy as np
 
-HELLO, ERROR, PING, PONG, STATS, STATS_REPLY, SHUTDOWN, SHUTDOWN_ACK, BATCH, RESULT, PREFETCH, TBATCH, TRESULT = range(1, 14)
+HELLO, ERROR, PING, PONG, STATS, STATS_REPLY, SHUTDOWN, SHUTDOWN_ACK, BATCH, RESULT, PREFETCH, TBATCH, TRESULT, \
+    PROBE, PROBE_REPLY = range(1, 16)
 F32, BF16, I32 = 1, 2, 3
 
 FP = bytes(range(32))  # a test fingerprint: 00 01 .. 1f
@@ -101,6 +102,18 @@ def messages():
          "language_model.model.layers.1.self_attn.f_b_proj.weight", 0, 63]]}), tensor(F32, x)]
     ty = (np.arange(2 * 5, dtype=np.float32) * 1.5).reshape(1, 10).astype("<f4")
     m["trunk_result"] = [control(TRESULT, 2**33 + 1, {"queue_us": 0, "compute_us": 70000}), tensor(F32, ty)]
+    # 1.5: PROBE (a payload out, `reply` bytes back; with 'facts' the host's
+    # measured facts) and PROBE_REPLY, facts in the order PROTOCOL.md §3.8 lists
+    px = np.zeros((1, 3), dtype="<f4")
+    m["probe"] = [control(PROBE, 300, {"reply": 8}), tensor(F32, px)]
+    m["probe_facts"] = [control(PROBE, 301, {"reply": 4, "facts": True}), tensor(F32, px[:, :1])]
+    m["probe_reply"] = [control(PROBE_REPLY, 300, {}), tensor(F32, np.zeros((1, 2), dtype="<f4"))]
+    m["probe_reply_facts"] = [control(PROBE_REPLY, 301, {
+        "cpu": "AMD EPYC 9654 96-Core Processor", "isa": "avx512", "version": "0.1.0", "cores": 192,
+        "threads": 96, "mem_total": 2**40, "mem_avail": 700 * 2**30, "disk_free": 3 * 10**12,
+        "disk_total": 4 * 10**12, "read_bw_1": 12 * 10**9, "read_bw_all": 380 * 10**9,
+        "disk_read_bw": 2_500_000_000, "held_bytes": 90_400_000_000, "measure_us": 812345, "facts": 1}),
+        tensor(F32, np.zeros((1, 1), dtype="<f4"))]
     return m
 
 

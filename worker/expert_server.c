@@ -567,7 +567,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                            .mem_total = mem_total(), .metrics = s.wm, .delay_us = o->delay_us,
                            .skip_compute = o->skip_compute, .refuse_shutdown = o->refuse_shutdown, .store = s.store,
                            .prefetch = !o->no_prefetch, .trunk = s.trunk, .tmat = s.tmat, .ntrunk = s.ntrunk,
-                           .trunk_fp = s.trunk_fp};
+                           .trunk_fp = s.trunk_fp, .model_dir = o->model};
     if ((rc = shoal_serve_open(&s.srv, &so, s.bank, err, errlen)))
         goto out;
     if (o->skip_compute)

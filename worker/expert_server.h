@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "worker/hostfacts.h" /* the host facts of PROBE, also measured by `shoal doctor` on its own host */
+
 typedef struct {
     const char *model;    /* model directory (config.json + safetensors) */
     const char *experts;  /* RANGES, PROTOCOL.md §7; NULL: none (then trunk is required) */

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/st.h"
 #include "kernels/kernels.h"
+#include "worker/hostfacts.h"
 
 #define MAX_PEERS 256
 
@@ -21,8 +22,17 @@ typedef struct {
     uint64_t used; /* LRU stamp; 0 = free slot */
 } peer;
 
+/* PROBE host facts (PROTOCOL.md §3.8): each measurement stalls the loop about
+ * a second, so at most FACTS_BURST in a row, then one per FACTS_EVERY_US;
+ * beyond that the last figures are sent again (measure_us 0) */
+#define FACTS_BURST 8.0
+#define FACTS_EVERY_US 7500000.0
+
 struct shoal_serve {
     shoal_serve_opts o;
+    shoal_proto_facts facts;  /* the last measured (facts.has: there is one) */
+    double facts_tokens;      /* measurements allowed now (a bucket of FACTS_BURST) */
+    uint64_t facts_at_us;     /* when the bucket was last topped up */
     char id[SHOAL_PROTO_MAX_ID + 1];
     uint8_t fingerprint[SHOAL_PROTO_FP_BYTES];
     const shoal_bank *bank;
@@ -642,6 +652,60 @@ static void do_prefetch(shoal_serve *s, const shoal_proto_msg *m)
     shoal_store_prefetch(s->o.store, (int)layer, s->pf_ids, n);
 }
 
+/* PROBE (1.5, PROTOCOL.md §3.8): y of the asked size (zeros) and, when asked,
+ * the host facts, measured now (about a second). */
+static void do_probe(shoal_serve *s, const shoal_proto_msg *m, shoal_serve_alloc_fn alloc, void *actx,
+                     shoal_serve_reply *rep)
+{
+    size_t ylen;
+    if (shoal_proto_tensor_len(SHOAL_WIRE_F32, 1, m->probe.reply / 4, &ylen)) {
+        reply_error(s, rep, m->rid, SHOAL_PERR_BAD_SHAPE, "PROBE: reply size");
+        return;
+    }
+    char why[384] = "", msg[448];
+    uint8_t *y = alloc(actx, ylen, why, sizeof why);
+    if (!y) {
+        if (why[0])
+            snprintf(msg, sizeof msg, "PROBE: %s", why);
+        else
+            snprintf(msg, sizeof msg, "PROBE: out of memory for the %zu-byte reply", ylen);
+        reply_error(s, rep, m->rid, SHOAL_PERR_INTERNAL, msg);
+        return;
+    }
+    shoal_proto_tensor_hdr(y, SHOAL_WIRE_F32, 1, m->probe.reply / 4);
+    memset(y + SHOAL_PROTO_TENSOR_HDR, 0, ylen - SHOAL_PROTO_TENSOR_HDR);
+    shoal_proto_facts f;
+    memset(&f, 0, sizeof f);
+    uint64_t now = now_us();
+    if (!s->facts_at_us)
+        s->facts_tokens = FACTS_BURST;
+    else
+        s->facts_tokens += (double)(now - s->facts_at_us) / FACTS_EVERY_US;
+    if (s->facts_tokens > FACTS_BURST)
+        s->facts_tokens = FACTS_BURST;
+    s->facts_at_us = now;
+    if (m->probe.facts && s->facts_tokens < 1 && s->facts.has) {
+        f = s->facts; /* over the rate: the last figures again */
+        f.measure_us = 0;
+    } else if (m->probe.facts) {
+        s->facts_tokens -= 1;
+        shoal_hostfacts_measure(&f, s->o.model_dir, s->o.threads);
+        snprintf(f.isa, sizeof f.isa, "%s", s->o.isa ? s->o.isa : "?");
+        f.threads = (uint32_t)s->o.threads;
+        f.held_bytes = s->o.store ? shoal_store_bytes(s->o.store) : s->bank ? shoal_bank_bytes(s->bank) : 0;
+        for (size_t i = 0; i < s->o.ntrunk; i++)
+            f.held_bytes += (uint64_t)(s->o.trunk[i].hi - s->o.trunk[i].lo + 1) * (uint64_t)s->o.tmat[i].cols *
+                            (s->o.tmat[i].bf16 ? 2u : 4u);
+        s->facts = f;
+    }
+    size_t len = 0;
+    if (shoal_proto_enc_probe_reply(s->ctl, s->ctlcap, &len, m->rid, &f))
+        SHOAL_PANIC("PROBE_REPLY does not fit its buffer");
+    reply_ctl(rep, s, SHOAL_MSG_PROBE_REPLY, len);
+    rep->frames[1] = (shoal_frame){y, ylen};
+    rep->n = 2;
+}
+
 void shoal_serve_handle(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, const shoal_frame *in, int nin,
                         uint64_t queue_us, shoal_serve_alloc_fn alloc, void *actx, shoal_serve_reply *rep)
 {
@@ -715,6 +779,9 @@ void shoal_serve_handle(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, 
         break;
     case SHOAL_MSG_TRUNK_BATCH:
         do_tbatch(s, &m, queue_us, alloc, actx, rep);
+        break;
+    case SHOAL_MSG_PROBE:
+        do_probe(s, &m, alloc, actx, rep);
         break;
     default: /* decode only passes requests */
         reply_error(s, rep, m.rid, SHOAL_PERR_UNKNOWN_TYPE, "not a request");

@@ -65,6 +65,9 @@ typedef struct {
     const shoal_serve_tmat *tmat;
     size_t ntrunk;
     const uint8_t *trunk_fp; /* SHOAL_PROTO_FP_BYTES */
+    /* 1.5 PROBE (PROTOCOL.md §3.8): the model directory or pack whose disk
+     * the facts describe (borrowed; NULL: disk figures 0) */
+    const char *model_dir;
 } shoal_serve_opts;
 
 typedef struct shoal_serve shoal_serve;

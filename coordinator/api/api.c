@@ -17,12 +17,12 @@
 #include "common/sbuf.h"
 #include "common/utf8.h"
 #include "common/log.h"
-#include "coordinator/api/api.h"
+#include "coordinator/api/api_int.h"
 
 
 /* A JSON string from bytes that should be UTF-8; invalid bytes become U+FFFD
  * rather than an invalid response. */
-static json_t *jstr(const char *s, size_t n)
+json_t *shoal__api_jstr(const char *s, size_t n)
 {
     json_t *j = json_stringn(s ? s : "", s ? n : 0);
     if (j)
@@ -37,35 +37,17 @@ static json_t *jstr(const char *s, size_t n)
 
 /* ---- counters ------------------------------------------------------------ */
 
-enum { EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_OTHER, EP_N };
-static const char *const ep_names[EP_N] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
-                                           "/health",              "/metrics",        "other"};
-#define MAX_STATUS_SLOTS 24
-#define MAX_IGNORED_LABELS 96
-
-struct shoal_api {
-    shoal_api_opts o;
-    char model_name[128];
-    char *api_key;
-    shoal_http *http;
-    atomic_int ready; /* set by the starting thread, read on the loop */
-    long long started;
-    struct {
-        int status;
-        uint64_t count[EP_N];
-    } st[MAX_STATUS_SLOTS];
-    uint64_t memo_hits_served, streams, tokens_streamed;
-    /* shoal_api_ignored_fields_total{field} (api.h: the field policy) */
-    struct {
-        char name[64];
-        uint64_t count;
-    } ign[MAX_IGNORED_LABELS];
-    int nign;
-    int live; /* open generation requests */
-    int last_status; /* the status of the response just sent (access log) */
-    int handed;      /* the request became an areq, which logs its own line */
-    double t0;       /* when the request being routed arrived */
-};
+const char *const shoal__api_ep_names[EP_N] = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
+                                                "/v1/messages/count_tokens", "/v1/responses", "/v1/models",
+                                                "/health", "/metrics", "other"};
+#define ep_names shoal__api_ep_names
+#define jstr shoal__api_jstr
+#define respond_json shoal__api_respond_json
+#define respond_error shoal__api_respond_error
+#define error_json(e) shoal__api_error_json(r->ep, e)
+#define random_hex shoal__api_random_hex
+#define extra_headers shoal__api_extra_headers
+#define call_at shoal__api_call_at
 
 static double now_ms(void)
 {
@@ -88,7 +70,7 @@ static void access_log(const char *peer, const char *method, const char *path, i
               now_ms() - t0, ptok, ctok, rid && rid[0] ? rid : "-");
 }
 
-static void count(shoal_api *a, int ep, int status)
+void shoal__api_count(shoal_api *a, int ep, int status)
 {
     a->last_status = status;
     for (int i = 0; i < MAX_STATUS_SLOTS; i++) {
@@ -108,33 +90,59 @@ static const char internal_error_body[] =
     "{\"error\":{\"message\":\"the server could not build its response\",\"type\":\"server_error\","
     "\"param\":null,\"code\":\"internal_error\"}}";
 
-static void respond_json(shoal_api *a, shoal_http_ex *ex, int ep, int status, json_t *body, const char *extra)
+void shoal__api_respond_json(shoal_api *a, shoal_http_ex *ex, int ep, int status, json_t *body, const char *extra)
 {
     char *s = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
     if (!s) {
         SHOAL_WARN("api: could not build the %d response for %s; answered 500", status, ep_names[ep]);
-        count(a, ep, 500);
+        shoal__api_count(a, ep, 500);
         shoal_http_respond(ex, 500, "application/json", extra, internal_error_body, sizeof internal_error_body - 1);
         return;
     }
-    count(a, ep, status);
+    shoal__api_count(a, ep, status);
     shoal_http_respond(ex, status, "application/json", extra, s, strlen(s));
     free(s);
 }
 
-/* Every field through jstr: the message may quote the client. */
-static json_t *error_json(const shoal_api_error *e)
+/* Anthropic's error types by status (docs: "Errors"). */
+static const char *anthropic_error_type(int status)
 {
+    switch (status) {
+    case 400: return "invalid_request_error";
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503: case 529: return "overloaded_error";
+    default: return status >= 500 ? "api_error" : "invalid_request_error";
+    }
+}
+
+/* Every field through jstr: the message may quote the client. The Anthropic
+ * endpoints answer {"type":"error","error":{"type","message"}}. */
+json_t *shoal__api_error_json(int ep, const shoal_api_error *e)
+{
+    if (ep == EP_MESSAGES || ep == EP_COUNT_TOKENS) {
+        char msg[sizeof e->message + sizeof e->param + 8];
+        /* Anthropic has no "param": the message names the field, as theirs do */
+        if (e->param[0] && !strstr(e->message, e->param))
+            snprintf(msg, sizeof msg, "%s: %s", e->param, e->message);
+        else
+            snprintf(msg, sizeof msg, "%s", e->message);
+        return json_pack("{s:s,s:{s:s,s:o}}", "type", "error", "error", "type", anthropic_error_type(e->status),
+                         "message", jstr(msg, strlen(msg)));
+    }
     return json_pack("{s:{s:o,s:o,s:o,s:o}}", "error", "message", jstr(e->message, strlen(e->message)), "type",
                      jstr(e->type, strlen(e->type)), "param",
                      e->param[0] ? jstr(e->param, strlen(e->param)) : json_null(), "code",
                      e->code[0] ? jstr(e->code, strlen(e->code)) : json_null());
 }
 
-static void respond_error(shoal_api *a, shoal_http_ex *ex, int ep, const shoal_api_error *e, const char *extra)
+void shoal__api_respond_error(shoal_api *a, shoal_http_ex *ex, int ep, const shoal_api_error *e, const char *extra)
 {
-    respond_json(a, ex, ep, e->status, error_json(e), extra);
+    respond_json(a, ex, ep, e->status, shoal__api_error_json(ep, e), extra);
 }
 
 static void respond_simple_error(shoal_api *a, shoal_http_ex *ex, int ep, int status, const char *type,
@@ -158,50 +166,6 @@ static void respond_simple_error(shoal_api *a, shoal_http_ex *ex, int ep, int st
 
 /* ---- per-request state ---------------------------------------------------- */
 
-typedef struct {
-    char id[40];
-    char *name;
-    shoal_sbuf args;
-} tcall;
-
-struct areq;
-
-/* One choice of a request (n choices: one scheduler job each). */
-typedef struct {
-    struct areq *r;
-    int index;
-    shoal_sched_job *job;
-    shoal_sbuf content, reasoning;
-    tcall *calls;
-    int ncalls;
-    int done;
-    shoal_ev *done_ev;  /* its DONE (full responses are built when every choice is done) */
-    json_t *lp;         /* logprob entries not yet sent (streaming) or all of them; NULL without logprobs */
-    size_t text_off;    /* completions' text_offset: bytes of the tokens so far */
-} achoice;
-
-typedef struct areq {
-    atomic_int refs;
-    shoal_api *api;
-    shoal_http_ex *ex; /* NULL once the exchange ended */
-    int ep;
-    shoal_gen_kind kind;
-    int stream, include_usage, return_ids, logprobs;
-    int memo; /* 0: not deterministic, 1: miss, 2: hit */
-    char id[48];
-    long long created;
-    int head_sent;
-    int started;
-    int prompt_tokens, reused_tokens;
-    int status, completion_tokens; /* for the access log */
-    int ndone;
-    double t0;
-    char peer[64];
-    char ignored[512]; /* x-shoal-ignored */
-    int n;
-    achoice *ch;
-} areq;
-
 static void areq_unref(areq *r)
 {
     if (atomic_fetch_sub(&r->refs, 1) != 1)
@@ -220,10 +184,16 @@ static void areq_unref(areq *r)
         json_decref(c->lp);
     }
     free(r->ch);
+    for (int i = 0; i < r->nstop; i++)
+        free(r->stops[i]);
+    free(r->item_text.p);
+    json_decref(r->echo);
+    json_decref(r->conv);
+    json_decref(r->items);
     free(r);
 }
 
-static void random_hex(char *out, size_t nbytes)
+void shoal__api_random_hex(char *out, size_t nbytes)
 {
     unsigned char b[32];
     randombytes_buf(b, nbytes);
@@ -240,7 +210,7 @@ static void end_exchange(areq *r)
     areq_unref(r);
 }
 
-static void extra_headers(areq *r, char *buf, size_t cap)
+void shoal__api_extra_headers(areq *r, char *buf, size_t cap)
 {
     int n = snprintf(buf, cap, "x-request-id: %s\r\n", r->id);
     if (r->memo)
@@ -375,7 +345,7 @@ static json_t *lp_take(areq *r, achoice *c)
 
 /* ---- streaming ------------------------------------------------------------ */
 
-static void sse_send(areq *r, json_t *obj)
+void shoal__api_sse(areq *r, const char *name, json_t *obj)
 {
     char *s = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
     json_decref(obj);
@@ -383,14 +353,23 @@ static void sse_send(areq *r, json_t *obj)
         SHOAL_WARN("api: %s: could not build a stream event", r->id);
         s = shoal_xstrdup(internal_error_body);
     }
-    size_t n = strlen(s);
-    char *frame = shoal_xmalloc(n + 9);
-    memcpy(frame, "data: ", 6);
-    memcpy(frame + 6, s, n);
-    memcpy(frame + 6 + n, "\n\n", 2);
-    shoal_http_stream_write(r->ex, frame, n + 8);
-    free(frame);
+    shoal_sbuf f = {0};
+    if (name) {
+        shoal_sbuf_add(&f, "event: ", 7);
+        shoal_sbuf_add(&f, name, strlen(name));
+        shoal_sbuf_add(&f, "\n", 1);
+    }
+    shoal_sbuf_add(&f, "data: ", 6);
+    shoal_sbuf_add(&f, s, strlen(s));
+    shoal_sbuf_add(&f, "\n\n", 2);
+    shoal_http_stream_write(r->ex, f.p, f.n);
+    free(f.p);
     free(s);
+}
+
+static void sse_send(areq *r, json_t *obj)
+{
+    shoal__api_sse(r, NULL, obj);
 }
 
 /* A chunk of choice c; carries the log-probabilities held since its last chunk. */
@@ -416,10 +395,14 @@ static void stream_head(areq *r)
     extra_headers(r, extra, sizeof extra);
     r->head_sent = 1;
     r->status = 200;
-    count(r->api, r->ep, 200);
+    shoal__api_count(r->api, r->ep, 200);
     r->api->streams++;
     shoal_http_stream_begin(r->ex, 200, "text/event-stream", extra);
-    if (r->kind == SHOAL_GEN_CHAT)
+    if (r->fmt == FMT_ANTHROPIC)
+        shoal__api_anth_head(r);
+    else if (r->fmt == FMT_RESPONSES)
+        shoal__api_resp_head(r);
+    else if (r->kind == SHOAL_GEN_CHAT)
         for (int i = 0; i < r->n; i++)
             sse_send(r, chunk(r, &r->ch[i], json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL));
 }
@@ -428,6 +411,14 @@ static void stream_text(areq *r, achoice *c, shoal_channel ch, const char *text,
 {
     if (len == 0)
         return;
+    if (r->fmt == FMT_ANTHROPIC) {
+        shoal__api_anth_text(r, ch, text, len);
+        return;
+    }
+    if (r->fmt == FMT_RESPONSES) {
+        shoal__api_resp_text(r, ch, text, len);
+        return;
+    }
     json_t *t = jstr(text, len);
     if (r->kind == SHOAL_GEN_CHAT)
         sse_send(r, chunk(r, c, json_pack("{s:o}", ch == SHOAL_CH_REASONING ? "reasoning_content" : "content", t),
@@ -436,7 +427,7 @@ static void stream_text(areq *r, achoice *c, shoal_channel ch, const char *text,
         sse_send(r, chunk(r, c, t, NULL));
 }
 
-static tcall *call_at(achoice *c, int index)
+tcall *shoal__api_call_at(achoice *c, int index)
 {
     if (index < 0 || index > 1024)
         SHOAL_PANIC("api: tool call index %d out of range", index);
@@ -444,8 +435,9 @@ static tcall *call_at(achoice *c, int index)
         c->calls = shoal_xrealloc(c->calls, (size_t)(index + 1) * sizeof *c->calls);
         memset(c->calls + c->ncalls, 0, (size_t)(index + 1 - c->ncalls) * sizeof *c->calls);
         for (int i = c->ncalls; i <= index; i++) {
-            memcpy(c->calls[i].id, "call_", 5);
-            random_hex(c->calls[i].id + 5, 12);
+            const char *pre = c->r->fmt == FMT_ANTHROPIC ? "toolu_" : "call_";
+            memcpy(c->calls[i].id, pre, strlen(pre));
+            random_hex(c->calls[i].id + strlen(pre), 12);
         }
         c->ncalls = index + 1;
     }
@@ -454,6 +446,14 @@ static tcall *call_at(achoice *c, int index)
 
 static void stream_tool(areq *r, achoice *ch, const shoal_ev *e)
 {
+    if (r->fmt == FMT_ANTHROPIC) {
+        shoal__api_anth_tool(r, e);
+        return;
+    }
+    if (r->fmt == FMT_RESPONSES) {
+        shoal__api_resp_tool(r, e);
+        return;
+    }
     tcall *c = call_at(ch, e->tool_index);
     json_t *fn = json_object();
     json_t *tc = json_pack("{s:i}", "index", e->tool_index);
@@ -561,12 +561,17 @@ static void finish_error(areq *r, const shoal_ev *e)
     snprintf(err.param, sizeof err.param, "%s", e->param);
     snprintf(err.message, sizeof err.message, "%s", e->message);
     if (!r->head_sent) {
-        char extra[128];
-        snprintf(extra, sizeof extra, "x-request-id: %s\r\n", r->id);
+        char extra[1024];
+        extra_headers(r, extra, sizeof extra);
         respond_error(r->api, r->ex, r->ep, &err, extra);
     } else {
         /* mid-stream: an error event, then the end (no [DONE]) */
-        sse_send(r, error_json(&err));
+        if (r->fmt == FMT_ANTHROPIC)
+            shoal__api_anth_stream_error(r, &err);
+        else if (r->fmt == FMT_RESPONSES)
+            shoal__api_resp_stream_error(r, &err);
+        else
+            sse_send(r, error_json(&err));
         shoal_http_stream_end(r->ex);
     }
 }
@@ -628,6 +633,24 @@ static void apply_events(areq *r, achoice *c, shoal_ev *evs)
             c->done_ev = done_copy(e);
             r->ndone++;
             r->completion_tokens += e->completion_tokens;
+            if (r->fmt != FMT_OPENAI) { /* one choice (the formats have no n) */
+                r->status = 200;
+                if (r->stream) {
+                    if (!r->head_sent)
+                        stream_head(r);
+                    if (r->fmt == FMT_ANTHROPIC)
+                        shoal__api_anth_done(r, e);
+                    else
+                        shoal__api_resp_done(r, e);
+                    shoal_http_stream_end(r->ex);
+                } else if (r->fmt == FMT_ANTHROPIC) {
+                    shoal__api_anth_full(r, e);
+                } else {
+                    shoal__api_resp_full(r, e);
+                }
+                end_exchange(r);
+                return;
+            }
             if (r->stream) {
                 if (!r->head_sent)
                     stream_head(r);
@@ -696,7 +719,7 @@ static int ign_row(shoal_api *a, const char *name)
 }
 
 /* The ignored fields of a request into the metric's table. */
-static void count_ignored(shoal_api *a, const shoal_api_ignored *ign)
+void shoal__api_count_ignored(shoal_api *a, const shoal_api_ignored *ign)
 {
     for (int i = 0; i < ign->n; i++)
         a->ign[ign_row(a, ign->known[i] ? ign->name[i] : "other")].count++;
@@ -704,54 +727,61 @@ static void count_ignored(shoal_api *a, const shoal_api_ignored *ign)
         a->ign[ign_row(a, "other")].count += (uint64_t)ign->dropped;
 }
 
-static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req, int ep, shoal_gen_kind kind)
+int shoal__api_not_ready(shoal_api *a, shoal_http_ex *ex, int ep)
 {
-    shoal_api_req q;
-    shoal_api_error err;
-    if (shoal_api_parse(kind, req->body, req->body_len, &a->o.limits, &q, &err)) {
-        respond_error(a, ex, ep, &err, NULL);
-        return;
-    }
-    if (!atomic_load(&a->ready)) {
-        shoal_api_req_free(&q);
-        respond_simple_error(a, ex, ep, 503, "server_error", "not_ready", NULL, "Retry-After: 1\r\n",
-                             "the model is still loading");
-        return;
-    }
-    count_ignored(a, &q.ignored);
-    /* No admission check on the workers' states: a request that reaches a
-     * down worker fails at once with 503 naming it (coordinator/api/sched.c),
-     * and one that finds it back (restarted) is served. */
+    if (atomic_load(&a->ready))
+        return 0;
+    respond_simple_error(a, ex, ep, 503, "server_error", "not_ready", NULL, "Retry-After: 1\r\n",
+                         "the model is still loading");
+    return 1;
+}
+
+areq *shoal__api_areq_new(shoal_api *a, shoal_http_ex *ex, int ep, shoal__api_fmt fmt, const shoal_api_req *q,
+                          const char *id_prefix)
+{
+    shoal__api_count_ignored(a, &q->ignored);
     areq *r = shoal_xcalloc(1, sizeof *r);
     atomic_init(&r->refs, 1); /* the exchange's */
     r->api = a;
     r->ex = ex;
     r->ep = ep;
-    r->kind = kind;
-    r->stream = q.stream;
-    r->include_usage = q.include_usage;
-    r->return_ids = q.gen.return_token_ids;
-    r->logprobs = q.gen.logprobs;
+    r->fmt = fmt;
+    r->kind = q->gen.kind;
+    r->stream = q->stream;
+    r->include_usage = q->include_usage;
+    r->return_ids = q->gen.return_token_ids;
+    r->logprobs = q->gen.logprobs;
     r->created = (long long)time(NULL);
     r->t0 = a->t0;
-    r->n = q.n > 0 ? q.n : 1;
+    r->open_kind = -1;
+    r->n = q->n > 0 ? q->n : 1;
     r->ch = shoal_xcalloc((size_t)r->n, sizeof *r->ch);
     for (int i = 0; i < r->n; i++) {
         r->ch[i].r = r;
         r->ch[i].index = i;
     }
-    shoal_api_ignored_list(&q.ignored, r->ignored, sizeof r->ignored);
+    shoal_api_ignored_list(&q->ignored, r->ignored, sizeof r->ignored);
     snprintf(r->peer, sizeof r->peer, "%s", shoal_http_ex_peer(ex));
     a->handed = 1;
-    snprintf(r->id, sizeof r->id, "%s", kind == SHOAL_GEN_CHAT ? "chatcmpl-" : "cmpl-");
+    snprintf(r->id, sizeof r->id, "%s", id_prefix);
     random_hex(r->id + strlen(r->id), 12);
     a->live++;
-    if (q.memo_key) {
-        shoal_ev *hit = shoal_sched_memo_get(a->o.sched, q.memo_key);
+    return r;
+}
+
+/* No admission check on the workers' states: a request that reaches a down
+ * worker fails at once with 503 naming it (coordinator/api/sched.c), and one
+ * that finds it back (restarted) is served. */
+void shoal__api_start(areq *r, shoal_api_req *q)
+{
+    shoal_api *a = r->api;
+    shoal_http_ex *ex = r->ex;
+    if (q->memo_key) {
+        shoal_ev *hit = shoal_sched_memo_get(a->o.sched, q->memo_key);
         if (hit) {
             r->memo = 2;
             a->memo_hits_served++;
-            shoal_api_req_free(&q);
+            shoal_api_req_free(q);
             atomic_fetch_add(&r->refs, 1); /* apply_events may end the exchange */
             apply_events(r, &r->ch[0], hit);
             shoal_ev_free_list(hit);
@@ -768,18 +798,18 @@ static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *
         r->memo = 1;
     }
     char client[256];
-    snprintf(client, sizeof client, "%s/%s", shoal_http_ex_peer(ex), q.user);
+    snprintf(client, sizeof client, "%s/%s", shoal_http_ex_peer(ex), q->user);
     /* n choices: choice i is the request with seed + i; choices 1.. copy the
      * prompt state of choice 0 once it is prefilled */
     for (int i = r->n - 1; i >= 1; i--) {
         shoal_gen_params g;
-        if (shoal_gen_params_copy(&g, &q.gen))
+        if (shoal_gen_params_copy(&g, &q->gen))
             SHOAL_PANIC("api: out of memory copying a request");
-        g.seed = q.gen.seed + (uint64_t)i;
+        g.seed = q->gen.seed + (uint64_t)i;
         r->ch[i].job = shoal_sched_job_new(&g, client, NULL, on_job_events, &r->ch[i]);
     }
-    r->ch[0].job = shoal_sched_job_new(&q.gen, client, q.memo_key, on_job_events, &r->ch[0]);
-    shoal_api_req_free(&q);
+    r->ch[0].job = shoal_sched_job_new(&q->gen, client, q->memo_key, on_job_events, &r->ch[0]);
+    shoal_api_req_free(q);
     for (int i = 1; i < r->n; i++)
         shoal_sched_job_fork_of(r->ch[i].job, r->ch[0].job);
     shoal_http_ex_on_abort(ex, on_abort, r);
@@ -790,11 +820,163 @@ static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *
         cancel_all(r); /* the choices already queued leave the queue */
         char extra[128];
         snprintf(extra, sizeof extra, "x-request-id: %s\r\nRetry-After: 1\r\n", r->id);
-        respond_simple_error(a, ex, ep, 429, "rate_limit_error", "queue_full", NULL, extra,
+        respond_simple_error(a, ex, r->ep, 429, "rate_limit_error", "queue_full", NULL, extra,
                              "the request queue is full; retry later");
         r->status = 429;
         end_exchange(r);
     }
+}
+
+/* A generation request being parsed (JSON, validation, normalisation, the
+ * memo key) on the HTTP layer's thread pool: linear in the body, but a 4 MB
+ * body takes a good fraction of a second on a busy machine, and on the loop
+ * thread that would stall every other connection (their streams included). */
+typedef struct {
+    shoal_api *a;
+    shoal_http_ex *ex; /* NULL once the client left while parsing */
+    int ep;
+    shoal_gen_kind kind;
+    char *body;
+    size_t len;
+    double t0;
+    char peer[64];
+    int rc;
+    shoal_api_req q;
+    shoal_api_error err;
+} parsing;
+
+static void parse_work(void *arg)
+{
+    parsing *w = arg;
+    w->rc = shoal_api_parse(w->kind, w->body, w->len, &w->a->o.limits, &w->q, &w->err);
+    free(w->body);
+    w->body = NULL;
+}
+
+static void parse_abort(void *arg)
+{
+    parsing *w = arg;
+    access_log(w->peer, "POST", ep_names[w->ep], 499, 0, 0, w->t0, NULL);
+    shoal_http_stream_end(w->ex); /* frees the aborted exchange */
+    w->ex = NULL;
+}
+
+static void parse_done(void *arg, int canceled)
+{
+    parsing *w = arg;
+    shoal_api *a = w->a;
+    int parsed = !canceled && w->rc == 0; /* w->q holds a request to free or hand on */
+    if (w->ex) {
+        shoal_http_ex_on_abort(w->ex, NULL, NULL);
+        if (canceled) { /* the pool dropped it unrun: the server is stopping */
+            respond_simple_error(a, w->ex, w->ep, 503, "server_error", "shutting_down", NULL, NULL,
+                                 "the server is stopping");
+            access_log(w->peer, "POST", ep_names[w->ep], 503, 0, 0, w->t0, NULL);
+        } else if (w->rc) {
+            respond_error(a, w->ex, w->ep, &w->err, NULL);
+            access_log(w->peer, "POST", ep_names[w->ep], a->last_status ? a->last_status : 500, 0, 0, w->t0, NULL);
+        } else if (shoal__api_not_ready(a, w->ex, w->ep)) {
+            access_log(w->peer, "POST", ep_names[w->ep], 503, 0, 0, w->t0, NULL);
+        } else {
+            areq *r = shoal__api_areq_new(a, w->ex, w->ep, FMT_OPENAI, &w->q,
+                                          w->kind == SHOAL_GEN_CHAT ? "chatcmpl-" : "cmpl-");
+            r->t0 = w->t0; /* a->t0 is the latest request's by now */
+            shoal__api_start(r, &w->q); /* takes q */
+            parsed = 0;
+        }
+    }
+    if (parsed)
+        shoal_api_req_free(&w->q);
+    free(w->body);
+    free(w);
+}
+
+static void generate(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req, int ep, shoal_gen_kind kind)
+{
+    parsing *w = shoal_xcalloc(1, sizeof *w);
+    w->a = a;
+    w->ex = ex;
+    w->ep = ep;
+    w->kind = kind;
+    w->t0 = a->t0;
+    snprintf(w->peer, sizeof w->peer, "%s", shoal_http_ex_peer(ex));
+    /* copied: the request's bytes are the connection's, freed if it closes */
+    w->body = shoal_xmalloc(req->body_len + 1);
+    memcpy(w->body, req->body, req->body_len);
+    w->body[req->body_len] = 0;
+    w->len = req->body_len;
+    a->handed = 1; /* logged when answered */
+    if (!a->http || shoal_http_work(a->http, parse_work, parse_done, w)) {
+        parse_work(w); /* no pool (tests without a server): here */
+        parse_done(w, 0);
+        return;
+    }
+    shoal_http_ex_on_abort(ex, parse_abort, w);
+}
+
+static void defer_work(void *arg)
+{
+    shoal__api_deferred *d = arg;
+    d->work(d);
+    d->ran = 1;
+}
+
+static void defer_abort(void *arg)
+{
+    shoal__api_deferred *d = arg;
+    access_log(d->peer, "POST", ep_names[d->ep], 499, 0, 0, d->t0, NULL);
+    shoal_http_stream_end(d->ex); /* frees the aborted exchange */
+    d->ex = NULL;
+}
+
+static void defer_done(void *arg, int canceled)
+{
+    shoal__api_deferred *d = arg;
+    shoal_api *a = d->a;
+    if (d->ex) {
+        shoal_http_ex_on_abort(d->ex, NULL, NULL);
+        if (canceled) {
+            respond_simple_error(a, d->ex, d->ep, 503, "server_error", "shutting_down", NULL, NULL,
+                                 "the server is stopping");
+            access_log(d->peer, "POST", ep_names[d->ep], 503, 0, 0, d->t0, NULL);
+            d->ex = NULL;
+        }
+    }
+    shoal_http_ex *ex = d->ex;
+    a->t0 = d->t0; /* for an areq done() creates: its own request's start */
+    a->handed = 0;
+    a->last_status = 0;
+    d->done(d);
+    if (ex && !a->handed)
+        access_log(d->peer, "POST", ep_names[d->ep], a->last_status ? a->last_status : 500, 0, 0, d->t0, NULL);
+    free((char *)d->req.body);
+    free(d);
+}
+
+void shoal__api_defer(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req, int ep,
+                      void (*work)(shoal__api_deferred *d), void (*done)(shoal__api_deferred *d), void *ctx)
+{
+    shoal__api_deferred *d = shoal_xcalloc(1, sizeof *d);
+    d->a = a;
+    d->ex = ex;
+    d->ep = ep;
+    d->t0 = a->t0;
+    snprintf(d->peer, sizeof d->peer, "%s", shoal_http_ex_peer(ex));
+    char *body = shoal_xmalloc(req->body_len + 1); /* the connection's bytes go if it closes */
+    memcpy(body, req->body, req->body_len);
+    body[req->body_len] = 0;
+    d->req.body = body;
+    d->req.body_len = req->body_len;
+    d->ctx = ctx;
+    d->work = work;
+    d->done = done;
+    a->handed = 1; /* logged when answered */
+    if (!a->http || shoal_http_work(a->http, defer_work, defer_done, d)) {
+        defer_work(d); /* no pool (tests without a server): here */
+        defer_done(d, 0);
+        return;
+    }
+    shoal_http_ex_on_abort(ex, defer_abort, d);
 }
 
 static json_t *model_object(shoal_api *a)
@@ -836,8 +1018,11 @@ static void health(shoal_api *a, shoal_http_ex *ex, int authorised)
     char why[512] = "";
     int loaded = atomic_load(&a->ready);
     int covered = all_up || (a->o.covered && a->o.covered(a->o.ud, why, sizeof why));
-    int ready = loaded && covered;
-    const char *status = !loaded ? "starting" : all_up ? "ok" : covered ? "degraded" : "unavailable";
+    /* a model file truncated under the mapping: every forward is refused */
+    char files[512] = "";
+    int files_ok = !loaded || !a->o.model || shoal_model_check_files(a->o.model, files, sizeof files) == 0;
+    int ready = loaded && covered && files_ok;
+    const char *status = !loaded ? "starting" : !files_ok ? "unavailable" : all_up ? "ok" : covered ? "degraded" : "unavailable";
     json_t *body;
     if (authorised) {
         body = json_pack("{s:s,s:b,s:s,s:o,s:{s:i,s:i}}", "status", status, "ready", ready, "model", a->model_name,
@@ -847,6 +1032,8 @@ static void health(shoal_api *a, shoal_http_ex *ex, int authorised)
                 snprintf(why, sizeof why, "a worker is down");
             json_object_set_new(body, "uncovered", jstr(why, strlen(why)));
         }
+        if (!files_ok)
+            json_object_set_new(body, "model_files", jstr(files, strlen(files)));
     } else {
         json_decref(ws);
         body = json_pack("{s:s,s:b}", "status", status, "ready", ready);
@@ -862,7 +1049,7 @@ static void metric(shoal_metrics_buf *b, const char *name, shoal_metrics_type ty
 
 static void metrics(shoal_api *a, shoal_http_ex *ex)
 {
-    count(a, EP_METRICS, 200); /* counted before formatting, so it includes itself */
+    shoal__api_count(a, EP_METRICS, 200); /* counted before formatting, so it includes itself */
     shoal_metrics_buf b = {0};
     const shoal_metrics_type C = SHOAL_METRICS_COUNTER, G = SHOAL_METRICS_GAUGE;
     shoal_metrics_family(&b, "shoal_http_responses_total", C, "HTTP responses of the API, by endpoint and status.");
@@ -908,7 +1095,8 @@ static void metrics(shoal_api *a, shoal_http_ex *ex)
     metric(&b, "shoal_sched_failed_total", C, "Requests ended by an error.", (double)ss.failed);
     metric(&b, "shoal_prompt_tokens_total", C, "Prompt tokens of admitted requests.", (double)ss.prompt_tokens);
     metric(&b, "shoal_completion_tokens_total", C, "Tokens generated.", (double)ss.completion_tokens);
-    metric(&b, "shoal_reused_tokens_total", C, "Prompt tokens continued from a kept sequence.",
+    metric(&b, "shoal_reused_tokens_total", C,
+           "Prompt tokens not prefilled again (kept sequence, prefix cache, n choices).",
            (double)ss.reused_tokens);
     metric(&b, "shoal_memo_hits_total", C, "Requests answered from the response memo.", (double)ss.memo_hits);
     metric(&b, "shoal_memo_entries", G, "Responses in the memo.", (double)ss.memo_entries);
@@ -937,10 +1125,13 @@ static int authorized(shoal_api *a, const shoal_http_request *req)
 {
     if (!a->api_key)
         return 1;
+    /* Authorization: Bearer KEY (OpenAI) or x-api-key: KEY (Anthropic) */
     const char *h = shoal_http_request_header(req, "authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7))
+    const char *k;
+    if (h && !strncasecmp(h, "Bearer ", 7))
+        k = h + 7;
+    else if ((k = shoal_http_request_header(req, "x-api-key")) == NULL)
         return 0;
-    const char *k = h + 7;
     unsigned char want[crypto_hash_sha256_BYTES], got[crypto_hash_sha256_BYTES];
     crypto_hash_sha256(want, (const unsigned char *)a->api_key, strlen(a->api_key));
     crypto_hash_sha256(got, (const unsigned char *)k, strlen(k));
@@ -964,6 +1155,9 @@ static void route(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req
     int get = !strcmp(req->method, "GET") || !strcmp(req->method, "HEAD"), post = !strcmp(req->method, "POST");
     int ep = !strcmp(p, "/v1/chat/completions") ? EP_CHAT
              : !strcmp(p, "/v1/completions")    ? EP_COMPLETIONS
+             : !strcmp(p, "/v1/messages")       ? EP_MESSAGES
+             : !strcmp(p, "/v1/messages/count_tokens") ? EP_COUNT_TOKENS
+             : !strcmp(p, "/v1/responses")      ? EP_RESPONSES
              : !strcmp(p, "/v1/models") || !strncmp(p, "/v1/models/", 11) ? EP_MODELS
              : !strcmp(p, "/health")            ? EP_HEALTH
              : !strcmp(p, "/metrics")           ? EP_METRICS
@@ -981,9 +1175,10 @@ static void route(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req
     if (!auth && ep != EP_HEALTH) {
         respond_simple_error(a, ex, ep, 401, "invalid_request_error", "invalid_api_key", NULL,
                              "WWW-Authenticate: Bearer\r\n",
-                             shoal_http_request_header(req, "authorization")
+                             shoal_http_request_header(req, "authorization") ||
+                                     shoal_http_request_header(req, "x-api-key")
                                  ? "Incorrect API key provided"
-                                 : "You didn't provide an API key (Authorization: Bearer KEY)");
+                                 : "You didn't provide an API key (Authorization: Bearer KEY or x-api-key: KEY)");
         return;
     }
     if (ep == EP_OTHER) {
@@ -992,7 +1187,8 @@ static void route(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req
                              shoal_utf8_clip(qp, sizeof qp, p, SHOAL_UTF8_MARK));
         return;
     }
-    int want_post = ep == EP_CHAT || ep == EP_COMPLETIONS;
+    int want_post = ep == EP_CHAT || ep == EP_COMPLETIONS || ep == EP_MESSAGES || ep == EP_COUNT_TOKENS ||
+                    ep == EP_RESPONSES;
     if ((want_post && !post) || (!want_post && !get)) {
         respond_simple_error(a, ex, ep, 405, "invalid_request_error", "method_not_allowed", NULL,
                              want_post ? "Allow: POST\r\n" : "Allow: GET, HEAD\r\n", "%s requires %s",
@@ -1026,6 +1222,15 @@ static void route(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req
     case EP_COMPLETIONS:
         generate(a, ex, req, ep, SHOAL_GEN_COMPLETION);
         return;
+    case EP_MESSAGES:
+        shoal__api_anth_messages(a, ex, req);
+        return;
+    case EP_COUNT_TOKENS:
+        shoal__api_anth_count_tokens(a, ex, req);
+        return;
+    case EP_RESPONSES:
+        shoal__api_resp_create(a, ex, req);
+        return;
     default:
         SHOAL_PANIC("api: endpoint %d not routed", ep);
     }
@@ -1035,14 +1240,20 @@ void shoal_api_on_request(void *ud, shoal_http_ex *ex, const shoal_http_request 
 {
     shoal_api *a = ud;
     int ep;
-    char peer[64];
-    snprintf(peer, sizeof peer, "%s", shoal_http_ex_peer(ex)); /* the exchange may end inside route */
+    /* Captured before route: the exchange may end inside it, and an answer
+     * given at once on a keep-alive connection resets the parser that owns
+     * req's method and path (the log line then had neither). Longer than
+     * access_log's clips, so a cut is still marked there. */
+    char peer[64], method[32], path[256];
+    snprintf(peer, sizeof peer, "%s", shoal_http_ex_peer(ex));
+    snprintf(method, sizeof method, "%s", req->method ? req->method : "");
+    snprintf(path, sizeof path, "%s", req->path ? req->path : "");
     a->t0 = now_ms();
     a->last_status = 0;
     a->handed = 0;
     route(a, ex, req, &ep);
     if (!a->handed)
-        access_log(peer, req->method, req->path, a->last_status ? a->last_status : 500, 0, 0, a->t0, NULL);
+        access_log(peer, method, path, a->last_status ? a->last_status : 500, 0, 0, a->t0, NULL);
 }
 
 int shoal_api_open(shoal_api **out, const shoal_api_opts *o, char *err, size_t errlen)
@@ -1087,6 +1298,7 @@ void shoal_api_close(shoal_api *a)
         return;
     if (a->live)
         SHOAL_WARN("api: closing with %d requests still open", a->live);
+    shoal__api_resp_store_free(a->responses);
     if (a->api_key)
         sodium_memzero(a->api_key, strlen(a->api_key));
     free(a->api_key);

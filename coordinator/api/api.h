@@ -6,10 +6,12 @@
  * Routes HTTP exchanges (api/http.h) to the
  * scheduler (api/sched.h) and formats what comes back. Owns request
  * validation (every field type- and range-checked, errors in OpenAI's error
- * object naming the field), authentication (Bearer API key), the response
- * memo lookup, and the JSON / server-sent-event response formats of
+ * object naming the field), authentication (Bearer or x-api-key), the
+ * response memo lookup, and the JSON / server-sent-event response formats of
  * /v1/chat/completions, /v1/completions, /v1/models, plus /health and
- * /metrics. docs/API.md lists the fields honoured, the defaults and the
+ * /metrics; /v1/messages (+ count_tokens, Anthropic) and /v1/responses
+ * (OpenAI Responses) are translations onto the chat path (api_anthropic.c,
+ * api_responses.c, sharing api_int.h). docs/API.md lists the fields honoured, the defaults and the
  * errors. Callers: `shoal serve` (coordinator/cmd/serve.c), the fuzz target and
  * tests.
  *
@@ -79,6 +81,9 @@ int shoal_api_check_fields(const json_t *obj, const char *where, const char *con
                            shoal_api_error *err);
 /* "a,b,c" (", +N more" past the cap); "" when none. */
 void shoal_api_ignored_list(const shoal_api_ignored *ign, char *buf, size_t cap);
+/* Adds path to *ign (deduplicated): a field the endpoint accepts and
+ * ignores, found by its own checks (known: in a known vocabulary). */
+void shoal_api_ignored_add(shoal_api_ignored *ign, const char *path, int known);
 
 #define SHOAL_API_MAX_N 8            /* `n` choices at most */
 #define SHOAL_API_MAX_TOP_LOGPROBS 20
@@ -119,6 +124,9 @@ typedef struct {
     shoal_api_limits limits;
     const char *api_key;       /* NULL: no authentication */
     shoal_sched *sched;        /* borrowed */
+    /* borrowed: /health checks its mapped files (shoal_model_check_files)
+     * and answers 503 "unavailable" naming a truncated one. NULL: no check. */
+    const shoal_model *model;
     /* Worker states: fills up to cap entries of w, returns how many workers
      * there are (0 when the experts run in-process). NULL: no workers. Called
      * on the loop thread for /health. */

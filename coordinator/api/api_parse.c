@@ -138,6 +138,19 @@ static int get_int(const json_t *root, const char *key, long long lo, long long 
     return 0;
 }
 
+/* The shortest %g spelling that reads back as exactly x (as Python's repr):
+ * an error names the value the client sent, never a rounding of it
+ * ("'top_p' is 1.0000001", not "is 1"). */
+static const char *exact_g(char *buf, size_t n, double x)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, n, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x)
+            break;
+    }
+    return buf;
+}
+
 static int get_number(const json_t *root, const char *key, double lo, double hi, double *out, int *present,
                       shoal_api_error *err)
 {
@@ -149,8 +162,9 @@ static int get_number(const json_t *root, const char *key, double lo, double hi,
     if (!json_is_number(v))
         return BADTYPE(key, "a number");
     double x = json_number_value(v);
+    char xs[32];
     if (!isfinite(x) || x < lo || x > hi)
-        return BAD(key, "'%s' is %g; it must be between %g and %g", key, x, lo, hi);
+        return BAD(key, "'%s' is %s; it must be between %g and %g", key, exact_g(xs, sizeof xs, x), lo, hi);
     *out = x;
     if (present)
         *present = 1;
@@ -313,6 +327,11 @@ int shoal_api_check_fields(const json_t *obj, const char *where, const char *con
             ignore(ign, path, listed || known(known_ignored, key));
     }
     return 0;
+}
+
+void shoal_api_ignored_add(shoal_api_ignored *ign, const char *path, int is_known)
+{
+    ignore(ign, path, is_known);
 }
 
 void shoal_api_ignored_list(const shoal_api_ignored *ign, char *buf, size_t cap)

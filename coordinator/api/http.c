@@ -861,10 +861,20 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     if (nread == UV_EOF) {
-        /* a half-close: the client may still read. What it sent complete is
-         * answered (in order), then the connection closes; a request cut by
-         * the EOF cannot complete and is dropped. A client that is really
-         * gone shows at the next write (reset), which aborts the exchange. */
+        if (c->phase == PH_HANDLING && c->ex && c->ex->abort_cb) {
+            /* FIN while an answer is still being produced (a generation):
+             * the client is gone. TCP cannot tell a close (what a client
+             * timeout does) from a half-close, and waiting for a reset at our
+             * first write would keep a non-streamed generation's slot to its
+             * end; so the exchange is aborted now and the generation stops at
+             * its next token (docs/API.md, "Cancellation"). */
+            conn_close(c, 0);
+            return;
+        }
+        /* a half-close between requests, or while one is answered at once:
+         * the client may still read. What it sent complete is answered (in
+         * order), then the connection closes; a request cut by the EOF
+         * cannot complete and is dropped. */
         c->eof = 1;
         if (c->reading) {
             uv_read_stop(s);
@@ -1252,6 +1262,39 @@ int shoal_http_post(shoal_http *h, void (*fn)(void *), void *arg)
     /* inside the lock: run() cannot close the async handle between our check and the send */
     uv_async_send(&h->async);
     pthread_mutex_unlock(&h->mu);
+    return 0;
+}
+
+typedef struct {
+    uv_work_t w;
+    void (*work)(void *);
+    void (*done)(void *, int);
+    void *arg;
+} hwork;
+
+static void hwork_run(uv_work_t *w)
+{
+    hwork *x = (hwork *)w;
+    x->work(x->arg);
+}
+
+static void hwork_after(uv_work_t *w, int status)
+{
+    hwork *x = (hwork *)w;
+    x->done(x->arg, status == UV_ECANCELED);
+    free(x);
+}
+
+int shoal_http_work(shoal_http *h, void (*work)(void *), void (*done)(void *, int), void *arg)
+{
+    hwork *x = shoal_xcalloc(1, sizeof *x);
+    x->work = work;
+    x->done = done;
+    x->arg = arg;
+    if (uv_queue_work(&h->loop, &x->w, hwork_run, hwork_after) < 0) {
+        free(x);
+        return SHOAL_EINVAL;
+    }
     return 0;
 }
 

@@ -20,8 +20,12 @@
  * writes are silently dropped, and the owner must still end the exchange,
  * which then only frees it. While an exchange is open the connection reads no
  * further request (pipelined bytes wait: one request in flight per
- * connection), but still notices a disconnect. A client that half-closes
- * (EOF after its request) still gets its answers, then the connection closes.
+ * connection), but still notices a disconnect: a reset, or an EOF (FIN)
+ * while an exchange with an abort callback is open -- TCP cannot tell a
+ * half-close from a client that is gone, and such an exchange (a generation)
+ * would otherwise run to its end for nobody; its abort callback runs. A client
+ * that half-closes otherwise (EOF after requests answered at once) still gets
+ * its answers, then the connection closes.
  * A HEAD request is handed over like GET; the response's body is not sent. 
  *
  * The pure request parser (shoal_http_parser_*) is exported separately so that
@@ -155,6 +159,13 @@ void shoal_http_get_stats(const shoal_http *h, shoal_http_stats *out);
  * latest at the end of shoal_http_run), or SHOAL_EINVAL once the server is
  * stopping (fn does not run and the caller keeps arg). */
 int shoal_http_post(shoal_http *h, void (*fn)(void *arg), void *arg);
+
+/* Loop thread: run work(arg) on libuv's thread pool (off the loop, so a long
+ * piece of work -- parsing a 4 MB request -- does not stall every other
+ * connection), then done(arg, canceled) back on the loop thread; canceled is
+ * 1 when the pool dropped the work unrun (stopping). 0, or SHOAL_EINVAL when
+ * it cannot be queued (the caller keeps arg and may run both itself). */
+int shoal_http_work(shoal_http *h, void (*work)(void *arg), void (*done)(void *arg, int canceled), void *arg);
 
 /* ---- exchanges (loop thread) ---------------------------------------------- */
 

@@ -123,6 +123,7 @@ void shoal_sched_job_unref(shoal_sched_job *j)
     if (!j || atomic_fetch_sub(&j->refs, 1) != 1)
         return;
     shoal_gen_params_free(&j->p);
+    free(j->rids);
     shoal_ev_free_list(j->head);
     shoal_sched_job_unref(j->fork_of);
     pthread_mutex_destroy(&j->mu);
@@ -205,24 +206,66 @@ static void queue_remove(shoal_sched *s, shoal_sched_job *j)
     j->qnext = j->qprev = NULL;
     j->queued = 0;
     s->nqueued--;
+    if (j->rstate == SHOAL_RENDER_DONE)
+        s->nready--;
 }
 
-shoal_sched_job *shoal__sched_pop_fair(shoal_sched *s)
+/* The queued job in state rstate whose client was served longest ago (the
+ * oldest such job wins ties), or NULL. */
+static shoal_sched_job *fair_pick(shoal_sched *s, int rstate)
 {
     shoal_sched_job *best = NULL;
     uint64_t best_last = 0;
     for (shoal_sched_job *j = s->qhead; j; j = j->qnext) {
+        if (j->rstate != rstate)
+            continue;
+        /* n choices: a child's prompt is its parent's; it is copied from the
+         * parent's render (shoal__sched_render_next) rather than rendered n
+         * times, so the child waits while the parent's render is on its way */
+        if (rstate == SHOAL_RENDER_NONE && j->fork_of && j->fork_of->rstate != SHOAL_RENDER_DONE &&
+            (j->fork_of->queued || j->fork_of->rstate == SHOAL_RENDER_BUSY))
+            continue;
+        /* n choices: a child rendered before its parent waits for the parent
+         * to be admitted first (it copies the parent's prompt state) */
+        if (rstate == SHOAL_RENDER_DONE && j->fork_of && j->fork_of->queued)
+            continue;
         uint64_t last = client_last_served(s, j->client);
         if (!best || last < best_last) { /* strict: the oldest job wins ties */
             best = j;
             best_last = last;
         }
     }
+    return best;
+}
+
+shoal_sched_job *shoal__sched_pop_fair(shoal_sched *s)
+{
+    shoal_sched_job *best = fair_pick(s, SHOAL_RENDER_DONE);
     if (best) {
         queue_remove(s, best);
         client_mark_served(s, best->client);
     }
     return best;
+}
+
+shoal_sched_job *shoal__sched_pick_render(shoal_sched *s)
+{
+    shoal_sched_job *j = s->stopping ? NULL : fair_pick(s, SHOAL_RENDER_NONE);
+    if (j) {
+        j->rstate = SHOAL_RENDER_BUSY;
+        shoal_sched_job_ref(j);
+    }
+    return j;
+}
+
+void shoal__sched_render_done(shoal_sched *s, shoal_sched_job *j)
+{
+    j->rstate = SHOAL_RENDER_DONE;
+    if (j->queued) {
+        s->nready++;
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_cond_broadcast(&s->rcv); /* children waiting for this render */
 }
 
 int shoal_sched_submit(shoal_sched *s, shoal_sched_job *j)
@@ -245,7 +288,7 @@ int shoal_sched_submit(shoal_sched *s, shoal_sched_job *j)
     s->qtail = j;
     s->nqueued++;
     s->st.submitted++;
-    pthread_cond_signal(&s->cv);
+    pthread_cond_signal(&s->rcv); /* rendered first, then the model thread's */
     pthread_mutex_unlock(&s->mu);
     return 0;
 }
@@ -403,7 +446,9 @@ void shoal__sched_queue_stop(shoal_sched *s)
     shoal_sched_job *q = s->qhead;
     s->qhead = s->qtail = NULL;
     s->nqueued = 0;
+    s->nready = 0;
     pthread_cond_broadcast(&s->cv);
+    pthread_cond_broadcast(&s->rcv);
     pthread_mutex_unlock(&s->mu);
     while (q) {
         shoal_sched_job *n = q->qnext;
@@ -455,6 +500,8 @@ void shoal__sched_count(shoal_sched *s, const shoal_sched_stats *add)
     s->st.prompt_tokens += add->prompt_tokens;
     s->st.completion_tokens += add->completion_tokens;
     s->st.reused_tokens += add->reused_tokens;
+    s->st.prefilled_tokens += add->prefilled_tokens;
+    s->st.cache_waits += add->cache_waits;
     pthread_mutex_unlock(&s->mu);
 }
 

@@ -7,7 +7,10 @@
  * through the detokenizer or the chat output parser and the stop-string
  * filter. The jobs, the queue, the memo and the kept states it
  * works on are jobs.c's (sched_int.h). Everything here runs on the model
- * thread except open/close and cancel_running. */
+ * thread except open/close, cancel_running and the render threads' part
+ * (render_job, render_main): queued jobs are rendered there, in the queue's
+ * fair order, and only rendered jobs are admitted, so rendering a
+ * large request never holds up the steps of the running ones. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -21,6 +24,7 @@
 #include "coordinator/text/text.h"
 #include "coordinator/obs/obs.h"
 #include "coordinator/engine/engine.h"
+#include "coordinator/pcache/pcache.h"
 #include "coordinator/api/sched_int.h"
 
 /* A slot's life: FREE -> WAIT (popped, rendered; waits while its state does
@@ -42,6 +46,14 @@ struct shoal_slot {
     int32_t *ids;         /* [max_context]: every fed id (prompt, then generated) */
     int n_ids, n_prompt, reused;
     int32_t *out;         /* [max_context]: every sampled id */
+    /* prefix cache: capture positions in (reused, n_prompt), ascending, and
+     * the next one; a slot waiting for another's capture (lead's job still
+     * lead_job, until lead->fed reaches lead_pos) is not prefilled */
+    int *caps, ncaps, capi;
+    shoal_slot *lead;
+    shoal_sched_job *lead_job;
+    int lead_pos;
+    uint64_t lead_order;
     int n_out, max_new;
     shoal_sampler *sampler;
     /* structured output (issue 36): the compiled constraint, its run and the
@@ -54,6 +66,7 @@ struct shoal_slot {
     shoal_chatparse *parser;   /* chat */
     int answer_started;        /* chat: content or a tool call seen */
     int stop_hit;              /* a stop string matched: drop further text */
+    int stop_which;            /* which one (index into the job's stop[]) */
     int reasoning_tokens;
     int ntools;
     /* stop-string filter: text held back per channel, and the last channel */
@@ -78,6 +91,7 @@ static int slots_init(shoal_sched *s, char *err, size_t errlen)
         sl->logits = shoal_xmalloc((size_t)s->vocab * sizeof *sl->logits);
         sl->ids = shoal_xmalloc((size_t)s->max_context * sizeof *sl->ids);
         sl->out = shoal_xmalloc((size_t)s->max_context * sizeof *sl->out);
+        sl->caps = shoal_xmalloc((size_t)s->max_context * sizeof *sl->caps);
     }
     s->blogits = shoal_xmalloc((size_t)s->nslots * (size_t)s->vocab * sizeof *s->blogits);
     s->bseqs = shoal_xcalloc((size_t)s->max_batch, sizeof *s->bseqs);
@@ -98,6 +112,7 @@ static void slots_free(shoal_sched *s)
         free(sl->logits);
         free(sl->ids);
         free(sl->out);
+        free(sl->caps);
         shoal_sampler_free(sl->sampler);
         shoal_cons_run_free(sl->crun);
         shoal_cons_free(sl->cons);
@@ -205,8 +220,10 @@ static int text_out(shoal_sched *s, shoal_slot *sl, shoal_channel ch, const char
     size_t best = (size_t)-1;
     for (int i = 0; i < p->nstop; i++) {
         const char *m = memmem(h->p, h->n, p->stop[i], strlen(p->stop[i]));
-        if (m && (size_t)(m - h->p) < best)
+        if (m && (size_t)(m - h->p) < best) {
             best = (size_t)(m - h->p);
+            sl->stop_which = i;
+        }
     }
     if (best != (size_t)-1) {
         emit_text(s, sl, ch, h->p, best);
@@ -304,6 +321,7 @@ static int output_begin(shoal_sched *s, shoal_slot *sl)
 {
     const shoal_gen_params *p = &sl->job->p;
     sl->answer_started = sl->stop_hit = 0;
+    sl->stop_which = -1;
     shoal_chatparse_close(sl->parser);
     sl->parser = NULL;
     if (p->kind != SHOAL_GEN_CHAT) {
@@ -376,6 +394,9 @@ static void release(shoal_sched *s, shoal_slot *sl, const shoal_sched_stats *add
     sl->state_bytes = 0;
     sl->state = SLOT_FREE;
     sl->job = NULL;
+    sl->lead = NULL;
+    sl->lead_job = NULL;
+    sl->ncaps = sl->capi = 0;
     s->running--;
     pthread_mutex_unlock(&s->mu);
     shoal_sched_job_unref(j);
@@ -403,6 +424,7 @@ static void finish(shoal_sched *s, shoal_slot *sl, const char *reason, int stopp
     }
     shoal_ev *e = shoal__sched_ev_new(SHOAL_EV_DONE);
     snprintf(e->finish, sizeof e->finish, "%s", sl->ntools && !strcmp(reason, "stop") ? "tool_calls" : reason);
+    e->stop_index = sl->stop_hit ? sl->stop_which : -1;
     e->completion_tokens = sl->n_out;
     e->reasoning_tokens = sl->reasoning_tokens;
     if (j->p.return_token_ids) {
@@ -429,7 +451,8 @@ static void finish(shoal_sched *s, shoal_slot *sl, const char *reason, int stopp
     shoal_sched_stats add = {.completed = 1,
                              .prompt_tokens = (uint64_t)sl->n_prompt,
                              .completion_tokens = (uint64_t)sl->n_out,
-                             .reused_tokens = (uint64_t)sl->reused};
+                             .reused_tokens = (uint64_t)sl->reused,
+                             .prefilled_tokens = (uint64_t)(sl->n_prompt - sl->reused)};
     release(s, sl, &add);
 }
 
@@ -482,7 +505,16 @@ static void fail_forward(shoal_sched *s, shoal_slot *sl, int rc, const char *err
         return;
     }
     add.failed = 1;
-    if (rc == SHOAL_EPEER || rc == SHOAL_ETIMEOUT || rc == SHOAL_EPROTO || rc == SHOAL_EVERSION) {
+    if (rc == SHOAL_EIO) {
+        /* a model file truncated under the mapping (the engine logged it once,
+         * by name) or unreadable (a streamed trunk's read failed): a named
+         * error, and the server serves on (/health names a truncated file) */
+        if (!strstr(err, "truncated while mapped"))
+            SHOAL_ERROR("sched: %s", err);
+        emit_error(s, sl, 503, "model_unavailable", NULL,
+                   "a model file could not be read (truncated under the server, or failing storage); see the "
+                   "server log and /health");
+    } else if (rc == SHOAL_EPEER || rc == SHOAL_ETIMEOUT || rc == SHOAL_EPROTO || rc == SHOAL_EVERSION) {
         /* the engine's message names the worker (endpoint) that failed */
         warn_worker_failure(err);
         emit_error(s, sl, 503, "worker_unavailable", NULL, err);
@@ -494,44 +526,135 @@ static void fail_forward(shoal_sched *s, shoal_slot *sl, int rc, const char *err
 }
 
 
-/* Renders the prompt into sl->ids. Returns 0, or emits the error and returns -1. */
-static int render(shoal_sched *s, shoal_slot *sl)
+/* The prompt's ids (appended to *ids). Returns 0, or a negative code with
+ * the message in err; *param names the field at fault. Uses only the
+ * tokenizer: any thread. */
+static int encode_prompt(const shoal_sched *s, const shoal_gen_params *p, shoal_tok_ids *ids, const char **param,
+                         char *err, size_t errlen)
 {
-    shoal_gen_params *p = &sl->job->p;
-    shoal_tok_ids ids = {0};
-    char err[320];
-    int rc = 0;
-    const char *param = "prompt";
-    if (p->kind == SHOAL_GEN_CHAT) {
-        param = "messages";
-        shoal_chat_opts co = {
-            .thinking_off = !p->thinking,
-            .thinking_effort = p->effort[0] ? p->effort : NULL,
-            .effort_rule = SHOAL_CHAT_EFFORT_ENCODER,
-            .tools = p->tools,
-            .tool_choice = p->tool_choice,
-            .response_format = p->response_format,
-        };
-        rc = shoal_chat_encode(s->o.tok, p->messages, &co, &ids, err, sizeof err);
-    } else if (p->prompt) {
-        rc = shoal_tok_encode(s->o.tok, p->prompt, p->prompt_len, 1, &ids, err, sizeof err);
-    } else {
+    *param = "prompt";
+    if (p->kind != SHOAL_GEN_CHAT) {
+        if (p->prompt)
+            return shoal_tok_encode(s->o.tok, p->prompt, p->prompt_len, 1, ids, err, errlen);
         for (int i = 0; i < p->n_prompt_ids; i++)
-            shoal_tok_ids_push(&ids, p->prompt_ids[i]);
+            shoal_tok_ids_push(ids, p->prompt_ids[i]);
+        return 0;
     }
+    *param = "messages";
+    shoal_chat_opts co = {
+        .thinking_off = !p->thinking,
+        .thinking_effort = p->effort[0] ? p->effort : NULL,
+        .effort_rule = SHOAL_CHAT_EFFORT_ENCODER,
+        .tools = p->tools,
+        .tool_choice = p->tool_choice,
+        .response_format = p->response_format,
+    };
+    return shoal_chat_encode(s->o.tok, p->messages, &co, ids, err, errlen);
+}
+
+int shoal_sched_prompt_tokens(shoal_sched *s, const shoal_gen_params *p, int *n, char *err, size_t errlen)
+{
+    shoal_tok_ids ids = {0};
+    const char *param;
+    int rc = encode_prompt(s, p, &ids, &param, err, errlen);
+    *n = rc ? 0 : (int)ids.n;
+    shoal_tok_ids_free(&ids);
+    return rc;
+}
+
+/* Render thread: the job's prompt as ids (chat template + tokenizer, or the
+ * completion's text or ids) into j->rids / j->rn, or its error into j->rrc /
+ * j->rerr. Linear in the request's size (docs/CONFIG.md, "Resource bounds"),
+ * and off the model thread, so a 4 MB request delays other requests' steps
+ * by nothing and their admission by its own render time at most. */
+static void render_job(shoal_sched *s, shoal_sched_job *j)
+{
+    shoal_tok_ids ids = {0};
+    const char *param;
+    j->rerr[0] = 0;
+    int rc = encode_prompt(s, &j->p, &ids, &param, j->rerr, sizeof j->rerr);
+    if (!rc && ids.n > (size_t)1 << 30) {
+        rc = SHOAL_EINVAL; /* unreachable under the body limit; keeps rn an int */
+        snprintf(j->rerr, sizeof j->rerr, "the prompt has more than 2^30 tokens");
+    }
+    j->rrc = rc;
     if (rc) {
         shoal_tok_ids_free(&ids);
+        return;
+    }
+    j->rids = ids.v; /* the job owns them now */
+    j->rn = (int)ids.n;
+}
+
+/* s->mu held: a fork child's ids copied from its parent's render, when the
+ * parent has them (rendered, not yet admitted: admission frees them). 1 when
+ * copied. The copy is a memcpy of the ids, far cheaper than a render. */
+static int copy_parent_render(shoal_sched_job *j)
+{
+    const shoal_sched_job *p = j->fork_of;
+    if (!p || p->rstate != SHOAL_RENDER_DONE || p->rrc || !p->rids)
+        return 0;
+    j->rids = shoal_xmalloc((size_t)(p->rn > 0 ? p->rn : 1) * sizeof *j->rids);
+    memcpy(j->rids, p->rids, (size_t)p->rn * sizeof *j->rids);
+    j->rn = p->rn;
+    j->rrc = 0;
+    return 1;
+}
+
+/* One turn of a render thread: pick (waiting when wait is set and nothing is
+ * renderable), render or copy, mark done. 0 when nothing was picked. */
+static int render_turn(shoal_sched *s, int wait)
+{
+    pthread_mutex_lock(&s->mu);
+    shoal_sched_job *j;
+    while (!(j = shoal__sched_pick_render(s)) && wait && !s->stopping)
+        pthread_cond_wait(&s->rcv, &s->mu);
+    int copied = j && copy_parent_render(j);
+    pthread_mutex_unlock(&s->mu);
+    if (!j)
+        return 0;
+    if (!copied && !atomic_load(&j->cancel))
+        render_job(s, j);
+    pthread_mutex_lock(&s->mu);
+    shoal__sched_render_done(s, j);
+    pthread_mutex_unlock(&s->mu);
+    shoal_sched_job_unref(j); /* the renderer's reference */
+    return 1;
+}
+
+int shoal__sched_render_next(shoal_sched *s)
+{
+    return render_turn(s, 0);
+}
+
+static void *render_main(void *arg)
+{
+    shoal_sched *s = arg;
+    while (render_turn(s, 1))
+        ;
+    return NULL; /* stopping */
+}
+
+/* The rendered prompt into sl->ids (model thread). Returns 0, or emits the
+ * error and returns -1. */
+static int render(shoal_sched *s, shoal_slot *sl)
+{
+    shoal_sched_job *j = sl->job;
+    shoal_gen_params *p = &j->p;
+    int rc = j->rrc;
+    const char *param = p->kind == SHOAL_GEN_CHAT ? "messages" : "prompt";
+    if (rc) {
         if (rc == SHOAL_EINTERNAL) {
-            SHOAL_ERROR("sched: tokenizer failed: %s", err);
+            SHOAL_ERROR("sched: tokenizer failed: %s", j->rerr);
             emit_error(s, sl, 500, "internal_error", NULL, "the tokenizer failed; see the server log");
         } else {
             /* the encoder's message names the field ("messages[2].tool_calls[0]...") */
             emit_error(s, sl, 400, rc == SHOAL_EUNSUPPORTED ? "unsupported_value" : "invalid_request_error",
-                       param, err);
+                       param, j->rerr);
         }
         return -1;
     }
-    int n = (int)ids.n;
+    int n = j->rn;
     int limit = s->max_context;
     if (n == 0 || (p->max_tokens ? (long)n + p->max_tokens > limit : n >= limit)) {
         char msg[256];
@@ -545,22 +668,21 @@ static int render(shoal_sched *s, shoal_slot *sl)
         else
             snprintf(msg, sizeof msg, "this model's maximum context length is %d tokens; the prompt has %d", limit,
                      n);
-        shoal_tok_ids_free(&ids);
         emit_error(s, sl, 400, n ? "context_length_exceeded" : "invalid_request_error", param, msg);
         return -1;
     }
-    memcpy(sl->ids, ids.v, (size_t)n * sizeof *sl->ids);
-    shoal_tok_ids_free(&ids);
+    memcpy(sl->ids, j->rids, (size_t)n * sizeof *sl->ids);
+    /* copied: the job need not hold them while it runs (under mu: a fork
+     * child's render may be copying them) */
+    pthread_mutex_lock(&s->mu);
+    free(j->rids);
+    j->rids = NULL;
+    pthread_mutex_unlock(&s->mu);
     sl->n_ids = sl->n_prompt = n;
     sl->max_new = p->max_tokens ? p->max_tokens : limit - n;
     return 0;
 }
 
-/* Structured output: compile the request's constraint, the vocabulary trie
- * once, and the run. What must follow the constrained text: in a chat, the
- * rest of K3's reply after the content (thinking is off, api_parse.c:
- * </response></message><|end_of_msg|> as K3 writes it, chatparse.h); in a
- * completion, the first stop id. */
 /* ids of K3's text pieces and markers, each piece encoded on its own as the
  * chat encoder writes its segments (chat.c); a marker is "<|...|>" */
 static int cons_ids(shoal_sched *s, const char *const *pieces, int n, int32_t *out, int cap, char *err, size_t errlen)
@@ -634,6 +756,114 @@ static int constrain_begin(shoal_sched *s, shoal_slot *sl, char *err, size_t err
     if ((rc = shoal_cons_run_create(&sl->crun, sl->cons, s->cvocab, end, n_end, err, errlen)))
         return rc;
     return n_pre ? shoal_cons_run_set_prefix(sl->crun, pre, n_pre) : 0;
+}
+
+/* ---- prefix cache (opts.pcache) ------------------------------------------------ */
+
+/* Where the slot's prompt is captured while it is prefilled: after every
+ * <|end_of_msg|> id (the renderer puts one at the end of each message and
+ * nowhere else: a client's text cannot produce it) and every pcache_stride
+ * tokens, below n_prompt (a resume must leave one token to prefill, whose
+ * logits start the answer; the whole prompt is kept by kept_put). */
+static void plan_captures(shoal_sched *s, shoal_slot *sl)
+{
+    sl->ncaps = sl->capi = 0;
+    if (!s->o.pcache)
+        return;
+    int stride = s->o.pcache_stride;
+    for (int i = 0; i + 1 < sl->n_prompt; i++) {
+        int p = i + 1;
+        if ((s->eom_id >= 0 && sl->ids[i] == s->eom_id) || (stride > 0 && p % stride == 0))
+            sl->caps[sl->ncaps++] = p;
+    }
+}
+
+static void skip_captures(shoal_slot *sl)
+{
+    while (sl->capi < sl->ncaps && sl->caps[sl->capi] <= sl->fed)
+        sl->capi++;
+}
+
+/* The tokens the slot may prefill before its next capture position. */
+static int until_capture(const shoal_slot *sl)
+{
+    return sl->capi < sl->ncaps ? sl->caps[sl->capi] - sl->fed : sl->n_prompt - sl->fed;
+}
+
+/* After a prompt chunk: capture the state when the slot stands on a capture
+ * position. The memory tier only takes what the slots leave of the state
+ * budget. A failed capture is logged; the request goes on. */
+static void capture_due(shoal_sched *s, shoal_slot *sl)
+{
+    if (sl->capi >= sl->ncaps || sl->caps[sl->capi] != sl->fed)
+        return;
+    sl->capi++;
+    if (s->o.state_bytes) {
+        size_t bytes = shoal_seq_state_size(s->o.model, sl->fed);
+        pthread_mutex_lock(&s->mu);
+        size_t used = s->state_used;
+        pthread_mutex_unlock(&s->mu);
+        if (used + bytes > s->o.state_bytes)
+            return;
+        shoal_pcache_shrink(s->o.pcache, s->o.state_bytes - used - bytes);
+    }
+    char err[320];
+    if (shoal_pcache_capture(s->o.pcache, sl->ids, sl->fed, sl->seq, err, sizeof err))
+        SHOAL_WARN("sched: prefix capture at %d: %s", sl->fed, err);
+}
+
+/* A slot about to prefill from sl->fed: is another slot prefilling the same
+ * prefix up to a capture position beyond what this one resumed from? Then
+ * wait for that capture (sl->lead) rather than compute the prefix twice. */
+static void find_lead(shoal_sched *s, shoal_slot *sl)
+{
+    sl->lead = NULL;
+    if (!s->o.pcache)
+        return;
+    int best = sl->fed;
+    for (int i = 0; i < s->nslots; i++) {
+        shoal_slot *o = &s->slots[i];
+        if (o == sl || !o->job || o->state != SLOT_PREFILL || o->lead)
+            continue;
+        int lim = (sl->n_prompt < o->n_prompt ? sl->n_prompt : o->n_prompt) - 1, c = 0;
+        while (c < lim && sl->ids[c] == o->ids[c])
+            c++;
+        for (int k = o->capi; k < o->ncaps && o->caps[k] <= c; k++)
+            if (o->caps[k] > best && o->caps[k] > o->fed) {
+                best = o->caps[k];
+                sl->lead = o;
+                sl->lead_job = o->job;
+                sl->lead_pos = best;
+                sl->lead_order = o->order;
+            }
+    }
+}
+
+/* 1 while the slot waits for its lead's capture. When the wait ends (the
+ * lead reached the position, or left), resume from the longest captured
+ * prefix now (normally the lead's capture) and look for a lead again. */
+static int lead_wait(shoal_sched *s, shoal_slot *sl)
+{
+    shoal_slot *o = sl->lead;
+    if (!o)
+        return 0;
+    if (atomic_load(&sl->job->cancel)) { /* canceled while waiting: let next_prompt release it now */
+        sl->lead = NULL;
+        return 0;
+    }
+    if (o->job == sl->lead_job && o->order == sl->lead_order && o->state == SLOT_PREFILL &&
+        o->fed < sl->lead_pos && !atomic_load(&o->job->cancel))
+        return 1;
+    sl->lead = NULL;
+    sl->lead_job = NULL;
+    if (shoal_pcache_lookup(s->o.pcache, sl->ids, sl->n_prompt, sl->n_prompt - 1) > sl->fed) {
+        int got = shoal_pcache_resume(s->o.pcache, sl->ids, sl->n_prompt, sl->n_prompt - 1, sl->seq);
+        if (got) /* the sequence now holds that prefix */
+            sl->fed = sl->reused = got;
+    }
+    skip_captures(sl);
+    find_lead(s, sl);
+    return sl->lead != NULL;
 }
 
 /* Admission: render, sampler, output state, reuse or prefill, START. */
@@ -731,6 +961,13 @@ static int try_start(shoal_sched *s, shoal_slot *sl)
     if (cap > s->max_context)
         cap = s->max_context;
     size_t need = state_need(s, cap);
+    if (s->o.pcache && s->o.state_bytes) { /* captures give way to requests */
+        pthread_mutex_lock(&s->mu);
+        size_t used = s->state_used;
+        pthread_mutex_unlock(&s->mu);
+        if (used + need + shoal_pcache_mem_bytes(s->o.pcache) > s->o.state_bytes)
+            shoal_pcache_shrink(s->o.pcache, used + need < s->o.state_bytes ? s->o.state_bytes - used - need : 0);
+    }
     pthread_mutex_lock(&s->mu);
     if (s->o.state_bytes && s->state_used + need > s->o.state_bytes) {
         s->waiting_state = 1;
@@ -762,22 +999,38 @@ static int try_start(shoal_sched *s, shoal_slot *sl)
         release(s, sl, &add);
         return 1;
     }
-    int k;
+    int k = -1;
+    sl->reused = 0;
     if (can_fork(sl, ps) && shoal_seq_copy(sl->seq, ps->seq, err, sizeof err) == 0) {
         sl->reused = sl->n_prompt; /* prefilled once, for every choice */
         memcpy(sl->logits, ps->logits, (size_t)s->vocab * sizeof *sl->logits);
-    } else if ((k = shoal__sched_kept_find(s, sl->ids, sl->n_prompt)) >= 0 &&
-               shoal_seq_copy(sl->seq, s->kept[k].seq, err, sizeof err) == 0) {
-        sl->reused = s->kept[k].n;
-        if (sl->reused == sl->n_prompt)
-            memcpy(sl->logits, s->kept[k].logits, (size_t)s->vocab * sizeof *sl->logits);
     } else {
-        shoal_seq_reset(sl->seq);
-        sl->reused = 0;
+        k = shoal__sched_kept_find(s, sl->ids, sl->n_prompt);
+        /* the prefix cache when it holds more than the kept sequence (it
+         * never holds the whole prompt: that one is the kept sequence's) */
+        if (s->o.pcache &&
+            shoal_pcache_lookup(s->o.pcache, sl->ids, sl->n_prompt, sl->n_prompt - 1) > (k >= 0 ? s->kept[k].n : 0))
+            sl->reused = shoal_pcache_resume(s->o.pcache, sl->ids, sl->n_prompt, sl->n_prompt - 1, sl->seq);
+        if (sl->reused) {
+        } else if (k >= 0 && shoal_seq_copy(sl->seq, s->kept[k].seq, err, sizeof err) == 0) {
+            sl->reused = s->kept[k].n;
+            if (sl->reused == sl->n_prompt)
+                memcpy(sl->logits, s->kept[k].logits, (size_t)s->vocab * sizeof *sl->logits);
+        } else {
+            shoal_seq_reset(sl->seq);
+            sl->reused = 0;
+        }
     }
     sl->fed = sl->reused;
     sl->order = ++s->admit_tick;
     if (sl->fed < sl->n_prompt) {
+        plan_captures(s, sl);
+        skip_captures(sl);
+        find_lead(s, sl);
+        if (sl->lead) {
+            shoal_sched_stats add = {.cache_waits = 1};
+            shoal__sched_count(s, &add);
+        }
         sl->state = SLOT_PREFILL;
         return 1;
     }
@@ -914,7 +1167,7 @@ static shoal_slot *next_prompt(shoal_sched *s, int np)
             int taken = 0;
             for (int k = 0; k < np && !taken; k++)
                 taken = s->pslots[k] == c;
-            if (c->state == SLOT_PREFILL && !taken && (!sl || c->order < sl->order))
+            if (c->state == SLOT_PREFILL && !taken && (!sl || c->order < sl->order) && !lead_wait(s, c))
                 sl = c;
         }
         if (!sl || !atomic_load(&sl->job->cancel))
@@ -934,7 +1187,7 @@ static int prefill_alone(shoal_sched *s, int budget)
         shoal_slot *sl = next_prompt(s, 0);
         if (!sl)
             break;
-        int n = sl->n_prompt - sl->fed;
+        int n = until_capture(sl);
         if (n > budget)
             n = budget;
         int last = sl->fed + n == sl->n_prompt;
@@ -949,8 +1202,12 @@ static int prefill_alone(shoal_sched *s, int budget)
         sl->fed += n;
         budget -= n;
         done += n;
-        if (!last)
+        if (!last) {
+            capture_due(s, sl);
+            if (budget > 0)
+                continue; /* stopped at a capture position */
             break; /* the budget is spent */
+        }
         prompt_done(s, sl);
     }
     return done;
@@ -1016,7 +1273,7 @@ static int step(shoal_sched *s, int *np_out)
         shoal_slot *sl = next_prompt(s, np);
         if (!sl)
             break;
-        int k = sl->n_prompt - sl->fed;
+        int k = until_capture(sl);
         if (k > budget)
             k = budget;
         if (k > s->max_batch - n)
@@ -1061,8 +1318,10 @@ static int step(shoal_sched *s, int *np_out)
         shoal_slot *sl = s->pslots[p];
         sl->fed += s->pn[p];
         *np_out += s->pn[p];
-        if (sl->fed < sl->n_prompt)
+        if (sl->fed < sl->n_prompt) {
+            capture_due(s, sl);
             continue;
+        }
         memcpy(sl->logits, s->blogits + (size_t)r++ * (size_t)s->vocab, (size_t)s->vocab * sizeof *sl->logits);
         prompt_done(s, sl);
     }
@@ -1080,7 +1339,7 @@ static void *model_main(void *arg)
             int busy = 0;
             for (int i = 0; i < s->nslots; i++)
                 busy += s->slots[i].job != NULL;
-            if (s->stopping || busy || s->nqueued)
+            if (s->stopping || busy || s->nready)
                 break;
             pthread_cond_wait(&s->cv, &s->mu);
         }
@@ -1151,12 +1410,21 @@ int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, si
     s->spec_extra = spec_extra;
     s->step_tokens = o->step_tokens ? o->step_tokens : info.max_batch;
     s->max_batch = info.max_batch;
+    s->eom_id = shoal_tok_special_id(o->tok, "<|end_of_msg|>");
+    if (s->eom_id < 0)
+        s->eom_id = -1;
+    if (o->pcache_stride < 0) {
+        free(s);
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "sched: --prefix-cache-stride must be >= 0 (got %d)",
+                             o->pcache_stride);
+    }
     atomic_init(&s->abort, 0);
     s->n_eos = info.n_eos;
     memcpy(s->eos, info.eos, sizeof s->eos);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->memo_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->rcv, NULL);
     int rc = slots_init(s, err, errlen);
     if (rc) {
         slots_free(s);
@@ -1166,8 +1434,24 @@ int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, si
         free(s);
         return rc;
     }
+    for (int i = 0; i < SHOAL_SCHED_RENDER_THREADS && !rc; i++) {
+        rc = pthread_create(&s->render_threads[i], NULL, render_main, s);
+        if (!rc)
+            s->render_started++;
+    }
+    if (rc) {
+        shoal__sched_queue_stop(s);
+        for (int i = 0; i < s->render_started; i++)
+            pthread_join(s->render_threads[i], NULL);
+        slots_free(s);
+        free(s);
+        return shoal_err_set(err, errlen, -rc, "sched: cannot start the render threads");
+    }
     rc = pthread_create(&s->thread, NULL, model_main, s);
     if (rc) {
+        shoal__sched_queue_stop(s);
+        for (int i = 0; i < s->render_started; i++)
+            pthread_join(s->render_threads[i], NULL);
         slots_free(s);
         free(s);
         return shoal_err_set(err, errlen, -rc, "sched: cannot start the model thread");
@@ -1184,10 +1468,13 @@ void shoal_sched_close(shoal_sched *s)
     atomic_store(&s->abort, 1);
     cancel_running(s);
     pthread_join(s->thread, NULL);
+    for (int i = 0; i < s->render_started; i++)
+        pthread_join(s->render_threads[i], NULL);
     slots_free(s);
     shoal_cons_vocab_free(s->cvocab);
     shoal__sched_store_free(s);
     pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->rcv);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->memo_mu);
     free(s);

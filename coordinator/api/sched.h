@@ -1,14 +1,15 @@
 /* Scheduler: owns the model thread and everything between a validated API
  * request and the stream of events it produces. It keeps a bounded, fair queue
- * of jobs, runs them on its one model thread (tokenise / render, prefill,
+ * of jobs, renders their prompts (chat template + tokenizer) on its render
+ * threads, runs them on its one model thread (prefill,
  * decode, sample, detokenise, parse reasoning and tool calls, stop strings),
  * keeps recent sequences' states for conversation reuse, and memoises the
  * events of deterministic requests. Callers: the API layer (coordinator/api/api.c)
  * and tests. The model path runs only on the scheduler's thread.
  *
  * The step loop (continuous batching): the model thread holds opts.slots
- * slots. Each turn it admits queued jobs into free slots (render the prompt,
- * then admit its sequence state against opts.state_bytes: a job that does not
+ * slots. Each turn it admits queued jobs already rendered into free slots
+ * (check the rendered prompt against the context, then admit its sequence state against opts.state_bytes: a job that does not
  * fit waits, first in line, until enough state is freed), then runs one step:
  * one token for every decoding slot in one shoal_model_decode_batch (so the
  * routed experts of all of them go to the backend together, one exchange per
@@ -24,7 +25,11 @@
  * Fairness: the queue is served round-robin across client keys (the API uses
  * the peer address plus the request's `user`): the next job is the oldest one
  * of the client served least recently, so one client's burst cannot starve the
- * others; within a client, jobs run in arrival order.
+ * others; within a client, jobs run in arrival order. Two render threads take
+ * queued jobs in the same order (a small request is rendered beside a large
+ * one, not after it); rendering is linear in the
+ * request's size (docs/CONFIG.md, "Resource bounds") and never runs on the
+ * model thread, so a 4 MB request delays no running stream.
  *
  * Threads: shoal_sched_open/close and every function below may be called from
  * any one thread (the API calls them from the HTTP loop thread) unless noted;
@@ -94,7 +99,9 @@ void shoal_gen_params_free(shoal_gen_params *p);
 int shoal_gen_params_copy(shoal_gen_params *dst, const shoal_gen_params *src);
 
 typedef enum {
-    SHOAL_EV_START = 0, /* prompt rendered and admitted: prompt_tokens, reused_tokens */
+    SHOAL_EV_START = 0, /* prompt rendered and admitted: prompt_tokens, reused_tokens (prompt
+                         * tokens not prefilled: from a kept sequence or the prefix cache;
+                         * the value for OpenAI cached_tokens, Anthropic cache_read_input_tokens) */
     SHOAL_EV_TEXT,      /* text of one channel */
     SHOAL_EV_TOOL,      /* a tool call starts (name) or grows (arguments text) */
     SHOAL_EV_DONE,      /* the end: finish reason and counts */
@@ -117,6 +124,7 @@ typedef struct shoal_ev {
     int prompt_tokens, reused_tokens;
     /* DONE */
     char finish[16];       /* "stop" | "length" | "tool_calls" */
+    int stop_index;        /* the stop string that ended it (index into stop[]), or -1 */
     int completion_tokens, reasoning_tokens;
     int32_t *prompt_ids, *output_ids; /* DONE, only with return_token_ids */
     int n_prompt_ids, n_output_ids;
@@ -169,11 +177,27 @@ typedef struct {
     /* Speculative decoding of every request (engine.h shoal_spec_decode;
      * mode 0 = off): same ids, fewer passes when drafts hit. */
     shoal_draft_opts draft;
+    /* Prefix cache (coordinator/pcache/pcache.h; borrowed, used only on the
+     * model thread; NULL: off). A prompt resumes from its longest captured
+     * prefix (when longer than a kept sequence's) and prefills only the
+     * rest; while prefilling, the state is captured at the end of every
+     * message (after each <|end_of_msg|> id: system prompt, tool
+     * declarations, each turn) and every pcache_stride tokens (0: no stride
+     * captures) -- a prompt chunk ends there, which changes no bits. A
+     * request whose prompt shares a prefix with one being prefilled, up to
+     * a capture point not reached yet, waits for that capture instead of
+     * computing the prefix again. The memory tier counts against
+     * state_bytes: captures only use what the slots leave, and are evicted
+     * when a request needs the room. */
+    struct shoal_pcache *pcache;
+    int pcache_stride;
 } shoal_sched_opts;
 
 typedef struct {
     uint64_t submitted, refused_full, completed, canceled, failed;
     uint64_t prompt_tokens, completion_tokens, reused_tokens;
+    uint64_t prefilled_tokens;  /* prompt tokens run through the forward (not reused) */
+    uint64_t cache_waits;       /* requests that waited for another's prefix capture */
     uint64_t memo_hits, memo_misses, memo_entries, memo_bytes;
     uint64_t kept_seqs, kept_bytes;
     uint64_t state_bytes;    /* sequence state held by the slots now */
@@ -218,6 +242,12 @@ int shoal_sched_submit(shoal_sched *s, shoal_sched_job *j);
  * free), a running one stops at its next token. No further events are
  * produced. Idempotent. */
 void shoal_sched_cancel(shoal_sched *s, shoal_sched_job *j);
+
+/* The prompt p renders to, in tokens, as admission would count it (chat:
+ * messages, tools, switches, a partial last turn; completion: the prompt). Returns 0,
+ * or a negative code with the renderer's message naming the field. Uses only
+ * the tokenizer (immutable): any thread. */
+int shoal_sched_prompt_tokens(shoal_sched *s, const shoal_gen_params *p, int *n, char *err, size_t errlen);
 
 /* Response memo: the events stored under key (a deep copy, caller frees), or
  * NULL. Thread-safe. */

@@ -14,6 +14,7 @@
 #define SHOAL_SCHED_CLIENTS 256
 #define SHOAL_SCHED_MAX_KEPT 64
 #define SHOAL_SCHED_MAX_MEMO 4096
+#define SHOAL_SCHED_RENDER_THREADS 2
 
 struct shoal_sched_job {
     atomic_int refs;
@@ -32,7 +33,17 @@ struct shoal_sched_job {
     int queued;
     uint64_t t_submit; /* shoal_metrics_now_ns() at submit */
     shoal_sched_job *fork_of; /* n choices: the job whose prompt state this one copies (a reference) */
+    /* The rendered prompt, written by the render thread while rstate is
+     * RENDER_BUSY, read by the model thread once it is RENDER_DONE (rstate
+     * under the scheduler's mu). rrc: 0, or the render's error code with the
+     * message in rerr. */
+    int rstate;
+    int32_t *rids;
+    int rn, rrc;
+    char rerr[320];
 };
+
+enum { SHOAL_RENDER_NONE = 0, SHOAL_RENDER_BUSY, SHOAL_RENDER_DONE };
 
 typedef struct {
     char key[72];
@@ -59,11 +70,18 @@ struct shoal_sched {
     shoal_cons_vocab *cvocab; /* the vocabulary trie, built at the first constrained request (model thread) */
     pthread_t thread;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv;     /* the model thread: a rendered job, or stopping */
     int stopping;
+    /* render threads: render queued jobs (chat template + tokenizer) so that
+     * no request's rendering, however large, stalls the model thread's steps;
+     * two, so a small request is rendered beside a large one, not after it */
+    pthread_t render_threads[SHOAL_SCHED_RENDER_THREADS];
+    pthread_cond_t rcv;    /* the render threads: a job to render, or stopping */
+    int render_started;    /* threads started */
     /* queue */
     shoal_sched_job *qhead, *qtail;
     int nqueued, running;
+    int nready;            /* queued jobs already rendered (RENDER_DONE) */
     struct {
         int used;
         char key[256];
@@ -92,6 +110,7 @@ struct shoal_sched {
     int waiting_state;
     uint64_t admit_tick;
     int max_batch;         /* the model's: tokens in one step's chunk */
+    int32_t eom_id;        /* <|end_of_msg|> (message ends: prefix captures), -1 when the tokenizer has none */
     float *blogits;        /* [nslots, vocab]: one step's logits rows */
     shoal_seq **bseqs;     /* [max_batch]: the step chunk's sequence per token */
     int32_t *bids;         /* [max_batch]: and its id */
@@ -103,7 +122,14 @@ struct shoal_sched {
 };
 
 void shoal__sched_emit(shoal_sched_job *j, shoal_ev *e);
-shoal_sched_job *shoal__sched_pop_fair(shoal_sched *s); /* s->mu held */
+/* The fair choice among rendered queued jobs, out of the queue; NULL if none. s->mu held. */
+shoal_sched_job *shoal__sched_pop_fair(shoal_sched *s);
+/* The fair choice among queued jobs not rendered yet, marked RENDER_BUSY with
+ * a reference for the renderer (it stays queued: a cancel may still take it
+ * out); NULL if none. s->mu held. */
+shoal_sched_job *shoal__sched_pick_render(shoal_sched *s);
+/* A picked job's render is stored: RENDER_DONE, the model thread woken. s->mu held. */
+void shoal__sched_render_done(shoal_sched *s, shoal_sched_job *j);
 void shoal__sched_memo_put(shoal_sched *s, const char *key, shoal_ev *events, size_t bytes);
 int shoal__sched_kept_find(shoal_sched *s, const int32_t *ids, int n);
 void shoal__sched_kept_put(shoal_sched *s, const int32_t *ids, int n, const shoal_seq *seq, const float *logits);
@@ -117,6 +143,9 @@ shoal_ev *shoal__sched_ev_new(shoal_ev_type t);
 shoal_ev *shoal__sched_ev_clone(const shoal_ev *e);
 
 /* sched.c */
+/* Picks and renders one queued job (what the render thread does each turn);
+ * 0 when none was waiting, 1 otherwise. Any thread; takes s->mu. */
+int shoal__sched_render_next(shoal_sched *s);
 /* Test entry: runs the model thread's output path (chat parser or
  * detokenizer, stop strings, events, memo) over given ids as if they had
  * been sampled, without a forward. The job gets START (prompt 0 tokens), the

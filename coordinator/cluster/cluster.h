@@ -4,6 +4,7 @@
  *   expert_client.h  the routed-expert backend over ZeroMQ (HELLO, EXPERT_BATCH
  *                    per MoE layer, keeper thread for down workers);
  *   owners.h         which replica of an expert each exchange asks;
+ *   probe.h          `shoal doctor`'s PROBE measurements over a client's links;
  *   spawn.h          local expert-server processes for --workers N;
  *   trunk_client.h   the remote trunk matmul backend (engine/rmat.h): an
  *                    expert client in the trunk role, TRUNK_BATCH per step.
@@ -17,6 +18,7 @@
 #include "coordinator/cluster/dist.h"
 #include "coordinator/cluster/expert_client.h"
 #include "coordinator/cluster/owners.h"
+#include "coordinator/cluster/probe.h"
 #include "coordinator/cluster/spawn.h"
 #include "coordinator/cluster/trunk_client.h"
 

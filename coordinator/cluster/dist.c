@@ -141,7 +141,8 @@ void shoal_dist_usage(FILE *f)
                "  --trunk MODE         local (default): the whole trunk here; remote: the trunk matrices\n"
                "                       the workers announce (shoal expert --trunk) run on them, every row\n"
                "                       owned at least once (else refused, naming the gaps); auto: remote\n"
-               "                       when some worker announces trunk rows\n"
+               "                       when some worker announces trunk rows; with --workers N, remote\n"
+               "                       gives each local worker its 1/N of every trunk matrix's rows\n"
                "  --workers N          start N local expert servers over ipc:// (experts split evenly),\n"
                "                       stopped on exit\n"
                "  --worker-threads N   OpenMP threads of each local server (default: cores / N)\n"
@@ -301,7 +302,7 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
     int n = o->plan ? pf.nworkers : o->nworker;
     if (o->nlocal) {
         shoal_spawn_opts so = {.model = model_dir, .n = o->nlocal, .threads = o->worker_threads,
-                               .max_tokens = info.max_batch};
+                               .max_tokens = info.max_batch, .trunk = o->trunk == 1};
         if ((rc = shoal_spawn_start(&d->spawn, &so, info.cfg, err, errlen))) {
             free(d);
             return rc;
@@ -388,6 +389,11 @@ void shoal_dist_stop(shoal_dist *d)
         return;
     shoal_spawn_stop(d->spawn);
     free(d);
+}
+
+shoal_expert_client *shoal_dist_client(shoal_dist *d)
+{
+    return d ? d->client : NULL;
 }
 
 int shoal_dist_nworkers(const shoal_dist *d)

@@ -45,8 +45,10 @@ typedef struct {
     int prefetch; /* --prefetch on|off: 1 on, -1 off, 0 the default (SHOAL_DIST_PREFETCH_DEFAULT) */
     /* --trunk local|remote|auto (PROTOCOL.md §3.7): 0 local (the default:
      * the whole trunk in-process), 1 remote (the matrices the workers
-     * announce run on them; refused when none does), 2 auto (remote when
-     * some worker announces trunk rows) */
+     * announce run on them; refused when none does; with --workers N each
+     * local worker is started with its 1/N of every row-shardable matrix,
+     * shoal_tshard_spread_spec), 2 auto (remote when some worker announces
+     * trunk rows; local with --workers) */
     int trunk;
 } shoal_dist_opts;
 
@@ -73,6 +75,10 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
 /* Closes the spawned workers (after shoal_model_close, which closes the
  * client). Accepts NULL. */
 void shoal_dist_stop(shoal_dist *d);
+
+/* The expert client (NULL for a NULL d): `shoal doctor` probes its links
+ * (coordinator/cluster/probe.h) while no forward runs. */
+shoal_expert_client *shoal_dist_client(shoal_dist *d);
 
 /* Workers in use (0 for NULL): for shoal_cmetrics_opts.max_workers. */
 int shoal_dist_nworkers(const shoal_dist *d);

@@ -18,6 +18,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "proto/shard.h"
+#include "proto/tshard.h"
 
 /* Restarts allowed per worker within RESTART_WINDOW_S before the next ones
  * wait: 1 s, doubled at each further exit within the window, at most
@@ -37,6 +38,7 @@ typedef struct {
     char endpoint[128];
     char id[16];
     char *ranges;
+    char trunk[96];                /* its --trunk ROWSPEC, "" for none */
     int restarts;                  /* total, under s->mu */
     struct timespec at[RESTART_MAX]; /* the last RESTART_MAX restarts, a ring */
     /* backoff: exited and reaped, restart due at next_try */
@@ -128,7 +130,11 @@ static int launch(shoal_spawn *s, child *c, char *err, size_t errlen)
 {
     char *argv[] = {s->exe,         "expert",       "--model",   s->model, "--experts", c->ranges,
                     "--listen",     c->endpoint,    "--id",      c->id,    "--threads", s->threads_s,
-                    "--max-tokens", s->maxtok_s,    "--refuse-shutdown", NULL};
+                    "--max-tokens", s->maxtok_s,    "--refuse-shutdown", NULL, NULL, NULL};
+    if (c->trunk[0]) { /* the trunk rows of a generated even spread */
+        argv[15] = "--trunk";
+        argv[16] = c->trunk;
+    }
     int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
     pid_t parent = s->parent, pgid = s->pgid;
     pid_t pid = fork();
@@ -214,6 +220,20 @@ int shoal_spawn_start(shoal_spawn **out, const shoal_spawn_opts *o, const shoal_
             shoal_spawn_stop(s);
             return shoal_err_set(err, errlen, rc, "cannot format the ranges of worker %d", i);
         }
+        if (o->trunk) {
+            shoal_tshard_mat *mats = NULL;
+            int nm = 0;
+            rc = shoal_tshard_mats(cfg, &mats, &nm);
+            if (!rc)
+                rc = shoal_tshard_spread_spec(mats, nm, i, o->n, c->trunk, sizeof c->trunk, err, errlen);
+            else
+                shoal_err_set(err, errlen, rc, "the model's trunk matrices do not list");
+            free(mats);
+            if (rc) {
+                shoal_spawn_stop(s);
+                return rc == SHOAL_ERANGE ? SHOAL_ECONFIG : rc;
+            }
+        }
         snprintf(c->endpoint, sizeof c->endpoint, "ipc://%s/w%d.sock", s->dir, i);
         snprintf(c->id, sizeof c->id, "w%d", i);
         s->eps[i] = c->endpoint;
@@ -226,7 +246,8 @@ int shoal_spawn_start(shoal_spawn **out, const shoal_spawn_opts *o, const shoal_
             return rc;
         }
     }
-    SHOAL_INFO("started %d local expert workers (process group %d, %s threads each)", o->n, (int)s->pgid, s->threads_s);
+    SHOAL_INFO("started %d local expert workers (process group %d, %s threads each)%s", o->n, (int)s->pgid,
+               s->threads_s, o->trunk ? ", each with its part of the trunk rows" : "");
     *out = s;
     return 0;
 }

@@ -4,6 +4,8 @@
  * files to leave behind). Children are put in one process group and get
  * PR_SET_PDEATHSIG(SIGTERM), so they exit when the coordinator exits for any
  * reason, SIGKILL included; shoal_spawn_stop terminates and reaps them all.
+ * With opts.trunk each child also serves its even part of the trunk rows
+ * (the plan `shoal plan --trunk spread` would give N workers).
  * Callers: coordinator/cluster/dist.c. One owner; pid/restarts may be read
  * while the supervisor runs. */
 #ifndef SHOAL_SPAWN_H
@@ -20,6 +22,8 @@ typedef struct {
     int n;               /* workers, 1 <= n <= num_experts */
     int threads;         /* OpenMP threads per worker; 0: max(1, cores / n) */
     int max_tokens;      /* --max-tokens of every child */
+    int trunk;           /* 1: child i also owns part i of n of every row-shardable trunk matrix
+                            (--trunk, shoal_tshard_spread_spec: `--workers N --trunk remote`) */
 } shoal_spawn_opts;
 
 typedef struct shoal_spawn shoal_spawn;

@@ -2,6 +2,7 @@
  * optionally, an Ansible inventory (docs/CLUSTER.md, docs/DEPLOY.md). */
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "common/k3schema.h"
 #include "common/st.h"
 #include "coordinator/cmd/plan.h"
+#include "coordinator/cmd/plan_measured.h"
 #include "coordinator/obs/obs.h"
 #include "proto/fprint.h"
 #include "proto/tshard.h"
@@ -19,7 +21,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: shoal plan --model DIR --cluster FILE [--trace FILE] [--replicas R | --hot N] -o plan.json\n"
-               "                  [--inventory FILE] [--trunk local|spread]\n"
+               "                  [--inventory FILE] [--trunk local|spread] [--measured doctor.json]\n"
                "\n"
                "Assign every routed expert (layer, expert) of the model in DIR to one worker host of\n"
                "the cluster manifest FILE (docs/CLUSTER.md): each host holds at most its expert_ram\n"
@@ -47,6 +49,20 @@ static void usage(FILE *f)
                "                    budget before the experts are placed (one fit). With --replicas R\n"
                "                    every part is also on R more hosts (distinct failure domains),\n"
                "                    each to a host with room holding the fewest parts ('*:w/N,*:p/N,...')\n"
+               "  --measured FILE   choose the placement from `shoal doctor --json` measurements (docs/\n"
+               "                    CLUSTER.md \"Measured plans\"): the trunk local or spread over G of the\n"
+               "                    workers (the fastest memory first), the experts split by each host's\n"
+               "                    measured read bandwidth within its budget; prints the predicted\n"
+               "                    s/token term by term for every placement considered (overrides --trunk)\n"
+               "  --slots S         with --measured: also predict tokens/s for S sequences per step (8)\n"
+               "  --nic-gbps X      with --measured: the coordinator's NIC, shared by all its links\n"
+               "                    (default: each link alone, as doctor measured it)\n"
+               "  --kernel-eff F    with --measured: the matrix kernels' share of the read pass (0.82)\n"
+               "  --imbalance I     with --measured: the expert load imbalance assumed (1.2)\n"
+               "  --overhead-us X   with --measured: software cost of one exchange beyond the measured\n"
+               "                    RTT (100)\n"
+               "  --trunk-servers G with --measured: write this placement instead of the fastest (0: the\n"
+               "                    trunk local; G: spread over G workers), for comparing placements\n"
                "  -o FILE           write plan.json here (required)\n"
                "  --inventory FILE  also write an Ansible inventory (YAML) for deploy/\n"
                "\n"
@@ -120,6 +136,12 @@ int shoal_cmd_plan(int argc, char **argv)
     const char *model = NULL, *cluster = NULL, *trace = NULL, *out = NULL, *inv = NULL;
     long replicas = 0, hot = 0;
     int spread = 0, has_fa = 0;
+    /* --measured doctor.json (issue 34, plan_measured.h) */
+    const char *measured = NULL;
+    int mslots = 8, TW = 0, *tslot = NULL;
+    double mnic = 0, meff = 0.82, mimb = 1.2, mpred = 0, movh = 100;
+    long mforce = -1;
+    uint64_t *mcount = NULL, *pbudget = NULL;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -141,6 +163,41 @@ int shoal_cmd_plan(int argc, char **argv)
             out = v;
         else if (!strcmp(a, "--inventory"))
             inv = v;
+        else if (!strcmp(a, "--measured"))
+            measured = v;
+        else if (!strcmp(a, "--trunk-servers")) {
+            char *end;
+            mforce = strtol(v, &end, 10);
+            if (*end || end == v || mforce < 0 || mforce > 4096) {
+                fprintf(stderr, "shoal plan: bad --trunk-servers '%s'\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--overhead-us")) {
+            char *end;
+            movh = strtod(v, &end);
+            if (*end || end == v || !(movh >= 0) || movh > 1e6) {
+                fprintf(stderr, "shoal plan: bad --overhead-us '%s'\n", v);
+                return 2;
+            }
+        }
+        else if (!strcmp(a, "--slots") || !strcmp(a, "--nic-gbps") || !strcmp(a, "--kernel-eff") ||
+                 !strcmp(a, "--imbalance")) {
+            char *end;
+            double x = strtod(v, &end);
+            if (*end || end == v || !(x > 0) || x > 1e6 || (!strcmp(a, "--kernel-eff") && x > 1) ||
+                (!strcmp(a, "--imbalance") && x < 1) || (!strcmp(a, "--slots") && (x != floor(x) || x > 4096))) {
+                fprintf(stderr, "shoal plan: bad %s '%s'\n", a, v);
+                return 2;
+            }
+            if (a[2] == 's')
+                mslots = (int)x;
+            else if (a[2] == 'n')
+                mnic = x;
+            else if (a[2] == 'k')
+                meff = x;
+            else
+                mimb = x;
+        }
         else if (!strcmp(a, "--trunk")) {
             if (strcmp(v, "local") && strcmp(v, "spread")) {
                 fprintf(stderr, "shoal plan: --trunk takes local or spread, not '%s'\n", v);
@@ -165,6 +222,10 @@ int shoal_cmd_plan(int argc, char **argv)
     }
     if (!model || !cluster || !out) {
         usage(stderr);
+        return 2;
+    }
+    if (mforce >= 0 && !measured) {
+        fprintf(stderr, "shoal plan: --trunk-servers needs --measured\n");
         return 2;
     }
     if (replicas && hot) {
@@ -229,6 +290,26 @@ int shoal_cmd_plan(int argc, char **argv)
                 budget[W] = c.hosts[i].disk;
             W++;
         }
+    if (measured) { /* the placement from the measurements: trunk local or on TW servers, expert counts */
+        const char **names = shoal_xmalloc((size_t)(W ? W : 1) * sizeof *names);
+        for (int w = 0; w < W; w++)
+            names[w] = c.hosts[widx[w]].name;
+        tslot = shoal_xmalloc((size_t)(W ? W : 1) * sizeof *tslot);
+        mcount = shoal_xcalloc((size_t)(W ? W : 1), sizeof *mcount);
+        shoal_plan_measured pm = {.cfg = &cfg, .st = st, .nworkers = W, .names = names, .budget = budget,
+                                  .expert_bytes = tot.bytes_per_expert, .doctor = measured, .slots = mslots,
+                                  .nic_Bps = mnic * 1e9 / 8, .eff = meff, .imbalance = mimb,
+                                  .max_trunk_servers = replicas > 0, .tslot = tslot, .count = mcount,
+                                  .overhead_s = movh * 1e-6, .force_G = (int)mforce,
+                                  .budget_split = replicas || hot};
+        rc = shoal_plan_measured_choose(&pm, err, sizeof err);
+        free(names);
+        if (rc)
+            goto fail;
+        spread = pm.spread;
+        TW = pm.G;
+        mpred = pm.predicted_s;
+    }
     int ndom = 0, named = 0;
     if (replicas) { /* failure domains: the named ones, else each host its own */
         dom = shoal_xmalloc((size_t)(W ? W : 1) * sizeof *dom);
@@ -268,10 +349,16 @@ int shoal_cmd_plan(int argc, char **argv)
             goto fail;
         }
         uint64_t *pbytes = shoal_xcalloc((size_t)W, sizeof *pbytes), fa = 0; /* bytes of each part; f_a whole */
+        if (!tslot) { /* every worker its part: worker w part w of W */
+            tslot = shoal_xmalloc((size_t)W * sizeof *tslot);
+            for (int w = 0; w < W; w++)
+                tslot[w] = w;
+            TW = W;
+        }
         for (int k = 0; k < nm && !rc; k++) {
             const shoal_tensor *t = shoal_st_find(st, mats[k].name);
-            if (!t || mats[k].rows < W) {
-                snprintf(err, sizeof err, "--trunk spread over %d workers: %s %s", W, mats[k].name,
+            if (!t || mats[k].rows < TW) {
+                snprintf(err, sizeof err, "--trunk spread over %d workers: %s %s", TW, mats[k].name,
                          t ? "has fewer rows than workers" : "is not in the checkpoint");
                 rc = SHOAL_ECONFIG;
                 break;
@@ -284,8 +371,8 @@ int shoal_cmd_plan(int argc, char **argv)
             if (whole)
                 fa += R * row;
             else
-                for (int p = 0; p < W; p++)
-                    pbytes[p] += ((uint64_t)(p + 1) * R / (uint64_t)W - (uint64_t)p * R / (uint64_t)W) * row;
+                for (int p = 0; p < TW; p++)
+                    pbytes[p] += ((uint64_t)(p + 1) * R / (uint64_t)TW - (uint64_t)p * R / (uint64_t)TW) * row;
         }
         free(mats);
         if (rc) {
@@ -293,8 +380,10 @@ int shoal_cmd_plan(int argc, char **argv)
             goto fail;
         }
         for (int w = 0; w < W; w++) {
-            tpart[(size_t)w * W + w] = 1;
-            tbytes[w] = fa + pbytes[w];
+            if (tslot[w] < 0)
+                continue; /* --measured: not one of the trunk servers */
+            tpart[(size_t)w * W + tslot[w]] = 1;
+            tbytes[w] = fa + pbytes[tslot[w]];
         }
         /* the replicas, copy after copy, part after part: each to a host
          * whose failure domain holds no copy of the part yet -- among those
@@ -343,6 +432,16 @@ int shoal_cmd_plan(int argc, char **argv)
                 goto fail;
             }
             budget[w] -= tbytes[w];
+        }
+    }
+    if (measured && !replicas && !hot) { /* the expert split by measured bandwidth: each worker's count is its cap, and the caps add up
+                       to every routed expert, so the water filling gives each exactly its count; the report
+                       still shows the share of the real budget used */
+        pbudget = shoal_xmalloc((size_t)(W ? W : 1) * sizeof *pbudget);
+        for (int w = 0; w < W; w++) {
+            pbudget[w] = budget[w];
+            if (budget[w] > mcount[w] * tot.bytes_per_expert)
+                budget[w] = mcount[w] * tot.bytes_per_expert;
         }
     }
     const int L = cfg.num_layers, E = cfg.num_experts;
@@ -439,6 +538,15 @@ int shoal_cmd_plan(int argc, char **argv)
     if (hot)
         json_object_set_new(root, "hot", json_integer(hot));
     json_object_set_new(root, "trunk", json_string(spread ? "spread" : "local"));
+    if (spread)
+        json_object_set_new(root, "trunk_servers", json_integer(TW));
+    if (measured) {
+        json_t *jmz = json_object();
+        json_object_set_new(jmz, "doctor", json_string(measured));
+        json_object_set_new(jmz, "predicted_s_per_token", json_real(mpred));
+        json_object_set_new(jmz, "slots", json_integer(mslots));
+        json_object_set_new(root, "measured", jmz);
+    }
     if (hits)
         json_object_set_new(root, "trace_pairs", json_integer((json_int_t)ts.pairs));
     json_t *jw = json_array();
@@ -484,15 +592,15 @@ int shoal_cmd_plan(int argc, char **argv)
         }
         json_object_set_new(o, "bytes", json_integer((json_int_t)bytes));
         char *spec = NULL;
-        if (spread) { /* its own part first, then the replicas it holds, ascending */
+        if (spread && tslot[w] >= 0) { /* its own part first, then the replicas it holds, ascending */
             size_t cap = 64 + 24 * (size_t)W, at = 0;
             spec = shoal_xmalloc(cap);
             json_t *parts = json_array();
-            at += (size_t)snprintf(spec + at, cap - at, "*:%d/%d", w, W);
-            json_array_append_new(parts, json_integer(w));
-            for (int p = 0; p < W; p++)
-                if (p != w && tpart[(size_t)w * W + p]) {
-                    at += (size_t)snprintf(spec + at, cap - at, ",*:%d/%d", p, W);
+            at += (size_t)snprintf(spec + at, cap - at, "*:%d/%d", tslot[w], TW);
+            json_array_append_new(parts, json_integer(tslot[w]));
+            for (int p = 0; p < TW; p++)
+                if (p != tslot[w] && tpart[(size_t)w * W + p]) {
+                    at += (size_t)snprintf(spec + at, cap - at, ",*:%d/%d", p, TW);
                     json_array_append_new(parts, json_integer(p));
                 }
             snprintf(spec + at, cap - at, "%s", has_fa ? ",*.f_a_proj.weight:all" : "");
@@ -506,9 +614,9 @@ int shoal_cmd_plan(int argc, char **argv)
         json_object_set_new(o, "expected_share", json_real(share));
         json_array_append_new(jw, o);
         printf("%-20s %8llu %12.3f %6.1f%% %8.4f %8.4f %7.3f", h->name, (unsigned long long)cnt[w],
-               (double)bytes / 1073741824.0, 100.0 * (double)bytes / (double)budget[w], share, 1.0 / W,
+               (double)bytes / 1073741824.0, 100.0 * (double)bytes / (double)(pbudget ? pbudget[w] : budget[w]), share, 1.0 / W,
                share * W);
-        if (spread)
+        if (spec)
             printf("  trunk %s %.3f GiB", spec, (double)tbytes[w] / 1073741824.0);
         printf("\n");
         free(spec);
@@ -560,6 +668,9 @@ done:
     free(budget);
     free(tbytes);
     free(tpart);
+    free(tslot);
+    free(mcount);
+    free(pbudget);
     free(widx);
     shoal_trace_stats_free(&ts);
     shoal_trace_file_close(tf);

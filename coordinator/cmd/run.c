@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/memplan.h"
 #include "coordinator/cluster/cluster.h"
+#include "coordinator/pcache/pcache.h"
 #include "coordinator/engine/engine.h"
 #include "proto/fprint.h"
 #include "coordinator/text/text.h"
@@ -49,6 +50,13 @@ static void usage(FILE *f)
             "  --dump-logits FILE   write the logits of every generated step: raw float32\n"
             "                       little-endian, [steps, vocab], row i = the logits that chose\n"
             "                       generated token i\n"
+            "  --save-state FILE    after the prompt's prefill, write its state (KDA states, conv\n"
+            "                       windows, MLA rows) and last logits to FILE (the prefix cache's\n"
+            "                       format: docs/ARCHITECTURE.md, with the model fingerprint)\n"
+            "  --load-state FILE    start from FILE's state instead of prefilling its tokens: they must\n"
+            "                       be a prefix of the prompt; only the rest is prefilled (the same\n"
+            "                       logits, bit for bit). A file of another model, or damaged, is\n"
+            "                       refused naming it (exit 3)\n"
             "  --trace FILE         record every routing decision (token, layer, experts) in\n"
             "                       FILE (format: docs/METRICS.md; read by 'shoal trace stats')\n"
             "  --metrics-file FILE  write the coordinator's metrics (Prometheus text, the families\n"
@@ -183,7 +191,7 @@ static int cmp_double(const void *a, const void *b)
 int shoal_cmd_run(int argc, char **argv)
 {
     const char *model = NULL, *ids_s = NULL, *prompt = NULL, *prompt_file = NULL, *dump = NULL, *trace_path = NULL, *metrics_path = NULL;
-    const char *tokenizer_dir = NULL;
+    const char *tokenizer_dir = NULL, *save_state = NULL, *load_state = NULL;
     long gen = 16, threads = 0, top_k = 0, max_ctx = 0, batch = 256, draft_max = 8, draft_ngram_min = 2;
     shoal_draft_mode draft_mode = SHOAL_DRAFT_NGRAM;
     const char *draft_ids_s = NULL;
@@ -283,6 +291,12 @@ int shoal_cmd_run(int argc, char **argv)
             draft_ids_s = v;
         } else if (!strcmp(a, "--json")) {
             json = 1;
+        } else if (!strcmp(a, "--save-state")) {
+            VAL();
+            save_state = v;
+        } else if (!strcmp(a, "--load-state")) {
+            VAL();
+            load_state = v;
         } else if (!strcmp(a, "--allow-special")) {
             allow_special = 1;
         } else if ((dr = shoal_dist_parse_arg(&dopts, "shoal run", argc, argv, &i)) != 0) {
@@ -408,6 +422,7 @@ int shoal_cmd_run(int argc, char **argv)
         shoal_tok_close(tok);
         return shoal_err_exit_code(rc);
     }
+    shoal_model_guard(m); /* a mapped file truncated under a read: one line naming it */
     shoal_model_info info;
     shoal_model_get_info(m, &info);
     int status = 0;
@@ -425,6 +440,7 @@ int shoal_cmd_run(int argc, char **argv)
     int n_out = 0;
     const char *stop = "length";
     double prefill_s = 0, decode_s = 0;
+    int loaded = 0; /* prompt tokens that came from --load-state */
     shoal_model_stats ps = {0}, ds = {0};
     /* the continuation's text, when a tokenizer is loaded (specials as their
      * names; streamed to stdout in the text report); declared before the
@@ -523,9 +539,59 @@ int shoal_cmd_run(int argc, char **argv)
         goto done;
     }
 
+    uint8_t state_fp[SHOAL_PCACHE_FP_BYTES];
+    if ((save_state || load_state) && (rc = shoal_pcache_fingerprint(state_fp, m, err, sizeof err))) {
+        fprintf(stderr, "shoal run: %s\n", err);
+        status = 3;
+        goto done;
+    }
+    if (load_state) {
+        shoal_pcache_file *sf = NULL;
+        rc = shoal_pcache_file_read(&sf, load_state, state_fp, info.seq_fixed_bytes, info.seq_bytes_per_token, err,
+                                    sizeof err);
+        if (!rc && ((int)sf->h.n_ids > n_prompt || memcmp(sf->ids, prompt_ids, 4 * (size_t)sf->h.n_ids)))
+            rc = shoal_err_set(err, sizeof err, SHOAL_EINVAL, "state file %s: its %u ids are not a prefix of the prompt",
+                               load_state, sf->h.n_ids);
+        if (!rc && (int)sf->h.n_ids == n_prompt && sf->h.n_logits != (uint32_t)info.vocab)
+            rc = shoal_err_set(err, sizeof err, SHOAL_EINVAL,
+                               "state file %s holds the whole prompt but not its logits (a prefix cache file): "
+                               "add a token to the prompt",
+                               load_state);
+        if (!rc)
+            rc = shoal_seq_import(seq, (int)sf->h.n_ids, sf->state, (size_t)sf->h.state_bytes, err, sizeof err);
+        if (!rc) {
+            loaded = (int)sf->h.n_ids;
+            if (loaded == n_prompt)
+                memcpy(logits, sf->logits, sizeof(float) * (size_t)info.vocab);
+        }
+        shoal_pcache_file_free(sf);
+        if (rc) {
+            fprintf(stderr, "shoal run: %s\n", err);
+            status = rc == SHOAL_EINVAL ? 2 : 3;
+            goto done;
+        }
+        if (!json)
+            printf("state: %d prompt tokens from %s\n", loaded, load_state);
+    }
     double t0 = now_s();
-    rc = shoal_seq_prefill(seq, prompt_ids, n_prompt, SHOAL_LOGITS_LAST, logits, err, sizeof err);
+    rc = loaded < n_prompt ? shoal_seq_prefill(seq, prompt_ids + loaded, n_prompt - loaded, SHOAL_LOGITS_LAST,
+                                               logits, err, sizeof err)
+                           : 0;
     prefill_s = now_s() - t0;
+    if (!rc && save_state) {
+        size_t sb = shoal_seq_state_size(m, n_prompt);
+        void *buf = shoal_xmalloc(sb);
+        rc = shoal_seq_export(seq, buf, sb, err, sizeof err);
+        if (!rc)
+            rc = shoal_pcache_file_write(save_state, state_fp, prompt_ids, n_prompt, buf, sb, logits, info.vocab, err,
+                                         sizeof err);
+        free(buf);
+        if (rc) {
+            fprintf(stderr, "shoal run: --save-state: %s\n", err);
+            status = 4;
+            goto done;
+        }
+    }
     shoal_model_get_stats(m, &ps);
     shoal_model_reset_stats(m);
     shoal_dist_mark(dist, "prefill", n_prompt);
@@ -626,7 +692,7 @@ done:;
     int n_steps = (int)sst.fed;
     if (ps.tokens)
         shoal_dist_mark(dist, "decode", n_steps);
-    double prefill_tps = prefill_s > 0 ? n_prompt / prefill_s : 0;
+    double prefill_tps = prefill_s > 0 ? (n_prompt - loaded) / prefill_s : 0;
     double decode_tps = decode_s > 0 ? n_steps / decode_s : 0;
     double wb_decode = n_steps ? (double)(ds.trunk_bytes + ds.expert_bytes) / n_steps : 0;
     double wb_prefill = ps.tokens ? (double)(ps.trunk_bytes + ps.expert_bytes) / (double)ps.tokens : 0;
@@ -651,7 +717,8 @@ done:;
             if (dt)
                 json_object_set_new(o, "text", json_stringn(otext ? otext : "", otext_len));
             json_object_set_new(o, "stop_reason", json_string(status ? "error" : stop));
-            json_object_set_new(o, "prefill_tokens", json_integer(n_prompt));
+            json_object_set_new(o, "prefill_tokens", json_integer(n_prompt - loaded));
+            json_object_set_new(o, "state_loaded_tokens", json_integer(loaded));
             json_object_set_new(o, "prefill_s", json_real(prefill_s));
             json_object_set_new(o, "prefill_tokens_per_s", json_real(prefill_tps));
             json_object_set_new(o, "decode_tokens", json_integer(n_steps));
@@ -710,6 +777,8 @@ done:;
             }
             json_object_set_new(o, "threads", json_integer(omp_get_max_threads()));
             json_object_set_new(o, "isa", json_string(shoal_isa_name(shoal_kernels_isa())));
+            /* where the opt-in matrix-unit-order kernels would run (AMX only after its self-test) */
+            json_object_set_new(o, "mu_path", json_string(shoal_kernels_mu_path()));
             shoal_dist_json(dist, o);
             if (ps.prefetch_hinted || ds.prefetch_hinted) {
                 json_t *pf = json_object();
@@ -748,7 +817,7 @@ done:;
             printf("\n\n-- run report --\n");
             printf("stop: %s\n", status ? "error" : stop);
             printf("prefill: %d tokens in %.3f s = %.2f tokens/s, %.0f weight bytes read per prompt token\n",
-                   n_prompt, prefill_s, prefill_tps, wb_prefill);
+                   n_prompt - loaded, prefill_s, prefill_tps, wb_prefill);
             printf("decode: %d steps in %.3f s = %.3f tokens/s, %.0f weight bytes touched per token\n", n_steps,
                    decode_s, decode_tps, wb_decode);
             if (n_steps) {
@@ -804,6 +873,7 @@ done:;
     shoal_sampler_free(smp);
     shoal_spec_free(spec);
     shoal_seq_free(seq);
+    shoal_model_guard(NULL);
     shoal_model_close(m); /* closes the expert client */
     shoal_dist_stop(dist);
     shoal_cmetrics_close(cm);

@@ -18,6 +18,7 @@
 #include "coordinator/api/api.h"
 #include "coordinator/obs/obs.h"
 #include "coordinator/cluster/cluster.h"
+#include "coordinator/pcache/pcache.h"
 #include "coordinator/engine/engine.h"
 #include "coordinator/text/text.h"
 #include "proto/fprint.h"
@@ -56,6 +57,15 @@ static void usage(FILE *f)
             "                         in the queue\n"
             "  --keep N               sequence states kept for conversation reuse (default 8, 0 off)\n"
             "  --keep-mb N            memory those states may use, MiB (default 1024)\n"
+            "  --prefix-cache-gb G    prefix cache in memory, GiB (fractions allowed; default 0 = off):\n"
+            "                         prompt states captured at message ends and every\n"
+            "                         --prefix-cache-stride tokens; a prompt sharing a captured\n"
+            "                         prefix prefills only the rest (same logits); counts against\n"
+            "                         --state-gb (evicted first when a request needs the room)\n"
+            "  --prefix-cache-dir DIR also keep every capture in DIR, so it survives a restart\n"
+            "                         (files of another model, or damaged, are refused by name\n"
+            "                         and recomputed); with or without --prefix-cache-gb\n"
+            "  --prefix-cache-stride N  capture every N prompt tokens too (default 1024, 0 off)\n"
             "  --memo N               deterministic responses memoised (default 256, 0 off)\n"
             "  --memo-mb N            memory the memo may use, MiB (default 64)\n"
             "  --threads N            OpenMP threads for the forward (default: all)\n"
@@ -89,6 +99,8 @@ typedef struct {
     shoal_cmetrics *cm;
     shoal_model *model;
     uint64_t trunk_budget, trunk_resident; /* from the model's trunk plan */
+    shoal_pcache *pcache;                  /* NULL: no prefix cache */
+    shoal_sched *sched;
 } serve_ctx;
 
 static int workers_cb(void *ud, shoal_api_worker *w, int cap)
@@ -130,6 +142,55 @@ static int covered_cb(void *ud, char *why, size_t whylen)
     return shoal_dist_covered(c->dist, why, whylen);
 }
 
+static void metric1(shoal_metrics_buf *b, const char *name, shoal_metrics_type t, const char *help, double v)
+{
+    shoal_metrics_family(b, name, t, help);
+    shoal_metrics_sample(b, name, NULL, 0, v);
+}
+
+/* The prefix cache (docs/METRICS.md): all 0 when it is off. */
+static void pcache_metrics(serve_ctx *c, shoal_metrics_buf *b)
+{
+    shoal_pcache_stats p;
+    shoal_pcache_get_stats(c->pcache, &p);
+    shoal_sched_stats ss = {0};
+    if (c->sched)
+        shoal_sched_get_stats(c->sched, &ss);
+    const shoal_metrics_type C = SHOAL_METRICS_COUNTER, G = SHOAL_METRICS_GAUGE;
+    metric1(b, "shoal_prefilled_tokens_total", C, "Prompt tokens run through the forward (neither kept nor cached).",
+            (double)ss.prefilled_tokens);
+    metric1(b, "shoal_prefix_cache_waits_total", C,
+            "Requests that waited for another request's prefix capture instead of prefilling it again.",
+            (double)ss.cache_waits);
+    metric1(b, "shoal_prefix_cache_lookups_total", C, "Prompts looked up in the prefix cache.", (double)p.lookups);
+    metric1(b, "shoal_prefix_cache_hits_total", C, "Prompts resumed from a captured prefix.", (double)p.hits);
+    metric1(b, "shoal_prefix_cache_saved_tokens_total", C, "Prompt tokens not prefilled thanks to a captured prefix.",
+            (double)p.tokens_saved);
+    metric1(b, "shoal_prefix_cache_captures_total", C, "Prompt states captured.", (double)p.captures);
+    metric1(b, "shoal_prefix_cache_capture_bytes_total", C, "Bytes of the captured states.", (double)p.capture_bytes);
+    metric1(b, "shoal_prefix_cache_capture_seconds_total", C, "Seconds spent copying captured states.",
+            p.capture_s);
+    metric1(b, "shoal_prefix_cache_evictions_total", C, "Captured states evicted from memory (budget).",
+            (double)p.evictions);
+    metric1(b, "shoal_prefix_cache_disk_reads_total", C, "Captured states read from --prefix-cache-dir.",
+            (double)p.disk_reads);
+    metric1(b, "shoal_prefix_cache_disk_read_bytes_total", C, "Bytes of those reads.", (double)p.disk_read_bytes);
+    metric1(b, "shoal_prefix_cache_disk_read_seconds_total", C, "Seconds spent reading and verifying them.",
+            p.disk_read_s);
+    metric1(b, "shoal_prefix_cache_disk_writes_total", C, "Captured states written to --prefix-cache-dir.",
+            (double)p.disk_writes);
+    metric1(b, "shoal_prefix_cache_disk_write_bytes_total", C, "Bytes of those writes.", (double)p.disk_write_bytes);
+    metric1(b, "shoal_prefix_cache_disk_write_seconds_total", C, "Seconds spent writing them.", p.disk_write_s);
+    metric1(b, "shoal_prefix_cache_refused_total", C,
+            "State files refused (another model, bad header, size or checksum) and recomputed.", (double)p.refused);
+    metric1(b, "shoal_prefix_cache_bytes", G, "Bytes of captured states held in memory.", (double)p.mem_bytes);
+    metric1(b, "shoal_prefix_cache_budget_bytes", G, "Memory the prefix cache may hold (--prefix-cache-gb).",
+            (double)p.mem_budget);
+    metric1(b, "shoal_prefix_cache_entries", G, "Captured states held in memory.", (double)p.mem_entries);
+    metric1(b, "shoal_prefix_cache_disk_entries", G, "Captured states indexed in --prefix-cache-dir.",
+            (double)p.disk_entries);
+}
+
 static void metrics_cb(void *ud, shoal_metrics_buf *b)
 {
     serve_ctx *c = ud;
@@ -159,6 +220,7 @@ static void metrics_cb(void *ud, shoal_metrics_buf *b)
     shoal_metrics_family(b, "shoal_forward_allocations_total", SHOAL_METRICS_COUNTER,
                          "Heap allocations caught inside the forward (should stay 0).");
     shoal_metrics_sample(b, "shoal_forward_allocations_total", NULL, 0, (double)shoal_engine_alloc_count());
+    pcache_metrics(c, b);
 }
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
@@ -249,6 +311,10 @@ int shoal_cmd_serve(int argc, char **argv)
     uint64_t trunk_budget = 0;
     const char *trace_path = NULL;
     const char *tokenizer_dir = NULL;
+    double pcache_gb = 0;
+    const char *pcache_dir = NULL;
+    long pcache_stride = 1024;
+    shoal_pcache *pcache = NULL;
     shoal_dist_opts dopts = {0};
     int bad = 0;
     /* flags take their value as the next argument; the distributed-experts
@@ -264,9 +330,11 @@ int shoal_cmd_serve(int argc, char **argv)
         {"--request-timeout", 1, 3600}, {"--idle-timeout", 1, 3600}, {"--write-timeout", 1, 3600},
         {"--header-timeout", 1, 3600}, {"--max-connections-per-addr", 1, 100000},
         {"--slots", 1, 256},          {"--step-tokens", 1, 1 << 20},
+        {"--prefix-cache-stride", 0, 1 << 24},
     };
     long *dsts[] = {&port, &queue, &max_context, &keep, &keep_mb, &memo, &memo_mb, &threads, &max_body_kb,
-                    &max_header_kb, &max_conn, &req_to, &idle_to, &write_to, &hdr_to, &max_per_addr, &slots, &step_tokens};
+                    &max_header_kb, &max_conn, &req_to, &idle_to, &write_to, &hdr_to, &max_per_addr, &slots, &step_tokens,
+                    &pcache_stride};
     for (int i = 1; i < argc && !bad; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -322,6 +390,25 @@ int shoal_cmd_serve(int argc, char **argv)
                 fprintf(stderr, "shoal serve: --state-gb needs a size in GiB > 0 (got '%s')\n", v ? v : "");
                 bad = 1;
             }
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--prefix-cache-gb")) {
+            char *end = NULL;
+            pcache_gb = v ? strtod(v, &end) : -1;
+            if (!v || end == v || *end || !(pcache_gb >= 0) || pcache_gb > 1 << 20) {
+                fprintf(stderr, "shoal serve: --prefix-cache-gb needs a size in GiB >= 0 (got '%s')\n", v ? v : "");
+                bad = 1;
+            }
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--prefix-cache-dir")) {
+            if (!v || !*v) {
+                fprintf(stderr, "shoal serve: --prefix-cache-dir needs a directory\n");
+                bad = 1;
+            }
+            pcache_dir = v;
             i++;
             continue;
         }
@@ -492,6 +579,7 @@ int shoal_cmd_serve(int argc, char **argv)
         fprintf(stderr, "shoal serve: model: %s\n", err);
         goto out;
     }
+    shoal_model_guard(model); /* a mapped file truncated under a read: one line naming it */
     shoal_model_info info;
     shoal_model_get_info(model, &info);
     ctx.model = model;
@@ -561,6 +649,10 @@ int shoal_cmd_serve(int argc, char **argv)
         uint64_t n = state_bytes / full_state;
         slots = n < 1 ? 1 : n > 8 ? 8 : (long)n;
     }
+    /* a default budget makes room for the prefix cache's memory on top of
+     * the slots' (with --state-gb the captures share the given budget) */
+    if (state_gb <= 0 && pcache_gb > 0)
+        state_bytes += (uint64_t)(pcache_gb * 1073741824.0);
     if (slots > info.max_batch) {
         fprintf(stderr, "shoal serve: --slots %ld is more than the model's batch (%d)\n", slots, info.max_batch);
         status = 2;
@@ -576,8 +668,32 @@ int shoal_cmd_serve(int argc, char **argv)
                    info.seq_bytes_per_token, shoal_spec_bytes(model, &draft), slots, step_tokens,
                    shoal_memplan_fmt(info.scratch_bytes, b3, sizeof b3));
     }
+    if (pcache_gb > 0 || pcache_dir) {
+        uint8_t fp[SHOAL_PCACHE_FP_BYTES];
+        shoal_pcache_opts pco = {.model = model,
+                                 .fingerprint = fp,
+                                 .mem_bytes = (uint64_t)(pcache_gb * 1073741824.0),
+                                 .dir = pcache_dir};
+        if ((rc = shoal_pcache_fingerprint(fp, model, err, sizeof err)) ||
+            (rc = shoal_pcache_open(&pcache, &pco, err, sizeof err))) {
+            fprintf(stderr, "shoal serve: prefix cache: %s\n", err);
+            status = rc == SHOAL_EINVAL ? 2 : 3;
+            goto out;
+        }
+        shoal_pcache_stats pst;
+        shoal_pcache_get_stats(pcache, &pst);
+        char b1[32];
+        SHOAL_INFO("serve: prefix cache: %s in memory%s%s (%llu captures indexed there, %llu files refused), a "
+                   "capture every %ld tokens and at each message end",
+                   shoal_memplan_fmt(pco.mem_bytes, b1, sizeof b1), pcache_dir ? ", directory " : "",
+                   pcache_dir ? pcache_dir : "", (unsigned long long)pst.disk_entries,
+                   (unsigned long long)pst.refused, pcache_stride);
+        ctx.pcache = pcache;
+    }
     shoal_sched_opts so = {
         .model = model,
+        .pcache = pcache,
+        .pcache_stride = (int)pcache_stride,
         .tok = tok,
         .queue_size = (int)queue,
         .slots = (int)slots,
@@ -596,10 +712,12 @@ int shoal_cmd_serve(int argc, char **argv)
         fprintf(stderr, "shoal serve: %s\n", err);
         goto out;
     }
+    ctx.sched = sched;
     shoal_api_opts ao = {
         .limits = {.model_name = model_name, .vocab = shoal_tok_n_vocab(tok), .max_context = info.max_context},
         .api_key = api_key,
         .sched = sched,
+        .model = model,
         .workers = workers_cb,
         .covered = covered_cb,
         .metrics = metrics_cb,
@@ -645,11 +763,14 @@ int shoal_cmd_serve(int argc, char **argv)
     shoal_http_run(http);
     status = 0;
 out:
+    ctx.sched = NULL;
     shoal_sched_close(sched); /* after the loop: every exchange is aborted by now */
     shoal_api_close(api);
+    shoal_pcache_close(pcache); /* the scheduler used it; before the model its states came from */
     shoal_http_close(http);
     if (model)
         shoal_model_set_monitor(model, NULL, NULL);
+    shoal_model_guard(NULL);
     shoal_model_close(model); /* closes the expert client */
     shoal_dist_stop(ctx.dist); /* then the spawned workers */
     shoal_cmetrics_close(ctx.cm);

@@ -304,6 +304,8 @@ typedef struct {
     double tokens, uptime, worst_imb;
     int worst_layer;
     double failovers, resent, fo_p50, fo_p99;
+    /* prefix cache (shoal serve --prefix-cache-gb / -dir) */
+    double pc_lookups, pc_hits, pc_saved, pc_bytes, pc_entries, pc_disk, pc_refused;
 } view_t;
 
 static row_t *row_of(view_t *v, const char *id)
@@ -338,6 +340,20 @@ static int collect(void *ctx, const shoal_metrics_parsed *s)
     }
     else if (!strcmp(n, "shoal_failovers_total"))
         v->failovers = s->value;
+    else if (!strcmp(n, "shoal_prefix_cache_lookups_total"))
+        v->pc_lookups = s->value;
+    else if (!strcmp(n, "shoal_prefix_cache_hits_total"))
+        v->pc_hits = s->value;
+    else if (!strcmp(n, "shoal_prefix_cache_saved_tokens_total"))
+        v->pc_saved = s->value;
+    else if (!strcmp(n, "shoal_prefix_cache_bytes"))
+        v->pc_bytes = s->value;
+    else if (!strcmp(n, "shoal_prefix_cache_entries"))
+        v->pc_entries = s->value;
+    else if (!strcmp(n, "shoal_prefix_cache_disk_entries"))
+        v->pc_disk = s->value;
+    else if (!strcmp(n, "shoal_prefix_cache_refused_total"))
+        v->pc_refused = s->value;
     else if (!strcmp(n, "shoal_failover_resent_pairs_total"))
         v->resent = s->value;
     else if (!strcmp(n, "shoal_failover_seconds")) {
@@ -442,6 +458,7 @@ static int fetch(const url_t *u, view_t *v, char *err, size_t errlen)
     v->n = 0;
     v->tokens = v->uptime = v->worst_imb = 0;
     v->failovers = v->resent = 0;
+    v->pc_lookups = v->pc_hits = v->pc_saved = v->pc_bytes = v->pc_entries = v->pc_disk = v->pc_refused = 0;
     v->fo_p50 = v->fo_p99 = NAN;
     v->worst_layer = -1;
     rc = shoal_metrics_parse(body, blen, collect, v, err, errlen);
@@ -555,6 +572,12 @@ static int render(const view_t *v, const char *url, char (*lines)[LINE_MAX_], in
     }
     /* failover: the totals, and for every shard that is down, who took its
      * pairs over (since start, the largest first) */
+    if (v->pc_lookups > 0 && k < max)
+        snprintf(lines[k++], LINE_MAX_,
+                 "prefix cache: %.0f hits of %.0f prompts, %.0f tokens not prefilled; %.1f MiB in memory (%.0f "
+                 "captures), %.0f on disk, %.0f files refused",
+                 v->pc_hits, v->pc_lookups, v->pc_saved, v->pc_bytes / 1048576.0, v->pc_entries, v->pc_disk,
+                 v->pc_refused);
     if (v->failovers > 0 && k < max) {
         char a[16], b[16];
         fmt_ms(a, sizeof a, v->fo_p50);

@@ -134,6 +134,56 @@ int shoal_seq_fork(shoal_seq **out, const shoal_seq *src, int capacity, char *er
     return 0;
 }
 
+size_t shoal_seq_state_size(const shoal_model *m, int pos)
+{
+    const shoal_k3cfg *c = &m->cfg;
+    return sizeof(float) * (kda_state_floats(c) + kda_conv_floats(c) + (size_t)c->num_mla * (size_t)pos * mla_row(c));
+}
+
+int shoal_seq_export(const shoal_seq *s, void *buf, size_t n, char *err, size_t errlen)
+{
+    if (s->broken)
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "seq export: the sequence is broken (a forward failed)");
+    size_t need = shoal_seq_state_size(s->m, s->pos);
+    if (n != need)
+        return shoal_err_set(err, errlen, SHOAL_ERANGE, "seq export: %zu bytes given, the state at %d is %zu", n,
+                             s->pos, need);
+    const shoal_k3cfg *c = &s->m->cfg;
+    char *o = buf;
+    size_t a = sizeof(float) * kda_state_floats(c), b = sizeof(float) * kda_conv_floats(c);
+    size_t rows = sizeof(float) * mla_row(c) * (size_t)s->pos;
+    memcpy(o, s->kda_S, a);
+    memcpy(o + a, s->kda_conv, b);
+    o += a + b;
+    for (int l = 0; l < c->num_mla; l++, o += rows)
+        memcpy(o, s->mla + (size_t)l * s->capacity * mla_row(c), rows);
+    return 0;
+}
+
+int shoal_seq_import(shoal_seq *s, int pos, const void *buf, size_t n, char *err, size_t errlen)
+{
+    if (pos < 0 || pos > s->capacity)
+        return shoal_err_set(err, errlen, SHOAL_ERANGE, "seq import: position %d outside [0, capacity %d]", pos,
+                             s->capacity);
+    size_t need = shoal_seq_state_size(s->m, pos);
+    if (n != need)
+        return shoal_err_set(err, errlen, SHOAL_ERANGE, "seq import: %zu bytes given, the state at %d is %zu", n, pos,
+                             need);
+    const shoal_k3cfg *c = &s->m->cfg;
+    const char *o = buf;
+    size_t a = sizeof(float) * kda_state_floats(c), b = sizeof(float) * kda_conv_floats(c);
+    size_t rows = sizeof(float) * mla_row(c) * (size_t)pos;
+    memcpy(s->kda_S, o, a);
+    memcpy(s->kda_conv, o + a, b);
+    o += a + b;
+    for (int l = 0; l < c->num_mla; l++, o += rows)
+        memcpy(s->mla + (size_t)l * s->capacity * mla_row(c), o, rows);
+    s->pos = pos;
+    s->broken = 0;
+    s->ck_n = 0;
+    return 0;
+}
+
 size_t shoal_model_rewind_bytes(const shoal_model *m, int n)
 {
     const shoal_k3cfg *c = &m->cfg;

@@ -195,6 +195,20 @@ int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts 
 void shoal_model_close(shoal_model *m);
 
 void shoal_model_get_info(const shoal_model *m, shoal_model_info *out);
+
+/* A model file truncated while mapped (the forward would read a lost page:
+ * SIGBUS). Every forward checks first and fails with SHOAL_EIO naming the
+ * file (logged once per file); this is the same check for /health: 0, or
+ * SHOAL_EIO with err naming the file, its size now and the size its tensors
+ * need. Thread-safe (fstat only). */
+int shoal_model_check_files(const shoal_model *m, char *err, size_t errlen);
+
+/* The safety net for a file truncated between that check and the read: a
+ * SIGBUS handler that writes one line naming the mapped file at the faulting
+ * address and exits with status 4 (the fault arrives on whichever OpenMP
+ * thread was reading, inside a kernel; nothing can be unwound from there).
+ * One model is guarded at a time; NULL uninstalls. For serve and run. */
+void shoal_model_guard(const shoal_model *m);
 /* The trunk streaming reader's own counters since open (0 when the trunk is
  * mapped or fully resident): bytes it read from disk and the seconds forwards
  * waited for a streamed unit. Unlike shoal_model_get_stats, safe to call from
@@ -266,6 +280,23 @@ size_t shoal_seq_bytes(const shoal_seq *s); /* state bytes it owns */
  * fork: create (capacity 0 = max_context, else >= src pos) + copy. */
 int shoal_seq_copy(shoal_seq *dst, const shoal_seq *src, char *err, size_t errlen);
 int shoal_seq_fork(shoal_seq **out, const shoal_seq *src, int capacity, char *err, size_t errlen);
+
+/* A sequence's state as bytes, for prefix caches and state files
+ * (coordinator/pcache/pcache.h). The layout, in host float order (little-endian
+ * on every supported target): the KDA states [num_kda, H, D, D], the conv
+ * windows [num_kda, 3, K-1, C], then per MLA layer the rows of positions
+ * 0..pos ([num_mla, pos, R + P]) -- exactly the values a forward reads, so a
+ * sequence imported from an export continues bit for bit as the exported one
+ * would. state_size: seq_fixed_bytes + pos * seq_bytes_per_token.
+ * export: s's state at its position into buf[n] (n must equal
+ * state_size(pos); a broken sequence is refused). import: s becomes the
+ * sequence at pos (<= its capacity) holding buf[n] (n == state_size(pos));
+ * clears any broken mark and rewind reach. Neither allocates nor runs the
+ * forward; the bytes are not checked (the caller verifies a file's checksum
+ * before importing it). 0, SHOAL_EINVAL or SHOAL_ERANGE. */
+size_t shoal_seq_state_size(const shoal_model *m, int pos);
+int shoal_seq_export(const shoal_seq *s, void *buf, size_t n, char *err, size_t errlen);
+int shoal_seq_import(shoal_seq *s, int pos, const void *buf, size_t n, char *err, size_t errlen);
 
 /* ---- forward ------------------------------------------------------------ */
 

@@ -120,6 +120,12 @@ struct shoal_model {
 
     shoal_experts experts;
     int have_experts;
+
+    /* mapped.c: per file of the store, the bytes the model reads through the
+     * mapping (0: none), and whether its truncation was logged */
+    uint64_t *map_need;
+    atomic_int *map_reported;
+    int map_nfiles;
     shoal_rmat rmat; /* remote trunk matmuls; vt NULL: all in-process */
 
     /* trunk bytes read per chunk (all matrices and vectors except the
@@ -207,6 +213,17 @@ void shoal__engine_trunk_close(shoal_model *m);
  * pointing a copy of it at a buffer holding the unit. */
 void *shoal__engine_trunk_owner(shoal_model *m, const shoal__tunit *tu);
 void shoal__engine_trunk_point(void *owner, const shoal__tunit *tu, const void *buf);
+
+/* mapped.c: the files the forward reads through the mapping. open records,
+ * per file, the end of the last tensor read from it (routed experts only
+ * when they are in-process); check fstat()s those files (each distinct one,
+ * a few µs for K3's shards) and returns SHOAL_EIO naming the first one now
+ * shorter than that, logging it once per file: a file truncated under the
+ * mapping would otherwise turn the next read into SIGBUS, killing the
+ * server. Called before every forward; thread-safe (reads only). */
+void shoal__engine_mapped_open(shoal_model *m, const char *prefix);
+int shoal__engine_mapped_check(const shoal_model *m, char *err, size_t errlen);
+void shoal__engine_mapped_close(shoal_model *m);
 
 /* Allocation guard (allocguard.c): armed around forwards. */
 void shoal__engine_guard_arm(int on);

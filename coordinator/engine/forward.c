@@ -568,6 +568,11 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
         if (rows[i] < 0 || rows[i] >= T || (i && rows[i] <= rows[i - 1]))
             return shoal_err_set(err, errlen, SHOAL_EINVAL,
                                  "forward: logits row %d is %d (rows must increase within [0, %d))", i, rows[i], T);
+    /* a model file truncated under the mapping: refuse by name, nothing read
+     * or changed yet (instead of SIGBUS at the first lost page) */
+    int mrc = shoal__engine_mapped_check(m, err, errlen);
+    if (mrc)
+        return mrc;
     /* positions: a sequence's k-th token in this chunk is at its pos + k */
     for (int t = 0; t < T; t++)
         sc->tpos[t] = seqs[t]->pos++;

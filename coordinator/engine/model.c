@@ -512,6 +512,8 @@ int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts 
             m->have_experts = 1;
         }
     }
+    if (!pr.n)
+        shoal__engine_mapped_open(m, b.prefix);
     if (pr.n) {
         char tail[64];
         snprintf(tail, sizeof tail, "\n(%d problem%s with the model's tensors)", pr.n, pr.n == 1 ? "" : "s");
@@ -623,6 +625,7 @@ void shoal_model_close(shoal_model *m)
     free(m->topk_w);
     free(m->ex_y);
     free(m->seqv);
+    shoal__engine_mapped_close(m);
     shoal_st_close(m->st);
     free(m);
 }

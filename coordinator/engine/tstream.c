@@ -116,17 +116,26 @@ int shoal_tstream_open(shoal_tstream **out, const char *const *paths, int nfiles
     }
     for (int i = 0; i < nfiles; i++) {
         tfile *f = &ts->files[i];
-        f->fd = open(f->path, O_RDONLY | O_CLOEXEC);
+        /* the same regular-file check as every model file (a FIFO put in a
+         * shard's place must not block the load) */
+        f->fd = shoal_open_regular(f->path, O_RDONLY);
         if (f->fd < 0) {
-            int rc = shoal_err_set(err, errlen, -errno, "trunk stream: %s: %s", f->path, strerror(errno));
+            int orc = f->fd;
+            int rc = orc == SHOAL_EFORMAT
+                         ? shoal_err_set(err, errlen, SHOAL_EFORMAT, "trunk stream: %s: not a regular file", f->path)
+                         : shoal_err_set(err, errlen, orc, "trunk stream: %s: %s", f->path, strerror(-orc));
             shoal_tstream_close(ts);
             return rc;
         }
         if (!ts->o.no_direct)
-            f->fd_direct = open(f->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+            f->fd_direct = shoal_open_regular(f->path, O_RDONLY | O_DIRECT);
+        int derr = f->fd_direct < 0 ? -f->fd_direct : 0;
+        if (f->fd_direct < 0)
+            f->fd_direct = -1;
         atomic_store(&f->direct_ok, f->fd_direct >= 0);
         if (f->fd_direct < 0 && !ts->o.no_direct)
-            SHOAL_WARN("trunk stream: %s: O_DIRECT refused (%s): buffered reads", f->path, strerror(errno));
+            SHOAL_WARN("trunk stream: %s: O_DIRECT refused (%s): buffered reads", f->path,
+                       derr == -SHOAL_EFORMAT ? "not a regular file" : strerror(derr));
     }
     *out = ts;
     return 0;

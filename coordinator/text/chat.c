@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/strmap.h"
 #include "common/utf8.h"
 #include "coordinator/text/chatjson.h"
 #include "coordinator/text/tokenizer_int.h"
@@ -367,34 +368,63 @@ typedef struct {
     const json_t *tool;    /* resolved tool name (a string), or NULL */
 } item;
 
-/* str(call_id) for the string and integer ids clients send; 0 if neither */
-static int id_text(const json_t *v, char *buf, size_t n)
+/* str(call_id) for the string and integer ids clients send, pointing into v
+ * or into num (>= 24 bytes); 0 if neither. */
+static int id_text(const json_t *v, char *num, const char **text, size_t *len)
 {
     if (json_is_string(v)) {
-        snprintf(buf, n, "%s", json_string_value(v));
+        *text = json_string_value(v);
+        *len = json_string_length(v);
         return 1;
     }
     if (json_is_integer(v)) {
-        snprintf(buf, n, "%lld", (long long)json_integer_value(v));
+        int k = snprintf(num, 24, "%lld", (long long)json_integer_value(v));
+        *text = num;
+        *len = (size_t)k;
         return 1;
     }
     return 0;
 }
 
-/* 1-based position of the first tool_calls entry with this id (every entry
- * counts, id-less ones too), its function name in *name; 0 if none. */
-static size_t find_call(const json_t *calls, const char *id, const json_t **name)
+/* The calls of one assistant message indexed by id: the 1-based position of
+ * the first tool_calls entry with each id (every entry counts, id-less ones
+ * too). Built once per assistant message that a tool run follows, so matching
+ * N results to N calls is O(N), not O(N^2) (a request may carry tens of
+ * thousands of calls: docs/CONFIG.md, "Resource bounds"). */
+typedef struct {
+    const json_t *calls; /* indexed array, or NULL */
+    shoal_strmap *map;
+    char *nums;          /* integer ids' text, 24 bytes per entry */
+} call_index;
+
+static void call_index_build(call_index *x, const json_t *calls)
 {
-    for (size_t i = 0; i < json_array_size(calls); i++) {
+    shoal_strmap_free(x->map);
+    free(x->nums);
+    size_t n = json_array_size(calls);
+    x->calls = calls;
+    x->map = shoal_strmap_new();
+    x->nums = shoal_xmalloc(24 * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) {
         const json_t *tc = json_array_get(calls, i);
-        char b[256];
-        if (!json_is_object(tc) || !id_text(json_object_get(tc, "id"), b, sizeof b) || strcmp(b, id))
-            continue;
-        const json_t *fn = json_object_get(tc, "function");
-        *name = json_is_object(fn) ? json_object_get(fn, "name") : json_object_get(tc, "name");
-        return i + 1;
+        const char *t;
+        size_t len;
+        if (json_is_object(tc) && id_text(json_object_get(tc, "id"), x->nums + 24 * i, &t, &len))
+            shoal_strmap_put(x->map, t, len, i + 1, NULL); /* the first entry with an id wins */
     }
-    return 0;
+}
+
+/* 1-based position of the first call with this id, its function name in
+ * *name; 0 if none. */
+static size_t find_call(const call_index *x, const char *id, size_t id_len, const json_t **name)
+{
+    size_t pos;
+    if (!shoal_strmap_get(x->map, id, id_len, &pos))
+        return 0;
+    const json_t *tc = json_array_get(x->calls, pos - 1);
+    const json_t *fn = json_object_get(tc, "function");
+    *name = json_is_object(fn) ? json_object_get(fn, "name") : json_object_get(tc, "name");
+    return pos;
 }
 
 static int cmp_pos(const void *a, const void *b)
@@ -410,6 +440,7 @@ static item *reorder(const json_t *messages, size_t n)
 {
     item *out = shoal_xcalloc(n ? n : 1, sizeof *out);
     const json_t *calls = NULL;
+    call_index idx = {0};
     for (size_t i = 0; i < n;) {
         const json_t *m = json_array_get(messages, i);
         const char *role = json_string_value(json_object_get(m, "role"));
@@ -434,11 +465,15 @@ static item *reorder(const json_t *messages, size_t n)
         int resolved = 1;
         for (size_t k = 0; k < run; k++) {
             const json_t *tm = json_array_get(messages, i + k);
-            char b[256];
-            size_t pos = 0;
+            char num[24];
+            const char *id;
+            size_t id_len, pos = 0;
             names[k] = NULL;
-            if (calls && id_text(get2(tm, "tool_call_id", "id"), b, sizeof b))
-                pos = find_call(calls, b, &names[k]);
+            if (calls && id_text(get2(tm, "tool_call_id", "id"), num, &id, &id_len)) {
+                if (idx.calls != calls || !idx.map)
+                    call_index_build(&idx, calls);
+                pos = find_call(&idx, id, id_len, &names[k]);
+            }
             if (!pos)
                 resolved = 0;
             key[k][0] = pos;
@@ -456,6 +491,8 @@ static item *reorder(const json_t *messages, size_t n)
         free(names);
         i = j;
     }
+    shoal_strmap_free(idx.map);
+    free(idx.nums);
     return out;
 }
 

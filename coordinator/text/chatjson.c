@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/strmap.h"
 
 #define MAX_DEPTH 256
 
@@ -188,7 +189,12 @@ struct node {
     char **keys;
     size_t *key_lens;
     size_t nkids, cap;
+    shoal_strmap *index; /* key -> kid, once an object has INDEX_FROM members */
 };
+
+/* Below this many members a linear scan for a repeated key is cheaper than a
+ * map; above it the scan would make a many-key object quadratic. */
+#define INDEX_FROM 16
 
 typedef struct {
     const char *s;
@@ -207,6 +213,7 @@ static void node_free(node *x)
         if (x->keys)
             free(x->keys[i]);
     }
+    shoal_strmap_free(x->index);
     free(x->kids);
     free(x->keys);
     free(x->key_lens);
@@ -373,13 +380,22 @@ static void add_kid(node *x, node *kid, char *key, size_t key_len)
     if (key) {
         /* json.loads builds a dict: a repeated key keeps its first position
          * and takes the last value */
-        for (size_t i = 0; i < x->nkids; i++)
-            if (x->key_lens[i] == key_len && !memcmp(x->keys[i], key, key_len)) {
-                node_free(x->kids[i]);
-                x->kids[i] = kid;
-                free(key);
-                return;
-            }
+        size_t at = x->nkids;
+        if (x->index) {
+            shoal_strmap_get(x->index, key, key_len, &at);
+        } else {
+            for (size_t i = 0; i < x->nkids; i++)
+                if (x->key_lens[i] == key_len && !memcmp(x->keys[i], key, key_len)) {
+                    at = i;
+                    break;
+                }
+        }
+        if (at < x->nkids) {
+            node_free(x->kids[at]);
+            x->kids[at] = kid;
+            free(key);
+            return;
+        }
     }
     if (x->nkids == x->cap) {
         x->cap = x->cap ? 2 * x->cap : 4;
@@ -392,6 +408,13 @@ static void add_kid(node *x, node *kid, char *key, size_t key_len)
     if (key) {
         x->keys[x->nkids] = key;
         x->key_lens[x->nkids] = key_len;
+        if (!x->index && x->nkids + 1 >= INDEX_FROM) {
+            x->index = shoal_strmap_new();
+            for (size_t i = 0; i < x->nkids; i++)
+                shoal_strmap_put(x->index, x->keys[i], x->key_lens[i], i, NULL);
+        }
+        if (x->index)
+            shoal_strmap_put(x->index, key, key_len, x->nkids, NULL);
     }
     x->kids[x->nkids++] = kid;
 }

@@ -520,7 +520,15 @@ static int trie_insert(shoal_tok *t, uint32_t *cap, const char *name, size_t len
 static int load_config(shoal_tok *t, const char *path, char *err, size_t errlen)
 {
     json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &je);
+    char *text;
+    size_t len;
+    /* through read_file's regular-file check, like every file the model
+     * loader opens (json_load_file would block forever on a FIFO) */
+    int rrc = read_file(path, &text, &len, err, errlen);
+    if (rrc)
+        return rrc;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &je);
+    free(text);
     if (!root)
         return shoal_err_set(err, errlen, SHOAL_EMODEL, "%s:%d: %s", path, je.line, je.text);
     int rc = 0;

@@ -167,10 +167,13 @@ def _rtt(s, msg):
     return time.perf_counter() - t0
 
 
-def measure(delay_ms, n=200, size=64):
+def measure(delay_ms, n=200, size=64, spread=None):
     """Median round trip of a 64-byte ping-pong: direct, and through a relay
     with delay_ms each way, the two alternating so that both see the same
-    machine load. Returns (direct_s, relayed_s)."""
+    machine load. Returns (direct_s, relayed_s). With a list as spread, appends
+    the noise of their difference: the half-width of the interquartile range
+    of the direct round trips plus that of the relayed ones (a difference of
+    two medians is only known to about that)."""
     echo = _echo_server()
     port = echo.getsockname()[1]
     r = Relay(("127.0.0.1", port), delay_ms=delay_ms)
@@ -186,6 +189,9 @@ def measure(delay_ms, n=200, size=64):
     echo.close()
     direct.sort()
     relayed.sort()
+    if spread is not None:
+        q = lambda v: (v[(3 * n) // 4] - v[n // 4]) / 2  # noqa: E731
+        spread.append(q(direct) + q(relayed))
     return direct[n // 2], relayed[n // 2]
 
 
@@ -193,9 +199,10 @@ def main():
     sys.setswitchinterval(0.0002)  # threads waiting for the GIL would otherwise wait up to 5 ms
     if len(sys.argv) >= 2 and sys.argv[1] == "--measure":
         d = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
-        a, b = measure(d)
+        spread = []
+        a, b = measure(d, spread=spread)
         print(f"delay_ms_each_way {d} direct_rtt_us {a * 1e6:.1f} relayed_rtt_us {b * 1e6:.1f} "
-              f"added_us {(b - a) * 1e6:.1f}")
+              f"added_us {(b - a) * 1e6:.1f} noise_us {spread[0] * 1e6:.1f}")
         return 0
     lh, lp = sys.argv[1].rsplit(":", 1)
     th, tp = sys.argv[2].rsplit(":", 1)

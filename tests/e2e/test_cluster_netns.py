@@ -196,9 +196,14 @@ def main():
         have_apt = sh(["/usr/bin/python3", "-c", "import apt"], check_rc=False).returncode == 0
         # relays in the coordinator's namespace: measured first
         m = sh([PY, os.path.join(SRC, "tests", "e2e", "relay.py"), "--measure", str(DELAY_MS)])
-        added = float(re.search(r"added_us ([\d.]+)", m.stdout).group(1))
-        check(f"relay adds the round trip it claims ({2 * DELAY_MS} ms): {added:.0f} us",
-              2000 * DELAY_MS <= added <= 2000 * DELAY_MS + 400, m.stdout)
+        added = float(re.search(r"added_us ([\d.-]+)", m.stdout).group(1))
+        noise = float(re.search(r"noise_us ([\d.]+)", m.stdout).group(1))
+        # the difference of two medians is known to about the measured noise
+        # (the IQR half-widths, at least 20 us): a bound with no room below
+        # 2·D failed at 499.5 us on a busy machine (issue 30 item 12)
+        margin = max(20.0, noise)
+        check(f"relay adds the round trip it claims ({2 * DELAY_MS} ms): {added:.0f} us (noise {noise:.0f} us)",
+              2000 * DELAY_MS - margin <= added <= 2000 * DELAY_MS + 400 + margin, m.stdout)
         # plan, with the coordinator reaching each worker through its relay
         cluster = {"format": "shoal-cluster", "version": 1, "coordinator": "c", "worker_port": 5555,
                    "hosts": [{"name": "c", "address": IP["c"], "ssh_user": "root", "cpus": 1, "expert_ram": 0}] +

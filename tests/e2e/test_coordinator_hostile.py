@@ -244,7 +244,11 @@ def case_rogue_worker(tmp):
     alive = p.poll() is None
     dt = time.monotonic() - t0
     rw.hostile.clear()
-    time.sleep(0.5)
+    # the worker marked down is re-HELLOed after 100 ms: wait for the first
+    # answer served (polled, up to 30 s) instead of hoping 0.5 s was enough
+    deadline = time.time() + 30
+    while completion(url, "the same prompt")[0] != 200 and time.time() < deadline:
+        time.sleep(0.1)
     after = [completion(url, "the same prompt") for _ in range(5)]
     try:
         h = urllib.request.urlopen(url + "/health", timeout=10).read()
@@ -295,13 +299,20 @@ def case_refused_reconnection(tmp):
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     procs.append(b)
     completion(url, "wake up")  # the request that finds the worker gone
-    time.sleep(14)  # backoff 0.1, 0.2, 0.4 .. 5 s: several refused re-HELLOs
-    try:
-        h = urllib.request.urlopen(url + "/health", timeout=10).read()
-    except urllib.error.HTTPError as e:
-        h = e.read()
-    doc = json.loads(h)
-    state = doc["workers"][0]["state"] if doc.get("workers") else ""
+    # backoff 0.1, 0.2, 0.4 .. 5 s: /health polled until it counts several
+    # refused re-HELLOs (a fixed 14 s sleep hoped they had happened by then)
+    deadline = time.time() + 60
+    while True:
+        try:
+            h = urllib.request.urlopen(url + "/health", timeout=10).read()
+        except urllib.error.HTTPError as e:
+            h = e.read()
+        doc = json.loads(h)
+        state = doc["workers"][0]["state"] if doc.get("workers") else ""
+        n = re.search(r"\((\d+) times\)", state)
+        if (n and int(n.group(1)) > 2) or time.time() > deadline:
+            break
+        time.sleep(0.5)
     fps = [fingerprint(TINY).hex(), fingerprint(PLAIN).hex()]
     R.check("refused_reconnection: /health shows the whole reason (both fingerprints uncut)",
             all(f in state for f in fps), state)

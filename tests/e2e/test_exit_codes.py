@@ -90,6 +90,18 @@ def fifo_model():
     return d
 
 
+def fifo_tokconfig_model():
+    """tiny-k3 with tokenizer_config.json a FIFO (issue 30 item 5: it hung run and serve)"""
+    d = os.path.join(TMP, "fifo-tokconfig")
+    if not os.path.isdir(d):
+        os.mkdir(d)
+        for f in os.listdir(TINY):
+            if f != "tokenizer_config.json":
+                shutil.copy(os.path.join(TINY, f), d)
+        os.mkfifo(os.path.join(d, "tokenizer_config.json"))
+    return d
+
+
 def nan_model():
     """tiny-k3 with every lm_head weight a bf16 NaN"""
     import json
@@ -153,6 +165,9 @@ CASES = {
     "inspect missing model": lambda: sh("inspect", os.path.join(TMP, "no-such-dir")),
     "expert invalid model": lambda: sh("expert", "--model", os.path.join(TMP, "no-such-dir"), "--experts",
                                        "1-8:0-23", "--listen", f"ipc://{TMP}/inv.sock"),
+    "serve FIFO tokenizer_config.json": lambda: sh("serve", "--model", fifo_tokconfig_model(), "--port", "0",
+                                                  timeout=20),
+    "version --bogus": lambda: sh("version", "--bogus"),
     "expert FIFO shard": lambda: sh("expert", "--model", fifo_model(), "--experts", "1-8:0-23", "--listen",
                                     f"ipc://{TMP}/fifo.sock", timeout=20),
     "run coverage gap": lambda: run("--worker", worker(TINY, "1-8:0-11", "gap-a"), "--hello-timeout-ms", "20000"),

@@ -77,8 +77,30 @@ CHAT_FULL = {"model": "tiny", "messages": [{"role": "user", "content": [{"type":
 COMP = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0}
 COMP_STR = {"model": "tiny", "prompt": "hello", "max_tokens": 1, "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True}
+# the Anthropic Messages and OpenAI Responses translations (issue 31)
+MSG = {"model": "tiny", "max_tokens": 2, "system": [{"type": "text", "text": "s"}],
+       "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]},
+                    {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "x"},
+                                                      {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "r",
+                                                  "is_error": True}]}],
+       "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "auto"},
+       "stop_sequences": ["x"], "temperature": 0, "thinking": {"type": "disabled"}, "metadata": {"user_id": "u"}}
+MSG_PREFILL = {"model": "tiny", "max_tokens": 1, "stream": True,
+               "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}
+COUNT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "thinking": {"type": "enabled",
+                                                                                        "budget_tokens": 1024}}
+RESP = {"model": "tiny", "instructions": "s", "max_output_tokens": 2, "temperature": 0, "store": False,
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}]},
+                  {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "t"}]},
+                  {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": "c1", "output": "r"}],
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}], "tool_choice": "auto"}
+RESP_STREAM = {"model": "tiny", "input": "hello", "max_output_tokens": 1, "stream": True,
+               "reasoning": {"effort": "none"}, "previous_response_id": "resp_x"}
 POSTS = [("/v1/chat/completions", CHAT), ("/v1/chat/completions", CHAT_FULL), ("/v1/completions", COMP),
-         ("/v1/completions", COMP_STR)]
+         ("/v1/completions", COMP_STR), ("/v1/messages", MSG), ("/v1/messages", MSG_PREFILL),
+         ("/v1/messages/count_tokens", COUNT), ("/v1/responses", RESP), ("/v1/responses", RESP_STREAM)]
 GETS = ["/health", "/metrics", "/v1/models", "/v1/models/tiny"]
 
 ODD_STRINGS = ["", "a" * 63 + "é", "é" * 40, "\u0000", "\ud7ff\ue000", "\U0010ffff", "\u202e", "\x1b[31m",

@@ -509,12 +509,26 @@ def t_queue_full(A):
                        "stream": True}).encode()
     req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
            b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    def wait_for(what, cond, timeout=30):
+        # the state the next step needs, polled (never a sleep that hopes the
+        # server has read the request by then: on a busy machine it may not)
+        deadline = time.time() + timeout
+        while True:
+            m = A.metrics()
+            if cond(m):
+                return
+            check(time.time() < deadline, f"{what} within {timeout} s: {m.get('shoal_sched_running')} running, "
+                                          f"{m.get('shoal_sched_queued')} queued")
+            time.sleep(0.05)
     try:
-        for _ in range(3):
+        base = A.metrics().get("shoal_sched_submitted_total", 0)
+        for i in range(3):
             s = socket.create_connection(("127.0.0.1", A.port))
             s.sendall(req)
             holders.append(s)
-            time.sleep(0.3)
+            wait_for(f"holder {i + 1} accepted", lambda m: m.get("shoal_sched_submitted_total", 0) >= base + i + 1)
+        wait_for("one running, two queued",
+                 lambda m: m.get("shoal_sched_running", 0) == 1 and m.get("shoal_sched_queued", 0) == 2)
         try:
             A.client.completions.create(model="tiny", prompt=[1], max_tokens=1)
             raise AssertionError("not refused")

@@ -23,7 +23,12 @@ peak_vmhwm_bytes must agree) must stay below
 
 the same run with the trunk in-process (the control) must exceed it (so the
 bound measures something: the trunk is ~1.8 GB), and both must give the same
-token ids. Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS.
+token ids. The same bound holds for `--workers 2 --trunk remote` (issue 34:
+the two local workers spawned by the run take the routed experts and half of
+every row-shardable matrix each), measured as the coordinator's own VmHWM
+(the workers are its children, so ru_maxrss would count them), plus the
+request buffers of its second worker link (PROTOCOL.md section 8 sizes, on
+both clients), with the same ids. Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS.
 Time: ~20 s with the model in place (first generation ~40 s more).
 """
 import json
@@ -146,6 +151,28 @@ def main():
                   f"peak {rss2 / 2**20:.1f} MiB, bound {bound / 2**20:.1f} MiB")
             check("same token ids with the trunk remote and in-process", j["generated_ids"] == j2["generated_ids"],
                   f"{j['generated_ids']} vs {j2['generated_ids']}")
+        # issue 34: the trunk on the run's own local workers
+        lw = [a for a in base if a != ep]
+        lw = lw[:lw.index("--worker")] + lw[lw.index("--worker") + 1:]
+        rc3, j3, _, err3 = run(lw + ["--workers", "2", "--worker-threads", "1", "--trunk", "remote"])
+        if check("--workers 2 --trunk remote run", rc3 == 0 and j3 is not None, err3[-600:]):
+            vm = j3.get("peak_vmhwm_bytes", 0)
+            check("--workers 2 --trunk remote: really remote", j3.get("trunk_remote_matrices", 0) > 0,
+                  str(j3.get("trunk_remote_matrices")))
+            state3 = j3["seq_state_fixed_bytes"] + j3["seq_state_bytes_per_token"] * j3["max_context"]
+            # one worker more than the control's: the links' per-worker request buffers (PROTOCOL.md
+            # section 8: act 16 + 4 T latent, route 16 + 8 n with n = T k pairs), on each of the
+            # coordinator's two clients (experts, trunk rows)
+            kk = cfg["num_experts_per_token"]
+            T3 = j3["max_batch"]
+            per_worker = 2 * (16 + 4 * T3 * cfg["routed_expert_hidden_size"] + 16 + 8 * T3 * kk)
+            bound3 = j3["scratch_bytes"] + state3 + loc + emb + ALLOW + per_worker
+            d3 = (f"coordinator VmHWM {vm / 2**20:.1f} MiB, bound {bound3 / 2**20:.1f} MiB (the bound above + "
+                  f"{per_worker / 2**20:.1f} MiB of request buffers for the second worker)")
+            print(d3, flush=True)
+            check("--workers 2 --trunk remote: the coordinator's peak RSS below the bound", 0 < vm < bound3, d3)
+            check("--workers 2 --trunk remote: the same ids as in-process", j3["generated_ids"] == j2["generated_ids"]
+                  if j2 else False, f"{j3['generated_ids']}")
     finally:
         harness.terminate(w, 5)
     return 1 if counts["FAIL"] else 0

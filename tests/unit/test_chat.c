@@ -7,6 +7,8 @@
  * written there and in chat.h. */
 #include <jansson.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "common/err.h"
 #include "coordinator/text/chat.h"
@@ -392,6 +394,85 @@ static void t_tool_results(void)
                 "<|open|>message| role|=\"|tool|\"| tool|=\"|g|\"| index|=\"|2|\"|<|sep|>x|<|close|>message|<|sep|><|end_of_msg|>");
 }
 
+/* Issue 30 item 1: past 16 members an object's repeated keys are found
+ * through a map; json.loads' rule must hold either way (a repeated key keeps
+ * its first position and takes the last value), and so must tool results
+ * matched to thousands of calls (the first call with an id wins). */
+static void t_many_keys_and_calls(void)
+{
+    char text[4096];
+    size_t o = 0;
+    o += (size_t)snprintf(text + o, sizeof text - o, "{");
+    for (int i = 0; i < 40; i++)
+        o += (size_t)snprintf(text + o, sizeof text - o, "%s\"k%d\":%d", i ? "," : "", i, i);
+    /* repeats after the map exists, of keys before and after its creation */
+    snprintf(text + o, sizeof text - o, ",\"k3\":\"z\",\"k30\":[1],\"k3\":\"last\"}");
+    shoal_chatjson_members m;
+    char err[128];
+    CHECK_EQ_INT(shoal_chatjson_parse_object(text, strlen(text), &m, NULL, err, sizeof err), 0);
+    CHECK_EQ_INT((int)m.n, 40);
+    for (size_t i = 0; i < m.n && i < 40; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "k%zu", i);
+        CHECK_MSG(!strcmp(m.m[i].key, k), "position %zu: %s", i, m.m[i].key);
+    }
+    CHECK(m.n > 30 && !strcmp(m.m[3].text, "last") && m.m[3].type == SHOAL_CHATJSON_STRING);
+    CHECK(m.n > 30 && !strcmp(m.m[30].text, "[1]") && m.m[30].type == SHOAL_CHATJSON_ARRAY);
+    CHECK(m.n > 31 && !strcmp(m.m[31].text, "31"));
+    shoal_chatjson_members_free(&m);
+
+    /* 3000 calls, the results in reverse, one id given twice (the first call
+     * with it names the result), an id 300 bytes long (compared in full) */
+    int n = 3000;
+    json_t *calls = json_array(), *msgs = json_array();
+    char longa[301], longb[301];
+    memset(longa, 'q', 300);
+    memcpy(longb, longa, 300);
+    longa[300] = longb[300] = 0;
+    longb[299] = 'r';
+    for (int i = 0; i < n; i++) {
+        char id[32], fn[32];
+        snprintf(id, sizeof id, "c%d", i == 7 ? 5 : i); /* c5 twice: at 5 and at 7 */
+        snprintf(fn, sizeof fn, "f%d", i);
+        json_array_append_new(calls, json_pack("{s:s,s:{s:s}}", "id", i == 1 ? longa : i == 2 ? longb : id,
+                                               "function", "name", fn));
+    }
+    json_array_append_new(msgs, json_pack("{s:s,s:o}", "role", "assistant", "tool_calls", calls));
+    for (int i = n - 1; i >= 0; i--) {
+        char id[32];
+        snprintf(id, sizeof id, "c%d", i);
+        json_array_append_new(msgs, json_pack("{s:s,s:s,s:s}", "role", "tool", "tool_call_id",
+                                              i == 1 ? longa : i == 2 ? longb : i == 7 ? "c5" : id, "content", "r"));
+    }
+    shoal_chat_segs *sg;
+    shoal_chat_opts co = {.thinking_off = 1, .no_generation_prompt = 1};
+    CHECK_EQ_INT(shoal_chat_render(msgs, &co, &sg, err, sizeof err), 0);
+    /* the tool messages' tool="…" names in order: sorted by call position, the
+     * two results naming c5 both take f5 (the first call with that id) */
+    int k = 0, ok = 1;
+    for (size_t i = 0; sg && i + 2 < shoal_chat_segs_count(sg); i++) {
+        shoal_chat_seg a = shoal_chat_segs_get(sg, i), b = shoal_chat_segs_get(sg, i + 2);
+        /* a tool message's tool="NAME" (role="tool" just before it), not a call's */
+        if (i < 2 || strcmp(a.text, " tool") || strcmp(shoal_chat_segs_get(sg, i - 2).text, "tool"))
+            continue;
+        /* sorted by the position of the call each names (ties: their order in
+         * the run): f0..f5, then the second result naming c5 (its first call,
+         * at 5) as f5, then f6, and no result for the call at 7 */
+        int want = k <= 5 ? k : k == 6 ? 5 : k == 7 ? 6 : k;
+        char fn[32];
+        snprintf(fn, sizeof fn, "f%d", want);
+        if (strcmp(b.text, fn)) {
+            CHECK_MSG(0, "result %d is named %s, want %s", k, b.text, fn);
+            ok = 0;
+            break;
+        }
+        k++;
+    }
+    CHECK(ok && k == n);
+    shoal_chat_segs_free(sg);
+    json_decref(msgs);
+}
+
 static void t_errors(void)
 {
     shoal_chat_opts o = {0};
@@ -446,6 +527,7 @@ int main(void)
     RUN(t_partial);
     RUN(t_tool_arguments);
     RUN(t_tool_results);
+    RUN(t_many_keys_and_calls);
     RUN(t_errors);
     RUN(t_opts_from_request);
     shoal_tok_close(tiny);

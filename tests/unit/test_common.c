@@ -2,12 +2,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/err.h"
 #include "common/st.h"
+#include "common/strmap.h"
 #include "common/utf8.h"
 #include "test.h"
 
@@ -154,9 +156,49 @@ static void t_exit_codes(void)
         CHECK(shoal_err_exit_code(four[i]) == 4);
 }
 
+/* strmap (issue 30): put keeps the first value, get finds every key (binary
+ * ones, the empty one, keys differing only in the last byte), through growth */
+static void t_strmap(void)
+{
+    shoal_strmap *m = shoal_strmap_new();
+    static char keys[20000][12];
+    int n = 20000;
+    for (int i = 0; i < n; i++) {
+        snprintf(keys[i], sizeof keys[i], "k%d", i);
+        keys[i][11] = (char)i; /* a byte past the NUL: never part of the key */
+    }
+    for (int i = 0; i < n; i++)
+        CHECK_EQ_INT(shoal_strmap_put(m, keys[i], strlen(keys[i]), (size_t)i, NULL), 1);
+    size_t old = 0;
+    CHECK_EQ_INT(shoal_strmap_put(m, "k7", 2, 99, &old), 0);
+    CHECK_EQ_INT((int)old, 7);
+    CHECK_EQ_INT(shoal_strmap_put(m, "", 0, 5, NULL), 1);
+    CHECK_EQ_INT(shoal_strmap_put(m, NULL, 0, 6, &old), 0);
+    CHECK_EQ_INT((int)old, 5);
+    static const char bin[] = {'a', 0, 'b'};
+    CHECK_EQ_INT(shoal_strmap_put(m, bin, 3, 42, NULL), 1);
+    CHECK_EQ_INT(shoal_strmap_put(m, bin, 1, 43, NULL), 1); /* "a" is another key */
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        size_t v;
+        bad += !shoal_strmap_get(m, keys[i], strlen(keys[i]), &v) || v != (size_t)i;
+    }
+    CHECK_EQ_INT(bad, 0);
+    size_t v = 0;
+    CHECK(shoal_strmap_get(m, bin, 3, &v) && v == 42);
+    CHECK(shoal_strmap_get(m, "a", 1, &v) && v == 43);
+    CHECK(!shoal_strmap_get(m, "k20000", 6, NULL) && !shoal_strmap_get(m, "k1x", 3, NULL));
+    shoal_strmap_set(m, "k1", 2, 1000);
+    CHECK(shoal_strmap_get(m, "k1", 2, &v) && v == 1000);
+    CHECK_EQ_INT((int)shoal_strmap_count(m), n + 3);
+    shoal_strmap_free(m);
+    shoal_strmap_free(NULL);
+}
+
 int main(void)
 {
     test_binary = "test_common";
+    RUN(t_strmap);
     RUN(t_open_regular_fifo);
     RUN(t_exit_codes);
     RUN(t_err_table);

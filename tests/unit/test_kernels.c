@@ -14,6 +14,7 @@
 #include "common/err.h"
 #include "common/st.h"
 #include "kernels/kernels.h"
+#include "kernels/kernels_int.h"
 #include "test.h"
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -416,6 +417,380 @@ static void t_isa_bit_identical(void)
         if (!shoal_kernels_cpu_has((shoal_isa)i))
             printf("  note: ISA %s not on this CPU: its bit-identity is not checked here (see t_isa_avx512)\n",
                    shoal_isa_name((shoal_isa)i));
+}
+
+/* The blocked GEMMs at large T (issue 33): several token tiles, column blocks
+ * with a remainder, row blocks with leftover rows, 1 and 3 threads; every ISA
+ * equals the scalar specification bit for bit. */
+static void t_isa_large_T(void)
+{
+    if (nisas < 2)
+        SKIP("only the scalar variant runs on this CPU");
+    static const int cases[][3] = {/* rows, cols, T */ {70, 1056, 130}, {37, 2080, 64}, {129, 544, 25},
+                                   {5, 8224, 13},   {3, 9248, 7},     {66, 4128, 29}};
+    shoal_isa keep = shoal_kernels_isa();
+    int n = 0;
+    for (int k = 0; k < 3; k++)
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            int rows = cases[c][0], cols = cases[c][1], T = cases[c][2];
+            mat m = mat_new((mkind)k, rows, cols);
+            float *x = frand_vec((size_t)T * cols, -2.0f, 2.0f);
+            for (size_t i = 5; i < (size_t)T * cols; i += 13)
+                x[i] = -0.0f;
+            size_t ny = (size_t)T * rows;
+            float *ref = xmalloc(ny * 4), *got = xmalloc(ny * 4);
+            shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+            mat_gemm(&m, ref, x, T);
+            for (int i = 1; i < nisas; i++)
+                for (int th = 1; th <= 3; th += 2) {
+                    omp_set_num_threads(th);
+                    shoal_kernels_set_isa((shoal_isa)isas[i]);
+                    memset(got, 0x5a, ny * 4);
+                    mat_gemm(&m, got, x, T);
+                    CHECK_MSG(!memcmp(ref, got, ny * 4), "%s %s %dx%d T=%d threads=%d differs from scalar",
+                              kind_name[k], shoal_isa_name((shoal_isa)isas[i]), rows, cols, T, th);
+                    n++;
+                }
+            omp_set_num_threads(2);
+            free(ref), free(got), free(x);
+            mat_free(&m);
+        }
+    shoal_kernels_set_isa(keep);
+    CHECK(n > 0);
+}
+
+/* shoal bench peak's loops report the multiply-adds they did: n iterations of
+ * 12 chains of 16 (zmm) or 8 (ymm) fp32 lanes, 32 bf16 pairs, 64 int8 quads. */
+static void t_peak_counts(void)
+{
+    const char *what;
+    double f = shoal_kernels_peak(SHOAL_PEAK_FMA_F32, 10, &what);
+    if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512))
+        CHECK_MSG(f == 10.0 * 12 * 16 && !strcmp(what, "vfmadd231ps zmm"), "fma %g %s", f, what);
+    else if (shoal_kernels_cpu_has(SHOAL_ISA_AVX2))
+        CHECK_MSG(f == 10.0 * 12 * 8 && !strcmp(what, "vfmadd231ps ymm"), "fma %g %s", f, what);
+    double b = shoal_kernels_peak(SHOAL_PEAK_BF16_DOT, 10, &what);
+    CHECK(b == 0 || b == 10.0 * 12 * 32);
+    double v = shoal_kernels_peak(SHOAL_PEAK_INT8_VNNI, 10, &what);
+    CHECK(v == 0 || v == 10.0 * 12 * 64);
+    double a = shoal_kernels_peak(SHOAL_PEAK_AMX_BF16, 10, &what);
+    CHECK(a == 0 || a == 10.0 * 4 * 16 * 16 * 32);
+    if (a == 0)
+        SKIP("AMX-BF16 not on this CPU: the AMX peak loop not run");
+}
+
+/* ---- matrix-unit order (issue 33) --------------------------------------------
+ * An oracle written from the measured AMX model (shared/amx-probe/README.md),
+ * independently of kernels/gemm_mu.c: bf16 rounding by comparing the two
+ * neighbours, ftz decided by redoing a small fma scaled by 2^64 (where the
+ * rounding with an unbounded exponent is the ordinary one), MXFP4 weights
+ * from SPEC §4.2 in double. */
+static float bitsf(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float o_daz(float v)
+{
+    return fabsf(v) < 0x1p-126f ? copysignf(0.0f, v) : v;
+}
+
+static float o_bf16(float v)
+{
+    if (isnan(v))
+        return NAN;
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    float t = bitsf(u & 0xffff0000u), t2 = bitsf((u & 0xffff0000u) + 0x10000u);
+    double dv = v, dt = t, dt2 = isinf(t2) ? copysign(0x1p128, v) : (double)t2;
+    double e1 = fabs(dv - dt), e2 = fabs(dt2 - dv);
+    float r = e1 < e2 ? t : e2 < e1 ? t2 : ((u >> 16) & 1) ? t2 : t;
+    return o_daz(r);
+}
+
+static float o_fma(float a, float b, float c)
+{
+    float r = fmaf(a, b, c);
+    if (isnan(r) || isinf(r) || fabsf(r) > 0x1p-100f)
+        return r;
+    float rs = fmaf(a * 0x1p64f, b, c * 0x1p64f); /* exact scalings: |a|, |c| < 2^60 here */
+    return fabsf(rs) < 0x1p-62f ? copysignf(0.0f, rs) : rs * 0x1p-64f;
+}
+
+static float o_add(float a, float b)
+{
+    float r = a + b;
+    return fabsf(r) < 0x1p-126f ? copysignf(0.0f, r) : r;
+}
+
+static float o_mxw(unsigned code, unsigned e)
+{
+    if (e == 255)
+        return NAN;
+    double v = ldexp(e2m1_value(code), (int)e - 127);
+    if (fabs(v) >= 0x1p128)
+        return (float)copysign(INFINITY, v);
+    return o_daz((float)v);
+}
+
+/* b[cols] weights as the unit reads them, x[cols] fp32 activations */
+static float o_dot_mu(const float *b, const float *x, int cols)
+{
+    float C = 0.0f;
+    for (int k0 = 0; k0 < cols; k0 += 32) {
+        float E = 0.0f, O = 0.0f;
+        for (int p = 0; p < 16; p++) {
+            E = o_fma(b[k0 + 2 * p], o_bf16(x[k0 + 2 * p]), E);
+            O = o_fma(b[k0 + 2 * p + 1], o_bf16(x[k0 + 2 * p + 1]), O);
+        }
+        C = o_add(C, o_add(E, O));
+    }
+    return C;
+}
+
+static int same_value(float a, float b)
+{
+    return (isnan(a) && isnan(b)) || !memcmp(&a, &b, 4);
+}
+
+static void mu_gemm(const mat *m, float *y, const float *x, int T)
+{
+    if (m->kind == K_MXFP4)
+        shoal_gemm_mxfp4_mu(y, m->packed, m->scale, x, m->rows, m->cols, T);
+    else
+        shoal_gemm_bf16_mu(y, m->wb, x, m->rows, m->cols, T);
+}
+
+/* The scalar specification equals the oracle on typical, tiny, subnormal,
+ * signed-zero and non-finite inputs (values; NaN by class). */
+static void t_mu_spec(void)
+{
+    shoal_isa keep = shoal_kernels_isa();
+    shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+    int n = 0, differ_from_fp32 = 0;
+    static const int cases[][3] = {{5, 64, 3}, {17, 96, 2}, {3, 544, 1}, {9, 1056, 2}};
+    for (int k = 0; k < 2; k++)
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            int rows = cases[c][0], cols = cases[c][1], T = cases[c][2];
+            mat m = mat_new(k ? K_MXFP4 : K_BF16, rows, cols);
+            float *x = frand_vec((size_t)T * cols, -2.0f, 2.0f);
+            for (size_t i = 0; i < (size_t)T * cols; i += 7)
+                x[i] *= (i % 3 == 0) ? 1e-39f : (i % 3 == 1) ? 0x1p-126f : 0.0f; /* subnormal, tiny band, zero */
+            for (size_t i = 2; i < (size_t)T * cols; i += 29)
+                x[i] = -0.0f;
+            if (k == 0) /* weights of every magnitude class, some subnormal */
+                for (size_t i = 0; i < (size_t)rows * cols; i += 11)
+                    m.wb[i] = (uint16_t)(i % 2 ? 0x0001 + (i & 0x7f) : 0x0080 + (i & 0x7f));
+            else
+                for (size_t g = 0; g < (size_t)rows * cols / 32; g += 3)
+                    m.scale[g] = (uint8_t)(g % 4 == 0 ? 0 : g % 4 == 1 ? 1 : g % 4 == 2 ? 254 : 127);
+            if (c == 3) { /* non-finite classes in one row each */
+                x[5] = INFINITY;
+                if (k == 1)
+                    m.scale[(size_t)1 * (cols / 32)] = 255;
+            }
+            float *y = xmalloc((size_t)T * rows * 4), *yf = xmalloc((size_t)T * rows * 4);
+            float *b = xmalloc((size_t)cols * 4);
+            mu_gemm(&m, y, x, T);
+            mat_gemm(&m, yf, x, T);
+            for (int r = 0; r < rows; r++) {
+                for (int j = 0; j < cols; j++)
+                    b[j] = k ? o_mxw(m.packed[(size_t)r * (cols / 2) + j / 2] >> (4 * (j & 1)) & 15,
+                                     m.scale[(size_t)r * (cols / 32) + j / 32])
+                             : o_daz(bitsf((uint32_t)m.wb[(size_t)r * cols + j] << 16));
+                for (int t = 0; t < T; t++) {
+                    float want = o_dot_mu(b, x + (size_t)t * cols, cols), got = y[(size_t)t * rows + r];
+                    CHECK_MSG(same_value(want, got), "mu %s %dx%d T=%d r=%d t=%d: spec %a oracle %a", k ? "mxfp4" : "bf16",
+                              rows, cols, T, r, t, got, want);
+                    differ_from_fp32 += !same_value(got, yf[(size_t)t * rows + r]);
+                    n++;
+                }
+            }
+            free(x), free(y), free(yf), free(b);
+            mat_free(&m);
+        }
+    /* the order matters: most outputs differ from the fp32-activation kernels */
+    CHECK_MSG(differ_from_fp32 > n / 2, "only %d of %d outputs differ from the fp32 order", differ_from_fp32, n);
+    shoal_kernels_set_isa(keep);
+}
+
+/* Probes that separate the candidate orders (also what an AMX self-test runs):
+ * the flush threshold (an exact value just below 2^-126 that the subnormal grid
+ * rounds up to 2^-126), signed zeros, and even/odd chains against one chain. */
+static void mu_probe_one_isa(void)
+{
+    uint16_t w[3 * 32] = {0};
+    float x[32] = {0}, y[3];
+    /* row 0: E = 1 * 2^-126, then + (-1.5 * 2^-76) * 2^-75: exact 2^-126 - 1.5 * 2^-151, which the
+     * subnormal grid rounds to 2^-126 but an unbounded exponent to 2^-126 - 2^-150: tiny, flushed */
+    w[0] = 0x3f80, x[0] = 0x1p-126f;
+    w[2] = 0x99c0, x[2] = 0x1p-75f;
+    /* row 1: (-2^-77) * 2^-75 instead: exact 2^-126 - 2^-152 rounds to 2^-126 either way: kept */
+    w[32 + 0] = 0x3f80, w[32 + 2] = 0x9900;
+    /* row 2: x = 1 (column 0, even), 2^24 (3, odd), -2^24 (4, even), weights 1: E = 1 - 2^24, O = 2^24,
+     * E + O = 1; one chain in column order gives (1 + 2^24) - 2^24 = 0 */
+    w[64 + 0] = w[64 + 3] = w[64 + 4] = 0x3f80;
+    float xr[3][32] = {{0}};
+    memcpy(xr[0], x, sizeof x);
+    memcpy(xr[1], x, sizeof x);
+    xr[2][0] = 1.0f, xr[2][3] = 0x1p24f, xr[2][4] = -0x1p24f;
+    for (int r = 0; r < 3; r++) {
+        shoal_gemm_bf16_mu(&y[r], w + 32 * r, xr[r], 1, 32, 1);
+    }
+    CHECK_MSG(y[0] == 0.0f && !signbit(y[0]), "flush threshold: got %a, want +0", y[0]);
+    CHECK_MSG(y[1] == 0x1p-126f, "kept at 2^-126: got %a", y[1]);
+    CHECK_MSG(y[2] == 1.0f, "even/odd chains: got %a, want 1 (one chain gives 0)", y[2]);
+    /* signed zero: (-1) * (+0) in both chains: E = -0 + ... from +0: +0 + -0 = +0 */
+    uint16_t wn[32];
+    float xz[32];
+    for (int i = 0; i < 32; i++)
+        wn[i] = 0xbf80, xz[i] = 0.0f;
+    float z;
+    shoal_gemm_bf16_mu(&z, wn, xz, 1, 32, 1);
+    CHECK_MSG(z == 0.0f && !signbit(z), "chains start at +0: got %a", z);
+}
+
+static void t_mu_probes(void)
+{
+    for_each_isa(mu_probe_one_isa, "mu probes");
+}
+
+/* Every ISA equals the scalar specification (values, NaN by class) at many
+ * shapes: rows not a multiple of 16, several column chunks, T up to 9, and
+ * 1 or 3 threads. */
+static void t_mu_isa(void)
+{
+    if (nisas < 2)
+        SKIP("only the scalar variant runs on this CPU");
+    static const int cases[][3] = {{1, 32, 1},   {7, 64, 1},    {16, 96, 3},  {17, 160, 2}, {33, 544, 5},
+                                   {40, 1056, 1}, {5, 8224, 4}, {67, 2080, 9}, {3, 4128, 1}, {64, 7168, 1}};
+    shoal_isa keep = shoal_kernels_isa();
+    int n = 0;
+    for (int k = 0; k < 2; k++)
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            int rows = cases[c][0], cols = cases[c][1], T = cases[c][2];
+            mat m = mat_new(k ? K_MXFP4 : K_BF16, rows, cols);
+            float *x = frand_vec((size_t)T * cols, -2.0f, 2.0f);
+            for (size_t i = 0; i < (size_t)T * cols; i += 7)
+                x[i] *= (i % 3 == 0) ? 1e-39f : (i % 3 == 1) ? 0x1p-120f : -0.0f;
+            if (k)
+                for (size_t g = 0; g < (size_t)rows * cols / 32; g += 5)
+                    m.scale[g] = (uint8_t)(g % 4 == 0 ? 0 : g % 4 == 1 ? 2 : g % 4 == 2 ? 254 : 255);
+            else
+                for (size_t i = 0; i < (size_t)rows * cols; i += 13)
+                    m.wb[i] = (uint16_t)(0x0001 + (i & 0xff)); /* subnormal and tiny weights */
+            size_t ny = (size_t)T * rows;
+            float *ref = xmalloc(ny * 4), *got = xmalloc(ny * 4);
+            shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+            mu_gemm(&m, ref, x, T);
+            for (int i = 1; i < nisas; i++)
+                for (int th = 1; th <= 3; th += 2) {
+                    omp_set_num_threads(th);
+                    shoal_kernels_set_isa((shoal_isa)isas[i]);
+                    memset(got, 0x5a, ny * 4);
+                    mu_gemm(&m, got, x, T);
+                    int bad = -1;
+                    for (size_t j = 0; j < ny && bad < 0; j++)
+                        if (!same_value(ref[j], got[j]))
+                            bad = (int)j;
+                    CHECK_MSG(bad < 0, "mu %s %s %dx%d T=%d threads=%d: output %d %a, spec %a", k ? "mxfp4" : "bf16",
+                              shoal_isa_name((shoal_isa)isas[i]), rows, cols, T, th, bad, bad < 0 ? 0 : got[bad],
+                              bad < 0 ? 0 : ref[bad]);
+                    n++;
+                }
+            omp_set_num_threads(2);
+            free(ref), free(got), free(x);
+            mat_free(&m);
+        }
+    shoal_kernels_set_isa(keep);
+    CHECK(n > 0);
+}
+
+/* The start-up self-test accepts the specification and every emulation, and
+ * refuses kernels of another order: the fp32-activation GEMMs and a variant
+ * that rounds to the subnormal grid before flushing (wrappers below). AMX
+ * itself only where the CPU has it. */
+static void gemm_bf16_as_mu(float *y, const uint16_t *w, const float *x, int rows, int cols, int T, int r0, int r1)
+{
+    (void)r0, (void)r1;
+    shoal_gemm_bf16(y, w, x, rows, cols, T);
+}
+static void gemm_mxfp4_as_mu(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int T,
+                             int r0, int r1)
+{
+    (void)r0, (void)r1;
+    shoal_gemm_mxfp4(y, p, s, x, rows, cols, T);
+}
+/* the oracle with the flush decided on the subnormal-grid result (|r| < 2^-126) */
+static void bf16_mu_gridflush(float *y, const uint16_t *w, const float *x, int rows, int cols, int T, int r0, int r1)
+{
+    for (int r = r0; r < r1; r++)
+        for (int t = 0; t < T; t++) {
+            float C = 0.0f;
+            for (int k0 = 0; k0 < cols; k0 += 32) {
+                float E = 0.0f, O = 0.0f;
+                for (int p = 0; p < 16; p++) {
+                    float e = fmaf(o_daz(bitsf((uint32_t)w[(size_t)r * cols + k0 + 2 * p] << 16)),
+                                   o_bf16(x[(size_t)t * cols + k0 + 2 * p]), E);
+                    float o = fmaf(o_daz(bitsf((uint32_t)w[(size_t)r * cols + k0 + 2 * p + 1] << 16)),
+                                   o_bf16(x[(size_t)t * cols + k0 + 2 * p + 1]), O);
+                    E = o_daz(e), O = o_daz(o);
+                }
+                C = o_add(C, o_add(E, O));
+            }
+            y[(size_t)t * rows + r] = C;
+        }
+}
+static void mxfp4_mu_spec(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int T,
+                          int r0, int r1)
+{
+    shoal_isa keep = shoal_kernels_isa();
+    shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+    (void)r0, (void)r1;
+    shoal_gemm_mxfp4_mu(y, p, s, x, rows, cols, T);
+    shoal_kernels_set_isa(keep);
+}
+static void bf16_mu_active(float *y, const uint16_t *w, const float *x, int rows, int cols, int T, int r0, int r1)
+{
+    (void)r0, (void)r1;
+    shoal_gemm_bf16_mu(y, w, x, rows, cols, T);
+}
+static void mxfp4_mu_active(float *y, const uint8_t *p, const uint8_t *s, const float *x, int rows, int cols, int T,
+                            int r0, int r1)
+{
+    (void)r0, (void)r1;
+    shoal_gemm_mxfp4_mu(y, p, s, x, rows, cols, T);
+}
+
+static void mu_selftest_one_isa(void)
+{
+    CHECK(shoal__kernels_mu_selftest(bf16_mu_active, mxfp4_mu_active) == 0);
+}
+
+static void t_mu_selftest(void)
+{
+    for_each_isa(mu_selftest_one_isa, "mu self-test");
+    CHECK_MSG(shoal__kernels_mu_selftest(gemm_bf16_as_mu, gemm_mxfp4_as_mu) != 0,
+              "the self-test accepted the fp32-activation kernels");
+    CHECK_MSG(shoal__kernels_mu_selftest(bf16_mu_gridflush, mxfp4_mu_spec) != 0,
+              "the self-test accepted a flush on the subnormal grid");
+}
+
+/* On an AMX machine the unit passed its self-test and runs the mu kernels
+ * (then t_mu_isa compared it with the specification on every shape). */
+static void t_mu_amx(void)
+{
+    shoal_isa keep = shoal_kernels_isa();
+    if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512))
+        shoal_kernels_set_isa(SHOAL_ISA_AVX512);
+    const char *path = shoal_kernels_mu_path();
+    shoal_kernels_set_isa(keep);
+    if (!strstr(path, "amx"))
+        SKIP("AMX-BF16 not on this CPU (or not usable): the AMX kernel and its self-test not run (mu path: %s)",
+             path);
+    CHECK_MSG(!strcmp(path, "amx"), "AMX present, mu path: %s", path);
 }
 
 /* The AVX-512 variant is compiled in but cannot run on a CPU without it. */
@@ -1005,6 +1380,13 @@ int main(int argc, char **argv)
     RUN(t_gemm_vs_double);
     RUN(t_gemv_t_vs_double);
     RUN(t_isa_bit_identical);
+    RUN(t_isa_large_T);
+    RUN(t_peak_counts);
+    RUN(t_mu_spec);
+    RUN(t_mu_probes);
+    RUN(t_mu_isa);
+    RUN(t_mu_selftest);
+    RUN(t_mu_amx);
     RUN(t_thread_invariance);
     RUN(t_token_invariance);
     RUN(t_nan_inf);

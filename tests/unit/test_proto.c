@@ -660,8 +660,8 @@ static void t_refusals(void)
     /* envelope of 2 elements */
     static const uint8_t two[] = {0x92, 0x03, 0x01};
     CHECK(dec1(two, sizeof two, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO);
-    /* unknown type 14 (12 and 13 are the 1.3 trunk messages), rid still reported */
-    static const uint8_t unk[] = {0x93, 0x0e, 0x2a, 0x80};
+    /* unknown type 16 (14 and 15 are the 1.5 PROBE messages), rid still reported */
+    static const uint8_t unk[] = {0x93, 0x10, 0x2a, 0x80};
     /* PREFETCH (11) without its keys; with descending, repeated, negative,
      * too-large ids; as a reply */
     static const uint8_t pf0[] = {0x93, 0x0b, 0x00, 0x80};
@@ -1198,6 +1198,93 @@ static void t_socketpair(void)
     close(fd);
 }
 
+/* 1.5 PROBE / PROBE_REPLY (PROTOCOL.md §3.8): the C encoder gives the Python
+ * msgpack bytes of golden.json, the decoder reads them back; refusals */
+static void t_probe(void)
+{
+    gmsg g;
+    uint8_t buf[1024];
+    size_t len;
+    shoal_proto_msg m;
+    int perr;
+    char err[256];
+    memset(&m, 0, sizeof m);
+    CHECK(golden("probe", &g) == 0);
+    CHECK(shoal_proto_enc_probe(buf, sizeof buf, &len, 300, 8, 0) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.type == SHOAL_MSG_PROBE && m.rid == 300 && m.probe.reply == 8 && !m.probe.facts && m.probe.x.cols == 3);
+    shoal_proto_msg_clear(&m);
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == SHOAL_EPROTO && perr == SHOAL_PERR_UNKNOWN_TYPE);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+    CHECK(golden("probe_facts", &g) == 0);
+    CHECK(shoal_proto_enc_probe(buf, sizeof buf, &len, 301, 4, 1) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.probe.reply == 4 && m.probe.facts == 1 && m.probe.x.cols == 1);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+    CHECK(golden("probe_reply", &g) == 0);
+    CHECK(shoal_proto_enc_probe_reply(buf, sizeof buf, &len, 300, NULL) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0);
+    CHECK(m.type == SHOAL_MSG_PROBE_REPLY && !m.preply.facts.has && m.preply.y.cols == 2);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+    shoal_proto_facts f = {.has = 1, .cpu = "AMD EPYC 9654 96-Core Processor", .isa = "avx512", .version = "0.1.0",
+                           .cores = 192, .threads = 96, .mem_total = 1ull << 40, .mem_avail = 700ull << 30,
+                           .disk_free = 3000000000000ull, .disk_total = 4000000000000ull, .read_bw_1 = 12000000000ull,
+                           .read_bw_all = 380000000000ull, .disk_read_bw = 2500000000ull,
+                           .held_bytes = 90400000000ull, .measure_us = 812345};
+    CHECK(golden("probe_reply_facts", &g) == 0);
+    CHECK(shoal_proto_enc_probe_reply(buf, sizeof buf, &len, 301, &f) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0);
+    CHECK(m.preply.facts.has && !strcmp(m.preply.facts.cpu, f.cpu) && !strcmp(m.preply.facts.isa, "avx512") &&
+          m.preply.facts.cores == 192 && m.preply.facts.threads == 96 && m.preply.facts.read_bw_all == f.read_bw_all &&
+          m.preply.facts.disk_read_bw == f.disk_read_bw && m.preply.facts.held_bytes == f.held_bytes &&
+          m.preply.facts.measure_us == 812345 && m.preply.facts.mem_avail == f.mem_avail);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+    /* the encoder refuses a reply size that is not a multiple of 4 in 4 .. MAX_PROBE */
+    CHECK(shoal_proto_enc_probe(buf, sizeof buf, &len, 1, 0, 0) == SHOAL_ERANGE);
+    CHECK(shoal_proto_enc_probe(buf, sizeof buf, &len, 1, 6, 0) == SHOAL_ERANGE);
+    CHECK(shoal_proto_enc_probe(buf, sizeof buf, &len, 1, SHOAL_PROTO_MAX_PROBE + 4, 0) == SHOAL_ERANGE);
+    /* hand-made refusals: reply 6 (not a multiple of 4), reply 0, facts not a bool, bf16 x */
+    uint8_t x[16 + 4], xb[16 + 2];
+    CHECK(shoal_proto_tensor_hdr(x, SHOAL_WIRE_F32, 1, 1) == 0);
+    CHECK(shoal_proto_tensor_hdr(xb, SHOAL_WIRE_BF16, 1, 1) == 0);
+    memset(x + 16, 0, 4);
+    memset(xb + 16, 0, 2);
+    static const uint8_t r6[] = {0x93, 0x0e, 0x01, 0x81, 0xa5, 'r', 'e', 'p', 'l', 'y', 0x06};
+    static const uint8_t r0[] = {0x93, 0x0e, 0x01, 0x81, 0xa5, 'r', 'e', 'p', 'l', 'y', 0x00};
+    static const uint8_t r4[] = {0x93, 0x0e, 0x01, 0x81, 0xa5, 'r', 'e', 'p', 'l', 'y', 0x04};
+    static const uint8_t fnum[] = {0x93, 0x0e, 0x01, 0x82, 0xa5, 'r', 'e', 'p', 'l', 'y', 0x04,
+                                   0xa5, 'f',  'a',  'c',  't',  's', 0x01};
+    struct {
+        const uint8_t *c;
+        size_t n;
+        const uint8_t *t;
+        size_t tn;
+        const char *needle;
+    } bad[] = {{r6, sizeof r6, x, sizeof x, "multiple of 4"},
+               {r0, sizeof r0, x, sizeof x, "multiple of 4"},
+               {fnum, sizeof fnum, x, sizeof x, "'facts' is not a boolean"},
+               {r4, sizeof r4, xb, sizeof xb, "expected f32 [1, n]"},
+               {r4, sizeof r4, NULL, 0, "frames"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        shoal_frame fr[2] = {{bad[i].c, bad[i].n}, {bad[i].t, bad[i].tn}};
+        memset(&m, 0, sizeof m);
+        err[0] = 0;
+        int rc = shoal_proto_decode(fr, bad[i].t ? 2 : 1, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err);
+        CHECK_MSG(rc == SHOAL_EPROTO && perr == SHOAL_PERR_MALFORMED, "bad probe %zu: rc %d perr %d %s", i, rc, perr,
+                  err);
+        CHECK_STR_CONTAINS(err, bad[i].needle);
+        shoal_proto_msg_clear(&m);
+    }
+}
+
 int main(void)
 {
     test_binary = "test_proto";
@@ -1213,6 +1300,7 @@ int main(void)
     RUN(t_shard);
     RUN(t_fingerprint);
     RUN(t_socketpair);
+    RUN(t_probe);
     if (golden_doc)
         json_decref(golden_doc);
     return test_finish();

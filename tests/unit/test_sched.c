@@ -28,6 +28,7 @@ static shoal_sched *bare(int queue, int memo_entries, size_t memo_bytes)
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->memo_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->rcv, NULL);
     s->o.queue_size = queue;
     s->o.memo_entries = memo_entries;
     s->o.memo_bytes = memo_bytes;
@@ -49,6 +50,20 @@ static void t_fair_queue(void)
         CHECK_EQ_INT(shoal_sched_submit(s, order[i]), 0);
     shoal_sched_job *extra = job("d");
     CHECK_EQ_INT(shoal_sched_submit(s, extra), SHOAL_EBUSY); /* bounded */
+    /* nothing is admitted before it is rendered (issue 30: rendering runs on
+     * the render thread, never the model thread) */
+    pthread_mutex_lock(&s->mu);
+    CHECK(shoal__sched_pop_fair(s) == NULL);
+    pthread_mutex_unlock(&s->mu);
+    CHECK_EQ_INT(s->nready, 0);
+    /* the renderer takes them in the same fair order (no client served yet:
+     * arrival order) */
+    for (int i = 0; i < 5; i++) {
+        CHECK_EQ_INT(shoal__sched_render_next(s), 1);
+        CHECK_MSG(order[i]->rstate == SHOAL_RENDER_DONE, "render %d", i);
+    }
+    CHECK_EQ_INT(shoal__sched_render_next(s), 0);
+    CHECK_EQ_INT(s->nready, 5);
     /* round robin across clients, arrival order within one: a1 b1 c1 a2 a3 */
     shoal_sched_job *want[] = {a1, b1, c1, a2, a3};
     for (int i = 0; i < 5; i++) {
@@ -64,6 +79,16 @@ static void t_fair_queue(void)
     shoal_sched_job *a4 = job("a"), *d1 = job("d");
     shoal_sched_submit(s, a4);
     shoal_sched_submit(s, d1);
+    /* d1 is rendered first: its client was never served */
+    pthread_mutex_lock(&s->mu);
+    shoal_sched_job *r1 = shoal__sched_pick_render(s);
+    pthread_mutex_unlock(&s->mu);
+    CHECK(r1 == d1);
+    pthread_mutex_lock(&s->mu);
+    shoal__sched_render_done(s, r1);
+    pthread_mutex_unlock(&s->mu);
+    shoal_sched_job_unref(r1);
+    CHECK_EQ_INT(shoal__sched_render_next(s), 1);
     pthread_mutex_lock(&s->mu);
     shoal_sched_job *first = shoal__sched_pop_fair(s);
     pthread_mutex_unlock(&s->mu);
@@ -72,6 +97,7 @@ static void t_fair_queue(void)
     /* cancel frees the place at once */
     shoal_sched_cancel(s, a4);
     CHECK_EQ_INT(s->nqueued, 0);
+    CHECK_EQ_INT(s->nready, 0);
     pthread_mutex_lock(&s->mu);
     CHECK(shoal__sched_pop_fair(s) == NULL);
     pthread_mutex_unlock(&s->mu);
@@ -371,10 +397,62 @@ static void t_api_serves_tool_calls(void)
     shoal_http_close(L.h);
 }
 
+/* Issue 30: an n-choice request's children take their parent's rendered ids
+ * (one render, not n); a child waits while its parent's render runs, and
+ * renders itself when the parent left without one. */
+static void t_fork_children_copy_the_render(void)
+{
+    shoal_sched *s = bare(8, 0, 0);
+    int32_t ids[3] = {5, 6, 7};
+    shoal_gen_params pp = {.kind = SHOAL_GEN_COMPLETION, .n_prompt_ids = 3};
+    pp.prompt_ids = malloc(sizeof ids);
+    memcpy(pp.prompt_ids, ids, sizeof ids);
+    shoal_gen_params cp = pp;
+    cp.prompt_ids = malloc(sizeof ids);
+    memcpy(cp.prompt_ids, ids, sizeof ids);
+    shoal_sched_job *parent = shoal_sched_job_new(&pp, "a", NULL, NULL, NULL);
+    shoal_sched_job *child = shoal_sched_job_new(&cp, "a", NULL, NULL, NULL);
+    shoal_sched_job_fork_of(child, parent);
+    CHECK_EQ_INT(shoal_sched_submit(s, parent), 0);
+    CHECK_EQ_INT(shoal_sched_submit(s, child), 0);
+    pthread_mutex_lock(&s->mu);
+    shoal_sched_job *first = shoal__sched_pick_render(s);
+    shoal_sched_job *second = shoal__sched_pick_render(s); /* the parent is being rendered: none */
+    pthread_mutex_unlock(&s->mu);
+    CHECK(first == parent && second == NULL);
+    /* the parent's render lands (what render_job writes) */
+    parent->rids = malloc(sizeof ids);
+    memcpy(parent->rids, ids, sizeof ids);
+    parent->rn = 3;
+    pthread_mutex_lock(&s->mu);
+    shoal__sched_render_done(s, parent);
+    pthread_mutex_unlock(&s->mu);
+    shoal_sched_job_unref(parent); /* the renderer's reference */
+    /* the child's turn copies the parent's ids */
+    CHECK_EQ_INT(shoal__sched_render_next(s), 1);
+    CHECK(child->rstate == SHOAL_RENDER_DONE && child->rn == 3 && child->rids && child->rids != parent->rids &&
+          !memcmp(child->rids, ids, sizeof ids));
+    /* a rendered child is not admitted before its queued parent */
+    pthread_mutex_lock(&s->mu);
+    shoal_sched_job *a = shoal__sched_pop_fair(s), *b = shoal__sched_pop_fair(s);
+    pthread_mutex_unlock(&s->mu);
+    CHECK(a == parent && b == child);
+    shoal_sched_job_unref(a);
+    shoal_sched_job_unref(b);
+    shoal_sched_job_unref(child);
+    shoal_sched_job_unref(parent);
+    pthread_cond_destroy(&s->rcv);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->memo_mu);
+    free(s);
+}
+
 int main(void)
 {
     test_binary = "test_sched";
     RUN(t_fair_queue);
+    RUN(t_fork_children_copy_the_render);
     RUN(t_memo_bounds);
     RUN(t_replay_tool_call);
     RUN(t_replay_stop_strings);

@@ -326,6 +326,33 @@ static void t_mats_tiny(void)
     free(m);
 }
 
+/* The spread spec of `--workers N --trunk remote` (issue 34): part i of n,
+ * f_a whole only when the model has one, refused past the smallest matrix */
+static void t_spread_spec(void)
+{
+    char buf[96], err[256] = "";
+    CHECK_EQ_INT(shoal_tshard_spread_spec(M, 3, 1, 3, buf, sizeof buf, err, sizeof err), 0);
+    CHECK_MSG(!strcmp(buf, "*:1/3"), "spec %s", buf);
+    CHECK_EQ_INT(shoal_tshard_spread_spec(M, 3, 4, 5, buf, sizeof buf, err, sizeof err), 0);
+    CHECK_MSG(!strcmp(buf, "*:4/5"), "spec %s", buf);
+    /* 6 parts: lm_head has 5 rows */
+    CHECK_EQ_INT(shoal_tshard_spread_spec(M, 3, 0, 6, buf, sizeof buf, err, sizeof err), SHOAL_ERANGE);
+    CHECK_STR_CONTAINS(err, LN " has 5 rows");
+    CHECK_EQ_INT(shoal_tshard_spread_spec(M, 3, 3, 3, buf, sizeof buf, err, sizeof err), SHOAL_EINVAL);
+    CHECK_EQ_INT(shoal_tshard_spread_spec(M, 3, 0, 2, buf, 4, err, sizeof err), SHOAL_EINVAL);
+    const shoal_tshard_mat fa[2] = {{.name = "language_model.model.layers.0.self_attn.f_a_proj.weight", .rows = 4,
+                                     .cols = 8, .layer = 0},
+                                    {.name = QN, .rows = 10, .cols = 8, .layer = 0}};
+    CHECK_EQ_INT(shoal_tshard_spread_spec(fa, 2, 1, 2, buf, sizeof buf, err, sizeof err), 0);
+    CHECK_MSG(!strcmp(buf, "*:1/2,*.f_a_proj.weight:all"), "spec %s", buf);
+    /* the spec parses back to part 1 of 2 of q, and f_a's part and f_a whole */
+    shoal_proto_trows *t = NULL;
+    size_t nt = 0;
+    CHECK_EQ_INT(shoal_tshard_parse(buf, fa, 2, &t, &nt, err, sizeof err), 0);
+    CHECK(nt == 3 && t && t[1].lo == 5 && t[1].hi == 9 && t[2].lo == 0 && t[2].hi == 3);
+    free(t);
+}
+
 int main(void)
 {
     test_binary = "test_tshard";
@@ -336,5 +363,6 @@ int main(void)
     RUN(t_pick);
     RUN(t_cells_refusals);
     RUN(t_mats_tiny);
+    RUN(t_spread_spec);
     return test_finish();
 }

@@ -1,0 +1,434 @@
+/* `shoal plan --measured` (see plan_measured.h). */
+#include "coordinator/cmd/plan_measured.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/k3schema.h"
+#include "proto/tshard.h"
+
+/* one worker's measured figures */
+typedef struct {
+    double bw;       /* read_bw_all x eff, bytes/s */
+    double rtt;      /* RTT p50, s */
+    double rout, rin; /* link rates, bytes/s */
+} meas;
+
+/* the model's per-token figures (decode, one token) */
+typedef struct {
+    double tall;      /* trunk bytes read per token (the embedding table not read) */
+    double tr;        /* of which row-shardable (remote when spread) */
+    double fa;        /* KDA f_a matrices (held whole by every trunk server) */
+    double x_in;      /* bytes of the inputs of the trunk steps (f32), sent to every trunk server */
+    double y_out;     /* bytes of their outputs (f32), split over the trunk servers */
+    int steps_serial; /* trunk steps on the critical path */
+    double etok;      /* routed-expert bytes read per token */
+    double experts_all; /* bytes of every routed expert */
+    int moe, k, E;
+    double act;       /* one expert exchange's activation to one worker */
+    double yexp;      /* one token's expert outputs (all k) */
+} model_fig;
+
+typedef struct {
+    const char *label;
+    int spread, G;
+    double reads, coord, rt, wire, total, tok_s;
+    double *share; /* [W] expert fractions */
+    int ok;
+    char why[256];
+} cand;
+
+static int sum_trunk(const shoal_k3schema_entry *e, void *ctx)
+{
+    double *t = ctx;
+    if (e->cls != SHOAL_TC_EXPERT && !strstr(e->name, "embed_tokens"))
+        *t += (double)shoal_k3schema_nbytes(e);
+    return 0;
+}
+
+static int figures(const shoal_k3cfg *cfg, const shoal_st *st, uint64_t expert_bytes, model_fig *f, char *err,
+                   size_t errlen)
+{
+    memset(f, 0, sizeof *f);
+    shoal_k3schema_foreach(cfg, sum_trunk, &f->tall);
+    shoal_tshard_mat *m = NULL;
+    int n = 0;
+    if (shoal_tshard_mats(cfg, &m, &n))
+        return shoal_err_set(err, errlen, SHOAL_ECONFIG, "the trunk matrices do not list");
+    /* steps (PROTOCOL.md §3.7): per layer, every matrix reading the layer's
+     * input (cols = hidden) is one step (f_b joins it, chained on f_a);
+     * every other matrix reads its own input: a step of its own. The shared
+     * experts' down projection overlaps the expert exchange (not serial). */
+    for (int i = 0; i < n; i++) {
+        const shoal_tensor *t = shoal_st_find(st, m[i].name);
+        double b = t ? (double)t->nbytes : (double)m[i].rows * m[i].cols * 2;
+        f->tr += b;
+        int is_fa = strstr(m[i].name, ".f_a_proj.weight") != NULL, is_fb = strstr(m[i].name, ".f_b_proj.weight") != NULL;
+        if (is_fa) {
+            f->fa += b;
+            continue; /* its output stays on the worker (the chain) */
+        }
+        f->y_out += (double)m[i].rows * 4;
+        if (m[i].cols == cfg->hidden_size || is_fb) {
+            /* the layer's first step: counted once per layer (below) */
+            continue;
+        }
+        f->x_in += (double)m[i].cols * 4;
+        if (!strstr(m[i].name, "shared_experts.down_proj"))
+            f->steps_serial++;
+    }
+    /* one first step per layer that has a matrix on the hidden input, and lm_head */
+    for (int l = -1; l < cfg->num_layers; l++) {
+        int any_attn = 0, any_mlp = 0;
+        for (int i = 0; i < n; i++) {
+            if (m[i].layer != l || m[i].cols != cfg->hidden_size)
+                continue;
+            if (strstr(m[i].name, "self_attn"))
+                any_attn = 1;
+            else
+                any_mlp = 1;
+        }
+        /* attention and MLP halves read different inputs (xn of each half) */
+        f->x_in += (double)(any_attn + any_mlp) * cfg->hidden_size * 4;
+        f->steps_serial += any_attn + any_mlp;
+    }
+    free(m);
+    f->moe = cfg->num_moe;
+    f->k = cfg->experts_per_token;
+    f->E = cfg->num_experts;
+    f->etok = (double)cfg->num_moe * cfg->experts_per_token * (double)expert_bytes;
+    f->experts_all = (double)cfg->num_moe * cfg->num_experts * (double)expert_bytes;
+    f->act = 16 + (double)cfg->latent_size * 4 + 16 + 8.0 * cfg->experts_per_token;
+    f->yexp = (double)cfg->experts_per_token * cfg->latent_size * 2;
+    return 0;
+}
+
+static int load_doctor(const char *path, int W, const char *const *names, double eff, meas *ms, double *coord_bw,
+                       char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root)
+        return shoal_err_set(err, errlen, SHOAL_EIO, "%s: %s (line %d)", path, je.text, je.line);
+    int rc = 0;
+    json_t *ws = json_object_get(root, "workers");
+    const char *fmt = json_string_value(json_object_get(root, "format"));
+    if (!fmt || strcmp(fmt, "shoal-doctor") || !json_is_array(ws)) {
+        rc = shoal_err_set(err, errlen, SHOAL_ECONFIG, "%s is not a `shoal doctor --json` document", path);
+        goto out;
+    }
+    double bsum = 0;
+    for (int w = 0; w < W && !rc; w++) {
+        json_t *o = NULL, *x;
+        size_t i;
+        json_array_foreach(ws, i, x)
+        {
+            const char *nm = json_string_value(json_object_get(x, "name"));
+            if (nm && !strcmp(nm, names[w]))
+                o = x;
+        }
+        if (!o) {
+            rc = shoal_err_set(err, errlen, SHOAL_ECONFIG, "%s has no worker named %s (doctor names a worker by its "
+                               "--id; start each with --id NAME, as `shoal expert --plan` does)", path, names[w]);
+            break;
+        }
+        json_t *h = json_object_get(o, "host");
+        double bw = json_number_value(json_object_get(h, "read_bw_all"));
+        double tog = json_number_value(json_object_get(o, "read_bw_all_together"));
+        if (tog > 0 && tog < bw) /* hosts sharing a memory bus read at this rate when all work */
+            bw = tog;
+        meas *q = &ms[w];
+        q->bw = bw * eff;
+        q->rtt = json_number_value(json_object_get(o, "rtt_p50_us")) * 1e-6;
+        q->rout = json_number_value(json_object_get(o, "out_bytes_per_s"));
+        q->rin = json_number_value(json_object_get(o, "in_bytes_per_s"));
+        if (!json_is_true(json_object_get(o, "ok")) || q->bw <= 0 || q->rout <= 0 || q->rin <= 0)
+            rc = shoal_err_set(err, errlen, SHOAL_ECONFIG, "%s: worker %s was not measured (%s); rerun shoal doctor "
+                               "without --no-facts", path, names[w],
+                               json_string_value(json_object_get(o, "error")) ? json_string_value(json_object_get(o, "error"))
+                                                                               : "no host facts");
+        bsum += q->bw;
+    }
+    if (!rc) {
+        json_t *c = json_object_get(root, "coordinator");
+        double cb = json_number_value(json_object_get(c, "read_bw_all")) * eff;
+        *coord_bw = cb > 0 ? cb : bsum / W; /* doctor --no-local: the workers' mean */
+    }
+out:
+    json_decref(root);
+    return rc;
+}
+
+/* Expert shares minimising the slowest server's per-token reads
+ * (tr[w] + s_w x EI) / bw[w], each within cap[w], summing to 1: a bisection
+ * on that time T. Returns T (the reads term), or -1 when the caps do not
+ * reach 1. */
+static double split(int W, const meas *ms, const double *tr, const double *cap, double EI, double *s)
+{
+    double capsum = 0;
+    for (int w = 0; w < W; w++)
+        capsum += cap[w];
+    if (capsum < 1 - 1e-12)
+        return -1;
+    double lo = 0, hi = 1;
+    for (int w = 0; w < W; w++) {
+        double t = (tr[w] + EI) / ms[w].bw;
+        hi = t > hi ? t : hi;
+    }
+    for (int it = 0; it < 200; it++) {
+        double mid = (lo + hi) / 2, sum = 0;
+        for (int w = 0; w < W; w++) {
+            double x = (mid * ms[w].bw - tr[w]) / EI;
+            sum += x < 0 ? 0 : x > cap[w] ? cap[w] : x;
+        }
+        if (sum >= 1)
+            hi = mid;
+        else
+            lo = mid;
+    }
+    double T = 0, sum = 0;
+    for (int w = 0; w < W; w++) {
+        double x = (hi * ms[w].bw - tr[w]) / EI;
+        s[w] = x < 0 ? 0 : x > cap[w] ? cap[w] : x;
+        sum += s[w];
+    }
+    for (int w = 0; w < W; w++) {
+        s[w] /= sum;
+        double t = (tr[w] + s[w] * EI) / ms[w].bw;
+        T = t > T ? t : T;
+    }
+    return T;
+}
+
+static void evaluate(const shoal_plan_measured *m, const model_fig *f, const meas *ms, double cbw, const int *order,
+                     cand *c)
+{
+    int W = m->nworkers, G = c->spread ? c->G : 0;
+    double *tr = calloc((size_t)W, sizeof *tr), *cap = calloc((size_t)W, sizeof *cap);
+    uint8_t *ist = calloc((size_t)W, 1);
+    for (int g = 0; g < G; g++)
+        ist[order[g]] = 1;
+    c->ok = 1;
+    for (int w = 0; w < W; w++) {
+        tr[w] = ist[w] ? f->tr / G + f->fa * (1 - 1.0 / G) : 0; /* its rows, and every f_a whole */
+        double room = (double)m->budget[w] - tr[w];
+        cap[w] = room > 0 ? room / f->experts_all : 0;
+        if (ist[w] && room <= 0) {
+            c->ok = 0;
+            snprintf(c->why, sizeof c->why, "%s: its trunk rows (%.2f GB) fill its budget", m->names[w], tr[w] / 1e9);
+        }
+    }
+    double EI = f->etok * m->imbalance;
+    double reads = c->ok ? split(W, ms, tr, cap, EI, c->share) : -1;
+    if (c->ok && reads < 0) {
+        c->ok = 0;
+        snprintf(c->why, sizeof c->why, "the budgets do not hold every routed expert%s", G ? " beside the trunk rows" : "");
+    }
+    if (c->ok) {
+        c->reads = reads;
+        c->coord = (G ? f->tall - f->tr : f->tall) / cbw;
+        double rt_t = 0, rt_all = 0, wire = 0, nic_out = 0, nic_in = 0;
+        for (int w = 0; w < W; w++) {
+            rt_all = ms[w].rtt > rt_all ? ms[w].rtt : rt_all;
+            if (ist[w])
+                rt_t = ms[w].rtt > rt_t ? ms[w].rtt : rt_t;
+            double inv = 1 - pow(1 - c->share[w], f->k); /* chance it has one of a token's k experts */
+            double out = f->moe * inv * f->act + (ist[w] ? f->x_in : 0);
+            double in = f->moe * c->share[w] * f->yexp + (ist[w] ? f->y_out / G : 0);
+            double t = out / ms[w].rout + in / ms[w].rin;
+            wire = t > wire ? t : wire;
+            nic_out += out;
+            nic_in += in;
+        }
+        if (m->nic_Bps > 0 && (nic_out + nic_in) / m->nic_Bps > wire)
+            wire = (nic_out + nic_in) / m->nic_Bps;
+        double x = m->overhead_s;
+        c->rt = (G ? f->steps_serial * (rt_t + x) : 0) + f->moe * (rt_all + x);
+        c->wire = wire;
+        c->total = c->reads + c->coord + c->rt + c->wire;
+        /* S slots: reads and round trips once per step, the rest per sequence */
+        double S = m->slots;
+        double step = c->reads + c->rt + S * (c->coord * (G ? 1 : 0) + c->wire) + (G ? 0 : c->coord);
+        c->tok_s = S / step;
+    }
+    free(tr);
+    free(cap);
+    free(ist);
+}
+
+static const char *bottleneck(const cand *c)
+{
+    double v[4] = {c->reads, c->coord, c->rt, c->wire};
+    const char *nm[4] = {"server reads (trunk rows + experts)", "coordinator reads", "round trips x RTT",
+                         "wire bytes / link rate"};
+    int b = 0;
+    for (int i = 1; i < 4; i++)
+        if (v[i] > v[b])
+            b = i;
+    return nm[b];
+}
+
+static int by_total(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->ok != y->ok)
+        return y->ok - x->ok;
+    return x->total < y->total ? -1 : x->total > y->total;
+}
+
+int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
+{
+    int W = m->nworkers, rc;
+    model_fig f;
+    if ((rc = figures(m->cfg, m->st, m->expert_bytes, &f, err, errlen)))
+        return rc;
+    meas *ms = calloc((size_t)W, sizeof *ms);
+    double cbw = 0;
+    if ((rc = load_doctor(m->doctor, W, m->names, m->eff, ms, &cbw, err, errlen))) {
+        free(ms);
+        return rc;
+    }
+    /* trunk servers: the cheapest first, by what one token would cost it
+     * holding the whole trunk alone -- its round trips, its link, its reads
+     * (ties: manifest order) */
+    int *order = malloc((size_t)W * sizeof *order);
+    double *tcost = malloc((size_t)W * sizeof *tcost);
+    for (int w = 0; w < W; w++) {
+        order[w] = w;
+        tcost[w] = f.steps_serial * (ms[w].rtt + m->overhead_s) + f.x_in / ms[w].rout + f.y_out / ms[w].rin +
+                   f.tr / ms[w].bw;
+    }
+    for (int i = 1; i < W; i++)
+        for (int j = i; j > 0 && tcost[order[j]] < tcost[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    shoal_tshard_mat *mats = NULL;
+    int nm = 0, minrows = 1 << 30;
+    shoal_tshard_mats(m->cfg, &mats, &nm);
+    for (int i = 0; i < nm; i++)
+        minrows = mats[i].rows < minrows ? mats[i].rows : minrows;
+    free(mats);
+    cand cs[40];
+    int nc = 0;
+    char labels[40][48];
+    snprintf(labels[nc], sizeof labels[nc], "trunk local");
+    cs[nc++] = (cand){.label = labels[0], .spread = 0};
+    for (int G = 1; G <= W && nc < 40; G = G * 2 > W && G < W ? W : G * 2) {
+        if (G > minrows || (m->max_trunk_servers && G != W))
+            continue;
+        snprintf(labels[nc], sizeof labels[nc], "trunk spread over %d", G);
+        cs[nc] = (cand){.label = labels[nc], .spread = 1, .G = G};
+        nc++;
+        if (G == W)
+            break;
+    }
+    for (int i = 0; i < nc; i++) {
+        cs[i].share = calloc((size_t)W, sizeof(double));
+        evaluate(m, &f, ms, cbw, order, &cs[i]);
+    }
+    qsort(cs, (size_t)nc, sizeof cs[0], by_total);
+    if (m->force_G >= 0) { /* a placement asked for: it goes first, the rest stay as runners-up */
+        int f2 = -1;
+        for (int i = 0; i < nc; i++)
+            if (cs[i].spread == (m->force_G > 0) && (!m->force_G || cs[i].G == m->force_G))
+                f2 = i;
+        if (f2 < 0) {
+            for (int i = 0; i < nc; i++)
+                free(cs[i].share);
+            free(order);
+            free(tcost);
+            free(ms);
+            return shoal_err_set(err, errlen, SHOAL_ECONFIG, "--trunk-servers %d is not a placement considered "
+                                 "(1, 2, 4, ... and all %d workers, at most the smallest matrix's rows)", m->force_G, W);
+        }
+        cand t = cs[f2];
+        memmove(&cs[1], &cs[0], (size_t)f2 * sizeof cs[0]);
+        cs[0] = t;
+    }
+    printf("measured plan (%s; assumed: kernel efficiency %.2f of the read pass, load imbalance %.2f, %.0f us per "
+           "exchange beyond the RTT):\n", m->doctor, m->eff, m->imbalance, m->overhead_s * 1e6);
+    printf("  per token: trunk %.3f GB (%.3f GB row-shardable), experts %.3f GB; %d serial trunk steps + %d "
+           "expert exchanges; trunk inputs %.1f kB per trunk server, outputs %.1f kB\n",
+           f.tall / 1e9, f.tr / 1e9, f.etok / 1e9, f.steps_serial, f.moe, f.x_in / 1e3, f.y_out / 1e3);
+    printf("  %-24s %10s %10s %10s %10s %10s %9s  %s\n", "placement", "reads s", "coord s", "rtt s", "wire s",
+           "s/token", "tok/s@" , "bottleneck");
+    for (int i = 0; i < nc; i++) {
+        if (!cs[i].ok) {
+            printf("  %-24s does not fit: %s\n", cs[i].label, cs[i].why);
+            continue;
+        }
+        printf("  %-24s %10.4f %10.4f %10.4f %10.4f %10.4f %9.2f  %s%s\n", cs[i].label, cs[i].reads, cs[i].coord,
+               cs[i].rt, cs[i].wire, cs[i].total, cs[i].tok_s, bottleneck(&cs[i]), i == 0 ? (m->force_G >= 0 ? "  <- asked for" : "  <- chosen") : "");
+    }
+    printf("  (tok/s at --slots %d: reads and round trips once per step, wire and coordinator work per sequence)\n",
+           m->slots);
+    if (!nc || !cs[0].ok) {
+        rc = shoal_err_set(err, errlen, SHOAL_ECONFIG, "no placement fits the budgets: %s", nc ? cs[0].why : "none");
+    } else {
+        m->spread = cs[0].spread;
+        m->G = cs[0].G;
+        m->predicted_s = cs[0].total;
+        for (int w = 0; w < W; w++)
+            m->tslot[w] = -1;
+        if (m->spread) { /* parts in worker order among the chosen servers */
+            int p = 0;
+            uint8_t *sel = calloc((size_t)W, 1);
+            for (int g = 0; g < m->G; g++)
+                sel[order[g]] = 1;
+            for (int w = 0; w < W; w++)
+                if (sel[w])
+                    m->tslot[w] = p++;
+            free(sel);
+        }
+        /* expert counts from the shares: largest remainder, at least one each */
+        uint64_t total = (uint64_t)f.moe * (uint64_t)f.E, given = 0;
+        double *rem = calloc((size_t)W, sizeof *rem);
+        for (int w = 0; w < W; w++) {
+            double x = cs[0].share[w] * (double)total;
+            m->count[w] = (uint64_t)x;
+            if (!m->count[w])
+                m->count[w] = 1;
+            rem[w] = x - floor(x);
+            given += m->count[w];
+        }
+        while (given < total) {
+            int b = 0;
+            for (int w = 1; w < W; w++)
+                if (rem[w] > rem[b])
+                    b = w;
+            m->count[b]++;
+            rem[b] = -1;
+            given++;
+        }
+        while (given > total) { /* the minimum of one pushed it over: take from the largest */
+            int b = 0;
+            for (int w = 1; w < W; w++)
+                if (m->count[w] > m->count[b])
+                    b = w;
+            m->count[b]--;
+            given--;
+        }
+        free(rem);
+        if (m->budget_split) {
+            printf("  chosen: %s; the experts by the budgets (the prediction assumed the measured split)\n",
+                   cs[0].label);
+        } else {
+            printf("  chosen: %s, experts by measured bandwidth:", cs[0].label);
+            for (int w = 0; w < W; w++)
+                printf(" %s %llu%s", m->names[w], (unsigned long long)m->count[w], m->tslot[w] >= 0 ? " +trunk" : "");
+            printf("\n");
+        }
+    }
+    for (int i = 0; i < nc; i++)
+        free(cs[i].share);
+    free(order);
+    free(tcost);
+    free(ms);
+    return rc;
+}

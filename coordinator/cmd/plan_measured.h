@@ -1,0 +1,66 @@
+/* plan_measured: `shoal plan --measured doctor.json` (issue 34,
+ * docs/CLUSTER.md "Measured plans"): predicts the seconds per token of the
+ * placements a plan can write -- the trunk on the coordinator, or its rows
+ * spread over G of the workers (the G cheapest: round trips, link and reads
+ * of one token if it held the whole trunk alone), the routed
+ * experts split in proportion to each host's measured read bandwidth within
+ * its memory budget -- from the model's per-token bytes and round trips and
+ * `shoal doctor`'s measured figures, prints the prediction term by term for
+ * each, names the bottleneck, and returns the fastest.
+ *
+ * The model, per decoded token (every term from the model's tensors or from
+ * doctor.json; `eff` and `imbalance` are the two stated assumptions):
+ *   trunk reads   trunk bytes on the busiest reader / (read_bw_all x eff)
+ *   expert reads  (folded into the same per-server sum: a server reads its
+ *                 trunk rows and its experts one after the other)
+ *   coordinator   bytes the coordinator reads (all of the trunk when local,
+ *                 the non-shardable rest when spread) / its read_bw_all x eff
+ *   round trips   serial trunk steps x (the slowest trunk server's RTT + x) +
+ *                 MoE layers x (the slowest worker's RTT + x) (PROTOCOL.md §3.7);
+ *                 x = --overhead-us, the software cost of an exchange beyond
+ *                 doctor's PROBE round trip (assumed, stated)
+ *   wire          per link: bytes out / its out rate + bytes in / its in
+ *                 rate, the slowest link; with --nic-gbps also the
+ *                 coordinator's NIC carrying every link's bytes
+ * and, at S slots (S sequences per step): reads and round trips once per
+ * step, wire and coordinator work S times; tokens/s = S / step time. */
+#ifndef SHOAL_PLAN_MEASURED_H
+#define SHOAL_PLAN_MEASURED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/k3cfg.h"
+#include "common/st.h"
+
+typedef struct {
+    /* in */
+    const shoal_k3cfg *cfg;
+    const shoal_st *st;
+    int nworkers;
+    const char *const *names; /* [nworkers]: manifest host names (doctor.json's worker names) */
+    const uint64_t *budget;   /* [nworkers]: bytes of weights each may hold */
+    uint64_t expert_bytes;    /* one routed expert */
+    const char *doctor;       /* doctor.json */
+    int slots;                /* --slots (>= 1) */
+    double nic_Bps;           /* --nic-gbps / 8 * 1e9; 0: no shared coordinator NIC term */
+    double eff;               /* kernel read efficiency (fraction of the read pass) */
+    double imbalance;         /* layer-weighted load imbalance of the expert split */
+    int max_trunk_servers;    /* 0: any; else spread only over all (replicas need every host) */
+    double overhead_s;        /* software cost of one round trip beyond the measured RTT (--overhead-us) */
+    int force_G;              /* -1: choose; 0: trunk local; G: spread over G (the report still lists all) */
+    int budget_split;         /* 1: the experts will be placed by the budgets (--replicas, --hot), not by count */
+    /* out */
+    int spread;         /* 1: trunk rows on G workers */
+    int G;
+    int *tslot;         /* [nworkers], caller's: part index of worker w, or -1 */
+    uint64_t *count;    /* [nworkers], caller's: routed experts each should hold (sum = all) */
+    double predicted_s; /* the choice's s/token */
+} shoal_plan_measured;
+
+/* Reads doctor.json, prints the candidates (to stdout), fills the outputs.
+ * 0, or SHOAL_ECONFIG / SHOAL_EIO with err (a worker missing from doctor.json,
+ * a worker it could not measure, no placement fitting the budgets). */
+int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,90 @@
+/* The AMX tile intrinsics that kernels/gemm_amx.c uses, in software, for
+ * test_kernels_amx_emul.sh on a CPU without AMX. TDPBF16PS follows the model
+ * measured in shared/amx-probe (per output and instruction: an even-k and an
+ * odd-k FMA chain from +0 over the 32 k, then C + (E + O); DAZ on inputs, FTZ
+ * after each rounding), computed here with x86 MXCSR FTZ|DAZ, which the probe
+ * found to be AMX's flush rule: a check of gemm_amx.c's tile layout (A rows,
+ * the transposed B pairs, the C tiles and their stores), not of a real unit. */
+#ifndef KERNELS_AMX_EMUL_SHIM_H
+#define KERNELS_AMX_EMUL_SHIM_H
+#include <stdint.h>
+#include <string.h>
+#include <xmmintrin.h>
+
+#undef _tile_loadconfig
+#undef _tile_zero
+#undef _tile_loadd
+#undef _tile_stored
+#undef _tile_dpbf16ps
+#undef _tile_release
+
+static struct {
+    uint8_t data[8][16][64];
+    int rows[8], colsb[8], configured;
+} emul_tiles;
+
+static void emul_loadconfig(const void *cfg)
+{
+    const uint8_t *c = cfg;
+    for (int i = 0; i < 8; i++) {
+        emul_tiles.colsb[i] = c[16 + 2 * i] | c[17 + 2 * i] << 8;
+        emul_tiles.rows[i] = c[48 + i];
+    }
+    emul_tiles.configured = 1;
+}
+
+static void emul_zero(int t)
+{
+    memset(emul_tiles.data[t], 0, sizeof emul_tiles.data[t]);
+}
+
+static void emul_loadd(int t, const void *base, long stride)
+{
+    for (int r = 0; r < emul_tiles.rows[t]; r++)
+        memcpy(emul_tiles.data[t][r], (const uint8_t *)base + r * stride, (size_t)emul_tiles.colsb[t]);
+}
+
+static void emul_stored(int t, void *base, long stride)
+{
+    for (int r = 0; r < emul_tiles.rows[t]; r++)
+        memcpy((uint8_t *)base + r * stride, emul_tiles.data[t][r], (size_t)emul_tiles.colsb[t]);
+}
+
+static float emul_bf(const uint8_t *p)
+{
+    uint32_t u = (uint32_t)(p[0] | p[1] << 8) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void emul_dp(int c, int a, int b)
+{
+    unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040);
+    int M = emul_tiles.rows[c], N = emul_tiles.colsb[c] / 4, K2 = emul_tiles.colsb[a] / 4;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            volatile float E = 0.0f, O = 0.0f; /* volatile: each step a rounded fp32 under MXCSR */
+            for (int p = 0; p < K2; p++) {
+                E = __builtin_fmaf(emul_bf(&emul_tiles.data[a][m][4 * p]), emul_bf(&emul_tiles.data[b][p][4 * n]), E);
+                O = __builtin_fmaf(emul_bf(&emul_tiles.data[a][m][4 * p + 2]), emul_bf(&emul_tiles.data[b][p][4 * n + 2]),
+                                   O);
+            }
+            float C;
+            memcpy(&C, &emul_tiles.data[c][m][4 * n], 4);
+            volatile float s = E + O;
+            volatile float r = C + s;
+            float rr = r;
+            memcpy(&emul_tiles.data[c][m][4 * n], &rr, 4);
+        }
+    _mm_setcsr(csr);
+}
+
+#define _tile_loadconfig(cfg) emul_loadconfig(cfg)
+#define _tile_zero(t) emul_zero(t)
+#define _tile_loadd(t, base, stride) emul_loadd((t), (base), (long)(stride))
+#define _tile_stored(t, base, stride) emul_stored((t), (base), (long)(stride))
+#define _tile_dpbf16ps(c, a, b) emul_dp((c), (a), (b))
+#define _tile_release() ((void)0)
+#endif

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The AMX matrix-unit-order kernels (kernels/gemm_amx.c) with the tile
+# intrinsics emulated in software from the measured AMX model
+# (kernels_amx_emul_shim.h), compared with the scalar specification. Runs on
+# any x86-64 with AVX-512F/BW (the file's activation rounding uses them);
+# SKIPPED elsewhere. Checks the tile layout logic, not an AMX unit: on an AMX
+# machine test_kernels runs the real one (t_mu_isa, t_mu_amx).
+set -uo pipefail
+src="${SHOAL_SRC:?}"
+build="${SHOAL_BUILD:?}"
+res="${SHOAL_TEST_RESULTS:-/dev/null}"
+skip() { echo "SKIP: $1"; printf 'SKIP\tkernels_amx_emul\tall: %s\n' "$1" >> "$res"; exit 77; }
+grep -q -w avx512f /proc/cpuinfo && grep -q -w avx512bw /proc/cpuinfo || skip "CPU lacks AVX-512F/BW for the AMX file's host code"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+sed -e 's|^#if defined(__x86_64__) && defined(__AMX_TILE__) && defined(__AMX_BF16__)$|#if 1|' \
+    -e 's|#include <immintrin.h>|#include <immintrin.h>\n#include "tests/e2e/kernels_amx_emul_shim.h"|' \
+    "$src/kernels/gemm_amx.c" > "$work/amx_emul.c"
+grep -q '^#if 1' "$work/amx_emul.c" || { printf 'FAIL\tkernels_amx_emul\tguard: cannot open the AMX guard\n' >> "$res"; exit 1; }
+cc="${CC:-cc}"
+flags=(-std=c11 -O1 -D_GNU_SOURCE -ffp-contract=off -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -fopenmp -I"$src")
+"$cc" "${flags[@]}" -Dshoal__kernels_gemm_bf16_mu_amx=emul_bf16_mu_amx -Dshoal__kernels_gemm_mxfp4_mu_amx=emul_mxfp4_mu_amx \
+    -Dshoal__kernels_amx_usable=emul_amx_usable -Dshoal__kernels_peak_amx_bf16=emul_peak_amx_bf16 \
+    -c "$work/amx_emul.c" -o "$work/a.o" \
+    || { printf 'FAIL\tkernels_amx_emul\tcompile: gemm_amx.c does not build with the emulated tiles\n' >> "$res"; exit 1; }
+"$cc" "${flags[@]}" "$src/tests/e2e/kernels_amx_emul.c" "$work/a.o" "$build/libshoal_kernels.a" \
+    "$build/libshoal_common.a" -lm -o "$work/check" \
+    || { printf 'FAIL\tkernels_amx_emul\tlink\n' >> "$res"; exit 1; }
+SHOAL_TEST_RESULTS="$res" "$work/check"

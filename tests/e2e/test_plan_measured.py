@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""`shoal plan --measured doctor.json` (issue 34) on hand-made measurements,
+tiny-k3, two workers; expected values worked out here from the model
+docs/CLUSTER.md "Measured plans" states:
+- trunk local, memory 2:1 (20 and 10 GB/s): the experts split 2:1 -> 128 and
+  64 of the 192 routed experts, and the printed round-trip term is the MoE
+  layers x (RTT + overhead) = 8 x (100 + 100) us;
+- slow links (10 ms RTT): the trunk stays local (8 round trips, not 48);
+- a coordinator with a slow memory (1 MB/s) and fast links: the trunk goes to
+  the workers (plan.json "trunk": "spread", "trunk_servers" 2, ROWSPECs
+  *:0/2 and *:1/2), and the printed trunk-read term of "trunk local" is the
+  trunk's bytes (from the headers) / (1 MB/s x 0.82);
+- --trunk-servers 1: one worker's ROWSPEC *:0/1 (only), the other none;
+- --replicas 1 with --measured: every expert on both workers (as before);
+- a worker missing from doctor.json: refused (exit 3) naming it.
+Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~2 s.
+"""
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+T = "test_plan_measured"
+SRC = os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
+TINY = os.path.join(SRC, "tests", "models", "tiny-k3")
+R = harness.Recorder(T)
+check, record, counts = R.check, R.record, R.counts
+tmp = tempfile.mkdtemp(prefix="shoal-pm-")
+
+
+def doctor(bw, rtt_us, rate, coord_bw=None, names=("w0", "w1")):
+    d = {"format": "shoal-doctor", "version": 1, "workers": [
+        {"name": n, "ok": True, "host": {"read_bw_all": b}, "rtt_p50_us": rtt_us, "rtt_p99_us": rtt_us,
+         "out_bytes_per_s": rate, "in_bytes_per_s": rate} for n, b in zip(names, bw)]}
+    if coord_bw:
+        d["coordinator"] = {"read_bw_all": coord_bw}
+    p = os.path.join(tmp, f"doctor{len(os.listdir(tmp))}.json")
+    json.dump(d, open(p, "w"))
+    return p
+
+
+def plan(doc, extra=()):
+    out = os.path.join(tmp, f"plan{len(os.listdir(tmp))}.json")
+    r = subprocess.run([BIN, "plan", "--model", TINY, "--cluster", CLUSTER, "--measured", doc, "-o", out] +
+                       list(extra), capture_output=True, text=True)
+    return r, (json.load(open(out)) if r.returncode == 0 else None)
+
+
+def row(text, label):
+    m = re.search(r"^  " + re.escape(label) + r"\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", text, re.M)
+    return [float(x) for x in m.groups()] if m else None
+
+
+def trunk_bytes(model):
+    """bytes of every non-expert tensor but the embedding table (the trunk read per token)"""
+    tot = 0
+    for fn in sorted(os.listdir(model)):
+        if fn.endswith(".safetensors"):
+            with open(os.path.join(model, fn), "rb") as f:
+                n = struct.unpack("<Q", f.read(8))[0]
+                h = json.loads(f.read(n))
+            for k, v in h.items():
+                if k == "__metadata__" or not k.startswith("language_model."):
+                    continue
+                if (".experts." in k and "shared_experts" not in k) or "embed_tokens" in k:
+                    continue
+                tot += v["data_offsets"][1] - v["data_offsets"][0]
+    return tot
+
+
+def main():
+    global CLUSTER
+    if not os.path.exists(BIN):
+        record("SKIP", "all", f"{BIN} not built")
+        return 77
+    CLUSTER = os.path.join(tmp, "cluster.json")
+    json.dump({"format": "shoal-cluster", "version": 1, "coordinator": "c", "worker_port": 5555,
+               "hosts": [{"name": "c", "address": "10.0.0.1", "ssh_user": "u", "cpus": 1, "expert_ram": 0},
+                         {"name": "w0", "address": "10.0.0.2", "ssh_user": "u", "cpus": 1, "expert_ram": "64MiB"},
+                         {"name": "w1", "address": "10.0.0.3", "ssh_user": "u", "cpus": 1, "expert_ram": "64MiB"}]},
+              open(CLUSTER, "w"))
+    r, p = plan(doctor([2e10, 1e10], 100, 1e9, coord_bw=1e10), ["--trunk-servers", "0"])
+    if check("trunk local written", r.returncode == 0 and p and p["trunk"] == "local", r.stderr[-400:]):
+        cnt = {w["name"]: w["expert_count"] for w in p["workers"]}
+        check("experts split by measured bandwidth 2:1: 128 and 64", cnt == {"w0": 128, "w1": 64}, str(cnt))
+        rl = row(r.stdout, "trunk local")
+        check("round trips term = 8 MoE layers x (100 + 100) us = 0.0016 s", rl and abs(rl[2] - 0.0016) < 1e-4,
+              r.stdout[-1200:])
+    r, p = plan(doctor([1e10, 1e10], 10000, 1e9, coord_bw=1e10))
+    check("10 ms RTT: the trunk stays local", r.returncode == 0 and p and p["trunk"] == "local" and
+          "chosen: trunk local" in r.stdout, r.stdout[-1200:] + r.stderr[-300:])
+    r, p = plan(doctor([1e10, 1e10], 10, 1e9, coord_bw=1e6))
+    ok = r.returncode == 0 and p and p["trunk"] == "spread" and p.get("trunk_servers") == 2
+    check("a slow coordinator memory, fast links: the trunk spread over both", ok, r.stdout[-1500:] + r.stderr[-300:])
+    if ok:
+        specs = sorted(w.get("trunk", "").split(",")[0] for w in p["workers"])
+        check("ROWSPECs *:0/2 and *:1/2", specs == ["*:0/2", "*:1/2"], str(specs))
+        rl = row(r.stdout, "trunk local")
+        want = trunk_bytes(TINY) / (1e6 * 0.82)
+        check(f"trunk local's coordinator term = trunk bytes / (1 MB/s x 0.82) = {want:.3f} s",
+              rl and abs(rl[1] - want) <= 0.002 * want, str(rl))
+    r, p = plan(doctor([1e10, 1e10], 10, 1e9, coord_bw=1e6), ["--trunk-servers", "1"])
+    if check("--trunk-servers 1 written", r.returncode == 0 and p is not None, r.stderr[-400:]):
+        specs = [w.get("trunk") for w in p["workers"]]
+        check("one worker holds *:0/1 (and f_a), the other no trunk rows",
+              sorted(s is None for s in specs) == [False, True] and
+              [s for s in specs if s][0] == "*:0/1,*.f_a_proj.weight:all", str(specs))
+    r, p = plan(doctor([2e10, 1e10], 100, 1e9, coord_bw=1e10), ["--replicas", "1"])
+    check("--replicas 1 with --measured: every expert on both workers, placed by the budgets as before",
+          r.returncode == 0 and p and p["replicas"] == 1 and [w["expert_count"] for w in p["workers"]] == [192, 192],
+          r.stderr[-400:] + (str([w["expert_count"] for w in p["workers"]]) if p else ""))
+    r, p = plan(doctor([1e10], 10, 1e9, names=("w0",)))
+    check("a worker missing from doctor.json: refused (exit 3) naming it", r.returncode == 3 and "w1" in r.stderr,
+          f"rc {r.returncode}: {r.stderr[-300:]}")
+    return 1 if counts["FAIL"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
