@@ -22,6 +22,12 @@ and `re`, never shoal's code. Cases:
                  whose arguments parse and validate against its parameters.
   isolation      an unconstrained greedy request gives the same text alone and
                  next to a constrained one (a mask never leaks to another slot).
+  same_ids       constrained requests run together on a batched, drafting
+                 (ngram), 2-worker server give the texts of the reference path
+                 (--slots 1 --draft off) alone.
+  anthropic      the anthropic SDK on /v1/messages: tool_choice {type: tool}
+                 gives one tool_use whose input validates against input_schema;
+                 output_config.format json_schema is enforced.
   refusals       an unsupported keyword is a 400 naming it (param + message).
 """
 import json
@@ -297,6 +303,24 @@ def t_json_object(srv, label):
                     f"{ch.finish_reason} {text!r}"[:300])
 
 
+def t_n_choices(srv, label):
+    """n = 3: every choice (forked jobs) carries its own matcher"""
+    resp = chat(srv, [{"role": "user", "content": "JSON"}], 60, temperature=1.3, seed=11, n=3,
+                response_format={"type": "json_object"})
+    for ch in resp.choices:
+        text = ch.message.content or ""
+        if ch.finish_reason == "stop":
+            try:
+                good = isinstance(json.loads(text), dict)
+            except ValueError:
+                good = False
+        else:
+            good = ch.finish_reason == "length" and json_prefix_ok(text)
+        R.check(f"n_choices/{label}/{ch.index}", good, f"{ch.finish_reason} {text!r}"[:300])
+    R.check(f"n_choices/{label}/distinct", len({c.message.content for c in resp.choices}) > 1,
+            "three seeded choices gave one text")
+
+
 def t_regex_choice(srv, label):
     pat = r"(yes|no), [0-9]{2,4} (apples|pears)"
     for seed in range(3):
@@ -403,6 +427,67 @@ def t_isolation(srv, label):
     R.check(f"isolation/{label}", together == alone, f"{alone!r} vs {together!r}")
 
 
+def t_same_ids(srv, ref, label):
+    """The same constrained requests on the batched, drafting, 2-worker server
+    (concurrently) and on the reference path (--slots 1 --draft off, alone):
+    the same text (a mask is per request; drafts are checked like any other)."""
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 30},
+                                               "b": {"type": "array", "items": {"type": "integer"}, "maxItems": 4}},
+              "required": ["a", "b"], "additionalProperties": False}
+    reqs = [dict(temperature=0, response_format={"type": "json_object"}),
+            dict(temperature=1.2, seed=5, response_format={"type": "json_schema",
+                                                           "json_schema": {"name": "s", "schema": schema}}),
+            dict(temperature=0, extra_body={"guided_regex": r"[a-z]+( [a-z]+){2,5}\."})]
+    alone = [chat(ref, [{"role": "user", "content": "Describe the sea"}], 40, **kw).choices[0].message.content
+             for kw in reqs]
+    got = [None] * len(reqs)
+
+    def run(i):
+        got[i] = chat(srv, [{"role": "user", "content": "Describe the sea"}], 40, **reqs[i]).choices[0].message.content
+
+    ths = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    for i in range(len(reqs)):
+        R.check(f"same_ids/{label}/{i}", got[i] == alone[i], f"{alone[i]!r} vs {got[i]!r}")
+
+
+def t_anthropic(srv, label):
+    """anthropic SDK on /v1/messages: a forced tool_use whose input validates
+    against input_schema, and output_config.format enforced"""
+    try:
+        import anthropic
+    except ImportError:
+        R.record("SKIP", f"anthropic/{label}", "anthropic SDK missing (tools/requirements.txt)")
+        return
+    cl = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0)
+    schema = {"type": "object", "properties": {"query": {"type": "string", "maxLength": 40},
+                                               "limit": {"type": "integer"}},
+              "required": ["query", "limit"], "additionalProperties": False}
+    for seed in range(2):
+        m = cl.messages.create(model=srv.name, max_tokens=200, extra_body={"temperature": 1.0, "seed": seed},
+                               tools=[{"name": "search", "input_schema": schema}],
+                               tool_choice={"type": "tool", "name": "search"},
+                               messages=[{"role": "user", "content": "find cats"}])
+        uses = [b for b in m.content if b.type == "tool_use"]
+        if m.stop_reason == "max_tokens":
+            R.check(f"anthropic/{label}/tool/{seed}", not uses, "a cut call returned as tool_use")
+            continue
+        ok = m.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "search"
+        why = validate(schema, uses[0].input) if ok else f"{m.stop_reason} {m.content}"
+        R.check(f"anthropic/{label}/tool/{seed}", ok and not why, str(why)[:300])
+    m = cl.messages.create(model=srv.name, max_tokens=120, extra_body={"temperature": 1.0},
+                           output_config={"format": {"type": "json_schema", "schema": schema}},
+                           messages=[{"role": "user", "content": "a query"}])
+    text = "".join(b.text for b in m.content if b.type == "text")
+    if m.stop_reason == "end_turn":
+        R.check(f"anthropic/{label}/output_config", not validate(schema, json.loads(text)), text[:300])
+    else:
+        R.check(f"anthropic/{label}/output_config", json_prefix_ok(text), f"{m.stop_reason} {text!r}"[:300])
+
+
 def t_refusals(srv, label):
     import openai
     cases = [
@@ -440,10 +525,17 @@ def main():
         return 77
     os.makedirs(WORK, exist_ok=True)
     t0 = time.time()
-    srv = Server(NANO, "nano")
+    srv = Server(NANO, "nano", "--slots", "4", "--workers", "2", "--worker-threads", "1")
+    ref = Server(NANO, "nano", "--slots", "1", "--draft", "off")
+    try:
+        t_same_ids(srv, ref, "nano")
+    finally:
+        ref.stop()
     try:
         t_refusals(srv, "nano")
+        t_anthropic(srv, "nano")
         t_json_object(srv, "nano")
+        t_n_choices(srv, "nano")
         t_regex_choice(srv, "nano")
         t_sdk_parse(srv, "nano")
         t_isolation(srv, "nano")
