@@ -101,8 +101,11 @@ typedef struct {
 
 #define END 256
 /* digits of a number's integer part or fraction, and of its exponent: JSON
- * sets no bound, but parsers do (jansson, doubles); docs/API.md */
-#define NUM_DIGITS 20
+ * sets no bound, but parsers do: 18 digits keep every integer inside int64
+ * (jansson, which the server's own Anthropic path parses arguments with,
+ * refuses larger ones), 2 exponent digits keep 18-digit mantissas inside a
+ * double; docs/API.md */
+#define NUM_DIGITS 18
 #define NUM_EXP_DIGITS 2
 #define ADDL_KEY 0xffffu
 

@@ -466,7 +466,7 @@ def t_anthropic(srv, label):
     schema = {"type": "object", "properties": {"query": {"type": "string", "maxLength": 40},
                                                "limit": {"type": "integer"}},
               "required": ["query", "limit"], "additionalProperties": False}
-    for seed in range(2):
+    for seed in range(4):
         m = cl.messages.create(model=srv.name, max_tokens=200, extra_body={"temperature": 1.0, "seed": seed},
                                tools=[{"name": "search", "input_schema": schema}],
                                tool_choice={"type": "tool", "name": "search"},

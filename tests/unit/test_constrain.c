@@ -82,6 +82,12 @@ static void t_json_object(void)
     NO(c, "{\"a\":\"\\ud800\"}");  /* surrogate escapes are not offered */
     NO(c, "{\"a\":1}x");
     NO(c, "{\"a\":tru}");
+    /* at most 18 integer digits: every integer fits int64, which the
+     * server's own JSON parsing (the Anthropic path's tool input) needs */
+    YES(c, "{\"a\":-999999999999999999}");
+    NO(c, "{\"a\":1234567890123456789}");
+    YES(c, "{\"a\":1.5e99}");
+    NO(c, "{\"a\":1.5e100}");
     CHECK(prefix_ok(c, "{\"a\":\"\xe2\x82") == 1); /* a character split across tokens */
     CHECK(prefix_ok(c, "{\"a\":\"\xe2\x28") == 0);
     /* whitespace is bounded */
