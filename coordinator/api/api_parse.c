@@ -179,12 +179,12 @@ static const char *const chat_fields[] = {
     "top_p", "top_k", "min_p", "seed", "stop", "n", "tools", "tool_choice", "reasoning_effort", "thinking",
     "thinking_effort", "chat_template_kwargs", "user", "logprobs", "top_logprobs", "presence_penalty",
     "frequency_penalty", "repetition_penalty", "logit_bias", "response_format", "modalities", "return_token_ids",
-    "guided_json", "guided_regex", "guided_choice", NULL};
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar", NULL};
 static const char *const completion_fields[] = {
     "model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
     "stop", "n", "best_of", "echo", "suffix", "logprobs", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "logit_bias", "user", "return_token_ids", "guided_json", "guided_regex", "guided_choice",
-    NULL};
+    "guided_grammar", "grammar", NULL};
 static const char *const message_fields[] = {"role", "content", "name", "tool_calls", "tool_call_id",
                                              "reasoning_content", "reasoning", "partial", "prefix", NULL};
 static const char *const part_fields[] = {"type", "text", NULL};
@@ -203,10 +203,10 @@ static const struct {
     int neutral; /* besides null, which is always neutral */
 } refused_fields[] = {
     /* vLLM / SGLang structured output and sampling */
-    {"guided_grammar", NEUTRAL_EMPTY}, {"guided_decoding_backend", NEUTRAL_EMPTY},
+ {"guided_decoding_backend", NEUTRAL_EMPTY},
     {"guided_whitespace_pattern", NEUTRAL_EMPTY}, {"structured_outputs", NEUTRAL_EMPTY},
     {"structural_tag", NEUTRAL_EMPTY}, {"regex", NEUTRAL_EMPTY}, {"ebnf", NEUTRAL_EMPTY},
-    {"json_schema", NEUTRAL_EMPTY}, {"grammar", NEUTRAL_EMPTY}, {"logits_processors", NEUTRAL_EMPTY},
+    {"json_schema", NEUTRAL_EMPTY}, {"logits_processors", NEUTRAL_EMPTY},
     {"bad_words", NEUTRAL_EMPTY}, {"allowed_token_ids", NEUTRAL_EMPTY}, {"stop_token_ids", NEUTRAL_EMPTY},
     {"min_tokens", NEUTRAL_ZERO}, {"ignore_eos", NEUTRAL_FALSE}, {"include_stop_str_in_output", NEUTRAL_FALSE},
     {"skip_special_tokens", NEUTRAL_TRUE}, {"spaces_between_special_tokens", NEUTRAL_TRUE},
@@ -1025,10 +1025,24 @@ static int parse_constraint(json_t *root, shoal_gen_kind kind, shoal_gen_params 
         param = "guided_choice";
         count++;
     }
+    static const char *const gkeys[] = {"grammar", "guided_grammar"};
+    for (int k = 0; k < 2; k++) {
+        json_t *gg = json_object_get(root, gkeys[k]);
+        if (is_null_or_absent(gg) || (json_is_string(gg) && !json_string_length(gg)))
+            continue;
+        if (!json_is_string(gg)) {
+            json_decref(spec);
+            return BADTYPE(gkeys[k], "a string (a GBNF grammar)");
+        }
+        json_decref(spec);
+        spec = json_pack("{s:s, s:O}", "kind", "grammar", "gbnf", gg);
+        param = gkeys[k];
+        count++;
+    }
     if (count > 1) {
         json_decref(spec);
         return UNSUPPORTED(param, "give at most one of response_format (json_object / json_schema), guided_json, "
-                                  "guided_regex, guided_choice");
+                                  "guided_regex, guided_choice, grammar, guided_grammar");
     }
     /* a forced tool call: tool_choice names a function (or is "required"
      * with one tool declared): the reply is that call, its arguments

@@ -1353,6 +1353,18 @@ int shoal_cons_compile_regex(shoal_cons **out, const char *re, size_t len, char 
     return 0;
 }
 
+int shoal_cons_compile_gbnf(shoal_cons **out, const char *text, size_t len, char *err, size_t errlen)
+{
+    *out = NULL;
+    char *re;
+    int rc = shoal__cons_gbnf_to_regex(text, len, &re, err, errlen);
+    if (rc)
+        return rc;
+    rc = shoal_cons_compile_regex(out, re, strlen(re), err, errlen);
+    free(re);
+    return rc;
+}
+
 int shoal_cons_compile_choice(shoal_cons **out, const char *const *choices, int n, char *err, size_t errlen)
 {
     *out = NULL;
@@ -1405,6 +1417,12 @@ int shoal_cons_compile_spec(shoal_cons **out, const json_t *spec, char *err, siz
         int rc = shoal_cons_compile_choice(out, v, n, err, errlen);
         free(v);
         return rc;
+    }
+    if (!strcmp(kind, "grammar")) {
+        const json_t *gr = json_object_get(spec, "gbnf");
+        if (!json_is_string(gr))
+            return shoal_err_set(err, errlen, SHOAL_EINVAL, "grammar: a GBNF string");
+        return shoal_cons_compile_gbnf(out, json_string_value(gr), json_string_length(gr), err, errlen);
     }
     return shoal_err_set(err, errlen, SHOAL_EINVAL, "constraint kind '%s'", kind);
 }

@@ -55,11 +55,17 @@ int shoal_cons_compile_json(shoal_cons **out, const json_t *schema, char *err, s
  * with SHOAL_EUNSUPPORTED (a construct outside it) or SHOAL_ERANGE (too many
  * states). */
 int shoal_cons_compile_regex(shoal_cons **out, const char *re, size_t len, char *err, size_t errlen);
+/* A GBNF grammar as llama-server takes it (rule "root"); recursion is
+ * bounded (each rule at most 3 times along one derivation path) and classes
+ * keep their ASCII members, so the matcher accepts a regular subset of the
+ * grammar's language (docs/API.md "Grammars"). SHOAL_EINVAL / SHOAL_ERANGE
+ * with a message on a malformed or too large grammar. */
+int shoal_cons_compile_gbnf(shoal_cons **out, const char *text, size_t len, char *err, size_t errlen);
 /* The whole output is exactly one of the n strings (UTF-8, n >= 1). */
 int shoal_cons_compile_choice(shoal_cons **out, const char *const *choices, int n, char *err, size_t errlen);
 /* The normalised form the API stores in a request (shoal_gen_params.constraint):
  * {"kind":"json","schema":S|null} | {"kind":"regex","pattern":"..."} |
- * {"kind":"choice","choices":["...", ...]}. */
+ * {"kind":"choice","choices":["...", ...]} | {"kind":"grammar","gbnf":"..."}. */
 int shoal_cons_compile_spec(shoal_cons **out, const json_t *spec, char *err, size_t errlen);
 void shoal_cons_free(shoal_cons *c); /* accepts NULL */
 

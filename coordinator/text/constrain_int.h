@@ -27,4 +27,10 @@ int shoal__cons_re_compile(shoal__cons_dfa *d, const char *re, size_t len, int j
                            char *err, size_t errlen);
 void shoal__cons_dfa_free(shoal__cons_dfa *d);
 
+/* A GBNF grammar (rule "root") as one regex (*out, NUL-terminated, the
+ * caller frees): rules inlined, each rule expanded at most 3 times along a
+ * path (recursion bounded: a subset of the grammar's language), classes
+ * keeping their ASCII members. */
+int shoal__cons_gbnf_to_regex(const char *text, size_t len, char **out, char *err, size_t errlen);
+
 #endif

@@ -15,6 +15,9 @@ and `re`, never shoal's code. Cases:
   json_object    response_format json_object: an object.
   regex, choice  guided_regex / guided_choice: re.fullmatch / membership, on
                  chat and completions.
+  gbnf           llama.cpp's published arithmetic.gbnf (chat, `grammar` and
+                 `guided_grammar`) and list.gbnf (completions): finished outputs
+                 parse with parsers written here from the grammars.
   sdk_parse      the official openai SDK's chat.completions.parse with a
                  Pydantic model (nested model, enum, Optional, list): the parsed
                  object comes back.
@@ -303,6 +306,126 @@ def t_json_object(srv, label):
                     f"{ch.finish_reason} {text!r}"[:300])
 
 
+# llama.cpp's grammars/arithmetic.gbnf and grammars/list.gbnf, as published
+ARITH_GBNF = r"""root  ::= (expr "=" ws term "\n")+
+expr  ::= term ([-+*/] term)*
+term  ::= ident | num | "(" ws expr ")" ws
+ident ::= [a-z] [a-z0-9_]* ws
+num   ::= [0-9]+ ws
+ws    ::= [ \t\n]*
+"""
+LIST_GBNF = r"""root ::= item+
+
+# Excludes various line break characters
+item ::= "- " [^\r\n\x0b\x0c\x85\u2028\u2029]+ "\n"
+"""
+
+
+def arith_ok(s):
+    """An independent parser of arithmetic.gbnf: every end position each rule
+    can reach from i (the grammar is ambiguous around white space)."""
+    import functools
+
+    @functools.lru_cache(maxsize=None)
+    def ws(i):
+        out = {i}
+        while i < len(s) and s[i] in " \t\n":
+            i += 1
+            out.add(i)
+        return frozenset(out)
+
+    @functools.lru_cache(maxsize=None)
+    def term(i):
+        out = set()
+        if i < len(s) and "a" <= s[i] <= "z":
+            j = i + 1
+            ends = {j}
+            while j < len(s) and (s[j].islower() and s[j].isascii() or s[j].isdigit() and s[j].isascii() or s[j] == "_"):
+                j += 1
+                ends.add(j)
+            for e in ends:
+                out |= ws(e)
+        if i < len(s) and s[i].isdigit() and s[i].isascii():
+            j = i
+            ends = set()
+            while j < len(s) and s[j].isdigit() and s[j].isascii():
+                j += 1
+                ends.add(j)
+            for e in ends:
+                out |= ws(e)
+        if i < len(s) and s[i] == "(":
+            for a in ws(i + 1):
+                for b in expr(a):
+                    if b < len(s) and s[b] == ")":
+                        out |= ws(b + 1)
+        return frozenset(out)
+
+    @functools.lru_cache(maxsize=None)
+    def expr(i):
+        out = set(term(i))
+        frontier = set(out)
+        while frontier:
+            nxt = set()
+            for e in frontier:
+                if e < len(s) and s[e] in "-+*/":
+                    nxt |= term(e + 1)
+            frontier = nxt - out
+            out |= nxt
+        return frozenset(out)
+
+    def line(i):
+        out = set()
+        for a in expr(i):
+            if a < len(s) and s[a] == "=":
+                for b in ws(a + 1):
+                    for c in term(b):
+                        if c < len(s) and s[c] == "\n":
+                            out.add(c + 1)
+        return out
+
+    reach, frontier = set(), {0}
+    while frontier:
+        nxt = set()
+        for i in frontier:
+            nxt |= line(i)
+        frontier = nxt - reach
+        reach |= nxt
+    return len(s) in reach
+
+
+def end_bias(model):
+    """logit_bias favouring the ids that end a reply ([EOS], <|end_of_msg|>,
+    <|close|>): the mask offers them only once the grammar accepts, so a
+    grammar of repeated lines (root ::= item+) ends at its first complete
+    point instead of running to max_tokens"""
+    with open(os.path.join(model, "tokenizer_config.json")) as f:
+        dec = json.load(f)["added_tokens_decoder"]
+    return {k: 8 for k, v in dec.items() if v["content"] in ("[EOS]", "<|end_of_msg|>", "<|close|>")}
+
+
+def t_gbnf(srv, label):
+    bias = end_bias(NANO)
+    done = 0
+    for seed in range(4):
+        for key in ("grammar", "guided_grammar"):
+            resp = chat(srv, [{"role": "user", "content": "Some equations"}], 60, temperature=1.0, seed=seed,
+                        logit_bias=bias, extra_body={key: ARITH_GBNF})
+            ch = resp.choices[0]
+            if ch.finish_reason == "stop":
+                done += 1
+                R.check(f"gbnf/{label}/arithmetic/{key}/{seed}", arith_ok(ch.message.content), repr(ch.message.content))
+        c = srv.client.completions.create(model=srv.name, prompt="Shopping list:\n", max_tokens=60, temperature=1.0,
+                                          seed=seed, logit_bias=bias, extra_body={"grammar": LIST_GBNF})
+        t = c.choices[0].text
+        if c.choices[0].finish_reason == "stop":
+            done += 1
+            R.check(f"gbnf/{label}/list/{seed}",
+                    re.fullmatch(r"(- [^\r\n\x0b\x0c\x85\u2028\u2029]+\n)+", t) is not None, repr(t))
+    R.check(f"gbnf/{label}/some_finished", done >= 3, f"only {done} grammar outputs finished")
+    R.check(f"gbnf/{label}/oracle_refuses", not arith_ok("a+=1\n") and not arith_ok("x + 2=1\n") and
+            arith_ok("x +2 *(y -3)= 4\nb=c\n"), "the test's parser is wrong")
+
+
 def t_n_choices(srv, label):
     """n = 3: every choice (forked jobs) carries its own matcher"""
     resp = chat(srv, [{"role": "user", "content": "JSON"}], 60, temperature=1.3, seed=11, n=3,
@@ -536,6 +659,7 @@ def main():
         t_anthropic(srv, "nano")
         t_json_object(srv, "nano")
         t_n_choices(srv, "nano")
+        t_gbnf(srv, "nano")
         t_regex_choice(srv, "nano")
         t_sdk_parse(srv, "nano")
         t_isolation(srv, "nano")

@@ -134,9 +134,9 @@ static void t_chat_refusals(void)
     refused(C, CHAT(",\"response_format\":{\"type\":\"yaml\"}"), 400, "response_format.type");
     refused(C, CHAT(",\"modalities\":[\"audio\"]"), 400, "modalities");
     /* the field policy: an output-changing field that is not implemented is refused naming it */
-    e = refused(C, CHAT(",\"guided_grammar\":\"root ::= x\""), 400, "guided_grammar");
+    e = refused(C, CHAT(",\"structured_outputs\":{\"json\":{}}"), 400, "structured_outputs");
     CHECK(!strcmp(e.code, "unsupported_parameter"));
-    refused(C, CHAT(",\"grammar\":\"root ::= x\""), 400, "grammar");
+    refused(C, CHAT(",\"grammar\":\"root ::= undefined-rule\""), 400, "grammar"); /* GBNF: an undefined rule */
     refused(C, CHAT(",\"ignore_eos\":true"), 400, "ignore_eos");
     refused(C, CHAT(",\"stream\":true,\"stream_options\":{\"include_usage\":true},\"min_tokens\":3"), 400, "min_tokens");
     refused(C, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\",\"function_call\":{\"name\":\"f\"}}]}",

@@ -251,6 +251,44 @@ static void t_refusals(void)
     expect_refused(deep, SHOAL_ERANGE, "/items/items");
 }
 
+/* llama.cpp's grammars/arithmetic.gbnf and list.gbnf as published */
+static const char *arith_gbnf = "root  ::= (expr \"=\" ws term \"\\n\")+\n"
+                                "expr  ::= term ([-+*/] term)*\n"
+                                "term  ::= ident | num | \"(\" ws expr \")\" ws\n"
+                                "ident ::= [a-z] [a-z0-9_]* ws\n"
+                                "num   ::= [0-9]+ ws\n"
+                                "ws    ::= [ \\t\\n]*\n";
+static const char *list_gbnf = "root ::= item+\n\n# Excludes various line break characters\n"
+                               "item ::= \"- \" [^\\r\\n\\x0b\\x0c\\x85\\u2028\\u2029]+ \"\\n\"\n";
+
+static void t_gbnf(void)
+{
+    shoal_cons *c;
+    char err[300];
+    CHECK_MSG(shoal_cons_compile_gbnf(&c, arith_gbnf, strlen(arith_gbnf), err, sizeof err) == 0, "%s", err);
+    YES(c, "a=1\n");
+    YES(c, "x +2 *(y -3)= 4\nb=c\n");
+    NO(c, "x + 2=1\n"); /* no white space before a term */
+    YES(c, "((a))=b\n"); /* nesting within the bound */
+    NO(c, "a=1");          /* each line ends in a newline */
+    NO(c, "a+=1\n");
+    NO(c, "A=1\n");
+    NO(c, "(((((a)))))=b\n"); /* past the recursion bound (a subset, documented) */
+    shoal_cons_free(c);
+    CHECK_MSG(shoal_cons_compile_gbnf(&c, list_gbnf, strlen(list_gbnf), err, sizeof err) == 0, "%s", err);
+    YES(c, "- milk\n- eggs and ham\n");
+    NO(c, "- \n");
+    NO(c, "* milk\n");
+    shoal_cons_free(c);
+    const char *bad[] = {"root ::= undefined-rule", "root ::= \"a", "x ::= \"a\"", "root ::= (\"a\"", "root ::= [b-a]",
+                         "root ::= a\na ::= b\nb ::= a"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        c = NULL;
+        CHECK_MSG(shoal_cons_compile_gbnf(&c, bad[i], strlen(bad[i]), err, sizeof err) != 0, "accepted %s", bad[i]);
+        CHECK(c == NULL);
+    }
+}
+
 static void t_regex_choice(void)
 {
     shoal_cons *c;
@@ -393,6 +431,7 @@ int main(void)
     RUN(t_pattern_format);
     RUN(t_refusals);
     RUN(t_regex_choice);
+    RUN(t_gbnf);
     RUN(t_mask_tiny);
     RUN(t_mask_real);
     shoal_cons_vocab_free(byte_vocab);
