@@ -1,7 +1,7 @@
 /* Structured-output costs (issue 36), single thread:
  *   bench_constrain TOKENIZER_DIR WALKS STEPS SEED
  * One "vocab" row (building the byte trie), then per constraint (json_object,
- * a 20-field schema, a recursive schema, a regex): a "compile" row (REPS=200
+ * a 20-field schema, a recursive schema, a regex, llama.cpp's arithmetic GBNF): a "compile" row (REPS=200
  * compiles: p50 / max microseconds) and a "mask" row: WALKS random walks of up
  * to STEPS tokens each; at every step the mask is computed (timed) and the next
  * token drawn from the allowed ones: half the time uniformly, half the time
@@ -62,6 +62,8 @@ static int compile(const char *kind, const char *src, shoal_cons **c, char *err,
 {
     if (!strcmp(kind, "regex"))
         return shoal_cons_compile_regex(c, src, strlen(src), err, el);
+    if (!strcmp(kind, "gbnf"))
+        return shoal_cons_compile_gbnf(c, src, strlen(src), err, el);
     json_t *s = src ? json_loads(src, 0, NULL) : NULL;
     int rc = shoal_cons_compile_json(c, s, err, el);
     json_decref(s);
@@ -119,6 +121,11 @@ int main(int argc, char **argv)
         {"schema_20_fields", "json", f20},
         {"schema_recursive", "json", rec},
         {"regex", "regex", "[A-Z][a-z]{2,12}( [A-Z][a-z]{2,12}){0,3}, [0-9]{1,5} (Street|Road|Avenue)"},
+        /* llama.cpp's grammars/arithmetic.gbnf */
+        {"gbnf_arithmetic", "gbnf",
+         "root  ::= (expr \"=\" ws term \"\\n\")+\nexpr  ::= term ([-+*/] term)*\n"
+         "term  ::= ident | num | \"(\" ws expr \")\" ws\nident ::= [a-z] [a-z0-9_]* ws\n"
+         "num   ::= [0-9]+ ws\nws    ::= [ \\t\\n]*\n"},
     };
     int V = shoal_cons_vocab_size(v);
     uint8_t *mask = malloc((size_t)V);

@@ -1,5 +1,5 @@
 /* Fuzz target of the structured-output compiler and matcher (issue 36).
- * Input: byte 0 picks the mode (even: a JSON schema, odd: a regex); bytes
+ * Input: byte 0 picks the mode (% 3: a JSON schema, a regex, a GBNF grammar); bytes
  * 1..k (k = byte 1 * 4, at most the rest) are the schema text / pattern; the
  * rest is fed to a run of the compiled constraint, then one mask is computed.
  * Contract checked: compile either succeeds or refuses with an error code and
@@ -32,8 +32,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     shoal_cons *c = NULL;
     err[0] = '\0';
     int rc;
-    if (data[0] & 1) {
+    if (data[0] % 3 == 1) {
         rc = shoal_cons_compile_regex(&c, src, k, err, sizeof err);
+    } else if (data[0] % 3 == 2) {
+        rc = shoal_cons_compile_gbnf(&c, src, k, err, sizeof err);
     } else {
         json_t *s = json_loadb(src, k, JSON_DECODE_ANY, NULL);
         rc = shoal_cons_compile_json(&c, s, err, sizeof err);
