@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/omp_wait.h"
 #include "common/log.h"
+#include "common/suggest.h"
 
 static const struct {
     const char *name;
@@ -21,7 +22,7 @@ static const struct {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: shoal COMMAND [ARGS...]\n\ncommands:\n");
+    fprintf(f, "usage: shoal COMMAND [ARGS...]   (shoal --version: the version)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\nRun 'shoal COMMAND --help' for a command's options.\n"
@@ -45,10 +46,21 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V"))
+        return shoal_cmd_version(argc - 1, argv + 1);
+    const char *names[sizeof commands / sizeof commands[0]];
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (!strcmp(argv[1], commands[i].name))
             return commands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "shoal: unknown command '%s'\n", argv[1]);
-    usage(stderr);
+        names[i] = commands[i].name;
+    }
+    const char *near = shoal_suggest(argv[1], names, (int)(sizeof names / sizeof names[0]));
+    if (near) /* a typo: the suggestion, not the whole help */
+        fprintf(stderr, "shoal: unknown command '%s'; did you mean '%s'? ('shoal --help' lists them)\n", argv[1],
+                near);
+    else {
+        fprintf(stderr, "shoal: unknown command '%s'\n", argv[1]);
+        usage(stderr);
+    }
     return 2;
 }

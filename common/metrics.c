@@ -7,7 +7,10 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "common/err.h"
 
@@ -510,4 +513,62 @@ const char *shoal_metrics_label_get(const shoal_metrics_parsed *s, const char *n
         if (!strcmp(s->labels[i].name, name))
             return s->labels[i].value;
     return NULL;
+}
+
+double shoal_metrics_process_start_s(void)
+{
+    static _Atomic double cached = 0;
+    double v = atomic_load(&cached);
+    if (v > 0)
+        return v;
+    v = 0;
+    /* field 22 of /proc/self/stat: start time in clock ticks after boot; the
+     * command (field 2) may hold spaces and parentheses: parse after the last ')' */
+    char buf[1024];
+    FILE *f = fopen("/proc/self/stat", "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    unsigned long long ticks = 0;
+    int ok = 0;
+    if (p) {
+        p++;
+        for (int field = 3; field < 22 && p; field++) { /* skip fields 3..21 */
+            p = strchr(p + 1, ' ');
+        }
+        ok = p && sscanf(p, " %llu", &ticks) == 1;
+    }
+    unsigned long long btime = 0;
+    f = ok ? fopen("/proc/stat", "r") : NULL;
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "btime %llu", &btime) == 1)
+                break;
+        fclose(f);
+    }
+    long hz = sysconf(_SC_CLK_TCK);
+    if (ok && btime && hz > 0)
+        v = (double)btime + (double)ticks / (double)hz;
+    else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        v = (double)ts.tv_sec + ts.tv_nsec / 1e9;
+    }
+    atomic_store(&cached, v);
+    return v;
+}
+
+void shoal_metrics_process_families(shoal_metrics_buf *b, const char *version, const char *isa,
+                                    const char *kernels)
+{
+    shoal_metrics_family(b, "shoal_build_info", SHOAL_METRICS_GAUGE,
+                         "Always 1: the version, commit, the CPU's best kernel ISA and the kernels in use.");
+    shoal_metrics_label l[4] = {{"version", version}, {"commit", SHOAL_COMMIT}, {"isa", isa}, {"kernels", kernels}};
+    shoal_metrics_sample(b, "shoal_build_info", l, 4, 1);
+    shoal_metrics_family(b, "process_start_time_seconds", SHOAL_METRICS_GAUGE,
+                         "Start time of the process since unix epoch in seconds.");
+    shoal_metrics_sample(b, "process_start_time_seconds", NULL, 0, shoal_metrics_process_start_s());
 }

@@ -139,6 +139,18 @@ void shoal_metrics_hist_samples(shoal_metrics_buf *b, const char *name, const sh
 void shoal_metrics_summary_samples(shoal_metrics_buf *b, const char *name, const shoal_metrics_label *labels,
                                    int nlabels, const shoal_metrics_snap *s, const double *qs, int nq);
 
+/* ---- the process ------------------------------------------------------ */
+
+/* shoal_build_info{version,commit,isa,kernels} 1 (isa: the best variant this
+ * CPU supports; kernels: the variant in use, SHOAL_ISA may lower it; commit:
+ * the git commit at configure time) and process_start_time_seconds (Unix
+ * time, from /proc/self/stat and the boot time), for both processes. */
+void shoal_metrics_process_families(shoal_metrics_buf *b, const char *version, const char *isa,
+                                    const char *kernels);
+/* The process start as Unix time in seconds (cached; the time of the first
+ * call when /proc cannot tell). */
+double shoal_metrics_process_start_s(void);
+
 /* ---- parsing (for `shoal top` and tests) ------------------------------ */
 
 #define SHOAL_METRICS_MAX_LABELS 16

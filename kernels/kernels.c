@@ -104,6 +104,13 @@ shoal_isa shoal_kernels_isa(void)
     return active_isa;
 }
 
+shoal_isa shoal_kernels_cpu_best(void)
+{
+    return shoal_kernels_cpu_has(SHOAL_ISA_AVX512) ? SHOAL_ISA_AVX512
+           : shoal_kernels_cpu_has(SHOAL_ISA_AVX2) ? SHOAL_ISA_AVX2
+                                                   : SHOAL_ISA_SCALAR;
+}
+
 /* Bytes of L2 per core (the GEMMs' row blocks are sized from it). */
 static long l2_bytes = 1L << 20;
 

@@ -29,6 +29,7 @@ int shoal_kernels_init(void);
 shoal_isa shoal_kernels_isa(void);
 int shoal_kernels_set_isa(shoal_isa isa); /* tests and benchmarks; 0 or SHOAL_EUNSUPPORTED */
 int shoal_kernels_cpu_has(shoal_isa isa);
+shoal_isa shoal_kernels_cpu_best(void); /* the best variant the CPU supports (for shoal_build_info) */
 const char *shoal_isa_name(shoal_isa isa);
 /* Bytes of L2 cache per core as the kernels size their blocks (sysconf at
  * shoal_kernels_init; 1 MiB when the system does not say). */

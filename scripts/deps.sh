@@ -14,6 +14,13 @@ PKGS=(build-essential cmake pkg-config git python3 python3-venv
       libsimde-dev)
 # extra tools used by the full suite (network namespaces, sshd, tmux)
 PKGS+=(iproute2 tmux)
+# promtool (Debian package prometheus, 19 MB, ~25 s to install): `promtool check metrics`
+# on both processes' /metrics and `check`/`test rules` on deploy/prometheus-alerts.yml
+# (tests/e2e/test_promtool.py, skipped by name without it)
+PKGS+=(prometheus)
+# the cluster page's test in a real browser (tests/e2e/test_webui.py, skipped by name without
+# it): Debian's chromium, 81 MB download, ~60 s to install on a 2-core machine
+PKGS+=(chromium)
 # deployment and the multi-host test (docs/DEPLOY.md): Ansible, sshd per namespace, rsync
 PKGS+=(ansible-core openssh-server openssh-client rsync)
 # systemd-analyze verify on the rendered units (works without systemd as PID 1); python3-apt

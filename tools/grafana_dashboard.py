@@ -56,6 +56,44 @@ panel("HTTP responses per second", [(f"sum by (endpoint, status) (rate(shoal_htt
 panel("Expert wait per layer (p99)", [('shoal_layer_wait_seconds{quantile="0.99"}', "layer {{layer}}")], w=8,
       unit="s", desc="time the coordinator blocked waiting for the last expert reply, per MoE layer")
 
+row("Requests: latency, queue, failover, drafting")
+panel("Time to first token", [(f"histogram_quantile(0.5, sum by (le) (rate(shoal_request_ttft_seconds_bucket{R})))",
+                               "p50"),
+                              (f"histogram_quantile(0.99, sum by (le) (rate(shoal_request_ttft_seconds_bucket{R})))",
+                               "p99")], unit="s", w=8, desc="from submit to the first generated token")
+panel("Inter-token time", [(f"histogram_quantile(0.5, sum by (le) "
+                            f"(rate(shoal_request_inter_token_seconds_bucket{R})))", "p50"),
+                           (f"histogram_quantile(0.99, sum by (le) "
+                            f"(rate(shoal_request_inter_token_seconds_bucket{R})))", "p99")], unit="s", w=8)
+panel("Queue wait and depth", [(f"histogram_quantile(0.99, sum by (le) (rate(shoal_request_queue_seconds_bucket{R})))",
+                                "wait p99 (s)"),
+                               ("shoal_sched_queued / shoal_sched_queue_capacity", "queue used (fraction)"),
+                               (f"rate(shoal_sched_refused_total{R})", "refused (429) per s")], w=8)
+panel("Failovers and restarts", [(f"rate(shoal_failovers_total{R})", "failovers/s"),
+                                 (f"rate(shoal_trunk_failovers_total{R})", "of which in trunk steps/s"),
+                                 (f"rate(shoal_failover_resent_pairs_total{R})", "pairs resent/s"),
+                                 (f"sum by (worker) (increase(shoal_worker_restarts_total{R}))",
+                                  "{{worker}} restarts")], w=8,
+      desc="failovers to replicas (docs/CLUSTER.md) and supervisor restarts of local workers")
+panel("Time lost per failover (since start)", [('shoal_failover_seconds{quantile="0.5"}', "p50"),
+                                                ('shoal_failover_seconds{quantile="0.99"}', "p99")], unit="s", w=8)
+panel("Speculative decoding", [(f"rate(shoal_draft_accepted_total{R}) / rate(shoal_draft_tokens_total{R})",
+                                "drafts accepted (fraction)"),
+                               (f"rate(shoal_decode_fed_tokens_total{R}) / rate(shoal_decode_passes_total{R})",
+                                "tokens per decode pass")], w=8,
+      desc="--draft ngram: the share of drafted tokens the verify pass kept, and tokens fed per pass")
+
+panel("Prefix cache: hits and saved prefill", [(f"rate(shoal_prefix_cache_hits_total{R}) / "
+                                                f"rate(shoal_prefix_cache_lookups_total{R})", "hit rate"),
+                                               (f"rate(shoal_prefix_cache_saved_tokens_total{R}) / "
+                                                f"rate(shoal_prompt_tokens_total{R})", "prompt tokens not prefilled"),
+                                               (f"rate(shoal_prefix_cache_waits_total{R})", "waits for a capture/s")],
+      w=12, desc="--prefix-cache-gb / --prefix-cache-dir (docs/CONFIG.md)")
+panel("Prefix cache: memory and disk", [("shoal_prefix_cache_bytes", "held"),
+                                        ("shoal_prefix_cache_budget_bytes", "budget"),
+                                        (f"rate(shoal_prefix_cache_disk_read_bytes_total{R})", "disk reads/s")],
+      unit="bytes", w=12)
+
 row("Shards (as the coordinator sees them)")
 panel("Shard up", [("shoal_worker_up", "{{worker}}")], kind="stat", w=8, unit="none")
 panel("Load share vs fair share", [("shoal_worker_load_share", "{{worker}} share"),
@@ -103,6 +141,41 @@ panel("Uptime", [("shoal_expert_server_uptime_seconds", "{{worker}}")], kind="st
 panel("Hottest experts (pairs per second)", [(f"topk(20, rate(shoal_expert_server_expert_pairs_total{R}))",
                                               "{{worker}} L{{layer}} E{{expert}}")], kind="bargauge", w=24, h=10)
 
+# the template variables: every coordinator series is filtered by $instance,
+# every per-worker one by $worker too (expert servers are scraped as their own
+# instances: only $worker applies to them)
+import re  # noqa: E402
+
+
+def scoped(expr):
+    def one(m):
+        name, inner = m.group(1), m.group(3)
+        sel = []
+        if not name.startswith("shoal_expert_server_"):
+            sel.append('instance=~"$instance"')
+        if name.startswith("shoal_worker_") or name.startswith("shoal_expert_server_"):
+            sel.append('worker=~"$worker"')
+        if inner:
+            sel.append(inner)
+        return name + "{" + ", ".join(sel) + "}"
+    return re.sub(r"\b(shoal_[a-z0-9_]+)(\{([^}]*)\})?", one, expr)
+
+
+for p in panels:
+    for t in p.get("targets", []):
+        t["expr"] = scoped(t["expr"])
+
+templating = [
+    {"name": "instance", "label": "coordinator", "type": "query", "datasource": DS, "refresh": 2,
+     "query": {"query": "label_values(shoal_coordinator_uptime_seconds, instance)", "refId": "instance"},
+     "definition": "label_values(shoal_coordinator_uptime_seconds, instance)", "includeAll": True, "multi": True,
+     "current": {"text": "All", "value": "$__all"}, "allValue": ".*", "sort": 1},
+    {"name": "worker", "label": "worker", "type": "query", "datasource": DS, "refresh": 2,
+     "query": {"query": 'label_values(shoal_worker_up{instance=~"$instance"}, worker)', "refId": "worker"},
+     "definition": 'label_values(shoal_worker_up{instance=~"$instance"}, worker)', "includeAll": True,
+     "multi": True, "current": {"text": "All", "value": "$__all"}, "allValue": ".*", "sort": 1},
+]
+
 dash = {
     "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource", "pluginId": "prometheus",
                   "pluginName": "Prometheus"}],
@@ -116,7 +189,7 @@ dash = {
     "editable": True,
     "refresh": "10s",
     "time": {"from": "now-30m", "to": "now"},
-    "templating": {"list": []},
+    "templating": {"list": templating},
     "annotations": {"list": []},
     "panels": panels,
 }

@@ -4,15 +4,21 @@
  * (stamped on arrival, so queue_us is the time spent behind earlier requests);
  * answer the head; repeat. One thread owns the socket. Replies are written
  * straight into ZeroMQ messages (no copy of the expert outputs). */
+#include "common/suggest.h"
 #include "worker/expert_server.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
 #include <malloc.h>
+#include <netinet/in.h>
 #include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 #include <sodium.h>
@@ -132,9 +138,11 @@ static void send_reply(void *sock, zmq_msg_t *rid, const shoal_serve_reply *rep,
         if (rc >= 0)
             of->live = 0; /* ZeroMQ owns it now */
     }
-    if (rc < 0) {
+    if (rc < 0) { /* a peer that never reads fills its queue: counted, logged the first 20 then every 1000th */
+        if (*dropped < 20 || *dropped % 1000 == 0)
+            SHOAL_WARN("reply not sent: %s%s", zmq_strerror(errno),
+                       *dropped >= 20 ? " (counting; logged every 1000th)" : "");
         (*dropped)++;
-        SHOAL_WARN("reply not sent: %s", zmq_strerror(errno));
     }
     if (of->live) {
         zmq_msg_close(&of->msg);
@@ -183,47 +191,106 @@ static uint64_t mem_total(void)
 
 /* Connections refused before ZAP sees them: a plain (NULL mechanism) client of
  * a CURVE worker fails the ZMTP handshake (mechanism mismatch), which only the
- * socket monitor reports. Drained from the loop (never blocks); logged with
- * the peer's address, the first 20 then every 1000th. */
-static void drain_monitor(void *mon, uint64_t *nrefused)
+ * socket monitor reports -- and its events name the listener's own endpoint,
+ * not the peer (libzmq 4.3's monitor gives a bound socket's local address).
+ * So a thread of its own reads the monitor as events come: at ACCEPTED (whose
+ * value is the new connection's fd) it asks the kernel for the peer's address
+ * (getpeername) at once, before the handshake can fail and the fd be closed;
+ * a HANDSHAKE_FAILED is followed by that connection's DISCONNECTED (same fd),
+ * which names the address to log. (The race with the close is usually won:
+ * the handshake needs the peer's greeting first; when lost, the line says the
+ * address could not be read -- never the listener's endpoint as if it were
+ * the peer's.) Logged the first 20, then every 1000th. */
+#define MON_FDS 64
+typedef struct {
+    void *mon;
+    pthread_t th;
+    atomic_int stop;
+    int started;
+    uint64_t refused;
+    struct {
+        int fd;
+        char addr[80];
+    } fds[MON_FDS];
+    int next;
+} monitor;
+
+static void peer_of(int fd, char *out, size_t n)
 {
-    for (;;) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char host[INET6_ADDRSTRLEN] = "";
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl)) { /* the handshake failed and closed it first */
+        snprintf(out, n, "a peer that left before its address could be read");
+        return;
+    }
+    if (ss.ss_family == AF_INET) {
+        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+        inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+        snprintf(out, n, "%s:%u", host, (unsigned)ntohs(a->sin_port));
+    } else if (ss.ss_family == AF_INET6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+        snprintf(out, n, "[%s]:%u", host, (unsigned)ntohs(a->sin6_port));
+    } else {
+        snprintf(out, n, "a local socket");
+    }
+}
+
+static void *monitor_main(void *arg)
+{
+    monitor *m = arg;
+    int failed = 0;
+    uint32_t failed_val = 0;
+    while (!atomic_load(&m->stop)) {
+        zmq_pollitem_t it = {m->mon, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 200) <= 0)
+            continue;
         zmq_msg_t ev, addr;
         zmq_msg_init(&ev);
-        if (zmq_msg_recv(&ev, mon, ZMQ_DONTWAIT) < 0) {
+        if (zmq_msg_recv(&ev, m->mon, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&ev);
-            return;
+            continue;
         }
         zmq_msg_init(&addr);
-        int more = zmq_msg_more(&ev);
-        if (more && zmq_msg_recv(&addr, mon, ZMQ_DONTWAIT) < 0)
-            more = 0;
+        if (zmq_msg_more(&ev))
+            zmq_msg_recv(&addr, m->mon, ZMQ_DONTWAIT);
         uint16_t id = 0;
         uint32_t val = 0;
         if (zmq_msg_size(&ev) >= 6) {
             memcpy(&id, zmq_msg_data(&ev), 2);
             memcpy(&val, (const uint8_t *)zmq_msg_data(&ev) + 2, 4);
         }
-        char a[128] = "?";
-        if (more) {
-            size_t n = zmq_msg_size(&addr);
-            n = n < sizeof a - 1 ? n : sizeof a - 1;
-            memcpy(a, zmq_msg_data(&addr), n);
-            a[n] = 0;
-            for (size_t i = 0; i < n; i++) /* a log line, not a terminal escape */
-                if ((unsigned char)a[i] < 0x20 || (unsigned char)a[i] >= 0x7f)
-                    a[i] = '?';
-        }
-        if (*nrefused < 20 || *nrefused % 1000 == 0)
-            SHOAL_WARN("refused a connection from %s: %s (0x%x)%s", a,
-                       val == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
-                           ? "handshake failed: the client does not speak CURVE (plain TCP?)"
-                           : "handshake failed",
-                       (unsigned)val, *nrefused >= 20 ? " (counting; logged every 1000th)" : "");
-        (*nrefused)++;
         zmq_msg_close(&ev);
         zmq_msg_close(&addr);
+        if (id == ZMQ_EVENT_ACCEPTED) {
+            int k = m->next++ % MON_FDS; /* the oldest entry goes first */
+            for (int i = 0; i < MON_FDS; i++)
+                if (m->fds[i].fd == (int)val + 1) /* a reused fd: its old entry is stale */
+                    k = i;
+            m->fds[k].fd = (int)val + 1; /* 0: a free entry */
+            peer_of((int)val, m->fds[k].addr, sizeof m->fds[k].addr);
+        } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL || id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+            failed = 1;
+            failed_val = val;
+        } else if (id == ZMQ_EVENT_DISCONNECTED) {
+            const char *a = "a peer whose address was not seen";
+            for (int i = 0; i < MON_FDS; i++)
+                if (m->fds[i].fd == (int)val + 1) {
+                    a = m->fds[i].addr;
+                    m->fds[i].fd = 0;
+                }
+            if (failed && (m->refused < 20 || m->refused % 1000 == 0))
+                SHOAL_WARN("refused a connection from %s: %s (0x%x)%s", a,
+                           failed_val == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+                               ? "handshake failed: the client does not speak CURVE (plain TCP?)"
+                               : "handshake failed",
+                           (unsigned)failed_val, m->refused >= 20 ? " (counting; logged every 1000th)" : "");
+            m->refused += failed;
+            failed = 0;
+        }
     }
+    return NULL;
 }
 
 typedef struct {
@@ -235,7 +302,8 @@ typedef struct {
     shoal_bank *bank;
     shoal_store *store;
     shoal_serve *srv;
-    void *zctx, *sock, *mon;
+    void *zctx, *sock;
+    monitor *mon; /* CURVE: the handshake-failure monitor and its thread */
     shoal_curve_zap *zap;
     qreq *q;
     shoal_wmetrics *wm;
@@ -250,8 +318,15 @@ typedef struct {
 
 static void server_free(server *s)
 {
-    if (s->mon)
-        zmq_close(s->mon);
+    if (s->mon) {
+        if (s->mon->started) {
+            atomic_store(&s->mon->stop, 1);
+            pthread_join(s->mon->th, NULL);
+        }
+        if (s->mon->mon)
+            zmq_close(s->mon->mon);
+        free(s->mon);
+    }
     if (s->sock)
         zmq_close(s->sock);
     shoal_curve_zap_stop(s->zap);
@@ -606,13 +681,21 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
         goto out;
     if (o->curve_secret) {
         int lz = 0;
+        s.mon = shoal_xcalloc(1, sizeof *s.mon);
         if (zmq_socket_monitor(s.sock, "inproc://shoal-worker-monitor",
-                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) ||
-            !(s.mon = zmq_socket(s.zctx, ZMQ_PAIR)) || zmq_setsockopt(s.mon, ZMQ_LINGER, &lz, sizeof lz) ||
-            zmq_connect(s.mon, "inproc://shoal-worker-monitor")) {
+                               ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) ||
+            !(s.mon->mon = zmq_socket(s.zctx, ZMQ_PAIR)) ||
+            zmq_setsockopt(s.mon->mon, ZMQ_LINGER, &lz, sizeof lz) ||
+            zmq_connect(s.mon->mon, "inproc://shoal-worker-monitor")) {
             rc = shoal_err_set(err, errlen, -errno, "socket monitor: %s", zmq_strerror(errno));
             goto out;
         }
+        if (pthread_create(&s.mon->th, NULL, monitor_main, s.mon)) {
+            rc = shoal_err_set(err, errlen, SHOAL_ENOMEM, "cannot start the socket monitor thread");
+            goto out;
+        }
+        s.mon->started = 1;
     } else if (shoal_curve_needed(o->listen)) {
         SHOAL_WARN("--insecure: %s is plain TCP, neither encrypted nor authenticated: anyone who reaches it can use "
                    "this worker and read the activations (trusted networks, tests and benchmarks only)",
@@ -652,10 +735,8 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     }
     s.q = shoal_xcalloc(QCAP, sizeof *s.q);
     int head = 0, count = 0, shutdown = 0;
-    uint64_t dropped = 0, nrefused = 0, handled = 0;
+    uint64_t dropped = 0, handled = 0;
     while (!shutdown && !(o->stop && *o->stop)) {
-        if (s.mon && (count == 0 || (handled & 255) == 0))
-            drain_monitor(s.mon, &nrefused);
         if (count == 0) { /* idle: block in the receive itself (ZMQ_RCVTIMEO), as cheap as a wait gets */
             int g = recv_one(s.sock, &s.q[head], 1);
             if (g < 0) {
@@ -888,7 +969,12 @@ int shoal_cmd_expert(int argc, char **argv)
             break;
         }
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: /* getopt named it; a typo of a long option gets a suggestion, not the whole help */
+            if (optind > 1 && !strncmp(argv[optind - 1], "--", 2) && shoal_suggest_flag(argv[optind - 1], usage))
+                fprintf(stderr, "shoal expert: did you mean %s?\n", shoal_suggest_flag(argv[optind - 1], usage));
+            else
+                usage(stderr);
+            return 2;
         }
     }
     if (optind < argc) {

@@ -18,6 +18,8 @@
 #include "common/err.h"
 #include "common/k3cfg.h"
 #include "common/log.h"
+#include "cli/version.h"
+#include "kernels/kernels.h"
 #include "proto/proto.h"
 
 #define NTYPES 12  /* message types 0 (undecodable) .. 11 */
@@ -193,6 +195,8 @@ static void one(shoal_metrics_buf *b, const char *name, shoal_metrics_type t, co
 void shoal_wmetrics_write(shoal_wmetrics *wm, shoal_metrics_buf *b)
 {
     shoal_metrics_label wl[1] = {{"worker", wm->id}};
+    shoal_metrics_process_families(b, SHOAL_VERSION, shoal_isa_name(shoal_kernels_cpu_best()),
+                                   shoal_isa_name(shoal_kernels_isa()));
     one(b, "shoal_expert_server_uptime_seconds", SHOAL_METRICS_GAUGE, "Seconds since the expert server started.", wl,
         (double)(shoal_metrics_now_ns() - wm->start_ns) / 1e9);
     one(b, "shoal_expert_server_resident_bytes", SHOAL_METRICS_GAUGE,

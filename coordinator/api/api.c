@@ -1051,6 +1051,14 @@ static void metrics(shoal_api *a, shoal_http_ex *ex)
 {
     shoal__api_count(a, EP_METRICS, 200); /* counted before formatting, so it includes itself */
     shoal_metrics_buf b = {0};
+    shoal_api_metrics_text(a, &b);
+    shoal_http_respond(ex, 200, "text/plain; version=0.0.4", NULL, b.p, b.len);
+    shoal_metrics_buf_free(&b);
+}
+
+void shoal_api_metrics_text(shoal_api *a, shoal_metrics_buf *bp)
+{
+    shoal_metrics_buf b = *bp;
     const shoal_metrics_type C = SHOAL_METRICS_COUNTER, G = SHOAL_METRICS_GAUGE;
     shoal_metrics_family(&b, "shoal_http_responses_total", C, "HTTP responses of the API, by endpoint and status.");
     for (int i = 0; i < MAX_STATUS_SLOTS && a->st[i].status; i++)
@@ -1113,18 +1121,19 @@ static void metrics(shoal_api *a, shoal_http_ex *ex)
     metric(&b, "shoal_ready", G, "1 when the model and every worker answered.", atomic_load(&a->ready));
     if (a->o.metrics)
         a->o.metrics(a->o.ud, &b);
-    shoal_http_respond(ex, 200, "text/plain; version=0.0.4", NULL, b.p, b.len);
-    shoal_metrics_buf_free(&b);
+    *bp = b;
 }
 
 /* 1 when the request carries the key (or none is set). The client's key is
  * everything after "Bearer " exactly as sent (a key with a leading space is
  * a different key); digests are compared so the time taken does not depend
  * on the key. */
-static int authorized(shoal_api *a, const shoal_http_request *req)
+int shoal_api_key_ok(const char *api_key, const shoal_http_request *req)
 {
-    if (!a->api_key)
+    if (!api_key)
         return 1;
+    if (sodium_init() < 0) /* idempotent; before the API is open nobody else has called it */
+        return 0;
     /* Authorization: Bearer KEY (OpenAI) or x-api-key: KEY (Anthropic) */
     const char *h = shoal_http_request_header(req, "authorization");
     const char *k;
@@ -1133,9 +1142,14 @@ static int authorized(shoal_api *a, const shoal_http_request *req)
     else if ((k = shoal_http_request_header(req, "x-api-key")) == NULL)
         return 0;
     unsigned char want[crypto_hash_sha256_BYTES], got[crypto_hash_sha256_BYTES];
-    crypto_hash_sha256(want, (const unsigned char *)a->api_key, strlen(a->api_key));
+    crypto_hash_sha256(want, (const unsigned char *)api_key, strlen(api_key));
     crypto_hash_sha256(got, (const unsigned char *)k, strlen(k));
     return sodium_memcmp(want, got, sizeof want) == 0;
+}
+
+static int authorized(shoal_api *a, const shoal_http_request *req)
+{
+    return shoal_api_key_ok(a->api_key, req);
 }
 
 /* Methods of RFC 9110 (and PATCH): known, so a route answers 405 for the
@@ -1170,6 +1184,10 @@ static void route(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req
         return;
     }
     int auth = authorized(a, req);
+    if (ep == EP_OTHER && a->o.route && a->o.route(a->o.ud, ex, req, auth)) {
+        a->handed = 1; /* the route owns the exchange (and its log) */
+        return;
+    }
     /* the key is checked before anything else is said about the path; only
      * /health answers without it (its status, not the workers' addresses) */
     if (!auth && ep != EP_HEALTH) {

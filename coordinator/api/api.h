@@ -138,6 +138,11 @@ typedef struct {
     /* Appends further metric families to /metrics (the coordinator's
      * cmetrics: forward phases, per-worker exchanges). NULL: none. Loop thread. */
     void (*metrics)(void *ud, shoal_metrics_buf *b);
+    /* Further routes (the cluster page, coordinator/cmd/webui.h), asked
+     * first for every request with a known method: returns 1 when it
+     * answered (it then owns the exchange), 0 to let the API answer (401
+     * without the key, 404 for a path nobody knows). NULL: none. Loop thread. */
+    int (*route)(void *ud, shoal_http_ex *ex, const shoal_http_request *req, int authorised);
     void *ud;
 } shoal_api_opts;
 
@@ -147,8 +152,14 @@ int shoal_api_open(shoal_api **out, const shoal_api_opts *o, char *err, size_t e
 void shoal_api_set_http(shoal_api *a, shoal_http *h);
 /* 1 once the model is loaded and every worker answered: /health says ready. */
 void shoal_api_set_ready(shoal_api *a, int ready);
+/* 1 when req carries "Authorization: Bearer API_KEY" exactly (or api_key is
+ * NULL); compared by digest, in a time that does not depend on the key. For
+ * `shoal serve`'s answers before the API is open (the "starting" state). */
+int shoal_api_key_ok(const char *api_key, const shoal_http_request *req);
 /* The HTTP request callback (ud = the shoal_api). */
 void shoal_api_on_request(void *ud, shoal_http_ex *ex, const shoal_http_request *req);
+/* The /metrics exposition into b (loop thread). */
+void shoal_api_metrics_text(shoal_api *a, shoal_metrics_buf *b);
 /* After the HTTP loop stopped and the scheduler closed. Accepts NULL. */
 void shoal_api_close(shoal_api *a);
 

@@ -473,8 +473,9 @@ static void start_decoding(shoal_sched *s, shoal_slot *sl)
 /* One warning per distinct worker failure: the requests that meet a down
  * worker all fail with the same message, and a hundred of them in a second
  * would flood the log. A message equal to the last one within 10 s is
- * counted instead, and the count is logged with the next different message
- * or once 10 s have passed. Model thread only. */
+ * counted instead, and the count is logged with the next failure that
+ * differs or comes 10 s or more later. Model thread only (one scheduler per
+ * process logs). */
 static void warn_worker_failure(const char *err)
 {
     static char last[512];

@@ -32,6 +32,7 @@ struct shoal_dist {
     shoal_expert_client *client; /* owned by the model once set */
     shoal_expert_client *trunk;  /* trunk role (trunk_client.h), or NULL; owned by the model once set */
     int trunk_remote;            /* matrices computed remotely */
+    const atomic_int *cancel;    /* shoal_dist_opts.cancel */
     int nworkers;
     phase ph[MAX_PHASES];
     int nph;
@@ -271,6 +272,16 @@ static int curve_keys(const shoal_dist_opts *o, const char *const *eps, int n, c
     return 0;
 }
 
+/* The client's check while waiting for HELLOs: a stop asked for, or a
+ * spawned worker that exited. */
+static int start_check(void *ctx, char *err, size_t errlen)
+{
+    shoal_dist *d = ctx;
+    if (d->cancel && atomic_load(d->cancel))
+        return shoal_err_set(err, errlen, SHOAL_ECANCELED, "stopped while waiting for the workers");
+    return d->spawn ? shoal_spawn_check(d->spawn, err, errlen) : 0;
+}
+
 int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *model_dir, shoal_model *m, char *err,
                      size_t errlen)
 {
@@ -298,6 +309,7 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
     if (o->plan && (rc = plan_endpoints(o->plan, fp, &pf, pe, err, errlen)))
         return rc;
     shoal_dist *d = shoal_xcalloc(1, sizeof *d);
+    d->cancel = o->cancel;
     const char *const *eps = o->plan ? pe : o->worker;
     int n = o->plan ? pf.nworkers : o->nworker;
     if (o->nlocal) {
@@ -319,7 +331,7 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
     shoal_expert_client_opts co = {.endpoints = eps, .nworkers = n, .cfg = info.cfg, .fingerprint = fp,
                                    .max_tokens = info.max_batch, .timeout_ms = o->timeout_ms,
                                    .failover_ms = o->failover_ms, .hello_timeout_ms = o->hello_timeout_ms,
-                                   .check = d->spawn ? shoal_spawn_check : NULL, .check_ctx = d->spawn,
+                                   .check = start_check, .check_ctx = d,
                                    .busy = shoal_spawn_busy_slots(d->spawn, 0),
                                    .curve = any ? &kp : NULL, .curve_server_keys = any ? pk : NULL};
     if (!rc)

@@ -18,6 +18,7 @@
 #define SHOAL_DIST_H
 
 #include <jansson.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "coordinator/engine/engine.h"
@@ -50,6 +51,10 @@ typedef struct {
      * shoal_tshard_spread_spec), 2 auto (remote when some worker announces
      * trunk rows; local with --workers) */
     int trunk;
+    /* Non-NULL: read while waiting for the workers' HELLO; non-zero aborts
+     * shoal_dist_start with SHOAL_ECANCELED (`shoal serve` stopped by a
+     * signal while starting). Not a flag. */
+    const atomic_int *cancel;
 } shoal_dist_opts;
 
 /* Prefetch hints (PROTOCOL.md PREFETCH) when --prefetch is not given; chosen

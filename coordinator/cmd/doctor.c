@@ -124,7 +124,7 @@ static json_t *facts_json(const shoal_proto_facts *f)
  * (or a host with itself), so they read the same on any hardware. */
 static void findings(const wres *r, int n, const shoal_proto_facts *local, json_t *arr)
 {
-    char line[512];
+    char line[1024]; /* room for an id and a whole err */
 #define SAY(...)                                                                                                       \
     do {                                                                                                               \
         snprintf(line, sizeof line, __VA_ARGS__);                                                                      \

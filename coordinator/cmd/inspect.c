@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/suggest.h"
 #include "cli/commands.h"
 #include "common/err.h"
 #include "common/k3cfg.h"
@@ -279,8 +280,7 @@ int shoal_cmd_inspect(int argc, char **argv)
             }
             cfg_path = argv[++i];
         } else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "shoal inspect: unknown option '%s'\n", argv[i]);
-            usage(stderr);
+            shoal_suggest_unknown_flag("shoal inspect", argv[i], usage);
             return EXIT_USAGE;
         } else if (!model) {
             model = argv[i];

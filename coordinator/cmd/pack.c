@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/suggest.h"
 #include "cli/commands.h"
 #include "common/err.h"
 #include "common/k3cfg.h"
@@ -689,6 +690,10 @@ int shoal_cmd_pack(int argc, char **argv)
         }
         const char **dst = !strcmp(a, "--model") ? &model : !strcmp(a, "--plan") ? &plan
                          : !strcmp(a, "--worker") ? &worker : (!strcmp(a, "-o") || !strcmp(a, "--out")) ? &out : NULL;
+        if (!dst && a[0] == '-') {
+            shoal_suggest_unknown_flag("shoal pack", a, usage);
+            return 2;
+        }
         if (!dst || !v) {
             fprintf(stderr, "shoal pack: %s '%s'\n", dst ? "missing value for" : "unexpected argument", a);
             usage(stderr);

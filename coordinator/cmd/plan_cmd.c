@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/suggest.h"
 #include "cli/commands.h"
 #include "common/err.h"
 #include "common/k3cfg.h"
@@ -215,6 +216,10 @@ int shoal_cmd_plan(int argc, char **argv)
             }
             *(!strcmp(a, "--hot") ? &hot : &replicas) = x;
         } else {
+            if (a[0] == '-') {
+                shoal_suggest_unknown_flag("shoal plan", a, usage);
+                return 2;
+            }
             fprintf(stderr, "shoal plan: unexpected argument '%s'\n", a);
             usage(stderr);
             return 2;

@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/suggest.h"
 #include "cli/commands.h"
 #include "common/err.h"
 #include "common/packfile.h"
@@ -710,6 +711,10 @@ int shoal_cmd_pull(int argc, char **argv)
                          : !strcmp(a, "--pin") ? &pinf : !strcmp(a, "--token-file") ? &tokf
                          : !strcmp(a, "--parallel") ? &npar : !strcmp(a, "--chunk") ? &nchunk
                          : !strcmp(a, "--retries") ? &nretry : !strcmp(a, "--backoff") ? &nback : NULL;
+        if (!dst && a[0] == '-') {
+            shoal_suggest_unknown_flag("shoal pull", a, usage);
+            return 2;
+        }
         if (!dst || !v) {
             fprintf(stderr, "shoal pull: %s '%s'\n", dst ? "missing value for" : "unexpected argument", a);
             usage(stderr);

@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "common/suggest.h"
 #include "common/err.h"
 #include "common/k3cfg.h"
 #include "common/log.h"
@@ -303,8 +304,7 @@ int shoal_cmd_run(int argc, char **argv)
             if (dr < 0)
                 return 2;
         } else {
-            fprintf(stderr, "shoal run: unknown option '%s'\n", a);
-            usage(stderr);
+            shoal_suggest_unknown_flag("shoal run", a, usage);
             return 2;
         }
 #undef VAL

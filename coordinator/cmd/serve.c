@@ -1,21 +1,36 @@
-/* `shoal serve`: the OpenAI-compatible HTTP server. Wires the pieces in
- * order -- model (engine), tokenizer, scheduler (model thread), API, HTTP
- * listener -- marks the server ready once the model (and every worker)
- * answered, runs the loop on this thread until SIGINT/SIGTERM, then takes
- * everything down in reverse. Flags are documented in docs/CONFIG.md. */
+/* `shoal serve`: the OpenAI-compatible HTTP server. Starts like a service:
+ * binds the port first (a port in use is refused before anything is loaded)
+ * and runs the HTTP loop on its own thread at once, answering /health 503
+ * "starting" with what it waits for; then wires the pieces in order --
+ * tokenizer, model (engine), workers, scheduler (model thread), API -- on
+ * this thread (the spawned workers' parent-death signal is tied to it),
+ * hands every request to the API once it is open, and waits for the loop to
+ * end (SIGINT/SIGTERM), then takes everything down in reverse. Flags are
+ * documented in docs/CONFIG.md. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
+#include "kernels/kernels.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/memplan.h"
+#include "common/metrics.h"
+#include "common/suggest.h"
 #include "coordinator/api/api.h"
+#include "coordinator/cmd/webui.h"
 #include "coordinator/obs/obs.h"
 #include "coordinator/cluster/cluster.h"
 #include "coordinator/pcache/pcache.h"
@@ -28,7 +43,9 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: shoal serve --model DIR [options]\n"
             "\n"
-            "Serves the OpenAI-compatible API (docs/API.md) for the model in DIR.\n"
+            "Serves the OpenAI-compatible API (docs/API.md) for the model in DIR, and the live\n"
+            "cluster page at http://HOST:PORT/ (docs/METRICS.md). The port is bound first:\n"
+            "/health answers 503 \"starting\" until the model and every worker are ready.\n"
             "\n"
             "  --model DIR            model directory (config.json, safetensors, tiktoken.model)\n"
             "  --tokenizer DIR        tiktoken.model + tokenizer_config.json from DIR instead of\n"
@@ -44,7 +61,9 @@ static void usage(FILE *f)
             "  --queue N              requests that may wait for the model (default 64);\n"
             "                         more are refused with 429\n"
             "  --max-context N        tokens per sequence, prompt + completion\n"
-            "                         (default: the model's max_position_embeddings, at most 16384)\n"
+            "                         (default: the model's max_position_embeddings, or what the\n"
+            "                         memory plan holds per slot; logged at start; above the\n"
+            "                         model's maximum: refused)\n"
             "  --slots N              sequences decoded together, one token each per step\n"
             "                         (default: what the state budget holds of full-context\n"
             "                         sequences, 1..8; 1 = one request at a time)\n"
@@ -99,6 +118,9 @@ typedef struct {
     shoal_cmetrics *cm;
     shoal_model *model;
     uint64_t trunk_budget, trunk_resident; /* from the model's trunk plan */
+    long queue;                             /* --queue */
+    shoal_api *api;                         /* for the cluster page's snapshots */
+    shoal_webui *web;                       /* the cluster page (coordinator/cmd/webui.h) */
     shoal_pcache *pcache;                  /* NULL: no prefix cache */
     shoal_sched *sched;
 } serve_ctx;
@@ -194,6 +216,8 @@ static void pcache_metrics(serve_ctx *c, shoal_metrics_buf *b)
 static void metrics_cb(void *ud, shoal_metrics_buf *b)
 {
     serve_ctx *c = ud;
+    shoal_metrics_process_families(b, SHOAL_VERSION, shoal_isa_name(shoal_kernels_cpu_best()),
+                                   shoal_isa_name(shoal_kernels_isa()));
     int nw = shoal_dist_nworkers(c->dist);
     for (int i = 0; i < nw; i++) { /* the local workers' backoff, as of this scrape */
         shoal_spawn_state ls;
@@ -201,6 +225,9 @@ static void metrics_cb(void *ud, shoal_metrics_buf *b)
             shoal_cmetrics_worker_backoff(c->cm, i, ls.backing_off ? ls.next_try_s : 0);
     }
     shoal_cmetrics_write(c->cm, b);
+    shoal_metrics_family(b, "shoal_sched_queue_capacity", SHOAL_METRICS_GAUGE,
+                         "Requests that may wait for the model (--queue); more are refused with 429.");
+    shoal_metrics_sample(b, "shoal_sched_queue_capacity", NULL, 0, (double)c->queue);
     /* the trunk budget (--trunk-gb): all 0 when the trunk is mapped */
     uint64_t rd;
     double stall;
@@ -221,6 +248,161 @@ static void metrics_cb(void *ud, shoal_metrics_buf *b)
                          "Heap allocations caught inside the forward (should stay 0).");
     shoal_metrics_sample(b, "shoal_forward_allocations_total", NULL, 0, (double)shoal_engine_alloc_count());
     pcache_metrics(c, b);
+}
+
+/* ---- the start ------------------------------------------------------------
+ * The listener is open before anything is loaded; until the API is, every
+ * request is answered here: /health 503 {"status":"starting","waiting_for"}
+ * (with the details for an authorised caller), anything else 401 without
+ * the key, else 503 not_ready. */
+typedef struct {
+    _Atomic(shoal_api *) api; /* set once everything is open: requests go to it */
+    const char *api_key;
+    shoal_http *http;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char stage[96];   /* what the start waits for: "the model to load" */
+    char detail[768]; /* the details: directory, workers' endpoints */
+    uint64_t t0_ns, stage_ns;
+    int ticker_stop;
+    atomic_int loop_done; /* the HTTP loop ended (a signal) */
+} boot_t;
+
+static double since_s(uint64_t t_ns)
+{
+    return (double)(shoal_metrics_now_ns() - t_ns) / 1e9;
+}
+
+/* The start's next stage, logged; fmt (may be NULL) the details. */
+static void boot_stage(boot_t *b, const char *stage, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void boot_stage(boot_t *b, const char *stage, const char *fmt, ...)
+{
+    pthread_mutex_lock(&b->mu);
+    snprintf(b->stage, sizeof b->stage, "%s", stage);
+    b->detail[0] = 0;
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(b->detail, sizeof b->detail, fmt, ap);
+        va_end(ap);
+    }
+    b->stage_ns = shoal_metrics_now_ns();
+    SHOAL_INFO("serve: starting (%.1f s): waiting for %s%s%s", since_s(b->t0_ns), b->stage, b->detail[0] ? ": " : "",
+               b->detail);
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* Progress while a stage lasts: a log line every 2 s on a terminal, every
+ * 10 s otherwise (a service manager's journal). */
+static void *boot_ticker(void *arg)
+{
+    boot_t *b = arg;
+    int every = isatty(2) ? 2 : 10;
+    pthread_mutex_lock(&b->mu);
+    while (!b->ticker_stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += every;
+        pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+        if (!b->ticker_stop && since_s(b->stage_ns) >= every - 0.5)
+            SHOAL_INFO("serve: starting (%.0f s): still waiting for %s (%.0f s)", since_s(b->t0_ns), b->stage,
+                       since_s(b->stage_ns));
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+static void *boot_loop(void *arg)
+{
+    boot_t *b = arg;
+    shoal_http_run(b->http);
+    atomic_store(&b->loop_done, 1);
+    return NULL;
+}
+
+static void boot_request(void *ud, shoal_http_ex *ex, const shoal_http_request *req)
+{
+    boot_t *b = ud;
+    shoal_api *api = atomic_load(&b->api);
+    if (api) {
+        shoal_api_on_request(api, ex, req);
+        return;
+    }
+    int auth = shoal_api_key_ok(b->api_key, req);
+    char stage[96], detail[768];
+    pthread_mutex_lock(&b->mu);
+    memcpy(stage, b->stage, sizeof stage);
+    memcpy(detail, b->detail, sizeof detail);
+    double el = since_s(b->t0_ns);
+    pthread_mutex_unlock(&b->mu);
+    json_t *body;
+    int status = 503;
+    const char *extra = "Retry-After: 1\r\n";
+    if (!strcmp(req->path, "/health")) {
+        body = json_pack("{s:s,s:b,s:s,s:f}", "status", "starting", "ready", 0, "waiting_for", stage, "elapsed_s",
+                         el);
+        json_t *d = auth && detail[0] ? json_string(detail) : NULL; /* NULL for bytes that are not UTF-8 */
+        if (d)
+            json_object_set_new(body, "detail", d);
+    } else if (!auth) {
+        status = 401;
+        extra = "WWW-Authenticate: Bearer\r\n";
+        body = json_pack("{s:{s:s,s:s,s:n,s:s}}", "error", "message",
+                         shoal_http_request_header(req, "authorization") ? "Incorrect API key provided"
+                                                                         : "You didn't provide an API key "
+                                                                           "(Authorization: Bearer KEY)",
+                         "type", "invalid_request_error", "param", "code", "invalid_api_key");
+    } else {
+        char msg[160];
+        snprintf(msg, sizeof msg, "the server is starting: waiting for %s", stage);
+        body = json_pack("{s:{s:s,s:s,s:n,s:s}}", "error", "message", msg, "type", "server_error", "param", "code",
+                         "not_ready");
+    }
+    char *txt = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    if (!txt)
+        SHOAL_PANIC("serve: cannot format the starting answer");
+    shoal_http_respond(ex, status, "application/json", extra, txt, strlen(txt));
+    free(txt);
+}
+
+/* /health's view for the cluster page: status and the workers' states. */
+static json_t *health_json(serve_ctx *c)
+{
+    static shoal_api_worker w[64];
+    int n = workers_cb(c, w, 64), all_up = 1;
+    json_t *ws = json_array();
+    for (int i = 0; i < n && i < 64; i++) {
+        json_t *st = json_string(w[i].state), *nm = json_string(w[i].name);
+        json_array_append_new(ws, json_pack("{s:o,s:b,s:o}", "endpoint", nm ? nm : json_string("?"), "up", w[i].up,
+                                            "state", st ? st : json_string("?")));
+        all_up &= w[i].up != 0;
+    }
+    char why[512];
+    const char *status = all_up ? "ok" : covered_cb(c, why, sizeof why) ? "degraded" : "unavailable";
+    return json_pack("{s:s,s:o}", "status", status, "workers", ws);
+}
+
+/* The cluster page's snapshot (loop thread): our own exposition and health. */
+static char *cluster_source(void *ud)
+{
+    serve_ctx *c = ud;
+    shoal_metrics_buf b = {0};
+    shoal_api_metrics_text(c->api, &b);
+    json_t *h = health_json(c);
+    char err[256];
+    char *out = shoal_webui_cluster_json(b.p ? b.p : "", b.len, h, err, sizeof err);
+    if (!out)
+        SHOAL_WARN("serve: cluster page: %s", err);
+    json_decref(h);
+    shoal_metrics_buf_free(&b);
+    return out;
+}
+
+static int route_cb(void *ud, shoal_http_ex *ex, const shoal_http_request *req, int authorised)
+{
+    serve_ctx *c = ud;
+    return shoal_webui_route(c->web, ex, req, authorised);
 }
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
@@ -294,6 +476,64 @@ static int check_key(const char *k)
         if ((unsigned char)k[i] < 0x20 || k[i] == 0x7f)
             return -1;
     return n && k[0] != ' ' && k[n - 1] != ' ' ? 0 : -1;
+}
+
+static void stop_ticker(boot_t *b, pthread_t *t, int *on)
+{
+    if (!*on)
+        return;
+    pthread_mutex_lock(&b->mu);
+    b->ticker_stop = 1;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    pthread_join(*t, NULL);
+    *on = 0;
+}
+
+/* --max-context when not given: the model's declared maximum, or less when
+ * the memory plan cannot hold it -- what one slot's share of the sequence
+ * state budget (--state-gb, else a quarter of the usable memory; --slots,
+ * else 8 slots) holds of one sequence. Logged with the reason. */
+static long default_context(const shoal_k3cfg *cfg, double state_gb, long slots)
+{
+    size_t fixed, per;
+    shoal_model_seq_bytes(cfg, &fixed, &per);
+    long most = cfg->max_position;
+    uint64_t budget;
+    const char *from;
+    if (state_gb > 0) {
+        budget = (uint64_t)(state_gb * 1073741824.0);
+        from = "--state-gb";
+    } else {
+        shoal_memplan_probe mp;
+        shoal_memplan_read("", &mp);
+        uint64_t usable = shoal_memplan_usable(&mp);
+        if (usable == UINT64_MAX) {
+            long n = most < 16384 ? most : 16384;
+            SHOAL_INFO("serve: context %ld tokens per sequence (default: the usable memory is unknown, so at most "
+                       "16384; the model allows %ld; --max-context sets it)", n, most);
+            return n;
+        }
+        budget = usable / 4;
+        from = "a quarter of the usable memory";
+    }
+    long nslots = slots ? slots : 8;
+    uint64_t share = budget / (uint64_t)nslots;
+    uint64_t fit = share > fixed && per ? (share - fixed) / per : 0;
+    long n = fit >= (uint64_t)most ? most : (long)fit;
+    if (n < 16)
+        n = most < 16 ? most : 16; /* the state budget check below names what is missing */
+    char b1[32], b2[32];
+    if (n == most)
+        SHOAL_INFO("serve: context %ld tokens per sequence (default: the model's maximum, max_position_embeddings; "
+                   "%s per sequence, within 1/%ld of the state budget %s from %s)",
+                   n, shoal_memplan_fmt(fixed + (uint64_t)n * per, b1, sizeof b1), nslots,
+                   shoal_memplan_fmt(budget, b2, sizeof b2), from);
+    else
+        SHOAL_INFO("serve: context %ld tokens per sequence (default: what 1/%ld of the state budget %s from %s holds; "
+                   "the model allows %ld: give --max-context and --state-gb for more)",
+                   n, nslots, shoal_memplan_fmt(budget, b1, sizeof b1), from, most);
+    return n;
 }
 
 int shoal_cmd_serve(int argc, char **argv)
@@ -468,7 +708,7 @@ int shoal_cmd_serve(int argc, char **argv)
             i++;
             continue;
         }
-        fprintf(stderr, "shoal serve: unknown option '%s' (see --help)\n", a);
+        shoal_suggest_unknown_flag("shoal serve", a, usage);
         bad = 1;
     }
     if (bad)
@@ -546,14 +786,75 @@ int shoal_cmd_serve(int argc, char **argv)
     shoal_http *http = NULL;
     shoal_trace *trace = NULL;
     serve_ctx ctx = {0};
+    boot_t boot = {.api_key = api_key, .t0_ns = shoal_metrics_now_ns()};
+    pthread_mutex_init(&boot.mu, NULL);
+    pthread_cond_init(&boot.cv, NULL);
+    boot.stage_ns = boot.t0_ns;
+    snprintf(boot.stage, sizeof boot.stage, "the listener");
+    pthread_t loop_thr, ticker_thr;
+    int loop_on = 0, ticker_on = 0;
 
+    /* the port first: one in use is refused before anything is loaded, and
+     * health probes see "starting" rather than a refused connection */
+    shoal_http_opts ho = {
+        .host = host,
+        .port = (int)port,
+        .max_header_bytes = (size_t)max_header_kb << 10,
+        .max_body_bytes = (size_t)max_body_kb << 10,
+        .max_connections = (int)max_conn,
+        .max_per_addr = (int)max_per_addr,
+        .header_timeout_ms = (int)hdr_to * 1000,
+        .request_timeout_ms = (int)req_to * 1000,
+        .idle_timeout_ms = (int)idle_to * 1000,
+        .write_timeout_ms = (int)write_to * 1000,
+        .max_write_queue = 64u << 20,
+        .handle_signals = 1,
+        .on_request = boot_request,
+        .ud = &boot,
+    };
+    rc = shoal_http_open(&http, &ho, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "shoal serve: %s\n", err);
+        status = rc == SHOAL_EINVAL ? 2 : 4; /* a --host that is no address is a usage mistake */
+        goto out;
+    }
+    boot.http = http;
+    if (pthread_create(&loop_thr, NULL, boot_loop, &boot)) {
+        fprintf(stderr, "shoal serve: cannot start the HTTP thread\n");
+        status = 4;
+        goto out;
+    }
+    loop_on = 1;
+    ticker_on = pthread_create(&ticker_thr, NULL, boot_ticker, &boot) == 0;
+    SHOAL_INFO("serve: bound http://%s%s%s:%d; /health answers 503 \"starting\" until the model and the workers "
+               "are ready",
+               strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", shoal_http_port(http));
+
+    /* the model directory, named when it is not one */
+    {
+        struct stat st;
+        char cpath[PATH_MAX];
+        snprintf(cpath, sizeof cpath, "%s/config.json", model_dir);
+        int bad_dir = stat(model_dir, &st) ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+        if (bad_dir) {
+            fprintf(stderr, "shoal serve: --model %s: %s (a model directory holds config.json, the safetensors "
+                            "and tiktoken.model)\n",
+                    model_dir, strerror(bad_dir));
+            goto out;
+        }
+        if (stat(cpath, &st)) {
+            fprintf(stderr, "shoal serve: --model %s: no config.json there: not a model directory\n", model_dir);
+            goto out;
+        }
+    }
     /* the tokenizer (--tokenizer DIR, else the model's folder) must be the
      * model's vocabulary: size, and K3's digest for K3's config */
     const char *tok_dir = tokenizer_dir ? tokenizer_dir : model_dir;
+    boot_stage(&boot, "the tokenizer", "%s", tok_dir);
     shoal_tok_opts to = {0};
     rc = shoal_tok_open(&tok, tok_dir, &to, err, sizeof err);
     if (rc) {
-        fprintf(stderr, "shoal serve: tokenizer: %s\n", err);
+        fprintf(stderr, "shoal serve: tokenizer of %s: %s\n", tok_dir, err);
         goto out;
     }
     {
@@ -567,9 +868,22 @@ int shoal_cmd_serve(int argc, char **argv)
             fprintf(stderr, "shoal serve: %s\n", err);
             goto out;
         }
+        if (max_context > cfg.max_position) {
+            fprintf(stderr, "shoal serve: --max-context %ld is above the model's maximum, %d (max_position_embeddings "
+                            "in %s)\n",
+                    max_context, cfg.max_position, cpath);
+            status = 2;
+            goto out;
+        }
         if (!max_context)
-            max_context = cfg.max_position < 16384 ? cfg.max_position : 16384;
+            max_context = default_context(&cfg, state_gb, slots);
+        else
+            SHOAL_INFO("serve: context %ld tokens per sequence (--max-context; the model allows %d)", max_context,
+                       cfg.max_position);
     }
+    if (atomic_load(&boot.loop_done))
+        goto stopped;
+    boot_stage(&boot, "the model to load", "%s, context %ld", model_dir, max_context);
     shoal_model_opts mo = {.max_context = (int)max_context, .threads = (int)threads,
                            .remote_experts = shoal_dist_enabled(&dopts), .trunk_mode = trunk_mode,
                            .trunk_budget = trunk_budget, .trunk_no_direct = trunk_no_direct,
@@ -583,10 +897,29 @@ int shoal_cmd_serve(int argc, char **argv)
     shoal_model_info info;
     shoal_model_get_info(model, &info);
     ctx.model = model;
+    ctx.queue = queue;
     ctx.trunk_budget = info.trunk_budget;
     ctx.trunk_resident = info.trunk_resident_bytes;
+    SHOAL_INFO("serve: model loaded in %.1f s", since_s(boot.stage_ns));
+    if (atomic_load(&boot.loop_done))
+        goto stopped;
     /* every worker must answer its HELLO (and own its experts) before we serve */
+    if (shoal_dist_enabled(&dopts)) {
+        char who[700] = "";
+        size_t at = 0;
+        for (int i = 0; i < dopts.nworker && at < sizeof who; i++)
+            at += (size_t)snprintf(who + at, sizeof who - at, "%s%s", i ? ", " : "", dopts.worker[i]);
+        if (dopts.nlocal)
+            snprintf(who, sizeof who, "%d local workers (--workers)", dopts.nlocal);
+        else if (dopts.plan)
+            snprintf(who, sizeof who, "the workers of %s", dopts.plan);
+        boot_stage(&boot, "the workers to answer", "%s; HELLO deadline %d ms", who,
+                   dopts.hello_timeout_ms ? dopts.hello_timeout_ms : 60000);
+    }
+    dopts.cancel = &boot.loop_done;
     if (shoal_dist_enabled(&dopts) && (rc = shoal_dist_start(&ctx.dist, &dopts, model_dir, model, err, sizeof err))) {
+        if (rc == SHOAL_ECANCELED)
+            goto stopped;
         fprintf(stderr, "shoal serve: workers: %s\n", err);
         status = shoal_err_exit_code(rc); /* as `shoal run`: a gap or a mismatch is 3, a usage mistake 2 */
         goto out;
@@ -721,6 +1054,7 @@ int shoal_cmd_serve(int argc, char **argv)
         .workers = workers_cb,
         .covered = covered_cb,
         .metrics = metrics_cb,
+        .route = route_cb,
         .ud = &ctx,
     };
     rc = shoal_api_open(&api, &ao, err, sizeof err);
@@ -729,30 +1063,18 @@ int shoal_cmd_serve(int argc, char **argv)
         status = 2;
         goto out;
     }
-    shoal_http_opts ho = {
-        .host = host,
-        .port = (int)port,
-        .max_header_bytes = (size_t)max_header_kb << 10,
-        .max_body_bytes = (size_t)max_body_kb << 10,
-        .max_connections = (int)max_conn,
-        .max_per_addr = (int)max_per_addr,
-        .header_timeout_ms = (int)hdr_to * 1000,
-        .request_timeout_ms = (int)req_to * 1000,
-        .idle_timeout_ms = (int)idle_to * 1000,
-        .write_timeout_ms = (int)write_to * 1000,
-        .max_write_queue = 64u << 20,
-        .handle_signals = 1,
-        .on_request = shoal_api_on_request,
-        .ud = api,
-    };
-    rc = shoal_http_open(&http, &ho, err, sizeof err);
-    if (rc) {
+    ctx.api = api;
+    if ((rc = shoal_webui_open(&ctx.web, http, NULL, cluster_source, &ctx, 500, err, sizeof err))) {
         fprintf(stderr, "shoal serve: %s\n", err);
-        status = rc == SHOAL_EINVAL ? 2 : 4; /* a --host that is no address is a usage mistake */
+        status = 4;
         goto out;
     }
     shoal_api_set_http(api, http);
     shoal_api_set_ready(api, 1);
+    atomic_store(&boot.api, api); /* from now on every request goes to the API */
+    if (atomic_load(&boot.loop_done))
+        goto stopped;
+    SHOAL_INFO("serve: ready in %.1f s", since_s(boot.t0_ns));
     SHOAL_INFO("serve: model '%s' (%s), context %d, %ld slot%s, queue %ld, %d expert worker%s, %s", model_name,
                model_dir, info.max_context, slots, slots == 1 ? "" : "s", queue, shoal_dist_nworkers(ctx.dist), shoal_dist_nworkers(ctx.dist) == 1 ? "" : "s",
                api_key ? "API key required" : "no API key");
@@ -760,9 +1082,21 @@ int shoal_cmd_serve(int argc, char **argv)
     printf("shoal serve: listening on http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "", host,
            strchr(host, ':') ? "]" : "", shoal_http_port(http));
     fflush(stdout);
-    shoal_http_run(http);
+    stop_ticker(&boot, &ticker_thr, &ticker_on);
+    pthread_join(loop_thr, NULL); /* until SIGINT/SIGTERM */
+    loop_on = 0;
+    status = 0;
+    goto out;
+stopped: /* a signal during the start: a clean stop */
+    SHOAL_INFO("serve: stopped while starting");
     status = 0;
 out:
+    stop_ticker(&boot, &ticker_thr, &ticker_on);
+    if (loop_on) { /* the start failed or was stopped: end the loop before closing what it serves */
+        shoal_http_stop(http);
+        pthread_join(loop_thr, NULL);
+    }
+    shoal_webui_close(ctx.web); /* its ticker posts to the loop: stopped before the server closes */
     ctx.sched = NULL;
     shoal_sched_close(sched); /* after the loop: every exchange is aborted by now */
     shoal_api_close(api);
@@ -794,5 +1128,7 @@ out:
         SHOAL_INFO("peak resident memory: %s (getrusage ru_maxrss), %s (VmHWM)", shoal_memplan_fmt(mx, r1, sizeof r1),
                    shoal_memplan_fmt(shoal_memplan_peak_rss(), r2, sizeof r2));
     }
+    pthread_cond_destroy(&boot.cv);
+    pthread_mutex_destroy(&boot.mu);
     return status;
 }

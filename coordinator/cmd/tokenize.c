@@ -7,6 +7,7 @@
 
 #include <jansson.h>
 
+#include "common/suggest.h"
 #include "cli/commands.h"
 #include "common/err.h"
 #include "coordinator/text/text.h"
@@ -74,8 +75,7 @@ int shoal_cmd_tokenize(int argc, char **argv)
             tokenize_usage(stdout);
             return 0;
         } else if (argv[i][0] == '-' && argv[i][1] == '-' && !text) {
-            fprintf(stderr, "shoal tokenize: unknown option %s\n", argv[i]);
-            tokenize_usage(stderr);
+            shoal_suggest_unknown_flag("shoal tokenize", argv[i], tokenize_usage);
             return 2;
         } else if (!text)
             text = argv[i];

@@ -180,6 +180,12 @@ typedef struct {
     double rmat_s;
 } shoal_model_stats;
 
+/* A sequence's state for config c: fixed bytes (KDA states, conv windows)
+ * and bytes per context token (MLA latent cache); what shoal_model_info
+ * reports once open (`shoal serve` sizes its default --max-context with it
+ * before opening). */
+void shoal_model_seq_bytes(const shoal_k3cfg *c, size_t *fixed, size_t *per_token);
+
 /* Open the model in dir (config.json, safetensors file(s) or index,
  * tokenizer_config.json optional). Validates the config, binds every tensor the
  * forward needs with shape and dtype checks (bf16 or f32 trunk; MXFP4 or

@@ -440,6 +440,14 @@ static shoal_expert_kind expert_kind(const shoal_model *m, const char *prefix)
     return SHOAL_EXPERT_BF16;
 }
 
+void shoal_model_seq_bytes(const shoal_k3cfg *c, size_t *fixed, size_t *per_token)
+{
+    size_t C = (size_t)c->kda_heads * c->kda_head_dim;
+    *fixed = sizeof(float) * ((size_t)c->num_kda * c->kda_heads * (size_t)c->kda_head_dim * c->kda_head_dim +
+                              (size_t)c->num_kda * 3 * (size_t)(c->conv_kernel - 1) * C);
+    *per_token = sizeof(float) * (size_t)c->num_mla * ((size_t)c->kv_lora_rank + c->qk_rope_dim);
+}
+
 int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts *opts, char *err, size_t errlen)
 {
     *out = NULL;
@@ -543,11 +551,7 @@ int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts 
     if (rc)
         goto fail;
     add_eos(in, tok_eos);
-    size_t C = (size_t)c->kda_heads * c->kda_head_dim;
-    in->seq_fixed_bytes = sizeof(float) * ((size_t)c->num_kda * c->kda_heads * (size_t)c->kda_head_dim *
-                                               c->kda_head_dim +
-                                           (size_t)c->num_kda * 3 * (size_t)(c->conv_kernel - 1) * C);
-    in->seq_bytes_per_token = sizeof(float) * (size_t)c->num_mla * ((size_t)c->kv_lora_rank + c->qk_rope_dim);
+    shoal_model_seq_bytes(c, &in->seq_fixed_bytes, &in->seq_bytes_per_token);
     in->trunk_bytes_per_token = m->trunk_bytes_fixed + m->lm_head_bytes + m->embed_row_bytes;
     in->expert_kind = expert_kind(m, b.prefix);
     in->expert_bytes = c->num_moe ? shoal_experts_local_expert_bytes(c, in->expert_kind) : 0;

@@ -506,17 +506,18 @@ void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b)
                          "Most sequences decoded together in one step since start.");
     shoal_metrics_sample(b, "shoal_sched_batch_size_max", NULL, 0, (double)shoal_metrics_gauge_get(&cm->max_batch));
     {
-        static const double rq[] = {0.5, 0.9, 0.99};
+        /* histograms only: windowed quantiles come from their rates
+         * (histogram_quantile, `shoal top`); docs/METRICS.md */
         static const struct {
-            const char *hist, *sum, *help;
+            const char *hist, *help;
             size_t off;
         } lat[] = {
-            {"shoal_request_queue_seconds", "shoal_request_queue_quantile_seconds",
-             "Per request: from submit to admission into a slot.", offsetof(shoal_cmetrics, req_queue)},
-            {"shoal_request_ttft_seconds", "shoal_request_ttft_quantile_seconds",
+            {"shoal_request_queue_seconds", "Per request: from submit to admission into a slot.",
+             offsetof(shoal_cmetrics, req_queue)},
+            {"shoal_request_ttft_seconds",
              "Per request: from submit to its first generated token (time to first token).",
              offsetof(shoal_cmetrics, req_ttft)},
-            {"shoal_request_inter_token_seconds", "shoal_request_inter_token_quantile_seconds",
+            {"shoal_request_inter_token_seconds",
              "Per generated token after a request's first: the time since its previous token.",
              offsetof(shoal_cmetrics, req_itl)},
         };
@@ -525,10 +526,6 @@ void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b)
             shoal_metrics_snapshot((const shoal_metrics_hist *)((const char *)cm + lat[i].off), &s);
             shoal_metrics_family(b, lat[i].hist, SHOAL_METRICS_HISTOGRAM, lat[i].help);
             shoal_metrics_hist_samples(b, lat[i].hist, NULL, 0, &s);
-            char help[160];
-            snprintf(help, sizeof help, "p50/p90/p99 of %s, from its buckets (within a factor 1.19).", lat[i].hist);
-            shoal_metrics_family(b, lat[i].sum, SHOAL_METRICS_SUMMARY, help);
-            shoal_metrics_summary_samples(b, lat[i].sum, NULL, 0, &s, rq, 3);
         }
     }
 
@@ -748,14 +745,6 @@ void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b)
         shoal_metrics_snap s;
         shoal_metrics_snapshot(&cm->w[i].rtt, &s);
         shoal_metrics_hist_samples(b, "shoal_worker_rtt_seconds", wl, 1, &s);
-    }
-    shoal_metrics_family(b, "shoal_worker_rtt_quantile_seconds", SHOAL_METRICS_SUMMARY,
-                         "p50/p90/p99 of shoal_worker_rtt_seconds, from its buckets (within a factor 1.19).");
-    for (int i = 0; i < cm->nworkers; i++) {
-        WL(i);
-        shoal_metrics_snap s;
-        shoal_metrics_snapshot(&cm->w[i].rtt, &s);
-        shoal_metrics_summary_samples(b, "shoal_worker_rtt_quantile_seconds", wl, 1, &s, qs, 3);
     }
     shoal_metrics_family(b, "shoal_worker_network_time_seconds", SHOAL_METRICS_HISTOGRAM,
                          "Per exchange: round trip minus the worker's reported queue and compute time.");

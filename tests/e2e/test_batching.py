@@ -212,7 +212,7 @@ def identity(label, extra):
                       m.get("shoal_request_queue_seconds_count", 0) >= n and
                       m.get("shoal_request_ttft_seconds_count", 0) >= n and
                       m.get("shoal_request_inter_token_seconds_count", 0) >= gen - n and
-                      "shoal_request_ttft_quantile_seconds{quantile=\"0.5\"}" in m and
+                      "shoal_request_ttft_quantile_seconds{quantile=\"0.5\"}" not in m and
                       m.get("shoal_sched_slots") == 8 and "shoal_sched_batch_size" in m,
                       f"counts: queue {m.get('shoal_request_queue_seconds_count')}, ttft "
                       f"{m.get('shoal_request_ttft_seconds_count')}, itl "

@@ -134,9 +134,15 @@ def main():
         # issue 20 item 12: both sides say so
         check("--insecure-workers: the coordinator warns that the link is plain TCP",
               "warn --insecure-workers" in rr.stderr and ep in rr.stderr, rr.stderr[-300:])
-        log = w.wait_for("refused a connection from 127.0.0.1", "does not speak CURVE")
-        check("the CURVE worker logs the refused plain client with its address (DEPLOY.md, Keys)",
-              "refused a connection from 127.0.0.1" in log and "does not speak CURVE" in log, log[-400:])
+        # the peer's address and port (issue 30): not the listener's own endpoint
+        import re
+        lport = ep.rsplit(":", 1)[1]
+        log = w.wait_for("handshake failed")
+        refused = [ln for ln in log.splitlines() if "refused a connection from" in ln and "handshake failed" in ln]
+        ports = [m.group(1) for ln in refused for m in [re.search(r"from 127\.0\.0\.1:(\d+): handshake", ln)] if m]
+        check("the CURVE worker logs the refused plain client with its address and port, never its own endpoint",
+              ports and lport not in ports and not any(ep in ln or f"127.0.0.1:{lport}:" in ln for ln in refused),
+              "\n".join(refused[-6:]) or log[-400:])
         got, rr = run_ids("--worker", ep, "--curve-secret", k("coord", "key"), "--worker-key", k("evil", "pub"),
                           "--hello-timeout-ms", "2000")
         check("pinning the wrong worker key: refused", got is None, rr.stderr[-300:])

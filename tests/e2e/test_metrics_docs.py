@@ -19,8 +19,11 @@ src = os.environ.get("SHOAL_SRC", ".")
 build = os.environ.get("SHOAL_BUILD", "build")
 shoal = os.environ.get("SHOAL_BIN", os.path.join(build, "bin", "shoal"))
 doc = open(os.path.join(src, "docs", "METRICS.md")).read()
-documented = set(re.findall(r"^\| `(shoal_[a-z0-9_]+)` \| (?:counter|gauge|histogram|summary) \|", doc, re.M))
-doc_types = dict(re.findall(r"^\| `(shoal_[a-z0-9_]+)` \| (counter|gauge|histogram|summary) \|", doc, re.M))
+# shoal's families, and the standard process_start_time_seconds
+documented = set(re.findall(r"^\| `((?:shoal|process)_[a-z0-9_]+)` \| (?:counter|gauge|histogram|summary) \|", doc,
+                            re.M))
+doc_types = dict(re.findall(r"^\| `((?:shoal|process)_[a-z0-9_]+)` \| (counter|gauge|histogram|summary) \|", doc,
+                            re.M))
 
 exposed = {}  # family name as written in the TYPE line -> type
 

@@ -545,17 +545,6 @@ def case_reply_amplification_k3(tmp):
     rlen = 16 + 4 * T1 * rows
     big = 16 + 4 * maxT * rows
     req = len(tbatch(0, [(n, *owned[n]) for n in wide], T1, cols)[1])
-    ctx = zmq.Context.instance()
-    rogues = []
-    for i in range(6):
-        s = ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.RCVHWM, 1)      # ZeroMQ on the rogue's side takes at most one reply ...
-        s.setsockopt(zmq.RCVBUF, 4096)   # ... and the kernel little more: the rest stays with the worker
-        s.setsockopt(zmq.SNDTIMEO, 30000)
-        s.connect(ep)
-        s.send_multipart([msgpack.packb([1, 1, {"proto": [1, 4], "fingerprint": fp, "peer": f"rogue{i}"}])])
-        rogues.append(s)
     n_per = 24
     peak = base
     nstats = [0]
@@ -579,7 +568,18 @@ def case_reply_amplification_k3(tmp):
             time.sleep(0.1)
         return False
 
-    base_req = stats() - nstats[0]  # requests before any STATS of ours
+    base_req = stats() - nstats[0]  # requests before any STATS of ours, and before the rogues connect
+    ctx = zmq.Context.instance()
+    rogues = []
+    for i in range(6):
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RCVHWM, 1)      # ZeroMQ on the rogue's side takes at most one reply ...
+        s.setsockopt(zmq.RCVBUF, 4096)   # ... and the kernel little more: the rest stays with the worker
+        s.setsockopt(zmq.SNDTIMEO, 30000)
+        s.connect(ep)
+        s.send_multipart([msgpack.packb([1, 1, {"proto": [1, 4], "fingerprint": fp, "peer": f"rogue{i}"}])])
+        rogues.append(s)
     t0 = time.monotonic()
     sent = 0
     # first the sixth rogue alone: T = max_tokens, each reply larger than the per-connection limit;
@@ -667,6 +667,26 @@ def case_reply_amplification_k3(tmp):
         if not ok:
             time.sleep(0.1)
     R.check(f"{c}: a reading peer is served once the rogues leave", ok, str(r)[:300])
+    # small replies (STATS_REPLY) to a peer that never reads: ZeroMQ's 1000-message queue, then dropped,
+    # counted and logged the first 20 times and every 1000th -- not once per reply
+    ping = ctx.socket(zmq.DEALER)
+    ping.setsockopt(zmq.LINGER, 0)
+    ping.setsockopt(zmq.RCVHWM, 1)
+    ping.setsockopt(zmq.RCVBUF, 4096)
+    ping.setsockopt(zmq.SNDTIMEO, 30000)
+    ping.connect(ep)
+    ping.send_multipart([msgpack.packb([1, 1, {"proto": [1, 4], "fingerprint": fp, "peer": "pinger"}])])
+    n_ping = 6000
+    for k in range(n_ping):
+        ping.send_multipart([msgpack.packb([5, 10 + k, {}])])
+    end = time.monotonic() + 60
+    while time.monotonic() < end and "reply not sent" not in log_of(w):
+        time.sleep(0.1)
+    time.sleep(0.5)
+    nlog = log_of(w).count("reply not sent")
+    R.check(f"{c}: {n_ping} unread STATS replies: the drops are logged {nlog} times (the first 20, then every 1000th)",
+            1 <= nlog <= 20 + n_ping // 1000 and w.poll() is None, log_of(w)[-600:])
+    ping.close()
     after = proc_mem(w.pid)
     print(f"{c} figures: RssAnon {after[0] / 2**20:.1f} MiB after the rogues left", flush=True)
     R.check(f"{c}: the memory goes back once the rogues leave (RssAnon {after[0] / 2**20:.0f} MiB)",
