@@ -1601,6 +1601,7 @@ struct shoal_cons_run {
     const shoal_cons_vocab *v;
     mstate cur;
     mstate *lvl; /* [maxlen + 1] walk states */
+    int32_t *dlvl; /* [maxlen + 1] DFA states of the regex walk */
     int32_t end[MAX_END];
     int n_end, end_pos; /* end_pos: end ids taken; -1 while in the text */
     int32_t pre[MAX_END];
@@ -1633,6 +1634,7 @@ int shoal_cons_run_create(shoal_cons_run **out, const shoal_cons *c, const shoal
     r->c = c;
     r->v = v;
     r->lvl = shoal_xmalloc(sizeof *r->lvl * (size_t)(v->maxlen + 2));
+    r->dlvl = shoal_xmalloc(sizeof *r->dlvl * (size_t)(v->maxlen + 2));
     memcpy(r->end, end_ids, sizeof *end_ids * (size_t)n_end);
     r->n_end = n_end;
     r->end_pos = -1;
@@ -1646,6 +1648,7 @@ void shoal_cons_run_free(shoal_cons_run *r)
     if (!r)
         return;
     free(r->lvl);
+    free(r->dlvl);
     free(r);
 }
 
@@ -1663,6 +1666,33 @@ static int walk(shoal_cons_run *r, const vtrie *t, uint8_t *mask)
             continue;
         }
         if (t->tok[i] >= 0 && !mask[t->tok[i]]) {
+            mask[t->tok[i]] = 1;
+            count++;
+        }
+        i++;
+    }
+    return count;
+}
+
+/* A whole-text regex (guided_regex, a GBNF grammar) at DFA state s0: the
+ * matcher state is that one integer, so the walk steps the DFA alone (an int
+ * per depth instead of a matcher state; the DFA's dead states are pruned at
+ * compile, so a surviving path can always reach an accepting state). */
+static int walk_dfa(shoal_cons_run *r, const vtrie *t, int32_t s0, uint8_t *mask)
+{
+    const int32_t *next = r->c->dfa.next;
+    int32_t *st = r->dlvl;
+    int count = 0;
+    st[0] = s0;
+    for (int32_t i = 0; i < t->n;) {
+        int d = t->depth[i];
+        int32_t x = next[(size_t)st[d - 1] * 256 + t->byte[i]];
+        if (x < 0) {
+            i = t->skip[i];
+            continue;
+        }
+        st[d] = x;
+        if (t->tok[i] >= 0) {
             mask[t->tok[i]] = 1;
             count++;
         }
@@ -1709,7 +1739,10 @@ int shoal_cons_run_mask(shoal_cons_run *r, uint8_t *mask)
     }
     int count;
     int64_t room = plain_string(r);
-    if (room == (int64_t)UNLIMITED) {
+    const frame *top = &r->cur.s[0].f[r->cur.s[0].d - 1];
+    if (r->cur.n == 1 && top->ph == PH_DOC_RE) {
+        count = walk_dfa(r, &v->all, (int32_t)top->a, mask);
+    } else if (room == (int64_t)UNLIMITED) {
         memcpy(mask, v->plain, (size_t)v->n_vocab);
         count = v->n_plain + walk(r, &v->odd, mask);
     } else if (room >= 0) {
