@@ -31,6 +31,11 @@ and `re`, never shoal's code. Cases:
   anthropic      the anthropic SDK on /v1/messages: tool_choice {type: tool}
                  gives one tool_use whose input validates against input_schema;
                  output_config.format json_schema is enforced.
+  tool_round_trip a forced call through both agent APIs: Anthropic
+                 input_json_delta pieces join to the non-streamed input (same
+                 seed), the tool_use goes back with a tool_result; a Responses
+                 function_call whose argument deltas join to its arguments,
+                 continued by a function_call_output.
   refusals       an unsupported keyword is a 400 naming it (param + message).
 """
 import json
@@ -611,6 +616,75 @@ def t_anthropic(srv, label):
         R.check(f"anthropic/{label}/output_config", json_prefix_ok(text), f"{m.stop_reason} {text!r}"[:300])
 
 
+def t_tool_round_trip(srv, label):
+    """a forced call end to end through both agent APIs (issue 31): streamed
+    Anthropic input_json_delta pieces join to the non-streamed input, the
+    tool_use goes back with a tool_result and is answered; Responses gives a
+    function_call item whose streamed argument deltas join to its arguments,
+    and a function_call_output continues the conversation"""
+    try:
+        import anthropic
+        import openai
+    except ImportError:
+        R.record("SKIP", f"tool_round_trip/{label}", "anthropic or openai SDK missing (tools/requirements.txt)")
+        return
+    schema = {"type": "object", "properties": {"query": {"type": "string", "maxLength": 30},
+                                               "limit": {"type": "integer"}},
+              "required": ["query", "limit"], "additionalProperties": False}
+    ac = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0)
+    kw = dict(model=srv.name, max_tokens=200, extra_body={"temperature": 1.0, "seed": 7},
+              tools=[{"name": "search", "input_schema": schema}], tool_choice={"type": "tool", "name": "search"},
+              messages=[{"role": "user", "content": "find cats"}])
+    m = ac.messages.create(**kw)
+    uses = [b for b in m.content if b.type == "tool_use"]
+    ok = m.stop_reason == "tool_use" and len(uses) == 1 and not validate(schema, uses[0].input)
+    R.check(f"tool_round_trip/{label}/anthropic_forced", ok, f"{m.stop_reason} {m.content}"[:300])
+    if ok:
+        parts, kinds, stop = [], [], None
+        for ev in ac.messages.create(stream=True, **kw):
+            kinds.append(ev.type)
+            if ev.type == "content_block_delta" and ev.delta.type == "input_json_delta":
+                parts.append(ev.delta.partial_json)
+            if ev.type == "message_delta":
+                stop = ev.delta.stop_reason
+        R.check(f"tool_round_trip/{label}/anthropic_stream", stop == "tool_use" and parts and
+                json.loads("".join(parts)) == uses[0].input and kinds[-1] == "message_stop",
+                f"{stop} {''.join(parts)!r} vs {uses[0].input!r}"[:300])
+        m2 = ac.messages.create(model=srv.name, max_tokens=8, extra_body={"seed": 1}, tools=kw["tools"], messages=[
+            {"role": "user", "content": "find cats"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": uses[0].id, "name": "search",
+                                               "input": uses[0].input}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
+                                          "content": "3 cats found"}]}])
+        R.check(f"tool_round_trip/{label}/anthropic_result", m2.stop_reason in ("end_turn", "max_tokens") and
+                m2.usage.input_tokens > m.usage.input_tokens, f"{m2.stop_reason} {m2.usage}")
+    oc = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    rkw = dict(model=srv.name, input="find cats", max_output_tokens=200, temperature=1.0, extra_body={"seed": 7},
+               tools=[{"type": "function", "name": "search", "parameters": schema, "strict": True}],
+               tool_choice={"type": "function", "name": "search"})
+    r = oc.responses.create(**rkw)
+    calls = [o for o in r.output if o.type == "function_call"]
+    ok = len(calls) == 1 and calls[0].name == "search" and not validate(schema, json.loads(calls[0].arguments))
+    R.check(f"tool_round_trip/{label}/responses_forced", ok, str(r.output)[:300])
+    if ok:
+        parts, done_args = [], None
+        for ev in oc.responses.create(stream=True, **rkw):
+            if ev.type == "response.function_call_arguments.delta":
+                parts.append(ev.delta)
+            elif ev.type == "response.function_call_arguments.done":
+                done_args = ev.arguments
+        R.check(f"tool_round_trip/{label}/responses_stream", "".join(parts) == calls[0].arguments == done_args,
+                f"{''.join(parts)!r} {done_args!r} vs {calls[0].arguments!r}"[:300])
+        r2 = oc.responses.create(model=srv.name, max_output_tokens=8, extra_body={"seed": 1}, tools=rkw["tools"],
+                                 input=[{"role": "user", "content": "find cats"},
+                                        {"type": "function_call", "call_id": calls[0].call_id, "name": "search",
+                                         "arguments": calls[0].arguments},
+                                        {"type": "function_call_output", "call_id": calls[0].call_id,
+                                         "output": "3 cats found"}])
+        R.check(f"tool_round_trip/{label}/responses_output", r2.status in ("completed", "incomplete") and
+                r2.usage.input_tokens > r.usage.input_tokens, f"{r2.status} {r2.usage}")
+
+
 def t_refusals(srv, label):
     import openai
     cases = [
@@ -657,6 +731,7 @@ def main():
     try:
         t_refusals(srv, "nano")
         t_anthropic(srv, "nano")
+        t_tool_round_trip(srv, "nano")
         t_json_object(srv, "nano")
         t_n_choices(srv, "nano")
         t_gbnf(srv, "nano")
