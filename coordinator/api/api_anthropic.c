@@ -30,7 +30,7 @@
 static const char *const implemented[] = {"model", "messages", "max_tokens", "system", "stop_sequences",
                                           "stream", "temperature", "top_p", "top_k", "tools", "tool_choice",
                                           "thinking", "metadata", "output_config", "mcp_servers",
-                                          "logit_bias", NULL}; /* logit_bias: a shoal extension, as on chat */
+                                          "logit_bias", "seed", NULL}; /* logit_bias, seed: shoal extensions, as on chat */
 static const char *const thinking_used[] = {"type", NULL}; /* budget_tokens, display: ignored (no budget in K3) */
 static const char *const tool_choice_used[] = {"type", "name", NULL};
 
@@ -232,7 +232,7 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
     json_t *chat = json_pack("{s:O}", "model", model);
     if (!counting)
         json_object_set(chat, "max_tokens", mt);
-    const char *copy[] = {"temperature", "top_p", "top_k", "stream", "logit_bias"};
+    const char *copy[] = {"temperature", "top_p", "top_k", "stream", "logit_bias", "seed"};
     for (size_t i = 0; i < sizeof copy / sizeof copy[0]; i++)
         if (!shoal__api_absent(json_object_get(root, copy[i])) && !(counting && !strcmp(copy[i], "stream")))
             json_object_set(chat, copy[i], json_object_get(root, copy[i]));

@@ -13,6 +13,7 @@
 #include "common/err.h"
 #include "common/utf8.h"
 #include "coordinator/api/api_int.h"
+#include "coordinator/text/text.h"
 
 #define fail shoal__api_fail
 int shoal__api_fail(shoal_api_error *e, int status, const char *code, const char *param, const char *fmt, ...)
@@ -53,6 +54,7 @@ void shoal_gen_params_free(shoal_gen_params *p)
     json_decref(p->tools);
     json_decref(p->tool_choice);
     json_decref(p->response_format);
+    json_decref(p->constraint);
     free(p->prompt);
     free(p->prompt_ids);
     free(p->bias);
@@ -68,6 +70,7 @@ int shoal_gen_params_copy(shoal_gen_params *d, const shoal_gen_params *p)
     json_incref(d->tools);
     json_incref(d->tool_choice);
     json_incref(d->response_format);
+    json_incref(d->constraint);
     if (p->prompt) {
         d->prompt = shoal_xmalloc(p->prompt_len + 1);
         memcpy(d->prompt, p->prompt, p->prompt_len + 1);
@@ -171,11 +174,12 @@ static const char *const chat_fields[] = {
     "top_p", "top_k", "min_p", "seed", "stop", "n", "tools", "tool_choice", "reasoning_effort", "thinking",
     "thinking_effort", "chat_template_kwargs", "user", "logprobs", "top_logprobs", "presence_penalty",
     "frequency_penalty", "repetition_penalty", "logit_bias", "response_format", "modalities", "return_token_ids",
-    NULL};
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar", NULL};
 static const char *const completion_fields[] = {
     "model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
     "stop", "n", "best_of", "echo", "suffix", "logprobs", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "logit_bias", "user", "return_token_ids", NULL};
+    "repetition_penalty", "logit_bias", "user", "return_token_ids", "guided_json", "guided_regex", "guided_choice",
+    "guided_grammar", "grammar", NULL};
 static const char *const message_fields[] = {"role", "content", "name", "tool_calls", "tool_call_id",
                                              "reasoning_content", "reasoning", "partial", "prefix", NULL};
 static const char *const part_fields[] = {"type", "text", NULL};
@@ -194,11 +198,10 @@ static const struct {
     int neutral; /* besides null, which is always neutral */
 } refused_fields[] = {
     /* vLLM / SGLang structured output and sampling */
-    {"guided_json", NEUTRAL_EMPTY}, {"guided_regex", NEUTRAL_EMPTY}, {"guided_choice", NEUTRAL_EMPTY},
-    {"guided_grammar", NEUTRAL_EMPTY}, {"guided_decoding_backend", NEUTRAL_EMPTY},
+ {"guided_decoding_backend", NEUTRAL_EMPTY},
     {"guided_whitespace_pattern", NEUTRAL_EMPTY}, {"structured_outputs", NEUTRAL_EMPTY},
     {"structural_tag", NEUTRAL_EMPTY}, {"regex", NEUTRAL_EMPTY}, {"ebnf", NEUTRAL_EMPTY},
-    {"json_schema", NEUTRAL_EMPTY}, {"grammar", NEUTRAL_EMPTY}, {"logits_processors", NEUTRAL_EMPTY},
+    {"json_schema", NEUTRAL_EMPTY}, {"logits_processors", NEUTRAL_EMPTY},
     {"bad_words", NEUTRAL_EMPTY}, {"allowed_token_ids", NEUTRAL_EMPTY}, {"stop_token_ids", NEUTRAL_EMPTY},
     {"min_tokens", NEUTRAL_ZERO}, {"ignore_eos", NEUTRAL_FALSE}, {"include_stop_str_in_output", NEUTRAL_FALSE},
     {"skip_special_tokens", NEUTRAL_TRUE}, {"spaces_between_special_tokens", NEUTRAL_TRUE},
@@ -864,6 +867,8 @@ static char *memo_key(shoal_gen_kind kind, const shoal_api_limits *lim, const sh
         json_object_set(k, "tool_choice", g->tool_choice);
     if (g->response_format)
         json_object_set(k, "response_format", g->response_format);
+    if (g->constraint)
+        json_object_set(k, "constraint", g->constraint);
     json_object_set_new(k, "thinking", json_integer(g->thinking));
     json_object_set_new(k, "effort", json_string(g->effort));
     if (g->prompt)
@@ -942,6 +947,142 @@ static int find_huge_at(json_t *v, char *path, size_t cap, size_t at, int depth)
 static int find_huge(json_t *root, char *path, size_t cap)
 {
     return find_huge_at(root, path, cap, 0, 0);
+}
+
+/* Structured output (issue 36): response_format json_object / json_schema
+ * (chat), vLLM's guided_json / guided_regex / guided_choice (both
+ * endpoints); at most one. Normalised into g->constraint and compiled once
+ * here so a schema the compiler refuses is a 400 naming the keyword. */
+static int parse_constraint(json_t *root, shoal_gen_kind kind, shoal_gen_params *g, shoal_api_error *err)
+{
+    const char *param = NULL;
+    json_t *spec = NULL;
+    int count = 0;
+    if (kind == SHOAL_GEN_CHAT && g->response_format) {
+        const char *rt = json_string_value(json_object_get(g->response_format, "type"));
+        json_t *sc = NULL;
+        param = "response_format";
+        if (!strcmp(rt, "json_schema")) {
+            json_t *js = json_object_get(g->response_format, "json_schema");
+            sc = json_object_get(js, "schema");
+            param = "response_format.json_schema.schema";
+            if (sc && !json_is_object(sc) && !json_is_boolean(sc))
+                return BADTYPE(param, "an object");
+        }
+        spec = json_pack("{s:s, s:O}", "kind", "json", "schema", sc ? sc : json_null());
+        count++;
+    }
+    json_t *gj = json_object_get(root, "guided_json"), *gr = json_object_get(root, "guided_regex"),
+           *gc = json_object_get(root, "guided_choice");
+    if (!is_null_or_absent(gj)) {
+        json_t *sc = json_incref(gj);
+        if (json_is_string(gj)) { /* vLLM also takes the schema as a JSON text */
+            json_decref(sc);
+            sc = json_loads(json_string_value(gj), 0, NULL);
+            if (!sc) {
+                json_decref(spec);
+                return BAD("guided_json", "'guided_json' is a string that is not a JSON schema");
+            }
+        } else if (!json_is_object(gj)) {
+            json_decref(sc);
+            json_decref(spec);
+            return BADTYPE("guided_json", "an object (a JSON schema)");
+        }
+        json_decref(spec);
+        spec = json_pack("{s:s, s:o}", "kind", "json", "schema", sc);
+        param = "guided_json";
+        count++;
+    }
+    if (!is_null_or_absent(gr)) {
+        if (!json_is_string(gr)) {
+            json_decref(spec);
+            return BADTYPE("guided_regex", "a string");
+        }
+        json_decref(spec);
+        spec = json_pack("{s:s, s:O}", "kind", "regex", "pattern", gr);
+        param = "guided_regex";
+        count++;
+    }
+    if (!is_null_or_absent(gc)) {
+        size_t i;
+        json_t *c;
+        if (!json_is_array(gc) || !json_array_size(gc)) {
+            json_decref(spec);
+            return BADTYPE("guided_choice", "a non-empty array of strings");
+        }
+        json_array_foreach(gc, i, c) if (!json_is_string(c) || !json_string_length(c))
+        {
+            json_decref(spec);
+            return BADTYPE("guided_choice", "a non-empty array of non-empty strings");
+        }
+        json_decref(spec);
+        spec = json_pack("{s:s, s:O}", "kind", "choice", "choices", gc);
+        param = "guided_choice";
+        count++;
+    }
+    static const char *const gkeys[] = {"grammar", "guided_grammar"};
+    for (int k = 0; k < 2; k++) {
+        json_t *gg = json_object_get(root, gkeys[k]);
+        if (is_null_or_absent(gg) || (json_is_string(gg) && !json_string_length(gg)))
+            continue;
+        if (!json_is_string(gg)) {
+            json_decref(spec);
+            return BADTYPE(gkeys[k], "a string (a GBNF grammar)");
+        }
+        json_decref(spec);
+        spec = json_pack("{s:s, s:O}", "kind", "grammar", "gbnf", gg);
+        param = gkeys[k];
+        count++;
+    }
+    if (count > 1) {
+        json_decref(spec);
+        return UNSUPPORTED(param, "give at most one of response_format (json_object / json_schema), guided_json, "
+                                  "guided_regex, guided_choice, grammar, guided_grammar");
+    }
+    /* a forced tool call: tool_choice names a function (or is "required"
+     * with one tool declared): the reply is that call, its arguments
+     * constrained by the function's parameters */
+    const char *forced = NULL;
+    if (!spec && kind == SHOAL_GEN_CHAT && g->tools && g->tool_choice) {
+        if (json_is_object(g->tool_choice))
+            forced = json_string_value(json_object_get(json_object_get(g->tool_choice, "function"), "name"));
+        else if (!strcmp(json_string_value(g->tool_choice), "required") && json_array_size(g->tools) == 1)
+            forced = json_string_value(json_object_get(json_object_get(json_array_get(g->tools, 0), "function"),
+                                                       "name"));
+    }
+    if (forced) {
+        size_t i;
+        json_t *t, *params = NULL;
+        json_array_foreach(g->tools, i, t) {
+            json_t *fn = json_object_get(t, "function");
+            if (!strcmp(json_string_value(json_object_get(fn, "name")), forced)) {
+                params = json_object_get(fn, "parameters");
+                break;
+            }
+        }
+        if (params && !json_is_object(params))
+            params = NULL;
+        const char *pt = params ? json_string_value(json_object_get(params, "type")) : NULL;
+        if (pt && strcmp(pt, "object"))
+            return BAD("tools[].function.parameters", "the parameters of the forced tool '%s' must be an object schema",
+                       forced);
+        spec = json_pack("{s:s, s:O, s:s}", "kind", "json", "schema", params ? params : json_null(), "tool", forced);
+        param = "tools[].function.parameters";
+    }
+    if (!spec)
+        return 0;
+    shoal_cons *c;
+    char cerr[300];
+    int rc = shoal_cons_compile_spec(&c, spec, cerr, sizeof cerr);
+    if (rc) {
+        json_decref(spec);
+        if (rc == SHOAL_EUNSUPPORTED)
+            return UNSUPPORTED(param, "'%s' %s", param, cerr);
+        return BAD(param, "'%s' %s", param, cerr);
+    }
+    shoal_cons_free(c);
+    g->constraint = spec;
+    return 0;
 }
 
 int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const shoal_api_limits *lim,
@@ -1058,16 +1199,9 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
                 BADTYPE("response_format.json_schema", "an object");
                 goto done;
             }
-            if (!strcmp(rt, "json_schema") && json_is_true(json_object_get(json_object_get(rf, "json_schema"), "strict"))) {
-                /* strict promises schema-valid output: that needs constrained decoding */
-                UNSUPPORTED("response_format.json_schema.strict",
-                            "'response_format.json_schema.strict' is not supported: decoding is not constrained "
-                            "(leave it out or false: the schema is then given to the model as K3's "
-                            "response-format message)");
-                goto done;
-            }
             if (!strcmp(rt, "json_object") || !strcmp(rt, "json_schema")) {
-                /* rendered as K3's response-format system message; decoding is not constrained */
+                /* rendered as K3's response-format system message, and
+                 * enforced while sampling (strict or not: docs/API.md) */
                 g->response_format = json_incref(rf);
             } else if (strcmp(rt, "text")) {
                 char q[36];
@@ -1242,6 +1376,14 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
         }
         if (!g->thinking)
             g->effort[0] = '\0';
+    }
+    if (parse_constraint(root, kind, g, err))
+        goto done;
+    if (g->constraint && kind == SHOAL_GEN_CHAT) {
+        /* the constraint applies to the content: rendered with thinking off
+         * so the reply starts in the content (docs/API.md) */
+        g->thinking = 0;
+        g->effort[0] = '\0';
     }
     if ((greedy || has_seed) && out->n == 1)
         out->memo_key = memo_key(kind, lim, g);

@@ -11,6 +11,7 @@
  * (render_job, render_main): queued jobs are rendered there, in the queue's
  * fair order, and only rendered jobs are admitted, so rendering a
  * large request never holds up the steps of the running ones. */
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +56,11 @@ struct shoal_slot {
     uint64_t lead_order;
     int n_out, max_new;
     shoal_sampler *sampler;
+    /* structured output (issue 36): the compiled constraint, its run and the
+     * mask buffer ([vocab], kept for the slot's next constrained job) */
+    shoal_cons *cons;
+    shoal_cons_run *crun;
+    uint8_t *cmask;
     shoal_spec *spec;          /* the decode path of seq (speculative when drafting is on) */
     shoal_detok *detok;        /* completions */
     shoal_chatparse *parser;   /* chat */
@@ -108,6 +114,9 @@ static void slots_free(shoal_sched *s)
         free(sl->out);
         free(sl->caps);
         shoal_sampler_free(sl->sampler);
+        shoal_cons_run_free(sl->crun);
+        shoal_cons_free(sl->cons);
+        free(sl->cmask);
         shoal_detok_close(sl->detok);
         shoal_chatparse_close(sl->parser);
         free(sl->held[0].p);
@@ -365,6 +374,10 @@ static void release(shoal_sched *s, shoal_slot *sl, const shoal_sched_stats *add
     shoal__sched_count(s, add);
     shoal_sampler_free(sl->sampler);
     sl->sampler = NULL;
+    shoal_cons_run_free(sl->crun);
+    sl->crun = NULL;
+    shoal_cons_free(sl->cons);
+    sl->cons = NULL;
     shoal_ev_free_list(sl->rec);
     sl->rec = NULL;
     sl->rec_tail = &sl->rec;
@@ -671,6 +684,81 @@ static int render(shoal_sched *s, shoal_slot *sl)
     return 0;
 }
 
+/* ids of K3's text pieces and markers, each piece encoded on its own as the
+ * chat encoder writes its segments (chat.c); a marker is "<|...|>" */
+static int cons_ids(shoal_sched *s, const char *const *pieces, int n, int32_t *out, int cap, char *err, size_t errlen)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (pieces[i][0] == '<' && pieces[i][1] == '|') {
+            int32_t id = shoal_tok_special_id(s->o.tok, pieces[i]);
+            if (id < 0 || k >= cap)
+                return -1;
+            out[k++] = id;
+            continue;
+        }
+        shoal_tok_ids ids = {0};
+        if (shoal_tok_encode(s->o.tok, pieces[i], strlen(pieces[i]), 0, &ids, err, errlen) ||
+            k + (int)ids.n > cap) {
+            shoal_tok_ids_free(&ids);
+            return -1;
+        }
+        for (size_t j = 0; j < ids.n; j++)
+            out[k++] = ids.v[j];
+        shoal_tok_ids_free(&ids);
+    }
+    return k;
+}
+
+/* Structured output: compile the request's constraint, the vocabulary trie
+ * once, and the run. What must follow the constrained text: in a chat, the
+ * rest of K3's reply after the content (thinking is off, api_parse.c:
+ * </response></message><|end_of_msg|> as K3 writes it, chatparse.h); for a
+ * forced tool call, the call's opening is forced before the arguments (K3's
+ * json element, raw JSON) and its closing after; in a completion, the first
+ * stop id. */
+static int constrain_begin(shoal_sched *s, shoal_slot *sl, char *err, size_t errlen)
+{
+    const shoal_gen_params *p = &sl->job->p;
+    int rc = shoal_cons_compile_spec(&sl->cons, p->constraint, err, errlen);
+    if (rc)
+        return rc;
+    if (!s->cvocab && (rc = shoal_cons_vocab_build(&s->cvocab, s->o.tok, err, errlen)))
+        return rc;
+    int32_t end[64], pre[64];
+    int n_end = 0, n_pre = 0;
+    const char *tool = json_string_value(json_object_get(p->constraint, "tool"));
+    if (p->kind == SHOAL_GEN_CHAT) {
+        static const char *const reply_end[] = {"<|close|>", "response", "<|sep|>", "<|close|>", "message",
+                                                "<|sep|>", "<|end_of_msg|>"};
+        static const char *const call_end[] = {"<|close|>", "json", "<|sep|>", "<|close|>", "call", "<|sep|>",
+                                               "<|close|>", "tools", "<|sep|>", "<|close|>", "message", "<|sep|>",
+                                               "<|end_of_msg|>"};
+        if (tool) {
+            const char *call_pre[] = {"<|close|>", "response", "<|sep|>", "<|open|>", "tools", "<|sep|>",
+                                      "<|open|>", "call", " tool", "=\"", tool, "\"", " index", "=\"", "1", "\"",
+                                      "<|sep|>", "<|open|>", "json", " type", "=\"", "object", "\"", "<|sep|>"};
+            n_pre = cons_ids(s, call_pre, (int)(sizeof call_pre / sizeof call_pre[0]), pre, 64, err, errlen);
+            n_end = cons_ids(s, call_end, (int)(sizeof call_end / sizeof call_end[0]), end, 64, err, errlen);
+        } else {
+            n_end = cons_ids(s, reply_end, (int)(sizeof reply_end / sizeof reply_end[0]), end, 64, err, errlen);
+        }
+        if (n_end < 0 || n_pre < 0) { /* not K3's format: the text alone, then the stop id */
+            if (tool)
+                return shoal_err_set(err, errlen, SHOAL_EUNSUPPORTED,
+                                     "a forced tool call needs K3's chat markers in the vocabulary");
+            n_end = n_pre = 0;
+        }
+    }
+    if (!n_end)
+        end[n_end++] = s->eos[0];
+    if (!sl->cmask)
+        sl->cmask = shoal_xmalloc((size_t)s->vocab);
+    if ((rc = shoal_cons_run_create(&sl->crun, sl->cons, s->cvocab, end, n_end, err, errlen)))
+        return rc;
+    return n_pre ? shoal_cons_run_set_prefix(sl->crun, pre, n_pre) : 0;
+}
+
 /* ---- prefix cache (opts.pcache) ------------------------------------------------ */
 
 /* Where the slot's prompt is captured while it is prefilled: after every
@@ -824,6 +912,12 @@ static int prepare(shoal_sched *s, shoal_slot *sl)
     }
     for (int i = 0; i < sl->n_prompt; i++) /* the repetition penalty covers the prompt */
         shoal_sampler_observe(sl->sampler, sl->ids[i], 0);
+    if (p->constraint && constrain_begin(s, sl, err, sizeof err)) {
+        emit_error(s, sl, 400, "invalid_request_error", "response_format", err);
+        shoal_sched_stats add = {.failed = 1};
+        release(s, sl, &add);
+        return -1;
+    }
     if (output_begin(s, sl)) {
         emit_error(s, sl, 500, "internal_error", NULL, "cannot start the output parser");
         shoal_sched_stats add = {.failed = 1};
@@ -998,7 +1092,28 @@ static int sample_one(shoal_sched *s, shoal_slot *sl, int32_t *id_out)
         return 0;
     }
     uint64_t t0 = shoal_metrics_now_ns();
+    if (sl->crun) {
+        /* structured output: the disallowed ids leave the row, so sampling,
+         * penalties and logprobs all see the masked distribution */
+        int n = shoal_cons_run_mask(sl->crun, sl->cmask);
+        if (n <= 0) {
+            shoal_sched_stats add = {.failed = 1};
+            emit_error(s, sl, 500, "constraint_dead_end", NULL,
+                       "the structured-output constraint admits no continuation (docs/API.md lists the corner "
+                       "cases)");
+            release(s, sl, &add);
+            return 0;
+        }
+        for (int i = 0; i < s->vocab; i++)
+            if (!sl->cmask[i])
+                sl->logits[i] = -INFINITY;
+    }
     int32_t id = shoal_sampler_sample(sl->sampler, sl->logits);
+    if (sl->crun) {
+        if (id < 0 || id >= s->vocab || !sl->cmask[id])
+            id = shoal_argmax(sl->logits, s->vocab); /* a draw can only land on a masked id by rounding */
+        shoal_cons_run_accept(sl->crun, id);
+    }
     uint64_t t1 = shoal_metrics_now_ns();
     if (s->o.cm) {
         shoal_cmetrics_add_phase(s->o.cm, SHOAL_PHASE_SAMPLING, t1 - t0);
@@ -1353,6 +1468,7 @@ void shoal_sched_close(shoal_sched *s)
     for (int i = 0; i < s->render_started; i++)
         pthread_join(s->render_threads[i], NULL);
     slots_free(s);
+    shoal_cons_vocab_free(s->cvocab);
     shoal__sched_store_free(s);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->rcv);

@@ -88,6 +88,10 @@ typedef struct {
     int logprobs;
     int top_logprobs;         /* 0..20 alternatives per id */
     int partial;              /* chat: the last message is an assistant turn to continue (Moonshot partial mode) */
+    /* structured output enforced while sampling (coordinator/text/constrain.h's
+     * normalised spec: {"kind": "json"|"regex"|"choice", ...}), or NULL. The API
+     * compiled it once to refuse what the compiler refuses. */
+    json_t *constraint;
 } shoal_gen_params;
 
 void shoal_gen_params_free(shoal_gen_params *p);

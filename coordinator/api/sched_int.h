@@ -9,6 +9,7 @@
 #include <pthread.h>
 
 #include "coordinator/api/sched.h"
+#include "coordinator/text/text.h"
 
 #define SHOAL_SCHED_CLIENTS 256
 #define SHOAL_SCHED_MAX_KEPT 64
@@ -66,6 +67,7 @@ struct shoal_sched {
     shoal_sched_opts o;
     int vocab, max_context, n_eos;
     int32_t eos[SHOAL_MAX_EOS];
+    shoal_cons_vocab *cvocab; /* the vocabulary trie, built at the first constrained request (model thread) */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;     /* the model thread: a rendered job, or stopping */

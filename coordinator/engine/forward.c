@@ -571,8 +571,14 @@ int shoal__engine_forward(shoal_model *m, shoal_seq *const *seqs, const int32_t 
     /* a model file truncated under the mapping: refuse by name, nothing read
      * or changed yet (instead of SIGBUS at the first lost page) */
     int mrc = shoal__engine_mapped_check(m, err, errlen);
-    if (mrc)
+    if (mrc) {
+        /* the reader reads ahead into the next forward's units and may have
+         * kept a read error from the truncated file: drop it, so the forward
+         * after the file is restored reads afresh (resumed below) */
+        if (m->ts && m->n_sunits)
+            shoal_tstream_reset(m->ts);
         return mrc;
+    }
     /* positions: a sequence's k-th token in this chunk is at its pos + k */
     for (int t = 0; t < T; t++)
         sc->tpos[t] = seqs[t]->pos++;

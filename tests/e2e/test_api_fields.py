@@ -319,7 +319,7 @@ def t_policy(S):
         check(m.get(f'shoal_api_ignored_fields_total{{field="{f}"}}', 0) >= 1, f"metric for {f}: {m.get(f)}")
     check('shoal_api_ignored_fields_total{field="frobnicate"}' not in m, "an unknown field got its own label")
     import openai
-    for extra, param in [({"guided_json": {"type": "object"}}, "guided_json"), ({"grammar": "root ::= x"}, "grammar"),
+    for extra, param in [({"structured_outputs": {"json": {}}}, "structured_outputs"), ({"grammar": "root ::= x"}, "grammar"),
                          ({"ignore_eos": True}, "ignore_eos"), ({"n": 9}, "n"),
                          ({"logprobs": True, "top_logprobs": 21}, "top_logprobs")]:
         try:

@@ -529,6 +529,19 @@ def litellm_cases(srv, chats):
             ok &= tc.function.name == "get_weather"
         R.check(f"litellm {prov} provider: a tool call round trip (tools, tool_choice, tool result) completes", ok,
                 repr(r)[:400])
+    # a call the model writes itself: tool_choice naming the function forces
+    # K3's call section with arguments held to its parameters (issue 36)
+    for prov, base in (("openai", srv.url + "/v1"), ("anthropic", srv.url)):
+        r = litellm.completion(model=f"{prov}/nano", api_base=base, api_key=KEY, max_tokens=200, temperature=1.0,
+                               messages=[{"role": "user", "content": "Weather in Paris?"}], tools=tools,
+                               tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        tcs = r.choices[0].message.tool_calls or []
+        ok = r.choices[0].finish_reason == "tool_calls" and len(tcs) == 1 and tcs[0].function.name == "get_weather"
+        if ok:
+            args = json.loads(tcs[0].function.arguments)
+            ok = isinstance(args, dict) and set(args) <= {"city"} and isinstance(args.get("city", ""), str)
+        R.check(f"litellm {prov} provider: a forced tool call comes back as one tool call with parsed arguments", ok,
+                repr(r)[:400])
 
 
 def metric(srv, name, labels=""):

@@ -25,7 +25,7 @@ import promcheck  # noqa: E402
 R = promcheck.Results("test_serve_start")
 build = os.environ.get("SHOAL_BUILD", "build")
 BIN = os.environ.get("SHOAL_BIN", os.path.join(build, "bin", "shoal"))
-TINY = "tests/models/tiny-k3"
+TINY = os.path.join(os.environ.get("SHOAL_SRC", "."), "tests", "models", "tiny-k3")
 TMP = tempfile.mkdtemp(prefix="shoal_start_")
 KEY = "start-key-1"
 procs = []

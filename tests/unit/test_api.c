@@ -122,14 +122,21 @@ static void t_chat_refusals(void)
             "{\"model\":\"tiny\",\"messages\":[{\"role\":\"assistant\",\"content\":\"a\",\"partial\":true},"
             "{\"role\":\"user\",\"content\":\"hi\"}]}",
             400, "messages[0].partial");
-    refused(C, CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"strict\":true}}"),
-            400, "response_format.json_schema.strict");
+    /* structured output (issue 36): enforced, so strict is accepted; a keyword
+     * the compiler does not implement is a 400 naming it */
+    e = refused(C, CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"strict\":true,"
+                        "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":1}}}}}"),
+                400, "response_format.json_schema.schema");
+    CHECK_STR_CONTAINS(e.message, "/properties/a/minimum");
+    refused(C, CHAT(",\"guided_regex\":\"(a\""), 400, "guided_regex");
+    refused(C, CHAT(",\"guided_choice\":[]"), 400, "guided_choice");
+    refused(C, CHAT(",\"guided_regex\":\"a\",\"guided_choice\":[\"a\"]"), 400, "guided_choice");
     refused(C, CHAT(",\"response_format\":{\"type\":\"yaml\"}"), 400, "response_format.type");
     refused(C, CHAT(",\"modalities\":[\"audio\"]"), 400, "modalities");
     /* the field policy: an output-changing field that is not implemented is refused naming it */
-    e = refused(C, CHAT(",\"guided_json\":{\"type\":\"object\"}"), 400, "guided_json");
+    e = refused(C, CHAT(",\"structured_outputs\":{\"json\":{}}"), 400, "structured_outputs");
     CHECK(!strcmp(e.code, "unsupported_parameter"));
-    refused(C, CHAT(",\"grammar\":\"root ::= x\""), 400, "grammar");
+    refused(C, CHAT(",\"grammar\":\"root ::= undefined-rule\""), 400, "grammar"); /* GBNF: an undefined rule */
     refused(C, CHAT(",\"ignore_eos\":true"), 400, "ignore_eos");
     refused(C, CHAT(",\"stream\":true,\"stream_options\":{\"include_usage\":true},\"min_tokens\":3"), 400, "min_tokens");
     refused(C, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\",\"function_call\":{\"name\":\"f\"}}]}",
