@@ -530,16 +530,22 @@ def litellm_cases(srv, chats):
         R.check(f"litellm {prov} provider: a tool call round trip (tools, tool_choice, tool result) completes", ok,
                 repr(r)[:400])
     # a call the model writes itself: tool_choice naming the function forces
-    # K3's call section with arguments held to its parameters (issue 36)
+    # K3's call section with arguments held to its parameters (issue 36);
+    # greedy and a bounded string, so the call always ends within max_tokens
+    forced = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                                "parameters": {"type": "object", "required": ["city"],
+                                                               "properties": {"city": {"type": "string",
+                                                                                       "maxLength": 16}}}}}]
     for prov, base in (("openai", srv.url + "/v1"), ("anthropic", srv.url)):
-        r = litellm.completion(model=f"{prov}/nano", api_base=base, api_key=KEY, max_tokens=200, temperature=1.0,
-                               messages=[{"role": "user", "content": "Weather in Paris?"}], tools=tools,
+        r = litellm.completion(model=f"{prov}/nano", api_base=base, api_key=KEY, max_tokens=200, temperature=0,
+                               messages=[{"role": "user", "content": "Weather in Paris?"}], tools=forced,
                                tool_choice={"type": "function", "function": {"name": "get_weather"}})
         tcs = r.choices[0].message.tool_calls or []
         ok = r.choices[0].finish_reason == "tool_calls" and len(tcs) == 1 and tcs[0].function.name == "get_weather"
         if ok:
             args = json.loads(tcs[0].function.arguments)
-            ok = isinstance(args, dict) and set(args) <= {"city"} and isinstance(args.get("city", ""), str)
+            ok = isinstance(args, dict) and set(args) == {"city"} and isinstance(args["city"], str) and \
+                len(args["city"]) <= 16
         R.check(f"litellm {prov} provider: a forced tool call comes back as one tool call with parsed arguments", ok,
                 repr(r)[:400])
 
