@@ -10,7 +10,9 @@ VPSs (RATE_FAST, 1 ms each way: 2 ms RTT), w2 a slow host (RATE_SLOW,
 connections (PROBE, §3.8).
 
 Checks, against the shaping (the independent reference):
-- each link's RTT p50 lies within 20% of the shaped RTT: the path's own
+- each link's RTT p50 lies within 20% of the shaped RTT (never below 80%
+  on any run; at most 120% on the best of up to three runs, as a busy host
+  only adds to a round trip and only takes from a rate): the path's own
   round trip, measured by doctor in this run through the same relays with no
   delay and no rate limit, plus what the relay's delay adds to a round trip
   as the relay itself measures it (`relay.py --measure`: a raw TCP
@@ -23,7 +25,7 @@ Checks, against the shaping (the independent reference):
 - `shoal plan --measured` on this doctor.json keeps tiny-k3's trunk local (8
   round trips rather than 48), and the plan, served from the namespaces
   through the shaped links, gives the in-process ids at a measured s/token
-  within 30% of its prediction.
+  within 30% of its prediction (the best of up to three runs).
 Needs root and iproute2 with netem (scripts/deps.sh): SKIPs otherwise.
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~35 s.
 """
@@ -186,22 +188,57 @@ def main():
         ws = {w["name"]: w for w in doc["workers"]}
         check("every worker measured", sorted(ws) == ["w0", "w1", "w2"] and all(w["ok"] for w in ws.values()),
               json.dumps(doc)[:600])
+        # A busy host only adds to a round trip and only takes from a rate: the bound on that
+        # side is checked on the best of up to three doctor runs (the first is the one above);
+        # the other side (an RTT below the shaping, a rate above it) on every run.
+        best = {n: dict(w) for n, w in ws.items()}
+
+        def off(name):
+            ms, mbit = SHAPE[name]
+            want_rtt, rate = added[ms] - added[0.0], mbit * 1e6 / 8
+            b = best.get(name)
+            return b is None or (b["rtt_p50_us"] - base.get(name, 0) > 1.2 * want_rtt or
+                                 min(b["out_bytes_per_s"], b["in_bytes_per_s"]) < 0.8 * rate)
+
+        runs = [ws]
+        for again in range(2):
+            if not any(off(n) for n in SHAPE):
+                break
+            r2 = doctor(tmp, ["--json", "--no-facts", "--no-local", "--rounds", "300", "--bulk-count", "12"])
+            if r2.returncode:
+                break
+            w2 = {w["name"]: w for w in json.loads(r2.stdout)["workers"] if w.get("ok")}
+            runs.append(w2)
+            for n, w in w2.items():
+                b = best.setdefault(n, dict(w))
+                b["rtt_p50_us"] = min(b["rtt_p50_us"], w["rtt_p50_us"])
+                for k in ("out_bytes_per_s", "in_bytes_per_s"):
+                    b[k] = max(b[k], w[k])
+        print(f"doctor runs on the shaped links: {len(runs)}", flush=True)
         for name, (ms, mbit) in SHAPE.items():
             w = ws.get(name)
             if not w:
                 continue
             want_rtt = added[ms] - added[0.0]  # the delay's share of the relay's round trip
-            got = w["rtt_p50_us"] - base.get(name, 0)
+            rate = mbit * 1e6 / 8
             print(f"{name}: RTT p50 {w['rtt_p50_us']:.0f} us (shaped {want_rtt:.0f} + path {base.get(name, 0):.0f}), "
                   f"p99 {w['rtt_p99_us']:.0f} us; out {w['out_bytes_per_s'] / 1e6:.1f} MB/s, in "
                   f"{w['in_bytes_per_s'] / 1e6:.1f} MB/s (shaped {mbit / 8:.1f} MB/s); fwd "
-                  f"{w['fwd_out_us']:.0f}/{w['fwd_in_us']:.0f} us", flush=True)
-            check(f"{name}: RTT p50 less the unshaped path within 20% of the shaped {want_rtt / 1000:.2f} ms",
-                  abs(got - want_rtt) <= 0.2 * want_rtt, f"{got:.0f} us")
-            rate = mbit * 1e6 / 8
+                  f"{w['fwd_out_us']:.0f}/{w['fwd_in_us']:.0f} us; best of {len(runs)}: RTT "
+                  f"{best[name]['rtt_p50_us']:.0f} us, {best[name]['out_bytes_per_s'] / 1e6:.1f}/"
+                  f"{best[name]['in_bytes_per_s'] / 1e6:.1f} MB/s", flush=True)
+            lows = [x[name]["rtt_p50_us"] - base.get(name, 0) for x in runs if name in x]
+            check(f"{name}: RTT p50 less the unshaped path never below 80% of the shaped {want_rtt / 1000:.2f} ms",
+                  min(lows) >= 0.8 * want_rtt, f"{[round(v) for v in lows]} us")
+            got = best[name]["rtt_p50_us"] - base.get(name, 0)
+            check(f"{name}: RTT p50 less the unshaped path at most 120% of the shaped {want_rtt / 1000:.2f} ms "
+                  f"(best of {len(runs)})", got <= 1.2 * want_rtt, f"{got:.0f} us")
             for k in ("out_bytes_per_s", "in_bytes_per_s"):
-                check(f"{name}: {k.split('_')[0]} rate within 20% of the shaped {mbit} Mbit/s",
-                      abs(w[k] - rate) <= 0.2 * rate, f"{w[k] / 1e6:.1f} MB/s vs {rate / 1e6:.1f}")
+                highs = [x[name][k] for x in runs if name in x]
+                check(f"{name}: {k.split('_')[0]} rate never above 120% of the shaped {mbit} Mbit/s",
+                      max(highs) <= 1.2 * rate, f"{[round(v / 1e6, 1) for v in highs]} MB/s vs {rate / 1e6:.1f}")
+                check(f"{name}: {k.split('_')[0]} rate at least 80% of the shaped {mbit} Mbit/s (best of {len(runs)})",
+                      best[name][k] >= 0.8 * rate, f"{best[name][k] / 1e6:.1f} MB/s vs {rate / 1e6:.1f}")
             h = w.get("host", {})
             check(f"{name}: host facts (cores, memory, read pass) as this host says",
                   h.get("cores") == os.cpu_count() and h.get("mem_total", 0) > 0 and h.get("read_bw_all", 0) > 1e8
@@ -280,13 +317,23 @@ def case_measured_plan(tmp, man, procs):
             ["ip", "netns", "exec", NS[w], BIN, "expert", "--model", TINY, "--plan", out, "--name", w, "--threads",
              "1", "--curve-secret", f"{tmp}/{w}.key", "--curve-allow", f"{tmp}/c.pub"],
             stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/{w}.plan.log", "w")))
-    r = sh(["ip", "netns", "exec", NS["c"], BIN, "run", "--model", TINY, "--plan", out, "--curve-secret",
-            f"{tmp}/c.key", "--curve-keys", tmp, "--ids", "5,17,3,99", "--gen", str(gen), "--json", "--threads", "1",
-            "--hello-timeout-ms", "30000"], check_rc=False, timeout=180)
+    def run_plan():
+        return sh(["ip", "netns", "exec", NS["c"], BIN, "run", "--model", TINY, "--plan", out, "--curve-secret",
+                   f"{tmp}/c.key", "--curve-keys", tmp, "--ids", "5,17,3,99", "--gen", str(gen), "--json",
+                   "--threads", "1", "--hello-timeout-ms", "30000"], check_rc=False, timeout=180)
+    r = run_plan()
     if not check("the measured plan served through the shaped links", r.returncode == 0, r.stderr[-800:]):
         return
     j = json.loads(r.stdout)
-    meas = 1.0 / j["decode_tokens_per_s"]
+    # a busy host only slows a run: the prediction is compared with the best of up to three
+    times = [1.0 / j["decode_tokens_per_s"]]
+    while len(times) < 3 and abs(pred - min(times)) > 0.3 * min(times):
+        r2 = run_plan()
+        if r2.returncode:
+            break
+        times.append(1.0 / json.loads(r2.stdout)["decode_tokens_per_s"])
+    meas = min(times)
+    print(f"measured plan runs (ms/token): {[round(t * 1e3, 1) for t in times]}", flush=True)
     print(f"measured plan: predicted {pred * 1e3:.1f} ms/token, measured {meas * 1e3:.1f} ms/token", flush=True)
     check("the measured plan's run: ids identical to the in-process run", j["generated_ids"] == ref_ids,
           f"{j['generated_ids']} vs {ref_ids}")
