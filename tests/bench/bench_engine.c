@@ -2,6 +2,7 @@
  * token against the bandwidth bound, and prefill tokens/s, on one model.
  *
  *   bench_engine MODEL [--threads N] [--steps N] [--prefill 128,512] [--reps R] [--prefill-reps P]
+ *                [--max-batch B]
  *
  * 1. Reads every mapped tensor of the model once (warms the page cache), then
  *    measures read bandwidth over the same mapped bytes: R timed passes of a
@@ -15,7 +16,10 @@
  *    step, and each step is compared with that adjacent sweep too
  *    (ratio_adjacent); both ratios are reported.
  * 3. Prefill: for each prompt length, P runs (default R) of a fresh sequence: seconds,
- *    tokens/s and weight bytes read per prompt token.
+ *    tokens/s, process CPU seconds (all threads) and weight bytes read per prompt
+ *    token. --max-batch B sets the engine's chunk size (shoal_model_opts.max_batch:
+ *    a longer prompt runs in chunks of B); without it one chunk holds the longest
+ *    prompt.
  * Output: "key=value" rows (one per measurement) on stdout, for docs/data/. */
 #include <omp.h>
 #include <stdint.h>
@@ -113,6 +117,14 @@ static double read_pass(const region *r, int nr, uint64_t *sink)
     return now() - t0;
 }
 
+/* CPU seconds of the whole process (every thread), for CPU-time rates on a shared machine */
+static double cpu_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 static int cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -122,12 +134,14 @@ static int cmp_d(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     if (argc < 2 || argv[1][0] == '-') {
-        fprintf(stderr, "usage: %s MODEL [--threads N] [--steps N] [--prefill 128,512] [--reps R] [--prefill-reps P]\n",
+        fprintf(stderr,
+                "usage: %s MODEL [--threads N] [--steps N] [--prefill 128,512] [--reps R] [--prefill-reps P] "
+                "[--max-batch B]\n",
                 argv[0]);
         return 2;
     }
     const char *model = argv[1];
-    int threads = 0, steps = 16, reps = 3, preps = -1;
+    int threads = 0, steps = 16, reps = 3, preps = -1, max_batch = 0;
     int plen[8] = {128, 512}, np = 2;
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--threads"))
@@ -138,6 +152,8 @@ int main(int argc, char **argv)
             reps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--prefill-reps"))
             preps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--max-batch"))
+            max_batch = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--prefill")) {
             np = 0;
             for (char *s = argv[i + 1]; *s && np < 8;) {
@@ -155,7 +171,7 @@ int main(int argc, char **argv)
         maxp = plen[i] > maxp ? plen[i] : maxp;
     char err[8192];
     shoal_model_opts mo = {.max_context = (maxp > 4 + steps ? maxp : 4 + steps) + 1,
-                           .max_batch = maxp > 0 ? maxp : 1,
+                           .max_batch = max_batch > 0 ? max_batch : maxp > 0 ? maxp : 1,
                            .threads = threads};
     shoal_model *m = NULL;
     if (shoal_model_open(&m, model, &mo, err, sizeof err)) {
@@ -165,10 +181,10 @@ int main(int argc, char **argv)
     shoal_model_info info;
     shoal_model_get_info(m, &info);
     printf("row=config model=%s threads=%d isa=%s vocab=%d layers=%d experts=%d topk=%d trunk_bytes_per_token=%llu "
-           "expert_bytes=%llu\n",
+           "expert_bytes=%llu max_batch=%d\n",
            model, omp_get_max_threads(), shoal_isa_name(shoal_kernels_isa()), info.vocab, info.cfg->num_layers,
            info.cfg->num_experts, info.cfg->experts_per_token, (unsigned long long)info.trunk_bytes_per_token,
-           (unsigned long long)info.expert_bytes);
+           (unsigned long long)info.expert_bytes, mo.max_batch);
 
     /* 1. bandwidth over the model's own mapped bytes */
     __builtin_cpu_init();
@@ -267,17 +283,18 @@ int main(int argc, char **argv)
             shoal_seq_reset(s);
             shoal_model_stats a, b;
             shoal_model_get_stats(m, &a);
-            double t0 = now();
+            double c0 = cpu_now(), t0 = now();
             if (shoal_seq_prefill(s, ids, plen[pi], SHOAL_LOGITS_LAST, lg, err, sizeof err)) {
                 fprintf(stderr, "%s\n", err);
                 return 4;
             }
-            double dt = now() - t0;
+            double dt = now() - t0, dc = cpu_now() - c0;
             shoal_model_get_stats(m, &b);
             uint64_t bytes = (b.trunk_bytes - a.trunk_bytes) + (b.expert_bytes - a.expert_bytes);
-            printf("row=prefill tokens=%d rep=%d seconds=%.4f tokens_per_s=%.3f bytes_per_token=%.0f "
-                   "experts_seconds=%.4f\n",
-                   plen[pi], r, dt, plen[pi] / dt, (double)bytes / plen[pi], b.experts_s - a.experts_s);
+            printf("row=prefill tokens=%d rep=%d seconds=%.4f tokens_per_s=%.3f cpu_seconds=%.4f bytes_per_token=%.0f "
+                   "experts_seconds=%.4f chunks=%llu\n",
+                   plen[pi], r, dt, plen[pi] / dt, dc, (double)bytes / plen[pi], b.experts_s - a.experts_s,
+                   (unsigned long long)(b.chunks - a.chunks));
             fflush(stdout);
         }
     }
