@@ -19,11 +19,13 @@ safetensors headers and config.json. llama: every 2-D tensor named blk.*,
 read from the GGUF header. Attention over the context and the KDA recurrence
 are not counted (a few % at these lengths; stated in PERFORMANCE.md).
 
-Usage: prefill_anchor.py --model DIR --gguf FILE --llama-bench BIN --out FILE.json
+Usage: prefill_anchor.py --model DIR --gguf FILE (--llama-bench BIN | --ggml-prefill BIN) --out FILE.json
        [--rounds 3] [--prompts 256,1024] [--threads 1,2] [--reps 2] [--max-batch 256]
        [--bench-engine BIN]
 The first repetition of each run warms its caches; the figure is the last one
-(all are kept). Speed is reported, never asserted."""
+(all are kept). --ggml-prefill runs tests/bench/ggml_anchor_prefill.c (a llama
+prefill graph on ggml's CPU backend, ubatches of 512, f16 KV cache) in place of
+llama-bench where llama-bench is not built. Speed is reported, never asserted."""
 import argparse
 import glob
 import json
@@ -152,6 +154,15 @@ def run_llama(a, threads, plen):
             **info}
 
 
+def run_ggml(a, threads, plen):
+    cmd = [a.ggml_prefill, a.gguf, str(plen), str(threads), str(a.reps), "512"]
+    out, info = run(cmd)
+    rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    reps = [{"seconds": r["seconds"], "cpu_seconds": r["cpu_seconds"]} for r in rows if "tokens" in r]
+    meta = [r["value"] for r in rows if r.get("meta") == "model"]
+    return {"who": "ggml", "threads": threads, "tokens": plen, "reps": reps, "command": cmd, "ggml": meta, **info}
+
+
 def med(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
@@ -161,7 +172,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--gguf", required=True)
-    ap.add_argument("--llama-bench", required=True)
+    ap.add_argument("--llama-bench", default=None)
+    ap.add_argument("--ggml-prefill", default=None, help="tests/bench/ggml_anchor_prefill binary (instead of llama-bench)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompts", default="256,1024")
@@ -170,12 +182,16 @@ def main():
     ap.add_argument("--max-batch", type=int, default=256, help="shoal's chunk size (the engine's default is 256)")
     ap.add_argument("--bench-engine", default=os.path.join(SRC, "build", "tests", "bench_engine"))
     a = ap.parse_args()
+    if bool(a.llama_bench) == bool(a.ggml_prefill):
+        raise SystemExit("prefill_anchor: give one of --llama-bench and --ggml-prefill")
+    anchor = run_llama if a.llama_bench else run_ggml
+    aname = "llama.cpp" if a.llama_bench else "ggml"
     prompts = [int(x) for x in a.prompts.split(",")]
     threads = [int(x) for x in a.threads.split(",")]
     sm, lm = safetensors_macs(a.model), gguf_macs(a.gguf)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
-    out = {"what": "prefill_anchor (issue 33): shoal bench_engine prefill vs llama-bench, equal work",
+    out = {"what": f"prefill_anchor (issue 33): shoal bench_engine prefill vs {aname}, equal work", "anchor": aname,
            "model": a.model, "gguf": a.gguf, "shoal_work": sm, "llama_work": lm,
            "work_ratio_llama_over_shoal": lm["macs_per_token"] / sm["macs_per_token"],
            "rounds": a.rounds, "reps": a.reps, "max_batch": a.max_batch, "machine": platform.node(), "cpu": cpu,
@@ -189,7 +205,7 @@ def main():
     for r in range(a.rounds):
         for t in threads:
             for p in prompts:
-                order = (run_shoal, run_llama) if k % 2 == 0 else (run_llama, run_shoal)
+                order = (run_shoal, anchor) if k % 2 == 0 else (anchor, run_shoal)
                 k += 1
                 for fn in order:
                     res = fn(a, t, p)
@@ -208,8 +224,15 @@ def main():
             s = {x["round"]: p / x["reps"][-1]["seconds"] for x in out["runs"]
                  if x["who"] == "shoal" and x["threads"] == t and x["tokens"] == p}
             l = {x["round"]: p / x["reps"][-1]["seconds"] for x in out["runs"]
-                 if x["who"] == "llama.cpp" and x["threads"] == t and x["tokens"] == p}
+                 if x["who"] == aname and x["threads"] == t and x["tokens"] == p}
             ratios = [s[r] / l[r] for r in s if r in l]
+            # the same by process CPU seconds of the prompt (both report it; with 2 threads it
+            # includes what the threads burn waiting at barriers)
+            sc = {x["round"]: p / x["reps"][-1]["cpu_seconds"] for x in out["runs"]
+                  if x["who"] == "shoal" and x["threads"] == t and x["tokens"] == p}
+            lc = {x["round"]: p / x["reps"][-1]["cpu_seconds"] for x in out["runs"]
+                  if x["who"] == aname and x["threads"] == t and x["tokens"] == p and "cpu_seconds" in x["reps"][-1]}
+            rc = [sc[r] / lc[r] / out["work_ratio_llama_over_shoal"] for r in sc if r in lc]
             row = {"threads": t, "tokens": p,
                    "shoal_tok_s": [med(s.values()), min(s.values()), max(s.values())],
                    "llama_tok_s": [med(l.values()), min(l.values()), max(l.values())],
@@ -217,14 +240,16 @@ def main():
                    "llama_gmac_s": med(l.values()) * lm["macs_per_token"] / 1e9,
                    "ratio_equal_work": [med(ratios) / out["work_ratio_llama_over_shoal"],
                                         min(ratios) / out["work_ratio_llama_over_shoal"],
-                                        max(ratios) / out["work_ratio_llama_over_shoal"]]}
+                                        max(ratios) / out["work_ratio_llama_over_shoal"]],
+                   "ratio_equal_work_cpu": [med(rc), min(rc), max(rc)] if rc else None}
             summ.append(row)
             print(f"t={t} p={p}: shoal {row['shoal_tok_s'][0]:.2f} tok/s [{row['shoal_tok_s'][1]:.2f}, "
-                  f"{row['shoal_tok_s'][2]:.2f}] = {row['shoal_gmac_s']:.1f} GMAC/s; llama.cpp "
+                  f"{row['shoal_tok_s'][2]:.2f}] = {row['shoal_gmac_s']:.1f} GMAC/s; {aname} "
                   f"{row['llama_tok_s'][0]:.2f} [{row['llama_tok_s'][1]:.2f}, {row['llama_tok_s'][2]:.2f}] = "
-                  f"{row['llama_gmac_s']:.1f} GMAC/s; shoal/llama (work-adjusted, paired) "
+                  f"{row['llama_gmac_s']:.1f} GMAC/s; shoal/anchor (work-adjusted, paired) "
                   f"{row['ratio_equal_work'][0]:.2f} [{row['ratio_equal_work'][1]:.2f}, "
-                  f"{row['ratio_equal_work'][2]:.2f}]", flush=True)
+                  f"{row['ratio_equal_work'][2]:.2f}]" +
+                  (f"; by CPU time {med(rc):.2f} [{min(rc):.2f}, {max(rc):.2f}]" if rc else ""), flush=True)
     out["summary"] = summ
     out["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with open(a.out, "w") as f:
