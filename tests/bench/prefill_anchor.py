@@ -168,7 +168,60 @@ def med(xs):
     return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
 
 
+def summarize(out, threads, prompts, aname):
+    """Per (threads, prompt): tok/s of the last repetition, median [min, max] over the rounds,
+    and shoal/anchor paired within each round, scaled by the work ratio. Also usable on a
+    partial file: prefill_anchor.py --summarize FILE.json"""
+    sm, lm = out["shoal_work"], out["llama_work"]
+    summ = []
+    for t in threads:
+        for p in prompts:
+            s = {x["round"]: p / x["reps"][-1]["seconds"] for x in out["runs"]
+                 if x["who"] == "shoal" and x["threads"] == t and x["tokens"] == p}
+            l = {x["round"]: p / x["reps"][-1]["seconds"] for x in out["runs"]
+                 if x["who"] == aname and x["threads"] == t and x["tokens"] == p}
+            if not s or not l:
+                continue
+            ratios = [s[r] / l[r] for r in s if r in l]
+            # the same by process CPU seconds of the prompt (both report it; with 2 threads it
+            # includes what the threads burn waiting at barriers)
+            sc = {x["round"]: p / x["reps"][-1]["cpu_seconds"] for x in out["runs"]
+                  if x["who"] == "shoal" and x["threads"] == t and x["tokens"] == p}
+            lc = {x["round"]: p / x["reps"][-1]["cpu_seconds"] for x in out["runs"]
+                  if x["who"] == aname and x["threads"] == t and x["tokens"] == p and "cpu_seconds" in x["reps"][-1]}
+            rc = [sc[r] / lc[r] / out["work_ratio_llama_over_shoal"] for r in sc if r in lc]
+            row = {"threads": t, "tokens": p,
+                   "shoal_tok_s": [med(s.values()), min(s.values()), max(s.values())],
+                   "llama_tok_s": [med(l.values()), min(l.values()), max(l.values())],
+                   "shoal_gmac_s": med(s.values()) * sm["macs_per_token"] / 1e9,
+                   "llama_gmac_s": med(l.values()) * lm["macs_per_token"] / 1e9,
+                   "ratio_equal_work": [med(ratios) / out["work_ratio_llama_over_shoal"],
+                                        min(ratios) / out["work_ratio_llama_over_shoal"],
+                                        max(ratios) / out["work_ratio_llama_over_shoal"]],
+                   "shoal_tok_per_cpu_s": [med(sc.values()), min(sc.values()), max(sc.values())],
+                   "anchor_tok_per_cpu_s": [med(lc.values()), min(lc.values()), max(lc.values())] if lc else None,
+                   "ratio_equal_work_cpu": [med(rc), min(rc), max(rc)] if rc else None}
+            summ.append(row)
+            print(f"t={t} p={p}: shoal {row['shoal_tok_s'][0]:.2f} tok/s [{row['shoal_tok_s'][1]:.2f}, "
+                  f"{row['shoal_tok_s'][2]:.2f}] = {row['shoal_gmac_s']:.1f} GMAC/s; {aname} "
+                  f"{row['llama_tok_s'][0]:.2f} [{row['llama_tok_s'][1]:.2f}, {row['llama_tok_s'][2]:.2f}] = "
+                  f"{row['llama_gmac_s']:.1f} GMAC/s; shoal/anchor (work-adjusted, paired) "
+                  f"{row['ratio_equal_work'][0]:.2f} [{row['ratio_equal_work'][1]:.2f}, "
+                  f"{row['ratio_equal_work'][2]:.2f}]" +
+                  (f"; by CPU time {med(rc):.2f} [{min(rc):.2f}, {max(rc):.2f}]" if rc else ""), flush=True)
+    out["summary"] = summ
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--summarize":
+        with open(sys.argv[2]) as f:
+            out = json.load(f)
+        threads = sorted({x["threads"] for x in out["runs"]})
+        prompts = sorted({x["tokens"] for x in out["runs"]})
+        summarize(out, threads, prompts, out["anchor"])
+        with open(sys.argv[2], "w") as f:
+            json.dump(out, f, indent=1)
+        return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--gguf", required=True)
@@ -217,40 +270,7 @@ def main():
                           f"{res['loadavg_before'][0]:.1f}->{res['loadavg_after'][0]:.1f}", flush=True)
                     with open(a.out, "w") as f:
                         json.dump(out, f, indent=1)
-    # summary: tok/s of the last repetition; the ratio paired within each round
-    summ = []
-    for t in threads:
-        for p in prompts:
-            s = {x["round"]: p / x["reps"][-1]["seconds"] for x in out["runs"]
-                 if x["who"] == "shoal" and x["threads"] == t and x["tokens"] == p}
-            l = {x["round"]: p / x["reps"][-1]["seconds"] for x in out["runs"]
-                 if x["who"] == aname and x["threads"] == t and x["tokens"] == p}
-            ratios = [s[r] / l[r] for r in s if r in l]
-            # the same by process CPU seconds of the prompt (both report it; with 2 threads it
-            # includes what the threads burn waiting at barriers)
-            sc = {x["round"]: p / x["reps"][-1]["cpu_seconds"] for x in out["runs"]
-                  if x["who"] == "shoal" and x["threads"] == t and x["tokens"] == p}
-            lc = {x["round"]: p / x["reps"][-1]["cpu_seconds"] for x in out["runs"]
-                  if x["who"] == aname and x["threads"] == t and x["tokens"] == p and "cpu_seconds" in x["reps"][-1]}
-            rc = [sc[r] / lc[r] / out["work_ratio_llama_over_shoal"] for r in sc if r in lc]
-            row = {"threads": t, "tokens": p,
-                   "shoal_tok_s": [med(s.values()), min(s.values()), max(s.values())],
-                   "llama_tok_s": [med(l.values()), min(l.values()), max(l.values())],
-                   "shoal_gmac_s": med(s.values()) * sm["macs_per_token"] / 1e9,
-                   "llama_gmac_s": med(l.values()) * lm["macs_per_token"] / 1e9,
-                   "ratio_equal_work": [med(ratios) / out["work_ratio_llama_over_shoal"],
-                                        min(ratios) / out["work_ratio_llama_over_shoal"],
-                                        max(ratios) / out["work_ratio_llama_over_shoal"]],
-                   "ratio_equal_work_cpu": [med(rc), min(rc), max(rc)] if rc else None}
-            summ.append(row)
-            print(f"t={t} p={p}: shoal {row['shoal_tok_s'][0]:.2f} tok/s [{row['shoal_tok_s'][1]:.2f}, "
-                  f"{row['shoal_tok_s'][2]:.2f}] = {row['shoal_gmac_s']:.1f} GMAC/s; {aname} "
-                  f"{row['llama_tok_s'][0]:.2f} [{row['llama_tok_s'][1]:.2f}, {row['llama_tok_s'][2]:.2f}] = "
-                  f"{row['llama_gmac_s']:.1f} GMAC/s; shoal/anchor (work-adjusted, paired) "
-                  f"{row['ratio_equal_work'][0]:.2f} [{row['ratio_equal_work'][1]:.2f}, "
-                  f"{row['ratio_equal_work'][2]:.2f}]" +
-                  (f"; by CPU time {med(rc):.2f} [{min(rc):.2f}, {max(rc):.2f}]" if rc else ""), flush=True)
-    out["summary"] = summ
+    summarize(out, threads, prompts, aname)
     out["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
