@@ -838,8 +838,9 @@ static int in_list(const char *const *l, const char *k)
 
 static const char *format_re(const char *f)
 {
-    /* day 01-28 keeps every date valid in every month (a subset) */
-#define DATE "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"
+    /* day 01-28 keeps every date valid in every month, years 1000-9999 (year
+     * 0000 is no date to Python's datetime, jsonschema's checker): a subset */
+#define DATE "[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"
 #define TIME "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
     if (!strcmp(f, "date"))
         return "^" DATE "$";
