@@ -14,7 +14,7 @@ model's favourite paths). Oracle: Python's jsonschema. Cases:
                         prefix of JSON text (the scanner of test_constrain.py);
                         no mask came out empty
 Vocabularies: k3-nano's (4,096 ids) for all schemas, 2 walks each; K3's
-real tiktoken.model (163,840 ids) for every 25th schema when it is beside the
+real tiktoken.model (163,840 ids) for every 50th schema when it is beside the
 checkout. The end-to-end subset (through `shoal serve` and a model) stays in
 test_constrain.py. Failures print the schema and the text."""
 import json
@@ -102,7 +102,7 @@ def main():
         R.record("SKIP", "walk/real_vocab", "K3's real vocabulary is not beside the checkout "
                  "(../shared/k3/tiktoken.model; SHOAL_K3_TOKENIZER_DIR)")
     else:
-        run("real_vocab", real, schemas, list(range(0, N, 25)), 1, 120, 2)
+        run("real_vocab", real, schemas, list(range(0, N, 50)), 1, 80, 2)
     return 1 if R.counts["FAIL"] else 0
 
 
