@@ -1706,21 +1706,33 @@ static int walk_dfa(shoal_cons_run *r, const vtrie *t, int32_t s0, uint8_t *mask
  * (a plain token keeps its additional path alive whatever the declared
  * names). Returns the characters a plain token may add (UNLIMITED: any), or
  * -1 when the path does not apply. */
-static int64_t plain_string(const shoal_cons_run *r)
+static int64_t plain_one(const shoal_cons *c, const stack *s)
 {
-    if (r->cur.n != 1)
-        return -1;
-    const stack *s = &r->cur.s[0];
     const frame *f = &s->f[s->d - 1];
     if (f->c != 0)
         return -1;
     if (f->ph == PH_STR) {
-        const cnode *n = &r->c->n[f->node];
+        const cnode *n = &c->n[f->node];
         if (n->re >= 0)
             return -1;
         return n->maxc == UNLIMITED ? (int64_t)UNLIMITED : (int64_t)n->maxc - (int64_t)f->a;
     }
     return f->ph == PH_KEY && (f->b & 1) ? (int64_t)UNLIMITED : -1;
+}
+
+/* Every live alternative inside a plain string (e.g. anyOf of two string
+ * schemas): a plain token is allowed when one of them has room for it, so
+ * the room is the largest (the union the byte walk would compute). */
+static int64_t plain_string(const shoal_cons_run *r)
+{
+    int64_t room = -1;
+    for (int i = 0; i < r->cur.n; i++) {
+        int64_t one = plain_one(r->c, &r->cur.s[i]);
+        if (one < 0)
+            return -1;
+        room = one > room ? one : room;
+    }
+    return room;
 }
 
 int shoal_cons_run_mask(shoal_cons_run *r, uint8_t *mask)

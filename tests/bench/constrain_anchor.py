@@ -97,6 +97,7 @@ def main():
     masks = os.path.join(os.path.dirname(os.path.abspath(out)), "constrain_anchor_masks.bin")
     per_round = []
     agree = {"steps": 0, "equal": 0, "subset": 0, "ours_not_ll": 0, "ours_not_ll_del_or_solidus": 0,
+             "ours_not_ll_whitespace": 0, "ours_not_ll_forced_text_split": 0, "ours_not_ll_other": 0,
              "ll_refused_walk_id": 0, "examples": [],
              "ours_allowed_mean": 0.0, "ll_allowed_mean": 0.0}
     bm = lnp.allocate_token_bitmask(1, V)
@@ -132,9 +133,17 @@ def main():
                                 # llguidance refuses both inside strings
                                 if all(b"\x7f" in b or b"\\/" in b for b in tb):
                                     agree["ours_not_ll_del_or_solidus"] += 1
-                                elif len(agree["examples"]) < 12:
-                                    agree["examples"].append({"schema": name, "step": k, "prefix": bytes.fromhex(
-                                        w["hex"]).decode("utf-8", "replace")[-60:], "ids_only_ours": [
+                                elif all(b and not b.strip(b" \t\n\r") for b in tb):
+                                    agree["ours_not_ll_whitespace"] += 1  # around the document / between tokens
+                                elif (ll_forced := bytes(m.compute_ff_bytes())) and all(
+                                        ll_forced.startswith(b) for b in tb):
+                                    # llguidance forces these bytes and offers only its own tokenization of them
+                                    agree["ours_not_ll_forced_text_split"] += 1
+                                else:
+                                    agree["ours_not_ll_other"] += 1
+                                if len(agree["examples"]) < 40:
+                                    agree["examples"].append({"schema": name, "step": k, "walk_ids": w["ids"][:k],
+                                        "ids_only_ours": [
                                         tok.enc.decode_single_token_bytes(int(i)).decode("utf-8", "replace")
                                         for i in extra[:6]], "n": int(extra.size)})
                     idk = w["ids"][k] if k < len(w["ids"]) else None
