@@ -132,17 +132,19 @@ def main():
                                 # RFC 8259 strings: DEL (0x7f) unescaped and the escape \/ are valid JSON;
                                 # llguidance refuses both inside strings
                                 if all(b"\x7f" in b or b"\\/" in b for b in tb):
-                                    agree["ours_not_ll_del_or_solidus"] += 1
+                                    cls = "del_or_solidus"
                                 elif all(b and not b.strip(b" \t\n\r") for b in tb):
-                                    agree["ours_not_ll_whitespace"] += 1  # around the document / between tokens
+                                    cls = "whitespace"  # around the document / between tokens
                                 elif (ll_forced := bytes(m.compute_ff_bytes())) and all(
                                         ll_forced.startswith(b) for b in tb):
                                     # llguidance forces these bytes and offers only its own tokenization of them
-                                    agree["ours_not_ll_forced_text_split"] += 1
+                                    cls = "forced_text_split"
                                 else:
-                                    agree["ours_not_ll_other"] += 1
-                                if len(agree["examples"]) < 40:
-                                    agree["examples"].append({"schema": name, "step": k, "walk_ids": w["ids"][:k],
+                                    cls = "other"
+                                agree["ours_not_ll_" + cls] += 1
+                                if sum(e["class"] == cls for e in agree["examples"]) < 10:
+                                    agree["examples"].append({"class": cls, "schema": name, "step": k,
+                                                              "text": tok.enc.decode(w["ids"][:k]),
                                         "ids_only_ours": [
                                         tok.enc.decode_single_token_bytes(int(i)).decode("utf-8", "replace")
                                         for i in extra[:6]], "n": int(extra.size)})
