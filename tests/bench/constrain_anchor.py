@@ -97,7 +97,8 @@ def main():
     masks = os.path.join(os.path.dirname(os.path.abspath(out)), "constrain_anchor_masks.bin")
     per_round = []
     agree = {"steps": 0, "equal": 0, "subset": 0, "ours_not_ll": 0, "ours_not_ll_del_or_solidus": 0,
-             "ours_not_ll_whitespace": 0, "ours_not_ll_forced_text_split": 0, "ours_not_ll_other": 0,
+             "ours_not_ll_whitespace": 0, "ours_not_ll_document_whitespace_or_del_solidus": 0,
+             "ours_not_ll_forced_text_split": 0, "ours_not_ll_other": 0,
              "ll_refused_walk_id": 0, "examples": [],
              "ours_allowed_mean": 0.0, "ll_allowed_mean": 0.0}
     bm = lnp.allocate_token_bitmask(1, V)
@@ -131,10 +132,19 @@ def main():
                                 tb = [tok.enc.decode_single_token_bytes(int(i)) for i in extra]
                                 # RFC 8259 strings: DEL (0x7f) unescaped and the escape \/ are valid JSON;
                                 # llguidance refuses both inside strings
+                                ws = b" \t\n\r"
+
+                                def explained(b):
+                                    # DEL / \/ in a string; whitespace before the document (step 0) or
+                                    # after it (a token ending in whitespace: between tokens both allow it)
+                                    return (b"\x7f" in b or b"\\/" in b or (k == 0 and b[:1] in (b" ", b"\t", b"\n"))
+                                            or b.rstrip(ws) != b)
                                 if all(b"\x7f" in b or b"\\/" in b for b in tb):
                                     cls = "del_or_solidus"
-                                elif all(b and not b.strip(b" \t\n\r") for b in tb):
+                                elif all(b and not b.strip(ws) for b in tb):
                                     cls = "whitespace"  # around the document / between tokens
+                                elif all(explained(b) for b in tb):
+                                    cls = "document_whitespace_or_del_solidus"
                                 elif (ll_forced := bytes(m.compute_ff_bytes())) and all(
                                         ll_forced.startswith(b) for b in tb):
                                     # llguidance forces these bytes and offers only its own tokenization of them
