@@ -113,6 +113,14 @@ static const char *const call_close[] = {"json", "<|sep|>", "<|close|>", "call",
 static const char *const section_close[] = {"tools", "<|sep|>", "<|close|>", "message", "<|sep|>", "<|end_of_msg|>"};
 static const char *const msg_close[] = {"message", "<|sep|>", "<|end_of_msg|>"};
 
+/* a whole call from the section's <|open|>: the header, the forced json
+ * opening, the arguments, <|close|> and the forced closers */
+static int call(shoal_toolcons *tc, const char *header, const char *args)
+{
+    return take_text(tc, header) && take(tc, SEP) && expect_forced(tc, args_open, 7) && take_text(tc, args) &&
+           take(tc, CLOSE) && expect_forced(tc, call_close, 5);
+}
+
 static void t_one_call(void)
 {
     json_t *tools = json_loads(tools_json, 0, NULL);
@@ -139,12 +147,7 @@ static void t_one_call(void)
         CHECK(!take_text(probe, "call tool=\"other\""));
         shoal_toolcons_close(probe);
     }
-    CHECK(take_text(tc, "call tool=\"lookup\" index=\"1\""));
-    CHECK(take(tc, SEP));
-    CHECK(expect_forced(tc, args_open, 7));
-    CHECK(take_text(tc, "{\"q\": \"cats\", \"where\": \"en\"}"));
-    CHECK(take(tc, CLOSE));
-    CHECK(expect_forced(tc, call_close, 5));
+    CHECK(call(tc, "call tool=\"lookup\" index=\"1\"", "{\"q\": \"cats\", \"where\": \"en\"}"));
     CHECK_EQ_INT(shoal_toolcons_calls(tc), 1);
     /* parallel_tool_calls false: only the section's end is left */
     CHECK(shoal_toolcons_mask(tc, mask, &ban) == 1 && mask[CLOSE] && !mask[OPEN]);
@@ -193,12 +196,7 @@ static void t_refused_schema_and_thinking(void)
     CHECK(take(tc, OPEN));
     CHECK(expect_forced(tc, tools_open, 2));
     CHECK(take(tc, OPEN));
-    CHECK(take_text(tc, "call tool=\"now\" index=\"1\""));
-    CHECK(take(tc, SEP));
-    CHECK(expect_forced(tc, args_open, 7));
-    CHECK(take_text(tc, "{\"tz\": -5, \"other\": [true]}"));
-    CHECK(take(tc, CLOSE));
-    CHECK(expect_forced(tc, call_close, 5));
+    CHECK(call(tc, "call tool=\"now\" index=\"1\"", "{\"tz\": -5, \"other\": [true]}"));
     /* parallel calls: a second one, index 2 */
     CHECK(shoal_toolcons_mask(tc, mask, &ban) == 2);
     CHECK(take(tc, OPEN));
