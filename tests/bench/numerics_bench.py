@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Prefill and decode cost of the two numerics classes (issue 33), interleaved.
+
+    numerics_bench.py MODEL OUT.jsonl [--rounds N] [--prompt P] [--gen G] [--threads T]
+
+Each round runs `shoal run --json` once per class (portable, mu; the order
+alternates every round so drift hits both), on the same P-token prompt of
+deterministic ids, G greedy steps, T threads, and appends one JSON row per run
+with the run report's prefill/decode tokens/s, the ISA, the mu path and the
+1-minute load average before the run. A summary (median [min, max] of the per-round
+mu/portable ratios) is printed at the end. Model: any shoal model directory;
+the figures in docs/PERFORMANCE.md use a k3-slice (real K3 widths).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("out")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--gen", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    ids = ",".join(str((i * 7919 + 13) % 1000 + 1) for i in range(a.prompt))
+    ratios = {"prefill": [], "decode": []}
+    with open(a.out, "a") as out:
+        for r in range(a.rounds):
+            order = ("portable", "mu") if r % 2 == 0 else ("mu", "portable")
+            got = {}
+            for cls in order:
+                load = os.getloadavg()[0]
+                t0 = time.time()
+                p = subprocess.run([BIN, "run", "--model", a.model, "--ids", ids, "--gen", str(a.gen), "--json",
+                                    "--threads", str(a.threads), "--numerics", cls, "--batch", str(a.prompt)],
+                                   capture_output=True, text=True, timeout=3600)
+                if p.returncode:
+                    sys.exit(f"shoal run --numerics {cls} failed ({p.returncode}): {p.stderr[-2000:]}")
+                d = json.loads(p.stdout.strip().splitlines()[-1])
+                row = {"round": r, "numerics": cls, "mu_path": d.get("mu_path"), "isa": d.get("isa"),
+                       "threads": d.get("threads"), "prompt_tokens": a.prompt, "gen": a.gen,
+                       "prefill_tokens_per_s": d["prefill_tokens_per_s"],
+                       "decode_tokens_per_s": d["decode_tokens_per_s"], "generated_ids": d["generated_ids"],
+                       "load1_before": load, "wall_s": time.time() - t0, "model": os.path.basename(a.model.rstrip("/"))}
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+                got[cls] = row
+                print(json.dumps({k: row[k] for k in ("round", "numerics", "prefill_tokens_per_s",
+                                                      "decode_tokens_per_s", "load1_before")}), flush=True)
+            for k in ratios:
+                ratios[k].append(got["mu"][f"{k}_tokens_per_s"] / got["portable"][f"{k}_tokens_per_s"])
+    for k, v in ratios.items():
+        print(f"{k}: mu/portable tokens/s = {statistics.median(v):.3f} [{min(v):.3f}, {max(v):.3f}] "
+              f"over {len(v)} rounds")
+
+
+if __name__ == "__main__":
+    main()
