@@ -34,7 +34,13 @@ def main():
     a = ap.parse_args()
     ids = ",".join(str((i * 7919 + 13) % 1000 + 1) for i in range(a.prompt))
     ratios = {"prefill": [], "decode": []}
+    commit = subprocess.run(["git", "-C", SRC, "log", "-1", "--format=%h"], capture_output=True,
+                            text=True).stdout.strip()
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     with open(a.out, "a") as out:
+        out.write(json.dumps({"meta": True, "commit": commit, "machine": f"{cpu}, {os.cpu_count()} cpus",
+                              "command": " ".join(sys.argv), "clock": "wall (shoal run's prefill_s / decode_s)",
+                              "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime())}) + "\n")
         for r in range(a.rounds):
             order = ("portable", "mu") if r % 2 == 0 else ("mu", "portable")
             got = {}
