@@ -6,8 +6,9 @@ classes"), with real processes and real sockets:
   step's logits (--dump-logits, compared byte for byte) are identical with 1
   and 2 threads, with each kernel ISA this CPU has (SHOAL_ISA), with prefill
   in one chunk and token by token (--batch 1), and with the experts on 2 local
-  workers (--workers 2, which start in the coordinator's class) and on an
-  external `shoal expert --numerics mu`; and they differ from the portable
+  workers (--workers 2, which start in the coordinator's class; also with the
+  trunk rows on them, --trunk remote) and on an external `shoal expert
+  --numerics mu`; and they differ from the portable
   class's (the switch reaches the matmuls);
 - a mixed cluster is refused before any token, naming the worker and both
   classes: a portable coordinator with a mu worker and a mu coordinator with a
@@ -124,7 +125,9 @@ def case_identical():
         record("FAIL", "mu logits differ from portable logits", "portable run failed or dumped another size")
     variants = [("2 threads", ["--threads", "2"], None),
                 ("token by token (--batch 1)", ["--threads", "1", "--batch", "1"], None),
-                ("2 local workers", ["--threads", "1", "--workers", "2", "--worker-threads", "1"], None)]
+                ("2 local workers", ["--threads", "1", "--workers", "2", "--worker-threads", "1"], None),
+                ("2 local workers with the trunk rows (--trunk remote)",
+                 ["--threads", "1", "--workers", "2", "--worker-threads", "1", "--trunk", "remote"], None)]
     for isa in cpu_isas():
         variants.append((f"SHOAL_ISA={isa}", ["--threads", "1"], {"SHOAL_ISA": isa}))
     for name, args, env in variants:
