@@ -724,6 +724,7 @@ int main(int argc, char **argv)
         RUN(t_step_mixed);
         RUN(t_threads);
         RUN(t_copy_fork);
+        RUN(t_alloc_guard);
         return test_finish();
     }
     /* one thread except where t_threads compares 1 and 2: OpenMP spin-waits
