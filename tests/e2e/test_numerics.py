@@ -13,11 +13,14 @@ classes"), with real processes and real sockets:
 - a mixed cluster is refused before any token, naming the worker and both
   classes: a portable coordinator with a mu worker and a mu coordinator with a
   portable worker (exit 3, the "configuration" code of docs/CONFIG.md);
+- `shoal serve --numerics mu`: concurrent (continuously batched) requests give
+  the texts and logprobs each gives alone;
 - `--numerics` with another value is a usage error (exit 2);
 - `shoal version`, the run report and `/metrics` (shoal_build_info, on the
   coordinator and on the worker) say the class and what computes the mu order.
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS.
 """
+import concurrent.futures
 import json
 import os
 import random
@@ -170,11 +173,23 @@ def case_metrics():
         return
     procs.append(srv.p)
     try:
-        body = json.dumps({"model": "tiny-k3", "prompt": [1, 2, 3], "max_tokens": 2}).encode()
-        req = urllib.request.Request(srv.url + "/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            check("serve --numerics mu answers a completion", resp.status == 200)
+        def complete(prompt):
+            body = json.dumps({"model": "tiny-k3", "prompt": prompt, "max_tokens": 6, "temperature": 0,
+                               "logprobs": 1}).encode()
+            req = urllib.request.Request(srv.url + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                d = json.loads(resp.read())
+            lp = d["choices"][0]["logprobs"]
+            return d["choices"][0]["text"], lp["token_logprobs"]
+
+        prompts = [[1, 2, 3], [17, 256, 3000, 42, 42, 9], [500, 7, 7, 7, 1200]]
+        alone = [complete(p) for p in prompts]
+        check("serve --numerics mu answers completions", all(a[0] is not None for a in alone))
+        with concurrent.futures.ThreadPoolExecutor(3) as ex:
+            together = list(ex.map(complete, prompts))
+        check("serve --numerics mu: 3 concurrent (batched) requests equal each alone (text and logprobs)",
+              together == alone, f"{together} vs {alone}")
         for name, url in (("coordinator", srv.url), ("worker", f"http://127.0.0.1:{mp}")):
             ms = harness.metrics(url)
             info = [k for k in ms if k.startswith("shoal_build_info{")]
