@@ -25,6 +25,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -216,6 +217,7 @@ def main():
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        shutil.rmtree(TMP, ignore_errors=True)
     print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
     return 1 if counts["FAIL"] else 0
 
