@@ -15,6 +15,8 @@ classes"), with real processes and real sockets:
   portable worker (exit 3, the "configuration" code of docs/CONFIG.md);
 - `shoal serve --numerics mu`: concurrent (continuously batched) requests give
   the texts and logprobs each gives alone;
+- `shoal doctor --numerics mu` measures a mu worker; without it the worker is
+  refused as by run;
 - `--numerics` with another value is a usage error (exit 2);
 - `shoal version`, the run report and `/metrics` (shoal_build_info, on the
   coordinator and on the worker) say the class and what computes the mu order.
@@ -162,6 +164,18 @@ def case_mixed():
         harness.terminate(w)
 
 
+def case_doctor():
+    w = start_worker("mu")
+    args = [BIN, "doctor", "--model", TINY, "--worker", w.ep, "--rounds", "5", "--bulk-count", "2", "--no-facts"]
+    r = subprocess.run(args + ["--numerics", "mu"], capture_output=True, text=True, timeout=120)
+    check("doctor --numerics mu measures a mu worker", r.returncode == 0, f"rc {r.returncode}: {r.stderr[-1500:]}")
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    check("doctor (portable) refuses a mu worker by name (exit 3)",
+          r.returncode == 3 and "w-mu" in r.stderr and "numerics class 'mu'" in r.stderr,
+          f"rc {r.returncode}: {r.stderr[-1500:]}")
+    harness.terminate(w)
+
+
 def case_metrics():
     mp = harness.free_port()
     w = start_worker("mu", "--metrics-port", str(mp))
@@ -211,6 +225,7 @@ def main():
         case_bad_value()
         case_identical()
         case_mixed()
+        case_doctor()
         case_metrics()
     finally:
         for p in procs:
