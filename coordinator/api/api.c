@@ -1063,6 +1063,9 @@ void shoal_api_metrics_text(shoal_api *a, shoal_metrics_buf *bp)
            "Most step boundaries such a request waited after the cancel (or after its render, if later); 1: the "
            "first boundary after it.",
            (double)ss.handover_steps_max);
+    metric(&b, "shoal_sched_handover_seconds_last", G,
+           "The last such request: seconds from the cancel (or its render, if later) to its admission.",
+           (double)ss.handover_ns_last / 1e9);
     metric(&b, "shoal_prompt_tokens_total", C, "Prompt tokens of admitted requests.", (double)ss.prompt_tokens);
     metric(&b, "shoal_completion_tokens_total", C, "Tokens generated.", (double)ss.completion_tokens);
     metric(&b, "shoal_reused_tokens_total", C,

@@ -41,6 +41,7 @@ struct shoal_slot {
     int fed;              /* prompt ids in seq (prefill progress) */
     uint64_t order;       /* admission order: prompts are prefilled oldest first */
     uint64_t vacated_step; /* the cancel_step of the job a cancel took out of it (0: none) */
+    uint64_t vacated_ns;   /* and its cancel_ns */
     uint64_t t_last;      /* the last generated token's time (ns) */
     int counted_wait;     /* this job's wait for state was counted */
     float *logits;        /* [vocab]: the last fed token's */
@@ -389,8 +390,10 @@ static void release(shoal_sched *s, shoal_slot *sl, const shoal_sched_stats *add
     shoal_seq_free(sl->seq); /* the state goes back to the budget at once */
     sl->seq = NULL;
     uint64_t canceled_at = add->canceled ? atomic_load(&j->cancel_step) : 0;
+    uint64_t canceled_ns = canceled_at ? atomic_load(&j->cancel_ns) : 0;
     pthread_mutex_lock(&s->mu);
     sl->vacated_step = canceled_at;
+    sl->vacated_ns = canceled_ns;
     if (sl->state == SLOT_WAIT && s->waiting_state)
         s->waiting_state = 0;
     s->state_used -= sl->state_bytes;
@@ -1095,6 +1098,9 @@ static void admit_queued(shoal_sched *s)
                 s->st.handovers++;
                 if (waited > s->st.handover_steps_max)
                     s->st.handover_steps_max = waited;
+                uint64_t t_from = fr->vacated_ns > j->ready_ns ? fr->vacated_ns : j->ready_ns;
+                uint64_t t_now = shoal_metrics_now_ns();
+                s->st.handover_ns_last = t_now > t_from ? t_now - t_from : 0;
                 fr->vacated_step = 0;
             }
         }

@@ -211,6 +211,7 @@ typedef struct {
      * after the cancel (or after its render, whichever came later): 1 means
      * at the first boundary after the cancel (docs/API.md, "Cancellation") */
     uint64_t handovers, handover_steps_max;
+    uint64_t handover_ns_last; /* the last such request: ns from the cancel (or its render) to its admission */
 } shoal_sched_stats;
 
 int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, size_t errlen);

@@ -33,6 +33,8 @@ struct shoal_sched_job {
      * goes to a waiting job at the next step boundary (sched.c, release) */
     _Atomic uint64_t cancel_step;
     uint64_t ready_step;
+    _Atomic uint64_t cancel_ns; /* shoal_metrics_now_ns() at the first cancel (written before cancel_step) */
+    uint64_t ready_ns;
     /* queue links, under the scheduler's mu */
     shoal_sched_job *qnext, *qprev;
     int queued;

@@ -30,11 +30,14 @@ for i in range(n):
 res = {}
 for f in T.R.figures:
     key = "%s k=%d" % (f["how"], f["vanished"])
-    res.setdefault(key, {"steps": [], "time_steps": []})
+    res.setdefault(key, {"steps": [], "time_steps": [], "handover_steps": []})
+    res[key]["handover_steps"].append(round(f["handover_ms"] / f["step_ms"], 2))
     res[key]["steps"].append(f["handover_steps_max"])
     res[key]["time_steps"].append(round((f["after_vanish_ms"] - f["idle_ms"]) / f["step_ms"], 2))
 for key, v in res.items():
-    print(key, "boundaries", v["steps"], "| time in steps: median %.2f [%.2f, %.2f]" % (
+    print(key, "boundaries", v["steps"], "| cancel -> admission in steps: median %.2f [%.2f, %.2f]" % (
+        statistics.median(v["handover_steps"]), min(v["handover_steps"]), max(v["handover_steps"])),
+        "| (close -> answer) - idle in steps: median %.2f [%.2f, %.2f]" % (
         statistics.median(v["time_steps"]), min(v["time_steps"]), max(v["time_steps"])))
 print("load 1-min: min %.1f max %.1f" % (min(loads), max(loads)), "fails:", len(fails))
 json.dump({"figures": T.R.figures, "load1": loads, "fails": fails,

@@ -269,15 +269,18 @@ def vanish_then_admit(S, how, k=4):
     m = S.wait_metric(f"the {k} canceled", lambda m: m.get("shoal_sched_canceled_total", 0) >= before + k)
     hand = m.get("shoal_sched_handovers_total", 0) - hand0
     steps = m.get("shoal_sched_handover_steps_max")
+    hand_ms = m.get("shoal_sched_handover_seconds_last", -1) * 1e3  # the cancel to the admission
     for s in socks[k:]:  # the others go too (RST: at once)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         s.close()
     S.wait_metric("all canceled", lambda m: m.get("shoal_sched_canceled_total", 0) >= before + 4
                   and m.get("shoal_sched_running") == 0)
-    print(f"  {how}, {k} of 4 vanish: the new request took a slot within {steps} step boundary(ies) of the cancel; "
-          f"{dt * 1e3:.1f} ms (idle: {idle * 1e3:.1f} ms; one step with 4 decoding: {step_ms:.1f} ms)", flush=True)
+    print(f"  {how}, {k} of 4 vanish: the new request took a slot within {steps} step boundary(ies) of the cancel, "
+          f"{hand_ms:.1f} ms after it ({hand_ms / step_ms:.2f} steps); answered {dt * 1e3:.1f} ms after the close "
+          f"(idle: {idle * 1e3:.1f} ms; one step with 4 decoding: {step_ms:.1f} ms)", flush=True)
     R.figures.append({"how": how, "vanished": k, "after_vanish_ms": round(dt * 1e3, 1),
-                      "idle_ms": round(idle * 1e3, 1), "step_ms": round(step_ms, 2), "handover_steps_max": steps})
+                      "idle_ms": round(idle * 1e3, 1), "step_ms": round(step_ms, 2), "handover_steps_max": steps,
+                      "handover_ms": round(hand_ms, 2)})
     expect(hand >= 1, f"{how}: the new request was not admitted into a vacated slot ({hand} handovers)")
     # the goal: a vanished client's slot is free at the next step
     # boundary (counted by the server, so a busy machine cannot blur it)
