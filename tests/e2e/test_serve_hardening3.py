@@ -9,10 +9,14 @@ Cases:
   tool_calls and 30,000 tool results (3.8 MB, under the 4 MiB body limit),
   answered in time proportional to its size (against N/8), while a 3-token
   completion sent beside it is not delayed by more than 1 s;
-- fin_frees_slots, rst_frees_slots (item 4): with --slots 4, four
-  non-streamed generations whose clients close (FIN, or RST) are canceled and
-  a new request gets a slot at once (the figure: its delay against the same
-  request on an idle server);
+- fin_frees_slots, rst_frees_slots, fin_frees_slots_others_decoding,
+  rst_frees_slots_others_decoding (item 4): with --slots 4 held by four
+  non-streamed generations and a request queued behind them, 4 (or 2, the
+  others decoding on) of the holders' clients close (FIN, or RST): they are
+  canceled and the queued request takes a freed slot at the first step
+  boundary after the close, as the server counts it
+  (shoal_sched_handover_steps_max <= 1; before the fix: 2); its time, from the
+  cancel (server clock) and from the close, is printed as the figure;
 - truncated_shard_in_process, truncated_shard_workers (item 2): the file
   holding lm_head truncated while mapped: a named 503 for the request, one
   log line naming the file, the server up, /health 503 naming the file;
@@ -21,7 +25,7 @@ Cases:
 - access_log_keepalive (item 10): requests answered at once on one keep-alive
   connection are logged with their method and path;
 - range_error_exact_value (item 11): "'top_p' is 1.0000001", not "is 1".
-Appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS; ~25 s."""
+Appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS; ~10 s."""
 import json
 import os
 import shutil
