@@ -10,7 +10,7 @@ Cases:
   answered in time proportional to its size (against N/8), while a 3-token
   completion sent beside it is not delayed by more than 1 s;
 - fin_frees_slots, rst_frees_slots, fin_frees_slots_others_decoding,
-  rst_frees_slots_others_decoding (item 4): with --slots 4 held by four
+  rst_frees_slots_others_decoding, fin_frees_slots_streamed (item 4): with --slots 4 held by four
   non-streamed generations and a request queued behind them, 4 (or 2, the
   others decoding on) of the holders' clients close (FIN, or RST): they are
   canceled and the queued request takes a freed slot at the first step
@@ -230,7 +230,7 @@ def hold(S, n, stream=False):
     return socks
 
 
-def vanish_then_admit(S, how, k=4):
+def vanish_then_admit(S, how, k=4, stream=False):
     """4 of 4 slots held by non-streamed generations, a new request queued
     behind them; k of their clients vanish (FIN or RST). The figure (issue
     30): the step boundaries the new request waited after the cancel, counted
@@ -245,7 +245,7 @@ def vanish_then_admit(S, how, k=4):
     t0 = time.time()
     S.post("/v1/completions", {"model": "tiny", "prompt": [7], "max_tokens": 1, "temperature": 0})
     idle = time.time() - t0
-    socks = hold(S, 4)
+    socks = hold(S, 4, stream)
     m = S.metrics()
     expect(m.get("shoal_sched_running") == 4 and m.get("shoal_sched_slots") == 4, f"4 of 4 slots held: {m}")
     # one step's time with the four decoding (the time figure's unit): a
@@ -279,10 +279,10 @@ def vanish_then_admit(S, how, k=4):
         s.close()
     S.wait_metric("all canceled", lambda m: m.get("shoal_sched_canceled_total", 0) >= before + 4
                   and m.get("shoal_sched_running") == 0)
-    print(f"  {how}, {k} of 4 vanish: the new request took a slot within {steps} step boundary(ies) of the cancel, "
+    print(f"  {how}, {k} of 4 {'streamed ' if stream else ''}vanish: the new request took a slot within {steps} step boundary(ies) of the cancel, "
           f"{hand_ms:.1f} ms after it ({hand_ms / step_ms:.2f} steps); answered {dt * 1e3:.1f} ms after the close "
           f"(idle: {idle * 1e3:.1f} ms; one step with 4 decoding: {step_ms:.1f} ms)", flush=True)
-    R.figures.append({"how": how, "vanished": k, "after_vanish_ms": round(dt * 1e3, 1),
+    R.figures.append({"how": how, "vanished": k, "stream": stream, "after_vanish_ms": round(dt * 1e3, 1),
                       "idle_ms": round(idle * 1e3, 1), "step_ms": round(step_ms, 2), "handover_steps_max": steps,
                       "handover_ms": round(hand_ms, 2)})
     expect(hand >= 1, f"{how}: the new request was not admitted into a vacated slot ({hand} handovers)")
@@ -311,6 +311,11 @@ def t_fin_frees_slots_others_decoding(S):
 
 def t_rst_frees_slots_others_decoding(S):
     vanish_then_admit(S, "rst", 2)
+
+
+def t_fin_frees_slots_streamed(S):
+    """the same with streamed generations (their chunks written meanwhile)"""
+    vanish_then_admit(S, "fin", 2, stream=True)
 
 
 # ---- item 2 ------------------------------------------------------------------------------
@@ -416,6 +421,7 @@ def main():
         run("rst_frees_slots", t_rst_frees_slots, S)
         run("fin_frees_slots_others_decoding", t_fin_frees_slots_others_decoding, S)
         run("rst_frees_slots_others_decoding", t_rst_frees_slots_others_decoding, S)
+        run("fin_frees_slots_streamed", t_fin_frees_slots_streamed, S)
         run("access_log_keepalive", t_access_log_keepalive, S)
         run("range_error_exact_value", t_range_error_exact_value, S)
     finally:
