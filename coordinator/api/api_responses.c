@@ -28,6 +28,10 @@
 #include "common/utf8.h"
 #include "coordinator/api/api_int.h"
 
+#if !JSON_HAVE_ATOMIC_BUILTINS && !JSON_HAVE_SYNC_BUILTINS
+#error "the stored conversations are read from several threads: jansson must count references atomically"
+#endif
+
 /* ---- the store ---------------------------------------------------------------- */
 
 #define STORE_ENTRIES 256
@@ -40,8 +44,8 @@ typedef struct {
     uint64_t age;
 } stored;
 
-/* Every entry's tree is the store's alone (handed over whole, copied out),
- * so no JSON value in it is shared with a thread that does not hold mu. */
+/* Every entry's tree is handed over whole and never changed after: readers
+ * take a reference under mu and copy it outside (store_get). */
 struct shoal__resp_store {
     pthread_mutex_t mu;
     stored e[STORE_ENTRIES];
@@ -70,17 +74,22 @@ void shoal__api_resp_store_free(shoal__resp_store *st)
     free(st);
 }
 
-/* A copy of the conversation stored under id (the caller's), or NULL. Any thread. */
+/* A copy of the conversation stored under id (the caller's), or NULL. Any
+ * thread. A stored tree is never changed, and jansson's reference counts are
+ * atomic (JSON_HAVE_ATOMIC_BUILTINS), so it is copied outside the lock: the
+ * loop thread's store_put never waits for a large copy. */
 static json_t *store_get(shoal__resp_store *st, const char *id)
 {
-    json_t *r = NULL;
+    json_t *held = NULL;
     pthread_mutex_lock(&st->mu);
     for (int i = 0; i < STORE_ENTRIES; i++)
         if (st->e[i].conv && !strcmp(st->e[i].id, id)) {
-            r = json_deep_copy(st->e[i].conv);
+            held = json_incref(st->e[i].conv); /* an eviction meanwhile leaves it to us */
             break;
         }
     pthread_mutex_unlock(&st->mu);
+    json_t *r = held ? json_deep_copy(held) : NULL;
+    json_decref(held);
     return r;
 }
 
