@@ -12,7 +12,7 @@ again at 4s (up to the 4 MiB body limit), with random structure otherwise.
 Checks, per shape:
 - answered (any documented status; the process alive, /health 200 after);
 - linear: the server's CPU time (every thread, from /proc) for the 4s request
-  is at most 2.5 x 4 = 10x the s one's, +0.1 s (linear is 4x; quadratic, the
+  is at most 2.5 x 4 = 10x the s one's, +0.3 s (10 ms ticks) (linear is 4x; quadratic, the
   defect of issue 30 item 1, is 16x); CPU time, not the wall clock, so that
   other work on a busy machine does not count as the server's (a CI run at
   load ~15 once took 12x the wall time for 4x the size at 3x the CPU time);
@@ -377,14 +377,14 @@ def main():
             k = len(big_b) / len(small_b)
             # linear in size: judged on the server's CPU time, which other work on a busy
             # machine does not inflate as it does the wall time (a request waiting for a
-            # core is not doing more work); the clock tick is 10 ms, hence the slack
-            if c2 > 2.5 * k * c1 + 0.1:
+            # core is not doing more work); the clock tick is 10 ms, hence 0.3 s of slack
+            if c2 > 2.5 * k * c1 + 0.3:
                 # measured twice more, the least of each (quadratic work shows in every run)
                 c1 = min([c1] + [timed(S, small_b, path=path)[3] for _ in range(2)])
                 c2 = min([c2] + [timed(S, big_b, path=path)[3] for _ in range(2)])
                 row["cpu_seconds_min_of_3"] = [round(c1, 3), round(c2, 3)]
                 print(f"    remeasured, least of 3: {c1:.2f} s, {c2:.2f} s CPU", flush=True)
-            R.check(f"{name}: linear in size (server CPU time)", c2 <= 2.5 * k * c1 + 0.1,
+            R.check(f"{name}: linear in size (server CPU time)", c2 <= 2.5 * k * c1 + 0.3,
                     f"{len(small_b)} B in {c1:.2f} s CPU, {k:.1f}x the size in {c2:.2f} s CPU")
             R.check(f"{name}: a small request beside it waits < 1 s more", lat - base <= 1.0,
                     f"{lat:.3f} s against {base:.3f} s idle")
