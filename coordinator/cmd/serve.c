@@ -1058,7 +1058,7 @@ int shoal_cmd_serve(int argc, char **argv)
         if ((rc = shoal_pcache_fingerprint(fp, model, err, sizeof err)) ||
             (rc = shoal_pcache_open(&pcache, &pco, err, sizeof err))) {
             fprintf(stderr, "shoal serve: prefix cache: %s\n", err);
-            status = rc == SHOAL_EINVAL ? 2 : 3;
+            status = shoal_err_exit_code(rc); /* a directory in use by another server: 4, like a port in use */
             goto out;
         }
         shoal_pcache_stats pst;

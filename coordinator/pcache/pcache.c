@@ -852,9 +852,10 @@ static void index_dir(shoal_pcache *pc)
         int rc = read_head(path, &h, &ids, &size, why, sizeof why);
         /* damaged: this cache's file with a bad header, size or ids hash */
         int damaged = own && rc == SHOAL_EFORMAT;
-        if (!rc)
-            damaged = own && (rc = check_model(&h, pc->fp, pc->fixed, pc->per_token, why, sizeof why)) ==
-                                 SHOAL_EFORMAT;
+        if (!rc) {
+            rc = check_model(&h, pc->fp, pc->fixed, pc->per_token, why, sizeof why);
+            damaged = own && rc == SHOAL_EFORMAT; /* this model's fingerprint, a wrong size */
+        }
         if (!rc && h.n_logits)
             rc = shoal_err_set(why, sizeof why, SHOAL_EFORMAT, "carries logits (a `shoal run --save-state` file)");
         if (!rc && find_exact(pc, ids, (int)h.n_ids, h.ids_hash) >= 0)
@@ -945,7 +946,7 @@ int shoal_pcache_open(shoal_pcache **out, const shoal_pcache_opts *o, char *err,
             int e = errno;
             close(dfd);
             if (e == EWOULDBLOCK)
-                return shoal_err_set(err, errlen, SHOAL_ECONFIG,
+                return shoal_err_set(err, errlen, SHOAL_EBUSY,
                                      "--prefix-cache-dir %s is in use by another process (one server per "
                                      "directory)", o->dir);
             return shoal_err_set(err, errlen, -e, "--prefix-cache-dir %s: cannot lock: %s", o->dir, strerror(e));

@@ -156,7 +156,7 @@ typedef struct {
 } shoal_pcache_stats;
 
 /* Opens the cache; with a directory: locks it (flock on the directory: one
- * process per directory, another one's open fails with SHOAL_ECONFIG),
+ * process per directory, another one's open fails with SHOAL_EBUSY),
  * removes unfinished writes (`pc-*.shst.tmp`, left by a crash or a kill
  * during a write; each named in the log), indexes its state files (headers
  * and ids only; the payloads are read when used) and refuses the ones that do
@@ -166,7 +166,7 @@ typedef struct {
  * where it is (not counted in the disk budget). The entries' ages come from
  * the files' modification times (a disk hit refreshes it), and the oldest
  * are removed until the files fit opts.disk_bytes. 0, SHOAL_EINVAL,
- * SHOAL_ECONFIG or -errno (the directory cannot be created or read). */
+ * SHOAL_ECONFIG, SHOAL_EBUSY or -errno (the directory cannot be created or read). */
 int shoal_pcache_open(shoal_pcache **out, const shoal_pcache_opts *o, char *err, size_t errlen);
 void shoal_pcache_close(shoal_pcache *pc); /* accepts NULL */
 

@@ -568,7 +568,7 @@ def disk_hygiene(tmp):
         # one server per directory: a second one on it is refused by name
         p = subprocess.run([BIN, "serve", "--model", TINY, "--port", "0", "--threads", "1", "--prefix-cache-dir",
                             cdir], capture_output=True, text=True, timeout=120)
-        check("disk_lock_refused", p.returncode != 0 and "in use by another process" in p.stderr and cdir in p.stderr,
+        check("disk_lock_refused", p.returncode == 4 and "in use by another process" in p.stderr and cdir in p.stderr,
               f"rc {p.returncode}: {p.stderr[-400:]}")
         # a file truncated after it was indexed (the system prompt's capture a new turn resumes from)
         # (the first system prompt's, captured again just now: the most recent)
