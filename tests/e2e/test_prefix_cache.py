@@ -31,13 +31,20 @@ restart: a new server on the same directory resumes the first request from
   another model (fingerprint changed, header checksum recomputed here) and a
   file with a flipped payload byte are refused by name and recomputed, the
   answers still equal the reference.
+disk_hygiene: --prefix-cache-disk-gb of ~3 files, disk tier only: 5 system prompts leave at most the
+  budget on disk (bytes = the files' sizes, evictions counted), the last one resumes from disk and
+  the first (least recently used) is recomputed, answers equal the reference; a second server on the
+  directory exits 4 naming it (lock); a file truncated after it was indexed is refused by name and
+  removed when read; a stale pc-*.shst.tmp is removed at start-up and named (another *.tmp is left);
+  a lower budget at start-up removes the oldest files. The damaged case above also checks that the
+  truncated file is removed at open and another model's file is left in place.
 eviction: a memory budget of ~3 captures, 5 system prompts cycled twice, with
   --workers 2 and drafting: evictions counted, every answer equal.
 trunk_remote: `serve --trunk remote` (an expert server, two trunk servers)
   with the cache: the second user turn resumes from the system prompt's
   capture, ids equal an in-process server's.
 (Drafting is `shoal serve`'s default, so every serve case runs with it.)
-Time: ~15-25 s on the 2-core VM at load 4-8.
+Time: ~50-60 s on the 2-core VM at load 12-14 (disk_hygiene: ~10 s of it).
 """
 import json
 import os
