@@ -59,6 +59,7 @@ typedef struct {
     json_t *messages;       /* array of OpenAI message objects (a reference is owned) */
     json_t *tools;          /* array of OpenAI tool objects, or NULL */
     json_t *tool_choice;    /* "none" | "auto" | "required" | {function}, or NULL */
+    int max_tool_calls;     /* calls in one reply at most (1: parallel_tool_calls false); 0 = any */
     json_t *response_format; /* {"type": "json_object" | "json_schema", ...}, or NULL */
     int thinking;           /* 1: think before answering (K3 default), 0: off */
     char effort[16];        /* "" or low / medium / high / max (thinking effort) */
@@ -206,6 +207,12 @@ typedef struct {
     int slots;               /* opts.slots */
     int queued, running;
     int waiting_state;       /* 1 while the first in line waits for state */
+    /* slots vacated by a cancel (a client gone) and taken by a request that
+     * was waiting for one, and the most step boundaries such a request waited
+     * after the cancel (or after its render, whichever came later): 1 means
+     * at the first boundary after the cancel (docs/API.md, "Cancellation") */
+    uint64_t handovers, handover_steps_max;
+    uint64_t handover_ns_last; /* the last such request: ns from the cancel (or its render) to its admission */
 } shoal_sched_stats;
 
 int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, size_t errlen);
