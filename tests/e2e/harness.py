@@ -109,6 +109,15 @@ class Netns:
             self.teardown()
             raise
 
+    def setup_or_skip(self, recorder):
+        """setup(); False, with the reason recorded as SKIP "all", when this host cannot"""
+        try:
+            self.setup()
+            return True
+        except Exception as e:  # noqa: BLE001
+            recorder.record("SKIP", "all", f"cannot create namespaces/bridge here: {e}")
+            return False
+
     def link(self, h, up):
         """h's link up or down (down: its packets go nowhere, as when a machine loses power)"""
         self.exec(h, ["ip", "link", "set", self.veth(h)[1], "up" if up else "down"])

@@ -60,10 +60,7 @@ def main():
     except ImportError:
         record("SKIP", "all", "the openai package is not installed (scripts/deps.sh)")
         return 77
-    try:
-        N.setup()
-    except Exception as e:  # noqa: BLE001
-        record("SKIP", "all", f"cannot create namespaces/bridge here: {e}")
+    if not N.setup_or_skip(R):
         return 77
     tmp = tempfile.mkdtemp(prefix="shoal-chaos-netns-")
     procs = []

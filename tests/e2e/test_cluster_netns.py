@@ -122,10 +122,7 @@ def main():
     if missing:
         record("SKIP", "all", "missing " + ", ".join(missing) + " (scripts/deps.sh)")
         return 77
-    try:
-        N.setup()
-    except Exception as e:
-        record("SKIP", "all", f"cannot create namespaces/bridge here: {e}")
+    if not N.setup_or_skip(R):
         return 77
     tmp = tempfile.mkdtemp(prefix="shoal-netns-")
     procs = []

@@ -95,10 +95,7 @@ def main():
     if not os.path.exists(BIN):
         record("SKIP", "all", f"{BIN} not built")
         return 77
-    try:
-        N.setup()
-    except Exception as e:
-        record("SKIP", "all", f"cannot create namespaces/bridge here: {e}")
+    if not N.setup_or_skip(R):
         return 77
     tmp = tempfile.mkdtemp(prefix="shoal-doctor-")
     procs = []
