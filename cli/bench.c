@@ -150,10 +150,11 @@ static void print_row(const bench_opts *o, const char *op, const char *layer, co
     const char *isa = shoal_isa_name(shoal_kernels_isa());
     if (o->json) {
         printf("{\"op\":\"%s\",\"layer\":\"%s\",\"shape\":\"%s\",\"tokens\":%d,\"threads\":%d,\"isa\":\"%s\","
-               "\"gbps\":%.3f,\"gbps_min\":%.3f,\"gbps_max\":%.3f,\"read_gbps\":%.3f,\"ratio\":%.3f,"
+               "\"numerics\":\"%s\",\"gbps\":%.3f,\"gbps_min\":%.3f,\"gbps_max\":%.3f,\"read_gbps\":%.3f,\"ratio\":%.3f,"
                "\"read_gbps_min\":%.3f,\"read_gbps_max\":%.3f,\"ms\":%.4f,\"us_per_token\":%.2f,\"weight_bytes\":%zu,"
                "\"weight_bytes_per_token\":%.1f,\"reps\":%d}\n",
-               op, layer, shape, T, o->threads, isa, gbps, gmin, gmax, read_gbps, read_gbps > 0 ? gbps / read_gbps : 0,
+               op, layer, shape, T, o->threads, isa, shoal_numerics_name(shoal_kernels_numerics()), gbps, gmin,
+               gmax, read_gbps, read_gbps > 0 ? gbps / read_gbps : 0,
                rd.min, rd.max, sec.med * 1e3, us_tok, bytes, (double)bytes / T, o->reps);
     } else {
         printf("%-11s %-13s %-13s %4d %3d %-6s %7.2f [%6.2f,%6.2f] %7.2f %6.3f %10.1f %12.0f\n", op, layer, shape, T,
@@ -345,10 +346,11 @@ static void incache_row(const bench_opts *o, const char *op, const char *shape, 
     const char *isa = shoal_isa_name(shoal_kernels_isa());
     if (o->json)
         printf("{\"op\":\"%s\",\"layer\":\"in_cache\",\"shape\":\"%s\",\"tokens\":%d,\"threads\":1,\"isa\":\"%s\","
-               "\"clock\":\"thread_cpu\",\"gbps\":0,\"read_gbps\":0,\"ratio\":0,\"gmacs\":%.3f,\"gmacs_min\":%.3f,"
+               "\"numerics\":\"%s\",\"clock\":\"thread_cpu\",\"gbps\":0,\"read_gbps\":0,\"ratio\":0,\"gmacs\":%.3f,\"gmacs_min\":%.3f,"
                "\"gmacs_max\":%.3f,\"us_per_token\":%.2f,\"us_per_token_min\":%.2f,\"us_per_token_max\":%.2f,"
                "\"reps\":%d}\n",
-               op, shape, T, isa, macs / st.med / 1e9, macs / st.max / 1e9, macs / st.min / 1e9, st.med * 1e6 / T,
+               op, shape, T, isa, shoal_numerics_name(shoal_kernels_numerics()), macs / st.med / 1e9,
+               macs / st.max / 1e9, macs / st.min / 1e9, st.med * 1e6 / T,
                st.min * 1e6 / T, st.max * 1e6 / T, o->reps);
     else
         printf("%-11s %-13s %-13s %4d %3d %-6s %7.2f GMAC/s [%6.2f,%6.2f] %9.1f us/token  (thread CPU time)\n", op,
@@ -506,6 +508,7 @@ static int usage(FILE *f)
                "  --only S      only rows whose layer name contains S (e.g. expert, lm_head, kda, mla)\n"
                "  --quick       T = 1 only and smaller working sets (smoke test, not for figures)\n"
                "  --tokens L    the matrix rows at these T (comma-separated, e.g. 1,2,4,8,16,128)\n"
+               "  --numerics C  portable (default) or mu: the order the bf16/MXFP4 rows compute\n"
                "  The in_cache rows time one thread on an L2-resident matrix with the thread's CPU\n"
                "  clock: the kernel's compute ceiling, unaffected by other processes' time slices.\n"
                "  The kernel ISA is chosen by CPUID or SHOAL_ISA=scalar|avx2|avx512.\n");
@@ -535,6 +538,13 @@ static int bench_kernels(int argc, char **argv)
             o.reps = (int)v;
         } else if (!strcmp(argv[i], "--json")) {
             o.json = 1;
+        } else if (!strcmp(argv[i], "--numerics") && i + 1 < argc) {
+            shoal_numerics nc;
+            if (shoal_numerics_parse(argv[++i], &nc)) {
+                fprintf(stderr, "bench: --numerics takes portable or mu, got '%s'\n", argv[i]);
+                return 2;
+            }
+            shoal_kernels_set_numerics(nc);
         } else if (!strcmp(argv[i], "--quick")) {
             o.quick = 1;
         } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
@@ -589,8 +599,10 @@ static int bench_kernels(int argc, char **argv)
                (nwords * 8) >> 20, o.threads, shoal_isa_name(shoal_kernels_isa()), rb.med, rb.min, rb.max, rb.med,
                o.reps);
     else {
-        printf("# shoal bench kernels: isa %s, threads %d, reps %d (median [min,max]); weights cycled over >= %zu MiB\n",
-               shoal_isa_name(shoal_kernels_isa()), o.threads, o.reps,
+        printf("# shoal bench kernels: isa %s, numerics %s (mu path %s), threads %d, reps %d (median [min,max]); "
+               "weights cycled over >= %zu MiB\n",
+               shoal_isa_name(shoal_kernels_isa()), shoal_numerics_name(shoal_kernels_numerics()),
+               shoal_kernels_mu_engine(), o.threads, o.reps,
                (o.quick ? BENCH_SET_BYTES / 4 : BENCH_SET_BYTES) >> 20);
         printf("# read bandwidth (%zu MiB, 4 streams per thread): %.2f GB/s [%.2f, %.2f]\n", (nwords * 8) >> 20, rb.med, rb.min,
                rb.max);

@@ -29,6 +29,9 @@ int shoal_cmd_version(int argc, char **argv)
     printf("kernels %s\n", shoal_isa_name(shoal_kernels_isa()));
     /* the opt-in matrix-unit-order kernels (kernels/README.md): AMX only after its self-test */
     printf("mu-order kernels %s\n", shoal_kernels_mu_path());
+    /* the numerics class a command runs without --numerics, and what --numerics mu computes with */
+    printf("numerics %s (default; --numerics mu runs the matrix-unit order on %s)\n",
+           shoal_numerics_name(shoal_kernels_numerics()), shoal_kernels_mu_engine());
     printf("openmp wait %s (%s)\n", shoal_omp_wait_policy(), shoal_omp_wait_origin());
     return 0;
 }

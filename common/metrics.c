@@ -562,12 +562,14 @@ double shoal_metrics_process_start_s(void)
 }
 
 void shoal_metrics_process_families(shoal_metrics_buf *b, const char *version, const char *isa,
-                                    const char *kernels)
+                                    const char *kernels, const char *numerics, const char *mu_path)
 {
     shoal_metrics_family(b, "shoal_build_info", SHOAL_METRICS_GAUGE,
-                         "Always 1: the version, commit, the CPU's best kernel ISA and the kernels in use.");
-    shoal_metrics_label l[4] = {{"version", version}, {"commit", SHOAL_COMMIT}, {"isa", isa}, {"kernels", kernels}};
-    shoal_metrics_sample(b, "shoal_build_info", l, 4, 1);
+                         "Always 1: the version, commit, the CPU's best kernel ISA, the kernels in use, the numerics "
+                         "class and what computes the matrix-unit order.");
+    shoal_metrics_label l[6] = {{"version", version}, {"commit", SHOAL_COMMIT}, {"isa", isa},
+                                {"kernels", kernels}, {"numerics", numerics}, {"mu_path", mu_path}};
+    shoal_metrics_sample(b, "shoal_build_info", l, 6, 1);
     shoal_metrics_family(b, "process_start_time_seconds", SHOAL_METRICS_GAUGE,
                          "Start time of the process since unix epoch in seconds.");
     shoal_metrics_sample(b, "process_start_time_seconds", NULL, 0, shoal_metrics_process_start_s());

@@ -141,12 +141,14 @@ void shoal_metrics_summary_samples(shoal_metrics_buf *b, const char *name, const
 
 /* ---- the process ------------------------------------------------------ */
 
-/* shoal_build_info{version,commit,isa,kernels} 1 (isa: the best variant this
- * CPU supports; kernels: the variant in use, SHOAL_ISA may lower it; commit:
- * the git commit at configure time) and process_start_time_seconds (Unix
- * time, from /proc/self/stat and the boot time), for both processes. */
+/* shoal_build_info{version,commit,isa,kernels,numerics,mu_path} 1 (isa: the
+ * best variant this CPU supports; kernels: the variant in use, SHOAL_ISA may
+ * lower it; commit: the git commit at configure time; numerics: the process's
+ * numerics class, portable or mu; mu_path: what computes the matrix-unit
+ * order, amx/avx512/avx2/scalar) and process_start_time_seconds (Unix time,
+ * from /proc/self/stat and the boot time), for both processes. */
 void shoal_metrics_process_families(shoal_metrics_buf *b, const char *version, const char *isa,
-                                    const char *kernels);
+                                    const char *kernels, const char *numerics, const char *mu_path);
 /* The process start as Unix time in seconds (cached; the time of the first
  * call when /proc cannot tell). */
 double shoal_metrics_process_start_s(void);

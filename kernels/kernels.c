@@ -235,9 +235,40 @@ double shoal_kernels_peak(shoal_peak kind, long n, const char **what)
         }                                                                                                       \
     } while (0)
 
+/* ---- the numerics class ---------------------------------------------------- */
+
+static shoal_numerics numerics = SHOAL_NUMERICS_PORTABLE;
+
+void shoal_kernels_set_numerics(shoal_numerics n)
+{
+    numerics = n == SHOAL_NUMERICS_MU ? SHOAL_NUMERICS_MU : SHOAL_NUMERICS_PORTABLE;
+}
+
+shoal_numerics shoal_kernels_numerics(void)
+{
+    return numerics;
+}
+
+const char *shoal_numerics_name(shoal_numerics n)
+{
+    return n == SHOAL_NUMERICS_MU ? "mu" : "portable";
+}
+
+int shoal_numerics_parse(const char *s, shoal_numerics *out)
+{
+    if (s && !strcmp(s, "portable"))
+        *out = SHOAL_NUMERICS_PORTABLE;
+    else if (s && !strcmp(s, "mu"))
+        *out = SHOAL_NUMERICS_MU;
+    else
+        return SHOAL_EINVAL;
+    return 0;
+}
+
 void shoal_gemm_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int T)
 {
-    shoal__gemm_bf16_fn fn = shoal__kernels_active->gemm_bf16;
+    shoal__gemm_bf16_fn fn =
+        numerics == SHOAL_NUMERICS_MU ? shoal__kernels_active->gemm_bf16_mu : shoal__kernels_active->gemm_bf16;
     ROW_SPLIT(fn(y, w, x, rows, cols, T, r0, r1));
 }
 
@@ -250,7 +281,8 @@ void shoal_gemm_f32(float *y, const float *w, const float *x, int rows, int cols
 void shoal_gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
                       int T)
 {
-    shoal__gemm_mxfp4_fn fn = shoal__kernels_active->gemm_mxfp4;
+    shoal__gemm_mxfp4_fn fn =
+        numerics == SHOAL_NUMERICS_MU ? shoal__kernels_active->gemm_mxfp4_mu : shoal__kernels_active->gemm_mxfp4;
     ROW_SPLIT(fn(y, packed, scale, x, rows, cols, T, r0, r1));
 }
 
@@ -355,6 +387,13 @@ const char *shoal_kernels_mu_path(void)
 {
     if (mu_path_note && active_isa == SHOAL_ISA_AVX512)
         return mu_path_note;
+    return shoal_isa_name(active_isa);
+}
+
+const char *shoal_kernels_mu_engine(void)
+{
+    if (mu_path_note && active_isa == SHOAL_ISA_AVX512 && !strcmp(mu_path_note, "amx"))
+        return "amx";
     return shoal_isa_name(active_isa);
 }
 

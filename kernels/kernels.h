@@ -75,10 +75,27 @@ void shoal_gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, con
 void shoal_gemm_bf16_mu(float *y, const uint16_t *w, const float *x, int rows, int cols, int T);
 void shoal_gemm_mxfp4_mu(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
                          int T);
+/* The numerics class of the process (issue 33; docs/ARCHITECTURE.md,
+ * "Numerics classes"): which order shoal_gemm_bf16 and shoal_gemm_mxfp4 (and so
+ * shoal_expert_ffn and every trunk matmul) compute. PORTABLE, the default, is
+ * the fp32-activation order; MU routes both to shoal_gemm_bf16_mu /
+ * shoal_gemm_mxfp4_mu. fp32 weights (shoal_gemm_f32) and the transposed GEMVs
+ * keep the fp32-activation order in both classes. One class per process, set
+ * once at start-up before any forward (commands: --numerics); never changed
+ * while kernels run on other threads. */
+typedef enum { SHOAL_NUMERICS_PORTABLE = 0, SHOAL_NUMERICS_MU = 1 } shoal_numerics;
+void shoal_kernels_set_numerics(shoal_numerics n);
+shoal_numerics shoal_kernels_numerics(void);
+const char *shoal_numerics_name(shoal_numerics n); /* "portable" | "mu" */
+/* "portable" or "mu" -> 0 and *out; anything else SHOAL_EINVAL. */
+int shoal_numerics_parse(const char *s, shoal_numerics *out);
+
 /* Which engine computes the mu kernels: "amx", or the active ISA's name, with
  * a note when AMX is present but failed its start-up self-test (kernels never
  * log: `shoal version` prints it as its one line about the mu kernels). */
 const char *shoal_kernels_mu_path(void);
+/* The same as one word: "amx", "avx512", "avx2" or "scalar" (metrics labels). */
+const char *shoal_kernels_mu_engine(void);
 
 /* y[cols] = W[rows, cols]^T · x[rows] (sums over r in increasing order); W bf16.
  * Used for the absorbed MLA query (W_UK^T q_nope). */

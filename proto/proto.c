@@ -190,7 +190,10 @@ int shoal_proto_enc_hello(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, c
             return SHOAL_ERANGE;
     enc e;
     enc_init(&e, buf, cap);
-    enc_head(&e, SHOAL_MSG_HELLO, rid, reply ? 11 + (h->prefetch != 0) + 2 * (h->ntrunk > 0) : 3);
+    int numerics = reply && h->numerics[0] && strcmp(h->numerics, "portable");
+    if (strlen(h->numerics) > SHOAL_PROTO_MAX_NUMERICS)
+        return SHOAL_ERANGE;
+    enc_head(&e, SHOAL_MSG_HELLO, rid, reply ? 11 + (h->prefetch != 0) + 2 * (h->ntrunk > 0) + numerics : 3);
     enc_key(&e, "proto");
     msgpack_pack_array(&e.pk, 2);
     msgpack_pack_uint32(&e.pk, h->major);
@@ -242,6 +245,10 @@ int shoal_proto_enc_hello(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, c
         enc_key(&e, "trunk_fp");
         msgpack_pack_bin(&e.pk, SHOAL_PROTO_FP_BYTES);
         msgpack_pack_bin_body(&e.pk, h->trunk_fp, SHOAL_PROTO_FP_BYTES);
+    }
+    if (numerics) {
+        enc_key(&e, "numerics");
+        enc_str(&e, h->numerics);
     }
     return enc_done(&e, len);
 }
@@ -798,8 +805,9 @@ static int dec_hello(dctx *c, const msgpack_object *body, int reply, shoal_proto
                  {"mem_total", reply, NULL},
                  {"prefetch", 0, NULL},
                  {"trunk", 0, NULL},
-                 {"trunk_fp", 0, NULL}};
-    int nf = reply ? 14 : 3;
+                 {"trunk_fp", 0, NULL},
+                 {"numerics", 0, NULL}};
+    int nf = reply ? 15 : 3;
     int rc = get_fields(c, body, "HELLO", f, nf);
     if (rc)
         return rc;
@@ -864,6 +872,9 @@ static int dec_hello(dctx *c, const msgpack_object *body, int reply, shoal_proto
             return fail(c, SHOAL_PERR_MALFORMED, "HELLO: 'prefetch' is not a boolean");
         h->prefetch = f[11].val->via.boolean;
     }
+    snprintf(h->numerics, sizeof h->numerics, "portable");
+    if (f[14].val && (rc = get_str(c, "HELLO", &f[14], h->numerics, SHOAL_PROTO_MAX_NUMERICS)))
+        return rc;
     if (!f[12].val != !f[13].val)
         return fail(c, SHOAL_PERR_MALFORMED, "HELLO: 'trunk' and 'trunk_fp' come together");
     if (f[12].val)

@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define SHOAL_PROTO_MAJOR 1
-#define SHOAL_PROTO_MINOR 5
+#define SHOAL_PROTO_MINOR 6
 
 #define SHOAL_PROTO_MAX_CONTROL (4u << 20) /* control frame bytes */
 #define SHOAL_PROTO_MAX_FRAMES 3
@@ -34,6 +34,7 @@
 #define SHOAL_PROTO_MAX_TCHAIN 8       /* chained segments in one TRUNK_BATCH (1.4) */
 #define SHOAL_PROTO_MAX_CHAIN_ROWS 4096 /* rows of a chain's first matrix (1.4) */
 #define SHOAL_PROTO_MAX_PROBE ((4u << 20) - 16u) /* payload bytes of a PROBE's x or its reply's y (1.5) */
+#define SHOAL_PROTO_MAX_NUMERICS 16   /* bytes of HELLO 'numerics' (1.6) */
 #define SHOAL_PROTO_MAX_CPU 128        /* bytes of PROBE_REPLY 'cpu' (1.5) */
 
 typedef enum {
@@ -140,6 +141,10 @@ typedef struct {
     shoal_proto_trows *trunk; /* decoded: allocated; encoding: borrowed */
     size_t ntrunk;
     uint8_t trunk_fp[SHOAL_PROTO_FP_BYTES];
+    /* 1.6, optional: the worker's numerics class (docs/ARCHITECTURE.md), at
+     * most 16 bytes. Encoded only when set and not "portable"; decoded as
+     * "portable" when absent (a 1.0-1.5 worker computes the portable order). */
+    char numerics[SHOAL_PROTO_MAX_NUMERICS + 1];
 } shoal_proto_hello;
 
 typedef struct {

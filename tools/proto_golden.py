@@ -114,6 +114,11 @@ def messages():
         "disk_total": 4 * 10**12, "read_bw_1": 12 * 10**9, "read_bw_all": 380 * 10**9,
         "disk_read_bw": 2_500_000_000, "held_bytes": 90_400_000_000, "measure_us": 812345, "facts": 1}),
         tensor(F32, np.zeros((1, 1), dtype="<f4"))]
+    # 1.6: the worker's numerics class, an optional key after the 1.0 ones (sent
+    # only when not "portable"; absent reads as "portable")
+    hr = msgpack.unpackb(m["hello_reply"][0])
+    hr[2]["numerics"] = "mu"
+    m["hello_reply_numerics"] = [control(HELLO, 1, hr[2])]
     return m
 
 

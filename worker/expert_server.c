@@ -705,9 +705,11 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
         rc = shoal_err_set(err, errlen, -errno, "cannot listen on %s: %s", o->listen, zmq_strerror(errno));
         goto out;
     }
-    SHOAL_INFO("serving %zu experts (%s, %.1f MiB) of %s on %s; isa %s, %d threads, max %d tokens per request",
+    SHOAL_INFO("serving %zu experts (%s, %.1f MiB) of %s on %s; isa %s, numerics %s (mu path %s), %d threads, max %d "
+               "tokens per request",
                shoal_shard_count(s.own), o->experts ? o->experts : "none", (double)owned_bytes / 1048576.0, o->model,
-               o->listen, so.isa, so.threads, so.max_tokens);
+               o->listen, so.isa, shoal_numerics_name(shoal_kernels_numerics()), shoal_kernels_mu_path(), so.threads,
+               so.max_tokens);
     if (s.ntrunk) {
         uint64_t tb = 0;
         for (size_t i = 0; i < s.ntrunk; i++)
@@ -847,6 +849,9 @@ static void usage(FILE *f)
                "  --io-threads N       concurrent expert reads (default 8)\n"
                "  --no-direct          buffered reads (no O_DIRECT)\n"
                "  --no-prefetch        ignore the coordinator's PREFETCH hints (read only on demand)\n"
+               "  --numerics CLASS     portable (default: the fp32-activation order) or mu (the matrix-unit\n"
+               "                       order: AMX where it passes its self-test, an exact emulation elsewhere);\n"
+               "                       every process of a cluster must use the same (docs/CONFIG.md)\n"
                "  --refuse-shutdown    answer SHUTDOWN with ERROR (what `shoal serve --workers N` gives its\n"
                "                       workers: only the coordinator that started them stops them, by SIGTERM)\n"
                "  --peer-reply-mb N    MiB of replies one connection may leave unread before its requests are\n"
@@ -889,6 +894,7 @@ int shoal_cmd_expert(int argc, char **argv)
                                              {"refuse-shutdown", no_argument, 0, 'R'},
                                              {"peer-reply-mb", required_argument, 0, 'Q'},
                                              {"reply-budget-mb", required_argument, 0, 'B'},
+                                             {"numerics", required_argument, 0, 'n'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     shoal_expert_server_opts o = {.stop = &stop_flag};
@@ -944,6 +950,15 @@ int shoal_cmd_expert(int argc, char **argv)
         case 'D': o.no_direct = 1; break;
         case 'F': o.no_prefetch = 1; break;
         case 'R': o.refuse_shutdown = 1; break;
+        case 'n': {
+            shoal_numerics nc;
+            if (shoal_numerics_parse(optarg, &nc)) {
+                fprintf(stderr, "shoal expert: --numerics takes portable or mu, not '%s'\n", optarg);
+                return 2;
+            }
+            shoal_kernels_set_numerics(nc);
+            break;
+        }
         case 'Q':
         case 'B':
             if (v < 1) {

@@ -275,6 +275,7 @@ static void do_hello(shoal_serve *s, const shoal_proto_msg *m, const uint8_t *pe
         memcpy(r.trunk_fp, s->o.trunk_fp, SHOAL_PROTO_FP_BYTES);
     snprintf(r.id, sizeof r.id, "%s", s->id);
     snprintf(r.isa, sizeof r.isa, "%s", s->o.isa ? s->o.isa : "?");
+    snprintf(r.numerics, sizeof r.numerics, "%s", shoal_numerics_name(shoal_kernels_numerics()));
     size_t len = 0;
     if (shoal_proto_enc_hello(s->ctl, s->ctlcap, &len, m->rid, &r, 1))
         SHOAL_PANIC("HELLO reply does not fit its buffer");

@@ -196,7 +196,8 @@ void shoal_wmetrics_write(shoal_wmetrics *wm, shoal_metrics_buf *b)
 {
     shoal_metrics_label wl[1] = {{"worker", wm->id}};
     shoal_metrics_process_families(b, SHOAL_VERSION, shoal_isa_name(shoal_kernels_cpu_best()),
-                                   shoal_isa_name(shoal_kernels_isa()));
+                                   shoal_isa_name(shoal_kernels_isa()), shoal_numerics_name(shoal_kernels_numerics()),
+                                   shoal_kernels_mu_engine());
     one(b, "shoal_expert_server_uptime_seconds", SHOAL_METRICS_GAUGE, "Seconds since the expert server started.", wl,
         (double)(shoal_metrics_now_ns() - wm->start_ns) / 1e9);
     one(b, "shoal_expert_server_resident_bytes", SHOAL_METRICS_GAUGE,

@@ -1057,6 +1057,15 @@ void shoal_api_metrics_text(shoal_api *a, shoal_metrics_buf *bp)
     metric(&b, "shoal_sched_completed_total", C, "Requests generated to the end.", (double)ss.completed);
     metric(&b, "shoal_sched_canceled_total", C, "Requests canceled by their client.", (double)ss.canceled);
     metric(&b, "shoal_sched_failed_total", C, "Requests ended by an error.", (double)ss.failed);
+    metric(&b, "shoal_sched_handovers_total", C,
+           "Requests admitted into a slot that a canceled request (its client gone) left.", (double)ss.handovers);
+    metric(&b, "shoal_sched_handover_steps_max", G,
+           "Most step boundaries such a request waited after the cancel (or after its render, if later); 1: the "
+           "first boundary after it.",
+           (double)ss.handover_steps_max);
+    metric(&b, "shoal_sched_handover_seconds_last", G,
+           "The last such request: seconds from the cancel (or its render, if later) to its admission.",
+           (double)ss.handover_ns_last / 1e9);
     metric(&b, "shoal_prompt_tokens_total", C, "Prompt tokens of admitted requests.", (double)ss.prompt_tokens);
     metric(&b, "shoal_completion_tokens_total", C, "Tokens generated.", (double)ss.completion_tokens);
     metric(&b, "shoal_reused_tokens_total", C,

@@ -117,6 +117,7 @@ typedef struct areq {
     shoal_sbuf item_text; /* Responses: text of the open item so far */
     json_t *echo;      /* Responses: the request fields the response object repeats */
     json_t *conv;      /* Responses: the conversation as chat messages (to store) */
+    size_t conv_bytes; /* Responses: its JSON size or more (the store's byte bound) */
     json_t *items;     /* Responses, streaming: the output items closed so far */
     int store;         /* Responses: keep the conversation under the response id */
 } areq;

@@ -7,12 +7,18 @@
  *
  * previous_response_id / store: a stored response keeps its conversation
  * (the chat messages it was generated from plus its output) in a bounded
- * store on the loop thread; a request naming it continues that conversation,
+ * store (its own lock: a request is translated on the HTTP layer's thread
+ * pool, and a finished response's conversation is stored there too, since
+ * both are linear in a body of up to the 4 MiB limit and would stall every
+ * other connection on the loop thread); a request naming it continues that
+ * conversation,
  * so its prompt extends the stored one and the scheduler's conversation reuse
  * (kept sequence states, matched by token prefix) serves the shared part
  * without prefill while the state is still kept. A response no longer in the
  * store (evicted, or the server restarted) is a 400
- * previous_response_not_found. Fields: docs/API.md. Loop thread only. */
+ * previous_response_not_found. Fields: docs/API.md. The output side (events
+ * to items) runs on the loop thread. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +27,10 @@
 #include "common/log.h"
 #include "common/utf8.h"
 #include "coordinator/api/api_int.h"
+
+#if !JSON_HAVE_ATOMIC_BUILTINS && !JSON_HAVE_SYNC_BUILTINS
+#error "the stored conversations are read from several threads: jansson must count references atomically"
+#endif
 
 /* ---- the store ---------------------------------------------------------------- */
 
@@ -34,11 +44,25 @@ typedef struct {
     uint64_t age;
 } stored;
 
+/* Every entry's tree is handed over whole and never changed after: readers
+ * take a reference under mu and copy it outside (store_get). */
 struct shoal__resp_store {
+    pthread_mutex_t mu;
     stored e[STORE_ENTRIES];
     size_t bytes;
     uint64_t clock;
 };
+
+static shoal__resp_store *store_of(shoal_api *a)
+{
+    /* created on the loop thread before the first piece of work that uses it
+     * is queued (shoal__api_resp_create), so every pool thread sees it */
+    if (!a->responses) {
+        a->responses = shoal_xcalloc(1, sizeof *a->responses);
+        pthread_mutex_init(&a->responses->mu, NULL);
+    }
+    return a->responses;
+}
 
 void shoal__api_resp_store_free(shoal__resp_store *st)
 {
@@ -46,33 +70,43 @@ void shoal__api_resp_store_free(shoal__resp_store *st)
         return;
     for (int i = 0; i < STORE_ENTRIES; i++)
         json_decref(st->e[i].conv);
+    pthread_mutex_destroy(&st->mu);
     free(st);
 }
 
-static json_t *store_get(shoal_api *a, const char *id)
+/* A copy of the conversation stored under id (the caller's), or NULL. Any
+ * thread. A stored tree is never changed, and jansson's reference counts are
+ * atomic (JSON_HAVE_ATOMIC_BUILTINS), so it is copied outside the lock: the
+ * loop thread's store_put never waits for a large copy. */
+static json_t *store_get(shoal__resp_store *st, const char *id)
 {
-    if (!a->responses)
-        return NULL;
+    json_t *held = NULL;
+    pthread_mutex_lock(&st->mu);
     for (int i = 0; i < STORE_ENTRIES; i++)
-        if (a->responses->e[i].conv && !strcmp(a->responses->e[i].id, id))
-            return a->responses->e[i].conv;
-    return NULL;
+        if (st->e[i].conv && !strcmp(st->e[i].id, id)) {
+            held = json_incref(st->e[i].conv); /* an eviction meanwhile leaves it to us */
+            break;
+        }
+    pthread_mutex_unlock(&st->mu);
+    json_t *r = held ? json_deep_copy(held) : NULL;
+    json_decref(held);
+    return r;
 }
 
-/* Keeps conv (reference taken) under id; the oldest entries leave first when
- * the entry count or the byte bound is reached. */
-static void store_put(shoal_api *a, const char *id, json_t *conv)
+/* Keeps conv (taken: a tree no other thread holds) under id, counted as
+ * bytes (its JSON size, or more); the oldest entries leave first when the
+ * entry count or the byte bound is reached. Returns the evicted trees (an
+ * array, or NULL) for the caller to free: O(1) here, under the lock, so the
+ * loop thread can store a 4 MiB conversation without touching it. */
+static json_t *store_put(shoal__resp_store *st, const char *id, json_t *own, size_t bytes)
 {
-    char *s = json_dumps(conv, JSON_COMPACT);
-    size_t bytes = s ? strlen(s) : 0;
-    free(s);
-    if (!s || bytes > STORE_BYTES) {
-        json_decref(conv);
-        return;
+    if (bytes > STORE_BYTES) {
+        json_t *gone = json_array();
+        json_array_append_new(gone, own);
+        return gone;
     }
-    if (!a->responses)
-        a->responses = shoal_xcalloc(1, sizeof *a->responses);
-    shoal__resp_store *st = a->responses;
+    json_t *gone = NULL;
+    pthread_mutex_lock(&st->mu);
     for (;;) {
         int free_slot = -1, oldest = -1;
         for (int i = 0; i < STORE_ENTRIES; i++) {
@@ -86,16 +120,20 @@ static void store_put(shoal_api *a, const char *id, json_t *conv)
         if (free_slot >= 0 && st->bytes + bytes <= STORE_BYTES) {
             stored *e = &st->e[free_slot];
             snprintf(e->id, sizeof e->id, "%s", id);
-            e->conv = conv;
+            e->conv = own;
             e->bytes = bytes;
             e->age = ++st->clock;
             st->bytes += bytes;
-            return;
+            break;
         }
         st->bytes -= st->e[oldest].bytes;
-        json_decref(st->e[oldest].conv);
+        if (!gone)
+            gone = json_array();
+        json_array_append_new(gone, st->e[oldest].conv);
         memset(&st->e[oldest], 0, sizeof st->e[oldest]);
     }
+    pthread_mutex_unlock(&st->mu);
+    return gone;
 }
 
 /* ---- request -> chat body --------------------------------------------------- */
@@ -342,7 +380,7 @@ static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **con
             fail(err, 400, "invalid_type", "previous_response_id", "'previous_response_id' must be a string");
             goto out;
         }
-        json_t *old = store_get(a, json_string_value(prev));
+        json_t *old = store_get(a->responses, json_string_value(prev)); /* a copy: input items may extend it */
         if (!old) {
             char q[68];
             fail(err, 400, "previous_response_not_found", "previous_response_id",
@@ -350,9 +388,8 @@ static int translate(shoal_api *a, json_t *root, json_t **chat_out, json_t **con
                  QUOTE(q, json_string_value(prev)));
             goto out;
         }
-        json_t *cp = json_deep_copy(old); /* input items may extend its last turn: never the stored one */
-        json_array_extend(conv, cp);
-        json_decref(cp);
+        json_array_extend(conv, old);
+        json_decref(old);
     }
     json_t *input = json_object_get(root, "input");
     if (shoal__api_absent(input)) {
@@ -462,56 +499,88 @@ out:
     return rc;
 }
 
-void shoal__api_resp_create(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req)
-{
+/* The request, on the HTTP layer's thread pool: JSON, translation, the
+ * stored conversation, the chat validator. Answered on the loop. */
+typedef struct {
+    int rc, store;
+    shoal_api_req q;
     shoal_api_error err;
-    memset(&err, 0, sizeof err);
+    json_t *conv, *echo;
+    size_t conv_bytes; /* the chat body's size: the conversation's JSON is part of it */
+} resp_job;
+
+static void resp_work(shoal__api_deferred *d)
+{
+    resp_job *j = d->ctx;
+    shoal_api *a = d->a;
+    j->rc = -1;
+    j->store = 1;
     json_error_t je;
-    json_t *root = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadb(d->req.body, d->req.body_len, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
         char q[124];
-        fail(&err, 400, "invalid_json", "", "We could not parse the JSON body of your request: %s (line %d, column %d)",
+        fail(&j->err, 400, "invalid_json", "", "We could not parse the JSON body of your request: %s (line %d, column %d)",
              QUOTE(q, je.text), je.line, je.column);
-        shoal__api_respond_error(a, ex, EP_RESPONSES, &err, NULL);
         return;
     }
-    json_t *chat, *conv, *echo;
-    int store = 1;
+    json_t *chat;
     shoal_api_ignored ign = {0};
-    int rc = translate(a, root, &chat, &conv, &echo, &store, &ign, &err);
+    int rc = translate(a, root, &chat, &j->conv, &j->echo, &j->store, &ign, &j->err);
     json_decref(root);
-    if (rc) {
-        shoal__api_respond_error(a, ex, EP_RESPONSES, &err, NULL);
+    if (rc)
         return;
-    }
     char *body = json_dumps(chat, JSON_COMPACT);
     json_decref(chat);
-    shoal_api_req q;
-    if (!body || shoal_api_parse(SHOAL_GEN_CHAT, body, strlen(body), &a->o.limits, &q, &err)) {
+    j->conv_bytes = body ? strlen(body) : 0;
+    if (!j->store) { /* not kept: the conversation is not needed past here */
+        json_decref(j->conv);
+        j->conv = NULL;
+    }
+    if (!body || shoal_api_parse(SHOAL_GEN_CHAT, body, strlen(body), &a->o.limits, &j->q, &j->err)) {
         if (!body)
-            fail(&err, 500, "internal_error", "", "the request could not be translated");
+            fail(&j->err, 500, "internal_error", "", "the request could not be translated");
         free(body);
-        json_decref(conv);
-        json_decref(echo);
-        shoal__api_respond_error(a, ex, EP_RESPONSES, &err, NULL);
         return;
     }
     free(body);
     for (int i = 0; i < ign.n; i++) /* the Responses fields ignored, with the chat body's (none) */
-        shoal_api_ignored_add(&q.ignored, ign.name[i], ign.known[i]);
-    q.ignored.dropped += ign.dropped;
-    if (shoal__api_not_ready(a, ex, EP_RESPONSES)) {
-        shoal_api_req_free(&q);
-        json_decref(conv);
-        json_decref(echo);
-        return;
+        shoal_api_ignored_add(&j->q.ignored, ign.name[i], ign.known[i]);
+    j->q.ignored.dropped += ign.dropped;
+    j->rc = 0;
+}
+
+/* The loop thread, after resp_work (or without it, stopping: d->ran 0). */
+static void resp_done(shoal__api_deferred *d)
+{
+    resp_job *j = d->ctx;
+    shoal_api *a = d->a;
+    shoal_http_ex *ex = d->ex;
+    int have_q = d->ran && !j->rc;
+    if (ex && d->ran && j->rc) {
+        shoal__api_respond_error(a, ex, EP_RESPONSES, &j->err, NULL);
+    } else if (ex && have_q && !shoal__api_not_ready(a, ex, EP_RESPONSES)) {
+        areq *r = shoal__api_areq_new(a, ex, EP_RESPONSES, FMT_RESPONSES, &j->q, "resp_");
+        r->conv = j->conv;
+        r->echo = j->echo;
+        r->store = j->store;
+        r->conv_bytes = j->conv_bytes;
+        r->items = json_array();
+        j->conv = j->echo = NULL;
+        shoal__api_start(r, &j->q); /* takes q */
+        have_q = 0;
     }
-    areq *r = shoal__api_areq_new(a, ex, EP_RESPONSES, FMT_RESPONSES, &q, "resp_");
-    r->conv = conv;
-    r->echo = echo;
-    r->store = store;
-    r->items = json_array();
-    shoal__api_start(r, &q);
+    if (have_q)
+        shoal_api_req_free(&j->q);
+    json_decref(j->conv); /* a request refused: its trees (the loop frees small ones only: 4 MiB body limit) */
+    json_decref(j->echo);
+    free(j);
+}
+
+void shoal__api_resp_create(shoal_api *a, shoal_http_ex *ex, const shoal_http_request *req)
+{
+    store_of(a); /* before any pool thread may look into it */
+    resp_job *j = shoal_xcalloc(1, sizeof *j);
+    shoal__api_defer(a, ex, req, EP_RESPONSES, resp_work, resp_done, j);
 }
 
 /* ---- output ------------------------------------------------------------------- */
@@ -564,6 +633,17 @@ static json_t *response_obj(const areq *r, const char *status, json_t *output, c
     return o;
 }
 
+static void free_work(void *arg)
+{
+    json_decref(arg);
+}
+
+static void free_done(void *arg, int canceled)
+{
+    if (canceled)
+        json_decref(arg);
+}
+
 /* The output items as one assistant chat message, appended to the stored
  * conversation under the response id. */
 static void keep_conversation(areq *r, json_t *items)
@@ -583,9 +663,10 @@ static void keep_conversation(areq *r, json_t *items)
         else if (!strcmp(ty, "message") && json_is_string(t))
             shoal_sbuf_add(&text, json_string_value(t), json_string_length(t));
         else if (!strcmp(ty, "function_call"))
-            json_array_append_new(calls, json_pack("{s:O,s:s,s:{s:O,s:O}}", "id", json_object_get(it, "call_id"),
-                                                   "type", "function", "function", "name", json_object_get(it, "name"),
-                                                   "arguments", json_object_get(it, "arguments")));
+            json_array_append_new(calls, json_pack("{s:o,s:s,s:{s:o,s:o}}", "id",
+                                                   json_deep_copy(json_object_get(it, "call_id")), "type", "function",
+                                                   "function", "name", json_deep_copy(json_object_get(it, "name")),
+                                                   "arguments", json_deep_copy(json_object_get(it, "arguments"))));
     }
     json_t *m = json_pack("{s:s}", "role", "assistant");
     json_object_set_new(m, "content", text.n || !json_array_size(calls) ? shoal__api_sbuf_json(&text) : json_null());
@@ -596,9 +677,18 @@ static void keep_conversation(areq *r, json_t *items)
     json_decref(calls);
     free(text.p);
     free(think.p);
-    json_t *conv = json_copy(r->conv);
+    char *ms = json_dumps(m, JSON_COMPACT); /* the output only: small */
+    size_t out_bytes = ms ? strlen(ms) : 0;
+    free(ms);
+    /* the conversation leaves the request whole (nothing else holds it) for
+     * the store: O(1) here; its size was measured on the pool (the request's
+     * chat body, which holds it), and what eviction frees is freed there */
+    json_t *conv = r->conv;
+    r->conv = NULL;
     json_array_append_new(conv, m);
-    store_put(r->api, r->id, conv);
+    json_t *gone = store_put(store_of(r->api), r->id, conv, r->conv_bytes + out_bytes + 64);
+    if (gone && (!r->api->http || shoal_http_work(r->api->http, free_work, free_done, gone)))
+        json_decref(gone); /* no pool (tests without a server), or stopping: here */
 }
 
 void shoal__api_resp_full(areq *r, const shoal_ev *e)

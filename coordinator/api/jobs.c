@@ -94,6 +94,8 @@ shoal_sched_job *shoal_sched_job_new(shoal_gen_params *params, const char *clien
     shoal_sched_job *j = shoal_xcalloc(1, sizeof *j);
     atomic_init(&j->refs, 1);
     atomic_init(&j->cancel, 0);
+    atomic_init(&j->cancel_step, 0);
+    atomic_init(&j->cancel_ns, 0);
     j->p = *params;
     memset(params, 0, sizeof *params);
     snprintf(j->client, sizeof j->client, "%s", client ? client : "");
@@ -261,6 +263,8 @@ shoal_sched_job *shoal__sched_pick_render(shoal_sched *s)
 void shoal__sched_render_done(shoal_sched *s, shoal_sched_job *j)
 {
     j->rstate = SHOAL_RENDER_DONE;
+    j->ready_step = atomic_load(&s->step_seq);
+    j->ready_ns = shoal_metrics_now_ns();
     if (j->queued) {
         s->nready++;
         pthread_cond_signal(&s->cv);
@@ -303,6 +307,9 @@ void shoal_sched_cancel(shoal_sched *s, shoal_sched_job *j)
         s->st.canceled++;
     }
     pthread_mutex_unlock(&s->mu);
+    uint64_t none = 0, none_ns = 0;
+    if (atomic_compare_exchange_strong(&j->cancel_ns, &none_ns, shoal_metrics_now_ns()))
+        atomic_compare_exchange_strong(&j->cancel_step, &none, atomic_load(&s->step_seq));
     atomic_store(&j->cancel, 1);
     pthread_mutex_lock(&j->mu);
     j->canceled = 1;

@@ -40,6 +40,8 @@ struct shoal_slot {
     size_t state_bytes;   /* of seq, charged against opts.state_bytes */
     int fed;              /* prompt ids in seq (prefill progress) */
     uint64_t order;       /* admission order: prompts are prefilled oldest first */
+    uint64_t vacated_step; /* the cancel_step of the job a cancel took out of it (0: none) */
+    uint64_t vacated_ns;   /* and its cancel_ns */
     uint64_t t_last;      /* the last generated token's time (ns) */
     int counted_wait;     /* this job's wait for state was counted */
     float *logits;        /* [vocab]: the last fed token's */
@@ -387,7 +389,11 @@ static void release(shoal_sched *s, shoal_slot *sl, const shoal_sched_stats *add
     sl->spec = NULL;
     shoal_seq_free(sl->seq); /* the state goes back to the budget at once */
     sl->seq = NULL;
+    uint64_t canceled_at = add->canceled ? atomic_load(&j->cancel_step) : 0;
+    uint64_t canceled_ns = canceled_at ? atomic_load(&j->cancel_ns) : 0;
     pthread_mutex_lock(&s->mu);
+    sl->vacated_step = canceled_at;
+    sl->vacated_ns = canceled_ns;
     if (sl->state == SLOT_WAIT && s->waiting_state)
         s->waiting_state = 0;
     s->state_used -= sl->state_bytes;
@@ -1039,6 +1045,19 @@ static int try_start(shoal_sched *s, shoal_slot *sl)
     return 1;
 }
 
+/* Releases every slot whose job was canceled (in any state: waiting for
+ * state, prefilling, decoding). */
+static void release_canceled(shoal_sched *s)
+{
+    for (int i = 0; i < s->nslots; i++) {
+        shoal_slot *sl = &s->slots[i];
+        if (sl->state != SLOT_FREE && sl->job && atomic_load(&sl->job->cancel)) {
+            shoal_sched_stats add = {.canceled = 1};
+            release(s, sl, &add);
+        }
+    }
+}
+
 /* Fills free slots from the fair queue. The first job whose state does not
  * fit waits in its slot (first in line) and no other job is taken meanwhile,
  * so a large request is not overtaken forever. */
@@ -1070,6 +1089,20 @@ static void admit_queued(shoal_sched *s)
             fr->job = j; /* the queue's reference moves to the slot */
             fr->state = SLOT_WAIT;
             s->running++;
+            if (fr->vacated_step) {
+                /* a client's cancel freed this slot: boundaries since the
+                 * cancel, or since this job was ready if that came later */
+                uint64_t from = fr->vacated_step > j->ready_step ? fr->vacated_step : j->ready_step;
+                uint64_t now = atomic_load(&s->step_seq);
+                uint64_t waited = now > from ? now - from : 0;
+                s->st.handovers++;
+                if (waited > s->st.handover_steps_max)
+                    s->st.handover_steps_max = waited;
+                uint64_t t_from = fr->vacated_ns > j->ready_ns ? fr->vacated_ns : j->ready_ns;
+                uint64_t t_now = shoal_metrics_now_ns();
+                s->st.handover_ns_last = t_now > t_from ? t_now - t_from : 0;
+                fr->vacated_step = 0;
+            }
         }
         pthread_mutex_unlock(&s->mu);
         if (!j)
@@ -1349,6 +1382,12 @@ static void *model_main(void *arg)
             break;
         }
         pthread_mutex_unlock(&s->mu);
+        /* a step boundary: the slots of jobs canceled meanwhile (a client
+         * gone: FIN or RST, streamed or not) are released here, before the
+         * admissions, so a waiting request takes such a slot at the first
+         * boundary after the cancel, not after one more step of the others */
+        atomic_fetch_add(&s->step_seq, 1);
+        release_canceled(s);
         admit_queued(s);
         /* one step: a token for every decoding slot and prompt chunks with
          * what the step's budget leaves (at least half of it), one chunk */
@@ -1420,6 +1459,7 @@ int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, si
                              o->pcache_stride);
     }
     atomic_init(&s->abort, 0);
+    atomic_init(&s->step_seq, 1); /* 1: a job's cancel_step is never 0 */
     s->n_eos = info.n_eos;
     memcpy(s->eos, info.eos, sizeof s->eos);
     pthread_mutex_init(&s->mu, NULL);

@@ -206,6 +206,12 @@ typedef struct {
     int slots;               /* opts.slots */
     int queued, running;
     int waiting_state;       /* 1 while the first in line waits for state */
+    /* slots vacated by a cancel (a client gone) and taken by a request that
+     * was waiting for one, and the most step boundaries such a request waited
+     * after the cancel (or after its render, whichever came later): 1 means
+     * at the first boundary after the cancel (docs/API.md, "Cancellation") */
+    uint64_t handovers, handover_steps_max;
+    uint64_t handover_ns_last; /* the last such request: ns from the cancel (or its render) to its admission */
 } shoal_sched_stats;
 
 int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, size_t errlen);

@@ -28,6 +28,13 @@ struct shoal_sched_job {
     shoal_ev *head, *tail;
     int canceled, ended;
     atomic_int cancel;  /* read by the model thread and the engine's chunk loop */
+    /* the scheduler's step_seq when the first cancel came (0: none), and
+     * when the job's render was done (under mu): a slot a cancel vacates
+     * goes to a waiting job at the next step boundary (sched.c, release) */
+    _Atomic uint64_t cancel_step;
+    uint64_t ready_step;
+    _Atomic uint64_t cancel_ns; /* shoal_metrics_now_ns() at the first cancel (written before cancel_step) */
+    uint64_t ready_ns;
     /* queue links, under the scheduler's mu */
     shoal_sched_job *qnext, *qprev;
     int queued;
@@ -119,6 +126,9 @@ struct shoal_sched {
     shoal_slot **pslots;   /* [nslots]: prompt chunks in the step, and their lengths */
     int *pn;               /* [nslots] */
     atomic_int abort;      /* close: stops a running step */
+    /* step boundaries passed (the model thread counts one at the top of each
+     * turn of its loop); read by shoal_sched_cancel and the render threads */
+    _Atomic uint64_t step_seq;
 };
 
 void shoal__sched_emit(shoal_sched_job *j, shoal_ev *e);

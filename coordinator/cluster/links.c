@@ -31,6 +31,7 @@
 #include "common/utf8.h"
 #include "coordinator/obs/obs.h"
 #include "coordinator/cluster/owners.h"
+#include "kernels/kernels.h"
 #include "proto/fprint.h"
 #include "proto/shard.h"
 
@@ -105,6 +106,14 @@ static int check_hello(shoal_expert_client *c, const char *name, const shoal_pro
                                  "trunk worker %s: trunk fingerprint mismatch: coordinator %s, worker %s", name, a, b);
         }
     }
+    /* one numerics class per cluster: a worker computing another order would
+     * change the ids (docs/ARCHITECTURE.md, "Numerics classes") */
+    const char *mine = shoal_numerics_name(shoal_kernels_numerics());
+    if (strcmp(h->numerics, mine))
+        return shoal_err_set(err, errlen, SHOAL_ECONFIG,
+                             "%s worker %s computes numerics class '%s', this coordinator '%s': one class per cluster "
+                             "(start every process with the same --numerics)",
+                             h->ntrunk && !h->nowned ? "trunk" : "expert", name, h->numerics, mine);
     int want_act = c->o.act_bf16 ? SHOAL_WIRE_BF16 : SHOAL_WIRE_F32;
     if (!(h->act_mask & SHOAL_WIRE_MASK(want_act)) || !(h->out_mask & SHOAL_WIRE_MASK(SHOAL_WIRE_BF16)))
         return shoal_err_set(err, errlen, SHOAL_EUNSUPPORTED, "expert worker %s does not offer %s activations and "

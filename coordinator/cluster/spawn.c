@@ -17,6 +17,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "kernels/kernels.h"
 #include "proto/shard.h"
 #include "proto/tshard.h"
 
@@ -58,6 +59,7 @@ struct shoal_spawn {
     pid_t pgid, parent;
     char dir[96]; /* the 0700 directory of the workers' ipc sockets ("" before mkdtemp) */
     char exe[4096], threads_s[16], maxtok_s[16];
+    char numerics[16]; /* this process's numerics class: every local worker computes the same */
     char *model;
     /* supervision (shoal_spawn_supervise): one thread, woken every 200 ms or by stop */
     pthread_t th;
@@ -130,10 +132,11 @@ static int launch(shoal_spawn *s, child *c, char *err, size_t errlen)
 {
     char *argv[] = {s->exe,         "expert",       "--model",   s->model, "--experts", c->ranges,
                     "--listen",     c->endpoint,    "--id",      c->id,    "--threads", s->threads_s,
-                    "--max-tokens", s->maxtok_s,    "--refuse-shutdown", NULL, NULL, NULL};
+                    "--max-tokens", s->maxtok_s,    "--refuse-shutdown", "--numerics", s->numerics,
+                    NULL, NULL, NULL};
     if (c->trunk[0]) { /* the trunk rows of a generated even spread */
-        argv[15] = "--trunk";
-        argv[16] = c->trunk;
+        argv[17] = "--trunk";
+        argv[18] = c->trunk;
     }
     int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
     pid_t parent = s->parent, pgid = s->pgid;
@@ -191,6 +194,7 @@ int shoal_spawn_start(shoal_spawn **out, const shoal_spawn_opts *o, const shoal_
     int threads = o->threads > 0 ? o->threads : (int)(cores / o->n > 1 ? cores / o->n : 1);
     snprintf(s->threads_s, sizeof s->threads_s, "%d", threads);
     snprintf(s->maxtok_s, sizeof s->maxtok_s, "%d", o->max_tokens > 0 ? o->max_tokens : 1024);
+    snprintf(s->numerics, sizeof s->numerics, "%s", shoal_numerics_name(shoal_kernels_numerics()));
     s->model = shoal_xstrdup(o->model);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);

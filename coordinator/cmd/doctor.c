@@ -52,6 +52,8 @@ static void usage(FILE *f)
             "  measures every worker's host and the link to it over the real connection\n"
             "  (docs/CLUSTER.md \"shoal doctor\"; PROBE, proto/PROTOCOL.md 3.8)\n"
             "  --json             print the measurements as JSON (for shoal plan --measured)\n"
+            "  --numerics CLASS   the workers' numerics class, portable (default) or mu: a worker of\n"
+            "                     another class is refused, as by run and serve (docs/CONFIG.md)\n"
             "  -o FILE            also write that JSON to FILE\n"
             "  --rounds N         empty exchanges per link for the RTT (default 200)\n"
             "  --bulk-bytes B     message size of the link-rate measurement (default 1048576)\n"
@@ -231,6 +233,14 @@ int shoal_cmd_doctor(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--json")) {
             json = 1;
+        } else if (!strcmp(a, "--numerics")) {
+            shoal_numerics nc;
+            if (shoal_numerics_parse(v, &nc)) {
+                fprintf(stderr, "shoal doctor: --numerics takes portable or mu, not '%s'\n", v ? v : "");
+                return 2;
+            }
+            shoal_kernels_set_numerics(nc);
+            i++;
         } else if (!strcmp(a, "--no-facts")) {
             no_facts = 1;
         } else if (!strcmp(a, "--no-local")) {

@@ -62,6 +62,9 @@ static void usage(FILE *f)
             "                       FILE (format: docs/METRICS.md; read by 'shoal trace stats')\n"
             "  --metrics-file FILE  write the coordinator's metrics (Prometheus text, the families\n"
             "                       of shoal serve's /metrics: docs/METRICS.md) to FILE at the end\n"
+            "  --numerics CLASS     portable (default: the fp32-activation order) or mu (the matrix-unit\n"
+            "                       order: AMX where it passes its self-test, an exact emulation elsewhere);\n"
+            "                       every worker must compute the same class (docs/CONFIG.md)\n"
             "  --trunk-gb G         trunk RAM budget: small|medium|large|auto or GiB (fractions allowed).\n"
             "                       The trunk is then read with pread (O_DIRECT where possible) into\n"
             "                       owned memory: the layers that fit stay resident, the rest are\n"
@@ -270,6 +273,12 @@ int shoal_cmd_run(int argc, char **argv)
         } else if (!strcmp(a, "--metrics-file")) {
             VAL();
             metrics_path = v;
+        } else if (!strcmp(a, "--numerics")) {
+            VAL();
+            shoal_numerics nc;
+            bad = shoal_numerics_parse(v, &nc) != 0;
+            if (!bad)
+                shoal_kernels_set_numerics(nc);
         } else if (!strcmp(a, "--trunk-gb")) {
             VAL();
             bad = shoal_model_parse_trunk(v, &trunk_mode, &trunk_budget) != 0;
@@ -777,8 +786,10 @@ done:;
             }
             json_object_set_new(o, "threads", json_integer(omp_get_max_threads()));
             json_object_set_new(o, "isa", json_string(shoal_isa_name(shoal_kernels_isa())));
-            /* where the opt-in matrix-unit-order kernels would run (AMX only after its self-test) */
-            json_object_set_new(o, "mu_path", json_string(shoal_kernels_mu_path()));
+            /* the numerics class (--numerics) and where the matrix-unit-order kernels run (AMX only
+             * after its self-test) */
+            json_object_set_new(o, "numerics", json_string(shoal_numerics_name(shoal_kernels_numerics())));
+            json_object_set_new(o, "mu_path", json_string(shoal_kernels_mu_engine()));
             shoal_dist_json(dist, o);
             if (ps.prefetch_hinted || ds.prefetch_hinted) {
                 json_t *pf = json_object();
@@ -835,7 +846,8 @@ done:;
                        (unsigned long long)info.trunk_budget, (unsigned long long)info.trunk_resident_bytes,
                        (unsigned long long)info.trunk_buffer_bytes,
                        n_steps ? (double)ds.trunk_read_bytes / n_steps : 0.0, ds.trunk_stall_s);
-            printf("kernels: %s, %d threads\n", shoal_isa_name(shoal_kernels_isa()), omp_get_max_threads());
+            printf("kernels: %s, %d threads, numerics %s (mu path %s)\n", shoal_isa_name(shoal_kernels_isa()),
+                   omp_get_max_threads(), shoal_numerics_name(shoal_kernels_numerics()), shoal_kernels_mu_engine());
             shoal_dist_print(dist, stdout);
             if (ps.prefetch_hinted || ds.prefetch_hinted) {
                 const shoal_model_stats *st[2] = {&ps, &ds};

@@ -99,6 +99,9 @@ static void usage(FILE *f)
             "  --idle-timeout S       seconds a kept-alive connection may idle (default 60)\n"
             "  --write-timeout S      seconds a response may stall unread (default 30)\n"
             "  --trace FILE           record every routing decision (docs/METRICS.md)\n"
+            "  --numerics CLASS       portable (default: the fp32-activation order) or mu (the matrix-unit\n"
+            "                         order: AMX where it passes its self-test, an exact emulation elsewhere);\n"
+            "                         every worker must compute the same class (docs/CONFIG.md)\n"
             "  --trunk-gb G           trunk RAM budget: small|medium|large|auto or GiB; resident\n"
             "                         layers + streamed ones, same tokens (docs/CONFIG.md);\n"
             "                         default: the trunk is mapped\n"
@@ -217,7 +220,8 @@ static void metrics_cb(void *ud, shoal_metrics_buf *b)
 {
     serve_ctx *c = ud;
     shoal_metrics_process_families(b, SHOAL_VERSION, shoal_isa_name(shoal_kernels_cpu_best()),
-                                   shoal_isa_name(shoal_kernels_isa()));
+                                   shoal_isa_name(shoal_kernels_isa()), shoal_numerics_name(shoal_kernels_numerics()),
+                                   shoal_kernels_mu_engine());
     int nw = shoal_dist_nworkers(c->dist);
     for (int i = 0; i < nw; i++) { /* the local workers' backoff, as of this scrape */
         shoal_spawn_state ls;
@@ -660,6 +664,16 @@ int shoal_cmd_serve(int argc, char **argv)
                 bad = 1;
             }
             draft.max = (int)k;
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--numerics")) {
+            shoal_numerics nc;
+            if (shoal_numerics_parse(v, &nc)) {
+                fprintf(stderr, "shoal serve: --numerics takes portable or mu, not '%s'\n", v ? v : "");
+                bad = 1;
+            } else
+                shoal_kernels_set_numerics(nc);
             i++;
             continue;
         }

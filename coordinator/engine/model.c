@@ -583,13 +583,14 @@ int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts 
 
     if (!opts->quiet) {
         SHOAL_INFO("model: %s: %d layers (%d KDA, %d MLA, %d MoE), d=%d, vocab %d, experts %d top-%d (%s%s), "
-                   "trunk %s, gate %s, kernels %s, %d threads",
+                   "trunk %s, gate %s, kernels %s, numerics %s (mu path %s), %d threads",
                    dir, c->num_layers, c->num_kda, c->num_mla, c->num_moe, c->hidden_size, c->vocab_size,
                    c->num_experts, c->experts_per_token,
                    c->expert_format == SHOAL_EXPERTS_MXFP4 ? "MXFP4" : "unquantized",
                    opts->remote_experts ? ", remote" : "", m->embed.dt == SHOAL_DT_F32 ? "F32" : "BF16",
                    c->gate == SHOAL_GATE_LOWER_BOUND ? "lower-bound" : "softplus",
-                   shoal_isa_name(shoal_kernels_isa()), omp_get_max_threads());
+                   shoal_isa_name(shoal_kernels_isa()), shoal_numerics_name(shoal_kernels_numerics()),
+                   shoal_kernels_mu_engine(), omp_get_max_threads());
         SHOAL_INFO("model: sequence state %zu B fixed (KDA states + conv windows) + %zu B per token (MLA latent "
                    "cache); forward scratch %zu MiB for %d tokens per chunk, %d max context",
                    in->seq_fixed_bytes, in->seq_bytes_per_token, sizeof(float) * m->scratch_floats >> 20, B,

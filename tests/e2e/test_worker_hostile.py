@@ -675,17 +675,19 @@ def case_reply_amplification_k3(tmp):
     ping.setsockopt(zmq.RCVBUF, 4096)
     ping.setsockopt(zmq.SNDTIMEO, 30000)
     ping.connect(ep)
-    ping.send_multipart([msgpack.packb([1, 1, {"proto": [1, 4], "fingerprint": fp, "peer": "pinger"}])])
     n_ping = 6000
+    base_req = stats() - nstats[0]  # settle() counts from here: the reading peer's batches above are before it
+    ping.send_multipart([msgpack.packb([1, 1, {"proto": [1, 4], "fingerprint": fp, "peer": "pinger"}])])
     for k in range(n_ping):
         ping.send_multipart([msgpack.packb([5, 10 + k, {}])])
-    end = time.monotonic() + 60
-    while time.monotonic() < end and "reply not sent" not in log_of(w):
-        time.sleep(0.1)
-    time.sleep(0.5)
+    # the state, not a pause: the worker has taken the HELLO and all 6000 (its
+    # `requests` counter, read by the reading peer's STATS; each handled, and
+    # its reply sent or dropped and logged, before a later STATS is answered)
+    read_all = settle(n_ping + 1)
     nlog = log_of(w).count("reply not sent")
     R.check(f"{c}: {n_ping} unread STATS replies: the drops are logged {nlog} times (the first 20, then every 1000th)",
-            1 <= nlog <= 20 + n_ping // 1000 and w.poll() is None, log_of(w)[-600:])
+            read_all and 1 <= nlog <= 20 + n_ping // 1000 and w.poll() is None,
+            f"all {n_ping} read: {read_all}; " + log_of(w)[-600:])
     ping.close()
     after = proc_mem(w.pid)
     print(f"{c} figures: RssAnon {after[0] / 2**20:.1f} MiB after the rogues left", flush=True)

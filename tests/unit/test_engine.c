@@ -23,6 +23,7 @@
 #include "coordinator/engine/engine.h"
 #include "coordinator/engine/engine_int.h"
 #include "coordinator/engine/sampler.h"
+#include "kernels/kernels.h"
 #include "test.h"
 
 static const char *MODELS[] = {"tests/models/tiny-k3", "tests/models/tiny-k3-plain"};
@@ -649,12 +650,87 @@ static void t_refuses_missing(void)
     CHECK(system(cmd) == 0);
 }
 
-int main(void)
+/* The numerics classes (issue 33): the mu class changes the logits (the switch
+ * reaches the trunk and the experts of both models' bf16/MXFP4 matrices), and
+ * within the class the logits are bit-identical on every ISA this CPU runs
+ * (scalar specification, AVX2 and AVX-512F emulations). Leaves the process in
+ * the class it found. */
+static void t_numerics_classes(void)
+{
+    shoal_numerics saved = shoal_kernels_numerics();
+    shoal_isa isa0 = shoal_kernels_isa();
+    for (int mi = 0; mi < NMODELS; mi++) {
+        shoal_model *m = open_model(MODELS[mi], 16, 64);
+        CHECK(m);
+        if (!m)
+            return;
+        int V = vocab_of(m);
+        shoal_kernels_set_numerics(SHOAL_NUMERICS_PORTABLE);
+        float *p = prefill_all(m, PROMPT, NPROMPT);
+        shoal_kernels_set_numerics(SHOAL_NUMERICS_MU);
+        float *ref = NULL;
+        int nisa = 0;
+        for (int isa = SHOAL_ISA_SCALAR; isa <= SHOAL_ISA_AVX512; isa++) {
+            if (shoal_kernels_set_isa((shoal_isa)isa))
+                continue; /* this CPU lacks it */
+            float *q = prefill_all(m, PROMPT, NPROMPT);
+            float *qs = stepwise_all(m, PROMPT, 3);
+            CHECK_MSG(first_diff(q, qs, (size_t)3 * V) < 0, "%s: mu class on %s: prefill vs stepwise differ",
+                      MODELS[mi], shoal_isa_name((shoal_isa)isa));
+            free(qs);
+            if (!ref) {
+                ref = q;
+                /* the rows are not the portable ones: the switch reached the matmuls */
+                size_t differ = 0;
+                for (size_t i = 0; i < (size_t)NPROMPT * V; i++)
+                    differ += memcmp(&p[i], &q[i], sizeof(float)) != 0;
+                printf("  %s: mu vs portable: %zu of %zu logits differ\n", MODELS[mi], differ, (size_t)NPROMPT * V);
+                CHECK_MSG(differ > (size_t)NPROMPT * V / 2, "%s: the mu class changed only %zu of %zu logits",
+                          MODELS[mi], differ, (size_t)NPROMPT * V);
+            } else {
+                int d = first_diff(ref, q, (size_t)NPROMPT * V);
+                CHECK_MSG(d < 0, "%s: mu class: scalar vs %s differ at token %d", MODELS[mi],
+                          shoal_isa_name((shoal_isa)isa), d / V);
+                free(q);
+            }
+            nisa++;
+        }
+        printf("  %s: mu class bit-identical on %d ISA variant%s (mu path on the best: %s)\n", MODELS[mi], nisa,
+               nisa == 1 ? "" : "s", shoal_kernels_mu_engine());
+        shoal_kernels_set_isa(isa0);
+        free(ref);
+        free(p);
+        shoal_model_close(m);
+    }
+    shoal_kernels_set_numerics(saved);
+}
+
+int main(int argc, char **argv)
 {
     test_binary = "test_engine";
+    if (argc == 3 && !strcmp(argv[1], "--numerics")) {
+        /* the schedule invariants again in another numerics class (test_engine_mu) */
+        shoal_numerics nc;
+        if (shoal_numerics_parse(argv[2], &nc)) {
+            fprintf(stderr, "test_engine: --numerics portable|mu\n");
+            return 2;
+        }
+        shoal_kernels_set_numerics(nc);
+        test_binary = nc == SHOAL_NUMERICS_MU ? "test_engine_mu" : "test_engine";
+        omp_set_num_threads(1);
+        RUN(t_prefill_equals_stepwise);
+        RUN(t_incremental_equals_full);
+        RUN(t_decode_batch);
+        RUN(t_step_mixed);
+        RUN(t_threads);
+        RUN(t_copy_fork);
+        RUN(t_alloc_guard);
+        return test_finish();
+    }
     /* one thread except where t_threads compares 1 and 2: OpenMP spin-waits
      * make tiny-model runs slow on a loaded 2-core CI machine */
     omp_set_num_threads(1);
+    RUN(t_numerics_classes);
     RUN(t_prefill_equals_stepwise);
     RUN(t_incremental_equals_full);
     RUN(t_decode_batch);

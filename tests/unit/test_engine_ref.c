@@ -29,6 +29,7 @@
 #include "coordinator/engine/engine.h"
 #include "coordinator/engine/engine_int.h"
 #include "coordinator/engine/sampler.h"
+#include "kernels/kernels.h"
 #include "test.h"
 
 static const char *MODELS[] = {"tiny-k3", "tiny-k3-plain", "k3-nano"};
@@ -529,6 +530,16 @@ int main(int argc, char **argv)
         return test_finish();
     }
     test_binary = "test_engine_ref";
+    if (argc == 3 && !strcmp(argv[1], "--numerics")) {
+        /* the same fixtures and tolerances in another numerics class (test_engine_ref_mu) */
+        shoal_numerics nc;
+        if (shoal_numerics_parse(argv[2], &nc)) {
+            fprintf(stderr, "test_engine_ref: --numerics portable|mu\n");
+            return 2;
+        }
+        shoal_kernels_set_numerics(nc);
+        test_binary = nc == SHOAL_NUMERICS_MU ? "test_engine_ref_mu" : "test_engine_ref";
+    }
     omp_set_num_threads(1); /* test_engine shows thread count does not matter */
     RUN(t_teacher_forced_and_logits);
     RUN(t_hidden);

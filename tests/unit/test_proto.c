@@ -179,6 +179,19 @@ static void t_golden_encode(void)
     CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
     gfree(&g);
     h.prefetch = 0;
+    strcpy(h.numerics, "portable"); /* 1.6: the default class is not sent */
+    CHECK(golden("hello_reply", &g) == 0);
+    CHECK(shoal_proto_enc_hello(buf, sizeof buf, &len, 1, &h, 1) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    gfree(&g);
+    strcpy(h.numerics, "mu"); /* 1.6: another class is, last */
+    CHECK(golden("hello_reply_numerics", &g) == 0);
+    CHECK(shoal_proto_enc_hello(buf, sizeof buf, &len, 1, &h, 1) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    gfree(&g);
+    strcpy(h.numerics, "a class name over 16");
+    CHECK(shoal_proto_enc_hello(buf, sizeof buf, &len, 1, &h, 1) == SHOAL_ERANGE);
+    h.numerics[0] = 0;
 
     CHECK(golden("error", &g) == 0);
     CHECK(shoal_proto_enc_error(buf, sizeof buf, &len, 9, SHOAL_PERR_NOT_OWNED,
@@ -489,6 +502,12 @@ static void t_golden_decode(void)
     CHECK(golden("hello_reply_prefetch", &g) == 0);
     CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0);
     CHECK(m.hello.prefetch == 1 && m.hello.max_tokens == 8192 && m.hello.nowned == 2);
+    CHECK(!strcmp(m.hello.numerics, "portable")); /* 1.6: absent is the portable class */
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+    CHECK(golden("hello_reply_numerics", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0);
+    CHECK(!strcmp(m.hello.numerics, "mu") && m.hello.max_tokens == 8192 && m.hello.nowned == 2);
     shoal_proto_msg_clear(&m);
     gfree(&g);
 
