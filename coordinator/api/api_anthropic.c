@@ -32,7 +32,7 @@ static const char *const implemented[] = {"model", "messages", "max_tokens", "sy
                                           "thinking", "metadata", "output_config", "mcp_servers",
                                           "logit_bias", "seed", NULL}; /* logit_bias, seed: shoal extensions, as on chat */
 static const char *const thinking_used[] = {"type", NULL}; /* budget_tokens, display: ignored (no budget in K3) */
-static const char *const tool_choice_used[] = {"type", "name", NULL};
+static const char *const tool_choice_used[] = {"type", "name", "disable_parallel_tool_use", NULL};
 
 /* The text of a string or an array of text blocks ("where" names it); other
  * block types are refused (a text-only engine). Appends to *out. */
@@ -358,10 +358,18 @@ static int translate(shoal_api *a, json_t *root, int counting, json_t **chat_out
     if (!shoal__api_absent(tc)) {
         json_t *ty = json_is_object(tc) ? json_object_get(tc, "type") : NULL;
         const char *s = json_is_string(ty) ? json_string_value(ty) : "";
-        if (shoal_api_check_fields(tc, "tool_choice", tool_choice_used, ign, err)) { /* disable_parallel_tool_use */
+        if (shoal_api_check_fields(tc, "tool_choice", tool_choice_used, ign, err)) {
             json_decref(chat);
             return -1;
         }
+        json_t *dp = json_object_get(tc, "disable_parallel_tool_use");
+        if (!shoal__api_absent(dp) && !json_is_boolean(dp)) {
+            json_decref(chat);
+            return fail(err, 400, "tool_choice.disable_parallel_tool_use",
+                        "'tool_choice.disable_parallel_tool_use' must be a boolean");
+        }
+        if (json_is_true(dp))
+            json_object_set_new(chat, "parallel_tool_calls", json_false());
         if (!strcmp(s, "auto"))
             json_object_set_new(chat, "tool_choice", json_string("auto"));
         else if (!strcmp(s, "any"))

@@ -174,7 +174,7 @@ static const char *const chat_fields[] = {
     "top_p", "top_k", "min_p", "seed", "stop", "n", "tools", "tool_choice", "reasoning_effort", "thinking",
     "thinking_effort", "chat_template_kwargs", "user", "logprobs", "top_logprobs", "presence_penalty",
     "frequency_penalty", "repetition_penalty", "logit_bias", "response_format", "modalities", "return_token_ids",
-    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar", NULL};
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar", "parallel_tool_calls", NULL};
 static const char *const completion_fields[] = {
     "model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
     "stop", "n", "best_of", "echo", "suffix", "logprobs", "presence_penalty", "frequency_penalty",
@@ -228,7 +228,7 @@ static const struct {
 static const char *const known_ignored[] = {
     /* OpenAI */
     "store", "metadata", "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
-    "parallel_tool_calls", "prediction", "user", "refusal", "annotations", "include_obfuscation",
+    "prediction", "user", "refusal", "annotations", "include_obfuscation",
     /* vLLM / SGLang */
     "priority", "request_id", "cache_salt", "kv_transfer_params", "vllm_xargs", "continuous_usage_stats",
     "return_hidden_states", "lora_path", "rid", "bootstrap_host", "bootstrap_port", "bootstrap_room",
@@ -865,6 +865,8 @@ static char *memo_key(shoal_gen_kind kind, const shoal_api_limits *lim, const sh
         json_object_set(k, "tools", g->tools);
     if (g->tool_choice)
         json_object_set(k, "tool_choice", g->tool_choice);
+    if (g->max_tool_calls)
+        json_object_set_new(k, "max_tool_calls", json_integer(g->max_tool_calls));
     if (g->response_format)
         json_object_set(k, "response_format", g->response_format);
     if (g->constraint)
@@ -1226,7 +1228,10 @@ int shoal_api_parse(shoal_gen_kind kind, const char *body, size_t len, const sho
             }
         }
         int ptc = 1;
-        if (get_bool(root, "parallel_tool_calls", &ptc, err) || get_bool(root, "store", &ptc, err))
+        if (get_bool(root, "parallel_tool_calls", &ptc, err))
+            goto done;
+        g->max_tool_calls = ptc ? 0 : 1;
+        if (get_bool(root, "store", &ptc, err))
             goto done;
         const char *strs[] = {"service_tier", "prompt_cache_key", "safety_identifier"};
         for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) {

@@ -26,6 +26,7 @@
 #include "coordinator/engine/engine.h"
 #include "coordinator/pcache/pcache.h"
 #include "coordinator/api/sched_int.h"
+#include "coordinator/api/toolcons.h"
 
 /* A slot's life: FREE -> WAIT (popped, rendered; waits while its state does
  * not fit the budget) -> PREFILL (prompt chunks, one per step at most) ->
@@ -62,6 +63,7 @@ struct shoal_slot {
      * mask buffer ([vocab], kept for the slot's next constrained job) */
     shoal_cons *cons;
     shoal_cons_run *crun;
+    shoal_toolcons *tcons;     /* tool calls the model opens itself (tool_choice auto) */
     uint8_t *cmask;
     shoal_spec *spec;          /* the decode path of seq (speculative when drafting is on) */
     shoal_detok *detok;        /* completions */
@@ -117,6 +119,7 @@ static void slots_free(shoal_sched *s)
         free(sl->caps);
         shoal_sampler_free(sl->sampler);
         shoal_cons_run_free(sl->crun);
+        shoal_toolcons_close(sl->tcons);
         shoal_cons_free(sl->cons);
         free(sl->cmask);
         shoal_detok_close(sl->detok);
@@ -378,6 +381,8 @@ static void release(shoal_sched *s, shoal_slot *sl, const shoal_sched_stats *add
     sl->sampler = NULL;
     shoal_cons_run_free(sl->crun);
     sl->crun = NULL;
+    shoal_toolcons_close(sl->tcons);
+    sl->tcons = NULL;
     shoal_cons_free(sl->cons);
     sl->cons = NULL;
     shoal_ev_free_list(sl->rec);
@@ -690,32 +695,6 @@ static int render(shoal_sched *s, shoal_slot *sl)
     return 0;
 }
 
-/* ids of K3's text pieces and markers, each piece encoded on its own as the
- * chat encoder writes its segments (chat.c); a marker is "<|...|>" */
-static int cons_ids(shoal_sched *s, const char *const *pieces, int n, int32_t *out, int cap, char *err, size_t errlen)
-{
-    int k = 0;
-    for (int i = 0; i < n; i++) {
-        if (pieces[i][0] == '<' && pieces[i][1] == '|') {
-            int32_t id = shoal_tok_special_id(s->o.tok, pieces[i]);
-            if (id < 0 || k >= cap)
-                return -1;
-            out[k++] = id;
-            continue;
-        }
-        shoal_tok_ids ids = {0};
-        if (shoal_tok_encode(s->o.tok, pieces[i], strlen(pieces[i]), 0, &ids, err, errlen) ||
-            k + (int)ids.n > cap) {
-            shoal_tok_ids_free(&ids);
-            return -1;
-        }
-        for (size_t j = 0; j < ids.n; j++)
-            out[k++] = ids.v[j];
-        shoal_tok_ids_free(&ids);
-    }
-    return k;
-}
-
 /* Structured output: compile the request's constraint, the vocabulary trie
  * once, and the run. What must follow the constrained text: in a chat, the
  * rest of K3's reply after the content (thinking is off, api_parse.c:
@@ -744,10 +723,10 @@ static int constrain_begin(shoal_sched *s, shoal_slot *sl, char *err, size_t err
             const char *call_pre[] = {"<|close|>", "response", "<|sep|>", "<|open|>", "tools", "<|sep|>",
                                       "<|open|>", "call", " tool", "=\"", tool, "\"", " index", "=\"", "1", "\"",
                                       "<|sep|>", "<|open|>", "json", " type", "=\"", "object", "\"", "<|sep|>"};
-            n_pre = cons_ids(s, call_pre, (int)(sizeof call_pre / sizeof call_pre[0]), pre, 64, err, errlen);
-            n_end = cons_ids(s, call_end, (int)(sizeof call_end / sizeof call_end[0]), end, 64, err, errlen);
+            n_pre = shoal_toolcons_ids(s->o.tok, call_pre, (int)(sizeof call_pre / sizeof call_pre[0]), pre, 64, err, errlen);
+            n_end = shoal_toolcons_ids(s->o.tok, call_end, (int)(sizeof call_end / sizeof call_end[0]), end, 64, err, errlen);
         } else {
-            n_end = cons_ids(s, reply_end, (int)(sizeof reply_end / sizeof reply_end[0]), end, 64, err, errlen);
+            n_end = shoal_toolcons_ids(s->o.tok, reply_end, (int)(sizeof reply_end / sizeof reply_end[0]), end, 64, err, errlen);
         }
         if (n_end < 0 || n_pre < 0) { /* not K3's format: the text alone, then the stop id */
             if (tool)
@@ -763,6 +742,32 @@ static int constrain_begin(shoal_sched *s, shoal_slot *sl, char *err, size_t err
     if ((rc = shoal_cons_run_create(&sl->crun, sl->cons, s->cvocab, end, n_end, err, errlen)))
         return rc;
     return n_pre ? shoal_cons_run_set_prefix(sl->crun, pre, n_pre) : 0;
+}
+
+/* Tool calls the model opens itself (tool_choice auto, absent, or required
+ * with several tools): once it leaves the content, K3's structure is kept
+ * and each call's arguments follow its function's parameters (toolcons.h).
+ * Not in partial mode (the reply continues a client's text) nor on a
+ * vocabulary without K3's markers (then nothing changes). */
+static int tools_begin(shoal_sched *s, shoal_slot *sl, char *err, size_t errlen)
+{
+    const shoal_gen_params *p = &sl->job->p;
+    const char *tc = json_string_value(p->tool_choice);
+    if (p->kind != SHOAL_GEN_CHAT || !json_array_size(p->tools) || p->partial ||
+        (p->tool_choice && (!tc || !strcmp(tc, "none"))))
+        return 0;
+    if (shoal_tok_special_id(s->o.tok, "<|open|>") < 0)
+        return 0;
+    int rc;
+    if (!s->cvocab && (rc = shoal_cons_vocab_build(&s->cvocab, s->o.tok, err, errlen)))
+        return rc;
+    if (!sl->cmask)
+        sl->cmask = shoal_xmalloc((size_t)s->vocab);
+    shoal_toolcons_opts o = {.tools = p->tools,
+                             .required = tc && !strcmp(tc, "required"),
+                             .max_calls = p->max_tool_calls,
+                             .thinking = p->thinking};
+    return shoal_toolcons_open(&sl->tcons, s->o.tok, s->cvocab, &o, err, errlen);
 }
 
 /* ---- prefix cache (opts.pcache) ------------------------------------------------ */
@@ -920,6 +925,12 @@ static int prepare(shoal_sched *s, shoal_slot *sl)
         shoal_sampler_observe(sl->sampler, sl->ids[i], 0);
     if (p->constraint && constrain_begin(s, sl, err, sizeof err)) {
         emit_error(s, sl, 400, "invalid_request_error", "response_format", err);
+        shoal_sched_stats add = {.failed = 1};
+        release(s, sl, &add);
+        return -1;
+    }
+    if (!p->constraint && tools_begin(s, sl, err, sizeof err)) {
+        emit_error(s, sl, 400, "invalid_request_error", "tools", err);
         shoal_sched_stats add = {.failed = 1};
         release(s, sl, &add);
         return -1;
@@ -1125,11 +1136,18 @@ static int sample_one(shoal_sched *s, shoal_slot *sl, int32_t *id_out)
         return 0;
     }
     uint64_t t0 = shoal_metrics_now_ns();
-    if (sl->crun) {
+    int masked = 0;
+    if (sl->crun || sl->tcons) {
         /* structured output: the disallowed ids leave the row, so sampling,
-         * penalties and logprobs all see the masked distribution */
-        int n = shoal_cons_run_mask(sl->crun, sl->cmask);
-        if (n <= 0) {
+         * penalties and logprobs all see the masked distribution (a tool
+         * constraint leaves the row alone while the model is free, -1) */
+        int32_t ban = -1;
+        int n = sl->crun ? shoal_cons_run_mask(sl->crun, sl->cmask)
+                         : shoal_toolcons_mask(sl->tcons, sl->cmask, &ban);
+        masked = n >= 0;
+        if (ban >= 0 && ban < s->vocab)
+            sl->logits[ban] = -INFINITY;
+        if (n == 0) {
             shoal_sched_stats add = {.failed = 1};
             emit_error(s, sl, 500, "constraint_dead_end", NULL,
                        "the structured-output constraint admits no continuation (docs/API.md lists the corner "
@@ -1137,16 +1155,18 @@ static int sample_one(shoal_sched *s, shoal_slot *sl, int32_t *id_out)
             release(s, sl, &add);
             return 0;
         }
-        for (int i = 0; i < s->vocab; i++)
-            if (!sl->cmask[i])
-                sl->logits[i] = -INFINITY;
+        if (masked)
+            for (int i = 0; i < s->vocab; i++)
+                if (!sl->cmask[i])
+                    sl->logits[i] = -INFINITY;
     }
     int32_t id = shoal_sampler_sample(sl->sampler, sl->logits);
-    if (sl->crun) {
-        if (id < 0 || id >= s->vocab || !sl->cmask[id])
-            id = shoal_argmax(sl->logits, s->vocab); /* a draw can only land on a masked id by rounding */
+    if (masked && (id < 0 || id >= s->vocab || !sl->cmask[id]))
+        id = shoal_argmax(sl->logits, s->vocab); /* a draw can only land on a masked id by rounding */
+    if (sl->crun)
         shoal_cons_run_accept(sl->crun, id);
-    }
+    else if (sl->tcons)
+        shoal_toolcons_accept(sl->tcons, id);
     uint64_t t1 = shoal_metrics_now_ns();
     if (s->o.cm) {
         shoal_cmetrics_add_phase(s->o.cm, SHOAL_PHASE_SAMPLING, t1 - t0);

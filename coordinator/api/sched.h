@@ -59,6 +59,7 @@ typedef struct {
     json_t *messages;       /* array of OpenAI message objects (a reference is owned) */
     json_t *tools;          /* array of OpenAI tool objects, or NULL */
     json_t *tool_choice;    /* "none" | "auto" | "required" | {function}, or NULL */
+    int max_tool_calls;     /* calls in one reply at most (1: parallel_tool_calls false); 0 = any */
     json_t *response_format; /* {"type": "json_object" | "json_schema", ...}, or NULL */
     int thinking;           /* 1: think before answering (K3 default), 0: off */
     char effort[16];        /* "" or low / medium / high / max (thinking effort) */

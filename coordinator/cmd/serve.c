@@ -76,14 +76,19 @@ static void usage(FILE *f)
             "                         in the queue\n"
             "  --keep N               sequence states kept for conversation reuse (default 8, 0 off)\n"
             "  --keep-mb N            memory those states may use, MiB (default 1024)\n"
-            "  --prefix-cache-gb G    prefix cache in memory, GiB (fractions allowed; default 0 = off):\n"
+            "  --prefix-cache-gb G    prefix cache in memory, GiB (fractions allowed; 0 = off;\n"
+            "                         default: half the sequence state budget, at most 8 GiB,\n"
+            "                         off when that holds no capture of 1024 tokens; logged):\n"
             "                         prompt states captured at message ends and every\n"
             "                         --prefix-cache-stride tokens; a prompt sharing a captured\n"
             "                         prefix prefills only the rest (same logits); counts against\n"
-            "                         --state-gb (evicted first when a request needs the room)\n"
+            "                         the state budget (evicted first when a request needs the room)\n"
             "  --prefix-cache-dir DIR also keep every capture in DIR, so it survives a restart\n"
             "                         (files of another model, or damaged, are refused by name\n"
             "                         and recomputed); with or without --prefix-cache-gb\n"
+            "  --prefix-cache-disk-gb G  cap of the files in --prefix-cache-dir, GiB; least\n"
+            "                         recently used removed first (default: half of the free\n"
+            "                         space plus what the cache holds, at most 64 GiB; logged)\n"
             "  --prefix-cache-stride N  capture every N prompt tokens too (default 1024, 0 off)\n"
             "  --memo N               deterministic responses memoised (default 256, 0 off)\n"
             "  --memo-mb N            memory the memo may use, MiB (default 64)\n"
@@ -212,6 +217,14 @@ static void pcache_metrics(serve_ctx *c, shoal_metrics_buf *b)
     metric1(b, "shoal_prefix_cache_budget_bytes", G, "Memory the prefix cache may hold (--prefix-cache-gb).",
             (double)p.mem_budget);
     metric1(b, "shoal_prefix_cache_entries", G, "Captured states held in memory.", (double)p.mem_entries);
+    metric1(b, "shoal_prefix_cache_disk_bytes", G, "Bytes of the files in --prefix-cache-dir (and being written).",
+            (double)p.disk_bytes);
+    metric1(b, "shoal_prefix_cache_disk_budget_bytes", G,
+            "Bytes the files in --prefix-cache-dir may hold (--prefix-cache-disk-gb).", (double)p.disk_budget);
+    metric1(b, "shoal_prefix_cache_disk_evictions_total", C,
+            "Files removed from --prefix-cache-dir to keep it within its budget.", (double)p.disk_evictions);
+    metric1(b, "shoal_prefix_cache_removed_files_total", C,
+            "Damaged state files and unfinished writes removed from --prefix-cache-dir.", (double)p.removed);
     metric1(b, "shoal_prefix_cache_disk_entries", G, "Captured states indexed in --prefix-cache-dir.",
             (double)p.disk_entries);
 }
@@ -555,7 +568,7 @@ int shoal_cmd_serve(int argc, char **argv)
     uint64_t trunk_budget = 0;
     const char *trace_path = NULL;
     const char *tokenizer_dir = NULL;
-    double pcache_gb = 0;
+    double pcache_gb = -1, pcache_disk_gb = 0; /* -1 / 0: the defaults (automatic) */
     const char *pcache_dir = NULL;
     long pcache_stride = 1024;
     shoal_pcache *pcache = NULL;
@@ -642,6 +655,17 @@ int shoal_cmd_serve(int argc, char **argv)
             pcache_gb = v ? strtod(v, &end) : -1;
             if (!v || end == v || *end || !(pcache_gb >= 0) || pcache_gb > 1 << 20) {
                 fprintf(stderr, "shoal serve: --prefix-cache-gb needs a size in GiB >= 0 (got '%s')\n", v ? v : "");
+                bad = 1;
+            }
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--prefix-cache-disk-gb")) {
+            char *end = NULL;
+            pcache_disk_gb = v ? strtod(v, &end) : -1;
+            if (!v || end == v || *end || !(pcache_disk_gb > 0) || pcache_disk_gb > 1 << 20) {
+                fprintf(stderr, "shoal serve: --prefix-cache-disk-gb needs a size in GiB > 0 (got '%s')\n",
+                        v ? v : "");
                 bad = 1;
             }
             i++;
@@ -1000,6 +1024,28 @@ int shoal_cmd_serve(int argc, char **argv)
      * the slots' (with --state-gb the captures share the given budget) */
     if (state_gb <= 0 && pcache_gb > 0)
         state_bytes += (uint64_t)(pcache_gb * 1073741824.0);
+    /* the prefix cache's default (docs/CONFIG.md "Prefix cache default"):
+     * half the state budget, at most 8 GiB, shared with the slots (a
+     * capture only takes what they leave and gives way to a request), and
+     * off when that cannot hold one capture of a 1024-token prefix */
+    uint64_t pcache_bytes = pcache_gb > 0 ? (uint64_t)(pcache_gb * 1073741824.0) : 0;
+    char pcache_why[192] = "--prefix-cache-gb";
+    if (pcache_gb < 0) {
+        uint64_t one = info.seq_fixed_bytes + 1024ull * info.seq_bytes_per_token;
+        uint64_t half = state_bytes / 2, cap = UINT64_C(8) << 30;
+        pcache_bytes = half < cap ? half : cap;
+        char b1[32], b2[32];
+        if (pcache_bytes < one) {
+            snprintf(pcache_why, sizeof pcache_why,
+                     "default: off, half the state budget (%s) cannot hold one capture of 1024 tokens (%s)",
+                     shoal_memplan_fmt(half, b1, sizeof b1), shoal_memplan_fmt(one, b2, sizeof b2));
+            pcache_bytes = 0;
+        } else {
+            snprintf(pcache_why, sizeof pcache_why,
+                     "default: half the state budget, at most 8 GiB, shared with the slots; a capture of 1024 "
+                     "tokens is %s", shoal_memplan_fmt(one, b1, sizeof b1));
+        }
+    }
     if (slots > info.max_batch) {
         fprintf(stderr, "shoal serve: --slots %ld is more than the model's batch (%d)\n", slots, info.max_batch);
         status = 2;
@@ -1015,26 +1061,35 @@ int shoal_cmd_serve(int argc, char **argv)
                    info.seq_bytes_per_token, shoal_spec_bytes(model, &draft), slots, step_tokens,
                    shoal_memplan_fmt(info.scratch_bytes, b3, sizeof b3));
     }
-    if (pcache_gb > 0 || pcache_dir) {
+    if (pcache_bytes > 0 || pcache_dir) {
         uint8_t fp[SHOAL_PCACHE_FP_BYTES];
         shoal_pcache_opts pco = {.model = model,
                                  .fingerprint = fp,
-                                 .mem_bytes = (uint64_t)(pcache_gb * 1073741824.0),
-                                 .dir = pcache_dir};
+                                 .mem_bytes = pcache_bytes,
+                                 .dir = pcache_dir,
+                                 .disk_bytes = pcache_disk_gb > 0 ? (uint64_t)(pcache_disk_gb * 1073741824.0)
+                                                                  : SHOAL_PCACHE_DISK_AUTO};
         if ((rc = shoal_pcache_fingerprint(fp, model, err, sizeof err)) ||
             (rc = shoal_pcache_open(&pcache, &pco, err, sizeof err))) {
             fprintf(stderr, "shoal serve: prefix cache: %s\n", err);
-            status = rc == SHOAL_EINVAL ? 2 : 3;
+            status = shoal_err_exit_code(rc); /* a directory in use by another server: 4, like a port in use */
             goto out;
         }
         shoal_pcache_stats pst;
         shoal_pcache_get_stats(pcache, &pst);
-        char b1[32];
-        SHOAL_INFO("serve: prefix cache: %s in memory%s%s (%llu captures indexed there, %llu files refused), a "
-                   "capture every %ld tokens and at each message end",
-                   shoal_memplan_fmt(pco.mem_bytes, b1, sizeof b1), pcache_dir ? ", directory " : "",
-                   pcache_dir ? pcache_dir : "", (unsigned long long)pst.disk_entries,
-                   (unsigned long long)pst.refused, pcache_stride);
+        char b1[32], b2[32], b3[32], dirs[1200] = "";
+        if (pcache_dir)
+            snprintf(dirs, sizeof dirs,
+                     ", directory %s holding %s of at most %s (%s; %llu captures indexed, %llu files refused, "
+                     "%llu removed)",
+                     pcache_dir, shoal_memplan_fmt(pst.disk_bytes, b2, sizeof b2),
+                     shoal_memplan_fmt(pst.disk_budget, b3, sizeof b3),
+                     pcache_disk_gb > 0 ? "--prefix-cache-disk-gb"
+                                        : "default: half the free space plus the cache's files, at most 64 GiB",
+                     (unsigned long long)pst.disk_entries, (unsigned long long)pst.refused,
+                     (unsigned long long)pst.removed);
+        SHOAL_INFO("serve: prefix cache: %s in memory (%s)%s, a capture every %ld tokens and at each message end",
+                   shoal_memplan_fmt(pco.mem_bytes, b1, sizeof b1), pcache_why, dirs, pcache_stride);
         ctx.pcache = pcache;
     }
     shoal_sched_opts so = {

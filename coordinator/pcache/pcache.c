@@ -8,12 +8,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/memplan.h"
 #include "common/metrics.h"
 #include "coordinator/pcache/pcache.h"
 
@@ -310,11 +313,22 @@ static int read_head(const char *path, shoal_pcache_hdr *h, int32_t **ids, uint6
     return rc;
 }
 
-/* Reads the whole file at path into a fresh buffer of exactly size bytes. */
+/* Reads the whole file at path into a fresh buffer of exactly size bytes
+ * (free() releases it). With O_DIRECT where the file system takes it: a
+ * capture is large (~0.7 GB on K3), read once, and verified and copied right
+ * after, so the page cache gains nothing from it, and a cold read measured
+ * 0.40x the time of a buffered one (docs/PERFORMANCE.md "Prefix cache":
+ * reading a capture back); it also leaves the cached model pages alone.
+ * Nothing is mapped: a file truncated meanwhile ends the read early
+ * (SHOAL_EFORMAT), it cannot fault. */
+#define DIRECT_ALIGN 4096
 static int read_file(const char *path, uint64_t size, uint8_t **out)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    int direct = fd >= 0;
+    if (fd < 0 && errno == EINVAL) /* a file system without O_DIRECT (tmpfs) */
+        fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -errno;
     struct stat st;
@@ -322,10 +336,40 @@ static int read_file(const char *path, uint64_t size, uint8_t **out)
     if (!rc && (uint64_t)st.st_size != size)
         rc = SHOAL_EFORMAT;
     uint8_t *b = NULL;
-    if (!rc) {
-        b = shoal_xmalloc(size ? size : 1);
-        rc = read_all(fd, b, size, 0);
+    size_t al = ((size_t)size + DIRECT_ALIGN - 1) & ~(size_t)(DIRECT_ALIGN - 1);
+    if (!rc && posix_memalign((void **)&b, DIRECT_ALIGN, al ? al : DIRECT_ALIGN))
+        SHOAL_PANIC("out of memory allocating %zu bytes for a prefix cache file", al);
+    if (!rc && direct) {
+        /* whole aligned blocks from aligned offsets; the last read stops at
+         * the end of the file */
+        size_t off = 0;
+        while (off < (size_t)size) {
+            size_t want = al - off > (1u << 30) ? (1u << 30) : al - off;
+            ssize_t r = pread(fd, b + off, want, (off_t)off);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r < 0 && errno == EINVAL && off == 0) { /* the device refuses this alignment */
+                direct = 0;
+                int fl = fcntl(fd, F_GETFL);
+                if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_DIRECT))
+                    rc = -errno;
+                break;
+            }
+            if (r < 0) {
+                rc = -errno;
+                break;
+            }
+            if (r == 0) {
+                rc = SHOAL_EFORMAT; /* shorter than its size said: truncated meanwhile */
+                break;
+            }
+            off += (size_t)r;
+        }
+        if (!rc && direct && off != (size_t)size)
+            rc = SHOAL_EFORMAT; /* longer than its size said: grown meanwhile */
     }
+    if (!rc && !direct)
+        rc = read_all(fd, b, (size_t)size, 0);
     close(fd);
     if (rc) {
         free(b);
@@ -478,6 +522,8 @@ struct shoal_pcache {
      * capture is ~0.5-0.7 GB) */
     pthread_t writer;
     int has_writer, stopping;
+    int dirfd;            /* the directory, flock'ed while the cache is open (-1: none) */
+    uint64_t disk;        /* bytes of this cache's files: on disk, and queued to the writer */
     pthread_cond_t wcv;   /* queue non-empty or stopping (writer waits) */
     pthread_cond_t dcv;   /* a job finished (model thread waits) */
     wjob *qhead, *qtail, *done;
@@ -487,6 +533,37 @@ struct shoal_pcache {
 static void entry_path(const shoal_pcache *pc, const entry *e, char *out, size_t n)
 {
     snprintf(out, n, "%s/pc-%016llx-%d.shst", pc->dir, (unsigned long long)e->hash, e->n);
+}
+
+/* The size of entry e's file. */
+static uint64_t file_bytes(const entry *e)
+{
+    return SHOAL_PCACHE_HDR_BYTES + 4ull * (uint64_t)e->n + e->bytes;
+}
+
+/* Entry e's file leaves the disk tier; removed from the directory when rm. */
+static void forget_file(shoal_pcache *pc, entry *e, int rm)
+{
+    if (!e->on_disk)
+        return;
+    if (rm) {
+        char path[4096];
+        entry_path(pc, e, path, sizeof path);
+        if (unlink(path) && errno != ENOENT)
+            SHOAL_WARN("prefix cache: cannot remove %s: %s", path, strerror(errno));
+    }
+    pc->disk -= file_bytes(e);
+    e->on_disk = 0;
+}
+
+/* A disk hit: the file's modification time is its age across restarts. */
+static void touch_file(shoal_pcache *pc, const entry *e)
+{
+    if (!e->on_disk)
+        return;
+    char path[4096];
+    entry_path(pc, e, path, sizeof path);
+    (void)utimensat(AT_FDCWD, path, NULL, 0); /* best effort: an age, not data */
 }
 
 static void count(shoal_pcache *pc, void (*f)(shoal_pcache_stats *, const void *), const void *arg)
@@ -503,12 +580,20 @@ static void add_refused(shoal_pcache_stats *s, const void *a)
     s->refused++;
 }
 
+static void add_removed(shoal_pcache_stats *s, const void *a)
+{
+    (void)a;
+    s->refused++;
+    s->removed++;
+}
+
 static void reap(shoal_pcache *pc);
 
 static void recount(shoal_pcache *pc)
 {
     pthread_mutex_lock(&pc->mu);
     pc->st.mem_bytes = pc->mem;
+    pc->st.disk_bytes = pc->disk;
     pc->st.mem_entries = pc->st.disk_entries = 0;
     for (int k = 0; k < pc->ne; k++) {
         pc->st.mem_entries += pc->e[k].blob != NULL;
@@ -517,9 +602,13 @@ static void recount(shoal_pcache *pc)
     pthread_mutex_unlock(&pc->mu);
 }
 
-static void drop_entry(shoal_pcache *pc, int i)
+/* Entry i leaves the index; its file (when on disk) is removed when rm, and
+ * leaves the disk budget either way. A file still queued to the writer
+ * comes back as an entry when it is written (reap). */
+static void drop_entry(shoal_pcache *pc, int i, int rm)
 {
     entry *e = &pc->e[i];
+    forget_file(pc, e, rm);
     if (e->blob) {
         pc->mem -= e->bytes;
         free(e->blob);
@@ -537,7 +626,7 @@ static void evict(shoal_pcache *pc, int i)
     pc->st.evictions++;
     pthread_mutex_unlock(&pc->mu);
     if (!e->on_disk && !e->pending) {
-        drop_entry(pc, i);
+        drop_entry(pc, i, 0);
         return;
     }
     pc->mem -= e->bytes;
@@ -575,7 +664,7 @@ static entry *add_entry(shoal_pcache *pc, const int32_t *ids, int n, uint64_t ha
         for (int i = 1; i < pc->ne; i++)
             if (pc->e[i].last < pc->e[lru].last)
                 lru = i;
-        drop_entry(pc, lru);
+        drop_entry(pc, lru, 1); /* its file too: an unindexed file would only come back at a restart */
     }
     entry *e = &pc->e[pc->ne++];
     memset(e, 0, sizeof *e);
@@ -594,6 +683,47 @@ static int find_exact(shoal_pcache *pc, const int32_t *ids, int n, uint64_t hash
         if (pc->e[i].n == n && pc->e[i].hash == hash && !memcmp(pc->e[i].ids, ids, 4 * (size_t)n))
             return i;
     return -1;
+}
+
+typedef struct {
+    uint64_t n;
+} disk_evict_add;
+
+static void add_disk_evictions(shoal_pcache_stats *s, const void *a)
+{
+    s->disk_evictions += ((const disk_evict_add *)a)->n;
+}
+
+/* Removes the least recently used files (not those queued to the writer)
+ * until need more bytes fit the disk budget. 1 when they fit. */
+static int disk_room(shoal_pcache *pc, uint64_t need)
+{
+    uint64_t cap = pc->o.disk_bytes;
+    if (!cap)
+        return 1;
+    if (need > cap)
+        return 0;
+    disk_evict_add n = {0};
+    int fit = 1;
+    while (pc->disk + need > cap) {
+        int lru = -1;
+        for (int i = 0; i < pc->ne; i++)
+            if (pc->e[i].on_disk && !pc->e[i].pending && (lru < 0 || pc->e[i].last < pc->e[lru].last))
+                lru = i;
+        if (lru < 0) {
+            fit = 0; /* the rest is still being written */
+            break;
+        }
+        n.n++;
+        if (pc->e[lru].blob)
+            forget_file(pc, &pc->e[lru], 1); /* stays in memory */
+        else
+            drop_entry(pc, lru, 1);
+    }
+    if (n.n)
+        count(pc, add_disk_evictions, &n);
+    recount(pc);
+    return fit;
 }
 
 static void *writer_main(void *arg)
@@ -648,11 +778,16 @@ static void reap(shoal_pcache *pc)
         wjob *j = d;
         d = d->next;
         int i = find_exact(pc, j->ids, j->n, j->hash);
+        uint64_t fb = SHOAL_PCACHE_HDR_BYTES + 4ull * (uint64_t)j->n + j->bytes;
+        /* the job reserved fb bytes of the disk budget when it was queued */
+        if (!j->ok || (i >= 0 && pc->e[i].on_disk))
+            pc->disk -= fb; /* not written, or a second write of a file already counted */
         if (i >= 0) {
             pc->e[i].pending = 0;
-            pc->e[i].on_disk = j->ok;
-            if (!j->ok && !pc->e[i].blob)
-                drop_entry(pc, i);
+            if (j->ok)
+                pc->e[i].on_disk = 1;
+            if (!pc->e[i].on_disk && !pc->e[i].blob)
+                drop_entry(pc, i, 0);
         } else if (j->ok) {
             add_entry(pc, j->ids, j->n, j->hash)->on_disk = 1;
         }
@@ -687,6 +822,40 @@ void shoal_pcache_flush(shoal_pcache *pc)
                    (unsigned long long)(WRITER_WAIT_NS / 1000000000ull));
 }
 
+/* 1 when name is a file name this cache writes ("pc-<16 hex>-<n>.shst"),
+ * with suffix after it ("" or ".tmp"). */
+static int own_name(const char *name, const char *suffix)
+{
+    if (strncmp(name, "pc-", 3))
+        return 0;
+    const char *p = name + 3;
+    for (int k = 0; k < 16; k++, p++)
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
+            return 0;
+    if (*p++ != '-' || *p < '0' || *p > '9')
+        return 0;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    return !strncmp(p, ".shst", 5) && !strcmp(p + 5, suffix);
+}
+
+static int by_age(const void *a, const void *b)
+{
+    const entry *x = *(entry *const *)a, *y = *(entry *const *)b;
+    return x->last < y->last ? -1 : x->last > y->last;
+}
+
+typedef struct {
+    uint64_t removed, refused;
+} open_add;
+
+static void add_open(shoal_pcache_stats *s, const void *a)
+{
+    const open_add *o = a;
+    s->removed += o->removed;
+    s->refused += o->refused;
+}
+
 static void index_dir(shoal_pcache *pc)
 {
     DIR *d = opendir(pc->dir);
@@ -694,34 +863,101 @@ static void index_dir(shoal_pcache *pc)
         return;
     struct dirent *de;
     size_t dl = strlen(pc->dir);
+    open_add oa = {0};
     while ((de = readdir(d))) {
         size_t nl = strlen(de->d_name);
-        if (nl < 6 || strcmp(de->d_name + nl - 5, ".shst"))
-            continue;
         char *path = shoal_xmalloc(dl + nl + 2);
         snprintf(path, dl + nl + 2, "%s/%s", pc->dir, de->d_name);
+        if (own_name(de->d_name, ".tmp")) {
+            /* a write that never reached its rename: the process stopped
+             * during it (the directory is locked: no other writer) */
+            if (unlink(path) == 0) {
+                SHOAL_WARN("prefix cache: removed %s (an unfinished write: the process stopped during it)", path);
+                oa.removed++;
+            } else {
+                SHOAL_WARN("prefix cache: cannot remove the unfinished write %s: %s", path, strerror(errno));
+            }
+            free(path);
+            continue;
+        }
+        if (nl < 6 || strcmp(de->d_name + nl - 5, ".shst")) {
+            free(path);
+            continue;
+        }
+        int own = own_name(de->d_name, "");
         shoal_pcache_hdr h;
         int32_t *ids = NULL;
         uint64_t size;
         char why[256];
+        struct stat st;
         int rc = read_head(path, &h, &ids, &size, why, sizeof why);
-        if (!rc)
+        /* damaged: this cache's file with a bad header, size or ids hash */
+        int damaged = own && rc == SHOAL_EFORMAT;
+        if (!rc) {
             rc = check_model(&h, pc->fp, pc->fixed, pc->per_token, why, sizeof why);
+            damaged = own && rc == SHOAL_EFORMAT; /* this model's fingerprint, a wrong size */
+        }
         if (!rc && h.n_logits)
             rc = shoal_err_set(why, sizeof why, SHOAL_EFORMAT, "carries logits (a `shoal run --save-state` file)");
         if (!rc && find_exact(pc, ids, (int)h.n_ids, h.ids_hash) >= 0)
             rc = shoal_err_set(why, sizeof why, SHOAL_EFORMAT, "a duplicate of another file's prefix");
-        if (rc) {
-            SHOAL_WARN("prefix cache: %s refused: %s (the prefix will be recomputed)", path, why);
-            count(pc, add_refused, NULL);
+        if (!rc) {
+            char want[4096];
+            entry tmp = {.hash = h.ids_hash, .n = (int)h.n_ids};
+            entry_path(pc, &tmp, want, sizeof want);
+            if (strcmp(want, path))
+                rc = shoal_err_set(why, sizeof why, SHOAL_EFORMAT, "its name is not its prefix's (%s)",
+                                   strrchr(want, '/') + 1);
+        }
+        if (!rc && stat(path, &st))
+            rc = shoal_err_set(why, sizeof why, -errno, "cannot stat: %s", strerror(errno));
+        if (rc && damaged && unlink(path) == 0) {
+            SHOAL_WARN("prefix cache: %s refused: %s; removed (the prefix will be recomputed)", path, why);
+            oa.removed++;
+            oa.refused++;
+        } else if (rc) {
+            SHOAL_WARN("prefix cache: %s refused: %s (the prefix will be recomputed; the file is left in place)",
+                       path, why);
+            oa.refused++;
         } else {
             entry *e = add_entry(pc, ids, (int)h.n_ids, h.ids_hash);
             e->on_disk = 1;
+            pc->disk += file_bytes(e);
+            e->last = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
         }
         free(ids);
         free(path);
     }
     closedir(d);
+    /* ages: the files' modification times, oldest first, as ticks */
+    entry **o = shoal_xmalloc(sizeof *o * (size_t)(pc->ne ? pc->ne : 1));
+    for (int i = 0; i < pc->ne; i++)
+        o[i] = &pc->e[i];
+    qsort(o, (size_t)pc->ne, sizeof *o, by_age);
+    for (int i = 0; i < pc->ne; i++)
+        o[i]->last = (uint64_t)i + 1;
+    pc->tick = (uint64_t)pc->ne;
+    free(o);
+    count(pc, add_open, &oa);
+    if (pc->o.disk_bytes == SHOAL_PCACHE_DISK_AUTO) {
+        struct statvfs fs;
+        uint64_t avail = statvfs(pc->dir, &fs) ? 0 : (uint64_t)fs.f_bavail * (uint64_t)fs.f_frsize;
+        uint64_t cap = (avail + pc->disk) / 2;
+        pc->o.disk_bytes = cap > SHOAL_PCACHE_DISK_AUTO_MAX ? SHOAL_PCACHE_DISK_AUTO_MAX : cap ? cap : 1;
+        pthread_mutex_lock(&pc->mu);
+        pc->st.disk_budget = pc->o.disk_bytes;
+        pthread_mutex_unlock(&pc->mu);
+    }
+    /* a budget lowered since the files were written: the oldest go */
+    uint64_t before = pc->disk;
+    int ne = pc->ne;
+    disk_room(pc, 0);
+    if (pc->ne < ne) {
+        char b1[32], b2[32];
+        SHOAL_INFO("prefix cache: removed the %d least recently used files of %s (%s) to fit its budget of %s",
+                   ne - pc->ne, pc->dir, shoal_memplan_fmt(before - pc->disk, b1, sizeof b1),
+                   shoal_memplan_fmt(pc->o.disk_bytes, b2, sizeof b2));
+    }
 }
 
 int shoal_pcache_open(shoal_pcache **out, const shoal_pcache_opts *o, char *err, size_t errlen)
@@ -732,6 +968,7 @@ int shoal_pcache_open(shoal_pcache **out, const shoal_pcache_opts *o, char *err,
     if (o->max_entries < 0 || o->max_entries > (1 << 20))
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "prefix cache: max_entries %d outside [0, %d]",
                              o->max_entries, 1 << 20);
+    int dfd = -1;
     if (o->dir) {
         if (mkdir(o->dir, 0755) && errno != EEXIST)
             return shoal_err_set(err, errlen, -errno, "--prefix-cache-dir %s: cannot create: %s", o->dir,
@@ -740,11 +977,27 @@ int shoal_pcache_open(shoal_pcache **out, const shoal_pcache_opts *o, char *err,
         if (stat(o->dir, &st) || !S_ISDIR(st.st_mode) || access(o->dir, R_OK | W_OK | X_OK))
             return shoal_err_set(err, errlen, SHOAL_ECONFIG, "--prefix-cache-dir %s: not a writable directory",
                                  o->dir);
+        /* one process per directory: its unfinished writes are then
+         * certainly a stopped process's, and its budget is its own */
+        dfd = open(o->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0)
+            return shoal_err_set(err, errlen, -errno, "--prefix-cache-dir %s: cannot open: %s", o->dir,
+                                 strerror(errno));
+        if (flock(dfd, LOCK_EX | LOCK_NB)) {
+            int e = errno;
+            close(dfd);
+            if (e == EWOULDBLOCK)
+                return shoal_err_set(err, errlen, SHOAL_EBUSY,
+                                     "--prefix-cache-dir %s is in use by another process (one server per "
+                                     "directory)", o->dir);
+            return shoal_err_set(err, errlen, -e, "--prefix-cache-dir %s: cannot lock: %s", o->dir, strerror(e));
+        }
     }
     shoal_pcache *pc = shoal_xcalloc(1, sizeof *pc);
     pc->o = *o;
     memcpy(pc->fp, o->fingerprint, SHOAL_PCACHE_FP_BYTES);
     pc->dir = o->dir ? shoal_xstrdup(o->dir) : NULL;
+    pc->dirfd = dfd;
     pc->o.dir = pc->dir;
     shoal_model_info info;
     shoal_model_get_info(o->model, &info);
@@ -756,6 +1009,7 @@ int shoal_pcache_open(shoal_pcache **out, const shoal_pcache_opts *o, char *err,
     pthread_cond_init(&pc->wcv, NULL);
     pthread_cond_init(&pc->dcv, NULL);
     pc->st.mem_budget = o->mem_bytes;
+    pc->st.disk_budget = o->dir ? o->disk_bytes : 0;
     if (pc->dir) {
         index_dir(pc);
         int rc = pthread_create(&pc->writer, NULL, writer_main, pc);
@@ -789,6 +1043,8 @@ void shoal_pcache_close(shoal_pcache *pc)
     free(pc->e);
     free(pc->ph);
     free(pc->dir);
+    if (pc->dirfd >= 0)
+        close(pc->dirfd); /* and the lock with it */
     pthread_cond_destroy(&pc->wcv);
     pthread_cond_destroy(&pc->dcv);
     pthread_mutex_destroy(&pc->mu);
@@ -887,10 +1143,11 @@ int shoal_pcache_resume(shoal_pcache *pc, const int32_t *ids, int n, int max, sh
         if (e->blob) {
             if (shoal_seq_import(seq, e->n, e->blob, e->bytes, why, sizeof why) == 0) {
                 e->last = ++pc->tick;
+                touch_file(pc, e);
                 got = e->n;
             } else {
                 SHOAL_ERROR("prefix cache: %s", why); /* a broken invariant, not input: sizes are ours */
-                drop_entry(pc, b);
+                drop_entry(pc, b, 0);
             }
             continue;
         }
@@ -906,15 +1163,19 @@ int shoal_pcache_resume(shoal_pcache *pc, const int32_t *ids, int n, int max, sh
             rc = shoal_seq_import(seq, e->n, f->state, (size_t)f->h.state_bytes, why, sizeof why);
         ra.read_s += (double)(shoal_metrics_now_ns() - t0) * 1e-9;
         if (rc) {
-            SHOAL_WARN("prefix cache: %s (the prefix will be recomputed)", why);
-            count(pc, add_refused, NULL);
+            /* damaged since it was indexed (checksum, truncated, changed):
+             * removed; another model's file put in its place is left */
+            int rm = rc == SHOAL_EFORMAT;
+            SHOAL_WARN("prefix cache: %s (the prefix will be recomputed%s)", why, rm ? "; the file is removed" : "");
+            count(pc, rm ? add_removed : add_refused, NULL);
             shoal_pcache_file_free(f);
-            drop_entry(pc, b);
+            drop_entry(pc, b, rm);
             continue;
         }
         ra.reads++;
         ra.read_bytes += f->h.state_bytes;
         e->last = ++pc->tick;
+        touch_file(pc, e);
         got = e->n;
         if (e->bytes <= pc->o.mem_bytes) {
             shoal_pcache_shrink(pc, pc->o.mem_bytes - e->bytes);
@@ -960,6 +1221,7 @@ int shoal_pcache_capture(shoal_pcache *pc, const int32_t *ids, int n, const shoa
     int i = find_exact(pc, ids, n, hash);
     if (i >= 0) {
         pc->e[i].last = ++pc->tick;
+        touch_file(pc, &pc->e[i]);
         return 0;
     }
     size_t bytes = pc->fixed + (size_t)n * pc->per_token;
@@ -981,11 +1243,13 @@ int shoal_pcache_capture(shoal_pcache *pc, const int32_t *ids, int n, const shoa
     /* room in the writer's queue first (back-pressure: the queue holds at
      * most WRITER_QUEUE copies) */
     uint64_t tw = shoal_metrics_now_ns();
-    int to_disk = pc->has_writer && wait_queue(pc, WRITER_QUEUE - 1) == 0;
+    uint64_t fb = SHOAL_PCACHE_HDR_BYTES + 4ull * (uint64_t)n + bytes;
+    int to_disk = pc->has_writer && wait_queue(pc, WRITER_QUEUE - 1) == 0 && disk_room(pc, fb);
     double wait_s = (double)(shoal_metrics_now_ns() - tw) * 1e-9;
     if (!to_mem && !to_disk) {
         free(blob);
-        SHOAL_WARN("prefix cache: the directory's writer is behind; a capture of %d tokens is not kept", n);
+        SHOAL_WARN("prefix cache: a capture of %d tokens is not kept (the directory's writer is behind, or the "
+                   "file would not fit its budget)", n);
         return 0;
     }
     entry *e = add_entry(pc, ids, n, hash);
@@ -1007,6 +1271,7 @@ int shoal_pcache_capture(shoal_pcache *pc, const int32_t *ids, int n, const shoa
             blob = NULL;
         }
         e->pending = 1;
+        pc->disk += fb; /* reserved until the writer is done (reap) */
         pthread_mutex_lock(&pc->mu);
         if (pc->qtail)
             pc->qtail->next = j;

@@ -119,12 +119,19 @@ int shoal_pcache_fingerprint(uint8_t out[SHOAL_PCACHE_FP_BYTES], const shoal_mod
 
 typedef struct shoal_pcache shoal_pcache;
 
+#define SHOAL_PCACHE_DISK_AUTO UINT64_MAX
+#define SHOAL_PCACHE_DISK_AUTO_MAX (UINT64_C(64) << 30)
+
 typedef struct {
     shoal_model *model;     /* borrowed; states are exported from / imported into its sequences */
     const uint8_t *fingerprint; /* SHOAL_PCACHE_FP_BYTES (copied) */
     uint64_t mem_bytes;     /* memory tier budget; 0: no memory tier (disk only, or off) */
     const char *dir;        /* disk tier directory (created if missing), or NULL */
     int max_entries;        /* captures indexed at most (0: 4096) */
+    uint64_t disk_bytes;    /* disk tier budget: the files in dir hold at most this many bytes (least
+                             * recently used removed first; 0: no cap; SHOAL_PCACHE_DISK_AUTO: half
+                             * of the file system's free space plus what the cache's files hold at
+                             * open, at most SHOAL_PCACHE_DISK_AUTO_MAX) */
 } shoal_pcache_opts;
 
 typedef struct {
@@ -139,14 +146,27 @@ typedef struct {
     uint64_t disk_writes, disk_write_bytes; /* files written */
     double disk_write_s;
     uint64_t refused;             /* files refused (header, fingerprint, size, checksum) */
+    uint64_t removed;             /* damaged files of this cache removed (refused for a bad header,
+                                   * size, ids hash or checksum), and unfinished writes (.tmp) removed
+                                   * at open */
+    uint64_t disk_evictions;      /* files removed to keep the directory within opts.disk_bytes */
+    uint64_t disk_bytes, disk_budget; /* bytes of this cache's files now (and queued), opts.disk_bytes */
     uint64_t mem_bytes, mem_entries, disk_entries; /* now */
     uint64_t mem_budget;          /* opts.mem_bytes */
 } shoal_pcache_stats;
 
-/* Opens the cache; with a directory, indexes its state files (headers and
- * ids only; the payloads are read when used) and refuses the ones that do
- * not belong to this model, each named in the log. 0, SHOAL_EINVAL or
- * -errno (the directory cannot be created or read). */
+/* Opens the cache; with a directory: locks it (flock on the directory: one
+ * process per directory, another one's open fails with SHOAL_EBUSY),
+ * removes unfinished writes (`pc-*.shst.tmp`, left by a crash or a kill
+ * during a write; each named in the log), indexes its state files (headers
+ * and ids only; the payloads are read when used) and refuses the ones that do
+ * not belong to this model, each named in the log: a damaged file of this
+ * cache (its name `pc-*.shst`, a bad header, size or ids hash) is removed; a
+ * file of another model, another format version or another name is left
+ * where it is (not counted in the disk budget). The entries' ages come from
+ * the files' modification times (a disk hit refreshes it), and the oldest
+ * are removed until the files fit opts.disk_bytes. 0, SHOAL_EINVAL,
+ * SHOAL_ECONFIG, SHOAL_EBUSY or -errno (the directory cannot be created or read). */
 int shoal_pcache_open(shoal_pcache **out, const shoal_pcache_opts *o, char *err, size_t errlen);
 void shoal_pcache_close(shoal_pcache *pc); /* accepts NULL */
 
@@ -158,14 +178,18 @@ int shoal_pcache_has(shoal_pcache *pc, const int32_t *ids, int n);
 /* Resume: seq (capacity >= the prefix) becomes the state after the longest
  * captured prefix of ids[0..n) of at most max tokens; returns its length
  * (0: none, seq untouched). A disk entry that fails its checksum or cannot
- * be read is refused by name, dropped, and the next longest is tried.
+ * be read (truncated or changed since it was indexed) is refused by name,
+ * dropped, its file removed when it is damaged, and the next longest is
+ * tried.
  * Counts lookups, hits and tokens saved. */
 int shoal_pcache_resume(shoal_pcache *pc, const int32_t *ids, int n, int max, shoal_seq *seq);
 /* Capture: seq's state (at position n, which must equal shoal_seq_pos) as
  * the entry for ids[0..n), unless already captured (then only its age is
  * refreshed). Memory entries are evicted, least recently used first, to
  * fit the budget; the state is queued for the directory's writer when there
- * is one (a resume that needs it before it is written waits for it).
+ * is one (a resume that needs it before it is written waits for it), after
+ * the least recently used files are removed to keep the directory within
+ * opts.disk_bytes (a file larger than that budget is not written).
  * A state larger than the whole memory budget goes to the directory only.
  * 0, or a code (the entry is then not kept). */
 int shoal_pcache_capture(shoal_pcache *pc, const int32_t *ids, int n, const shoal_seq *seq, char *err,

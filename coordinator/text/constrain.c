@@ -309,6 +309,65 @@ static int push_value(stack *s, int32_t node)
     return 0;
 }
 
+/* Whitespace between JSON tokens: when b is one, the frame counts it (at
+ * most SHOAL_CONS_WS_MAX in a row) and the state goes out; returns 1 when b
+ * was whitespace (handled, whether or not it fitted). */
+static int ws_step(stack *w, frame *f, int b, mstate *out)
+{
+    if (!is_ws(b))
+        return 0;
+    if (f->ws < SHOAL_CONS_WS_MAX) {
+        f->ws++;
+        emit(out, w);
+    }
+    return 1;
+}
+
+/* The top value is complete: pop it, advance its parent, emit. */
+static void pop_emit(stack *w, mstate *out)
+{
+    w->d--;
+    child_done(w);
+    emit(out, w);
+}
+
+/* A key (property j, or ADDL_KEY with a = nprops) is complete: pop the key
+ * frame, the object waits for its colon. */
+static void key_emit(stack *w, uint32_t j, uint32_t a, mstate *out)
+{
+    w->d--;
+    frame *o = &w->f[w->d - 1];
+    o->ph = PH_O_COLON;
+    o->b = j;
+    o->a = a;
+    o->ws = 0;
+    emit(out, w);
+}
+
+/* The first digit of a number's integer part (after an optional '-'):
+ * returns 0 and the state goes out, or -1 when b is no digit. */
+static int int_first(stack *w, frame *f, int b, mstate *out)
+{
+    if (b == '0')
+        f->ph = PH_N_ZERO;
+    else if (b >= '1' && b <= '9')
+        f->ph = PH_N_INT;
+    else
+        return -1;
+    f->a = 1;
+    emit(out, w);
+    return 0;
+}
+
+/* Enter phase ph at the top of a value that opens with byte want. */
+static void open_emit(stack *w, frame *f, int b, int want, int ph, mstate *out)
+{
+    if (b != want)
+        return;
+    *f = (frame){.node = f->node, .ph = (uint8_t)ph};
+    emit(out, w);
+}
+
 static void feed_stack(const shoal_cons *c, stack *w, int b, mstate *out, int guard);
 
 /* feed b to a copy of in */
@@ -349,16 +408,10 @@ static void feed_stack(const shoal_cons *c, stack *w, int b, mstate *out, int gu
                                      : (b == '-' || (b >= '0' && b <= '9')) ? c->any_num : c->any_tfn);
                 continue;
             case K_OBJ:
-                if (b != '{')
-                    return;
-                *f = (frame){.node = f->node, .ph = PH_O_OPEN};
-                emit(out, w);
+                open_emit(w, f, b, '{', PH_O_OPEN, out);
                 return;
             case K_ARR:
-                if (b != '[')
-                    return;
-                *f = (frame){.node = f->node, .ph = PH_A_OPEN};
-                emit(out, w);
+                open_emit(w, f, b, '[', PH_A_OPEN, out);
                 return;
             case K_STR:
                 if (b != '"')
@@ -370,16 +423,12 @@ static void feed_stack(const shoal_cons *c, stack *w, int b, mstate *out, int gu
                 return;
             case K_NUM:
             case K_INT:
-                if (b == '-')
+                if (b == '-') {
                     f->ph = PH_N_MINUS;
-                else if (b == '0')
-                    f->ph = PH_N_ZERO;
-                else if (b >= '1' && b <= '9')
-                    f->ph = PH_N_INT;
-                else
-                    return;
-                f->a = 1;
-                emit(out, w);
+                    f->a = 1;
+                    emit(out, w);
+                } else
+                    int_first(w, f, b, out);
                 return;
             case K_LIT: {
                 const tnode *t = tchild(c, n->ktrie, b);
@@ -394,11 +443,8 @@ static void feed_stack(const shoal_cons *c, stack *w, int b, mstate *out, int gu
                 return;
             }
         case PH_DOC_BEFORE:
-            if (c->mode == MODE_JSON && is_ws(b) && f->ws < SHOAL_CONS_WS_MAX) {
-                f->ws++;
-                emit(out, w);
+            if (c->mode == MODE_JSON && ws_step(w, f, b, out))
                 return;
-            }
             if (b == END)
                 return;
             f->ph = PH_DOC_VAL;
@@ -411,10 +457,8 @@ static void feed_stack(const shoal_cons *c, stack *w, int b, mstate *out, int gu
                 emit(out, w);
                 return;
             }
-            if (c->mode == MODE_JSON && is_ws(b) && f->ws < SHOAL_CONS_WS_MAX) {
-                f->ws++;
-                emit(out, w);
-            }
+            if (c->mode == MODE_JSON)
+                ws_step(w, f, b, out);
             return;
         case PH_DOC_RE: {
             if (b == END) {
@@ -432,17 +476,10 @@ static void feed_stack(const shoal_cons *c, stack *w, int b, mstate *out, int gu
         case PH_O_OPEN:
         case PH_O_KEYREQ:
         case PH_O_AFTER:
-            if (is_ws(b)) {
-                if (f->ws < SHOAL_CONS_WS_MAX) {
-                    f->ws++;
-                    emit(out, w);
-                }
+            if (ws_step(w, f, b, out))
                 return;
-            }
             if (b == '}' && f->ph != PH_O_KEYREQ && obj_can_close(n, f->a)) {
-                w->d--;
-                child_done(w);
-                emit(out, w);
+                pop_emit(w, out);
                 return;
             }
             if (b == ',' && f->ph == PH_O_AFTER && obj_next_key(n, f->a)) {
@@ -461,13 +498,8 @@ static void feed_stack(const shoal_cons *c, stack *w, int b, mstate *out, int gu
             }
             return;
         case PH_O_COLON:
-            if (is_ws(b)) {
-                if (f->ws < SHOAL_CONS_WS_MAX) {
-                    f->ws++;
-                    emit(out, w);
-                }
+            if (ws_step(w, f, b, out))
                 return;
-            }
             if (b == ':') {
                 f->ph = PH_O_VALWS;
                 f->ws = 0;
@@ -475,13 +507,8 @@ static void feed_stack(const shoal_cons *c, stack *w, int b, mstate *out, int gu
             }
             return;
         case PH_O_VALWS:
-            if (is_ws(b)) {
-                if (f->ws < SHOAL_CONS_WS_MAX) {
-                    f->ws++;
-                    emit(out, w);
-                }
+            if (ws_step(w, f, b, out))
                 return;
-            }
             if (b == END)
                 return;
             f->ph = PH_O_VAL;
@@ -497,13 +524,7 @@ static void feed_stack(const shoal_cons *c, stack *w, int b, mstate *out, int gu
                 uint32_t j = (uint32_t)t->term;
                 if (!((range >> j) & 1))
                     return; /* used already, or past a required one; not additional either */
-                w->d--;
-                frame *o = &w->f[w->d - 1];
-                o->ph = PH_O_COLON;
-                o->b = j;
-                o->a = j + 1;
-                o->ws = 0;
-                emit(out, w);
+                key_emit(w, j, j + 1, out);
                 return;
             }
             int addl = (int)(f->b & 1);
@@ -515,13 +536,7 @@ static void feed_stack(const shoal_cons *c, stack *w, int b, mstate *out, int gu
                     addl = 0;
             }
             if (addl && end == 1) {
-                w->d--;
-                frame *o = &w->f[w->d - 1];
-                o->ph = PH_O_COLON;
-                o->b = ADDL_KEY;
-                o->a = (uint32_t)n->nprops;
-                o->ws = 0;
-                emit(out, w);
+                key_emit(w, ADDL_KEY, (uint32_t)n->nprops, out);
                 return;
             }
             int decl = t && (t->sub & range);
@@ -535,17 +550,10 @@ static void feed_stack(const shoal_cons *c, stack *w, int b, mstate *out, int gu
         case PH_A_OPEN:
         case PH_A_NEED:
         case PH_A_AFTER:
-            if (is_ws(b)) {
-                if (f->ws < SHOAL_CONS_WS_MAX) {
-                    f->ws++;
-                    emit(out, w);
-                }
+            if (ws_step(w, f, b, out))
                 return;
-            }
             if (b == ']' && f->ph != PH_A_NEED && f->a >= n->minc) {
-                w->d--;
-                child_done(w);
-                emit(out, w);
+                pop_emit(w, out);
                 return;
             }
             if (f->ph == PH_A_AFTER) {
@@ -574,9 +582,7 @@ static void feed_stack(const shoal_cons *c, stack *w, int b, mstate *out, int gu
                     return;
                 if (f->b != NONE && !c->dfa.acc[f->b])
                     return;
-                w->d--;
-                child_done(w);
-                emit(out, w);
+                pop_emit(w, out);
                 return;
             }
             if (chars > n->maxc)
@@ -594,14 +600,7 @@ static void feed_stack(const shoal_cons *c, stack *w, int b, mstate *out, int gu
             return;
         }
         case PH_N_MINUS:
-            if (b == '0')
-                f->ph = PH_N_ZERO;
-            else if (b >= '1' && b <= '9')
-                f->ph = PH_N_INT;
-            else
-                return;
-            f->a = 1;
-            emit(out, w);
+            int_first(w, f, b, out);
             return;
         case PH_N_ZERO:
         case PH_N_INT:
@@ -838,8 +837,9 @@ static int in_list(const char *const *l, const char *k)
 
 static const char *format_re(const char *f)
 {
-    /* day 01-28 keeps every date valid in every month (a subset) */
-#define DATE "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"
+    /* day 01-28 keeps every date valid in every month, years 1000-9999 (year
+     * 0000 is no date to Python's datetime, jsonschema's checker): a subset */
+#define DATE "[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"
 #define TIME "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
     if (!strcmp(f, "date"))
         return "^" DATE "$";
@@ -1706,21 +1706,33 @@ static int walk_dfa(shoal_cons_run *r, const vtrie *t, int32_t s0, uint8_t *mask
  * (a plain token keeps its additional path alive whatever the declared
  * names). Returns the characters a plain token may add (UNLIMITED: any), or
  * -1 when the path does not apply. */
-static int64_t plain_string(const shoal_cons_run *r)
+static int64_t plain_one(const shoal_cons *c, const stack *s)
 {
-    if (r->cur.n != 1)
-        return -1;
-    const stack *s = &r->cur.s[0];
     const frame *f = &s->f[s->d - 1];
     if (f->c != 0)
         return -1;
     if (f->ph == PH_STR) {
-        const cnode *n = &r->c->n[f->node];
+        const cnode *n = &c->n[f->node];
         if (n->re >= 0)
             return -1;
         return n->maxc == UNLIMITED ? (int64_t)UNLIMITED : (int64_t)n->maxc - (int64_t)f->a;
     }
     return f->ph == PH_KEY && (f->b & 1) ? (int64_t)UNLIMITED : -1;
+}
+
+/* Every live alternative inside a plain string (e.g. anyOf of two string
+ * schemas): a plain token is allowed when one of them has room for it, so
+ * the room is the largest (the union the byte walk would compute). */
+static int64_t plain_string(const shoal_cons_run *r)
+{
+    int64_t room = -1;
+    for (int i = 0; i < r->cur.n; i++) {
+        int64_t one = plain_one(r->c, &r->cur.s[i]);
+        if (one < 0)
+            return -1;
+        room = one > room ? one : room;
+    }
+    return room;
 }
 
 int shoal_cons_run_mask(shoal_cons_run *r, uint8_t *mask)

@@ -9,7 +9,7 @@ every kind in turn (interleaved, so load drifts hit all kinds alike):
   json_object  response_format json_object
   schema       response_format json_schema (an object with a long free string,
                an integer and an enum)
-temperature 1.0, max_tokens 48, seed = round, thinking off for all (a
+temperature 1.0, max_tokens 48 (SHOAL_BENCH_MAX_TOKENS), seed = round, thinking off for all (a
 constrained request renders with thinking off). Streamed: the decode rate of a
 request is (tokens - 1) / (time of the last chunk - time of the first), so
 prefill and queueing are out. Rows: "req kind=<k> round=<r> tokens=<n>
@@ -24,6 +24,7 @@ import time
 
 SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
+MAX_TOKENS = int(os.environ.get("SHOAL_BENCH_MAX_TOKENS", "48"))  # 16 for the k3-slice (~0.4 s a token)
 
 
 def main():
@@ -48,7 +49,7 @@ def main():
                 times = []
                 n = 0
                 stream = c.chat.completions.create(model=name, messages=[{"role": "user", "content": "Tell a story"}],
-                                                   max_tokens=48, temperature=1.0, seed=r, stream=True,
+                                                   max_tokens=MAX_TOKENS, temperature=1.0, seed=r, stream=True,
                                                    stream_options={"include_usage": True},
                                                    extra_body={"chat_template_kwargs": {"thinking": False}}, **kw)
                 for ch in stream:

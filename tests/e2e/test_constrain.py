@@ -36,6 +36,14 @@ and `re`, never shoal's code. Cases:
                  seed), the tool_use goes back with a tool_result; a Responses
                  function_call whose argument deltas join to its arguments,
                  continued by a function_call_output.
+  tool_auto      tool_choice auto (the model opens calls itself; steered to
+                 the markers by logit_bias at temperature 1): every call it
+                 returns on chat completions, /v1/messages and /v1/responses,
+                 streamed or not, has arguments that validate against its
+                 function's schema; parallel_tool_calls false / Anthropic
+                 disable_parallel_tool_use allow one call; a streamed call joins
+                 to the non-streamed one; the texts are the same on the
+                 batched 2-worker server as on the reference path alone.
   refusals       an unsupported keyword is a 400 naming it (param + message).
 """
 import json
@@ -539,6 +547,156 @@ def t_tool_args(srv, label):
     R.check(f"tool_args/{label}/some_finished", done >= 1, "every call was cut by max_tokens")
 
 
+AUTO_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                         "unit": {"enum": ["celsius", "fahrenheit"]},
+                                         "days": {"type": "integer"},
+                                         "hours": {"type": "array", "items": {"type": "integer"}, "maxItems": 2}},
+        "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string", "maxLength": 12},
+                                         "exact": {"type": "boolean"},
+                                         "where": {"type": "object", "properties": {"lang": {"const": "en"}},
+                                                   "required": ["lang"], "additionalProperties": False}},
+        "required": ["q", "where"], "additionalProperties": False}}},
+]
+AUTO_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in AUTO_TOOLS}
+
+
+def marker_bias(model_dir, open_v, close_v):
+    """logit_bias pushing the structural markers <|open|> and <|close|>:
+    the content closes at once and, where K3's format offers them, the model
+    picks between opening a tools section / a call and closing it (the
+    constraint decides what may follow each)"""
+    with open(os.path.join(model_dir, "tokenizer_config.json")) as f:
+        dec = json.load(f)["added_tokens_decoder"]
+    want = {"<|open|>": open_v, "<|close|>": close_v}
+    return {k: want[v["content"]] for k, v in dec.items() if v["content"] in want}
+
+
+def auto_check(case, name, args_text):
+    """one returned call: a declared tool, arguments that parse and validate"""
+    if not R.check(case + "/name", name in AUTO_SCHEMAS, f"undeclared tool {name!r}"):
+        return False
+    try:
+        args = json.loads(args_text) if isinstance(args_text, str) else args_text
+    except ValueError as e:
+        R.record("FAIL", case, f"arguments do not parse: {args_text!r} {e}")
+        return False
+    why = validate(AUTO_SCHEMAS[name], args)
+    return R.check(case, not why, f"{why}: {args_text!r}"[:400])
+
+
+def t_tool_auto(srv, ref, label, tok_dir, seeds):
+    """tool_choice auto: calls the model opens itself are constrained"""
+    bias = marker_bias(tok_dir, 100, 85)
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+    def kw(seed):
+        k = dict(temperature=1.0, seed=seed, logit_bias=bias, tools=AUTO_TOOLS, tool_choice="auto")
+        if seed % 2:
+            k["parallel_tool_calls"] = False
+        return k
+
+    def shape(resp):
+        ch = resp.choices[0]
+        return (ch.finish_reason, ch.message.content,
+                [(c.function.name, c.function.arguments) for c in (ch.message.tool_calls or [])])
+
+    alone = {sd: shape(chat(ref, msgs, 160, **kw(sd))) for sd in seeds} if ref else None
+    got = {}
+
+    def run(sd):
+        got[sd] = shape(chat(srv, msgs, 160, **kw(sd)))
+
+    ths = [threading.Thread(target=run, args=(sd,)) for sd in seeds]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    ncalls = nocall = 0
+    stream_seed = None
+    for sd in seeds:
+        fin, content, calls = got[sd]
+        case = f"tool_auto/{label}/chat/{sd}"
+        if alone is not None:
+            R.check(case + "/same_as_alone", got[sd] == alone[sd], f"{alone[sd]!r} vs {got[sd]!r}"[:500])
+        for i, (name, args) in enumerate(calls):
+            auto_check(f"{case}/{i}", name, args)
+        if sd % 2:
+            R.check(case + "/one_call_at_most", len(calls) <= 1, f"{len(calls)} calls with parallel_tool_calls false")
+        if fin == "tool_calls":
+            R.check(case + "/finish", len(calls) >= 1, "finish_reason tool_calls without a call")
+            ncalls += len(calls)
+            stream_seed = sd if stream_seed is None else stream_seed
+        elif fin == "stop":
+            nocall += 1
+    print(f"  tool_auto {label}: {ncalls} calls, {nocall} replies without one, over {len(seeds)} seeds", flush=True)
+    R.check(f"tool_auto/{label}/chat/some_calls", ncalls >= 1, "no call was opened: the test steers nothing")
+    if stream_seed is not None:
+        names, args = {}, {}
+        for ev in srv.client.chat.completions.create(model=srv.name, messages=msgs, max_tokens=160, stream=True,
+                                                     **kw(stream_seed)):
+            for tc in (ev.choices[0].delta.tool_calls or []) if ev.choices else []:
+                if tc.function and tc.function.name:
+                    names[tc.index] = tc.function.name
+                if tc.function and tc.function.arguments:
+                    args[tc.index] = args.get(tc.index, "") + tc.function.arguments
+        joined = [(names.get(i), args.get(i, "")) for i in sorted(set(names) | set(args))]
+        R.check(f"tool_auto/{label}/chat_stream", joined == got[stream_seed][2],
+                f"{joined!r} vs {got[stream_seed][2]!r}"[:500])
+    try:
+        import anthropic
+    except ImportError:
+        R.record("SKIP", f"tool_auto/{label}/anthropic", "anthropic SDK missing (tools/requirements.txt)")
+        return
+    ac = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0)
+    atools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in AUTO_TOOLS]
+    uses_n = 0
+    for sd in seeds:
+        tc = {"type": "auto", "disable_parallel_tool_use": True} if sd % 2 else {"type": "auto"}
+        akw = dict(model=srv.name, max_tokens=160, tools=atools, tool_choice=tc, messages=msgs,
+                   extra_body={"temperature": 1.0, "seed": sd, "logit_bias": bias})
+        m = ac.messages.create(**akw)
+        uses = [b for b in m.content if b.type == "tool_use"]
+        for i, u in enumerate(uses):
+            auto_check(f"tool_auto/{label}/anthropic/{sd}/{i}", u.name, u.input)
+        if sd % 2:
+            R.check(f"tool_auto/{label}/anthropic/{sd}/one_at_most", len(uses) <= 1, f"{len(uses)} tool_use blocks")
+        uses_n += len(uses)
+        if uses and m.stop_reason == "tool_use":
+            parts = {}
+            for ev in ac.messages.create(stream=True, **akw):
+                if ev.type == "content_block_delta" and ev.delta.type == "input_json_delta":
+                    parts[ev.index] = parts.get(ev.index, "") + ev.delta.partial_json
+            joined = [json.loads(v) for _, v in sorted(parts.items())]
+            R.check(f"tool_auto/{label}/anthropic/{sd}/stream", joined == [u.input for u in uses],
+                    f"{joined!r} vs {[u.input for u in uses]!r}"[:400])
+    R.check(f"tool_auto/{label}/anthropic/some_calls", uses_n >= 1, "no tool_use over the seeds")
+    import openai
+    oc = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    rtools = [{"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]}
+              for t in AUTO_TOOLS]
+    fc_n = 0
+    for sd in seeds:
+        rkw = dict(model=srv.name, input="What is the weather in Paris?", max_output_tokens=160, temperature=1.0,
+                   tools=rtools, tool_choice="auto", extra_body={"seed": sd, "logit_bias": bias})
+        r = oc.responses.create(**rkw)
+        calls = [o for o in r.output if o.type == "function_call"]
+        for i, c in enumerate(calls):
+            auto_check(f"tool_auto/{label}/responses/{sd}/{i}", c.name, c.arguments)
+        fc_n += len(calls)
+        if calls:
+            parts = {}
+            for ev in oc.responses.create(stream=True, **rkw):
+                if ev.type == "response.function_call_arguments.done":
+                    parts[ev.output_index] = ev.arguments
+            R.check(f"tool_auto/{label}/responses/{sd}/stream", list(parts.values()) == [c.arguments for c in calls],
+                    f"{parts!r} vs {[c.arguments for c in calls]!r}"[:400])
+    R.check(f"tool_auto/{label}/responses/some_calls", fc_n >= 1, "no function_call over the seeds")
+
+
 def t_isolation(srv, label):
     kw = dict(messages=[{"role": "user", "content": "Tell me about the sea."}], temperature=0)
     alone = chat(srv, max_tokens=24, **kw).choices[0].message.content
@@ -726,6 +884,7 @@ def main():
     ref = Server(NANO, "nano", "--slots", "1", "--draft", "off")
     try:
         t_same_ids(srv, ref, "nano")
+        t_tool_auto(srv, ref, "nano", NANO, range(8))
     finally:
         ref.stop()
     try:
@@ -753,6 +912,7 @@ def main():
         try:
             t_json_object(srv, "real_vocab")
             t_tool_args(srv, "real_vocab")
+            t_tool_auto(srv, None, "real_vocab", real, range(3))
             t_property(srv, "real_vocab", max(4, N_SCHEMAS // 2), 3636)
         finally:
             srv.stop()

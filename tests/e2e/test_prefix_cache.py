@@ -31,13 +31,20 @@ restart: a new server on the same directory resumes the first request from
   another model (fingerprint changed, header checksum recomputed here) and a
   file with a flipped payload byte are refused by name and recomputed, the
   answers still equal the reference.
+disk_hygiene: --prefix-cache-disk-gb of ~3 files, disk tier only: 5 system prompts leave at most the
+  budget on disk (bytes = the files' sizes, evictions counted), the last one resumes from disk and
+  the first (least recently used) is recomputed, answers equal the reference; a second server on the
+  directory exits 4 naming it (lock); a file truncated after it was indexed is refused by name and
+  removed when read; a stale pc-*.shst.tmp is removed at start-up and named (another *.tmp is left);
+  a lower budget at start-up removes the oldest files. The damaged case above also checks that the
+  truncated file is removed at open and another model's file is left in place.
 eviction: a memory budget of ~3 captures, 5 system prompts cycled twice, with
   --workers 2 and drafting: evictions counted, every answer equal.
 trunk_remote: `serve --trunk remote` (an expert server, two trunk servers)
   with the cache: the second user turn resumes from the system prompt's
   capture, ids equal an in-process server's.
 (Drafting is `shoal serve`'s default, so every serve case runs with it.)
-Time: ~15-25 s on the 2-core VM at load 4-8.
+Time: ~50-60 s on the 2-core VM at load 12-14 (disk_hygiene: ~10 s of it).
 """
 import json
 import os
@@ -228,7 +235,7 @@ def trunk_remote_serve():
     second user turn after a shared system prompt resumes from its capture, ids equal in process."""
     rng = random.Random(21)
     ws, remote = trunk_workers()
-    ref = Server("--slots", "1")
+    ref = Server("--slots", "1", "--prefix-cache-gb", "0")  # the reference: no cache
     srv = None
     try:
         srv = Server("--slots", "2", "--prefix-cache-gb", "0.1", *remote)
@@ -318,7 +325,7 @@ def run_identity(tmp):
 def serve_cases(tmp):
     rng = random.Random(9)
     cdir = f"{tmp}/cache"
-    ref = Server("--slots", "2")
+    ref = Server("--slots", "2", "--prefix-cache-gb", "0")  # the reference: no cache
     srv = Server("--slots", "4", "--step-tokens", "8", "--prefix-cache-gb", "0.25", "--prefix-cache-dir", cdir,
                  "--prefix-cache-stride", "0")
     try:
@@ -494,15 +501,132 @@ def serve_cases(tmp):
         except AssertionError:
             ok = False
         check("damaged_file_rewritten", ok, "the recomputed capture did not replace the damaged file")
+        # the truncated file is this cache's own and damaged: removed at open;
+        # another model's file is not this server's to delete: left in place
+        check("damaged_truncated_removed_other_model_left", not os.path.exists(ft) and os.path.exists(fw),
+              f"truncated {ft} exists: {os.path.exists(ft)}; other model's {fw} exists: {os.path.exists(fw)}")
     finally:
         ref.stop()
         srv.stop()
 
 
+def own_files(d):
+    return {f: os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if re.fullmatch(r"pc-[0-9a-f]{16}-\d+\.shst", f)}
+
+
+def poll(fn, secs=60):
+    """fn() until it returns something true, or the deadline: its last value."""
+    import time
+    end = time.monotonic() + secs
+    while True:
+        v = fn()
+        if v or time.monotonic() > end:
+            return v
+        time.sleep(0.1)
+
+
+def disk_hygiene(tmp):
+    """The disk tier's size cap (LRU files removed, counted), its lock, stale .tmp files removed at
+    start-up by name, and a file truncated after it was indexed refused by name and removed."""
+    rng = random.Random(17)
+    cdir = f"{tmp}/hygiene"
+    ref = Server("--slots", "1", "--prefix-cache-gb", "0")  # the reference: no cache
+    srv = None
+    try:
+        t = sh(["tokenize", "--model", TINY, "--allow-special", EOM])
+        ref.eom = int(t.stdout.strip())
+        systems = [f"hygiene system {k} " + words(rng, 12) for k in range(5)]
+        msgs = [[{"role": "system", "content": S}, {"role": "user", "content": f"first {k}"}]
+                for k, S in enumerate(systems)]
+        refs = [ref.chat(m, sample=True) for m in msgs]
+        # tiny-k3: a capture at p tokens is a file of 96 + 125952 + p x (1152 + 4) bytes; each request
+        # captures its system message and its user message (two files): the budget holds 3 of the longest
+        P = max(len(a["prompt_ids"]) for a in refs)
+        cap = 3 * (96 + 125952 + P * 1156)
+        flags = ["--slots", "1", "--prefix-cache-gb", "0", "--prefix-cache-dir", cdir, "--prefix-cache-stride", "0",
+                 "--prefix-cache-disk-gb", repr(cap / 2 ** 30)]
+        srv = Server(*flags)
+        srv.eom = ref.eom
+        ok = True
+        for a, m in zip(refs, msgs):
+            ok = ok and same(a, srv.chat(m, sample=True))
+        check("disk_cap_same_ids", ok, "")
+
+        def settled():
+            m = srv.metrics()
+            f = own_files(cdir)
+            return (m, f) if m["shoal_prefix_cache_disk_bytes"] == sum(f.values()) else None
+
+        got = poll(settled)
+        m, f = got if got else (srv.metrics(), own_files(cdir))
+        check("disk_cap_kept", got and 0 < sum(f.values()) <= cap and m["shoal_prefix_cache_disk_evictions_total"] > 0
+              and m["shoal_prefix_cache_disk_budget_bytes"] == int(cap / 2 ** 30 * 2 ** 30),
+              f"files {f} (sum {sum(f.values())}, cap {cap}), metrics "
+              f"{ {k: v for k, v in m.items() if 'disk' in k} }")
+        # least recently used out first: the last system prompt is still on disk, the first is not
+        outs = []
+        for k in (4, 0):
+            msg = [{"role": "system", "content": systems[k]}, {"role": "user", "content": f"again {k}"}]
+            outs.append((ref.chat(msg, sample=True), srv.chat(msg, sample=True)))
+        L4 = eom_positions(ref, outs[0][0]["prompt_ids"])[0]
+        check("disk_cap_lru", outs[0][1]["cached"] == L4 and outs[1][1]["cached"] == 0,
+              f"last system cached {outs[0][1]['cached']} (want {L4}), first {outs[1][1]['cached']} (want 0: evicted)")
+        check("disk_cap_lru_same_ids", all(same(x, y) for x, y in outs), str(outs))
+        # one server per directory: a second one on it is refused by name
+        p = subprocess.run([BIN, "serve", "--model", TINY, "--port", "0", "--threads", "1", "--prefix-cache-dir",
+                            cdir], capture_output=True, text=True, timeout=120)
+        check("disk_lock_refused", p.returncode == 4 and "in use by another process" in p.stderr and cdir in p.stderr,
+              f"rc {p.returncode}: {p.stderr[-400:]}")
+        # a file truncated after it was indexed (the system prompt's capture a new turn resumes from)
+        # (the first system prompt's, captured again just now: the most recent)
+        L4 = eom_positions(ref, outs[1][0]["prompt_ids"])[0]
+        msg = [{"role": "system", "content": systems[0]}, {"role": "user", "content": "a third turn"}]
+        a = ref.chat(msg, sample=True)
+        victim = next((x for x in own_files(cdir) if x.endswith(f"-{L4}.shst")), None)
+        if check("truncated_setup", victim, str(own_files(cdir))):
+            vp = os.path.join(cdir, victim)
+            os.truncate(vp, os.path.getsize(vp) // 2)
+            b = srv.chat(msg, sample=True)
+            log = srv.logtext()
+            check("truncated_in_use_refused_removed", b["cached"] < L4 and same(a, b) and
+                  any(victim in ln and "refused" in ln and "removed" in ln for ln in log.splitlines())
+                  and srv.metrics()["shoal_prefix_cache_removed_files_total"] >= 1,
+                  f"cached {b['cached']}, {[ln for ln in log.splitlines() if victim in ln][:3]}")
+        srv.stop()
+        # a crash during a write leaves pc-*.shst.tmp: removed at start-up and named; other files stay
+        stale = os.path.join(cdir, "pc-00000000deadbeef-12.shst.tmp")
+        other = os.path.join(cdir, "notes.tmp")
+        open(stale, "wb").write(b"\0" * 1000)
+        open(other, "w").write("not the cache's")
+        srv = Server(*flags)
+        log = srv.logtext()
+        check("stale_tmp_removed", not os.path.exists(stale) and os.path.exists(other)
+              and any("removed" in ln and stale in ln for ln in log.splitlines())
+              and srv.metrics()["shoal_prefix_cache_removed_files_total"] == 1,
+              f"stale exists {os.path.exists(stale)}, other {os.path.exists(other)}, "
+              f"{[ln for ln in log.splitlines() if 'tmp' in ln][:3]}")
+        # a lower budget at start-up: the oldest files go until the rest fit
+        srv.stop()
+        before = own_files(cdir)
+        small = max(before.values())
+        srv = Server("--slots", "1", "--prefix-cache-gb", "0", "--prefix-cache-dir", cdir, "--prefix-cache-disk-gb",
+                     repr(small / 2 ** 30))
+        after = own_files(cdir)
+        m = srv.metrics()
+        check("disk_cap_at_start", sum(after.values()) <= small and len(after) < len(before)
+              and m["shoal_prefix_cache_disk_evictions_total"] == len(before) - len(after)
+              and m["shoal_prefix_cache_disk_bytes"] == sum(after.values()),
+              f"before {before}, after {after}, budget {small}")
+    finally:
+        ref.stop()
+        if srv:
+            srv.stop()
+
+
 def eviction_case():
     rng = random.Random(13)
     # ~3 captures of a ~60-token system message of tiny-k3 fit in this budget
-    ref = Server("--slots", "1")
+    ref = Server("--slots", "1", "--prefix-cache-gb", "0")  # the reference: no cache
     srv = Server("--slots", "2", "--prefix-cache-gb", "0.0005", "--prefix-cache-stride", "0", "--workers", "2",
                  "--worker-threads", "1", "--draft", "ngram")
     try:
@@ -539,7 +663,7 @@ def main():
         return 77
     tmp = tempfile.mkdtemp(prefix="shoal-pcache-")
     try:
-        for f in (run_identity, serve_cases):
+        for f in (run_identity, serve_cases, disk_hygiene):
             try:
                 f(tmp) if f is not eviction_case else f()
             except Exception as e:  # noqa: BLE001 -- a crash of the case is its failure

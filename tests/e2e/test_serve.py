@@ -636,7 +636,7 @@ def main():
         record("SKIP", "all", "the openai package is not installed (scripts/deps.sh)")
         return 77
     A = Server("--memo", "0", "--queue", "2", "--slots", "1")  # queue_full counts on one slot; B batches
-    B = Server("--keep", "0", key="sekret")
+    B = Server("--keep", "0", "--prefix-cache-gb", "0", key="sekret")  # no reuse of any kind (t_reuse)
     try:
         run("models", t_models, A)
         run("chat_full_thinking", t_chat_full_thinking, A)

@@ -202,6 +202,7 @@ static void t_pattern_format(void)
     YES(c, "\"2024-02-28\"");
     NO(c, "\"2024-13-01\"");
     NO(c, "\"2024-1-01\"");
+    NO(c, "\"0000-08-01\""); /* year 0 is no date to Python's datetime (found by test_constrain_walk) */
     shoal_cons_free(c);
     c = json_c("{\"type\":\"string\",\"format\":\"uuid\"}");
     YES(c, "\"123e4567-e89b-12d3-a456-426614174000\"");
@@ -353,7 +354,11 @@ static void walks_g(shoal_tok *t, const char *schema, const char *gbnf, int nwal
             CHECK_EQ_INT(na, n);
             if (check_all && stepi < 3) {
                 /* every id: allowed <=> accepted by the byte feed */
-                for (int32_t i = 0; i < shoal_tok_n_ranks(t); i += 7) {
+                /* every 7th id of a small vocabulary; about 4,000 ids, from a random
+                 * offset, of the real one (each id replays the text into a fresh run:
+                 * 23,000 of them per step took minutes under ASan) */
+                int32_t nr = shoal_tok_n_ranks(t), stride = nr / 4000 > 7 ? nr / 4000 : 7;
+                for (int32_t i = (int32_t)(rnd() % (uint32_t)stride); i < nr; i += stride) {
                     size_t bl;
                     const uint8_t *b = shoal_tok_token_bytes(t, i, &bl);
                     shoal_cons_run *r2;

@@ -13,6 +13,7 @@
  *                 of two captures; an evicted capture on disk is read back;
  *   reindex    -- a reopened cache finds its directory's captures; a file
  *                 of another fingerprint is refused and counted. */
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,6 +259,96 @@ static void t_index(void)
     shoal_model_close(m);
 }
 
+static uint64_t fsize(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) ? 0 : (uint64_t)st.st_size;
+}
+
+/* The disk budget: the least recently used file goes, the bytes counted match
+ * the files; the directory's lock; an unfinished write removed at open. */
+static void t_disk_budget(void)
+{
+    shoal_model *m = open_tiny();
+    if (!m)
+        SKIP("tests/models/tiny-k3 does not open");
+    make_tmp();
+    char err[512];
+    uint8_t fp[32] = {3};
+    uint64_t f10 = SHOAL_PCACHE_HDR_BYTES + 40 + shoal_seq_state_size(m, 10);
+    uint64_t f11 = SHOAL_PCACHE_HDR_BYTES + 44 + shoal_seq_state_size(m, 11);
+    uint64_t f12 = SHOAL_PCACHE_HDR_BYTES + 48 + shoal_seq_state_size(m, 12);
+    shoal_pcache *pc, *pc2;
+    /* disk only, room for two of these files, not three */
+    shoal_pcache_opts o = {.model = m, .fingerprint = fp, .mem_bytes = 0, .dir = tmpdir, .disk_bytes = f12 + f11};
+    CHECK_EQ_INT(shoal_pcache_open(&pc, &o, err, sizeof err), 0);
+    CHECK_EQ_INT(shoal_pcache_open(&pc2, &o, err, sizeof err), SHOAL_EBUSY); /* locked */
+    CHECK(strstr(err, "in use by another process") != NULL);
+    shoal_seq *s, *r;
+    shoal_seq_create(&s, m, 0, err, sizeof err);
+    shoal_seq_create(&r, m, 0, err, sizeof err);
+    int32_t Q[NP];
+    memcpy(Q, P, sizeof Q);
+    Q[11] = P[11] + 1;
+    shoal_seq_prefill(s, P, 10, SHOAL_LOGITS_NONE, NULL, err, sizeof err);
+    CHECK_EQ_INT(shoal_pcache_capture(pc, P, 10, s, err, sizeof err), 0); /* A */
+    shoal_seq_prefill(s, P + 10, 2, SHOAL_LOGITS_NONE, NULL, err, sizeof err);
+    CHECK_EQ_INT(shoal_pcache_capture(pc, P, 12, s, err, sizeof err), 0); /* B */
+    shoal_pcache_flush(pc);
+    shoal_pcache_stats st;
+    shoal_pcache_get_stats(pc, &st);
+    CHECK(st.disk_bytes == f10 + f12 && st.disk_entries == 2 && st.disk_evictions == 0 &&
+          st.disk_budget == f12 + f11);
+    /* A used again: B is now the least recently used */
+    CHECK_EQ_INT(shoal_pcache_resume(pc, Q, NP, NP, r), 10);
+    shoal_seq_reset(s);
+    shoal_seq_prefill(s, Q, 11, SHOAL_LOGITS_NONE, NULL, err, sizeof err);
+    CHECK_EQ_INT(shoal_pcache_capture(pc, Q, 11, s, err, sizeof err), 0); /* C: B's file goes */
+    shoal_pcache_flush(pc);
+    shoal_pcache_get_stats(pc, &st);
+    CHECK(st.disk_evictions == 1 && st.disk_entries == 2 && st.disk_bytes == f10 + f11);
+    CHECK(!shoal_pcache_has(pc, P, 12) && shoal_pcache_has(pc, P, 10) && shoal_pcache_has(pc, Q, 11)); /* B went */
+    /* the files themselves: A and C, together disk_bytes */
+    uint64_t sum = 0;
+    int nfiles = 0;
+    DIR *d = opendir(tmpdir);
+    struct dirent *de;
+    char path[700];
+    while (d && (de = readdir(d)))
+        if (strstr(de->d_name, ".shst")) {
+            snprintf(path, sizeof path, "%s/%s", tmpdir, de->d_name);
+            sum += fsize(path);
+            nfiles++;
+        }
+    if (d)
+        closedir(d);
+    CHECK(nfiles == 2 && sum == st.disk_bytes);
+    shoal_pcache_close(pc);
+    /* a crash during a write leaves NAME.tmp: removed at open */
+    snprintf(path, sizeof path, "%s/pc-0000000000000abc-7.shst.tmp", tmpdir);
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (f) {
+        fputs("half a write", f);
+        fclose(f);
+    }
+    CHECK_EQ_INT(shoal_pcache_open(&pc, &o, err, sizeof err), 0);
+    shoal_pcache_get_stats(pc, &st);
+    CHECK(st.removed == 1 && fsize(path) == 0 && access(path, F_OK) != 0 && st.disk_entries == 2);
+    shoal_pcache_close(pc);
+    /* a lower budget at open: the oldest file (A: C was written after it) goes */
+    o.disk_bytes = f11;
+    CHECK_EQ_INT(shoal_pcache_open(&pc, &o, err, sizeof err), 0);
+    shoal_pcache_get_stats(pc, &st);
+    CHECK(st.disk_entries == 1 && st.disk_bytes == f11 && st.disk_evictions == 1);
+    CHECK_EQ_INT(shoal_pcache_lookup(pc, Q, NP, NP), 11);
+    shoal_pcache_close(pc);
+    shoal_seq_free(s);
+    shoal_seq_free(r);
+    rm_tmp();
+    shoal_model_close(m);
+}
+
 int main(void)
 {
     test_binary = "test_pcache";
@@ -266,5 +357,6 @@ int main(void)
     RUN(t_format);
     RUN(t_identity);
     RUN(t_index);
+    RUN(t_disk_budget);
     return test_finish();
 }
