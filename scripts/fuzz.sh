@@ -8,12 +8,17 @@
 # The clang build is not -Werror: the warning gate is the gcc -Werror build of
 # scripts/test.sh, and a clang-only warning elsewhere in the tree must not stop
 # the fuzzing. Clang's warnings are printed (deduplicated) so they are seen.
-# Usage: scripts/fuzz.sh [SECONDS]
+# --build-only: the build and nothing else, no result line (scripts/test.sh runs
+# it at idle priority during the release tests; the fuzzing run then finds it built).
+# Usage: scripts/fuzz.sh [--build-only] [SECONDS]
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
+build_only=0
+[ "${1:-}" = "--build-only" ] && { build_only=1; shift; }
 secs="${1:-20}"
 results="${SHOAL_TEST_RESULTS:-/dev/null}"
+[ $build_only -eq 1 ] && results=/dev/null
 targets=$(ls tests/fuzz/fuzz_*.c 2>/dev/null | xargs -r -n1 basename | sed 's/\.c$//')
 [ -z "$targets" ] && { echo "fuzz: no targets"; exit 0; }
 command -v clang >/dev/null || { echo "fuzz: clang not installed (scripts/deps.sh)"; printf 'FAIL\tfuzz\tclang not installed\n' >> "$results"; exit 1; }
@@ -31,6 +36,7 @@ if [ "$nwarn" -gt 0 ]; then
     echo "fuzz: clang reported $nwarn distinct warning(s) (not fatal here; gcc -Werror is the gate):"
     grep -E "warning:" "$log" | sort -u | head -20
 fi
+[ $build_only -eq 1 ] && exit 0
 
 run_one() { # target -> 0/1, writes build-fuzz/<t>.status
     local t="$1" work="build-fuzz/work/$1"

@@ -58,9 +58,28 @@ cmake -S . -B build -DSHOAL_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/nu
     && cmake --build build -j"$jobs" || { echo "test: build failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 stage_done "release build"
 
+# The sanitizer and fuzz builds start now at idle priority (SCHED_IDLE where chrt
+# has it, else nice 19): they run on what the release tests leave idle (servers
+# starting, sockets and timers waited on) and yield at once to every test process.
+# The stages below then rebuild incrementally (nothing, when this finished), so a
+# failure here only shows up there, as before.
+bg_pid=""
+if [ $quick -eq 0 ]; then
+    idle=(nice -n 19)
+    chrt --idle 0 true 2>/dev/null && idle=(chrt --idle 0 nice -n 19)
+    "${idle[@]}" bash -c 'cmake -S . -B build-asan -DSHOAL_WERROR=ON -DSHOAL_SANITIZE=address,undefined \
+        -DCMAKE_BUILD_TYPE=Debug && cmake --build build-asan -j"$1"; bash scripts/fuzz.sh --build-only' \
+        _ "$jobs" > build/background-builds.log 2>&1 &
+    bg_pid=$!
+fi
+
 echo "== tests (release) =="
 if [ $quick -eq 1 ]; then run_suite build -L quick || status=1; else run_suite build || status=1; fi
 stage_done "release tests"
+if [ -n "$bg_pid" ]; then
+    wait "$bg_pid"
+    stage_done "wait for the idle-priority builds"
+fi
 
 if [ $quick -eq 0 ]; then
     echo "== build (ASan+UBSan) =="

@@ -11,6 +11,9 @@ family, wid) the value of a per-worker sample on its /metrics (None: absent);
 metrics(url) all its samples.
 Serve(cmd) starts `shoal serve` and waits for it; k3_encoder(dir) is the
 tiktoken reference of a K3 model's tokenizer.
+sh(cmd) runs a command and returns its CompletedProcess (raises on rc != 0
+unless check_rc=False). Netns(prefix, subnet) is the hosts of the *_netns
+tests: network namespaces on one bridge, tc shaping, delay relays, teardown.
 """
 import fcntl
 import json
@@ -42,6 +45,127 @@ class Recorder:
     def check(self, case, cond, why=""):
         self.record("PASS" if cond else "FAIL", case, "" if cond else why)
         return cond
+
+
+def sh(cmd, check_rc=True, **kw):
+    """subprocess.run with output captured as text (a str cmd goes through the
+    shell); RuntimeError naming rc and stderr's tail when check_rc and rc != 0"""
+    r = subprocess.run(cmd, shell=isinstance(cmd, str), capture_output=True, text=True, **kw)
+    if check_rc and r.returncode:
+        raise RuntimeError(f"{cmd}: rc {r.returncode}: {r.stderr[-500:]}")
+    return r
+
+
+class Netns:
+    """Hosts played by network namespaces joined by one bridge (the *_netns
+    tests; needs root and iproute2). Host h lives in namespace
+    PREFIX+h+TAG with the address 10.SUBNET.X.(10+i)/24 (i: its place in
+    hosts) on veth pHTAG, whose other end vHTAG is a bridge port; the bridge
+    is PREFIX+br+TAG, with NET.1/24 in the root namespace when bridge_ip.
+    TAG (pid % 10000) and X (from the pid) keep runs in parallel apart.
+    setup() raises (after tearing down what it made) when this host cannot;
+    teardown() ends every process left in the namespaces and removes them."""
+
+    def __init__(self, prefix, subnet, hosts=("c", "w0", "w1", "w2"), bridge_ip=False):
+        self.tag = f"{os.getpid() % 10000}"
+        self.hosts = tuple(hosts)
+        self.ns = {h: f"{prefix}{h}{self.tag}" for h in self.hosts}
+        self.net = f"10.{subnet}.{os.getpid() % 250 + 1}"
+        self.ip = {h: f"{self.net}.{10 + i}" for i, h in enumerate(self.hosts)}
+        self.br = f"{prefix}br{self.tag}"
+        self.bridge_ip = bridge_ip
+
+    def veth(self, h):
+        """(the bridge's end, the namespace's end) of h's link"""
+        return f"v{h}{self.tag}", f"p{h}{self.tag}"
+
+    def prefix(self, h):
+        """argv prefix that runs a command in h's namespace"""
+        return ["ip", "netns", "exec", self.ns[h]]
+
+    def exec(self, h, cmd, **kw):
+        return sh(self.prefix(h) + list(cmd), **kw)
+
+    def popen(self, h, cmd, **kw):
+        return subprocess.Popen(self.prefix(h) + list(cmd), **kw)
+
+    def setup(self):
+        try:
+            sh(["ip", "link", "add", self.br, "type", "bridge"])
+            if self.bridge_ip:
+                sh(["ip", "addr", "add", f"{self.net}.1/24", "dev", self.br])
+            sh(["ip", "link", "set", self.br, "up"])
+            for h in self.hosts:
+                sh(["ip", "netns", "add", self.ns[h]])
+                a, b = self.veth(h)
+                sh(["ip", "link", "add", a, "type", "veth", "peer", "name", b])
+                sh(["ip", "link", "set", a, "master", self.br])
+                sh(["ip", "link", "set", a, "up"])
+                sh(["ip", "link", "set", b, "netns", self.ns[h]])
+                self.exec(h, ["ip", "addr", "add", self.ip[h] + "/24", "dev", b])
+                self.exec(h, ["ip", "link", "set", b, "up"])
+                self.exec(h, ["ip", "link", "set", "lo", "up"])
+        except Exception:
+            self.teardown()
+            raise
+
+    def setup_or_skip(self, recorder):
+        """setup(); False, with the reason recorded as SKIP "all", when this host cannot"""
+        try:
+            self.setup()
+            return True
+        except Exception as e:  # noqa: BLE001
+            recorder.record("SKIP", "all", f"cannot create namespaces/bridge here: {e}")
+            return False
+
+    def link(self, h, up):
+        """h's link up or down (down: its packets go nowhere, as when a machine loses power)"""
+        self.exec(h, ["ip", "link", "set", self.veth(h)[1], "up" if up else "down"])
+
+    def shape(self, h, mbit, burst, latency="100ms"):
+        """a tc tbf qdisc at mbit on both ends of h's link: its egress in its
+        namespace, and the bridge port's egress (towards it)"""
+        q = ["tbf", "rate", f"{mbit}mbit", "burst", burst, "latency", latency]
+        a, b = self.veth(h)
+        self.exec(h, ["tc", "qdisc", "add", "dev", b, "root", *q])
+        sh(["tc", "qdisc", "add", "dev", a, "root", *q])
+
+    def relay(self, h, listen, target, delay_ms, python=None):
+        """tests/e2e/relay.py in h's namespace: listen ("127.0.0.1:PORT") -> target
+        ("HOST:PORT"), delay_ms added each way"""
+        return self.popen(h, [python or sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                      "relay.py"), listen, target, "--delay-ms",
+                              str(delay_ms)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def pids(self, h):
+        return [int(x) for x in sh(["ip", "netns", "pids", self.ns[h]], check_rc=False).stdout.split()
+                if x.isdigit()]
+
+    def kill(self, h, sig=signal.SIGKILL):
+        """sig to every process in h's namespace"""
+        for pid in self.pids(h):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+    def teardown(self, sigs=(signal.SIGTERM, signal.SIGKILL), grace=0.3):
+        """every process still in a namespace (sshd sessions, services, workers)
+        gets each of sigs in turn, up to grace s apart, until none is left; then
+        the namespaces, the bridge ports and the bridge go"""
+        for sig in sigs:
+            left = [h for h in self.hosts if self.pids(h)]
+            if not left:
+                break
+            for h in left:
+                self.kill(h, sig)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(self.pids(h) for h in left):
+                time.sleep(0.02)
+        for h in self.hosts:
+            sh(["ip", "netns", "del", self.ns[h]], check_rc=False)
+            sh(["ip", "link", "del", self.veth(h)[0]], check_rc=False)
+        sh(["ip", "link", "del", self.br], check_rc=False)
 
 
 def free_port():

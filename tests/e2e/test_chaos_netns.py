@@ -37,62 +37,15 @@ SRC = os.path.abspath(os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(o
 BIN = os.path.abspath(os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal")))
 PY = os.environ.get("SHOAL_PYTHON", sys.executable)
 TINY = os.path.join(SRC, "tests", "models", "tiny-k3")
-tag = f"{os.getpid() % 10000}"
 HOSTS = ("c", "w0", "w1", "w2")
-NS = {h: f"sf{h}{tag}" for h in HOSTS}
-NET = f"10.78.{os.getpid() % 250 + 1}"
-IP = {"c": f"{NET}.10", "w0": f"{NET}.11", "w1": f"{NET}.12", "w2": f"{NET}.13"}
-BR = f"sfbr{tag}"
+N = harness.Netns("sf", 79, HOSTS)
+NS, IP = N.ns, N.ip
 
 R = harness.Recorder(T)
 counts, record, check = R.counts, R.record, R.check
 
 
-def sh(cmd, check_rc=True, **kw):
-    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if check_rc and r.returncode:
-        raise RuntimeError(f"{cmd}: rc {r.returncode}: {r.stderr[-500:]}")
-    return r
-
-
-def ns(host, cmd, **kw):
-    return sh(["ip", "netns", "exec", NS[host], *cmd], **kw)
-
-
-def setup_net():
-    sh(["ip", "link", "add", BR, "type", "bridge"])
-    sh(["ip", "link", "set", BR, "up"])
-    for h, n in NS.items():
-        sh(["ip", "netns", "add", n])
-        a, b = f"v{h}{tag}", f"p{h}{tag}"
-        sh(["ip", "link", "add", a, "type", "veth", "peer", "name", b])
-        sh(["ip", "link", "set", a, "master", BR])
-        sh(["ip", "link", "set", a, "up"])
-        sh(["ip", "link", "set", b, "netns", n])
-        ns(h, ["ip", "addr", "add", IP[h] + "/24", "dev", b])
-        ns(h, ["ip", "link", "set", b, "up"])
-        ns(h, ["ip", "link", "set", "lo", "up"])
-
-
-def kill_ns(n, sigs=(signal.SIGKILL,)):
-    for sig in sigs:
-        for pid in sh(["ip", "netns", "pids", n], check_rc=False).stdout.split():
-            try:
-                os.kill(int(pid), sig)
-            except (OSError, ValueError):
-                pass
-
-
-def teardown_net():
-    kill_ns_all = [n for n in NS.values()]
-    for sig in (signal.SIGCONT, signal.SIGTERM, signal.SIGKILL):
-        for n in kill_ns_all:
-            kill_ns(n, (sig,))
-        time.sleep(0.3)
-    for h, n in NS.items():
-        sh(["ip", "netns", "del", n], check_rc=False)
-        sh(["ip", "link", "del", f"v{h}{tag}"], check_rc=False)
-    sh(["ip", "link", "del", BR], check_rc=False)
+sh = harness.sh
 
 
 def main():
@@ -107,11 +60,7 @@ def main():
     except ImportError:
         record("SKIP", "all", "the openai package is not installed (scripts/deps.sh)")
         return 77
-    try:
-        setup_net()
-    except Exception as e:  # noqa: BLE001
-        teardown_net()
-        record("SKIP", "all", f"cannot create namespaces/bridge here: {e}")
+    if not N.setup_or_skip(R):
         return 77
     tmp = tempfile.mkdtemp(prefix="shoal-chaos-netns-")
     procs = []
@@ -130,7 +79,7 @@ def main():
 
         def start_worker(w):
             log = harness.logfile()
-            p = subprocess.Popen(["ip", "netns", "exec", NS[w], BIN, "expert", "--model", TINY, "--plan", plan,
+            p = subprocess.Popen([*N.prefix(w), BIN, "expert", "--model", TINY, "--plan", plan,
                                   "--name", w, "--insecure", "--threads", "1"], stdout=subprocess.DEVNULL, stderr=log)
             p.log = log
             procs.append(p)
@@ -138,7 +87,7 @@ def main():
         for w in pl["workers"]:
             start_worker(w["name"])
         slog = harness.logfile()
-        srv = subprocess.Popen(["ip", "netns", "exec", NS["c"], BIN, "serve", "--model", TINY, "--plan", plan,
+        srv = subprocess.Popen([*N.prefix("c"), BIN, "serve", "--model", TINY, "--plan", plan,
                                 "--insecure-workers", "--port", "8000", "--host", "127.0.0.1", "--model-name", "tiny",
                                 "--threads", "1", "--expert-timeout-ms", "8000", "--failover-ms", "300", "--memo",
                                 "0"], stdout=subprocess.PIPE, stderr=slog, text=True)
@@ -168,7 +117,7 @@ print(json.dumps(out))
 ''')
 
         def client(n, reps, mark):
-            rr = sh(["ip", "netns", "exec", NS["c"], PY, client_py, str(n), str(reps), mark], check_rc=False,
+            rr = sh([*N.prefix("c"), PY, client_py, str(n), str(reps), mark], check_rc=False,
                     timeout=300)
             try:
                 return json.loads(rr.stdout.strip().splitlines()[-1]), rr
@@ -179,7 +128,7 @@ print(json.dumps(out))
             q = ("import json,urllib.request as u,urllib.error as e\n"
                  "try:\n r=u.urlopen('http://127.0.0.1:8000/health',timeout=10);print(r.status,r.read().decode())\n"
                  "except e.HTTPError as x:\n print(x.code,x.read().decode())")
-            rr = sh(["ip", "netns", "exec", NS["c"], PY, "-c", q], check_rc=False, timeout=30)
+            rr = sh([*N.prefix("c"), PY, "-c", q], check_rc=False, timeout=30)
             code, body = rr.stdout.split(" ", 1)
             return int(code), json.loads(body)
 
@@ -207,8 +156,8 @@ print(json.dumps(out))
             while not os.path.exists(mark) and time.time() < t_end:
                 time.sleep(0.005)
             time.sleep(0.05)  # into the generation
-            ns(victim, ["ip", "link", "set", f"p{victim}{tag}", "down"])
-            kill_ns(NS[victim])
+            N.link(victim, False)
+            N.kill(victim)
             done["t"] = time.time()
         th = threading.Thread(target=driver)
         th.start()
@@ -224,7 +173,7 @@ print(json.dumps(out))
         check("host down: /health lists its worker down (and only it)",
               len(down) == 1 and IP[victim] in down[0]["endpoint"], str(h))
         # ---- host back
-        ns(victim, ["ip", "link", "set", f"p{victim}{tag}", "up"])
+        N.link(victim, True)
         start_worker(victim)
         ok, h = wait_up(3, 30)
         check("host back: its worker rejoins (all 3 up)", ok, str(h))
@@ -235,7 +184,7 @@ print(json.dumps(out))
         check("the coordinator logged the failover naming the host's worker",
               "resent to other owners" in text and IP[victim] in text, text[-1500:])
     finally:
-        teardown_net()
+        N.teardown((signal.SIGCONT, signal.SIGTERM, signal.SIGKILL))
         for p in procs:
             if p.poll() is None:
                 p.kill()

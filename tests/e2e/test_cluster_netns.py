@@ -54,60 +54,17 @@ PY = os.environ.get("SHOAL_PYTHON", sys.executable)
 TINY = os.path.join(SRC, "tests", "models", "tiny-k3")
 PROMPT = "3,17,250,1001,42,7,99,512,4000,1"
 DELAY_MS = 0.25
-tag = f"{os.getpid() % 10000}"
-NS = {"c": f"shc{tag}", "w0": f"shw0{tag}", "w1": f"shw1{tag}", "w2": f"shw2{tag}"}
-# a /24 of its own per run (from the pid), so runs in parallel do not answer each other's addresses
-NET = f"10.77.{os.getpid() % 250 + 1}"
-IP = {"c": f"{NET}.10", "w0": f"{NET}.11", "w1": f"{NET}.12", "w2": f"{NET}.13"}
-BR = f"shbr{tag}"
+# a /24 of its own per run (from the pid), so runs in parallel do not answer each other's addresses;
+# the bridge's NET.1 in the root namespace serves the hub (pull mode)
+N = harness.Netns("sh", 77, ("c", "w0", "w1", "w2"), bridge_ip=True)
+NS, IP, NET = N.ns, N.ip, N.net
 
 
 R = harness.Recorder(T)
 counts, record, check = R.counts, R.record, R.check
 
 
-def sh(cmd, check_rc=True, **kw):
-    r = subprocess.run(cmd, shell=isinstance(cmd, str), capture_output=True, text=True, **kw)
-    if check_rc and r.returncode:
-        raise RuntimeError(f"{cmd}: rc {r.returncode}: {r.stderr[-500:]}")
-    return r
-
-
-def ns(host, cmd, **kw):
-    return sh(["ip", "netns", "exec", NS[host], *cmd], **kw)
-
-
-def setup_net():
-    sh(["ip", "link", "add", BR, "type", "bridge"])
-    sh(["ip", "addr", "add", f"{NET}.1/24", "dev", BR])
-    sh(["ip", "link", "set", BR, "up"])
-    for h, n in NS.items():
-        sh(["ip", "netns", "add", n])
-        a, b = f"v{h}{tag}", f"p{h}{tag}"
-        sh(["ip", "link", "add", a, "type", "veth", "peer", "name", b])
-        sh(["ip", "link", "set", a, "master", BR])
-        sh(["ip", "link", "set", a, "up"])
-        sh(["ip", "link", "set", b, "netns", n])
-        ns(h, ["ip", "addr", "add", IP[h] + "/24", "dev", b])
-        ns(h, ["ip", "link", "set", b, "up"])
-        ns(h, ["ip", "link", "set", "lo", "up"])
-
-
-def teardown_net():
-    # every process still in a namespace was started by this test (sshd sessions kept
-    # open by Ansible's ControlPersist, services): end them, or they outlive it
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for n in NS.values():
-            for pid in sh(["ip", "netns", "pids", n], check_rc=False).stdout.split():
-                try:
-                    os.kill(int(pid), sig)
-                except (OSError, ValueError):
-                    pass
-        time.sleep(0.3)
-    for h, n in NS.items():
-        sh(["ip", "netns", "del", n], check_rc=False)
-        sh(["ip", "link", "del", f"v{h}{tag}"], check_rc=False)
-    sh(["ip", "link", "del", BR], check_rc=False)
+sh = harness.sh
 
 
 def start_sshd(tmp, host, pubkey):
@@ -124,7 +81,7 @@ def start_sshd(tmp, host, pubkey):
                          "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPrintMotd no\n"
                          "Subsystem sftp internal-sftp\n")
     os.makedirs("/run/sshd", exist_ok=True)
-    return subprocess.Popen(["ip", "netns", "exec", NS[host], "/usr/sbin/sshd", "-D", "-e", "-f", cfg],
+    return subprocess.Popen([*N.prefix(host), "/usr/sbin/sshd", "-D", "-e", "-f", cfg],
                             stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "log"), "w"))
 
 
@@ -165,11 +122,7 @@ def main():
     if missing:
         record("SKIP", "all", "missing " + ", ".join(missing) + " (scripts/deps.sh)")
         return 77
-    try:
-        setup_net()
-    except Exception as e:
-        teardown_net()
-        record("SKIP", "all", f"cannot create namespaces/bridge here: {e}")
+    if not N.setup_or_skip(R):
         return 77
     tmp = tempfile.mkdtemp(prefix="shoal-netns-")
     procs = []
@@ -220,10 +173,7 @@ def main():
         pl = json.load(open(plan))
         for i, w in enumerate(pl["workers"]):
             port = 17000 + i
-            procs.append(subprocess.Popen(["ip", "netns", "exec", NS["c"], PY, os.path.join(SRC, "tests", "e2e",
-                                           "relay.py"), f"127.0.0.1:{port}", f"{IP[w['name']]}:5555",
-                                           "--delay-ms", str(DELAY_MS)], stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL))
+            procs.append(N.relay("c", f"127.0.0.1:{port}", f"{IP[w['name']]}:5555", DELAY_MS, python=PY))
             w["endpoint"] = f"tcp://127.0.0.1:{port}"
         json.dump(pl, open(plan, "w"), indent=2)
         ev = {"shoal_binary": BIN, "shoal_model": TINY, "shoal_plan_file": plan,
@@ -275,7 +225,7 @@ def main():
         args = ["--model", os.path.join(root_c, "model"), "--plan", os.path.join(root_c, "etc", "plan.json"),
                 "--curve-secret", os.path.join(root_c, "keys", "self.key"), "--curve-keys",
                 os.path.join(root_c, "keys")]
-        nsc = ["ip", "netns", "exec", NS["c"]]
+        nsc = N.prefix("c")
         got, r = run_ids(nsc, *args)
         check("generate on the deployed cluster (3 worker hosts, CURVE, relayed 0.5 ms RTT): ids identical",
               got == ref, f"got {got} want {ref}: {r.stderr[-600:]}")
@@ -409,7 +359,7 @@ def main():
             os.makedirs(st, exist_ok=True)
             e = dict(os.environ, PATH=fake + ":" + os.environ.get("PATH", "/usr/bin:/bin"),
                      FAKE_SYSTEMD_UNITS=os.path.dirname(units[h]), FAKE_SYSTEMD_STATE=st)
-            r = sh(["ip", "netns", "exec", NS[h], os.path.join(tmp, "hosts", h, "bin", "shoalctl"), cmd],
+            r = sh([*N.prefix(h), os.path.join(tmp, "hosts", h, "bin", "shoalctl"), cmd],
                    check_rc=False, env=e, timeout=120)
             return r.returncode, r.stdout.strip(), r.stderr.strip()
 
@@ -458,7 +408,9 @@ def main():
                         os.kill(int(open(pf).read()), signal.SIGKILL)
                     except (OSError, ValueError):
                         pass
-        teardown_net()
+        # every process still in a namespace was started by this test (sshd sessions kept
+        # open by Ansible's ControlPersist, services): end them, or they outlive it
+        N.teardown()
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
     return 1 if counts["FAIL"] else 0

@@ -31,7 +31,6 @@ Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~35 s.
 """
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,12 +43,9 @@ T = "test_doctor_netns"
 SRC = os.path.abspath(os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")))
 BIN = os.path.abspath(os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal")))
 TINY = os.path.join(SRC, "tests", "models", "tiny-k3")
-tag = f"{os.getpid() % 10000}"
 HOSTS = ["c", "w0", "w1", "w2"]
-NS = {h: f"sd{h}{tag}" for h in HOSTS}
-NET = f"10.78.{os.getpid() % 250 + 1}"
-IP = {h: f"{NET}.{10 + i}" for i, h in enumerate(HOSTS)}
-BR = f"sdbr{tag}"
+N = harness.Netns("sd", 78, HOSTS)
+NS, IP = N.ns, N.ip
 # shaping: (one-way delay ms, rate Mbit/s) per worker host. The fast rate is
 # what the relay (Python, on this 2-core machine) forwards with room to spare.
 RATE_FAST = int(os.environ.get("SHOAL_DOCTOR_RATE_MBIT", "200"))
@@ -62,64 +58,19 @@ BURST = os.environ.get("SHOAL_DOCTOR_BURST", "8kb")
 
 R = harness.Recorder(T)
 counts, record, check = R.counts, R.record, R.check
-
-
-def sh(cmd, check_rc=True, **kw):
-    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if check_rc and r.returncode:
-        raise RuntimeError(f"{cmd}: rc {r.returncode}: {r.stderr[-500:]}")
-    return r
-
-
-def setup_net():
-    sh(["ip", "link", "add", BR, "type", "bridge"])
-    sh(["ip", "link", "set", BR, "up"])
-    for h in HOSTS:
-        sh(["ip", "netns", "add", NS[h]])
-        a, b = f"v{h}{tag}", f"p{h}{tag}"
-        sh(["ip", "link", "add", a, "type", "veth", "peer", "name", b])
-        sh(["ip", "link", "set", a, "master", BR])
-        sh(["ip", "link", "set", a, "up"])
-        sh(["ip", "link", "set", b, "netns", NS[h]])
-        sh(["ip", "netns", "exec", NS[h], "ip", "addr", "add", IP[h] + "/24", "dev", b])
-        sh(["ip", "netns", "exec", NS[h], "ip", "link", "set", b, "up"])
-        sh(["ip", "netns", "exec", NS[h], "ip", "link", "set", "lo", "up"])
+sh = harness.sh
 
 
 def shape():
-    """tbf on both ends of each worker's veth: its egress in its namespace,
-    and the bridge port's egress (towards it)"""
-    for h, (ms, mbit) in SHAPE.items():
-        q = ["tbf", "rate", f"{mbit}mbit", "burst", BURST, "latency", "100ms"]
-        sh(["ip", "netns", "exec", NS[h], "tc", "qdisc", "add", "dev", f"p{h}{tag}", "root", *q])
-        sh(["tc", "qdisc", "add", "dev", f"v{h}{tag}", "root", *q])
+    """tbf on both ends of each worker's veth"""
+    for h, (_, mbit) in SHAPE.items():
+        N.shape(h, mbit, BURST)
 
 
 def relays(delay):
     """one relay per worker in the coordinator's namespace: 127.0.0.1:PORT -> worker:5555"""
-    ps = []
-    for w in ("w0", "w1", "w2"):
-        d = SHAPE[w][0] if delay else 0.0
-        ps.append(subprocess.Popen(["ip", "netns", "exec", NS["c"], sys.executable,
-                                    os.path.join(SRC, "tests", "e2e", "relay.py"), f"127.0.0.1:{PORT[w]}",
-                                    f"{IP[w]}:5555", "--delay-ms", str(d)], stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL))
-    return ps
-
-
-def teardown_net():
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for n in NS.values():
-            for pid in sh(["ip", "netns", "pids", n], check_rc=False).stdout.split():
-                try:
-                    os.kill(int(pid), sig)
-                except (OSError, ValueError):
-                    pass
-        time.sleep(0.2)
-    for h in HOSTS:
-        sh(["ip", "netns", "del", NS[h]], check_rc=False)
-        sh(["ip", "link", "del", f"v{h}{tag}"], check_rc=False)
-    sh(["ip", "link", "del", BR], check_rc=False)
+    return [N.relay("c", f"127.0.0.1:{PORT[w]}", f"{IP[w]}:5555", SHAPE[w][0] if delay else 0.0)
+            for w in ("w0", "w1", "w2")]
 
 
 def moe_split(n):
@@ -130,7 +81,7 @@ def moe_split(n):
 
 
 def doctor(tmp, extra):
-    args = ["ip", "netns", "exec", NS["c"], BIN, "doctor", "--model", TINY, "--curve-secret", f"{tmp}/c.key",
+    args = [*N.prefix("c"), BIN, "doctor", "--model", TINY, "--curve-secret", f"{tmp}/c.key",
             "--hello-timeout-ms", "20000"]
     for w in ("w0", "w1", "w2"):
         args += ["--worker", f"tcp://127.0.0.1:{PORT[w]}", "--worker-key", f"{tmp}/{w}.pub"]
@@ -144,11 +95,7 @@ def main():
     if not os.path.exists(BIN):
         record("SKIP", "all", f"{BIN} not built")
         return 77
-    try:
-        setup_net()
-    except Exception as e:
-        teardown_net()
-        record("SKIP", "all", f"cannot create namespaces/bridge here: {e}")
+    if not N.setup_or_skip(R):
         return 77
     tmp = tempfile.mkdtemp(prefix="shoal-doctor-")
     procs = []
@@ -157,7 +104,7 @@ def main():
             sh([BIN, "keygen", "-o", f"{tmp}/{k}"])
         for w, ex in zip(("w0", "w1", "w2"), moe_split(3)):
             procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", NS[w], BIN, "expert", "--model", TINY, "--experts", ex, "--listen",
+                [*N.prefix(w), BIN, "expert", "--model", TINY, "--experts", ex, "--listen",
                  f"tcp://{IP[w]}:5555", "--id", w, "--threads", "1", "--curve-secret", f"{tmp}/{w}.key",
                  "--curve-allow", f"{tmp}/c.pub"], stdout=subprocess.DEVNULL,
                 stderr=open(f"{tmp}/{w}.log", "w")))
@@ -258,7 +205,7 @@ def main():
                    [{"name": "c", "address": IP["c"], "ssh_user": "root", "cpus": 1, "expert_ram": 0}] +
                    [{"name": w, "address": IP[w], "ssh_user": "root", "cpus": 1,
                      "expert_ram": "100TiB" if w == "w1" else "8MiB"} for w in ("w0", "w1", "w2")]}, open(man, "w"))
-        r = sh(["ip", "netns", "exec", NS["c"], BIN, "doctor", "--model", TINY, "--cluster", man, "--curve-secret",
+        r = sh([*N.prefix("c"), BIN, "doctor", "--model", TINY, "--cluster", man, "--curve-secret",
                 f"{tmp}/c.key", "--curve-keys", tmp, "--json", "--rounds", "50", "--bulk-count", "4", "--no-local",
                 "--hello-timeout-ms", "20000"], check_rc=False, timeout=180)
         ok = r.returncode == 0
@@ -284,7 +231,7 @@ def main():
     finally:
         for p in procs:
             harness.terminate(p, 5)
-        teardown_net()
+        N.teardown()
     return 1 if counts["FAIL"] else 0
 
 
@@ -314,11 +261,11 @@ def case_measured_plan(tmp, man, procs):
     json.dump(p, open(out, "w"))
     for w in ("w0", "w1", "w2"):
         procs.append(subprocess.Popen(
-            ["ip", "netns", "exec", NS[w], BIN, "expert", "--model", TINY, "--plan", out, "--name", w, "--threads",
+            [*N.prefix(w), BIN, "expert", "--model", TINY, "--plan", out, "--name", w, "--threads",
              "1", "--curve-secret", f"{tmp}/{w}.key", "--curve-allow", f"{tmp}/c.pub"],
             stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/{w}.plan.log", "w")))
     def run_plan():
-        return sh(["ip", "netns", "exec", NS["c"], BIN, "run", "--model", TINY, "--plan", out, "--curve-secret",
+        return sh([*N.prefix("c"), BIN, "run", "--model", TINY, "--plan", out, "--curve-secret",
                    f"{tmp}/c.key", "--curve-keys", tmp, "--ids", "5,17,3,99", "--gen", str(gen), "--json",
                    "--threads", "1", "--hello-timeout-ms", "30000"], check_rc=False, timeout=180)
     r = run_plan()
