@@ -11,7 +11,8 @@ connections (PROBE, §3.8).
 
 Checks, against the shaping (the independent reference):
 - each link's RTT p50 lies within 20% of the shaped RTT (never below 80%
-  on any run; at most 120% on the best of up to three runs, as a busy host
+  on any run; at most 120% + 1 ms (BUSY_US) on the best of up to three
+  runs, as a busy host
   only adds to a round trip and only takes from a rate): the path's own
   round trip, measured by doctor in this run through the same relays with no
   delay and no rate limit, plus what the relay's delay adds to a round trip
@@ -55,6 +56,13 @@ PORT = {"w0": 17101, "w1": 17102, "w2": 17103}
 # tbf's bucket: a few packets, so a message of the forward's size (tens of kB) is paced at
 # the rate as on a real link, not let through at the veth's speed after an idle gap
 BURST = os.environ.get("SHOAL_DOCTOR_BURST", "8kb")
+
+# What a CPU hog at equal priority on both cores adds to a round trip through three
+# user-space processes (the delay relay's timer, the worker, doctor), on top of the 20%
+# band: measured 400-550 us on the 2-core VM with two busy loops beside the suite (the
+# unshaped path and relay.py --measure, taken minutes apart with one process active,
+# do not see it). Doctor under-reporting is caught by the lower bound, which has none.
+BUSY_US = int(os.environ.get("SHOAL_DOCTOR_BUSY_US", "1000"))
 
 R = harness.Recorder(T)
 counts, record, check = R.counts, R.record, R.check
@@ -140,11 +148,14 @@ def main():
         # the other side (an RTT below the shaping, a rate above it) on every run.
         best = {n: dict(w) for n, w in ws.items()}
 
+        def rtt_hi(want):
+            return 1.2 * want + BUSY_US
+
         def off(name):
             ms, mbit = SHAPE[name]
             want_rtt, rate = added[ms] - added[0.0], mbit * 1e6 / 8
             b = best.get(name)
-            return b is None or (b["rtt_p50_us"] - base.get(name, 0) > 1.2 * want_rtt or
+            return b is None or (b["rtt_p50_us"] - base.get(name, 0) > rtt_hi(want_rtt) or
                                  min(b["out_bytes_per_s"], b["in_bytes_per_s"]) < 0.8 * rate)
 
         runs = [ws]
@@ -179,7 +190,7 @@ def main():
                   min(lows) >= 0.8 * want_rtt, f"{[round(v) for v in lows]} us")
             got = best[name]["rtt_p50_us"] - base.get(name, 0)
             check(f"{name}: RTT p50 less the unshaped path at most 120% of the shaped {want_rtt / 1000:.2f} ms "
-                  f"(best of {len(runs)})", got <= 1.2 * want_rtt, f"{got:.0f} us")
+                  f"+ {BUSY_US} us (best of {len(runs)})", got <= rtt_hi(want_rtt), f"{got:.0f} us")
             for k in ("out_bytes_per_s", "in_bytes_per_s"):
                 highs = [x[name][k] for x in runs if name in x]
                 check(f"{name}: {k.split('_')[0]} rate never above 120% of the shaped {mbit} Mbit/s",
