@@ -59,15 +59,18 @@ cmake -S . -B build -DSHOAL_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/nu
 stage_done "release build"
 
 # The sanitizer and fuzz builds start now at idle priority (SCHED_IDLE where chrt
-# has it, else nice 19): they run on what the release tests leave idle (servers
-# starting, sockets and timers waited on) and yield at once to every test process.
-# The stages below then rebuild incrementally (nothing, when this finished), so a
-# failure here only shows up there, as before.
+# has it, else nice 19), in their own process group: they run on what the release
+# tests leave idle (servers starting, sockets and timers waited on) and yield at once
+# to every test process. When the release tests end they are stopped, not waited
+# for: on a machine kept busy by other work an idle-priority build gets almost no
+# CPU and would hold the suite for as long as that work runs. The stages below then
+# build what is left at normal priority (nothing, when they finished; make deletes a
+# target it was stopped in the middle of), so a failure shows up there, as before.
 bg_pid=""
 if [ $quick -eq 0 ]; then
     idle=(nice -n 19)
     chrt --idle 0 true 2>/dev/null && idle=(chrt --idle 0 nice -n 19)
-    "${idle[@]}" bash -c 'cmake -S . -B build-asan -DSHOAL_WERROR=ON -DSHOAL_SANITIZE=address,undefined \
+    setsid "${idle[@]}" bash -c 'cmake -S . -B build-asan -DSHOAL_WERROR=ON -DSHOAL_SANITIZE=address,undefined \
         -DCMAKE_BUILD_TYPE=Debug && cmake --build build-asan -j"$1"; bash scripts/fuzz.sh --build-only' \
         _ "$jobs" > build/background-builds.log 2>&1 &
     bg_pid=$!
@@ -77,8 +80,9 @@ echo "== tests (release) =="
 if [ $quick -eq 1 ]; then run_suite build -L quick || status=1; else run_suite build || status=1; fi
 stage_done "release tests"
 if [ -n "$bg_pid" ]; then
-    wait "$bg_pid"
-    stage_done "wait for the idle-priority builds"
+    kill -TERM -- -"$bg_pid" 2>/dev/null || true
+    wait "$bg_pid" 2>/dev/null || true
+    stage_done "idle-priority builds stopped"
 fi
 
 if [ $quick -eq 0 ]; then
