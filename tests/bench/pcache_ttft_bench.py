@@ -47,12 +47,15 @@ class Server:
         if "listening on" not in line:
             raise RuntimeError(f"server did not start: {line!r}")
         self.url = line.strip().split("listening on ")[1]
-        while True:  # ready: /health 200
+        deadline = time.monotonic() + 600  # ready: /health 200 (503 while starting)
+        while True:
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=10) as r:
                     if r.status == 200:
                         break
             except Exception:  # noqa: BLE001 -- 503 while starting
+                if time.monotonic() > deadline:
+                    raise RuntimeError("server not ready within 600 s")
                 time.sleep(0.5)
         self.start_s = time.monotonic() - t0
 

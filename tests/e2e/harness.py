@@ -168,6 +168,16 @@ class Netns:
         sh(["ip", "link", "del", self.br], check_rc=False)
 
 
+def poll(fn, secs=60, every=0.1):
+    """fn() until it returns something true or secs pass: its last value"""
+    end = time.monotonic() + secs
+    while True:
+        v = fn()
+        if v or time.monotonic() > end:
+            return v
+        time.sleep(every)
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

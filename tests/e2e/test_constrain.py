@@ -72,27 +72,13 @@ except ImportError:
     jsonschema = None
 
 
-class Server:
+class Server(harness.Serve):
     def __init__(self, model, name, *args):
-        self.log = harness.logfile()
-        cmd = [BIN, "serve", "--model", model, "--port", "0", "--model-name", name, "--threads", "1", "--memo", "0",
-               *args]
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
-        line = self.p.stdout.readline()
-        if "listening on" not in line:
-            harness.terminate(self.p)
-            self.log.seek(0)
-            raise RuntimeError(f"server did not start: {line!r} {self.log.read()[-2000:]!r}")
-        self.url = line.strip().split("listening on ")[1]
+        super().__init__([BIN, "serve", "--model", model, "--port", "0", "--model-name", name, "--threads", "1",
+                          "--memo", "0", *args], ready=60)
         self.name = name
-        deadline = time.time() + 60
-        while time.time() < deadline and harness.health(self.url)[0] != 200:
-            time.sleep(0.1)
         import openai
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=300)
-
-    def stop(self):
-        return harness.terminate(self.p, 30)
 
 
 # ------------------------------------------------------------ generator --

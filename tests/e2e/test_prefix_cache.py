@@ -514,15 +514,7 @@ def own_files(d):
     return {f: os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if re.fullmatch(r"pc-[0-9a-f]{16}-\d+\.shst", f)}
 
 
-def poll(fn, secs=60):
-    """fn() until it returns something true, or the deadline: its last value."""
-    import time
-    end = time.monotonic() + secs
-    while True:
-        v = fn()
-        if v or time.monotonic() > end:
-            return v
-        time.sleep(0.1)
+poll = harness.poll
 
 
 def disk_hygiene(tmp):
