@@ -1327,16 +1327,13 @@ static void *mask_main(void *arg)
 }
 
 /* Before the forward: the slots in mslots[0..mn) get their next mask on
- * the mask thread (or here, when it is not running). */
+ * the mask thread (without it, sample_one computes each at sampling time). */
 static void masks_start(shoal_sched *s)
 {
+    if (!s->mask_started)
+        s->mn = 0;
     if (!s->mn)
         return;
-    if (!s->mask_started) {
-        masks_compute(s);
-        s->mn = 0;
-        return;
-    }
     pthread_mutex_lock(&s->mask_mu);
     s->mask_work = 1;
     pthread_cond_signal(&s->mask_cv);

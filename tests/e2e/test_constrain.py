@@ -45,6 +45,11 @@ and `re`, never shoal's code. Cases:
                  to the non-streamed one; the texts are the same on the
                  batched 2-worker server as on the reference path alone.
   refusals       an unsupported keyword is a 400 naming it (param + message).
+  mask_metrics   the reference path computes its masks after the forward
+                 (SHOAL_MASK_THREAD=0: same_ids and tool_auto then compare the
+                 overlapped masks with those), the server under test on its
+                 mask thread during the forward: /metrics shows both counted,
+                 the reference waiting for all its mask time, the server less.
 """
 import json
 import os
@@ -73,11 +78,12 @@ except ImportError:
 
 
 class Server:
-    def __init__(self, model, name, *args):
+    def __init__(self, model, name, *args, env=None):
         self.log = harness.logfile()
         cmd = [BIN, "serve", "--model", model, "--port", "0", "--model-name", name, "--threads", "1", "--memo", "0",
                *args]
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                  env=dict(os.environ, **(env or {})))
         line = self.p.stdout.readline()
         if "listening on" not in line:
             harness.terminate(self.p)
@@ -740,6 +746,32 @@ def t_same_ids(srv, ref, label):
         R.check(f"same_ids/{label}/{i}", got[i] == alone[i], f"{alone[i]!r} vs {got[i]!r}")
 
 
+def mask_metrics(srv):
+    import urllib.request
+    with urllib.request.urlopen(srv.url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    got = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].startswith("shoal_constrain_mask"):
+            got[parts[0]] = float(parts[1])
+    return got
+
+
+def t_mask_metrics(srv, ref, label):
+    """Both servers counted masks; the one with the mask thread computed most
+    of them during the forward (their first sample's mask is the only one
+    computed at sampling time), so it waited for less than it computed; the
+    reference (SHOAL_MASK_THREAD=0) waited for all of it."""
+    a, b = mask_metrics(srv), mask_metrics(ref)
+    n_a, n_b = a.get("shoal_constrain_masks_total", 0), b.get("shoal_constrain_masks_total", 0)
+    R.check(f"mask_metrics/{label}/counted", n_a > 10 and n_b > 10, f"{a} {b}")
+    ca, wa = a.get("shoal_constrain_mask_seconds_total", 0), a.get("shoal_constrain_mask_wait_seconds_total", -1)
+    cb, wb = b.get("shoal_constrain_mask_seconds_total", 0), b.get("shoal_constrain_mask_wait_seconds_total", -1)
+    R.check(f"mask_metrics/{label}/reference_waits_all", cb > 0 and abs(wb - cb) <= 1e-6 * max(1.0, n_b), f"{b}")
+    R.check(f"mask_metrics/{label}/overlap_computed_during_forward", ca > 0 and 0 <= wa < ca, f"{a}")
+
+
 def t_anthropic(srv, label):
     """anthropic SDK on /v1/messages: a forced tool_use whose input validates
     against input_schema, and output_config.format enforced"""
@@ -881,10 +913,13 @@ def main():
     os.makedirs(WORK, exist_ok=True)
     t0 = time.time()
     srv = Server(NANO, "nano", "--slots", "4", "--workers", "2", "--worker-threads", "1")
-    ref = Server(NANO, "nano", "--slots", "1", "--draft", "off")
+    # the reference computes each mask after the forward (SHOAL_MASK_THREAD=0),
+    # the server under test on its mask thread during the forward
+    ref = Server(NANO, "nano", "--slots", "1", "--draft", "off", env={"SHOAL_MASK_THREAD": "0"})
     try:
         t_same_ids(srv, ref, "nano")
         t_tool_auto(srv, ref, "nano", NANO, range(8))
+        t_mask_metrics(srv, ref, "nano")
     finally:
         ref.stop()
     try:
