@@ -2,6 +2,7 @@
 """Decode step time with and without a structured-output constraint (issue 36).
 
   constrain_bench.py MODEL_DIR NAME ROUNDS STEPS [serve args...] > docs/data/constrain_decode_<name>.txt
+  constrain_bench.py --summarize FILE [SKIP_ROUNDS]   (the summary of a cut run's rows)
 
 Two `shoal serve --threads 1` on MODEL_DIR (the same mapped files): "overlap",
 the default (the next mask computed on the mask thread while the forward runs),
@@ -110,7 +111,58 @@ def one(url, name, kw, steps, seed):
     return out["usage"]["completion_tokens"], out["choices"][0]["finish_reason"]
 
 
+def summarize(rows):
+    for sv in ("overlap", "after"):
+        free = rows.get((sv, "free"))
+        fm = statistics.median(x[0] for x in free) if free else float("nan")
+        for k in KINDS:
+            v = rows.get((sv, k))
+            if not v:
+                continue
+            st = [x[0] for x in v]
+            m = statistics.median(st)
+            mk = statistics.median(x[1] for x in v)
+            wt = statistics.median(x[2] for x in v)
+            print(f"summary server={sv} kind={k} n={len(v)} step_ms_median={m:.1f} min={min(st):.1f} "
+                  f"max={max(st):.1f} ratio_to_free={m / fm:.3f} tok_s_ratio={fm / m:.3f} mask_us_median={mk:.1f} "
+                  f"mask_frac={mk / 1e3 / m:.5f} wait_us_median={wt:.1f} wait_frac={wt / 1e3 / m:.5f}")
+    # paired per round: constrained / free on the same server and round
+    for sv in ("overlap", "after"):
+        for k in KINDS:
+            if k == "free" or (sv, k) not in rows or (sv, "free") not in rows:
+                continue
+            pr = [a[0] / b[0] for a, b in zip(rows[(sv, k)], rows[(sv, "free")])]
+            print(f"paired server={sv} kind={k} ratio_median={statistics.median(pr):.3f} min={min(pr):.3f} "
+                  f"max={max(pr):.3f} n={len(pr)}")
+    # overlap vs after, per kind and round (the same constraint and seed)
+    for k in KINDS:
+        a, b = rows.get(("overlap", k), []), rows.get(("after", k), [])
+        pr = [x[0] / y[0] for x, y in zip(a, b)]
+        if pr:
+            print(f"overlap_vs_after kind={k} ratio_median={statistics.median(pr):.3f} min={min(pr):.3f} "
+                  f"max={max(pr):.3f} n={len(pr)}")
+
+
+def from_file(path, skip_rounds):
+    """The summary of the req rows of an earlier (possibly cut) run, without
+    its first skip_rounds rounds (the first requests fault the model's pages in)."""
+    rows = {}
+    for line in open(path):
+        if not line.startswith("req ") or "step_ms=" not in line:
+            continue
+        f = dict(x.split("=", 1) for x in line.split()[1:])
+        if int(f["round"]) < skip_rounds:
+            continue
+        rows.setdefault((f["server"], f["kind"]), []).append(
+            (float(f["step_ms"]), float(f["mask_us"]), float(f["wait_us"])))
+    print(f"# summary of {path} without round(s) < {skip_rounds}")
+    summarize(rows)
+
+
 def main():
+    if sys.argv[1] == "--summarize":
+        from_file(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)
+        return
     model, name, rounds, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     extra = sys.argv[5:]
     servers = {}
@@ -149,28 +201,7 @@ def main():
                 p.wait(60)
             except subprocess.TimeoutExpired:
                 p.kill()
-    for sv in ("overlap", "after"):
-        free = rows.get((sv, "free"))
-        fm = statistics.median(x[0] for x in free) if free else float("nan")
-        for k in KINDS:
-            v = rows.get((sv, k))
-            if not v:
-                continue
-            st = [x[0] for x in v]
-            m = statistics.median(st)
-            mk = statistics.median(x[1] for x in v)
-            wt = statistics.median(x[2] for x in v)
-            print(f"summary server={sv} kind={k} n={len(v)} step_ms_median={m:.1f} min={min(st):.1f} "
-                  f"max={max(st):.1f} ratio_to_free={m / fm:.3f} tok_s_ratio={fm / m:.3f} mask_us_median={mk:.1f} "
-                  f"mask_frac={mk / 1e3 / m:.5f} wait_us_median={wt:.1f} wait_frac={wt / 1e3 / m:.5f}")
-    # paired per round: constrained / free on the same server and round
-    for sv in ("overlap", "after"):
-        for k in KINDS:
-            if k == "free" or (sv, k) not in rows or (sv, "free") not in rows:
-                continue
-            pr = [a[0] / b[0] for a, b in zip(rows[(sv, k)], rows[(sv, "free")])]
-            print(f"paired server={sv} kind={k} ratio_median={statistics.median(pr):.3f} min={min(pr):.3f} "
-                  f"max={max(pr):.3f}")
+    summarize(rows)
     print(f"# load_after={os.getloadavg()}")
 
 
