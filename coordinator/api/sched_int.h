@@ -133,6 +133,10 @@ struct shoal_sched {
      * joins after it, so the constraints are never touched by both at once */
     pthread_t mask_thread;
     int mask_started;      /* 0: masks are computed at sampling time */
+    int mask_always;       /* SHOAL_MASK_THREAD=1: hand over at every step */
+    uint64_t fwd_ns_last;  /* the last step's forward (wall): hand over only
+                            * when it is long enough to hide a mask and the
+                            * thread's wake-up (SHOAL_SCHED_MASK_FWD_NS) */
     pthread_mutex_t mask_mu;
     pthread_cond_t mask_cv;      /* the mask thread: work, or stopping */
     pthread_cond_t mask_done_cv; /* the model thread: the work is done */

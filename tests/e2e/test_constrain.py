@@ -48,8 +48,9 @@ and `re`, never shoal's code. Cases:
   mask_metrics   the reference path computes its masks after the forward
                  (SHOAL_MASK_THREAD=0: same_ids and tool_auto then compare the
                  overlapped masks with those), the server under test on its
-                 mask thread during the forward: /metrics shows both counted,
-                 the reference waiting for all its mask time, the server less.
+                 mask thread during the forward (SHOAL_MASK_THREAD=1): /metrics
+                 shows both counted, the server's mostly overlapped, the
+                 reference's none (and it waited for all its mask time).
 """
 import json
 import os
@@ -759,17 +760,19 @@ def mask_metrics(srv):
 
 
 def t_mask_metrics(srv, ref, label):
-    """Both servers counted masks; the one with the mask thread computed most
-    of them during the forward (their first sample's mask is the only one
-    computed at sampling time), so it waited for less than it computed; the
-    reference (SHOAL_MASK_THREAD=0) waited for all of it."""
+    """Both servers counted masks; the one with the mask thread on at every
+    step computed most of them during a forward (a slot's first mask is
+    computed at sampling time), the reference (SHOAL_MASK_THREAD=0) none,
+    and it waited for all of its mask time. (Whether waiting is shorter than
+    computing is a timing matter: tests/bench/constrain_bench.py.)"""
     a, b = mask_metrics(srv), mask_metrics(ref)
     n_a, n_b = a.get("shoal_constrain_masks_total", 0), b.get("shoal_constrain_masks_total", 0)
+    o_a, o_b = a.get("shoal_constrain_masks_overlapped_total", -1), b.get("shoal_constrain_masks_overlapped_total", -1)
     R.check(f"mask_metrics/{label}/counted", n_a > 10 and n_b > 10, f"{a} {b}")
-    ca, wa = a.get("shoal_constrain_mask_seconds_total", 0), a.get("shoal_constrain_mask_wait_seconds_total", -1)
     cb, wb = b.get("shoal_constrain_mask_seconds_total", 0), b.get("shoal_constrain_mask_wait_seconds_total", -1)
-    R.check(f"mask_metrics/{label}/reference_waits_all", cb > 0 and abs(wb - cb) <= 1e-6 * max(1.0, n_b), f"{b}")
-    R.check(f"mask_metrics/{label}/overlap_computed_during_forward", ca > 0 and 0 <= wa < ca, f"{a}")
+    R.check(f"mask_metrics/{label}/reference_after_forward", o_b == 0 and cb > 0 and
+            abs(wb - cb) <= 1e-6 * max(1.0, n_b), f"{b}")
+    R.check(f"mask_metrics/{label}/overlap_during_forward", n_a / 2 < o_a <= n_a, f"{a}")
 
 
 def t_anthropic(srv, label):
@@ -917,9 +920,12 @@ def main():
         return 77
     os.makedirs(WORK, exist_ok=True)
     t0 = time.time()
-    srv = Server(NANO, "nano", "--slots", "4", "--workers", "2", "--worker-threads", "1")
-    # the reference computes each mask after the forward (SHOAL_MASK_THREAD=0),
-    # the server under test on its mask thread during the forward
+    # the server under test computes its masks on the mask thread during the
+    # forward at every step (SHOAL_MASK_THREAD=1: k3-nano's forward is too
+    # short for the default to hand over), the reference after the forward
+    # (SHOAL_MASK_THREAD=0)
+    srv = Server(NANO, "nano", "--slots", "4", "--workers", "2", "--worker-threads", "1",
+                 env={"SHOAL_MASK_THREAD": "1"})
     ref = Server(NANO, "nano", "--slots", "1", "--draft", "off", env={"SHOAL_MASK_THREAD": "0"})
     try:
         t_same_ids(srv, ref, "nano")
