@@ -1158,8 +1158,10 @@ static int sample_one(shoal_sched *s, shoal_slot *sl, int32_t *id_out)
             n = sl->cmask_n;
             ban = sl->cmask_ban;
             sl->cmask_ready = 0;
-            if (n >= 0)
+            if (n >= 0) {
                 shoal_cmetrics_constrain_mask(s->o.cm, 1, sl->cmask_ns, 0);
+                shoal_cmetrics_constrain_overlapped(s->o.cm, 1);
+            }
         } else {
             n = sl->crun ? shoal_cons_run_mask(sl->crun, sl->cmask) : shoal_toolcons_mask(sl->tcons, sl->cmask, &ban);
             uint64_t dt = shoal_metrics_now_ns() - t0;
@@ -1361,7 +1363,6 @@ static void masks_join(shoal_sched *s)
         pthread_cond_wait(&s->mask_done_cv, &s->mask_mu);
     pthread_mutex_unlock(&s->mask_mu);
     shoal_cmetrics_constrain_mask(s->o.cm, 0, 0, shoal_metrics_now_ns() - t0);
-    shoal_cmetrics_constrain_overlapped(s->o.cm, (uint64_t)s->mn);
     s->mn = 0;
 }
 

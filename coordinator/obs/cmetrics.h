@@ -112,7 +112,8 @@ void shoal_cmetrics_request_itl(shoal_cmetrics *cm, uint64_t ns);
  * at sampling time, the join after the forward for those computed during
  * it -- reported with masks 0). */
 void shoal_cmetrics_constrain_mask(shoal_cmetrics *cm, uint64_t masks, uint64_t compute_ns, uint64_t wait_ns);
-/* Of those masks, n were computed on the mask thread during a forward. */
+/* Of those masks, n (counted when used) were computed on the mask thread
+ * during a forward. */
 void shoal_cmetrics_constrain_overlapped(shoal_cmetrics *cm, uint64_t n);
 
 /* One EXPERT_BATCH exchange with worker w for MoE layer `layer`, as seen by
