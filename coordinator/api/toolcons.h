@@ -21,8 +21,7 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "coordinator/text/constrain.h"
-#include "coordinator/text/tokenizer.h"
+#include "coordinator/text/text.h"
 
 typedef struct shoal_toolcons shoal_toolcons;
 
