@@ -65,6 +65,12 @@ struct shoal_slot {
     shoal_cons_run *crun;
     shoal_toolcons *tcons;     /* tool calls the model opens itself (tool_choice auto) */
     uint8_t *cmask;
+    /* the mask for the next sample, computed during the forward (overlap):
+     * cmask_ready set by the mask thread with the mask's result (n allowed,
+     * or -1 free; cmask_ban) and the time it took */
+    int cmask_ready, cmask_n;
+    int32_t cmask_ban;
+    uint64_t cmask_ns;
     shoal_spec *spec;          /* the decode path of seq (speculative when drafting is on) */
     shoal_detok *detok;        /* completions */
     shoal_chatparse *parser;   /* chat */
@@ -104,6 +110,7 @@ static int slots_init(shoal_sched *s, char *err, size_t errlen)
     s->bslots = shoal_xcalloc((size_t)s->nslots, sizeof *s->bslots);
     s->pslots = shoal_xcalloc((size_t)s->nslots, sizeof *s->pslots);
     s->pn = shoal_xcalloc((size_t)s->nslots, sizeof *s->pn);
+    s->mslots = shoal_xcalloc((size_t)s->nslots, sizeof *s->mslots);
     return 0;
 }
 
@@ -136,6 +143,7 @@ static void slots_free(shoal_sched *s)
     free(s->brows);
     free(s->pslots);
     free(s->pn);
+    free(s->mslots);
     s->slots = NULL;
     s->nslots = 0;
 }
@@ -383,6 +391,7 @@ static void release(shoal_sched *s, shoal_slot *sl, const shoal_sched_stats *add
     sl->crun = NULL;
     shoal_toolcons_close(sl->tcons);
     sl->tcons = NULL;
+    sl->cmask_ready = 0;
     shoal_cons_free(sl->cons);
     sl->cons = NULL;
     shoal_ev_free_list(sl->rec);
@@ -1140,10 +1149,25 @@ static int sample_one(shoal_sched *s, shoal_slot *sl, int32_t *id_out)
     if (sl->crun || sl->tcons) {
         /* structured output: the disallowed ids leave the row, so sampling,
          * penalties and logprobs all see the masked distribution (a tool
-         * constraint leaves the row alone while the model is free, -1) */
+         * constraint leaves the row alone while the model is free, -1).
+         * The mask was computed during the last forward (mask_main) unless
+         * this is the slot's first sample or the mask thread is off. */
         int32_t ban = -1;
-        int n = sl->crun ? shoal_cons_run_mask(sl->crun, sl->cmask)
-                         : shoal_toolcons_mask(sl->tcons, sl->cmask, &ban);
+        int n;
+        if (sl->cmask_ready) {
+            n = sl->cmask_n;
+            ban = sl->cmask_ban;
+            sl->cmask_ready = 0;
+            if (n >= 0) {
+                shoal_cmetrics_constrain_mask(s->o.cm, 1, sl->cmask_ns, 0);
+                shoal_cmetrics_constrain_overlapped(s->o.cm, 1);
+            }
+        } else {
+            n = sl->crun ? shoal_cons_run_mask(sl->crun, sl->cmask) : shoal_toolcons_mask(sl->tcons, sl->cmask, &ban);
+            uint64_t dt = shoal_metrics_now_ns() - t0;
+            if (n >= 0)
+                shoal_cmetrics_constrain_mask(s->o.cm, 1, dt, dt);
+        }
         masked = n >= 0;
         if (ban >= 0 && ban < s->vocab)
             sl->logits[ban] = -INFINITY;
@@ -1267,6 +1291,81 @@ static int prefill_alone(shoal_sched *s, int budget)
     return done;
 }
 
+/* ---- structured output: masks computed during the forward ------------------ */
+
+/* The mask of every slot handed over (s->mslots), from its constraint's
+ * state after the ids it has accepted: the same call sample_one would make,
+ * so the mask is the same, bit for bit. */
+static void masks_compute(shoal_sched *s)
+{
+    for (int i = 0; i < s->mn; i++) {
+        shoal_slot *sl = s->mslots[i];
+        uint64_t t0 = shoal_metrics_now_ns();
+        sl->cmask_ban = -1;
+        sl->cmask_n = sl->crun ? shoal_cons_run_mask(sl->crun, sl->cmask)
+                               : shoal_toolcons_mask(sl->tcons, sl->cmask, &sl->cmask_ban);
+        sl->cmask_ns = shoal_metrics_now_ns() - t0;
+        sl->cmask_ready = 1;
+    }
+}
+
+static void *mask_main(void *arg)
+{
+    shoal_sched *s = arg;
+    pthread_mutex_lock(&s->mask_mu);
+    for (;;) {
+        while (!s->mask_work && !s->mask_stop)
+            pthread_cond_wait(&s->mask_cv, &s->mask_mu);
+        if (s->mask_stop)
+            break;
+        pthread_mutex_unlock(&s->mask_mu);
+        masks_compute(s);
+        pthread_mutex_lock(&s->mask_mu);
+        s->mask_work = 0;
+        pthread_cond_signal(&s->mask_done_cv);
+    }
+    pthread_mutex_unlock(&s->mask_mu);
+    return NULL;
+}
+
+/* Before the forward: the slots in mslots[0..mn) get their next mask on
+ * the mask thread (without it, sample_one computes each at sampling time). */
+/* A forward shorter than this (wall) cannot hide a mask behind it on a
+ * shared machine: waking the mask thread and joining it may cost more
+ * than the mask (k3-nano: ~30 µs waited for an 8 µs mask at load 12); the
+ * masks are then computed at sampling time. Real K3 steps (and the
+ * k3-slice's) are hundreds of ms. */
+#define SHOAL_SCHED_MASK_FWD_NS 10000000ull
+
+static void masks_start(shoal_sched *s)
+{
+    if (!s->mask_started || (!s->mask_always && s->fwd_ns_last < SHOAL_SCHED_MASK_FWD_NS))
+        s->mn = 0;
+    if (!s->mn)
+        return;
+    pthread_mutex_lock(&s->mask_mu);
+    s->mask_work = 1;
+    pthread_cond_signal(&s->mask_cv);
+    pthread_mutex_unlock(&s->mask_mu);
+}
+
+/* After the forward, before anything may release a slot: wait for the
+ * mask thread (it has no more than a few masks to compute, each bounded by
+ * the vocabulary walk: no deadline needed beyond that work); the time
+ * waited is the mask cost the forward did not hide. */
+static void masks_join(shoal_sched *s)
+{
+    if (!s->mn)
+        return;
+    uint64_t t0 = shoal_metrics_now_ns();
+    pthread_mutex_lock(&s->mask_mu);
+    while (s->mask_work)
+        pthread_cond_wait(&s->mask_done_cv, &s->mask_mu);
+    pthread_mutex_unlock(&s->mask_mu);
+    shoal_cmetrics_constrain_mask(s->o.cm, 0, 0, shoal_metrics_now_ns() - t0);
+    s->mn = 0;
+}
+
 /* One step of continuous batching: every decoding slot samples, and the
  * tokens of those that go on, then prompt chunks of prefilling slots
  * (oldest admission first) within the step's budget, are fed as ONE chunk
@@ -1295,6 +1394,8 @@ static int step(shoal_sched *s, int *np_out)
         s->bslots[nb] = sl;
         s->brows[nb] = nb;
         nb++;
+        if (sl->crun || sl->tcons)
+            s->mslots[s->mn++] = sl;
     }
     /* the prompts' share: what the decode tokens leave, at least half */
     int budget = s->step_tokens - nb;
@@ -1307,8 +1408,12 @@ static int step(shoal_sched *s, int *np_out)
         shoal_slot *sl = s->bslots[0];
         shoal_model_set_cancel(s->o.model, &sl->job->cancel);
         sl->ids[sl->n_ids] = s->bids[0];
+        masks_start(s);
+        uint64_t tf = shoal_metrics_now_ns();
         int rc = shoal_spec_decode(sl->spec, sl->ids, sl->n_ids + 1, sl->max_new - sl->n_out - 1, sl->logits, err,
                                    sizeof err);
+        s->fwd_ns_last = shoal_metrics_now_ns() - tf;
+        masks_join(s);
         if (rc)
             fail_forward(s, sl, rc, err);
         else
@@ -1351,9 +1456,15 @@ static int step(shoal_sched *s, int *np_out)
     if (!n && !rc)
         return 0;
     shoal_model_set_cancel(s->o.model, &s->abort);
-    if (!rc)
+    if (!rc) {
+        masks_start(s);
+        uint64_t tf = shoal_metrics_now_ns();
         rc = shoal_model_step(s->o.model, s->bseqs, s->bids, n, s->brows, nrows, nrows ? s->blogits : NULL, err,
                               sizeof err);
+        s->fwd_ns_last = shoal_metrics_now_ns() - tf;
+        masks_join(s);
+    }
+    s->mn = 0; /* a failed settle: the masks are computed at the next sample */
     if (!rc && s->o.cm && nb)
         shoal_cmetrics_spec(s->o.cm, (uint64_t)nb, (uint64_t)nb, 0, 0); /* a pass per sequence in the batch */
     if (rc) { /* the chunk failed: every sequence in it is broken */
@@ -1387,6 +1498,19 @@ static void *model_main(void *arg)
     shoal_sched *s = arg;
     if (s->o.threads > 0)
         omp_set_num_threads(s->o.threads);
+    /* the mask thread lives as long as this one; without it, masks are
+     * computed at sampling time (the same masks, not overlapped).
+     * SHOAL_MASK_THREAD=0 keeps it off, =1 uses it at every step however
+     * short the forward: the before/after benchmark
+     * (tests/bench/constrain_bench.py) and the identity test compare both */
+    const char *mt = getenv("SHOAL_MASK_THREAD");
+    s->mask_always = mt && !strcmp(mt, "1");
+    if (mt && !strcmp(mt, "0"))
+        SHOAL_INFO("sched: SHOAL_MASK_THREAD=0: structured-output masks are computed after the forward");
+    else if (pthread_create(&s->mask_thread, NULL, mask_main, s))
+        SHOAL_WARN("sched: cannot start the mask thread; structured-output masks are computed after the forward");
+    else
+        s->mask_started = 1;
     for (;;) {
         pthread_mutex_lock(&s->mu);
         for (;;) {
@@ -1415,6 +1539,14 @@ static void *model_main(void *arg)
         int nb = step(s, &np);
         if (s->o.cm && (nb || np))
             shoal_cmetrics_step(s->o.cm, (uint32_t)nb, (uint32_t)np);
+    }
+    if (s->mask_started) {
+        pthread_mutex_lock(&s->mask_mu);
+        s->mask_stop = 1;
+        pthread_cond_signal(&s->mask_cv);
+        pthread_mutex_unlock(&s->mask_mu);
+        pthread_join(s->mask_thread, NULL);
+        s->mask_started = 0;
     }
     /* stopping: running jobs end without further events */
     for (int i = 0; i < s->nslots; i++) {
@@ -1486,6 +1618,9 @@ int shoal_sched_open(shoal_sched **out, const shoal_sched_opts *o, char *err, si
     pthread_mutex_init(&s->memo_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->rcv, NULL);
+    pthread_mutex_init(&s->mask_mu, NULL);
+    pthread_cond_init(&s->mask_cv, NULL);
+    pthread_cond_init(&s->mask_done_cv, NULL);
     int rc = slots_init(s, err, errlen);
     if (rc) {
         slots_free(s);
@@ -1534,6 +1669,9 @@ void shoal_sched_close(shoal_sched *s)
     pthread_cond_destroy(&s->rcv);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->memo_mu);
+    pthread_cond_destroy(&s->mask_cv);
+    pthread_cond_destroy(&s->mask_done_cv);
+    pthread_mutex_destroy(&s->mask_mu);
     free(s);
 }
 

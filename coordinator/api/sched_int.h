@@ -126,6 +126,23 @@ struct shoal_sched {
     shoal_slot **pslots;   /* [nslots]: prompt chunks in the step, and their lengths */
     int *pn;               /* [nslots] */
     atomic_int abort;      /* close: stops a running step */
+    /* structured output, overlap (issue 36): the masks for the slots'
+     * next samples are computed on the mask thread while the step's forward
+     * runs (a mask depends only on the ids already accepted); the model
+     * thread hands the slots over before the forward (mslots[0..mn)) and
+     * joins after it, so the constraints are never touched by both at once */
+    pthread_t mask_thread;
+    int mask_started;      /* 0: masks are computed at sampling time */
+    int mask_always;       /* SHOAL_MASK_THREAD=1: hand over at every step */
+    uint64_t fwd_ns_last;  /* the last step's forward (wall): hand over only
+                            * when it is long enough to hide a mask and the
+                            * thread's wake-up (SHOAL_SCHED_MASK_FWD_NS) */
+    pthread_mutex_t mask_mu;
+    pthread_cond_t mask_cv;      /* the mask thread: work, or stopping */
+    pthread_cond_t mask_done_cv; /* the model thread: the work is done */
+    int mask_work, mask_stop;    /* under mask_mu */
+    shoal_slot **mslots;   /* [nslots]: slots whose next mask is due */
+    int mn;
     /* step boundaries passed (the model thread counts one at the top of each
      * turn of its loop); read by shoal_sched_cancel and the render threads */
     _Atomic uint64_t step_seq;

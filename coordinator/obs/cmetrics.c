@@ -50,6 +50,7 @@ struct shoal_cmetrics {
     shoal_metrics_counter steps, decode_steps, decode_seqs, step_prompt;
     shoal_metrics_gauge last_batch, max_batch;
     shoal_metrics_hist req_queue, req_ttft, req_itl;
+    shoal_metrics_counter cmasks, cmask_ns, cmask_wait_ns, cmask_overlapped; /* structured output */
 };
 
 static const char *const phase_names[SHOAL_PHASE_COUNT] = {
@@ -281,6 +282,21 @@ void shoal_cmetrics_request_itl(shoal_cmetrics *cm, uint64_t ns)
         shoal_metrics_observe(&cm->req_itl, ns);
 }
 
+void shoal_cmetrics_constrain_mask(shoal_cmetrics *cm, uint64_t masks, uint64_t compute_ns, uint64_t wait_ns)
+{
+    if (!cm)
+        return;
+    shoal_metrics_add(&cm->cmasks, masks);
+    shoal_metrics_add(&cm->cmask_ns, compute_ns);
+    shoal_metrics_add(&cm->cmask_wait_ns, wait_ns);
+}
+
+void shoal_cmetrics_constrain_overlapped(shoal_cmetrics *cm, uint64_t n)
+{
+    if (cm)
+        shoal_metrics_add(&cm->cmask_overlapped, n);
+}
+
 void shoal_cmetrics_exchange(shoal_cmetrics *cm, int w, int layer, const shoal_cmetrics_xchg *x)
 {
     worker *k = get_w(cm, w);
@@ -505,6 +521,23 @@ void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b)
     shoal_metrics_family(b, "shoal_sched_batch_size_max", SHOAL_METRICS_GAUGE,
                          "Most sequences decoded together in one step since start.");
     shoal_metrics_sample(b, "shoal_sched_batch_size_max", NULL, 0, (double)shoal_metrics_gauge_get(&cm->max_batch));
+    shoal_metrics_family(b, "shoal_constrain_masks_total", SHOAL_METRICS_COUNTER,
+                         "Structured output: vocabulary masks computed for constrained sequences (one per sampled "
+                         "token of such a sequence).");
+    shoal_metrics_sample(b, "shoal_constrain_masks_total", NULL, 0, (double)shoal_metrics_get(&cm->cmasks));
+    shoal_metrics_family(b, "shoal_constrain_mask_seconds_total", SHOAL_METRICS_COUNTER,
+                         "Structured output: wall seconds computing those masks.");
+    shoal_metrics_sample(b, "shoal_constrain_mask_seconds_total", NULL, 0,
+                         (double)shoal_metrics_get(&cm->cmask_ns) / 1e9);
+    shoal_metrics_family(b, "shoal_constrain_masks_overlapped_total", SHOAL_METRICS_COUNTER,
+                         "Structured output: of those masks, the ones computed on the mask thread during a forward.");
+    shoal_metrics_sample(b, "shoal_constrain_masks_overlapped_total", NULL, 0,
+                         (double)shoal_metrics_get(&cm->cmask_overlapped));
+    shoal_metrics_family(b, "shoal_constrain_mask_wait_seconds_total", SHOAL_METRICS_COUNTER,
+                         "Structured output: wall seconds the sampler waited for a mask (the part of the mask time "
+                         "not hidden behind the forward).");
+    shoal_metrics_sample(b, "shoal_constrain_mask_wait_seconds_total", NULL, 0,
+                         (double)shoal_metrics_get(&cm->cmask_wait_ns) / 1e9);
     {
         /* histograms only: windowed quantiles come from their rates
          * (histogram_quantile, `shoal top`); docs/METRICS.md */

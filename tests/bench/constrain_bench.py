@@ -1,76 +1,207 @@
 #!/usr/bin/env python3
-"""Decode rate with and without a structured-output constraint (issue 36).
+"""Decode step time with and without a structured-output constraint (issue 36).
 
-  constrain_bench.py MODEL_DIR NAME ROUNDS [--tokenizer DIR] > docs/data/constrain_decode_<name>.txt
+  constrain_bench.py MODEL_DIR NAME ROUNDS STEPS [serve args...] > docs/data/constrain_decode_<name>.txt
+  constrain_bench.py --summarize FILE [SKIP_ROUNDS]   (the summary of a cut run's rows)
 
-One `shoal serve --threads 1` on MODEL_DIR; ROUNDS rounds, each one request of
-every kind in turn (interleaved, so load drifts hit all kinds alike):
-  free         no constraint
-  json_object  response_format json_object
-  schema       response_format json_schema (an object with a long free string,
-               an integer and an enum)
-temperature 1.0, max_tokens 48 (SHOAL_BENCH_MAX_TOKENS), seed = round, thinking off for all (a
-constrained request renders with thinking off). Streamed: the decode rate of a
-request is (tokens - 1) / (time of the last chunk - time of the first), so
-prefill and queueing are out. Rows: "req kind=<k> round=<r> tokens=<n>
-decode_tok_s=<x>", then per kind "summary kind=<k> median_tok_s= min= max=
-ratio_to_free=" and the load average.
+Two `shoal serve --threads 1` on MODEL_DIR (the same mapped files): "overlap",
+the default (the next mask computed on the mask thread while the forward runs),
+and "after" (SHOAL_MASK_THREAD=0: the mask computed at sampling time, after the
+forward: the behaviour before the overlap). Only one of them works at a time.
+ROUNDS rounds; in each, every kind on both servers in turn (interleaved, the
+server order alternating per round, so load drifts hit all alike):
+  free          no constraint
+  json_object   response_format json_object
+  schema_20     json_schema: 20 required fields (the 20-field schema of
+                tests/bench/bench_constrain.c)
+  recursive     json_schema: a tree via $ref/$defs (same file)
+  gbnf          grammar: llama.cpp's arithmetic GBNF (same file)
+temperature 1.0, max_tokens STEPS, seed = round, thinking off for all.
+
+The measure is the server's own: the per-step decode time is the mean of the
+request's inter-token intervals, taken from /metrics before and after the request
+(shoal_request_inter_token_seconds sum / count: one interval per generated
+token after the first, i.e. per decode step actually run; prefill, the first
+token and the HTTP ending are out), so requests that end early (a constraint
+that completes) are compared per step, not per request. The mask time per step
+is shoal_constrain_mask_seconds_total / shoal_constrain_masks_total over the
+same request, and the exposed part shoal_constrain_mask_wait_seconds_total.
+Rows: "req server= kind= round= steps= step_ms= mask_us= wait_us= masks=",
+then per (server, kind) "summary ..." with the median step time [min, max],
+the ratio of medians to free on the same server, and the mask fraction of the
+step; the load average before and after.
 """
+import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 
 SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
-MAX_TOKENS = int(os.environ.get("SHOAL_BENCH_MAX_TOKENS", "48"))  # 16 for the k3-slice (~0.4 s a token)
+
+
+def f20_schema():
+    kinds = [{"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"},
+             {"enum": ["low", "mid", "high"]},
+             {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 4},
+             {"type": "string", "format": "date"},
+             {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": ["integer", "null"]}},
+              "required": ["a", "b"], "additionalProperties": False}]
+    props = {f"field_{i:02d}": kinds[i % 8] for i in range(20)}
+    return {"type": "object", "additionalProperties": False, "properties": props, "required": list(props)}
+
+
+REC = {"$ref": "#/$defs/n", "$defs": {"n": {
+    "type": "object",
+    "properties": {"name": {"type": "string"},
+                   "value": {"anyOf": [{"type": "number"}, {"type": "string"}, {"type": "null"}]},
+                   "children": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+    "required": ["name", "children"], "additionalProperties": False}}}
+
+GBNF = ('root  ::= (expr "=" ws term "\\n")+\nexpr  ::= term ([-+*/] term)*\n'
+        'term  ::= ident | num | "(" ws expr ")" ws\nident ::= [a-z] [a-z0-9_]* ws\n'
+        'num   ::= [0-9]+ ws\nws    ::= [ \\t\\n]*\n')
+
+KINDS = {
+    "free": {},
+    "json_object": {"response_format": {"type": "json_object"}},
+    "schema_20": {"response_format": {"type": "json_schema", "json_schema": {"name": "f20", "schema": f20_schema()}}},
+    "recursive": {"response_format": {"type": "json_schema", "json_schema": {"name": "tree", "schema": REC}}},
+    "gbnf": {"grammar": GBNF},
+}
+
+WANT = ("shoal_request_inter_token_seconds_sum", "shoal_request_inter_token_seconds_count",
+        "shoal_constrain_mask_seconds_total", "shoal_constrain_masks_total",
+        "shoal_constrain_mask_wait_seconds_total")
+
+
+def scrape(url):
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
+        text = r.read().decode()
+    got = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in WANT:
+            got[parts[0]] = float(parts[1])
+    return got
+
+
+def start(model, name, extra, env_add):
+    env = dict(os.environ, **env_add)
+    p = subprocess.Popen([BIN, "serve", "--model", model, "--port", "0", "--model-name", name, "--threads", "1",
+                          "--memo", "0", *extra], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                         env=env)
+    line = p.stdout.readline()
+    if "listening on " not in line:
+        p.kill()
+        sys.exit(f"serve did not start: {line!r}")
+    return p, line.strip().split("listening on ")[1]
+
+
+def one(url, name, kw, steps, seed):
+    body = {"model": name, "messages": [{"role": "user", "content": "Tell a story"}], "max_tokens": steps,
+            "temperature": 1.0, "seed": seed, "chat_template_kwargs": {"thinking": False}, **kw}
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=1800) as r:
+        out = json.loads(r.read())
+    return out["usage"]["completion_tokens"], out["choices"][0]["finish_reason"]
+
+
+def summarize(rows):
+    for sv in ("overlap", "after"):
+        free = rows.get((sv, "free"))
+        fm = statistics.median(x[0] for x in free) if free else float("nan")
+        for k in KINDS:
+            v = rows.get((sv, k))
+            if not v:
+                continue
+            st = [x[0] for x in v]
+            m = statistics.median(st)
+            mk = statistics.median(x[1] for x in v)
+            wt = statistics.median(x[2] for x in v)
+            print(f"summary server={sv} kind={k} n={len(v)} step_ms_median={m:.1f} min={min(st):.1f} "
+                  f"max={max(st):.1f} ratio_to_free={m / fm:.3f} tok_s_ratio={fm / m:.3f} mask_us_median={mk:.1f} "
+                  f"mask_frac={mk / 1e3 / m:.5f} wait_us_median={wt:.1f} wait_frac={wt / 1e3 / m:.5f}")
+    # paired per round: constrained / free on the same server and round
+    for sv in ("overlap", "after"):
+        for k in KINDS:
+            if k == "free" or (sv, k) not in rows or (sv, "free") not in rows:
+                continue
+            pr = [a[0] / b[0] for a, b in zip(rows[(sv, k)], rows[(sv, "free")])]
+            print(f"paired server={sv} kind={k} ratio_median={statistics.median(pr):.3f} min={min(pr):.3f} "
+                  f"max={max(pr):.3f} n={len(pr)}")
+    # overlap vs after, per kind and round (the same constraint and seed)
+    for k in KINDS:
+        a, b = rows.get(("overlap", k), []), rows.get(("after", k), [])
+        pr = [x[0] / y[0] for x, y in zip(a, b)]
+        if pr:
+            print(f"overlap_vs_after kind={k} ratio_median={statistics.median(pr):.3f} min={min(pr):.3f} "
+                  f"max={max(pr):.3f} n={len(pr)}")
+
+
+def from_file(path, skip_rounds):
+    """The summary of the req rows of an earlier (possibly cut) run, without
+    its first skip_rounds rounds (the first requests fault the model's pages in)."""
+    rows = {}
+    for line in open(path):
+        if not line.startswith("req ") or "step_ms=" not in line:
+            continue
+        f = dict(x.split("=", 1) for x in line.split()[1:])
+        if int(f["round"]) < skip_rounds:
+            continue
+        rows.setdefault((f["server"], f["kind"]), []).append(
+            (float(f["step_ms"]), float(f["mask_us"]), float(f["wait_us"])))
+    print(f"# summary of {path} without round(s) < {skip_rounds}")
+    summarize(rows)
 
 
 def main():
-    model, name, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    extra = sys.argv[4:]
-    p = subprocess.Popen([BIN, "serve", "--model", model, "--port", "0", "--model-name", name, "--threads", "1",
-                          "--memo", "0", *extra], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    line = p.stdout.readline()
-    url = line.strip().split("listening on ")[1]
-    import openai
-    c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=300)
-    schema = {"type": "object", "properties": {"story": {"type": "string"}, "n": {"type": "integer"},
-                                               "mood": {"enum": ["calm", "wild"]}},
-              "required": ["story", "n", "mood"], "additionalProperties": False}
-    kinds = {"free": {}, "json_object": {"response_format": {"type": "json_object"}},
-             "schema": {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}}
-    rates = {k: [] for k in kinds}
-    print(f"# {name} {model} rounds={rounds} load_before={os.getloadavg()}")
+    if sys.argv[1] == "--summarize":
+        from_file(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)
+        return
+    model, name, rounds, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    extra = sys.argv[5:]
+    servers = {}
+    print(f"# {name} {model} rounds={rounds} max_tokens={steps} threads=1 load_before={os.getloadavg()}", flush=True)
+    rows = {}
     try:
+        servers["overlap"] = start(model, name, extra, {})
+        servers["after"] = start(model, name, extra, {"SHOAL_MASK_THREAD": "0"})
+        order = ["overlap", "after"]
         for r in range(rounds):
-            for k, kw in kinds.items():
-                times = []
-                n = 0
-                stream = c.chat.completions.create(model=name, messages=[{"role": "user", "content": "Tell a story"}],
-                                                   max_tokens=MAX_TOKENS, temperature=1.0, seed=r, stream=True,
-                                                   stream_options={"include_usage": True},
-                                                   extra_body={"chat_template_kwargs": {"thinking": False}}, **kw)
-                for ch in stream:
-                    if ch.choices and (ch.choices[0].delta.content or getattr(ch.choices[0].delta,
-                                                                              "reasoning_content", None)):
-                        times.append(time.perf_counter())
-                    if ch.usage:
-                        n = ch.usage.completion_tokens
-                if len(times) >= 2 and n >= 4 and times[-1] > times[0]:
-                    rate = (n - 1) / (times[-1] - times[0])
-                    rates[k].append(rate)
-                    print(f"req kind={k} round={r} tokens={n} decode_tok_s={rate:.1f}", flush=True)
+            for k, kw in KINDS.items():
+                for sv in (order if r % 2 == 0 else order[::-1]):
+                    url = servers[sv][1]
+                    m0 = scrape(url)
+                    n, fin = one(url, name, kw, steps, r)
+                    m1 = scrape(url)
+                    d = {w: m1.get(w, 0.0) - m0.get(w, 0.0) for w in WANT}
+                    cnt = d["shoal_request_inter_token_seconds_count"]
+                    if cnt < 1:
+                        print(f"req server={sv} kind={k} round={r} tokens={n} finish={fin} steps=0 (skipped)",
+                              flush=True)
+                        continue
+                    step_ms = d["shoal_request_inter_token_seconds_sum"] / cnt * 1e3
+                    masks = d["shoal_constrain_masks_total"]
+                    mask_us = d["shoal_constrain_mask_seconds_total"] / masks * 1e6 if masks else 0.0
+                    wait_us = d["shoal_constrain_mask_wait_seconds_total"] / masks * 1e6 if masks else 0.0
+                    rows.setdefault((sv, k), []).append((step_ms, mask_us, wait_us))
+                    print(f"req server={sv} kind={k} round={r} tokens={n} finish={fin} steps={int(cnt)} "
+                          f"step_ms={step_ms:.1f} masks={int(masks)} mask_us={mask_us:.1f} wait_us={wait_us:.1f} "
+                          f"load1={os.getloadavg()[0]:.1f}", flush=True)
     finally:
-        p.terminate()
-        p.wait(30)
-    free = statistics.median(rates["free"]) if rates["free"] else float("nan")
-    for k, v in rates.items():
-        if v:
-            m = statistics.median(v)
-            print(f"summary kind={k} n={len(v)} median_tok_s={m:.1f} min={min(v):.1f} max={max(v):.1f} "
-                  f"ratio_to_free={m / free:.3f}")
+        for p, _ in servers.values():
+            p.terminate()
+        for p, _ in servers.values():
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    summarize(rows)
     print(f"# load_after={os.getloadavg()}")
 
 

@@ -248,11 +248,13 @@ class Serve:
     ready (seconds), waits up to that long for /health to answer 200; past it,
     raises RuntimeError when strict, else leaves the server to the test (its
     first request then fails with the reason). Raises RuntimeError naming the
-    first stdout line and the log's tail when the server does not start."""
+    first stdout line and the log's tail when the server does not start.
+    env: variables added to this process's environment for the server."""
 
-    def __init__(self, cmd, ready=60, strict=False):
+    def __init__(self, cmd, ready=60, strict=False, env=None):
         self.log = logfile()
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                  env=dict(os.environ, **env) if env else None)
         line = self.p.stdout.readline()
         if "listening on" not in line:
             terminate(self.p)

@@ -45,6 +45,12 @@ and `re`, never shoal's code. Cases:
                  to the non-streamed one; the texts are the same on the
                  batched 2-worker server as on the reference path alone.
   refusals       an unsupported keyword is a 400 naming it (param + message).
+  mask_metrics   the reference path computes its masks after the forward
+                 (SHOAL_MASK_THREAD=0: same_ids and tool_auto then compare the
+                 overlapped masks with those), the server under test on its
+                 mask thread during the forward (SHOAL_MASK_THREAD=1): /metrics
+                 shows both counted, the server's mostly overlapped, the
+                 reference's none (and it waited for all its mask time).
 """
 import json
 import os
@@ -73,9 +79,9 @@ except ImportError:
 
 
 class Server(harness.Serve):
-    def __init__(self, model, name, *args):
+    def __init__(self, model, name, *args, env=None):
         super().__init__([BIN, "serve", "--model", model, "--port", "0", "--model-name", name, "--threads", "1",
-                          "--memo", "0", *args], ready=60)
+                          "--memo", "0", *args], ready=60, env=env)
         self.name = name
         import openai
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=300)
@@ -726,6 +732,34 @@ def t_same_ids(srv, ref, label):
         R.check(f"same_ids/{label}/{i}", got[i] == alone[i], f"{alone[i]!r} vs {got[i]!r}")
 
 
+def mask_metrics(srv):
+    import urllib.request
+    with urllib.request.urlopen(srv.url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    got = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].startswith("shoal_constrain_mask"):
+            got[parts[0]] = float(parts[1])
+    return got
+
+
+def t_mask_metrics(srv, ref, label):
+    """Both servers counted masks; the one with the mask thread on at every
+    step computed most of them during a forward (a slot's first mask is
+    computed at sampling time), the reference (SHOAL_MASK_THREAD=0) none,
+    and it waited for all of its mask time. (Whether waiting is shorter than
+    computing is a timing matter: tests/bench/constrain_bench.py.)"""
+    a, b = mask_metrics(srv), mask_metrics(ref)
+    n_a, n_b = a.get("shoal_constrain_masks_total", 0), b.get("shoal_constrain_masks_total", 0)
+    o_a, o_b = a.get("shoal_constrain_masks_overlapped_total", -1), b.get("shoal_constrain_masks_overlapped_total", -1)
+    R.check(f"mask_metrics/{label}/counted", n_a > 10 and n_b > 10, f"{a} {b}")
+    cb, wb = b.get("shoal_constrain_mask_seconds_total", 0), b.get("shoal_constrain_mask_wait_seconds_total", -1)
+    R.check(f"mask_metrics/{label}/reference_after_forward", o_b == 0 and cb > 0 and
+            abs(wb - cb) <= 1e-6 * max(1.0, n_b), f"{b}")
+    R.check(f"mask_metrics/{label}/overlap_during_forward", n_a / 2 < o_a <= n_a, f"{a}")
+
+
 def t_anthropic(srv, label):
     """anthropic SDK on /v1/messages: a forced tool_use whose input validates
     against input_schema, and output_config.format enforced"""
@@ -870,11 +904,17 @@ def main():
         return 77
     os.makedirs(WORK, exist_ok=True)
     t0 = time.time()
-    srv = Server(NANO, "nano", "--slots", "4", "--workers", "2", "--worker-threads", "1")
-    ref = Server(NANO, "nano", "--slots", "1", "--draft", "off")
+    # the server under test computes its masks on the mask thread during the
+    # forward at every step (SHOAL_MASK_THREAD=1: k3-nano's forward is too
+    # short for the default to hand over), the reference after the forward
+    # (SHOAL_MASK_THREAD=0)
+    srv = Server(NANO, "nano", "--slots", "4", "--workers", "2", "--worker-threads", "1",
+                 env={"SHOAL_MASK_THREAD": "1"})
+    ref = Server(NANO, "nano", "--slots", "1", "--draft", "off", env={"SHOAL_MASK_THREAD": "0"})
     try:
         t_same_ids(srv, ref, "nano")
         t_tool_auto(srv, ref, "nano", NANO, range(8))
+        t_mask_metrics(srv, ref, "nano")
     finally:
         ref.stop()
     try:
