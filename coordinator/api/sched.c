@@ -33,6 +33,8 @@
  * DECODE (one token per step) -> FREE. */
 enum { SLOT_FREE = 0, SLOT_WAIT, SLOT_PREFILL, SLOT_DECODE };
 
+static void verify_hook(void *ctx, const int32_t *drafts, int k);
+
 struct shoal_slot {
     shoal_sched *s;
     shoal_sched_job *job; /* NULL: free */
@@ -68,9 +70,19 @@ struct shoal_slot {
     /* the mask for the next sample, computed during the forward (overlap):
      * cmask_ready set by the mask thread with the mask's result (n allowed,
      * or -1 free; cmask_ban) and the time it took */
-    int cmask_ready, cmask_n;
+    int cmask_ready, cmask_n, cmask_verify; /* cmask_verify: from a verify row */
     int32_t cmask_ban;
     uint64_t cmask_ns;
+    /* the masks of the verify rows of the slot's last drafted chunk (the
+     * drafts' ids vids[1..vk], computed on the mask thread during the verify
+     * forward): vmask[r] is the mask after the fed id and drafts 1..r, used
+     * while the sampled ids follow the draft (vr: the next row) */
+    shoal_cons_run *vrun;      /* look-ahead copy of crun (mask thread) */
+    uint8_t *vmask[SHOAL_DRAFT_MAX_K + 1];
+    int32_t vids[SHOAL_DRAFT_MAX_K + 1];
+    int vn[SHOAL_DRAFT_MAX_K + 1];
+    uint64_t vns[SHOAL_DRAFT_MAX_K + 1];
+    int vk, vr, vwant;
     shoal_spec *spec;          /* the decode path of seq (speculative when drafting is on) */
     shoal_detok *detok;        /* completions */
     shoal_chatparse *parser;   /* chat */
@@ -129,6 +141,9 @@ static void slots_free(shoal_sched *s)
         shoal_toolcons_close(sl->tcons);
         shoal_cons_free(sl->cons);
         free(sl->cmask);
+        shoal_cons_run_free(sl->vrun);
+        for (int r = 0; r <= SHOAL_DRAFT_MAX_K; r++)
+            free(sl->vmask[r]);
         shoal_detok_close(sl->detok);
         shoal_chatparse_close(sl->parser);
         free(sl->held[0].p);
@@ -389,6 +404,9 @@ static void release(shoal_sched *s, shoal_slot *sl, const shoal_sched_stats *add
     sl->sampler = NULL;
     shoal_cons_run_free(sl->crun);
     sl->crun = NULL;
+    shoal_cons_run_free(sl->vrun);
+    sl->vrun = NULL;
+    sl->vk = sl->vwant = 0;
     shoal_toolcons_close(sl->tcons);
     sl->tcons = NULL;
     sl->cmask_ready = 0;
@@ -1026,6 +1044,8 @@ static int try_start(shoal_sched *s, shoal_slot *sl)
         release(s, sl, &add);
         return 1;
     }
+    if (sl->spec)
+        shoal_spec_set_hook(sl->spec, verify_hook, sl);
     int k = -1;
     sl->reused = 0;
     if (can_fork(sl, ps) && shoal_seq_copy(sl->seq, ps->seq, err, sizeof err) == 0) {
@@ -1161,6 +1181,7 @@ static int sample_one(shoal_sched *s, shoal_slot *sl, int32_t *id_out)
             if (n >= 0) {
                 shoal_cmetrics_constrain_mask(s->o.cm, 1, sl->cmask_ns, 0);
                 shoal_cmetrics_constrain_overlapped(s->o.cm, 1);
+                shoal_cmetrics_constrain_verify(s->o.cm, (uint64_t)sl->cmask_verify);
             }
         } else {
             n = sl->crun ? shoal_cons_run_mask(sl->crun, sl->cmask) : shoal_toolcons_mask(sl->tcons, sl->cmask, &ban);
@@ -1306,7 +1327,38 @@ static void masks_compute(shoal_sched *s)
                                : shoal_toolcons_mask(sl->tcons, sl->cmask, &sl->cmask_ban);
         sl->cmask_ns = shoal_metrics_now_ns() - t0;
         sl->cmask_ready = 1;
+        sl->cmask_verify = 0;
     }
+}
+
+/* The masks of the verify rows of s->vslot's drafted chunk (verify_hook):
+ * row r's mask is its constraint's after the fed id and drafts 1..r, so a
+ * look-ahead copy of the run takes the drafts one by one. It stops at the
+ * first draft the previous row's mask bans (the sampler cannot take it, so
+ * the rows after it are never sampled: a draft leaving the grammar is
+ * rejected like any other). Row 0's mask (the fed id's) is the slot's
+ * ordinary one, computed first (masks_compute). */
+static void vmasks_compute(shoal_sched *s)
+{
+    shoal_slot *sl = s->vslot;
+    sl->vk = 0;
+    if (!sl->crun || !sl->cmask_ready || sl->cmask_n <= 0)
+        return;
+    shoal_cons_run_copy(sl->vrun, sl->crun);
+    const uint8_t *prev = sl->cmask;
+    int k = 0;
+    for (int r = 1; r <= sl->vwant; r++) {
+        if (!prev[sl->vids[r]] || shoal_cons_run_accept(sl->vrun, sl->vids[r]))
+            break;
+        uint64_t t0 = shoal_metrics_now_ns();
+        sl->vn[r] = shoal_cons_run_mask(sl->vrun, sl->vmask[r]);
+        sl->vns[r] = shoal_metrics_now_ns() - t0;
+        k = r;
+        if (sl->vn[r] <= 0)
+            break;
+        prev = sl->vmask[r];
+    }
+    sl->vk = k;
 }
 
 static void *mask_main(void *arg)
@@ -1314,14 +1366,21 @@ static void *mask_main(void *arg)
     shoal_sched *s = arg;
     pthread_mutex_lock(&s->mask_mu);
     for (;;) {
-        while (!s->mask_work && !s->mask_stop)
+        while (!s->mask_work && !s->vmask_work && !s->mask_stop)
             pthread_cond_wait(&s->mask_cv, &s->mask_mu);
         if (s->mask_stop)
             break;
-        pthread_mutex_unlock(&s->mask_mu);
-        masks_compute(s);
-        pthread_mutex_lock(&s->mask_mu);
-        s->mask_work = 0;
+        if (s->mask_work) { /* first: row 0's masks, which the verify rows start from */
+            pthread_mutex_unlock(&s->mask_mu);
+            masks_compute(s);
+            pthread_mutex_lock(&s->mask_mu);
+            s->mask_work = 0;
+        } else {
+            pthread_mutex_unlock(&s->mask_mu);
+            vmasks_compute(s);
+            pthread_mutex_lock(&s->mask_mu);
+            s->vmask_work = 0;
+        }
         pthread_cond_signal(&s->mask_done_cv);
     }
     pthread_mutex_unlock(&s->mask_mu);
@@ -1349,6 +1408,57 @@ static void masks_start(shoal_sched *s)
     pthread_mutex_unlock(&s->mask_mu);
 }
 
+/* shoal_spec_decode is about to verify k drafts after the fed id of slot
+ * ctx (drafting alone in the step): when the fed id's mask is on the mask
+ * thread now, the verify rows' masks follow it there (vmasks_compute), so
+ * they too are ready when the forward ends. Allocates here, outside the
+ * forward (the look-ahead run and the row masks, kept for the slot). */
+static void verify_hook(void *ctx, const int32_t *drafts, int k)
+{
+    shoal_slot *sl = ctx;
+    shoal_sched *s = sl->s;
+    sl->vk = 0;
+    if (!sl->crun || s->mn != 1 || s->mslots[0] != sl || k < 1)
+        return;
+    if (k > SHOAL_DRAFT_MAX_K)
+        k = SHOAL_DRAFT_MAX_K;
+    if (!sl->vrun)
+        sl->vrun = shoal_cons_run_clone(sl->crun);
+    for (int r = 1; r <= k; r++) {
+        if (!sl->vmask[r])
+            sl->vmask[r] = shoal_xmalloc((size_t)s->vocab);
+        sl->vids[r] = drafts[r - 1];
+    }
+    sl->vwant = k;
+    sl->vr = 1;
+    s->vslot = sl;
+    pthread_mutex_lock(&s->mask_mu);
+    s->vmask_work = 1;
+    pthread_cond_signal(&s->mask_cv);
+    pthread_mutex_unlock(&s->mask_mu);
+}
+
+/* The slot sampled id: when it is the next draft of its last verify chunk,
+ * the next mask was computed during that chunk's forward (vmasks_compute):
+ * it becomes the slot's ready mask (1). Otherwise the rows are dropped (0). */
+static int vmask_take(shoal_slot *sl, int32_t id)
+{
+    if (sl->vr < 1 || sl->vr > sl->vk || sl->vids[sl->vr] != id) {
+        sl->vk = 0;
+        return 0;
+    }
+    int r = sl->vr++;
+    uint8_t *t = sl->cmask;
+    sl->cmask = sl->vmask[r];
+    sl->vmask[r] = t;
+    sl->cmask_n = sl->vn[r];
+    sl->cmask_ban = -1;
+    sl->cmask_ns = sl->vns[r];
+    sl->cmask_ready = 1;
+    sl->cmask_verify = 1;
+    return 1;
+}
+
 /* After the forward, before anything may release a slot: wait for the
  * mask thread (it has no more than a few masks to compute, each bounded by
  * the vocabulary walk: no deadline needed beyond that work); the time
@@ -1359,7 +1469,7 @@ static void masks_join(shoal_sched *s)
         return;
     uint64_t t0 = shoal_metrics_now_ns();
     pthread_mutex_lock(&s->mask_mu);
-    while (s->mask_work)
+    while (s->mask_work || s->vmask_work)
         pthread_cond_wait(&s->mask_done_cv, &s->mask_mu);
     pthread_mutex_unlock(&s->mask_mu);
     shoal_cmetrics_constrain_mask(s->o.cm, 0, 0, shoal_metrics_now_ns() - t0);
@@ -1394,7 +1504,7 @@ static int step(shoal_sched *s, int *np_out)
         s->bslots[nb] = sl;
         s->brows[nb] = nb;
         nb++;
-        if (sl->crun || sl->tcons)
+        if ((sl->crun || sl->tcons) && !vmask_take(sl, id))
             s->mslots[s->mn++] = sl;
     }
     /* the prompts' share: what the decode tokens leave, at least half */
@@ -1409,10 +1519,14 @@ static int step(shoal_sched *s, int *np_out)
         shoal_model_set_cancel(s->o.model, &sl->job->cancel);
         sl->ids[sl->n_ids] = s->bids[0];
         masks_start(s);
+        shoal_spec_stats st0, st1;
+        shoal_spec_get_stats(sl->spec, &st0);
         uint64_t tf = shoal_metrics_now_ns();
         int rc = shoal_spec_decode(sl->spec, sl->ids, sl->n_ids + 1, sl->max_new - sl->n_out - 1, sl->logits, err,
                                    sizeof err);
-        s->fwd_ns_last = shoal_metrics_now_ns() - tf;
+        shoal_spec_get_stats(sl->spec, &st1);
+        if (st1.passes != st0.passes) /* a step served from a verify chunk ran no forward */
+            s->fwd_ns_last = shoal_metrics_now_ns() - tf;
         masks_join(s);
         if (rc)
             fail_forward(s, sl, rc, err);
@@ -1500,13 +1614,12 @@ static void *model_main(void *arg)
         omp_set_num_threads(s->o.threads);
     /* the mask thread lives as long as this one; without it, masks are
      * computed at sampling time (the same masks, not overlapped).
-     * SHOAL_MASK_THREAD=0 keeps it off, =1 uses it at every step however
+     * --mask-thread off keeps it off, on uses it at every step however
      * short the forward: the before/after benchmark
      * (tests/bench/constrain_bench.py) and the identity test compare both */
-    const char *mt = getenv("SHOAL_MASK_THREAD");
-    s->mask_always = mt && !strcmp(mt, "1");
-    if (mt && !strcmp(mt, "0"))
-        SHOAL_INFO("sched: SHOAL_MASK_THREAD=0: structured-output masks are computed after the forward");
+    s->mask_always = s->o.mask_thread == SHOAL_MASK_THREAD_ON;
+    if (s->o.mask_thread == SHOAL_MASK_THREAD_OFF)
+        SHOAL_INFO("sched: --mask-thread off: structured-output masks are computed after the forward");
     else if (pthread_create(&s->mask_thread, NULL, mask_main, s))
         SHOAL_WARN("sched: cannot start the mask thread; structured-output masks are computed after the forward");
     else

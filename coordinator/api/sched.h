@@ -151,6 +151,8 @@ void shoal_ev_free_list(shoal_ev *e);
 typedef struct shoal_sched shoal_sched;
 typedef struct shoal_sched_job shoal_sched_job;
 
+enum { SHOAL_MASK_THREAD_AUTO = 0, SHOAL_MASK_THREAD_ON, SHOAL_MASK_THREAD_OFF };
+
 typedef struct {
     shoal_model *model;      /* borrowed; the scheduler runs its forward */
     const shoal_tok *tok;    /* borrowed */
@@ -178,6 +180,11 @@ typedef struct {
     /* Speculative decoding of every request (engine.h shoal_spec_decode;
      * mode 0 = off): same ids, fewer passes when drafts hit. */
     shoal_draft_opts draft;
+    /* Structured-output masks on a mask thread while the forward runs
+     * (issue 36; the same masks either way): SHOAL_MASK_THREAD_AUTO (0,
+     * the default) when the last forward took >= 10 ms, _ON at every step,
+     * _OFF never (each mask computed at sampling time, after the forward). */
+    int mask_thread;
     /* Prefix cache (coordinator/pcache/pcache.h; borrowed, used only on the
      * model thread; NULL: off). A prompt resumes from its longest captured
      * prefix (when longer than a kept sequence's) and prefills only the

@@ -133,7 +133,7 @@ struct shoal_sched {
      * joins after it, so the constraints are never touched by both at once */
     pthread_t mask_thread;
     int mask_started;      /* 0: masks are computed at sampling time */
-    int mask_always;       /* SHOAL_MASK_THREAD=1: hand over at every step */
+    int mask_always;       /* --mask-thread on: hand over at every step */
     uint64_t fwd_ns_last;  /* the last step's forward (wall): hand over only
                             * when it is long enough to hide a mask and the
                             * thread's wake-up (SHOAL_SCHED_MASK_FWD_NS) */
@@ -141,6 +141,8 @@ struct shoal_sched {
     pthread_cond_t mask_cv;      /* the mask thread: work, or stopping */
     pthread_cond_t mask_done_cv; /* the model thread: the work is done */
     int mask_work, mask_stop;    /* under mask_mu */
+    int vmask_work;              /* under mask_mu: vslot's verify rows (after mask_work) */
+    struct shoal_slot *vslot;
     shoal_slot **mslots;   /* [nslots]: slots whose next mask is due */
     int mn;
     /* step boundaries passed (the model thread counts one at the top of each

@@ -116,6 +116,9 @@ static void usage(FILE *f)
             "  --draft-max K          most drafted tokens per pass, 1..16 (default 8, adapted)\n"
             "  --draft-ngram-min N    shortest match that drafts, 1..64 (default 2)\n"
             "  --draft-cost A[,B]     a verify pass of k drafts costs 1 + B + A*k passes (0.2,0.3)\n"
+            "  --mask-thread auto|on|off  structured-output masks computed on a thread while the forward\n"
+            "                         runs: auto (default) when the last forward took >= 10 ms, on at\n"
+            "                         every step, off after the forward (same masks, same ids)\n"
             "\n");
     shoal_dist_usage(f);
 }
@@ -564,6 +567,7 @@ int shoal_cmd_serve(int argc, char **argv)
     long req_to = 30, idle_to = 60, write_to = 30, hdr_to = 10, max_per_addr = 64;
     int insecure = 0, trunk_no_direct = 0;
     shoal_draft_opts draft = {.mode = SHOAL_DRAFT_NGRAM, .max = 8};
+    int mask_thread = SHOAL_MASK_THREAD_AUTO;
     shoal_trunk_mode trunk_mode = SHOAL_TRUNK_MAPPED;
     uint64_t trunk_budget = 0;
     const char *trace_path = NULL;
@@ -610,6 +614,20 @@ int shoal_cmd_serve(int argc, char **argv)
         }
         if (!strcmp(a, "--trunk-no-direct")) {
             trunk_no_direct = 1;
+            continue;
+        }
+        if (!strcmp(a, "--mask-thread")) {
+            if (v && !strcmp(v, "auto"))
+                mask_thread = SHOAL_MASK_THREAD_AUTO;
+            else if (v && !strcmp(v, "on"))
+                mask_thread = SHOAL_MASK_THREAD_ON;
+            else if (v && !strcmp(v, "off"))
+                mask_thread = SHOAL_MASK_THREAD_OFF;
+            else {
+                fprintf(stderr, "shoal serve: --mask-thread needs auto, on or off\n");
+                bad = 1;
+            }
+            i++;
             continue;
         }
         if (!strcmp(a, "--draft")) {
@@ -1108,6 +1126,7 @@ int shoal_cmd_serve(int argc, char **argv)
         .threads = (int)threads,
         .cm = ctx.cm,
         .draft = draft,
+        .mask_thread = mask_thread,
     };
     rc = shoal_sched_open(&sched, &so, err, sizeof err);
     if (rc) {

@@ -421,6 +421,12 @@ void shoal_spec_begin(shoal_spec *sp);
  * tokens before hist[n - 1]). */
 int shoal_spec_decode(shoal_spec *sp, const int32_t *hist, int n, int limit, float *logits, char *err,
                       size_t errlen);
+/* Told the k drafted ids (drafts[0..k), k >= 1) that follow the fed token,
+ * on the thread that calls shoal_spec_decode, just before their verify
+ * forward runs (the scheduler computes the structured-output masks of the
+ * verify rows while it runs). The array is valid during the call only. */
+typedef void (*shoal_spec_hook)(void *ctx, const int32_t *drafts, int k);
+void shoal_spec_set_hook(shoal_spec *sp, shoal_spec_hook fn, void *ctx); /* fn NULL: none */
 /* Drop pending drafts: the sequence then holds exactly the fed tokens.
  * Accepts NULL (nothing to do). */
 int shoal_spec_settle(shoal_spec *sp, char *err, size_t errlen);

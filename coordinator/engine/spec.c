@@ -22,7 +22,15 @@ struct shoal_spec {
     int base, nchunk, used;
     int32_t shadow; /* K = 0: the draft proposed but not verified, -1: none */
     shoal_spec_stats st;
+    shoal_spec_hook hook; /* told the drafts before each verify forward */
+    void *hook_ctx;
 };
+
+void shoal_spec_set_hook(shoal_spec *sp, shoal_spec_hook fn, void *ctx)
+{
+    sp->hook = fn;
+    sp->hook_ctx = ctx;
+}
 
 static double now_s(void)
 {
@@ -173,6 +181,8 @@ int shoal_spec_decode(shoal_spec *sp, const int32_t *hist, int n, int limit, flo
     }
     sp->chunk[0] = id;
     sp->nchunk = sp->used = 0;
+    if (sp->hook)
+        sp->hook(sp->hook_ctx, sp->chunk + 1, k);
     rc = shoal_seq_verify(s, sp->chunk, k + 1, sp->lg, err, errlen);
     if (rc)
         return rc;

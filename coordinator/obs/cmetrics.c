@@ -50,7 +50,7 @@ struct shoal_cmetrics {
     shoal_metrics_counter steps, decode_steps, decode_seqs, step_prompt;
     shoal_metrics_gauge last_batch, max_batch;
     shoal_metrics_hist req_queue, req_ttft, req_itl;
-    shoal_metrics_counter cmasks, cmask_ns, cmask_wait_ns, cmask_overlapped; /* structured output */
+    shoal_metrics_counter cmasks, cmask_ns, cmask_wait_ns, cmask_overlapped, cmask_verify; /* structured output */
 };
 
 static const char *const phase_names[SHOAL_PHASE_COUNT] = {
@@ -297,6 +297,12 @@ void shoal_cmetrics_constrain_overlapped(shoal_cmetrics *cm, uint64_t n)
         shoal_metrics_add(&cm->cmask_overlapped, n);
 }
 
+void shoal_cmetrics_constrain_verify(shoal_cmetrics *cm, uint64_t n)
+{
+    if (cm)
+        shoal_metrics_add(&cm->cmask_verify, n);
+}
+
 void shoal_cmetrics_exchange(shoal_cmetrics *cm, int w, int layer, const shoal_cmetrics_xchg *x)
 {
     worker *k = get_w(cm, w);
@@ -533,6 +539,11 @@ void shoal_cmetrics_write(shoal_cmetrics *cm, shoal_metrics_buf *b)
                          "Structured output: of those masks, the ones computed on the mask thread during a forward.");
     shoal_metrics_sample(b, "shoal_constrain_masks_overlapped_total", NULL, 0,
                          (double)shoal_metrics_get(&cm->cmask_overlapped));
+    shoal_metrics_family(b, "shoal_constrain_masks_verify_total", SHOAL_METRICS_COUNTER,
+                         "Structured output: of the overlapped masks, those of drafted verify rows (computed during "
+                         "the verify forward from the drafted ids).");
+    shoal_metrics_sample(b, "shoal_constrain_masks_verify_total", NULL, 0,
+                         (double)shoal_metrics_get(&cm->cmask_verify));
     shoal_metrics_family(b, "shoal_constrain_mask_wait_seconds_total", SHOAL_METRICS_COUNTER,
                          "Structured output: wall seconds the sampler waited for a mask (the part of the mask time "
                          "not hidden behind the forward).");

@@ -115,6 +115,9 @@ void shoal_cmetrics_constrain_mask(shoal_cmetrics *cm, uint64_t masks, uint64_t 
 /* Of those masks, n (counted when used) were computed on the mask thread
  * during a forward. */
 void shoal_cmetrics_constrain_overlapped(shoal_cmetrics *cm, uint64_t n);
+/* Of the overlapped masks, n were those of a drafted chunk's verify rows
+ * (computed during the verify forward from the drafted ids). */
+void shoal_cmetrics_constrain_verify(shoal_cmetrics *cm, uint64_t n);
 
 /* One EXPERT_BATCH exchange with worker w for MoE layer `layer`, as seen by
  * the coordinator: rtt_ns from the first byte sent to the reply received;

@@ -1643,6 +1643,24 @@ int shoal_cons_run_create(shoal_cons_run **out, const shoal_cons *c, const shoal
     return 0;
 }
 
+shoal_cons_run *shoal_cons_run_clone(const shoal_cons_run *src)
+{
+    shoal_cons_run *r = shoal_xcalloc(1, sizeof *r);
+    r->lvl = shoal_xmalloc(sizeof *r->lvl * (size_t)(src->v->maxlen + 2));
+    r->dlvl = shoal_xmalloc(sizeof *r->dlvl * (size_t)(src->v->maxlen + 2));
+    shoal_cons_run_copy(r, src);
+    return r;
+}
+
+void shoal_cons_run_copy(shoal_cons_run *dst, const shoal_cons_run *src)
+{
+    mstate *lvl = dst->lvl;
+    int32_t *dlvl = dst->dlvl;
+    *dst = *src;
+    dst->lvl = lvl;
+    dst->dlvl = dlvl;
+}
+
 void shoal_cons_run_free(shoal_cons_run *r)
 {
     if (!r)

@@ -83,6 +83,13 @@ int32_t shoal_cons_vocab_size(const shoal_cons_vocab *v); /* n_vocab of the toke
 int shoal_cons_run_create(shoal_cons_run **out, const shoal_cons *c, const shoal_cons_vocab *v,
                           const int32_t *end_ids, int n_end, char *err, size_t errlen);
 void shoal_cons_run_free(shoal_cons_run *r); /* accepts NULL */
+/* A new run with the same constraint, vocabulary, end ids and state as src
+ * (its own scratch). */
+shoal_cons_run *shoal_cons_run_clone(const shoal_cons_run *src);
+/* dst takes src's state (dst from shoal_cons_run_clone of a run with the same
+ * constraint and vocabulary); never allocates, so a mask thread can look
+ * ahead (drafted ids) without touching src. */
+void shoal_cons_run_copy(shoal_cons_run *dst, const shoal_cons_run *src);
 /* Ids forced before the constrained text (at most 64; e.g. K3's tool-call
  * opening up to the arguments' json element): the mask allows ids[k] alone
  * until they are all taken. Only before the first accept. */
