@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Decode step time with and without a structured-output constraint (issue 36).
 
-  constrain_bench.py MODEL_DIR NAME ROUNDS STEPS [serve args...] > docs/data/constrain_decode_<name>.txt
+  constrain_bench.py [--servers overlap,after] MODEL_DIR NAME ROUNDS STEPS [serve args...] > docs/data/constrain_decode_<name>.txt
   constrain_bench.py --summarize FILE [SKIP_ROUNDS]   (the summary of a cut run's rows)
 
 Two `shoal serve --threads 1` on MODEL_DIR (the same mapped files): "overlap",
-the default (the next mask computed on the mask thread while the forward runs),
-and "after" (SHOAL_MASK_THREAD=0: the mask computed at sampling time, after the
-forward: the behaviour before the overlap). Only one of them works at a time.
+the default (--mask-thread auto: the next mask computed on the mask thread while
+the forward runs), and "after" (--mask-thread off: the mask computed at sampling
+time, after the forward: the behaviour before the overlap); --servers picks
+one or both. Only one of them works at a time.
 ROUNDS rounds; in each, every kind on both servers in turn (interleaved, the
 server order alternating per round, so load drifts hit all alike):
   free          no constraint
@@ -30,6 +31,15 @@ Rows: "req server= kind= round= steps= step_ms= mask_us= wait_us= masks=",
 then per (server, kind) "summary ..." with the median step time [min, max],
 the ratio of medians to free on the same server, and the mask fraction of the
 step; the load average before and after.
+
+Process CPU time per decode step (cpu_ms): the request is streamed, and the
+server process's CPU time (utime + stime of all its threads, mask thread
+included, /proc/PID/stat, 10 ms ticks) is read at the first streamed chunk and
+after the last ([DONE]); the difference over the request's decode steps (the
+inter-token count above) is the CPU a step costs. Other processes on the
+machine slow the wall-clock step but add nothing to this server's CPU time, so
+on a loaded box cpu_ms resolves what step_ms cannot. sched_ms is the same from
+/proc/PID/task/*/schedstat (ns, the threads alive at both reads).
 """
 import json
 import os
@@ -98,22 +108,67 @@ def start(model, name, extra, env_add):
     if "listening on " not in line:
         p.kill()
         sys.exit(f"serve did not start: {line!r}")
-    return p, line.strip().split("listening on ")[1]
+    return p, line.strip().split("listening on ")[1], p.pid
 
 
-def one(url, name, kw, steps, seed):
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid):
+    """(utime + stime of every thread of pid, seconds; the sum of the
+    schedstat run times of its live threads, seconds)"""
+    with open(f"/proc/{pid}/stat") as f:
+        st = f.read()
+    fields = st[st.rindex(")") + 2:].split()
+    cpu = (int(fields[11]) + int(fields[12])) / TICK
+    ns = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                ns += int(f.read().split()[0])
+        except OSError:
+            pass
+    return cpu, ns / 1e9
+
+
+def one(url, name, kw, steps, seed, pid):
+    """Streams the request; returns (tokens, finish, cpu s, schedstat s) with
+    the CPU times from the first chunk to the end of the stream."""
     body = {"model": name, "messages": [{"role": "user", "content": "Tell a story"}], "max_tokens": steps,
-            "temperature": 1.0, "seed": seed, "chat_template_kwargs": {"thinking": False}, **kw}
+            "temperature": 1.0, "seed": seed, "chat_template_kwargs": {"thinking": False}, "stream": True,
+            "stream_options": {"include_usage": True}, **kw}
     req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
+    c0 = None
+    n, fin = 0, None
     with urllib.request.urlopen(req, timeout=1800) as r:
-        out = json.loads(r.read())
-    return out["usage"]["completion_tokens"], out["choices"][0]["finish_reason"]
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            if line == b"data: [DONE]":
+                break
+            ev = json.loads(line[6:])
+            for ch in ev.get("choices") or []:
+                d = ch.get("delta") or {}
+                if c0 is None and (d.get("content") or d.get("reasoning_content")):
+                    c0 = proc_cpu(pid)
+                if ch.get("finish_reason"):
+                    fin = ch["finish_reason"]
+            if ev.get("usage"):
+                n = ev["usage"]["completion_tokens"]
+    c1 = proc_cpu(pid)
+    if c0 is None:
+        c0 = c1
+    return n, fin, c1[0] - c0[0], c1[1] - c0[1]
 
 
 def summarize(rows):
+    cpu_summary(rows)
     for sv in ("overlap", "after"):
         free = rows.get((sv, "free"))
+        if not free:
+            continue
         fm = statistics.median(x[0] for x in free) if free else float("nan")
         for k in KINDS:
             v = rows.get((sv, k))
@@ -143,6 +198,32 @@ def summarize(rows):
                   f"max={max(pr):.3f} n={len(pr)}")
 
 
+def cpu_summary(rows):
+    """process CPU per decode step: median [min, max] per kind, the ratio of
+    medians to free and the paired per-round ratios (same server, round)"""
+    for sv in ("overlap", "after"):
+        free = [x[3] for x in rows.get((sv, "free"), []) if len(x) > 3]
+        if not free:
+            continue
+        fm = statistics.median(free)
+        for k in KINDS:
+            v = [x for x in rows.get((sv, k), []) if len(x) > 3]
+            if not v:
+                continue
+            c = [x[3] for x in v]
+            sc = [x[4] for x in v]
+            m = statistics.median(c)
+            line = (f"cpu server={sv} kind={k} n={len(v)} cpu_ms_median={m:.1f} min={min(c):.1f} max={max(c):.1f} "
+                    f"ratio_to_free={m / fm:.4f} sched_ms_median={statistics.median(sc):.1f}")
+            if k != "free":
+                fr = {x[5]: x[3] for x in rows.get((sv, "free"), []) if len(x) > 5}
+                pr = sorted(x[3] / fr[x[5]] for x in v if x[5] in fr)
+                if pr:
+                    line += (f" paired_median={statistics.median(pr):.4f} paired_min={pr[0]:.4f} "
+                             f"paired_max={pr[-1]:.4f}")
+            print(line)
+
+
 def from_file(path, skip_rounds):
     """The summary of the req rows of an earlier (possibly cut) run, without
     its first skip_rounds rounds (the first requests fault the model's pages in)."""
@@ -153,8 +234,10 @@ def from_file(path, skip_rounds):
         f = dict(x.split("=", 1) for x in line.split()[1:])
         if int(f["round"]) < skip_rounds:
             continue
-        rows.setdefault((f["server"], f["kind"]), []).append(
-            (float(f["step_ms"]), float(f["mask_us"]), float(f["wait_us"])))
+        row = (float(f["step_ms"]), float(f["mask_us"]), float(f["wait_us"]))
+        if "cpu_ms" in f:
+            row += (float(f["cpu_ms"]), float(f["sched_ms"]), int(f["round"]))
+        rows.setdefault((f["server"], f["kind"]), []).append(row)
     print(f"# summary of {path} without round(s) < {skip_rounds}")
     summarize(rows)
 
@@ -163,21 +246,27 @@ def main():
     if sys.argv[1] == "--summarize":
         from_file(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)
         return
-    model, name, rounds, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    extra = sys.argv[5:]
+    args = sys.argv[1:]
+    which = ["overlap", "after"]
+    if args[0] == "--servers":
+        which = args[1].split(",")
+        args = args[2:]
+    model, name, rounds, steps = args[0], args[1], int(args[2]), int(args[3])
+    extra = args[4:]
     servers = {}
     print(f"# {name} {model} rounds={rounds} max_tokens={steps} threads=1 load_before={os.getloadavg()}", flush=True)
     rows = {}
     try:
-        servers["overlap"] = start(model, name, extra, {})
-        servers["after"] = start(model, name, extra, {"SHOAL_MASK_THREAD": "0"})
-        order = ["overlap", "after"]
+        flag = {"overlap": ["--mask-thread", "auto"], "after": ["--mask-thread", "off"]}
+        for sv in which:
+            servers[sv] = start(model, name, extra + flag[sv], {})
+        order = which
         for r in range(rounds):
             for k, kw in KINDS.items():
                 for sv in (order if r % 2 == 0 else order[::-1]):
-                    url = servers[sv][1]
+                    url, pid = servers[sv][1], servers[sv][2]
                     m0 = scrape(url)
-                    n, fin = one(url, name, kw, steps, r)
+                    n, fin, cpu, sch = one(url, name, kw, steps, r, pid)
                     m1 = scrape(url)
                     d = {w: m1.get(w, 0.0) - m0.get(w, 0.0) for w in WANT}
                     cnt = d["shoal_request_inter_token_seconds_count"]
@@ -189,14 +278,16 @@ def main():
                     masks = d["shoal_constrain_masks_total"]
                     mask_us = d["shoal_constrain_mask_seconds_total"] / masks * 1e6 if masks else 0.0
                     wait_us = d["shoal_constrain_mask_wait_seconds_total"] / masks * 1e6 if masks else 0.0
-                    rows.setdefault((sv, k), []).append((step_ms, mask_us, wait_us))
+                    cpu_ms, sched_ms = cpu / cnt * 1e3, sch / cnt * 1e3
+                    rows.setdefault((sv, k), []).append((step_ms, mask_us, wait_us, cpu_ms, sched_ms, r))
                     print(f"req server={sv} kind={k} round={r} tokens={n} finish={fin} steps={int(cnt)} "
-                          f"step_ms={step_ms:.1f} masks={int(masks)} mask_us={mask_us:.1f} wait_us={wait_us:.1f} "
+                          f"step_ms={step_ms:.1f} cpu_ms={cpu_ms:.2f} sched_ms={sched_ms:.2f} masks={int(masks)} "
+                          f"mask_us={mask_us:.1f} wait_us={wait_us:.1f} "
                           f"load1={os.getloadavg()[0]:.1f}", flush=True)
     finally:
-        for p, _ in servers.values():
+        for p, _, _ in servers.values():
             p.terminate()
-        for p, _ in servers.values():
+        for p, _, _ in servers.values():
             try:
                 p.wait(60)
             except subprocess.TimeoutExpired:

@@ -46,11 +46,19 @@ and `re`, never shoal's code. Cases:
                  batched 2-worker server as on the reference path alone.
   refusals       an unsupported keyword is a 400 naming it (param + message).
   mask_metrics   the reference path computes its masks after the forward
-                 (SHOAL_MASK_THREAD=0: same_ids and tool_auto then compare the
+                 (--mask-thread off: same_ids and tool_auto then compare the
                  overlapped masks with those), the server under test on its
-                 mask thread during the forward (SHOAL_MASK_THREAD=1): /metrics
+                 mask thread during the forward (--mask-thread on): /metrics
                  shows both counted, the server's mostly overlapped, the
                  reference's none (and it waited for all its mask time).
+  verify_rows    on K3's real vocabulary, drafting (ngram) with the masks of
+                 the drafted verify rows computed during the verify forward
+                 (--mask-thread on) against no drafting and masks after the
+                 forward (--draft off --mask-thread off): constrained requests
+                 whose outputs repeat (so drafts hit) at temperature 1.3 with
+                 seeds give the same texts, and /metrics shows verify-row masks
+                 used (a wrong row mask changes a draw or lets a banned token
+                 through).
 """
 import json
 import os
@@ -732,6 +740,31 @@ def t_same_ids(srv, ref, label):
         R.check(f"same_ids/{label}/{i}", got[i] == alone[i], f"{alone[i]!r} vs {got[i]!r}")
 
 
+def t_verify_rows(srv, ref, label):
+    """Drafting with the verify rows' masks computed during the verify
+    forward (srv: ngram drafts, --mask-thread on) against no drafting and
+    every mask after the forward (ref): the same texts at temperature 1.3
+    with seeds. The constraints make the output repeat itself (an array of
+    one const string, a regex of a repeated word), so the n-gram drafter's
+    drafts hit and the rows' masks are used -- checked on /metrics, else the
+    identity would prove nothing."""
+    arr = {"type": "object", "properties": {"xs": {"type": "array", "items": {"enum": ["sea shell", "sea salt"]},
+                                                   "minItems": 6, "maxItems": 12}},
+           "required": ["xs"], "additionalProperties": False}
+    reqs = [dict(response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": arr}}),
+            dict(extra_body={"guided_regex": r"(wave (one|two) ){5,9}end"}),
+            dict(response_format={"type": "json_object"})]
+    before = mask_metrics(srv).get("shoal_constrain_masks_verify_total", 0)
+    msgs = [{"role": "user", "content": "sea shell sea salt wave one wave two sea shell sea salt wave one"}]
+    for i, kw in enumerate(reqs):
+        for seed in range(3):
+            a = chat(ref, msgs, 60, temperature=1.3, seed=seed, **kw).choices[0].message.content
+            b = chat(srv, msgs, 60, temperature=1.3, seed=seed, **kw).choices[0].message.content
+            R.check(f"verify_rows/{label}/{i}/{seed}", a == b, f"{a!r} vs {b!r}")
+    used = mask_metrics(srv).get("shoal_constrain_masks_verify_total", 0) - before
+    R.check(f"verify_rows/{label}/rows_used", used >= 10, f"{used} verify-row masks used")
+
+
 def mask_metrics(srv):
     import urllib.request
     with urllib.request.urlopen(srv.url + "/metrics", timeout=30) as r:
@@ -747,7 +780,7 @@ def mask_metrics(srv):
 def t_mask_metrics(srv, ref, label):
     """Both servers counted masks; the one with the mask thread on at every
     step computed most of them during a forward (a slot's first mask is
-    computed at sampling time), the reference (SHOAL_MASK_THREAD=0) none,
+    computed at sampling time), the reference (--mask-thread off) none,
     and it waited for all of its mask time. (Whether waiting is shorter than
     computing is a timing matter: tests/bench/constrain_bench.py.)"""
     a, b = mask_metrics(srv), mask_metrics(ref)
@@ -905,12 +938,11 @@ def main():
     os.makedirs(WORK, exist_ok=True)
     t0 = time.time()
     # the server under test computes its masks on the mask thread during the
-    # forward at every step (SHOAL_MASK_THREAD=1: k3-nano's forward is too
+    # forward at every step (--mask-thread on: k3-nano's forward is too
     # short for the default to hand over), the reference after the forward
-    # (SHOAL_MASK_THREAD=0)
-    srv = Server(NANO, "nano", "--slots", "4", "--workers", "2", "--worker-threads", "1",
-                 env={"SHOAL_MASK_THREAD": "1"})
-    ref = Server(NANO, "nano", "--slots", "1", "--draft", "off", env={"SHOAL_MASK_THREAD": "0"})
+    # (--mask-thread off)
+    srv = Server(NANO, "nano", "--slots", "4", "--workers", "2", "--worker-threads", "1", "--mask-thread", "on")
+    ref = Server(NANO, "nano", "--slots", "1", "--draft", "off", "--mask-thread", "off")
     try:
         t_same_ids(srv, ref, "nano")
         t_tool_auto(srv, ref, "nano", NANO, range(8))
@@ -938,7 +970,13 @@ def main():
                  "(../shared/k3/tiktoken.model; SHOAL_K3_TOKENIZER_DIR)")
     else:
         t1 = time.time()
-        srv = Server(real_vocab_model(real), "k3v", "--tokenizer", real)
+        srv = Server(real_vocab_model(real), "k3v", "--tokenizer", real, "--mask-thread", "on")
+        ref = Server(real_vocab_model(real), "k3v", "--tokenizer", real, "--slots", "1", "--draft", "off",
+                     "--mask-thread", "off")
+        try:
+            t_verify_rows(srv, ref, "real_vocab")
+        finally:
+            ref.stop()
         try:
             t_json_object(srv, "real_vocab")
             t_tool_args(srv, "real_vocab")

@@ -335,15 +335,24 @@ static void walks_g(shoal_tok *t, const char *schema, const char *gbnf, int nwal
     if (!c)
         return;
     int32_t V = shoal_cons_vocab_size(v), eos = shoal_tok_eos_id(t);
-    uint8_t *mask = malloc((size_t)V);
+    uint8_t *mask = malloc((size_t)V), *ahead = malloc((size_t)V);
     int32_t *allowed = malloc(sizeof(int32_t) * (size_t)V);
     for (int w = 0; w < nwalks; w++) {
         shoal_cons_run *r;
         CHECK(shoal_cons_run_create(&r, c, v, &eos, 1, err, sizeof err) == 0);
+        /* the scheduler's look-ahead (drafted verify rows): a copy of the run
+         * taken before a step, advanced by the id the walk then takes, gives
+         * the mask the run itself gives after that id */
+        shoal_cons_run *look = shoal_cons_run_clone(r);
+        int n_ahead = -1;
         char text[8192];
         size_t tn = 0;
         for (int stepi = 0; stepi < 400; stepi++) {
             int n = shoal_cons_run_mask(r, mask);
+            if (n_ahead >= 0) {
+                CHECK_EQ_INT(n_ahead, n);
+                CHECK_MSG(!memcmp(ahead, mask, (size_t)V), "look-ahead mask differs after %.*s", (int)tn, text);
+            }
             CHECK_MSG(n > 0, "empty mask after %.*s", (int)tn, text);
             if (n <= 0)
                 break;
@@ -372,9 +381,12 @@ static void walks_g(shoal_tok *t, const char *schema, const char *gbnf, int nwal
             }
             /* prefer ending once possible half the time, else random */
             int32_t id = mask[eos] && (rnd() & 1) ? eos : allowed[rnd() % (uint32_t)na];
+            shoal_cons_run_copy(look, r);
             CHECK(shoal_cons_run_accept(r, id) == 0);
             if (id == eos)
                 break;
+            CHECK(shoal_cons_run_accept(look, id) == 0);
+            n_ahead = shoal_cons_run_mask(look, ahead);
             size_t bl;
             const uint8_t *b = shoal_tok_token_bytes(t, id, &bl);
             if (tn + bl < sizeof text) {
@@ -391,8 +403,10 @@ static void walks_g(shoal_tok *t, const char *schema, const char *gbnf, int nwal
             json_decref(j);
         }
         shoal_cons_run_free(r);
+        shoal_cons_run_free(look);
     }
     free(mask);
+    free(ahead);
     free(allowed);
     shoal_cons_free(c);
     shoal_cons_vocab_free(v);
