@@ -55,8 +55,8 @@ and `re`, never shoal's code. Cases:
                  the drafted verify rows computed during the verify forward
                  (--mask-thread on) against no drafting and masks after the
                  forward (--draft off --mask-thread off): constrained requests
-                 whose outputs repeat (so drafts hit) at temperature 1.3 with
-                 seeds give the same texts, and /metrics shows verify-row masks
+                 whose outputs repeat (so drafts hit), greedy and at
+                 temperature 1.3 with seeds, give the same texts, and /metrics shows verify-row masks
                  used (a wrong row mask changes a draw or lets a banned token
                  through).
 """
@@ -743,8 +743,8 @@ def t_same_ids(srv, ref, label):
 def t_verify_rows(srv, ref, label):
     """Drafting with the verify rows' masks computed during the verify
     forward (srv: ngram drafts, --mask-thread on) against no drafting and
-    every mask after the forward (ref): the same texts at temperature 1.3
-    with seeds. The constraints make the output repeat itself (an array of
+    every mask after the forward (ref): the same texts, greedy and at
+    temperature 1.3 with seeds. The constraints make the output repeat itself (an array of
     one const string, a regex of a repeated word), so the n-gram drafter's
     drafts hit and the rows' masks are used -- checked on /metrics, else the
     identity would prove nothing."""
@@ -756,11 +756,13 @@ def t_verify_rows(srv, ref, label):
             dict(response_format={"type": "json_object"})]
     before = mask_metrics(srv).get("shoal_constrain_masks_verify_total", 0)
     msgs = [{"role": "user", "content": "sea shell sea salt wave one wave two sea shell sea salt wave one"}]
+    # greedy (the random model loops inside the constraint: long drafts hit)
+    # and temperature 1.3 with seeds (any wrong row mask moves a draw)
     for i, kw in enumerate(reqs):
-        for seed in range(3):
-            a = chat(ref, msgs, 60, temperature=1.3, seed=seed, **kw).choices[0].message.content
-            b = chat(srv, msgs, 60, temperature=1.3, seed=seed, **kw).choices[0].message.content
-            R.check(f"verify_rows/{label}/{i}/{seed}", a == b, f"{a!r} vs {b!r}")
+        for temp, seed in ((0, 0), (1.3, 0), (1.3, 1), (1.3, 2)):
+            a = chat(ref, msgs, 60, temperature=temp, seed=seed, **kw).choices[0].message.content
+            b = chat(srv, msgs, 60, temperature=temp, seed=seed, **kw).choices[0].message.content
+            R.check(f"verify_rows/{label}/{i}/{temp}/{seed}", a == b, f"{a!r} vs {b!r}")
     used = mask_metrics(srv).get("shoal_constrain_masks_verify_total", 0) - before
     R.check(f"verify_rows/{label}/rows_used", used >= 10, f"{used} verify-row masks used")
 
