@@ -35,8 +35,10 @@ step; the load average before and after.
 Process CPU time per decode step (cpu_ms): the request is streamed, and the
 server process's CPU time (utime + stime of all its threads, mask thread
 included, /proc/PID/stat, 10 ms ticks) is read at the first streamed chunk and
-after the last ([DONE]); the difference over the request's decode steps (the
-inter-token count above) is the CPU a step costs. Other processes on the
+after the last ([DONE]); the difference over the decode steps between the two
+reads (the inter-token count scraped at the first chunk and at the end: a
+first token that ends inside a UTF-8 character sends no chunk) is the CPU a
+step costs. Other processes on the
 machine slow the wall-clock step but add nothing to this server's CPU time, so
 on a loaded box cpu_ms resolves what step_ms cannot. sched_ms is the same from
 /proc/PID/task/*/schedstat (ns, the threads alive at both reads).
@@ -140,6 +142,7 @@ def one(url, name, kw, steps, seed, pid):
     req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     c0 = None
+    first = {}
     n, fin = 0, None
     with urllib.request.urlopen(req, timeout=1800) as r:
         for line in r:
@@ -153,6 +156,7 @@ def one(url, name, kw, steps, seed, pid):
                 d = ch.get("delta") or {}
                 if c0 is None and (d.get("content") or d.get("reasoning_content")):
                     c0 = proc_cpu(pid)
+                    first = scrape(url)
                 if ch.get("finish_reason"):
                     fin = ch["finish_reason"]
             if ev.get("usage"):
@@ -160,7 +164,7 @@ def one(url, name, kw, steps, seed, pid):
     c1 = proc_cpu(pid)
     if c0 is None:
         c0 = c1
-    return n, fin, c1[0] - c0[0], c1[1] - c0[1]
+    return n, fin, c1[0] - c0[0], c1[1] - c0[1], first.get("shoal_request_inter_token_seconds_count")
 
 
 def summarize(rows):
@@ -202,12 +206,12 @@ def cpu_summary(rows):
     """process CPU per decode step: median [min, max] per kind, the ratio of
     medians to free and the paired per-round ratios (same server, round)"""
     for sv in ("overlap", "after"):
-        free = [x[3] for x in rows.get((sv, "free"), []) if len(x) > 3]
+        free = [x[3] for x in rows.get((sv, "free"), []) if len(x) > 3 and x[3] == x[3]]
         if not free:
             continue
         fm = statistics.median(free)
         for k in KINDS:
-            v = [x for x in rows.get((sv, k), []) if len(x) > 3]
+            v = [x for x in rows.get((sv, k), []) if len(x) > 3 and x[3] == x[3]]
             if not v:
                 continue
             c = [x[3] for x in v]
@@ -262,11 +266,12 @@ def main():
             servers[sv] = start(model, name, extra + flag[sv], {})
         order = which
         for r in range(rounds):
-            for k, kw in KINDS.items():
+            kinds = list(KINDS.items())
+            for k, kw in (kinds if r % 2 == 0 else kinds[::-1]):  # the kind order alternates too
                 for sv in (order if r % 2 == 0 else order[::-1]):
                     url, pid = servers[sv][1], servers[sv][2]
                     m0 = scrape(url)
-                    n, fin, cpu, sch = one(url, name, kw, steps, r, pid)
+                    n, fin, cpu, sch, at_first = one(url, name, kw, steps, r, pid)
                     m1 = scrape(url)
                     d = {w: m1.get(w, 0.0) - m0.get(w, 0.0) for w in WANT}
                     cnt = d["shoal_request_inter_token_seconds_count"]
@@ -278,9 +283,17 @@ def main():
                     masks = d["shoal_constrain_masks_total"]
                     mask_us = d["shoal_constrain_mask_seconds_total"] / masks * 1e6 if masks else 0.0
                     wait_us = d["shoal_constrain_mask_wait_seconds_total"] / masks * 1e6 if masks else 0.0
-                    cpu_ms, sched_ms = cpu / cnt * 1e3, sch / cnt * 1e3
+                    # the steps between the CPU reads: the inter-token count at the
+                    # first chunk (a first token that ends inside a UTF-8
+                    # character sends no chunk: the first chunk may come after
+                    # several steps) to the end
+                    csteps = m1.get("shoal_request_inter_token_seconds_count", 0.0) - (at_first or 0.0)
+                    if at_first is None or csteps < 1:
+                        csteps = float("nan")
+                    cpu_ms, sched_ms = cpu / csteps * 1e3, sch / csteps * 1e3
                     rows.setdefault((sv, k), []).append((step_ms, mask_us, wait_us, cpu_ms, sched_ms, r))
                     print(f"req server={sv} kind={k} round={r} tokens={n} finish={fin} steps={int(cnt)} "
+                          f"cpu_steps={csteps:.0f} "
                           f"step_ms={step_ms:.1f} cpu_ms={cpu_ms:.2f} sched_ms={sched_ms:.2f} masks={int(masks)} "
                           f"mask_us={mask_us:.1f} wait_us={wait_us:.1f} "
                           f"load1={os.getloadavg()[0]:.1f}", flush=True)
