@@ -331,10 +331,14 @@ def main():
     ap.add_argument("--candidates", type=int, default=40)
     ap.add_argument("--nano", action="store_true",
                     help="k3-nano (a trained model): held-out text, real prompts, heldout.json and chat.json")
+    ap.add_argument("--numerics", choices=("portable", "mu"), default="portable",
+                    help="the engine's numerics class the fixtures are for (reference.py set_numerics); mu "
+                         "fixtures go to tests/fixtures/MODEL/mu")
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     m = R.Model(a.model)
+    R.set_numerics(m, a.numerics)
     enc, specials = encoder(a.model)
     bos = specials["[BOS]"]
     os.makedirs(a.out, exist_ok=True)

@@ -56,27 +56,21 @@ def versions():
     return out
 
 
-def main():
-    files = {}
-    for d in [f"tests/models/{m}" for m in MODELS] + [f"tests/fixtures/{m}" for m in MODELS] + \
-            ["tests/fixtures/k3-scale", "tools/vocab"]:
-        full = os.path.join(ROOT, d)
-        if not os.path.isdir(full):
-            continue
-        for fn in sorted(os.listdir(full)):
-            files[f"{d}/{fn}"] = sha256(os.path.join(full, fn))
+def derive(sub, problems):
+    """tolerances and the measurements behind them for the fixtures in
+    tests/fixtures/<model>/<sub>; appends to problems"""
     tol = {}
     measured = {}
-    problems = []
     for m in MODELS:
-        r = json.load(open(os.path.join(ROOT, f"tests/fixtures/{m}/robustness.json")))
+        fxd = os.path.join(ROOT, f"tests/fixtures/{m}/{sub}")
+        r = json.load(open(os.path.join(fxd, "robustness.json")))
         g = [x for x in r["greedy_prompts_tried"] if x["ok"]][-1]
         lg = max(r["teacher_forced"]["logit_max_abs_diff"], g["logit_max_abs_diff"])
         hid = r["hidden_summary_rel_max_diff_full_vs_incremental"]
         measured[m] = {"logit_max_abs_diff": lg, "hidden_summary_rel_max_diff": hid,
                        "min_argmax_margin_teacher_forced": r["teacher_forced"]["min_argmax_margin"],
                        "min_argmax_margin_greedy": g["min_argmax_margin"]}
-        tp = os.path.join(ROOT, f"tests/fixtures/{m}/tolerance.json")
+        tp = os.path.join(fxd, "tolerance.json")
         fam = json.load(open(tp)) if os.path.exists(tp) else None
         held = None
         if fam:
@@ -87,7 +81,7 @@ def main():
                                 "orders_hidden_summary_rel_max_diff": fhid})
             for o in pool:
                 if o["argmax_disagreements"] or o["routing_disagreements"]:
-                    problems.append(f"{m}: a summation order disagrees with the fixture: {o}")
+                    problems.append(f"{sub}{m}: a summation order disagrees with the fixture: {o}")
             lg, hid = max(lg, flg), max(hid, fhid)
             if "heldout_nll" in fam["base"]:
                 held = max(o["heldout_nll"] for o in pool)
@@ -109,7 +103,60 @@ def main():
                                               "hidden_rel_over_tolerance": v["hidden_rel"] / tol[m]["hidden_summary_rel"]}
                                           for k, v in sens.items()}
             if sens["f32_tensors_rounded_to_bf16"]["logit_max_abs"] <= tol[m]["logits_abs"]:
-                problems.append(f"{m}: logits_abs {tol[m]['logits_abs']} does not catch the F32 tensors in bf16")
+                problems.append(f"{sub}{m}: logits_abs {tol[m]['logits_abs']} does not catch the F32 tensors in bf16")
+    return tol, measured
+
+
+def derive_mu():
+    """The mu numerics class (issue 33; tools/reference.py set_numerics): how
+    far the reference in that class -- bf16 inputs to every bf16/MXFP4 matrix
+    product, the summation order free -- lies from the fp32 fixtures, over
+    the orders of tolerance_mu.json (tools/measure_tolerances.py --numerics
+    mu). The engine in the mu class must lie within TOL_FACTOR x that spread,
+    the same rule as for portable. A model whose family does not keep every
+    teacher-forced argmax of the fixture is not robust for the class: it gets
+    no tolerances (recorded, and test_engine_ref --numerics mu skips it by
+    name). Routing decisions are counted, not exact: the family itself
+    differs from the fixture in some."""
+    tol, measured = {}, {}
+    for m in MODELS:
+        tp = os.path.join(ROOT, f"tests/fixtures/{m}/tolerance_mu.json")
+        if not os.path.exists(tp):
+            continue
+        fam = json.load(open(tp))
+        pool = fam["per_order"] + [fam["base"]]
+        mx = {k: max(o[k] for o in pool) for k in pool[0] if k != "vs_exact_logit_max_abs"}
+        measured[m] = {"orders": fam["orders"], **{f"orders_{k}_max": v for k, v in mx.items()},
+                       "base_vs_exact_logit_max_abs": fam["base_vs_exact_logit_max_abs"],
+                       "sensitivity": fam["sensitivity"]}
+        if mx["argmax_disagreements"]:
+            measured[m]["robust"] = False
+            continue
+        measured[m]["robust"] = True
+        tol[m] = {"teacher_forced_argmax": "exact",
+                  "logits_abs": up2(TOL_FACTOR * mx["logit_max_abs"]),
+                  "hidden_summary_rel": up2(TOL_FACTOR * mx["hidden_rel"]),
+                  "routing_disagreements": math.ceil(TOL_FACTOR * mx["routing_disagreements"])}
+        if "heldout_nll" in mx:
+            tol[m]["heldout_nll_abs"] = up2(TOL_FACTOR * mx["heldout_nll"])
+    return tol, measured
+
+
+def main():
+    files = {}
+    for d in [f"tests/models/{m}" for m in MODELS] + [f"tests/fixtures/{m}" for m in MODELS] + \
+            [f"tests/fixtures/{m}/mu" for m in MODELS] + ["tests/fixtures/k3-scale", "tools/vocab"]:
+        full = os.path.join(ROOT, d)
+        if not os.path.isdir(full):
+            continue
+        for fn in sorted(os.listdir(full)):
+            if not os.path.isdir(os.path.join(full, fn)):  # mu/: listed on its own
+                files[f"{d}/{fn}"] = sha256(os.path.join(full, fn))
+    problems = []
+    tol, measured = derive("", problems)
+    # the mu numerics class (issue 33): the same fp32 fixtures, with the spread
+    # of the reference in that class (tolerance_mu.json)
+    tol_mu, measured_mu = derive_mu()
     ks = os.path.join(ROOT, "tests/fixtures/k3-scale/robustness.json")
     if os.path.exists(ks):
         r = json.load(open(ks))
@@ -134,6 +181,8 @@ def main():
         "tolerance_factor": TOL_FACTOR,
         "measured": measured,
         "tolerances": tol,
+        "measured_mu": measured_mu,
+        "tolerances_mu": tol_mu,
         "sha256": files,
     }
     if problems:

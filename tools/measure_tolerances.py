@@ -131,7 +131,9 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--fixtures", required=True)
     ap.add_argument("--orders", type=int, default=ORDERS)
-    ap.add_argument("--out", help="default: FIXTURES/tolerance.json")
+    ap.add_argument("--out", help="default: FIXTURES/tolerance.json (portable), FIXTURES/tolerance_mu.json (mu)")
+    ap.add_argument("--numerics", choices=("portable", "mu"), default="portable",
+                    help="the numerics class of the family and of the fixtures (reference.py set_numerics)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -142,7 +144,8 @@ def main():
 
     fx = Fixture(a.fixtures)
     m = R.Model(a.model)
-    res = {"model": name, "orders": a.orders, "seeds": [SEED0 + s for s in range(a.orders)],
+    R.set_numerics(m, a.numerics)
+    res = {"model": name, "numerics": a.numerics, "orders": a.orders, "seeds": [SEED0 + s for s in range(a.orders)],
            "method": "the reference with every matrix product's reduction dimension in a random order "
                      "(torch.randperm per call, torch.Generator seeded with each seed); each statistic "
                      "against the committed fixture, as tests/unit/test_engine_ref.c computes it"}
@@ -151,8 +154,10 @@ def main():
         res["base"] = base
         log(f"base: {base}")
         m64 = R.Model(a.model, torch.float64)
+        R.set_numerics(m64, a.numerics)
         ex_lg = R.forward_full(m64, fx.ids)
         del m64
+        R.set_numerics(m, a.numerics)
         res["exact_vs_fixture"] = {"logit_max_abs": logit_stat(ex_lg, fx.lg)}
         res["base_vs_exact_logit_max_abs"] = float((base_lg.double() - ex_lg).abs().max())
         orders = []
@@ -182,7 +187,7 @@ def main():
         sens["f32_tensors_rounded_to_bf16"], _ = measure(m, fx, heldout=False)
         res["sensitivity"] = sens
         log(f"sensitivity: {sens}")
-    out = a.out or os.path.join(a.fixtures, "tolerance.json")
+    out = a.out or os.path.join(a.fixtures, "tolerance.json" if a.numerics == "portable" else "tolerance_mu.json")
     with open(out, "w") as f:
         f.write(json.dumps(res, indent=1, sort_keys=True) + "\n")
     log(f"wrote {out}")

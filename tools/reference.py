@@ -151,7 +151,65 @@ def rms_norm(x, w, eps):
 
 
 def linear(x, W):
+    """the matrix product (tools/measure_tolerances.py replaces it by products
+    in other summation orders)"""
     return x @ W.t()
+
+
+# ---------------------------------------------------------------- numerics classes
+# The engine's two numerics classes (issue 33; docs/ARCHITECTURE.md "Numerics
+# classes"). portable: fp32 activations into every matrix product (the
+# contract above). mu, the matrix-unit order: every product whose weight is
+# stored bf16 or MXFP4 -- what the engine computes with shoal_gemm_bf16 /
+# shoal_gemm_mxfp4 -- takes its input rounded to bf16 (subnormals read as
+# zero), with tiny results flushed; fp32-stored weights, the AttnRes
+# projections (fp32 vectors in the engine) and the MLA query's absorption
+# into the latent (a transposed GEMV with fp32 activations) keep fp32 inputs,
+# and the MLA values are applied to the attention-mixed latent, which is
+# rounded (the engine's absorbed form, mla_layer). Within the class the
+# summation order is free (the engine's is AMX's, kernels/README.md), so
+# measure_tolerances.py --numerics mu samples orders as for portable.
+MU = None  # None: portable; else the id()s of the weights whose products take bf16 inputs
+TINY = 2.0 ** -126
+
+
+def mu_in(x):
+    """a mu-class product's input: x to bf16, subnormals read as zero (DAZ)"""
+    x = bf16_round(x)
+    return torch.where(x.abs() < TINY, torch.zeros_like(x), x)
+
+
+def mu_out(y):
+    """a mu-class product's result: tiny values flushed to (signed) zero (FTZ)"""
+    return torch.where(y.abs() < TINY, y * 0, y)
+
+
+def mm(x, W):
+    """a matrix product of the model, in the numerics class set by set_numerics"""
+    if MU is not None and id(W) in MU:
+        return mu_out(linear(mu_in(x), W))
+    return linear(x, W)
+
+
+def set_numerics(m, name):
+    """portable or mu for every forward from now on (one model at a time)."""
+    global MU
+    if name == "portable":
+        MU = None
+        return
+    assert name == "mu", name
+    ids = set()
+    for k, dt in m.dtypes.items():
+        if k.endswith(".weight_packed"):
+            k = k[: -len("_packed")]
+        elif dt != "torch.bfloat16" or not k.endswith(".weight"):
+            continue
+        if "res_proj" in k or k.endswith("kv_b_proj.weight") or k not in m.w:
+            continue
+        w = m.w[k]
+        w[w.abs() < TINY] = 0  # bf16 weights: subnormals read as zero too (MXFP4 decodes have none)
+        ids.add(id(w))
+    MU = ids
 
 
 def situ(g, u, b1, b2):
@@ -164,7 +222,7 @@ def attn_res(blocks, p, w_norm, w_proj, eps):
     mixing of the raw candidates (SPEC §3.2)."""
     V = torch.stack(list(blocks) + [p], dim=0)  # [n+1, T, d]
     k = rms_norm(V, w_norm, eps)
-    s = linear(k, w_proj)[..., 0]  # [n+1, T]
+    s = linear(k, w_proj)[..., 0]  # [n+1, T]; an fp32 vector in the engine: never mu
     a = torch.softmax(s, dim=0)
     return (a[..., None] * V).sum(0)
 
@@ -191,7 +249,11 @@ def router(x, Wg, bias, cfg, stats=None):
     # float64 products summed along each row by one reduction: the same
     # arithmetic for every row, so equal router rows give bit-equal logits
     # (a BLAS gemv may treat rows differently), then one rounding to fp32
+    if MU is not None and id(Wg) in MU:  # the mu class: a bf16 router's product takes bf16 inputs
+        x = mu_in(x)
     logits = (x.double()[:, None, :] * Wg.double()[None, :, :]).sum(-1).float()
+    if MU is not None and id(Wg) in MU:
+        logits = mu_out(logits)
     # sigmoid in float64, rounded once: torch's float32 sigmoid may take a
     # vectorised or a scalar path depending on an element's position, which
     # would split an exact tie between equal rows
@@ -226,7 +288,7 @@ def moe(m, L, x, stats=None):
     c = m.cfg
     pre = "block_sparse_moe."
     ids, w = router(x, m.Lw(L, pre + "gate.weight"), m.Lw(L, pre + "gate.e_score_correction_bias"), c, stats)
-    z = linear(x, m.Lw(L, pre + "routed_expert_down_proj.weight"))
+    z = mm(x, m.Lw(L, pre + "routed_expert_down_proj.weight"))
     T = x.shape[0]
     r = torch.zeros(T, c.latent, dtype=z.dtype)
     for e in range(c.E):  # ascending expert id: the canonical summation order
@@ -236,31 +298,31 @@ def moe(m, L, x, stats=None):
             continue
         we = (w * sel).sum(-1)[rows]  # exactly one nonzero term per row
         ze = z[rows]
-        g = linear(ze, m.Lw(L, f"{pre}experts.{e}.w1.weight"))
-        u = linear(ze, m.Lw(L, f"{pre}experts.{e}.w3.weight"))
+        g = mm(ze, m.Lw(L, f"{pre}experts.{e}.w1.weight"))
+        u = mm(ze, m.Lw(L, f"{pre}experts.{e}.w3.weight"))
         if stats is not None:
             stats.situ(g, u, c.beta1, c.beta2)
-        y = linear(situ(g, u, c.beta1, c.beta2), m.Lw(L, f"{pre}experts.{e}.w2.weight"))
+        y = mm(situ(g, u, c.beta1, c.beta2), m.Lw(L, f"{pre}experts.{e}.w2.weight"))
         y = bf16_round(y)
         r[rows] = r[rows] + we[:, None] * y
     if c.latent_norm:
         r = rms_norm(r, m.Lw(L, pre + "routed_expert_norm.weight"), c.eps)
-    r = linear(r, m.Lw(L, pre + "routed_expert_up_proj.weight"))
-    sg = linear(x, m.Lw(L, pre + "shared_experts.gate_proj.weight"))
-    su = linear(x, m.Lw(L, pre + "shared_experts.up_proj.weight"))
+    r = mm(r, m.Lw(L, pre + "routed_expert_up_proj.weight"))
+    sg = mm(x, m.Lw(L, pre + "shared_experts.gate_proj.weight"))
+    su = mm(x, m.Lw(L, pre + "shared_experts.up_proj.weight"))
     if stats is not None:
         stats.situ(sg, su, c.beta1, c.beta2)
-    sh = linear(situ(sg, su, c.beta1, c.beta2), m.Lw(L, pre + "shared_experts.down_proj.weight"))
+    sh = mm(situ(sg, su, c.beta1, c.beta2), m.Lw(L, pre + "shared_experts.down_proj.weight"))
     return r + sh
 
 
 def dense_mlp(m, L, x, stats=None):
     c = m.cfg
-    g = linear(x, m.Lw(L, "mlp.gate_proj.weight"))
-    u = linear(x, m.Lw(L, "mlp.up_proj.weight"))
+    g = mm(x, m.Lw(L, "mlp.gate_proj.weight"))
+    u = mm(x, m.Lw(L, "mlp.up_proj.weight"))
     if stats is not None:
         stats.situ(g, u, c.beta1, c.beta2)
-    return linear(situ(g, u, c.beta1, c.beta2), m.Lw(L, "mlp.down_proj.weight"))
+    return mm(situ(g, u, c.beta1, c.beta2), m.Lw(L, "mlp.down_proj.weight"))
 
 
 def ffn(m, L, x, stats=None):
@@ -304,7 +366,7 @@ def kda_layer(m, L, x, state):
     new_conv = {}
     qkv = {}
     for nm in ("q", "k", "v"):
-        pre = linear(x, m.Lw(L, a + nm + "_proj.weight"))  # [T, C]
+        pre = mm(x, m.Lw(L, a + nm + "_proj.weight"))  # [T, C]
         win = torch.cat([state["conv"][nm], pre], 0)  # [K-1+T, C]
         taps = m.Lw(L, a + nm + "_conv1d.weight")[:, 0, :]  # [C, K]; tap K-1 = current token
         out = torch.zeros_like(pre)
@@ -315,13 +377,13 @@ def kda_layer(m, L, x, state):
     q = l2norm(qkv["q"].view(T, H, D)) * (D ** -0.5)
     k = l2norm(qkv["k"].view(T, H, D))
     v = qkv["v"].view(T, H, D)
-    zg = linear(linear(x, m.Lw(L, a + "f_a_proj.weight")), m.Lw(L, a + "f_b_proj.weight"))
+    zg = mm(mm(x, m.Lw(L, a + "f_a_proj.weight")), m.Lw(L, a + "f_b_proj.weight"))
     g = kda_gate(zg, m.Lw(L, a + "A_log"), m.Lw(L, a + "dt_bias"), c.lower_bound, H)
-    beta = torch.sigmoid(linear(x, m.Lw(L, a + "b_proj.weight")))
+    beta = torch.sigmoid(mm(x, m.Lw(L, a + "b_proj.weight")))
     o, S = kda_recurrence(q, k, v, g, beta, state["S"])
-    G = linear(x, m.Lw(L, a + "g_proj.weight")).view(T, H, D)
+    G = mm(x, m.Lw(L, a + "g_proj.weight")).view(T, H, D)
     o = rms_norm(o, m.Lw(L, a + "o_norm.weight"), c.eps) * torch.sigmoid(G)
-    out = linear(o.reshape(T, H * D), m.Lw(L, a + "o_proj.weight"))
+    out = mm(o.reshape(T, H * D), m.Lw(L, a + "o_proj.weight"))
     return out, {"S": S, "conv": new_conv}
 
 
@@ -340,15 +402,16 @@ def mla_layer(m, L, x, cache):
     c = m.cfg
     a = "self_attn."
     T, Hm, nope, rope, vd = x.shape[0], c.mla_heads, c.nope, c.rope, c.v_dim
-    q = linear(rms_norm(linear(x, m.Lw(L, a + "q_a_proj.weight")), m.Lw(L, a + "q_a_layernorm.weight"), 1e-6),
+    q = mm(rms_norm(mm(x, m.Lw(L, a + "q_a_proj.weight")), m.Lw(L, a + "q_a_layernorm.weight"), 1e-6),
                m.Lw(L, a + "q_b_proj.weight")).view(T, Hm, nope + rope)
-    ckv = linear(x, m.Lw(L, a + "kv_a_proj_with_mqa.weight"))
+    ckv = mm(x, m.Lw(L, a + "kv_a_proj_with_mqa.weight"))
     chat = rms_norm(ckv[:, : c.kv_lora], m.Lw(L, a + "kv_a_layernorm.weight"), 1e-6)
     kpe = ckv[:, c.kv_lora:]
     allc = torch.cat([cache["c"], chat], 0)
     allk = torch.cat([cache["kpe"], kpe], 0)
     S = allc.shape[0]
-    kv = linear(allc, m.Lw(L, a + "kv_b_proj.weight")).view(S, Hm, nope + vd)
+    wkv = m.Lw(L, a + "kv_b_proj.weight")
+    kv = linear(allc, wkv).view(S, Hm, nope + vd)  # never mu: the engine absorbs it (below)
     k_nope, v = kv[..., :nope], kv[..., nope:]
     scores = (torch.einsum("thd,shd->hts", q[..., :nope], k_nope)
               + torch.einsum("thd,sd->hts", q[..., nope:], allk)) / math.sqrt(nope + rope)
@@ -356,9 +419,17 @@ def mla_layer(m, L, x, cache):
     pos_k = torch.arange(S)[None, :]
     scores = scores.masked_fill(pos_k > pos_q, float("-inf"))
     p = torch.softmax(scores, dim=-1)
-    o = torch.einsum("hts,shd->thd", p, v).reshape(T, Hm * vd)
-    o = o * torch.sigmoid(linear(x, m.Lw(L, a + "g_proj.weight")))
-    return linear(o, m.Lw(L, a + "o_proj.weight")), {"c": allc, "kpe": allk}
+    if MU is None:
+        o = torch.einsum("hts,shd->thd", p, v).reshape(T, Hm * vd)
+    else:
+        # the mu class, as the engine computes it: the values applied to the
+        # attention-mixed latent (W_UV · sum_s p_s c_s, a bf16 product: its
+        # input rounded); the scores' absorbed query (W_UK^T q) stays fp32
+        mix = torch.einsum("hts,sr->thr", p, allc)  # [T, Hm, kv_lora]
+        wuv = wkv.view(Hm, nope + vd, -1)[:, nope:, :]  # [Hm, vd, kv_lora]
+        o = torch.stack([mu_out(linear(mu_in(mix[:, h]), wuv[h])) for h in range(Hm)], 1).reshape(T, Hm * vd)
+    o = o * torch.sigmoid(mm(x, m.Lw(L, a + "g_proj.weight")))
+    return mm(o, m.Lw(L, a + "o_proj.weight")), {"c": allc, "kpe": allk}
 
 
 def mla_cache0(c, dtype=torch.float32):
@@ -414,7 +485,7 @@ def init_states(m):
 
 
 def logits_of(m, h):
-    return linear(rms_norm(h, m.W("model.norm.weight"), m.cfg.eps), m.W("lm_head.weight"))
+    return mm(rms_norm(h, m.W("model.norm.weight"), m.cfg.eps), m.W("lm_head.weight"))
 
 
 def forward_full(m, ids, stats=None, trace=None):

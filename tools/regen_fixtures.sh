@@ -35,6 +35,9 @@ done
 # the summation-order family the tolerances are derived from (tolerance.json; make_manifest.py)
 for m in tiny-k3 tiny-k3-plain k3-nano; do
     "$py" "$root/tools/measure_tolerances.py" --model "$root/tests/models/$m" --fixtures "$root/tests/fixtures/$m"
+    # the mu numerics class's spread around the same fixtures (tolerance_mu.json; issue 33)
+    "$py" "$root/tools/measure_tolerances.py" --model "$root/tests/models/$m" --fixtures "$root/tests/fixtures/$m" \
+        --numerics mu
 done
 if [ $scale -eq 1 ]; then
     tmp="$(mktemp -d)"

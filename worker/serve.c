@@ -299,8 +299,10 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
         reply_error(s, rep, m->rid, perr, msg);
         return;
     }
-    if (s->o.delay_us) /* fault tests: a slow worker, or one killed mid-request */
+    if (s->o.delay_us) { /* fault tests: a slow worker, or one killed mid-request (the line is what they wait for) */
+        SHOAL_INFO("test delay: EXPERT_BATCH %llu held %u ms", (unsigned long long)m->rid, s->o.delay_us / 1000u);
         usleep(s->o.delay_us);
+    }
     uint64_t t0 = now_us();
     const shoal_proto_tensor *act = &m->batch.act, *route = &m->batch.route;
     uint32_t n = route->rows;
@@ -599,8 +601,10 @@ static void do_tbatch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_u
         reply_error(s, rep, m->rid, SHOAL_PERR_BAD_SHAPE, msg);
         return;
     }
-    if (s->o.delay_us) /* fault tests: a slow worker, or one killed mid-request */
+    if (s->o.delay_us) { /* fault tests: a slow worker, or one killed mid-request (the line is what they wait for) */
+        SHOAL_INFO("test delay: TRUNK_BATCH %llu held %u ms", (unsigned long long)m->rid, s->o.delay_us / 1000u);
         usleep(s->o.delay_us);
+    }
     uint64_t t0 = now_us();
     size_t ylen;
     if (shoal_proto_tensor_len(SHOAL_WIRE_F32, 1, (uint32_t)nout, &ylen)) {

@@ -5,11 +5,19 @@
 figures of SPEC §6 and PROTOCOL.md §3.7 as docs/PERFORMANCE.md states them, so
 the projection does not depend on the C code. For each class and N = 8, 16, 32
 equal servers: every placement the plan considers (trunk local; spread over
-G = 1, 2, 4, ..., N), and two ways of cutting the coordinator's egress that
-are evaluated here only (not built): a relay tree of fan-out F (the
-coordinator sends each trunk input to F servers, each forwards it to F more:
-egress F x input instead of G x input, one more hop per level on every trunk
-step), and the best placement's s/token for one user and tokens/s for 8.
+G = 1, 2, 4, ..., N), and a relay tree of fan-out F = 2, 3, 4 over the G
+trunk servers with the terms of the design docs/PERFORMANCE.md "A relay tree
+for the trunk inputs" gives (not built): the coordinator sends every trunk
+server its TRUNK_BATCH header (its segments, HDR bytes) directly and the
+input x to F roots only; every server forwards x, unchanged, to its <= F
+children one after the other on its own link (store and forward: a child's
+copy starts when its parent holds the whole x); every server replies its rows
+directly to the coordinator. Per trunk step that costs (i) the time the last
+server holds x, computed node by node (the coordinator's sends at its NIC
+rate, each parent's at its link rate) in place of G x / NIC; (ii) one one-way
+hop (RTT/2 + the per-exchange software cost X) per level below the roots;
+(iii) a parent's link carries x once in and once per child out. And the best
+placement's s/token for one user and tokens/s for 8.
 
 Usage: k3_projection.py [--json FILE] [--md]
 """
@@ -35,6 +43,7 @@ K = 16
 IMB = 1.2                  # load imbalance (assumed, as in the earlier projections)
 EFF = 0.82                 # kernel share of the read pass (measured, docs/PERFORMANCE.md)
 X = 0.1e-3                 # software cost per exchange beyond the RTT (assumed)
+HDR = 256                  # a relayed TRUNK_BATCH's header without x (segments, step id; bytes)
 
 CLASSES = {
     "bare metal": {"link_Bps": 25e9 / 8, "rtt": 0.2e-3, "read": 100 * GB},
@@ -43,6 +52,25 @@ CLASSES = {
     # the same VPSs with a coordinator on a 10 Gb/s port (its NIC carries every link's bytes)
     "cheap VPS, 10G coordinator": {"link_Bps": 1e9 / 8, "nic_Bps": 10e9 / 8, "rtt": 0.5e-3, "read": 20 * GB},
 }
+
+
+def tree_arrival(G, F, xb, nic, link):
+    """seconds until the last of G servers holds xb bytes: F roots fed by the
+    coordinator one after the other at nic; node i's children are
+    F + i*F .. F + i*F + F - 1 (< G), fed by i one after the other at link.
+    Returns (seconds, levels, children of the busiest parent)."""
+    t = [0.0] * G
+    lvl = [1] * G
+    for i in range(min(F, G)):
+        t[i] = (i + 1) * xb / nic
+    kids = 0
+    for i in range(G):
+        ch = [F + i * F + j for j in range(F) if F + i * F + j < G]
+        kids = max(kids, len(ch))
+        for j, c in enumerate(ch):
+            t[c] = t[i] + (j + 1) * xb / link
+            lvl[c] = lvl[i] + 1
+    return max(t), max(lvl), kids
 
 
 def placement(cls, N, G, fanout=0, users=1):
@@ -66,21 +94,30 @@ def placement(cls, N, G, fanout=0, users=1):
             lo, hi = (mid, hi) if s < EI else (lo, mid)
         reads = max(hi, tr / B)
         coord = TRUNK_C / B * u
-        hops = 1 + (math.ceil(math.log(G, fanout)) - 1 if fanout and G > fanout else 0)
-        rt = STEPS * rt1 * hops + MOE * rt1
-        egress = (min(G, fanout) if fanout else G) * X_IN * u
+        rt = STEPS * rt1 + MOE * rt1
+        egress = G * X_IN * u
+        tree = None
+        if fanout and G > fanout:
+            tree = tree_arrival(G, fanout, X_IN / STEPS * u, cls.get("nic_Bps", cls["link_Bps"]), cls["link_Bps"])
+            rt += STEPS * (tree[1] - 1) * (cls["rtt"] / 2 + X)   # one one-way hop per level below the roots
+            egress = G * HDR * STEPS                              # headers; x itself in tree[0] below
     else:
         reads = EI / N / B
         coord = TRUNK_ALL / B + TRUNK_C / B * (u - 1)  # the trunk once per step, the attention part per sequence
         rt = MOE * rt1
         egress = 0.0
+        tree = None
     involved = N * (1 - (1 - 1 / N) ** K)
     out = egress + MOE * involved * ACT * u
     inn = (Y_OUT if G else 0) * u + MOE * YEXP * u
     # the coordinator's NIC carries every link's bytes; each link its own (a trunk server's, the busiest)
     nic = cls.get("nic_Bps", cls["link_Bps"])
     link = ((X_IN + Y_OUT / G) * u if G else 0) + MOE * (ACT + YEXP / N) * u
-    wire = max((out + inn) / nic, link / cls["link_Bps"])
+    if tree:
+        link += tree[2] * X_IN * u  # the busiest parent sends x once per child
+        wire = max((out + inn) / nic + STEPS * tree[0], link / cls["link_Bps"])
+    else:
+        wire = max((out + inn) / nic, link / cls["link_Bps"])
     total = reads + coord + rt + wire
     mem_server = (TRUNK_R / G + FA if G else 0) + EXPERTS_ALL / N if G else EXPERTS_ALL / N
     mem_coord = TRUNK_C + 0.6 * GB if G else 113.5 * GB
@@ -107,7 +144,11 @@ def main():
                 cands.append(placement(cls, N, G))
                 G *= 2
             built = min(cands, key=lambda p: p["total"])
-            tree = [placement(cls, N, N, F) for F in (2, 4)]
+            tree = []
+            G = 4
+            while G <= N:
+                tree += [placement(cls, N, G, F) for F in (2, 3, 4) if F < G]
+                G *= 2
             best_any = min(cands + tree, key=lambda p: p["total"])
             u8 = placement(cls, N, built["G"], users=8)
             u8t = placement(cls, N, best_any["G"], best_any["fanout"], users=8)

@@ -336,7 +336,8 @@ def case_killed_mid_request():
     p = subprocess.Popen([BIN, "run", "--model", TINY, "--ids", PROMPT, "--gen", "4", "--worker", a.ep, "--worker",
                           b.ep, "--expert-timeout-ms", "20000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
-    time.sleep(1.5)  # HELLO done, the first layer's request is in wb's 3 s delay
+    held = harness.poll(lambda: "test delay: EXPERT_BATCH" in log_of(b), secs=60, every=0.02)
+    check("wb holds the first layer's request (its 3 s delay)", held, log_of(b)[-300:])
     t0 = time.monotonic()
     os.kill(b.pid, signal.SIGKILL)
     try:
@@ -356,7 +357,8 @@ def case_killed_mid_request():
     p = subprocess.Popen([BIN, "run", "--model", TINY, "--ids", PROMPT, "--gen", "4", "--worker", a.ep, "--worker",
                           b.ep, "--expert-timeout-ms", "2500"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
-    time.sleep(0.6)
+    held = harness.poll(lambda: "test delay: EXPERT_BATCH" in log_of(b), secs=60, every=0.02)
+    check("wb holds a request (its 1 s delay)", held, log_of(b)[-300:])
     os.kill(b.pid, signal.SIGSTOP)
     t0 = time.monotonic()
     try:
@@ -380,7 +382,7 @@ def case_sigterm():
     m, _ = c.hello(fingerprint(TINY))
     c.send(batch_frames(10, 2, d, 2, [(0, 1), (0, 5), (1, 3)]))
     c.send(batch_frames(11, 3, d, 1, [(0, 7)]))
-    time.sleep(0.4)
+    harness.poll(lambda: "test delay: EXPERT_BATCH" in log_of(w), secs=60, every=0.02)  # request 10 in flight
     w.send_signal(signal.SIGTERM)
     r1, f1 = c.recv()
     r2, _ = c.recv()

@@ -126,12 +126,23 @@ def case_facts_rate(fp_hex):
         if not check("raw peer: HELLO accepted", h is not None and h[0] == 1, repr(h)):
             return
         x = b"SHTF" + bytes([1, 0, 0, 0]) + struct.pack("<II", 1, 1) + b"\0" * 4
+        # the worker's bucket: 8 measurements in a row, then one per 7.5 s (worker/serve.c FACTS_*); each
+        # takes about a second (more on a busy box), so past the 8th a few more may be measured before the
+        # bucket is empty: asked until the last figures come back again (measure_us 0), at most 30 times
         got = []
-        for i in range(9):
+        t0 = time.monotonic()
+        for i in range(30):
             m = call(14, 10 + i, {"reply": 4, "facts": True}, [x])
             got.append(m[2].get("measure_us") if m and m[0] == 15 else repr(m))
-        check("facts measured 8 times in a row, the 9th the last figures again (measure_us 0)",
-              all(isinstance(v, int) and v > 0 for v in got[:8]) and got[8] == 0, repr(got))
+            if got[-1] == 0 or not isinstance(got[-1], int):
+                break
+        elapsed = time.monotonic() - t0
+        measured = sum(1 for v in got if isinstance(v, int) and v > 0)
+        allowed = 8 + int(elapsed / 7.5) + 1
+        check("facts measured 8 times in a row, then no more than the 7.5 s refill allows: the last figures "
+              "again (measure_us 0)",
+              all(isinstance(v, int) and v > 0 for v in got[:8]) and got[-1] == 0 and measured <= allowed,
+              f"{got}: {measured} measured in {elapsed:.1f} s (allowed {allowed})")
     finally:
         s.close()
         ctx.term()

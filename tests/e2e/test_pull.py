@@ -338,7 +338,16 @@ def main():
                               "--worker", w1, "--to", d, "--retries", "1", "--backoff", "0.1", "--parallel", "2"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, HF_TOKEN=TOKEN))
-        time.sleep(3)
+        def mid_file():  # pieces of a layer file verified and logged, the rest still coming (100 kB/s)
+            if not os.path.isdir(d):
+                return False
+            for f in os.listdir(d):  # the log's first line names the source; each further line is a piece
+                if f.endswith(".part.log"):
+                    with open(os.path.join(d, f)) as lf:
+                        if len(lf.read().splitlines()) >= 2:
+                            return True
+            return False
+        check("server killed mid-file: pieces of a layer file were logged first", harness.poll(mid_file, 60, 0.02))
         hub.stop(signal.SIGKILL)
         out, errs = p.communicate(timeout=60)
         check("server killed mid-file: the pull fails (exit 4) naming the transfer error",

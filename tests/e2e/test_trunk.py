@@ -200,13 +200,21 @@ def case_killed():
     try:
         e1, _ = worker(model, ex)
         e2, p2 = worker(model, None, "*:all", extra=["--test-delay-ms", "20", "--id", "trunk-victim"])
+        # the killer waits (up to 60 s) until the victim holds a TRUNK_BATCH mid-run (the test hook's log line,
+        # after the first 40 of them: past HELLO and the first tokens), then kills it
+        vlog = f"{tmp}/w{nep[0]}.log"
         killer = subprocess.Popen([sys.executable, "-c",
-                                   f"import os,time,signal; time.sleep(1.5); os.kill({p2.pid}, signal.SIGKILL)"])
+                                   "import os,time,signal\n"
+                                   "end = time.monotonic() + 60\n"
+                                   f"while open({vlog!r}).read().count('test delay: TRUNK_BATCH') < 40 "
+                                   "and time.monotonic() < end:\n"
+                                   "    time.sleep(0.02)\n"
+                                   f"os.kill({p2.pid}, signal.SIGKILL)"])
         rc, _, _, err, dt = run(model, [e1, e2], "remote", gen=400, timeout=60,
                                 extra=["--expert-timeout-ms", "3000", "--max-context", "512"])
         killer.wait()
         check("trunk server SIGKILLed mid-run: the run fails (exit 4) naming it, within the deadline",
-              rc == 4 and "trunk-victim" in err and dt < 1.5 + 3 + 10, f"rc {rc} after {dt:.1f} s: {err[-400:]}")
+              rc == 4 and "trunk-victim" in err and dt < 60 + 3 + 10, f"rc {rc} after {dt:.1f} s: {err[-400:]}")
     finally:
         stop_all()
 

@@ -44,6 +44,12 @@ static json_t *load_json(const char *rel)
     return j;
 }
 
+/* MANIFEST.json's tolerances for the numerics class under test: "tolerances"
+ * (portable) or "tolerances_mu" (--numerics mu: the spread of the reference
+ * in the mu class around the same fp32 fixtures, tools/make_manifest.py
+ * derive_mu) */
+static const char *tol_key = "tolerances";
+
 static json_t *fixture(const char *model, const char *file)
 {
     char rel[256];
@@ -70,7 +76,7 @@ static double tolerance(const char *model, const char *key)
 {
     json_t *man = load_json("tests/fixtures/MANIFEST.json");
     double t = -1;
-    json_t *v = json_object_get(json_object_get(json_object_get(man, "tolerances"), model), key);
+    json_t *v = json_object_get(json_object_get(json_object_get(man, tol_key), model), key);
     if (json_is_number(v))
         t = json_number_value(v);
     json_decref(man);
@@ -215,7 +221,7 @@ static void on_layer(void *ctx, int layer, int T, const float *P, int d)
 }
 
 /* hj: {ids, layers} */
-static void check_hidden(const char *name, json_t *hj, double tol)
+static void check_hidden(const char *name, json_t *hj, double tol, int max_routes)
 {
     int n;
     int32_t *ids = jids(json_object_get(hj, "ids"), &n);
@@ -274,7 +280,9 @@ static void check_hidden(const char *name, json_t *hj, double tol)
     }
     printf("  %s: max hidden summary difference / layer rms = %.3g (tolerance %.3g)\n", name, worst, tol);
     CHECK_MSG(worst <= tol, "%s: hidden summaries differ by %.4g > %.4g", name, worst, tol);
-    CHECK_MSG(bad_routes == 0, "%s: %d routing decisions differ", name, bad_routes);
+    if (max_routes)
+        printf("  %s: %d routing decisions differ (allowed %d)\n", name, bad_routes, max_routes);
+    CHECK_MSG(bad_routes <= max_routes, "%s: %d routing decisions differ", name, bad_routes);
     free(h.rms);
     free(h.mean);
     free(h.absmax);
@@ -292,7 +300,7 @@ static void t_hidden(void)
         double tol = tolerance(name, "hidden_summary_rel");
         CHECK(hj && tol > 0);
         if (hj && tol > 0)
-            check_hidden(name, hj, tol);
+            check_hidden(name, hj, tol, 0);
         json_decref(hj);
     }
 }
@@ -489,6 +497,52 @@ static void t_nano_chat(void)
     json_decref(cj);
 }
 
+/* ---- the mu numerics class (--numerics mu, issue 33) ---------------------
+ * The same fp32 fixtures, judged with the spread of the reference in the mu
+ * class (MANIFEST.json tolerances_mu): logits, hidden summaries and k3-nano's
+ * held-out NLL within TOL_FACTOR x that spread, every teacher-forced argmax
+ * exact, routing decisions counted (the class's own reference differs from
+ * the fp32 fixture in a few). A model whose mu family flips fixture argmaxes
+ * is not robust for the class and is skipped by name (the random tiny-k3).
+ * Generated ids (greedy, sampled, chat) are fp32 fixtures: not compared in
+ * this class; test_engine_mu pins the class's ids across ISAs, threads and
+ * batches. */
+
+static void mu_model(const char *name)
+{
+    double tl = tolerance(name, "logits_abs"), th = tolerance(name, "hidden_summary_rel");
+    double tr = tolerance(name, "routing_disagreements");
+    if (tl < 0 && th < 0)
+        SKIP("%s: not robust for the mu class (MANIFEST.json measured_mu: its family flips fixture argmaxes)", name);
+    CHECK(tl > 0 && th > 0 && tr >= 0);
+    json_t *tf = fixture(name, "teacher_forced.json"), *lj = fixture(name, "logits.json");
+    json_t *hj = fixture(name, "hidden.json");
+    CHECK(tf && lj && hj);
+    if (tf && lj && tl > 0)
+        check_tf_logits(name, tf, lj, tl);
+    if (hj && th > 0)
+        check_hidden(name, hj, th, (int)tr);
+    json_decref(tf);
+    json_decref(lj);
+    json_decref(hj);
+}
+
+static void t_mu_tiny_k3(void)
+{
+    mu_model("tiny-k3");
+}
+
+static void t_mu_tiny_k3_plain(void)
+{
+    mu_model("tiny-k3-plain");
+}
+
+static void t_mu_k3_nano(void)
+{
+    mu_model("k3-nano");
+    t_nano_heldout();
+}
+
 /* ---- the real-width scale model (run by tests/e2e/test_engine_scale.sh) --- */
 
 static json_t *scale_fx;
@@ -506,7 +560,7 @@ static void t_scale_hidden(void)
     double tol = tolerance("k3-scale", "hidden_summary_rel");
     CHECK(tol > 0);
     if (tol > 0)
-        check_hidden("k3-scale", scale_fx, tol);
+        check_hidden("k3-scale", scale_fx, tol, 0);
 }
 
 static void t_scale_greedy(void)
@@ -531,7 +585,7 @@ int main(int argc, char **argv)
     }
     test_binary = "test_engine_ref";
     if (argc == 3 && !strcmp(argv[1], "--numerics")) {
-        /* the same fixtures and tolerances in another numerics class (test_engine_ref_mu) */
+        /* another numerics class against its own fixtures and tolerances (test_engine_ref_mu) */
         shoal_numerics nc;
         if (shoal_numerics_parse(argv[2], &nc)) {
             fprintf(stderr, "test_engine_ref: --numerics portable|mu\n");
@@ -539,6 +593,14 @@ int main(int argc, char **argv)
         }
         shoal_kernels_set_numerics(nc);
         test_binary = nc == SHOAL_NUMERICS_MU ? "test_engine_ref_mu" : "test_engine_ref";
+        if (nc == SHOAL_NUMERICS_MU) {
+            tol_key = "tolerances_mu";
+            omp_set_num_threads(1);
+            RUN(t_mu_tiny_k3);
+            RUN(t_mu_tiny_k3_plain);
+            RUN(t_mu_k3_nano);
+            return test_finish();
+        }
     }
     omp_set_num_threads(1); /* test_engine shows thread count does not matter */
     RUN(t_teacher_forced_and_logits);
