@@ -23,7 +23,9 @@ Usage: prefill_anchor.py --model DIR --gguf FILE (--llama-bench BIN | --ggml-pre
        [--rounds 3] [--prompts 256,1024] [--threads 1,2] [--reps 2] [--max-batch 256]
        [--bench-engine BIN]
 The first repetition of each run warms its caches; the figure is the last one
-(all are kept). --ggml-prefill runs tests/bench/ggml_anchor_prefill.c (a llama
+(all are kept). llama-bench reports wall time only: its CPU seconds are the
+process's less those of the same command with a 1-token prompt (load and first
+touch), shared over the repetitions. --ggml-prefill runs tests/bench/ggml_anchor_prefill.c (a llama
 prefill graph on ggml's CPU backend, ubatches of 512, f16 KV cache) in place of
 llama-bench where llama-bench is not built. Speed is reported, never asserted."""
 import argparse
@@ -146,7 +148,18 @@ def run_llama(a, threads, plen):
     if len(rows) != 1:
         raise SystemExit(f"llama-bench: expected one result row, got {out[-2000:]!r}")
     r = rows[0]
-    reps = [{"seconds": ns / 1e9} for ns in r["samples_ns"]]
+    # llama-bench times the prompt by wall clock only. Its CPU seconds: the process's
+    # CPU (rusage) less that of the same command with a 1-token prompt (model load,
+    # first touch of every weight page, thread start; 1 token is 1/P of the work),
+    # shared evenly over the repetitions.
+    base_cmd = cmd[:]
+    base_cmd[base_cmd.index("-p") + 1] = "1"
+    base_cmd[base_cmd.index("-r") + 1] = "1"
+    _, base = run(base_cmd)
+    cpu = max(0.0, info["process_cpu_s"] - base["process_cpu_s"]) / len(r["samples_ns"])
+    reps = [{"seconds": ns / 1e9, "cpu_seconds": cpu} for ns in r["samples_ns"]]
+    info["cpu_method"] = "process CPU less a -p 1 -r 1 run's, over the repetitions"
+    info["baseline"] = {"command": base_cmd, **base}
     meta = {k: r.get(k) for k in ("build_commit", "build_number", "cpu_info", "backends", "model_type", "model_size",
                                   "model_n_params", "n_batch", "n_ubatch", "type_k", "flash_attn", "n_threads",
                                   "poll", "use_mmap")}
