@@ -1179,15 +1179,13 @@ static int sample_one(shoal_sched *s, shoal_slot *sl, int32_t *id_out)
             ban = sl->cmask_ban;
             sl->cmask_ready = 0;
             if (n >= 0) {
-                shoal_cmetrics_constrain_mask(s->o.cm, 1, sl->cmask_ns, 0);
-                shoal_cmetrics_constrain_overlapped(s->o.cm, 1);
-                shoal_cmetrics_constrain_verify(s->o.cm, (uint64_t)sl->cmask_verify);
+                shoal_cmetrics_constrain_mask(s->o.cm, 1, 1, (uint64_t)sl->cmask_verify, sl->cmask_ns, 0);
             }
         } else {
             n = sl->crun ? shoal_cons_run_mask(sl->crun, sl->cmask) : shoal_toolcons_mask(sl->tcons, sl->cmask, &ban);
             uint64_t dt = shoal_metrics_now_ns() - t0;
             if (n >= 0)
-                shoal_cmetrics_constrain_mask(s->o.cm, 1, dt, dt);
+                shoal_cmetrics_constrain_mask(s->o.cm, 1, 0, 0, dt, dt);
         }
         masked = n >= 0;
         if (ban >= 0 && ban < s->vocab)
@@ -1472,7 +1470,7 @@ static void masks_join(shoal_sched *s)
     while (s->mask_work || s->vmask_work)
         pthread_cond_wait(&s->mask_done_cv, &s->mask_mu);
     pthread_mutex_unlock(&s->mask_mu);
-    shoal_cmetrics_constrain_mask(s->o.cm, 0, 0, shoal_metrics_now_ns() - t0);
+    shoal_cmetrics_constrain_mask(s->o.cm, 0, 0, 0, 0, shoal_metrics_now_ns() - t0);
     s->mn = 0;
 }
 

@@ -282,25 +282,16 @@ void shoal_cmetrics_request_itl(shoal_cmetrics *cm, uint64_t ns)
         shoal_metrics_observe(&cm->req_itl, ns);
 }
 
-void shoal_cmetrics_constrain_mask(shoal_cmetrics *cm, uint64_t masks, uint64_t compute_ns, uint64_t wait_ns)
+void shoal_cmetrics_constrain_mask(shoal_cmetrics *cm, uint64_t masks, uint64_t overlapped, uint64_t verify,
+                                   uint64_t compute_ns, uint64_t wait_ns)
 {
     if (!cm)
         return;
     shoal_metrics_add(&cm->cmasks, masks);
+    shoal_metrics_add(&cm->cmask_overlapped, overlapped);
+    shoal_metrics_add(&cm->cmask_verify, verify);
     shoal_metrics_add(&cm->cmask_ns, compute_ns);
     shoal_metrics_add(&cm->cmask_wait_ns, wait_ns);
-}
-
-void shoal_cmetrics_constrain_overlapped(shoal_cmetrics *cm, uint64_t n)
-{
-    if (cm)
-        shoal_metrics_add(&cm->cmask_overlapped, n);
-}
-
-void shoal_cmetrics_constrain_verify(shoal_cmetrics *cm, uint64_t n)
-{
-    if (cm)
-        shoal_metrics_add(&cm->cmask_verify, n);
 }
 
 void shoal_cmetrics_exchange(shoal_cmetrics *cm, int w, int layer, const shoal_cmetrics_xchg *x)

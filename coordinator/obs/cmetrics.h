@@ -106,18 +106,16 @@ void shoal_cmetrics_request_queue(shoal_cmetrics *cm, uint64_t ns);
 void shoal_cmetrics_request_ttft(shoal_cmetrics *cm, uint64_t ns);
 void shoal_cmetrics_request_itl(shoal_cmetrics *cm, uint64_t ns);
 /* Structured output (issue 36): `masks` masks over the vocabulary computed
- * for constrained slots, compute_ns the time computing them (on whichever
- * thread did), wait_ns the time the model thread waited for masks (the part
- * of the mask time the forward did not hide: all of it for a mask computed
- * at sampling time, the join after the forward for those computed during
- * it -- reported with masks 0). */
-void shoal_cmetrics_constrain_mask(shoal_cmetrics *cm, uint64_t masks, uint64_t compute_ns, uint64_t wait_ns);
-/* Of those masks, n (counted when used) were computed on the mask thread
- * during a forward. */
-void shoal_cmetrics_constrain_overlapped(shoal_cmetrics *cm, uint64_t n);
-/* Of the overlapped masks, n were those of a drafted chunk's verify rows
- * (computed during the verify forward from the drafted ids). */
-void shoal_cmetrics_constrain_verify(shoal_cmetrics *cm, uint64_t n);
+ * for constrained slots, of them `overlapped` (counted when used) computed on
+ * the mask thread during a forward and, of those, `verify` the masks of a
+ * drafted chunk's verify rows (computed during the verify forward from the
+ * drafted ids); compute_ns the time computing them (on whichever thread
+ * did), wait_ns the time the model thread waited for masks (the part of the
+ * mask time the forward did not hide: all of it for a mask computed at
+ * sampling time, the join after the forward for those computed during it --
+ * reported with masks 0). */
+void shoal_cmetrics_constrain_mask(shoal_cmetrics *cm, uint64_t masks, uint64_t overlapped, uint64_t verify,
+                                   uint64_t compute_ns, uint64_t wait_ns);
 
 /* One EXPERT_BATCH exchange with worker w for MoE layer `layer`, as seen by
  * the coordinator: rtt_ns from the first byte sent to the reply received;

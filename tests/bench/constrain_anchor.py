@@ -45,21 +45,9 @@ N_ORD = 163584  # ids below are ordinary (ranks); above: specials
 
 
 def fixed_schemas():
-    f20 = {"type": "object", "additionalProperties": False, "properties": {}, "required": []}
-    kinds = [{"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"},
-             {"enum": ["low", "mid", "high"]},
-             {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 4},
-             {"type": "string", "format": "date"},
-             {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": ["integer", "null"]}},
-              "required": ["a", "b"], "additionalProperties": False}]
-    for i in range(20):
-        f20["properties"][f"field_{i:02d}"] = kinds[i % 8]
-        f20["required"].append(f"field_{i:02d}")
-    rec = {"$ref": "#/$defs/n", "$defs": {"n": {"type": "object", "properties": {
-        "name": {"type": "string"}, "value": {"anyOf": [{"type": "number"}, {"type": "string"}, {"type": "null"}]},
-        "children": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
-        "required": ["name", "children"], "additionalProperties": False}}}
-    return [("json_object", None), ("schema_20_fields", f20), ("schema_recursive", rec)]
+    # the schemas constrain_bench.py decodes with (the 20 fields of tests/bench/bench_constrain.c; a tree)
+    from constrain_bench import REC, f20_schema
+    return [("json_object", None), ("schema_20_fields", f20_schema()), ("schema_recursive", REC)]
 
 
 def run_ours(k3, schemas, walks, steps, seed, masks):

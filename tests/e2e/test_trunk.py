@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -200,19 +201,22 @@ def case_killed():
     try:
         e1, _ = worker(model, ex)
         e2, p2 = worker(model, None, "*:all", extra=["--test-delay-ms", "20", "--id", "trunk-victim"])
-        # the killer waits (up to 60 s) until the victim holds a TRUNK_BATCH mid-run (the test hook's log line,
-        # after the first 40 of them: past HELLO and the first tokens), then kills it
+        # kill the victim once it holds a TRUNK_BATCH mid-run (the test hook's log line, after the first 40 of
+        # them: past HELLO and the first tokens; waited for up to 60 s)
         vlog = f"{tmp}/w{nep[0]}.log"
-        killer = subprocess.Popen([sys.executable, "-c",
-                                   "import os,time,signal\n"
-                                   "end = time.monotonic() + 60\n"
-                                   f"while open({vlog!r}).read().count('test delay: TRUNK_BATCH') < 40 "
-                                   "and time.monotonic() < end:\n"
-                                   "    time.sleep(0.02)\n"
-                                   f"os.kill({p2.pid}, signal.SIGKILL)"])
+
+        def held():
+            with open(vlog) as f:
+                return f.read().count("test delay: TRUNK_BATCH") >= 40
+
+        def kill_mid_run():
+            harness.poll(held, 60, 0.02)
+            os.kill(p2.pid, signal.SIGKILL)
+        killer = threading.Thread(target=kill_mid_run, daemon=True)
+        killer.start()
         rc, _, _, err, dt = run(model, [e1, e2], "remote", gen=400, timeout=60,
                                 extra=["--expert-timeout-ms", "3000", "--max-context", "512"])
-        killer.wait()
+        killer.join()
         check("trunk server SIGKILLed mid-run: the run fails (exit 4) naming it, within the deadline",
               rc == 4 and "trunk-victim" in err and dt < 60 + 3 + 10, f"rc {rc} after {dt:.1f} s: {err[-400:]}")
     finally:
