@@ -427,7 +427,12 @@ static void t_isa_large_T(void)
     if (nisas < 2)
         SKIP("only the scalar variant runs on this CPU");
     static const int cases[][3] = {/* rows, cols, T */ {70, 1056, 130}, {37, 2080, 64}, {129, 544, 25},
-                                   {5, 8224, 13},   {3, 9248, 7},     {66, 4128, 29}};
+                                   {5, 8224, 13},   {3, 9248, 7},     {66, 4128, 29},
+                                   /* the AVX-512 bf16/f32 token and row blocks (gemm_blocks): with a
+                                    * 1 MiB L2, 12 tokens and 12 (bf16) / 4 (f32) rows per block, so
+                                    * 41 tokens leave a block of 5 (one 4-token tile and one single)
+                                    * and 70 rows leave a short row block and 2 single rows */
+                                   {70, 9248, 41}};
     shoal_isa keep = shoal_kernels_isa();
     int n = 0;
     for (int k = 0; k < 3; k++)
