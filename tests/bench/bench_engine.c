@@ -20,6 +20,10 @@
  *    token. --max-batch B sets the engine's chunk size (shoal_model_opts.max_batch:
  *    a longer prompt runs in chunks of B); without it one chunk holds the longest
  *    prompt.
+ * OpenMP waits as in the `shoal` executable (cli/omp_wait.c: passive unless
+ * OMP_WAIT_POLICY or GOMP_SPINCOUNT is set; the config row says which): with
+ * libgomp's spinning default, 2 threads burned 1.4-1.7x the CPU per prefill
+ * token of 1 thread, a cost `shoal` does not pay (docs/PERFORMANCE.md, issue 33).
  * Output: "key=value" rows (one per measurement) on stdout, for docs/data/. */
 #include <omp.h>
 #include <stdint.h>
@@ -28,6 +32,8 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+
+#include "cli/omp_wait.h"
 
 #include "common/err.h"
 #include "common/st.h"
@@ -140,6 +146,7 @@ int main(int argc, char **argv)
                 argv[0]);
         return 2;
     }
+    shoal_omp_wait_apply(argv); /* before any OpenMP region: may re-exec */
     const char *model = argv[1];
     int threads = 0, steps = 16, reps = 3, preps = -1, max_batch = 0;
     int plen[8] = {128, 512}, np = 2;
@@ -180,9 +187,9 @@ int main(int argc, char **argv)
     }
     shoal_model_info info;
     shoal_model_get_info(m, &info);
-    printf("row=config model=%s threads=%d isa=%s vocab=%d layers=%d experts=%d topk=%d trunk_bytes_per_token=%llu "
+    printf("row=config model=%s threads=%d omp_wait=%s isa=%s vocab=%d layers=%d experts=%d topk=%d trunk_bytes_per_token=%llu "
            "expert_bytes=%llu max_batch=%d\n",
-           model, omp_get_max_threads(), shoal_isa_name(shoal_kernels_isa()), info.vocab, info.cfg->num_layers,
+           model, omp_get_max_threads(), shoal_omp_wait_policy(), shoal_isa_name(shoal_kernels_isa()), info.vocab, info.cfg->num_layers,
            info.cfg->num_experts, info.cfg->experts_per_token, (unsigned long long)info.trunk_bytes_per_token,
            (unsigned long long)info.expert_bytes, mo.max_batch);
 
