@@ -401,9 +401,10 @@ const char *shoal_kernels_mu_engine(void)
  * calls of T >= amx_min_t tokens run on the tiles, smaller ones on the
  * AVX-512 emulation of the same order (a tile holds 16 tokens; below a few
  * the weight packing costs more than the emulation; bit-identical either
- * way, so the threshold moves only the clock). SHOAL_AMX_MIN_T=N sets it
+ * way, so the threshold moves only the clock; 8 from the Xeon figures in
+ * docs/PERFORMANCE.md: below it the emulation ran 1.2-2.5x faster). SHOAL_AMX_MIN_T=N sets it
  * (0: AMX never). */
-#define AMX_MIN_T_DEFAULT 4
+#define AMX_MIN_T_DEFAULT 8
 static int amx_min_t = AMX_MIN_T_DEFAULT;
 static shoal__gemm_bf16_fn mu_small_bf16;
 static shoal__gemm_mxfp4_fn mu_small_mxfp4;
