@@ -520,6 +520,8 @@ void shoal_dist_json(const shoal_dist *d, json_t *o)
         if (d->trunk) {
             snprintf(key, sizeof key, "%s_trunk_wire_bytes_per_token", p->name);
             json_object_set_new(o, key, json_real((double)(p->tst.bytes_out + p->tst.bytes_in) / t));
+            snprintf(key, sizeof key, "%s_trunk_wire_bytes_out_per_token", p->name);
+            json_object_set_new(o, key, json_real((double)p->tst.bytes_out / t));
             snprintf(key, sizeof key, "%s_trunk_wait_s", p->name);
             json_object_set_new(o, key, json_real(p->tst.wait_s));
         }
