@@ -436,6 +436,9 @@ int shoal_cmd_doctor(int argc, char **argv)
     json_object_set_new(root, "format", json_string("shoal-doctor"));
     json_object_set_new(root, "version", json_integer(1));
     json_object_set_new(root, "shoal", json_string(SHOAL_VERSION));
+    /* the class the workers were measured in (--numerics): `shoal plan
+     * --measured` predicts the wire bytes of that class (PROTOCOL.md 1.7) */
+    json_object_set_new(root, "numerics", json_string(shoal_numerics_name(shoal_kernels_numerics())));
     { /* the model every worker's HELLO matched (PROTOCOL.md §5; a pack carries the full model's) */
         uint8_t fp[SHOAL_PROTO_FP_BYTES];
         char hex[2 * SHOAL_PROTO_FP_BYTES + 1], e2[256];
