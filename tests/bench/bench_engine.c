@@ -2,7 +2,7 @@
  * token against the bandwidth bound, and prefill tokens/s, on one model.
  *
  *   bench_engine MODEL [--threads N] [--steps N] [--prefill 128,512] [--reps R] [--prefill-reps P]
- *                [--max-batch B]
+ *                [--max-batch B] [--numerics portable|mu]
  *
  * 1. Reads every mapped tensor of the model once (warms the page cache), then
  *    measures read bandwidth over the same mapped bytes: R timed passes of a
@@ -20,6 +20,9 @@
  *    token. --max-batch B sets the engine's chunk size (shoal_model_opts.max_batch:
  *    a longer prompt runs in chunks of B); without it one chunk holds the longest
  *    prompt.
+ * --numerics mu runs the matrix-unit order (AMX where it passed its self-test,
+ * else its exact emulation; docs/ARCHITECTURE.md), portable (default) the
+ * fp32-activation order; row=config says which ran and on which path.
  * Output: "key=value" rows (one per measurement) on stdout, for docs/data/. */
 #include <omp.h>
 #include <stdint.h>
@@ -136,7 +139,7 @@ int main(int argc, char **argv)
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr,
                 "usage: %s MODEL [--threads N] [--steps N] [--prefill 128,512] [--reps R] [--prefill-reps P] "
-                "[--max-batch B]\n",
+                "[--max-batch B] [--numerics portable|mu]\n",
                 argv[0]);
         return 2;
     }
@@ -154,6 +157,14 @@ int main(int argc, char **argv)
             preps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--max-batch"))
             max_batch = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--numerics")) {
+            shoal_numerics nc;
+            if (shoal_numerics_parse(argv[i + 1], &nc)) {
+                fprintf(stderr, "--numerics takes portable or mu, got '%s'\n", argv[i + 1]);
+                return 2;
+            }
+            shoal_kernels_set_numerics(nc);
+        }
         else if (!strcmp(argv[i], "--prefill")) {
             np = 0;
             for (char *s = argv[i + 1]; *s && np < 8;) {
@@ -181,10 +192,11 @@ int main(int argc, char **argv)
     shoal_model_info info;
     shoal_model_get_info(m, &info);
     printf("row=config model=%s threads=%d isa=%s vocab=%d layers=%d experts=%d topk=%d trunk_bytes_per_token=%llu "
-           "expert_bytes=%llu max_batch=%d\n",
+           "expert_bytes=%llu max_batch=%d numerics=%s mu_path=%s\n",
            model, omp_get_max_threads(), shoal_isa_name(shoal_kernels_isa()), info.vocab, info.cfg->num_layers,
            info.cfg->num_experts, info.cfg->experts_per_token, (unsigned long long)info.trunk_bytes_per_token,
-           (unsigned long long)info.expert_bytes, mo.max_batch);
+           (unsigned long long)info.expert_bytes, mo.max_batch,
+           shoal_numerics_name(shoal_kernels_numerics()), shoal_kernels_mu_engine());
 
     /* 1. bandwidth over the model's own mapped bytes */
     __builtin_cpu_init();

@@ -21,9 +21,12 @@ are not counted (a few % at these lengths; stated in PERFORMANCE.md).
 
 Usage: prefill_anchor.py --model DIR --gguf FILE (--llama-bench BIN | --ggml-prefill BIN) --out FILE.json
        [--rounds 3] [--prompts 256,1024] [--threads 1,2] [--reps 2] [--max-batch 256]
-       [--bench-engine BIN]
+       [--bench-engine BIN] [--numerics portable,mu]
 The first repetition of each run warms its caches; the figure is the last one
-(all are kept). llama-bench reports wall time only: its CPU seconds are the
+(all are kept). --numerics lists shoal's numerics classes to run in every
+round (each its own process, named "shoal" for portable and "shoal-mu" for the
+matrix-unit order: AMX where the CPU has it and it passed its self-test).
+llama-bench reports wall time only: its CPU seconds are the
 process's less those of the same command with a 1-token prompt (load and first
 touch), shared over the repetitions. --ggml-prefill runs tests/bench/ggml_anchor_prefill.c (a llama
 prefill graph on ggml's CPU backend, ubatches of 512, f16 KV cache) in place of
@@ -111,6 +114,17 @@ def gguf_macs(path):
     return {"macs_per_token": m}
 
 
+def commit_id():
+    """The source commit: SHOAL_COMMIT when set (a copy of the tree without git), else git's."""
+    if os.environ.get("SHOAL_COMMIT"):
+        return os.environ["SHOAL_COMMIT"]
+    try:
+        return subprocess.run(["git", "-C", SRC, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()
+    except OSError:
+        return "?"
+
+
 def run(cmd, env=None):
     la0 = os.getloadavg()
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -125,9 +139,11 @@ def run(cmd, env=None):
                       "loadavg_before": la0, "loadavg_after": os.getloadavg()}
 
 
-def run_shoal(a, threads, plen):
+def run_shoal(a, threads, plen, numerics="portable"):
     cmd = [a.bench_engine, a.model, "--threads", str(threads), "--steps", "1", "--reps", "1",
            "--prefill", str(plen), "--prefill-reps", str(a.reps), "--max-batch", str(a.max_batch)]
+    if numerics != "portable":
+        cmd += ["--numerics", numerics]
     out, info = run(cmd)
     reps = []
     for line in out.splitlines():
@@ -137,7 +153,9 @@ def run_shoal(a, threads, plen):
                          "chunks": int(kv["chunks"])})
         elif line.startswith("row=config "):
             info["config"] = line
-    return {"who": "shoal", "threads": threads, "tokens": plen, "reps": reps, "command": cmd, **info}
+    who = "shoal" if numerics == "portable" else "shoal-" + numerics
+    return {"who": who, "numerics": numerics, "threads": threads, "tokens": plen, "reps": reps, "command": cmd,
+            **info}
 
 
 def run_llama(a, threads, plen):
@@ -182,6 +200,12 @@ def med(xs):
 
 
 def summarize(out, threads, prompts, aname):
+    out["summary"] = []
+    for who in sorted({x["who"] for x in out["runs"] if x["who"].startswith("shoal")}):
+        out["summary"] += summarize_one(out, threads, prompts, aname, who)
+
+
+def summarize_one(out, threads, prompts, aname, who):
     """Per (threads, prompt): tok/s of the last repetition, median [min, max] over the rounds,
     and shoal/anchor paired within each round, scaled by the work ratio. Also usable on a
     partial file: prefill_anchor.py --summarize FILE.json"""
@@ -190,7 +214,7 @@ def summarize(out, threads, prompts, aname):
     for t in threads:
         for p in prompts:
             s = {x["round"]: p / x["reps"][-1]["seconds"] for x in out["runs"]
-                 if x["who"] == "shoal" and x["threads"] == t and x["tokens"] == p}
+                 if x["who"] == who and x["threads"] == t and x["tokens"] == p}
             l = {x["round"]: p / x["reps"][-1]["seconds"] for x in out["runs"]
                  if x["who"] == aname and x["threads"] == t and x["tokens"] == p}
             if not s or not l:
@@ -199,11 +223,11 @@ def summarize(out, threads, prompts, aname):
             # the same by process CPU seconds of the prompt (both report it; with 2 threads it
             # includes what the threads burn waiting at barriers)
             sc = {x["round"]: p / x["reps"][-1]["cpu_seconds"] for x in out["runs"]
-                  if x["who"] == "shoal" and x["threads"] == t and x["tokens"] == p}
+                  if x["who"] == who and x["threads"] == t and x["tokens"] == p}
             lc = {x["round"]: p / x["reps"][-1]["cpu_seconds"] for x in out["runs"]
                   if x["who"] == aname and x["threads"] == t and x["tokens"] == p and "cpu_seconds" in x["reps"][-1]}
             rc = [sc[r] / lc[r] / out["work_ratio_llama_over_shoal"] for r in sc if r in lc]
-            row = {"threads": t, "tokens": p,
+            row = {"shoal": who, "threads": t, "tokens": p,
                    "shoal_tok_s": [med(s.values()), min(s.values()), max(s.values())],
                    "llama_tok_s": [med(l.values()), min(l.values()), max(l.values())],
                    "shoal_gmac_s": med(s.values()) * sm["macs_per_token"] / 1e9,
@@ -215,14 +239,14 @@ def summarize(out, threads, prompts, aname):
                    "anchor_tok_per_cpu_s": [med(lc.values()), min(lc.values()), max(lc.values())] if lc else None,
                    "ratio_equal_work_cpu": [med(rc), min(rc), max(rc)] if rc else None}
             summ.append(row)
-            print(f"t={t} p={p}: shoal {row['shoal_tok_s'][0]:.2f} tok/s [{row['shoal_tok_s'][1]:.2f}, "
+            print(f"{who} t={t} p={p}: shoal {row['shoal_tok_s'][0]:.2f} tok/s [{row['shoal_tok_s'][1]:.2f}, "
                   f"{row['shoal_tok_s'][2]:.2f}] = {row['shoal_gmac_s']:.1f} GMAC/s; {aname} "
                   f"{row['llama_tok_s'][0]:.2f} [{row['llama_tok_s'][1]:.2f}, {row['llama_tok_s'][2]:.2f}] = "
                   f"{row['llama_gmac_s']:.1f} GMAC/s; shoal/anchor (work-adjusted, paired) "
                   f"{row['ratio_equal_work'][0]:.2f} [{row['ratio_equal_work'][1]:.2f}, "
                   f"{row['ratio_equal_work'][2]:.2f}]" +
                   (f"; by CPU time {med(rc):.2f} [{min(rc):.2f}, {max(rc):.2f}]" if rc else ""), flush=True)
-    out["summary"] = summ
+    return summ
 
 
 def main():
@@ -246,6 +270,7 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--max-batch", type=int, default=256, help="shoal's chunk size (the engine's default is 256)")
+    ap.add_argument("--numerics", default="portable", help="shoal's classes to run, e.g. portable,mu")
     ap.add_argument("--bench-engine", default=os.path.join(SRC, "build", "tests", "bench_engine"))
     a = ap.parse_args()
     if bool(a.llama_bench) == bool(a.ggml_prefill):
@@ -260,10 +285,9 @@ def main():
     out = {"what": f"prefill_anchor (issue 33): shoal bench_engine prefill vs {aname}, equal work", "anchor": aname,
            "model": a.model, "gguf": a.gguf, "shoal_work": sm, "llama_work": lm,
            "work_ratio_llama_over_shoal": lm["macs_per_token"] / sm["macs_per_token"],
-           "rounds": a.rounds, "reps": a.reps, "max_batch": a.max_batch, "machine": platform.node(), "cpu": cpu,
+           "rounds": a.rounds, "reps": a.reps, "max_batch": a.max_batch, "numerics": a.numerics, "machine": platform.node(), "cpu": cpu,
            "cpu_flags": sorted(f for f in flags if f.startswith(("avx512", "amx"))), "nproc": os.cpu_count(),
-           "commit": subprocess.run(["git", "-C", SRC, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip(),
+           "commit": commit_id(),
            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": []}
     print(f"work: shoal {sm['macs_per_token'] / 1e9:.4f} GMAC/token, llama {lm['macs_per_token'] / 1e9:.4f} "
           f"(ratio {out['work_ratio_llama_over_shoal']:.4f})", flush=True)
@@ -271,14 +295,15 @@ def main():
     for r in range(a.rounds):
         for t in threads:
             for p in prompts:
-                order = (run_shoal, anchor) if k % 2 == 0 else (anchor, run_shoal)
+                shoals = [lambda a, t, p, nc=nc: run_shoal(a, t, p, nc) for nc in a.numerics.split(",")]
+                order = shoals + [anchor] if k % 2 == 0 else [anchor] + shoals[::-1]
                 k += 1
                 for fn in order:
                     res = fn(a, t, p)
                     res["round"] = r
                     out["runs"].append(res)
                     last = res["reps"][-1]["seconds"]
-                    print(f"round {r} {res['who']:9s} t={t} p={p}: {p / last:8.2f} tok/s (last rep; reps "
+                    print(f"round {r} {res['who']:10s} t={t} p={p}: {p / last:8.2f} tok/s (last rep; reps "
                           f"{[round(p / x['seconds'], 2) for x in res['reps']]}) load "
                           f"{res['loadavg_before'][0]:.1f}->{res['loadavg_after'][0]:.1f}", flush=True)
                     with open(a.out, "w") as f:
