@@ -19,8 +19,8 @@ plan chose is run, REPS times each with `--wire-act auto` (bf16 activations)
 and `--wire-act f32`, interleaved, against the plan's prediction for each
 (`--numerics mu` and `--numerics portable`: the same kernels, f32 inputs).
 
-Usage (root): plan_netns_bench.py [--model DIR] [--reps N] [--gen N] [--numerics mu] [--wire-compare]
-              [--out FILE.json]
+Usage (root): plan_netns_bench.py [--model DIR] [--reps N] [--gen N] [--numerics mu]
+              [--wire-compare [--trunk-servers G]] [--out FILE.json]
 Needs root, iproute2 (tc tbf). Prints a table; writes the raw results as JSON.
 """
 import argparse
@@ -117,6 +117,8 @@ def main():
     ap.add_argument("--numerics", default="portable", choices=("portable", "mu"))
     ap.add_argument("--wire-compare", action="store_true",
                     help="run only the chosen placement, --wire-act auto and f32 interleaved")
+    ap.add_argument("--trunk-servers", type=int, default=-1,
+                    help="with --wire-compare: this placement (0: trunk local; G: spread over G) instead of the chosen")
     a = ap.parse_args()
     NUMERICS = a.numerics
     if a.uniform:
@@ -146,7 +148,7 @@ def main():
            "command": " ".join(sys.argv), "shape": {k: list(v) for k, v in net.SHAPE.items()},
            "rate_fast_mbit": net.RATE_FAST, "tbf_burst": net.BURST, "reps": a.reps, "gen": a.gen, "overhead_us": float(a.overhead_us),
            "numerics": NUMERICS, "placements": {}}
-    net.setup_net()
+    net.N.setup()
     procs = []
     try:
         net.shape()
@@ -170,6 +172,9 @@ def main():
         res["chosen"] = chosen
         print(text, flush=True)
         if a.wire_compare:
+            res["chosen"] = chosen
+            if a.trunk_servers >= 0:
+                chosen = "trunk local" if a.trunk_servers == 0 else f"trunk spread over {a.trunk_servers}"
             wire_compare(tmp, cluster, chosen, pred, a, ref, res)
             return 0
         for label in pred:
@@ -198,7 +203,7 @@ def main():
     finally:
         for p in procs:
             harness.terminate(p, 5)
-        net.teardown_net()
+        net.N.teardown()
     if a.out:
         json.dump(res, open(a.out, "w"), indent=1)
     return 0
