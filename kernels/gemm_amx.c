@@ -7,8 +7,9 @@
  * XCR0 enables the tile state, and Linux grants the process the tile data
  * permission (arch_prctl ARCH_REQ_XCOMP_PERM). The development machine of
  * issue 33 (AMD EPYC, AVX-512 + AVX512-BF16) has no AMX: this code is
- * compiled and its self-test and tests skip there; it has run on no machine
- * yet. */
+ * compiled and its self-test and tests skip there (test_kernels_amx_emul runs
+ * this file's tile logic with the tiles emulated); the kernels and the
+ * self-test ran on an Intel Xeon with AMX on 2026-12-04 (docs/PERFORMANCE.md). */
 #include <string.h>
 
 #include "kernels/kernels_int.h"
@@ -62,6 +63,12 @@ static void tiles_config(int crows)
         cfg.colsb[i] = 64;
         cfg.rows[i] = (uint8_t)(i <= 4 || i == 6 ? crows : 16);
     }
+    /* GCC 12 does not count the whole struct as read by the ldtilecfg
+     * builtin: with constant fields (the peak loop's) it dropped the colsb
+     * and rows stores, and the unit got stack bytes for a configuration
+     * (#GP, seen as SIGSEGV on a Xeon with AMX). The empty asm reads all of
+     * cfg, so every store lands before the load. */
+    __asm__ volatile("" : : "m"(cfg));
     _tile_loadconfig(&cfg);
 }
 
@@ -95,17 +102,26 @@ double shoal__kernels_peak_amx_bf16(long n)
  * from +0, then C + (E + O); DAZ, FTZ): A is 16 tokens of 32 activations
  * rounded to bf16, B the 16 rows' weights as 16 pairs per row, transposed so
  * that B row p holds pair p of every row (the VNNI layout), C the 16 x 16
- * outputs, accumulated over the column blocks in order. Rows go 64 at a time
- * (four C tiles), tokens 16 at a time, columns in chunks of AMX_KC whose
- * rounded activations sit on the stack. */
-#define AMX_KC 2048
+ * outputs, accumulated over the column blocks in order.
+ *
+ * Blocking (no bit depends on it): tokens in groups of AMX_TG, columns in
+ * chunks of AMX_KC. Per group and chunk the activations are rounded once
+ * (xa, for every row of the call); per 32 rows the chunk's weights are packed
+ * once (bp: decoded and transposed with AVX-512, reused by every token tile of
+ * the group); then 2 x 2 tiles (two token tiles x two row tiles: C tiles 0-3,
+ * A tiles 4-5, B tiles 6-7) run over the chunk's column blocks. Between chunks
+ * the C tiles live in y itself (an fp32 accumulator stored and reloaded is
+ * exact), so every output's chain is the specification's. */
+#define AMX_KC 512
+#define AMX_TG 128
 
-static void amx_round_x(uint16_t *xa, const float *x, int cols, int t, int TT, int c0, int c1)
+/* tokens t..t+nt-1, columns [c0, c1) rounded to bf16 into xa[b][c - c0]; rows nt..ntp-1 zero */
+static void amx_round_x(uint16_t *xa, const float *x, int cols, int t, int nt, int ntp, int c0, int c1)
 {
-    for (int b = 0; b < 16; b++)
+    for (int b = 0; b < ntp; b++)
         for (int c = c0; c < c1; c += 16) {
             __m512i r = _mm512_setzero_si512();
-            if (b < TT) {
+            if (b < nt) {
                 __m512 v = _mm512_loadu_ps(x + (size_t)(t + b) * cols + c);
                 __m512i u = _mm512_castps_si512(v);
                 __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
@@ -118,80 +134,157 @@ static void amx_round_x(uint16_t *xa, const float *x, int cols, int t, int TT, i
         }
 }
 
-/* B for rows r..r+15 (past nr: the last row again), columns [c, c+32): bt[p][i] = pair p of row i */
+/* B for rows r..r+15 (past nr: the last row again), columns [c, c+32):
+ * bt[p][i] = pair p of row i. Row i's 16 pairs are one zmm (bf16: a load;
+ * MXFP4: the 32 nibbles widened to word indexes, looked up in the block's 16
+ * exact bf16 values with vpermw); a 16 x 16 dword transpose writes bt. */
 static void amx_pack_b(uint32_t *bt, const uint16_t *w, const uint8_t *packed, const uint8_t *scale, int cols,
                        int r, int nr, int c)
 {
-    __attribute__((aligned(64))) uint32_t rv[16][16];
+    __m512i v[16], t[16];
     for (int i = 0; i < 16; i++) {
         size_t row = (size_t)r + (i < nr ? i : nr - 1);
         if (w)
-            memcpy(rv[i], w + row * cols + c, 64);
+            v[i] = _mm512_loadu_si512(w + row * cols + c);
         else {
-            const uint8_t *p = packed + row * (cols / 2) + c / 2;
-            const uint16_t *tab = shoal__kernels_mu_bf[scale[row * (cols / 32) + c / 32]];
-            for (int j = 0; j < 16; j++)
-                rv[i][j] = (uint32_t)tab[p[j] & 15] | (uint32_t)tab[p[j] >> 4] << 16;
+            __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(packed + row * (cols / 2) + c / 2)));
+            __m512i idx = _mm512_or_si512(_mm512_and_si512(d, _mm512_set1_epi32(15)),
+                                          _mm512_slli_epi32(_mm512_srli_epi32(d, 4), 16));
+            __m512i tab = _mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)shoal__kernels_mu_bf[scale[row * (cols / 32) + c / 32]]));
+            v[i] = _mm512_permutexvar_epi16(idx, tab);
         }
     }
-    for (int p = 0; p < 16; p++)
-        for (int i = 0; i < 16; i++)
-            bt[p * 16 + i] = rv[i][p];
+    /* within each 128-bit lane: 4 x 4 transposes of the row groups */
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+    }
+    for (int g = 0; g < 4; g++) { /* u[g][q]: lane L holds column 4L+q of rows 4g..4g+3 */
+        v[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        v[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        v[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        v[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    /* then the 4 x 4 transpose of the lanes: column 4L+q, lane g = u[g][q], lane L */
+    for (int q = 0; q < 4; q++) {
+        __m512i a0 = _mm512_shuffle_i32x4(v[q], v[4 + q], 0x44), a1 = _mm512_shuffle_i32x4(v[q], v[4 + q], 0xee);
+        __m512i a2 = _mm512_shuffle_i32x4(v[8 + q], v[12 + q], 0x44),
+                a3 = _mm512_shuffle_i32x4(v[8 + q], v[12 + q], 0xee);
+        _mm512_store_si512(bt + (0 + q) * 16, _mm512_shuffle_i32x4(a0, a2, 0x88));
+        _mm512_store_si512(bt + (4 + q) * 16, _mm512_shuffle_i32x4(a0, a2, 0xdd));
+        _mm512_store_si512(bt + (8 + q) * 16, _mm512_shuffle_i32x4(a1, a3, 0x88));
+        _mm512_store_si512(bt + (12 + q) * 16, _mm512_shuffle_i32x4(a1, a3, 0xdd));
+    }
 }
 
-#define AMX_DP(i)                                                                                           \
-    do {                                                                                                    \
-        if ((i) == 0)                                                                                       \
-            _tile_dpbf16ps(0, 4, 5);                                                                        \
-        else if ((i) == 1)                                                                                  \
-            _tile_dpbf16ps(1, 4, 5);                                                                        \
-        else if ((i) == 2)                                                                                  \
-            _tile_dpbf16ps(2, 4, 5);                                                                        \
-        else                                                                                                \
-            _tile_dpbf16ps(3, 4, 5);                                                                        \
+/* C tile k (0-3) of tokens t..t+16 and rows r..r+16 from / to y: directly
+ * when the tile is whole, else through cbuf (nt tokens, nr rows valid). */
+#define AMX_C_LOAD(k, p, s) _tile_loadd(k, p, s)
+#define AMX_C_STORE(k, p, s) _tile_stored(k, p, s)
+#define AMX_C_ZERO(k) _tile_zero(k)
+#define AMX_C_SWITCH(op, k, ...)                                                                                \
+    do {                                                                                                        \
+        if ((k) == 0)                                                                                           \
+            op(0, ##__VA_ARGS__);                                                                               \
+        else if ((k) == 1)                                                                                      \
+            op(1, ##__VA_ARGS__);                                                                               \
+        else if ((k) == 2)                                                                                      \
+            op(2, ##__VA_ARGS__);                                                                               \
+        else                                                                                                    \
+            op(3, ##__VA_ARGS__);                                                                               \
     } while (0)
+
+static void amx_c_in(int k, float *y, float *cbuf, int rows, int t, int nt, int r, int nr, int first)
+{
+    if (first)
+        AMX_C_SWITCH(AMX_C_ZERO, k);
+    else if (nt == 16 && nr == 16)
+        AMX_C_SWITCH(AMX_C_LOAD, k, y + (size_t)t * rows + r, (long)rows * 4);
+    else {
+        for (int b = 0; b < nt; b++)
+            memcpy(cbuf + b * 16, y + (size_t)(t + b) * rows + r, (size_t)nr * 4);
+        AMX_C_SWITCH(AMX_C_LOAD, k, cbuf, 64);
+    }
+}
+
+static void amx_c_out(int k, float *y, float *cbuf, int rows, int t, int nt, int r, int nr)
+{
+    if (nt == 16 && nr == 16)
+        AMX_C_SWITCH(AMX_C_STORE, k, y + (size_t)t * rows + r, (long)rows * 4);
+    else {
+        AMX_C_SWITCH(AMX_C_STORE, k, cbuf, 64);
+        for (int b = 0; b < nt; b++)
+            memcpy(y + (size_t)(t + b) * rows + r, cbuf + b * 16, (size_t)nr * 4);
+    }
+}
 
 static void amx_rows(float *y, const uint16_t *w, const uint8_t *packed, const uint8_t *scale, const float *x,
                      int rows, int cols, int T, int r0, int r1)
 {
-    __attribute__((aligned(64))) static __thread uint16_t xa[16 * AMX_KC];
-    __attribute__((aligned(64))) uint32_t bt[16 * 16];
+    __attribute__((aligned(64))) static __thread uint16_t xa[AMX_TG * AMX_KC];
+    __attribute__((aligned(64))) static __thread uint32_t bp[AMX_KC / 32][2][256];
     __attribute__((aligned(64))) float cbuf[16 * 16];
-    for (int rb = r0; rb < r1; rb += 64) {
-        int re = rb + 64 < r1 ? rb + 64 : r1, ntile = (re - rb + 15) / 16;
-        for (int t = 0; t < T; t += 16) {
-            int TT = T - t < 16 ? T - t : 16;
-            tiles_config(TT);
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            for (int c0 = 0; c0 < cols; c0 += AMX_KC) {
-                int c1 = c0 + AMX_KC < cols ? c0 + AMX_KC : cols;
-                amx_round_x(xa, x, cols, t, TT, c0, c1);
-                for (int c = c0; c < c1; c += 32) {
-                    _tile_loadd(4, xa + (c - c0), AMX_KC * 2);
-                    for (int i = 0; i < ntile; i++) {
-                        int r = rb + 16 * i, nr = re - r < 16 ? re - r : 16;
-                        amx_pack_b(bt, w, packed, scale, cols, r, nr, c);
-                        _tile_loadd(5, bt, 64);
-                        AMX_DP(i);
+    tiles_config(16);
+    for (int t0 = 0; t0 < T; t0 += AMX_TG) {
+        int nt = T - t0 < AMX_TG ? T - t0 : AMX_TG, ntt = (nt + 15) / 16;
+        for (int c0 = 0; c0 < cols; c0 += AMX_KC) {
+            int c1 = c0 + AMX_KC < cols ? c0 + AMX_KC : cols, ncb = (c1 - c0) / 32;
+            amx_round_x(xa, x, cols, t0, nt, ntt * 16, c0, c1);
+            for (int rb = r0; rb < r1; rb += 32) {
+                int nr0 = r1 - rb < 16 ? r1 - rb : 16, nr1 = r1 - rb - 16 < 16 ? r1 - rb - 16 : 16;
+                int two = nr1 > 0;
+                for (int cb = 0; cb < ncb; cb++) {
+                    amx_pack_b(bp[cb][0], w, packed, scale, cols, rb, nr0, c0 + 32 * cb);
+                    if (two)
+                        amx_pack_b(bp[cb][1], w, packed, scale, cols, rb + 16, nr1, c0 + 32 * cb);
+                }
+                for (int j = 0; j < ntt; j += 2) {
+                    int ta = t0 + 16 * j, na = nt - 16 * j < 16 ? nt - 16 * j : 16;
+                    int pair = j + 1 < ntt, tb = ta + 16, nb = pair ? (nt - 16 * (j + 1) < 16 ? nt - 16 * (j + 1) : 16) : 0;
+                    amx_c_in(0, y, cbuf, rows, ta, na, rb, nr0, c0 == 0);
+                    if (two)
+                        amx_c_in(1, y, cbuf, rows, ta, na, rb + 16, nr1, c0 == 0);
+                    if (pair) {
+                        amx_c_in(2, y, cbuf, rows, tb, nb, rb, nr0, c0 == 0);
+                        if (two)
+                            amx_c_in(3, y, cbuf, rows, tb, nb, rb + 16, nr1, c0 == 0);
+                    }
+                    const uint16_t *xj = xa + (size_t)16 * j * AMX_KC;
+                    if (pair && two)
+                        for (int cb = 0; cb < ncb; cb++) {
+                            _tile_loadd(4, xj + 32 * cb, AMX_KC * 2);
+                            _tile_loadd(5, xj + 16 * AMX_KC + 32 * cb, AMX_KC * 2);
+                            _tile_loadd(6, bp[cb][0], 64);
+                            _tile_loadd(7, bp[cb][1], 64);
+                            _tile_dpbf16ps(0, 4, 6);
+                            _tile_dpbf16ps(1, 4, 7);
+                            _tile_dpbf16ps(2, 5, 6);
+                            _tile_dpbf16ps(3, 5, 7);
+                        }
+                    else
+                        for (int cb = 0; cb < ncb; cb++) {
+                            _tile_loadd(4, xj + 32 * cb, AMX_KC * 2);
+                            _tile_loadd(6, bp[cb][0], 64);
+                            _tile_dpbf16ps(0, 4, 6);
+                            if (two) {
+                                _tile_loadd(7, bp[cb][1], 64);
+                                _tile_dpbf16ps(1, 4, 7);
+                            }
+                            if (pair) {
+                                _tile_loadd(5, xj + 16 * AMX_KC + 32 * cb, AMX_KC * 2);
+                                _tile_dpbf16ps(2, 5, 6);
+                            }
+                        }
+                    amx_c_out(0, y, cbuf, rows, ta, na, rb, nr0);
+                    if (two)
+                        amx_c_out(1, y, cbuf, rows, ta, na, rb + 16, nr1);
+                    if (pair) {
+                        amx_c_out(2, y, cbuf, rows, tb, nb, rb, nr0);
+                        if (two)
+                            amx_c_out(3, y, cbuf, rows, tb, nb, rb + 16, nr1);
                     }
                 }
-            }
-            for (int i = 0; i < ntile; i++) {
-                int r = rb + 16 * i, nr = re - r < 16 ? re - r : 16;
-                if (i == 0)
-                    _tile_stored(0, cbuf, 64);
-                else if (i == 1)
-                    _tile_stored(1, cbuf, 64);
-                else if (i == 2)
-                    _tile_stored(2, cbuf, 64);
-                else
-                    _tile_stored(3, cbuf, 64);
-                for (int b = 0; b < TT; b++)
-                    for (int j = 0; j < nr; j++)
-                        y[(size_t)(t + b) * rows + r + j] = cbuf[b * 16 + j];
             }
         }
     }

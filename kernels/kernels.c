@@ -1,4 +1,4 @@
-/* kernels: ISA choice (CPUID, SHOAL_ISA override read here and nowhere else)
+/* kernels: ISA choice (CPUID, SHOAL_ISA and SHOAL_AMX_MIN_T overrides read here and nowhere else)
  * and the public entry points, which split output rows (or heads, or output
  * columns) over OpenMP threads and call the active ISA's worker. A worker
  * computes every output element in the canonical order, so neither the split
@@ -392,20 +392,69 @@ const char *shoal_kernels_mu_path(void)
 
 const char *shoal_kernels_mu_engine(void)
 {
-    if (mu_path_note && active_isa == SHOAL_ISA_AVX512 && !strcmp(mu_path_note, "amx"))
+    if (mu_path_note && active_isa == SHOAL_ISA_AVX512 && !strncmp(mu_path_note, "amx", 3))
         return "amx";
     return shoal_isa_name(active_isa);
 }
 
-/* AMX for the AVX-512 table's mu kernels, if the unit computes the order. */
+/* AMX for the AVX-512 table's mu kernels, if the unit computes the order:
+ * calls of T >= amx_min_t tokens run on the tiles, smaller ones on the
+ * AVX-512 emulation of the same order (a tile holds 16 tokens; below a few
+ * the weight packing costs more than the emulation; bit-identical either
+ * way, so the threshold moves only the clock; 8 from the Xeon figures in
+ * docs/PERFORMANCE.md: below it the emulation ran 1.2-2.5x faster). SHOAL_AMX_MIN_T=N sets it
+ * (0: AMX never). */
+#define AMX_MIN_T_DEFAULT 8
+static int amx_min_t = AMX_MIN_T_DEFAULT;
+static shoal__gemm_bf16_fn mu_small_bf16;
+static shoal__gemm_mxfp4_fn mu_small_mxfp4;
+static char mu_path_buf[96];
+
+static void gemm_bf16_mu_amx_or_small(float *y, const uint16_t *w, const float *x, int rows, int cols, int T, int r0,
+                                      int r1)
+{
+    (T >= amx_min_t ? shoal__kernels_gemm_bf16_mu_amx : mu_small_bf16)(y, w, x, rows, cols, T, r0, r1);
+}
+
+static void gemm_mxfp4_mu_amx_or_small(float *y, const uint8_t *packed, const uint8_t *scale, const float *x,
+                                       int rows, int cols, int T, int r0, int r1)
+{
+    (T >= amx_min_t ? shoal__kernels_gemm_mxfp4_mu_amx : mu_small_mxfp4)(y, packed, scale, x, rows, cols, T, r0, r1);
+}
+
+int shoal_kernels_set_amx_min_t(int n)
+{
+    int old = amx_min_t;
+    if (n >= 1)
+        amx_min_t = n;
+    return old;
+}
+
 static void mu_try_amx(void)
 {
     if (!shoal__kernels_amx_usable() || isa_built[SHOAL_ISA_AVX512] != 1)
         return;
+    const char *env = getenv("SHOAL_AMX_MIN_T");
+    if (env && *env) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (*end == '\0' && v >= 0 && v <= 1000000)
+            amx_min_t = (int)v;
+    }
+    if (amx_min_t == 0) {
+        mu_path_note = "avx512 (AMX off: SHOAL_AMX_MIN_T=0)";
+        return;
+    }
     if (shoal__kernels_mu_selftest(shoal__kernels_gemm_bf16_mu_amx, shoal__kernels_gemm_mxfp4_mu_amx) == 0) {
-        isa_tables[SHOAL_ISA_AVX512].gemm_bf16_mu = shoal__kernels_gemm_bf16_mu_amx;
-        isa_tables[SHOAL_ISA_AVX512].gemm_mxfp4_mu = shoal__kernels_gemm_mxfp4_mu_amx;
-        mu_path_note = "amx";
+        mu_small_bf16 = isa_tables[SHOAL_ISA_AVX512].gemm_bf16_mu;
+        mu_small_mxfp4 = isa_tables[SHOAL_ISA_AVX512].gemm_mxfp4_mu;
+        isa_tables[SHOAL_ISA_AVX512].gemm_bf16_mu = gemm_bf16_mu_amx_or_small;
+        isa_tables[SHOAL_ISA_AVX512].gemm_mxfp4_mu = gemm_mxfp4_mu_amx_or_small;
+        if (amx_min_t > 1)
+            snprintf(mu_path_buf, sizeof mu_path_buf, "amx (calls of %d+ tokens; fewer: avx512)", amx_min_t);
+        else
+            snprintf(mu_path_buf, sizeof mu_path_buf, "amx");
+        mu_path_note = mu_path_buf;
     } else
         mu_path_note = "avx512 (AMX present but failed the matrix-unit-order self-test: not used)";
 }

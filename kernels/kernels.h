@@ -105,6 +105,10 @@ void shoal_mu_round_bf16(uint16_t *y, const float *x, size_t n);
  * a note when AMX is present but failed its start-up self-test (kernels never
  * log: `shoal version` prints it as its one line about the mu kernels). */
 const char *shoal_kernels_mu_path(void);
+/* Where AMX runs the mu kernels: calls of at least n tokens (n >= 1; the
+ * smaller ones run the AVX-512 emulation of the same order, bit-identical).
+ * Tests and benchmarks; returns the previous value; n < 1 only reads it. */
+int shoal_kernels_set_amx_min_t(int n);
 /* The same as one word: "amx", "avx512", "avx2" or "scalar" (metrics labels). */
 const char *shoal_kernels_mu_engine(void);
 

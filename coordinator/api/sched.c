@@ -78,9 +78,11 @@ struct shoal_slot {
      * forward): vmask[r] is the mask after the fed id and drafts 1..r, used
      * while the sampled ids follow the draft (vr: the next row) */
     shoal_cons_run *vrun;      /* look-ahead copy of crun (mask thread) */
+    shoal_toolcons *vtcons;    /* look-ahead copy of tcons (mask thread) */
     uint8_t *vmask[SHOAL_DRAFT_MAX_K + 1];
     int32_t vids[SHOAL_DRAFT_MAX_K + 1];
     int vn[SHOAL_DRAFT_MAX_K + 1];
+    int32_t vban[SHOAL_DRAFT_MAX_K + 1]; /* a tool constraint's free row: the id it bans */
     uint64_t vns[SHOAL_DRAFT_MAX_K + 1];
     int vk, vr, vwant;
     shoal_spec *spec;          /* the decode path of seq (speculative when drafting is on) */
@@ -142,6 +144,7 @@ static void slots_free(shoal_sched *s)
         shoal_cons_free(sl->cons);
         free(sl->cmask);
         shoal_cons_run_free(sl->vrun);
+        shoal_toolcons_close(sl->vtcons);
         for (int r = 0; r <= SHOAL_DRAFT_MAX_K; r++)
             free(sl->vmask[r]);
         shoal_detok_close(sl->detok);
@@ -407,6 +410,8 @@ static void release(shoal_sched *s, shoal_slot *sl, const shoal_sched_stats *add
     shoal_cons_run_free(sl->vrun);
     sl->vrun = NULL;
     sl->vk = sl->vwant = 0;
+    shoal_toolcons_close(sl->vtcons); /* it borrows tcons's compiled constraints */
+    sl->vtcons = NULL;
     shoal_toolcons_close(sl->tcons);
     sl->tcons = NULL;
     sl->cmask_ready = 0;
@@ -1331,30 +1336,47 @@ static void masks_compute(shoal_sched *s)
 
 /* The masks of the verify rows of s->vslot's drafted chunk (verify_hook):
  * row r's mask is its constraint's after the fed id and drafts 1..r, so a
- * look-ahead copy of the run takes the drafts one by one. It stops at the
- * first draft the previous row's mask bans (the sampler cannot take it, so
- * the rows after it are never sampled: a draft leaving the grammar is
- * rejected like any other). Row 0's mask (the fed id's) is the slot's
- * ordinary one, computed first (masks_compute). */
+ * look-ahead copy of the constraint (the run, or the tool constraint with
+ * its inner run) takes the drafts one by one. It stops at the first draft
+ * the previous row bans -- outside its mask, or a tool constraint's free
+ * row's banned id (sample_one sets it to -inf) -- since the sampler cannot
+ * take it, the rows after it are never sampled (a draft leaving the grammar
+ * is rejected like any other), and where a tool constraint's copy would have
+ * to compile (shoal_toolcons_accept: SHOAL_EBUSY; that row's mask is then
+ * computed as usual). Row 0's mask (the fed id's) is the slot's ordinary
+ * one, computed first (masks_compute): the same calls sample_one makes, so
+ * each row's mask is the one sampling would compute, bit for bit. */
 static void vmasks_compute(shoal_sched *s)
 {
     shoal_slot *sl = s->vslot;
     sl->vk = 0;
-    if (!sl->crun || !sl->cmask_ready || sl->cmask_n <= 0)
+    if ((!sl->crun && !sl->tcons) || !sl->cmask_ready || sl->cmask_n == 0)
         return;
-    shoal_cons_run_copy(sl->vrun, sl->crun);
+    if (sl->crun)
+        shoal_cons_run_copy(sl->vrun, sl->crun);
+    else
+        shoal_toolcons_copy(sl->vtcons, sl->tcons);
     const uint8_t *prev = sl->cmask;
+    int prev_n = sl->cmask_n;
+    int32_t prev_ban = sl->cmask_ban;
     int k = 0;
     for (int r = 1; r <= sl->vwant; r++) {
-        if (!prev[sl->vids[r]] || shoal_cons_run_accept(sl->vrun, sl->vids[r]))
+        int32_t d = sl->vids[r];
+        if (d < 0 || d >= s->vocab || (prev_n >= 0 ? !prev[d] : d == prev_ban))
+            break;
+        if (sl->crun ? shoal_cons_run_accept(sl->vrun, d) : shoal_toolcons_accept(sl->vtcons, d))
             break;
         uint64_t t0 = shoal_metrics_now_ns();
-        sl->vn[r] = shoal_cons_run_mask(sl->vrun, sl->vmask[r]);
+        sl->vban[r] = -1;
+        sl->vn[r] = sl->crun ? shoal_cons_run_mask(sl->vrun, sl->vmask[r])
+                             : shoal_toolcons_mask(sl->vtcons, sl->vmask[r], &sl->vban[r]);
         sl->vns[r] = shoal_metrics_now_ns() - t0;
         k = r;
-        if (sl->vn[r] <= 0)
+        if (sl->vn[r] == 0)
             break;
         prev = sl->vmask[r];
+        prev_n = sl->vn[r];
+        prev_ban = sl->vban[r];
     }
     sl->vk = k;
 }
@@ -1410,18 +1432,26 @@ static void masks_start(shoal_sched *s)
  * ctx (drafting alone in the step): when the fed id's mask is on the mask
  * thread now, the verify rows' masks follow it there (vmasks_compute), so
  * they too are ready when the forward ends. Allocates here, outside the
- * forward (the look-ahead run and the row masks, kept for the slot). */
+ * forward (the look-ahead copy, the row masks, a tool constraint's
+ * compiled headers and arguments; kept for the slot). */
 static void verify_hook(void *ctx, const int32_t *drafts, int k)
 {
     shoal_slot *sl = ctx;
     shoal_sched *s = sl->s;
     sl->vk = 0;
-    if (!sl->crun || s->mn != 1 || s->mslots[0] != sl || k < 1)
+    if ((!sl->crun && !sl->tcons) || s->mn != 1 || s->mslots[0] != sl || k < 1)
         return;
     if (k > SHOAL_DRAFT_MAX_K)
         k = SHOAL_DRAFT_MAX_K;
-    if (!sl->vrun)
+    if (sl->crun && !sl->vrun)
         sl->vrun = shoal_cons_run_clone(sl->crun);
+    if (sl->tcons) {
+        /* the mask thread may be in shoal_toolcons_mask on tcons now: prepare
+         * touches only the compiled caches (toolcons.h) */
+        if (!sl->vtcons)
+            sl->vtcons = shoal_toolcons_clone(sl->tcons);
+        shoal_toolcons_prepare(sl->tcons);
+    }
     for (int r = 1; r <= k; r++) {
         if (!sl->vmask[r])
             sl->vmask[r] = shoal_xmalloc((size_t)s->vocab);
@@ -1450,7 +1480,7 @@ static int vmask_take(shoal_slot *sl, int32_t id)
     sl->cmask = sl->vmask[r];
     sl->vmask[r] = t;
     sl->cmask_n = sl->vn[r];
-    sl->cmask_ban = -1;
+    sl->cmask_ban = sl->vban[r];
     sl->cmask_ns = sl->vns[r];
     sl->cmask_ready = 1;
     sl->cmask_verify = 1;

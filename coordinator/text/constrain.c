@@ -1643,6 +1643,22 @@ int shoal_cons_run_create(shoal_cons_run **out, const shoal_cons *c, const shoal
     return 0;
 }
 
+int shoal_cons_run_reset(shoal_cons_run *r, const shoal_cons *c, const int32_t *end_ids, int n_end)
+{
+    if (n_end < 1 || n_end > MAX_END)
+        return SHOAL_EINVAL;
+    for (int i = 0; i < n_end; i++)
+        if (end_ids[i] < 0 || end_ids[i] >= r->v->n_vocab)
+            return SHOAL_EINVAL;
+    r->c = c;
+    memcpy(r->end, end_ids, sizeof *end_ids * (size_t)n_end);
+    r->n_end = n_end;
+    r->end_pos = -1;
+    r->n_pre = r->pre_pos = 0;
+    initial(c, &r->cur);
+    return 0;
+}
+
 shoal_cons_run *shoal_cons_run_clone(const shoal_cons_run *src)
 {
     shoal_cons_run *r = shoal_xcalloc(1, sizeof *r);

@@ -86,10 +86,16 @@ void shoal_cons_run_free(shoal_cons_run *r); /* accepts NULL */
 /* A new run with the same constraint, vocabulary, end ids and state as src
  * (its own scratch). */
 shoal_cons_run *shoal_cons_run_clone(const shoal_cons_run *src);
-/* dst takes src's state (dst from shoal_cons_run_clone of a run with the same
- * constraint and vocabulary); never allocates, so a mask thread can look
- * ahead (drafted ids) without touching src. */
+/* dst takes src's state, its constraint and end ids included (dst from
+ * shoal_cons_run_clone of a run over the same vocabulary: a run's scratch
+ * depends on the vocabulary alone); never allocates, so a mask thread can
+ * look ahead (drafted ids) without touching src. */
 void shoal_cons_run_copy(shoal_cons_run *dst, const shoal_cons_run *src);
+/* r starts over on c (over r's vocabulary; c must outlive the use) in c's
+ * initial state, with end_ids[0..n_end) as in create and no prefix. Never
+ * allocates (tool calls move one run from a call's header to its arguments,
+ * coordinator/api/toolcons.c). SHOAL_EINVAL on bad end ids (r unchanged). */
+int shoal_cons_run_reset(shoal_cons_run *r, const shoal_cons *c, const int32_t *end_ids, int n_end);
 /* Ids forced before the constrained text (at most 64; e.g. K3's tool-call
  * opening up to the arguments' json element): the mask allows ids[k] alone
  * until they are all taken. Only before the first accept. */

@@ -72,27 +72,29 @@ gen2=$!
 say "tests: $(grep -E '^[0-9]+ passed' "$out/tests.txt" | tr '\n' ';') rc: $(grep '^rc=' "$out/tests.txt" | tr '\n' ' ')"
 grep -E 'FAIL|SKIP.*amx|t_mu_amx|t_peak' "$out/tests.txt" | head -20 | tee -a "$log"
 
-# 3. peaks and GEMMs (1 thread), two rounds interleaved
+# 3. peaks and GEMMs (1 thread), GEMM_ROUNDS rounds interleaved; the mu kinds
+#    with AMX at every T (SHOAL_AMX_MIN_T=1) and with its AVX-512 emulation
+#    (SHOAL_AMX_MIN_T=0), to place the threshold between them. QUICK=1: the
+#    mu kinds only.
 g="$out/gemm.jsonl"
 : > "$g"
-for r in 1 2; do
+ts=1,2,4,8,16,64,256
+for r in $(seq 1 "${GEMM_ROUNDS:-2}"); do
     "$BIN/shoal" bench peak --json --reps 5 2>/dev/null | grep '^{' | sed "s/^{/{\"round\":$r,/" >> "$g"
-    for k in bf16 bf16mu; do
-        timeout 120 "$BIN/bench_gemm" $k 12288 7168 1,8,64,256 --reps 3 --copies 2 | grep '^{' |
-            sed "s/^{/{\"round\":$r,\"where\":\"stream\",/" >> "$g"
-        timeout 60 "$BIN/bench_gemm" $k 64 7168 1,8,64,256 --reps 5 --copies 1 | grep '^{' |
-            sed "s/^{/{\"round\":$r,\"where\":\"cache\",/" >> "$g"
-    done
-    for k in mxfp4 mxfp4mu; do
-        timeout 120 "$BIN/bench_gemm" $k 3072 3584 1,8,64,256 --reps 3 | grep '^{' |
-            sed "s/^{/{\"round\":$r,\"where\":\"stream\",/" >> "$g"
+    for k in bf16 bf16mu mxfp4 mxfp4mu; do
+        case "$k" in *mu) modes="1 0" ;; *) [ -n "${QUICK:-}" ] && continue; modes="-" ;; esac
+        for m in $modes; do
+            if [ "${k#bf16}" != "$k" ]; then shape="12288 7168" extra="--copies 2"; else shape="3072 3584" extra=""; fi
+            env SHOAL_AMX_MIN_T="${m/-/}" timeout 150 "$BIN/bench_gemm" $k $shape $ts --reps 3 $extra |
+                grep '^{' | sed "s/^{/{\"round\":$r,\"where\":\"stream\",\"amx_min_t\":\"$m\",/" >> "$g"
+        done
     done
     printf '{"meta":"load","round":%d,"value":"%s"}\n' "$r" "$(cut -d' ' -f1-3 /proc/loadavg)" >> "$g"
     say "gemm round $r done ($(( $(date +%s) - t0 )) s)"
 done
 
 # 4. the expert GEMV against the read pass, both classes
-for nc in portable mu; do
+[ -n "${QUICK:-}" ] || for nc in portable mu; do
     timeout 150 "$BIN/shoal" bench kernels --only expert --tokens 1,8 --json --threads 1 --numerics $nc 2>/dev/null |
         grep '^{' > "$out/kernels_expert_$nc.jsonl"
 done

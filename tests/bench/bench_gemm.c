@@ -128,9 +128,10 @@ int main(int argc, char **argv)
         qsort(ct, reps, sizeof *ct, cmpd);
         double mac = (double)n * T / 1e9;
         printf("{\"kind\":\"%s\",\"shape\":\"%dx%d\",\"T\":%d,\"threads\":%d,\"isa\":\"%s\",\"gmacs\":%.2f,"
-               "\"gmacs_min\":%.2f,\"gmacs_max\":%.2f,\"gmacs_cpu\":%.2f,\"gbps\":%.2f}\n",
+               "\"gmacs_min\":%.2f,\"gmacs_max\":%.2f,\"gmacs_cpu\":%.2f,\"gbps\":%.2f,\"mu_path\":\"%s\"}\n",
                kind, rows, cols, T, threads, shoal_isa_name(shoal_kernels_isa()), mac / wt[reps / 2],
-               mac / wt[reps - 1], mac / wt[0], mac / ct[reps / 2], wb / wt[reps / 2] / 1e9);
+               mac / wt[reps - 1], mac / wt[0], mac / ct[reps / 2], wb / wt[reps / 2] / 1e9,
+               mu ? shoal_kernels_mu_path() : "-");
         fflush(stdout);
         free(wt), free(ct);
     }

@@ -53,7 +53,7 @@ int main(void)
     if (shoal_kernels_init())
         return 1;
     shoal__kernels_mx_tables();
-    static const int shapes[][3] = {{16, 32, 1}, {5, 64, 3}, {70, 96, 17}, {33, 2080, 2}, {130, 160, 33}};
+    static const int shapes[][3] = {{16, 32, 1}, {5, 64, 3}, {70, 96, 17}, {33, 2080, 2}, {130, 160, 33}, {40, 1056, 150}, {47, 544, 36}};
     int fails = 0;
     for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
         int rows = shapes[k][0], cols = shapes[k][1], T = shapes[k][2];
@@ -90,6 +90,23 @@ int main(void)
         emul_mxfp4_mu_amx(y1, p, s, x, rows, cols, T, 0, rows);
         snprintf(name, sizeof name, "mxfp4_mu_%dx%d_T%d", rows, cols, T);
         ok = same(y0, y1, (size_t)T * rows, detail, sizeof detail);
+        report(name, ok, detail);
+        fails += !ok;
+        /* a thread's share of the rows: [r0, r1) written, nothing else */
+        int r0 = rows / 3, r1 = rows - rows / 5;
+        memset(y1, 0x5a, (size_t)T * rows * 4);
+        emul_mxfp4_mu_amx(y1, p, s, x, rows, cols, T, r0, r1);
+        ok = 1;
+        for (int t = 0; t < T && ok; t++)
+            for (int r = 0; r < rows && ok; r++) {
+                float e = y0[(size_t)t * rows + r], g = y1[(size_t)t * rows + r];
+                uint32_t gb;
+                memcpy(&gb, &g, 4);
+                ok = r >= r0 && r < r1 ? !memcmp(&e, &g, 4) || (isnan(e) && isnan(g)) : gb == 0x5a5a5a5au;
+                if (!ok)
+                    snprintf(detail, sizeof detail, "rows [%d, %d): token %d row %d: %a (spec %a)", r0, r1, t, r, g, e);
+            }
+        snprintf(name, sizeof name, "mxfp4_mu_%dx%d_T%d_rows%d-%d", rows, cols, T, r0, r1);
         report(name, ok, detail);
         fails += !ok;
         free(w), free(p), free(s), free(x), free(y0), free(y1);

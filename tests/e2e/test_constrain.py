@@ -59,6 +59,12 @@ and `re`, never shoal's code. Cases:
                  temperature 1.3 with seeds, give the same texts, and /metrics shows verify-row masks
                  used (a wrong row mask changes a draw or lets a banned token
                  through).
+  verify_tools   the same for tool-call constraints (tool_choice auto and
+                 required with two tools, and a named function), with an
+                 earlier call of the tool in the history so drafts hit inside
+                 the call: the same sampled ids (return_token_ids) as the
+                 reference, greedy and seeded, and verify-row masks used by
+                 the tool constraints on /metrics.
 """
 import json
 import os
@@ -767,6 +773,56 @@ def t_verify_rows(srv, ref, label):
     R.check(f"verify_rows/{label}/rows_used", used >= 10, f"{used} verify-row masks used")
 
 
+VT_ARR = {"type": "object", "properties": {"xs": {"type": "array", "items": {"enum": ["sea shell", "sea salt"]},
+                                                "minItems": 6, "maxItems": 12}},
+          "required": ["xs"], "additionalProperties": False}
+VT_TOOLS = [{"type": "function", "function": {"name": "collect", "parameters": VT_ARR}},
+            {"type": "function", "function": {"name": "wave", "parameters": {
+                "type": "object", "properties": {"n": {"enum": ["one", "two"]}}, "required": ["n"],
+                "additionalProperties": False}}}]
+
+
+def t_verify_tools(srv, ref, label, tok_dir):
+    """t_verify_rows for tool-call constraints: tool_choice auto and
+    required (two tools: the model opens its calls, coordinator/api/toolcons.c)
+    and a named function (a forced call), drafting with the verify rows'
+    masks computed during the verify forward (srv) against no drafting and
+    every mask after the forward (ref): the same sampled ids
+    (return_token_ids), greedy and at temperature 1.3 with seeds. The history
+    holds an earlier call of the same tool, so the n-gram drafter drafts the
+    call's markup, header and arguments; logit_bias on K3's markers leaves the
+    reasoning at once (<|open|> alone: the reasoning stays free but for the
+    <|open|> it bans -- a verify row that forgets the ban lets it through).
+    /metrics must show verify-row masks used by the auto and required
+    requests, else the identity would prove nothing."""
+    prior = json.dumps({"xs": ["sea shell", "sea salt"] * 3})
+    msgs = [{"role": "user", "content": "Collect sea shell sea salt"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+                "name": "collect", "arguments": prior}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+            {"role": "user", "content": "Again: collect sea shell sea salt"}]
+    both, open_only = marker_bias(tok_dir, 100, 85), marker_bias(tok_dir, 100, -100)
+    open_only = {k: v for k, v in open_only.items() if v > 0}
+    named = {"type": "function", "function": {"name": "collect"}}
+    cases = [("auto", both, 0, 0), ("auto", both, 1.3, 0), ("auto", both, 1.3, 1), ("auto", open_only, 0, 0),
+             ("required", both, 0, 0), ("required", both, 1.3, 1), ("named", both, 0, 0), ("named", both, 1.3, 0)]
+
+    def ids(server, choice, bias, temp, seed):
+        r = chat(server, msgs, 80, temperature=temp, seed=seed, tools=VT_TOOLS, logit_bias=bias,
+                 tool_choice=named if choice == "named" else choice, extra_body={"return_token_ids": True})
+        return r.choices[0].model_extra.get("token_ids")
+
+    used = 0
+    for choice, bias, temp, seed in cases:
+        before = mask_metrics(srv).get("shoal_constrain_masks_verify_total", 0)
+        a, b = ids(ref, choice, bias, temp, seed), ids(srv, choice, bias, temp, seed)
+        if choice != "named":
+            used += mask_metrics(srv).get("shoal_constrain_masks_verify_total", 0) - before
+        case = f"verify_tools/{label}/{choice}/{'open' if bias is open_only else 'markers'}/{temp}/{seed}"
+        R.check(case, a == b and a, f"{a} vs {b}"[:600])
+    R.check(f"verify_tools/{label}/rows_used", used >= 10, f"{used} verify-row masks used by tool constraints")
+
+
 def mask_metrics(srv):
     import urllib.request
     with urllib.request.urlopen(srv.url + "/metrics", timeout=30) as r:
@@ -977,6 +1033,7 @@ def main():
                      "--mask-thread", "off")
         try:
             t_verify_rows(srv, ref, "real_vocab")
+            t_verify_tools(srv, ref, "real_vocab", real)
         finally:
             ref.stop()
         try:

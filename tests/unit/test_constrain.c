@@ -429,6 +429,70 @@ static void t_mask_tiny(void)
     walks_g(tiny, NULL, arith_gbnf, 20, 1); /* the DFA-only walk of a whole-text regex */
 }
 
+/* shoal_cons_run_reset (a tool call's run moves from its header to its
+ * arguments): a run that was part way through one constraint, its end ids
+ * taken, reset onto another gives the masks of a fresh run over that one,
+ * walk after walk; a copy into a clone made over a third constraint takes
+ * the source's constraint with its state. */
+static void t_run_reset(void)
+{
+    shoal_cons_vocab *v;
+    char err[300];
+    CHECK(shoal_cons_vocab_build(&v, tiny, err, sizeof err) == 0);
+    shoal_cons *any = json_c(NULL), *tree = json_c(tree_schema), *ch;
+    const char *names[] = {"alpha", "beta"};
+    CHECK(shoal_cons_compile_choice(&ch, names, 2, err, sizeof err) == 0);
+    int32_t V = shoal_cons_vocab_size(v), eos = shoal_tok_eos_id(tiny), ends[2] = {eos, 7};
+    uint8_t *m1 = malloc((size_t)V), *m2 = malloc((size_t)V);
+    shoal_cons_run *moved, *fresh, *other;
+    CHECK(shoal_cons_run_create(&moved, any, v, ends, 2, err, sizeof err) == 0);
+    CHECK(shoal_cons_run_create(&other, ch, v, &eos, 1, err, sizeof err) == 0);
+    CHECK(shoal_cons_run_set_prefix(moved, &ends[1], 1) == 0);
+    CHECK(shoal_cons_run_accept(moved, 7) == 0); /* the prefix */
+    CHECK(shoal_cons_run_feed(moved, (const uint8_t *)"{\"a\": [1", 8) == 0);
+    CHECK(shoal_cons_run_reset(moved, tree, &eos, 0) == SHOAL_EINVAL); /* no end ids: refused, unchanged */
+    CHECK(shoal_cons_run_feed(moved, (const uint8_t *)"]}", 2) == 0 && shoal_cons_run_text_complete(moved));
+    CHECK(shoal_cons_run_accept(moved, eos) == 0 && shoal_cons_run_accept(moved, 7) == 0 &&
+          shoal_cons_run_done(moved));
+    int diffs = 0, steps = 0;
+    for (int w = 0; w < 6; w++) {
+        CHECK(shoal_cons_run_reset(moved, tree, &eos, 1) == 0);
+        CHECK(shoal_cons_run_create(&fresh, tree, v, &eos, 1, err, sizeof err) == 0);
+        shoal_cons_run *look = shoal_cons_run_clone(other);
+        shoal_cons_run_copy(look, moved);
+        for (int k = 0; k < 60; k++) {
+            int n1 = shoal_cons_run_mask(moved, m1), n2 = shoal_cons_run_mask(fresh, m2);
+            diffs += n1 != n2 || memcmp(m1, m2, (size_t)V);
+            n1 = shoal_cons_run_mask(look, m1);
+            diffs += n1 != n2 || memcmp(m1, m2, (size_t)V);
+            steps++;
+            if (n2 <= 0)
+                break;
+            int32_t id = m2[eos] && (rnd() & 1) ? eos : -1;
+            for (int32_t i = (int32_t)(rnd() % (uint32_t)V); id < 0; i = (i + 1) % V)
+                if (m2[i])
+                    id = i;
+            CHECK(shoal_cons_run_accept(moved, id) == 0 && shoal_cons_run_accept(fresh, id) == 0 &&
+                  shoal_cons_run_accept(look, id) == 0);
+            if (shoal_cons_run_done(fresh))
+                break;
+        }
+        CHECK(shoal_cons_run_done(moved) == shoal_cons_run_done(fresh));
+        shoal_cons_run_free(fresh);
+        shoal_cons_run_free(look);
+    }
+    CHECK_MSG(!diffs, "%d of %d masks differ after a reset", diffs, steps);
+    CHECK(steps > 30);
+    shoal_cons_run_free(moved);
+    shoal_cons_run_free(other);
+    shoal_cons_free(any);
+    shoal_cons_free(tree);
+    shoal_cons_free(ch);
+    free(m1);
+    free(m2);
+    shoal_cons_vocab_free(v);
+}
+
 static void t_mask_real(void)
 {
     const char *dir = test_k3_tokenizer_dir();
@@ -464,6 +528,7 @@ int main(void)
     RUN(t_regex_choice);
     RUN(t_gbnf);
     RUN(t_mask_tiny);
+    RUN(t_run_reset);
     RUN(t_mask_real);
     shoal_cons_vocab_free(byte_vocab);
     shoal_tok_close(tiny);

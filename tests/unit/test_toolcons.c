@@ -41,6 +41,18 @@ static int enc(const char *text, int32_t *out, int cap)
     return n;
 }
 
+/* the ids taken by take / expect_forced while rec is set (t_lookahead) */
+#define REC_CAP 512
+static int32_t rec_ids[REC_CAP];
+static int nrec, rec;
+
+static void accept_rec(shoal_toolcons *tc, int32_t id)
+{
+    if (rec && nrec < REC_CAP)
+        rec_ids[nrec++] = id;
+    shoal_toolcons_accept(tc, id);
+}
+
 /* take id: it must be allowed (free step: anything but the banned id) */
 static int take(shoal_toolcons *tc, int32_t id)
 {
@@ -48,7 +60,7 @@ static int take(shoal_toolcons *tc, int32_t id)
     int n = shoal_toolcons_mask(tc, mask, &ban);
     int ok = n < 0 ? id != ban : n > 0 && mask[id];
     if (ok)
-        shoal_toolcons_accept(tc, id);
+        accept_rec(tc, id);
     return ok;
 }
 
@@ -90,7 +102,7 @@ static int expect_forced(shoal_toolcons *tc, const char *const *pieces, int n)
         int32_t f = forced(tc);
         if (f != want[i])
             return 0;
-        shoal_toolcons_accept(tc, f);
+        accept_rec(tc, f);
     }
     return 1;
 }
@@ -212,6 +224,150 @@ static void t_refused_schema_and_thinking(void)
     json_decref(tools);
 }
 
+/* One state of a toolcons: the mask's result, the banned id and (for a
+ * constrained step) the mask itself. */
+typedef struct {
+    int n;
+    int32_t ban;
+    uint8_t *m;
+} snap;
+
+static void snap_take(shoal_toolcons *tc, snap *sn)
+{
+    sn->n = shoal_toolcons_mask(tc, mask, &sn->ban);
+    if (sn->n >= 0)
+        memcpy(sn->m, mask, (size_t)shoal_cons_vocab_size(voc));
+}
+
+static int snap_same(const snap *a, const snap *b)
+{
+    return a->n == b->n && a->ban == b->ban &&
+           (a->n < 0 || !memcmp(a->m, b->m, (size_t)shoal_cons_vocab_size(voc)));
+}
+
+static snap got;
+
+/* la (at position p of rec_ids) advanced by the next `depth` ids: the
+ * number of masks that differ from ref (an id refused counts as one) */
+static int lookahead_check(shoal_toolcons *la, const snap *ref, int p, int n, int depth)
+{
+    int bad = 0;
+    for (int j = 1; j <= depth && p + j <= n; j++) {
+        if (shoal_toolcons_accept(la, rec_ids[p + j - 1]))
+            bad++;
+        snap_take(la, &got);
+        bad += !snap_same(&got, &ref[p + j]);
+    }
+    return bad;
+}
+
+/* The look-ahead copy the scheduler uses for drafted verify rows: one clone,
+ * copied from the original at every position of a whole reply (reasoning,
+ * content, a call to lookup, a second call to now -- whose schema the
+ * compiler refuses -- and the section's end), then advanced by the next
+ * SHOAL_DRAFT_MAX_K (8) ids: each of its masks equals the original's at
+ * that position (from a separate walk), and the original is untouched by
+ * it (its mask and call count after the clone moved). A clone never
+ * compiles: without shoal_toolcons_prepare it stops (SHOAL_EBUSY) where the
+ * reply opens a call. */
+static void t_lookahead(void)
+{
+    json_t *tools = json_loads(tools_json, 0, NULL);
+    shoal_toolcons *tc = open_tc(tools, 0, 0, 1);
+    rec = 1;
+    nrec = 0;
+    CHECK(take_text(tc, "plan"));
+    CHECK(take(tc, CLOSE));
+    static const char *const think[] = {"think", "<|sep|>", "<|open|>", "response", "<|sep|>"};
+    CHECK(expect_forced(tc, think, 5));
+    CHECK(take_text(tc, "Let me look."));
+    CHECK(take(tc, CLOSE));
+    CHECK(expect_forced(tc, after_content, 2));
+    CHECK(take(tc, OPEN));
+    CHECK(expect_forced(tc, tools_open, 2));
+    CHECK(take(tc, OPEN));
+    CHECK(call(tc, "call tool=\"lookup\" index=\"1\"", "{\"q\": \"cats\", \"where\": \"de\"}"));
+    CHECK(take(tc, OPEN));
+    CHECK(call(tc, "call tool=\"now\" index=\"2\"", "{\"tz\": -3}"));
+    CHECK(take(tc, CLOSE));
+    CHECK(expect_forced(tc, section_close, 6));
+    rec = 0;
+    shoal_toolcons_close(tc);
+    int n = nrec;
+    CHECK(n > 60 && n < REC_CAP);
+    size_t V = (size_t)shoal_cons_vocab_size(voc);
+    /* the reference: the masks of a fresh toolcons walking the ids */
+    snap *ref = calloc((size_t)n + 1, sizeof *ref);
+    uint8_t *mem = malloc(V * (size_t)(n + 2));
+    tc = open_tc(tools, 0, 0, 1);
+    for (int i = 0; i <= n; i++) {
+        ref[i].m = mem + V * (size_t)i;
+        snap_take(tc, &ref[i]);
+        if (i < n)
+            CHECK_EQ_INT(shoal_toolcons_accept(tc, rec_ids[i]), 0);
+    }
+    shoal_toolcons_close(tc);
+    got.m = mem + V * (size_t)(n + 1);
+    /* a clone that was not prepared meets call 1's header uncompiled */
+    tc = open_tc(tools, 0, 0, 1);
+    shoal_toolcons *la = shoal_toolcons_clone(tc);
+    int busy_at = -1;
+    for (int i = 0; i < n && busy_at < 0; i++)
+        if (shoal_toolcons_accept(la, rec_ids[i]) == SHOAL_EBUSY)
+            busy_at = i;
+    CHECK(busy_at > 0 && rec_ids[busy_at] == OPEN);
+    shoal_toolcons_close(la);
+    /* prepared: the clone follows every stretch of 8 ids (q: the end of call
+     * 2's header, the last <|sep|> followed by the json opening) */
+    int q = -1;
+    for (int i = 0; i + 1 < n; i++)
+        if (rec_ids[i] == SEP && rec_ids[i + 1] == OPEN)
+            q = i;
+    CHECK(q > 0);
+    la = shoal_toolcons_clone(tc);
+    shoal_toolcons *start = shoal_toolcons_clone(tc), *far = shoal_toolcons_clone(tc);
+    int bad = 0, moved_calls = 0;
+    for (int p = 0; p <= n; p++) {
+        shoal_toolcons_prepare(tc);
+        shoal_toolcons_copy(la, tc);
+        if (p == q)
+            shoal_toolcons_copy(far, tc);
+        bad += lookahead_check(la, ref, p, n, 8);
+        moved_calls += shoal_toolcons_calls(la) != shoal_toolcons_calls(tc);
+        snap_take(tc, &got); /* the original is where it was */
+        CHECK_MSG(snap_same(&got, &ref[p]), "the original moved with its copy at %d", p);
+        if (p < n)
+            shoal_toolcons_accept(tc, rec_ids[p]);
+    }
+    CHECK_MSG(!bad, "%d look-ahead masks differ from the original's", bad);
+    CHECK(moved_calls > 0); /* some stretches crossed a call's end */
+    CHECK_EQ_INT(shoal_toolcons_calls(tc), 2);
+    /* a copy overwrites all of the clone's state: each one below lands on a
+     * clone that held call 2's whole header (bytes and run) and then looks
+     * ahead to the reply's end; the source is a clone too (copied from the
+     * start, every constraint compiled by now) */
+    shoal_toolcons *walker = shoal_toolcons_clone(tc);
+    shoal_toolcons_copy(walker, start);
+    for (int p = 0; p <= n; p++) {
+        shoal_toolcons_copy(la, far);
+        CHECK(shoal_toolcons_accept(la, SEP) == 0);
+        shoal_toolcons_copy(la, walker);
+        bad += lookahead_check(la, ref, p, n, n); /* to the end: a header's bytes decide later masks */
+        if (p < n)
+            shoal_toolcons_accept(walker, rec_ids[p]);
+    }
+    CHECK_MSG(!bad, "%d look-ahead masks differ after a copy over another state", bad);
+    /* clones are closed before or after their original */
+    shoal_toolcons_close(start);
+    shoal_toolcons_close(tc);
+    shoal_toolcons_close(la);
+    shoal_toolcons_close(far);
+    shoal_toolcons_close(walker);
+    free(mem);
+    free(ref);
+    json_decref(tools);
+}
+
 int main(void)
 {
     test_binary = "test_toolcons";
@@ -229,6 +385,7 @@ int main(void)
     RUN(t_one_call);
     RUN(t_args_schema);
     RUN(t_refused_schema_and_thinking);
+    RUN(t_lookahead);
     free(mask);
     shoal_cons_vocab_free(voc);
     shoal_tok_close(tok);
