@@ -25,7 +25,12 @@ round them to bf16 anyway, so the bits are the same), half of X_IN and of the
 activation in ACT; the outputs (TRUNK_RESULT f32, expert outputs bf16) are the
 same in both classes.
 
-Usage: k3_projection.py [--json FILE] [--numerics portable|mu|both]
+--mu-expert-rate R (default 1): in the mu class the routed experts' MXFP4
+reads run at R x the portable kernels' rate (issue 33 measured the exact
+AVX-512 emulation's MXFP4 GEMV at 0.44x on the 2-core EPYC; decode, T < 8,
+runs that emulation on AMX machines too), a sensitivity of the reads term.
+
+Usage: k3_projection.py [--json FILE] [--numerics portable|mu|both] [--mu-expert-rate R]
 """
 import argparse
 import json
@@ -49,6 +54,7 @@ LATENT = 3584
 # in mu the inputs are bf16 on the wire (all K3 trunk matrices are BF16, experts MXFP4: every product rounds them)
 WIRE = {"portable": (X_IN_F32, ACT_F32), "mu": (X_IN_F32 / 2, ACT_F32 - LATENT * 2)}
 X_IN, ACT = WIRE["portable"]
+EXPERT_RATE = 1.0  # the experts' read rate relative to the portable kernels (mu: --mu-expert-rate)
 YEXP = 114.7e3             # one token's 16 expert outputs per MoE layer
 K = 16
 IMB = 1.2                  # load imbalance (assumed, as in the earlier projections)
@@ -90,7 +96,7 @@ def placement(cls, N, G, fanout=0, users=1):
     rt1 = cls["rtt"] + X
     u = users
     # reads per server: trunk rows once per step, experts per sequence (distinct experts, no overlap assumed)
-    EI = E_TOK * IMB * u
+    EI = E_TOK * IMB * u / EXPERT_RATE
     if G:
         tr = TRUNK_R / G + FA * (1 - 1 / G)
         # water filling with equal bandwidths: experts first to the N - G non-trunk servers
@@ -143,16 +149,18 @@ def name(p):
 
 
 def main():
-    global X_IN, ACT
+    global X_IN, ACT, EXPERT_RATE
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default="")
     ap.add_argument("--numerics", default="both", choices=("portable", "mu", "both"))
+    ap.add_argument("--mu-expert-rate", type=float, default=1.0)
     a = ap.parse_args()
     res = {}
     for num in (("portable", "mu") if a.numerics == "both" else (a.numerics,)):
         X_IN, ACT = WIRE[num]
+        EXPERT_RATE = a.mu_expert_rate if num == "mu" else 1.0
         print(f"numerics {num}: trunk inputs {X_IN / 1e6:.2f} MB per trunk server per token, "
-              f"expert request {ACT / 1e3:.2f} kB per worker per MoE layer")
+              f"expert request {ACT / 1e3:.2f} kB per worker per MoE layer, expert reads at {EXPERT_RATE:.2f}x")
         res[num] = project()
     if a.json:
         json.dump(res if a.numerics == "both" else res[a.numerics], open(a.json, "w"), indent=1)
