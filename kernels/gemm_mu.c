@@ -56,6 +56,12 @@ float shoal__kernels_mu_round_bf16(float v)
     return daz(bitsf(u & 0xffff0000u));
 }
 
+void shoal_mu_round_bf16(uint16_t *y, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = (uint16_t)(fbits(shoal__kernels_mu_round_bf16(x[i])) >> 16);
+}
+
 /* ftz(fma(a, b, c)) with a, b bf16 values and c fp32, none subnormal. */
 static inline float fma_ftz(float a, float b, float c)
 {

@@ -90,6 +90,17 @@ const char *shoal_numerics_name(shoal_numerics n); /* "portable" | "mu" */
 /* "portable" or "mu" -> 0 and *out; anything else SHOAL_EINVAL. */
 int shoal_numerics_parse(const char *s, shoal_numerics *out);
 
+/* The mu class's input rounding as bf16 bits, for the wire (PROTOCOL.md 1.7:
+ * bf16 activations where the receiver rounds them anyway): y[i] = the bf16
+ * value shoal_gemm_bf16_mu / shoal_gemm_mxfp4_mu read for x[i] -- round to
+ * nearest even, NaN kept (quiet), a result below 2^-126 in magnitude a zero of
+ * its sign -- computed by the mu specification's own rounding function, not a
+ * copy of it. Idempotent: widening y exactly and rounding again gives y, so a
+ * mu product of the widened y has the bits of the product of x (test_kernels
+ * t_mu_wire_round, every ISA). Not shoal_f32_to_bf16 (common/st.h), which
+ * keeps subnormals. Any n; no allocation; any thread. */
+void shoal_mu_round_bf16(uint16_t *y, const float *x, size_t n);
+
 /* Which engine computes the mu kernels: "amx", or the active ISA's name, with
  * a note when AMX is present but failed its start-up self-test (kernels never
  * log: `shoal version` prints it as its one line about the mu kernels). */

@@ -193,7 +193,8 @@ int shoal_proto_enc_hello(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, c
     int numerics = reply && h->numerics[0] && strcmp(h->numerics, "portable");
     if (strlen(h->numerics) > SHOAL_PROTO_MAX_NUMERICS)
         return SHOAL_ERANGE;
-    enc_head(&e, SHOAL_MSG_HELLO, rid, reply ? 11 + (h->prefetch != 0) + 2 * (h->ntrunk > 0) + numerics : 3);
+    enc_head(&e, SHOAL_MSG_HELLO, rid,
+             reply ? 11 + (h->prefetch != 0) + 2 * (h->ntrunk > 0) + numerics + (h->bf16_exact != 0) : 3);
     enc_key(&e, "proto");
     msgpack_pack_array(&e.pk, 2);
     msgpack_pack_uint32(&e.pk, h->major);
@@ -249,6 +250,10 @@ int shoal_proto_enc_hello(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, c
     if (numerics) {
         enc_key(&e, "numerics");
         enc_str(&e, h->numerics);
+    }
+    if (h->bf16_exact) {
+        enc_key(&e, "bf16_exact");
+        msgpack_pack_true(&e.pk);
     }
     return enc_done(&e, len);
 }
@@ -806,8 +811,9 @@ static int dec_hello(dctx *c, const msgpack_object *body, int reply, shoal_proto
                  {"prefetch", 0, NULL},
                  {"trunk", 0, NULL},
                  {"trunk_fp", 0, NULL},
-                 {"numerics", 0, NULL}};
-    int nf = reply ? 15 : 3;
+                 {"numerics", 0, NULL},
+                 {"bf16_exact", 0, NULL}};
+    int nf = reply ? 16 : 3;
     int rc = get_fields(c, body, "HELLO", f, nf);
     if (rc)
         return rc;
@@ -871,6 +877,11 @@ static int dec_hello(dctx *c, const msgpack_object *body, int reply, shoal_proto
         if (f[11].val->type != MSGPACK_OBJECT_BOOLEAN)
             return fail(c, SHOAL_PERR_MALFORMED, "HELLO: 'prefetch' is not a boolean");
         h->prefetch = f[11].val->via.boolean;
+    }
+    if (f[15].val) {
+        if (f[15].val->type != MSGPACK_OBJECT_BOOLEAN)
+            return fail(c, SHOAL_PERR_MALFORMED, "HELLO: 'bf16_exact' is not a boolean");
+        h->bf16_exact = f[15].val->via.boolean;
     }
     snprintf(h->numerics, sizeof h->numerics, "portable");
     if (f[14].val && (rc = get_str(c, "HELLO", &f[14], h->numerics, SHOAL_PROTO_MAX_NUMERICS)))
@@ -1043,8 +1054,8 @@ static int dec_body(dctx *c, const shoal_frame *frames, int nframes, shoal_proto
             return fail(c, SHOAL_PERR_MALFORMED, "TRUNK_BATCH: no segment ('mats' empty and no 'chain')");
         if ((rc = dec_tensor(c, &frames[1], "TRUNK_BATCH x", &m->tbatch.x)))
             return rc;
-        if (m->tbatch.x.dtype != SHOAL_WIRE_F32)
-            return fail(c, SHOAL_PERR_UNSUPPORTED, "TRUNK_BATCH x: dtype %s, only f32",
+        if (m->tbatch.x.dtype != SHOAL_WIRE_F32 && m->tbatch.x.dtype != SHOAL_WIRE_BF16)
+            return fail(c, SHOAL_PERR_UNSUPPORTED, "TRUNK_BATCH x: dtype %s, only f32 or bf16",
                         shoal_wire_dtype_name(m->tbatch.x.dtype));
         return 0;
     }

@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define SHOAL_PROTO_MAJOR 1
-#define SHOAL_PROTO_MINOR 6
+#define SHOAL_PROTO_MINOR 7
 
 #define SHOAL_PROTO_MAX_CONTROL (4u << 20) /* control frame bytes */
 #define SHOAL_PROTO_MAX_FRAMES 3
@@ -145,6 +145,11 @@ typedef struct {
      * most 16 bytes. Encoded only when set and not "portable"; decoded as
      * "portable" when absent (a 1.0-1.5 worker computes the portable order). */
     char numerics[SHOAL_PROTO_MAX_NUMERICS + 1];
+    /* 1.7, optional (encoded only when 1): a bf16 EXPERT_BATCH `act` gives
+     * this worker's bits for its f32 original (the mu class, and every expert
+     * it serves has MXFP4 or BF16 weights: every product reading act rounds
+     * it to bf16 first). PROTOCOL.md §3.1. */
+    int bf16_exact;
 } shoal_proto_hello;
 
 typedef struct {
@@ -191,7 +196,7 @@ typedef struct {
         shoal_proto_trows seg[SHOAL_PROTO_MAX_TSEGS];
         uint32_t nchain; /* 1.4: chain[0..nchain-1] (0 when absent); n + nchain >= 1 */
         shoal_proto_tchain chain[SHOAL_PROTO_MAX_TCHAIN];
-        shoal_proto_tensor x; /* F32 [T, cols] */
+        shoal_proto_tensor x; /* F32 [T, cols], or BF16 (1.7: where exact, PROTOCOL.md §3.7) */
     } tbatch;
     struct {
         uint64_t queue_us, compute_us;

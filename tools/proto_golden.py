@@ -119,6 +119,18 @@ def messages():
     hr = msgpack.unpackb(m["hello_reply"][0])
     hr[2]["numerics"] = "mu"
     m["hello_reply_numerics"] = [control(HELLO, 1, hr[2])]
+    # 1.7: bf16 activations where the receiver rounds them anyway. HELLO's
+    # optional `bf16_exact` (after `numerics`; sent only when true) and a
+    # TRUNK_BATCH whose x is a bf16 frame (the bits of x rounded to nearest
+    # even, as the mu kernels round it: 1.0 - 0.5 t, exact in bf16)
+    hr = msgpack.unpackb(m["hello_reply"][0])
+    hr[2]["proto"] = [1, 7]
+    hr[2]["numerics"] = "mu"
+    hr[2]["bf16_exact"] = True
+    m["hello_reply_bf16"] = [control(HELLO, 1, hr[2])]
+    x16 = (x.view("<u4") >> 16).astype("<u2")
+    m["trunk_batch_bf16"] = [control(TBATCH, 9, {"layer": 3, "mats": [
+        ["language_model.model.layers.3.self_attn.q_proj.weight", 0, 2]]}), tensor(BF16, x16)]
     return m
 
 

@@ -28,6 +28,7 @@
 #include "common/curve.h"
 #include "common/err.h"
 #include "common/k3cfg.h"
+#include "common/k3schema.h"
 #include "common/log.h"
 #include "common/memplan.h"
 #include "common/packfile.h"
@@ -356,6 +357,27 @@ static void server_free(server *s)
  * checked against the manifest and the config's matrix, and the trunk
  * fingerprint is computed from the manifest's FULL dtype, shape and size, so
  * the HELLO announces what a worker on the full model directory would. */
+/* 1 when every expert this worker owns has MXFP4 or BF16 weights (their mu
+ * products round the input to bf16, so a bf16 EXPERT_BATCH act is exact in
+ * that class, PROTOCOL.md 1.7 `bf16_exact`); 0 when one has F32 weights
+ * (shoal_gemm_f32 reads its input in fp32) or a tensor is not found. */
+static int experts_round_input(const server *s)
+{
+    for (int l = 0; l < s->cfg.num_layers; l++)
+        for (int e = 0; e < s->cfg.num_experts; e++) {
+            if (!shoal_shard_owns(s->own, l, e))
+                continue;
+            shoal_k3schema_entry ent[SHOAL_K3SCHEMA_EXPERT_MAX];
+            int n = shoal_k3schema_expert(&s->cfg, l, e, ent);
+            if (n == 6) /* MXFP4: packed + scale per matrix */
+                continue;
+            const shoal_tensor *t = n > 0 ? shoal_st_find(s->st, ent[0].name) : NULL;
+            if (!t || t->dtype != SHOAL_DT_BF16)
+                return 0;
+        }
+    return 1;
+}
+
 static int load_trunk(server *s, const char *dir, const char *spec, char *err, size_t errlen)
 {
     shoal_tshard_mat *mats = NULL;
@@ -642,7 +664,8 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                            .mem_total = mem_total(), .metrics = s.wm, .delay_us = o->delay_us,
                            .skip_compute = o->skip_compute, .refuse_shutdown = o->refuse_shutdown, .store = s.store,
                            .prefetch = !o->no_prefetch, .trunk = s.trunk, .tmat = s.tmat, .ntrunk = s.ntrunk,
-                           .trunk_fp = s.trunk_fp, .model_dir = o->model};
+                           .trunk_fp = s.trunk_fp, .model_dir = o->model,
+                           .experts_round_input = experts_round_input(&s)};
     if ((rc = shoal_serve_open(&s.srv, &so, s.bank, err, errlen)))
         goto out;
     if (o->skip_compute)

@@ -276,6 +276,7 @@ static void do_hello(shoal_serve *s, const shoal_proto_msg *m, const uint8_t *pe
     snprintf(r.id, sizeof r.id, "%s", s->id);
     snprintf(r.isa, sizeof r.isa, "%s", s->o.isa ? s->o.isa : "?");
     snprintf(r.numerics, sizeof r.numerics, "%s", shoal_numerics_name(shoal_kernels_numerics()));
+    r.bf16_exact = shoal_kernels_numerics() == SHOAL_NUMERICS_MU && s->o.experts_round_input;
     size_t len = 0;
     if (shoal_proto_enc_hello(s->ctl, s->ctlcap, &len, m->rid, &r, 1))
         SHOAL_PANIC("HELLO reply does not fit its buffer");
@@ -473,6 +474,7 @@ static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us
     s->st.queue_us += queue_us;
     s->st.compute_us += compute_us;
     shoal_wmetrics_batch(s->o.metrics, act->rows, n, (uint32_t)ntouched, queue_us, compute_us);
+    shoal_wmetrics_activation(s->o.metrics, act->dtype, act->nbytes);
 }
 
 /* The owned range of trunk rows lo..hi of `name` (inside one range), or -1;
@@ -579,6 +581,30 @@ static void do_tbatch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_u
         bown[i] = b;
         total += (uint64_t)(ch->b.hi - ch->b.lo + 1);
     }
+    /* A bf16 x (1.7) only where it is exact: in the mu class every product
+     * reading x (each segment's matrix, each chain's first) must have BF16
+     * weights, whose mu kernel rounds x to bf16 anyway; an F32 matrix, or the
+     * portable class, would compute with the rounded values and change the
+     * bits, so it is refused instead (PROTOCOL.md §3.7). */
+    if (x->dtype == SHOAL_WIRE_BF16) {
+        const char *f32 = NULL;
+        for (uint32_t i = 0; i < m->tbatch.n && !f32; i++)
+            if (!s->o.tmat[owner[i]].bf16)
+                f32 = m->tbatch.seg[i].name;
+        for (uint32_t i = 0; i < m->tbatch.nchain && !f32; i++)
+            if (!s->o.tmat[aown[i]].bf16)
+                f32 = m->tbatch.chain[i].a;
+        if (shoal_kernels_numerics() != SHOAL_NUMERICS_MU || f32) {
+            if (f32)
+                snprintf(msg, sizeof msg, "TRUNK_BATCH: x is bf16, but %s has F32 weights: its product needs the f32 x",
+                         f32);
+            else
+                snprintf(msg, sizeof msg, "TRUNK_BATCH: x is bf16, but this worker computes the %s class, which "
+                         "reads x in f32: send it f32", shoal_numerics_name(shoal_kernels_numerics()));
+            reply_error(s, rep, m->rid, SHOAL_PERR_UNSUPPORTED, msg);
+            return;
+        }
+    }
     /* No row twice in one reply: duplicated or overlapping segments (of
      * `mats`, or of the chains' b rows) would let a small request ask for a
      * reply many times its size (PROTOCOL.md section 6). Adjacent is fine. */
@@ -615,7 +641,13 @@ static void do_tbatch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_u
     if (!y)
         return;
     shoal_proto_tensor_hdr(y, SHOAL_WIRE_F32, 1, (uint32_t)nout);
-    memcpy(s->tx, x->data, x->nbytes); /* the frame is unaligned in general */
+    if (x->dtype == SHOAL_WIRE_F32) {
+        memcpy(s->tx, x->data, x->nbytes); /* the frame is unaligned in general */
+    } else { /* bf16, widened exactly: the mu kernels round it back to itself */
+        size_t nx = (size_t)x->rows * x->cols;
+        for (size_t i = 0; i < nx; i++)
+            s->tx[i] = shoal_bf16_to_f32((uint16_t)(x->data[2 * i] | x->data[2 * i + 1] << 8));
+    }
     /* the reply frame: 16-byte header, then floats (the allocation is at least
      * 16-byte aligned, so the payload is float-aligned) */
     float *out = (float *)(void *)(y + SHOAL_PROTO_TENSOR_HDR);
@@ -646,6 +678,7 @@ static void do_tbatch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_u
     rep->frames[1] = (shoal_frame){y, ylen};
     rep->n = 2;
     s->tbatches++;
+    shoal_wmetrics_activation(s->o.metrics, x->dtype, x->nbytes);
     s->st.queue_us += queue_us;
     s->st.compute_us += compute_us;
 }

@@ -68,6 +68,11 @@ typedef struct {
     /* 1.5 PROBE (PROTOCOL.md §3.8): the model directory or pack whose disk
      * the facts describe (borrowed; NULL: disk figures 0) */
     const char *model_dir;
+    /* 1.7 (PROTOCOL.md §3.1 `bf16_exact`): 1 when every expert it serves has
+     * MXFP4 or BF16 weights, so in the mu class a bf16 EXPERT_BATCH act gives
+     * the bits of its f32 original; announced in HELLO only in the mu class.
+     * (A bf16 TRUNK_BATCH x is checked per request against its matrices.) */
+    int experts_round_input;
 } shoal_serve_opts;
 
 typedef struct shoal_serve shoal_serve;

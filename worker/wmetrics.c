@@ -37,6 +37,7 @@ struct shoal_wmetrics {
     shoal_metrics_counter *hits; /* [num_layers * num_experts] */
     shoal_metrics_counter cache_hits, cache_misses, cache_bytes, cache_read_us;
     shoal_metrics_counter pf_reads, pf_bytes, pf_hits, pf_wasted, pf_dropped;
+    shoal_metrics_counter act_f32, act_bf16; /* activation payload bytes by wire dtype */
     uint32_t cache_slots;
     uint64_t cache_slot_bytes;
     /* HTTP responder */
@@ -126,6 +127,12 @@ void shoal_wmetrics_expert(shoal_wmetrics *wm, int layer, int expert, uint32_t c
     if (!wm || layer < 0 || layer >= wm->num_layers || expert < 0 || expert >= wm->num_experts)
         return;
     shoal_metrics_add(&wm->hits[(size_t)layer * wm->num_experts + expert], count);
+}
+
+void shoal_wmetrics_activation(shoal_wmetrics *wm, int dtype, uint64_t bytes)
+{
+    if (wm)
+        shoal_metrics_add(dtype == SHOAL_WIRE_BF16 ? &wm->act_bf16 : &wm->act_f32, bytes);
 }
 
 void shoal_wmetrics_cache_config(shoal_wmetrics *wm, uint32_t slots, uint64_t slot_bytes)
@@ -230,6 +237,14 @@ void shoal_wmetrics_write(shoal_wmetrics *wm, shoal_metrics_buf *b)
         (double)shoal_metrics_get(&wm->bytes_in));
     one(b, "shoal_expert_server_sent_bytes_total", SHOAL_METRICS_COUNTER, "Bytes of all reply frames sent.", wl,
         (double)shoal_metrics_get(&wm->bytes_out));
+    shoal_metrics_family(b, "shoal_expert_server_activation_bytes_total", SHOAL_METRICS_COUNTER,
+                         "Payload bytes of the activation frames of served requests (EXPERT_BATCH act, TRUNK_BATCH "
+                         "x), by wire dtype.");
+    for (int k = 0; k < 2; k++) {
+        shoal_metrics_label l[2] = {{"worker", wm->id}, {"dtype", k ? "bf16" : "f32"}};
+        shoal_metrics_sample(b, "shoal_expert_server_activation_bytes_total", l, 2,
+                             (double)shoal_metrics_get(k ? &wm->act_bf16 : &wm->act_f32));
+    }
     one(b, "shoal_expert_server_batches_total", SHOAL_METRICS_COUNTER, "EXPERT_BATCH requests served.", wl,
         (double)shoal_metrics_get(&wm->batches));
     one(b, "shoal_expert_server_tokens_total", SHOAL_METRICS_COUNTER, "Activation rows in served batches.", wl,

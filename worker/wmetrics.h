@@ -50,6 +50,10 @@ void shoal_wmetrics_batch(shoal_wmetrics *wm, uint32_t T, uint32_t n, uint32_t d
                           uint64_t compute_us);
 /* count tokens of a served batch were routed to (layer, expert). */
 void shoal_wmetrics_expert(shoal_wmetrics *wm, int layer, int expert, uint32_t count);
+/* A served request's activation frame (EXPERT_BATCH act, TRUNK_BATCH x):
+ * its payload bytes (header excluded), by wire dtype (SHOAL_WIRE_F32 or
+ * SHOAL_WIRE_BF16; PROTOCOL.md 1.7). */
+void shoal_wmetrics_activation(shoal_wmetrics *wm, int dtype, uint64_t bytes);
 
 /* The expert cache (worker/store.h): its size, set once at start (0 slots:
  * experts mapped, no cache) ... */

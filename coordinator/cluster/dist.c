@@ -108,6 +108,13 @@ int shoal_dist_parse_arg(shoal_dist_opts *o, const char *cmd, int argc, char **a
         }
         o->trunk = !strcmp(v, "local") ? 0 : !strcmp(v, "remote") ? 1 : 2;
         r = 1;
+    } else if (!strcmp(a, "--wire-act")) {
+        if (!v || (strcmp(v, "auto") && strcmp(v, "f32"))) {
+            fprintf(stderr, "%s: --wire-act takes auto or f32, not '%s'\n", cmd, v ? v : "");
+            return -1;
+        }
+        o->wire_f32 = !strcmp(v, "f32");
+        r = 1;
     } else if (!strcmp(a, "--workers")) {
         r = num(cmd, a, v, 1, SHOAL_EXPERT_CLIENT_MAX_WORKERS, &o->nlocal);
     } else if (!strcmp(a, "--worker-threads")) {
@@ -144,6 +151,10 @@ void shoal_dist_usage(FILE *f)
                "                       owned at least once (else refused, naming the gaps); auto: remote\n"
                "                       when some worker announces trunk rows; with --workers N, remote\n"
                "                       gives each local worker its 1/N of every trunk matrix's rows\n"
+               "  --wire-act MODE      auto (default): activations travel as bf16 to the workers that\n"
+               "                       compute the same bits from them (--numerics mu, whose products\n"
+               "                       round their inputs to bf16: half the bytes, the same ids); f32:\n"
+               "                       always f32 (PROTOCOL.md 1.7)\n"
                "  --workers N          start N local expert servers over ipc:// (experts split evenly),\n"
                "                       stopped on exit\n"
                "  --worker-threads N   OpenMP threads of each local server (default: cores / N)\n"
@@ -333,7 +344,8 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
                                    .failover_ms = o->failover_ms, .hello_timeout_ms = o->hello_timeout_ms,
                                    .check = start_check, .check_ctx = d,
                                    .busy = shoal_spawn_busy_slots(d->spawn, 0),
-                                   .curve = any ? &kp : NULL, .curve_server_keys = any ? pk : NULL};
+                                   .curve = any ? &kp : NULL, .curve_server_keys = any ? pk : NULL,
+                                   .wire_f32 = o->wire_f32};
     if (!rc)
         rc = shoal_expert_client_open(&d->client, &co, err, errlen);
     if (!rc && any)
@@ -508,6 +520,8 @@ void shoal_dist_json(const shoal_dist *d, json_t *o)
         if (d->trunk) {
             snprintf(key, sizeof key, "%s_trunk_wire_bytes_per_token", p->name);
             json_object_set_new(o, key, json_real((double)(p->tst.bytes_out + p->tst.bytes_in) / t));
+            snprintf(key, sizeof key, "%s_trunk_wire_bytes_out_per_token", p->name);
+            json_object_set_new(o, key, json_real((double)p->tst.bytes_out / t));
             snprintf(key, sizeof key, "%s_trunk_wait_s", p->name);
             json_object_set_new(o, key, json_real(p->tst.wait_s));
         }

@@ -51,6 +51,10 @@ typedef struct {
      * shoal_tshard_spread_spec), 2 auto (remote when some worker announces
      * trunk rows; local with --workers) */
     int trunk;
+    /* --wire-act auto|f32 (PROTOCOL.md 1.7): 0 auto (the default: bf16
+     * activations to the workers that compute the same bits from them, in the
+     * mu class), 1 f32 always (shoal_expert_client_opts.wire_f32) */
+    int wire_f32;
     /* Non-NULL: read while waiting for the workers' HELLO; non-zero aborts
      * shoal_dist_start with SHOAL_ECANCELED (`shoal serve` stopped by a
      * signal while starting). Not a flag. */

@@ -210,7 +210,7 @@ static void send_all(shoal_expert_client *c)
         if (!w->involved || w->lost)
             continue;
         size_t alen, rlen;
-        shoal_proto_tensor_len(c->o.act_bf16 ? SHOAL_WIRE_BF16 : SHOAL_WIRE_F32, w->ntok, (uint32_t)c->d, &alen);
+        shoal_proto_tensor_len(w->act16 ? SHOAL_WIRE_BF16 : SHOAL_WIRE_F32, w->ntok, (uint32_t)c->d, &alen);
         shoal_proto_tensor_len(SHOAL_WIRE_I32, w->npairs, 2, &rlen);
         atomic_store(&w->arr_ns, 0);
         w->sent_ns = shoal__ec_now_ns();
@@ -412,18 +412,16 @@ static void wait_replies(shoal_expert_client *c)
 
 /* ---- the backend ------------------------------------------------------------ */
 
-/* One activation row onto the wire: fp32 as is, or rounded to bf16 (little-endian). */
+/* One activation row onto the wire: fp32 as is, or (a worker whose products
+ * round it anyway, PROTOCOL.md 1.7) bf16 with the mu kernels' own rounding,
+ * so the worker computes the bits the f32 row gives. dst is 2-byte aligned
+ * (a 16-byte header, then rows of even length); the host is little-endian. */
 static void pack_row(uint8_t *dst, const float *zt, int d, int bf16)
 {
-    if (!bf16) {
+    if (!bf16)
         memcpy(dst, zt, (size_t)d * 4);
-        return;
-    }
-    for (int j = 0; j < d; j++) {
-        uint16_t b = shoal_f32_to_bf16(zt[j]);
-        dst[2 * j] = (uint8_t)b;
-        dst[2 * j + 1] = (uint8_t)(b >> 8);
-    }
+    else
+        shoal_mu_round_bf16((uint16_t *)(void *)dst, zt, (size_t)d);
 }
 
 /* This round's requests from powner (smu held): every pair whose owner is
@@ -432,8 +430,7 @@ static void pack_row(uint8_t *dst, const float *zt, int d, int bf16)
  * token shares one packed frame). Sets involved, rids and the control frames. */
 static void pack(shoal_expert_client *c)
 {
-    const int T = c->T, k = c->k, d = c->d, bf16 = c->o.act_bf16;
-    size_t row = (size_t)d * (bf16 ? 2 : 4);
+    const int T = c->T, k = c->k, d = c->d;
     if (++c->tag == 0) { /* wrapped: forget old stamps */
         memset(c->seen, 0, sizeof *c->seen * (size_t)c->E);
         c->tag = 1;
@@ -463,15 +460,17 @@ static void pack(shoal_expert_client *c)
             }
         }
     /* the activation rows: a worker that has every token gets the same frame
-     * as any other such worker, packed once (always so in decode, T = 1);
-     * the others get their own tokens' rows, in token order */
-    const uint8_t *all = NULL;
+     * as any other such worker of its wire dtype, packed once (always so in
+     * decode, T = 1); the others get their own tokens' rows, in token order */
+    const uint8_t *all[2] = {NULL, NULL};
     for (int i = 0; i < c->nw; i++) {
         shoal__ec_worker *w = &c->w[i];
         if (!w->involved)
             continue;
-        if (w->ntok == (uint32_t)T && all) {
-            w->tx_act = all;
+        const int bf16 = w->act16;
+        const size_t row = (size_t)d * (bf16 ? 2 : 4);
+        if (w->ntok == (uint32_t)T && all[bf16]) {
+            w->tx_act = all[bf16];
             continue;
         }
         uint32_t r = 0;
@@ -485,7 +484,7 @@ static void pack(shoal_expert_client *c)
         shoal_proto_tensor_hdr(w->act, bf16 ? SHOAL_WIRE_BF16 : SHOAL_WIRE_F32, w->ntok, (uint32_t)d);
         w->tx_act = w->act;
         if (w->ntok == (uint32_t)T)
-            all = w->act;
+            all[bf16] = w->act;
     }
     for (int i = 0; i < c->nw; i++) {
         shoal__ec_worker *w = &c->w[i];

@@ -67,7 +67,12 @@ typedef struct {
      * A worker that errors or disconnects is given up at once. */
     int failover_ms;
     int hello_timeout_ms;         /* deadline for every worker's HELLO at open; 0: 60000 */
-    int act_bf16;                 /* 1: send activations as bf16 (not bit-identical to in-process) */
+    /* Activations on the wire (PROTOCOL.md 1.7): 0, bf16 to each worker that
+     * computes the same bits from them (the mu class: an EXPERT_BATCH act to a
+     * worker whose HELLO says bf16_exact, a TRUNK_BATCH x whose matrices are
+     * all BF16 to a 1.7 worker), f32 to every other; 1, f32 always
+     * (--wire-act f32). The ids are the same either way. */
+    int wire_f32;
     const char *peer;             /* our name in HELLO; NULL: "coordinator <pid>" */
     /* Called about every 100 ms while waiting for HELLOs; non-zero aborts the
      * open with that code and its message (e.g. a spawned worker exited). */

@@ -109,6 +109,11 @@ typedef struct {
     int32_t tcell[SHOAL_PROTO_MAX_TSEGS][2]; /* the cells (first, last, of its job's matrix) a segment spans */
     uint32_t ntseg;
     int chain;                /* its HELLO (1.4+): it takes chained segments */
+    /* bf16 activations (PROTOCOL.md 1.7; links.c set_wire16): act16, its
+     * EXPERT_BATCH act; trunk16, a TRUNK_BATCH x whose matrices are all BF16.
+     * Set at each accepted HELLO (smu held); read by the forward thread. */
+    int act16, trunk16;
+    int t16;                  /* this round's TRUNK_BATCH x is bf16 (trunk role, forward thread) */
     shoal_proto_tchain tchain[SHOAL_PROTO_MAX_TCHAIN]; /* chained segments, after tseg in its reply */
     int32_t tcjob[SHOAL_PROTO_MAX_TCHAIN];
     int32_t tccell[SHOAL_PROTO_MAX_TCHAIN][2];
@@ -203,6 +208,11 @@ struct shoal_expert_client {
     uint64_t *tload; /* [nw] */
     uint8_t *tx;     /* [16 + max_tokens * max cols * 4] */
     size_t tx_cap, txlen;
+    /* the same input rounded to bf16 (1.7; packed when some worker gets it:
+     * its trunk16 and every matrix of its part BF16, tbf16[k]) */
+    uint8_t *tx16;   /* [16 + max_tokens * max cols * 2] */
+    size_t tx16len;
+    uint8_t *tbf16;  /* [ntmats]: matrix k is stored BF16 (its mu product rounds x) */
     const void *tjobs; /* the submitted shoal_rmat_job[] (borrowed until gather returns) */
     int ntjobs, tT;
     uint64_t trunk_requests, trunk_messages;

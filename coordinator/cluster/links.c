@@ -114,15 +114,26 @@ static int check_hello(shoal_expert_client *c, const char *name, const shoal_pro
                              "%s worker %s computes numerics class '%s', this coordinator '%s': one class per cluster "
                              "(start every process with the same --numerics)",
                              h->ntrunk && !h->nowned ? "trunk" : "expert", name, h->numerics, mine);
-    int want_act = c->o.act_bf16 ? SHOAL_WIRE_BF16 : SHOAL_WIRE_F32;
-    if (!(h->act_mask & SHOAL_WIRE_MASK(want_act)) || !(h->out_mask & SHOAL_WIRE_MASK(SHOAL_WIRE_BF16)))
-        return shoal_err_set(err, errlen, SHOAL_EUNSUPPORTED, "expert worker %s does not offer %s activations and "
-                             "bf16 outputs", name, shoal_wire_dtype_name(want_act));
+    if (!(h->act_mask & SHOAL_WIRE_MASK(SHOAL_WIRE_F32)) || !(h->out_mask & SHOAL_WIRE_MASK(SHOAL_WIRE_BF16)))
+        return shoal_err_set(err, errlen, SHOAL_EUNSUPPORTED, "expert worker %s does not offer f32 activations and "
+                             "bf16 outputs", name);
     if (h->max_tokens < (uint32_t)c->o.max_tokens)
         return shoal_err_set(err, errlen, SHOAL_ERANGE, "expert worker %s accepts %u tokens per request, the "
                              "coordinator needs %d (start it with --max-tokens %d)", name, h->max_tokens,
                              c->o.max_tokens, c->o.max_tokens);
     return 0;
+}
+
+/* Which activations go to w as bf16 (PROTOCOL.md 1.7), from its accepted
+ * HELLO: only in the mu class, where the worker's products round their input
+ * to bf16 with the same function the coordinator packs with
+ * (shoal_mu_round_bf16), so the bits are those of the f32 input; a 1.0-1.6
+ * worker, or --wire-act f32, keeps f32. smu held (or at open). */
+static void set_wire16(shoal_expert_client *c, shoal__ec_worker *w, const shoal_proto_hello *h)
+{
+    int on = !c->o.wire_f32 && shoal_kernels_numerics() == SHOAL_NUMERICS_MU && h->minor >= 7;
+    w->act16 = on && h->bf16_exact && (h->act_mask & SHOAL_WIRE_MASK(SHOAL_WIRE_BF16));
+    w->trunk16 = on && h->ntrunk > 0;
 }
 
 /* Handle a HELLO reply from w at open: checks and records ownership. */
@@ -159,6 +170,7 @@ static int take_hello(shoal_expert_client *c, shoal__ec_worker *w, const shoal_f
     w->mem_total = h->mem_total;
     w->prefetch = h->minor >= 2 && h->prefetch;
     w->chain = h->minor >= 4;
+    set_wire16(c, w, h);
     w->owned = h->owned;
     w->nowned = h->nowned;
     m.hello.owned = NULL; /* taken */
@@ -235,6 +247,12 @@ static int trunk_place(shoal_expert_client *c, char *err, size_t errlen)
     sort_mats = NULL;
     c->tx_cap = SHOAL_PROTO_TENSOR_HDR + (size_t)c->o.max_tokens * cols * 4;
     c->tx = shoal_xmalloc(c->tx_cap);
+    c->tx16 = shoal_xmalloc(SHOAL_PROTO_TENSOR_HDR + (size_t)c->o.max_tokens * cols * 2);
+    c->tbf16 = shoal_xcalloc((size_t)c->ntmats + 1, 1);
+    for (int k = 0; k < c->ntmats; k++) {
+        const shoal_tensor *tt = shoal_st_find(c->o.st, c->tmats[k].name);
+        c->tbf16[k] = tt && tt->dtype == SHOAL_DT_BF16;
+    }
     for (int i = 0; i < c->nw; i++) {
         c->w[i].tseg = shoal_xcalloc(SHOAL_PROTO_MAX_TSEGS, sizeof *c->w[i].tseg);
         c->w[i].tctl = shoal_xmalloc(SHOAL__EC_TCTL_CAP);
@@ -629,6 +647,7 @@ static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np,
             snprintf(r, sizeof r, "refused on reconnection: it now owns trunk rows %.200s, not %.200s", b, a);
             refused(c, w, r);
         } else if (warm_send(c, w, WARM_PINGS) == 0) {
+            set_wire16(c, w, &m.hello); /* a worker restarted with another version or flags */
             atomic_store(&w->link, W_WARM);
         }
     } else if (link == W_DOWN && probe_err) {
@@ -810,6 +829,8 @@ void shoal_expert_client_close(shoal_expert_client *c)
     free(c->tload);
     free(c->tsorted);
     free(c->tx);
+    free(c->tx16);
+    free(c->tbf16);
     free(c->pick);
     free(c->seen);
     free(c->powner);

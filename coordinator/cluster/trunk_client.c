@@ -24,6 +24,7 @@
 #include "common/log.h"
 #include "coordinator/cluster/expert_client_int.h"
 #include "coordinator/obs/obs.h"
+#include "kernels/kernels.h"
 
 /* Index of matrix name among the client's matrices (binary search), or -1. */
 static int find_mat(const shoal_expert_client *c, const char *name)
@@ -119,6 +120,7 @@ static void pack_round(shoal_expert_client *c)
         shoal__ec_worker *w = &c->w[i];
         w->ntseg = w->ntchain = 0;
         w->trows = w->tweight = 0;
+        w->t16 = w->trunk16; /* cleared below by a matrix whose product reads x in f32 */
         w->involved = w->answered = w->lost = w->fo_checked = 0;
     }
     for (int j = 0; j < c->ntjobs && c->state == SENT; j++) {
@@ -172,6 +174,8 @@ static void pack_round(shoal_expert_client *c)
                 g->lo = cl[i].lo;
                 g->hi = cl[i].hi;
             }
+            if (!c->tbf16[k] || (ka >= 0 && !c->tbf16[ka]))
+                w->t16 = 0;
             w->trows += rows;
             w->tweight += (uint64_t)rows * rowb;
             w->involved = 1;
@@ -205,8 +209,9 @@ static void send_round(shoal_expert_client *c)
         }
         w->sent_ns = shoal__ec_now_ns();
         shoal__ec_busy_sent(c, i, w->sent_ns);
-        if (shoal__ec_send_frame(w->sock, w->tctl, w->tctl_len, 1) ||
-            shoal__ec_send_frame(w->sock, c->tx, c->txlen, 0)) {
+        uint8_t *x = w->t16 ? c->tx16 : c->tx;
+        size_t xlen = w->t16 ? c->tx16len : c->txlen;
+        if (shoal__ec_send_frame(w->sock, w->tctl, w->tctl_len, 1) || shoal__ec_send_frame(w->sock, x, xlen, 0)) {
             int e = errno;
             if (c->cm)
                 shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
@@ -217,8 +222,8 @@ static void send_round(shoal_expert_client *c)
         }
         c->trunk_messages++;
         c->st.messages++;
-        c->st.bytes_out += w->tctl_len + c->txlen;
-        w->bytes_out = w->tctl_len + c->txlen;
+        c->st.bytes_out += w->tctl_len + xlen;
+        w->bytes_out = w->tctl_len + xlen;
     }
 }
 
@@ -271,6 +276,14 @@ static int submit(void *self, int layer, const shoal_rmat_job *jobs, int n, cons
         shoal_proto_tensor_hdr(c->tx, SHOAL_WIRE_F32, (uint32_t)T, (uint32_t)cols);
         memcpy(c->tx + SHOAL_PROTO_TENSOR_HDR, x, (size_t)T * (size_t)cols * 4);
         shoal_proto_tensor_len(SHOAL_WIRE_F32, (uint32_t)T, (uint32_t)cols, &c->txlen);
+        int any16 = 0;
+        for (int i = 0; i < c->nw; i++)
+            any16 |= c->w[i].trunk16;
+        if (any16) { /* bf16 with the mu kernels' rounding (PROTOCOL.md 1.7): the same products on the worker */
+            shoal_proto_tensor_hdr(c->tx16, SHOAL_WIRE_BF16, (uint32_t)T, (uint32_t)cols);
+            shoal_mu_round_bf16((uint16_t *)(void *)(c->tx16 + SHOAL_PROTO_TENSOR_HDR), x, (size_t)T * (size_t)cols);
+            shoal_proto_tensor_len(SHOAL_WIRE_BF16, (uint32_t)T, (uint32_t)cols, &c->tx16len);
+        }
         pack_round(c);
     }
     c->deadline_us = shoal__ec_now_us() + (uint64_t)c->o.timeout_ms * 1000u;

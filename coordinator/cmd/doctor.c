@@ -58,8 +58,9 @@ static void usage(FILE *f)
             "  --rounds N         empty exchanges per link for the RTT (default 200)\n"
             "  --bulk-bytes B     message size of the link-rate measurement (default 1048576)\n"
             "  --bulk-count N     messages each way for it (default 24; 4 in flight)\n"
-            "  --fwd-bytes B      the forward's message size (default hidden_size x 4: one token's\n"
-            "                     input row)\n"
+            "  --fwd-bytes B      the forward's message size each way (default: one token's row,\n"
+            "                     hidden_size x 4 back; out x 4, or x 2 in the mu class, whose\n"
+            "                     inputs travel as bf16)\n"
             "  --no-facts         links only (the host facts pause each worker about a second)\n"
             "  --no-local         do not measure this host\n");
     shoal_dist_usage(f);
@@ -327,6 +328,10 @@ int shoal_cmd_doctor(int argc, char **argv)
     }
     shoal_model_info info;
     shoal_model_get_info(m, &info);
+    /* out: an input row (bf16 in the mu class, PROTOCOL.md 1.7); back: an f32 output row */
+    long fwd_out_bytes = fwd_bytes ? fwd_bytes
+                                   : (long)info.cfg->hidden_size *
+                                         (shoal_kernels_numerics() == SHOAL_NUMERICS_MU ? 2 : 4);
     if (!fwd_bytes)
         fwd_bytes = (long)info.cfg->hidden_size * 4;
     shoal_expert_client *c = shoal_dist_client(dist);
@@ -358,7 +363,7 @@ int shoal_cmd_doctor(int argc, char **argv)
         /* the forward's message size, one at a time, each way: the median time */
         int fr = rounds < 50 ? rounds : 50;
         if (!rc) {
-            po = (shoal_probe_opts){.out_bytes = (size_t)fwd_bytes, .in_bytes = 4, .count = fr, .window = 1,
+            po = (shoal_probe_opts){.out_bytes = (size_t)fwd_out_bytes, .in_bytes = 4, .count = fr, .window = 1,
                                     .timeout_ms = 60000};
             if (!(rc = shoal_probe_run(c, i, &po, &pr, w->err, sizeof w->err)))
                 w->fwd_out_us = median(rtt, fr);
@@ -436,6 +441,9 @@ int shoal_cmd_doctor(int argc, char **argv)
     json_object_set_new(root, "format", json_string("shoal-doctor"));
     json_object_set_new(root, "version", json_integer(1));
     json_object_set_new(root, "shoal", json_string(SHOAL_VERSION));
+    /* the class the workers were measured in (--numerics): `shoal plan
+     * --measured` predicts the wire bytes of that class (PROTOCOL.md 1.7) */
+    json_object_set_new(root, "numerics", json_string(shoal_numerics_name(shoal_kernels_numerics())));
     { /* the model every worker's HELLO matched (PROTOCOL.md §5; a pack carries the full model's) */
         uint8_t fp[SHOAL_PROTO_FP_BYTES];
         char hex[2 * SHOAL_PROTO_FP_BYTES + 1], e2[256];
@@ -457,6 +465,7 @@ int shoal_cmd_doctor(int argc, char **argv)
         }
     }
     json_object_set_new(root, "fwd_bytes", json_integer(fwd_bytes));
+    json_object_set_new(root, "fwd_out_bytes", json_integer(fwd_out_bytes));
     json_object_set_new(root, "bulk_bytes", json_integer(bulk_bytes));
     json_object_set_new(root, "rounds", json_integer(rounds));
     if (local.has)
@@ -539,8 +548,9 @@ int shoal_cmd_doctor(int argc, char **argv)
             printf("this host: %s, %u cores, %.1f GB memory (%.1f available), read %.1f GB/s (1 thread %.1f)\n",
                    local.cpu, local.cores, (double)local.mem_total / GB, (double)local.mem_avail / GB,
                    (double)local.read_bw_all / GB, (double)local.read_bw_1 / GB);
-        printf("fwd ms: one %ld-byte message out / back (the forward's per-layer input row); * marks the worst\n",
-               fwd_bytes);
+        printf("fwd ms: one message out (%ld bytes: an input row) / back (%ld bytes: an output row); * marks the "
+               "worst\n",
+               fwd_out_bytes, fwd_bytes);
         size_t k;
         json_t *s;
         if (json_array_size(jf) == 0)

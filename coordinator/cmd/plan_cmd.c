@@ -17,6 +17,7 @@
 #include "coordinator/cmd/plan_measured.h"
 #include "coordinator/obs/obs.h"
 #include "proto/fprint.h"
+#include "kernels/kernels.h"
 #include "proto/tshard.h"
 
 static void usage(FILE *f)
@@ -62,6 +63,9 @@ static void usage(FILE *f)
                "  --imbalance I     with --measured: the expert load imbalance assumed (1.2)\n"
                "  --overhead-us X   with --measured: software cost of one exchange beyond the measured\n"
                "                    RTT (100)\n"
+               "  --numerics CLASS  with --measured: the numerics class the cluster runs (default: the one\n"
+               "                    doctor.json was measured in); in mu the activations travel as bf16\n"
+               "                    where exact (PROTOCOL.md 1.7), so the predicted wire bytes are fewer\n"
                "  --trunk-servers G with --measured: write this placement instead of the fastest (0: the\n"
                "                    trunk local; G: spread over G workers), for comparing placements\n"
                "  -o FILE           write plan.json here (required)\n"
@@ -142,6 +146,7 @@ int shoal_cmd_plan(int argc, char **argv)
     int mslots = 8, TW = 0, *tslot = NULL;
     double mnic = 0, meff = 0.82, mimb = 1.2, mpred = 0, movh = 100;
     long mforce = -1;
+    int mnum = -1; /* --numerics: -1 doctor.json's class */
     uint64_t *mcount = NULL, *pbudget = NULL;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -166,6 +171,14 @@ int shoal_cmd_plan(int argc, char **argv)
             inv = v;
         else if (!strcmp(a, "--measured"))
             measured = v;
+        else if (!strcmp(a, "--numerics")) {
+            shoal_numerics nc;
+            if (shoal_numerics_parse(v, &nc)) {
+                fprintf(stderr, "shoal plan: --numerics takes portable or mu, not '%s'\n", v);
+                return 2;
+            }
+            mnum = nc == SHOAL_NUMERICS_MU;
+        }
         else if (!strcmp(a, "--trunk-servers")) {
             char *end;
             mforce = strtol(v, &end, 10);
@@ -306,7 +319,7 @@ int shoal_cmd_plan(int argc, char **argv)
                                   .nic_Bps = mnic * 1e9 / 8, .eff = meff, .imbalance = mimb,
                                   .max_trunk_servers = replicas > 0, .tslot = tslot, .count = mcount,
                                   .overhead_s = movh * 1e-6, .force_G = (int)mforce,
-                                  .budget_split = replicas || hot};
+                                  .budget_split = replicas || hot, .numerics = mnum};
         rc = shoal_plan_measured_choose(&pm, err, sizeof err);
         free(names);
         if (rc)
@@ -314,6 +327,7 @@ int shoal_cmd_plan(int argc, char **argv)
         spread = pm.spread;
         TW = pm.G;
         mpred = pm.predicted_s;
+        mnum = pm.numerics;
     }
     int ndom = 0, named = 0;
     if (replicas) { /* failure domains: the named ones, else each host its own */
@@ -550,6 +564,7 @@ int shoal_cmd_plan(int argc, char **argv)
         json_object_set_new(jmz, "doctor", json_string(measured));
         json_object_set_new(jmz, "predicted_s_per_token", json_real(mpred));
         json_object_set_new(jmz, "slots", json_integer(mslots));
+        json_object_set_new(jmz, "numerics", json_string(mnum > 0 ? "mu" : "portable"));
         json_object_set_new(root, "measured", jmz);
     }
     if (hits)

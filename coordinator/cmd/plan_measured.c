@@ -9,6 +9,7 @@
 
 #include "common/err.h"
 #include "common/k3schema.h"
+#include "kernels/kernels.h"
 #include "proto/tshard.h"
 
 /* one worker's measured figures */
@@ -23,7 +24,8 @@ typedef struct {
     double tall;      /* trunk bytes read per token (the embedding table not read) */
     double tr;        /* of which row-shardable (remote when spread) */
     double fa;        /* KDA f_a matrices (held whole by every trunk server) */
-    double x_in;      /* bytes of the inputs of the trunk steps (f32), sent to every trunk server */
+    double x_in;      /* bytes of the inputs of the trunk steps (f32; bf16 in the mu class where exact,
+                         PROTOCOL.md 1.7), sent to every trunk server */
     double y_out;     /* bytes of their outputs (f32), split over the trunk servers */
     int steps_serial; /* trunk steps on the critical path */
     double etok;      /* routed-expert bytes read per token */
@@ -50,8 +52,16 @@ static int sum_trunk(const shoal_k3schema_entry *e, void *ctx)
     return 0;
 }
 
-static int figures(const shoal_k3cfg *cfg, const shoal_st *st, uint64_t expert_bytes, model_fig *f, char *err,
-                   size_t errlen)
+/* Bytes per element of an input read by a matrix stored as dtype dt: in the
+ * mu class a BF16 (or MXFP4) matrix rounds its input to bf16, so it travels
+ * as bf16 (2 bytes, PROTOCOL.md 1.7); f32 (4) otherwise. */
+static double xsize(int mu, int dt)
+{
+    return mu && (dt == SHOAL_DT_BF16 || dt == SHOAL_DT_U8) ? 2.0 : 4.0;
+}
+
+static int figures(const shoal_k3cfg *cfg, const shoal_st *st, uint64_t expert_bytes, int mu, model_fig *f,
+                   char *err, size_t errlen)
 {
     memset(f, 0, sizeof *f);
     shoal_k3schema_foreach(cfg, sum_trunk, &f->tall);
@@ -77,23 +87,29 @@ static int figures(const shoal_k3cfg *cfg, const shoal_st *st, uint64_t expert_b
             /* the layer's first step: counted once per layer (below) */
             continue;
         }
-        f->x_in += (double)m[i].cols * 4;
+        f->x_in += (double)m[i].cols * xsize(mu, t ? (int)t->dtype : SHOAL_DT_BF16);
         if (!strstr(m[i].name, "shared_experts.down_proj"))
             f->steps_serial++;
     }
     /* one first step per layer that has a matrix on the hidden input, and lm_head */
     for (int l = -1; l < cfg->num_layers; l++) {
         int any_attn = 0, any_mlp = 0;
+        double xs_attn = 2, xs_mlp = 2; /* bf16 only when every matrix of the step rounds its input */
         for (int i = 0; i < n; i++) {
             if (m[i].layer != l || m[i].cols != cfg->hidden_size)
                 continue;
-            if (strstr(m[i].name, "self_attn"))
+            const shoal_tensor *t = shoal_st_find(st, m[i].name);
+            double xs = xsize(mu, t ? (int)t->dtype : SHOAL_DT_BF16);
+            if (strstr(m[i].name, "self_attn")) {
                 any_attn = 1;
-            else
+                xs_attn = xs > xs_attn ? xs : xs_attn;
+            } else {
                 any_mlp = 1;
+                xs_mlp = xs > xs_mlp ? xs : xs_mlp;
+            }
         }
         /* attention and MLP halves read different inputs (xn of each half) */
-        f->x_in += (double)(any_attn + any_mlp) * cfg->hidden_size * 4;
+        f->x_in += (double)cfg->hidden_size * (any_attn * xs_attn + any_mlp * xs_mlp);
         f->steps_serial += any_attn + any_mlp;
     }
     free(m);
@@ -102,13 +118,24 @@ static int figures(const shoal_k3cfg *cfg, const shoal_st *st, uint64_t expert_b
     f->E = cfg->num_experts;
     f->etok = (double)cfg->num_moe * cfg->experts_per_token * (double)expert_bytes;
     f->experts_all = (double)cfg->num_moe * cfg->num_experts * (double)expert_bytes;
-    f->act = 16 + (double)cfg->latent_size * 4 + 16 + 8.0 * cfg->experts_per_token;
+    /* an expert exchange's request: its activation row in bf16 in the mu class
+     * when the experts are MXFP4 or BF16 (a worker's HELLO bf16_exact) */
+    int exact = cfg->expert_format == SHOAL_EXPERTS_MXFP4;
+    for (int l = 0; l < cfg->num_layers && !exact && cfg->expert_format != SHOAL_EXPERTS_MXFP4; l++) {
+        shoal_k3schema_entry ent[SHOAL_K3SCHEMA_EXPERT_MAX];
+        if (shoal_k3schema_expert(cfg, l, 0, ent) > 0) {
+            const shoal_tensor *t = shoal_st_find(st, ent[0].name);
+            exact = t && t->dtype == SHOAL_DT_BF16;
+            break;
+        }
+    }
+    f->act = 16 + (double)cfg->latent_size * (mu && exact ? 2 : 4) + 16 + 8.0 * cfg->experts_per_token;
     f->yexp = (double)cfg->experts_per_token * cfg->latent_size * 2;
     return 0;
 }
 
 static int load_doctor(const char *path, int W, const char *const *names, double eff, meas *ms, double *coord_bw,
-                       char *err, size_t errlen)
+                       int *mu, char *err, size_t errlen)
 {
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
@@ -120,6 +147,15 @@ static int load_doctor(const char *path, int W, const char *const *names, double
     if (!fmt || strcmp(fmt, "shoal-doctor") || !json_is_array(ws)) {
         rc = shoal_err_set(err, errlen, SHOAL_ECONFIG, "%s is not a `shoal doctor --json` document", path);
         goto out;
+    }
+    if (mu) { /* the class doctor measured the workers in (absent: a doctor before 1.7, portable) */
+        const char *nc = json_string_value(json_object_get(root, "numerics"));
+        shoal_numerics v = SHOAL_NUMERICS_PORTABLE;
+        if (nc && shoal_numerics_parse(nc, &v)) {
+            rc = shoal_err_set(err, errlen, SHOAL_ECONFIG, "%s: \"numerics\" is '%s', not portable or mu", path, nc);
+            goto out;
+        }
+        *mu = v == SHOAL_NUMERICS_MU;
     }
     double bsum = 0;
     for (int w = 0; w < W && !rc; w++) {
@@ -284,11 +320,15 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
 {
     int W = m->nworkers, rc;
     model_fig f;
-    if ((rc = figures(m->cfg, m->st, m->expert_bytes, &f, err, errlen)))
-        return rc;
     meas *ms = calloc((size_t)W, sizeof *ms);
     double cbw = 0;
-    if ((rc = load_doctor(m->doctor, W, m->names, m->eff, ms, &cbw, err, errlen))) {
+    int mu = m->numerics;
+    if ((rc = load_doctor(m->doctor, W, m->names, m->eff, ms, &cbw, mu < 0 ? &mu : NULL, err, errlen))) {
+        free(ms);
+        return rc;
+    }
+    m->numerics = mu;
+    if ((rc = figures(m->cfg, m->st, m->expert_bytes, mu, &f, err, errlen))) {
         free(ms);
         return rc;
     }
@@ -354,8 +394,10 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
     printf("measured plan (%s; assumed: kernel efficiency %.2f of the read pass, load imbalance %.2f, %.0f us per "
            "exchange beyond the RTT):\n", m->doctor, m->eff, m->imbalance, m->overhead_s * 1e6);
     printf("  per token: trunk %.3f GB (%.3f GB row-shardable), experts %.3f GB; %d serial trunk steps + %d "
-           "expert exchanges; trunk inputs %.1f kB per trunk server, outputs %.1f kB\n",
-           f.tall / 1e9, f.tr / 1e9, f.etok / 1e9, f.steps_serial, f.moe, f.x_in / 1e3, f.y_out / 1e3);
+           "expert exchanges; trunk inputs %.1f kB per trunk server (%s), outputs %.1f kB; expert request %.2f kB\n",
+           f.tall / 1e9, f.tr / 1e9, f.etok / 1e9, f.steps_serial, f.moe, f.x_in / 1e3,
+           mu ? "numerics mu: bf16 where the products round them, PROTOCOL.md 1.7" : "numerics portable: f32",
+           f.y_out / 1e3, f.act / 1e3);
     printf("  %-24s %10s %10s %10s %10s %10s %9s  %s\n", "placement", "reads s", "coord s", "rtt s", "wire s",
            "s/token", "tok/s@" , "bottleneck");
     for (int i = 0; i < nc; i++) {

@@ -21,7 +21,8 @@
  *                 doctor's PROBE round trip (assumed, stated)
  *   wire          per link: bytes out / its out rate + bytes in / its in
  *                 rate, the slowest link; with --nic-gbps also the
- *                 coordinator's NIC carrying every link's bytes
+ *                 coordinator's NIC carrying every link's bytes (the inputs
+ *                 in bf16 in the mu class where exact, PROTOCOL.md 1.7)
  * and, at S slots (S sequences per step): reads and round trips once per
  * step, wire and coordinator work S times; tokens/s = S / step time. */
 #ifndef SHOAL_PLAN_MEASURED_H
@@ -50,6 +51,11 @@ typedef struct {
     double overhead_s;        /* software cost of one round trip beyond the measured RTT (--overhead-us) */
     int force_G;              /* -1: choose; 0: trunk local; G: spread over G (the report still lists all) */
     int budget_split;         /* 1: the experts will be placed by the budgets (--replicas, --hot), not by count */
+    /* in/out: the cluster's numerics class (--numerics): 1 mu, 0 portable,
+     * -1 doctor.json's "numerics" (absent: portable), set to what was used.
+     * In mu the activations travel as bf16 (PROTOCOL.md 1.7): the trunk
+     * inputs and expert requests of the wire term are halved where exact. */
+    int numerics;
     /* out */
     int spread;         /* 1: trunk rows on G workers */
     int G;

@@ -19,7 +19,18 @@ hop (RTT/2 + the per-exchange software cost X) per level below the roots;
 (iii) a parent's link carries x once in and once per child out. And the best
 placement's s/token for one user and tokens/s for 8.
 
-Usage: k3_projection.py [--json FILE] [--md]
+Both numerics classes (--numerics, default both): in `mu` every trunk input
+and expert activation travels as bf16 (PROTOCOL.md 1.7: the class's products
+round them to bf16 anyway, so the bits are the same), half of X_IN and of the
+activation in ACT; the outputs (TRUNK_RESULT f32, expert outputs bf16) are the
+same in both classes.
+
+--mu-expert-rate R (default 1): in the mu class the routed experts' MXFP4
+reads run at R x the portable kernels' rate (issue 33 measured the exact
+AVX-512 emulation's MXFP4 GEMV at 0.44x on the 2-core EPYC; decode, T < 8,
+runs that emulation on AMX machines too), a sensitivity of the reads term.
+
+Usage: k3_projection.py [--json FILE] [--numerics portable|mu|both] [--mu-expert-rate R]
 """
 import argparse
 import json
@@ -33,11 +44,17 @@ TRUNK_R = TRUNK_ALL - TRUNK_C
 FA = 0.127 * GB            # 69 KDA f_a matrices, held whole by every trunk server
 E_TOK = 25.83 * GB         # routed-expert bytes read per token
 EXPERTS_ALL = 1446.456 * GB
-X_IN = 13.8e6              # trunk step inputs (f32) sent to every trunk server
+X_IN_F32 = 13.8e6          # trunk step inputs (f32) sent to every trunk server
 Y_OUT = 35.2e6             # trunk step outputs (f32), split over the trunk servers
 STEPS = 489 - 92           # serial trunk steps (with the KDA chain); + 92 expert exchanges
 MOE = 92
-ACT = 14.5e3               # one expert exchange's activation to one worker
+ACT_F32 = 14.5e3           # one expert exchange's activation to one worker: 16 + 3584 x 4 + 16 + 16 x 8 bytes
+LATENT = 3584
+# per numerics class: (trunk inputs per token per trunk server, one expert exchange's request to one worker);
+# in mu the inputs are bf16 on the wire (all K3 trunk matrices are BF16, experts MXFP4: every product rounds them)
+WIRE = {"portable": (X_IN_F32, ACT_F32), "mu": (X_IN_F32 / 2, ACT_F32 - LATENT * 2)}
+X_IN, ACT = WIRE["portable"]
+EXPERT_RATE = 1.0  # the experts' read rate relative to the portable kernels (mu: --mu-expert-rate)
 YEXP = 114.7e3             # one token's 16 expert outputs per MoE layer
 K = 16
 IMB = 1.2                  # load imbalance (assumed, as in the earlier projections)
@@ -79,7 +96,7 @@ def placement(cls, N, G, fanout=0, users=1):
     rt1 = cls["rtt"] + X
     u = users
     # reads per server: trunk rows once per step, experts per sequence (distinct experts, no overlap assumed)
-    EI = E_TOK * IMB * u
+    EI = E_TOK * IMB * u / EXPERT_RATE
     if G:
         tr = TRUNK_R / G + FA * (1 - 1 / G)
         # water filling with equal bandwidths: experts first to the N - G non-trunk servers
@@ -132,9 +149,24 @@ def name(p):
 
 
 def main():
+    global X_IN, ACT, EXPERT_RATE
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default="")
+    ap.add_argument("--numerics", default="both", choices=("portable", "mu", "both"))
+    ap.add_argument("--mu-expert-rate", type=float, default=1.0)
     a = ap.parse_args()
+    res = {}
+    for num in (("portable", "mu") if a.numerics == "both" else (a.numerics,)):
+        X_IN, ACT = WIRE[num]
+        EXPERT_RATE = a.mu_expert_rate if num == "mu" else 1.0
+        print(f"numerics {num}: trunk inputs {X_IN / 1e6:.2f} MB per trunk server per token, "
+              f"expert request {ACT / 1e3:.2f} kB per worker per MoE layer, expert reads at {EXPERT_RATE:.2f}x")
+        res[num] = project()
+    if a.json:
+        json.dump(res if a.numerics == "both" else res[a.numerics], open(a.json, "w"), indent=1)
+
+
+def project():
     out = {}
     for cn, cls in CLASSES.items():
         for N in (8, 16, 32):
@@ -159,8 +191,7 @@ def main():
                   f"{built['wire']:.3f}); 8 users {8 / u8['total']:.2f} tok/s; server {built['mem_server'] / GB:.1f} GB, "
                   f"coordinator {built['mem_coord'] / GB:.1f} GB | with a relay tree: {name(best_any)} "
                   f"{best_any['total']:.3f} s/token, 8 users {8 / u8t['total']:.2f} tok/s")
-    if a.json:
-        json.dump(out, open(a.json, "w"), indent=1)
+    return out
 
 
 if __name__ == "__main__":

@@ -13,7 +13,14 @@ rates by tc tbf, delays by relays, CURVE on every link), for each shaping:
    placement and to the in-process run), and whether the chosen one is the
    fastest measured (or within 10%).
 
-Usage (root): plan_netns_bench.py [--model DIR] [--reps N] [--gen N] [--out FILE.json]
+With --numerics mu the whole cluster runs the mu class (doctor, workers,
+runs); with --wire-compare (issue 34, PROTOCOL.md 1.7) only the placement the
+plan chose is run, REPS times each with `--wire-act auto` (bf16 activations)
+and `--wire-act f32`, interleaved, against the plan's prediction for each
+(`--numerics mu` and `--numerics portable`: the same kernels, f32 inputs).
+
+Usage (root): plan_netns_bench.py [--model DIR] [--reps N] [--gen N] [--numerics mu]
+              [--wire-compare [--trunk-servers G]] [--out FILE.json]
 Needs root, iproute2 (tc tbf). Prints a table; writes the raw results as JSON.
 """
 import argparse
@@ -44,7 +51,8 @@ def start_workers(tmp, plan):
     for w in ("w0", "w1", "w2"):
         ps.append(subprocess.Popen(
             ["ip", "netns", "exec", net.NS[w], BIN, "expert", "--model", MODEL, "--plan", plan, "--name", w,
-             "--threads", "1", "--curve-secret", f"{tmp}/keys/{w}.key", "--curve-allow", f"{tmp}/c.pub"],
+             "--threads", "1", "--curve-secret", f"{tmp}/keys/{w}.key", "--curve-allow", f"{tmp}/c.pub",
+             "--numerics", NUMERICS],
             stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/{w}.log", "a")))
     return ps
 
@@ -75,13 +83,14 @@ def predictions(text):
     return out
 
 
-def run_plan(tmp, plan, reps, gen):
+def run_plan(tmp, plan, reps, gen, extra=()):
     ts, ids = [], None
     for _ in range(reps):
         r = subprocess.run(["ip", "netns", "exec", net.NS["c"], BIN, "run", "--model", MODEL, "--plan", plan,
                             "--curve-secret", f"{tmp}/c.key", "--curve-keys", f"{tmp}/keys", "--trunk", "auto",
                             "--ids", PROMPT, "--gen", str(gen), "--json", "--threads", "1",
-                            "--hello-timeout-ms", "60000", "--expert-timeout-ms", "60000"],
+                            "--hello-timeout-ms", "60000", "--expert-timeout-ms", "60000",
+                            "--numerics", NUMERICS, *extra],
                            capture_output=True, text=True, timeout=600)
         if r.returncode:
             raise RuntimeError(r.stderr[-800:])
@@ -93,8 +102,11 @@ def run_plan(tmp, plan, reps, gen):
     return ts, ids, j
 
 
+NUMERICS = "portable"
+
+
 def main():
-    global MODEL
+    global MODEL, NUMERICS
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.path.join(SRC, "tests", "models", "tiny-k3"))
     ap.add_argument("--reps", type=int, default=3)
@@ -102,7 +114,13 @@ def main():
     ap.add_argument("--overhead-us", default="100")
     ap.add_argument("--out", default="")
     ap.add_argument("--uniform", action="store_true", help="w2 shaped like w0 and w1 (no slow host)")
+    ap.add_argument("--numerics", default="portable", choices=("portable", "mu"))
+    ap.add_argument("--wire-compare", action="store_true",
+                    help="run only the chosen placement, --wire-act auto and f32 interleaved")
+    ap.add_argument("--trunk-servers", type=int, default=-1,
+                    help="with --wire-compare: this placement (0: trunk local; G: spread over G) instead of the chosen")
     a = ap.parse_args()
+    NUMERICS = a.numerics
     if a.uniform:
         net.SHAPE["w2"] = net.SHAPE["w0"]
     MODEL = net.TINY = os.path.abspath(a.model)
@@ -116,7 +134,7 @@ def main():
                        capture_output=True)
     # the in-process reference
     r = subprocess.run([BIN, "run", "--model", MODEL, "--ids", PROMPT, "--gen", str(a.gen), "--json", "--threads",
-                        "1"], capture_output=True, text=True, check=True)
+                        "1", "--numerics", NUMERICS], capture_output=True, text=True, check=True)
     ref = json.loads(r.stdout)
     cluster = f"{tmp}/cluster.json"
     json.dump({"format": "shoal-cluster", "version": 1, "coordinator": "c", "worker_port": 5555,
@@ -129,8 +147,8 @@ def main():
            "avx512f": " avx512f " in flags, "avx512_bf16": " avx512_bf16 " in flags,
            "command": " ".join(sys.argv), "shape": {k: list(v) for k, v in net.SHAPE.items()},
            "rate_fast_mbit": net.RATE_FAST, "tbf_burst": net.BURST, "reps": a.reps, "gen": a.gen, "overhead_us": float(a.overhead_us),
-           "placements": {}}
-    net.setup_net()
+           "numerics": NUMERICS, "placements": {}}
+    net.N.setup()
     procs = []
     try:
         net.shape()
@@ -140,7 +158,7 @@ def main():
         ws = start_workers(tmp, plan0)
         args = ["ip", "netns", "exec", net.NS["c"], BIN, "doctor", "--model", MODEL, "--curve-secret",
                 f"{tmp}/c.key", "--curve-keys", f"{tmp}/keys", "--plan", plan0, "--json", "-o", f"{tmp}/doctor.json",
-                "--hello-timeout-ms", "60000"]
+                "--hello-timeout-ms", "60000", "--numerics", NUMERICS]
         r = subprocess.run(args, capture_output=True, text=True, timeout=300)
         for p in ws:
             harness.terminate(p, 5)
@@ -153,6 +171,12 @@ def main():
         res["plan_output"] = text
         res["chosen"] = chosen
         print(text, flush=True)
+        if a.wire_compare:
+            res["chosen"] = chosen
+            if a.trunk_servers >= 0:
+                chosen = "trunk local" if a.trunk_servers == 0 else f"trunk spread over {a.trunk_servers}"
+            wire_compare(tmp, cluster, chosen, pred, a, ref, res)
+            return 0
         for label in pred:
             g = 0 if label == "trunk local" else int(label.split()[-1])
             plan, p, _ = write_plan(tmp, cluster, g, ["--overhead-us", a.overhead_us])
@@ -179,10 +203,46 @@ def main():
     finally:
         for p in procs:
             harness.terminate(p, 5)
-        net.teardown_net()
+        net.N.teardown()
     if a.out:
         json.dump(res, open(a.out, "w"), indent=1)
     return 0
+
+
+def wire_compare(tmp, cluster, chosen, pred, a, ref, res):
+    """the chosen placement, --wire-act auto and f32 interleaved (one rep each per round)"""
+    g = 0 if chosen == "trunk local" else int(chosen.split()[-1])
+    plan, _, _ = write_plan(tmp, cluster, g, ["--overhead-us", a.overhead_us])
+    _, _, text32 = write_plan(tmp, cluster, g, ["--overhead-us", a.overhead_us, "--numerics", "portable"])
+    pr = {"auto": pred[chosen], "f32": predictions(text32)[chosen]}
+    ws = start_workers(tmp, plan)
+    out = {m: {"s_per_token": [], "ids_equal_in_process": True} for m in ("auto", "f32")}
+    try:
+        for _ in range(a.reps):
+            for m in ("auto", "f32"):
+                ts, ids, j = run_plan(tmp, plan, 1, a.gen, ["--wire-act", m])
+                o = out[m]
+                o["s_per_token"] += ts
+                o["ids_equal_in_process"] &= ids == ref["generated_ids"]
+                o["wire_bytes_out_per_token"] = j.get("decode_wire_bytes_out_per_token")
+                o["trunk_wire_bytes_out_per_token"] = j.get("decode_trunk_wire_bytes_out_per_token")
+    finally:
+        for q in ws:
+            harness.terminate(q, 5)
+    for m in ("auto", "f32"):
+        o = out[m]
+        o["median"] = statistics.median(o["s_per_token"])
+        o["predicted"] = pr[m]
+        print(f"{chosen} --wire-act {m:4s}: predicted {pr[m]['s_per_token'] * 1e3:8.2f} ms  measured "
+              f"{o['median'] * 1e3:8.2f} ms [{min(o['s_per_token']) * 1e3:.2f}, {max(o['s_per_token']) * 1e3:.2f}]  "
+              f"sent {o['wire_bytes_out_per_token']} B/token (trunk {o['trunk_wire_bytes_out_per_token']})  ids "
+              f"{'same' if o['ids_equal_in_process'] else 'DIFFER'}", flush=True)
+    res["wire_compare"] = {"placement": chosen, **out}
+    res["load_end"] = load()
+    print(f"auto / f32 measured {out['auto']['median'] / out['f32']['median']:.3f}, predicted "
+          f"{pr['auto']['s_per_token'] / pr['f32']['s_per_token']:.3f}; load {res['load_start']} -> {res['load_end']}")
+    if a.out:
+        json.dump(res, open(a.out, "w"), indent=1)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,16 @@ def main():
     check("the model fingerprint reported (64 hex digits)",
           re.fullmatch(r"[0-9a-f]{64}", d.get("model_fingerprint", "")) is not None, str(d.get("model_fingerprint")))
     check("this host measured too", d.get("coordinator", {}).get("cores") == os.cpu_count(), str(d.get("coordinator")))
+    hid = c["hidden_size"]
+    check(f"the forward's rows: out and back hidden x 4 = {hid * 4} bytes in the portable class",
+          d.get("fwd_out_bytes") == hid * 4 and d.get("fwd_bytes") == hid * 4,
+          f"{d.get('fwd_out_bytes')} / {d.get('fwd_bytes')}")
+    r = subprocess.run(base + ["--numerics", "mu", "--no-facts", "--no-local", "--json"], capture_output=True,
+                       text=True, timeout=120)
+    dm = json.loads(r.stdout) if r.returncode == 0 else {}
+    check(f"mu class: the input row goes out as bf16, hidden x 2 = {hid * 2} bytes; back f32",
+          dm.get("numerics") == "mu" and dm.get("fwd_out_bytes") == hid * 2 and dm.get("fwd_bytes") == hid * 4,
+          r.stderr[-400:] + json.dumps({k: dm.get(k) for k in ("numerics", "fwd_out_bytes", "fwd_bytes")}))
     r = subprocess.run(base + ["--no-facts", "--no-local"], capture_output=True, text=True, timeout=120)
     check("the table lists both workers", r.returncode == 0 and any(l.startswith("w0 ") for l in r.stdout.splitlines())
           and any(l.startswith("w1 ") for l in r.stdout.splitlines()), r.stdout[-800:] + r.stderr[-400:])

@@ -12,7 +12,14 @@ docs/CLUSTER.md "Measured plans" states:
   trunk's bytes (from the headers) / (1 MB/s x 0.82);
 - --trunk-servers 1: one worker's ROWSPEC *:0/1 (only), the other none;
 - --replicas 1 with --measured: every expert on both workers (as before);
-- a worker missing from doctor.json: refused (exit 3) naming it.
+- a worker missing from doctor.json: refused (exit 3) naming it;
+- the numerics class (PROTOCOL.md 1.7): with the trunk spread over both and
+  1 MB/s links, `--numerics mu` (and a doctor.json that says "numerics": "mu")
+  prints the trunk inputs at exactly half the portable figure (tiny-k3's trunk
+  is BF16) and the expert request at 16 + latent x 2 + 16 + 8k bytes instead of
+  x 4 (from config.json), and its wire term is smaller by exactly
+  (x_in / 2 + MoE layers x (1 - 1/2^k) x latent x 2) / rate (each worker holds
+  half the experts); plan.json's "measured" says the class.
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~2 s.
 """
 import json
@@ -116,6 +123,35 @@ def main():
     check("--replicas 1 with --measured: every expert on both workers, placed by the budgets as before",
           r.returncode == 0 and p and p["replicas"] == 1 and [w["expert_count"] for w in p["workers"]] == [192, 192],
           r.stderr[-400:] + (str([w["expert_count"] for w in p["workers"]]) if p else ""))
+    c = json.load(open(os.path.join(TINY, "config.json")))
+    c = c.get("text_config", c)
+    lat, k = c["routed_expert_hidden_size"], c["num_experts_per_token"]
+    moe = c["num_hidden_layers"] - c["first_k_dense_replace"]
+    got = {}
+    for cls, doc in (("portable", doctor([1e10, 1e10], 10, 1e6, coord_bw=1e10)),
+                     ("mu", doctor([1e10, 1e10], 10, 1e6, coord_bw=1e10)), ("mu (doctor.json)", None)):
+        if doc is None:
+            d = json.load(open(got["mu"][3]))
+            d["numerics"] = "mu"
+            doc = os.path.join(tmp, "doctor-mu.json")
+            json.dump(d, open(doc, "w"))
+        r, p = plan(doc, ["--trunk-servers", "2"] + (["--numerics", cls] if cls in ("portable", "mu") else []))
+        m = re.search(r"trunk inputs ([\d.]+) kB per trunk server .*expert request ([\d.]+) kB", r.stdout)
+        ok = r.returncode == 0 and p is not None and m is not None
+        if check(f"numerics {cls}: planned", ok, r.stdout[-800:] + r.stderr[-300:]):
+            got[cls] = (float(m.group(1)), float(m.group(2)), row(r.stdout, "trunk spread over 2"), doc,
+                        p["measured"].get("numerics"))
+    if len(got) == 3:
+        (xp, ap, rp, _, np_), (xm, am, rm, _, nm), (xd, ad, rd, _, nd) = got["portable"], got["mu"], got["mu (doctor.json)"]
+        check("numerics mu: trunk inputs half the portable figure", abs(xm - xp / 2) <= 0.06, f"{xp} kB -> {xm} kB")
+        want_a = (16 + lat * 4 + 16 + 8 * k) / 1e3, (16 + lat * 2 + 16 + 8 * k) / 1e3
+        check(f"numerics: expert request {want_a[0]:.2f} kB portable, {want_a[1]:.2f} kB mu",
+              abs(ap - want_a[0]) < 0.006 and abs(am - want_a[1]) < 0.006, f"{ap}, {am}")
+        dw = (xp * 1e3 / 2 + moe * (1 - 0.5 ** k) * lat * 2) / 1e6
+        check(f"numerics mu: wire term smaller by (x_in/2 + {moe} x (1 - 1/2^{k}) x {lat} x 2) / rate = {dw:.4f} s",
+              rp and rm and abs((rp[3] - rm[3]) - dw) <= 0.003 * rp[3] + 1e-4, f"{rp} vs {rm}")
+        check("numerics: doctor.json's \"numerics\": \"mu\" gives the mu figures; plan.json says the class",
+              (xd, ad, rd) == (xm, am, rm) and (np_, nm, nd) == ("portable", "mu", "mu"), f"{got}")
     r, p = plan(doctor([1e10], 10, 1e9, names=("w0",)))
     check("a worker missing from doctor.json: refused (exit 3) naming it", r.returncode == 3 and "w1" in r.stderr,
           f"rc {r.returncode}: {r.stderr[-300:]}")

@@ -9,7 +9,10 @@
  * every input gets exactly one reply -- except a PREFETCH notice (its envelope
  * says type 11), which gets none -- and every refusal carries an ERROR code.
  *
- * Input: byte 0 picks the frame count (1 + b % 3); then, for every frame but
+ * Input: byte 0 picks the frame count (1 + (b & 0x7f) % 3) and, with its top
+ * bit, the numerics class the worker computes in (set: mu, where a bf16
+ * TRUNK_BATCH x over BF16 matrices is computed, PROTOCOL.md 1.7; clear:
+ * portable, where it is refused); then, for every frame but
  * the last, a 2-byte little-endian length and that many bytes; the last frame
  * takes the rest. tests/fuzz/corpus/fuzz_proto/ holds the golden messages of
  * tests/fixtures/proto/golden.json in this form. */
@@ -19,6 +22,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "kernels/kernels.h"
 #include "proto/proto.h"
 #include "proto/shard.h"
 #include "worker/bank.h"
@@ -127,18 +131,19 @@ static int owns_some(const void *ctx, int layer, int e)
 /* Expected outputs of a decoded TRUNK_BATCH this worker must compute: every
  * segment inside one owned range, x f32 [T <= 16, 32]; 0 when it must be
  * refused. Worked out from the request alone, independently of serve.c. */
-static uint64_t trunk_expect(const shoal_proto_msg *m)
+static uint64_t trunk_expect(const shoal_proto_msg *m, int mu)
 {
     const shoal_proto_tensor *x = &m->tbatch.x;
-    if (x->dtype != SHOAL_WIRE_F32 || x->cols != D || x->rows < 1 || x->rows > 16)
+    int bf16 = x->dtype == SHOAL_WIRE_BF16;
+    if ((x->dtype != SHOAL_WIRE_F32 && !bf16) || (bf16 && !mu) || x->cols != D || x->rows < 1 || x->rows > 16)
         return 0;
     uint64_t rows = 0;
     for (uint32_t i = 0; i < m->tbatch.n; i++) {
         const shoal_proto_trows *g = &m->tbatch.seg[i];
         int in = 0;
-        for (int j = 0; j < NTR; j++) /* inside one owned range, of width D */
+        for (int j = 0; j < NTR; j++) /* inside one owned range, of width D; a bf16 x only into BF16 weights */
             in |= !strcmp(g->name, trows[j].name) && trows[j].lo <= g->lo && g->hi <= trows[j].hi &&
-                  tmats[j].cols == D;
+                  tmats[j].cols == D && (!bf16 || tmats[j].bf16);
         if (!in)
             return 0;
         rows += g->hi - g->lo + 1;
@@ -148,7 +153,7 @@ static uint64_t trunk_expect(const shoal_proto_msg *m)
         int a = -1, in = 0;
         for (int j = 0; j < NTR; j++) /* the first owned whole, of width D */
             if (!strcmp(c->a, trows[j].name) && trows[j].lo == 0 && (int)trows[j].hi == tmats[j].rows - 1 &&
-                tmats[j].cols == D)
+                tmats[j].cols == D && (!bf16 || tmats[j].bf16))
                 a = j;
         if (a < 0)
             return 0;
@@ -167,7 +172,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
-    int n = 1 + data[0] % 3;
+    int n = 1 + (data[0] & 0x7f) % 3, mu = data[0] >> 7;
+    shoal_kernels_set_numerics(mu ? SHOAL_NUMERICS_MU : SHOAL_NUMERICS_PORTABLE); /* one thread here */
     size_t at = 1, off[3], len[3];
     for (int i = 0; i < n; i++) {
         if (i == n - 1) {
@@ -196,7 +202,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char err[512];
     int rc = shoal_proto_decode(f, n, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err);
     int notice = m.type == SHOAL_MSG_PREFETCH; /* the envelope said PREFETCH */
-    uint64_t want_trunk = !rc && m.type == SHOAL_MSG_TRUNK_BATCH ? trunk_expect(&m) : 0;
+    uint64_t want_trunk = !rc && m.type == SHOAL_MSG_TRUNK_BATCH ? trunk_expect(&m, mu) : 0;
     for (uint32_t i = 1; !rc && notice && i < m.prefetch.n; i++)
         if (m.prefetch.experts[i] <= m.prefetch.experts[i - 1])
             abort(); /* a decoded PREFETCH is strictly ascending */

@@ -719,6 +719,68 @@ static void t_mu_isa(void)
     CHECK(n > 0);
 }
 
+/* The wire form of the mu class (PROTOCOL.md 1.7): shoal_mu_round_bf16 gives
+ * the oracle's bf16 value for every input class (typical, halfway cases, the
+ * band that rounds up to 2^-126, subnormal, signed zero, infinities; NaN stays
+ * a NaN), and a mu product of the widened bf16 row has exactly the bits of the
+ * product of the f32 row, on every ISA, bf16 and MXFP4 weights: the receiver
+ * of bf16 activations computes what it would have from f32 ones. */
+static void mu_wire_one_isa(void)
+{
+    static const int cases[][3] = {{5, 64, 3}, {33, 544, 2}, {16, 7168, 1}};
+    for (int k = 0; k < 2; k++)
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            int rows = cases[c][0], cols = cases[c][1], T = cases[c][2];
+            size_t nx = (size_t)T * cols, ny = (size_t)T * rows;
+            mat m = mat_new(k ? K_MXFP4 : K_BF16, rows, cols);
+            float *x = frand_vec(nx, -3.0f, 3.0f), *xw = xmalloc(nx * 4);
+            uint16_t *h = xmalloc(nx * 2);
+            for (size_t i = 0; i < nx; i += 5) { /* the classes, spread over every chain position */
+                uint32_t u;
+                memcpy(&u, &x[i], 4);
+                switch ((i / 5) % 9) {
+                case 0: u = (u & 0xffff0000u) | 0x8000u; break;          /* halfway, ties to even */
+                case 1: u = (u & 0xffff0000u) | 0x7fffu; break;          /* just below halfway */
+                case 2: u = 0x007fffffu | (u & 0x80000000u); break;      /* largest subnormal: rounds to 2^-126 */
+                case 3: u = 0x00000001u | (u & 0x80000000u); break;      /* smallest subnormal */
+                case 4: u = 0x80000000u; break;                          /* -0 */
+                case 5: u = (u & 0x807f0000u) | 0x00008000u; break;      /* subnormal halfway */
+                case 6: u = 0x7f7fffffu | (u & 0x80000000u); break;      /* rounds to infinity */
+                case 7: u = i % 2 ? 0x7f800000u : 0xff800000u; break;    /* infinities */
+                default: u = 0x7fc00000u | (uint32_t)(i & 0xffff); break; /* NaN with a payload */
+                }
+                memcpy(&x[i], &u, 4);
+            }
+            shoal_mu_round_bf16(h, x, nx);
+            int bad = -1;
+            for (size_t i = 0; i < nx; i++) {
+                xw[i] = shoal_bf16_to_f32(h[i]);
+                float want = o_bf16(x[i]);
+                if (bad < 0 && !same_value(want, xw[i]))
+                    bad = (int)i;
+            }
+            CHECK_MSG(bad < 0, "mu wire rounding of %a: %a, oracle %a", bad < 0 ? 0 : x[bad], bad < 0 ? 0 : xw[bad],
+                      bad < 0 ? 0 : o_bf16(x[bad]));
+            uint16_t *h2 = xmalloc(nx * 2);
+            shoal_mu_round_bf16(h2, xw, nx);
+            CHECK_MSG(!memcmp(h, h2, nx * 2), "mu wire rounding is not idempotent");
+            float *y = xmalloc(ny * 4), *yw = xmalloc(ny * 4);
+            memset(y, 0x11, ny * 4);
+            memset(yw, 0x22, ny * 4);
+            mu_gemm(&m, y, x, T);
+            mu_gemm(&m, yw, xw, T);
+            CHECK_MSG(!memcmp(y, yw, ny * 4), "mu %s %dx%d T=%d: the product of the bf16 wire form differs",
+                      k ? "mxfp4" : "bf16", rows, cols, T);
+            free(x), free(xw), free(h), free(h2), free(y), free(yw);
+            mat_free(&m);
+        }
+}
+
+static void t_mu_wire_round(void)
+{
+    for_each_isa(mu_wire_one_isa, "mu wire rounding");
+}
+
 /* The start-up self-test accepts the specification and every emulation, and
  * refuses kernels of another order: the fp32-activation GEMMs and a variant
  * that rounds to the subnormal grid before flushing (wrappers below). AMX
@@ -1396,6 +1458,7 @@ int main(int argc, char **argv)
     RUN(t_mu_spec);
     RUN(t_mu_probes);
     RUN(t_mu_isa);
+    RUN(t_mu_wire_round);
     RUN(t_mu_selftest);
     RUN(t_mu_amx);
     RUN(t_thread_invariance);

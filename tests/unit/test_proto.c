@@ -189,6 +189,14 @@ static void t_golden_encode(void)
     CHECK(shoal_proto_enc_hello(buf, sizeof buf, &len, 1, &h, 1) == 0);
     CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
     gfree(&g);
+    h.bf16_exact = 1; /* 1.7: the optional key, after numerics */
+    h.minor = 7;
+    CHECK(golden("hello_reply_bf16", &g) == 0);
+    CHECK(shoal_proto_enc_hello(buf, sizeof buf, &len, 1, &h, 1) == 0);
+    CHECK(same_bytes(buf, len, g.data[0], g.len[0]));
+    gfree(&g);
+    h.bf16_exact = 0;
+    h.minor = 0;
     strcpy(h.numerics, "a class name over 16");
     CHECK(shoal_proto_enc_hello(buf, sizeof buf, &len, 1, &h, 1) == SHOAL_ERANGE);
     h.numerics[0] = 0;
@@ -440,7 +448,29 @@ static void t_trunk_decode(void)
     CHECK(shoal_proto_tensor_hdr(xb, SHOAL_WIRE_BF16, 1, 32) == 0);
     memset(xb + 16, 0, 64);
     shoal_frame fb[2] = {{ctl, len}, {xb, sizeof xb}};
-    CHECK(shoal_proto_decode(fb, 2, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err) == SHOAL_EPROTO &&
+    /* 1.7: a bf16 x decodes (the worker decides whether it is exact) ... */
+    CHECK(shoal_proto_decode(fb, 2, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err) == 0 &&
+          m.tbatch.x.dtype == SHOAL_WIRE_BF16 && m.tbatch.x.cols == 32 && m.tbatch.x.nbytes == 64);
+    shoal_proto_msg_clear(&m);
+    /* ... one whose length is that of f32 elements (or one byte short) is malformed ... */
+    shoal_frame fl[2] = {{ctl, len}, {xb, sizeof xb - 1}};
+    CHECK(shoal_proto_decode(fl, 2, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err) == SHOAL_EPROTO &&
+          perr == SHOAL_PERR_MALFORMED);
+    shoal_proto_msg_clear(&m);
+    uint8_t xl[16 + 16 * 4];
+    CHECK(shoal_proto_tensor_hdr(xl, SHOAL_WIRE_BF16, 1, 32) == 0);
+    memset(xl + 16, 0, 64);
+    xl[12] = 16; /* cols 16: 32 bytes of bf16, the frame has 64 */
+    shoal_frame fw[2] = {{ctl, len}, {xl, sizeof xl}};
+    CHECK(shoal_proto_decode(fw, 2, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err) == SHOAL_EPROTO &&
+          perr == SHOAL_PERR_MALFORMED);
+    shoal_proto_msg_clear(&m);
+    /* ... and an I32 x is not an activation */
+    uint8_t xi[16 + 16 * 4];
+    CHECK(shoal_proto_tensor_hdr(xi, SHOAL_WIRE_I32, 1, 16) == 0);
+    memset(xi + 16, 0, 64);
+    shoal_frame fi[2] = {{ctl, len}, {xi, sizeof xi}};
+    CHECK(shoal_proto_decode(fi, 2, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err) == SHOAL_EPROTO &&
           perr == SHOAL_PERR_UNSUPPORTED);
     shoal_proto_msg_clear(&m);
     shoal_frame fg[2] = {{ctl, len}, {x, sizeof x}};
@@ -508,6 +538,18 @@ static void t_golden_decode(void)
     CHECK(golden("hello_reply_numerics", &g) == 0);
     CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0);
     CHECK(!strcmp(m.hello.numerics, "mu") && m.hello.max_tokens == 8192 && m.hello.nowned == 2);
+    CHECK(m.hello.bf16_exact == 0); /* 1.7: absent is f32 activations only */
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+    CHECK(golden("hello_reply_bf16", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0);
+    CHECK(!strcmp(m.hello.numerics, "mu") && m.hello.bf16_exact == 1 && m.hello.minor == 7);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+    CHECK(golden("trunk_batch_bf16", &g) == 0); /* 1.7: a bf16 x, 2 tokens of 32 */
+    CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.type == SHOAL_MSG_TRUNK_BATCH && m.tbatch.n == 1 && m.tbatch.x.dtype == SHOAL_WIRE_BF16 &&
+          m.tbatch.x.rows == 2 && m.tbatch.x.cols == 32 && m.tbatch.x.nbytes == 2 * 32 * 2);
     shoal_proto_msg_clear(&m);
     gfree(&g);
 
