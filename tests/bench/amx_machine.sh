@@ -39,6 +39,7 @@ t0=$(date +%s)
 {
     echo "== date"; date -u
     echo "== lscpu"; lscpu
+    echo "== lscpu -e (which vCPUs share a core: siblings share its AMX unit)"; lscpu -e
     echo "== flags (avx512*, amx*)"; grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512|amx|avx2|fma)' | tr '\n' ' '; echo
     echo "== memory"; free -g
     echo "== loadavg"; cat /proc/loadavg
