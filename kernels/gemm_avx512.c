@@ -14,6 +14,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "kernels/kernels_int.h"
 
@@ -407,6 +408,184 @@ INLINE __m512i mu_mx_dec(const uint8_t *p, unsigned e)
     return _mm512_permutexvar_epi16(idx, tab);
 }
 
+/* ---- MXFP4 decode in the transposed layout (the fast path) -----------------------
+ * Instead of decoding each row's group and transposing 16 x 16 dwords, the
+ * packed bytes are transposed first (16 rows x 16 bytes = 4 zmm, 8 vpermt2d):
+ * Q[q] lane i = bytes 4q..4q+3 of row i's group. The code of column 2p
+ * (2p + 1) of every row is then the low (high) nibble of byte p = 4q + m,
+ * i.e. bits 3:0 of Q[q] >> 8m (>> 8m + 4): vpermps reads only those bits, so
+ * one vpermps from the E2M1 table (fp32) gives the 16 rows' E2M1 values, and
+ * one vmulps by the lane's 2^(e-127) gives the weight. That product is the
+ * specification's weight bit for bit whenever 2^(e-127) is a normal fp32,
+ * i.e. for every scale code 1 <= e <= 254: E2M1 * 2^(e-127) has two
+ * significant bits, so the product is exact when normal; a product of
+ * magnitude >= 2^128 overflows to the signed infinity the specification
+ * gives; one below 2^-126 is flushed by MXCSR FTZ to the zero of its sign
+ * (the specification's daz); +-0 codes give +-0 (the scale is positive).
+ * Scale code 0 (2^-127 is subnormal: DAZ would read it as 0) and 255 (NaN)
+ * take the table path (mu_mx_dec + mu_transpose) for that block; the chains
+ * are the same either way, so mixed blocks are exact. */
+
+/* out[j] byte i = in[i] byte j (16 x 16 bytes) */
+INLINE void mu_transpose_b16(__m128i out[16], const __m128i in[16])
+{
+    __m128i a[16], b[16];
+    for (int k = 0; k < 8; k++) {
+        a[k] = _mm_unpacklo_epi8(in[2 * k], in[2 * k + 1]);     /* rows 2k,2k+1: bytes 0..7 */
+        a[8 + k] = _mm_unpackhi_epi8(in[2 * k], in[2 * k + 1]); /* bytes 8..15 */
+    }
+    /* a[k] word j = (row 2k, row 2k+1) of byte j (k < 8), byte 8 + j (k >= 8) */
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 4; k++) {
+            b[8 * h + k] = _mm_unpacklo_epi16(a[8 * h + 2 * k], a[8 * h + 2 * k + 1]);
+            b[8 * h + 4 + k] = _mm_unpackhi_epi16(a[8 * h + 2 * k], a[8 * h + 2 * k + 1]);
+        }
+    /* b[8h + k] dword j = rows 4k..4k+3 of byte 8h + j (k < 4: j 0..3; k >= 4: byte 8h + 4 + j, rows 4(k-4)..) */
+    for (int h = 0; h < 4; h++) {
+        a[4 * h + 0] = _mm_unpacklo_epi32(b[4 * h + 0], b[4 * h + 1]);
+        a[4 * h + 1] = _mm_unpackhi_epi32(b[4 * h + 0], b[4 * h + 1]);
+        a[4 * h + 2] = _mm_unpacklo_epi32(b[4 * h + 2], b[4 * h + 3]);
+        a[4 * h + 3] = _mm_unpackhi_epi32(b[4 * h + 2], b[4 * h + 3]);
+    }
+    /* a[4h + 0] qword j = rows 0..7 of byte 4h' + j ... (ordered below) */
+    for (int h = 0; h < 4; h++) {
+        out[4 * h + 0] = _mm_unpacklo_epi64(a[4 * h + 0], a[4 * h + 2]);
+        out[4 * h + 1] = _mm_unpackhi_epi64(a[4 * h + 0], a[4 * h + 2]);
+        out[4 * h + 2] = _mm_unpacklo_epi64(a[4 * h + 1], a[4 * h + 3]);
+        out[4 * h + 3] = _mm_unpackhi_epi64(a[4 * h + 1], a[4 * h + 3]);
+    }
+}
+
+#define MU_SB 16  /* column blocks whose scales are transposed at a time */
+#define MU_PF 512 /* bytes ahead each row stream is prefetched */
+
+/* One 32-column block of rows p + i * ld (i < 16), the table path for scale
+ * codes s[i]: v[b] = E + O of token b's chains (the caller adds it to C). */
+__attribute__((noinline)) static void mu_blk_tab(__m512 *v, const uint8_t *p, size_t ld, const uint8_t *s,
+                                                 const float *xc, int xs, int TT)
+{
+    __m512i rv[16], d[16];
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    for (int i = 0; i < 16; i++)
+        rv[i] = mu_mx_dec(p + i * ld, s[i]);
+    mu_transpose(d, rv);
+    for (int b = 0; b < TT; b++) {
+        const float *xq = xc + (size_t)b * xs;
+        __m512 E = _mm512_setzero_ps(), O = _mm512_setzero_ps();
+        for (int k = 0; k < 16; k++) {
+            E = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(d[k], 16)), _mm512_set1_ps(xq[2 * k]), E);
+            O = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(d[k], hi)), _mm512_set1_ps(xq[2 * k + 1]), O);
+        }
+        v[b] = _mm512_add_ps(E, O);
+    }
+}
+
+/* The same block by the transposed decode; sc lane i = 2^(e_i - 127) with
+ * 1 <= e_i <= 254 (see above). */
+INLINE void mu_blk_fast(__m512 *v, const uint8_t *p, size_t ld, __m512 sc, __m512 e2m1, const float *xc, int xs,
+                        int TT)
+{
+    /* R[k] dword 4j + q = row 4k + j dword q; S: rows 0..7 (8..15) of dwords {0,1} / {2,3};
+     * Q[q] lane i = row i dword q */
+    const __m512i i1a = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+    const __m512i i1b = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
+    const __m512i i2a = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+    const __m512i i2b = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    __m512i R[4], S[4], Q[4];
+    for (int k = 0; k < 4; k++) {
+        const uint8_t *pk = p + (size_t)4 * k * ld;
+        R[k] = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)pk));
+        R[k] = _mm512_inserti32x4(R[k], _mm_loadu_si128((const __m128i *)(pk + ld)), 1);
+        R[k] = _mm512_inserti32x4(R[k], _mm_loadu_si128((const __m128i *)(pk + 2 * ld)), 2);
+        R[k] = _mm512_inserti32x4(R[k], _mm_loadu_si128((const __m128i *)(pk + 3 * ld)), 3);
+    }
+    S[0] = _mm512_permutex2var_epi32(R[0], i1a, R[1]);
+    S[1] = _mm512_permutex2var_epi32(R[0], i1b, R[1]);
+    S[2] = _mm512_permutex2var_epi32(R[2], i1a, R[3]);
+    S[3] = _mm512_permutex2var_epi32(R[2], i1b, R[3]);
+    Q[0] = _mm512_permutex2var_epi32(S[0], i2a, S[2]);
+    Q[1] = _mm512_permutex2var_epi32(S[0], i2b, S[2]);
+    Q[2] = _mm512_permutex2var_epi32(S[1], i2a, S[3]);
+    Q[3] = _mm512_permutex2var_epi32(S[1], i2b, S[3]);
+    /* tokens inside the column loop: every chain keeps its order (k = 0..15) */
+    __m512 E[MU_TT], O[MU_TT];
+    for (int b = 0; b < TT; b++)
+        E[b] = O[b] = _mm512_setzero_ps();
+    for (int q = 0; q < 4; q++)
+        for (int m = 0; m < 4; m++) {
+            int k = 4 * q + m;
+            __m512i lo = m ? _mm512_srli_epi32(Q[q], 8 * m) : Q[q];
+            __m512i hn = _mm512_srli_epi32(Q[q], 8 * m + 4);
+            __m512 we = _mm512_mul_ps(_mm512_permutexvar_ps(lo, e2m1), sc);
+            __m512 wo = _mm512_mul_ps(_mm512_permutexvar_ps(hn, e2m1), sc);
+            for (int b = 0; b < TT; b++) {
+                E[b] = _mm512_fmadd_ps(we, _mm512_set1_ps(xc[(size_t)b * xs + 2 * k]), E[b]);
+                O[b] = _mm512_fmadd_ps(wo, _mm512_set1_ps(xc[(size_t)b * xs + 2 * k + 1]), O[b]);
+            }
+        }
+    for (int b = 0; b < TT; b++)
+        v[b] = _mm512_add_ps(E[b], O[b]);
+}
+
+/* Rows r..r+15 (all 16 present), MXFP4, tokens t..t+TT-1, columns [c0, c1)
+ * (multiples of 32); chains as in mu_tile. */
+INLINE void mu_tile_mx(float *y, __m512 *st, const uint8_t *packed, const uint8_t *scale, const float *xb, int xs,
+                       int rows, int cols, int r, int t, int TT, int c0, int c1)
+{
+    __m512 C[MU_TT];
+    for (int b = 0; b < TT; b++)
+        C[b] = c0 == 0 ? _mm512_setzero_ps() : st[b];
+    size_t ld = (size_t)cols / 2, ls = (size_t)cols / 32;
+    const uint8_t *p0 = packed + (size_t)r * ld, *s0 = scale + (size_t)r * ls;
+    const __m512 e2m1 = _mm512_mul_ps(_mm512_loadu_ps(shoal__kernels_e2m1q), _mm512_set1_ps(4.0f)); /* exact */
+    const __m128i one = _mm_set1_epi8(1), lim = _mm_set1_epi8((char)254);
+    for (int cb = c0; cb < c1; cb += 32 * MU_SB) {
+        int nb = (c1 - cb) / 32 < MU_SB ? (c1 - cb) / 32 : MU_SB;
+        __m128i sv[16], sT[16];
+        __attribute__((aligned(16))) uint8_t sb[MU_SB][16];
+        for (int i = 0; i < 16; i++)
+            if (nb == MU_SB)
+                sv[i] = _mm_loadu_si128((const __m128i *)(s0 + i * ls + cb / 32));
+            else { /* the chunk's last blocks: read no byte past them */
+                __attribute__((aligned(16))) uint8_t tb[16] = {0};
+                memcpy(tb, s0 + i * ls + cb / 32, (size_t)nb);
+                sv[i] = _mm_load_si128((const __m128i *)tb);
+            }
+        mu_transpose_b16(sT, sv);
+        unsigned slow = 0;
+        for (int j = 0; j < nb; j++) {
+            _mm_store_si128((__m128i *)sb[j], sT[j]);
+            /* fast when every lane's e - 1 < 254 (unsigned bytes): 1 <= e <= 254 */
+            slow |= (unsigned)(_mm_cmpge_epu8_mask(_mm_sub_epi8(sT[j], one), lim) != 0) << j;
+        }
+        for (int j = 0; j < nb; j++) {
+            int c = cb + 32 * j;
+            __m512 v[MU_TT];
+            /* 16 row streams of 16 bytes per block: a line of each row every 4 blocks */
+            for (int i = 0; i < 4; i++)
+                _mm_prefetch((const char *)(p0 + (size_t)(4 * (j & 3) + i) * ld + c / 2) + MU_PF, _MM_HINT_T0);
+            if (slow >> j & 1)
+                mu_blk_tab(v, p0 + c / 2, ld, sb[j], xb + (c - c0), xs, TT);
+            else {
+                __m512i e = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)sb[j]));
+                mu_blk_fast(v, p0 + c / 2, ld, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)), e2m1, xb + (c - c0), xs,
+                            TT);
+            }
+            for (int b = 0; b < TT; b++)
+                C[b] = _mm512_add_ps(C[b], v[b]);
+        }
+    }
+    for (int b = 0; b < TT; b++) {
+        if (c1 == cols) {
+            __attribute__((aligned(64))) float v[16];
+            _mm512_store_ps(v, C[b]);
+            for (int i = 0; i < 16; i++)
+                y[(size_t)(t + b) * rows + r + i] = v[i];
+        } else
+            st[b] = C[b];
+    }
+}
+
 /* Rows r..r+15 (row r + i for lane i, rows >= r + nr repeat the last one and
  * are not stored), tokens t..t+TT-1, columns [c0, c1) (multiples of 32);
  * chains from +0 (c0 == 0) or st[0..TT), to y (c1 == cols) or st. */
@@ -463,7 +642,10 @@ INLINE void mu_tile(float *y, __m512 *st, const uint16_t *w, const uint8_t *pack
                                                        const float *xb, int xs, int rows, int cols, int r, int nr, \
                                                        int t, int c0, int c1)                                 \
     {                                                                                                        \
-        mu_tile(y, st, w, packed, scale, xb, xs, rows, cols, r, nr, t, TT, c0, c1);                          \
+        if (packed && nr == 16)                                                                              \
+            mu_tile_mx(y, st, packed, scale, xb, xs, rows, cols, r, t, TT, c0, c1);                          \
+        else                                                                                                 \
+            mu_tile(y, st, w, packed, scale, xb, xs, rows, cols, r, nr, t, TT, c0, c1);                      \
     }
 MU_TILE(1)
 MU_TILE(2)
