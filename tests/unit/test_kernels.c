@@ -719,6 +719,85 @@ static void t_mu_isa(void)
     CHECK(n > 0);
 }
 
+/* The MXFP4 mu kernels near the scale codes where a SIMD decode may change
+ * method (kernels/README.md: the AVX-512 kernel multiplies by 2^(e-127) when
+ * all 16 rows of a block have 1 <= e <= 254, and looks up a per-scale table
+ * otherwise): every class of block per column block and row tile, each ISA
+ * against the scalar specification, values bit for bit (NaN by class).
+ * Low matrices (activations in [-2, 2]): all rows e = 1 (weights 2^-127
+ * flush to a signed zero, 2^-126 stays); rows cycling 1, 2, 3, 127; one row
+ * e = 0 among typical rows (2^-127 is subnormal: a multiply by it would lose
+ * the weights 2^-126 .. 1.5 * 2^-125); one row e = 255 (NaN); typical. High
+ * matrices (activations near 2^-110, so sums stay finite): rows cycling 253,
+ * 254, typical, 1 and all rows 254, with |E2M1| <= 1.5 (1.5 * 2^127 is the
+ * largest finite weight) except in one row per tile (2^128 and above:
+ * infinity); typical. Shapes: one block per row (the block alone is the
+ * output, so weights near 2^-126 are visible), row tails, block counts not a
+ * multiple of 16, several column chunks, T = 1..5. */
+static void t_mu_mx_scales(void)
+{
+    if (nisas < 2)
+        SKIP("only the scalar variant runs on this CPU");
+    static const int cases[][4] = {{96, 32, 1, 0},   {96, 32, 2, 1},    {48, 64, 1, 0},  {37, 672, 3, 0},
+                                   {37, 672, 2, 1},  {32, 4128, 3, 0},  {16, 544, 5, 1}, {64, 7168, 4, 0},
+                                   {80, 1056, 1, 1}, {160, 1056, 1, 0}};
+    shoal_isa keep = shoal_kernels_isa();
+    int n = 0, finite = 0, tiny = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        int rows = cases[c][0], cols = cases[c][1], T = cases[c][2], high = cases[c][3], nb = cols / 32;
+        mat m = mat_new(K_MXFP4, rows, cols);
+        float *x = frand_vec((size_t)T * cols, -2.0f, 2.0f);
+        for (int r = 0; r < rows; r++)
+            for (int b = 0; b < nb; b++) {
+                int i = r % 16, cls = (b + r / 16) % (high ? 3 : 5);
+                uint8_t *e = &m.scale[(size_t)r * nb + b], *p = &m.packed[(size_t)r * (cols / 2) + 16 * b];
+                if (high && cls == 0)
+                    *e = (uint8_t)(i % 4 == 0 ? 253 : i % 4 == 1 ? 254 : i % 4 == 2 ? *e : 1);
+                else if (high && cls == 1)
+                    *e = 254;
+                else if (!high && cls == 0)
+                    *e = 1;
+                else if (!high && cls == 1)
+                    *e = (uint8_t)(i % 4 == 0 ? 1 : i % 4 == 1 ? 2 : i % 4 == 2 ? 3 : 127);
+                else if (!high && cls == 2 && i == b % 16)
+                    *e = 0;
+                else if (!high && cls == 3 && i == 7)
+                    *e = 255;
+                if (*e >= 253 && i != 6)
+                    for (int j = 0; j < 16; j++)
+                        p[j] &= 0xbb; /* |E2M1| <= 1.5 */
+            }
+        for (size_t j = 0; high && j < (size_t)T * cols; j++)
+            x[j] *= 0x1p-110f;
+        size_t ny = (size_t)T * rows;
+        float *ref = xmalloc(ny * 4), *got = xmalloc(ny * 4);
+        shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+        mu_gemm(&m, ref, x, T);
+        for (size_t j = 0; j < ny; j++) {
+            finite += isfinite(ref[j]) != 0;
+            tiny += ref[j] != 0.0f && fabsf(ref[j]) < 0x1p-120f;
+        }
+        for (int i = 1; i < nisas; i++) {
+            shoal_kernels_set_isa((shoal_isa)isas[i]);
+            memset(got, 0x5a, ny * 4);
+            mu_gemm(&m, got, x, T);
+            int bad = -1;
+            for (size_t j = 0; j < ny && bad < 0; j++)
+                if (!same_value(ref[j], got[j]))
+                    bad = (int)j;
+            CHECK_MSG(bad < 0, "mu mxfp4 scales %s %dx%d T=%d %s: output %d %a, spec %a",
+                      shoal_isa_name((shoal_isa)isas[i]), rows, cols, T, high ? "high" : "low", bad,
+                      bad < 0 ? 0 : got[bad], bad < 0 ? 0 : ref[bad]);
+            n++;
+        }
+        free(ref), free(got), free(x);
+        mat_free(&m);
+    }
+    shoal_kernels_set_isa(keep);
+    /* the inputs did what they were built for: most outputs finite, some tiny */
+    CHECK_MSG(n > 0 && finite > 0 && tiny > 0, "n %d finite %d tiny %d", n, finite, tiny);
+}
+
 /* The wire form of the mu class (PROTOCOL.md 1.7): shoal_mu_round_bf16 gives
  * the oracle's bf16 value for every input class (typical, halfway cases, the
  * band that rounds up to 2^-126, subnormal, signed zero, infinities; NaN stays
@@ -1458,6 +1537,7 @@ int main(int argc, char **argv)
     RUN(t_mu_spec);
     RUN(t_mu_probes);
     RUN(t_mu_isa);
+    RUN(t_mu_mx_scales);
     RUN(t_mu_wire_round);
     RUN(t_mu_selftest);
     RUN(t_mu_amx);
