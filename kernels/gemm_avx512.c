@@ -457,7 +457,7 @@ INLINE void mu_transpose_b16(__m128i out[16], const __m128i in[16])
 }
 
 #define MU_SB 16  /* column blocks whose scales are transposed at a time */
-#define MU_PF 512 /* bytes ahead each row stream is prefetched */
+#define MU_PF 256 /* bytes ahead each row stream is prefetched */
 
 /* One 32-column block of rows p + i * ld (i < 16), the table path for scale
  * codes s[i]: v[b] = E + O of token b's chains (the caller adds it to C). */
