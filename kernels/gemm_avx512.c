@@ -412,10 +412,13 @@ INLINE __m512i mu_mx_dec(const uint8_t *p, unsigned e)
  * Instead of decoding each row's group and transposing 16 x 16 dwords, the
  * packed bytes are transposed first (16 rows x 16 bytes = 4 zmm, 8 vpermt2d):
  * Q[q] lane i = bytes 4q..4q+3 of row i's group. The code of column 2p
- * (2p + 1) of every row is then the low (high) nibble of byte p = 4q + m,
- * i.e. bits 3:0 of Q[q] >> 8m (>> 8m + 4): vpermps reads only those bits, so
- * one vpermps from the E2M1 table (fp32) gives the 16 rows' E2M1 values, and
- * one vmulps by the lane's 2^(e-127) gives the weight. That product is the
+ * (2p + 1) of every row is then the low (high) nibble of byte p = 4q + m.
+ * vpermw reads bits 4:0 of each word index, so with the 16 E2M1 values as
+ * bf16 twice in its 32-word table, vpermw of Q[q] >> 4s (s = 0..3) decodes,
+ * per dword lane, the nibble at bit 4s (low word) and at bit 16 + 4s (high
+ * word): bytes m and m + 2 in one lookup, lane i still row i. `<< 16` and
+ * `& 0xffff0000` give the two as fp32, and one vmulps by the lane's
+ * 2^(e-127) gives the weight. That product is the
  * specification's weight bit for bit whenever 2^(e-127) is a normal fp32,
  * i.e. for every scale code 1 <= e <= 254: E2M1 * 2^(e-127) has two
  * significant bits, so the product is exact when normal; a product of
@@ -482,7 +485,7 @@ __attribute__((noinline)) static void mu_blk_tab(__m512 *v, const uint8_t *p, si
 
 /* The same block by the transposed decode; sc lane i = 2^(e_i - 127) with
  * 1 <= e_i <= 254 (see above). */
-INLINE void mu_blk_fast(__m512 *v, const uint8_t *p, size_t ld, __m512 sc, __m512 e2m1, const float *xc, int xs,
+INLINE void mu_blk_fast(__m512 *v, const uint8_t *p, size_t ld, __m512 sc, __m512i e2m1, const float *xc, int xs,
                         int TT)
 {
     /* R[k] dword 4j + q = row 4k + j dword q; S: rows 0..7 (8..15) of dwords {0,1} / {2,3};
@@ -509,20 +512,27 @@ INLINE void mu_blk_fast(__m512 *v, const uint8_t *p, size_t ld, __m512 sc, __m51
     Q[3] = _mm512_permutex2var_epi32(S[1], i2b, S[3]);
     /* tokens inside the column loop: every chain keeps its order (k = 0..15) */
     __m512 E[MU_TT], O[MU_TT];
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
     for (int b = 0; b < TT; b++)
         E[b] = O[b] = _mm512_setzero_ps();
-    for (int q = 0; q < 4; q++)
+    for (int q = 0; q < 4; q++) {
+        __m512i D[4];
+        for (int s4 = 0; s4 < 4; s4++)
+            D[s4] = _mm512_permutexvar_epi16(s4 ? _mm512_srli_epi32(Q[q], 4 * s4) : Q[q], e2m1);
+        /* D[0]: E 4q, 4q+2; D[1]: O 4q, 4q+2; D[2]: E 4q+1, 4q+3; D[3]: O 4q+1, 4q+3 */
         for (int m = 0; m < 4; m++) {
             int k = 4 * q + m;
-            __m512i lo = m ? _mm512_srli_epi32(Q[q], 8 * m) : Q[q];
-            __m512i hn = _mm512_srli_epi32(Q[q], 8 * m + 4);
-            __m512 we = _mm512_mul_ps(_mm512_permutexvar_ps(lo, e2m1), sc);
-            __m512 wo = _mm512_mul_ps(_mm512_permutexvar_ps(hn, e2m1), sc);
+            __m512i de = D[m & 1 ? 2 : 0], dq = D[m & 1 ? 3 : 1];
+            __m512 we = _mm512_castsi512_ps(m < 2 ? _mm512_slli_epi32(de, 16) : _mm512_and_si512(de, hi));
+            __m512 wo = _mm512_castsi512_ps(m < 2 ? _mm512_slli_epi32(dq, 16) : _mm512_and_si512(dq, hi));
+            we = _mm512_mul_ps(we, sc);
+            wo = _mm512_mul_ps(wo, sc);
             for (int b = 0; b < TT; b++) {
                 E[b] = _mm512_fmadd_ps(we, _mm512_set1_ps(xc[(size_t)b * xs + 2 * k]), E[b]);
                 O[b] = _mm512_fmadd_ps(wo, _mm512_set1_ps(xc[(size_t)b * xs + 2 * k + 1]), O[b]);
             }
         }
+    }
     for (int b = 0; b < TT; b++)
         v[b] = _mm512_add_ps(E[b], O[b]);
 }
@@ -537,7 +547,12 @@ INLINE void mu_tile_mx(float *y, __m512 *st, const uint8_t *packed, const uint8_
         C[b] = c0 == 0 ? _mm512_setzero_ps() : st[b];
     size_t ld = (size_t)cols / 2, ls = (size_t)cols / 32;
     const uint8_t *p0 = packed + (size_t)r * ld, *s0 = scale + (size_t)r * ls;
-    const __m512 e2m1 = _mm512_mul_ps(_mm512_loadu_ps(shoal__kernels_e2m1q), _mm512_set1_ps(4.0f)); /* exact */
+    const __m512 e2f = _mm512_mul_ps(_mm512_loadu_ps(shoal__kernels_e2m1q), _mm512_set1_ps(4.0f)); /* exact */
+    /* word j = word 2 (j mod 16) of the bf16 dwords: the 16 E2M1 values as bf16 (exact), twice */
+    const __m512i dup = _mm512_setr_epi32(0x00020000, 0x00060004, 0x000a0008, 0x000e000c, 0x00120010, 0x00160014,
+                                          0x001a0018, 0x001e001c, 0x00020000, 0x00060004, 0x000a0008, 0x000e000c,
+                                          0x00120010, 0x00160014, 0x001a0018, 0x001e001c);
+    const __m512i e2m1 = _mm512_permutexvar_epi16(dup, _mm512_srli_epi32(_mm512_castps_si512(e2f), 16));
     const __m128i one = _mm_set1_epi8(1), lim = _mm_set1_epi8((char)254);
     for (int cb = c0; cb < c1; cb += 32 * MU_SB) {
         int nb = (c1 - cb) / 32 < MU_SB ? (c1 - cb) / 32 : MU_SB;
