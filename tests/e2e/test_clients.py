@@ -577,15 +577,22 @@ def shared_path_cases(srv):
         host, port = srv.url.split("//")[1].split(":")
         data = json.dumps(body).encode()
         sk = socket.create_connection((host, int(port)), timeout=30)
+        # Connection: close, so an error reply ends the read instead of waiting on a kept-alive socket
         sk.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nx-api-key: {KEY}\r\nContent-Type: application/json\r\n"
-                   f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-        got = b""
-        while b"delta" not in got:  # generation has begun
-            chunk = sk.recv(4096)
-            if not chunk:
-                break
-            got += chunk
+                   f"Connection: close\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+        got, t_send = b"", time.time()
+        try:
+            while b"delta" not in got:  # generation has begun
+                chunk = sk.recv(4096)
+                if not chunk:
+                    break
+                got += chunk
+        except socket.timeout:
+            pass
         sk.close()
+        if not R.check(f"{path}: the stream's first delta arrives", b"delta" in got,
+                       f"after {time.time() - t_send:.1f} s, received {got[:600]!r}"):
+            continue
         deadline, after = time.time() + 30, before
         while time.time() < deadline and after <= before:
             time.sleep(0.05)
@@ -640,6 +647,9 @@ def main():
         if srv:
             rc = srv.stop()
             R.check("clean shutdown", rc == 0, f"exit code {rc}")
+            if R.counts["FAIL"]:  # the server's side of a failure, for the CI log
+                srv.log.seek(0)
+                print("---- server log (tail) ----\n" + srv.log.read()[-6000:], flush=True)
     print(f"total: {time.time() - t0:.1f} s", flush=True)
     return 1 if R.counts["FAIL"] else 0
 
