@@ -49,6 +49,12 @@ children, worker_pid = harness.children, harness.worker_pid
 health = harness.health
 
 
+
+def wid(w):
+    """a /health worker's id: "w1 (ipc:///tmp/shoal-XXXXXX/w1.sock)" -> "w1" (the random
+    directory name can itself contain "w1": a substring test matched w0 once)"""
+    return w["endpoint"].split(" ", 1)[0]
+
 def restarts_metric(url, wid):
     return harness.worker_metric(url, "shoal_worker_restarts_total", wid)
 
@@ -141,7 +147,7 @@ def main():
         st, h = health(url)
         down = [x for x in h.get("workers", []) if not x["up"]]
         check("backing off: /health 503 names it, backing_off true, the next restart within 4 s",
-              st == 503 and len(down) == 1 and "w1" in json.dumps(down) and down[0].get("backing_off") is True
+              st == 503 and len(down) == 1 and wid(down[0]) == "w1" and down[0].get("backing_off") is True
               and down[0].get("backoff_s") == 4 and 0 < down[0].get("next_restart_in_s", -1) <= 4
               and down[0].get("next_restart_at", 0) > time.time() - 1 and "backing off" in down[0]["state"],
               f"{st} {h}")
@@ -170,7 +176,7 @@ def main():
         check(f"after the backoff it is restarted and serves the same ids ({time.monotonic() - t3:.1f} s)",
               got == base and "after backing off" in lt, f"{got} {lt[-600:]}")
         st, h = health(url)
-        w1 = [x for x in h.get("workers", []) if "w1" in x["endpoint"]]
+        w1 = [x for x in h.get("workers", []) if wid(x) == "w1"]
         r_total = restarts_metric(url, "w1")
         check("/health 200 again, w1 not backing off, its restarts counted as in the metric",
               st == 200 and w1 and w1[0].get("backing_off") is False and w1[0].get("restarts") == r_total
@@ -247,7 +253,7 @@ def hang_case():
               harness.worker_metric(url, "shoal_worker_hangs_total", "w1") == 0.0,
               f"{harness.worker_metric(url, 'shoal_worker_hangs_total', 'w0')}")
         st, h = health(url)
-        w0 = [x for x in h.get("workers", []) if "w0" in x["endpoint"]]
+        w0 = [x for x in h.get("workers", []) if wid(x) == "w0"]
         check("hang: /health counts the hang", st == 200 and w0 and w0[0].get("hangs") == 1, f"{st} {h}")
         check("hang: the stopped process is gone", not os.path.exists(f"/proc/{stopped}") or
               open(f"/proc/{stopped}/stat").read().split(") ")[1][0] == "Z", "")
