@@ -20,6 +20,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "kernels/mu_avx512.h"
+
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
@@ -147,35 +149,12 @@ static void amx_pack_b(uint32_t *bt, const uint16_t *w, const uint8_t *packed, c
         if (w)
             v[i] = _mm512_loadu_si512(w + row * cols + c);
         else {
-            __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(packed + row * (cols / 2) + c / 2)));
-            __m512i idx = _mm512_or_si512(_mm512_and_si512(d, _mm512_set1_epi32(15)),
-                                          _mm512_slli_epi32(_mm512_srli_epi32(d, 4), 16));
-            __m512i tab = _mm512_castsi256_si512(
-                _mm256_loadu_si256((const __m256i *)shoal__kernels_mu_bf[scale[row * (cols / 32) + c / 32]]));
-            v[i] = _mm512_permutexvar_epi16(idx, tab);
+            v[i] = shoal__mu_mx_dec(packed + row * (cols / 2) + c / 2, scale[row * (cols / 32) + c / 32]);
         }
     }
-    /* within each 128-bit lane: 4 x 4 transposes of the row groups */
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
-    }
-    for (int g = 0; g < 4; g++) { /* u[g][q]: lane L holds column 4L+q of rows 4g..4g+3 */
-        v[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-        v[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-        v[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-        v[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-    }
-    /* then the 4 x 4 transpose of the lanes: column 4L+q, lane g = u[g][q], lane L */
-    for (int q = 0; q < 4; q++) {
-        __m512i a0 = _mm512_shuffle_i32x4(v[q], v[4 + q], 0x44), a1 = _mm512_shuffle_i32x4(v[q], v[4 + q], 0xee);
-        __m512i a2 = _mm512_shuffle_i32x4(v[8 + q], v[12 + q], 0x44),
-                a3 = _mm512_shuffle_i32x4(v[8 + q], v[12 + q], 0xee);
-        _mm512_store_si512(bt + (0 + q) * 16, _mm512_shuffle_i32x4(a0, a2, 0x88));
-        _mm512_store_si512(bt + (4 + q) * 16, _mm512_shuffle_i32x4(a0, a2, 0xdd));
-        _mm512_store_si512(bt + (8 + q) * 16, _mm512_shuffle_i32x4(a1, a3, 0x88));
-        _mm512_store_si512(bt + (12 + q) * 16, _mm512_shuffle_i32x4(a1, a3, 0xdd));
-    }
+    shoal__mu_transpose16(t, v);
+    for (int p = 0; p < 16; p++)
+        _mm512_store_si512(bt + p * 16, t[p]);
 }
 
 /* C tile k (0-3) of tokens t..t+16 and rows r..r+16 from / to y: directly

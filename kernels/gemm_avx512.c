@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kernels/kernels_int.h"
+#include "kernels/mu_avx512.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -375,38 +376,6 @@ static void mu_round_x(float *xb, int xs, const float *x, int cols, int t, int T
         }
 }
 
-/* 16 x 16 dword transpose: d[j] lane i = r[i] lane j */
-INLINE void mu_transpose(__m512i d[16], const __m512i r[16])
-{
-    __m512i a[16], b[16];
-    for (int k = 0; k < 8; k++) {
-        a[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
-        a[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
-    }
-    for (int m = 0; m < 4; m++) {
-        b[4 * m + 0] = _mm512_unpacklo_epi64(a[4 * m], a[4 * m + 2]);
-        b[4 * m + 1] = _mm512_unpackhi_epi64(a[4 * m], a[4 * m + 2]);
-        b[4 * m + 2] = _mm512_unpacklo_epi64(a[4 * m + 1], a[4 * m + 3]);
-        b[4 * m + 3] = _mm512_unpackhi_epi64(a[4 * m + 1], a[4 * m + 3]);
-    }
-    for (int c = 0; c < 4; c++) {
-        __m512i s0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44), s1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xEE);
-        __m512i s2 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44), s3 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xEE);
-        d[c] = _mm512_shuffle_i32x4(s0, s2, 0x88);
-        d[4 + c] = _mm512_shuffle_i32x4(s0, s2, 0xDD);
-        d[8 + c] = _mm512_shuffle_i32x4(s1, s3, 0x88);
-        d[12 + c] = _mm512_shuffle_i32x4(s1, s3, 0xDD);
-    }
-}
-
-/* One MXFP4 group (16 bytes) with E8M0 code e -> 32 bf16 words in column order. */
-INLINE __m512i mu_mx_dec(const uint8_t *p, unsigned e)
-{
-    __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-    __m512i idx = _mm512_or_si512(_mm512_and_si512(d, _mm512_set1_epi32(15)), _mm512_slli_epi32(_mm512_srli_epi32(d, 4), 16));
-    __m512i tab = _mm512_castsi256_si512(_mm256_load_si256((const __m256i *)shoal__kernels_mu_bf[e]));
-    return _mm512_permutexvar_epi16(idx, tab);
-}
 
 /* ---- MXFP4 decode in the transposed layout (the fast path) -----------------------
  * Instead of decoding each row's group and transposing 16 x 16 dwords, the
@@ -426,7 +395,7 @@ INLINE __m512i mu_mx_dec(const uint8_t *p, unsigned e)
  * gives; one below 2^-126 is flushed by MXCSR FTZ to the zero of its sign
  * (the specification's daz); +-0 codes give +-0 (the scale is positive).
  * Scale code 0 (2^-127 is subnormal: DAZ would read it as 0) and 255 (NaN)
- * take the table path (mu_mx_dec + mu_transpose) for that block; the chains
+ * take the table path (kernels/mu_avx512.h) for that block; the chains
  * are the same either way, so mixed blocks are exact. */
 
 /* out[j] byte i = in[i] byte j (16 x 16 bytes) */
@@ -470,8 +439,8 @@ __attribute__((noinline)) static void mu_blk_tab(__m512 *v, const uint8_t *p, si
     __m512i rv[16], d[16];
     const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
     for (int i = 0; i < 16; i++)
-        rv[i] = mu_mx_dec(p + i * ld, s[i]);
-    mu_transpose(d, rv);
+        rv[i] = shoal__mu_mx_dec(p + i * ld, s[i]);
+    shoal__mu_transpose16(d, rv);
     for (int b = 0; b < TT; b++) {
         const float *xq = xc + (size_t)b * xs;
         __m512 E = _mm512_setzero_ps(), O = _mm512_setzero_ps();
@@ -626,9 +595,9 @@ INLINE void mu_tile(float *y, __m512 *st, const uint16_t *w, const uint8_t *pack
                 _mm_prefetch((const char *)(wr[i] + c) + 512, _MM_HINT_T0);
                 rv[i] = _mm512_loadu_si512((const void *)(wr[i] + c));
             } else
-                rv[i] = mu_mx_dec(pr[i] + c / 2, sr[i][c / 32]);
+                rv[i] = shoal__mu_mx_dec(pr[i] + c / 2, sr[i][c / 32]);
         }
-        mu_transpose(d, rv);
+        shoal__mu_transpose16(d, rv);
         const float *xc = xb + (c - c0);
         for (int b = 0; b < TT; b++) {
             const float *xq = xc + (size_t)b * xs;

@@ -90,13 +90,14 @@ WANT = ("shoal_request_inter_token_seconds_sum", "shoal_request_inter_token_seco
         "shoal_constrain_mask_wait_seconds_total")
 
 
-def scrape(url):
+def scrape(url, want=WANT):
+    """the unlabelled metrics named in want, from the server's /metrics"""
     with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
         text = r.read().decode()
     got = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[0] in WANT:
+        if len(parts) == 2 and parts[0] in want:
             got[parts[0]] = float(parts[1])
     return got
 

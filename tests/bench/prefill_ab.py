@@ -15,10 +15,11 @@ the whole process and the config row (threads, OpenMP wait policy, ISA)."""
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import prefill_anchor  # noqa: E402  (run: a process with its rusage and load)
 
 
 def run_one(bench, model, threads, env_extra, prompt):
@@ -26,16 +27,9 @@ def run_one(bench, model, threads, env_extra, prompt):
     env.update(env_extra)
     cmd = [bench, model, "--threads", str(threads), "--steps", "1", "--reps", "1", "--prefill", str(prompt),
            "--prefill-reps", "1", "--max-batch", str(prompt)]
-    la0 = os.getloadavg()
-    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    wall = time.time() - t0
-    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if p.returncode != 0:
-        raise SystemExit(f"{cmd} failed ({p.returncode}): {p.stderr[-2000:]}")
+    out, info = prefill_anchor.run(cmd, env)
     row, config = None, None
-    for line in p.stdout.splitlines():
+    for line in out.splitlines():
         if line.startswith("row=prefill "):
             row = dict(x.split("=", 1) for x in line.split()[1:])
         elif line.startswith("row=config "):
@@ -44,9 +38,7 @@ def run_one(bench, model, threads, env_extra, prompt):
         raise SystemExit(f"{cmd}: no prefill row")
     return {"command": cmd, "env": env_extra, "config": config, "prefill_s": float(row["seconds"]),
             "prefill_cpu_s": float(row["cpu_seconds"]), "experts_s": float(row["experts_seconds"]),
-            "process_wall_s": round(wall, 3),
-            "process_cpu_s": round((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), 3),
-            "loadavg_before": la0, "loadavg_after": os.getloadavg()}
+            **info}
 
 
 def main():

@@ -32,20 +32,16 @@ import sys
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import constrain_bench  # noqa: E402  (its /metrics scrape)
+
 WANT = ("shoal_constrain_masks_total", "shoal_constrain_masks_overlapped_total", "shoal_constrain_masks_verify_total", "shoal_constrain_mask_seconds_total",
         "shoal_constrain_mask_wait_seconds_total", "shoal_decode_passes_total", "shoal_decode_fed_tokens_total")
 TICK = os.sysconf("SC_CLK_TCK")
 
 
 def scrape(url):
-    with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
-        text = r.read().decode()
-    got = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] in WANT:
-            got[parts[0]] = float(parts[1])
-    return got
+    return constrain_bench.scrape(url, WANT)
 
 
 def proc_cpu(pid):

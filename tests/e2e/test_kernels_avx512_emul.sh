@@ -14,11 +14,13 @@ grep -q -w avx2 /proc/cpuinfo && grep -q -w fma /proc/cpuinfo || skip "CPU lacks
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 # the AVX-512 file with its ISA guard opened and the intrinsics from SIMDe
+# (kernels/mu_avx512.h, which it includes, inlined first so the renames reach it)
+sed -e '/#include "kernels\/mu_avx512.h"/{r '"$src"'/kernels/mu_avx512.h
+d}' "$src/kernels/gemm_avx512.c" |
 sed -e 's|^#if defined(__x86_64__) && defined(__AVX512F__).*|#if 1|' -e '/^    defined(__AVX512DQ__)$/d' \
     -e 's|#include <immintrin.h>|#include <simde/x86/avx512.h>\n#include "tests/e2e/kernels_avx512_emul_shim.h"|' \
     -e 's/\b_mm/simde_mm/g' -e 's/\b__m\(512\|256\|128\)\(i\|d\)\{0,1\}\b/simde__m\1\2/g' \
-    -e 's/_MM_HINT_T0/SIMDE_MM_HINT_T0/g' \
-    "$src/kernels/gemm_avx512.c" > "$work/avx512_emul.c"
+    -e 's/_MM_HINT_T0/SIMDE_MM_HINT_T0/g' > "$work/avx512_emul.c"
 grep -q '^#if 1' "$work/avx512_emul.c" || { printf 'FAIL\tkernels_avx512_emul\tguard: cannot open the ISA guard\n' >> "$res"; exit 1; }
 cc="${CC:-cc}"
 flags=(-std=c11 -O1 -D_GNU_SOURCE -ffp-contract=off -mavx2 -mfma -mf16c -fopenmp -I"$src")

@@ -665,6 +665,15 @@ static void t_mu_probes(void)
 /* Every ISA equals the scalar specification (values, NaN by class) at many
  * shapes: rows not a multiple of 16, several column chunks, T up to 9, and
  * 1 or 3 threads. */
+/* The first output that is not the same value (NaN by class) as the spec's, or -1. */
+static int first_diff(const float *ref, const float *got, size_t n)
+{
+    for (size_t j = 0; j < n; j++)
+        if (!same_value(ref[j], got[j]))
+            return (int)j;
+    return -1;
+}
+
 static void t_mu_isa(void)
 {
     if (nisas < 2)
@@ -701,10 +710,7 @@ static void t_mu_isa(void)
                     shoal_kernels_set_amx_min_t(i < nisas ? min_t : 1);
                     memset(got, 0x5a, ny * 4);
                     mu_gemm(&m, got, x, T);
-                    int bad = -1;
-                    for (size_t j = 0; j < ny && bad < 0; j++)
-                        if (!same_value(ref[j], got[j]))
-                            bad = (int)j;
+                    int bad = first_diff(ref, got, ny);
                     CHECK_MSG(bad < 0, "mu %s %s%s %dx%d T=%d threads=%d: output %d %a, spec %a", k ? "mxfp4" : "bf16",
                               shoal_isa_name((shoal_isa)isas[i < nisas ? i : nisas - 1]), i < nisas ? "" : " amx", rows, cols, T, th, bad, bad < 0 ? 0 : got[bad],
                               bad < 0 ? 0 : ref[bad]);
@@ -781,10 +787,7 @@ static void t_mu_mx_scales(void)
             shoal_kernels_set_isa((shoal_isa)isas[i]);
             memset(got, 0x5a, ny * 4);
             mu_gemm(&m, got, x, T);
-            int bad = -1;
-            for (size_t j = 0; j < ny && bad < 0; j++)
-                if (!same_value(ref[j], got[j]))
-                    bad = (int)j;
+            int bad = first_diff(ref, got, ny);
             CHECK_MSG(bad < 0, "mu mxfp4 scales %s %dx%d T=%d %s: output %d %a, spec %a",
                       shoal_isa_name((shoal_isa)isas[i]), rows, cols, T, high ? "high" : "low", bad,
                       bad < 0 ? 0 : got[bad], bad < 0 ? 0 : ref[bad]);
