@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""The relay tree for trunk inputs (PROTOCOL.md §3.9, proto 1.8), with real
+`shoal expert` processes over ipc://.
+
+Worker cases (a raw pyzmq DEALER plays the coordinator, so every byte it
+sends is written here from the spec, not by shoal's client):
+- HELLO announces the relay peers in `--relay-peers` order;
+- a tree w0 -> w1 -> w2 (w0 the root with x and `fwd`, w1 and w2 only the
+  header with `xid`): every worker's TRUNK_RESULT equals, bit for bit, its
+  answer to the same rows sent directly with x -- with the headers sent
+  before the root's request (requests parked, waiting for their input) and
+  after it (inputs parked, waiting for their request);
+- a TRUNK_X from a connection whose HELLO did not say `relay` is refused with
+  ERROR UNKNOWN_TYPE;
+- bounds: 8 relayed requests without input are parked, a 9th is answered
+  ERROR INTERNAL "relay queue full", the 8 expire after their wait_ms with
+  ERROR INTERNAL naming their xid; as a relay parent the raw client sends 9
+  inputs without requests: 8 parked, the 9th dropped, all counted on the
+  worker's /metrics (shoal_expert_server_relay_*);
+- a root whose `fwd` names a peer it does not have: ERROR BAD_SHAPE.
+Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS.
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+try:
+    import msgpack
+    import zmq
+    IMPORT_ERR = None
+except ImportError as e:  # pragma: no cover
+    msgpack = zmq = None
+    IMPORT_ERR = str(e)
+
+T = "test_relay"
+SRC = os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+BIN = os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal"))
+TINY = os.path.join(SRC, "tests", "models", "tiny-k3")
+R = harness.Recorder(T)
+check, record, counts = R.check, R.record, R.counts
+tmp = tempfile.mkdtemp(prefix="shoal-relay-")
+procs = []
+
+HELLO, ERROR, PING, TBATCH, TRESULT, TRUNK_X = 1, 2, 3, 12, 13, 16
+F32 = 1
+MALFORMED, UNKNOWN_TYPE, BAD_SHAPE, INTERNAL = 1, 5, 6, 11
+GATE = "language_model.model.layers.0.mlp.gate_proj.weight"  # [192, 96] BF16 in tiny-k3
+WIDTH = 96
+
+
+def fingerprint(model):
+    r = subprocess.run([BIN, "expert", "--model", model, "--print-fingerprint"], capture_output=True, text=True,
+                       timeout=60)
+    return bytes.fromhex(r.stdout.strip())
+
+
+def start_workers(n, peers=True):
+    """n trunk workers, worker i owning rows i/n of every matrix, all given the
+    same --relay-peers list (themselves included); (endpoints, metrics urls)"""
+    eps = [f"ipc://{tmp}/w{i}" for i in range(n)]
+    urls = []
+    for i, ep in enumerate(eps):
+        port = harness.free_port()
+        urls.append(f"http://127.0.0.1:{port}")
+        args = [BIN, "expert", "--model", TINY, "--listen", ep, "--id", f"w{i}", "--threads", "1",
+                "--trunk", f"*:{i}/{n}", "--metrics-port", str(port)]
+        if peers:
+            args += ["--relay-peers", ",".join(eps)]
+        procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/w{i}.log", "w")))
+    return eps, urls
+
+
+def relay_metric(url, wid, what):
+    v = harness.worker_metric(url, f"shoal_expert_server_relay_{what}_total", wid)
+    return int(v) if v is not None else None
+
+
+class Raw:
+    """A raw DEALER to one worker: HELLO on connect (relay_parent: `relay: true`)."""
+
+    def __init__(self, ctx, ep, fp, relay_parent=False):
+        self.s = ctx.socket(zmq.DEALER)
+        self.s.setsockopt(zmq.LINGER, 0)
+        self.s.setsockopt(zmq.RCVTIMEO, 20000)
+        self.s.connect(ep)
+        body = {"proto": [1, 8], "fingerprint": fp, "peer": "raw"}
+        if relay_parent:
+            body["relay"] = True
+        self.send([HELLO, 1, body])
+        self.hello = self.recv()[0]
+
+    def send(self, ctl, *frames):
+        self.s.send_multipart([msgpack.packb(ctl, use_bin_type=True)] + list(frames))
+
+    def recv(self):
+        fr = self.s.recv_multipart()
+        return [msgpack.unpackb(fr[0], raw=False)] + fr[1:]
+
+
+def xframe(T, seed):
+    vals = [((seed * 7 + i * 13) % 29 - 14) / 8.0 for i in range(T * WIDTH)]
+    return b"SHTF" + bytes([F32, 0, 0, 0]) + struct.pack("<II", T, WIDTH) + struct.pack(f"<{T * WIDTH}f", *vals)
+
+
+def mats(i, n):
+    lo, hi = i * 192 // n, (i + 1) * 192 // n - 1
+    return [[GATE, lo, hi]]
+
+
+def case_worker(fp):
+    eps, urls = start_workers(3)
+    ctx = zmq.Context()
+    try:
+        def parents_linked():  # every worker HELLOed by its 2 peers as their relay parent
+            n = 0
+            for i in range(3):
+                with open(f"{tmp}/w{i}.log") as f:
+                    n += f.read().count("as a relay parent")
+            return n == 6
+        ok = harness.poll(parents_linked, 60)
+        if not check("workers up, each linked to by its 2 peers (HELLO relay: true)", ok):
+            return
+        c = [Raw(ctx, e, fp) for e in eps]
+        check("HELLO reply lists the relay peers in --relay-peers order (1.8)",
+              all(h[2].get("relay") == eps and h[2]["proto"] == [1, 8] for h in (x.hello for x in c)),
+              f"{[x.hello[2].get('relay') for x in c]}")
+        T = 3
+        x = xframe(T, 1)
+        # direct answers: the reference bits
+        ref = []
+        for i in range(3):
+            c[i].send([TBATCH, 10 + i, {"layer": 0, "mats": mats(i, 3)}], x)
+        for i in range(3):
+            r = c[i].recv()
+            ref.append(r[1] if r[0][0] == TRESULT and r[0][1] == 10 + i else None)
+        if not check("direct TRUNK_BATCH answered by every worker", all(ref), f"{ref}"):
+            return
+        # relayed: w0 root, w1 its child, w2 w1's child; headers before and after the root
+        for order, xid, rid0 in (("headers first (requests parked)", 1001, 20), ("root first (inputs parked)", 1002, 30)):
+            def headers():
+                for i in (1, 2):
+                    c[i].send([TBATCH, rid0 + i, {"layer": 0, "mats": mats(i, 3), "xid": xid, "wait_ms": 10000}])
+            if order.startswith("headers"):
+                headers()
+            c[0].send([TBATCH, rid0, {"layer": 0, "mats": mats(0, 3), "xid": xid, "wait_ms": 10000,
+                                      "fwd": [[1, 0], [2, 1]]}], x)
+            if not order.startswith("headers"):
+                time.sleep(0.05)  # not needed for correctness: makes the inputs likelier to wait for their requests
+                headers()
+            got = []
+            for i in range(3):
+                r = c[i].recv()
+                got.append((r[0][0], r[0][1], r[1] if len(r) > 1 else r[0][2]))
+            same = all(g[0] == TRESULT and g[1] == rid0 + i and g[2] == ref[i] for i, g in enumerate(got))
+            check(f"tree w0 -> w1 -> w2, {order}: every TRUNK_RESULT bit-identical to the direct one", same,
+                  f"{[(g[0], g[1], g[2] if g[0] == ERROR else len(g[2])) for g in got]}")
+        ins = [relay_metric(u, f"w{i}", "in") for i, u in enumerate(urls)]
+        outs = [relay_metric(u, f"w{i}", "out") for i, u in enumerate(urls)]
+        check("relay counters: w0 forwarded 2, w1 took 2 and forwarded 2, w2 took 2", ins == [0, 2, 2] and
+              outs == [2, 2, 0], f"in {ins} out {outs}")
+
+        # TRUNK_X from a connection that is not a relay parent: refused
+        c[2].send([TRUNK_X, 0, {"xid": 5, "wait_ms": 1000}], x)
+        r = c[2].recv()[0]
+        check("TRUNK_X from a non-parent connection refused with ERROR UNKNOWN_TYPE",
+              r[0] == ERROR and r[2]["code"] == UNKNOWN_TYPE and "relay parent" in r[2]["message"], f"{r}")
+        check("... and counted", relay_metric(urls[2], "w2", "refused") == 1)
+
+        # a root naming a peer it does not have (index 3 of 3; index 0 is itself)
+        for bad in (3, 0):
+            c[0].send([TBATCH, 40 + bad, {"layer": 0, "mats": mats(0, 3), "xid": 2000 + bad, "wait_ms": 1000,
+                                          "fwd": [[bad, 0]]}], x)
+            r = c[0].recv()[0]
+            check(f"root whose fwd names peer {bad} ({'not in the list' if bad else 'itself'}): ERROR BAD_SHAPE",
+                  r[0] == ERROR and r[2]["code"] == BAD_SHAPE, f"{r}")
+
+        # bounds: 9 requests without input on w2, short wait
+        t0 = time.monotonic()
+        for k in range(9):
+            c[2].send([TBATCH, 100 + k, {"layer": 0, "mats": mats(2, 3), "xid": 3000 + k, "wait_ms": 400}])
+        replies = [c[2].recv()[0] for _ in range(9)]
+        dt = time.monotonic() - t0
+        full = [r for r in replies if r[0] == ERROR and r[2]["code"] == INTERNAL and "queue full" in r[2]["message"]]
+        exp = [r for r in replies if r[0] == ERROR and r[2]["code"] == INTERNAL and "xid 30" in r[2]["message"]]
+        check("9 relayed requests without input: the 9th answered 'relay queue full' at once",
+              len(full) == 1 and full[0][1] == 108 and replies[0][1] == 108, f"{[(r[1], r[2]) for r in replies]}")
+        check("... the 8 parked expire after their wait_ms (ERROR INTERNAL naming the xid)",
+              len(exp) == 8 and sorted(r[1] for r in exp) == list(range(100, 108)) and dt >= 0.35,
+              f"{len(exp)} expired, {dt:.2f} s")
+        # as a relay parent: 9 inputs without requests on w1
+        p = Raw(ctx, eps[1], fp, relay_parent=True)
+        base = {k: relay_metric(urls[1], "w1", k) for k in ("in", "parked", "dropped", "expired")}
+        for k in range(9):
+            p.send([TRUNK_X, 0, {"xid": 4000 + k, "wait_ms": 300}], x)
+        p.send([PING, 2, {}])  # in order after the 9 notices: when PONG is here, they were taken
+        pong = p.recv()[0]
+        now = {k: relay_metric(urls[1], "w1", k) for k in ("in", "parked", "dropped")}
+        check("9 inputs without requests from a relay parent: never answered, 8 parked, the 9th dropped",
+              pong[0] == 4 and pong[1] == 2 and now["in"] - base["in"] == 9 and now["parked"] - base["parked"] == 8
+              and now["dropped"] - base["dropped"] == 1, f"{pong} {base} {now}")
+        ok = harness.poll(lambda: relay_metric(urls[1], "w1", "expired") - base["expired"] == 8, 10)
+        check("... and the 8 expire after their wait_ms", ok)
+        # a request for an input that expired waits for a new one (then expires itself)
+        c[1].send([TBATCH, 200, {"layer": 0, "mats": mats(1, 3), "xid": 4000, "wait_ms": 200}])
+        r = c[1].recv()[0]
+        check("a request whose input already expired is not paired with it (expires: ERROR INTERNAL)",
+              r[0] == ERROR and r[1] == 200 and r[2]["code"] == INTERNAL, f"{r}")
+    finally:
+        ctx.destroy(linger=0)
+        for p_ in procs:
+            harness.terminate(p_, 5)
+        procs.clear()
+
+
+def main():
+    if not os.path.exists(BIN):
+        record("SKIP", "all", f"no binary {BIN}")
+        return 77
+    if zmq is None:
+        record("SKIP", "relay", f"python zmq/msgpack missing: {IMPORT_ERR}")
+        return 77
+    try:
+        fp = fingerprint(TINY)
+        case_worker(fp)
+    finally:
+        for p in procs:
+            harness.terminate(p, 5)
+    print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
+    return 1 if counts["FAIL"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
