@@ -486,6 +486,7 @@ static int relay_take(server *s, qreq *r, uint64_t *dropped)
     }
     /* TRUNK_X from a relay parent: forward on first, then its request, or park it */
     shoal_wmetrics_relay(s->wm, SHOAL_WRELAY_IN);
+    shoal_wmetrics_relay_in_bytes(s->wm, zmq_msg_size(&r->part[2]));
     if (rl->nfwd)
         shoal_relay_forward(s->relay, rl->xid, rl->wait_ms, rl->fwd, rl->nfwd, &r->part[2]);
     for (int i = 0; i < RELAY_PARK; i++)

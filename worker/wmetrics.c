@@ -38,7 +38,7 @@ struct shoal_wmetrics {
     shoal_metrics_counter cache_hits, cache_misses, cache_bytes, cache_read_us;
     shoal_metrics_counter pf_reads, pf_bytes, pf_hits, pf_wasted, pf_dropped;
     shoal_metrics_counter act_f32, act_bf16; /* activation payload bytes by wire dtype */
-    shoal_metrics_counter relay[SHOAL_WRELAY_N];
+    shoal_metrics_counter relay[SHOAL_WRELAY_N], relay_in_bytes;
     uint32_t cache_slots;
     uint64_t cache_slot_bytes;
     /* HTTP responder */
@@ -168,6 +168,12 @@ void shoal_wmetrics_relay(shoal_wmetrics *wm, shoal_wrelay_event ev)
 {
     if (wm && ev >= 0 && ev < SHOAL_WRELAY_N)
         shoal_metrics_add(&wm->relay[ev], 1);
+}
+
+void shoal_wmetrics_relay_in_bytes(shoal_wmetrics *wm, uint64_t bytes)
+{
+    if (wm)
+        shoal_metrics_add(&wm->relay_in_bytes, bytes);
 }
 
 void shoal_wmetrics_prefetch_dropped(shoal_wmetrics *wm)
@@ -306,6 +312,9 @@ void shoal_wmetrics_write(shoal_wmetrics *wm, shoal_metrics_buf *b)
     for (int i = 0; i < SHOAL_WRELAY_N; i++)
         one(b, relay_name[i][0], SHOAL_METRICS_COUNTER, relay_name[i][1], wl,
             (double)shoal_metrics_get(&wm->relay[i]));
+    one(b, "shoal_expert_server_relay_in_bytes_total", SHOAL_METRICS_COUNTER,
+        "Bytes of the x frames (header included) of TRUNK_X taken from a relay parent.", wl,
+        (double)shoal_metrics_get(&wm->relay_in_bytes));
     shoal_metrics_snap s;
     shoal_metrics_family(b, "shoal_expert_server_queue_wait_seconds", SHOAL_METRICS_HISTOGRAM,
                          "Per served batch: time from taking it off the socket to starting it.");

@@ -85,6 +85,8 @@ typedef enum {
     SHOAL_WRELAY_N
 } shoal_wrelay_event;
 void shoal_wmetrics_relay(shoal_wmetrics *wm, shoal_wrelay_event ev);
+/* Bytes of a TRUNK_X's x frame (header included) taken from a relay parent. */
+void shoal_wmetrics_relay_in_bytes(shoal_wmetrics *wm, uint64_t bytes);
 
 /* ---- reading ------------------------------------------------------------ */
 

@@ -64,7 +64,8 @@ def fingerprint(model):
 def start_workers(n, peers=True):
     """n trunk workers, worker i owning rows i/n of every matrix, all given the
     same --relay-peers list (themselves included); (endpoints, metrics urls)"""
-    eps = [f"ipc://{tmp}/w{i}" for i in range(n)]
+    start_workers.k += 1
+    eps = [f"ipc://{tmp}/s{start_workers.k}w{i}" for i in range(n)]
     urls = []
     for i, ep in enumerate(eps):
         port = harness.free_port()
@@ -73,8 +74,23 @@ def start_workers(n, peers=True):
                 "--trunk", f"*:{i}/{n}", "--metrics-port", str(port)]
         if peers:
             args += ["--relay-peers", ",".join(eps)]
-        procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/w{i}.log", "w")))
+        procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL,
+                                      stderr=open(f"{tmp}/s{start_workers.k}w{i}.log", "w")))
     return eps, urls
+
+
+start_workers.k = 0
+
+
+def wait_linked(n):
+    """the last start_workers(n) are up: each HELLOed by its n - 1 peers as their relay parent"""
+    def linked():
+        k = 0
+        for i in range(n):
+            with open(f"{tmp}/s{start_workers.k}w{i}.log") as f:
+                k += f.read().count("as a relay parent")
+        return k == n * (n - 1)
+    return harness.poll(linked, 60)
 
 
 def relay_metric(url, wid, what):
@@ -118,14 +134,7 @@ def case_worker(fp):
     eps, urls = start_workers(3)
     ctx = zmq.Context()
     try:
-        def parents_linked():  # every worker HELLOed by its 2 peers as their relay parent
-            n = 0
-            for i in range(3):
-                with open(f"{tmp}/w{i}.log") as f:
-                    n += f.read().count("as a relay parent")
-            return n == 6
-        ok = harness.poll(parents_linked, 60)
-        if not check("workers up, each linked to by its 2 peers (HELLO relay: true)", ok):
+        if not check("workers up, each linked to by its 2 peers (HELLO relay: true)", wait_linked(3)):
             return
         c = [Raw(ctx, e, fp) for e in eps]
         check("HELLO reply lists the relay peers in --relay-peers order (1.8)",
@@ -219,6 +228,78 @@ def case_worker(fp):
         procs.clear()
 
 
+def moe_range(model):
+    c = json.load(open(os.path.join(model, "config.json")))
+    c = c.get("text_config", c)
+    return f"{c['first_k_dense_replace']}-{c['num_hidden_layers'] - 1}:0-{c['num_experts'] - 1}"
+
+
+def run(args, gen=6, timeout=120):
+    out = f"{tmp}/logits{time.monotonic_ns()}.bin"
+    r = subprocess.run([BIN, "run", "--model", TINY, "--ids", "5,17,3,99,42,7", "--gen", str(gen), "--json",
+                        "--dump-logits", out, "--hello-timeout-ms", "20000"] + args,
+                       capture_output=True, text=True, timeout=timeout)
+    j = json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else None
+    lg = open(out, "rb").read() if os.path.exists(out) else b""
+    return r.returncode, j, lg, r.stderr
+
+
+def sum_metric(urls, what):
+    return sum(relay_metric(u, f"w{i}", what) or 0 for i, u in enumerate(urls))
+
+
+def case_coordinator():
+    """4 trunk workers (rows i/4, relay peers of each other) and an expert
+    worker; `shoal run --trunk remote --relay-fanout F` for F = 0, 2, 3 against
+    the in-process run; then the same with --workers 4 (local workers given
+    each other as peers)."""
+    rc, ref, ref_lg, err = run([])
+    if not check("coordinator: in-process reference run", rc == 0 and ref and ref_lg, err[-300:]):
+        return
+    eps, urls = start_workers(4)
+    eex = f"ipc://{tmp}/wex"
+    procs.append(subprocess.Popen([BIN, "expert", "--model", TINY, "--listen", eex, "--id", "wex", "--threads", "1",
+                                   "--experts", moe_range(TINY)], stdout=subprocess.DEVNULL,
+                                  stderr=open(f"{tmp}/wex.log", "w")))
+    if not check("coordinator: 4 trunk workers up and linked to each other", wait_linked(4)):
+        return
+    base = ["--trunk", "remote"] + sum((["--worker", e] for e in [eex] + eps), [])
+    sent = {}
+    for F in (0, 2, 3):
+        b_in, b_bytes = sum_metric(urls, "in"), sum_metric(urls, "in_bytes")
+        rc, j, lg, err = run(base + ["--relay-fanout", str(F)])
+        if not check(f"relay F={F}: run ok", rc == 0 and j, err[-400:]):
+            continue
+        check(f"relay F={F}: ids and logits identical to the in-process run",
+              j["generated_ids"] == ref["generated_ids"] and lg == ref_lg,
+              f"{j['generated_ids']} vs {ref['generated_ids']}")
+        n_in, n_bytes = sum_metric(urls, "in") - b_in, sum_metric(urls, "in_bytes") - b_bytes
+        relayed = j.get("trunk_relayed_requests", -1)
+        check(f"relay F={F}: {'no request' if F == 0 else 'requests'} relayed, no fallback; the workers took as many "
+              f"inputs through the tree ({n_in})",
+              (relayed == 0 if F == 0 else relayed > 0) and relayed == n_in and j.get("trunk_relay_fallbacks") == 0,
+              f"{relayed} relayed, {j.get('trunk_relay_fallbacks')} fallbacks, workers took {n_in}")
+        sent[F] = (j["trunk_wire_bytes_out"], n_in, n_bytes)
+    if 0 in sent:
+        for F in (2, 3):
+            if F not in sent:
+                continue
+            # every relayed request leaves its x frame off the coordinator's link; each tree member's header
+            # gains 'xid' (a 62-bit random start: 9 bytes) and 'wait_ms' (1000: 3 bytes) with their keys = 24
+            # bytes, a root's also 'fwd' [[peer, up]] = 5 + 3 per child. With 4 workers every root with a
+            # child has exactly one (F=2: 2 roots x 1 child; F=3: 1 root with 1 child, 2 plain): per relayed
+            # request 24 + (24 + 5 + 3) = 56 bytes of headers.
+            out0, (out, n_in, n_bytes) = sent[0][0], sent[F]
+            want = out0 - n_bytes + 56 * n_in
+            check(f"relay F={F}: coordinator trunk bytes sent {out0} -> {out} = {out0} - {n_bytes} (x frames the "
+                  f"workers took via TRUNK_X) + 56 x {n_in} (relay keys)", out == want, f"got {out}, formula {want}")
+    # local workers (--workers 4 --trunk remote): each other's relay peers
+    rc, j, lg, err = run(["--workers", "4", "--trunk", "remote", "--relay-fanout", "2"])
+    check("--workers 4 --trunk remote --relay-fanout 2: ids and logits identical to the in-process run, "
+          "requests relayed", rc == 0 and j and j["generated_ids"] == ref["generated_ids"] and lg == ref_lg
+          and j.get("trunk_relayed_requests", 0) > 0, err[-400:])
+
+
 def main():
     if not os.path.exists(BIN):
         record("SKIP", "all", f"no binary {BIN}")
@@ -229,6 +310,7 @@ def main():
     try:
         fp = fingerprint(TINY)
         case_worker(fp)
+        case_coordinator()
     finally:
         for p in procs:
             harness.terminate(p, 5)
