@@ -22,10 +22,12 @@ Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS.
 """
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -300,6 +302,57 @@ def case_coordinator():
           and j.get("trunk_relayed_requests", 0) > 0, err[-400:])
 
 
+def case_stopped_parent():
+    """Rows replicated on two of 4 trunk workers (worker i: parts i and i+1 of
+    4), F = 2, --failover-ms 300: w0, a root of every tree it is in, is
+    SIGSTOPped once it has forwarded some inputs mid-stream; its children's
+    requests get no input, are resent directly, and w0's own rows go to their
+    other owners: the stream completes with the in-process ids and logits."""
+    rc, ref, ref_lg, err = run([], gen=24)
+    if not check("stopped parent: in-process reference run", rc == 0 and ref and ref_lg, err[-300:]):
+        return
+    start_workers.k += 1
+    k = start_workers.k
+    eps = [f"ipc://{tmp}/s{k}w{i}" for i in range(4)]
+    urls = []
+    for i, ep in enumerate(eps):
+        port = harness.free_port()
+        urls.append(f"http://127.0.0.1:{port}")
+        procs.append(subprocess.Popen(
+            [BIN, "expert", "--model", TINY, "--listen", ep, "--id", f"w{i}", "--threads", "1", "--trunk",
+             f"*:{i}/4,*:{(i + 1) % 4}/4", "--metrics-port", str(port), "--relay-peers", ",".join(eps)],
+            stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/s{k}w{i}.log", "w")))
+    w0 = procs[-4]
+    eex = f"ipc://{tmp}/wex{k}"
+    procs.append(subprocess.Popen([BIN, "expert", "--model", TINY, "--listen", eex, "--id", "wex", "--threads", "1",
+                                   "--experts", moe_range(TINY)], stdout=subprocess.DEVNULL,
+                                  stderr=open(f"{tmp}/wex{k}.log", "w")))
+    if not check("stopped parent: 4 replicated trunk workers up and linked", wait_linked(4)):
+        return
+    stopped = []
+
+    def stopper():
+        if harness.poll(lambda: (relay_metric(urls[0], "w0", "out") or 0) >= 40, 60):
+            w0.send_signal(signal.SIGSTOP)
+            stopped.append(time.monotonic())
+    th = threading.Thread(target=stopper)
+    th.start()
+    try:
+        rc, j, lg, err = run(["--trunk", "remote", "--relay-fanout", "2", "--failover-ms", "300",
+                              "--expert-timeout-ms", "20000"] + sum((["--worker", e] for e in [eex] + eps), []),
+                             gen=24)
+    finally:
+        th.join()
+        w0.send_signal(signal.SIGCONT)
+    check("stopped parent: w0 was SIGSTOPped mid-stream (after forwarding 40 inputs)", stopped != [])
+    check("stopped parent: the stream completes with the in-process ids and logits",
+          rc == 0 and j and j["generated_ids"] == ref["generated_ids"] and lg == ref_lg,
+          f"rc {rc} {err[-400:]}")
+    check("stopped parent: its children's requests were resent directly (trunk_relay_fallbacks >= 1)",
+          j is not None and j.get("trunk_relay_fallbacks", 0) >= 1 and j.get("trunk_relayed_requests", 0) > 0,
+          f"{j and {k_: v for k_, v in j.items() if 'relay' in k_}}")
+
+
 def main():
     if not os.path.exists(BIN):
         record("SKIP", "all", f"no binary {BIN}")
@@ -311,6 +364,7 @@ def main():
         fp = fingerprint(TINY)
         case_worker(fp)
         case_coordinator()
+        case_stopped_parent()
     finally:
         for p in procs:
             harness.terminate(p, 5)
