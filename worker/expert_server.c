@@ -860,7 +860,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                            .experts_round_input = experts_round_input(&s)};
     s.zctx = zmq_ctx_new();
     if (o->relay_peers) {
-        shoal_relay_opts ro = {.list = o->relay_peers, .self = o->listen, .curve_secret = o->curve_secret,
+        shoal_relay_opts ro = {.list = o->relay_peers, .self = o->relay_self ? o->relay_self : o->listen, .curve_secret = o->curve_secret,
                                .zctx = s.zctx, .fingerprint = fp, .id = id, .wm = s.wm};
         if ((rc = shoal_relay_open(&s.relay, &ro, err, errlen)))
             goto out;
@@ -1088,7 +1088,9 @@ static void usage(FILE *f)
                "  --relay-peers LIST   workers this one may forward trunk inputs to (the relay tree,\n"
                "                       PROTOCOL.md 3.9): ENDPOINT[@KEY],... in the same order on every worker\n"
                "                       of the tree; KEY (Z85, or a .pub file) for a tcp:// peer with CURVE;\n"
-               "                       each peer's --curve-allow must list this worker's public key\n"
+               "                       each peer's --curve-allow must list this worker's public key;\n"
+               "                       with --plan and a plan relay_fanout: every trunk worker of the plan\n"
+               "  --relay-keys DIR     with --plan: the relay peers' public keys are DIR/NAME.pub\n"
                "  --print-fingerprint  print the model fingerprint (PROTOCOL.md section 5) and exit\n"
                "  --test-delay-ms N    (tests) sleep N ms before computing each batch\n"
                "  --bench-skip-compute (benchmarks) answer zeros instead of running the experts (and trunk rows)\n"
@@ -1127,11 +1129,12 @@ int shoal_cmd_expert(int argc, char **argv)
                                              {"reply-budget-mb", required_argument, 0, 'B'},
                                              {"numerics", required_argument, 0, 'n'},
                                              {"relay-peers", required_argument, 0, 'r'},
+                                             {"relay-keys", required_argument, 0, 'k'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     shoal_expert_server_opts o = {.stop = &stop_flag};
     int print_fp = 0, c;
-    const char *plan = NULL, *name = NULL;
+    const char *plan = NULL, *name = NULL, *relay_keys = NULL;
     int insecure = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -1183,6 +1186,7 @@ int shoal_cmd_expert(int argc, char **argv)
         case 'F': o.no_prefetch = 1; break;
         case 'R': o.refuse_shutdown = 1; break;
         case 'r': o.relay_peers = optarg; break;
+        case 'k': relay_keys = optarg; break;
         case 'n': {
             shoal_numerics nc;
             if (shoal_numerics_parse(optarg, &nc)) {
@@ -1249,6 +1253,7 @@ int shoal_cmd_expert(int argc, char **argv)
         return 0;
     }
     shoal_planfile pf = {0};
+    char *relay_list = NULL; /* --relay-peers built from the plan (freed at exit) */
     if (plan || name) {
         const shoal_planfile_worker *pw;
         if (!plan || !name || o.experts) {
@@ -1274,6 +1279,39 @@ int shoal_cmd_expert(int argc, char **argv)
             o.id = pw->name;
         if (pf.has_fingerprint)
             o.plan_fingerprint = pf.fingerprint;
+        if (pf.relay_fanout && o.trunk && !o.relay_peers) {
+            /* the plan's relay tree (PROTOCOL.md §3.9): every worker with trunk rows, in plan order, at the
+             * endpoint the coordinator uses (so the indexes agree); CURVE keys from --relay-keys DIR/NAME.pub */
+            size_t cap = 1;
+            for (int w = 0; w < pf.nworkers; w++)
+                if (pf.workers[w].trunk && pf.workers[w].endpoint)
+                    cap += strlen(pf.workers[w].endpoint) + (relay_keys ? strlen(relay_keys) : 0) +
+                           strlen(pf.workers[w].name) + 8;
+            relay_list = shoal_xcalloc(cap, 1);
+            for (int w = 0; w < pf.nworkers; w++) {
+                const shoal_planfile_worker *q = &pf.workers[w];
+                if (!q->trunk || !q->endpoint)
+                    continue;
+                if (o.curve_secret && shoal_curve_needed(q->endpoint) && !relay_keys) {
+                    fprintf(stderr, "shoal expert: the plan relays trunk inputs (relay_fanout %d) over CURVE links: "
+                                    "give --relay-keys DIR holding each worker's NAME.pub\n", pf.relay_fanout);
+                    shoal_planfile_free(&pf);
+                    free(relay_list);
+                    return 2;
+                }
+                size_t at = strlen(relay_list);
+                snprintf(relay_list + at, cap - at, "%s%s%s%s%s%s", at ? "," : "", q->endpoint,
+                         relay_keys && shoal_curve_needed(q->endpoint) ? "@" : "",
+                         relay_keys && shoal_curve_needed(q->endpoint) ? relay_keys : "",
+                         relay_keys && shoal_curve_needed(q->endpoint) ? "/" : "",
+                         relay_keys && shoal_curve_needed(q->endpoint) ? q->name : "");
+                if (relay_keys && shoal_curve_needed(q->endpoint))
+                    strcat(relay_list, ".pub");
+                if (!strcmp(q->name, pw->name))
+                    o.relay_self = q->endpoint;
+            }
+            o.relay_peers = relay_list;
+        }
     }
     if (!o.model || (!o.experts && !o.trunk) || !o.listen) {
         shoal_planfile_free(&pf);
@@ -1301,6 +1339,7 @@ int shoal_cmd_expert(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     int rc = shoal_expert_server_run(&o, err, sizeof err);
     shoal_planfile_free(&pf);
+    free(relay_list);
     if (rc) {
         SHOAL_ERROR("%s", err);
         return shoal_err_exit_code(rc);

@@ -69,6 +69,8 @@ typedef struct {
      * one may forward trunk inputs to, `endpoint[@key]`, comma-separated;
      * NULL: it relays to nobody (it still takes relayed inputs). */
     const char *relay_peers;
+    /* This worker's own entry in that list (never sent to); NULL: listen. */
+    const char *relay_self;
 } shoal_expert_server_opts;
 
 #define SHOAL_EXPERT_PEER_REPLY_MB 256

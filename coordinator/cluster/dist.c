@@ -117,6 +117,7 @@ int shoal_dist_parse_arg(shoal_dist_opts *o, const char *cmd, int argc, char **a
         r = 1;
     } else if (!strcmp(a, "--relay-fanout")) {
         r = num(cmd, a, v, 0, 4, &o->relay_fanout);
+        o->relay_given = 1;
         if (r == 1 && o->relay_fanout == 1) {
             fprintf(stderr, "%s: --relay-fanout takes 0 (off) or 2 to 4, not 1 (a chain relays nothing)\n", cmd);
             return -1;
@@ -329,6 +330,14 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
     const char *pe[SHOAL_EXPERT_CLIENT_MAX_WORKERS];
     if (o->plan && (rc = plan_endpoints(o->plan, fp, &pf, pe, err, errlen)))
         return rc;
+    if (o->relay_given && o->relay_fanout && !o->trunk) {
+        shoal_planfile_free(&pf);
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--relay-fanout %d needs --trunk remote (the relay tree carries "
+                             "the trunk inputs)", o->relay_fanout);
+    }
+    int relay_fanout = o->relay_given ? o->relay_fanout : o->plan && o->trunk ? pf.relay_fanout : 0;
+    if (!o->relay_given && relay_fanout)
+        SHOAL_INFO("relay tree of fan-out %d for the trunk inputs (the plan's relay_fanout)", relay_fanout);
     shoal_dist *d = shoal_xcalloc(1, sizeof *d);
     d->cancel = o->cancel;
     const char *const *eps = o->plan ? pe : o->worker;
@@ -336,7 +345,7 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
     if (o->nlocal) {
         shoal_spawn_opts so = {.model = model_dir, .n = o->nlocal, .threads = o->worker_threads,
                                .max_tokens = info.max_batch, .trunk = o->trunk == 1,
-                               .relay = o->trunk == 1 && o->relay_fanout > 1 && o->nlocal > 1};
+                               .relay = o->trunk == 1 && relay_fanout > 1 && o->nlocal > 1};
         if ((rc = shoal_spawn_start(&d->spawn, &so, info.cfg, err, errlen))) {
             free(d);
             return rc;
@@ -364,7 +373,7 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
     if (!rc && (o->trunk == 1 || (o->trunk == 2 && shoal_expert_client_any_trunk(d->client)))) {
         shoal_expert_client_opts to = co;
         to.trunk_role = 1;
-        to.relay_fanout = o->relay_fanout;
+        to.relay_fanout = relay_fanout;
         to.busy = shoal_spawn_busy_slots(d->spawn, 1);
         to.st = shoal_model_store(m);
         if ((rc = shoal_trunk_client_open(&d->trunk, &to, err, errlen)) ||

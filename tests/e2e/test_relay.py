@@ -353,6 +353,51 @@ def case_stopped_parent():
           f"{j and {k_: v for k_, v in j.items() if 'relay' in k_}}")
 
 
+def case_plan():
+    """plan.json's relay_fanout (`shoal plan --measured`, chosen behind a slow
+    shared NIC) is honoured: 4 workers started with `shoal expert --plan P
+    --name wI` take every trunk worker of the plan as relay peers, `shoal run
+    --plan P --trunk remote` relays with the plan's fan-out; ids and logits
+    identical to the in-process run."""
+    rc, ref, ref_lg, err = run([])
+    d = os.path.join(tmp, "plan")
+    os.makedirs(d, exist_ok=True)
+    json.dump({"format": "shoal-cluster", "version": 1, "coordinator": "c", "worker_port": 5555,
+               "hosts": [{"name": "c", "address": "10.0.0.1", "ssh_user": "u", "cpus": 1, "expert_ram": 0}] +
+               [{"name": f"w{i}", "address": f"10.0.0.{i + 2}", "ssh_user": "u", "cpus": 1, "expert_ram": "64MiB"}
+                for i in range(4)]}, open(f"{d}/cluster.json", "w"))
+    json.dump({"format": "shoal-doctor", "version": 1, "coordinator": {"read_bw_all": 1e6}, "workers": [
+        {"name": f"w{i}", "ok": True, "host": {"read_bw_all": 1e7}, "rtt_p50_us": 100, "rtt_p99_us": 100,
+         "out_bytes_per_s": 1e9, "in_bytes_per_s": 1e9} for i in range(4)]}, open(f"{d}/doctor.json", "w"))
+    r = subprocess.run([BIN, "plan", "--model", TINY, "--cluster", f"{d}/cluster.json", "--measured",
+                        f"{d}/doctor.json", "--nic-gbps", "0.008", "-o", f"{d}/plan.json"], capture_output=True,
+                       text=True, timeout=60)
+    pl = json.load(open(f"{d}/plan.json")) if r.returncode == 0 else None
+    if not check("plan: shoal plan --measured writes relay_fanout 2", pl and pl.get("relay_fanout") == 2,
+                 r.stdout[-800:] + r.stderr[-300:]):
+        return
+    for i, w in enumerate(pl["workers"]):  # the same plan on one host: ipc endpoints
+        w["endpoint"] = w["listen"] = f"ipc://{d}/w{i}"
+    json.dump(pl, open(f"{d}/plan.json", "w"))
+    for i in range(4):
+        procs.append(subprocess.Popen([BIN, "expert", "--model", TINY, "--plan", f"{d}/plan.json", "--name", f"w{i}",
+                                       "--threads", "1"], stdout=subprocess.DEVNULL,
+                                      stderr=open(f"{d}/w{i}.log", "w")))
+
+    def linked():
+        k = 0
+        for i in range(4):
+            with open(f"{d}/w{i}.log") as f:
+                k += f.read().count("as a relay parent")
+        return k == 12
+    if not check("plan: 4 workers from the plan, each other's relay peers", harness.poll(linked, 60)):
+        return
+    rc, j, lg, err = run(["--plan", f"{d}/plan.json", "--trunk", "remote"])
+    check("plan: run --plan relays with the plan's fan-out; ids and logits identical to the in-process run",
+          rc == 0 and j and j.get("trunk_relay_fanout") == 2 and j.get("trunk_relayed_requests", 0) > 0 and
+          j["generated_ids"] == ref["generated_ids"] and lg == ref_lg, f"rc {rc} {err[-400:]}")
+
+
 def main():
     if not os.path.exists(BIN):
         record("SKIP", "all", f"no binary {BIN}")
@@ -365,6 +410,7 @@ def main():
         case_worker(fp)
         case_coordinator()
         case_stopped_parent()
+        case_plan()
     finally:
         for p in procs:
             harness.terminate(p, 5)
