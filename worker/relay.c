@@ -38,7 +38,7 @@ static int add_peer(shoal_relay *r, const shoal_relay_opts *o, const shoal_curve
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "--relay-peers: more than %d peers", SHOAL_PROTO_MAX_RELAY);
     memcpy(buf, item, len);
     buf[len] = 0;
-    char *at = strrchr(buf, '@'), *key = NULL;
+    char *at = strchr(buf, '@'), *key = NULL; /* the first: a Z85 key may hold an @ itself */
     if (at) {
         *at = 0;
         key = at + 1;

@@ -398,6 +398,66 @@ def case_plan():
           j["generated_ids"] == ref["generated_ids"] and lg == ref_lg, f"rc {rc} {err[-400:]}")
 
 
+def case_curve():
+    """tcp:// with CURVE (PROTOCOL.md §9, §3.9): 3 workers, each with its key
+    pair; a parent connects to its children as a CURVE client with its own key
+    and each child's --curve-allow lists the coordinator's and the other
+    workers' public keys; F = 2 (w0 and w1 roots, w2 under w0): relayed, ids
+    identical. Then w2 allows only the coordinator: w0's relay link to it is
+    refused in the handshake, w2's requests get no input and are resent
+    directly after --failover-ms: the same ids, fallbacks counted."""
+    d = tempfile.mkdtemp(prefix="curve", dir=tmp)
+    for n in ("coord", "w0", "w1", "w2"):
+        r = subprocess.run([BIN, "keygen", "-o", f"{d}/{n}"], capture_output=True, text=True)
+        if r.returncode:
+            record("SKIP", "curve", f"keygen: {r.stderr.strip()[-200:]}")
+            return
+    pub = lambda n: open(f"{d}/{n}.pub").read()
+    open(f"{d}/allow_all", "w").write("".join(pub(n) for n in ("coord", "w0", "w1", "w2")))
+    open(f"{d}/allow_coord", "w").write(pub("coord"))
+    rc, ref, ref_lg, err = run([])
+    ports = [harness.free_port() for _ in range(3)]
+    eps = [f"tcp://127.0.0.1:{p}" for p in ports]
+    peers = ",".join(f"{e}@{d}/w{i}.pub" for i, e in enumerate(eps))
+    for label, allow2 in (("every worker allows the others", "allow_all"),
+                          ("w2 does not allow w0 (relay link refused)", "allow_coord")):
+        mine = []
+        for i in range(3):
+            ex = f"1-8:{8 * i}-{8 * i + 7}"
+            mine.append(subprocess.Popen(
+                [BIN, "expert", "--model", TINY, "--listen", eps[i], "--id", f"w{i}", "--threads", "1", "--experts", ex,
+                 "--trunk", f"*:{i}/3", "--curve-secret", f"{d}/w{i}.key",
+                 "--curve-allow", f"{d}/{allow2 if i == 2 else 'allow_all'}", "--relay-peers", peers],
+                stdout=subprocess.DEVNULL, stderr=open(f"{d}/w{i}.{allow2}.log", "w")))
+        procs.extend(mine)
+        try:
+            def up():
+                txt = [open(f"{d}/w{i}.{allow2}.log").read() for i in range(3)]
+                if allow2 == "allow_all":  # every link up: each worker HELLOed by its 2 peers
+                    return all(t.count("as a relay parent") == 2 for t in txt)
+                return all("serving" in t for t in txt) and "refused" in txt[2] and \
+                    txt[0].count("as a relay parent") == 2
+            harness.poll(up, 60)
+            args = ["--trunk", "remote", "--relay-fanout", "2", "--curve-secret", f"{d}/coord.key",
+                    "--failover-ms", "300"]
+            for i, e in enumerate(eps):
+                args += ["--worker", e, "--worker-key", f"{d}/w{i}.pub"]
+            rc, j, lg, err = run(args)
+            ok = rc == 0 and j and j["generated_ids"] == ref["generated_ids"] and lg == ref_lg
+            if allow2 == "allow_all":
+                check(f"curve: {label}: relayed over CURVE links, ids and logits identical, no fallback",
+                      ok and j.get("trunk_relayed_requests", 0) > 0 and j.get("trunk_relay_fallbacks") == 0,
+                      f"rc {rc} {j and {k: v for k, v in j.items() if 'relay' in k}} {err[-300:]}")
+            else:
+                w2log = open(f"{d}/w2.{allow2}.log").read()
+                check(f"curve: {label}: w2 refused w0's key in the handshake; requests resent directly, ids and "
+                      "logits identical", ok and j.get("trunk_relay_fallbacks", 0) >= 1 and "refused" in w2log,
+                      f"rc {rc} {j and {k: v for k, v in j.items() if 'relay' in k}} {err[-300:]}")
+        finally:
+            for p in mine:
+                harness.terminate(p, 5)
+
+
 def main():
     if not os.path.exists(BIN):
         record("SKIP", "all", f"no binary {BIN}")
@@ -411,6 +471,7 @@ def main():
         case_coordinator()
         case_stopped_parent()
         case_plan()
+        case_curve()
     finally:
         for p in procs:
             harness.terminate(p, 5)
