@@ -295,6 +295,12 @@ def case_coordinator():
             want = out0 - n_bytes + 56 * n_in
             check(f"relay F={F}: coordinator trunk bytes sent {out0} -> {out} = {out0} - {n_bytes} (x frames the "
                   f"workers took via TRUNK_X) + 56 x {n_in} (relay keys)", out == want, f"got {out}, formula {want}")
+    rc, j, lg, err = run(["--workers", "2", "--relay-fanout", "2"])
+    check("--relay-fanout without --trunk remote: refused (exit 2 or 3) naming the need",
+          rc != 0 and "--trunk remote" in err, f"rc {rc} {err[-300:]}")
+    rc, j, lg, err = run(["--workers", "2", "--trunk", "remote", "--relay-fanout", "1"])
+    check("--relay-fanout 1: refused as a usage error (a chain relays nothing)", rc == 2 and "relay" in err,
+          f"rc {rc} {err[-300:]}")
     # local workers (--workers 4 --trunk remote): each other's relay peers
     rc, j, lg, err = run(["--workers", "4", "--trunk", "remote", "--relay-fanout", "2"])
     check("--workers 4 --trunk remote --relay-fanout 2: ids and logits identical to the in-process run, "
