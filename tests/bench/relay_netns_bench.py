@@ -11,7 +11,10 @@ and a quarter of the experts, and lists all 4 as --relay-peers.
 `shoal run --trunk remote --relay-fanout F` for F = 0 (direct), 2 and 3,
 interleaved per round (one run of each per round, REPS rounds): decode s/token
 (1 / decode_tokens_per_s), the coordinator's trunk bytes sent per decoded
-token, relayed requests, fallbacks, and the ids against the in-process run.
+token, relayed requests, fallbacks, and the ids against the in-process run;
+before the runs, `shoal doctor` on these links and `shoal plan --measured
+--nic-gbps RATE_C/1000` (the coordinator's link as the shared NIC): its
+prediction for the trunk over the 4 direct and with F = 2, 3, and its choice.
 
 Usage (root): relay_netns_bench.py [--model DIR] [--reps N] [--gen N]
               [--rate-c MBIT] [--rate-w MBIT] [--out FILE.json]
@@ -20,6 +23,7 @@ Needs root and iproute2 (tc tbf). Prints a table; writes the raw results.
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -96,6 +100,38 @@ def main():
             return all(open(f"{tmp}/{w}.log").read().count("as a relay parent") == 3 for w in HOSTS[1:])
         if not harness.poll(linked, 300, 0.5):
             raise RuntimeError("workers not linked: " + open(f"{tmp}/w0.log").read()[-800:])
+        # the plan's prediction for each fan-out: shoal doctor on these links, then plan --measured with the
+        # coordinator's link as the shared NIC (--nic-gbps), the trunk over the 4
+        wargs = []
+        for e, w in zip(eps, HOSTS[1:]):
+            wargs += ["--worker", e, "--worker-key", f"{tmp}/{w}.pub"]
+        r = subprocess.run([*N.prefix("c"), BIN, "doctor", "--model", model, "--curve-secret", f"{tmp}/c.key",
+                            "--hello-timeout-ms", "60000", "--json", "-o", f"{tmp}/doctor.json"] + wargs,
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode == 0:
+            res["doctor"] = json.load(open(f"{tmp}/doctor.json"))
+            json.dump({"format": "shoal-cluster", "version": 1, "coordinator": "c", "worker_port": 5555,
+                       "hosts": [{"name": h, "address": N.ip[h], "ssh_user": "root", "cpus": 1,
+                                  "expert_ram": 0 if h == "c" else "8GiB"} for h in HOSTS]},
+                      open(f"{tmp}/cluster.json", "w"))
+            for force in (["--trunk-servers", "4"], []):
+                r = subprocess.run([BIN, "plan", "--model", model, "--cluster", f"{tmp}/cluster.json", "--measured",
+                                    f"{tmp}/doctor.json", "--nic-gbps", str(a.rate_c / 1000), "-o",
+                                    f"{tmp}/plan.json"] + force, capture_output=True, text=True)
+                res["plan_output" + ("_forced_4" if force else "")] = r.stdout
+                print(r.stdout, flush=True)
+            pred = {}
+            for F, label in ((0, "trunk spread over 4"), (2, "spread over 4, relay F=2"),
+                             (3, "spread over 4, relay F=3")):
+                m = re.search(r"^  " + re.escape(label) + r"\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
+                              r"([\d.]+)", res["plan_output_forced_4"], re.M)
+                if m:
+                    pred[F] = float(m.group(5))
+            res["predicted_s_per_token"] = pred
+            cm = re.search(r"chosen: ([^,\n]+(?:, relay F=\d)?)", res["plan_output"])
+            res["plan_chose"] = cm.group(1) if cm else None
+        else:
+            print("doctor failed: " + r.stderr[-500:], flush=True)
         base = [*N.prefix("c"), BIN, "run", "--model", model, "--ids", PROMPT, "--gen", str(a.gen), "--json",
                 "--threads", "1", "--trunk", "remote", "--curve-secret", f"{tmp}/c.key", "--hello-timeout-ms",
                 "60000", "--expert-timeout-ms", "60000"]
@@ -125,7 +161,10 @@ def main():
             harness.terminate(p, 5)
         N.teardown()
     res["load_end"] = load()
-    print(f"{'F':>3} {'median ms/token':>16} {'[min, max]':>20} {'trunk sent B/token':>19} {'paired F/0':>11}")
+    pred = res.get("predicted_s_per_token", {})
+    print(f"plan (no forcing) chose: {res.get('plan_chose')}")
+    print(f"{'F':>3} {'median ms/token':>16} {'[min, max]':>20} {'trunk sent B/token':>19} {'paired F/0':>11} "
+          f"{'predicted ms':>13} {'pred/meas':>10}")
     for F in fans:
         ts = [x["decode_s_per_token"] for x in res["runs"] if x["F"] == F]
         ratio = [x["decode_s_per_token"] / y["decode_s_per_token"] for x in res["runs"] if x["F"] == F
@@ -134,8 +173,10 @@ def main():
         res.setdefault("summary", {})[str(F)] = {"median_s": statistics.median(ts), "min_s": min(ts),
                                                  "max_s": max(ts), "paired_ratio_median": statistics.median(ratio),
                                                  "trunk_bytes_out_per_token": b}
+        pm = pred.get(F, pred.get(str(F)))
         print(f"{F:>3} {statistics.median(ts) * 1e3:16.1f} [{min(ts) * 1e3:8.1f}, {max(ts) * 1e3:8.1f}] {b:19.0f} "
-              f"{statistics.median(ratio):11.3f}")
+              f"{statistics.median(ratio):11.3f} {pm * 1e3 if pm else float('nan'):13.1f} "
+              f"{pm / statistics.median(ts) if pm else float('nan'):10.2f}")
     print(f"load {res['load_start']} -> {res['load_end']}; ids all same: "
           f"{all(x['ids_equal_in_process'] for x in res['runs'])}")
     if a.out:
