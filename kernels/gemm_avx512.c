@@ -2,8 +2,9 @@
  * reproduces the scalar specification bit for bit (kernels/README.md).
  *   bf16 / f32: the 16 canonical lanes are one zmm; reduce16 = (lo256 + hi256)
  *     then the AVX2 tail tree.
- *   MXFP4: the 16 canonical lanes are one zmm; a group decodes with one
- *     vpmovzxbd and two vpermps from a per-scale table of exact weights.
+ *   MXFP4: the 16 canonical lanes are one zmm (in a transposed lane order);
+ *     a group decodes with a broadcast load, two qword shifts and two
+ *     vpermps from a per-scale table of exact weights.
  *   gemv_t, KDA head: vectorised across independent columns (16 per zmm).
  * The dev machine has no AVX-512: these workers are compiled and dispatched
  * only where CPUID reports AVX-512, and tests/unit/test_kernels.c reports
@@ -203,35 +204,62 @@ static void gemm_f32(float *y, const float *w, const float *x, int rows, int col
 /* ---- MXFP4 --------------------------------------------------------------------
  * The canonical order (kernels/README.md, "MXFP4"): 16 lanes, lane j of a
  * group takes packed byte j, first its low nibble (column 2j) then its high
- * nibble (column 2j+1); result 4 * reduce16. One zmm is the 16 lanes:
- *   d  = vpmovzxbd(16 packed bytes)            lane j = byte j
- *   wl = vpermps(d, W[e]), wh = vpermps(d >> 4, W[e])
+ * nibble (column 2j+1); result 4 * reduce16. One zmm holds the 16 lanes in a
+ * transposed order: physical lane p = 4L + m (L = p >> 2, the 128-bit block;
+ * m = p & 3) is canonical lane MX_LANE(p) = 4m + L, and the lanes are put
+ * back in canonical order (one vpermps by the same index: the transpose is its
+ * own inverse) only before the final reduce16. The decode of a group:
+ *   b  = vbroadcasti32x4(16 packed bytes)   a load, no shuffle: qword 2L+q of
+ *        block L holds bytes 8q..8q+7
+ *   r  = vpsrlvq(b, 8L)                     low dword of qword 2L+q starts
+ *        with byte 8q+L, high dword with byte 8q+L+4: lane p starts with
+ *        byte MX_LANE(p)
+ *   wl = vpermps(r, W[e]), wh = vpermps(r >> 4, W[e])
  * where W[e] (shoal__kernels_mx_w, one 64-byte row per E8M0 code, a memory
  * operand) holds the exact weights E2M1/4 * 2^(e-127) of the 16 codes:
- * vpermps reads only the low four bits of each index, so the decode is four
- * instructions per 32 weights with the scale folded in (exact, no rounding),
- * and each token costs two FMAs per group. x is deinterleaved once per
- * column block into [x even | x odd] per group (xb, on the stack), so the
- * FMAs take x as stored there. Tiles of R rows x TT tokens decode each row's
- * group once and use it for TT tokens; accumulators are saved between column
- * blocks (same values, same order). */
+ * vpermps reads only the low four bits of each index, so these are the low
+ * and high nibbles' weights with the scale folded in (exact, no rounding).
+ * That is two shuffles (the vpermps) and two shifts per 32 weights; the
+ * earlier vpmovzxbd + vpsrld decode needed three shuffles, and on Intel every
+ * 512-bit shuffle runs on port 5, which also hosts one of the two FMA units
+ * (docs/PERFORMANCE.md, "MXFP4 T = 1 with two shuffles per group"). Each token
+ * costs two FMAs per group. x is deinterleaved once per column block into the
+ * same lane order, [x[2 MX_LANE(p)] | x[2 MX_LANE(p) + 1]] per group (xb, on
+ * the stack), so the FMAs take x as stored there. Tiles of R rows x TT tokens
+ * decode each row's group once and use it for TT tokens; accumulators are
+ * saved between column blocks (same values, same order). */
 #define MX_XB 8192 /* floats of deinterleaved x on the stack (32 KiB) */
 #define MX_RB 16   /* rows per block when accumulators are saved between column blocks */
 #define MX_TMAX 4 /* 4x4 tiles: 2x8 tiles ran 20% slower in cache (docs/PERFORMANCE.md) */
+#define MX_LANE(p) (4 * ((p) & 3) + ((p) >> 2))
 
 INLINE void mx_dec(__m512 *wl, __m512 *wh, const uint8_t *p, unsigned e)
 {
-    __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    const __m512i sh = _mm512_setr_epi64(0, 0, 8, 8, 16, 16, 24, 24);
+    __m512i r = _mm512_srlv_epi64(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)), sh);
     const float *tab = shoal__kernels_mx_w[e];
-    *wl = _mm512_permutexvar_ps(d, _mm512_load_ps(tab));
-    *wh = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), _mm512_load_ps(tab));
+    *wl = _mm512_permutexvar_ps(r, _mm512_load_ps(tab));
+    *wh = _mm512_permutexvar_ps(_mm512_srli_epi64(r, 4), _mm512_load_ps(tab));
 }
 
-/* x[t..t+TT) columns of groups [g0, g1) -> xb[b*xs + 32*(g-g0) + {0..15: even, 16..31: odd}] */
+/* physical lanes -> canonical order (MX_LANE is an involution) */
+INLINE __m512 mx_canon(__m512 acc)
+{
+    const __m512i ix = _mm512_setr_epi32(MX_LANE(0), MX_LANE(1), MX_LANE(2), MX_LANE(3), MX_LANE(4), MX_LANE(5),
+                                         MX_LANE(6), MX_LANE(7), MX_LANE(8), MX_LANE(9), MX_LANE(10), MX_LANE(11),
+                                         MX_LANE(12), MX_LANE(13), MX_LANE(14), MX_LANE(15));
+    return _mm512_permutexvar_ps(ix, acc);
+}
+
+/* x[t..t+TT) columns of groups [g0, g1) -> xb[b*xs + 32*(g-g0) + {0..15: even, 16..31: odd}],
+ * lane p of each half holding column 2 MX_LANE(p) (+1) of the group */
 static void mx_deint(float *xb, int xs, const float *x, int cols, int t, int TT, int g0, int g1)
 {
-    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#define MX_E(p) (2 * MX_LANE(p))
+    const __m512i ie = _mm512_setr_epi32(MX_E(0), MX_E(1), MX_E(2), MX_E(3), MX_E(4), MX_E(5), MX_E(6), MX_E(7),
+                                         MX_E(8), MX_E(9), MX_E(10), MX_E(11), MX_E(12), MX_E(13), MX_E(14), MX_E(15));
+#undef MX_E
+    const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
     for (int b = 0; b < TT; b++) {
         const float *xt = x + (size_t)(t + b) * cols;
         float *o = xb + (size_t)b * xs;
@@ -283,7 +311,7 @@ INLINE void mx_tile(float *y, __m512 *st, const uint8_t *packed, const uint8_t *
     for (int a = 0; a < R; a++)
         for (int b = 0; b < TT; b++) {
             if (fin)
-                y[(size_t)(t + b) * rows + r + a] = 4.0f * hsum16(acc[a][b]);
+                y[(size_t)(t + b) * rows + r + a] = 4.0f * hsum16(mx_canon(acc[a][b]));
             else
                 st[a * MX_TMAX + b] = acc[a][b];
         }
