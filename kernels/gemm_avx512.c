@@ -233,31 +233,39 @@ static void gemm_f32(float *y, const float *w, const float *x, int rows, int col
 #define MX_TMAX 4 /* 4x4 tiles: 2x8 tiles ran 20% slower in cache (docs/PERFORMANCE.md) */
 #define MX_LANE(p) (4 * ((p) & 3) + ((p) >> 2))
 
-INLINE void mx_dec(__m512 *wl, __m512 *wh, const uint8_t *p, unsigned e)
+INLINE void mx_dec(__m512 *wl, __m512 *wh, const uint8_t *p, unsigned e, int zx)
 {
+    const float *tab = shoal__kernels_mx_w[e];
+    if (zx) { /* the vpmovzxbd decode: lane j = byte j, canonical order */
+        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+        *wl = _mm512_permutexvar_ps(d, _mm512_load_ps(tab));
+        *wh = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), _mm512_load_ps(tab));
+        return;
+    }
     const __m512i sh = _mm512_setr_epi64(0, 0, 8, 8, 16, 16, 24, 24);
     __m512i r = _mm512_srlv_epi64(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)), sh);
-    const float *tab = shoal__kernels_mx_w[e];
     *wl = _mm512_permutexvar_ps(r, _mm512_load_ps(tab));
     *wh = _mm512_permutexvar_ps(_mm512_srli_epi64(r, 4), _mm512_load_ps(tab));
 }
 
 /* physical lanes -> canonical order (MX_LANE is an involution) */
-INLINE __m512 mx_canon(__m512 acc)
+INLINE __m512 mx_canon(__m512 acc, int zx)
 {
     const __m512i ix = _mm512_setr_epi32(MX_LANE(0), MX_LANE(1), MX_LANE(2), MX_LANE(3), MX_LANE(4), MX_LANE(5),
                                          MX_LANE(6), MX_LANE(7), MX_LANE(8), MX_LANE(9), MX_LANE(10), MX_LANE(11),
                                          MX_LANE(12), MX_LANE(13), MX_LANE(14), MX_LANE(15));
-    return _mm512_permutexvar_ps(ix, acc);
+    return zx ? acc : _mm512_permutexvar_ps(ix, acc);
 }
 
 /* x[t..t+TT) columns of groups [g0, g1) -> xb[b*xs + 32*(g-g0) + {0..15: even, 16..31: odd}],
- * lane p of each half holding column 2 MX_LANE(p) (+1) of the group */
-static void mx_deint(float *xb, int xs, const float *x, int cols, int t, int TT, int g0, int g1)
+ * lane p of each half holding column 2 MX_LANE(p) (+1) of the group (2p (+1) for zx) */
+static void mx_deint(float *xb, int xs, const float *x, int cols, int t, int TT, int g0, int g1, int zx)
 {
 #define MX_E(p) (2 * MX_LANE(p))
-    const __m512i ie = _mm512_setr_epi32(MX_E(0), MX_E(1), MX_E(2), MX_E(3), MX_E(4), MX_E(5), MX_E(6), MX_E(7),
-                                         MX_E(8), MX_E(9), MX_E(10), MX_E(11), MX_E(12), MX_E(13), MX_E(14), MX_E(15));
+    const __m512i ie = zx ? _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+                          : _mm512_setr_epi32(MX_E(0), MX_E(1), MX_E(2), MX_E(3), MX_E(4), MX_E(5), MX_E(6), MX_E(7),
+                                              MX_E(8), MX_E(9), MX_E(10), MX_E(11), MX_E(12), MX_E(13), MX_E(14),
+                                              MX_E(15));
 #undef MX_E
     const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
     for (int b = 0; b < TT; b++) {
@@ -273,7 +281,7 @@ static void mx_deint(float *xb, int xs, const float *x, int cols, int t, int TT,
 
 /* rows r..r+R-1, tokens t..t+TT-1, groups [g0, g1); st: saved lanes, row-major [row - rb][MX_TMAX] */
 INLINE void mx_tile(float *y, __m512 *st, const uint8_t *packed, const uint8_t *scale, const float *xb, int xs,
-                    int rows, int cols, int r, int R, int t, int TT, int g0, int g1, int init, int fin)
+                    int rows, int cols, int r, int R, int t, int TT, int g0, int g1, int init, int fin, int zx)
 {
     __m512 acc[4][MX_TMAX];
     for (int a = 0; a < R; a++)
@@ -294,7 +302,7 @@ INLINE void mx_tile(float *y, __m512 *st, const uint8_t *packed, const uint8_t *
         for (int a = 0; a < R; a++) {
             if ((g & 3) == 0) /* the same line of the next tile's row (rows are short, see MX_PF) */
                 _mm_prefetch((const char *)p[a] + pf + 16 * g, _MM_HINT_T0);
-            mx_dec(&wl[a], &wh[a], p[a] + 16 * g, s[a][g]);
+            mx_dec(&wl[a], &wh[a], p[a] + 16 * g, s[a][g], zx);
         }
         const float *xg = xb + 32 * (g - g0);
         for (int b = 0; b < TT; b++) {
@@ -311,7 +319,7 @@ INLINE void mx_tile(float *y, __m512 *st, const uint8_t *packed, const uint8_t *
     for (int a = 0; a < R; a++)
         for (int b = 0; b < TT; b++) {
             if (fin)
-                y[(size_t)(t + b) * rows + r + a] = 4.0f * hsum16(mx_canon(acc[a][b]));
+                y[(size_t)(t + b) * rows + r + a] = 4.0f * hsum16(mx_canon(acc[a][b], zx));
             else
                 st[a * MX_TMAX + b] = acc[a][b];
         }
@@ -319,22 +327,20 @@ INLINE void mx_tile(float *y, __m512 *st, const uint8_t *packed, const uint8_t *
 
 typedef void (*mx_tile_fn)(float *y, __m512 *st, const uint8_t *packed, const uint8_t *scale, const float *xb,
                            int xs, int rows, int cols, int r, int t, int g0, int g1);
-#define MX_TILE(R, TT)                                                                                      \
-    __attribute__((noinline)) static void mx_tile_##R##x##TT(float *y, __m512 *st, const uint8_t *packed,     \
-                                                             const uint8_t *scale, const float *xb, int xs,   \
-                                                             int rows, int cols, int r, int t, int g0, int g1) \
-    {                                                                                                       \
-        mx_tile(y, st, packed, scale, xb, xs, rows, cols, r, R, t, TT, g0, g1, g0 == 0, g1 == cols / 32);   \
+#define MX_TILE(R, TT, Z, N)                                                                                   \
+    __attribute__((noinline)) static void mx_tile_##N##R##x##TT(float *y, __m512 *st, const uint8_t *packed,      \
+                                                               const uint8_t *scale, const float *xb, int xs,    \
+                                                               int rows, int cols, int r, int t, int g0, int g1) \
+    {                                                                                                          \
+        mx_tile(y, st, packed, scale, xb, xs, rows, cols, r, R, t, TT, g0, g1, g0 == 0, g1 == cols / 32, Z);   \
     }
-MX_TILE(4, 1)
-MX_TILE(1, 1)
-MX_TILE(4, 2)
-MX_TILE(1, 2)
-MX_TILE(4, 4)
-MX_TILE(1, 4)
+#define MX_TILES(Z, N) MX_TILE(4, 1, Z, N) MX_TILE(1, 1, Z, N) MX_TILE(4, 2, Z, N) MX_TILE(1, 2, Z, N) \
+    MX_TILE(4, 4, Z, N) MX_TILE(1, 4, Z, N)
+MX_TILES(0, )
+MX_TILES(1, zx_)
 
-static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
-                       int T, int r0, int r1)
+INLINE void mx_gemm(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols, int T,
+                    int r0, int r1, int zx)
 {
     if (cols % 32) {
         shoal__kernels_gemm_mxfp4_scalar(y, packed, scale, x, rows, cols, T, r0, r1);
@@ -353,13 +359,15 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
         int re = rb + rbs < r1 ? rb + rbs : r1;
         for (int t = 0; t < T;) {
             int TT = T - t >= 4 ? 4 : T - t >= 2 ? 2 : 1, R = 4;
-            mx_tile_fn big = TT == 4 ? mx_tile_4x4 : TT == 2 ? mx_tile_4x2 : mx_tile_4x1;
-            mx_tile_fn one = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_1x1;
+            mx_tile_fn big = zx ? (TT == 4 ? mx_tile_zx_4x4 : TT == 2 ? mx_tile_zx_4x2 : mx_tile_zx_4x1)
+                                : (TT == 4 ? mx_tile_4x4 : TT == 2 ? mx_tile_4x2 : mx_tile_4x1);
+            mx_tile_fn one = zx ? (TT == 4 ? mx_tile_zx_1x4 : TT == 2 ? mx_tile_zx_1x2 : mx_tile_zx_1x1)
+                                : (TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_1x1);
             int kb = MX_XB / TT / 32; /* groups per column block */
             int xs = kb * 32;
             for (int g0 = 0; g0 < ng; g0 += kb) {
                 int g1 = g0 + kb < ng ? g0 + kb : ng;
-                mx_deint(xb, xs, x, cols, t, TT, g0, g1);
+                mx_deint(xb, xs, x, cols, t, TT, g0, g1, zx);
                 int r = rb;
                 for (; r + R <= re; r += R)
                     big(y, st + (size_t)(r - rb) * MX_TMAX, packed, scale, xb, xs, rows, cols, r, t, g0, g1);
@@ -369,6 +377,19 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
             t += TT;
         }
     }
+}
+
+/* the two decodes (bit-identical; kernels.c chooses, SHOAL_MX_DECODE) */
+static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
+                       int T, int r0, int r1)
+{
+    mx_gemm(y, packed, scale, x, rows, cols, T, r0, r1, 0);
+}
+
+static void gemm_mxfp4_zx(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
+                          int T, int r0, int r1)
+{
+    mx_gemm(y, packed, scale, x, rows, cols, T, r0, r1, 1);
 }
 
 /* ---- matrix-unit order (gemm_mu.c is the specification) ----------------------
@@ -811,6 +832,7 @@ int shoal__kernels_fill_avx512(shoal__kernels_table *t)
     t->gemm_bf16 = gemm_bf16;
     t->gemm_f32 = gemm_f32;
     t->gemm_mxfp4 = gemm_mxfp4;
+    t->gemm_mxfp4_zx = gemm_mxfp4_zx;
     t->gemv_t_bf16 = gemv_t_bf16;
     t->gemv_t_f32 = gemv_t_f32;
     t->kda_head = kda_head;
