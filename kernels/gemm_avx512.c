@@ -279,6 +279,25 @@ static void mx_deint(float *xb, int xs, const float *x, int cols, int t, int TT,
     }
 }
 
+/* one group g of rows p[0..R), tokens 0..TT-1 of xg (stride xs): decode each row once, 2 FMAs per token */
+INLINE void mx_step(__m512 acc[4][MX_TMAX], const uint8_t *const *p, const uint8_t *const *s, const float *xg,
+                    int xs, int R, int TT, int g, int zx)
+{
+    __m512 wl[4], wh[4];
+    for (int a = 0; a < R; a++)
+        mx_dec(&wl[a], &wh[a], p[a] + 16 * g, s[a][g], zx);
+    for (int b = 0; b < TT; b++) {
+        __m512 xe = _mm512_load_ps(xg + (size_t)b * xs);
+        for (int a = 0; a < R; a++)
+            acc[a][b] = _mm512_fmadd_ps(wl[a], xe, acc[a][b]);
+    }
+    for (int b = 0; b < TT; b++) {
+        __m512 xo = _mm512_load_ps(xg + (size_t)b * xs + 16);
+        for (int a = 0; a < R; a++)
+            acc[a][b] = _mm512_fmadd_ps(wh[a], xo, acc[a][b]);
+    }
+}
+
 /* rows r..r+R-1, tokens t..t+TT-1, groups [g0, g1); st: saved lanes, row-major [row - rb][MX_TMAX] */
 INLINE void mx_tile(float *y, __m512 *st, const uint8_t *packed, const uint8_t *scale, const float *xb, int xs,
                     int rows, int cols, int r, int R, int t, int TT, int g0, int g1, int init, int fin, int zx)
@@ -294,27 +313,28 @@ INLINE void mx_tile(float *y, __m512 *st, const uint8_t *packed, const uint8_t *
         s[a] = scale + (size_t)(r + a) * ng;
     }
     size_t pf = (size_t)R * (cols / 2); /* one tile ahead (2 and 4 measured no better, docs/PERFORMANCE.md) */
-    for (int g = g0; g < g1; g++) {
+    /* Four groups per step (64 bytes of each row: one line), so the prefetches
+     * of the step are issued without a branch per row and group: branches and
+     * pointer arithmetic take integer ports that on Intel also issue the
+     * vector uops (llvm-mca, docs/PERFORMANCE.md). */
+    int g = g0;
+    for (; g + 4 <= g1; g += 4) {
+        if ((g & 15) < 4)
+            for (int a = 0; a < R; a++)
+                _mm_prefetch((const char *)s[a] + (size_t)R * ng + g, _MM_HINT_T0);
+        for (int a = 0; a < R; a++) /* the same line of the next tile's row (rows are short, see MX_PF) */
+            _mm_prefetch((const char *)p[a] + pf + 16 * g, _MM_HINT_T0);
+        for (int u = 0; u < 4; u++)
+            mx_step(acc, p, s, xb + 32 * (g + u - g0), xs, R, TT, g + u, zx);
+    }
+    for (; g < g1; g++) {
         if ((g & 15) == 0)
             for (int a = 0; a < R; a++)
                 _mm_prefetch((const char *)s[a] + (size_t)R * ng + g, _MM_HINT_T0);
-        __m512 wl[4], wh[4];
-        for (int a = 0; a < R; a++) {
-            if ((g & 3) == 0) /* the same line of the next tile's row (rows are short, see MX_PF) */
+        if ((g & 3) == 0)
+            for (int a = 0; a < R; a++)
                 _mm_prefetch((const char *)p[a] + pf + 16 * g, _MM_HINT_T0);
-            mx_dec(&wl[a], &wh[a], p[a] + 16 * g, s[a][g], zx);
-        }
-        const float *xg = xb + 32 * (g - g0);
-        for (int b = 0; b < TT; b++) {
-            __m512 xe = _mm512_load_ps(xg + (size_t)b * xs);
-            for (int a = 0; a < R; a++)
-                acc[a][b] = _mm512_fmadd_ps(wl[a], xe, acc[a][b]);
-        }
-        for (int b = 0; b < TT; b++) {
-            __m512 xo = _mm512_load_ps(xg + (size_t)b * xs + 16);
-            for (int a = 0; a < R; a++)
-                acc[a][b] = _mm512_fmadd_ps(wh[a], xo, acc[a][b]);
-        }
+        mx_step(acc, p, s, xb + 32 * (g - g0), xs, R, TT, g, zx);
     }
     for (int a = 0; a < R; a++)
         for (int b = 0; b < TT; b++) {
