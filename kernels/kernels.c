@@ -28,11 +28,13 @@ static const shoal__kernels_table scalar_table = {
 
 static shoal__kernels_table isa_tables[3];
 /* The AVX-512 MXFP4 decodes (bit-identical; shoal_kernels_set_mx_decode): two
- * shuffles per 32 weights (shift) against three (vpmovzx). Shift is the default
- * on every CPU: fewer port-5 uops on Intel by llvm-mca, the same speed on the
- * AMD Zen 4 of issue 33 (docs/PERFORMANCE.md, "MXFP4 T = 1 with two shuffles
- * per group"). */
-static shoal_mx_decode mx_decode = SHOAL_MX_DECODE_SHIFT;
+ * shuffles per 32 weights (shift) against three (vpmovzx). Chosen by CPU vendor
+ * at shoal_kernels_init (mx_decode_default): shift on Intel, where every
+ * 512-bit shuffle issues on port 5 (fewer port-5 uops by llvm-mca; not yet
+ * timed on an Intel CPU), vpmovzx elsewhere (on the AMD Zen 4 of issue 33 the
+ * shift decode ran 1.13x slower in cache). docs/PERFORMANCE.md, "MXFP4 T = 1:
+ * two shuffles per group on Intel". */
+static shoal_mx_decode mx_decode = SHOAL_MX_DECODE_VPMOVZX;
 static shoal__gemm_mxfp4_fn mx_fns[2];
 static int isa_built[3]; /* 1 compiled in and filled, -1 not compiled in */
 static shoal_isa active_isa = SHOAL_ISA_SCALAR;
@@ -161,6 +163,17 @@ long shoal_kernels_l2_bytes(void)
 
 static void mu_try_amx(void);
 
+/* CPUID vendor "GenuineIntel" -> the shift decode, anything else vpmovzx. */
+static shoal_mx_decode mx_decode_default(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu)
+        return SHOAL_MX_DECODE_SHIFT;
+#endif
+    return SHOAL_MX_DECODE_VPMOVZX;
+}
+
 int shoal_kernels_init(void)
 {
     if (initialised)
@@ -192,6 +205,7 @@ int shoal_kernels_init(void)
             best = SHOAL_ISA_AVX2;
         shoal_kernels_set_isa(best);
     }
+    shoal_kernels_set_mx_decode(mx_decode_default());
     const char *mxd = getenv("SHOAL_MX_DECODE");
     if (mxd && *mxd) {
         if (!strcmp(mxd, "shift"))

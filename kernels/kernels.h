@@ -111,11 +111,12 @@ const char *shoal_kernels_mu_path(void);
 int shoal_kernels_set_amx_min_t(int n);
 /* The AVX-512 MXFP4 decode of the portable class (kernels/README.md, "MXFP4
  * (AVX-512)"): SHIFT (a broadcast load, qword shifts and two vpermps: two
- * shuffles per 32 weights, the default) or VPMOVZX (vpmovzxbd and two vpermps:
- * three). Bit-identical; a speed choice only, for benchmarks and tests (the
- * environment variable SHOAL_MX_DECODE=shift|vpmovzx sets it at
- * shoal_kernels_init). Not thread-safe: call it while no GEMM runs. Returns 0,
- * or SHOAL_EINVAL for an unknown value. */
+ * shuffles per 32 weights; the default on Intel CPUs) or VPMOVZX (vpmovzxbd and
+ * two vpermps: three shuffles; the default elsewhere). Bit-identical: a speed
+ * choice only. shoal_kernels_init picks it by CPU vendor, or as the environment
+ * variable SHOAL_MX_DECODE=shift|vpmovzx says; this call is for tests and
+ * benchmarks. Not thread-safe: call it while no GEMM runs. Returns 0, or
+ * SHOAL_EINVAL for an unknown value. */
 typedef enum { SHOAL_MX_DECODE_SHIFT = 0, SHOAL_MX_DECODE_VPMOVZX = 1 } shoal_mx_decode;
 int shoal_kernels_set_mx_decode(shoal_mx_decode d);
 shoal_mx_decode shoal_kernels_mx_decode(void);
