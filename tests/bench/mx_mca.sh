@@ -8,12 +8,13 @@
 # weights in each of 4 rows: divide the port columns by 4 for "per 32 weights".
 # Not a test: counts for docs/PERFORMANCE.md.
 # usage: tests/bench/mx_mca.sh [OBJ] [OUTDIR]   (OBJ default: build's gemm_avx512.c.o)
+#   FNS: the tile functions (default mx_tile_4x1 mx_tile_zx_4x1: the shift and vpmovzx decodes)
 set -euo pipefail
 obj="${1:-build/CMakeFiles/shoal_kernels.dir/kernels/gemm_avx512.c.o}"
 out="${2:-/tmp/mx_mca}"
 mca="${MCA:-llvm-mca-14}"
 mkdir -p "$out"
-for fn in mx_tile_4x1 mx_tile_zx_4x1; do
+for fn in ${FNS:-mx_tile_4x1 mx_tile_zx_4x1}; do
     objdump -d --no-show-raw-insn "$obj" | awk "/<$fn>:/,/^\$/" > "$out/$fn.dis"
     python3 - "$out/$fn.dis" "$out/$fn.s" <<'PY'
 import re, sys
