@@ -2,9 +2,10 @@
  * reproduces the scalar specification bit for bit (kernels/README.md).
  *   bf16 / f32: the 16 canonical lanes are one zmm; reduce16 = (lo256 + hi256)
  *     then the AVX2 tail tree.
- *   MXFP4: the 16 canonical lanes are one zmm (in a transposed lane order);
- *     a group decodes with a broadcast load, two qword shifts and two
- *     vpermps from a per-scale table of exact weights.
+ *   MXFP4: the 16 canonical lanes are one zmm; a group decodes with two
+ *     vpermps from a per-scale table of exact weights, its bytes placed by
+ *     vpmovzxbd (canonical lane order) or by a broadcast load and qword
+ *     shifts (a transposed lane order; fewer shuffles, for Intel).
  *   gemv_t, KDA head: vectorised across independent columns (16 per zmm).
  * The dev machine has no AVX-512: these workers are compiled and dispatched
  * only where CPUID reports AVX-512, and tests/unit/test_kernels.c reports
@@ -204,7 +205,11 @@ static void gemm_f32(float *y, const float *w, const float *x, int rows, int col
 /* ---- MXFP4 --------------------------------------------------------------------
  * The canonical order (kernels/README.md, "MXFP4"): 16 lanes, lane j of a
  * group takes packed byte j, first its low nibble (column 2j) then its high
- * nibble (column 2j+1); result 4 * reduce16. One zmm holds the 16 lanes in a
+ * nibble (column 2j+1); result 4 * reduce16. One zmm holds the 16 lanes. Two
+ * decodes, bit-identical, chosen by kernels.c (shoal_kernels_set_mx_decode):
+ * "vpmovzx" (zx = 1): d = vpmovzxbd(16 packed bytes), lane j = byte j, then
+ * wl = vpermps(d, W[e]), wh = vpermps(d >> 4, W[e]): three shuffles per 32
+ * weights. "shift" (zx = 0) holds the lanes in a
  * transposed order: physical lane p = 4L + m (L = p >> 2, the 128-bit block;
  * m = p & 3) is canonical lane MX_LANE(p) = 4m + L, and the lanes are put
  * back in canonical order (one vpermps by the same index: the transpose is its
@@ -220,12 +225,14 @@ static void gemm_f32(float *y, const float *w, const float *x, int rows, int col
  * vpermps reads only the low four bits of each index, so these are the low
  * and high nibbles' weights with the scale folded in (exact, no rounding).
  * That is two shuffles (the vpermps) and two shifts per 32 weights; the
- * earlier vpmovzxbd + vpsrld decode needed three shuffles, and on Intel every
+ * vpmovzx decode needs three shuffles, and on Intel every
  * 512-bit shuffle runs on port 5, which also hosts one of the two FMA units
- * (docs/PERFORMANCE.md, "MXFP4 T = 1 with two shuffles per group"). Each token
+ * (docs/PERFORMANCE.md, "MXFP4 T = 1: two shuffles per group on Intel"; on
+ * AMD Zen 4 it ran 1.12x slower in cache than vpmovzx). Each token
  * costs two FMAs per group. x is deinterleaved once per column block into the
- * same lane order, [x[2 MX_LANE(p)] | x[2 MX_LANE(p) + 1]] per group (xb, on
- * the stack), so the FMAs take x as stored there. Tiles of R rows x TT tokens
+ * decode's lane order, [x[2 MX_LANE(p)] | x[2 MX_LANE(p) + 1]] per group for
+ * shift, [x even | x odd] for vpmovzx (xb, on the stack), so the FMAs take x
+ * as stored there. Tiles of R rows x TT tokens
  * decode each row's group once and use it for TT tokens; accumulators are
  * saved between column blocks (same values, same order). */
 #define MX_XB 8192 /* floats of deinterleaved x on the stack (32 KiB) */
