@@ -28,11 +28,11 @@ static const shoal__kernels_table scalar_table = {
 
 static shoal__kernels_table isa_tables[3];
 /* The AVX-512 MXFP4 decodes (bit-identical; shoal_kernels_set_mx_decode): two
- * shuffles per 32 weights (shift) against three (vpmovzx). Chosen by CPU vendor
- * at shoal_kernels_init (mx_decode_default): shift on Intel, where every
- * 512-bit shuffle issues on port 5 (fewer port-5 uops by llvm-mca; not yet
- * timed on an Intel CPU), vpmovzx elsewhere (on the AMD Zen 4 of issue 33 the
- * shift decode ran 1.13x slower in cache). docs/PERFORMANCE.md, "MXFP4 T = 1:
+ * shuffles per 32 weights (shift) against three (vpmovzx). vpmovzx by default
+ * (mx_decode_default), shift by SHOAL_MX_DECODE=shift: made for Intel, where
+ * every 512-bit shuffle issues on port 5 (fewer port-5 uops by llvm-mca; not yet
+ * timed on an Intel CPU; on the AMD Zen 4 of issue 33 it ran 1.13x slower in
+ * cache). docs/PERFORMANCE.md, "MXFP4 T = 1:
  * two shuffles per group on Intel". */
 static shoal_mx_decode mx_decode = SHOAL_MX_DECODE_VPMOVZX;
 static shoal__gemm_mxfp4_fn mx_fns[2];
@@ -163,14 +163,13 @@ long shoal_kernels_l2_bytes(void)
 
 static void mu_try_amx(void);
 
-/* CPUID vendor "GenuineIntel" -> the shift decode, anything else vpmovzx. */
+/* vpmovzx everywhere until a timing on an Intel CPU says otherwise: shift has
+ * fewer port-5 uops by llvm-mca's Skylake-server model (3.19 against 3.25
+ * cycles per 32 weights) but ran 1.13x slower in cache on the AMD Zen 4 where
+ * it was measured; tests/bench/amx_machine.sh (step 4b) times both on the
+ * lent device's Intel host. */
 static shoal_mx_decode mx_decode_default(void)
 {
-#if defined(__x86_64__) || defined(__i386__)
-    unsigned a, b, c, d;
-    if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu)
-        return SHOAL_MX_DECODE_SHIFT;
-#endif
     return SHOAL_MX_DECODE_VPMOVZX;
 }
 

@@ -103,7 +103,7 @@ done
 say "expert rows: $(cat "$out"/kernels_expert_*.jsonl | wc -l) ($(( $(date +%s) - t0 )) s)"
 
 # 4b. the two AVX-512 MXFP4 decodes of the portable class (shift: two shuffles
-#     per 32 weights, the default on Intel; vpmovzx: three), interleaved rounds
+#     per 32 weights, opt-in; vpmovzx: three, the default), interleaved rounds
 #     of the expert GEMV against the read pass, the in-cache GEMV (ns per 32
 #     weights, thread CPU time) and bench_gemm mxfp4 T = 1..8 (~25 s a
 #     configuration a round). MX_ROUNDS=0 skips it.
