@@ -269,6 +269,7 @@ def case_coordinator():
     sent = {}
     for F in (0, 2, 3):
         b_in, b_bytes = sum_metric(urls, "in"), sum_metric(urls, "in_bytes")
+        b_out = [relay_metric(u, f"w{i}", "out") for i, u in enumerate(urls)]
         rc, j, lg, err = run(base + ["--relay-fanout", str(F)])
         if not check(f"relay F={F}: run ok", rc == 0 and j, err[-400:]):
             continue
@@ -282,6 +283,14 @@ def case_coordinator():
               (relayed == 0 if F == 0 else relayed > 0) and relayed == n_in and j.get("trunk_relay_fallbacks") == 0,
               f"{relayed} relayed, {j.get('trunk_relay_fallbacks')} fallbacks, workers took {n_in}")
         sent[F] = (j["trunk_wire_bytes_out"], n_in, n_bytes)
+        outs = [relay_metric(u, f"w{i}", "out") - b_out[i] for i, u in enumerate(urls)]
+        # the tree (PROTOCOL.md §3.9): F roots in worker order, then each level round the previous one's members;
+        # with 4 workers F=2: w0 -> w2, w1 -> w3; F=3: w0 -> w3, w1 and w2 plain (steps with fewer workers
+        # involved: F=2 with 3, w0 -> w2 only; F=3 with 3 or fewer, no tree)
+        want_shape = {0: lambda o: o == [0, 0, 0, 0], 2: lambda o: o[0] >= o[1] > 0 and o[2] == o[3] == 0,
+                      3: lambda o: o[0] > 0 and o[1] == o[2] == o[3] == 0}[F]
+        check(f"relay F={F}: the roots forward as the tree says (TRUNK_X sent per worker {outs}), as many as "
+              "were taken", want_shape(outs) and sum(outs) == n_in, f"{outs}, taken {n_in}")
     if 0 in sent:
         for F in (2, 3):
             if F not in sent:
