@@ -22,6 +22,7 @@ Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS.
 """
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -490,6 +491,8 @@ def main():
     finally:
         for p in procs:
             harness.terminate(p, 5)
+        if not counts["FAIL"]:  # kept for a look when something failed
+            shutil.rmtree(tmp, ignore_errors=True)
     print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
     return 1 if counts["FAIL"] else 0
 
