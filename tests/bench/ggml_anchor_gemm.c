@@ -80,7 +80,9 @@ int main(int argc, char **argv)
         ws[c] = malloc(n * 2);
         memcpy(ws[c], W[c]->data, n * 2);
     }
-    float *x = malloc((size_t)Tmax * cols * 4), *y = malloc((size_t)Tmax * rows * 4);
+    float *x = NULL, *y = malloc((size_t)Tmax * rows * 4); /* x 64-byte aligned, as the engine's */
+    if (posix_memalign((void **)&x, 64, (size_t)Tmax * cols * 4) || !y)
+        return 4;
     for (size_t i = 0; i < (size_t)Tmax * cols; i++)
         x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
     /* what the linked ggml was compiled for (its system-info flags), so a run on a
