@@ -22,10 +22,10 @@ build="${SHOAL_BUILD:-$here/build}"
         for c in "${order[@]}"; do
             label="${c%%=*}" rest="${c#*=}"
             isa="${rest%%:*}" bin="${rest#*:}"
-            printf '{"class":"%s","round":%d,"meta":"load","value":"%s"}\n' "$label" "$r" "$(cut -d' ' -f1-3 /proc/loadavg)"
+            printf '{"class":"%s","class_round":%d,"meta":"load","value":"%s"}\n' "$label" "$r" "$(cut -d' ' -f1-3 /proc/loadavg)"
             SHOAL_ISA="$isa" "$build/bin/shoal" bench peak --json --reps 5 | grep '"fp32_fma"' |
-                sed "s/^{/{\"class\":\"$label\",\"round\":$r,/"
-            SHOAL_ISA="$isa" "$bin" "$rows" "$cols" "$ts" 1 | grep '^{' | sed "s/^{/{\"class\":\"$label\",\"round\":$r,/"
+                sed "s/^{/{\"class\":\"$label\",\"class_round\":$r,/"
+            SHOAL_ISA="$isa" "$bin" "$rows" "$cols" "$ts" 1 | grep '^{' | sed "s/^{/{\"class\":\"$label\",\"class_round\":$r,/"
         done
     done
     printf '{"meta":"load_after","value":"%s"}\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
