@@ -4,7 +4,8 @@
 # the matrix-unit-order kernels against the scalar specification and the
 # start-up self-test, the engine against the reference in the mu class, the
 # instruction peaks, the bf16 and MXFP4 GEMMs at T = 1, 8, 64, 256 in both
-# numerics classes, the expert GEMV against the read pass, and prefill on equal
+# numerics classes, the expert GEMV against the read pass (and the two AVX-512
+# MXFP4 decodes against each other, tests/bench/mx_t1_ab.sh), and prefill on equal
 # work against llama-bench (tests/bench/prefill_anchor.py), portable and mu.
 # Runs on any x86-64 (without AMX the mu rows are the exact emulation, and say
 # so). Not a test: figures, for docs/PERFORMANCE.md.
@@ -100,6 +101,18 @@ done
         grep '^{' > "$out/kernels_expert_$nc.jsonl"
 done
 say "expert rows: $(cat "$out"/kernels_expert_*.jsonl | wc -l) ($(( $(date +%s) - t0 )) s)"
+
+# 4b. the two AVX-512 MXFP4 decodes of the portable class (shift: two shuffles
+#     per 32 weights, opt-in; vpmovzx: three, the default), interleaved rounds
+#     of the expert GEMV against the read pass, the in-cache GEMV (ns per 32
+#     weights, thread CPU time) and bench_gemm mxfp4 T = 1..8 (~25 s a
+#     configuration a round). MX_ROUNDS=0 skips it.
+if [ "${MX_ROUNDS:-3}" -gt 0 ] && "$BIN/shoal" version 2>/dev/null | grep -q '^mxfp4 decode'; then
+    tests/bench/mx_t1_ab.sh "$out/mx_decode.jsonl" "${MX_ROUNDS:-3}" shift="$BIN:SHOAL_MX_DECODE=shift" \
+        vpmovzx="$BIN:SHOAL_MX_DECODE=vpmovzx" 2>> "$log"
+    python3 tests/bench/mx_t1_ab_summary.py "$out/mx_decode.jsonl" > "$out/mx_decode.txt" 2>&1
+    say "mxfp4 decodes: $(grep -A3 'in-cache ns/32w 256x3584' "$out/mx_decode.txt" | tr -s ' ' | tr '\n' ';') ($(( $(date +%s) - t0 )) s)"
+fi
 
 # 5. prefill on equal work against llama-bench
 wait $gen1 $gen2
