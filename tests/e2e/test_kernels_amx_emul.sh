@@ -3,8 +3,10 @@
 # intrinsics emulated in software from the measured AMX model
 # (kernels_amx_emul_shim.h), compared with the scalar specification. Runs on
 # any x86-64 with AVX-512F/BW (the file's activation rounding uses them);
-# SKIPPED elsewhere. Checks the tile layout logic, not an AMX unit: on an AMX
-# machine test_kernels runs the real one (t_mu_isa, t_mu_amx).
+# SKIPPED elsewhere. Every variant of the AMX GEMM (SHOAL_AMX_VARIANT: all 32
+# flag combinations) over every shape. Checks the tile layout logic, not an
+# AMX unit: on an AMX machine test_kernels (t_mu_isa, t_mu_amx) and
+# test_kernels_amx_real (the same program on the real tiles) run the unit.
 set -uo pipefail
 src="${SHOAL_SRC:?}"
 build="${SHOAL_BUILD:?}"
@@ -18,12 +20,20 @@ sed -e 's|^#if defined(__x86_64__) && defined(__AMX_TILE__) && defined(__AMX_BF1
     "$src/kernels/gemm_amx.c" > "$work/amx_emul.c"
 grep -q '^#if 1' "$work/amx_emul.c" || { printf 'FAIL\tkernels_amx_emul\tguard: cannot open the AMX guard\n' >> "$res"; exit 1; }
 cc="${CC:-cc}"
-flags=(-std=c11 -O1 -D_GNU_SOURCE -ffp-contract=off -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -fopenmp -I"$src")
+# AddressSanitizer: a read or write past the test's buffers (rows or tokens past a tail) fails it
+flags=(-std=c11 -O1 -g -fsanitize=address -fno-omit-frame-pointer -D_GNU_SOURCE -ffp-contract=off -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -fopenmp -I"$src")
 "$cc" "${flags[@]}" -Dshoal__kernels_gemm_bf16_mu_amx=emul_bf16_mu_amx -Dshoal__kernels_gemm_mxfp4_mu_amx=emul_mxfp4_mu_amx \
     -Dshoal__kernels_amx_usable=emul_amx_usable -Dshoal__kernels_peak_amx_bf16=emul_peak_amx_bf16 \
+    -Dshoal__kernels_amx_set_variant=emul_amx_set_variant \
     -c "$work/amx_emul.c" -o "$work/a.o" \
     || { printf 'FAIL\tkernels_amx_emul\tcompile: gemm_amx.c does not build with the emulated tiles\n' >> "$res"; exit 1; }
 "$cc" "${flags[@]}" "$src/tests/e2e/kernels_amx_emul.c" "$work/a.o" "$build/libshoal_kernels.a" \
     "$build/libshoal_common.a" -lm -o "$work/check" \
     || { printf 'FAIL\tkernels_amx_emul\tlink\n' >> "$res"; exit 1; }
-SHOAL_TEST_RESULTS="$res" "$work/check"
+ASAN_OPTIONS="exitcode=86:${ASAN_OPTIONS:-}" SHOAL_TEST_RESULTS="$res" "$work/check"
+rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ]; then
+    why="killed by a signal"; [ "$rc" -eq 86 ] && why="AddressSanitizer: an access outside the buffers (above)"
+    printf 'FAIL\tkernels_amx_emul\tcheck stopped (rc %d): %s\n' "$rc" "$why" >> "$res"
+fi
+exit "$rc"
