@@ -139,6 +139,11 @@ int shoal_kernels_init(void)
     if (l2 >= (64L << 10) && l2 <= (64L << 20))
         l2_bytes = l2;
 #endif
+    /* parsed on every machine, so a misspelt variant is refused everywhere
+     * (before anything is selected: a refused init changes nothing) */
+    const char *av = getenv("SHOAL_AMX_VARIANT");
+    if (av && shoal__kernels_amx_variant_parse(av, &amx_variant_sel))
+        return SHOAL_EINVAL;
     const char *env = getenv("SHOAL_ISA");
     if (env && *env) {
         shoal_isa want;
@@ -161,10 +166,6 @@ int shoal_kernels_init(void)
             best = SHOAL_ISA_AVX2;
         shoal_kernels_set_isa(best);
     }
-    /* parsed on every machine, so a misspelt variant is refused everywhere */
-    const char *av = getenv("SHOAL_AMX_VARIANT");
-    if (av && shoal__kernels_amx_variant_parse(av, &amx_variant_sel))
-        return SHOAL_EINVAL;
     if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512) && isa_usable(SHOAL_ISA_AVX512))
         mu_try_amx();
     initialised = 1;
@@ -338,7 +339,9 @@ int shoal__kernels_mu_selftest(shoal__gemm_bf16_fn bf, shoal__gemm_mxfp4_fn mx)
 {
     shoal__kernels_mx_tables();
     uint64_t seed = 0x243f6a8885a308d3ull;
-    static const int shapes[][3] = {{1, 32, 1}, {3, 64, 1}, {70, 64, 17}, {20, ST_COLS, 3}};
+    /* T = 40: above the AMX SWAP variant's 32 tokens, so a swap variant's self-test
+     * runs both of its arrangements */
+    static const int shapes[][3] = {{1, 32, 1}, {3, 64, 1}, {70, 64, 17}, {20, ST_COLS, 3}, {24, 96, 40}};
     for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
         int rows = shapes[k][0], cols = shapes[k][1], T = shapes[k][2];
         for (int i = 0; i < rows * cols; i++) {
@@ -436,7 +439,7 @@ const char *shoal__kernels_amx_variant_name(int v, char *buf, size_t n)
 int shoal__kernels_amx_variant_parse(const char *s, int *v)
 {
     int f = 0;
-    while (*s) {
+    for (int more = *s != '\0'; more;) {
         size_t len = strcspn(s, "+,");
         int hit = len == 4 && !strncmp(s, "base", 4);
         for (int i = 0; i < 5 && !hit; i++)
@@ -444,11 +447,11 @@ int shoal__kernels_amx_variant_parse(const char *s, int *v)
                 f |= 1 << i;
                 hit = 1;
             }
-        if (!hit)
+        if (!hit) /* an unknown or empty name ("swap+") */
             return SHOAL_EINVAL;
         s += len;
-        if (*s)
-            s++;
+        more = *s != '\0';
+        s += more;
     }
     *v = f;
     return 0;
