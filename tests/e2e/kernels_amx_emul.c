@@ -48,6 +48,7 @@ static void report(const char *name, int ok, const char *detail)
 {
     const char *path = getenv("SHOAL_TEST_RESULTS");
     printf("%s %s%s%s\n", ok ? "PASS" : "FAIL", name, ok ? "" : ": ", ok ? "" : detail);
+    fflush(stdout); /* a later variant that crashes must not take these lines with it */
     if (path) {
         FILE *f = fopen(path, "a");
         if (f) {
