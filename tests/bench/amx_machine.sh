@@ -12,7 +12,7 @@
 #      variant that fails is reported and left out of every figure;
 #   2. the instruction peaks (shoal bench peak);
 #   3. the mu GEMMs on the tiles for every variant, interleaved rep by rep in
-#      one process (bench_gemm --amx-variants) at T = 8, 16, 64, 256: bf16
+#      one process (bench_gemm --amx-variants) at T = 1, 4, 8, 16, 64, 256: bf16
 #      12288 x 7168 and MXFP4 3072 x 3584 (expert shape); and the AVX-512
 #      emulation (SHOAL_AMX_MIN_T=0) at T = 1, 8 for the T = 8 / T = 1 goal;
 #   4. why mu did not scale to 2 threads (issue 33, fourth session): the AMX
@@ -170,9 +170,9 @@ gemm() { # gemm LABEL CPUS|- ENV... -- bench_gemm args...
 vflag=()
 [ $amx = 1 ] && [ -n "$ok" ] && vflag=(--amx-variants "$ok")
 if ! over "gemm"; then
-    gemm variants - SHOAL_AMX_MIN_T=1 -- bf16mu 12288 7168 8,16,64,256 --reps "$reps" --copies 2 "${vflag[@]}"
+    gemm variants - SHOAL_AMX_MIN_T=1 -- bf16mu 12288 7168 1,4,8,16,64,256 --reps "$reps" --copies 2 "${vflag[@]}"
     say "gemm bf16 variants done ($(elapsed) s)"
-    gemm variants - SHOAL_AMX_MIN_T=1 -- mxfp4mu 3072 3584 8,16,64,256 --reps "$reps" --copies 16 "${vflag[@]}"
+    gemm variants - SHOAL_AMX_MIN_T=1 -- mxfp4mu 3072 3584 1,4,8,16,64,256 --reps "$reps" --copies 16 "${vflag[@]}"
     say "gemm mxfp4 variants done ($(elapsed) s)"
     gemm emulation - SHOAL_AMX_MIN_T=0 -- bf16mu 12288 7168 1,8 --reps "$reps" --copies 2
     gemm emulation - SHOAL_AMX_MIN_T=0 -- mxfp4mu 3072 3584 1,8 --reps "$reps" --copies 16
