@@ -18,7 +18,7 @@
 #undef _tile_dpbf16ps
 #undef _tile_release
 
-static struct {
+static _Thread_local struct { /* per thread, as the tile registers are */
     uint8_t data[8][16][64];
     int rows[8], colsb[8], configured;
 } emul_tiles;
