@@ -20,7 +20,8 @@
 #      two siblings of one core, 2 unpinned, and the AVX-512 emulation on two
 #      cores; then prefill (bench_engine, mu, 256 tokens) the same ways, and
 #      unpinned with spinning OpenMP waits (OMP_WAIT_POLICY=active) against
-#      shoal's passive default;
+#      shoal's passive default; and which vCPU pairs share a matrix unit
+#      (the AMX GEMM in cache on two vCPUs at once against alone);
 #   5. prefill on equal work against llama-bench (tests/bench/prefill_anchor.py),
 #      1 thread, 256 tokens: every variant that passed, interleaved with the anchor.
 # Then tests/bench/amx_summary.py OUTDIR prints the tables for
@@ -196,6 +197,29 @@ if ! over "2-thread gemm"; then
             --copies 2 --threads 2
     fi
     say "2-thread gemm rows done ($(elapsed) s): $(grep -E '"run":"t[12]' "$g" | sed -E 's/.*"run":"([^"]*)".*"gmacs":([0-9.]+).*"gmacs_cpu":([0-9.]+).*/\1 \2 GMAC\/s (cpu \3)/' | tr '\n' ';')"
+fi
+
+# which vCPUs share a matrix unit, measured (a VM may show every vCPU as its own
+# core while the host runs two on one core's hyperthreads): the AMX GEMM in
+# cache (bf16mu 256 x 2048, T = 256) alone on A, then on A and on vCPU c at
+# once, for every other allowed vCPU (QUICK: 3): a pair whose rates drop to
+# about half shares one unit
+pairs="$out/pairs.jsonl"
+: > "$pairs"
+probe() { SHOAL_AMX_MIN_T=1 taskset -c "$1" timeout 60 "$BIN/bench_gemm" bf16mu 256 2048 256 --reps 500 --copies 1 2>/dev/null | grep '^{"kind"'; }
+if ! over "vCPU pairs"; then
+    printf '{"pair":"solo","a":%s}\n' "$(probe "$A")" >> "$pairs"
+    n=0
+    for c in "${cpus[@]:1}"; do
+        [ -n "$quick" ] && [ $n -ge 3 ] && break
+        n=$((n + 1))
+        probe "$A" > "$work/pa.txt" &
+        pa=$!
+        rb="$(probe "$c")"
+        wait $pa
+        printf '{"pair":"%s,%s","a":%s,"b":%s}\n' "$A" "$c" "$(cat "$work/pa.txt")" "$rb" >> "$pairs"
+    done
+    say "vCPU pairs done ($(elapsed) s): $(sed -E 's/.*"pair":"([^"]*)".*"gmacs":([0-9.]+).*/\1 \2/' "$pairs" | tr '\n' ';')"
 fi
 
 wait $gen1 $gen2

@@ -108,6 +108,17 @@ def main():
             x = f"{r['gmacs'] / ref:.2f}" if ref else "-"
             print(f"| {r['run']} | {r.get('cpus')} | {r['gmacs']:.1f} [{r['gmacs_min']:.1f}, {r['gmacs_max']:.1f}] | "
                   f"{x} | {r['gmacs_cpu']:.1f} |")
+    pairs = rows(os.path.join(d, "pairs.jsonl"))
+    solo = next((r["a"]["gmacs"] for r in pairs if r.get("pair") == "solo" and isinstance(r.get("a"), dict)), None)
+    if solo:
+        print(f"\n## vCPU pairs: AMX GEMM in cache (bf16mu 256x2048, T = 256) on two vCPUs at once; alone "
+              f"{solo:.1f} GMAC/s\n")
+        print("| vCPUs | first GMAC/s | second GMAC/s | first / alone | sum / alone |")
+        print("|---|---|---|---|---|")
+        for r in pairs:
+            if r.get("pair") != "solo" and isinstance(r.get("a"), dict) and isinstance(r.get("b"), dict):
+                a, b = r["a"]["gmacs"], r["b"]["gmacs"]
+                print(f"| {r['pair']} | {a:.1f} | {b:.1f} | {a / solo:.2f} | {(a + b) / solo:.2f} |")
     eng = rows(os.path.join(d, "threads.jsonl"))
     if eng:
         print("\n## prefill, mu, 256 tokens (bench_engine)\n")
