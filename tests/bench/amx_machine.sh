@@ -86,6 +86,10 @@ A="${cpus[0]}"; D=""; S=""
 for c in "${cpus[@]:1}"; do
     if [ "$(core_of "$c")" = "$(core_of "$A")" ]; then [ -z "$S" ] && S="$c"; else [ -z "$D" ] && D="$c"; fi
 done
+if ! command -v taskset > /dev/null; then # no pinning possible: those runs are left out, and said so
+    A="-"; D=""; S=""
+    cpus=("-")
+fi
 {
     echo "== date"; date -u
     echo "== lscpu"; lscpu
@@ -206,8 +210,10 @@ fi
 # about half shares one unit
 pairs="$out/pairs.jsonl"
 : > "$pairs"
-probe() { SHOAL_AMX_MIN_T=1 taskset -c "$1" timeout 60 "$BIN/bench_gemm" bf16mu 256 2048 256 --reps 500 --copies 1 2>/dev/null | grep '^{"kind"'; }
-if ! over "vCPU pairs"; then
+probe() { SHOAL_AMX_MIN_T=1 ${1:+taskset -c "$1"} timeout 60 "$BIN/bench_gemm" bf16mu 256 2048 256 --reps 500 --copies 1 2>/dev/null | grep '^{"kind"'; }
+if [ "$A" = "-" ]; then
+    say "vCPU pairs: skipped (no taskset)"
+elif ! over "vCPU pairs"; then
     printf '{"pair":"solo","a":%s}\n' "$(probe "$A")" >> "$pairs"
     n=0
     for c in "${cpus[@]:1}"; do
