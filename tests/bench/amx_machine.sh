@@ -23,7 +23,8 @@
 #      shoal's passive default; and which vCPU pairs share a matrix unit
 #      (the AMX GEMM in cache on two vCPUs at once against alone);
 #   5. prefill on equal work against llama-bench (tests/bench/prefill_anchor.py),
-#      1 thread, 256 tokens: every variant that passed, interleaved with the anchor.
+#      1 thread, 256 tokens: base and the 3 variants (QUICK: 1) fastest in step
+#      3's GEMMs (bf16 T = 256, MXFP4 T = 64), interleaved with the anchor.
 # Then tests/bench/amx_summary.py OUTDIR prints the tables for
 # docs/PERFORMANCE.md. Runs on any x86-64 (without AMX: step 1 SKIPs, the
 # mu rows are the AVX-512 emulation and say so). Not a test: figures.
@@ -252,11 +253,15 @@ if [ -f "$work/k3s4/config.json" ] && ! over "2-thread prefill"; then
     fi
 fi
 
-# 5. prefill on equal work against llama-bench: every variant that passed, 1 thread
+# 5. prefill on equal work against llama-bench: base and the fastest variants, 1 thread
 if [ -n "${LLAMA:-}" ] && [ -x "$LLAMA/llama-bench" ] && [ -f "$work/anchor.gguf" ] && [ -f "$work/k3s4/config.json" ]; then
     if ! over "prefill vs llama-bench"; then
         nc="mu"
-        [ $amx = 1 ] && [ -n "$ok" ] && nc="$(echo "$ok" | tr ',' '\n' | sed 's/^/mu@/' | paste -sd,)"
+        if [ $amx = 1 ] && [ -n "$ok" ]; then # base and the 3 (QUICK 1) fastest by the GEMMs: the step fits the budget
+            pv="$($py tests/bench/amx_summary.py --rank "$out" "$([ -n "$quick" ] && echo 1 || echo 3)" 2>>"$log")"
+            say "prefill variants (base and the fastest by bf16 T = 256 and MXFP4 T = 64): ${pv:-base}"
+            nc="$(echo "${pv:-base}" | tr ',' '\n' | sed 's/^/mu@/' | paste -sd,)"
+        fi
         LD_LIBRARY_PATH="$LLAMA:$LD_LIBRARY_PATH" PYTHONUNBUFFERED=1 $py tests/bench/prefill_anchor.py \
             --model "$work/k3s4" --gguf "$work/anchor.gguf" --llama-bench "$LLAMA/llama-bench" \
             --bench-engine "$BIN/bench_engine" --rounds 1 --reps 1 --prompts 256 \

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tables of one tests/bench/amx_machine.sh run (issue 33), for docs/PERFORMANCE.md.
 
-usage: amx_summary.py OUTDIR   (reads gemm.jsonl, peak.jsonl, threads.jsonl, prefill.json, log.txt)
+usage: amx_summary.py OUTDIR   (reads gemm.jsonl, peak.jsonl, threads.jsonl, pairs.jsonl, prefill.json, log.txt)
+       amx_summary.py --rank OUTDIR N   (base and the N fastest variants for prefill, see rank())
 
 - the AMX GEMM's variants: GMAC/s (median of the reps [min, max], wall clock,
   1 thread) by T, each variant's ratio to base in the same process, the best
@@ -31,7 +32,26 @@ def rows(path):
     return out
 
 
+def rank(d, n):
+    """base, then the n variants fastest in the GEMMs a 256-token prefill calls most (the
+    geometric mean of bf16 at T = 256 and MXFP4 at T = 64, each over base), comma-separated"""
+    var = [r for r in rows(os.path.join(d, "gemm.jsonl")) if r.get("run") == "variants" and "gmacs" in r]
+    def g(kind, t, v):
+        return next((r["gmacs"] for r in var if r["kind"] == kind and r["T"] == t and r["amx_variant"] == v), None)
+    score = {}
+    for v in {r["amx_variant"] for r in var} - {"base", "-"}:
+        a, b = g("bf16mu", 256, v), g("mxfp4mu", 64, v)
+        a0, b0 = g("bf16mu", 256, "base"), g("mxfp4mu", 64, "base")
+        if a and b and a0 and b0:
+            score[v] = (a / a0 * b / b0) ** 0.5
+    best = sorted(score, key=lambda v: -score[v])[:n]
+    print(",".join(["base"] + best))
+    return 0
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--rank":
+        return rank(sys.argv[2], int(sys.argv[3]))
     d = sys.argv[1]
     gemm = rows(os.path.join(d, "gemm.jsonl"))
     peaks = {r["what"]: r for r in rows(os.path.join(d, "peak.jsonl")) if r.get("op") == "peak" and r.get("available")}
@@ -78,8 +98,9 @@ def main():
                         c += f" ({r['gmacs'] / base[t]:.2f}x)"
                     cells.append(c)
                 print(f"| {n} | " + " | ".join(cells) + " |")
-            best = max((r for r in var if r["kind"] == kind and r["T"] == max(Ts)), key=lambda r: r["gmacs"])
-            if amx_peak:
+            top = [r for r in var if r["kind"] == kind and r["T"] == max(Ts)]
+            best = max(top, key=lambda r: r["gmacs"]) if top else None
+            if amx_peak and best:
                 print(f"\nbest at T = {max(Ts)}: {best['amx_variant']} {best['gmacs']:.1f} GMAC/s = "
                       f"{best['gmacs'] / amx_peak:.2f} of the AMX peak")
     emu = [r for r in gemm if r.get("run") == "emulation" and "gmacs" in r]
