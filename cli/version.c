@@ -23,10 +23,12 @@ int shoal_cmd_version(int argc, char **argv)
     printf("shoal %s\n", SHOAL_VERSION);
     int rc = shoal_kernels_init();
     if (rc < 0) {
-        fprintf(stderr, "shoal: kernels: %s (SHOAL_ISA asks for a variant this CPU lacks, or SHOAL_AMX_VARIANT names an unknown one)\n", shoal_strerror(rc));
+        fprintf(stderr, "shoal: kernels: %s (SHOAL_ISA asks for a variant this CPU lacks, or SHOAL_ISA / SHOAL_MX_DECODE / SHOAL_AMX_VARIANT names an unknown one)\n", shoal_strerror(rc));
         return 2;
     }
     printf("kernels %s\n", shoal_isa_name(shoal_kernels_isa()));
+    if (shoal_kernels_isa() == SHOAL_ISA_AVX512) /* the portable MXFP4 decode (SHOAL_MX_DECODE; same bits) */
+        printf("mxfp4 decode %s\n", shoal_mx_decode_name(shoal_kernels_mx_decode()));
     /* the opt-in matrix-unit-order kernels (kernels/README.md): AMX only after its self-test */
     printf("mu-order kernels %s\n", shoal_kernels_mu_path());
     /* the numerics class a command runs without --numerics, and what --numerics mu computes with */

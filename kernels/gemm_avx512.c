@@ -2,8 +2,10 @@
  * reproduces the scalar specification bit for bit (kernels/README.md).
  *   bf16 / f32: the 16 canonical lanes are one zmm; reduce16 = (lo256 + hi256)
  *     then the AVX2 tail tree.
- *   MXFP4: the 16 canonical lanes are one zmm; a group decodes with one
- *     vpmovzxbd and two vpermps from a per-scale table of exact weights.
+ *   MXFP4: the 16 canonical lanes are one zmm; a group decodes with two
+ *     vpermps from a per-scale table of exact weights, its bytes placed by
+ *     vpmovzxbd (canonical lane order) or by a broadcast load and qword
+ *     shifts (a transposed lane order; fewer shuffles, for Intel).
  *   gemv_t, KDA head: vectorised across independent columns (16 per zmm).
  * The dev machine has no AVX-512: these workers are compiled and dispatched
  * only where CPUID reports AVX-512, and tests/unit/test_kernels.c reports
@@ -203,35 +205,76 @@ static void gemm_f32(float *y, const float *w, const float *x, int rows, int col
 /* ---- MXFP4 --------------------------------------------------------------------
  * The canonical order (kernels/README.md, "MXFP4"): 16 lanes, lane j of a
  * group takes packed byte j, first its low nibble (column 2j) then its high
- * nibble (column 2j+1); result 4 * reduce16. One zmm is the 16 lanes:
- *   d  = vpmovzxbd(16 packed bytes)            lane j = byte j
- *   wl = vpermps(d, W[e]), wh = vpermps(d >> 4, W[e])
+ * nibble (column 2j+1); result 4 * reduce16. One zmm holds the 16 lanes. Two
+ * decodes, bit-identical, chosen by kernels.c (shoal_kernels_set_mx_decode):
+ * "vpmovzx" (zx = 1): d = vpmovzxbd(16 packed bytes), lane j = byte j, then
+ * wl = vpermps(d, W[e]), wh = vpermps(d >> 4, W[e]): three shuffles per 32
+ * weights. "shift" (zx = 0) holds the lanes in a
+ * transposed order: physical lane p = 4L + m (L = p >> 2, the 128-bit block;
+ * m = p & 3) is canonical lane MX_LANE(p) = 4m + L, and the lanes are put
+ * back in canonical order (one vpermps by the same index: the transpose is its
+ * own inverse) only before the final reduce16. The decode of a group:
+ *   b  = vbroadcasti32x4(16 packed bytes)   a load, no shuffle: qword 2L+q of
+ *        block L holds bytes 8q..8q+7
+ *   r  = vpsrlvq(b, 8L)                     low dword of qword 2L+q starts
+ *        with byte 8q+L, high dword with byte 8q+L+4: lane p starts with
+ *        byte MX_LANE(p)
+ *   wl = vpermps(r, W[e]), wh = vpermps(r >> 4, W[e])
  * where W[e] (shoal__kernels_mx_w, one 64-byte row per E8M0 code, a memory
  * operand) holds the exact weights E2M1/4 * 2^(e-127) of the 16 codes:
- * vpermps reads only the low four bits of each index, so the decode is four
- * instructions per 32 weights with the scale folded in (exact, no rounding),
- * and each token costs two FMAs per group. x is deinterleaved once per
- * column block into [x even | x odd] per group (xb, on the stack), so the
- * FMAs take x as stored there. Tiles of R rows x TT tokens decode each row's
- * group once and use it for TT tokens; accumulators are saved between column
- * blocks (same values, same order). */
+ * vpermps reads only the low four bits of each index, so these are the low
+ * and high nibbles' weights with the scale folded in (exact, no rounding).
+ * That is two shuffles (the vpermps) and two shifts per 32 weights; the
+ * vpmovzx decode needs three shuffles, and on Intel every
+ * 512-bit shuffle runs on port 5, which also hosts one of the two FMA units
+ * (docs/PERFORMANCE.md, "MXFP4 T = 1: two shuffles per group on Intel"; on
+ * AMD Zen 4 it ran 1.12x slower in cache than vpmovzx). Each token
+ * costs two FMAs per group. x is deinterleaved once per column block into the
+ * decode's lane order, [x[2 MX_LANE(p)] | x[2 MX_LANE(p) + 1]] per group for
+ * shift, [x even | x odd] for vpmovzx (xb, on the stack), so the FMAs take x
+ * as stored there. Tiles of R rows x TT tokens
+ * decode each row's group once and use it for TT tokens; accumulators are
+ * saved between column blocks (same values, same order). */
 #define MX_XB 8192 /* floats of deinterleaved x on the stack (32 KiB) */
 #define MX_RB 16   /* rows per block when accumulators are saved between column blocks */
 #define MX_TMAX 4 /* 4x4 tiles: 2x8 tiles ran 20% slower in cache (docs/PERFORMANCE.md) */
+#define MX_LANE(p) (4 * ((p) & 3) + ((p) >> 2))
 
-INLINE void mx_dec(__m512 *wl, __m512 *wh, const uint8_t *p, unsigned e)
+INLINE void mx_dec(__m512 *wl, __m512 *wh, const uint8_t *p, unsigned e, int zx)
 {
-    __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
     const float *tab = shoal__kernels_mx_w[e];
-    *wl = _mm512_permutexvar_ps(d, _mm512_load_ps(tab));
-    *wh = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), _mm512_load_ps(tab));
+    if (zx) { /* the vpmovzxbd decode: lane j = byte j, canonical order */
+        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+        *wl = _mm512_permutexvar_ps(d, _mm512_load_ps(tab));
+        *wh = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), _mm512_load_ps(tab));
+        return;
+    }
+    const __m512i sh = _mm512_setr_epi64(0, 0, 8, 8, 16, 16, 24, 24);
+    __m512i r = _mm512_srlv_epi64(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)), sh);
+    *wl = _mm512_permutexvar_ps(r, _mm512_load_ps(tab));
+    *wh = _mm512_permutexvar_ps(_mm512_srli_epi64(r, 4), _mm512_load_ps(tab));
 }
 
-/* x[t..t+TT) columns of groups [g0, g1) -> xb[b*xs + 32*(g-g0) + {0..15: even, 16..31: odd}] */
-static void mx_deint(float *xb, int xs, const float *x, int cols, int t, int TT, int g0, int g1)
+/* physical lanes -> canonical order (MX_LANE is an involution) */
+INLINE __m512 mx_canon(__m512 acc, int zx)
 {
-    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const __m512i ix = _mm512_setr_epi32(MX_LANE(0), MX_LANE(1), MX_LANE(2), MX_LANE(3), MX_LANE(4), MX_LANE(5),
+                                         MX_LANE(6), MX_LANE(7), MX_LANE(8), MX_LANE(9), MX_LANE(10), MX_LANE(11),
+                                         MX_LANE(12), MX_LANE(13), MX_LANE(14), MX_LANE(15));
+    return zx ? acc : _mm512_permutexvar_ps(ix, acc);
+}
+
+/* x[t..t+TT) columns of groups [g0, g1) -> xb[b*xs + 32*(g-g0) + {0..15: even, 16..31: odd}],
+ * lane p of each half holding column 2 MX_LANE(p) (+1) of the group (2p (+1) for zx) */
+static void mx_deint(float *xb, int xs, const float *x, int cols, int t, int TT, int g0, int g1, int zx)
+{
+#define MX_E(p) (2 * MX_LANE(p))
+    const __m512i ie = zx ? _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+                          : _mm512_setr_epi32(MX_E(0), MX_E(1), MX_E(2), MX_E(3), MX_E(4), MX_E(5), MX_E(6), MX_E(7),
+                                              MX_E(8), MX_E(9), MX_E(10), MX_E(11), MX_E(12), MX_E(13), MX_E(14),
+                                              MX_E(15));
+#undef MX_E
+    const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
     for (int b = 0; b < TT; b++) {
         const float *xt = x + (size_t)(t + b) * cols;
         float *o = xb + (size_t)b * xs;
@@ -243,9 +286,28 @@ static void mx_deint(float *xb, int xs, const float *x, int cols, int t, int TT,
     }
 }
 
+/* one group g of rows p[0..R), tokens 0..TT-1 of xg (stride xs): decode each row once, 2 FMAs per token */
+INLINE void mx_step(__m512 acc[4][MX_TMAX], const uint8_t *const *p, const uint8_t *const *s, const float *xg,
+                    int xs, int R, int TT, int g, int zx)
+{
+    __m512 wl[4], wh[4];
+    for (int a = 0; a < R; a++)
+        mx_dec(&wl[a], &wh[a], p[a] + 16 * g, s[a][g], zx);
+    for (int b = 0; b < TT; b++) {
+        __m512 xe = _mm512_load_ps(xg + (size_t)b * xs);
+        for (int a = 0; a < R; a++)
+            acc[a][b] = _mm512_fmadd_ps(wl[a], xe, acc[a][b]);
+    }
+    for (int b = 0; b < TT; b++) {
+        __m512 xo = _mm512_load_ps(xg + (size_t)b * xs + 16);
+        for (int a = 0; a < R; a++)
+            acc[a][b] = _mm512_fmadd_ps(wh[a], xo, acc[a][b]);
+    }
+}
+
 /* rows r..r+R-1, tokens t..t+TT-1, groups [g0, g1); st: saved lanes, row-major [row - rb][MX_TMAX] */
 INLINE void mx_tile(float *y, __m512 *st, const uint8_t *packed, const uint8_t *scale, const float *xb, int xs,
-                    int rows, int cols, int r, int R, int t, int TT, int g0, int g1, int init, int fin)
+                    int rows, int cols, int r, int R, int t, int TT, int g0, int g1, int init, int fin, int zx)
 {
     __m512 acc[4][MX_TMAX];
     for (int a = 0; a < R; a++)
@@ -258,32 +320,33 @@ INLINE void mx_tile(float *y, __m512 *st, const uint8_t *packed, const uint8_t *
         s[a] = scale + (size_t)(r + a) * ng;
     }
     size_t pf = (size_t)R * (cols / 2); /* one tile ahead (2 and 4 measured no better, docs/PERFORMANCE.md) */
-    for (int g = g0; g < g1; g++) {
+    /* Four groups per step (64 bytes of each row: one line), so the prefetches
+     * of the step are issued without a branch per row and group: branches and
+     * pointer arithmetic take integer ports that on Intel also issue the
+     * vector uops (llvm-mca, docs/PERFORMANCE.md). */
+    int g = g0;
+    for (; g + 4 <= g1; g += 4) {
+        if ((g & 15) < 4)
+            for (int a = 0; a < R; a++)
+                _mm_prefetch((const char *)s[a] + (size_t)R * ng + g, _MM_HINT_T0);
+        for (int a = 0; a < R; a++) /* the same line of the next tile's row (rows are short, see MX_PF) */
+            _mm_prefetch((const char *)p[a] + pf + 16 * g, _MM_HINT_T0);
+        for (int u = 0; u < 4; u++)
+            mx_step(acc, p, s, xb + 32 * (g + u - g0), xs, R, TT, g + u, zx);
+    }
+    for (; g < g1; g++) {
         if ((g & 15) == 0)
             for (int a = 0; a < R; a++)
                 _mm_prefetch((const char *)s[a] + (size_t)R * ng + g, _MM_HINT_T0);
-        __m512 wl[4], wh[4];
-        for (int a = 0; a < R; a++) {
-            if ((g & 3) == 0) /* the same line of the next tile's row (rows are short, see MX_PF) */
+        if ((g & 3) == 0)
+            for (int a = 0; a < R; a++)
                 _mm_prefetch((const char *)p[a] + pf + 16 * g, _MM_HINT_T0);
-            mx_dec(&wl[a], &wh[a], p[a] + 16 * g, s[a][g]);
-        }
-        const float *xg = xb + 32 * (g - g0);
-        for (int b = 0; b < TT; b++) {
-            __m512 xe = _mm512_load_ps(xg + (size_t)b * xs);
-            for (int a = 0; a < R; a++)
-                acc[a][b] = _mm512_fmadd_ps(wl[a], xe, acc[a][b]);
-        }
-        for (int b = 0; b < TT; b++) {
-            __m512 xo = _mm512_load_ps(xg + (size_t)b * xs + 16);
-            for (int a = 0; a < R; a++)
-                acc[a][b] = _mm512_fmadd_ps(wh[a], xo, acc[a][b]);
-        }
+        mx_step(acc, p, s, xb + 32 * (g - g0), xs, R, TT, g, zx);
     }
     for (int a = 0; a < R; a++)
         for (int b = 0; b < TT; b++) {
             if (fin)
-                y[(size_t)(t + b) * rows + r + a] = 4.0f * hsum16(acc[a][b]);
+                y[(size_t)(t + b) * rows + r + a] = 4.0f * hsum16(mx_canon(acc[a][b], zx));
             else
                 st[a * MX_TMAX + b] = acc[a][b];
         }
@@ -291,22 +354,20 @@ INLINE void mx_tile(float *y, __m512 *st, const uint8_t *packed, const uint8_t *
 
 typedef void (*mx_tile_fn)(float *y, __m512 *st, const uint8_t *packed, const uint8_t *scale, const float *xb,
                            int xs, int rows, int cols, int r, int t, int g0, int g1);
-#define MX_TILE(R, TT)                                                                                      \
-    __attribute__((noinline)) static void mx_tile_##R##x##TT(float *y, __m512 *st, const uint8_t *packed,     \
-                                                             const uint8_t *scale, const float *xb, int xs,   \
-                                                             int rows, int cols, int r, int t, int g0, int g1) \
-    {                                                                                                       \
-        mx_tile(y, st, packed, scale, xb, xs, rows, cols, r, R, t, TT, g0, g1, g0 == 0, g1 == cols / 32);   \
+#define MX_TILE(R, TT, Z, N)                                                                                   \
+    __attribute__((noinline)) static void mx_tile_##N##R##x##TT(float *y, __m512 *st, const uint8_t *packed,      \
+                                                               const uint8_t *scale, const float *xb, int xs,    \
+                                                               int rows, int cols, int r, int t, int g0, int g1) \
+    {                                                                                                          \
+        mx_tile(y, st, packed, scale, xb, xs, rows, cols, r, R, t, TT, g0, g1, g0 == 0, g1 == cols / 32, Z);   \
     }
-MX_TILE(4, 1)
-MX_TILE(1, 1)
-MX_TILE(4, 2)
-MX_TILE(1, 2)
-MX_TILE(4, 4)
-MX_TILE(1, 4)
+#define MX_TILES(Z, N) MX_TILE(4, 1, Z, N) MX_TILE(1, 1, Z, N) MX_TILE(4, 2, Z, N) MX_TILE(1, 2, Z, N) \
+    MX_TILE(4, 4, Z, N) MX_TILE(1, 4, Z, N)
+MX_TILES(0, )
+MX_TILES(1, zx_)
 
-static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
-                       int T, int r0, int r1)
+INLINE void mx_gemm(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols, int T,
+                    int r0, int r1, int zx)
 {
     if (cols % 32) {
         shoal__kernels_gemm_mxfp4_scalar(y, packed, scale, x, rows, cols, T, r0, r1);
@@ -325,13 +386,15 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
         int re = rb + rbs < r1 ? rb + rbs : r1;
         for (int t = 0; t < T;) {
             int TT = T - t >= 4 ? 4 : T - t >= 2 ? 2 : 1, R = 4;
-            mx_tile_fn big = TT == 4 ? mx_tile_4x4 : TT == 2 ? mx_tile_4x2 : mx_tile_4x1;
-            mx_tile_fn one = TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_1x1;
+            mx_tile_fn big = zx ? (TT == 4 ? mx_tile_zx_4x4 : TT == 2 ? mx_tile_zx_4x2 : mx_tile_zx_4x1)
+                                : (TT == 4 ? mx_tile_4x4 : TT == 2 ? mx_tile_4x2 : mx_tile_4x1);
+            mx_tile_fn one = zx ? (TT == 4 ? mx_tile_zx_1x4 : TT == 2 ? mx_tile_zx_1x2 : mx_tile_zx_1x1)
+                                : (TT == 4 ? mx_tile_1x4 : TT == 2 ? mx_tile_1x2 : mx_tile_1x1);
             int kb = MX_XB / TT / 32; /* groups per column block */
             int xs = kb * 32;
             for (int g0 = 0; g0 < ng; g0 += kb) {
                 int g1 = g0 + kb < ng ? g0 + kb : ng;
-                mx_deint(xb, xs, x, cols, t, TT, g0, g1);
+                mx_deint(xb, xs, x, cols, t, TT, g0, g1, zx);
                 int r = rb;
                 for (; r + R <= re; r += R)
                     big(y, st + (size_t)(r - rb) * MX_TMAX, packed, scale, xb, xs, rows, cols, r, t, g0, g1);
@@ -341,6 +404,19 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
             t += TT;
         }
     }
+}
+
+/* the two decodes (bit-identical; kernels.c chooses, SHOAL_MX_DECODE) */
+static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
+                       int T, int r0, int r1)
+{
+    mx_gemm(y, packed, scale, x, rows, cols, T, r0, r1, 0);
+}
+
+static void gemm_mxfp4_zx(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
+                          int T, int r0, int r1)
+{
+    mx_gemm(y, packed, scale, x, rows, cols, T, r0, r1, 1);
 }
 
 /* ---- matrix-unit order (gemm_mu.c is the specification) ----------------------
@@ -783,6 +859,7 @@ int shoal__kernels_fill_avx512(shoal__kernels_table *t)
     t->gemm_bf16 = gemm_bf16;
     t->gemm_f32 = gemm_f32;
     t->gemm_mxfp4 = gemm_mxfp4;
+    t->gemm_mxfp4_zx = gemm_mxfp4_zx;
     t->gemv_t_bf16 = gemv_t_bf16;
     t->gemv_t_f32 = gemv_t_f32;
     t->kda_head = kda_head;

@@ -1,4 +1,4 @@
-/* kernels: ISA choice (CPUID, SHOAL_ISA, SHOAL_AMX_MIN_T and SHOAL_AMX_VARIANT overrides read here and nowhere else)
+/* kernels: ISA choice (CPUID; SHOAL_ISA, SHOAL_MX_DECODE, SHOAL_AMX_MIN_T and SHOAL_AMX_VARIANT overrides read here and nowhere else)
  * and the public entry points, which split output rows (or heads, or output
  * columns) over OpenMP threads and call the active ISA's worker. A worker
  * computes every output element in the canonical order, so neither the split
@@ -27,6 +27,15 @@ static const shoal__kernels_table scalar_table = {
 };
 
 static shoal__kernels_table isa_tables[3];
+/* The AVX-512 MXFP4 decodes (bit-identical; shoal_kernels_set_mx_decode): two
+ * shuffles per 32 weights (shift) against three (vpmovzx). vpmovzx by default
+ * (mx_decode_default), shift by SHOAL_MX_DECODE=shift: made for Intel, where
+ * every 512-bit shuffle issues on port 5 (fewer port-5 uops by llvm-mca; not yet
+ * timed on an Intel CPU; on the AMD Zen 4 of issue 33 it ran 1.13x slower in
+ * cache). docs/PERFORMANCE.md, "MXFP4 T = 1:
+ * two shuffles per group on Intel". */
+static shoal_mx_decode mx_decode = SHOAL_MX_DECODE_VPMOVZX;
+static shoal__gemm_mxfp4_fn mx_fns[2];
 static int isa_built[3]; /* 1 compiled in and filled, -1 not compiled in */
 static shoal_isa active_isa = SHOAL_ISA_SCALAR;
 static int initialised;
@@ -86,8 +95,33 @@ static int isa_usable(shoal_isa isa)
         else if (isa == SHOAL_ISA_AVX512)
             ok = shoal__kernels_fill_avx2(&isa_tables[isa]) && shoal__kernels_fill_avx512(&isa_tables[isa]);
         isa_built[isa] = ok ? 1 : -1;
+        if (ok && isa == SHOAL_ISA_AVX512) {
+            mx_fns[SHOAL_MX_DECODE_SHIFT] = isa_tables[isa].gemm_mxfp4;
+            mx_fns[SHOAL_MX_DECODE_VPMOVZX] = isa_tables[isa].gemm_mxfp4_zx;
+            isa_tables[isa].gemm_mxfp4 = mx_fns[mx_decode];
+        }
     }
     return isa_built[isa] == 1;
+}
+
+const char *shoal_mx_decode_name(shoal_mx_decode d)
+{
+    return d == SHOAL_MX_DECODE_SHIFT ? "shift" : d == SHOAL_MX_DECODE_VPMOVZX ? "vpmovzx" : "?";
+}
+
+shoal_mx_decode shoal_kernels_mx_decode(void)
+{
+    return mx_decode;
+}
+
+int shoal_kernels_set_mx_decode(shoal_mx_decode d)
+{
+    if ((unsigned)d > SHOAL_MX_DECODE_VPMOVZX)
+        return SHOAL_EINVAL;
+    mx_decode = d;
+    if (isa_built[SHOAL_ISA_AVX512] == 1)
+        isa_tables[SHOAL_ISA_AVX512].gemm_mxfp4 = mx_fns[d];
+    return 0;
 }
 
 int shoal_kernels_set_isa(shoal_isa isa)
@@ -130,6 +164,16 @@ long shoal_kernels_l2_bytes(void)
 static void mu_try_amx(void);
 static int amx_variant_sel; /* SHOAL__AMX_* flags of the AMX GEMM: SHOAL_AMX_VARIANT, default 0 */
 
+/* vpmovzx everywhere until a timing on an Intel CPU says otherwise: shift has
+ * fewer port-5 uops by llvm-mca's Skylake-server model (3.19 against 3.25
+ * cycles per 32 weights) but ran 1.13x slower in cache on the AMD Zen 4 where
+ * it was measured; tests/bench/amx_machine.sh (step 4b) times both on the
+ * lent device's Intel host. */
+static shoal_mx_decode mx_decode_default(void)
+{
+    return SHOAL_MX_DECODE_VPMOVZX;
+}
+
 int shoal_kernels_init(void)
 {
     if (initialised)
@@ -165,6 +209,16 @@ int shoal_kernels_init(void)
         else if (isa_usable(SHOAL_ISA_AVX2))
             best = SHOAL_ISA_AVX2;
         shoal_kernels_set_isa(best);
+    }
+    shoal_kernels_set_mx_decode(mx_decode_default());
+    const char *mxd = getenv("SHOAL_MX_DECODE");
+    if (mxd && *mxd) {
+        if (!strcmp(mxd, "shift"))
+            shoal_kernels_set_mx_decode(SHOAL_MX_DECODE_SHIFT);
+        else if (!strcmp(mxd, "vpmovzx"))
+            shoal_kernels_set_mx_decode(SHOAL_MX_DECODE_VPMOVZX);
+        else
+            return SHOAL_EINVAL;
     }
     if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512) && isa_usable(SHOAL_ISA_AVX512))
         mu_try_amx();

@@ -40,6 +40,9 @@ typedef struct {
     shoal__gemm_bf16_fn gemm_bf16;
     shoal__gemm_f32_fn gemm_f32;
     shoal__gemm_mxfp4_fn gemm_mxfp4;
+    /* AVX-512 only: the vpmovzxbd decode of gemm_mxfp4 (same bits; kernels.c
+     * puts the one shoal_kernels_set_mx_decode chose in gemm_mxfp4) */
+    shoal__gemm_mxfp4_fn gemm_mxfp4_zx;
     shoal__gemv_t_bf16_fn gemv_t_bf16;
     shoal__gemv_t_f32_fn gemv_t_f32;
     shoal__kda_head_fn kda_head;

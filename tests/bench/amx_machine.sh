@@ -24,7 +24,11 @@
 #      (the AMX GEMM in cache on two vCPUs at once against alone);
 #   5. prefill on equal work against llama-bench (tests/bench/prefill_anchor.py),
 #      1 thread, 256 tokens: base and the 3 variants (QUICK: 1) fastest in step
-#      3's GEMMs (bf16 T = 256, MXFP4 T = 64), interleaved with the anchor.
+#      3's GEMMs (bf16 T = 256, MXFP4 T = 64), interleaved with the anchor;
+#   4b (run last). the two AVX-512 MXFP4 decodes of the portable class against
+#      each other (tests/bench/mx_t1_ab.sh: expert GEMV vs the read pass,
+#      in-cache GEMV, bench_gemm mxfp4 T = 1..8), as many interleaved rounds as
+#      the time left allows (about 55 s each; MX_ROUNDS=N forces N, 0 skips).
 # Then tests/bench/amx_summary.py OUTDIR prints the tables for
 # docs/PERFORMANCE.md. Runs on any x86-64 (without AMX: step 1 SKIPs, the
 # mu rows are the AVX-512 emulation and say so). Not a test: figures.
@@ -269,6 +273,22 @@ if [ -n "${LLAMA:-}" ] && [ -x "$LLAMA/llama-bench" ] && [ -f "$work/anchor.gguf
     fi
 else
     say "prefill vs llama-bench: skipped (no llama-bench or models)"
+fi
+# 4b. the two AVX-512 MXFP4 decodes of the portable class (shift: two shuffles
+#     per 32 weights, opt-in; vpmovzx: three, the default), interleaved rounds
+#     of the expert GEMV against the read pass, the in-cache GEMV (ns per 32
+#     weights, thread CPU time) and bench_gemm mxfp4 T = 1..8 (~25 s a
+#     configuration a round): last, in the time the budget leaves (+30 s), at
+#     most 3 rounds; MX_ROUNDS=N runs N whatever the time, 0 skips it.
+mxr="${MX_ROUNDS:-}"
+[ -z "$mxr" ] && mxr=$(( (budget + 30 - $(elapsed)) / 55 )) && [ "$mxr" -gt 3 ] && mxr=3
+if [ "$mxr" -gt 0 ] && "$BIN/shoal" version 2>/dev/null | grep -q '^mxfp4 decode'; then
+    tests/bench/mx_t1_ab.sh "$out/mx_decode.jsonl" "$mxr" shift="$BIN:SHOAL_MX_DECODE=shift" \
+        vpmovzx="$BIN:SHOAL_MX_DECODE=vpmovzx" 2>> "$log"
+    python3 tests/bench/mx_t1_ab_summary.py "$out/mx_decode.jsonl" > "$out/mx_decode.txt" 2>&1
+    say "mxfp4 decodes, $mxr rounds: $(grep -A3 'in-cache ns/32w 256x3584' "$out/mx_decode.txt" | tr -s ' ' | tr '\n' ';') ($(elapsed) s)"
+else
+    say "SKIPPED mxfp4 decodes A/B: $([ "$mxr" -gt 0 ] && echo 'this shoal has one decode' || echo "no time left in the budget of $budget s (MX_ROUNDS=N forces it)") ($(elapsed) s)"
 fi
 $py tests/bench/amx_summary.py "$out" > "$out/summary.md" 2>>"$log" && cat "$out/summary.md" | tee -a "$log"
 say "done in $(elapsed) s"

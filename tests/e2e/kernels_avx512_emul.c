@@ -59,7 +59,7 @@ int main(void)
 {
     shoal__kernels_table e;
     memset(&e, 0, sizeof e);
-    if (!shoal_test_fill_avx512_emul(&e) || !e.gemm_mxfp4) {
+    if (!shoal_test_fill_avx512_emul(&e) || !e.gemm_mxfp4 || !e.gemm_mxfp4_zx) {
         result("fill", 0, "the AVX-512 file compiled to its fallback");
         return 1;
     }
@@ -67,8 +67,8 @@ int main(void)
     int cols_l[] = {32, 64, 96, 160, 544, 1056, 8224};
     int T_l[] = {1, 2, 3, 4, 5, 7, 9};
     char msg[256] = "";
-    int ok[3] = {1, 1, 1};
-    for (int k = 0; k < 3; k++)
+    int ok[4] = {1, 1, 1, 1}; /* bf16, f32, MXFP4 shift decode, MXFP4 vpmovzx decode */
+    for (int k = 0; k < 4; k++)
         for (size_t ri = 0; ri < sizeof rows_l / sizeof *rows_l; ri++)
             for (size_t ci = 0; ci < sizeof cols_l / sizeof *cols_l; ci++) {
                 int rows = rows_l[ri], cols = cols_l[ci], T = T_l[(ri + 2 * ci) % 7];
@@ -96,7 +96,7 @@ int main(void)
                     e.gemm_f32(yb, wf, x, rows, cols, T, 0, rows);
                 } else {
                     shoal__kernels_gemm_mxfp4_scalar(ya, p, s, x, rows, cols, T, 0, rows);
-                    e.gemm_mxfp4(yb, p, s, x, rows, cols, T, 0, rows);
+                    (k == 2 ? e.gemm_mxfp4 : e.gemm_mxfp4_zx)(yb, p, s, x, rows, cols, T, 0, rows);
                 }
                 checks++;
                 if (differ(ya, yb, ny) && ok[k]) {
@@ -108,6 +108,7 @@ int main(void)
     result("gemm_bf16_bit_identical", ok[0], msg);
     result("gemm_f32_bit_identical", ok[1], msg);
     result("gemm_mxfp4_bit_identical", ok[2], msg);
+    result("gemm_mxfp4_vpmovzx_bit_identical", ok[3], msg);
 
     int gok = 1;
     for (int sh = 0; sh < 4; sh++) {

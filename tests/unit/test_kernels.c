@@ -466,6 +466,104 @@ static void t_isa_large_T(void)
 
 /* shoal bench peak's loops report the multiply-adds they did: n iterations of
  * 12 chains of 16 (zmm) or 8 (ymm) fp32 lanes, 32 bf16 pairs, 64 int8 quads. */
+/* The AVX-512 MXFP4 decodes of the portable class (kernels/README.md, "MXFP4
+ * (AVX-512)"): the shift decode keeps its lanes in a transposed order (lane p
+ * of the zmm is canonical lane 4(p & 3) + (p >> 2)) and puts them back before
+ * the reduction; vpmovzx keeps the canonical order. Both must equal the scalar
+ * specification bit for bit (memcmp, NaN payloads included): every code at
+ * every byte position alone (the lane map), the E8M0 edge codes 0, 1, 2, 127,
+ * 253, 254, 255 in groups of their own rows, signed zeros and subnormal
+ * products, rows not a multiple of the 4-row tile, columns over several column
+ * blocks with a tail block, T 1..9. */
+static int first_mismatch(const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof *a))
+            return (int)i;
+    return -1;
+}
+
+static void t_mx_decodes(void)
+{
+    if (!shoal_kernels_cpu_has(SHOAL_ISA_AVX512))
+        SKIP("CPU lacks AVX-512F/BW/VL/DQ: the AVX-512 MXFP4 decodes not run (tests/e2e/test_kernels_avx512_emul.sh "
+             "checks their lane logic)");
+    shoal_isa keep = shoal_kernels_isa();
+    shoal_mx_decode keepd = shoal_kernels_mx_decode();
+    CHECK(shoal_kernels_set_mx_decode((shoal_mx_decode)7) == SHOAL_EINVAL);
+    /* the default: vpmovzx on every CPU until shift is timed on an Intel one (kernels.c) */
+    if (!getenv("SHOAL_MX_DECODE"))
+        CHECK_MSG(keepd == SHOAL_MX_DECODE_VPMOVZX, "default decode %s", shoal_mx_decode_name(keepd));
+    static const shoal_mx_decode decs[] = {SHOAL_MX_DECODE_SHIFT, SHOAL_MX_DECODE_VPMOVZX};
+    /* 1. the lane map: one code at one byte position of the second group, x one-hot */
+    {
+        uint8_t packed[32], scale[2] = {127, 126};
+        float x[64], ref, got;
+        for (int d = 0; d < 2; d++)
+            for (int j = 0; j < 16; j++)
+                for (unsigned code = 0; code < 16; code++)
+                    for (int hi = 0; hi < 2; hi++) {
+                        memset(packed, 0x77, 16); /* group 0: 6.0 everywhere, x zero there */
+                        memset(packed + 16, 0, 16);
+                        packed[16 + j] = (uint8_t)(hi ? (code << 4) | ((code + 5) & 15) : code | (((code + 3) & 15) << 4));
+                        memset(x, 0, sizeof x);
+                        x[32 + 2 * j + hi] = 1.5f;
+                        x[32 + 2 * ((j + 1) & 15)] = 0x1p-20f; /* a neighbour lane: a swapped lane shows */
+                        shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+                        shoal_gemm_mxfp4(&ref, packed, scale, x, 1, 64, 1);
+                        shoal_kernels_set_isa(SHOAL_ISA_AVX512);
+                        shoal_kernels_set_mx_decode(decs[d]);
+                        got = NAN;
+                        shoal_gemm_mxfp4(&got, packed, scale, x, 1, 64, 1);
+                        CHECK_MSG(!memcmp(&ref, &got, 4), "decode %s: code %u at byte %d %s nibble: %a, spec %a",
+                                  shoal_mx_decode_name(decs[d]), code, j, hi ? "high" : "low", got, ref);
+                    }
+    }
+    /* 2. random matrices with edge scales, every shape class */
+    static const int rows_list[] = {1, 3, 4, 5, 7, 9, 16, 19};
+    static const int cols_list[] = {32, 64, 96, 544, 2080, 8224};
+    static const uint8_t edge[] = {0, 1, 2, 127, 253, 254, 255};
+    int n = 0;
+    for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
+        for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++) {
+            int rows = rows_list[ri], cols = cols_list[ci], T = 1 + (int)((ri * 5 + ci * 3) % 9);
+            int ng = cols / 32;
+            uint8_t *packed = byte_vec((size_t)rows * cols / 2, 0, 255);
+            uint8_t *scale = byte_vec((size_t)rows * ng, 110, 135);
+            /* row r % 8 == k < 7 carries edge code edge[k] in every third group; rows 7 mod 8 stay ordinary */
+            for (int r = 0; r < rows; r++)
+                if (r % 8 < 7)
+                    for (int g = r % 3; g < ng; g += 3)
+                        scale[(size_t)r * ng + g] = edge[r % 8];
+            float *x = frand_vec((size_t)T * cols, -3.0f, 3.0f);
+            for (size_t i = 0; i < (size_t)T * cols; i += 7)
+                x[i] = (i % 3) ? 0.0f : -0.0f; /* signed zeros */
+            for (size_t i = 3; i < (size_t)T * cols; i += 11)
+                x[i] *= 0x1p-100f; /* with codes 0..2: products far below 2^-126 */
+            for (size_t i = 5; i < (size_t)T * cols; i += 13)
+                x[i] *= 0x1p40f; /* wide magnitudes: a changed order changes the rounding */
+            size_t ny = (size_t)T * rows;
+            float *ref = xmalloc(ny * 4), *got = xmalloc(ny * 4);
+            shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+            shoal_gemm_mxfp4(ref, packed, scale, x, rows, cols, T);
+            shoal_kernels_set_isa(SHOAL_ISA_AVX512);
+            for (int d = 0; d < 2; d++) {
+                shoal_kernels_set_mx_decode(decs[d]);
+                memset(got, 0x5a, ny * 4);
+                shoal_gemm_mxfp4(got, packed, scale, x, rows, cols, T);
+                int bad = first_mismatch(ref, got, ny);
+                CHECK_MSG(bad < 0, "decode %s %dx%d T=%d: output %d (t=%d r=%d) %a, spec %a",
+                          shoal_mx_decode_name(decs[d]), rows, cols, T, bad, bad < 0 ? 0 : bad / rows,
+                          bad < 0 ? 0 : bad % rows, bad < 0 ? 0.0 : got[bad], bad < 0 ? 0.0 : ref[bad]);
+                n++;
+            }
+            free(ref), free(got), free(x), free(packed), free(scale);
+        }
+    CHECK(n == 2 * 8 * 6);
+    shoal_kernels_set_mx_decode(keepd);
+    shoal_kernels_set_isa(keep);
+}
+
 static void t_peak_counts(void)
 {
     const char *what;
@@ -1584,6 +1682,7 @@ int main(int argc, char **argv)
     RUN(t_gemv_t_vs_double);
     RUN(t_isa_bit_identical);
     RUN(t_isa_large_T);
+    RUN(t_mx_decodes);
     RUN(t_peak_counts);
     RUN(t_mu_spec);
     RUN(t_mu_probes);
