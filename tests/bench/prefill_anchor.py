@@ -25,7 +25,8 @@ Usage: prefill_anchor.py --model DIR --gguf FILE (--llama-bench BIN | --ggml-pre
 The first repetition of each run warms its caches; the figure is the last one
 (all are kept). --numerics lists shoal's numerics classes to run in every
 round (each its own process, named "shoal" for portable and "shoal-mu" for the
-matrix-unit order: AMX where the CPU has it and it passed its self-test).
+matrix-unit order: AMX where the CPU has it and it passed its self-test;
+"mu@k256+once" runs it with SHOAL_AMX_VARIANT=k256+once, named "shoal-mu@k256+once").
 llama-bench reports wall time only: its CPU seconds are the
 process's less those of the same command with a 1-token prompt (load and first
 touch), shared over the repetitions. --ggml-prefill runs tests/bench/ggml_anchor_prefill.c (a llama
@@ -140,11 +141,18 @@ def run(cmd, env=None):
 
 
 def run_shoal(a, threads, plen, numerics="portable"):
+    """numerics: a class, or "mu@VARIANT": the mu class with SHOAL_AMX_VARIANT=VARIANT (the AMX
+    GEMM's variant, kernels/README.md), reported as "shoal-mu@VARIANT"."""
+    label = numerics
+    numerics, _, variant = numerics.partition("@")
     cmd = [a.bench_engine, a.model, "--threads", str(threads), "--steps", "1", "--reps", "1",
            "--prefill", str(plen), "--prefill-reps", str(a.reps), "--max-batch", str(a.max_batch)]
     if numerics != "portable":
         cmd += ["--numerics", numerics]
-    out, info = run(cmd)
+    env = dict(os.environ, SHOAL_AMX_VARIANT=variant) if variant else None
+    out, info = run(cmd, env)
+    if variant:
+        info["amx_variant"] = variant
     reps = []
     for line in out.splitlines():
         if line.startswith("row=prefill "):
@@ -153,7 +161,7 @@ def run_shoal(a, threads, plen, numerics="portable"):
                          "chunks": int(kv["chunks"])})
         elif line.startswith("row=config "):
             info["config"] = line
-    who = "shoal" if numerics == "portable" else "shoal-" + numerics
+    who = "shoal" if label == "portable" else "shoal-" + label
     return {"who": who, "numerics": numerics, "threads": threads, "tokens": plen, "reps": reps, "command": cmd,
             **info}
 
@@ -270,7 +278,8 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--max-batch", type=int, default=256, help="shoal's chunk size (the engine's default is 256)")
-    ap.add_argument("--numerics", default="portable", help="shoal's classes to run, e.g. portable,mu")
+    ap.add_argument("--numerics", default="portable",
+                    help="shoal's classes to run, e.g. portable,mu; mu@k256+once: the mu class with that AMX variant")
     ap.add_argument("--bench-engine", default=os.path.join(SRC, "build", "tests", "bench_engine"))
     a = ap.parse_args()
     if bool(a.llama_bench) == bool(a.ggml_prefill):
