@@ -81,6 +81,13 @@ int shoal_planfile_read(shoal_planfile *p, const char *path, char *err, size_t e
             p->has_fingerprint = 1;
         }
     }
+    json_t *rf = json_object_get(root, "relay_fanout");
+    if (rf && (!json_is_integer(rf) || (json_integer_value(rf) != 0 && (json_integer_value(rf) < 2 ||
+                                                                        json_integer_value(rf) > 4)))) {
+        rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "plan %s: \"relay_fanout\" must be 0 or 2..4", path);
+        goto out;
+    }
+    p->relay_fanout = rf ? (int)json_integer_value(rf) : 0;
     p->nworkers = (int)json_array_size(ws);
     p->workers = shoal_xcalloc((size_t)p->nworkers, sizeof *p->workers);
     for (int w = 0; w < p->nworkers; w++) {

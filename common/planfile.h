@@ -34,6 +34,11 @@ typedef struct {
     shoal_planfile_worker *workers;
     int has_fingerprint;
     uint8_t fingerprint[32]; /* "model.fingerprint" (hex in the file) when present */
+    /* "relay_fanout" (`shoal plan --measured`, PROTOCOL.md §3.9): 0 absent or
+     * off; 2..4: the coordinator relays each trunk input through a tree of
+     * that fan-out over the workers with trunk rows, which are each other's
+     * relay peers (in plan order, at their endpoints) */
+    int relay_fanout;
 } shoal_planfile;
 
 /* Read and check path: format "shoal-plan", version 1, 1..4096 workers with

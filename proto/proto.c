@@ -27,8 +27,8 @@ const char *shoal_msg_type_name(int type)
 {
     static const char *names[] = {"?",           "HELLO",    "ERROR",        "PING",         "PONG",         "STATS",
                                   "STATS_REPLY", "SHUTDOWN", "SHUTDOWN_ACK", "EXPERT_BATCH", "EXPERT_RESULT", "PREFETCH",
-                                  "TRUNK_BATCH", "TRUNK_RESULT", "PROBE", "PROBE_REPLY"};
-    return type >= 1 && type <= 15 ? names[type] : "?";
+                                  "TRUNK_BATCH", "TRUNK_RESULT", "PROBE", "PROBE_REPLY", "TRUNK_X"};
+    return type >= 1 && type <= SHOAL_MSG_TRUNK_X ? names[type] : "?";
 }
 
 const char *shoal_perr_name(int perr)
@@ -183,8 +183,11 @@ static void enc_dtype_list(enc *e, uint32_t mask, const int *order, int n)
 int shoal_proto_enc_hello(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, const shoal_proto_hello *h, int reply)
 {
     if (strlen(h->id) > SHOAL_PROTO_MAX_ID || (reply && h->nowned > SHOAL_PROTO_MAX_RANGES) ||
-        (reply && h->ntrunk > SHOAL_PROTO_MAX_TROWS))
+        (reply && h->ntrunk > SHOAL_PROTO_MAX_TROWS) || (reply && h->nrelay > SHOAL_PROTO_MAX_RELAY))
         return SHOAL_ERANGE;
+    for (uint32_t i = 0; reply && i < h->nrelay; i++)
+        if (!h->relay[i][0] || strnlen(h->relay[i], SHOAL_PROTO_MAX_ENDPOINT + 1) > SHOAL_PROTO_MAX_ENDPOINT)
+            return SHOAL_ERANGE;
     for (size_t i = 0; reply && i < h->ntrunk; i++)
         if (strlen(h->trunk[i].name) > SHOAL_PROTO_MAX_NAME || h->trunk[i].lo > h->trunk[i].hi)
             return SHOAL_ERANGE;
@@ -194,7 +197,8 @@ int shoal_proto_enc_hello(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, c
     if (strlen(h->numerics) > SHOAL_PROTO_MAX_NUMERICS)
         return SHOAL_ERANGE;
     enc_head(&e, SHOAL_MSG_HELLO, rid,
-             reply ? 11 + (h->prefetch != 0) + 2 * (h->ntrunk > 0) + numerics + (h->bf16_exact != 0) : 3);
+             reply ? 11 + (h->prefetch != 0) + 2 * (h->ntrunk > 0) + numerics + (h->bf16_exact != 0) + (h->nrelay > 0)
+                   : 3 + (h->relay_parent != 0));
     enc_key(&e, "proto");
     msgpack_pack_array(&e.pk, 2);
     msgpack_pack_uint32(&e.pk, h->major);
@@ -205,6 +209,10 @@ int shoal_proto_enc_hello(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, c
     if (!reply) {
         enc_key(&e, "peer");
         enc_str(&e, h->id);
+        if (h->relay_parent) {
+            enc_key(&e, "relay");
+            msgpack_pack_true(&e.pk);
+        }
         return enc_done(&e, len);
     }
     enc_key(&e, "worker");
@@ -254,6 +262,12 @@ int shoal_proto_enc_hello(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, c
     if (h->bf16_exact) {
         enc_key(&e, "bf16_exact");
         msgpack_pack_true(&e.pk);
+    }
+    if (h->nrelay) {
+        enc_key(&e, "relay");
+        msgpack_pack_array(&e.pk, h->nrelay);
+        for (uint32_t i = 0; i < h->nrelay; i++)
+            enc_str(&e, h->relay[i]);
     }
     return enc_done(&e, len);
 }
@@ -353,11 +367,83 @@ static int name_ok(const char *name)
     return name[0] && strlen(name) <= SHOAL_PROTO_MAX_NAME;
 }
 
+int shoal_proto_fwd_check(const shoal_proto_fwd *fwd, uint32_t nfwd)
+{
+    if (nfwd > SHOAL_PROTO_MAX_RELAY)
+        return SHOAL_ERANGE;
+    uint64_t seen = 0;
+    for (uint32_t i = 0; i < nfwd; i++) {
+        if (fwd[i].peer >= SHOAL_PROTO_MAX_RELAY || fwd[i].up > i || (seen >> fwd[i].peer & 1u))
+            return SHOAL_ERANGE;
+        seen |= (uint64_t)1 << fwd[i].peer;
+    }
+    return 0;
+}
+
+uint32_t shoal_proto_fwd_subtree(const shoal_proto_fwd *fwd, uint32_t n, uint32_t e, shoal_proto_fwd *out)
+{
+    /* pos[i]: 1 + the position of entry i in out (0: not in the subtree);
+     * entry e itself is the new receiver (position "0") */
+    uint8_t pos[SHOAL_PROTO_MAX_RELAY] = {0};
+    uint32_t m = 0;
+    for (uint32_t i = e + 1; i < n && i < SHOAL_PROTO_MAX_RELAY; i++) {
+        uint32_t up = fwd[i].up;
+        if (up == e + 1) { /* a child of e: a child of the new receiver */
+            out[m] = (shoal_proto_fwd){fwd[i].peer, 0};
+            pos[i] = (uint8_t)++m;
+        } else if (up > e + 1 && pos[up - 1]) { /* below one of e's descendants */
+            out[m] = (shoal_proto_fwd){fwd[i].peer, pos[up - 1]};
+            pos[i] = (uint8_t)++m;
+        }
+    }
+    return m;
+}
+
+static int relay_ok(const shoal_proto_relay *r)
+{
+    return r->xid >= 1 && r->wait_ms >= 1 && r->wait_ms <= SHOAL_PROTO_MAX_WAIT_MS && !shoal_proto_fwd_check(r->fwd, r->nfwd);
+}
+
+static void enc_relay(enc *e, const shoal_proto_relay *r)
+{
+    enc_ku64(e, "xid", r->xid);
+    enc_ku64(e, "wait_ms", r->wait_ms);
+    if (r->nfwd) {
+        enc_key(e, "fwd");
+        msgpack_pack_array(&e->pk, r->nfwd);
+        for (uint32_t i = 0; i < r->nfwd; i++) {
+            msgpack_pack_array(&e->pk, 2);
+            msgpack_pack_uint32(&e->pk, r->fwd[i].peer);
+            msgpack_pack_uint32(&e->pk, r->fwd[i].up);
+        }
+    }
+}
+
+int shoal_proto_enc_trunk_x(uint8_t *buf, size_t cap, size_t *len, const shoal_proto_relay *r)
+{
+    if (!relay_ok(r))
+        return SHOAL_ERANGE;
+    enc e;
+    enc_init(&e, buf, cap);
+    enc_head(&e, SHOAL_MSG_TRUNK_X, 0, 2 + (r->nfwd > 0));
+    enc_relay(&e, r);
+    return enc_done(&e, len);
+}
+
 int shoal_proto_enc_tbatch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t layer,
                            const shoal_proto_trows *seg, uint32_t n, const shoal_proto_tchain *chain,
                            uint32_t nchain)
 {
-    if (n > SHOAL_PROTO_MAX_TSEGS || nchain > SHOAL_PROTO_MAX_TCHAIN || n + nchain < 1)
+    return shoal_proto_enc_tbatch_relay(buf, cap, len, rid, layer, seg, n, chain, nchain, NULL);
+}
+
+int shoal_proto_enc_tbatch_relay(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t layer,
+                                 const shoal_proto_trows *seg, uint32_t n, const shoal_proto_tchain *chain,
+                                 uint32_t nchain, const shoal_proto_relay *r)
+{
+    if (r && !r->xid)
+        r = NULL;
+    if (n > SHOAL_PROTO_MAX_TSEGS || nchain > SHOAL_PROTO_MAX_TCHAIN || n + nchain < 1 || (r && !relay_ok(r)))
         return SHOAL_ERANGE;
     for (uint32_t i = 0; i < n; i++)
         if (!name_ok(seg[i].name) || seg[i].lo > seg[i].hi)
@@ -367,7 +453,7 @@ int shoal_proto_enc_tbatch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, 
             return SHOAL_ERANGE;
     enc e;
     enc_init(&e, buf, cap);
-    enc_head(&e, SHOAL_MSG_TRUNK_BATCH, rid, nchain ? 3 : 2);
+    enc_head(&e, SHOAL_MSG_TRUNK_BATCH, rid, (nchain ? 3 : 2) + (r ? 2 + (r->nfwd > 0) : 0));
     enc_ku64(&e, "layer", layer);
     enc_key(&e, "mats");
     msgpack_pack_array(&e.pk, n);
@@ -388,6 +474,8 @@ int shoal_proto_enc_tbatch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, 
             msgpack_pack_uint32(&e.pk, chain[i].b.hi);
         }
     }
+    if (r)
+        enc_relay(&e, r);
     return enc_done(&e, len);
 }
 
@@ -812,8 +900,9 @@ static int dec_hello(dctx *c, const msgpack_object *body, int reply, shoal_proto
                  {"trunk", 0, NULL},
                  {"trunk_fp", 0, NULL},
                  {"numerics", 0, NULL},
-                 {"bf16_exact", 0, NULL}};
-    int nf = reply ? 16 : 3;
+                 {"bf16_exact", 0, NULL},
+                 {"relay", 0, NULL}};
+    int nf = 17; /* a request reads only proto, fingerprint, peer and relay */
     int rc = get_fields(c, body, "HELLO", f, nf);
     if (rc)
         return rc;
@@ -831,8 +920,33 @@ static int dec_hello(dctx *c, const msgpack_object *body, int reply, shoal_proto
     memcpy(h->fingerprint, fv->via.bin.ptr, SHOAL_PROTO_FP_BYTES);
     if ((rc = get_str(c, "HELLO", &f[2], h->id, SHOAL_PROTO_MAX_ID)))
         return rc;
-    if (!reply)
+    const msgpack_object *rv = f[16].val;
+    if (!reply) {
+        if (rv && rv->type != MSGPACK_OBJECT_BOOLEAN)
+            return fail(c, SHOAL_PERR_MALFORMED, "HELLO: 'relay' is not a boolean");
+        h->relay_parent = rv && rv->via.boolean;
         return 0;
+    }
+    if (rv) {
+        if (rv->type != MSGPACK_OBJECT_ARRAY || rv->via.array.size < 1 || rv->via.array.size > SHOAL_PROTO_MAX_RELAY)
+            return fail(c, SHOAL_PERR_MALFORMED, "HELLO: 'relay' is not a list of 1 to %d endpoints",
+                        SHOAL_PROTO_MAX_RELAY);
+        for (uint32_t i = 0; i < rv->via.array.size; i++) {
+            const msgpack_object *o = &rv->via.array.ptr[i];
+            if (o->type != MSGPACK_OBJECT_STR || o->via.str.size < 1 || o->via.str.size > SHOAL_PROTO_MAX_ENDPOINT)
+                return fail(c, SHOAL_PERR_MALFORMED, "HELLO: 'relay'[%u] is not a string of 1 to %d bytes", i,
+                            SHOAL_PROTO_MAX_ENDPOINT);
+            for (uint32_t j = 0; j < o->via.str.size; j++) {
+                unsigned char ch = (unsigned char)o->via.str.ptr[j];
+                if (ch <= 0x20 || ch >= 0x7f)
+                    return fail(c, SHOAL_PERR_MALFORMED, "HELLO: 'relay'[%u] has a byte 0x%02x (printable ASCII only)",
+                                i, ch);
+            }
+            memcpy(h->relay[i], o->via.str.ptr, o->via.str.size);
+            h->relay[i][o->via.str.size] = 0;
+        }
+        h->nrelay = rv->via.array.size;
+    }
     const msgpack_object *ov = f[3].val;
     if (ov->type != MSGPACK_OBJECT_ARRAY || ov->via.array.size > SHOAL_PROTO_MAX_RANGES)
         return fail(c, SHOAL_PERR_MALFORMED, "HELLO: 'owned' is not a list of at most %d ranges",
@@ -935,13 +1049,63 @@ static int dec_tensor(dctx *c, const shoal_frame *f, const char *what, shoal_pro
     return 0;
 }
 
+/* Frames of a message of this type (a TRUNK_BATCH: 2, or 1 when relayed
+ * without x, checked once its keys are read). */
 static int frames_needed(int type)
 {
     return type == SHOAL_MSG_EXPERT_BATCH                                             ? 3
            : type == SHOAL_MSG_EXPERT_RESULT || type == SHOAL_MSG_TRUNK_BATCH || type == SHOAL_MSG_TRUNK_RESULT ||
-                   type == SHOAL_MSG_PROBE || type == SHOAL_MSG_PROBE_REPLY
+                   type == SHOAL_MSG_PROBE || type == SHOAL_MSG_PROBE_REPLY || type == SHOAL_MSG_TRUNK_X
                ? 2
                : 1;
+}
+
+/* The 1.8 relay keys (PROTOCOL.md §3.9) of a TRUNK_BATCH or TRUNK_X: xid
+ * >= 1, wait_ms 1 .. MAX_WAIT_MS, fwd a list of 1 to MAX_RELAY [peer, up]
+ * with every peer < MAX_RELAY and at most once, every up <= its position. */
+static int dec_relay(dctx *c, const char *tname, const field *xf, const field *wf, const field *ff,
+                     shoal_proto_relay *r)
+{
+    int rc;
+    if ((rc = get_u64(c, tname, xf, UINT64_MAX, &r->xid)))
+        return rc;
+    if (!r->xid)
+        return fail(c, SHOAL_PERR_MALFORMED, "%s: 'xid' is 0", tname);
+    if (!wf->val)
+        return fail(c, SHOAL_PERR_MALFORMED, "%s: 'xid' without 'wait_ms'", tname);
+    if ((rc = get_u32f(c, tname, wf, &r->wait_ms)))
+        return rc;
+    if (r->wait_ms < 1 || r->wait_ms > SHOAL_PROTO_MAX_WAIT_MS)
+        return fail(c, SHOAL_PERR_MALFORMED, "%s: 'wait_ms' = %u is not 1 to %d", tname, r->wait_ms,
+                    SHOAL_PROTO_MAX_WAIT_MS);
+    if (!ff->val)
+        return 0;
+    const msgpack_object *fv = ff->val;
+    if (fv->type != MSGPACK_OBJECT_ARRAY || fv->via.array.size < 1 || fv->via.array.size > SHOAL_PROTO_MAX_RELAY)
+        return fail(c, SHOAL_PERR_MALFORMED, "%s: 'fwd' is not a list of 1 to %d [peer, up]", tname,
+                    SHOAL_PROTO_MAX_RELAY);
+    uint64_t seen = 0;
+    for (uint32_t i = 0; i < fv->via.array.size; i++) {
+        const msgpack_object *o = &fv->via.array.ptr[i];
+        if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2 ||
+            o->via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+            o->via.array.ptr[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+            return fail(c, SHOAL_PERR_MALFORMED, "%s: 'fwd'[%u] is not [peer, up]", tname, i);
+        uint64_t peer = o->via.array.ptr[0].via.u64, up = o->via.array.ptr[1].via.u64;
+        if (peer >= SHOAL_PROTO_MAX_RELAY)
+            return fail(c, SHOAL_PERR_MALFORMED, "%s: 'fwd'[%u]: peer %llu is not below %d", tname, i,
+                        (unsigned long long)peer, SHOAL_PROTO_MAX_RELAY);
+        if (up > i)
+            return fail(c, SHOAL_PERR_MALFORMED, "%s: 'fwd'[%u]: up %llu does not name an earlier entry", tname, i,
+                        (unsigned long long)up);
+        if (seen >> peer & 1u)
+            return fail(c, SHOAL_PERR_MALFORMED, "%s: 'fwd'[%u]: peer %llu appears twice", tname, i,
+                        (unsigned long long)peer);
+        seen |= (uint64_t)1 << peer;
+        r->fwd[i] = (shoal_proto_fwd){(uint8_t)peer, (uint8_t)up};
+    }
+    r->nfwd = fv->via.array.size;
+    return 0;
 }
 
 static int dec_body(dctx *c, const shoal_frame *frames, int nframes, shoal_proto_side side, const msgpack_object *body,
@@ -950,14 +1114,14 @@ static int dec_body(dctx *c, const shoal_frame *frames, int nframes, shoal_proto
     int type = m->type, rc;
     int is_req = type == SHOAL_MSG_HELLO || type == SHOAL_MSG_PING || type == SHOAL_MSG_STATS ||
                  type == SHOAL_MSG_SHUTDOWN || type == SHOAL_MSG_EXPERT_BATCH || type == SHOAL_MSG_PREFETCH ||
-                 type == SHOAL_MSG_TRUNK_BATCH || type == SHOAL_MSG_PROBE;
+                 type == SHOAL_MSG_TRUNK_BATCH || type == SHOAL_MSG_PROBE || type == SHOAL_MSG_TRUNK_X;
     int is_rep = type == SHOAL_MSG_HELLO || type == SHOAL_MSG_ERROR || type == SHOAL_MSG_PONG ||
                  type == SHOAL_MSG_STATS_REPLY || type == SHOAL_MSG_SHUTDOWN_ACK || type == SHOAL_MSG_EXPERT_RESULT ||
                  type == SHOAL_MSG_TRUNK_RESULT || type == SHOAL_MSG_PROBE_REPLY;
     if (side == SHOAL_SIDE_WORKER ? !is_req : !is_rep)
         return fail(c, SHOAL_PERR_UNKNOWN_TYPE, "message type %d (%s) is not a %s", type, shoal_msg_type_name(type),
                     side == SHOAL_SIDE_WORKER ? "request" : "reply");
-    if (nframes != frames_needed(type))
+    if (nframes != frames_needed(type) && !(type == SHOAL_MSG_TRUNK_BATCH && nframes == 1))
         return fail(c, SHOAL_PERR_MALFORMED, "%s: %d frames, expected %d", shoal_msg_type_name(type), nframes,
                     frames_needed(type));
     switch (type) {
@@ -1027,9 +1191,22 @@ static int dec_body(dctx *c, const shoal_frame *frames, int nframes, shoal_proto
         m->prefetch.n = ev->via.array.size;
         return 0;
     }
+    case SHOAL_MSG_TRUNK_X: {
+        field f[] = {{"xid", 1, NULL}, {"wait_ms", 1, NULL}, {"fwd", 0, NULL}};
+        if ((rc = get_fields(c, body, "TRUNK_X", f, 3)) ||
+            (rc = dec_relay(c, "TRUNK_X", &f[0], &f[1], &f[2], &m->trunkx.relay)))
+            return rc;
+        if ((rc = dec_tensor(c, &frames[1], "TRUNK_X x", &m->trunkx.x)))
+            return rc;
+        if (m->trunkx.x.dtype != SHOAL_WIRE_F32 && m->trunkx.x.dtype != SHOAL_WIRE_BF16)
+            return fail(c, SHOAL_PERR_UNSUPPORTED, "TRUNK_X x: dtype %s, only f32 or bf16",
+                        shoal_wire_dtype_name(m->trunkx.x.dtype));
+        return 0;
+    }
     case SHOAL_MSG_TRUNK_BATCH: {
-        field f[] = {{"layer", 1, NULL}, {"mats", 1, NULL}, {"chain", 0, NULL}};
-        if ((rc = get_fields(c, body, "TRUNK_BATCH", f, 3)) ||
+        field f[] = {{"layer", 1, NULL}, {"mats", 1, NULL}, {"chain", 0, NULL},
+                     {"xid", 0, NULL},   {"wait_ms", 0, NULL}, {"fwd", 0, NULL}};
+        if ((rc = get_fields(c, body, "TRUNK_BATCH", f, 6)) ||
             (rc = get_u32f(c, "TRUNK_BATCH", &f[0], &m->tbatch.layer)))
             return rc;
         const msgpack_object *mv = f[1].val, *cv = f[2].val;
@@ -1052,6 +1229,19 @@ static int dec_body(dctx *c, const shoal_frame *frames, int nframes, shoal_proto
         }
         if (m->tbatch.n + m->tbatch.nchain < 1)
             return fail(c, SHOAL_PERR_MALFORMED, "TRUNK_BATCH: no segment ('mats' empty and no 'chain')");
+        if (f[3].val) { /* 1.8: relayed; without 'fwd' the x comes as TRUNK_X, not here */
+            if ((rc = dec_relay(c, "TRUNK_BATCH", &f[3], &f[4], &f[5], &m->tbatch.relay)))
+                return rc;
+        } else if (f[4].val || f[5].val) {
+            return fail(c, SHOAL_PERR_MALFORMED, "TRUNK_BATCH: 'wait_ms' or 'fwd' without 'xid'");
+        }
+        int want = m->tbatch.relay.xid && !m->tbatch.relay.nfwd ? 1 : 2;
+        if (nframes != want)
+            return fail(c, SHOAL_PERR_MALFORMED, "TRUNK_BATCH: %d frames, expected %d%s", nframes, want,
+                        want == 1 ? " (relayed: x comes as TRUNK_X)" : "");
+        if (want == 1)
+            return 0;
+        m->tbatch.has_x = 1;
         if ((rc = dec_tensor(c, &frames[1], "TRUNK_BATCH x", &m->tbatch.x)))
             return rc;
         if (m->tbatch.x.dtype != SHOAL_WIRE_F32 && m->tbatch.x.dtype != SHOAL_WIRE_BF16)
@@ -1184,7 +1374,7 @@ static int decode_in(msgpack_zone *zone_p, const shoal_frame *frames, int nframe
         goto out;
     }
     m->rid = rid->via.u64;
-    if (ty->via.u64 < 1 || ty->via.u64 > 15) {
+    if (ty->via.u64 < 1 || ty->via.u64 > SHOAL_MSG_TRUNK_X) {
         rc = fail(&c, SHOAL_PERR_UNKNOWN_TYPE, "unknown message type %llu", (unsigned long long)ty->via.u64);
         goto out;
     }

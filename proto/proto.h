@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define SHOAL_PROTO_MAJOR 1
-#define SHOAL_PROTO_MINOR 7
+#define SHOAL_PROTO_MINOR 8
 
 #define SHOAL_PROTO_MAX_CONTROL (4u << 20) /* control frame bytes */
 #define SHOAL_PROTO_MAX_FRAMES 3
@@ -36,6 +36,9 @@
 #define SHOAL_PROTO_MAX_PROBE ((4u << 20) - 16u) /* payload bytes of a PROBE's x or its reply's y (1.5) */
 #define SHOAL_PROTO_MAX_NUMERICS 16   /* bytes of HELLO 'numerics' (1.6) */
 #define SHOAL_PROTO_MAX_CPU 128        /* bytes of PROBE_REPLY 'cpu' (1.5) */
+#define SHOAL_PROTO_MAX_RELAY 64       /* HELLO 'relay' peers; entries of a 'fwd' subtree (1.8) */
+#define SHOAL_PROTO_MAX_ENDPOINT 256   /* bytes of one HELLO 'relay' endpoint (1.8) */
+#define SHOAL_PROTO_MAX_WAIT_MS 60000  /* 'wait_ms' of a relayed TRUNK_BATCH or a TRUNK_X (1.8) */
 
 typedef enum {
     SHOAL_MSG_HELLO = 1,
@@ -53,6 +56,7 @@ typedef enum {
     SHOAL_MSG_TRUNK_RESULT = 13, /* 1.3 */
     SHOAL_MSG_PROBE = 14,        /* 1.5: a timed echo of a payload, and optionally the host's facts */
     SHOAL_MSG_PROBE_REPLY = 15,  /* 1.5 */
+    SHOAL_MSG_TRUNK_X = 16,      /* 1.8: a relayed trunk input, worker -> worker notice */
 } shoal_msg_type;
 
 const char *shoal_msg_type_name(int type); /* "HELLO", ...; "?" if unknown */
@@ -118,6 +122,22 @@ typedef struct {
     shoal_proto_trows b;
 } shoal_proto_tchain;
 
+/* One entry of a relay subtree ('fwd', 1.8, PROTOCOL.md §3.9): peer is an
+ * index into the receiver's relay peer list (< SHOAL_PROTO_MAX_RELAY); up is
+ * 0 for a child of the receiver, else 1 + the position of its parent entry,
+ * which comes earlier in the list (so a subtree has no loops). */
+typedef struct {
+    uint8_t peer, up;
+} shoal_proto_fwd;
+
+/* The relay keys of a TRUNK_BATCH or a TRUNK_X (1.8). xid 0: not relayed. */
+typedef struct {
+    uint64_t xid;     /* the input's id, unique per coordinator, >= 1 */
+    uint32_t wait_ms; /* 1 .. SHOAL_PROTO_MAX_WAIT_MS: how long the receiver parks it */
+    uint32_t nfwd;    /* fwd[0..nfwd-1]; 0: no subtree (a leaf) */
+    shoal_proto_fwd fwd[SHOAL_PROTO_MAX_RELAY];
+} shoal_proto_relay;
+
 /* Inclusive range of owned experts: layers l_lo..l_hi × experts e_lo..e_hi. */
 typedef struct {
     uint32_t l_lo, l_hi, e_lo, e_hi;
@@ -150,6 +170,13 @@ typedef struct {
      * it serves has MXFP4 or BF16 weights: every product reading act rounds
      * it to bf16 first). PROTOCOL.md §3.1. */
     int bf16_exact;
+    /* 1.8 (PROTOCOL.md §3.9), optional. Request: relay_parent 1 (key `relay`:
+     * true) -- the sender is a worker that will forward TRUNK_X on this
+     * connection. Reply: the worker's relay peers (`--relay-peers`), in its
+     * list order; nrelay 0: it does not relay (the key is not sent). */
+    int relay_parent;
+    uint32_t nrelay;
+    char relay[SHOAL_PROTO_MAX_RELAY][SHOAL_PROTO_MAX_ENDPOINT + 1];
 } shoal_proto_hello;
 
 typedef struct {
@@ -197,7 +224,16 @@ typedef struct {
         uint32_t nchain; /* 1.4: chain[0..nchain-1] (0 when absent); n + nchain >= 1 */
         shoal_proto_tchain chain[SHOAL_PROTO_MAX_TCHAIN];
         shoal_proto_tensor x; /* F32 [T, cols], or BF16 (1.7: where exact, PROTOCOL.md §3.7) */
+        /* 1.8: relay.xid != 0: the input travels through the relay tree
+         * (§3.9). has_x 0: no x frame, the x comes as the TRUNK_X of this xid;
+         * has_x 1 with relay.nfwd > 0: a root, which forwards x on. */
+        shoal_proto_relay relay;
+        int has_x;
     } tbatch;
+    struct {
+        shoal_proto_relay relay; /* xid, wait_ms and the receiver's subtree */
+        shoal_proto_tensor x;    /* as a TRUNK_BATCH's x */
+    } trunkx;
     struct {
         uint64_t queue_us, compute_us;
         shoal_proto_tensor y; /* F32 [1, T * sum of segment rows], segment-major */
@@ -241,6 +277,24 @@ int shoal_proto_enc_prefetch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid
 int shoal_proto_enc_tbatch(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t layer,
                            const shoal_proto_trows *seg, uint32_t n, const shoal_proto_tchain *chain,
                            uint32_t nchain);
+/* TRUNK_BATCH with the 1.8 relay keys (PROTOCOL.md §3.9) when r && r->xid:
+ * `xid`, `wait_ms`, and `fwd` when r->nfwd > 0 (then the x frame follows;
+ * without fwd, no frame follows). r NULL or xid 0: as shoal_proto_enc_tbatch.
+ * SHOAL_ERANGE also for relay keys out of their bounds (shoal_proto_fwd_check). */
+int shoal_proto_enc_tbatch_relay(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint32_t layer,
+                                 const shoal_proto_trows *seg, uint32_t n, const shoal_proto_tchain *chain,
+                                 uint32_t nchain, const shoal_proto_relay *r);
+/* TRUNK_X (1.8, a notice, rid 0): xid, wait_ms, fwd when nfwd > 0; the x
+ * frame follows. */
+int shoal_proto_enc_trunk_x(uint8_t *buf, size_t cap, size_t *len, const shoal_proto_relay *r);
+/* A subtree is well formed: nfwd <= SHOAL_PROTO_MAX_RELAY, every peer <
+ * SHOAL_PROTO_MAX_RELAY and at most once, every up <= its own position. 0 or
+ * SHOAL_ERANGE. */
+int shoal_proto_fwd_check(const shoal_proto_fwd *fwd, uint32_t nfwd);
+/* The subtree below entry e of a well-formed fwd[n], as the receiver of that
+ * entry sees it (its children get up 0), into out[] (SHOAL_PROTO_MAX_RELAY
+ * entries); returns its entry count. One pass: a parent precedes its children. */
+uint32_t shoal_proto_fwd_subtree(const shoal_proto_fwd *fwd, uint32_t n, uint32_t e, shoal_proto_fwd *out);
 /* TRUNK_RESULT (1.3); the y frame follows. */
 int shoal_proto_enc_tresult(uint8_t *buf, size_t cap, size_t *len, uint64_t rid, uint64_t queue_us,
                             uint64_t compute_us);
@@ -257,7 +311,8 @@ int shoal_proto_tensor_len(int dtype, uint32_t rows, uint32_t cols, size_t *len)
 /* ---- decoding ---------------------------------------------------------- */
 
 typedef enum {
-    SHOAL_SIDE_WORKER = 0,      /* decode requests: HELLO, PING, STATS, SHUTDOWN, EXPERT_BATCH, TRUNK_BATCH, PROBE; PREFETCH */
+    SHOAL_SIDE_WORKER = 0,      /* decode requests: HELLO, PING, STATS, SHUTDOWN, EXPERT_BATCH, TRUNK_BATCH, PROBE;
+                                   the notices PREFETCH, TRUNK_X */
     SHOAL_SIDE_COORDINATOR = 1, /* decode replies: HELLO, ERROR, PONG, STATS_REPLY, SHUTDOWN_ACK, EXPERT_RESULT, TRUNK_RESULT,
                                    PROBE_REPLY */
 } shoal_proto_side;

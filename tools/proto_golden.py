@@ -21,7 +21,7 @@ import msgpack
 import numpy as np
 
 HELLO, ERROR, PING, PONG, STATS, STATS_REPLY, SHUTDOWN, SHUTDOWN_ACK, BATCH, RESULT, PREFETCH, TBATCH, TRESULT, \
-    PROBE, PROBE_REPLY = range(1, 16)
+    PROBE, PROBE_REPLY, TRUNK_X = range(1, 17)
 F32, BF16, I32 = 1, 2, 3
 
 FP = bytes(range(32))  # a test fingerprint: 00 01 .. 1f
@@ -131,6 +131,27 @@ def messages():
     x16 = (x.view("<u4") >> 16).astype("<u2")
     m["trunk_batch_bf16"] = [control(TBATCH, 9, {"layer": 3, "mats": [
         ["language_model.model.layers.3.self_attn.q_proj.weight", 0, 2]]}), tensor(BF16, x16)]
+    # 1.8: the relay tree (PROTOCOL.md §3.9). A relay parent's HELLO says
+    # `relay: true`; a worker that relays lists its peers' endpoints in its
+    # reply (after the 1.7 keys). A relayed TRUNK_BATCH carries `xid` and
+    # `wait_ms` and no x frame; a root's carries x and `fwd`, its subtree as
+    # [peer, up] (peer: an index into the relay list; up: 0 for its own
+    # children, else 1 + the position of the parent entry). TRUNK_X (16) is a
+    # worker-to-worker notice, rid 0: xid, wait_ms, the receiver's subtree, x.
+    m["hello_request_relay"] = [control(HELLO, 1, {"proto": [1, 8], "fingerprint": FP, "peer": "w0",
+                                                   "relay": True})]
+    hr = msgpack.unpackb(m["hello_reply"][0])
+    hr[2]["proto"] = [1, 8]
+    hr[2]["relay"] = ["ipc:///run/user/1000/shoal-a/w0", "tcp://10.0.0.2:5555", "tcp://[fd00::3]:5555"]
+    m["hello_reply_relay"] = [control(HELLO, 1, hr[2])]
+    mats = [["language_model.model.layers.3.self_attn.q_proj.weight", 0, 2]]
+    m["trunk_batch_relayed"] = [control(TBATCH, 10, {"layer": 3, "mats": mats, "xid": 2**40 + 5,
+                                                     "wait_ms": 2000})]
+    m["trunk_batch_root"] = [control(TBATCH, 11, {"layer": 3, "mats": mats, "xid": 2**40 + 5, "wait_ms": 2000,
+                                                  "fwd": [[1, 0], [2, 0], [3, 1], [5, 3]]}), tensor(F32, x)]
+    m["trunk_x"] = [control(TRUNK_X, 0, {"xid": 2**40 + 5, "wait_ms": 2000, "fwd": [[3, 0], [5, 1]]}),
+                    tensor(F32, x)]
+    m["trunk_x_leaf"] = [control(TRUNK_X, 0, {"xid": 7, "wait_ms": 60000}), tensor(BF16, x16)]
     return m
 
 

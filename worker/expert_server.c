@@ -41,11 +41,13 @@
 #include "proto/tshard.h"
 #include "worker/bank.h"
 #include "worker/rbudget.h"
+#include "worker/relay.h"
 #include "worker/serve.h"
 #include "worker/store.h"
 
 #define QCAP 16 /* requests taken off the socket ahead of the one computed */
 #define MAX_PARTS (1 + SHOAL_PROTO_MAX_FRAMES) /* routing id + frames */
+#define RELAY_PARK 8 /* relayed requests, and inputs, parked at most (PROTOCOL.md §3.9) */
 
 typedef struct {
     zmq_msg_t part[MAX_PARTS];
@@ -315,6 +317,20 @@ typedef struct {
     size_t ntrunk;
     shoal_serve_tmat *tmat;
     uint8_t trunk_fp[SHOAL_PROTO_FP_BYTES];
+    uint64_t logged_full; /* inputs dropped for a full park (the log's rate limit) */
+    shoal_relay *relay; /* --relay-peers: this worker's links to its relay children (NULL: none) */
+    /* relayed requests without their input, inputs without their request
+     * (PROTOCOL.md §3.9): at most RELAY_PARK each, each until its wait_ms */
+    struct {
+        qreq q;
+        uint64_t xid, until_us;
+        int live;
+    } preq[RELAY_PARK];
+    struct {
+        zmq_msg_t x;
+        uint64_t xid, until_us;
+        int live;
+    } px[RELAY_PARK];
 } server;
 
 static void server_free(server *s)
@@ -328,6 +344,13 @@ static void server_free(server *s)
             zmq_close(s->mon->mon);
         free(s->mon);
     }
+    for (int i = 0; i < RELAY_PARK; i++) {
+        if (s->preq[i].live)
+            qreq_close(&s->preq[i].q);
+        if (s->px[i].live)
+            zmq_msg_close(&s->px[i].x);
+    }
+    shoal_relay_close(s->relay);
     if (s->sock)
         zmq_close(s->sock);
     shoal_curve_zap_stop(s->zap);
@@ -345,6 +368,175 @@ static void server_free(server *s)
     free(s->trunk);
     free(s->tmat);
     free(s->q);
+}
+
+/* ---- the relay tree (PROTOCOL.md §3.9) ---------------------------------- */
+
+/* Move the parts of a received message (zmq_msg_move: the struct itself must
+ * not be copied). */
+static void qreq_move(qreq *dst, qreq *src)
+{
+    for (int i = 0; i < src->nparts; i++) {
+        zmq_msg_init(&dst->part[i]);
+        zmq_msg_move(&dst->part[i], &src->part[i]);
+        zmq_msg_close(&src->part[i]);
+    }
+    dst->nparts = src->nparts;
+    dst->too_many = src->too_many;
+    dst->arrived_us = src->arrived_us;
+    src->nparts = 0;
+}
+
+/* Answer r (a request) with ERROR perr, or, when x is given, compute it as
+ * a relayed TRUNK_BATCH with that input; then close r. */
+static void answer(server *s, qreq *r, int perr, const char *msg, zmq_msg_t *x, uint64_t *dropped)
+{
+    shoal_frame f[SHOAL_PROTO_MAX_FRAMES];
+    int nf = r->nparts - 1;
+    for (int i = 0; i < nf; i++)
+        f[i] = (shoal_frame){zmq_msg_data(&r->part[i + 1]), zmq_msg_size(&r->part[i + 1])};
+    shoal_serve_reply rep;
+    out_frame of = {.live = 0, .budget = s->budget, .peer = zmq_msg_data(&r->part[0]),
+                    .peerlen = zmq_msg_size(&r->part[0])};
+    if (x) {
+        shoal_frame xf = {zmq_msg_data(x), zmq_msg_size(x)};
+        shoal_serve_handle_relayed(s->srv, of.peer, of.peerlen, f, nf, &xf, now_us() - r->arrived_us, alloc_frame,
+                                   &of, &rep);
+    } else {
+        shoal_serve_refuse(s->srv, f, nf, perr, msg, &rep);
+    }
+    uint64_t before = *dropped;
+    if (rep.n)
+        send_reply(s->sock, &r->part[0], &rep, &of, dropped);
+    if (*dropped != before)
+        shoal_wmetrics_send_failed(s->wm);
+    qreq_close(r);
+}
+
+/* The relay's part of the server loop, for the message at the head of the
+ * queue: 1 when it took it (parked, paired, forwarded and kept, refused), 0
+ * when the ordinary handler is to serve it (after forwarding a root's x). A
+ * TRUNK_X from a connection that is not a relay parent is left to the
+ * handler, which refuses it. */
+static int relay_take(server *s, qreq *r, uint64_t *dropped)
+{
+    if (r->too_many || r->nparts < 2)
+        return 0;
+    const uint8_t *c = zmq_msg_data(&r->part[1]);
+    size_t cl = zmq_msg_size(&r->part[1]);
+    if (cl < 2 || c[0] != 0x93 || (c[1] != SHOAL_MSG_TRUNK_BATCH && c[1] != SHOAL_MSG_TRUNK_X))
+        return 0; /* not one of the two (a fixarray of 3 whose type is a positive fixint) */
+    shoal_frame f[SHOAL_PROTO_MAX_FRAMES];
+    int nf = r->nparts - 1;
+    for (int i = 0; i < nf; i++)
+        f[i] = (shoal_frame){zmq_msg_data(&r->part[i + 1]), zmq_msg_size(&r->part[i + 1])};
+    static shoal_proto_msg m; /* large; one thread */
+    memset(&m, 0, sizeof m);
+    int perr;
+    char why[256];
+    if (shoal_proto_decode(f, nf, SHOAL_SIDE_WORKER, &m, &perr, why, sizeof why))
+        return 0; /* the handler answers it with the same error */
+    const uint8_t *peer = zmq_msg_data(&r->part[0]);
+    size_t peerlen = zmq_msg_size(&r->part[0]);
+    const shoal_proto_relay *rl = m.type == SHOAL_MSG_TRUNK_X ? &m.trunkx.relay : &m.tbatch.relay;
+    if (!rl->xid)
+        return 0; /* a TRUNK_BATCH of 1.7 */
+    if (m.type == SHOAL_MSG_TRUNK_X && !shoal_serve_relay_parent(s->srv, peer, peerlen))
+        return 0; /* refused by the handler (UNKNOWN_TYPE), counted there */
+    uint32_t bad;
+    if (rl->nfwd && shoal_relay_check(s->relay, rl->fwd, rl->nfwd, &bad)) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s: 'fwd'[%u] names relay peer %u; this worker has %d relay peer%s%s",
+                 shoal_msg_type_name(m.type), bad, rl->fwd[bad].peer, shoal_relay_count(s->relay),
+                 shoal_relay_count(s->relay) == 1 ? "" : "s", s->relay ? " (and never relays to itself)" : "");
+        if (m.type == SHOAL_MSG_TRUNK_BATCH) {
+            answer(s, r, SHOAL_PERR_BAD_SHAPE, msg, NULL, dropped);
+        } else {
+            SHOAL_WARN("relay: %s: dropped", msg);
+            shoal_wmetrics_relay(s->wm, SHOAL_WRELAY_DROPPED);
+            qreq_close(r);
+        }
+        return 1;
+    }
+    if (m.type == SHOAL_MSG_TRUNK_BATCH && m.tbatch.has_x) { /* a root: forward first, then compute */
+        shoal_relay_forward(s->relay, rl->xid, rl->wait_ms, rl->fwd, rl->nfwd, &r->part[2]);
+        return 0;
+    }
+    uint64_t now = now_us();
+    if (m.type == SHOAL_MSG_TRUNK_BATCH) { /* relayed: its input parked already, or park it */
+        for (int i = 0; i < RELAY_PARK; i++)
+            if (s->px[i].live && s->px[i].xid == rl->xid) {
+                answer(s, r, 0, NULL, &s->px[i].x, dropped);
+                zmq_msg_close(&s->px[i].x);
+                s->px[i].live = 0;
+                return 1;
+            }
+        for (int i = 0; i < RELAY_PARK; i++)
+            if (!s->preq[i].live) {
+                qreq_move(&s->preq[i].q, r);
+                s->preq[i].xid = rl->xid;
+                s->preq[i].until_us = r->arrived_us + (uint64_t)rl->wait_ms * 1000u;
+                s->preq[i].live = 1;
+                shoal_wmetrics_relay(s->wm, SHOAL_WRELAY_PARKED);
+                return 1;
+            }
+        answer(s, r, SHOAL_PERR_INTERNAL, "relay queue full: 8 relayed requests already wait for their input",
+               NULL, dropped);
+        return 1;
+    }
+    /* TRUNK_X from a relay parent: forward on first, then its request, or park it */
+    shoal_wmetrics_relay(s->wm, SHOAL_WRELAY_IN);
+    shoal_wmetrics_relay_in_bytes(s->wm, zmq_msg_size(&r->part[2]));
+    if (rl->nfwd)
+        shoal_relay_forward(s->relay, rl->xid, rl->wait_ms, rl->fwd, rl->nfwd, &r->part[2]);
+    for (int i = 0; i < RELAY_PARK; i++)
+        if (s->preq[i].live && s->preq[i].xid == rl->xid) {
+            s->preq[i].live = 0;
+            answer(s, &s->preq[i].q, 0, NULL, &r->part[2], dropped);
+            qreq_close(r);
+            return 1;
+        }
+    for (int i = 0; i < RELAY_PARK; i++)
+        if (!s->px[i].live) {
+            zmq_msg_init(&s->px[i].x);
+            zmq_msg_move(&s->px[i].x, &r->part[2]);
+            s->px[i].xid = rl->xid;
+            s->px[i].until_us = now + (uint64_t)rl->wait_ms * 1000u;
+            s->px[i].live = 1;
+            shoal_wmetrics_relay(s->wm, SHOAL_WRELAY_PARKED);
+            qreq_close(r);
+            return 1;
+        }
+    if (s->logged_full < 20 || s->logged_full % 1000 == 0)
+        SHOAL_WARN("relay: input %llu dropped: 8 inputs already wait for their request", (unsigned long long)rl->xid);
+    s->logged_full++;
+    shoal_wmetrics_relay(s->wm, SHOAL_WRELAY_DROPPED);
+    qreq_close(r);
+    return 1;
+}
+
+/* Parked halves past their wait: a request is answered ERROR INTERNAL naming
+ * its xid, an input dropped; stopping: every parked request is refused. */
+static void relay_expire(server *s, int stopping, uint64_t *dropped)
+{
+    uint64_t now = now_us();
+    for (int i = 0; i < RELAY_PARK; i++) {
+        if (s->preq[i].live && (stopping || now >= s->preq[i].until_us)) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "relay: no input (TRUNK_X) for xid %llu came within the request's wait_ms",
+                     (unsigned long long)s->preq[i].xid);
+            s->preq[i].live = 0;
+            if (!stopping)
+                shoal_wmetrics_relay(s->wm, SHOAL_WRELAY_EXPIRED);
+            answer(s, &s->preq[i].q, stopping ? SHOAL_PERR_SHUTTING_DOWN : SHOAL_PERR_INTERNAL,
+                   stopping ? "the worker is shutting down" : msg, NULL, dropped);
+        }
+        if (s->px[i].live && now >= s->px[i].until_us) {
+            zmq_msg_close(&s->px[i].x);
+            s->px[i].live = 0;
+            shoal_wmetrics_relay(s->wm, SHOAL_WRELAY_EXPIRED);
+        }
+    }
 }
 
 /* --trunk: parse the ROWSPEC against the model's row-shardable matrices and
@@ -637,7 +829,11 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     uint64_t owned_bytes = s.store ? shoal_store_bytes(s.store) : s.bank ? shoal_bank_bytes(s.bank) : 0;
     if (o->threads > 0)
         omp_set_num_threads(o->threads);
-    shoal_kernels_init();
+    if ((rc = shoal_kernels_init())) {
+        shoal_err_set(err, errlen, rc, "kernels: cannot select them (SHOAL_ISA, SHOAL_MX_DECODE or SHOAL_AMX_VARIANT "
+                                       "names a kernel this build or CPU lacks?)");
+        goto out;
+    }
     const char *id = o->id ? o->id : o->listen;
     shoal_wmetrics_opts wo = {.id = id, .num_layers = s.cfg.num_layers, .is_moe = s.cfg.is_moe,
                               .num_experts = s.cfg.num_experts, .owned = shoal_shard_count(s.own),
@@ -666,6 +862,15 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                            .prefetch = !o->no_prefetch, .trunk = s.trunk, .tmat = s.tmat, .ntrunk = s.ntrunk,
                            .trunk_fp = s.trunk_fp, .model_dir = o->model,
                            .experts_round_input = experts_round_input(&s)};
+    s.zctx = zmq_ctx_new();
+    if (o->relay_peers) {
+        shoal_relay_opts ro = {.list = o->relay_peers, .self = o->relay_self ? o->relay_self : o->listen, .curve_secret = o->curve_secret,
+                               .zctx = s.zctx, .fingerprint = fp, .id = id, .wm = s.wm};
+        if ((rc = shoal_relay_open(&s.relay, &ro, err, errlen)))
+            goto out;
+        so.relay = shoal_relay_endpoints(s.relay);
+        so.nrelay = shoal_relay_count(s.relay);
+    }
     if ((rc = shoal_serve_open(&s.srv, &so, s.bank, err, errlen)))
         goto out;
     if (o->skip_compute)
@@ -682,7 +887,6 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
         .wait_us = 2000};
     if ((rc = shoal_rbudget_open(&s.budget, &bo, err, errlen)))
         goto out;
-    s.zctx = zmq_ctx_new();
     s.sock = zmq_socket(s.zctx, ZMQ_ROUTER);
     int one = 1, linger = 2000;
     int64_t maxmsg = 16 + (int64_t)so.max_tokens * s.cfg.latent_size * 4;
@@ -776,14 +980,18 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
                 break;
             count++;
         }
+        shoal_relay_drain(s.relay);
+        relay_expire(&s, 0, &dropped);
         if (count == 0)
             continue;
-        handle(s.sock, s.srv, &s.q[head], 0, &shutdown, &dropped, s.wm, s.budget);
+        if (!relay_take(&s, &s.q[head], &dropped))
+            handle(s.sock, s.srv, &s.q[head], 0, &shutdown, &dropped, s.wm, s.budget);
         head = (head + 1) % QCAP;
         count--;
         handled++;
     }
-    /* stopping: what is queued (and what is already waiting) is refused, not computed */
+    /* stopping: what is queued (and what is already waiting, and parked) is refused, not computed */
+    relay_expire(&s, 1, &dropped);
     for (;;) {
         while (count < QCAP && recv_one(s.sock, &s.q[(head + count) % QCAP], 0) > 0)
             count++;
@@ -881,6 +1089,12 @@ static void usage(FILE *f)
                "                       refused with ERROR (default 256; a connection holding none may always\n"
                "                       have one reply; PROTOCOL.md section 6)\n"
                "  --reply-budget-mb N  the same for all connections together (default 1024)\n"
+               "  --relay-peers LIST   workers this one may forward trunk inputs to (the relay tree,\n"
+               "                       PROTOCOL.md 3.9): ENDPOINT[@KEY],... in the same order on every worker\n"
+               "                       of the tree; KEY (Z85, or a .pub file) for a tcp:// peer with CURVE;\n"
+               "                       each peer's --curve-allow must list this worker's public key;\n"
+               "                       with --plan and a plan relay_fanout: every trunk worker of the plan\n"
+               "  --relay-keys DIR     with --plan: the relay peers' public keys are DIR/NAME.pub\n"
                "  --print-fingerprint  print the model fingerprint (PROTOCOL.md section 5) and exit\n"
                "  --test-delay-ms N    (tests) sleep N ms before computing each batch\n"
                "  --bench-skip-compute (benchmarks) answer zeros instead of running the experts (and trunk rows)\n"
@@ -918,11 +1132,13 @@ int shoal_cmd_expert(int argc, char **argv)
                                              {"peer-reply-mb", required_argument, 0, 'Q'},
                                              {"reply-budget-mb", required_argument, 0, 'B'},
                                              {"numerics", required_argument, 0, 'n'},
+                                             {"relay-peers", required_argument, 0, 'r'},
+                                             {"relay-keys", required_argument, 0, 'k'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     shoal_expert_server_opts o = {.stop = &stop_flag};
     int print_fp = 0, c;
-    const char *plan = NULL, *name = NULL;
+    const char *plan = NULL, *name = NULL, *relay_keys = NULL;
     int insecure = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -973,6 +1189,8 @@ int shoal_cmd_expert(int argc, char **argv)
         case 'D': o.no_direct = 1; break;
         case 'F': o.no_prefetch = 1; break;
         case 'R': o.refuse_shutdown = 1; break;
+        case 'r': o.relay_peers = optarg; break;
+        case 'k': relay_keys = optarg; break;
         case 'n': {
             shoal_numerics nc;
             if (shoal_numerics_parse(optarg, &nc)) {
@@ -1039,6 +1257,7 @@ int shoal_cmd_expert(int argc, char **argv)
         return 0;
     }
     shoal_planfile pf = {0};
+    char *relay_list = NULL; /* --relay-peers built from the plan (freed at exit) */
     if (plan || name) {
         const shoal_planfile_worker *pw;
         if (!plan || !name || o.experts) {
@@ -1064,6 +1283,39 @@ int shoal_cmd_expert(int argc, char **argv)
             o.id = pw->name;
         if (pf.has_fingerprint)
             o.plan_fingerprint = pf.fingerprint;
+        if (pf.relay_fanout && o.trunk && !o.relay_peers) {
+            /* the plan's relay tree (PROTOCOL.md §3.9): every worker with trunk rows, in plan order, at the
+             * endpoint the coordinator uses (so the indexes agree); CURVE keys from --relay-keys DIR/NAME.pub */
+            size_t cap = 1;
+            for (int w = 0; w < pf.nworkers; w++)
+                if (pf.workers[w].trunk && pf.workers[w].endpoint)
+                    cap += strlen(pf.workers[w].endpoint) + (relay_keys ? strlen(relay_keys) : 0) +
+                           strlen(pf.workers[w].name) + 8;
+            relay_list = shoal_xcalloc(cap, 1);
+            for (int w = 0; w < pf.nworkers; w++) {
+                const shoal_planfile_worker *q = &pf.workers[w];
+                if (!q->trunk || !q->endpoint)
+                    continue;
+                if (o.curve_secret && shoal_curve_needed(q->endpoint) && !relay_keys) {
+                    fprintf(stderr, "shoal expert: the plan relays trunk inputs (relay_fanout %d) over CURVE links: "
+                                    "give --relay-keys DIR holding each worker's NAME.pub\n", pf.relay_fanout);
+                    shoal_planfile_free(&pf);
+                    free(relay_list);
+                    return 2;
+                }
+                size_t at = strlen(relay_list);
+                snprintf(relay_list + at, cap - at, "%s%s%s%s%s%s", at ? "," : "", q->endpoint,
+                         relay_keys && shoal_curve_needed(q->endpoint) ? "@" : "",
+                         relay_keys && shoal_curve_needed(q->endpoint) ? relay_keys : "",
+                         relay_keys && shoal_curve_needed(q->endpoint) ? "/" : "",
+                         relay_keys && shoal_curve_needed(q->endpoint) ? q->name : "");
+                if (relay_keys && shoal_curve_needed(q->endpoint))
+                    strcat(relay_list, ".pub");
+                if (!strcmp(q->name, pw->name))
+                    o.relay_self = q->endpoint;
+            }
+            o.relay_peers = relay_list;
+        }
     }
     if (!o.model || (!o.experts && !o.trunk) || !o.listen) {
         shoal_planfile_free(&pf);
@@ -1091,6 +1343,7 @@ int shoal_cmd_expert(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     int rc = shoal_expert_server_run(&o, err, sizeof err);
     shoal_planfile_free(&pf);
+    free(relay_list);
     if (rc) {
         SHOAL_ERROR("%s", err);
         return shoal_err_exit_code(rc);

@@ -65,6 +65,12 @@ typedef struct {
      * 0: the defaults (SHOAL_EXPERT_PEER_REPLY_MB, SHOAL_EXPERT_REPLY_BUDGET_MB). */
     uint64_t peer_reply_bytes;
     uint64_t reply_budget_bytes;
+    /* --relay-peers LIST (worker/relay.h, PROTOCOL.md §3.9): the workers this
+     * one may forward trunk inputs to, `endpoint[@key]`, comma-separated;
+     * NULL: it relays to nobody (it still takes relayed inputs). */
+    const char *relay_peers;
+    /* This worker's own entry in that list (never sent to); NULL: listen. */
+    const char *relay_self;
 } shoal_expert_server_opts;
 
 #define SHOAL_EXPERT_PEER_REPLY_MB 256

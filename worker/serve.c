@@ -20,6 +20,7 @@ typedef struct {
     uint8_t id[256];
     size_t len;
     uint64_t used; /* LRU stamp; 0 = free slot */
+    int relay_parent; /* its HELLO said `relay` (1.8): a worker that sends TRUNK_X on this connection */
 } peer;
 
 /* PROBE host facts (PROTOCOL.md §3.8): each measurement stalls the loop about
@@ -104,7 +105,8 @@ int shoal_serve_open(shoal_serve **out, const shoal_serve_opts *o, const shoal_b
                                   .act_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_F32) | SHOAL_WIRE_MASK(SHOAL_WIRE_BF16),
                                   .out_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_BF16) | SHOAL_WIRE_MASK(SHOAL_WIRE_F32),
                                   .owns = shoal_shard_owns, .owns_ctx = o->own};
-    s->ctlcap = 4096 + SHOAL_PROTO_MAX_TEXT + o->nowned * 32 + o->ntrunk * (SHOAL_PROTO_MAX_NAME + 16);
+    s->ctlcap = 4096 + SHOAL_PROTO_MAX_TEXT + o->nowned * 32 + o->ntrunk * (SHOAL_PROTO_MAX_NAME + 16) +
+                SHOAL_PROTO_MAX_RELAY * (SHOAL_PROTO_MAX_ENDPOINT + 8);
     size_t tcols = 0;
     for (size_t i = 0; i < o->ntrunk; i++)
         if ((size_t)o->tmat[i].cols > tcols)
@@ -277,18 +279,29 @@ static void do_hello(shoal_serve *s, const shoal_proto_msg *m, const uint8_t *pe
     snprintf(r.isa, sizeof r.isa, "%s", s->o.isa ? s->o.isa : "?");
     snprintf(r.numerics, sizeof r.numerics, "%s", shoal_numerics_name(shoal_kernels_numerics()));
     r.bf16_exact = shoal_kernels_numerics() == SHOAL_NUMERICS_MU && s->o.experts_round_input;
+    for (int i = 0; i < s->o.nrelay && i < SHOAL_PROTO_MAX_RELAY; i++)
+        snprintf(r.relay[r.nrelay++], sizeof r.relay[0], "%s", s->o.relay[i]);
     size_t len = 0;
     if (shoal_proto_enc_hello(s->ctl, s->ctlcap, &len, m->rid, &r, 1))
         SHOAL_PANIC("HELLO reply does not fit its buffer");
     reply_ctl(rep, s, SHOAL_MSG_HELLO, len);
     /* logged for a new connection only, and a peer opening connections in a
      * loop must not flood the log: the first 20, then every 1000th */
-    if (peer_add(s, peer_id, peerlen)) {
+    int fresh = peer_add(s, peer_id, peerlen);
+    s->last_peer->relay_parent = h->relay_parent; /* a second HELLO replaces the first */
+    if (fresh) {
         if (s->hello_peers < 20 || s->hello_peers % 1000 == 0)
-            SHOAL_INFO("HELLO from '%s' (protocol %u.%u)%s", h->id, h->major, h->minor,
+            SHOAL_INFO("HELLO from '%s' (protocol %u.%u)%s%s", h->id, h->major, h->minor,
+                       h->relay_parent ? " as a relay parent" : "",
                        s->hello_peers >= 20 ? " (new connections counted; logged every 1000th)" : "");
         s->hello_peers++;
     }
+}
+
+int shoal_serve_relay_parent(shoal_serve *s, const uint8_t *peer_id, size_t peerlen)
+{
+    peer *p = peer_find(s, peer_id, peerlen > 256 ? 256 : peerlen);
+    return p && p->relay_parent;
 }
 
 static void do_batch(shoal_serve *s, const shoal_proto_msg *m, uint64_t queue_us, shoal_serve_alloc_fn alloc,
@@ -748,8 +761,26 @@ static void do_probe(shoal_serve *s, const shoal_proto_msg *m, shoal_serve_alloc
     rep->n = 2;
 }
 
+static void handle(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, const shoal_frame *in, int nin,
+                   const shoal_frame *xf, uint64_t queue_us, shoal_serve_alloc_fn alloc, void *actx,
+                   shoal_serve_reply *rep);
+
 void shoal_serve_handle(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, const shoal_frame *in, int nin,
                         uint64_t queue_us, shoal_serve_alloc_fn alloc, void *actx, shoal_serve_reply *rep)
+{
+    handle(s, peer_id, peerlen, in, nin, NULL, queue_us, alloc, actx, rep);
+}
+
+void shoal_serve_handle_relayed(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, const shoal_frame *in,
+                                int nin, const shoal_frame *x, uint64_t queue_us, shoal_serve_alloc_fn alloc,
+                                void *actx, shoal_serve_reply *rep)
+{
+    handle(s, peer_id, peerlen, in, nin, x, queue_us, alloc, actx, rep);
+}
+
+static void handle(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, const shoal_frame *in, int nin,
+                   const shoal_frame *xf, uint64_t queue_us, shoal_serve_alloc_fn alloc, void *actx,
+                   shoal_serve_reply *rep)
 {
     memset(rep, 0, sizeof *rep);
     s->last_perr = 0;
@@ -775,6 +806,17 @@ void shoal_serve_handle(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, 
         goto done;
     }
     peer *p = peer_find(s, peer_id, peerlen > 256 ? 256 : peerlen);
+    if (m.type == SHOAL_MSG_TRUNK_X) { /* a notice from a relay parent (taken by the server loop); else refused */
+        if (p && p->relay_parent) {
+            p->used = ++s->clock;
+        } else {
+            snprintf(msg, sizeof msg, "TRUNK_X refused: this connection is not a relay parent (PROTOCOL.md 3.9: "
+                                      "only a worker whose HELLO said `relay` may send it)");
+            reply_error(s, rep, 0, SHOAL_PERR_UNKNOWN_TYPE, msg);
+            shoal_wmetrics_relay(s->o.metrics, SHOAL_WRELAY_REFUSED);
+        }
+        goto done;
+    }
     if (m.type == SHOAL_MSG_PREFETCH) {
         s->pf_notices++;
         if (p) {
@@ -820,6 +862,22 @@ void shoal_serve_handle(shoal_serve *s, const uint8_t *peer_id, size_t peerlen, 
         do_batch(s, &m, queue_us, alloc, actx, rep);
         break;
     case SHOAL_MSG_TRUNK_BATCH:
+        if (!m.tbatch.has_x) { /* relayed (1.8): x is the TRUNK_X of its xid, paired by the server loop */
+            char why[256];
+            if (!xf) {
+                snprintf(msg, sizeof msg, "TRUNK_BATCH: relayed input xid %llu was not paired with its TRUNK_X",
+                         (unsigned long long)m.tbatch.relay.xid);
+                reply_error(s, rep, m.rid, SHOAL_PERR_INTERNAL, msg);
+                break;
+            }
+            if (shoal_proto_tensor_decode(xf, &m.tbatch.x, why, sizeof why) ||
+                (m.tbatch.x.dtype != SHOAL_WIRE_F32 && m.tbatch.x.dtype != SHOAL_WIRE_BF16)) {
+                snprintf(msg, sizeof msg, "TRUNK_BATCH: the relayed x of xid %llu: %s",
+                         (unsigned long long)m.tbatch.relay.xid, m.tbatch.x.dtype ? "dtype not f32 or bf16" : why);
+                reply_error(s, rep, m.rid, SHOAL_PERR_MALFORMED, msg);
+                break;
+            }
+        }
         do_tbatch(s, &m, queue_us, alloc, actx, rep);
         break;
     case SHOAL_MSG_PROBE:

@@ -73,6 +73,10 @@ typedef struct {
      * the bits of its f32 original; announced in HELLO only in the mu class.
      * (A bf16 TRUNK_BATCH x is checked per request against its matrices.) */
     int experts_round_input;
+    /* 1.8 (PROTOCOL.md §3.9): the relay peers' endpoints (`--relay-peers`),
+     * announced in HELLO in this order; borrowed. nrelay 0: no relaying. */
+    const char *const *relay;
+    int nrelay;
 } shoal_serve_opts;
 
 typedef struct shoal_serve shoal_serve;
@@ -101,6 +105,17 @@ void shoal_serve_close(shoal_serve *s); /* accepts NULL */
  * connection). queue_us: how long it waited in the server's queue. */
 void shoal_serve_handle(shoal_serve *s, const uint8_t *peer, size_t peerlen, const shoal_frame *in, int nin,
                         uint64_t queue_us, shoal_serve_alloc_fn alloc, void *actx, shoal_serve_reply *rep);
+
+/* A relayed TRUNK_BATCH (1.8, PROTOCOL.md §3.9: `xid` and no x frame) with
+ * the x frame of its TRUNK_X, which the server loop paired with it; x is
+ * checked as a TRUNK_BATCH's x. Any other message: as shoal_serve_handle. */
+void shoal_serve_handle_relayed(shoal_serve *s, const uint8_t *peer, size_t peerlen, const shoal_frame *in,
+                                int nin, const shoal_frame *x, uint64_t queue_us, shoal_serve_alloc_fn alloc,
+                                void *actx, shoal_serve_reply *rep);
+/* 1 when this connection's last HELLO said `relay` (1.8): it may send TRUNK_X.
+ * (shoal_serve_handle answers a TRUNK_X from any other connection with
+ * ERROR UNKNOWN_TYPE, and one from it with nothing: the server loop takes it.) */
+int shoal_serve_relay_parent(shoal_serve *s, const uint8_t *peer, size_t peerlen);
 
 /* ERROR perr for a request that will not be served (e.g. SHUTTING_DOWN), with
  * the request's rid when its envelope decodes. */

@@ -38,6 +38,7 @@ struct shoal_wmetrics {
     shoal_metrics_counter cache_hits, cache_misses, cache_bytes, cache_read_us;
     shoal_metrics_counter pf_reads, pf_bytes, pf_hits, pf_wasted, pf_dropped;
     shoal_metrics_counter act_f32, act_bf16; /* activation payload bytes by wire dtype */
+    shoal_metrics_counter relay[SHOAL_WRELAY_N], relay_in_bytes;
     uint32_t cache_slots;
     uint64_t cache_slot_bytes;
     /* HTTP responder */
@@ -161,6 +162,18 @@ void shoal_wmetrics_prefetch(shoal_wmetrics *wm, uint64_t reads, uint64_t bytes,
     shoal_metrics_add(&wm->pf_bytes, bytes);
     shoal_metrics_add(&wm->pf_hits, hits);
     shoal_metrics_add(&wm->pf_wasted, wasted);
+}
+
+void shoal_wmetrics_relay(shoal_wmetrics *wm, shoal_wrelay_event ev)
+{
+    if (wm && ev >= 0 && ev < SHOAL_WRELAY_N)
+        shoal_metrics_add(&wm->relay[ev], 1);
+}
+
+void shoal_wmetrics_relay_in_bytes(shoal_wmetrics *wm, uint64_t bytes)
+{
+    if (wm)
+        shoal_metrics_add(&wm->relay_in_bytes, bytes);
 }
 
 void shoal_wmetrics_prefetch_dropped(shoal_wmetrics *wm)
@@ -288,6 +301,20 @@ void shoal_wmetrics_write(shoal_wmetrics *wm, shoal_metrics_buf *b)
     one(b, "shoal_expert_server_prefetch_dropped_total", SHOAL_METRICS_COUNTER,
         "PREFETCH notices dropped (malformed, before HELLO, not an MoE layer).", wl,
         (double)shoal_metrics_get(&wm->pf_dropped));
+    static const char *const relay_name[SHOAL_WRELAY_N][2] = {
+        {"shoal_expert_server_relay_in_total", "TRUNK_X inputs taken from a relay parent (PROTOCOL.md 3.9)."},
+        {"shoal_expert_server_relay_out_total", "TRUNK_X inputs forwarded to a relay child."},
+        {"shoal_expert_server_relay_parked_total", "Relayed requests and inputs parked to wait for their other half."},
+        {"shoal_expert_server_relay_expired_total", "Parked relayed requests and inputs that expired unpaired."},
+        {"shoal_expert_server_relay_dropped_total",
+         "Relayed inputs not forwarded or not kept (child queue full, park full, unknown peer)."},
+        {"shoal_expert_server_relay_refused_total", "TRUNK_X from a connection that is not a relay parent."}};
+    for (int i = 0; i < SHOAL_WRELAY_N; i++)
+        one(b, relay_name[i][0], SHOAL_METRICS_COUNTER, relay_name[i][1], wl,
+            (double)shoal_metrics_get(&wm->relay[i]));
+    one(b, "shoal_expert_server_relay_in_bytes_total", SHOAL_METRICS_COUNTER,
+        "Bytes of the x frames (header included) of TRUNK_X taken from a relay parent.", wl,
+        (double)shoal_metrics_get(&wm->relay_in_bytes));
     shoal_metrics_snap s;
     shoal_metrics_family(b, "shoal_expert_server_queue_wait_seconds", SHOAL_METRICS_HISTOGRAM,
                          "Per served batch: time from taking it off the socket to starting it.");

@@ -69,6 +69,25 @@ void shoal_wmetrics_cache(shoal_wmetrics *wm, uint64_t hits, uint64_t misses, ui
 void shoal_wmetrics_prefetch(shoal_wmetrics *wm, uint64_t reads, uint64_t bytes, uint64_t hits, uint64_t wasted);
 void shoal_wmetrics_prefetch_dropped(shoal_wmetrics *wm);
 
+/* The relay tree (PROTOCOL.md §3.9, 1.8): TRUNK_X taken from a relay parent
+ * (IN), sent to a child (OUT), a request or an input parked for its other
+ * half (PARKED), one expired unpaired (EXPIRED), an input not forwarded or
+ * not kept (DROPPED: a child's queue refused it, the park was full, its
+ * subtree named a peer this worker does not have), a TRUNK_X from a
+ * connection that is not a relay parent (REFUSED). */
+typedef enum {
+    SHOAL_WRELAY_IN,
+    SHOAL_WRELAY_OUT,
+    SHOAL_WRELAY_PARKED,
+    SHOAL_WRELAY_EXPIRED,
+    SHOAL_WRELAY_DROPPED,
+    SHOAL_WRELAY_REFUSED,
+    SHOAL_WRELAY_N
+} shoal_wrelay_event;
+void shoal_wmetrics_relay(shoal_wmetrics *wm, shoal_wrelay_event ev);
+/* Bytes of a TRUNK_X's x frame (header included) taken from a relay parent. */
+void shoal_wmetrics_relay_in_bytes(shoal_wmetrics *wm, uint64_t bytes);
+
 /* ---- reading ------------------------------------------------------------ */
 
 void shoal_wmetrics_write(shoal_wmetrics *wm, shoal_metrics_buf *b);

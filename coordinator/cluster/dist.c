@@ -115,6 +115,13 @@ int shoal_dist_parse_arg(shoal_dist_opts *o, const char *cmd, int argc, char **a
         }
         o->wire_f32 = !strcmp(v, "f32");
         r = 1;
+    } else if (!strcmp(a, "--relay-fanout")) {
+        r = num(cmd, a, v, 0, 4, &o->relay_fanout);
+        o->relay_given = 1;
+        if (r == 1 && o->relay_fanout == 1) {
+            fprintf(stderr, "%s: --relay-fanout takes 0 (off) or 2 to 4, not 1 (a chain relays nothing)\n", cmd);
+            return -1;
+        }
     } else if (!strcmp(a, "--workers")) {
         r = num(cmd, a, v, 1, SHOAL_EXPERT_CLIENT_MAX_WORKERS, &o->nlocal);
     } else if (!strcmp(a, "--worker-threads")) {
@@ -155,6 +162,10 @@ void shoal_dist_usage(FILE *f)
                "                       compute the same bits from them (--numerics mu, whose products\n"
                "                       round their inputs to bf16: half the bytes, the same ids); f32:\n"
                "                       always f32 (PROTOCOL.md 1.7)\n"
+               "  --relay-fanout F     with --trunk remote: 0 (default) sends each trunk step's input to\n"
+               "                       every trunk server; 2..4 sends it to F of them, which forward it\n"
+               "                       through a tree of fan-out F to the others (shoal expert\n"
+               "                       --relay-peers; PROTOCOL.md 3.9): less egress here, more hops\n"
                "  --workers N          start N local expert servers over ipc:// (experts split evenly),\n"
                "                       stopped on exit\n"
                "  --worker-threads N   OpenMP threads of each local server (default: cores / N)\n"
@@ -319,13 +330,22 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
     const char *pe[SHOAL_EXPERT_CLIENT_MAX_WORKERS];
     if (o->plan && (rc = plan_endpoints(o->plan, fp, &pf, pe, err, errlen)))
         return rc;
+    if (o->relay_given && o->relay_fanout && !o->trunk) {
+        shoal_planfile_free(&pf);
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--relay-fanout %d needs --trunk remote (the relay tree carries "
+                             "the trunk inputs)", o->relay_fanout);
+    }
+    int relay_fanout = o->relay_given ? o->relay_fanout : o->plan && o->trunk ? pf.relay_fanout : 0;
+    if (!o->relay_given && relay_fanout)
+        SHOAL_INFO("relay tree of fan-out %d for the trunk inputs (the plan's relay_fanout)", relay_fanout);
     shoal_dist *d = shoal_xcalloc(1, sizeof *d);
     d->cancel = o->cancel;
     const char *const *eps = o->plan ? pe : o->worker;
     int n = o->plan ? pf.nworkers : o->nworker;
     if (o->nlocal) {
         shoal_spawn_opts so = {.model = model_dir, .n = o->nlocal, .threads = o->worker_threads,
-                               .max_tokens = info.max_batch, .trunk = o->trunk == 1};
+                               .max_tokens = info.max_batch, .trunk = o->trunk == 1,
+                               .relay = o->trunk == 1 && relay_fanout > 1 && o->nlocal > 1};
         if ((rc = shoal_spawn_start(&d->spawn, &so, info.cfg, err, errlen))) {
             free(d);
             return rc;
@@ -353,6 +373,7 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
     if (!rc && (o->trunk == 1 || (o->trunk == 2 && shoal_expert_client_any_trunk(d->client)))) {
         shoal_expert_client_opts to = co;
         to.trunk_role = 1;
+        to.relay_fanout = relay_fanout;
         to.busy = shoal_spawn_busy_slots(d->spawn, 1);
         to.st = shoal_model_store(m);
         if ((rc = shoal_trunk_client_open(&d->trunk, &to, err, errlen)) ||
@@ -505,6 +526,18 @@ void shoal_dist_json(const shoal_dist *d, json_t *o)
         return;
     json_object_set_new(o, "workers", json_integer(d->nworkers));
     json_object_set_new(o, "trunk_remote_matrices", json_integer(d->trunk_remote));
+    if (d->trunk) { /* the relay tree (PROTOCOL.md §3.9): over the whole run */
+        int fan;
+        uint64_t relayed, fallbacks;
+        shoal_trunk_client_relay_counts(d->trunk, &fan, &relayed, &fallbacks);
+        json_object_set_new(o, "trunk_relay_fanout", json_integer(fan));
+        json_object_set_new(o, "trunk_relayed_requests", json_integer((json_int_t)relayed));
+        json_object_set_new(o, "trunk_relay_fallbacks", json_integer((json_int_t)fallbacks));
+        uint64_t out = 0; /* every phase's TRUNK_BATCH bytes sent: the run's total */
+        for (int i = 0; i < d->nph; i++)
+            out += d->ph[i].tst.bytes_out;
+        json_object_set_new(o, "trunk_wire_bytes_out", json_integer((json_int_t)out));
+    }
     for (int i = 0; i < d->nph; i++) {
         const phase *p = &d->ph[i];
         double t = p->tokens > 0 ? p->tokens : 1;

@@ -55,6 +55,13 @@ typedef struct {
      * activations to the workers that compute the same bits from them, in the
      * mu class), 1 f32 always (shoal_expert_client_opts.wire_f32) */
     int wire_f32;
+    /* --relay-fanout F (PROTOCOL.md §3.9; with --trunk remote or auto;
+     * relay_given 0: not given, then the plan's relay_fanout with --plan, else
+     * off): 0 off (every trunk input sent directly to every trunk server), 2..4:
+     * each step's input goes to F of them, which forward it to the others in
+     * a tree of fan-out F (shoal_expert_client_opts.relay_fanout); with
+     * --workers N the local workers are given each other as relay peers */
+    int relay_fanout, relay_given;
     /* Non-NULL: read while waiting for the workers' HELLO; non-zero aborts
      * shoal_dist_start with SHOAL_ECANCELED (`shoal serve` stopped by a
      * signal while starting). Not a flag. */

@@ -96,6 +96,14 @@ typedef struct {
      * open). 0: the expert role. */
     int trunk_role;
     const shoal_st *st;
+    /* Trunk role: the relay tree (PROTOCOL.md §3.9). 0: every TRUNK_BATCH
+     * carries its x (1.7's behaviour); F in 2..4: per step, the involved
+     * workers whose HELLO lists relay peers (the same list, naming each of
+     * them) form a tree of fan-out F: F roots get x and their subtree, the
+     * others only the header with the step's xid. A relayed request not
+     * answered within failover_ms (or answered ERROR) is resent directly with
+     * x, and its relay parents relay no more. */
+    int relay_fanout;
 } shoal_expert_client_opts;
 
 typedef struct shoal_expert_client shoal_expert_client;

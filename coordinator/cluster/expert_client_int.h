@@ -118,6 +118,18 @@ typedef struct {
     int32_t tcjob[SHOAL_PROTO_MAX_TCHAIN];
     int32_t tccell[SHOAL_PROTO_MAX_TCHAIN][2];
     uint32_t ntchain;
+    /* relay tree (PROTOCOL.md §3.9; links.c set_relay at each accepted
+     * HELLO): its index in its own announced relay list (-1: it does not
+     * relay, or its list does not name it under our endpoint) and a hash of
+     * that list (trees join only workers with the same list); relay_down: a
+     * relayed request through it failed, so it relays no more (forward
+     * thread). This round (trunk role): rrole 0 direct, 1 a root, 2 relayed;
+     * rparent the worker index of its parent (-1: a root); rl its keys. */
+    int relay_idx;
+    uint64_t relay_hash;
+    int relay_down;
+    int rrole, rparent;
+    shoal_proto_relay rl;
     uint64_t trows;          /* sum of its segments' rows */
     uint64_t tweight;        /* bytes of those rows of the matrices (metrics) */
     uint8_t *tctl;           /* [TCTL_CAP] its TRUNK_BATCH control frame */
@@ -216,10 +228,16 @@ struct shoal_expert_client {
     const void *tjobs; /* the submitted shoal_rmat_job[] (borrowed until gather returns) */
     int ntjobs, tT;
     uint64_t trunk_requests, trunk_messages;
+    /* relay tree (trunk role, forward thread): the last xid used (a random
+     * 62-bit start), requests sent without x, those resent directly */
+    uint64_t next_xid;
+    uint64_t trunk_relayed, trunk_relay_fallbacks;
+    int32_t *rorder; /* [nw]: this round's tree members in order */
 };
 
 #define SHOAL__EC_TCTL_CAP                                                                                        \
-    (64 + SHOAL_PROTO_MAX_TSEGS * (SHOAL_PROTO_MAX_NAME + 16) + SHOAL_PROTO_MAX_TCHAIN * (2 * SHOAL_PROTO_MAX_NAME + 24))
+    (64 + SHOAL_PROTO_MAX_TSEGS * (SHOAL_PROTO_MAX_NAME + 16) + SHOAL_PROTO_MAX_TCHAIN * (2 * SHOAL_PROTO_MAX_NAME + 24) + \
+     40 + SHOAL_PROTO_MAX_RELAY * 6)
 
 /* ---- links.c, for the exchange ---------------------------------------------- */
 

@@ -136,6 +136,30 @@ static void set_wire16(shoal_expert_client *c, shoal__ec_worker *w, const shoal_
     w->trunk16 = on && h->ntrunk > 0;
 }
 
+/* The relay tree (PROTOCOL.md §3.9) from w's accepted HELLO: its index in
+ * its own relay list under the endpoint we reach it at, and a hash of the
+ * list (FNV-1a over the endpoints, NUL-separated): a tree joins only workers
+ * with the same list, so one index names the same worker on each of them.
+ * smu held (or at open). */
+static void set_relay(shoal__ec_worker *w, const shoal_proto_hello *h)
+{
+    w->relay_idx = -1;
+    w->relay_hash = 0;
+    if (h->minor < 8 || !h->nrelay)
+        return;
+    uint64_t x = 1469598103934665603ull;
+    for (uint32_t i = 0; i < h->nrelay; i++) {
+        for (const char *p = h->relay[i];; p++) {
+            x = (x ^ (uint8_t)*p) * 1099511628211ull;
+            if (!*p)
+                break;
+        }
+        if (!strcmp(h->relay[i], w->endpoint))
+            w->relay_idx = (int)i;
+    }
+    w->relay_hash = x;
+}
+
 /* Handle a HELLO reply from w at open: checks and records ownership. */
 static int take_hello(shoal_expert_client *c, shoal__ec_worker *w, const shoal_frame *f, int nf, char *err,
                       size_t errlen)
@@ -171,6 +195,7 @@ static int take_hello(shoal_expert_client *c, shoal__ec_worker *w, const shoal_f
     w->prefetch = h->minor >= 2 && h->prefetch;
     w->chain = h->minor >= 4;
     set_wire16(c, w, h);
+    set_relay(w, h);
     w->owned = h->owned;
     w->nowned = h->nowned;
     m.hello.owned = NULL; /* taken */
@@ -231,6 +256,10 @@ static int trunk_place(shoal_expert_client *c, char *err, size_t errlen)
     c->twant = shoal_xcalloc(2 * (size_t)c->maxc, 1);
     c->tup = shoal_xcalloc((size_t)c->nw, 1);
     c->tload = shoal_xcalloc((size_t)c->nw, sizeof *c->tload);
+    c->rorder = shoal_xcalloc((size_t)c->nw, sizeof *c->rorder);
+    if (getrandom(&c->next_xid, sizeof c->next_xid, 0) != (ssize_t)sizeof c->next_xid) /* xids unique per coordinator */
+        c->next_xid = (uint64_t)shoal__ec_now_ns() ^ ((uint64_t)getpid() << 32);
+    c->next_xid >>= 2; /* a random 62-bit start: 2^62 steps before a wrap */
     c->tsorted = shoal_xcalloc((size_t)c->ntmats, sizeof *c->tsorted);
     size_t cols = 0;
     int nremote = 0;
@@ -648,6 +677,7 @@ static void keeper_take(shoal_expert_client *c, int i, zmq_msg_t *parts, int np,
             refused(c, w, r);
         } else if (warm_send(c, w, WARM_PINGS) == 0) {
             set_wire16(c, w, &m.hello); /* a worker restarted with another version or flags */
+            set_relay(w, &m.hello);
             atomic_store(&w->link, W_WARM);
         }
     } else if (link == W_DOWN && probe_err) {
@@ -827,6 +857,7 @@ void shoal_expert_client_close(shoal_expert_client *c)
     free(c->twant);
     free(c->tup);
     free(c->tload);
+    free(c->rorder);
     free(c->tsorted);
     free(c->tx);
     free(c->tx16);

@@ -61,6 +61,7 @@ struct shoal_spawn {
     char exe[4096], threads_s[16], maxtok_s[16];
     char numerics[16]; /* this process's numerics class: every local worker computes the same */
     char *model;
+    char *relay; /* --relay-peers of every child: all endpoints, comma-separated (NULL: none) */
     /* supervision (shoal_spawn_supervise): one thread, woken every 200 ms or by stop */
     pthread_t th;
     int running, stop;
@@ -133,10 +134,15 @@ static int launch(shoal_spawn *s, child *c, char *err, size_t errlen)
     char *argv[] = {s->exe,         "expert",       "--model",   s->model, "--experts", c->ranges,
                     "--listen",     c->endpoint,    "--id",      c->id,    "--threads", s->threads_s,
                     "--max-tokens", s->maxtok_s,    "--refuse-shutdown", "--numerics", s->numerics,
-                    NULL, NULL, NULL};
+                    NULL, NULL, NULL, NULL, NULL};
+    int a = 17;
     if (c->trunk[0]) { /* the trunk rows of a generated even spread */
-        argv[17] = "--trunk";
-        argv[18] = c->trunk;
+        argv[a++] = "--trunk";
+        argv[a++] = c->trunk;
+    }
+    if (s->relay) { /* the same list for every child: one index names the same worker everywhere */
+        argv[a++] = "--relay-peers";
+        argv[a++] = s->relay;
     }
     int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
     pid_t parent = s->parent, pgid = s->pgid;
@@ -242,6 +248,17 @@ int shoal_spawn_start(shoal_spawn **out, const shoal_spawn_opts *o, const shoal_
         snprintf(c->id, sizeof c->id, "w%d", i);
         s->eps[i] = c->endpoint;
     }
+    if (o->relay) {
+        size_t len = 1;
+        for (int i = 0; i < o->n; i++)
+            len += strlen(s->eps[i]) + 1;
+        s->relay = shoal_xcalloc(len, 1);
+        for (int i = 0; i < o->n; i++) {
+            if (i)
+                strcat(s->relay, ",");
+            strcat(s->relay, s->eps[i]);
+        }
+    }
     s->parent = getpid();
     for (int i = 0; i < o->n; i++) {
         int rc = launch(s, &s->c[i], err, errlen);
@@ -251,7 +268,9 @@ int shoal_spawn_start(shoal_spawn **out, const shoal_spawn_opts *o, const shoal_
         }
     }
     SHOAL_INFO("started %d local expert workers (process group %d, %s threads each)%s", o->n, (int)s->pgid,
-               s->threads_s, o->trunk ? ", each with its part of the trunk rows" : "");
+               s->threads_s, o->trunk ? (o->relay ? ", each with its part of the trunk rows, relay peers of each other"
+                                                  : ", each with its part of the trunk rows")
+                                      : "");
     *out = s;
     return 0;
 }
@@ -547,6 +566,7 @@ void shoal_spawn_stop(shoal_spawn *s)
     free(s->eps);
     free((void *)s->busy);
     free(s->model);
+    free(s->relay);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);

@@ -24,6 +24,8 @@ typedef struct {
     int max_tokens;      /* --max-tokens of every child */
     int trunk;           /* 1: child i also owns part i of n of every row-shardable trunk matrix
                             (--trunk, shoal_tshard_spread_spec: `--workers N --trunk remote`) */
+    int relay;           /* 1: every child gets all n endpoints as --relay-peers (the relay tree,
+                            PROTOCOL.md §3.9: `--relay-fanout F` with --trunk remote) */
 } shoal_spawn_opts;
 
 typedef struct shoal_spawn shoal_spawn;

@@ -109,6 +109,84 @@ static int pick_job(shoal_expert_client *c, int j, int k, const uint8_t *want)
     return -1;
 }
 
+/* The relay tree of this round (PROTOCOL.md §3.9; smu held, after the
+ * involved workers are known): only in a request's first round and with
+ * relay_fanout F >= 2; its members are the involved workers that relay (an
+ * index in their own list), not marked down for relaying, with the same list
+ * and the same x dtype as the first of them, in worker order. The first F are
+ * the roots; the rest fill the tree level by level, each level's members
+ * taking the previous level's in turn as parents (at most F children each);
+ * the roots get x and their subtree in `fwd` (parents before children), the
+ * others only the header with the step's xid. A root left without children,
+ * and every member when there are F or fewer, gets a plain request. */
+static void plan_tree(shoal_expert_client *c)
+{
+    for (int i = 0; i < c->nw; i++) {
+        c->w[i].rrole = 0;
+        c->w[i].rparent = -1;
+        c->w[i].rl.xid = 0;
+        c->w[i].rl.nfwd = 0;
+    }
+    const int F = c->o.relay_fanout;
+    if (F < 2 || c->round > 0)
+        return;
+    int n = 0, t16 = 0;
+    uint64_t hash = 0;
+    for (int i = 0; i < c->nw; i++) {
+        const shoal__ec_worker *w = &c->w[i];
+        if (!w->involved || w->relay_idx < 0 || w->relay_down)
+            continue;
+        if (n == 0) {
+            hash = w->relay_hash;
+            t16 = w->t16;
+        }
+        if (w->relay_hash == hash && w->t16 == t16)
+            c->rorder[n++] = i;
+    }
+    if (n <= F)
+        return;
+    uint64_t fo = c->failover_us / 1000u;
+    shoal_proto_relay rl = {.xid = ++c->next_xid,
+                            .wait_ms = (uint32_t)(fo < 1 ? 1 : fo > SHOAL_PROTO_MAX_WAIT_MS ? SHOAL_PROTO_MAX_WAIT_MS : fo)};
+    uint8_t pos[SHOAL_EXPERT_CLIENT_MAX_WORKERS]; /* a member's position in its root's fwd */
+    int16_t root_of[SHOAL_EXPERT_CLIENT_MAX_WORKERS];
+    for (int j = 0; j < F; j++) {
+        shoal__ec_worker *w = &c->w[c->rorder[j]];
+        w->rrole = 1;
+        w->rl = rl;
+        root_of[j] = (int16_t)j;
+    }
+    /* level by level: the members of the next level go round the current
+     * one's in turn (at most F each), so the children are spread evenly */
+    int j = F, lstart = 0, lsize = F, full = 0;
+    while (j < n && !full) {
+        int next = 0;
+        for (int o = 0; j < n && o < F * lsize; o++, j++, next++) {
+            int p = lstart + o % lsize, r = root_of[p];
+            shoal__ec_worker *rw = &c->w[c->rorder[r]], *w = &c->w[c->rorder[j]];
+            if (rw->rl.nfwd == SHOAL_PROTO_MAX_RELAY) { /* the rest direct (a parent precedes its children) */
+                full = 1;
+                break;
+            }
+            pos[j] = (uint8_t)rw->rl.nfwd;
+            root_of[j] = (int16_t)r;
+            rw->rl.fwd[rw->rl.nfwd++] = (shoal_proto_fwd){(uint8_t)w->relay_idx, (uint8_t)(p < F ? 0 : pos[p] + 1)};
+            w->rrole = 2;
+            w->rparent = c->rorder[p];
+            w->rl = rl;
+        }
+        lstart += lsize;
+        lsize = next;
+    }
+    for (int r = 0; r < F; r++) { /* a root without children is a plain request */
+        shoal__ec_worker *w = &c->w[c->rorder[r]];
+        if (!w->rl.nfwd) {
+            w->rrole = 0;
+            w->rl.xid = 0;
+        }
+    }
+}
+
 /* This round's TRUNK_BATCH of every involved worker from tpick (smu held,
  * state SENT): per job, its cells in row order; consecutive cells with the
  * same owner in the same announced range travel as one segment. Resets the
@@ -182,14 +260,67 @@ static void pack_round(shoal_expert_client *c)
             prev = e;
         }
     }
+    plan_tree(c);
     for (int i = 0; i < c->nw && c->state == SENT; i++) {
         shoal__ec_worker *w = &c->w[i];
         if (!w->involved)
             continue;
         w->rid = ++c->next_rid;
-        if (shoal_proto_enc_tbatch(w->tctl, SHOAL__EC_TCTL_CAP, &w->tctl_len, w->rid, (uint32_t)c->layer, w->tseg,
-                                   w->ntseg, w->tchain, w->ntchain))
+        if (shoal_proto_enc_tbatch_relay(w->tctl, SHOAL__EC_TCTL_CAP, &w->tctl_len, w->rid, (uint32_t)c->layer,
+                                         w->tseg, w->ntseg, w->tchain, w->ntchain, w->rrole ? &w->rl : NULL))
             shoal__ec_fail(c, SHOAL_EINTERNAL, "trunk worker %s: TRUNK_BATCH does not encode", w->name);
+    }
+}
+
+/* Send worker i's TRUNK_BATCH (smu held): the header, and x unless it is
+ * relayed. 0, or -1 with errno. */
+static int send_one(shoal_expert_client *c, shoal__ec_worker *w)
+{
+    uint8_t *x = w->t16 ? c->tx16 : c->tx;
+    size_t xlen = w->t16 ? c->tx16len : c->txlen;
+    int relayed = w->rrole == 2;
+    if (relayed ? shoal__ec_send_frame(w->sock, w->tctl, w->tctl_len, 0)
+                : shoal__ec_send_frame(w->sock, w->tctl, w->tctl_len, 1) || shoal__ec_send_frame(w->sock, x, xlen, 0))
+        return -1;
+    c->trunk_messages++;
+    c->st.messages++;
+    w->bytes_out = w->tctl_len + (relayed ? 0 : xlen);
+    c->st.bytes_out += w->bytes_out;
+    c->trunk_relayed += relayed;
+    return 0;
+}
+
+/* A relayed request of worker i that failed (smu held, state SENT): no reply
+ * within the failover time, or an ERROR (its input never came: a relay
+ * parent slow, stopped or dead, a full park). Its relay parents relay no more
+ * in this run; the request is resent directly with x under a new rid (a
+ * reply to the old one is dropped as late); the rows are the same bits. */
+static void relay_fallback(shoal_expert_client *c, int i, const char *why)
+{
+    shoal__ec_worker *w = &c->w[i];
+    for (int p = w->rparent; p >= 0; p = c->w[p].rparent)
+        if (!c->w[p].relay_down) {
+            c->w[p].relay_down = 1;
+            SHOAL_WARN("trunk worker %s: relayed input for %s %s at layer %d: it relays no more; its children get x "
+                       "directly",
+                       c->w[p].name, w->name, why, c->layer);
+        }
+    w->rrole = 0;
+    w->rparent = -1;
+    w->rid = ++c->next_rid;
+    c->trunk_relay_fallbacks++;
+    if (shoal_proto_enc_tbatch(w->tctl, SHOAL__EC_TCTL_CAP, &w->tctl_len, w->rid, (uint32_t)c->layer, w->tseg,
+                               w->ntseg, w->tchain, w->ntchain)) {
+        shoal__ec_fail(c, SHOAL_EINTERNAL, "trunk worker %s: TRUNK_BATCH does not encode", w->name);
+        return;
+    }
+    w->sent_ns = shoal__ec_now_ns();
+    w->fo_checked = 0;
+    if (send_one(c, w)) {
+        int e = errno;
+        shoal__ec_mark_down(c, i, "cannot send: %s", e == EAGAIN ? "not connected" : zmq_strerror(e));
+        shoal__ec_lose(c, i, SHOAL_EPEER, "trunk worker %s: cannot send layer %d: %s", w->name, c->layer,
+                       e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
     }
 }
 
@@ -209,9 +340,7 @@ static void send_round(shoal_expert_client *c)
         }
         w->sent_ns = shoal__ec_now_ns();
         shoal__ec_busy_sent(c, i, w->sent_ns);
-        uint8_t *x = w->t16 ? c->tx16 : c->tx;
-        size_t xlen = w->t16 ? c->tx16len : c->txlen;
-        if (shoal__ec_send_frame(w->sock, w->tctl, w->tctl_len, 1) || shoal__ec_send_frame(w->sock, x, xlen, 0)) {
+        if (send_one(c, w)) {
             int e = errno;
             if (c->cm)
                 shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
@@ -220,10 +349,6 @@ static void send_round(shoal_expert_client *c)
                            e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
             continue;
         }
-        c->trunk_messages++;
-        c->st.messages++;
-        c->st.bytes_out += w->tctl_len + xlen;
-        w->bytes_out = w->tctl_len + xlen;
     }
 }
 
@@ -325,6 +450,8 @@ static void on_reply(shoal_expert_client *c, int i, zmq_msg_t *parts, int np, in
         shoal__ec_mark_down(c, i, "malformed reply: %s", why);
         shoal__ec_lose(c, i, SHOAL_EPROTO, "trunk worker %s: malformed reply to layer %d: %s", w->name, c->layer,
                        why);
+    } else if (m.type == SHOAL_MSG_ERROR && w->rrole == 2) { /* its input did not come through the tree */
+        relay_fallback(c, i, "was refused (its input did not come)");
     } else if (m.type == SHOAL_MSG_ERROR) {
         shoal__ec_mark_down(c, i, "answered ERROR %s", shoal_perr_name((int)m.error.code));
         shoal__ec_lose(c, i, shoal_perr_to_err((int)m.error.code), "trunk worker %s refused layer %d: %s: %s",
@@ -414,6 +541,10 @@ static void wait_round(shoal_expert_client *c)
                    (np = shoal__ec_recv_parts(w->sock, parts, &truncated)) > 0)
                 on_reply(c, i, parts, np, truncated);
             if (c->state != SENT || w->answered || w->lost)
+                continue;
+            if (w->rrole == 2 && shoal__ec_now_us() >= w->sent_ns / 1000u + c->failover_us)
+                relay_fallback(c, i, "did not come within the failover time");
+            if (c->state != SENT || w->lost)
                 continue;
             if (shoal__ec_check_worker(c, i, shoal__ec_monitor_disconnected(w->mon), others_up, "trunk",
                                        "the trunk rows of ", &next_fo))
@@ -564,6 +695,15 @@ void shoal_trunk_client_counts(shoal_expert_client *c, uint64_t *requests, uint6
     pthread_mutex_lock(&c->smu);
     *requests = c->trunk_requests;
     *messages = c->trunk_messages;
+    pthread_mutex_unlock(&c->smu);
+}
+
+void shoal_trunk_client_relay_counts(shoal_expert_client *c, int *fanout, uint64_t *relayed, uint64_t *fallbacks)
+{
+    pthread_mutex_lock(&c->smu);
+    *fanout = c->o.relay_fanout;
+    *relayed = c->trunk_relayed;
+    *fallbacks = c->trunk_relay_fallbacks;
     pthread_mutex_unlock(&c->smu);
 }
 

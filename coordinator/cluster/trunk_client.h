@@ -37,6 +37,10 @@ int shoal_trunk_client_open(shoal_expert_client **out, const shoal_expert_client
 shoal_rmat shoal_trunk_client_backend(shoal_expert_client *c);
 /* Requests (round trips) and TRUNK_BATCH messages since open. */
 void shoal_trunk_client_counts(shoal_expert_client *c, uint64_t *requests, uint64_t *messages);
+/* The relay tree (PROTOCOL.md §3.9): the fan-out it was opened with (0:
+ * off), requests sent without x (their input went through the tree), and
+ * relayed requests resent directly after a relay failed. */
+void shoal_trunk_client_relay_counts(shoal_expert_client *c, int *fanout, uint64_t *relayed, uint64_t *fallbacks);
 /* Report each TRUNK_BATCH exchange to cm (shoal_cmetrics_trunk), under the
  * worker indexes the expert client over the same endpoints described
  * (shoal_expert_client_set_metrics first). cm outlives the client. */

@@ -145,6 +145,7 @@ int shoal_cmd_plan(int argc, char **argv)
     const char *measured = NULL;
     int mslots = 8, TW = 0, *tslot = NULL;
     double mnic = 0, meff = 0.82, mimb = 1.2, mpred = 0, movh = 100;
+    int mrelay = 0; /* the relay tree's fan-out the measured plan chose (0: none) */
     long mforce = -1;
     int mnum = -1; /* --numerics: -1 doctor.json's class */
     uint64_t *mcount = NULL, *pbudget = NULL;
@@ -327,6 +328,7 @@ int shoal_cmd_plan(int argc, char **argv)
         spread = pm.spread;
         TW = pm.G;
         mpred = pm.predicted_s;
+        mrelay = pm.relay_fanout;
         mnum = pm.numerics;
     }
     int ndom = 0, named = 0;
@@ -559,6 +561,8 @@ int shoal_cmd_plan(int argc, char **argv)
     json_object_set_new(root, "trunk", json_string(spread ? "spread" : "local"));
     if (spread)
         json_object_set_new(root, "trunk_servers", json_integer(TW));
+    if (spread && mrelay) /* PROTOCOL.md §3.9: honoured by run/serve --plan and the workers' expert --plan */
+        json_object_set_new(root, "relay_fanout", json_integer(mrelay));
     if (measured) {
         json_t *jmz = json_object();
         json_object_set_new(jmz, "doctor", json_string(measured));

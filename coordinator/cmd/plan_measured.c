@@ -37,7 +37,7 @@ typedef struct {
 
 typedef struct {
     const char *label;
-    int spread, G;
+    int spread, G, F; /* F: relay fan-out (0: direct) */
     double reads, coord, rt, wire, total, tok_s;
     double *share; /* [W] expert fractions */
     int ok;
@@ -267,23 +267,75 @@ static void evaluate(const shoal_plan_measured *m, const model_fig *f, const mea
     if (c->ok) {
         c->reads = reads;
         c->coord = (G ? f->tall - f->tr : f->tall) / cbw;
+        /* the relay tree over the G trunk servers in `order` (plan_measured.h):
+         * role, children, and when the last one holds a step's x */
+        int F = c->spread && c->F >= 2 && G > c->F ? c->F : 0, levels = 1;
+        int *kids = calloc((size_t)W, sizeof *kids), *root = calloc((size_t)W, sizeof *root);
+        double arrive = 0;
+        if (F) {
+            double xb = f->x_in / (f->steps_serial > 0 ? f->steps_serial : 1);
+            double *t = calloc((size_t)G, sizeof *t);
+            int *lvl = calloc((size_t)G, sizeof *lvl), *nk = calloc((size_t)G, sizeof *nk);
+            double sent = 0;
+            for (int j = 0; j < F; j++) {
+                const meas *r = &ms[order[j]];
+                sent += xb / (m->nic_Bps > 0 ? m->nic_Bps : r->rout);
+                t[j] = m->nic_Bps > 0 ? sent : xb / r->rout;
+                lvl[j] = 1;
+                root[order[j]] = 1;
+            }
+            int j = F, ls = 0, lsize = F;
+            while (j < G) {
+                int next = 0;
+                for (int o = 0; j < G && o < F * lsize; o++, j++, next++) {
+                    int p = ls + o % lsize;
+                    const meas *pm = &ms[order[p]], *cm = &ms[order[j]];
+                    double rate = pm->rin < cm->rout ? pm->rin : cm->rout; /* parent's upload, child's download */
+                    nk[p]++;
+                    t[j] = t[p] + nk[p] * xb / rate;
+                    lvl[j] = lvl[p] + 1;
+                }
+                ls += lsize;
+                lsize = next;
+            }
+            for (int q = 0; q < G; q++) {
+                arrive = t[q] > arrive ? t[q] : arrive;
+                levels = lvl[q] > levels ? lvl[q] : levels;
+                kids[order[q]] = nk[q];
+            }
+            free(t);
+            free(lvl);
+            free(nk);
+        }
         double rt_t = 0, rt_all = 0, wire = 0, nic_out = 0, nic_in = 0;
         for (int w = 0; w < W; w++) {
             rt_all = ms[w].rtt > rt_all ? ms[w].rtt : rt_all;
             if (ist[w])
                 rt_t = ms[w].rtt > rt_t ? ms[w].rtt : rt_t;
             double inv = 1 - pow(1 - c->share[w], f->k); /* chance it has one of a token's k experts */
-            double out = f->moe * inv * f->act + (ist[w] ? f->x_in : 0);
+            int gets_x = ist[w] && (!F || root[w]); /* from the coordinator: the roots only, with a tree */
+            double out = f->moe * inv * f->act + (gets_x ? f->x_in : 0);
             double in = f->moe * c->share[w] * f->yexp + (ist[w] ? f->y_out / G : 0);
-            double t = out / ms[w].rout + in / ms[w].rin;
+            /* its link: what the coordinator sends and receives, and with a tree x in from its parent and out
+             * to each child */
+            double t = out / ms[w].rout + in / ms[w].rin + (F && ist[w] && !root[w] ? f->x_in / ms[w].rout : 0) +
+                       kids[w] * f->x_in / ms[w].rin;
             wire = t > wire ? t : wire;
             nic_out += out;
             nic_in += in;
         }
-        if (m->nic_Bps > 0 && (nic_out + nic_in) / m->nic_Bps > wire)
+        if (F) { /* x reaches the last server after `arrive` per step: in place of the roots' x on the NIC */
+            double nic_rest = m->nic_Bps > 0 ? (nic_out + nic_in - F * f->x_in) / m->nic_Bps : 0;
+            double tree = f->steps_serial * arrive + (nic_rest > 0 ? nic_rest : 0);
+            wire = tree > wire ? tree : wire;
+        } else if (m->nic_Bps > 0 && (nic_out + nic_in) / m->nic_Bps > wire) {
             wire = (nic_out + nic_in) / m->nic_Bps;
+        }
+        free(kids);
+        free(root);
         double x = m->overhead_s;
-        c->rt = (G ? f->steps_serial * (rt_t + x) : 0) + f->moe * (rt_all + x);
+        c->rt = (G ? f->steps_serial * (rt_t + x) : 0) + f->moe * (rt_all + x) +
+                (F ? f->steps_serial * (levels - 1) * (rt_t / 2 + x) : 0);
         c->wire = wire;
         c->total = c->reads + c->coord + c->rt + c->wire;
         /* S slots: reads and round trips once per step, the rest per sequence */
@@ -357,6 +409,7 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
     cand cs[40];
     int nc = 0;
     char labels[40][48];
+    memset(cs, 0, sizeof cs);
     snprintf(labels[nc], sizeof labels[nc], "trunk local");
     cs[nc++] = (cand){.label = labels[0], .spread = 0};
     for (int G = 1; G <= W && nc < 40; G = G * 2 > W && G < W ? W : G * 2) {
@@ -365,6 +418,11 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
         snprintf(labels[nc], sizeof labels[nc], "trunk spread over %d", G);
         cs[nc] = (cand){.label = labels[nc], .spread = 1, .G = G};
         nc++;
+        for (int F = 2; F <= 4 && G >= 4 && F < G && nc < 40; F++) { /* the relay trees (PROTOCOL.md §3.9) */
+            snprintf(labels[nc], sizeof labels[nc], "spread over %d, relay F=%d", G, F);
+            cs[nc] = (cand){.label = labels[nc], .spread = 1, .G = G, .F = F};
+            nc++;
+        }
         if (G == W)
             break;
     }
@@ -376,7 +434,7 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
     if (m->force_G >= 0) { /* a placement asked for: it goes first, the rest stay as runners-up */
         int f2 = -1;
         for (int i = 0; i < nc; i++)
-            if (cs[i].spread == (m->force_G > 0) && (!m->force_G || cs[i].G == m->force_G))
+            if (cs[i].spread == (m->force_G > 0) && (!m->force_G || cs[i].G == m->force_G) && !cs[i].F)
                 f2 = i;
         if (f2 < 0) {
             for (int i = 0; i < nc; i++)
@@ -415,6 +473,7 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
     } else {
         m->spread = cs[0].spread;
         m->G = cs[0].G;
+        m->relay_fanout = cs[0].F;
         m->predicted_s = cs[0].total;
         for (int w = 0; w < W; w++)
             m->tslot[w] = -1;

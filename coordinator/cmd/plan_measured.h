@@ -24,7 +24,21 @@
  *                 coordinator's NIC carrying every link's bytes (the inputs
  *                 in bf16 in the mu class where exact, PROTOCOL.md 1.7)
  * and, at S slots (S sequences per step): reads and round trips once per
- * step, wire and coordinator work S times; tokens/s = S / step time. */
+ * step, wire and coordinator work S times; tokens/s = S / step time.
+ *
+ * The relay tree (PROTOCOL.md §3.9) is considered for every spread over G >= 4
+ * servers with F = 2, 3, 4 < G, in the tree the coordinator builds (F roots,
+ * then level by level, each level's members taking the previous level's in
+ * turn as parents): per step, with x = the step's input (x_in / steps), the
+ * coordinator sends x to the roots one after the other (at --nic-gbps when
+ * given, else each on its own link), each parent to its children one after
+ * the other (at the lower of the parent's upload and the child's download
+ * rate; store and forward); the wire term is max(steps x the time the last
+ * server holds x [+ the other bytes on the NIC], the busiest link, where a
+ * parent's link also carries x once per child), and the round trips gain one
+ * one-way hop (RTT / 2 + the overhead) per level below the roots. Without a
+ * shared NIC (--nic-gbps) the coordinator's links are independent and a tree
+ * only adds hops, so it is never chosen. */
 #ifndef SHOAL_PLAN_MEASURED_H
 #define SHOAL_PLAN_MEASURED_H
 
@@ -59,6 +73,7 @@ typedef struct {
     /* out */
     int spread;         /* 1: trunk rows on G workers */
     int G;
+    int relay_fanout;   /* 0: every trunk input direct; F: the relay tree of fan-out F (PROTOCOL.md §3.9) */
     int *tslot;         /* [nworkers], caller's: part index of worker w, or -1 */
     uint64_t *count;    /* [nworkers], caller's: routed experts each should hold (sum = all) */
     double predicted_s; /* the choice's s/token */

@@ -72,22 +72,32 @@ CLASSES = {
 
 
 def tree_arrival(G, F, xb, nic, link):
-    """seconds until the last of G servers holds xb bytes: F roots fed by the
-    coordinator one after the other at nic; node i's children are
-    F + i*F .. F + i*F + F - 1 (< G), fed by i one after the other at link.
-    Returns (seconds, levels, children of the busiest parent)."""
+    """seconds until the last of G servers holds xb bytes, in the tree the
+    coordinator builds (PROTOCOL.md §3.9, trunk_client.c plan_tree): F roots
+    fed by the coordinator one after the other at nic; then level by level,
+    each level's members taking the previous level's members in turn as
+    parents (at most F children each), a parent feeding its children one
+    after the other at link. Returns (seconds, levels, children of the
+    busiest parent)."""
     t = [0.0] * G
     lvl = [1] * G
+    nk = [0] * G
     for i in range(min(F, G)):
         t[i] = (i + 1) * xb / nic
-    kids = 0
-    for i in range(G):
-        ch = [F + i * F + j for j in range(F) if F + i * F + j < G]
-        kids = max(kids, len(ch))
-        for j, c in enumerate(ch):
-            t[c] = t[i] + (j + 1) * xb / link
-            lvl[c] = lvl[i] + 1
-    return max(t), max(lvl), kids
+    j, start, size = F, 0, F
+    while j < G:
+        nxt = 0
+        for o in range(F * size):
+            if j >= G:
+                break
+            p = start + o % size
+            nk[p] += 1
+            t[j] = t[p] + nk[p] * xb / link
+            lvl[j] = lvl[p] + 1
+            j += 1
+            nxt += 1
+        start, size = start + size, nxt
+    return max(t), max(lvl), max(nk)
 
 
 def placement(cls, N, G, fanout=0, users=1):

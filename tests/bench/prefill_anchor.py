@@ -25,7 +25,8 @@ Usage: prefill_anchor.py --model DIR --gguf FILE (--llama-bench BIN | --ggml-pre
 The first repetition of each run warms its caches; the figure is the last one
 (all are kept). --numerics lists shoal's numerics classes to run in every
 round (each its own process, named "shoal" for portable and "shoal-mu" for the
-matrix-unit order: AMX where the CPU has it and it passed its self-test).
+matrix-unit order: AMX where the CPU has it and it passed its self-test;
+"mu@k256+once" runs it with SHOAL_AMX_VARIANT=k256+once, named "shoal-mu@k256+once").
 llama-bench reports wall time only: its CPU seconds are the
 process's less those of the same command with a 1-token prompt (load and first
 touch), shared over the repetitions. --class (repeatable; replaces --llama-bench)
@@ -145,14 +146,21 @@ def run(cmd, env=None):
 
 
 def run_shoal(a, threads, plen, numerics="portable", cls=None):
+    """numerics: a class, or "mu@VARIANT": the mu class with SHOAL_AMX_VARIANT=VARIANT (the AMX
+    GEMM's variant, kernels/README.md), reported as "shoal-mu@VARIANT". cls: a played CPU
+    class (--class): SHOAL_ISA=cls["isa"], reported with "@LABEL" appended."""
+    label = numerics
+    numerics, _, variant = numerics.partition("@")
     cmd = [a.bench_engine, a.model, "--threads", str(threads), "--steps", "1", "--reps", "1",
            "--prefill", str(plen), "--prefill-reps", str(a.reps), "--max-batch", str(a.max_batch)]
     if numerics != "portable":
         cmd += ["--numerics", numerics]
-    env = None
+    env = dict(os.environ, SHOAL_AMX_VARIANT=variant) if variant else None
     if cls and cls["isa"]:
-        env = dict(os.environ, SHOAL_ISA=cls["isa"])
+        env = dict(env or os.environ, SHOAL_ISA=cls["isa"])
     out, info = run(cmd, env)
+    if variant:
+        info["amx_variant"] = variant
     reps = []
     for line in out.splitlines():
         if line.startswith("row=prefill "):
@@ -161,12 +169,13 @@ def run_shoal(a, threads, plen, numerics="portable", cls=None):
                          "chunks": int(kv["chunks"])})
         elif line.startswith("row=config "):
             info["config"] = line
-    who = "shoal" if numerics == "portable" else "shoal-" + numerics
+    who = "shoal" if label == "portable" else "shoal-" + label
     if cls:
         who += "@" + cls["label"]
         if cls["isa"] and f" isa={cls['isa']} " not in info.get("config", ""):
             raise SystemExit(f"bench_engine ran other kernels than SHOAL_ISA={cls['isa']}: {info.get('config')}")
         info["env"] = {"SHOAL_ISA": cls["isa"]} if cls["isa"] else {}
+        info["class"] = cls["label"]
     return {"who": who, "numerics": numerics, "threads": threads, "tokens": plen, "reps": reps, "command": cmd,
             **info}
 
@@ -214,8 +223,12 @@ def med(xs):
 
 def summarize(out, threads, prompts, aname):
     out["summary"] = []
+    anchors = {x["who"] for x in out["runs"] if not x["who"].startswith("shoal")}
     for who in sorted({x["who"] for x in out["runs"] if x["who"].startswith("shoal")}):
-        anchor = aname + ("@" + who.split("@", 1)[1] if "@" in who else "")  # paired by class label
+        # a played class's runs pair with that class's anchor ("shoal@avx2", "shoal-mu@VARIANT@avx2"
+        # with "llama.cpp@avx2"); an AMX variant's suffix alone has no anchor of its own
+        sfx = "@" + who.rsplit("@", 1)[1] if "@" in who else ""
+        anchor = aname + sfx if aname + sfx in anchors else aname
         out["summary"] += summarize_one(out, threads, prompts, anchor, who)
 
 
@@ -284,7 +297,8 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--max-batch", type=int, default=256, help="shoal's chunk size (the engine's default is 256)")
-    ap.add_argument("--numerics", default="portable", help="shoal's classes to run, e.g. portable,mu")
+    ap.add_argument("--numerics", default="portable",
+                    help="shoal's classes to run, e.g. portable,mu; mu@k256+once: the mu class with that AMX variant")
     ap.add_argument("--bench-engine", default=os.path.join(SRC, "build", "tests", "bench_engine"))
     ap.add_argument("--class", dest="classes", action="append", default=[],
                     help="LABEL=ISA:LLAMA_BENCH: shoal with SHOAL_ISA=ISA against that llama-bench (repeatable)")

@@ -19,7 +19,11 @@ docs/CLUSTER.md "Measured plans" states:
   is BF16) and the expert request at 16 + latent x 2 + 16 + 8k bytes instead of
   x 4 (from config.json), and its wire term is smaller by exactly
   (x_in / 2 + MoE layers x (1 - 1/2^k) x latent x 2) / rate (each worker holds
-  half the experts); plan.json's "measured" says the class.
+  half the experts); plan.json's "measured" says the class;
+- the relay tree (PROTOCOL.md §3.9), 4 workers behind a shared coordinator
+  NIC: the trees F = 2, 3 priced with the design's terms (recomputed here
+  from the printed direct spread), F = 2 chosen and written as relay_fanout;
+  without a shared NIC none is chosen.
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~2 s.
 """
 import json
@@ -80,6 +84,78 @@ def trunk_bytes(model):
                     continue
                 tot += v["data_offsets"][1] - v["data_offsets"][0]
     return tot
+
+
+def arrival(G, F, xb, nic, rate):
+    """the relay tree as docs/PERFORMANCE.md and plan_measured.h state it:
+    F roots fed one after the other at the NIC; then level by level, each
+    level's members taking the previous level's in turn as parents, a parent
+    feeding its children one after the other at the link rate (store and
+    forward). (seconds until the last of G servers holds xb bytes, levels)"""
+    t, lvl, nk = [0.0] * G, [1] * G, [0] * G
+    for j in range(F):
+        t[j] = (j + 1) * xb / nic
+    j, start, size = F, 0, F
+    while j < G:
+        nxt = 0
+        for o in range(F * size):
+            if j >= G:
+                break
+            p = start + o % size
+            nk[p] += 1
+            t[j] = t[p] + nk[p] * xb / rate
+            lvl[j] = lvl[p] + 1
+            j += 1
+            nxt += 1
+        start, size = start + size, nxt
+    return max(t), max(lvl)
+
+
+def case_relay():
+    """PROTOCOL.md §3.9: 4 workers with slow memories (10 MB/s), 1 GB/s links
+    behind a shared 1 MB/s coordinator NIC (--nic-gbps 0.008): the relay trees
+    over the 4 are listed with round trips = the direct spread's + steps x
+    (levels - 1) x (RTT/2 + overhead) and wire = the direct spread's - G x
+    x_in / NIC + steps x (when the last server holds a step's x); the fastest,
+    F = 2, is chosen and plan.json says relay_fanout 2. Without a shared NIC
+    the links are independent: no tree is chosen (each only adds hops)."""
+    global CLUSTER
+    keep = CLUSTER
+    CLUSTER = os.path.join(tmp, "cluster4.json")
+    json.dump({"format": "shoal-cluster", "version": 1, "coordinator": "c", "worker_port": 5555,
+               "hosts": [{"name": "c", "address": "10.0.0.1", "ssh_user": "u", "cpus": 1, "expert_ram": 0}] +
+               [{"name": f"w{i}", "address": f"10.0.0.{i + 2}", "ssh_user": "u", "cpus": 1, "expert_ram": "64MiB"}
+                for i in range(4)]}, open(CLUSTER, "w"))
+    names = tuple(f"w{i}" for i in range(4))
+    doc = doctor([1e7] * 4, 100, 1e9, coord_bw=1e6, names=names)
+    nic, rate, rtt, ovh = 1e6, 1e9, 100e-6, 100e-6
+    r, p = plan(doc, ["--nic-gbps", "0.008"])
+    m = re.search(r"(\d+) serial trunk steps .*trunk inputs ([\d.]+) kB per trunk server", r.stdout)
+    direct = row(r.stdout, "trunk spread over 4")
+    if check("relay: planned with a shared 1 MB/s NIC", r.returncode == 0 and p and m and direct,
+             r.stdout[-1500:] + r.stderr[-300:]):
+        steps, x_in = int(m.group(1)), float(m.group(2)) * 1e3
+        best = None
+        for F in (2, 3):
+            got = row(r.stdout, f"spread over 4, relay F={F}")
+            arr, levels = arrival(4, F, x_in / steps, nic, rate)
+            want_rt = direct[2] + steps * (levels - 1) * (rtt / 2 + ovh)
+            want_wire = direct[3] - 4 * x_in / nic + steps * arr
+            check(f"relay F={F} over 4: round trips {want_rt:.4f} s (+{steps} steps x {levels - 1} hop x "
+                  f"(RTT/2 + overhead)), wire {want_wire:.4f} s (- 4 x_in/NIC + steps x arrival)",
+                  got and abs(got[2] - want_rt) <= 2e-4 and abs(got[3] - want_wire) <= 3e-4 and
+                  abs(got[0] - direct[0]) <= 1e-4, f"{got} vs direct {direct}")
+            if got and (best is None or got[4] < best[1]):
+                best = (F, got[4])
+        check("relay: the fastest tree (F = 2) chosen, plan.json relay_fanout 2",
+              best and best[0] == 2 and "<- chosen" in [l for l in r.stdout.splitlines() if "relay F=2" in l][0]
+              and p.get("relay_fanout") == 2, r.stdout[-1200:])
+        check("relay: F = 4 is not a tree over 4 servers (not listed)", "relay F=4" not in r.stdout)
+    r, p = plan(doc)
+    check("relay: without a shared NIC no tree is chosen (no relay_fanout in plan.json)",
+          r.returncode == 0 and p and "relay_fanout" not in p and "relay F=2" in r.stdout and
+          "<- chosen" not in [l for l in r.stdout.splitlines() if "relay F=2" in l][0], r.stdout[-1200:])
+    CLUSTER = keep
 
 
 def main():
@@ -152,6 +228,7 @@ def main():
               rp and rm and abs((rp[3] - rm[3]) - dw) <= 0.003 * rp[3] + 1e-4, f"{rp} vs {rm}")
         check("numerics: doctor.json's \"numerics\": \"mu\" gives the mu figures; plan.json says the class",
               (xd, ad, rd) == (xm, am, rm) and (np_, nm, nd) == ("portable", "mu", "mu"), f"{got}")
+    case_relay()
     r, p = plan(doctor([1e10], 10, 1e9, names=("w0",)))
     check("a worker missing from doctor.json: refused (exit 3) naming it", r.returncode == 3 and "w1" in r.stderr,
           f"rc {r.returncode}: {r.stderr[-300:]}")

@@ -304,7 +304,7 @@ def case_refused():
         # bf16_exact is about EXPERT_BATCH act: never in the portable class; this mu worker serves no
         # expert (and tiny-k3-plain's are BF16), so it may say so -- the trunk is checked per request
         check(f"refused_where_inexact {cls}: HELLO 1.7" + (", no bf16_exact" if cls == "portable" else ""),
-              h[2]["proto"] == [1, 7] and (cls == "mu" or not h[2].get("bf16_exact")),
+              h[2]["proto"] == [1, 8] and (cls == "mu" or not h[2].get("bf16_exact")),
               f"{h[2].get('proto')} {h[2].get('bf16_exact')}")
         check(f"refused_where_inexact {cls}: bf16 x answered UNSUPPORTED naming why",
               r[0] == ERROR and r[2]["code"] == 9 and want in r[2]["message"], f"{r}")

@@ -7,7 +7,9 @@
  * F32, width 32), so a TRUNK_BATCH reaches the row GEMMs and the segment-major
  * reply. Nothing may crash, leak or read out of bounds;
  * every input gets exactly one reply -- except a PREFETCH notice (its envelope
- * says type 11), which gets none -- and every refusal carries an ERROR code.
+ * says type 11) and a TRUNK_X from a relay parent (1.8), which get none -- and
+ * every refusal carries an ERROR code. A relayed TRUNK_BATCH (no x) is also
+ * handed to the relayed path with arbitrary bytes as its x.
  *
  * Input: byte 0 picks the frame count (1 + (b & 0x7f) % 3) and, with its top
  * bit, the numerics class the worker computes in (set: mu, where a bf16
@@ -201,7 +203,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int perr = 0;
     char err[512];
     int rc = shoal_proto_decode(f, n, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err);
-    int notice = m.type == SHOAL_MSG_PREFETCH; /* the envelope said PREFETCH */
+    if (!srv)
+        setup();
+    /* notices: the envelope said PREFETCH, or a well-formed TRUNK_X (1.8) from
+     * a connection whose HELLO said `relay` (an earlier input may have made
+     * the fuzz peer one); a TRUNK_X from any other is refused with ERROR */
+    int notice = m.type == SHOAL_MSG_PREFETCH ||
+                 (!rc && m.type == SHOAL_MSG_TRUNK_X && shoal_serve_relay_parent(srv, (const uint8_t *)peer_id,
+                                                                                  sizeof peer_id));
+    int relayed = !rc && m.type == SHOAL_MSG_TRUNK_BATCH && !m.tbatch.has_x;
     uint64_t want_trunk = !rc && m.type == SHOAL_MSG_TRUNK_BATCH ? trunk_expect(&m, mu) : 0;
     for (uint32_t i = 1; !rc && notice && i < m.prefetch.n; i++)
         if (m.prefetch.experts[i] <= m.prefetch.experts[i - 1])
@@ -228,9 +238,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     shoal_proto_msg_clear(&m);
 
     /* the worker's handler: exactly one reply, well-formed */
-    if (!srv)
-        setup();
     shoal_serve_reply rep;
+    if (relayed) { /* 1.8: a relayed TRUNK_BATCH paired with an x (the same bytes as its control frame) */
+        shoal_serve_handle_relayed(srv, (const uint8_t *)peer_id, sizeof peer_id, f, n, &f[0], 0, alloc_out, NULL,
+                                   &rep);
+        if (rep.n < 1 || rep.n > 2)
+            abort();
+        if (rep.n == 2)
+            free((void *)rep.frames[1].data);
+    }
     shoal_serve_handle(srv, (const uint8_t *)peer_id, sizeof peer_id, f, n, 0, alloc_out, NULL, &rep);
     if (notice) { /* never answered */
         if (rep.n != 0)

@@ -1054,6 +1054,54 @@ static void t_mu_amx(void)
     CHECK_MSG(!strncmp(path, "amx", 3) && !strstr(path, "failed"), "AMX present, mu path: %s", path);
 }
 
+/* The AMX GEMM's variant names (SHOAL_AMX_VARIANT, shoal_kernels_set_amx_variant):
+ * every flag combination round-trips through its name, any order and ','
+ * parse, unknown names are refused; t_amx_variants_tiles: on an AMX machine each variant passes the
+ * start-up self-test when selected and the mu path names it (the variants'
+ * values: test_kernels_amx_emul, emulated tiles; test_kernels_amx_real). */
+static void t_amx_variant_names(void)
+{
+    static const char *const flag[] = {"k256", "once", "pf", "pipe", "swap"};
+    for (int v = 0; v <= SHOAL__AMX_ALL; v++) {
+        char want[64] = "", got[64], rev[64] = "";
+        for (int i = 0; i < 5; i++) /* written here from the flag list, in order and reversed */
+            if (v & (1 << i)) {
+                snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s", *want ? "+" : "", flag[i]);
+                char tmp[64];
+                snprintf(tmp, sizeof tmp, "%s%s%s", flag[i], *rev ? "," : "", rev);
+                memcpy(rev, tmp, sizeof rev);
+            }
+        CHECK_MSG(!strcmp(shoal__kernels_amx_variant_name(v, got, sizeof got), v ? want : "base"), "%d: %s", v, got);
+        int back = -1;
+        CHECK(shoal__kernels_amx_variant_parse(got, &back) == 0 && back == v);
+        back = -1;
+        CHECK_MSG(shoal__kernels_amx_variant_parse(rev, &back) == 0 && back == v, "%s", rev);
+    }
+    int v = -1;
+    CHECK(shoal__kernels_amx_variant_parse("", &v) == 0 && v == 0);
+    static const char *const bad[] = {"k512", "swap+", "Swap", "base+k2", "k256 ", "+"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        CHECK_MSG(shoal__kernels_amx_variant_parse(bad[i], &v) == SHOAL_EINVAL, "accepted '%s'", bad[i]);
+    CHECK(shoal_kernels_set_amx_variant("nonsense") == SHOAL_EINVAL);
+}
+
+static void t_amx_variants_tiles(void)
+{
+    if (shoal_kernels_set_amx_variant("base") == SHOAL_EUNSUPPORTED) /* t_mu_amx says why */
+        SKIP("AMX not in use: the variants' self-tests on the tiles not run (names checked)");
+    shoal_isa keep = shoal_kernels_isa();
+    shoal_kernels_set_isa(SHOAL_ISA_AVX512);
+    for (int w = SHOAL__AMX_ALL; w >= 0; w--) {
+        char name[64], note[80];
+        shoal__kernels_amx_variant_name(w, name, sizeof name);
+        CHECK_MSG(shoal_kernels_set_amx_variant(name) == 0, "variant %s failed the self-test on the tiles", name);
+        snprintf(note, sizeof note, "variant %s", name);
+        CHECK_MSG(w ? strstr(shoal_kernels_mu_path(), note) != NULL : !strstr(shoal_kernels_mu_path(), "variant"),
+                  "%s: mu path %s", name, shoal_kernels_mu_path());
+    }
+    shoal_kernels_set_isa(keep);
+}
+
 /* The AVX-512 variant is compiled in but cannot run on a CPU without it. */
 static void t_isa_avx512(void)
 {
@@ -1663,5 +1711,7 @@ int main(int argc, char **argv)
     RUN(t_mla_attend);
     RUN(t_mla_prefill);
     RUN(t_expert_ffn);
+    RUN(t_amx_variant_names);
+    RUN(t_amx_variants_tiles); /* last: on AMX it leaves the base variant selected */
     return test_finish();
 }

@@ -721,8 +721,8 @@ static void t_refusals(void)
     /* envelope of 2 elements */
     static const uint8_t two[] = {0x92, 0x03, 0x01};
     CHECK(dec1(two, sizeof two, SHOAL_SIDE_WORKER, &perr, NULL) == SHOAL_EPROTO);
-    /* unknown type 16 (14 and 15 are the 1.5 PROBE messages), rid still reported */
-    static const uint8_t unk[] = {0x93, 0x10, 0x2a, 0x80};
+    /* unknown type 17 (14 and 15 are the 1.5 PROBE messages, 16 the 1.8 TRUNK_X), rid still reported */
+    static const uint8_t unk[] = {0x93, 0x11, 0x2a, 0x80};
     /* PREFETCH (11) without its keys; with descending, repeated, negative,
      * too-large ids; as a reply */
     static const uint8_t pf0[] = {0x93, 0x0b, 0x00, 0x80};
@@ -1346,6 +1346,251 @@ static void t_probe(void)
     }
 }
 
+/* ---- 1.8 relay tree (PROTOCOL.md §3.9) ---------------------------------- */
+
+static int enc_same(const char *name, int rc, const uint8_t *buf, size_t len)
+{
+    gmsg g;
+    if (rc || golden(name, &g)) {
+        fprintf(stderr, "  %s: encode rc %d or no golden\n", name, rc);
+        return 0;
+    }
+    int ok = same_bytes(buf, len, g.data[0], g.len[0]);
+    gfree(&g);
+    return ok;
+}
+
+/* Decode golden `name` with its frames, minus `drop` trailing frames, plus
+ * `add` copies of its last frame. */
+static int dec_golden_frames(const char *name, int drop, int add, shoal_proto_side side, shoal_proto_msg *m,
+                             int *perr, char *err)
+{
+    gmsg g;
+    if (golden(name, &g))
+        return -1000;
+    shoal_frame f[SHOAL_PROTO_MAX_FRAMES + 1];
+    to_frames(&g, f);
+    int n = g.n - drop;
+    for (int i = 0; i < add; i++, n++)
+        f[n] = f[g.n - 1];
+    memset(m, 0, sizeof *m);
+    int rc = shoal_proto_decode(f, n, side, m, perr, err, 256);
+    gfree(&g); /* nothing of m is allocated (no HELLO here); the checks read only its fixed fields */
+    return rc;
+}
+
+static const shoal_proto_trows relay_mats[1] = {{"language_model.model.layers.3.self_attn.q_proj.weight", 0, 2}};
+
+static void t_relay_codec(void)
+{
+    uint8_t buf[8192];
+    size_t len = 0;
+#define ENC_SAME(name, call)                                                                                           \
+    do {                                                                                                               \
+        int rc_ = (call); /* before len is read */                                                                     \
+        CHECK(enc_same(name, rc_, buf, len));                                                                          \
+    } while (0)
+    /* encoding: the Python bytes */
+    shoal_proto_hello h = {.major = 1, .minor = 8, .relay_parent = 1};
+    memcpy(h.fingerprint, fp_test, 32);
+    strcpy(h.id, "w0");
+    ENC_SAME("hello_request_relay", shoal_proto_enc_hello(buf, sizeof buf, &len, 1, &h, 0));
+    shoal_proto_range owned[2] = {{1, 8, 0, 11}, {2, 2, 300, 70000}};
+    shoal_proto_hello r = {.major = 1, .minor = 8, .owned = owned, .nowned = 2, .max_tokens = 8192, .threads = 2,
+                           .expert_bytes = 17547264ull * 448, .mem_total = 25769803776ull, .nrelay = 3};
+    memcpy(r.fingerprint, fp_test, 32);
+    r.act_mask = r.out_mask = SHOAL_WIRE_MASK(SHOAL_WIRE_F32) | SHOAL_WIRE_MASK(SHOAL_WIRE_BF16);
+    strcpy(r.id, "w1");
+    strcpy(r.isa, "avx2");
+    strcpy(r.relay[0], "ipc:///run/user/1000/shoal-a/w0");
+    strcpy(r.relay[1], "tcp://10.0.0.2:5555");
+    strcpy(r.relay[2], "tcp://[fd00::3]:5555");
+    ENC_SAME("hello_reply_relay", shoal_proto_enc_hello(buf, sizeof buf, &len, 1, &r, 1));
+    shoal_proto_relay rl = {.xid = (1ull << 40) + 5, .wait_ms = 2000};
+    ENC_SAME("trunk_batch_relayed", shoal_proto_enc_tbatch_relay(buf, sizeof buf, &len, 10, 3, relay_mats, 1, NULL, 0, &rl));
+    shoal_proto_relay root = rl;
+    root.nfwd = 4;
+    root.fwd[0] = (shoal_proto_fwd){1, 0};
+    root.fwd[1] = (shoal_proto_fwd){2, 0};
+    root.fwd[2] = (shoal_proto_fwd){3, 1};
+    root.fwd[3] = (shoal_proto_fwd){5, 3};
+    ENC_SAME("trunk_batch_root", shoal_proto_enc_tbatch_relay(buf, sizeof buf, &len, 11, 3, relay_mats, 1, NULL, 0, &root));
+    /* the subtree the root forwards to its first child (peer 1) is the golden TRUNK_X's */
+    shoal_proto_relay sub = rl;
+    sub.nfwd = shoal_proto_fwd_subtree(root.fwd, root.nfwd, 0, sub.fwd);
+    CHECK(sub.nfwd == 2 && sub.fwd[0].peer == 3 && sub.fwd[0].up == 0 && sub.fwd[1].peer == 5 && sub.fwd[1].up == 1);
+    ENC_SAME("trunk_x", shoal_proto_enc_trunk_x(buf, sizeof buf, &len, &sub));
+    shoal_proto_fwd out[SHOAL_PROTO_MAX_RELAY];
+    CHECK(shoal_proto_fwd_subtree(root.fwd, root.nfwd, 1, out) == 0); /* peer 2 is a leaf */
+    CHECK(shoal_proto_fwd_subtree(root.fwd, root.nfwd, 2, out) == 1 && out[0].peer == 5 && out[0].up == 0);
+    shoal_proto_relay leaf = {.xid = 7, .wait_ms = 60000};
+    ENC_SAME("trunk_x_leaf", shoal_proto_enc_trunk_x(buf, sizeof buf, &len, &leaf));
+    /* a chain of 64: every entry below the one before; the subtree of entry i has 63 - i entries */
+    shoal_proto_fwd line[SHOAL_PROTO_MAX_RELAY];
+    for (int i = 0; i < SHOAL_PROTO_MAX_RELAY; i++)
+        line[i] = (shoal_proto_fwd){(uint8_t)(63 - i), (uint8_t)i};
+    CHECK(shoal_proto_fwd_check(line, 64) == 0);
+    CHECK(shoal_proto_fwd_subtree(line, 64, 0, out) == 63 && out[0].peer == 62 && out[0].up == 0 &&
+          out[62].peer == 0 && out[62].up == 62);
+    CHECK(shoal_proto_fwd_subtree(line, 64, 63, out) == 0);
+
+    /* encoder refusals: bounds of xid, wait_ms, fwd */
+    shoal_proto_relay bad = rl;
+    bad.wait_ms = 0;
+    CHECK(shoal_proto_enc_trunk_x(buf, sizeof buf, &len, &bad) == SHOAL_ERANGE);
+    bad.wait_ms = SHOAL_PROTO_MAX_WAIT_MS + 1;
+    CHECK(shoal_proto_enc_tbatch_relay(buf, sizeof buf, &len, 1, 3, relay_mats, 1, NULL, 0, &bad) == SHOAL_ERANGE);
+    bad = root;
+    bad.fwd[2].up = 3; /* its own position + 1: not an earlier entry */
+    CHECK(shoal_proto_enc_trunk_x(buf, sizeof buf, &len, &bad) == SHOAL_ERANGE);
+    bad = root;
+    bad.fwd[3].peer = 1; /* twice */
+    CHECK(shoal_proto_enc_trunk_x(buf, sizeof buf, &len, &bad) == SHOAL_ERANGE);
+    bad = root;
+    bad.fwd[0].peer = SHOAL_PROTO_MAX_RELAY;
+    CHECK(shoal_proto_enc_trunk_x(buf, sizeof buf, &len, &bad) == SHOAL_ERANGE);
+    bad = rl;
+    bad.xid = 0;
+    CHECK(shoal_proto_enc_trunk_x(buf, sizeof buf, &len, &bad) == SHOAL_ERANGE);
+    /* xid 0 on a TRUNK_BATCH: not relayed, the 1.7 bytes */
+    CHECK(shoal_proto_enc_tbatch_relay(buf, sizeof buf, &len, 1, 3, relay_mats, 1, NULL, 0, &bad) == 0);
+
+    /* decoding the Python bytes */
+    shoal_proto_msg m;
+    int perr;
+    char err[256];
+    gmsg g;
+    CHECK(golden("hello_request_relay", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == 0 && m.hello.relay_parent == 1 &&
+          !strcmp(m.hello.id, "w0"));
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+    CHECK(golden("hello_request", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_WORKER, &m, &perr, err) == 0 && m.hello.relay_parent == 0);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+    CHECK(golden("hello_reply_relay", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0 && m.hello.nrelay == 3 &&
+          !strcmp(m.hello.relay[2], "tcp://[fd00::3]:5555") && m.hello.minor == 8 && m.hello.nowned == 2);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+    CHECK(golden("hello_reply", &g) == 0);
+    CHECK(decode_g(&g, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == 0 && m.hello.nrelay == 0);
+    shoal_proto_msg_clear(&m);
+    gfree(&g);
+    CHECK(dec_golden_frames("trunk_batch_relayed", 0, 0, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.type == SHOAL_MSG_TRUNK_BATCH && m.tbatch.relay.xid == (1ull << 40) + 5 && m.tbatch.relay.wait_ms == 2000 &&
+          m.tbatch.relay.nfwd == 0 && m.tbatch.has_x == 0 && m.tbatch.n == 1);
+    CHECK(dec_golden_frames("trunk_batch_root", 0, 0, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.tbatch.has_x == 1 && m.tbatch.x.rows == 2 && m.tbatch.x.cols == 32 && m.tbatch.relay.nfwd == 4 &&
+          m.tbatch.relay.fwd[3].peer == 5 && m.tbatch.relay.fwd[3].up == 3);
+    CHECK(dec_golden_frames("trunk_batch", 0, 0, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.tbatch.relay.xid == 0 && m.tbatch.has_x == 1);
+    CHECK(dec_golden_frames("trunk_x", 0, 0, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.type == SHOAL_MSG_TRUNK_X && m.rid == 0 && m.trunkx.relay.nfwd == 2 && m.trunkx.x.dtype == SHOAL_WIRE_F32 &&
+          m.trunkx.x.rows == 2);
+    CHECK(dec_golden_frames("trunk_x_leaf", 0, 0, SHOAL_SIDE_WORKER, &m, &perr, err) == 0);
+    CHECK(m.trunkx.relay.xid == 7 && m.trunkx.relay.wait_ms == 60000 && m.trunkx.relay.nfwd == 0 &&
+          m.trunkx.x.dtype == SHOAL_WIRE_BF16);
+    /* frame counts: a relayed request carries no x, a root and a TRUNK_X one */
+    CHECK(dec_golden_frames("trunk_batch_relayed", 0, 1, SHOAL_SIDE_WORKER, &m, &perr, err) == SHOAL_EPROTO &&
+          perr == SHOAL_PERR_MALFORMED);
+    CHECK(dec_golden_frames("trunk_batch_root", 1, 0, SHOAL_SIDE_WORKER, &m, &perr, err) == SHOAL_EPROTO &&
+          perr == SHOAL_PERR_MALFORMED);
+    CHECK(dec_golden_frames("trunk_x", 1, 0, SHOAL_SIDE_WORKER, &m, &perr, err) == SHOAL_EPROTO &&
+          perr == SHOAL_PERR_MALFORMED);
+    CHECK(dec_golden_frames("trunk_batch", 1, 0, SHOAL_SIDE_WORKER, &m, &perr, err) == SHOAL_EPROTO &&
+          perr == SHOAL_PERR_MALFORMED); /* not relayed: x required as in 1.3 */
+    /* TRUNK_X is not a reply */
+    CHECK(dec_golden_frames("trunk_x", 0, 0, SHOAL_SIDE_COORDINATOR, &m, &perr, err) == SHOAL_EPROTO &&
+          perr == SHOAL_PERR_UNKNOWN_TYPE);
+
+    /* bodies out of bounds, written with the encoder's bytes edited where the
+     * encoder itself refuses (so the decoder's own checks are what is tested) */
+    static const struct {
+        const char *what;
+        const uint8_t b[40];
+        size_t n;
+    } rb[] = {
+        /* [16, 0, {xid: 0, wait_ms: 1}] */
+        {"xid 0", {0x93, 0x10, 0x00, 0x82, 0xa3, 'x', 'i', 'd', 0x00, 0xa7, 'w', 'a', 'i', 't', '_', 'm', 's', 0x01}, 18},
+        /* wait_ms 0 */
+        {"wait 0", {0x93, 0x10, 0x00, 0x82, 0xa3, 'x', 'i', 'd', 0x01, 0xa7, 'w', 'a', 'i', 't', '_', 'm', 's', 0x00}, 18},
+        /* wait_ms 60001 (0xcd ea 61) */
+        {"wait 60001",
+         {0x93, 0x10, 0x00, 0x82, 0xa3, 'x', 'i', 'd', 0x01, 0xa7, 'w', 'a', 'i', 't', '_', 'm', 's', 0xcd, 0xea, 0x61},
+         20},
+        /* xid without wait_ms */
+        {"no wait", {0x93, 0x10, 0x00, 0x81, 0xa3, 'x', 'i', 'd', 0x01}, 9},
+        /* fwd [[1, 1]]: up names itself */
+        {"up self",
+         {0x93, 0x10, 0x00, 0x83, 0xa3, 'x', 'i', 'd', 0x01, 0xa7, 'w', 'a', 'i', 't', '_', 'm', 's', 0x01, 0xa3, 'f',
+          'w', 'd', 0x91, 0x92, 0x01, 0x01},
+         26},
+        /* fwd [[1, 0], [1, 0]]: a peer twice */
+        {"peer twice",
+         {0x93, 0x10, 0x00, 0x83, 0xa3, 'x', 'i', 'd', 0x01, 0xa7, 'w', 'a', 'i', 't', '_', 'm', 's', 0x01, 0xa3, 'f',
+          'w', 'd', 0x92, 0x92, 0x01, 0x00, 0x92, 0x01, 0x00},
+         29},
+        /* fwd [[64, 0]]: peer out of range */
+        {"peer 64",
+         {0x93, 0x10, 0x00, 0x83, 0xa3, 'x', 'i', 'd', 0x01, 0xa7, 'w', 'a', 'i', 't', '_', 'm', 's', 0x01, 0xa3, 'f',
+          'w', 'd', 0x91, 0x92, 0x40, 0x00},
+         26},
+        /* fwd []: empty */
+        {"fwd empty",
+         {0x93, 0x10, 0x00, 0x83, 0xa3, 'x', 'i', 'd', 0x01, 0xa7, 'w', 'a', 'i', 't', '_', 'm', 's', 0x01, 0xa3, 'f',
+          'w', 'd', 0x90},
+         23},
+        /* fwd [[1, -1]]: negative */
+        {"up -1",
+         {0x93, 0x10, 0x00, 0x83, 0xa3, 'x', 'i', 'd', 0x01, 0xa7, 'w', 'a', 'i', 't', '_', 'm', 's', 0x01, 0xa3, 'f',
+          'w', 'd', 0x91, 0x92, 0x01, 0xff},
+         26},
+    };
+    uint8_t xf[16 + 4];
+    shoal_proto_tensor_hdr(xf, SHOAL_WIRE_F32, 1, 1);
+    memset(xf + 16, 0, 4);
+    for (size_t i = 0; i < sizeof rb / sizeof rb[0]; i++) {
+        shoal_frame f[2] = {{rb[i].b, rb[i].n}, {xf, sizeof xf}};
+        memset(&m, 0, sizeof m);
+        int rc = shoal_proto_decode(f, 2, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err);
+        if (rc != SHOAL_EPROTO || perr != SHOAL_PERR_MALFORMED)
+            fprintf(stderr, "  TRUNK_X case '%s' not refused (rc %d, perr %d)\n", rb[i].what, rc, perr);
+        CHECK(rc == SHOAL_EPROTO && perr == SHOAL_PERR_MALFORMED);
+        shoal_proto_msg_clear(&m);
+    }
+    /* the same keys are checked on a TRUNK_BATCH: wait_ms without xid */
+    {
+        uint8_t b[256];
+        CHECK(shoal_proto_enc_tbatch(b, sizeof b, &len, 1, 3, relay_mats, 1, NULL, 0) == 0);
+        /* the map header is the 4th byte (fixmap of 2): add a key 'wait_ms': 1 */
+        CHECK(b[3] == 0x82);
+        b[3] = 0x83;
+        static const uint8_t extra[] = {0xa7, 'w', 'a', 'i', 't', '_', 'm', 's', 0x01};
+        memcpy(b + len, extra, sizeof extra);
+        shoal_frame f[2] = {{b, len + sizeof extra}, {xf, sizeof xf}};
+        memset(&m, 0, sizeof m);
+        CHECK(shoal_proto_decode(f, 2, SHOAL_SIDE_WORKER, &m, &perr, err, sizeof err) == SHOAL_EPROTO &&
+              perr == SHOAL_PERR_MALFORMED);
+        shoal_proto_msg_clear(&m);
+    }
+    /* HELLO 'relay' of a reply: not a list, an empty list, 65 entries, an endpoint with a space */
+    {
+        shoal_proto_hello rr = r;
+        rr.nrelay = 1;
+        strcpy(rr.relay[0], "tcp://a b");
+        CHECK(shoal_proto_enc_hello(buf, sizeof buf, &len, 1, &rr, 1) == 0); /* the encoder does not judge bytes */
+        shoal_frame f = {buf, len};
+        memset(&m, 0, sizeof m);
+        CHECK(shoal_proto_decode(&f, 1, SHOAL_SIDE_COORDINATOR, &m, &perr, err, sizeof err) == SHOAL_EPROTO &&
+              perr == SHOAL_PERR_MALFORMED);
+        shoal_proto_msg_clear(&m);
+        rr.nrelay = SHOAL_PROTO_MAX_RELAY + 1;
+        CHECK(shoal_proto_enc_hello(buf, sizeof buf, &len, 1, &rr, 1) == SHOAL_ERANGE);
+    }
+}
+
 int main(void)
 {
     test_binary = "test_proto";
@@ -1362,6 +1607,7 @@ int main(void)
     RUN(t_fingerprint);
     RUN(t_socketpair);
     RUN(t_probe);
+    RUN(t_relay_codec);
     if (golden_doc)
         json_decref(golden_doc);
     return test_finish();

@@ -266,7 +266,7 @@ static void t_hello_rules(void)
     shoal_proto_msg_clear(&m);
     /* wrong major: named both ways */
     CHECK(hello(&fx, "a", 2, fp, &m) == SHOAL_MSG_ERROR && m.error.code == SHOAL_PERR_VERSION && m.rid == 11);
-    CHECK_STR_CONTAINS(m.error.message, "coordinator 2.3, worker 1.7"); /* PROTOCOL.md version 1.7 */
+    CHECK_STR_CONTAINS(m.error.message, "coordinator 2.3, worker 1.8"); /* PROTOCOL.md version 1.7 */
     shoal_proto_msg_clear(&m);
     /* wrong fingerprint: both hex values */
     uint8_t other[SHOAL_PROTO_FP_BYTES];
