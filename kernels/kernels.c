@@ -236,7 +236,9 @@ double shoal_kernels_peak(shoal_peak kind, long n, const char **what)
 #if defined(__x86_64__)
     switch (kind) {
     case SHOAL_PEAK_FMA_F32:
-        if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512)) {
+        /* the peak that binds the active kernels: ymm under SHOAL_ISA=avx2 on an
+         * AVX-512 CPU (a class played on a wider core), the CPU's widest otherwise */
+        if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512) && active_isa != SHOAL_ISA_AVX2) {
             *what = "vfmadd231ps zmm";
             return shoal__kernels_peak_fma_zmm(n);
         }
