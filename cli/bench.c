@@ -672,7 +672,8 @@ static int bench_peak(int argc, char **argv)
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: shoal bench peak [--json] [--reps N]\n"
                    "  Per-core instruction ceilings (fp32 FMA, vdpbf16ps, VNNI int8, AMX bf16 where the\n"
-                   "  CPU has them; thread CPU time) and the read pass on 1 thread and on all threads.\n");
+                   "  CPU has them; thread CPU time) and the read pass on 1 thread and on all threads.\n"
+                   "  The fp32 FMA loop has the active kernels' width: ymm under SHOAL_ISA=avx2.\n");
             return 0;
         } else {
             fprintf(stderr, "bench peak: unknown option '%s'\n", argv[i]);

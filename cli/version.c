@@ -23,7 +23,7 @@ int shoal_cmd_version(int argc, char **argv)
     printf("shoal %s\n", SHOAL_VERSION);
     int rc = shoal_kernels_init();
     if (rc < 0) {
-        fprintf(stderr, "shoal: kernels: %s (SHOAL_ISA asks for a variant this CPU lacks, or SHOAL_ISA / SHOAL_MX_DECODE names an unknown one)\n", shoal_strerror(rc));
+        fprintf(stderr, "shoal: kernels: %s (SHOAL_ISA asks for a variant this CPU lacks, or SHOAL_ISA / SHOAL_MX_DECODE / SHOAL_AMX_VARIANT names an unknown one)\n", shoal_strerror(rc));
         return 2;
     }
     printf("kernels %s\n", shoal_isa_name(shoal_kernels_isa()));

@@ -65,23 +65,25 @@ INLINE __m256 ld_bf16(const uint16_t *p)
         for (int b = 0; b < TT; b++)                                                                        \
             xt[b] = x + (size_t)(t + b) * cols;                                                             \
         for (int i = k0; i < k1; i += 16) {                                                                 \
-            __m256 w0[4], w1[4];                                                                            \
             if (pfn) {                                                                                      \
                 const char *q_ = pfn + (size_t)(i - k0) * R * sizeof(WT);                                   \
                 for (int l_ = 0; l_ < R * 16 * (int)sizeof(WT); l_ += 64)                                   \
                     _mm_prefetch(q_ + l_, _MM_HINT_T0);                                                     \
             }                                                                                               \
-            for (int a = 0; a < R; a++) {                                                                   \
-                if (!pfn)                                                                                   \
+            for (int a = 0; a < R; a++)                                                                     \
+                if (!pfn && TT == 1)                                                                        \
                     _mm_prefetch((const char *)(wr[a] + i) + (PF), _MM_HINT_T0);                            \
-                w0[a] = LOADW(wr[a] + i);                                                                   \
-                w1[a] = LOADW(wr[a] + i + 8);                                                               \
-            }                                                                                               \
-            for (int b = 0; b < TT; b++) {                                                                  \
-                __m256 x0 = _mm256_loadu_ps(xt[b] + i), x1 = _mm256_loadu_ps(xt[b] + i + 8);                \
-                for (int a = 0; a < R; a++) {                                                               \
-                    acc[a][b][0] = _mm256_fmadd_ps(w0[a], x0, acc[a][b][0]);                                \
-                    acc[a][b][1] = _mm256_fmadd_ps(w1[a], x1, acc[a][b][1]);                                \
+            /* one half (8 lanes) at a time: R weight and 1 x register live beside \
+             * the 2*R*TT accumulators (15 of 16 ymm at 2 x 3), each x loaded once */ \
+            for (int h = 0; h < 2; h++) {                                                                   \
+                __m256 wv[4];                                                                               \
+                for (int a = 0; a < R; a++)                                                                 \
+                    wv[a] = LOADW(wr[a] + i + 8 * h);                                                       \
+                for (int b = 0; b < TT; b++) {                                                              \
+                    __m256 xv = _mm256_loadu_ps(xt[b] + i + 8 * h);                                         \
+                    __asm__("" : "+x"(xv)); /* one load, not one folded into each FMA */                   \
+                    for (int a = 0; a < R; a++)                                                             \
+                        acc[a][b][h] = _mm256_fmadd_ps(wv[a], xv, acc[a][b][h]);                            \
                 }                                                                                           \
             }                                                                                               \
         }                                                                                                   \

@@ -1,4 +1,4 @@
-/* kernels: ISA choice (CPUID; SHOAL_ISA, SHOAL_MX_DECODE and SHOAL_AMX_MIN_T overrides read here and nowhere else)
+/* kernels: ISA choice (CPUID; SHOAL_ISA, SHOAL_MX_DECODE, SHOAL_AMX_MIN_T and SHOAL_AMX_VARIANT overrides read here and nowhere else)
  * and the public entry points, which split output rows (or heads, or output
  * columns) over OpenMP threads and call the active ISA's worker. A worker
  * computes every output element in the canonical order, so neither the split
@@ -162,6 +162,7 @@ long shoal_kernels_l2_bytes(void)
 }
 
 static void mu_try_amx(void);
+static int amx_variant_sel; /* SHOAL__AMX_* flags of the AMX GEMM: SHOAL_AMX_VARIANT, default 0 */
 
 /* vpmovzx everywhere until a timing on an Intel CPU says otherwise: shift has
  * fewer port-5 uops by llvm-mca's Skylake-server model (3.19 against 3.25
@@ -182,6 +183,11 @@ int shoal_kernels_init(void)
     if (l2 >= (64L << 10) && l2 <= (64L << 20))
         l2_bytes = l2;
 #endif
+    /* parsed on every machine, so a misspelt variant is refused everywhere
+     * (before anything is selected: a refused init changes nothing) */
+    const char *av = getenv("SHOAL_AMX_VARIANT");
+    if (av && shoal__kernels_amx_variant_parse(av, &amx_variant_sel))
+        return SHOAL_EINVAL;
     const char *env = getenv("SHOAL_ISA");
     if (env && *env) {
         shoal_isa want;
@@ -230,7 +236,9 @@ double shoal_kernels_peak(shoal_peak kind, long n, const char **what)
 #if defined(__x86_64__)
     switch (kind) {
     case SHOAL_PEAK_FMA_F32:
-        if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512)) {
+        /* the peak that binds the active kernels: ymm under SHOAL_ISA=avx2 on an
+         * AVX-512 CPU (a class played on a wider core), the CPU's widest otherwise */
+        if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512) && active_isa != SHOAL_ISA_AVX2) {
             *what = "vfmadd231ps zmm";
             return shoal__kernels_peak_fma_zmm(n);
         }
@@ -387,7 +395,9 @@ int shoal__kernels_mu_selftest(shoal__gemm_bf16_fn bf, shoal__gemm_mxfp4_fn mx)
 {
     shoal__kernels_mx_tables();
     uint64_t seed = 0x243f6a8885a308d3ull;
-    static const int shapes[][3] = {{1, 32, 1}, {3, 64, 1}, {70, 64, 17}, {20, ST_COLS, 3}};
+    /* T = 40: above the AMX SWAP variant's 32 tokens, so a swap variant's self-test
+     * runs both of its arrangements */
+    static const int shapes[][3] = {{1, 32, 1}, {3, 64, 1}, {70, 64, 17}, {20, ST_COLS, 3}, {24, 96, 40}};
     for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
         int rows = shapes[k][0], cols = shapes[k][1], T = shapes[k][2];
         for (int i = 0; i < rows * cols; i++) {
@@ -462,7 +472,61 @@ const char *shoal_kernels_mu_engine(void)
 static int amx_min_t = AMX_MIN_T_DEFAULT;
 static shoal__gemm_bf16_fn mu_small_bf16;
 static shoal__gemm_mxfp4_fn mu_small_mxfp4;
-static char mu_path_buf[96];
+static char mu_path_buf[160];
+static int amx_installed; /* the AMX kernels passed the self-test and are in the AVX-512 table */
+
+static const char *const amx_flag_names[] = {"k256", "once", "pf", "pipe", "swap"};
+
+const char *shoal__kernels_amx_variant_name(int v, char *buf, size_t n)
+{
+    size_t o = 0;
+    if (n)
+        buf[0] = '\0';
+    for (int i = 0; i < 5; i++)
+        if (v & (1 << i)) {
+            int k = snprintf(buf + o, o < n ? n - o : 0, "%s%s", o ? "+" : "", amx_flag_names[i]);
+            o += k > 0 ? (size_t)k : 0;
+        }
+    if (!o)
+        snprintf(buf, n, "base");
+    return buf;
+}
+
+int shoal__kernels_amx_variant_parse(const char *s, int *v)
+{
+    int f = 0;
+    for (int more = *s != '\0'; more;) {
+        size_t len = strcspn(s, "+,");
+        int hit = len == 4 && !strncmp(s, "base", 4);
+        for (int i = 0; i < 5 && !hit; i++)
+            if (strlen(amx_flag_names[i]) == len && !strncmp(s, amx_flag_names[i], len)) {
+                f |= 1 << i;
+                hit = 1;
+            }
+        if (!hit) /* an unknown or empty name ("swap+") */
+            return SHOAL_EINVAL;
+        s += len;
+        more = *s != '\0';
+        s += more;
+    }
+    *v = f;
+    return 0;
+}
+
+static void mu_path_amx(void)
+{
+    char vn[48], note[64] = "";
+    if (amx_variant_sel)
+        snprintf(note, sizeof note, "variant %s", shoal__kernels_amx_variant_name(amx_variant_sel, vn, sizeof vn));
+    if (amx_min_t > 1)
+        snprintf(mu_path_buf, sizeof mu_path_buf, "amx (calls of %d+ tokens; fewer: avx512%s%s)", amx_min_t,
+                 *note ? "; " : "", note);
+    else if (*note)
+        snprintf(mu_path_buf, sizeof mu_path_buf, "amx (%s)", note);
+    else
+        snprintf(mu_path_buf, sizeof mu_path_buf, "amx");
+    mu_path_note = mu_path_buf;
+}
 
 static void gemm_bf16_mu_amx_or_small(float *y, const uint16_t *w, const float *x, int rows, int cols, int T, int r0,
                                       int r1)
@@ -499,18 +563,39 @@ static void mu_try_amx(void)
         mu_path_note = "avx512 (AMX off: SHOAL_AMX_MIN_T=0)";
         return;
     }
+    shoal__kernels_amx_set_variant(amx_variant_sel);
     if (shoal__kernels_mu_selftest(shoal__kernels_gemm_bf16_mu_amx, shoal__kernels_gemm_mxfp4_mu_amx) == 0) {
         mu_small_bf16 = isa_tables[SHOAL_ISA_AVX512].gemm_bf16_mu;
         mu_small_mxfp4 = isa_tables[SHOAL_ISA_AVX512].gemm_mxfp4_mu;
         isa_tables[SHOAL_ISA_AVX512].gemm_bf16_mu = gemm_bf16_mu_amx_or_small;
         isa_tables[SHOAL_ISA_AVX512].gemm_mxfp4_mu = gemm_mxfp4_mu_amx_or_small;
-        if (amx_min_t > 1)
-            snprintf(mu_path_buf, sizeof mu_path_buf, "amx (calls of %d+ tokens; fewer: avx512)", amx_min_t);
-        else
-            snprintf(mu_path_buf, sizeof mu_path_buf, "amx");
+        amx_installed = 1;
+        mu_path_amx();
+    } else if (amx_variant_sel) {
+        char vn[48];
+        snprintf(mu_path_buf, sizeof mu_path_buf,
+                 "avx512 (AMX present but variant %s failed the matrix-unit-order self-test: not used)",
+                 shoal__kernels_amx_variant_name(amx_variant_sel, vn, sizeof vn));
         mu_path_note = mu_path_buf;
     } else
         mu_path_note = "avx512 (AMX present but failed the matrix-unit-order self-test: not used)";
+}
+
+int shoal_kernels_set_amx_variant(const char *name)
+{
+    int v;
+    if (!name || shoal__kernels_amx_variant_parse(name, &v))
+        return SHOAL_EINVAL;
+    if (!amx_installed)
+        return SHOAL_EUNSUPPORTED;
+    shoal__kernels_amx_set_variant(v);
+    if (shoal__kernels_mu_selftest(shoal__kernels_gemm_bf16_mu_amx, shoal__kernels_gemm_mxfp4_mu_amx)) {
+        shoal__kernels_amx_set_variant(amx_variant_sel);
+        return SHOAL_EUNSUPPORTED;
+    }
+    amx_variant_sel = v;
+    mu_path_amx();
+    return 0;
 }
 
 #define COL_BLOCK 64

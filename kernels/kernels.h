@@ -109,6 +109,14 @@ const char *shoal_kernels_mu_path(void);
  * smaller ones run the AVX-512 emulation of the same order, bit-identical).
  * Tests and benchmarks; returns the previous value; n < 1 only reads it. */
 int shoal_kernels_set_amx_min_t(int n);
+/* Which variant of the AMX GEMM runs (kernels/README.md, "Matrix-unit order":
+ * "base", or k256, once, pf, pipe, swap joined by '+'; every one computes the
+ * same bits): runs the start-up self-test on it and selects it when it
+ * passes. 0, SHOAL_EINVAL for an unknown name, SHOAL_EUNSUPPORTED when AMX
+ * is not in use or the variant failed the self-test (the previous one stays).
+ * For benchmarks and tests, between kernel calls (not thread-safe); the
+ * environment variable SHOAL_AMX_VARIANT sets it at shoal_kernels_init. */
+int shoal_kernels_set_amx_variant(const char *name);
 /* The AVX-512 MXFP4 decode of the portable class (kernels/README.md, "MXFP4
  * (AVX-512)"): SHIFT (a broadcast load, qword shifts and two vpermps: two
  * shuffles per 32 weights; the default on Intel CPUs) or VPMOVZX (vpmovzxbd and

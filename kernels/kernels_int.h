@@ -110,6 +110,24 @@ void shoal__kernels_gemm_bf16_mu_amx(float *y, const uint16_t *w, const float *x
 void shoal__kernels_gemm_mxfp4_mu_amx(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows,
                                       int cols, int T, int r0, int r1);
 
+/* Variants of the AMX GEMM (gemm_amx.c, kernels/README.md): blocking and
+ * arrangement only, each bit-identical to the specification; flags, combined
+ * freely. SHOAL_AMX_VARIANT names them (kernels.c); 0 is the default kernel. */
+enum {
+    SHOAL__AMX_K256 = 1, /* 256-column chunks instead of 512 */
+    SHOAL__AMX_ONCE = 2, /* token groups of 256 (K256: 512) instead of 128: weights packed once per call */
+    SHOAL__AMX_PF = 4,   /* prefetch the weights of the panel packed next while the tiles run */
+    SHOAL__AMX_PIPE = 8, /* pack the next 32-row panel between the current panel's tile steps */
+    SHOAL__AMX_SWAP = 16, /* T <= 32: weights as the A tiles, activations as B */
+    SHOAL__AMX_ALL = 31
+};
+/* Selects the variant the AMX GEMM runs (no check; call between kernel calls). */
+void shoal__kernels_amx_set_variant(int v);
+/* "base", or the flags' names joined by '+' in the enum's order ("k256+once") */
+const char *shoal__kernels_amx_variant_name(int v, char *buf, size_t n);
+/* Parses such a name (any order; "base" or "" is 0): 0, or SHOAL_EINVAL. */
+int shoal__kernels_amx_variant_parse(const char *s, int *v);
+
 /* The start-up self-test of a matrix-unit-order kernel pair: 0 when it equals
  * the scalar specification on the probe inputs, SHOAL_EUNSUPPORTED otherwise. */
 int shoal__kernels_mu_selftest(shoal__gemm_bf16_fn bf, shoal__gemm_mxfp4_fn mx);

@@ -829,7 +829,11 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     uint64_t owned_bytes = s.store ? shoal_store_bytes(s.store) : s.bank ? shoal_bank_bytes(s.bank) : 0;
     if (o->threads > 0)
         omp_set_num_threads(o->threads);
-    shoal_kernels_init();
+    if ((rc = shoal_kernels_init())) {
+        shoal_err_set(err, errlen, rc, "kernels: cannot select them (SHOAL_ISA, SHOAL_MX_DECODE or SHOAL_AMX_VARIANT "
+                                       "names a kernel this build or CPU lacks?)");
+        goto out;
+    }
     const char *id = o->id ? o->id : o->listen;
     shoal_wmetrics_opts wo = {.id = id, .num_layers = s.cfg.num_layers, .is_moe = s.cfg.is_moe,
                               .num_experts = s.cfg.num_experts, .owned = shoal_shard_count(s.own),

@@ -9,6 +9,8 @@
  *      $G/build/ggml/src/libggml.a $G/build/ggml/src/libggml-cpu.a \
  *      $G/build/ggml/src/libggml-base.a -lstdc++ -lm -o /tmp/ggml_anchor_gemm
  * usage: ggml_anchor_gemm ROWS COLS T[,T...] [ROUNDS] — one thread each.
+ * SHOAL_ISA=avx2|avx512 picks shoal's kernels; ggml's are those of the build linked
+ * (its compile-time flags are printed in the ggml_cpu meta line).
  * Prints one JSON line per (round, impl, T): GMAC/s by wall clock and by the
  * thread's CPU time. ggml rounds x to bf16 for its vec_dot (its own numerics);
  * shoal keeps fp32 activations: equal work, not equal results. */
@@ -78,9 +80,18 @@ int main(int argc, char **argv)
         ws[c] = malloc(n * 2);
         memcpy(ws[c], W[c]->data, n * 2);
     }
-    float *x = malloc((size_t)Tmax * cols * 4), *y = malloc((size_t)Tmax * rows * 4);
+    float *x = NULL, *y = malloc((size_t)Tmax * rows * 4); /* x 64-byte aligned, as the engine's */
+    if (posix_memalign((void **)&x, 64, (size_t)Tmax * cols * 4) || !y)
+        return 4;
     for (size_t i = 0; i < (size_t)Tmax * cols; i++)
         x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
+    /* what the linked ggml was compiled for (its system-info flags), so a run on a
+     * restricted build (GGML_NATIVE=OFF, an ISA class) says which class it is */
+    printf("{\"meta\":\"ggml_cpu\",\"value\":\"AVX %d AVX2 %d FMA %d F16C %d AVX512 %d AVX512_BF16 %d "
+           "AVX512_VNNI %d AVX512_VBMI %d AMX_INT8 %d LLAMAFILE %d\"}\n",
+           ggml_cpu_has_avx(), ggml_cpu_has_avx2(), ggml_cpu_has_fma(), ggml_cpu_has_f16c(), ggml_cpu_has_avx512(),
+           ggml_cpu_has_avx512_bf16(), ggml_cpu_has_avx512_vnni(), ggml_cpu_has_avx512_vbmi(),
+           ggml_cpu_has_amx_int8(), ggml_cpu_has_llamafile());
     printf("{\"meta\":\"shape\",\"value\":\"%dx%d bf16, isa %s, 1 thread, %d copies\"}\n", rows, cols,
            shoal_isa_name(shoal_kernels_isa()), COPIES);
     for (int r = 0; r < rounds; r++)

@@ -21,14 +21,20 @@ are not counted (a few % at these lengths; stated in PERFORMANCE.md).
 
 Usage: prefill_anchor.py --model DIR --gguf FILE (--llama-bench BIN | --ggml-prefill BIN) --out FILE.json
        [--rounds 3] [--prompts 256,1024] [--threads 1,2] [--reps 2] [--max-batch 256]
-       [--bench-engine BIN] [--numerics portable,mu]
+       [--bench-engine BIN] [--numerics portable,mu] [--class LABEL=ISA:LLAMA_BENCH ...]
 The first repetition of each run warms its caches; the figure is the last one
 (all are kept). --numerics lists shoal's numerics classes to run in every
 round (each its own process, named "shoal" for portable and "shoal-mu" for the
-matrix-unit order: AMX where the CPU has it and it passed its self-test).
+matrix-unit order: AMX where the CPU has it and it passed its self-test;
+"mu@k256+once" runs it with SHOAL_AMX_VARIANT=k256+once, named "shoal-mu@k256+once").
 llama-bench reports wall time only: its CPU seconds are the
 process's less those of the same command with a 1-token prompt (load and first
-touch), shared over the repetitions. --ggml-prefill runs tests/bench/ggml_anchor_prefill.c (a llama
+touch), shared over the repetitions. --class (repeatable; replaces --llama-bench)
+plays a CPU class on this machine: in every round each class runs shoal with
+SHOAL_ISA=ISA (the kernels of that class; the run fails if bench_engine's config
+row names another) and that class's llama-bench build (e.g. GGML_NATIVE=OFF with
+AVX2 only); runs are named "shoal@LABEL" / "llama.cpp@LABEL" and paired by label.
+--ggml-prefill runs tests/bench/ggml_anchor_prefill.c (a llama
 prefill graph on ggml's CPU backend, ubatches of 512, f16 KV cache) in place of
 llama-bench where llama-bench is not built. Speed is reported, never asserted."""
 import argparse
@@ -139,12 +145,22 @@ def run(cmd, env=None):
                       "loadavg_before": la0, "loadavg_after": os.getloadavg()}
 
 
-def run_shoal(a, threads, plen, numerics="portable"):
+def run_shoal(a, threads, plen, numerics="portable", cls=None):
+    """numerics: a class, or "mu@VARIANT": the mu class with SHOAL_AMX_VARIANT=VARIANT (the AMX
+    GEMM's variant, kernels/README.md), reported as "shoal-mu@VARIANT". cls: a played CPU
+    class (--class): SHOAL_ISA=cls["isa"], reported with "@LABEL" appended."""
+    label = numerics
+    numerics, _, variant = numerics.partition("@")
     cmd = [a.bench_engine, a.model, "--threads", str(threads), "--steps", "1", "--reps", "1",
            "--prefill", str(plen), "--prefill-reps", str(a.reps), "--max-batch", str(a.max_batch)]
     if numerics != "portable":
         cmd += ["--numerics", numerics]
-    out, info = run(cmd)
+    env = dict(os.environ, SHOAL_AMX_VARIANT=variant) if variant else None
+    if cls and cls["isa"]:
+        env = dict(env or os.environ, SHOAL_ISA=cls["isa"])
+    out, info = run(cmd, env)
+    if variant:
+        info["amx_variant"] = variant
     reps = []
     for line in out.splitlines():
         if line.startswith("row=prefill "):
@@ -153,13 +169,19 @@ def run_shoal(a, threads, plen, numerics="portable"):
                          "chunks": int(kv["chunks"])})
         elif line.startswith("row=config "):
             info["config"] = line
-    who = "shoal" if numerics == "portable" else "shoal-" + numerics
+    who = "shoal" if label == "portable" else "shoal-" + label
+    if cls:
+        who += "@" + cls["label"]
+        if cls["isa"] and f" isa={cls['isa']} " not in info.get("config", ""):
+            raise SystemExit(f"bench_engine ran other kernels than SHOAL_ISA={cls['isa']}: {info.get('config')}")
+        info["env"] = {"SHOAL_ISA": cls["isa"]} if cls["isa"] else {}
+        info["class"] = cls["label"]
     return {"who": who, "numerics": numerics, "threads": threads, "tokens": plen, "reps": reps, "command": cmd,
             **info}
 
 
-def run_llama(a, threads, plen):
-    cmd = [a.llama_bench, "-m", a.gguf, "-p", str(plen), "-n", "0", "-t", str(threads), "-r", str(a.reps),
+def run_llama(a, threads, plen, cls=None):
+    cmd = [cls["llama_bench"] if cls else a.llama_bench, "-m", a.gguf, "-p", str(plen), "-n", "0", "-t", str(threads), "-r", str(a.reps),
            "--no-warmup", "-o", "jsonl"]
     out, info = run(cmd)
     rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
@@ -181,7 +203,7 @@ def run_llama(a, threads, plen):
     meta = {k: r.get(k) for k in ("build_commit", "build_number", "cpu_info", "backends", "model_type", "model_size",
                                   "model_n_params", "n_batch", "n_ubatch", "type_k", "flash_attn", "n_threads",
                                   "poll", "use_mmap")}
-    return {"who": "llama.cpp", "threads": threads, "tokens": plen, "reps": reps, "command": cmd, "llama": meta,
+    return {"who": "llama.cpp" + ("@" + cls["label"] if cls else ""), "threads": threads, "tokens": plen, "reps": reps, "command": cmd, "llama": meta,
             **info}
 
 
@@ -201,8 +223,13 @@ def med(xs):
 
 def summarize(out, threads, prompts, aname):
     out["summary"] = []
+    anchors = {x["who"] for x in out["runs"] if not x["who"].startswith("shoal")}
     for who in sorted({x["who"] for x in out["runs"] if x["who"].startswith("shoal")}):
-        out["summary"] += summarize_one(out, threads, prompts, aname, who)
+        # a played class's runs pair with that class's anchor ("shoal@avx2", "shoal-mu@VARIANT@avx2"
+        # with "llama.cpp@avx2"); an AMX variant's suffix alone has no anchor of its own
+        sfx = "@" + who.rsplit("@", 1)[1] if "@" in who else ""
+        anchor = aname + sfx if aname + sfx in anchors else aname
+        out["summary"] += summarize_one(out, threads, prompts, anchor, who)
 
 
 def summarize_one(out, threads, prompts, aname, who):
@@ -270,13 +297,21 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--max-batch", type=int, default=256, help="shoal's chunk size (the engine's default is 256)")
-    ap.add_argument("--numerics", default="portable", help="shoal's classes to run, e.g. portable,mu")
+    ap.add_argument("--numerics", default="portable",
+                    help="shoal's classes to run, e.g. portable,mu; mu@k256+once: the mu class with that AMX variant")
     ap.add_argument("--bench-engine", default=os.path.join(SRC, "build", "tests", "bench_engine"))
+    ap.add_argument("--class", dest="classes", action="append", default=[],
+                    help="LABEL=ISA:LLAMA_BENCH: shoal with SHOAL_ISA=ISA against that llama-bench (repeatable)")
     a = ap.parse_args()
-    if bool(a.llama_bench) == bool(a.ggml_prefill):
-        raise SystemExit("prefill_anchor: give one of --llama-bench and --ggml-prefill")
-    anchor = run_llama if a.llama_bench else run_ggml
-    aname = "llama.cpp" if a.llama_bench else "ggml"
+    classes = []
+    for c in a.classes:
+        label, rest = c.split("=", 1)
+        isa, bench = rest.split(":", 1)
+        classes.append({"label": label, "isa": isa, "llama_bench": bench})
+    if len([x for x in (a.llama_bench, a.ggml_prefill, classes) if x]) != 1:
+        raise SystemExit("prefill_anchor: give one of --llama-bench, --ggml-prefill and --class")
+    anchor = run_llama if a.llama_bench or classes else run_ggml
+    aname = "ggml" if a.ggml_prefill else "llama.cpp"
     prompts = [int(x) for x in a.prompts.split(",")]
     threads = [int(x) for x in a.threads.split(",")]
     sm, lm = safetensors_macs(a.model), gguf_macs(a.gguf)
@@ -285,7 +320,8 @@ def main():
     out = {"what": f"prefill_anchor (issue 33): shoal bench_engine prefill vs {aname}, equal work", "anchor": aname,
            "model": a.model, "gguf": a.gguf, "shoal_work": sm, "llama_work": lm,
            "work_ratio_llama_over_shoal": lm["macs_per_token"] / sm["macs_per_token"],
-           "rounds": a.rounds, "reps": a.reps, "max_batch": a.max_batch, "numerics": a.numerics, "machine": platform.node(), "cpu": cpu,
+           "rounds": a.rounds, "reps": a.reps, "max_batch": a.max_batch, "numerics": a.numerics,
+           "classes": classes, "argv": sys.argv, "machine": platform.node(), "cpu": cpu,
            "cpu_flags": sorted(f for f in flags if f.startswith(("avx512", "amx"))), "nproc": os.cpu_count(),
            "commit": commit_id(),
            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": []}
@@ -295,15 +331,19 @@ def main():
     for r in range(a.rounds):
         for t in threads:
             for p in prompts:
-                shoals = [lambda a, t, p, nc=nc: run_shoal(a, t, p, nc) for nc in a.numerics.split(",")]
-                order = shoals + [anchor] if k % 2 == 0 else [anchor] + shoals[::-1]
+                order = []
+                for cls in classes or [None]:
+                    shoals = [lambda a, t, p, nc=nc, cls=cls: run_shoal(a, t, p, nc, cls)
+                              for nc in a.numerics.split(",")]
+                    anc = [lambda a, t, p, cls=cls: anchor(a, t, p, cls)] if cls else [anchor]
+                    order += shoals + anc if k % 2 == 0 else anc + shoals[::-1]
                 k += 1
                 for fn in order:
                     res = fn(a, t, p)
                     res["round"] = r
                     out["runs"].append(res)
                     last = res["reps"][-1]["seconds"]
-                    print(f"round {r} {res['who']:10s} t={t} p={p}: {p / last:8.2f} tok/s (last rep; reps "
+                    print(f"round {r} {res['who']:16s} t={t} p={p}: {p / last:8.2f} tok/s (last rep; reps "
                           f"{[round(p / x['seconds'], 2) for x in res['reps']]}) load "
                           f"{res['loadavg_before'][0]:.1f}->{res['loadavg_after'][0]:.1f}", flush=True)
                     with open(a.out, "w") as f:

@@ -9,7 +9,7 @@
 #define KERNELS_AMX_EMUL_SHIM_H
 #include <stdint.h>
 #include <string.h>
-#include <xmmintrin.h>
+#include <immintrin.h>
 
 #undef _tile_loadconfig
 #undef _tile_zero
@@ -18,7 +18,7 @@
 #undef _tile_dpbf16ps
 #undef _tile_release
 
-static struct {
+static _Thread_local struct { /* per thread, as the tile registers are */
     uint8_t data[8][16][64];
     int rows[8], colsb[8], configured;
 } emul_tiles;
@@ -50,34 +50,30 @@ static void emul_stored(int t, void *base, long stride)
         memcpy((uint8_t *)base + r * stride, emul_tiles.data[t][r], (size_t)emul_tiles.colsb[t]);
 }
 
-static float emul_bf(const uint8_t *p)
-{
-    uint32_t u = (uint32_t)(p[0] | p[1] << 8) << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
+/* Per output row m, the 16 columns n at once (lane n): E[n] = fma(A[m][2p],
+ * B[p][2n], E[n]) and O likewise with the odd elements, p = 0..K/2-1, from
+ * +0; then C + (E + O). Each lane is the scalar model's chain, rounded per
+ * step under MXCSR FTZ|DAZ (DAZ reads subnormal inputs as zero, FTZ flushes
+ * tiny results), as the probe measured for TDPBF16PS. */
 static void emul_dp(int c, int a, int b)
 {
     unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040);
-    int M = emul_tiles.rows[c], N = emul_tiles.colsb[c] / 4, K2 = emul_tiles.colsb[a] / 4;
-    for (int m = 0; m < M; m++)
-        for (int n = 0; n < N; n++) {
-            volatile float E = 0.0f, O = 0.0f; /* volatile: each step a rounded fp32 under MXCSR */
-            for (int p = 0; p < K2; p++) {
-                E = __builtin_fmaf(emul_bf(&emul_tiles.data[a][m][4 * p]), emul_bf(&emul_tiles.data[b][p][4 * n]), E);
-                O = __builtin_fmaf(emul_bf(&emul_tiles.data[a][m][4 * p + 2]), emul_bf(&emul_tiles.data[b][p][4 * n + 2]),
-                                   O);
-            }
-            float C;
-            memcpy(&C, &emul_tiles.data[c][m][4 * n], 4);
-            volatile float s = E + O;
-            volatile float r = C + s;
-            float rr = r;
-            memcpy(&emul_tiles.data[c][m][4 * n], &rr, 4);
+    int M = emul_tiles.rows[c], K2 = emul_tiles.colsb[a] / 4;
+    for (int m = 0; m < M; m++) {
+        __m512 E = _mm512_setzero_ps(), O = _mm512_setzero_ps();
+        for (int p = 0; p < K2; p++) {
+            uint32_t pa;
+            memcpy(&pa, &emul_tiles.data[a][m][4 * p], 4);
+            __m512i bp_ = _mm512_loadu_si512(emul_tiles.data[b][p]);
+            __m512 ae = _mm512_castsi512_ps(_mm512_set1_epi32((int)(pa << 16)));
+            __m512 ao = _mm512_castsi512_ps(_mm512_set1_epi32((int)(pa & 0xffff0000u)));
+            E = _mm512_fmadd_ps(ae, _mm512_castsi512_ps(_mm512_slli_epi32(bp_, 16)), E);
+            O = _mm512_fmadd_ps(ao, _mm512_castsi512_ps(_mm512_and_si512(bp_, _mm512_set1_epi32((int)0xffff0000u))), O);
         }
+        __m512 C = _mm512_loadu_ps((const float *)emul_tiles.data[c][m]);
+        _mm512_storeu_ps((float *)emul_tiles.data[c][m], _mm512_add_ps(C, _mm512_add_ps(E, O)));
+    }
     _mm_setcsr(csr);
 }
 

@@ -43,9 +43,10 @@ def doc_table():
     return out
 
 
-def sh(*args, timeout=60):
+def sh(*args, timeout=60, env=None):
     try:
-        r = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        r = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                           env=None if env is None else {**os.environ, **env})
         return r.returncode, r.stderr
     except subprocess.TimeoutExpired as e:
         return "timeout", (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else ""
@@ -168,6 +169,8 @@ CASES = {
     "serve FIFO tokenizer_config.json": lambda: sh("serve", "--model", fifo_tokconfig_model(), "--port", "0",
                                                   timeout=20),
     "version --bogus": lambda: sh("version", "--bogus"),
+    "expert SHOAL_ISA=bogus": lambda: sh("expert", "--model", TINY, "--experts", "1-8:0-23", "--listen",
+                                         f"ipc://{TMP}/isa.sock", env={"SHOAL_ISA": "bogus"}),
     "expert FIFO shard": lambda: sh("expert", "--model", fifo_model(), "--experts", "1-8:0-23", "--listen",
                                     f"ipc://{TMP}/fifo.sock", timeout=20),
     "run coverage gap": lambda: run("--worker", worker(TINY, "1-8:0-11", "gap-a"), "--hello-timeout-ms", "20000"),

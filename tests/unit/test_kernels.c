@@ -568,10 +568,18 @@ static void t_peak_counts(void)
 {
     const char *what;
     double f = shoal_kernels_peak(SHOAL_PEAK_FMA_F32, 10, &what);
-    if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512))
+    if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512) && shoal_kernels_isa() != SHOAL_ISA_AVX2)
         CHECK_MSG(f == 10.0 * 12 * 16 && !strcmp(what, "vfmadd231ps zmm"), "fma %g %s", f, what);
     else if (shoal_kernels_cpu_has(SHOAL_ISA_AVX2))
         CHECK_MSG(f == 10.0 * 12 * 8 && !strcmp(what, "vfmadd231ps ymm"), "fma %g %s", f, what);
+    /* with the AVX2 kernels active (SHOAL_ISA=avx2 playing an AVX2 CPU on a wider
+     * core) the fp32 peak is the ymm loop's: the one those kernels are bound by */
+    shoal_isa keep = shoal_kernels_isa();
+    if (shoal_kernels_set_isa(SHOAL_ISA_AVX2) == 0) {
+        f = shoal_kernels_peak(SHOAL_PEAK_FMA_F32, 10, &what);
+        CHECK_MSG(f == 10.0 * 12 * 8 && !strcmp(what, "vfmadd231ps ymm"), "fma under avx2 %g %s", f, what);
+        shoal_kernels_set_isa(keep);
+    }
     double b = shoal_kernels_peak(SHOAL_PEAK_BF16_DOT, 10, &what);
     CHECK(b == 0 || b == 10.0 * 12 * 32);
     double v = shoal_kernels_peak(SHOAL_PEAK_INT8_VNNI, 10, &what);
@@ -1044,6 +1052,54 @@ static void t_mu_amx(void)
         SKIP("AMX-BF16 not on this CPU (or not usable): the AMX kernel and its self-test not run (mu path: %s)",
              path);
     CHECK_MSG(!strncmp(path, "amx", 3) && !strstr(path, "failed"), "AMX present, mu path: %s", path);
+}
+
+/* The AMX GEMM's variant names (SHOAL_AMX_VARIANT, shoal_kernels_set_amx_variant):
+ * every flag combination round-trips through its name, any order and ','
+ * parse, unknown names are refused; t_amx_variants_tiles: on an AMX machine each variant passes the
+ * start-up self-test when selected and the mu path names it (the variants'
+ * values: test_kernels_amx_emul, emulated tiles; test_kernels_amx_real). */
+static void t_amx_variant_names(void)
+{
+    static const char *const flag[] = {"k256", "once", "pf", "pipe", "swap"};
+    for (int v = 0; v <= SHOAL__AMX_ALL; v++) {
+        char want[64] = "", got[64], rev[64] = "";
+        for (int i = 0; i < 5; i++) /* written here from the flag list, in order and reversed */
+            if (v & (1 << i)) {
+                snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s", *want ? "+" : "", flag[i]);
+                char tmp[64];
+                snprintf(tmp, sizeof tmp, "%s%s%s", flag[i], *rev ? "," : "", rev);
+                memcpy(rev, tmp, sizeof rev);
+            }
+        CHECK_MSG(!strcmp(shoal__kernels_amx_variant_name(v, got, sizeof got), v ? want : "base"), "%d: %s", v, got);
+        int back = -1;
+        CHECK(shoal__kernels_amx_variant_parse(got, &back) == 0 && back == v);
+        back = -1;
+        CHECK_MSG(shoal__kernels_amx_variant_parse(rev, &back) == 0 && back == v, "%s", rev);
+    }
+    int v = -1;
+    CHECK(shoal__kernels_amx_variant_parse("", &v) == 0 && v == 0);
+    static const char *const bad[] = {"k512", "swap+", "Swap", "base+k2", "k256 ", "+"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        CHECK_MSG(shoal__kernels_amx_variant_parse(bad[i], &v) == SHOAL_EINVAL, "accepted '%s'", bad[i]);
+    CHECK(shoal_kernels_set_amx_variant("nonsense") == SHOAL_EINVAL);
+}
+
+static void t_amx_variants_tiles(void)
+{
+    if (shoal_kernels_set_amx_variant("base") == SHOAL_EUNSUPPORTED) /* t_mu_amx says why */
+        SKIP("AMX not in use: the variants' self-tests on the tiles not run (names checked)");
+    shoal_isa keep = shoal_kernels_isa();
+    shoal_kernels_set_isa(SHOAL_ISA_AVX512);
+    for (int w = SHOAL__AMX_ALL; w >= 0; w--) {
+        char name[64], note[80];
+        shoal__kernels_amx_variant_name(w, name, sizeof name);
+        CHECK_MSG(shoal_kernels_set_amx_variant(name) == 0, "variant %s failed the self-test on the tiles", name);
+        snprintf(note, sizeof note, "variant %s", name);
+        CHECK_MSG(w ? strstr(shoal_kernels_mu_path(), note) != NULL : !strstr(shoal_kernels_mu_path(), "variant"),
+                  "%s: mu path %s", name, shoal_kernels_mu_path());
+    }
+    shoal_kernels_set_isa(keep);
 }
 
 /* The AVX-512 variant is compiled in but cannot run on a CPU without it. */
@@ -1655,5 +1711,7 @@ int main(int argc, char **argv)
     RUN(t_mla_attend);
     RUN(t_mla_prefill);
     RUN(t_expert_ffn);
+    RUN(t_amx_variant_names);
+    RUN(t_amx_variants_tiles); /* last: on AMX it leaves the base variant selected */
     return test_finish();
 }
