@@ -59,6 +59,8 @@ static void usage(FILE *f)
                "  --slots S         with --measured: also predict tokens/s for S sequences per step (8)\n"
                "  --nic-gbps X      with --measured: the coordinator's NIC, shared by all its links\n"
                "                    (default: each link alone, as doctor measured it)\n"
+               "  --peer-gbps X     with --measured: the workers' links to each other, the relay tree's\n"
+               "                    hops (default: each worker's measured link to the coordinator)\n"
                "  --kernel-eff F    with --measured: the matrix kernels' share of the read pass (0.82)\n"
                "  --imbalance I     with --measured: the expert load imbalance assumed (1.2)\n"
                "  --overhead-us X   with --measured: software cost of one exchange beyond the measured\n"
@@ -144,7 +146,7 @@ int shoal_cmd_plan(int argc, char **argv)
     /* --measured doctor.json (issue 34, plan_measured.h) */
     const char *measured = NULL;
     int mslots = 8, TW = 0, *tslot = NULL;
-    double mnic = 0, meff = 0.82, mimb = 1.2, mpred = 0, movh = 100;
+    double mnic = 0, mpeer = 0, meff = 0.82, mimb = 1.2, mpred = 0, movh = 100;
     int mrelay = 0; /* the relay tree's fan-out the measured plan chose (0: none) */
     long mforce = -1;
     int mnum = -1; /* --numerics: -1 doctor.json's class */
@@ -196,6 +198,7 @@ int shoal_cmd_plan(int argc, char **argv)
             }
         }
         else if (!strcmp(a, "--slots") || !strcmp(a, "--nic-gbps") || !strcmp(a, "--kernel-eff") ||
+                 !strcmp(a, "--peer-gbps") ||
                  !strcmp(a, "--imbalance")) {
             char *end;
             double x = strtod(v, &end);
@@ -208,6 +211,8 @@ int shoal_cmd_plan(int argc, char **argv)
                 mslots = (int)x;
             else if (a[2] == 'n')
                 mnic = x;
+            else if (a[2] == 'p')
+                mpeer = x;
             else if (a[2] == 'k')
                 meff = x;
             else
@@ -317,7 +322,7 @@ int shoal_cmd_plan(int argc, char **argv)
         mcount = shoal_xcalloc((size_t)(W ? W : 1), sizeof *mcount);
         shoal_plan_measured pm = {.cfg = &cfg, .st = st, .nworkers = W, .names = names, .budget = budget,
                                   .expert_bytes = tot.bytes_per_expert, .doctor = measured, .slots = mslots,
-                                  .nic_Bps = mnic * 1e9 / 8, .eff = meff, .imbalance = mimb,
+                                  .nic_Bps = mnic * 1e9 / 8, .peer_Bps = mpeer * 1e9 / 8, .eff = meff, .imbalance = mimb,
                                   .max_trunk_servers = replicas > 0, .tslot = tslot, .count = mcount,
                                   .overhead_s = movh * 1e-6, .force_G = (int)mforce,
                                   .budget_split = replicas || hot, .numerics = mnum};

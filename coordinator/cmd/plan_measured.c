@@ -240,6 +240,28 @@ static double split(int W, const meas *ms, const double *tr, const double *cap, 
     return T;
 }
 
+/* The coordinator's NIC in one exchange, its two directions separate (full
+ * duplex): the reply of the server that holds its input at t[i] passes the
+ * incoming side in b[i] seconds, one reply after another in the order they
+ * become ready. Returns when the last reply is in. */
+static double nic_in_done(int n, const double *t, const double *b)
+{
+    int *ix = malloc((size_t)n * sizeof *ix);
+    for (int i = 0; i < n; i++)
+        ix[i] = i;
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && t[ix[j]] < t[ix[j - 1]]; j--) {
+            int q = ix[j];
+            ix[j] = ix[j - 1];
+            ix[j - 1] = q;
+        }
+    double done = 0;
+    for (int i = 0; i < n; i++)
+        done = (t[ix[i]] > done ? t[ix[i]] : done) + b[ix[i]];
+    free(ix);
+    return done;
+}
+
 static void evaluate(const shoal_plan_measured *m, const model_fig *f, const meas *ms, double cbw, const int *order,
                      cand *c)
 {
@@ -267,30 +289,34 @@ static void evaluate(const shoal_plan_measured *m, const model_fig *f, const mea
     if (c->ok) {
         c->reads = reads;
         c->coord = (G ? f->tall - f->tr : f->tall) / cbw;
-        /* the relay tree over the G trunk servers in `order` (plan_measured.h):
-         * role, children, and when the last one holds a step's x */
+        /* one trunk step's timeline (plan_measured.h): when each of the G trunk servers (in `order`) holds the
+         * step's x -- sent by the coordinator one after the other, to every server or, with a relay tree, to
+         * the F roots, each parent then feeding its children one after the other -- and its reply */
         int F = c->spread && c->F >= 2 && G > c->F ? c->F : 0, levels = 1;
         int *kids = calloc((size_t)W, sizeof *kids), *root = calloc((size_t)W, sizeof *root);
-        double arrive = 0;
-        if (F) {
-            double xb = f->x_in / (f->steps_serial > 0 ? f->steps_serial : 1);
-            double *t = calloc((size_t)G, sizeof *t);
+        int steps = f->steps_serial > 0 ? f->steps_serial : 1;
+        double xb = f->x_in / steps, nic = m->nic_Bps;
+        double *t = calloc((size_t)(W > 1 ? W : 1), sizeof *t), *bn = calloc((size_t)(W > 1 ? W : 1), sizeof *bn);
+        double trunk_step = 0;
+        if (G) {
             int *lvl = calloc((size_t)G, sizeof *lvl), *nk = calloc((size_t)G, sizeof *nk);
+            int R = F ? F : G;
             double sent = 0;
-            for (int j = 0; j < F; j++) {
+            for (int j = 0; j < R; j++) {
                 const meas *r = &ms[order[j]];
-                sent += xb / (m->nic_Bps > 0 ? m->nic_Bps : r->rout);
-                t[j] = m->nic_Bps > 0 ? sent : xb / r->rout;
+                sent += nic > 0 ? xb / nic : 0;
+                t[j] = sent > xb / r->rout ? sent : xb / r->rout; /* the NIC's turn, at most its link's rate */
                 lvl[j] = 1;
                 root[order[j]] = 1;
             }
-            int j = F, ls = 0, lsize = F;
+            int j = R, ls = 0, lsize = R;
             while (j < G) {
                 int next = 0;
                 for (int o = 0; j < G && o < F * lsize; o++, j++, next++) {
                     int p = ls + o % lsize;
                     const meas *pm = &ms[order[p]], *cm = &ms[order[j]];
-                    double rate = pm->rin < cm->rout ? pm->rin : cm->rout; /* parent's upload, child's download */
+                    double rate = m->peer_Bps > 0 ? m->peer_Bps /* the workers' own ports (--peer-gbps) */
+                                  : pm->rin < cm->rout ? pm->rin : cm->rout; /* parent's upload, child's download */
                     nk[p]++;
                     t[j] = t[p] + nk[p] * xb / rate;
                     lvl[j] = lvl[p] + 1;
@@ -298,16 +324,25 @@ static void evaluate(const shoal_plan_measured *m, const model_fig *f, const mea
                 ls += lsize;
                 lsize = next;
             }
+            /* the replies: each leaves when its server holds x, on its own link, and through the NIC's
+             * incoming side one after the other (full duplex: the two directions are separate) */
+            double yb = f->y_out / steps / G;
             for (int q = 0; q < G; q++) {
-                arrive = t[q] > arrive ? t[q] : arrive;
+                double own = t[q] + yb / ms[order[q]].rin;
+                trunk_step = own > trunk_step ? own : trunk_step;
+                bn[q] = nic > 0 ? yb / nic : 0;
                 levels = lvl[q] > levels ? lvl[q] : levels;
                 kids[order[q]] = nk[q];
             }
-            free(t);
+            if (nic > 0) {
+                double in = nic_in_done(G, t, bn);
+                trunk_step = in > trunk_step ? in : trunk_step;
+            }
             free(lvl);
             free(nk);
         }
-        double rt_t = 0, rt_all = 0, wire = 0, nic_out = 0, nic_in = 0;
+        double rt_t = 0, rt_all = 0, wire = 0, esent = 0;
+        int ne = 0;
         for (int w = 0; w < W; w++) {
             rt_all = ms[w].rtt > rt_all ? ms[w].rtt : rt_all;
             if (ist[w])
@@ -318,19 +353,21 @@ static void evaluate(const shoal_plan_measured *m, const model_fig *f, const mea
             double in = f->moe * c->share[w] * f->yexp + (ist[w] ? f->y_out / G : 0);
             /* its link: what the coordinator sends and receives, and with a tree x in from its parent and out
              * to each child */
-            double t = out / ms[w].rout + in / ms[w].rin + (F && ist[w] && !root[w] ? f->x_in / ms[w].rout : 0) +
-                       kids[w] * f->x_in / ms[w].rin;
-            wire = t > wire ? t : wire;
-            nic_out += out;
-            nic_in += in;
+            double pin = m->peer_Bps > 0 ? m->peer_Bps : ms[w].rout, pout = m->peer_Bps > 0 ? m->peer_Bps : ms[w].rin;
+            double lt = out / ms[w].rout + in / ms[w].rin + (F && ist[w] && !root[w] ? f->x_in / pin : 0) +
+                        kids[w] * f->x_in / pout;
+            wire = lt > wire ? lt : wire;
+            if (nic > 0 && inv > 0) { /* one MoE layer's exchange on the NIC: requests out, replies in */
+                esent += inv * f->act / nic;
+                t[ne] = esent;
+                bn[ne++] = c->share[w] * f->yexp / nic;
+            }
         }
-        if (F) { /* x reaches the last server after `arrive` per step: in place of the roots' x on the NIC */
-            double nic_rest = m->nic_Bps > 0 ? (nic_out + nic_in - F * f->x_in) / m->nic_Bps : 0;
-            double tree = f->steps_serial * arrive + (nic_rest > 0 ? nic_rest : 0);
-            wire = tree > wire ? tree : wire;
-        } else if (m->nic_Bps > 0 && (nic_out + nic_in) / m->nic_Bps > wire) {
-            wire = (nic_out + nic_in) / m->nic_Bps;
-        }
+        /* the coordinator's side: every step's timeline, and every MoE layer's on a shared NIC */
+        double coord_wire = f->steps_serial * trunk_step + (ne ? f->moe * nic_in_done(ne, t, bn) : 0);
+        wire = coord_wire > wire ? coord_wire : wire;
+        free(t);
+        free(bn);
         free(kids);
         free(root);
         double x = m->overhead_s;
@@ -365,6 +402,9 @@ static int by_total(const void *a, const void *b)
     const cand *x = a, *y = b;
     if (x->ok != y->ok)
         return y->ok - x->ok;
+    double tie = 1e-6 * (x->total > y->total ? x->total : y->total);
+    if (fabs(x->total - y->total) <= tie && x->F != y->F) /* equal: the fewer roots (less coordinator egress) */
+        return x->F - y->F;
     return x->total < y->total ? -1 : x->total > y->total;
 }
 

@@ -20,9 +20,25 @@
  *                 x = --overhead-us, the software cost of an exchange beyond
  *                 doctor's PROBE round trip (assumed, stated)
  *   wire          per link: bytes out / its out rate + bytes in / its in
- *                 rate, the slowest link; with --nic-gbps also the
- *                 coordinator's NIC carrying every link's bytes (the inputs
- *                 in bf16 in the mu class where exact, PROTOCOL.md 1.7)
+ *                 rate, the slowest link (a link's x and its reply are
+ *                 serial within a step); with --nic-gbps also the
+ *                 coordinator's NIC, its two directions separate (full
+ *                 duplex, as a real port and tc tbf on each side pace them),
+ *                 as a per-step timeline: the coordinator sends the step's x
+ *                 (x_in / steps) to the G trunk servers one after the other
+ *                 (at the NIC's rate, at most each link's), and each
+ *                 server's reply (y_out / steps / G) passes the NIC's
+ *                 incoming side once its server holds x, one reply after
+ *                 another in the order they become ready; the step ends
+ *                 when the last reply is in (and lasts at least the slowest
+ *                 server's x and reply on its own link), so early replies
+ *                 overlap later sends (a step of average sizes: every step
+ *                 taken as x_in / steps out and y_out / steps in). Each
+ *                 MoE layer's exchange the same way (each worker's expected
+ *                 request out, its share of the k outputs in). The NIC term
+ *                 = steps x the step + MoE layers x the exchange (the inputs
+ *                 in bf16 in the mu class where exact, PROTOCOL.md 1.7); the
+ *                 wire term is the larger of it and the slowest link
  * and, at S slots (S sequences per step): reads and round trips once per
  * step, wire and coordinator work S times; tokens/s = S / step time.
  *
@@ -32,12 +48,13 @@
  * turn as parents): per step, with x = the step's input (x_in / steps), the
  * coordinator sends x to the roots one after the other (at --nic-gbps when
  * given, else each on its own link), each parent to its children one after
- * the other (at the lower of the parent's upload and the child's download
- * rate; store and forward); the wire term is max(steps x the time the last
- * server holds x [+ the other bytes on the NIC], the busiest link, where a
- * parent's link also carries x once per child), and the round trips gain one
- * one-way hop (RTT / 2 + the overhead) per level below the roots. Without a
- * shared NIC (--nic-gbps) the coordinator's links are independent and a tree
+ * the other (at --peer-gbps when given, else the lower of the parent's and the
+ * child's measured link rate; store and forward); the step's timeline above
+ * then runs with those arrival times (every server still replies directly),
+ * the busiest link carries x once in from its parent and once per child out,
+ * and the round trips gain one one-way hop (RTT / 2 + the overhead) per level
+ * below the roots. Without a shared NIC (--nic-gbps) the coordinator's links
+ * are independent and a tree
  * only adds hops, so it is never chosen. */
 #ifndef SHOAL_PLAN_MEASURED_H
 #define SHOAL_PLAN_MEASURED_H
@@ -59,6 +76,9 @@ typedef struct {
     const char *doctor;       /* doctor.json */
     int slots;                /* --slots (>= 1) */
     double nic_Bps;           /* --nic-gbps / 8 * 1e9; 0: no shared coordinator NIC term */
+    double peer_Bps;          /* --peer-gbps / 8 * 1e9: the workers' links to each other (the relay tree's
+                                 hops); 0: each worker's measured coordinator link (doctor measures no
+                                 worker-to-worker link; a lower bound where the coordinator's NIC limits it) */
     double eff;               /* kernel read efficiency (fraction of the read pass) */
     double imbalance;         /* layer-weighted load imbalance of the expert split */
     int max_trunk_servers;    /* 0: any; else spread only over all (replicas need every host) */

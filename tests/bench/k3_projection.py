@@ -7,7 +7,7 @@ the projection does not depend on the C code. For each class and N = 8, 16, 32
 equal servers: every placement the plan considers (trunk local; spread over
 G = 1, 2, 4, ..., N), and a relay tree of fan-out F = 2, 3, 4 over the G
 trunk servers with the terms of the design docs/PERFORMANCE.md "A relay tree
-for the trunk inputs" gives (not built): the coordinator sends every trunk
+for the trunk inputs" gives (built, protocol 1.8): the coordinator sends every trunk
 server its TRUNK_BATCH header (its segments, HDR bytes) directly and the
 input x to F roots only; every server forwards x, unchanged, to its <= F
 children one after the other on its own link (store and forward: a child's
@@ -18,6 +18,12 @@ rate, each parent's at its link rate) in place of G x / NIC; (ii) one one-way
 hop (RTT/2 + the per-exchange software cost X) per level below the roots;
 (iii) a parent's link carries x once in and once per child out. And the best
 placement's s/token for one user and tokens/s for 8.
+
+The coordinator's NIC is full duplex (plan_measured.h): per trunk step x goes
+out to the servers (or the roots) one after the other, and each reply comes
+in once its server holds x, the replies one after another as they become
+ready (`step_time`); each MoE exchange likewise; the NIC term is steps x the
+step + MoE layers x the exchange, against the busiest link's bytes.
 
 Both numerics classes (--numerics, default both): in `mu` every trunk input
 and expert activation travels as bf16 (PROTOCOL.md 1.7: the class's products
@@ -72,19 +78,20 @@ CLASSES = {
 
 
 def tree_arrival(G, F, xb, nic, link):
-    """seconds until the last of G servers holds xb bytes, in the tree the
-    coordinator builds (PROTOCOL.md §3.9, trunk_client.c plan_tree): F roots
-    fed by the coordinator one after the other at nic; then level by level,
-    each level's members taking the previous level's members in turn as
-    parents (at most F children each), a parent feeding its children one
-    after the other at link. Returns (seconds, levels, children of the
-    busiest parent)."""
+    """when each of G servers holds xb bytes (F = 0: sent directly to each),
+    in the tree the coordinator builds (PROTOCOL.md §3.9, trunk_client.c
+    plan_tree): F roots fed by the coordinator one after the other at nic (at
+    most link each); then level by level, each level's members taking the
+    previous level's members in turn as parents (at most F children each), a
+    parent feeding its children one after the other at link. Returns (the
+    arrival times, levels, children of the busiest parent)."""
+    R = F if F else G
     t = [0.0] * G
     lvl = [1] * G
     nk = [0] * G
-    for i in range(min(F, G)):
-        t[i] = (i + 1) * xb / nic
-    j, start, size = F, 0, F
+    for i in range(min(R, G)):
+        t[i] = max((i + 1) * xb / nic, xb / link)
+    j, start, size = R, 0, R
     while j < G:
         nxt = 0
         for o in range(F * size):
@@ -97,7 +104,27 @@ def tree_arrival(G, F, xb, nic, link):
             j += 1
             nxt += 1
         start, size = start + size, nxt
-    return max(t), max(lvl), max(nk)
+    return t, max(lvl), max(nk)
+
+
+def replies_in(t, b):
+    """the coordinator NIC's incoming side, apart from its outgoing one (full
+    duplex): reply i is ready at t[i] and takes b[i] seconds; they pass one
+    after another in the order they become ready. When the last is in."""
+    done = 0.0
+    for ti, bi in sorted(zip(t, b)):
+        done = max(done, ti) + bi
+    return done
+
+
+def step_time(G, F, xb, yb, nic, link):
+    """one trunk step's timeline (plan_measured.h): x out to the G servers (or
+    the F roots, then down the tree), each reply (yb) in as soon as its server
+    holds x, through the NIC's incoming side one after another, and no faster
+    than its own link. Returns (seconds, levels, children of the busiest parent)."""
+    t, levels, kids = tree_arrival(G, F, xb, nic, link)
+    done = max(replies_in(t, [yb / nic] * G), max(ti + yb / link for ti in t))
+    return done, levels, kids
 
 
 def placement(cls, N, G, fanout=0, users=1):
@@ -122,29 +149,25 @@ def placement(cls, N, G, fanout=0, users=1):
         reads = max(hi, tr / B)
         coord = TRUNK_C / B * u
         rt = STEPS * rt1 + MOE * rt1
-        egress = G * X_IN * u
-        tree = None
-        if fanout and G > fanout:
-            tree = tree_arrival(G, fanout, X_IN / STEPS * u, cls.get("nic_Bps", cls["link_Bps"]), cls["link_Bps"])
-            rt += STEPS * (tree[1] - 1) * (cls["rtt"] / 2 + X)   # one one-way hop per level below the roots
-            egress = G * HDR * STEPS                              # headers; x itself in tree[0] below
+        F = fanout if fanout and G > fanout else 0
+        nic = cls.get("nic_Bps", cls["link_Bps"])
+        step, levels, kids = step_time(G, F, X_IN / STEPS * u, Y_OUT / STEPS / G * u, nic, cls["link_Bps"])
+        rt += STEPS * (levels - 1) * (cls["rtt"] / 2 + X)   # one one-way hop per level below the roots
+        hdr = G * HDR * STEPS if F else 0.0                  # relayed requests' headers (x itself in the tree)
     else:
         reads = EI / N / B
         coord = TRUNK_ALL / B + TRUNK_C / B * (u - 1)  # the trunk once per step, the attention part per sequence
         rt = MOE * rt1
-        egress = 0.0
-        tree = None
-    involved = N * (1 - (1 - 1 / N) ** K)
-    out = egress + MOE * involved * ACT * u
-    inn = (Y_OUT if G else 0) * u + MOE * YEXP * u
-    # the coordinator's NIC carries every link's bytes; each link its own (a trunk server's, the busiest)
+        step, kids, hdr, F = 0.0, 0, 0.0, 0
+    # the coordinator's NIC, its two directions apart: every trunk step's timeline, every MoE exchange's (each of
+    # the N workers' expected request out one after the other, its share of the k outputs in as ready), headers
     nic = cls.get("nic_Bps", cls["link_Bps"])
-    link = ((X_IN + Y_OUT / G) * u if G else 0) + MOE * (ACT + YEXP / N) * u
-    if tree:
-        link += tree[2] * X_IN * u  # the busiest parent sends x once per child
-        wire = max((out + inn) / nic + STEPS * tree[0], link / cls["link_Bps"])
-    else:
-        wire = max((out + inn) / nic, link / cls["link_Bps"])
+    inv = 1 - (1 - 1 / N) ** K
+    exch = replies_in([(i + 1) * inv * ACT * u / nic for i in range(N)], [YEXP * u / N / nic] * N)
+    coord_wire = STEPS * step + MOE * exch + hdr / nic
+    # each link its own (a trunk server's, the busiest): its x and its rows, its expert traffic; a parent x per child
+    link = ((X_IN + Y_OUT / G) * u if G else 0) + MOE * (ACT + YEXP / N) * u + (kids * X_IN * u if F else 0)
+    wire = max(coord_wire, link / cls["link_Bps"])
     total = reads + coord + rt + wire
     mem_server = (TRUNK_R / G + FA if G else 0) + EXPERTS_ALL / N if G else EXPERTS_ALL / N
     mem_coord = TRUNK_C + 0.6 * GB if G else 113.5 * GB

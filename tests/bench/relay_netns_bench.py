@@ -13,7 +13,8 @@ interleaved per round (one run of each per round, REPS rounds): decode s/token
 (1 / decode_tokens_per_s), the coordinator's trunk bytes sent per decoded
 token, relayed requests, fallbacks, and the ids against the in-process run;
 before the runs, `shoal doctor` on these links and `shoal plan --measured
---nic-gbps RATE_C/1000` (the coordinator's link as the shared NIC): its
+--nic-gbps RATE_C/1000 --peer-gbps RATE_W/1000` (the coordinator's link as the shared NIC, the
+workers' links as the relay hops; doctor measures only the coordinator's links): its
 prediction for the trunk over the 4 direct and with F = 2, 3, and its choice.
 
 Usage (root): relay_netns_bench.py [--model DIR] [--reps N] [--gen N]
@@ -116,7 +117,8 @@ def main():
                       open(f"{tmp}/cluster.json", "w"))
             for force in (["--trunk-servers", "4"], []):
                 r = subprocess.run([BIN, "plan", "--model", model, "--cluster", f"{tmp}/cluster.json", "--measured",
-                                    f"{tmp}/doctor.json", "--nic-gbps", str(a.rate_c / 1000), "-o",
+                                    f"{tmp}/doctor.json", "--nic-gbps", str(a.rate_c / 1000),
+                                    "--peer-gbps", str(a.rate_w / 1000), "-o",
                                     f"{tmp}/plan.json"] + force, capture_output=True, text=True)
                 res["plan_output" + ("_forced_4" if force else "")] = r.stdout
                 print(r.stdout, flush=True)

@@ -5,7 +5,9 @@ hosts, each running its own sshd; the root namespace is the Ansible
 controller. plan -> pack -> deploy/site.yml over SSH -> start.yml -> generate:
 the ids equal the single-process run's, and with the trunk remote (the plan
 made with --trunk spread, each worker's pack holding its trunk rows, one run
-with --trunk auto) ids and logits too; the coordinator reaches the workers
+with --trunk auto) ids and logits too, the plan relaying the trunk inputs
+(relay_fanout 2: site.yml gives each worker the others' keys, allow.pub and
+--relay-keys) with requests relayed and none resent directly; the coordinator reaches the workers
 through delay-injecting relays (0.25 ms each way; what they add is measured
 and recorded); a coordinator key the workers do not list is refused; a second
 site.yml run changes nothing; rolling-restart.yml, status.yml and stop.yml work.
@@ -171,10 +173,15 @@ def main():
         if not check("shoal plan --trunk spread with --inventory", r.returncode == 0, r.stderr[-300:]):
             return 1
         pl = json.load(open(plan))
+        # the delay relays listen on the coordinator's bridge address: the workers reach each other
+        # through them too, at the plan's endpoints, as the relay tree's links (PROTOCOL.md 3.9)
         for i, w in enumerate(pl["workers"]):
             port = 17000 + i
-            procs.append(N.relay("c", f"127.0.0.1:{port}", f"{IP[w['name']]}:5555", DELAY_MS, python=PY))
-            w["endpoint"] = f"tcp://127.0.0.1:{port}"
+            procs.append(N.relay("c", f"{IP['c']}:{port}", f"{IP[w['name']]}:5555", DELAY_MS, python=PY))
+            w["endpoint"] = f"tcp://{IP['c']}:{port}"
+        # the trunk inputs relayed (fan-out 2 over the 3 trunk workers): site.yml must give every worker
+        # the others' keys (allow.pub, --relay-keys) or the relay links are refused
+        pl["relay_fanout"] = 2
         json.dump(pl, open(plan, "w"), indent=2)
         ev = {"shoal_binary": BIN, "shoal_model": TINY, "shoal_plan_file": plan,
               "shoal_keys_dir": os.path.join(tmp, "keys"), "shoal_packs_dir": os.path.join(tmp, "packs"),
@@ -233,13 +240,19 @@ def main():
         lg = os.path.join(tmp, "trunk-logits.bin")
         got, r = run_ids(nsc, *args, "--trunk", "auto", "--dump-logits", lg)
         try:
-            nrem = json.loads(r.stdout.strip().splitlines()[-1]).get("trunk_remote_matrices", 0)
+            jr = json.loads(r.stdout.strip().splitlines()[-1])
         except Exception:
-            nrem = 0
+            jr = {}
+        nrem = jr.get("trunk_remote_matrices", 0)
         same_lg = os.path.exists(lg) and open(lg, "rb").read() == open(os.path.join(tmp, "ref-logits.bin"), "rb").read()
         check("the trunk remote on the deployed cluster (--trunk auto, rows from the worker packs): ids and logits "
               "identical", got == ref and nrem > 0 and same_lg,
               f"got {got} want {ref}, {nrem} remote matrices, logits identical {same_lg}: {r.stderr[-600:]}")
+        check("the plan's relay tree (relay_fanout 2) on the deployed CURVE cluster: trunk inputs relayed between "
+              "workers, none resent directly", jr.get("trunk_relayed_requests", 0) > 0 and
+              jr.get("trunk_relay_fallbacks", -1) == 0,
+              f"relayed {jr.get('trunk_relayed_requests')}, fallbacks {jr.get('trunk_relay_fallbacks')}: "
+              f"{r.stderr[-600:]}")
         # the deployed coordinator service answers too
         ids, rr = serve_ids(nsc)
         check("the deployed coordinator service (shoal serve) generates the same ids",

@@ -20,10 +20,11 @@ docs/CLUSTER.md "Measured plans" states:
   x 4 (from config.json), and its wire term is smaller by exactly
   (x_in / 2 + MoE layers x (1 - 1/2^k) x latent x 2) / rate (each worker holds
   half the experts); plan.json's "measured" says the class;
-- the relay tree (PROTOCOL.md §3.9), 4 workers behind a shared coordinator
-  NIC: the trees F = 2, 3 priced with the design's terms (recomputed here
-  from the printed direct spread), F = 2 chosen and written as relay_fanout;
-  without a shared NIC none is chosen.
+- the relay tree (PROTOCOL.md §3.9), 4 workers behind a shared full-duplex
+  coordinator NIC: the direct spread and the trees F = 2, 3 priced from the
+  per-step timeline (sends out one after the other, replies in as they become
+  ready, worked out here), with and without --peer-gbps; the fastest tree
+  chosen and written as relay_fanout; without a shared NIC none is chosen.
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~2 s.
 """
 import json
@@ -86,16 +87,18 @@ def trunk_bytes(model):
     return tot
 
 
-def arrival(G, F, xb, nic, rate):
+def arrival(G, F, xb, nic, rate, hop):
     """the relay tree as docs/PERFORMANCE.md and plan_measured.h state it:
-    F roots fed one after the other at the NIC; then level by level, each
-    level's members taking the previous level's in turn as parents, a parent
-    feeding its children one after the other at the link rate (store and
-    forward). (seconds until the last of G servers holds xb bytes, levels)"""
+    F roots fed one after the other at the NIC (F = 0: every server, direct);
+    then level by level, each level's members taking the previous level's in
+    turn as parents, a parent feeding its children one after the other at
+    the hop rate (store and forward); a server's own link at rate. (when each
+    of G servers holds xb bytes, levels)"""
+    R = F or G
     t, lvl, nk = [0.0] * G, [1] * G, [0] * G
-    for j in range(F):
-        t[j] = (j + 1) * xb / nic
-    j, start, size = F, 0, F
+    for j in range(R):
+        t[j] = max((j + 1) * xb / nic, xb / rate)
+    j, start, size = R, 0, R
     while j < G:
         nxt = 0
         for o in range(F * size):
@@ -103,22 +106,42 @@ def arrival(G, F, xb, nic, rate):
                 break
             p = start + o % size
             nk[p] += 1
-            t[j] = t[p] + nk[p] * xb / rate
+            t[j] = t[p] + nk[p] * xb / hop
             lvl[j] = lvl[p] + 1
             j += 1
             nxt += 1
         start, size = start + size, nxt
-    return max(t), max(lvl)
+    return t, max(lvl)
+
+
+def replies_in(t, b):
+    """the NIC's incoming side (full duplex: apart from the outgoing one): the
+    replies pass it one after another as they become ready (ready at t[i],
+    b[i] seconds each); when the last is in"""
+    done = 0.0
+    for ti, bi in sorted(zip(t, b)):
+        done = max(done, ti) + bi
+    return done
 
 
 def case_relay():
     """PROTOCOL.md §3.9: 4 workers with slow memories (10 MB/s), 1 GB/s links
-    behind a shared 1 MB/s coordinator NIC (--nic-gbps 0.008): the relay trees
-    over the 4 are listed with round trips = the direct spread's + steps x
-    (levels - 1) x (RTT/2 + overhead) and wire = the direct spread's - G x
-    x_in / NIC + steps x (when the last server holds a step's x); the fastest,
-    F = 2, is chosen and plan.json says relay_fanout 2. Without a shared NIC
-    the links are independent: no tree is chosen (each only adds hops)."""
+    behind a shared 1 MB/s coordinator NIC (--nic-gbps 0.008), its two
+    directions apart (full duplex). The wire term, worked out here from the
+    per-step timeline plan_measured.h states: per trunk step the coordinator
+    sends x to the servers (or the F roots, which forward it down the tree)
+    one after the other, and each server's reply (outputs / steps / G) passes
+    the NIC's incoming side when its server holds x, one after another; per
+    MoE layer the same with each worker's expected request (1 - (3/4)^k of a
+    request) and its quarter of the k outputs. So the direct spread's wire =
+    steps x that step + MoE layers x that exchange, and each tree's the same
+    with the tree's arrival times; round trips = the direct spread's + steps
+    x (levels - 1) x (RTT/2 + overhead). The fastest tree (F = 2 and 3 tie:
+    the replies coming in are the bottleneck here) is chosen and plan.json
+    says its relay_fanout; --peer-gbps 0.0008 (100 kB/s between the
+    workers) slows every hop below the roots as the timeline says. Without a
+    shared NIC the links are independent: no tree is chosen (each only adds
+    hops)."""
     global CLUSTER
     keep = CLUSTER
     CLUSTER = os.path.join(tmp, "cluster4.json")
@@ -129,28 +152,57 @@ def case_relay():
     names = tuple(f"w{i}" for i in range(4))
     doc = doctor([1e7] * 4, 100, 1e9, coord_bw=1e6, names=names)
     nic, rate, rtt, ovh = 1e6, 1e9, 100e-6, 100e-6
-    r, p = plan(doc, ["--nic-gbps", "0.008"])
-    m = re.search(r"(\d+) serial trunk steps .*trunk inputs ([\d.]+) kB per trunk server", r.stdout)
-    direct = row(r.stdout, "trunk spread over 4")
-    if check("relay: planned with a shared 1 MB/s NIC", r.returncode == 0 and p and m and direct,
-             r.stdout[-1500:] + r.stderr[-300:]):
-        steps, x_in = int(m.group(1)), float(m.group(2)) * 1e3
+    c = json.load(open(os.path.join(TINY, "config.json")))
+    c = c.get("text_config", c)
+    lat, k = c["routed_expert_hidden_size"], c["num_experts_per_token"]
+    moe = c["num_hidden_layers"] - c["first_k_dense_replace"]
+    for peer, extra in ((rate, []), (1e5, ["--peer-gbps", "0.0008"])):
+        tag = "" if not extra else " (--peer-gbps 0.0008)"
+        r, p = plan(doc, ["--nic-gbps", "0.008"] + extra)
+        m = re.search(r"(\d+) serial trunk steps .*trunk inputs ([\d.]+) kB per trunk server .*outputs ([\d.]+) kB; "
+                      r"expert request ([\d.]+) kB", r.stdout)
+        direct = row(r.stdout, "trunk spread over 4")
+        if not check(f"relay: planned with a shared 1 MB/s NIC{tag}", r.returncode == 0 and p and m and direct,
+                     r.stdout[-1500:] + r.stderr[-300:]):
+            continue
+        steps, x_in, y_out, act = int(m.group(1)), float(m.group(2)) * 1e3, float(m.group(3)) * 1e3, \
+            float(m.group(4)) * 1e3
+        xb, yb = x_in / steps, y_out / steps / 4
+        inv = 1 - 0.75 ** k  # each worker holds a quarter of the experts (equal memories, equal trunk rows)
+        e_t, e_b = [(i + 1) * inv * act / nic for i in range(4)], [k * lat * 2 / 4 / nic] * 4
+        expert = moe * replies_in(e_t, e_b)
+
+        def wire(F):
+            t, levels = arrival(4, F, xb, nic, rate, peer)
+            step = max(replies_in(t, [yb / nic] * 4), max(ti + yb / rate for ti in t))
+            return steps * step + expert, levels
+        if not extra:
+            want, _ = wire(0)
+            check(f"relay: the direct spread's wire = {steps} steps x (4 sends out, replies in as ready) + {moe} "
+                  f"MoE exchanges = {want:.4f} s", abs(direct[3] - want) <= 1e-3 * want + 2e-4, f"{direct} vs {want}")
         best = None
         for F in (2, 3):
             got = row(r.stdout, f"spread over 4, relay F={F}")
-            arr, levels = arrival(4, F, x_in / steps, nic, rate)
+            want_wire, levels = wire(F)
             want_rt = direct[2] + steps * (levels - 1) * (rtt / 2 + ovh)
-            want_wire = direct[3] - 4 * x_in / nic + steps * arr
-            check(f"relay F={F} over 4: round trips {want_rt:.4f} s (+{steps} steps x {levels - 1} hop x "
-                  f"(RTT/2 + overhead)), wire {want_wire:.4f} s (- 4 x_in/NIC + steps x arrival)",
-                  got and abs(got[2] - want_rt) <= 2e-4 and abs(got[3] - want_wire) <= 3e-4 and
+            check(f"relay F={F} over 4{tag}: round trips {want_rt:.4f} s (+{steps} steps x {levels - 1} hop x "
+                  f"(RTT/2 + overhead)), wire {want_wire:.4f} s (the step's timeline through the tree)",
+                  got and abs(got[2] - want_rt) <= 2e-4 and abs(got[3] - want_wire) <= 1e-3 * want_wire + 2e-4 and
                   abs(got[0] - direct[0]) <= 1e-4, f"{got} vs direct {direct}")
             if got and (best is None or got[4] < best[1]):
                 best = (F, got[4])
-        check("relay: the fastest tree (F = 2) chosen, plan.json relay_fanout 2",
-              best and best[0] == 2 and "<- chosen" in [l for l in r.stdout.splitlines() if "relay F=2" in l][0]
-              and p.get("relay_fanout") == 2, r.stdout[-1200:])
-        check("relay: F = 4 is not a tree over 4 servers (not listed)", "relay F=4" not in r.stdout)
+        if not extra:
+            tot = {l: row(r.stdout, l) for l in ("trunk spread over 4", "spread over 4, relay F=2",
+                                                  "spread over 4, relay F=3")}
+            chosen = [l for l in r.stdout.splitlines() if "<- chosen" in l]
+            low = min(v[4] for v in tot.values() if v)
+            fo = int(chosen[0].split("F=")[1].split()[0]) if chosen and "relay F=" in chosen[0] else 0
+            check("relay: a tree is the fastest listed (F = 2 and 3 tie here: the replies coming in are the "
+                  "bottleneck) and chosen, plan.json relay_fanout = its F",
+                  best and best[1] < tot["trunk spread over 4"][4] and fo in (2, 3) and
+                  tot[f"spread over 4, relay F={fo}"][4] <= low + 1e-4 and p.get("relay_fanout") == fo,
+                  r.stdout[-1200:])
+            check("relay: F = 4 is not a tree over 4 servers (not listed)", "relay F=4" not in r.stdout)
     r, p = plan(doc)
     check("relay: without a shared NIC no tree is chosen (no relay_fanout in plan.json)",
           r.returncode == 0 and p and "relay_fanout" not in p and "relay F=2" in r.stdout and
