@@ -56,11 +56,18 @@ static const char *gib(double b, char *buf, size_t n)
     return buf;
 }
 
+typedef struct {
+    const shoal_st *st;
+    double t[2]; /* the trunk read per token, the embedding table */
+} trunk_sum;
+
 static int sum_trunk(const shoal_k3schema_entry *e, void *ctx)
 {
-    double *t = ctx; /* [0] the trunk read per token, [1] the embedding table */
-    if (e->cls != SHOAL_TC_EXPERT)
-        t[strstr(e->name, "embed_tokens") ? 1 : 0] += (double)shoal_k3schema_nbytes(e);
+    trunk_sum *s = ctx;
+    if (e->cls != SHOAL_TC_EXPERT) { /* the pack's bytes where it has the tensor (its dtype), else the schema's */
+        const shoal_tensor *t = s->st ? shoal_st_find(s->st, e->name) : NULL;
+        s->t[strstr(e->name, "embed_tokens") ? 1 : 0] += t ? (double)t->nbytes : (double)shoal_k3schema_nbytes(e);
+    }
     return 0;
 }
 
@@ -76,10 +83,10 @@ static int figures(const shoal_k3cfg *cfg, const shoal_st *st, uint64_t expert_b
                    char *err, size_t errlen)
 {
     memset(f, 0, sizeof *f);
-    double tb[2] = {0, 0};
-    shoal_k3schema_foreach(cfg, sum_trunk, tb);
-    f->tall = tb[0];
-    f->embed = tb[1];
+    trunk_sum tb = {.st = st};
+    shoal_k3schema_foreach(cfg, sum_trunk, &tb);
+    f->tall = tb.t[0];
+    f->embed = tb.t[1];
     shoal_tshard_mat *m = NULL;
     int n = 0;
     if (shoal_tshard_mats(cfg, &m, &n))
