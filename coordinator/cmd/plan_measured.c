@@ -300,7 +300,9 @@ static void evaluate(const shoal_plan_measured *m, const model_fig *f, const mea
         cap[w] = room > 0 ? room / f->experts_all : 0;
         if (ist[w] && room <= 0) {
             c->ok = 0;
-            snprintf(c->why, sizeof c->why, "%s: its trunk rows (%.2f GB) fill its budget", m->names[w], tr[w] / 1e9);
+            char a[32], b[32];
+            snprintf(c->why, sizeof c->why, "%s: its trunk rows (%s) fill its budget (%s)", m->names[w],
+                     gib(tr[w], a, sizeof a), gib((double)m->budget[w], b, sizeof b));
         }
     }
     /* the coordinator's memory: the embedding table, and the trunk (local) or its part no row spec takes */
