@@ -297,7 +297,9 @@ static void evaluate(const shoal_plan_measured *m, const model_fig *f, const mea
     for (int w = 0; w < W; w++) {
         tr[w] = ist[w] ? f->tr / G + f->fa * (1 - 1.0 / G) : 0; /* its rows, and every f_a whole */
         double room = (double)m->budget[w] - tr[w];
-        cap[w] = room > 0 ? room / f->experts_all : 0;
+        /* whole experts: the room for floor(room / one expert) of them (a fraction of one holds none) */
+        cap[w] = room > 0 && m->expert_bytes ? floor(room / (double)m->expert_bytes) * (double)m->expert_bytes /
+                                                   f->experts_all : 0;
         if (ist[w] && room <= 0) {
             c->ok = 0;
             char a[32], b[32];
