@@ -10,10 +10,14 @@ children with its own key).
 1. `shoal doctor` measures the 4 workers over their real links.
 2. `shoal plan --measured doctor.json --coordinator-mem 2MiB --nic-gbps
    RATE_C/1000 --peer-gbps RATE_W/1000` on a manifest whose workers hold at most
-   WORKER_RAM each: tiny-k3's trunk (3.7 MiB on the coordinator with the trunk
-   local, 0.9 MiB spread) does not fit on the coordinator, nor its rows on 1 or
-   2 workers, so the placements left are the spread over 4, direct or through a
-   relay tree (F = 2, 3); the plan must choose a tree (plan.json relay_fanout).
+   WORKER_RAM each: k3-nano's trunk (6.1 MiB on the coordinator with the trunk
+   local, 1.1 MiB spread) does not fit on the coordinator, nor its rows on 1 or
+   2 workers (5.0 and 2.5 MiB), so the placements left are the spread over 4,
+   direct or through a relay tree (F = 2, 3); the plan must choose a tree
+   (plan.json relay_fanout). k3-nano rather than tiny-k3: its trunk inputs per
+   step are larger beside the ~200-byte request headers the plan's wire term
+   leaves out (docs/PERFORMANCE.md), and its inputs x 4 outweigh its outputs,
+   so the model ranks the trees by their own figures.
 3. The workers started from that plan in their namespaces (`shoal expert --plan
    --name`, the plan's trunk workers as relay peers, `--relay-keys`); every
    placement the plan priced is served from the coordinator's namespace
@@ -42,13 +46,13 @@ import harness  # noqa: E402
 T = "test_relay_netns"
 SRC = os.path.abspath(os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")))
 BIN = os.path.abspath(os.environ.get("SHOAL_BIN", os.path.join(SRC, "build", "bin", "shoal")))
-TINY = os.path.join(SRC, "tests", "models", "tiny-k3")
+MODEL = os.path.join(SRC, "tests", "models", "k3-nano")
 HOSTS = ("c", "w0", "w1", "w2", "w3")
 WORKERS = HOSTS[1:]
 RATE_C = int(os.environ.get("SHOAL_RELAY_RATE_C_MBIT", "4"))
 RATE_W = int(os.environ.get("SHOAL_RELAY_RATE_W_MBIT", "100"))
 BURST = "8kb"
-WORKER_RAM = 1400000  # bytes: a quarter of the trunk rows and the experts fit, half the rows (1.417 MiB) do not
+WORKER_RAM = 2500000  # bytes: a quarter of the trunk rows and the experts fit, half the rows (2.520 MiB) do not
 COORD_MEM = "2MiB"    # the trunk spread (0.9 MiB) fits, the trunk local (3.7 MiB) does not
 GEN = int(os.environ.get("SHOAL_RELAY_GEN", "12"))
 PROMPT = "5,17,3,99"
@@ -60,7 +64,7 @@ sh = harness.sh
 
 
 def moe_split(n):
-    c = json.load(open(os.path.join(TINY, "config.json")))
+    c = json.load(open(os.path.join(MODEL, "config.json")))
     c = c.get("text_config", c)
     L0, L, E = c["first_k_dense_replace"], c["num_hidden_layers"], c["num_experts"]
     return [f"{L0}-{L - 1}:{i * E // n}-{(i + 1) * E // n - 1}" for i in range(n)]
@@ -84,7 +88,7 @@ def main():
     for k in HOSTS:
         sh([BIN, "keygen", "-o", f"{tmp}/{k}"])
     open(f"{tmp}/allow", "w").write("".join(open(f"{tmp}/{k}.pub").read() for k in HOSTS))
-    ref = json.loads(sh([BIN, "run", "--model", TINY, "--ids", PROMPT, "--gen", str(GEN), "--json", "--threads",
+    ref = json.loads(sh([BIN, "run", "--model", MODEL, "--ids", PROMPT, "--gen", str(GEN), "--json", "--threads",
                          "1"]).stdout)["generated_ids"]
     if not N.setup_or_skip(R):
         return 77
@@ -97,11 +101,11 @@ def main():
         # 1. doctor, against workers holding a quarter of the experts each (no trunk rows: doctor measures hosts
         # and links)
         for w, ex in zip(WORKERS, moe_split(4)):
-            procs.append(N.popen(w, [BIN, "expert", "--model", TINY, "--experts", ex, "--listen", ep[w], "--id", w,
+            procs.append(N.popen(w, [BIN, "expert", "--model", MODEL, "--experts", ex, "--listen", ep[w], "--id", w,
                                      "--threads", "1", "--curve-secret", f"{tmp}/{w}.key", "--curve-allow",
                                      f"{tmp}/allow"], stdout=subprocess.DEVNULL,
                                  stderr=open(f"{tmp}/{w}.doctor.log", "w")))
-        args = [*N.prefix("c"), BIN, "doctor", "--model", TINY, "--curve-secret", f"{tmp}/c.key",
+        args = [*N.prefix("c"), BIN, "doctor", "--model", MODEL, "--curve-secret", f"{tmp}/c.key",
                 "--hello-timeout-ms", "30000", "--json", "-o", f"{tmp}/doctor.json", "--rounds", "100",
                 "--bulk-count", "8", "--bulk-bytes", "65536"]
         for w in WORKERS:
@@ -123,7 +127,7 @@ def main():
                    "hosts": [{"name": h, "address": N.ip[h], "ssh_user": "root", "cpus": 1,
                               "expert_ram": 0 if h == "c" else WORKER_RAM} for h in HOSTS]}, open(man, "w"))
         out = f"{tmp}/plan.json"
-        r = sh([BIN, "plan", "--model", TINY, "--cluster", man, "--measured", f"{tmp}/doctor.json",
+        r = sh([BIN, "plan", "--model", MODEL, "--cluster", man, "--measured", f"{tmp}/doctor.json",
                 "--coordinator-mem", COORD_MEM, "--nic-gbps", str(RATE_C / 1000), "--peer-gbps",
                 str(RATE_W / 1000), "-o", out], check_rc=False)
         print(r.stdout, flush=True)
@@ -146,7 +150,7 @@ def main():
             return 1
         # 3. the plan's workers, each placement served
         for w in WORKERS:
-            procs.append(N.popen(w, [BIN, "expert", "--model", TINY, "--plan", out, "--name", w, "--threads", "1",
+            procs.append(N.popen(w, [BIN, "expert", "--model", MODEL, "--plan", out, "--name", w, "--threads", "1",
                                      "--curve-secret", f"{tmp}/{w}.key", "--curve-allow", f"{tmp}/allow",
                                      "--relay-keys", tmp], stdout=subprocess.DEVNULL,
                                  stderr=open(f"{tmp}/{w}.log", "w")))
@@ -156,7 +160,7 @@ def main():
         if not check("the plan's workers up and linked as each other's relay peers", harness.poll(linked, 60, 0.2),
                      open(f"{tmp}/w0.log").read()[-800:]):
             return 1
-        base = [*N.prefix("c"), BIN, "run", "--model", TINY, "--plan", out, "--curve-secret", f"{tmp}/c.key",
+        base = [*N.prefix("c"), BIN, "run", "--model", MODEL, "--plan", out, "--curve-secret", f"{tmp}/c.key",
                 "--curve-keys", tmp, "--ids", PROMPT, "--gen", str(GEN), "--json", "--threads", "1", "--trunk", "remote",
                 "--hello-timeout-ms", "30000"]
         times = {F: [] for F in LABELS}
