@@ -57,7 +57,7 @@ COORD_MEM = "2MiB"    # the trunk spread (0.9 MiB) fits, the trunk local (3.7 Mi
 GEN = int(os.environ.get("SHOAL_RELAY_GEN", "12"))
 PROMPT = "5,17,3,99"
 LABELS = {0: "trunk spread over 4", 2: "spread over 4, relay F=2", 3: "spread over 4, relay F=3"}
-N = harness.Netns("rn", 77, HOSTS)
+N = harness.Netns("rn", 76, HOSTS)
 R = harness.Recorder(T)
 counts, record, check = R.counts, R.record, R.check
 sh = harness.sh
