@@ -35,6 +35,7 @@ Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~40 s.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -214,6 +215,8 @@ def main():
         for p in procs:
             harness.terminate(p, 5)
         N.teardown()
+        if not counts["FAIL"]:
+            shutil.rmtree(tmp, ignore_errors=True)  # kept on a failure: the workers' logs
     return 1 if counts["FAIL"] else 0
 
 
