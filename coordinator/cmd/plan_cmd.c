@@ -61,6 +61,10 @@ static void usage(FILE *f)
                "                    (default: each link alone, as doctor measured it)\n"
                "  --peer-gbps X     with --measured: the workers' links to each other, the relay tree's\n"
                "                    hops (default: each worker's measured link to the coordinator)\n"
+               "  --coordinator-mem SIZE  with --measured: the bytes the coordinator may hold (e.g. 64GiB;\n"
+               "                    default 0.9 x its memory in doctor.json): a placement whose coordinator\n"
+               "                    part (the embedding table, and the trunk when local, else its part no\n"
+               "                    row spec takes) is larger does not fit\n"
                "  --kernel-eff F    with --measured: the matrix kernels' share of the read pass (0.82)\n"
                "  --imbalance I     with --measured: the expert load imbalance assumed (1.2)\n"
                "  --overhead-us X   with --measured: software cost of one exchange beyond the measured\n"
@@ -149,6 +153,7 @@ int shoal_cmd_plan(int argc, char **argv)
     double mnic = 0, mpeer = 0, meff = 0.82, mimb = 1.2, mpred = 0, movh = 100;
     int mrelay = 0; /* the relay tree's fan-out the measured plan chose (0: none) */
     long mforce = -1;
+    uint64_t mcmem = 0; /* --coordinator-mem (0: doctor.json's) */
     int mnum = -1; /* --numerics: -1 doctor.json's class */
     uint64_t *mcount = NULL, *pbudget = NULL;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
@@ -174,6 +179,12 @@ int shoal_cmd_plan(int argc, char **argv)
             inv = v;
         else if (!strcmp(a, "--measured"))
             measured = v;
+        else if (!strcmp(a, "--coordinator-mem")) {
+            if (shoal_plan_parse_bytes(v, &mcmem) || !mcmem) {
+                fprintf(stderr, "shoal plan: bad --coordinator-mem '%s' (bytes: an integer, or e.g. \"24GiB\")\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--numerics")) {
             shoal_numerics nc;
             if (shoal_numerics_parse(v, &nc)) {
@@ -246,6 +257,10 @@ int shoal_cmd_plan(int argc, char **argv)
     }
     if (!model || !cluster || !out) {
         usage(stderr);
+        return 2;
+    }
+    if (mcmem && !measured) {
+        fprintf(stderr, "shoal plan: --coordinator-mem needs --measured\n");
         return 2;
     }
     if (mforce >= 0 && !measured) {
@@ -325,7 +340,7 @@ int shoal_cmd_plan(int argc, char **argv)
                                   .nic_Bps = mnic * 1e9 / 8, .peer_Bps = mpeer * 1e9 / 8, .eff = meff, .imbalance = mimb,
                                   .max_trunk_servers = replicas > 0, .tslot = tslot, .count = mcount,
                                   .overhead_s = movh * 1e-6, .force_G = (int)mforce,
-                                  .budget_split = replicas || hot, .numerics = mnum};
+                                  .budget_split = replicas || hot, .numerics = mnum, .coord_mem = mcmem};
         rc = shoal_plan_measured_choose(&pm, err, sizeof err);
         free(names);
         if (rc)

@@ -22,6 +22,7 @@ typedef struct {
 /* the model's per-token figures (decode, one token) */
 typedef struct {
     double tall;      /* trunk bytes read per token (the embedding table not read) */
+    double embed;     /* the embedding table (held by the coordinator, one row read per token) */
     double tr;        /* of which row-shardable (remote when spread) */
     double fa;        /* KDA f_a matrices (held whole by every trunk server) */
     double x_in;      /* bytes of the inputs of the trunk steps (f32; bf16 in the mu class where exact,
@@ -39,16 +40,34 @@ typedef struct {
     const char *label;
     int spread, G, F; /* F: relay fan-out (0: direct) */
     double reads, coord, rt, wire, total, tok_s;
+    double coord_bytes; /* what the coordinator holds in this placement */
     double *share; /* [W] expert fractions */
     int ok;
     char why[256];
 } cand;
 
+/* b bytes as GiB, or MiB below 1 GiB, 3 decimals */
+static const char *gib(double b, char *buf, size_t n)
+{
+    if (b >= 1073741824.0)
+        snprintf(buf, n, "%.3f GiB", b / 1073741824.0);
+    else
+        snprintf(buf, n, "%.3f MiB", b / 1048576.0);
+    return buf;
+}
+
+typedef struct {
+    const shoal_st *st;
+    double t[2]; /* the trunk read per token, the embedding table */
+} trunk_sum;
+
 static int sum_trunk(const shoal_k3schema_entry *e, void *ctx)
 {
-    double *t = ctx;
-    if (e->cls != SHOAL_TC_EXPERT && !strstr(e->name, "embed_tokens"))
-        *t += (double)shoal_k3schema_nbytes(e);
+    trunk_sum *s = ctx;
+    if (e->cls != SHOAL_TC_EXPERT) { /* the pack's bytes where it has the tensor (its dtype), else the schema's */
+        const shoal_tensor *t = s->st ? shoal_st_find(s->st, e->name) : NULL;
+        s->t[strstr(e->name, "embed_tokens") ? 1 : 0] += t ? (double)t->nbytes : (double)shoal_k3schema_nbytes(e);
+    }
     return 0;
 }
 
@@ -64,7 +83,10 @@ static int figures(const shoal_k3cfg *cfg, const shoal_st *st, uint64_t expert_b
                    char *err, size_t errlen)
 {
     memset(f, 0, sizeof *f);
-    shoal_k3schema_foreach(cfg, sum_trunk, &f->tall);
+    trunk_sum tb = {.st = st};
+    shoal_k3schema_foreach(cfg, sum_trunk, &tb);
+    f->tall = tb.t[0];
+    f->embed = tb.t[1];
     shoal_tshard_mat *m = NULL;
     int n = 0;
     if (shoal_tshard_mats(cfg, &m, &n))
@@ -135,7 +157,7 @@ static int figures(const shoal_k3cfg *cfg, const shoal_st *st, uint64_t expert_b
 }
 
 static int load_doctor(const char *path, int W, const char *const *names, double eff, meas *ms, double *coord_bw,
-                       int *mu, char *err, size_t errlen)
+                       double *coord_mem, int *mu, char *err, size_t errlen)
 {
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
@@ -193,6 +215,7 @@ static int load_doctor(const char *path, int W, const char *const *names, double
         json_t *c = json_object_get(root, "coordinator");
         double cb = json_number_value(json_object_get(c, "read_bw_all")) * eff;
         *coord_bw = cb > 0 ? cb : bsum / W; /* doctor --no-local: the workers' mean */
+        *coord_mem = json_number_value(json_object_get(c, "mem_total")); /* 0: not recorded */
     }
 out:
     json_decref(root);
@@ -262,8 +285,8 @@ static double nic_in_done(int n, const double *t, const double *b)
     return done;
 }
 
-static void evaluate(const shoal_plan_measured *m, const model_fig *f, const meas *ms, double cbw, const int *order,
-                     cand *c)
+static void evaluate(const shoal_plan_measured *m, const model_fig *f, const meas *ms, double cbw, double cmem,
+                     const char *cmem_from, const int *order, cand *c)
 {
     int W = m->nworkers, G = c->spread ? c->G : 0;
     double *tr = calloc((size_t)W, sizeof *tr), *cap = calloc((size_t)W, sizeof *cap);
@@ -274,11 +297,23 @@ static void evaluate(const shoal_plan_measured *m, const model_fig *f, const mea
     for (int w = 0; w < W; w++) {
         tr[w] = ist[w] ? f->tr / G + f->fa * (1 - 1.0 / G) : 0; /* its rows, and every f_a whole */
         double room = (double)m->budget[w] - tr[w];
-        cap[w] = room > 0 ? room / f->experts_all : 0;
+        /* whole experts: the room for floor(room / one expert) of them (a fraction of one holds none) */
+        cap[w] = room > 0 && m->expert_bytes ? floor(room / (double)m->expert_bytes) * (double)m->expert_bytes /
+                                                   f->experts_all : 0;
         if (ist[w] && room <= 0) {
             c->ok = 0;
-            snprintf(c->why, sizeof c->why, "%s: its trunk rows (%.2f GB) fill its budget", m->names[w], tr[w] / 1e9);
+            char a[32], b[32];
+            snprintf(c->why, sizeof c->why, "%s: its trunk rows (%s) fill its budget (%s)", m->names[w],
+                     gib(tr[w], a, sizeof a), gib((double)m->budget[w], b, sizeof b));
         }
+    }
+    /* the coordinator's memory: the embedding table, and the trunk (local) or its part no row spec takes */
+    c->coord_bytes = f->embed + (G ? f->tall - f->tr : f->tall);
+    if (c->ok && cmem > 0 && c->coord_bytes > cmem) {
+        c->ok = 0;
+        char a[32], b[32];
+        snprintf(c->why, sizeof c->why, "needs %s on the coordinator, its budget is %s (%s)",
+                 gib(c->coord_bytes, a, sizeof a), gib(cmem, b, sizeof b), cmem_from);
     }
     double EI = f->etok * m->imbalance;
     double reads = c->ok ? split(W, ms, tr, cap, EI, c->share) : -1;
@@ -413,9 +448,9 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
     int W = m->nworkers, rc;
     model_fig f;
     meas *ms = calloc((size_t)W, sizeof *ms);
-    double cbw = 0;
+    double cbw = 0, dmem = 0;
     int mu = m->numerics;
-    if ((rc = load_doctor(m->doctor, W, m->names, m->eff, ms, &cbw, mu < 0 ? &mu : NULL, err, errlen))) {
+    if ((rc = load_doctor(m->doctor, W, m->names, m->eff, ms, &cbw, &dmem, mu < 0 ? &mu : NULL, err, errlen))) {
         free(ms);
         return rc;
     }
@@ -446,6 +481,9 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
     for (int i = 0; i < nm; i++)
         minrows = mats[i].rows < minrows ? mats[i].rows : minrows;
     free(mats);
+    /* the coordinator's budget: --coordinator-mem, else 0.9 x its memory as doctor recorded it */
+    double cmem = m->coord_mem ? (double)m->coord_mem : floor(dmem * 0.9);
+    const char *cmem_from = m->coord_mem ? "--coordinator-mem" : "0.9 x its memory in doctor.json";
     cand cs[40];
     int nc = 0;
     char labels[40][48];
@@ -468,7 +506,7 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
     }
     for (int i = 0; i < nc; i++) {
         cs[i].share = calloc((size_t)W, sizeof(double));
-        evaluate(m, &f, ms, cbw, order, &cs[i]);
+        evaluate(m, &f, ms, cbw, cmem, cmem_from, order, &cs[i]);
     }
     qsort(cs, (size_t)nc, sizeof cs[0], by_total);
     if (m->force_G >= 0) { /* a placement asked for: it goes first, the rest stay as runners-up */
@@ -496,6 +534,14 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
            f.tall / 1e9, f.tr / 1e9, f.etok / 1e9, f.steps_serial, f.moe, f.x_in / 1e3,
            mu ? "numerics mu: bf16 where the products round them, PROTOCOL.md 1.7" : "numerics portable: f32",
            f.y_out / 1e3, f.act / 1e3);
+    char g1[32], g2[32], g3[32];
+    printf("  coordinator memory: holds %s with the trunk local, %s spread (the embedding table, %s, and the "
+           "trunk's part no row spec takes); ", gib(f.embed + f.tall, g1, sizeof g1),
+           gib(f.embed + f.tall - f.tr, g2, sizeof g2), gib(f.embed, g3, sizeof g3));
+    if (cmem > 0)
+        printf("its budget %s (%s)\n", gib(cmem, g1, sizeof g1), cmem_from);
+    else
+        printf("no budget (--coordinator-mem, or doctor.json's coordinator mem_total)\n");
     printf("  %-24s %10s %10s %10s %10s %10s %9s  %s\n", "placement", "reads s", "coord s", "rtt s", "wire s",
            "s/token", "tok/s@" , "bottleneck");
     for (int i = 0; i < nc; i++) {

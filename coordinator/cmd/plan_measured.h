@@ -55,7 +55,14 @@
  * and the round trips gain one one-way hop (RTT / 2 + the overhead) per level
  * below the roots. Without a shared NIC (--nic-gbps) the coordinator's links
  * are independent and a tree
- * only adds hops, so it is never chosen. */
+ * only adds hops, so it is never chosen.
+ *
+ * The coordinator's memory: a placement fits only when the bytes the
+ * coordinator holds -- the embedding table and, trunk local, every other
+ * non-expert tensor; spread, the part no row spec takes (the trunk's bytes
+ * less the row-shardable matrices) -- are within its budget (--coordinator-mem,
+ * else 0.9 x doctor.json's coordinator mem_total, the rule doctor warns by;
+ * neither: no limit). */
 #ifndef SHOAL_PLAN_MEASURED_H
 #define SHOAL_PLAN_MEASURED_H
 
@@ -85,6 +92,8 @@ typedef struct {
     double overhead_s;        /* software cost of one round trip beyond the measured RTT (--overhead-us) */
     int force_G;              /* -1: choose; 0: trunk local; G: spread over G (the report still lists all) */
     int budget_split;         /* 1: the experts will be placed by the budgets (--replicas, --hot), not by count */
+    uint64_t coord_mem;       /* --coordinator-mem: bytes the coordinator may hold; 0: 0.9 x doctor.json's
+                                 coordinator mem_total when recorded, else no limit */
     /* in/out: the cluster's numerics class (--numerics): 1 mu, 0 portable,
      * -1 doctor.json's "numerics" (absent: portable), set to what was used.
      * In mu the activations travel as bf16 (PROTOCOL.md 1.7): the trunk

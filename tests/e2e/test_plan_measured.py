@@ -24,7 +24,19 @@ docs/CLUSTER.md "Measured plans" states:
   coordinator NIC: the direct spread and the trees F = 2, 3 priced from the
   per-step timeline (sends out one after the other, replies in as they become
   ready, worked out here), with and without --peer-gbps; the fastest tree
-  chosen and written as relay_fanout; without a shared NIC none is chosen.
+  chosen and written as relay_fanout; without a shared NIC none is chosen;
+- the coordinator's memory (--coordinator-mem, default 0.9 x doctor.json's
+  coordinator mem_total): with 10 ms links (trunk local is the fastest) and a
+  budget between what the coordinator holds spread (the embedding table and
+  every non-expert tensor no row spec takes: kv_b_proj and 1-D vectors, from
+  the headers and PROTOCOL.md 7.1) and trunk local (every non-expert tensor),
+  trunk local does not fit ("needs X on the coordinator, its budget is Y",
+  both worked out here) and a spread is written; the same from doctor.json's
+  mem_total; below the spread part: refused (exit 3); bad sizes: exit 2;
+- whole experts: budgets whose room beside the trunk rows of a spread over 2
+  holds 95.5 and 96.5 experts (192 in fractions, 191 whole) do not fit that
+  spread, so with a slow coordinator memory the plan writes the trunk local
+  (exit 0) rather than choosing the spread and failing to place it.
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~2 s.
 """
 import json
@@ -85,6 +97,105 @@ def trunk_bytes(model):
                     continue
                 tot += v["data_offsets"][1] - v["data_offsets"][0]
     return tot
+
+
+def coord_bytes(model):
+    """(trunk local, spread): what the coordinator holds -- every non-expert tensor, or those no row spec takes
+    (PROTOCOL.md 7.1: row-shardable = every 2-D trunk matrix of >= 2 rows but embed_tokens and kv_b_proj)"""
+    local = spread = 0
+    for fn in sorted(os.listdir(model)):
+        if fn.endswith(".safetensors"):
+            with open(os.path.join(model, fn), "rb") as f:
+                n = struct.unpack("<Q", f.read(8))[0]
+                h = json.loads(f.read(n))
+            for k, v in h.items():
+                if k == "__metadata__" or not k.startswith("language_model."):
+                    continue
+                if ".experts." in k and "shared_experts" not in k:
+                    continue
+                b = v["data_offsets"][1] - v["data_offsets"][0]
+                local += b
+                shardable = len(v["shape"]) == 2 and v["shape"][0] >= 2 and not k.endswith("embed_tokens.weight") \
+                    and not k.endswith("kv_b_proj.weight")
+                spread += 0 if shardable else b
+    return local, spread
+
+
+def size_text(b):
+    return f"{b / 2**30:.3f} GiB" if b >= 2**30 else f"{b / 2**20:.3f} MiB"
+
+
+def case_whole_experts():
+    c = json.load(open(os.path.join(TINY, "config.json")))
+    c = c.get("text_config", c)
+    tr = fa = eb = 0
+    for fn in sorted(os.listdir(TINY)):
+        if fn.endswith(".safetensors"):
+            with open(os.path.join(TINY, fn), "rb") as f:
+                n = struct.unpack("<Q", f.read(8))[0]
+                h = json.loads(f.read(n))
+            for k, v in h.items():
+                if k == "__metadata__" or not k.startswith("language_model."):
+                    continue
+                b = v["data_offsets"][1] - v["data_offsets"][0]
+                if ".experts.0." in k and ".layers.%d." % c["first_k_dense_replace"] in k:
+                    eb += b  # one routed expert's tensors
+                if ".experts." in k and "shared_experts" not in k:
+                    continue
+                if len(v["shape"]) == 2 and v["shape"][0] >= 2 and not k.endswith(("embed_tokens.weight",
+                                                                                  "kv_b_proj.weight")):
+                    tr += b
+                    fa += b if k.endswith(".f_a_proj.weight") else 0
+    rows = tr / 2 + fa / 2  # a trunk server of 2: half the rows, every f_a whole
+    man = os.path.join(tmp, "cluster-whole.json")
+    json.dump({"format": "shoal-cluster", "version": 1, "coordinator": "c", "worker_port": 5555,
+               "hosts": [{"name": "c", "address": "10.0.0.1", "ssh_user": "u", "cpus": 1, "expert_ram": 0},
+                         {"name": "w0", "address": "10.0.0.2", "ssh_user": "u", "cpus": 1,
+                          "expert_ram": int(rows + 95.5 * eb)},
+                         {"name": "w1", "address": "10.0.0.3", "ssh_user": "u", "cpus": 1,
+                          "expert_ram": int(rows + 96.5 * eb)}]}, open(man, "w"))
+    out = os.path.join(tmp, "plan-whole.json")
+    r = subprocess.run([BIN, "plan", "--model", TINY, "--cluster", man, "--measured",
+                        doctor([1e10, 1e10], 10, 1e9, coord_bw=1e6), "-o", out], capture_output=True, text=True)
+    check(f"whole experts: rooms of 95.5 and 96.5 experts ({eb} B each) beside a spread over 2's rows do not hold "
+          f"192: the trunk written local", r.returncode == 0 and json.load(open(out))["trunk"] == "local" and
+          re.search(r"^  trunk spread over 2\s+does not fit: the budgets do not hold every routed expert", r.stdout,
+                    re.M) is not None, f"rc {r.returncode}: {r.stdout[-1200:]} {r.stderr[-300:]}")
+
+
+def case_coord_mem():
+    local, spread = coord_bytes(TINY)
+    mid = (local + spread) // 2
+    slow = doctor([1e10, 1e10], 10000, 1e9, coord_bw=1e10)
+    r, p = plan(slow)
+    check("coordinator memory: without a budget, 10 ms links keep the trunk local",
+          r.returncode == 0 and p and p["trunk"] == "local", r.stdout[-800:] + r.stderr[-300:])
+    r, p = plan(slow, ["--coordinator-mem", str(mid)])
+    want = f"trunk local              does not fit: needs {size_text(local)} on the coordinator, its budget is " \
+           f"{size_text(mid)} (--coordinator-mem)"
+    check(f"--coordinator-mem {mid} (between {spread} spread and {local} local): trunk local does not fit, "
+          f"a spread written", r.returncode == 0 and p and p["trunk"] == "spread" and want in r.stdout,
+          want + "\n" + r.stdout[-1500:] + r.stderr[-300:])
+    check("the report says what the coordinator holds in each placement",
+          f"holds {size_text(local)} with the trunk local, {size_text(spread)} spread" in r.stdout, r.stdout[-1500:])
+    d = json.load(open(slow))
+    d["coordinator"]["mem_total"] = int(mid / 0.9)
+    dm = os.path.join(tmp, "doctor-mem.json")
+    json.dump(d, open(dm, "w"))
+    r, p = plan(dm)
+    check("doctor.json's coordinator mem_total (x 0.9) is the default budget",
+          r.returncode == 0 and p and p["trunk"] == "spread" and "(0.9 x its memory in doctor.json)" in r.stdout,
+          r.stdout[-1500:] + r.stderr[-300:])
+    r, p = plan(dm, ["--coordinator-mem", str(local)])
+    check("--coordinator-mem overrides doctor.json's (the whole trunk fits: local again)",
+          r.returncode == 0 and p and p["trunk"] == "local", r.stdout[-1500:] + r.stderr[-300:])
+    r, p = plan(slow, ["--coordinator-mem", str(spread - 1)])
+    check("a budget below the spread part: no placement fits (exit 3)",
+          r.returncode == 3 and "no placement fits" in r.stderr and "on the coordinator" in r.stderr,
+          f"rc {r.returncode}: {r.stderr[-300:]}")
+    for bad in ("0", "lots", "-1GiB"):
+        r, p = plan(slow, ["--coordinator-mem", bad])
+        check(f"--coordinator-mem {bad}: exit 2", r.returncode == 2, f"rc {r.returncode}: {r.stderr[-200:]}")
 
 
 def arrival(G, F, xb, nic, rate, hop):
@@ -281,6 +392,8 @@ def main():
         check("numerics: doctor.json's \"numerics\": \"mu\" gives the mu figures; plan.json says the class",
               (xd, ad, rd) == (xm, am, rm) and (np_, nm, nd) == ("portable", "mu", "mu"), f"{got}")
     case_relay()
+    case_coord_mem()
+    case_whole_experts()
     r, p = plan(doctor([1e10], 10, 1e9, names=("w0",)))
     check("a worker missing from doctor.json: refused (exit 3) naming it", r.returncode == 3 and "w1" in r.stderr,
           f"rc {r.returncode}: {r.stderr[-300:]}")
