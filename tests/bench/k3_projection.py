@@ -77,14 +77,15 @@ CLASSES = {
 }
 
 
-def tree_arrival(G, F, xb, nic, link):
+def tree_arrival(G, F, xb, nic, link, hop=None):
     """when each of G servers holds xb bytes (F = 0: sent directly to each),
     in the tree the coordinator builds (PROTOCOL.md §3.9, trunk_client.c
     plan_tree): F roots fed by the coordinator one after the other at nic (at
     most link each); then level by level, each level's members taking the
     previous level's members in turn as parents (at most F children each), a
-    parent feeding its children one after the other at link. Returns (the
-    arrival times, levels, children of the busiest parent)."""
+    parent feeding its children one after the other at hop (the workers'
+    links to each other; default link). Returns (the arrival times, levels,
+    children of the busiest parent)."""
     R = F if F else G
     t = [0.0] * G
     lvl = [1] * G
@@ -99,7 +100,7 @@ def tree_arrival(G, F, xb, nic, link):
                 break
             p = start + o % size
             nk[p] += 1
-            t[j] = t[p] + nk[p] * xb / link
+            t[j] = t[p] + nk[p] * xb / (hop or link)
             lvl[j] = lvl[p] + 1
             j += 1
             nxt += 1

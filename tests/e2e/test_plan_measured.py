@@ -48,7 +48,11 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 import harness  # noqa: E402
+# the relay tree's arrival times and the NIC's incoming queue, as docs/PERFORMANCE.md states them
+# (written in Python for the full-K3 projection, independent of coordinator/cmd/plan_measured.c)
+from k3_projection import replies_in, tree_arrival  # noqa: E402
 
 T = "test_plan_measured"
 SRC = os.environ.get("SHOAL_SRC", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -198,43 +202,6 @@ def case_coord_mem():
         check(f"--coordinator-mem {bad}: exit 2", r.returncode == 2, f"rc {r.returncode}: {r.stderr[-200:]}")
 
 
-def arrival(G, F, xb, nic, rate, hop):
-    """the relay tree as docs/PERFORMANCE.md and plan_measured.h state it:
-    F roots fed one after the other at the NIC (F = 0: every server, direct);
-    then level by level, each level's members taking the previous level's in
-    turn as parents, a parent feeding its children one after the other at
-    the hop rate (store and forward); a server's own link at rate. (when each
-    of G servers holds xb bytes, levels)"""
-    R = F or G
-    t, lvl, nk = [0.0] * G, [1] * G, [0] * G
-    for j in range(R):
-        t[j] = max((j + 1) * xb / nic, xb / rate)
-    j, start, size = R, 0, R
-    while j < G:
-        nxt = 0
-        for o in range(F * size):
-            if j >= G:
-                break
-            p = start + o % size
-            nk[p] += 1
-            t[j] = t[p] + nk[p] * xb / hop
-            lvl[j] = lvl[p] + 1
-            j += 1
-            nxt += 1
-        start, size = start + size, nxt
-    return t, max(lvl)
-
-
-def replies_in(t, b):
-    """the NIC's incoming side (full duplex: apart from the outgoing one): the
-    replies pass it one after another as they become ready (ready at t[i],
-    b[i] seconds each); when the last is in"""
-    done = 0.0
-    for ti, bi in sorted(zip(t, b)):
-        done = max(done, ti) + bi
-    return done
-
-
 def case_relay():
     """PROTOCOL.md §3.9: 4 workers with slow memories (10 MB/s), 1 GB/s links
     behind a shared 1 MB/s coordinator NIC (--nic-gbps 0.008), its two
@@ -284,7 +251,7 @@ def case_relay():
         expert = moe * replies_in(e_t, e_b)
 
         def wire(F):
-            t, levels = arrival(4, F, xb, nic, rate, peer)
+            t, levels, _ = tree_arrival(4, F, xb, nic, rate, peer)
             step = max(replies_in(t, [yb / nic] * 4), max(ti + yb / rate for ti in t))
             return steps * step + expert, levels
         if not extra:

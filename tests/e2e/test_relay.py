@@ -156,6 +156,7 @@ def case_worker(fp):
             return
         # relayed: w0 root, w1 its child, w2 w1's child; headers before and after the root
         for order, xid, rid0 in (("headers first (requests parked)", 1001, 20), ("root first (inputs parked)", 1002, 30)):
+            parked0 = [relay_metric(u, f"w{i}", "parked") or 0 for i, u in enumerate(urls)]
             def headers():
                 for i in (1, 2):
                     c[i].send([TBATCH, rid0 + i, {"layer": 0, "mats": mats(i, 3), "xid": xid, "wait_ms": 10000}])
@@ -164,7 +165,11 @@ def case_worker(fp):
             c[0].send([TBATCH, rid0, {"layer": 0, "mats": mats(0, 3), "xid": xid, "wait_ms": 10000,
                                       "fwd": [[1, 0], [2, 1]]}], x)
             if not order.startswith("headers"):
-                time.sleep(0.05)  # not needed for correctness: makes the inputs likelier to wait for their requests
+                # the case's premise: w1 and w2 hold the input parked before their requests come
+                check(f"{order}: w1 and w2 parked the input before their requests were sent",
+                      harness.poll(lambda: [relay_metric(urls[i], f"w{i}", "parked") for i in (1, 2)] ==
+                                   [parked0[1] + 1, parked0[2] + 1], 20),
+                      f"parked {[relay_metric(urls[i], f'w{i}', 'parked') for i in (1, 2)]}, before {parked0}")
                 headers()
             got = []
             for i in range(3):
