@@ -64,9 +64,10 @@ def fingerprint(model):
     return bytes.fromhex(r.stdout.strip())
 
 
-def start_workers(n, peers=True):
-    """n trunk workers, worker i owning rows i/n of every matrix, all given the
-    same --relay-peers list (themselves included); (endpoints, metrics urls)"""
+def start_workers(n, peers=True, trunk=lambda i, n: f"*:{i}/{n}"):
+    """n trunk workers, worker i owning the rows trunk(i, n) names (default
+    rows i/n of every matrix), all given the same --relay-peers list
+    (themselves included); (endpoints, metrics urls)"""
     start_workers.k += 1
     eps = [f"ipc://{tmp}/s{start_workers.k}w{i}" for i in range(n)]
     urls = []
@@ -74,12 +75,21 @@ def start_workers(n, peers=True):
         port = harness.free_port()
         urls.append(f"http://127.0.0.1:{port}")
         args = [BIN, "expert", "--model", TINY, "--listen", ep, "--id", f"w{i}", "--threads", "1",
-                "--trunk", f"*:{i}/{n}", "--metrics-port", str(port)]
+                "--trunk", trunk(i, n), "--metrics-port", str(port)]
         if peers:
             args += ["--relay-peers", ",".join(eps)]
         procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL,
                                       stderr=open(f"{tmp}/s{start_workers.k}w{i}.log", "w")))
     return eps, urls
+
+
+def start_expert_worker():
+    """the routed experts on one more worker (no trunk rows); its endpoint"""
+    eex = f"ipc://{tmp}/wex{start_workers.k}"
+    procs.append(subprocess.Popen([BIN, "expert", "--model", TINY, "--listen", eex, "--id", "wex", "--threads", "1",
+                                   "--experts", moe_range(TINY)], stdout=subprocess.DEVNULL,
+                                  stderr=open(f"{tmp}/wex{start_workers.k}.log", "w")))
+    return eex
 
 
 start_workers.k = 0
@@ -265,10 +275,7 @@ def case_coordinator():
     if not check("coordinator: in-process reference run", rc == 0 and ref and ref_lg, err[-300:]):
         return
     eps, urls = start_workers(4)
-    eex = f"ipc://{tmp}/wex"
-    procs.append(subprocess.Popen([BIN, "expert", "--model", TINY, "--listen", eex, "--id", "wex", "--threads", "1",
-                                   "--experts", moe_range(TINY)], stdout=subprocess.DEVNULL,
-                                  stderr=open(f"{tmp}/wex.log", "w")))
+    eex = start_expert_worker()
     if not check("coordinator: 4 trunk workers up and linked to each other", wait_linked(4)):
         return
     base = ["--trunk", "remote"] + sum((["--worker", e] for e in [eex] + eps), [])
@@ -332,22 +339,9 @@ def case_stopped_parent():
     rc, ref, ref_lg, err = run([], gen=24)
     if not check("stopped parent: in-process reference run", rc == 0 and ref and ref_lg, err[-300:]):
         return
-    start_workers.k += 1
-    k = start_workers.k
-    eps = [f"ipc://{tmp}/s{k}w{i}" for i in range(4)]
-    urls = []
-    for i, ep in enumerate(eps):
-        port = harness.free_port()
-        urls.append(f"http://127.0.0.1:{port}")
-        procs.append(subprocess.Popen(
-            [BIN, "expert", "--model", TINY, "--listen", ep, "--id", f"w{i}", "--threads", "1", "--trunk",
-             f"*:{i}/4,*:{(i + 1) % 4}/4", "--metrics-port", str(port), "--relay-peers", ",".join(eps)],
-            stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/s{k}w{i}.log", "w")))
+    eps, urls = start_workers(4, trunk=lambda i, n: f"*:{i}/{n},*:{(i + 1) % n}/{n}")
     w0 = procs[-4]
-    eex = f"ipc://{tmp}/wex{k}"
-    procs.append(subprocess.Popen([BIN, "expert", "--model", TINY, "--listen", eex, "--id", "wex", "--threads", "1",
-                                   "--experts", moe_range(TINY)], stdout=subprocess.DEVNULL,
-                                  stderr=open(f"{tmp}/wex{k}.log", "w")))
+    eex = start_expert_worker()
     if not check("stopped parent: 4 replicated trunk workers up and linked", wait_linked(4)):
         return
     stopped = []
