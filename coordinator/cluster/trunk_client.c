@@ -273,15 +273,24 @@ static void pack_round(shoal_expert_client *c)
 }
 
 /* Send worker i's TRUNK_BATCH (smu held): the header, and x unless it is
- * relayed. 0, or -1 with errno. */
-static int send_one(shoal_expert_client *c, shoal__ec_worker *w)
+ * relayed. 0; or -1 when the send fails: the worker is then marked down and
+ * lost (its cells go to other owners, gather). */
+static int send_one(shoal_expert_client *c, int i)
 {
+    shoal__ec_worker *w = &c->w[i];
     uint8_t *x = w->t16 ? c->tx16 : c->tx;
     size_t xlen = w->t16 ? c->tx16len : c->txlen;
     int relayed = w->rrole == 2;
     if (relayed ? shoal__ec_send_frame(w->sock, w->tctl, w->tctl_len, 0)
-                : shoal__ec_send_frame(w->sock, w->tctl, w->tctl_len, 1) || shoal__ec_send_frame(w->sock, x, xlen, 0))
+                : shoal__ec_send_frame(w->sock, w->tctl, w->tctl_len, 1) || shoal__ec_send_frame(w->sock, x, xlen, 0)) {
+        int e = errno;
+        if (c->cm)
+            shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
+        shoal__ec_mark_down(c, i, "cannot send: %s", e == EAGAIN ? "not connected" : zmq_strerror(e));
+        shoal__ec_lose(c, i, SHOAL_EPEER, "trunk worker %s: cannot send layer %d: %s", w->name, c->layer,
+                       e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
         return -1;
+    }
     c->trunk_messages++;
     c->st.messages++;
     w->bytes_out = w->tctl_len + (relayed ? 0 : xlen);
@@ -316,12 +325,7 @@ static void relay_fallback(shoal_expert_client *c, int i, const char *why)
     }
     w->sent_ns = shoal__ec_now_ns();
     w->fo_checked = 0;
-    if (send_one(c, w)) {
-        int e = errno;
-        shoal__ec_mark_down(c, i, "cannot send: %s", e == EAGAIN ? "not connected" : zmq_strerror(e));
-        shoal__ec_lose(c, i, SHOAL_EPEER, "trunk worker %s: cannot send layer %d: %s", w->name, c->layer,
-                       e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
-    }
+    send_one(c, i); /* a failed send loses the worker (its cells go to other owners) */
 }
 
 /* Send this round's requests (smu held, state SENT), every one before any
@@ -340,15 +344,7 @@ static void send_round(shoal_expert_client *c)
         }
         w->sent_ns = shoal__ec_now_ns();
         shoal__ec_busy_sent(c, i, w->sent_ns);
-        if (send_one(c, w)) {
-            int e = errno;
-            if (c->cm)
-                shoal_cmetrics_failure_add(c->cm, i, SHOAL_CMETRICS_ERROR);
-            shoal__ec_mark_down(c, i, "cannot send: %s", e == EAGAIN ? "not connected" : zmq_strerror(e));
-            shoal__ec_lose(c, i, SHOAL_EPEER, "trunk worker %s: cannot send layer %d: %s", w->name, c->layer,
-                           e == EAGAIN ? "not connected (the worker is down?)" : zmq_strerror(e));
-            continue;
-        }
+        send_one(c, i); /* a failed send loses the worker */
     }
 }
 
