@@ -77,15 +77,16 @@ CLASSES = {
 }
 
 
-def tree_arrival(G, F, xb, nic, link, hop=None):
+def tree_arrival(G, F, xb, nic, link, hop=None, lat=0.0):
     """when each of G servers holds xb bytes (F = 0: sent directly to each),
     in the tree the coordinator builds (PROTOCOL.md §3.9, trunk_client.c
     plan_tree): F roots fed by the coordinator one after the other at nic (at
     most link each); then level by level, each level's members taking the
     previous level's members in turn as parents (at most F children each), a
     parent feeding its children one after the other at hop (the workers'
-    links to each other; default link). Returns (the arrival times, levels,
-    children of the busiest parent)."""
+    links to each other; default link), each copy arriving lat later (a
+    worker-to-worker hop's one-way latency + the forward's software cost).
+    Returns (the arrival times, levels, children of the busiest parent)."""
     R = F if F else G
     t = [0.0] * G
     lvl = [1] * G
@@ -100,12 +101,58 @@ def tree_arrival(G, F, xb, nic, link, hop=None):
                 break
             p = start + o % size
             nk[p] += 1
-            t[j] = t[p] + nk[p] * xb / (hop or link)
+            t[j] = t[p] + nk[p] * xb / (hop or link) + lat
             lvl[j] = lvl[p] + 1
             j += 1
             nxt += 1
         start, size = start + size, nxt
     return t, max(lvl), max(nk)
+
+
+def greedy_schedule(G, xb, nic, peer, lat, max_sub=64):
+    """the latency-aware relay schedule (`--relay-fanout greedy`, PROTOCOL.md
+    §3.9, docs/PERFORMANCE.md "A latency-aware relay schedule"), from the rule
+    as documented: every holder of x keeps sending it -- the coordinator's
+    k-th copy arrives at k * xb / nic, a server that holds x at a delivers its
+    j-th child's at a + j * xb / peer + lat -- and the servers, in index
+    order, each go to the holder that delivers earliest; ties to the
+    coordinator, then to the earliest-served server; a server joins a root's
+    subtree only while it has fewer than max_sub members (else the
+    coordinator sends it). Returns [(parent or -1, its position among its
+    parent's sends, its root, arrival)] per server."""
+    c, d = xb / nic, xb / peer
+    out, kids, sub = [], [], {}
+    direct = 0
+    for i in range(G):
+        best, by = (direct + 1) * c, -1
+        for p in range(i):
+            if sub[out[p][2]] >= max_sub:
+                continue
+            when = out[p][3] + (kids[p] + 1) * d + lat
+            if when < best:
+                best, by = when, p
+        if by < 0:
+            direct += 1
+            out.append((-1, direct, i, best))
+            sub[i] = 0
+        else:
+            kids[by] += 1
+            out.append((by, kids[by], out[by][2], best))
+            sub[out[by][2]] += 1
+        kids.append(0)
+    return out
+
+
+def greedy_arrival(G, xb, nic, link, peer, lat):
+    """greedy_schedule's arrival times (the coordinator's copies no faster
+    than a server's own link), its levels and the busiest parent's children"""
+    s = greedy_schedule(G, xb, nic, peer, lat)
+    t = [max(a, xb / link) if p < 0 else a for p, _, _, a in s]
+    lvl = []
+    for p, _, _, _ in s:
+        lvl.append(1 if p < 0 else lvl[p] + 1)
+    kids = [sum(1 for q in s if q[0] == i) for i in range(G)]
+    return t, max(lvl), max(kids)
 
 
 def replies_in(t, b):
