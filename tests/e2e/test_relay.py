@@ -33,6 +33,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+from k3_projection import greedy_schedule  # noqa: E402
 
 try:
     import msgpack
@@ -280,10 +282,18 @@ def case_coordinator():
         return
     base = ["--trunk", "remote"] + sum((["--worker", e] for e in [eex] + eps), [])
     sent = {}
-    for F in (0, 2, 3):
+    # greedy (relaytree.h): rates that make the coordinator 1000x slower than the peers and a 1 us hop, so
+    # that for every x size of the run (80 B .. 2.3 kB) the schedule of 4 members is w0 <- coordinator, w1 and
+    # w2 <- w0, w3 <- w1 (depth 3, children 2/1/0/0), and of 3 or 2 the first two places of it
+    rates = "0.000001,0.001,1"
+    sched = {n: [s[:2] for s in greedy_schedule(n, 2320.0, 1e-6 * 1e9 / 8, 1e-3 * 1e9 / 8, 1e-6)] for n in (2, 3, 4)}
+    check("greedy: the Python statement of the schedule for these rates: w0 <- C; w1, w2 <- w0; w3 <- w1",
+          sched[4] == [(-1, 1), (0, 1), (0, 2), (1, 1)] and sched[3] == sched[4][:3], f"{sched}")
+    for F in (0, 2, 3, "greedy"):
         b_in, b_bytes = sum_metric(urls, "in"), sum_metric(urls, "in_bytes")
         b_out = [relay_metric(u, f"w{i}", "out") for i, u in enumerate(urls)]
-        rc, j, lg, err = run(base + ["--relay-fanout", str(F)])
+        b_ins = [relay_metric(u, f"w{i}", "in") for i, u in enumerate(urls)]
+        rc, j, lg, err = run(base + ["--relay-fanout", str(F)] + (["--relay-rates", rates] if F == "greedy" else []))
         if not check(f"relay F={F}: run ok", rc == 0 and j, err[-400:]):
             continue
         check(f"relay F={F}: ids and logits identical to the in-process run",
@@ -297,6 +307,14 @@ def case_coordinator():
               f"{relayed} relayed, {j.get('trunk_relay_fallbacks')} fallbacks, workers took {n_in}")
         sent[F] = (j["trunk_wire_bytes_out"], n_in, n_bytes)
         outs = [relay_metric(u, f"w{i}", "out") - b_out[i] for i, u in enumerate(urls)]
+        if F == "greedy":
+            ins = [relay_metric(u, f"w{i}", "in") - b_ins[i] for i, u in enumerate(urls)]
+            s = ins[3]  # every step with 4 members gives w3 one input (through w1)
+            check("relay greedy: TRUNK_X per worker as the schedule says, every step: w0 sent 2 (to w1, w2), w1 "
+                  "took 1 and sent 1 (to w3), w2 and w3 took 1 each and sent none; all relayed by the tree",
+                  s > 0 and outs == [2 * s, s, 0, 0] and ins == [0, s, s, s] and relayed == 3 * s and
+                  j.get("trunk_relay_fanout") == "greedy", f"out {outs} in {ins} relayed {relayed}")
+            continue
         # the tree (PROTOCOL.md §3.9): F roots in worker order, then each level round the previous one's members;
         # with 4 workers F=2: w0 -> w2, w1 -> w3; F=3: w0 -> w3, w1 and w2 plain (steps with fewer workers
         # involved: F=2 with 3, w0 -> w2 only; F=3 with 3 or fewer, no tree)
@@ -304,6 +322,14 @@ def case_coordinator():
                       3: lambda o: o[0] > 0 and o[1] == o[2] == o[3] == 0}[F]
         check(f"relay F={F}: the roots forward as the tree says (TRUNK_X sent per worker {outs}), as many as "
               "were taken", want_shape(outs) and sum(outs) == n_in, f"{outs}, taken {n_in}")
+    if 0 in sent and "greedy" in sent:
+        # per step w1, w2, w3 get the header with 'xid' and 'wait_ms' (24 bytes more each, as below) and no x;
+        # w0, the root, x and the header with 'xid', 'wait_ms' and 'fwd' [[1, 0], [2, 0], [3, 1]]: 24 + 5 + 3 x 3
+        out0, (out, n_in, n_bytes) = sent[0][0], sent["greedy"]
+        want = out0 - n_bytes + 24 * n_in + 38 * (n_in // 3)
+        check(f"relay greedy: coordinator trunk bytes sent {out0} -> {out} = {out0} - {n_bytes} (x frames the "
+              f"workers took via TRUNK_X) + 24 x {n_in} (relay keys) + 38 x {n_in // 3} (the root's keys and fwd)",
+              out == want, f"got {out}, formula {want}")
     if 0 in sent:
         for F in (2, 3):
             if F not in sent:
@@ -323,6 +349,13 @@ def case_coordinator():
     rc, j, lg, err = run(["--workers", "2", "--trunk", "remote", "--relay-fanout", "1"])
     check("--relay-fanout 1: refused as a usage error (a chain relays nothing)", rc == 2 and "relay" in err,
           f"rc {rc} {err[-300:]}")
+    rc, j, lg, err = run(["--workers", "2", "--trunk", "remote", "--relay-fanout", "greedy"])
+    check("--relay-fanout greedy without rates (no --relay-rates, no plan): refused naming --relay-rates",
+          rc != 0 and "--relay-rates" in err, f"rc {rc} {err[-300:]}")
+    for bad in ("1,1", "0,1,5", "1,1,-2", "1,x,3"):
+        rc, j, lg, err = run(["--workers", "2", "--trunk", "remote", "--relay-fanout", "greedy", "--relay-rates", bad])
+        check(f"--relay-rates {bad}: refused as a usage error", rc == 2 and "--relay-rates" in err,
+              f"rc {rc} {err[-300:]}")
     # local workers (--workers 4 --trunk remote): each other's relay peers
     rc, j, lg, err = run(["--workers", "4", "--trunk", "remote", "--relay-fanout", "2"])
     check("--workers 4 --trunk remote --relay-fanout 2: ids and logits identical to the in-process run, "
