@@ -381,28 +381,48 @@ static void relay_fallback(shoal_expert_client *c, int i, const char *why)
     send_one(c, i); /* a failed send loses the worker (its cells go to other owners) */
 }
 
+/* The root of relayed worker i's tree (i itself when it is not relayed). */
+static int root_of(const shoal_expert_client *c, int i)
+{
+    while (c->w[i].rrole == 2 && c->w[i].rparent >= 0)
+        i = c->w[i].rparent;
+    return i;
+}
+
+static void send_request(shoal_expert_client *c, int i);
+
 /* Send this round's requests (smu held, state SENT), every one before any
  * reply is read. A worker that went down since the pick, or whose send
- * fails, is lost: its cells go to other owners (gather). The requests that
- * carry x first, in worker order (the relay schedule's order of the
- * coordinator's sends), then the relayed headers: a header does not delay a
- * root's x. */
+ * fails, is lost: its cells go to other owners (gather). The order: the
+ * requests that carry x in worker order (the order of the relay schedule's
+ * direct sends), each root's followed at once by the headers of its
+ * subtree (a few hundred bytes each: a relayed worker gets its header about
+ * when its parent gets x, before its own copy comes). */
 static void send_round(shoal_expert_client *c)
 {
-    for (int k = 0; k < 2 * c->nw && c->state == SENT; k++) {
-        int i = k % c->nw;
-        shoal__ec_worker *w = &c->w[i];
-        if (!w->involved || (w->rrole == 2) != (k >= c->nw))
+    for (int i = 0; i < c->nw && c->state == SENT; i++) {
+        if (!c->w[i].involved || c->w[i].rrole == 2)
             continue;
-        if (atomic_load(&w->link) != W_UP) {
-            shoal__ec_lose(c, i, SHOAL_EPEER, "trunk worker %s is down (%s); not sent layer %d", w->name, w->why,
-                           c->layer);
-            continue;
-        }
-        w->sent_ns = shoal__ec_now_ns();
-        shoal__ec_busy_sent(c, i, w->sent_ns);
-        send_one(c, i); /* a failed send loses the worker */
+        send_request(c, i);
+        for (int k = 0; k < c->nw && c->w[i].rrole == 1 && c->state == SENT; k++)
+            if (c->w[k].involved && c->w[k].rrole == 2 && root_of(c, k) == i)
+                send_request(c, k);
     }
+}
+
+/* Worker i's request of this round (smu held, state SENT); a worker that
+ * went down since the pick is lost. */
+static void send_request(shoal_expert_client *c, int i)
+{
+    shoal__ec_worker *w = &c->w[i];
+    if (atomic_load(&w->link) != W_UP) {
+        shoal__ec_lose(c, i, SHOAL_EPEER, "trunk worker %s is down (%s); not sent layer %d", w->name, w->why,
+                       c->layer);
+        return;
+    }
+    w->sent_ns = shoal__ec_now_ns();
+    shoal__ec_busy_sent(c, i, w->sent_ns);
+    send_one(c, i); /* a failed send loses the worker */
 }
 
 static int submit(void *self, int layer, const shoal_rmat_job *jobs, int n, const float *x, int T, char *err,
