@@ -17,7 +17,11 @@ server holds x, computed node by node (the coordinator's sends at its NIC
 rate, each parent's at its link rate) in place of G x / NIC; (ii) one one-way
 hop (RTT/2 + the per-exchange software cost X) per level below the roots;
 (iii) a parent's link carries x once in and once per child out. And the best
-placement's s/token for one user and tokens/s for 8.
+placement's s/token for one user and tokens/s for 8. Since the latency-aware
+schedule (`--relay-fanout greedy`, `greedy_schedule`) the relay hop is inside
+each relayed copy's arrival (`timeline`) instead of (ii), every request carries
+a HDR-byte header on the coordinator's outgoing side, and greedy is a
+candidate for every spread over G >= 2.
 
 The coordinator's NIC is full duplex (plan_measured.h): per trunk step x goes
 out to the servers (or the roots) one after the other, and each reply comes

@@ -18,6 +18,10 @@ sends is written here from the spec, not by shoal's client):
   inputs without requests: 8 parked, the 9th dropped, all counted on the
   worker's /metrics (shoal_expert_server_relay_*);
 - a root whose `fwd` names a peer it does not have: ERROR BAD_SHAPE.
+Coordinator cases: `shoal run --relay-fanout 0/2/3/greedy` against the
+in-process run (ids, logits, the tree's TRUNK_X counts per worker, the
+coordinator's trunk bytes exactly); a stopped relay parent; a plan's relay
+(greedy, with its relay_rates) honoured; CURVE relay links.
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS.
 """
 import json
@@ -270,8 +274,8 @@ def sum_metric(urls, what):
 
 def case_coordinator():
     """4 trunk workers (rows i/4, relay peers of each other) and an expert
-    worker; `shoal run --trunk remote --relay-fanout F` for F = 0, 2, 3 against
-    the in-process run; then the same with --workers 4 (local workers given
+    worker; `shoal run --trunk remote --relay-fanout F` for F = 0, 2, 3 and
+    greedy (rates forcing a depth-3 unbalanced tree) against the in-process run; then the same with --workers 4 (local workers given
     each other as peers)."""
     rc, ref, ref_lg, err = run([])
     if not check("coordinator: in-process reference run", rc == 0 and ref and ref_lg, err[-300:]):
