@@ -10,7 +10,7 @@
 #include "common/err.h"
 #include "common/k3schema.h"
 #include "common/planfile.h"
-#include "coordinator/cluster/relaytree.h"
+#include "coordinator/cluster/cluster.h"
 #include "kernels/kernels.h"
 #include "proto/tshard.h"
 
