@@ -62,8 +62,9 @@
  * term, not the round trips); a server computes once it holds x and its
  * header. The step's timeline above then runs with those times (every server
  * still replies directly), and the busiest link carries x once in from its
- * parent and once per child out. Equal totals: direct, then the smaller F,
- * greedy last. plan.json gets "relay_fanout" (2..4, or "greedy" with
+ * parent and once per child out. Equal totals over the same servers: the
+ * fewer copies of x the coordinator sends itself first (less egress), then
+ * direct, the smaller F, greedy last. plan.json gets "relay_fanout" (2..4, or "greedy" with
  * "relay_rates": nic_gbps, peer_gbps, hop_us, what it was priced with).
  * Without a shared NIC (--nic-gbps) the coordinator's links are independent
  * and a tree only adds hops: no fixed tree is chosen, the greedy schedule is

@@ -302,6 +302,17 @@ def case_relay():
                       abs(rr.get("nic_gbps", 0) - 0.008) < 1e-9 and abs(rr.get("peer_gbps", 0) - 8) < 1e-6 and
                       abs(rr.get("hop_us", 0) - 150) < 1e-6, f"{rr}")
             check("relay: F = 4 is not a tree over 4 servers (not listed)", "relay F=4" not in r.stdout)
+    # a fast NIC (100 Mbit/s here: x / NIC is 39 us against a 150 us hop): the greedy schedule serves every
+    # server directly by itself, so it is priced as the direct spread, and the tie goes to direct
+    r, p = plan(doc, ["--nic-gbps", "0.1", "--peer-gbps", "0.1"])
+    m = re.search(r"(\d+) serial trunk steps .*trunk inputs ([\d.]+) kB per trunk server", r.stdout)
+    xb = float(m.group(2)) * 1e3 / int(m.group(1)) if m else 1.0
+    g, d = row(r.stdout, "spread over 4, relay greedy"), row(r.stdout, "trunk spread over 4")
+    sched = greedy_schedule(4, xb, 0.1e9 / 8, 0.1e9 / 8, rtt / 2 + ovh)
+    check("relay: behind a 100 Mbit/s NIC the greedy schedule is all-direct (the Python statement says so too), "
+          "priced as the direct spread; the tie goes to direct (no relay_fanout)",
+          r.returncode == 0 and p and g and d and all(s[0] < 0 for s in sched) and abs(g[4] - d[4]) < 1e-9 and
+          "relay_fanout" not in p and "relay_rates" not in p, r.stdout[-1500:])
     r, p = plan(doc)
     check("relay: without a shared NIC no tree is chosen (no relay_fanout in plan.json)",
           r.returncode == 0 and p and "relay_fanout" not in p and "relay F=2" in r.stdout and
