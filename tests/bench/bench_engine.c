@@ -14,7 +14,12 @@
  *    Bound = bytes / bandwidth; ratio = seconds / bound. On a shared machine the
  *    bandwidth moves with the load, so a sweep also runs right before every
  *    step, and each step is compared with that adjacent sweep too
- *    (ratio_adjacent); both ratios are reported.
+ *    (ratio_adjacent); both ratios are reported. Then `shoal bench`'s read pass
+ *    (shoal_read_bw_pass, kernels/readbw.c) over 512 MiB of fresh memory, R
+ *    passes (row=readpass); every step is also compared with its best pass
+ *    (ratio_readpass). Each step's time by forward phase (coordinator/obs/
+ *    cmetrics.h: attention, routing, experts, shared, combine, dense, head) is
+ *    in its row, so the gap to the bound can be placed.
  * 3. Prefill: for each prompt length, P runs (default R) of a fresh sequence: seconds,
  *    tokens/s, process CPU seconds (all threads) and weight bytes read per prompt
  *    token. --max-batch B sets the engine's chunk size (shoal_model_opts.max_batch:
@@ -41,6 +46,7 @@
 #include "common/err.h"
 #include "common/st.h"
 #include "coordinator/engine/engine.h"
+#include "coordinator/obs/cmetrics.h"
 #include "coordinator/engine/sampler.h"
 #include "kernels/kernels.h"
 
@@ -241,12 +247,43 @@ int main(int argc, char **argv)
     printf("row=bandwidth_best bytes=%llu warm_seconds=%.3f gbps=%.3f loads=%s sink=%llu\n",
            (unsigned long long)mapped, warm, bw / 1e9, use_avx2 ? "256-bit" : "64-bit", (unsigned long long)(sink & 1));
 
+    /* `shoal bench`'s read pass (kernels/readbw.c) over fresh memory */
+    size_t rb_words = ((size_t)512 << 20) / 8;
+    uint64_t *rb = malloc(rb_words * 8);
+    if (!rb) {
+        fprintf(stderr, "out of memory for the read pass\n");
+        return 4;
+    }
+    for (size_t i = 0; i < rb_words; i++)
+        rb[i] = i * 0x9e3779b97f4a7c15ull;
+    uint64_t rsink = 0;
+    shoal_read_bw_pass(rb, rb_words, 0, &rsink);
+    double rp_best = 0;
+    for (int r = 0; r < reps; r++) {
+        double g = shoal_read_bw_pass(rb, rb_words, 0, &rsink);
+        printf("row=readpass pass=%d bytes=%zu gbps=%.3f\n", r, rb_words * 8, g);
+        rp_best = g > rp_best ? g : rp_best;
+    }
+    free(rb);
+    printf("row=readpass_best gbps=%.3f sink=%llu\n", rp_best, (unsigned long long)(rsink & 1));
+
     /* 2. decode */
     float *lg = malloc(sizeof(float) * (size_t)info.vocab);
     shoal_seq *s = NULL;
     if (shoal_seq_create(&s, m, 0, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return 4;
+    }
+    shoal_cmetrics *cm = NULL;
+    {
+        shoal_cmetrics_opts co = {.num_layers = info.cfg->num_layers, .is_moe = info.cfg->is_moe,
+                                  .num_experts = info.cfg->num_experts,
+                                  .expert_bytes = info.expert_bytes};
+        if (shoal_cmetrics_open(&cm, &co, err, sizeof err)) {
+            fprintf(stderr, "cmetrics: %s\n", err);
+            return 4;
+        }
+        shoal_model_set_monitor(m, cm, NULL);
     }
     int32_t prompt[4] = {1, 2, 3, 4};
     if (shoal_seq_prefill(s, prompt, 4, SHOAL_LOGITS_LAST, lg, err, sizeof err)) {
@@ -256,11 +293,14 @@ int main(int argc, char **argv)
     double *st_s = malloc(sizeof(double) * (size_t)(steps > 0 ? steps : 1));
     double *ratio = malloc(sizeof(double) * (size_t)(steps > 0 ? steps : 1));
     double *ratio_adj = malloc(sizeof(double) * (size_t)(steps > 0 ? steps : 1));
+    double *ratio_rp = malloc(sizeof(double) * (size_t)(steps > 0 ? steps : 1));
     uint64_t bytes_sum = 0;
     for (int i = 0; i < steps; i++) {
         double adj_bw = (double)mapped / read_pass(rg, nr, &sink);
         shoal_model_stats a, b;
+        shoal_cmetrics_totals pa, pb;
         shoal_model_get_stats(m, &a);
+        shoal_cmetrics_get_totals(cm, &pa);
         int32_t id = shoal_argmax(lg, info.vocab);
         double t0 = now();
         if (shoal_seq_decode(s, id, lg, err, sizeof err)) {
@@ -269,6 +309,7 @@ int main(int argc, char **argv)
         }
         double dt = now() - t0;
         shoal_model_get_stats(m, &b);
+        shoal_cmetrics_get_totals(cm, &pb);
         uint64_t bytes = (b.trunk_bytes - a.trunk_bytes) + (b.expert_bytes - a.expert_bytes);
         double bound = (double)bytes / bw;
         st_s[i] = dt;
@@ -276,19 +317,26 @@ int main(int argc, char **argv)
         ratio_adj[i] = dt / ((double)bytes / adj_bw);
         bytes_sum += bytes;
         printf("row=decode step=%d seconds=%.6f bytes=%llu bound_seconds=%.6f ratio=%.3f adjacent_gbps=%.3f "
-               "ratio_adjacent=%.3f experts_seconds=%.6f\n",
+               "ratio_adjacent=%.3f experts_seconds=%.6f ratio_readpass=%.3f",
                i, dt, (unsigned long long)bytes, bound, dt / bound, adj_bw / 1e9, ratio_adj[i],
-               b.experts_s - a.experts_s);
+               b.experts_s - a.experts_s, dt / ((double)bytes / (rp_best * 1e9)));
+        for (int ph = 0; ph < SHOAL_PHASE_SAMPLING; ph++)
+            printf(" phase_%s_seconds=%.6f", shoal_cmetrics_phase_name(ph), pb.phase_s[ph] - pa.phase_s[ph]);
+        printf("\n");
+        ratio_rp[i] = dt / ((double)bytes / (rp_best * 1e9));
     }
     if (steps > 0) {
         qsort(st_s, (size_t)steps, sizeof(double), cmp_d);
         qsort(ratio, (size_t)steps, sizeof(double), cmp_d);
         qsort(ratio_adj, (size_t)steps, sizeof(double), cmp_d);
+        qsort(ratio_rp, (size_t)steps, sizeof(double), cmp_d);
         printf("row=decode_summary steps=%d median_seconds=%.6f min_seconds=%.6f max_seconds=%.6f "
                "mean_bytes=%.0f median_ratio=%.3f min_ratio=%.3f max_ratio=%.3f median_ratio_adjacent=%.3f "
-               "min_ratio_adjacent=%.3f max_ratio_adjacent=%.3f\n",
+               "min_ratio_adjacent=%.3f max_ratio_adjacent=%.3f median_ratio_readpass=%.3f min_ratio_readpass=%.3f "
+               "max_ratio_readpass=%.3f\n",
                steps, st_s[steps / 2], st_s[0], st_s[steps - 1], (double)bytes_sum / steps, ratio[steps / 2],
-               ratio[0], ratio[steps - 1], ratio_adj[steps / 2], ratio_adj[0], ratio_adj[steps - 1]);
+               ratio[0], ratio[steps - 1], ratio_adj[steps / 2], ratio_adj[0], ratio_adj[steps - 1],
+               ratio_rp[steps / 2], ratio_rp[0], ratio_rp[steps - 1]);
     }
     fflush(stdout);
 
@@ -323,11 +371,13 @@ int main(int argc, char **argv)
     printf("row=rss peak_bytes=%llu\n", (unsigned long long)ru.ru_maxrss * 1024ull);
     shoal_seq_free(s);
     shoal_model_close(m);
+    shoal_cmetrics_close(cm);
     free(lg);
     free(ids);
     free(st_s);
     free(ratio);
     free(ratio_adj);
+    free(ratio_rp);
     free(rg);
     return 0;
 }
