@@ -10,7 +10,9 @@
  * multi-threaded ones, wake = when thread 1 starts the region's body minus
  * when the master entered GOMP_parallel, and join = when the master leaves
  * GOMP_parallel minus when its own share ended (it waited for the others),
- * as sums, means and a histogram. Per decode token: run --steps 0 and
+ * as sums, means and a histogram; and, where thread 1 ended its share after the
+ * master, rejoin = when the master leaves GOMP_parallel minus when thread 1
+ * ended its share (the master's own wake-up at the closing barrier). Per decode token: run --steps 0 and
  * --steps N and divide the difference by N (bench_engine also runs one sweep
  * region per step). Only GOMP_parallel (what GCC emits for `parallel` and
  * `parallel for` with a static schedule) is seen. */
@@ -33,7 +35,7 @@ static double now(void)
 typedef struct {
     void (*fn)(void *);
     void *data;
-    double t_entry, t_w1, t_master_end;
+    double t_entry, t_w1, t_master_end, t_w1_end;
 } wrapped;
 
 static void trampoline(void *p)
@@ -45,11 +47,14 @@ static void trampoline(void *p)
     w->fn(w->data);
     if (id == 0)
         w->t_master_end = now();
+    if (id == 1)
+        w->t_w1_end = now();
 }
 
 static atomic_long n_serial, n_nested;
 static long n_multi, hist[8];
-static double wake_sum, wake_max, join_sum;
+static long n_rejoin;
+static double wake_sum, wake_max, join_sum, rejoin_sum;
 
 void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags)
 {
@@ -66,7 +71,7 @@ void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigne
         real(fn, data, num_threads, flags);
         return;
     }
-    wrapped w = {fn, data, now(), 0, 0};
+    wrapped w = {fn, data, now(), 0, 0, 0};
     real(trampoline, &w, num_threads, flags);
     double t_exit = now();
     if (w.t_w1 > 0) { /* a team of at least two (top level: one thread here at a time) */
@@ -79,6 +84,10 @@ void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigne
             b++;
         hist[b]++;
         join_sum += t_exit - w.t_master_end;
+        if (w.t_w1_end > w.t_master_end) {
+            n_rejoin++;
+            rejoin_sum += t_exit - w.t_w1_end;
+        }
     }
 }
 
@@ -86,9 +95,11 @@ __attribute__((destructor)) static void report(void)
 {
     fprintf(stderr,
             "gomp_wake regions=%ld serial=%ld nested=%ld wake_sum_s=%.4f wake_mean_us=%.1f wake_max_us=%.1f "
-            "join_sum_s=%.4f join_mean_us=%.1f wake_hist_us(<=1,4,16,64,256,1024,4096,more)=",
+            "join_sum_s=%.4f join_mean_us=%.1f rejoins=%ld rejoin_sum_s=%.4f rejoin_mean_us=%.1f "
+            "wake_hist_us(<=1,4,16,64,256,1024,4096,more)=",
             n_multi, (long)n_serial, (long)n_nested, wake_sum, n_multi ? wake_sum / n_multi * 1e6 : 0.0,
-            wake_max * 1e6, join_sum, n_multi ? join_sum / n_multi * 1e6 : 0.0);
+            wake_max * 1e6, join_sum, n_multi ? join_sum / n_multi * 1e6 : 0.0, n_rejoin, rejoin_sum,
+            n_rejoin ? rejoin_sum / n_rejoin * 1e6 : 0.0);
     for (int i = 0; i < 8; i++)
         fprintf(stderr, "%ld%c", hist[i], i < 7 ? ',' : '\n');
 }
