@@ -546,7 +546,6 @@ INLINE void mu_transpose_b16(__m128i out[16], const __m128i in[16])
 #define MCA_BEGIN(name) ((void)0)
 #define MCA_END() ((void)0)
 #endif
-#define MU_PF 256 /* bytes ahead each row stream is prefetched */
 
 /* One 32-column block of rows p + i * ld (i < 16), the table path for scale
  * codes s[i]: v[b] = E + O of token b's chains (the caller adds it to C). */
@@ -596,7 +595,7 @@ INLINE void mu_bytes_t(__m512i Q[4], const uint8_t *p, size_t ld)
     Q[3] = _mm512_permutex2var_epi32(S[1], i2b, S[3]);
 }
 
-/* NB (1, 2 or 4) consecutive blocks of rows p + i * ld (i < 16) by the fold
+/* NB (1 or 4) consecutive blocks of rows p + i * ld (i < 16) by the fold
  * path: C[b] = fma(E' + O', sc[n], C[b]) for block n = 0, 1, ... sc[n] lane
  * i = 2^(e - 127) of row i's block n, every e inside its block's fold range;
  * t32: the E2M1 values as fp32; t16: as bf16 words, twice. The blocks' chains
@@ -685,14 +684,17 @@ INLINE void mu_tile_mx(float *y, __m512 *st, const uint8_t *packed, const uint8_
                                                        _mm_set1_epi8((char)(hi - lo))) == 0)
                         << j;
         }
-        /* G blocks at a time by the fold path where all G fold (G = 4 / TT: 4, 2, 1 tokens' chains) */
-        const int G = TT == 1 ? 4 : TT == 2 ? 2 : 1;
+        /* G blocks at a time by the fold path where all G fold: 8 chains at T = 1
+         * (2, 3, 4 tokens: one block, 4-8 chains, ran faster than two or four:
+         * docs/PERFORMANCE.md) */
+        const int G = TT == 1 ? 4 : 1;
         for (int j = 0; j < nb;) {
             int c = cb + 32 * j, g = j + G <= nb && (fold >> j & ((1u << G) - 1)) == (1u << G) - 1 ? G : 1;
-            /* 16 row streams of 16 bytes per block: a line of each row every 4 blocks */
+            /* 16 row streams of 16 bytes per block: a line of each row every 4
+             * blocks, prefetched in the next tile (rows are short; as in mx_tile) */
             for (int u = 0; u < g; u++)
                 for (int i = 0; i < 4; i++)
-                    _mm_prefetch((const char *)(p0 + (size_t)(4 * ((j + u) & 3) + i) * ld + c / 2 + 16 * u) + MU_PF,
+                    _mm_prefetch((const char *)(p0 + (size_t)(16 + 4 * ((j + u) & 3) + i) * ld + c / 2 + 16 * u),
                                  _MM_HINT_T0);
             if (fold >> j & 1) {
                 __m512 sc[4];
@@ -703,9 +705,7 @@ INLINE void mu_tile_mx(float *y, __m512 *st, const uint8_t *packed, const uint8_
                     MCA_BEGIN("fold4");
                     mu_blk_fold(C, p0 + c / 2, ld, sc, t32, t16, xb + (c - c0), xs, TT, 4);
                     MCA_END();
-                } else if (g == 2)
-                    mu_blk_fold(C, p0 + c / 2, ld, sc, t32, t16, xb + (c - c0), xs, TT, 2);
-                else
+                } else
                     mu_blk_fold(C, p0 + c / 2, ld, sc, t32, t16, xb + (c - c0), xs, TT, 1);
                 j += g;
             } else {
