@@ -20,6 +20,7 @@
 
 #include "kernels/kernels_int.h"
 #include "kernels/mu_avx512.h"
+#include "kernels/mu_sse.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -507,35 +508,6 @@ static void mu_round_x(float *xb, int xs, uint8_t *lo, uint8_t *hi, const float 
  * through at once (four chains of 16 dependent FMAs in flight instead of
  * two: an FMA's latency is four of its issue slots). */
 
-/* out[j] byte i = in[i] byte j (16 x 16 bytes) */
-INLINE void mu_transpose_b16(__m128i out[16], const __m128i in[16])
-{
-    __m128i a[16], b[16];
-    for (int k = 0; k < 8; k++) {
-        a[k] = _mm_unpacklo_epi8(in[2 * k], in[2 * k + 1]);     /* rows 2k,2k+1: bytes 0..7 */
-        a[8 + k] = _mm_unpackhi_epi8(in[2 * k], in[2 * k + 1]); /* bytes 8..15 */
-    }
-    /* a[k] word j = (row 2k, row 2k+1) of byte j (k < 8), byte 8 + j (k >= 8) */
-    for (int h = 0; h < 2; h++)
-        for (int k = 0; k < 4; k++) {
-            b[8 * h + k] = _mm_unpacklo_epi16(a[8 * h + 2 * k], a[8 * h + 2 * k + 1]);
-            b[8 * h + 4 + k] = _mm_unpackhi_epi16(a[8 * h + 2 * k], a[8 * h + 2 * k + 1]);
-        }
-    /* b[8h + k] dword j = rows 4k..4k+3 of byte 8h + j (k < 4: j 0..3; k >= 4: byte 8h + 4 + j, rows 4(k-4)..) */
-    for (int h = 0; h < 4; h++) {
-        a[4 * h + 0] = _mm_unpacklo_epi32(b[4 * h + 0], b[4 * h + 1]);
-        a[4 * h + 1] = _mm_unpackhi_epi32(b[4 * h + 0], b[4 * h + 1]);
-        a[4 * h + 2] = _mm_unpacklo_epi32(b[4 * h + 2], b[4 * h + 3]);
-        a[4 * h + 3] = _mm_unpackhi_epi32(b[4 * h + 2], b[4 * h + 3]);
-    }
-    /* a[4h + 0] qword j = rows 0..7 of byte 4h' + j ... (ordered below) */
-    for (int h = 0; h < 4; h++) {
-        out[4 * h + 0] = _mm_unpacklo_epi64(a[4 * h + 0], a[4 * h + 2]);
-        out[4 * h + 1] = _mm_unpackhi_epi64(a[4 * h + 0], a[4 * h + 2]);
-        out[4 * h + 2] = _mm_unpacklo_epi64(a[4 * h + 1], a[4 * h + 3]);
-        out[4 * h + 3] = _mm_unpackhi_epi64(a[4 * h + 1], a[4 * h + 3]);
-    }
-}
 
 #define MU_SB 16  /* column blocks whose scales are transposed at a time */
 /* llvm-mca regions (tests/bench/mu_mca.sh compiles with -DSHOAL_MCA -S) */
@@ -673,7 +645,7 @@ INLINE void mu_tile_mx(float *y, __m512 *st, const uint8_t *packed, const uint8_
                 memcpy(tb, s0 + i * ls + cb / 32, (size_t)nb);
                 sv[i] = _mm_load_si128((const __m128i *)tb);
             }
-        mu_transpose_b16(sT, sv);
+        shoal__mu_transpose_b16(sT, sv);
         unsigned fold = 0;
         for (int j = 0; j < nb; j++) {
             _mm_store_si128((__m128i *)sb[j], sT[j]);
