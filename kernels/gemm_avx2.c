@@ -15,6 +15,7 @@
 #include "kernels/kernels_int.h"
 #include "kernels/mu_sse.h"
 
+
 #define INLINE static inline __attribute__((always_inline))
 
 /* reduce16 of lanes (a = lanes 0..7, b = lanes 8..15) */
@@ -633,7 +634,7 @@ INLINE void mu_blk_fold(__m256 *C, const uint8_t *p, size_t ld, const __m256 *sc
 
 #define MU_SB 16 /* column blocks whose scales are transposed at a time */
 #ifndef MU_G
-#define MU_G 4
+#define MU_G 4 /* blocks per fold step at T = 1 (8 chains; 2 ran as fast, 1 slower) */
 #endif
 
 /* Rows r..r+7 (all 8 present), MXFP4, tokens t..t+TT-1, columns [c0, c1)
@@ -687,8 +688,11 @@ INLINE void mu_tile_mx(float *y, __m256 *st, const uint8_t *packed, const uint8_
                         _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_load_si128((const __m128i *)sb[j + u])),
                                          _mm256_set1_epi32(25)),
                         23));
-                if (g == 4)
+                if (g == 4) {
+                    SHOAL__MCA_BEGIN("fold4");
                     mu_blk_fold(C, p0 + c / 2, ld, sc, xb + (c - c0), xs, TT, 4);
+                    SHOAL__MCA_END();
+                }
                 else if (g == 2)
                     mu_blk_fold(C, p0 + c / 2, ld, sc, xb + (c - c0), xs, TT, 2);
                 else

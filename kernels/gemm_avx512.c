@@ -22,6 +22,7 @@
 #include "kernels/mu_avx512.h"
 #include "kernels/mu_sse.h"
 
+
 #define INLINE static inline __attribute__((always_inline))
 
 /* 256-bit halves through the AVX512F forms (f64x4), which need no DQ. */
@@ -332,8 +333,10 @@ INLINE void mx_tile(float *y, __m512 *st, const uint8_t *packed, const uint8_t *
                 _mm_prefetch((const char *)s[a] + (size_t)R * ng + g, _MM_HINT_T0);
         for (int a = 0; a < R; a++) /* the same line of the next tile's row (rows are short, see MX_PF) */
             _mm_prefetch((const char *)p[a] + pf + 16 * g, _MM_HINT_T0);
+        SHOAL__MCA_BEGIN("mx4");
         for (int u = 0; u < 4; u++)
             mx_step(acc, p, s, xb + 32 * (g + u - g0), xs, R, TT, g + u, zx);
+        SHOAL__MCA_END();
     }
     for (; g < g1; g++) {
         if ((g & 15) == 0)
@@ -510,14 +513,6 @@ static void mu_round_x(float *xb, int xs, uint8_t *lo, uint8_t *hi, const float 
 
 
 #define MU_SB 16  /* column blocks whose scales are transposed at a time */
-/* llvm-mca regions (tests/bench/mu_mca.sh compiles with -DSHOAL_MCA -S) */
-#ifdef SHOAL_MCA
-#define MCA_BEGIN(name) __asm__ volatile("# LLVM-MCA-BEGIN " name)
-#define MCA_END() __asm__ volatile("# LLVM-MCA-END")
-#else
-#define MCA_BEGIN(name) ((void)0)
-#define MCA_END() ((void)0)
-#endif
 
 /* One 32-column block of rows p + i * ld (i < 16), the table path for scale
  * codes s[i]: v[b] = E + O of token b's chains (the caller adds it to C). */
@@ -674,9 +669,9 @@ INLINE void mu_tile_mx(float *y, __m512 *st, const uint8_t *packed, const uint8_
                     sc[u] = _mm512_castsi512_ps(
                         _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)sb[j + u])), 23));
                 if (g == 4) {
-                    MCA_BEGIN("fold4");
+                    SHOAL__MCA_BEGIN("fold4");
                     mu_blk_fold(C, p0 + c / 2, ld, sc, t32, t16, xb + (c - c0), xs, TT, 4);
-                    MCA_END();
+                    SHOAL__MCA_END();
                 } else
                     mu_blk_fold(C, p0 + c / 2, ld, sc, t32, t16, xb + (c - c0), xs, TT, 1);
                 j += g;

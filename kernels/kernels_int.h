@@ -165,4 +165,15 @@ static inline float shoal__bf16f(uint16_t h)
     return v.f;
 }
 
+/* llvm-mca regions around hot loops: empty unless compiled with -DSHOAL_MCA
+ * (tests/bench/mu_mca.sh compiles a kernel file with it to assembly and
+ * feeds the regions to llvm-mca; never in a build). */
+#ifdef SHOAL_MCA
+#define SHOAL__MCA_BEGIN(name) __asm__ volatile("# LLVM-MCA-BEGIN " name)
+#define SHOAL__MCA_END() __asm__ volatile("# LLVM-MCA-END")
+#else
+#define SHOAL__MCA_BEGIN(name) ((void)0)
+#define SHOAL__MCA_END() ((void)0)
+#endif
+
 #endif
