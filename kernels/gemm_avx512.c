@@ -464,7 +464,14 @@ static void mu_round_x(float *xb, int xs, uint8_t *lo, uint8_t *hi, const float 
                 fmin = _mm512_mask_min_epu32(fmin, _mm512_test_epi32_mask(f, f), fmin, f);
                 fmax = _mm512_max_epu32(fmax, f);
             }
-        int fl = (int)_mm512_reduce_min_epu32(fmin), fh = (int)_mm512_reduce_max_epu32(fmax);
+        __attribute__((aligned(64))) uint32_t mn[16], mx[16];
+        _mm512_store_si512((void *)mn, fmin);
+        _mm512_store_si512((void *)mx, fmax);
+        int fl = 255, fh = 0;
+        for (int i = 0; i < 16; i++) {
+            fl = (int)mn[i] < fl ? (int)mn[i] : fl;
+            fh = (int)mx[i] > fh ? (int)mx[i] : fh;
+        }
         int j = (c - c0) / 32, l = 137 - fl < 2 ? 2 : 137 - fl, u = 371 - fh > 252 ? 252 : 371 - fh;
         if (fl < 10 || fh > 244) /* tiny or huge (or non-finite) activations: no fold */
             l = 255, u = 0;
@@ -645,10 +652,10 @@ INLINE void mu_tile_mx(float *y, __m512 *st, const uint8_t *packed, const uint8_
         for (int j = 0; j < nb; j++) {
             _mm_store_si128((__m128i *)sb[j], sT[j]);
             int jc = (cb - c0) / 32 + j, lo = flo[jc], hi = fhi[jc];
-            /* every lane's e - lo <= hi - lo (unsigned bytes): lo <= e <= hi */
+            /* no lane's e - lo >= hi - lo + 1 (unsigned bytes): lo <= e <= hi */
             if (lo <= hi)
-                fold |= (unsigned)(_mm_cmpgt_epu8_mask(_mm_sub_epi8(sT[j], _mm_set1_epi8((char)lo)),
-                                                       _mm_set1_epi8((char)(hi - lo))) == 0)
+                fold |= (unsigned)(_mm_cmpge_epu8_mask(_mm_sub_epi8(sT[j], _mm_set1_epi8((char)lo)),
+                                                       _mm_set1_epi8((char)(hi - lo + 1))) == 0)
                         << j;
         }
         /* G blocks at a time by the fold path where all G fold: 8 chains at T = 1
