@@ -417,7 +417,7 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
 /* x[t..t+TT) columns [c0, c1) rounded to bf16 -> xb[b * xs + c - c0]; and,
  * per 32-column block j of the chunk, the scale codes [lo[j], hi[j]] for
  * which the fold path computes that block exactly for all TT tokens (see
- * mu_blk_fold; lo[j] > hi[j]: none). */
+ * mu_blk_fold; lo[j] > hi[j]: none; lo NULL: not wanted). */
 static void mu_round_x(float *xb, int xs, uint8_t *lo, uint8_t *hi, const float *x, int cols, int t, int TT, int c0,
                        int c1)
 {
@@ -434,11 +434,15 @@ static void mu_round_x(float *xb, int xs, uint8_t *lo, uint8_t *hi, const float 
                 __m256i rn = _mm256_add_epi32(_mm256_add_epi32(u, bias), _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
                 rn = _mm256_and_si256(_mm256_blendv_epi8(rn, _mm256_or_si256(u, quiet), nan), himask);
                 _mm256_store_ps(xb + (size_t)b * xs + (c - c0) + h, _mm256_castsi256_ps(rn));
-                __m256i f = _mm256_and_si256(_mm256_srli_epi32(rn, 23), ff); /* 0: zero or subnormal (DAZ: zero) */
-                /* a zero field counts as 0xff for the least */
-                fmin = _mm256_min_epu32(fmin, _mm256_or_si256(f, _mm256_and_si256(_mm256_cmpeq_epi32(f, zero), ff)));
-                fmax = _mm256_max_epu32(fmax, f);
+                if (lo) {
+                    __m256i f = _mm256_and_si256(_mm256_srli_epi32(rn, 23), ff); /* 0: zero or subnormal (DAZ: zero) */
+                    /* a zero field counts as 0xff for the least */
+                    fmin = _mm256_min_epu32(fmin, _mm256_or_si256(f, _mm256_and_si256(_mm256_cmpeq_epi32(f, zero), ff)));
+                    fmax = _mm256_max_epu32(fmax, f);
+                }
             }
+        if (!lo) /* bf16 weights: no fold path */
+            continue;
         __attribute__((aligned(32))) uint32_t mn[8], mx[8];
         _mm256_store_si256((__m256i *)mn, fmin);
         _mm256_store_si256((__m256i *)mx, fmax);
@@ -561,7 +565,8 @@ INLINE void mu_tile(float *y, __m256 *st, const uint16_t *w, const uint8_t *pack
  * for the extra 2^25: 2^(e-152) normal (e >= 26), and the chains of the
  * larger weights below 2^127 (activations' greatest exponent field <= 219).
  * The weight of code 8 (-0) is +0 here: no result can tell, as every chain
- * starts at +0 and x + (+-0) is x for x nonzero, +0 for x = +0. */
+ * starts at +0, x + (+-0) is x for x nonzero and +0 for x = +0, and inside
+ * the bounds no result is tiny (an FTZ flush could make a -0). */
 
 /* Q[4] of one block (rows p + i * ld, i < 8): Q[q] lane i = bytes 4q..4q+3 of row i */
 INLINE void mu_bytes_t8(__m256i Q[4], const uint8_t *p, size_t ld)
@@ -747,7 +752,7 @@ __attribute__((noinline)) static void mu_rows(float *y, const uint16_t *w, const
     /* one token group and one column chunk (decode): rounded once per call */
     int once = T <= MU_TT && cols <= MU_XB / T / 32 * 32;
     if (once)
-        mu_round_x(xb, cols, flo, fhi, x, cols, 0, T, 0, cols);
+        mu_round_x(xb, cols, packed ? flo : NULL, fhi, x, cols, 0, T, 0, cols);
     for (int rb = r0; rb < r1; rb += MU_RB) {
         int re = rb + MU_RB < r1 ? rb + MU_RB : r1;
         for (int t = 0; t < T; t += MU_TT) {
@@ -756,7 +761,7 @@ __attribute__((noinline)) static void mu_rows(float *y, const uint16_t *w, const
             for (int c0 = 0; c0 < cols; c0 += kc) {
                 int c1 = c0 + kc < cols ? c0 + kc : cols;
                 if (!once)
-                    mu_round_x(xb, xs, flo, fhi, x, cols, t, TT, c0, c1);
+                    mu_round_x(xb, xs, packed ? flo : NULL, fhi, x, cols, t, TT, c0, c1);
                 for (int r = rb; r < re; r += 8) {
                     int nr = re - r < 8 ? re - r : 8;
                     __m256 *s = st + (size_t)(r - rb) / 8 * MU_TT;

@@ -443,7 +443,7 @@ static void gemm_mxfp4_zx(float *y, const uint8_t *packed, const uint8_t *scale,
 /* x[t..t+TT) columns [c0, c1) rounded to bf16 -> xb[b * xs + c - c0]; and,
  * per 32-column block j of the chunk, the scale codes [lo[j], hi[j]] for
  * which the fold path computes that block exactly for all TT tokens (see
- * "The fold path" below; lo[j] > hi[j]: none). */
+ * "The fold path" below; lo[j] > hi[j]: none; lo NULL: not wanted). */
 static void mu_round_x(float *xb, int xs, uint8_t *lo, uint8_t *hi, const float *x, int cols, int t, int TT, int c0,
                        int c1)
 {
@@ -460,10 +460,14 @@ static void mu_round_x(float *xb, int xs, uint8_t *lo, uint8_t *hi, const float 
                 __m512i rn = _mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(_mm512_srli_epi32(u, 16), one));
                 rn = _mm512_and_si512(_mm512_mask_or_epi32(rn, nan, u, quiet), himask);
                 _mm512_store_ps(xb + (size_t)b * xs + (c - c0) + h, _mm512_castsi512_ps(rn));
-                __m512i f = _mm512_and_si512(_mm512_srli_epi32(rn, 23), ff); /* 0: zero or subnormal (DAZ: zero) */
-                fmin = _mm512_mask_min_epu32(fmin, _mm512_test_epi32_mask(f, f), fmin, f);
-                fmax = _mm512_max_epu32(fmax, f);
+                if (lo) {
+                    __m512i f = _mm512_and_si512(_mm512_srli_epi32(rn, 23), ff); /* 0: zero or subnormal (DAZ: zero) */
+                    fmin = _mm512_mask_min_epu32(fmin, _mm512_test_epi32_mask(f, f), fmin, f);
+                    fmax = _mm512_max_epu32(fmax, f);
+                }
             }
+        if (!lo) /* bf16 weights: no fold path */
+            continue;
         __attribute__((aligned(64))) uint32_t mn[16], mx[16];
         _mm512_store_si512((void *)mn, fmin);
         _mm512_store_si512((void *)mx, fmax);
@@ -778,7 +782,7 @@ __attribute__((noinline)) static void mu_rows(float *y, const uint16_t *w, const
     /* one token group and one column chunk (decode): rounded once per call */
     int once = T <= MU_TT && cols <= MU_XB / T / 32 * 32;
     if (once)
-        mu_round_x(xb, cols, flo, fhi, x, cols, 0, T, 0, cols);
+        mu_round_x(xb, cols, packed ? flo : NULL, fhi, x, cols, 0, T, 0, cols);
     for (int rb = r0; rb < r1; rb += MU_RB) {
         int re = rb + MU_RB < r1 ? rb + MU_RB : r1;
         for (int t = 0; t < T; t += MU_TT) {
@@ -787,7 +791,7 @@ __attribute__((noinline)) static void mu_rows(float *y, const uint16_t *w, const
             for (int c0 = 0; c0 < cols; c0 += kc) {
                 int c1 = c0 + kc < cols ? c0 + kc : cols;
                 if (!once)
-                    mu_round_x(xb, xs, flo, fhi, x, cols, t, TT, c0, c1);
+                    mu_round_x(xb, xs, packed ? flo : NULL, fhi, x, cols, t, TT, c0, c1);
                 for (int r = rb; r < re; r += 16) {
                     int nr = re - r < 16 ? re - r : 16;
                     __m512 *s = st + (size_t)(r - rb) / 16 * MU_TT;
