@@ -27,4 +27,7 @@
 SHOAL_COMMANDS(SHOAL_CMD_DECL)
 #undef SHOAL_CMD_DECL
 
+/* 0, or 2 after one message naming the kernels' variables (cli/version.c) */
+int shoal_cli_kernels_check(const char *cmd);
+
 #endif

@@ -20,6 +20,20 @@ static const struct {
 #undef SHOAL_CMD
 };
 
+/* the commands that run the kernels */
+static int computes(const char *cmd)
+{
+    return !strcmp(cmd, "run") || !strcmp(cmd, "serve") || !strcmp(cmd, "expert") || !strcmp(cmd, "bench");
+}
+
+static int help_asked(int argc, char **argv)
+{
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return 1;
+    return 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: shoal COMMAND [ARGS...]   (shoal --version: the version)\n\ncommands:\n");
@@ -50,8 +64,12 @@ int main(int argc, char **argv)
         return shoal_cmd_version(argc - 1, argv + 1);
     const char *names[sizeof commands / sizeof commands[0]];
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
-        if (!strcmp(argv[1], commands[i].name))
+        if (!strcmp(argv[1], commands[i].name)) {
+            /* the commands that compute refuse a bad kernel variable alike, before anything starts */
+            if (computes(argv[1]) && !help_asked(argc, argv) && shoal_cli_kernels_check(argv[1]))
+                return 2;
             return commands[i].fn(argc - 1, argv + 1);
+        }
         names[i] = commands[i].name;
     }
     const char *near = shoal_suggest(argv[1], names, (int)(sizeof names / sizeof names[0]));

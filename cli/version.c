@@ -9,6 +9,19 @@
 /* Prints the version and the kernel variant this machine would use (CPUID, or
  * the SHOAL_ISA override): the ISA decides nothing about the results (every
  * matrix kernel is bit-identical across variants), only the speed. */
+/* the kernels' environment (SHOAL_ISA, SHOAL_MX_DECODE, SHOAL_AMX_VARIANT),
+ * checked once before a command that computes: a bad value is a usage
+ * mistake (exit 2) named the same way by every command */
+int shoal_cli_kernels_check(const char *cmd)
+{
+    int rc = shoal_kernels_init();
+    if (rc >= 0)
+        return 0;
+    fprintf(stderr, "shoal %s: kernels: %s (SHOAL_ISA asks for a variant this CPU lacks, or SHOAL_ISA / "
+                    "SHOAL_MX_DECODE / SHOAL_AMX_VARIANT names an unknown one)\n", cmd, shoal_strerror(rc));
+    return 2;
+}
+
 int shoal_cmd_version(int argc, char **argv)
 {
     /* no arguments: anything given is a usage mistake (exit 2), not ignored */
@@ -21,11 +34,8 @@ int shoal_cmd_version(int argc, char **argv)
         return 2;
     }
     printf("shoal %s\n", SHOAL_VERSION);
-    int rc = shoal_kernels_init();
-    if (rc < 0) {
-        fprintf(stderr, "shoal: kernels: %s (SHOAL_ISA asks for a variant this CPU lacks, or SHOAL_ISA / SHOAL_MX_DECODE / SHOAL_AMX_VARIANT names an unknown one)\n", shoal_strerror(rc));
+    if (shoal_cli_kernels_check("version"))
         return 2;
-    }
     printf("kernels %s\n", shoal_isa_name(shoal_kernels_isa()));
     if (shoal_kernels_isa() == SHOAL_ISA_AVX512) /* the portable MXFP4 decode (SHOAL_MX_DECODE; same bits) */
         printf("mxfp4 decode %s\n", shoal_mx_decode_name(shoal_kernels_mx_decode()));

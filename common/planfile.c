@@ -82,12 +82,30 @@ int shoal_planfile_read(shoal_planfile *p, const char *path, char *err, size_t e
         }
     }
     json_t *rf = json_object_get(root, "relay_fanout");
-    if (rf && (!json_is_integer(rf) || (json_integer_value(rf) != 0 && (json_integer_value(rf) < 2 ||
-                                                                        json_integer_value(rf) > 4)))) {
-        rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "plan %s: \"relay_fanout\" must be 0 or 2..4", path);
+    int greedy = json_is_string(rf) && !strcmp(json_string_value(rf), "greedy");
+    if (rf && !greedy && (!json_is_integer(rf) || (json_integer_value(rf) != 0 && (json_integer_value(rf) < 2 ||
+                                                                                   json_integer_value(rf) > 4)))) {
+        rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "plan %s: \"relay_fanout\" must be 0, 2..4 or \"greedy\"",
+                           path);
         goto out;
     }
-    p->relay_fanout = rf ? (int)json_integer_value(rf) : 0;
+    p->relay_fanout = greedy ? SHOAL_RELAY_GREEDY : rf ? (int)json_integer_value(rf) : 0;
+    json_t *rr = json_object_get(root, "relay_rates");
+    if (rr || greedy) {
+        json_t *a = json_object_get(rr, "nic_gbps"), *b = json_object_get(rr, "peer_gbps"),
+               *h = json_object_get(rr, "hop_us");
+        if (!json_is_object(rr) || !json_is_number(a) || !json_is_number(b) || !json_is_number(h) ||
+            !(json_number_value(a) > 0) || !(json_number_value(b) > 0) || !(json_number_value(h) >= 0) ||
+            json_number_value(a) > 1e6 || json_number_value(b) > 1e6 || json_number_value(h) > 1e7) {
+            rc = shoal_err_set(err, errlen, SHOAL_EFORMAT, "plan %s: \"relay_rates\" must be an object of numbers "
+                               "nic_gbps > 0, peer_gbps > 0, hop_us >= 0%s", path,
+                               greedy ? " (required with relay_fanout \"greedy\")" : "");
+            goto out;
+        }
+        p->relay_nic_gbps = json_number_value(a);
+        p->relay_peer_gbps = json_number_value(b);
+        p->relay_hop_us = json_number_value(h);
+    }
     p->nworkers = (int)json_array_size(ws);
     p->workers = shoal_xcalloc((size_t)p->nworkers, sizeof *p->workers);
     for (int w = 0; w < p->nworkers; w++) {

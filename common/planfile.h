@@ -29,6 +29,8 @@ typedef struct {
     char *trunk;    /* its trunk rows, a ROWSPEC (PROTOCOL.md §7.1); NULL if absent (`shoal plan --trunk spread`) */
 } shoal_planfile_worker;
 
+#define SHOAL_RELAY_GREEDY (-1) /* relay_fanout: the latency-aware schedule, not a fixed fan-out */
+
 typedef struct {
     int nworkers;
     shoal_planfile_worker *workers;
@@ -37,8 +39,15 @@ typedef struct {
     /* "relay_fanout" (`shoal plan --measured`, PROTOCOL.md §3.9): 0 absent or
      * off; 2..4: the coordinator relays each trunk input through a tree of
      * that fan-out over the workers with trunk rows, which are each other's
-     * relay peers (in plan order, at their endpoints) */
+     * relay peers (in plan order, at their endpoints); "greedy" (stored as
+     * SHOAL_RELAY_GREEDY): through the latency-aware schedule
+     * (coordinator/cluster/relaytree.h) for the rates of "relay_rates" */
     int relay_fanout;
+    /* "relay_rates": {"nic_gbps", "peer_gbps", "hop_us"}, each > 0 (hop_us
+     * >= 0), required with "greedy": the coordinator's send rate, the workers'
+     * rate to each other and a relay hop's latency the plan measured; 0 when
+     * absent */
+    double relay_nic_gbps, relay_peer_gbps, relay_hop_us;
 } shoal_planfile;
 
 /* Read and check path: format "shoal-plan", version 1, 1..4096 workers with

@@ -1297,8 +1297,8 @@ int shoal_cmd_expert(int argc, char **argv)
                 if (!q->trunk || !q->endpoint)
                     continue;
                 if (o.curve_secret && shoal_curve_needed(q->endpoint) && !relay_keys) {
-                    fprintf(stderr, "shoal expert: the plan relays trunk inputs (relay_fanout %d) over CURVE links: "
-                                    "give --relay-keys DIR holding each worker's NAME.pub\n", pf.relay_fanout);
+                    fprintf(stderr, "shoal expert: the plan relays trunk inputs (relay_fanout) over CURVE links: "
+                                    "give --relay-keys DIR holding each worker's NAME.pub\n");
                     shoal_planfile_free(&pf);
                     free(relay_list);
                     return 2;

@@ -5,6 +5,8 @@
  *                    per MoE layer, keeper thread for down workers);
  *   owners.h         which replica of an expert each exchange asks;
  *   probe.h          `shoal doctor`'s PROBE measurements over a client's links;
+ *   relaytree.h      the latency-aware relay schedule of a trunk step's input
+ *                    (pure; the trunk client's and `shoal plan --measured`'s);
  *   spawn.h          local expert-server processes for --workers N;
  *   trunk_client.h   the remote trunk matmul backend (engine/rmat.h): an
  *                    expert client in the trunk role, TRUNK_BATCH per step.
@@ -19,6 +21,7 @@
 #include "coordinator/cluster/expert_client.h"
 #include "coordinator/cluster/owners.h"
 #include "coordinator/cluster/probe.h"
+#include "coordinator/cluster/relaytree.h"
 #include "coordinator/cluster/spawn.h"
 #include "coordinator/cluster/trunk_client.h"
 

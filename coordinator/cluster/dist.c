@@ -116,12 +116,31 @@ int shoal_dist_parse_arg(shoal_dist_opts *o, const char *cmd, int argc, char **a
         o->wire_f32 = !strcmp(v, "f32");
         r = 1;
     } else if (!strcmp(a, "--relay-fanout")) {
-        r = num(cmd, a, v, 0, 4, &o->relay_fanout);
+        if (v && !strcmp(v, "greedy")) {
+            o->relay_fanout = SHOAL_RELAY_GREEDY;
+            r = 1;
+        } else {
+            r = num(cmd, a, v, 0, 4, &o->relay_fanout);
+        }
         o->relay_given = 1;
         if (r == 1 && o->relay_fanout == 1) {
             fprintf(stderr, "%s: --relay-fanout takes 0 (off) or 2 to 4, not 1 (a chain relays nothing)\n", cmd);
             return -1;
         }
+    } else if (!strcmp(a, "--relay-rates")) {
+        char *e1 = NULL, *e2 = NULL, *e3 = NULL;
+        errno = 0;
+        double n = v ? strtod(v, &e1) : 0, p = e1 && *e1 == ',' ? strtod(e1 + 1, &e2) : 0,
+               h = e2 && *e2 == ',' ? strtod(e2 + 1, &e3) : -1;
+        if (!v || errno || !e3 || *e3 || !(n > 0 && n <= 1e6) || !(p > 0 && p <= 1e6) || !(h >= 0 && h <= 1e7)) {
+            fprintf(stderr, "%s: --relay-rates takes NIC_GBPS,PEER_GBPS,HOP_US (rates > 0, hop >= 0), not '%s'\n",
+                    cmd, v ? v : "");
+            return -1;
+        }
+        o->relay_nic_gbps = n;
+        o->relay_peer_gbps = p;
+        o->relay_hop_us = h;
+        r = 1;
     } else if (!strcmp(a, "--workers")) {
         r = num(cmd, a, v, 1, SHOAL_EXPERT_CLIENT_MAX_WORKERS, &o->nlocal);
     } else if (!strcmp(a, "--worker-threads")) {
@@ -165,7 +184,12 @@ void shoal_dist_usage(FILE *f)
                "  --relay-fanout F     with --trunk remote: 0 (default) sends each trunk step's input to\n"
                "                       every trunk server; 2..4 sends it to F of them, which forward it\n"
                "                       through a tree of fan-out F to the others (shoal expert\n"
-               "                       --relay-peers; PROTOCOL.md 3.9): less egress here, more hops\n"
+               "                       --relay-peers; PROTOCOL.md 3.9): less egress here, more hops;\n"
+               "                       greedy: per step the latency-aware schedule for --relay-rates\n"
+               "                       (every holder of x keeps sending, each server served earliest)\n"
+               "  --relay-rates N,P,H  with --relay-fanout greedy: the coordinator's send rate N and the\n"
+               "                       workers' rate to each other P in Gbit/s, a relay hop's latency H\n"
+               "                       in microseconds (shoal doctor; default: the plan's relay_rates)\n"
                "  --workers N          start N local expert servers over ipc:// (experts split evenly),\n"
                "                       stopped on exit\n"
                "  --worker-threads N   OpenMP threads of each local server (default: cores / N)\n"
@@ -332,11 +356,24 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
         return rc;
     if (o->relay_given && o->relay_fanout && !o->trunk) {
         shoal_planfile_free(&pf);
-        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--relay-fanout %d needs --trunk remote (the relay tree carries "
-                             "the trunk inputs)", o->relay_fanout);
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--relay-fanout %s needs --trunk remote (the relay tree "
+                             "carries the trunk inputs)", o->relay_fanout == SHOAL_RELAY_GREEDY ? "greedy" :
+                             o->relay_fanout == 2 ? "2" : o->relay_fanout == 3 ? "3" : "4");
     }
     int relay_fanout = o->relay_given ? o->relay_fanout : o->plan && o->trunk ? pf.relay_fanout : 0;
-    if (!o->relay_given && relay_fanout)
+    /* the greedy schedule's rates: --relay-rates, else the plan's relay_rates */
+    double rnic = o->relay_nic_gbps ? o->relay_nic_gbps : pf.relay_nic_gbps,
+           rpeer = o->relay_nic_gbps ? o->relay_peer_gbps : pf.relay_peer_gbps,
+           rhop = o->relay_nic_gbps ? o->relay_hop_us : pf.relay_hop_us;
+    if (relay_fanout == SHOAL_RELAY_GREEDY && !(rnic > 0 && rpeer > 0)) {
+        shoal_planfile_free(&pf);
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "--relay-fanout greedy needs the rates: --relay-rates "
+                             "NIC_GBPS,PEER_GBPS,HOP_US (from shoal doctor, docs/CONFIG.md) or a plan with relay_rates");
+    }
+    if (!o->relay_given && relay_fanout == SHOAL_RELAY_GREEDY)
+        SHOAL_INFO("latency-aware relay schedule for the trunk inputs (the plan's relay_fanout greedy: NIC %.3g Gbit/s, "
+                   "peers %.3g Gbit/s, hop %.0f us)", rnic, rpeer, rhop);
+    else if (!o->relay_given && relay_fanout)
         SHOAL_INFO("relay tree of fan-out %d for the trunk inputs (the plan's relay_fanout)", relay_fanout);
     shoal_dist *d = shoal_xcalloc(1, sizeof *d);
     d->cancel = o->cancel;
@@ -345,7 +382,7 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
     if (o->nlocal) {
         shoal_spawn_opts so = {.model = model_dir, .n = o->nlocal, .threads = o->worker_threads,
                                .max_tokens = info.max_batch, .trunk = o->trunk == 1,
-                               .relay = o->trunk == 1 && relay_fanout > 1 && o->nlocal > 1};
+                               .relay = o->trunk == 1 && relay_fanout != 0 && o->nlocal > 1};
         if ((rc = shoal_spawn_start(&d->spawn, &so, info.cfg, err, errlen))) {
             free(d);
             return rc;
@@ -374,6 +411,11 @@ int shoal_dist_start(shoal_dist **out, const shoal_dist_opts *o, const char *mod
         shoal_expert_client_opts to = co;
         to.trunk_role = 1;
         to.relay_fanout = relay_fanout;
+        if (relay_fanout == SHOAL_RELAY_GREEDY) {
+            to.relay_nic_Bps = rnic * 1e9 / 8;
+            to.relay_peer_Bps = rpeer * 1e9 / 8;
+            to.relay_hop_s = rhop * 1e-6;
+        }
         to.busy = shoal_spawn_busy_slots(d->spawn, 1);
         to.st = shoal_model_store(m);
         if ((rc = shoal_trunk_client_open(&d->trunk, &to, err, errlen)) ||
@@ -530,7 +572,8 @@ void shoal_dist_json(const shoal_dist *d, json_t *o)
         int fan;
         uint64_t relayed, fallbacks;
         shoal_trunk_client_relay_counts(d->trunk, &fan, &relayed, &fallbacks);
-        json_object_set_new(o, "trunk_relay_fanout", json_integer(fan));
+        json_object_set_new(o, "trunk_relay_fanout", fan == SHOAL_RELAY_GREEDY ? json_string("greedy")
+                                                                                : json_integer(fan));
         json_object_set_new(o, "trunk_relayed_requests", json_integer((json_int_t)relayed));
         json_object_set_new(o, "trunk_relay_fallbacks", json_integer((json_int_t)fallbacks));
         uint64_t out = 0; /* every phase's TRUNK_BATCH bytes sent: the run's total */

@@ -60,8 +60,14 @@ typedef struct {
      * off): 0 off (every trunk input sent directly to every trunk server), 2..4:
      * each step's input goes to F of them, which forward it to the others in
      * a tree of fan-out F (shoal_expert_client_opts.relay_fanout); with
-     * --workers N the local workers are given each other as relay peers */
+     * --workers N the local workers are given each other as relay peers;
+     * SHOAL_RELAY_GREEDY (--relay-fanout greedy): the latency-aware schedule
+     * (relaytree.h) for the rates below */
     int relay_fanout, relay_given;
+    /* --relay-rates N,P,H (with --relay-fanout greedy, or the plan's greedy):
+     * the coordinator's send rate and the workers' rate to each other in
+     * Gbit/s, a relay hop's latency in us; 0: not given (the plan's) */
+    double relay_nic_gbps, relay_peer_gbps, relay_hop_us;
     /* Non-NULL: read while waiting for the workers' HELLO; non-zero aborts
      * shoal_dist_start with SHOAL_ECANCELED (`shoal serve` stopped by a
      * signal while starting). Not a flag. */

@@ -45,6 +45,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/planfile.h" /* SHOAL_RELAY_GREEDY */
 #include "common/curve.h"
 #include "common/k3cfg.h"
 #include "common/st.h"
@@ -102,8 +103,14 @@ typedef struct {
      * them) form a tree of fan-out F: F roots get x and their subtree, the
      * others only the header with the step's xid. A relayed request not
      * answered within failover_ms (or answered ERROR) is resent directly with
-     * x, and its relay parents relay no more. */
+     * x, and its relay parents relay no more. SHOAL_RELAY_GREEDY (-1,
+     * common/planfile.h): per step the latency-aware schedule of
+     * coordinator/cluster/relaytree.h for the step's x bytes and the three
+     * rates below (each > 0, the hop >= 0; else open refuses): the
+     * coordinator's children that have children are the roots, the
+     * coordinator's other children plain requests. */
     int relay_fanout;
+    double relay_nic_Bps, relay_peer_Bps, relay_hop_s;
 } shoal_expert_client_opts;
 
 typedef struct shoal_expert_client shoal_expert_client;

@@ -45,6 +45,7 @@
 
 #include "coordinator/cluster/expert_client.h"
 #include "coordinator/cluster/owners.h"
+#include "coordinator/cluster/relaytree.h"
 #include "proto/proto.h"
 #include "proto/tshard.h"
 
@@ -140,6 +141,8 @@ typedef struct {
     uint64_t sent_ns, bytes_out, rtt_ns; /* this request */
 } shoal__ec_worker;
 
+#define SHOAL__EC_RTCACHE 8 /* relay schedules kept (greedy) */
+
 struct shoal_expert_client {
     shoal_expert_client_opts o; /* o.fingerprint points at fp (the caller's may be gone after open) */
     uint8_t fp[SHOAL_PROTO_FP_BYTES];
@@ -233,6 +236,12 @@ struct shoal_expert_client {
     uint64_t next_xid;
     uint64_t trunk_relayed, trunk_relay_fallbacks;
     int32_t *rorder; /* [nw]: this round's tree members in order */
+    /* relay_fanout greedy: the schedules of the last steps, by member count
+     * and x bytes (a step's x size depends on its width and T; computed once
+     * per size, round robin over the slots) */
+    shoal_relaytree rtc[SHOAL__EC_RTCACHE];
+    size_t rtc_xb[SHOAL__EC_RTCACHE];
+    int rtc_n[SHOAL__EC_RTCACHE], rtc_next;
 };
 
 #define SHOAL__EC_TCTL_CAP                                                                                        \

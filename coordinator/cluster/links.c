@@ -881,6 +881,13 @@ int shoal_expert_client_open(shoal_expert_client **out, const shoal_expert_clien
                              SHOAL_EXPERT_CLIENT_MAX_WORKERS);
     if (o->max_tokens < 1)
         return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: max_tokens must be positive");
+    if (o->relay_fanout == SHOAL_RELAY_GREEDY && !(o->relay_nic_Bps > 0 && o->relay_peer_Bps > 0 &&
+                                                   o->relay_hop_s >= 0 && o->relay_hop_s < 10))
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: the greedy relay schedule needs the NIC and "
+                             "peer rates (> 0) and the hop latency (>= 0)");
+    if (o->relay_fanout != SHOAL_RELAY_GREEDY && (o->relay_fanout < 0 || o->relay_fanout == 1 || o->relay_fanout > 4))
+        return shoal_err_set(err, errlen, SHOAL_EINVAL, "expert client: relay fan-out %d (0, 2 to 4, or greedy)",
+                             o->relay_fanout);
     shoal_expert_client *c = shoal_xcalloc(1, sizeof *c);
     c->o = *o;
     /* the keeper's re-HELLOs use the fingerprint long after open: keep our own

@@ -118,7 +118,12 @@ static int pick_job(shoal_expert_client *c, int j, int k, const uint8_t *want)
  * taking the previous level's in turn as parents (at most F children each);
  * the roots get x and their subtree in `fwd` (parents before children), the
  * others only the header with the step's xid. A root left without children,
- * and every member when there are F or fewer, gets a plain request. */
+ * and every member when there are F or fewer, gets a plain request.
+ * Greedy (SHOAL_RELAY_GREEDY): the members take the places of the
+ * latency-aware schedule (relaytree.h) for this step's x bytes, from the
+ * cache when a step of the same size came before. */
+static void plan_greedy(shoal_expert_client *c, int n, const shoal_proto_relay *rl);
+
 static void plan_tree(shoal_expert_client *c)
 {
     for (int i = 0; i < c->nw; i++) {
@@ -128,7 +133,7 @@ static void plan_tree(shoal_expert_client *c)
         c->w[i].rl.nfwd = 0;
     }
     const int F = c->o.relay_fanout;
-    if (F < 2 || c->round > 0)
+    if ((F < 2 && F != SHOAL_RELAY_GREEDY) || c->round > 0)
         return;
     int n = 0, t16 = 0;
     uint64_t hash = 0;
@@ -143,11 +148,15 @@ static void plan_tree(shoal_expert_client *c)
         if (w->relay_hash == hash && w->t16 == t16)
             c->rorder[n++] = i;
     }
-    if (n <= F)
+    if (n <= F || n < 2)
         return;
     uint64_t fo = c->failover_us / 1000u;
     shoal_proto_relay rl = {.xid = ++c->next_xid,
                             .wait_ms = (uint32_t)(fo < 1 ? 1 : fo > SHOAL_PROTO_MAX_WAIT_MS ? SHOAL_PROTO_MAX_WAIT_MS : fo)};
+    if (F == SHOAL_RELAY_GREEDY) {
+        plan_greedy(c, n, &rl);
+        return;
+    }
     uint8_t pos[SHOAL_EXPERT_CLIENT_MAX_WORKERS]; /* a member's position in its root's fwd */
     int16_t root_of[SHOAL_EXPERT_CLIENT_MAX_WORKERS];
     for (int j = 0; j < F; j++) {
@@ -181,6 +190,50 @@ static void plan_tree(shoal_expert_client *c)
     for (int r = 0; r < F; r++) { /* a root without children is a plain request */
         shoal__ec_worker *w = &c->w[c->rorder[r]];
         if (!w->rl.nfwd) {
+            w->rrole = 0;
+            w->rl.xid = 0;
+        }
+    }
+}
+
+static void plan_greedy(shoal_expert_client *c, int n, const shoal_proto_relay *rl)
+{
+    const shoal__ec_worker *w0 = &c->w[c->rorder[0]];
+    const size_t xb = w0->t16 ? c->tx16len : c->txlen; /* the members share the dtype */
+    const shoal_relaytree *t = NULL;
+    for (int s = 0; s < SHOAL__EC_RTCACHE && !t; s++)
+        if (c->rtc_n[s] == n && c->rtc_xb[s] == xb)
+            t = &c->rtc[s];
+    if (!t) {
+        int s = c->rtc_next;
+        c->rtc_next = (s + 1) % SHOAL__EC_RTCACHE;
+        c->rtc_n[s] = 0;
+        if (shoal_relaytree_greedy(&c->rtc[s], n, (double)xb, c->o.relay_nic_Bps, c->o.relay_peer_Bps,
+                                   c->o.relay_hop_s, SHOAL_PROTO_MAX_RELAY))
+            return; /* rates checked at open: cannot happen; every request then carries x */
+        c->rtc_n[s] = n;
+        c->rtc_xb[s] = xb;
+        t = &c->rtc[s];
+    }
+    uint8_t pos[SHOAL_EXPERT_CLIENT_MAX_WORKERS]; /* a member's position in its root's fwd */
+    for (int j = 0; j < n; j++) { /* in schedule order: a parent before its children, its children in send order */
+        shoal__ec_worker *w = &c->w[c->rorder[j]];
+        int p = t->parent[j];
+        w->rl = *rl;
+        if (p < 0) {
+            w->rrole = 1;
+            continue;
+        }
+        int r = t->root[j];
+        shoal__ec_worker *rw = &c->w[c->rorder[r]];
+        pos[j] = (uint8_t)rw->rl.nfwd;
+        rw->rl.fwd[rw->rl.nfwd++] = (shoal_proto_fwd){(uint8_t)w->relay_idx, (uint8_t)(p == r ? 0 : pos[p] + 1)};
+        w->rrole = 2;
+        w->rparent = c->rorder[p];
+    }
+    for (int j = 0; j < n; j++) { /* a coordinator's child without children is a plain request */
+        shoal__ec_worker *w = &c->w[c->rorder[j]];
+        if (w->rrole == 1 && !w->rl.nfwd) {
             w->rrole = 0;
             w->rl.xid = 0;
         }
@@ -328,24 +381,48 @@ static void relay_fallback(shoal_expert_client *c, int i, const char *why)
     send_one(c, i); /* a failed send loses the worker (its cells go to other owners) */
 }
 
+/* The root of relayed worker i's tree (i itself when it is not relayed). */
+static int root_of(const shoal_expert_client *c, int i)
+{
+    while (c->w[i].rrole == 2 && c->w[i].rparent >= 0)
+        i = c->w[i].rparent;
+    return i;
+}
+
+static void send_request(shoal_expert_client *c, int i);
+
 /* Send this round's requests (smu held, state SENT), every one before any
  * reply is read. A worker that went down since the pick, or whose send
- * fails, is lost: its cells go to other owners (gather). */
+ * fails, is lost: its cells go to other owners (gather). The order: the
+ * requests that carry x in worker order (the order of the relay schedule's
+ * direct sends), each root's followed at once by the headers of its
+ * subtree (a few hundred bytes each: a relayed worker gets its header about
+ * when its parent gets x, before its own copy comes). */
 static void send_round(shoal_expert_client *c)
 {
     for (int i = 0; i < c->nw && c->state == SENT; i++) {
-        shoal__ec_worker *w = &c->w[i];
-        if (!w->involved)
+        if (!c->w[i].involved || c->w[i].rrole == 2)
             continue;
-        if (atomic_load(&w->link) != W_UP) {
-            shoal__ec_lose(c, i, SHOAL_EPEER, "trunk worker %s is down (%s); not sent layer %d", w->name, w->why,
-                           c->layer);
-            continue;
-        }
-        w->sent_ns = shoal__ec_now_ns();
-        shoal__ec_busy_sent(c, i, w->sent_ns);
-        send_one(c, i); /* a failed send loses the worker */
+        send_request(c, i);
+        for (int k = 0; k < c->nw && c->w[i].rrole == 1 && c->state == SENT; k++)
+            if (c->w[k].involved && c->w[k].rrole == 2 && root_of(c, k) == i)
+                send_request(c, k);
     }
+}
+
+/* Worker i's request of this round (smu held, state SENT); a worker that
+ * went down since the pick is lost. */
+static void send_request(shoal_expert_client *c, int i)
+{
+    shoal__ec_worker *w = &c->w[i];
+    if (atomic_load(&w->link) != W_UP) {
+        shoal__ec_lose(c, i, SHOAL_EPEER, "trunk worker %s is down (%s); not sent layer %d", w->name, w->why,
+                       c->layer);
+        return;
+    }
+    w->sent_ns = shoal__ec_now_ns();
+    shoal__ec_busy_sent(c, i, w->sent_ns);
+    send_one(c, i); /* a failed send loses the worker */
 }
 
 static int submit(void *self, int layer, const shoal_rmat_job *jobs, int n, const float *x, int T, char *err,

@@ -10,6 +10,7 @@
 #include "common/suggest.h"
 #include "cli/commands.h"
 #include "common/err.h"
+#include "common/planfile.h"
 #include "common/k3cfg.h"
 #include "common/k3schema.h"
 #include "common/st.h"
@@ -58,9 +59,12 @@ static void usage(FILE *f)
                "                    s/token term by term for every placement considered (overrides --trunk)\n"
                "  --slots S         with --measured: also predict tokens/s for S sequences per step (8)\n"
                "  --nic-gbps X      with --measured: the coordinator's NIC, shared by all its links\n"
-               "                    (default: each link alone, as doctor measured it)\n"
+               "                    (default: each link alone, as doctor measured it); with it the\n"
+               "                    relay trees and the greedy relay schedule are priced too\n"
                "  --peer-gbps X     with --measured: the workers' links to each other, the relay tree's\n"
-               "                    hops (default: each worker's measured link to the coordinator)\n"
+               "                    hops (default: each worker's measured link to the coordinator; the\n"
+               "                    greedy schedule: the slowest trunk server's); a greedy plan writes\n"
+               "                    it with the NIC and the hop into plan.json relay_rates\n"
                "  --coordinator-mem SIZE  with --measured: the bytes the coordinator may hold (e.g. 64GiB;\n"
                "                    default 0.9 x its memory in doctor.json): a placement whose coordinator\n"
                "                    part (the embedding table, and the trunk when local, else its part no\n"
@@ -151,7 +155,8 @@ int shoal_cmd_plan(int argc, char **argv)
     const char *measured = NULL;
     int mslots = 8, TW = 0, *tslot = NULL;
     double mnic = 0, mpeer = 0, meff = 0.82, mimb = 1.2, mpred = 0, movh = 100;
-    int mrelay = 0; /* the relay tree's fan-out the measured plan chose (0: none) */
+    int mrelay = 0; /* the relay tree's fan-out the measured plan chose (0: none; SHOAL_RELAY_GREEDY) */
+    double mrpeer = 0, mrhop = 0; /* with greedy: the hops' rate (bytes/s) and latency (s) it priced */
     long mforce = -1;
     uint64_t mcmem = 0; /* --coordinator-mem (0: doctor.json's) */
     int mnum = -1; /* --numerics: -1 doctor.json's class */
@@ -349,6 +354,8 @@ int shoal_cmd_plan(int argc, char **argv)
         TW = pm.G;
         mpred = pm.predicted_s;
         mrelay = pm.relay_fanout;
+        mrpeer = pm.relay_peer_Bps;
+        mrhop = pm.relay_hop_s;
         mnum = pm.numerics;
     }
     int ndom = 0, named = 0;
@@ -581,8 +588,16 @@ int shoal_cmd_plan(int argc, char **argv)
     json_object_set_new(root, "trunk", json_string(spread ? "spread" : "local"));
     if (spread)
         json_object_set_new(root, "trunk_servers", json_integer(TW));
-    if (spread && mrelay) /* PROTOCOL.md §3.9: honoured by run/serve --plan and the workers' expert --plan */
+    if (spread && mrelay == SHOAL_RELAY_GREEDY) { /* the schedule's inputs, for run/serve --plan */
+        json_object_set_new(root, "relay_fanout", json_string("greedy"));
+        json_t *rr = json_object();
+        json_object_set_new(rr, "nic_gbps", json_real(mnic));
+        json_object_set_new(rr, "peer_gbps", json_real(mrpeer * 8 / 1e9));
+        json_object_set_new(rr, "hop_us", json_real(mrhop * 1e6));
+        json_object_set_new(root, "relay_rates", rr);
+    } else if (spread && mrelay) { /* PROTOCOL.md §3.9: honoured by run/serve --plan and the workers' expert --plan */
         json_object_set_new(root, "relay_fanout", json_integer(mrelay));
+    }
     if (measured) {
         json_t *jmz = json_object();
         json_object_set_new(jmz, "doctor", json_string(measured));

@@ -9,8 +9,15 @@
 
 #include "common/err.h"
 #include "common/k3schema.h"
+#include "common/planfile.h"
+#include "coordinator/cluster/cluster.h"
 #include "kernels/kernels.h"
 #include "proto/tshard.h"
+
+/* A TRUNK_BATCH's header without x, bytes (its segments' names and rows, the
+ * layer; with a tree xid and wait_ms): about 194 on the wire per request, as
+ * measured on the k3-nano netns run (tests/e2e/test_relay_netns.py) */
+#define SHOAL_PLAN_TBATCH_HDR 194.0
 
 /* one worker's measured figures */
 typedef struct {
@@ -38,7 +45,9 @@ typedef struct {
 
 typedef struct {
     const char *label;
-    int spread, G, F; /* F: relay fan-out (0: direct) */
+    int spread, G, F; /* F: relay fan-out (0: direct; SHOAL_RELAY_GREEDY: the latency-aware schedule) */
+    double peer, hop;  /* the relay hops' rate (bytes/s) and latency (s) it was priced with */
+    int xsends;        /* copies of each step's x the coordinator sends itself (0: trunk local) */
     double reads, coord, rt, wire, total, tok_s;
     double coord_bytes; /* what the coordinator holds in this placement */
     double *share; /* [W] expert fractions */
@@ -327,38 +336,92 @@ static void evaluate(const shoal_plan_measured *m, const model_fig *f, const mea
         /* one trunk step's timeline (plan_measured.h): when each of the G trunk servers (in `order`) holds the
          * step's x -- sent by the coordinator one after the other, to every server or, with a relay tree, to
          * the F roots, each parent then feeding its children one after the other -- and its reply */
-        int F = c->spread && c->F >= 2 && G > c->F ? c->F : 0, levels = 1;
+        int F = c->spread && (c->F == SHOAL_RELAY_GREEDY || (c->F >= 2 && G > c->F)) ? c->F : 0;
         int *kids = calloc((size_t)W, sizeof *kids), *root = calloc((size_t)W, sizeof *root);
         int steps = f->steps_serial > 0 ? f->steps_serial : 1;
         double xb = f->x_in / steps, nic = m->nic_Bps;
         double *t = calloc((size_t)(W > 1 ? W : 1), sizeof *t), *bn = calloc((size_t)(W > 1 ? W : 1), sizeof *bn);
         double trunk_step = 0;
+        /* a relay hop: a worker-to-worker one-way latency (RTT / 2 of the slowest trunk server) + the software
+         * cost of an exchange, inside each relayed copy's arrival; its rate --peer-gbps, else (the greedy
+         * schedule, which takes one rate) the slowest trunk server's link, else (a fixed tree) the lower of
+         * the parent's and the child's links */
+        double rtt_g = 0, peer_min = 0;
+        for (int g = 0; g < G; g++) {
+            const meas *q = &ms[order[g]];
+            double r = q->rin < q->rout ? q->rin : q->rout;
+            rtt_g = q->rtt > rtt_g ? q->rtt : rtt_g;
+            peer_min = g == 0 || r < peer_min ? r : peer_min;
+        }
+        c->hop = rtt_g / 2 + m->overhead_s;
+        c->peer = m->peer_Bps > 0 ? m->peer_Bps : peer_min;
         if (G) {
-            int *lvl = calloc((size_t)G, sizeof *lvl), *nk = calloc((size_t)G, sizeof *nk);
-            int R = F ? F : G;
-            double sent = 0;
-            for (int j = 0; j < R; j++) {
-                const meas *r = &ms[order[j]];
-                sent += nic > 0 ? xb / nic : 0;
-                t[j] = sent > xb / r->rout ? sent : xb / r->rout; /* the NIC's turn, at most its link's rate */
-                lvl[j] = 1;
-                root[order[j]] = 1;
-            }
-            int j = R, ls = 0, lsize = R;
-            while (j < G) {
-                int next = 0;
-                for (int o = 0; j < G && o < F * lsize; o++, j++, next++) {
-                    int p = ls + o % lsize;
-                    const meas *pm = &ms[order[p]], *cm = &ms[order[j]];
-                    double rate = m->peer_Bps > 0 ? m->peer_Bps /* the workers' own ports (--peer-gbps) */
-                                  : pm->rin < cm->rout ? pm->rin : cm->rout; /* parent's upload, child's download */
-                    nk[p]++;
-                    t[j] = t[p] + nk[p] * xb / rate;
-                    lvl[j] = lvl[p] + 1;
+            /* the tree: parent (-1: the coordinator) and position among its parent's sends, in server order */
+            int *par = calloc((size_t)G, sizeof *par), *nk = calloc((size_t)G, sizeof *nk);
+            int ok_tree = 1;
+            if (F == SHOAL_RELAY_GREEDY) {
+                shoal_relaytree *rt = malloc(sizeof *rt);
+                ok_tree = nic > 0 && !shoal_relaytree_greedy(rt, G, xb, nic, c->peer, c->hop, 64);
+                for (int j = 0; j < G && ok_tree; j++)
+                    par[j] = rt->parent[j];
+                free(rt);
+            } else {
+                int R = F ? F : G;
+                for (int j = 0; j < G; j++)
+                    par[j] = -1;
+                int j = R, ls = 0, lsize = R;
+                while (j < G) { /* level by level, each level's members taking the previous level's in turn */
+                    int next = 0;
+                    for (int o = 0; j < G && o < F * lsize; o++, j++, next++)
+                        par[j] = ls + o % lsize;
+                    ls += lsize;
+                    lsize = next;
                 }
-                ls += lsize;
-                lsize = next;
             }
+            if (!ok_tree) { /* no shared NIC: the schedule has no coordinator rate (never chosen: priced direct) */
+                c->ok = 0;
+                snprintf(c->why, sizeof c->why, "the greedy schedule needs the coordinator's NIC rate (--nic-gbps)");
+                for (int j = 0; j < G; j++)
+                    par[j] = -1;
+            }
+            /* the coordinator's sends (trunk_client.c send_round): to each of its children in server order x
+             * with its header (at most each link's rate), each followed by the headers of that child's subtree;
+             * a relayed copy of x arrives at its parent's + its turn among the parent's sends x x / rate + the
+             * hop; a server computes once it holds x and its header (t) */
+            int *rootof = calloc((size_t)G, sizeof *rootof);
+            double *tx = calloc((size_t)G, sizeof *tx), *hat = calloc((size_t)G, sizeof *hat), sent = 0;
+            for (int j = 0; j < G; j++)
+                rootof[j] = par[j] < 0 ? j : rootof[par[j]];
+            for (int j = 0; j < G; j++) {
+                const meas *r = &ms[order[j]];
+                if (par[j] < 0) {
+                    sent += nic > 0 ? (xb + SHOAL_PLAN_TBATCH_HDR) / nic : 0;
+                    tx[j] = t[j] = sent > xb / r->rout ? sent : xb / r->rout;
+                    root[order[j]] = 1;
+                    for (int k = j + 1; k < G; k++)
+                        if (par[k] >= 0 && rootof[k] == j) {
+                            sent += nic > 0 ? SHOAL_PLAN_TBATCH_HDR / nic : 0;
+                            hat[k] = sent;
+                        }
+                } else {
+                    const meas *pm = &ms[order[par[j]]];
+                    double rate = F == SHOAL_RELAY_GREEDY || m->peer_Bps > 0 ? c->peer
+                                  : pm->rin < r->rout ? pm->rin : r->rout; /* parent's upload, child's download */
+                    nk[par[j]]++;
+                    tx[j] = tx[par[j]] + nk[par[j]] * xb / rate + c->hop;
+                    t[j] = tx[j] > hat[j] ? tx[j] : hat[j];
+                }
+            }
+            c->xsends = 0;
+            for (int q = 0; q < G; q++) {
+                kids[order[q]] = nk[q];
+                c->xsends += par[q] < 0;
+            }
+            free(rootof);
+            free(tx);
+            free(hat);
+            free(par);
+            free(nk);
             /* the replies: each leaves when its server holds x, on its own link, and through the NIC's
              * incoming side one after the other (full duplex: the two directions are separate) */
             double yb = f->y_out / steps / G;
@@ -366,15 +429,11 @@ static void evaluate(const shoal_plan_measured *m, const model_fig *f, const mea
                 double own = t[q] + yb / ms[order[q]].rin;
                 trunk_step = own > trunk_step ? own : trunk_step;
                 bn[q] = nic > 0 ? yb / nic : 0;
-                levels = lvl[q] > levels ? lvl[q] : levels;
-                kids[order[q]] = nk[q];
             }
             if (nic > 0) {
                 double in = nic_in_done(G, t, bn);
                 trunk_step = in > trunk_step ? in : trunk_step;
             }
-            free(lvl);
-            free(nk);
         }
         double rt_t = 0, rt_all = 0, wire = 0, esent = 0;
         int ne = 0;
@@ -384,7 +443,7 @@ static void evaluate(const shoal_plan_measured *m, const model_fig *f, const mea
                 rt_t = ms[w].rtt > rt_t ? ms[w].rtt : rt_t;
             double inv = 1 - pow(1 - c->share[w], f->k); /* chance it has one of a token's k experts */
             int gets_x = ist[w] && (!F || root[w]); /* from the coordinator: the roots only, with a tree */
-            double out = f->moe * inv * f->act + (gets_x ? f->x_in : 0);
+            double out = f->moe * inv * f->act + (gets_x ? f->x_in : 0) + (ist[w] ? steps * SHOAL_PLAN_TBATCH_HDR : 0);
             double in = f->moe * c->share[w] * f->yexp + (ist[w] ? f->y_out / G : 0);
             /* its link: what the coordinator sends and receives, and with a tree x in from its parent and out
              * to each child */
@@ -406,8 +465,7 @@ static void evaluate(const shoal_plan_measured *m, const model_fig *f, const mea
         free(kids);
         free(root);
         double x = m->overhead_s;
-        c->rt = (G ? f->steps_serial * (rt_t + x) : 0) + f->moe * (rt_all + x) +
-                (F ? f->steps_serial * (levels - 1) * (rt_t / 2 + x) : 0);
+        c->rt = (G ? f->steps_serial * (rt_t + x) : 0) + f->moe * (rt_all + x); /* a relay's hops: in the wire */
         c->wire = wire;
         c->total = c->reads + c->coord + c->rt + c->wire;
         /* S slots: reads and round trips once per step, the rest per sequence */
@@ -438,8 +496,14 @@ static int by_total(const void *a, const void *b)
     if (x->ok != y->ok)
         return y->ok - x->ok;
     double tie = 1e-6 * (x->total > y->total ? x->total : y->total);
-    if (fabs(x->total - y->total) <= tie && x->F != y->F) /* equal: the fewer roots (less coordinator egress) */
-        return x->F - y->F;
+    /* equal: the fewer copies of x the coordinator sends (less egress: on the k3-scale netns cluster greedy,
+     * priced equal to F = 2, measured 4-5% faster sending half of F = 2's x, docs/PERFORMANCE.md), then
+     * direct, the smaller fixed fan-out, the greedy schedule last (the simpler tree) */
+    int fx = x->F == SHOAL_RELAY_GREEDY ? 5 : x->F, fy = y->F == SHOAL_RELAY_GREEDY ? 5 : y->F;
+    if (fabs(x->total - y->total) <= tie && x->spread && y->spread && x->G == y->G && x->xsends != y->xsends)
+        return x->xsends - y->xsends;
+    if (fabs(x->total - y->total) <= tie && fx != fy)
+        return fx - fy;
     return x->total < y->total ? -1 : x->total > y->total;
 }
 
@@ -501,6 +565,11 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
             cs[nc] = (cand){.label = labels[nc], .spread = 1, .G = G, .F = F};
             nc++;
         }
+        if (G >= 2 && m->nic_Bps > 0 && G <= SHOAL_RELAYTREE_MAX && nc < 40) { /* the latency-aware schedule */
+            snprintf(labels[nc], sizeof labels[nc], "spread over %d, relay greedy", G);
+            cs[nc] = (cand){.label = labels[nc], .spread = 1, .G = G, .F = SHOAL_RELAY_GREEDY};
+            nc++;
+        }
         if (G == W)
             break;
     }
@@ -542,14 +611,14 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
         printf("its budget %s (%s)\n", gib(cmem, g1, sizeof g1), cmem_from);
     else
         printf("no budget (--coordinator-mem, or doctor.json's coordinator mem_total)\n");
-    printf("  %-24s %10s %10s %10s %10s %10s %9s  %s\n", "placement", "reads s", "coord s", "rtt s", "wire s",
+    printf("  %-28s %10s %10s %10s %10s %10s %9s  %s\n", "placement", "reads s", "coord s", "rtt s", "wire s",
            "s/token", "tok/s@" , "bottleneck");
     for (int i = 0; i < nc; i++) {
         if (!cs[i].ok) {
-            printf("  %-24s does not fit: %s\n", cs[i].label, cs[i].why);
+            printf("  %-28s does not fit: %s\n", cs[i].label, cs[i].why);
             continue;
         }
-        printf("  %-24s %10.4f %10.4f %10.4f %10.4f %10.4f %9.2f  %s%s\n", cs[i].label, cs[i].reads, cs[i].coord,
+        printf("  %-28s %10.4f %10.4f %10.4f %10.4f %10.4f %9.2f  %s%s\n", cs[i].label, cs[i].reads, cs[i].coord,
                cs[i].rt, cs[i].wire, cs[i].total, cs[i].tok_s, bottleneck(&cs[i]), i == 0 ? (m->force_G >= 0 ? "  <- asked for" : "  <- chosen") : "");
     }
     printf("  (tok/s at --slots %d: reads and round trips once per step, wire and coordinator work per sequence)\n",
@@ -560,6 +629,8 @@ int shoal_plan_measured_choose(shoal_plan_measured *m, char *err, size_t errlen)
         m->spread = cs[0].spread;
         m->G = cs[0].G;
         m->relay_fanout = cs[0].F;
+        m->relay_peer_Bps = cs[0].peer;
+        m->relay_hop_s = cs[0].hop;
         m->predicted_s = cs[0].total;
         for (int w = 0; w < W; w++)
             m->tslot[w] = -1;

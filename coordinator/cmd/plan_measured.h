@@ -25,7 +25,8 @@
  *                 coordinator's NIC, its two directions separate (full
  *                 duplex, as a real port and tc tbf on each side pace them),
  *                 as a per-step timeline: the coordinator sends the step's x
- *                 (x_in / steps) to the G trunk servers one after the other
+ *                 (x_in / steps) with its TRUNK_BATCH header (194 bytes,
+ *                 measured) to the G trunk servers one after the other
  *                 (at the NIC's rate, at most each link's), and each
  *                 server's reply (y_out / steps / G) passes the NIC's
  *                 incoming side once its server holds x, one reply after
@@ -42,20 +43,32 @@
  * and, at S slots (S sequences per step): reads and round trips once per
  * step, wire and coordinator work S times; tokens/s = S / step time.
  *
- * The relay tree (PROTOCOL.md §3.9) is considered for every spread over G >= 4
- * servers with F = 2, 3, 4 < G, in the tree the coordinator builds (F roots,
- * then level by level, each level's members taking the previous level's in
- * turn as parents): per step, with x = the step's input (x_in / steps), the
- * coordinator sends x to the roots one after the other (at --nic-gbps when
- * given, else each on its own link), each parent to its children one after
- * the other (at --peer-gbps when given, else the lower of the parent's and the
- * child's measured link rate; store and forward); the step's timeline above
- * then runs with those arrival times (every server still replies directly),
- * the busiest link carries x once in from its parent and once per child out,
- * and the round trips gain one one-way hop (RTT / 2 + the overhead) per level
- * below the roots. Without a shared NIC (--nic-gbps) the coordinator's links
- * are independent and a tree
- * only adds hops, so it is never chosen.
+ * The relay trees (PROTOCOL.md §3.9) are considered for every spread over
+ * G >= 4 servers with F = 2, 3, 4 < G, in the tree the coordinator builds (F
+ * roots, then level by level, each level's members taking the previous
+ * level's in turn as parents), and, with a shared NIC, the latency-aware
+ * schedule (`relay greedy`, coordinator/cluster/relaytree.h, the same function
+ * the coordinator runs) for every spread over G >= 2, computed from the step's
+ * x bytes, the NIC, the peer rate (--peer-gbps, else the slowest trunk
+ * server's measured link) and the hop (below). Per step the coordinator sends
+ * x with its header to each of its own children one after the other (at
+ * --nic-gbps, at most each link's rate), each followed by its subtree's
+ * headers (194 bytes each); each parent forwards x to its children one after
+ * the other (at --peer-gbps when given; greedy: the peer rate above; else the
+ * lower of the parent's and the child's measured link rate; store and
+ * forward), a copy arriving its turn x x / rate + the hop after its parent
+ * holds x -- the hop is a worker-to-worker one-way latency (the slowest
+ * trunk server's RTT / 2) + the overhead, inside the arrival (in the wire
+ * term, not the round trips); a server computes once it holds x and its
+ * header. The step's timeline above then runs with those times (every server
+ * still replies directly), and the busiest link carries x once in from its
+ * parent and once per child out. Equal totals over the same servers: the
+ * fewer copies of x the coordinator sends itself first (less egress), then
+ * direct, the smaller F, greedy last. plan.json gets "relay_fanout" (2..4, or "greedy" with
+ * "relay_rates": nic_gbps, peer_gbps, hop_us, what it was priced with).
+ * Without a shared NIC (--nic-gbps) the coordinator's links are independent
+ * and a tree only adds hops: no fixed tree is chosen, the greedy schedule is
+ * not listed.
  *
  * The coordinator's memory: a placement fits only when the bytes the
  * coordinator holds -- the embedding table and, trunk local, every other
@@ -102,7 +115,10 @@ typedef struct {
     /* out */
     int spread;         /* 1: trunk rows on G workers */
     int G;
-    int relay_fanout;   /* 0: every trunk input direct; F: the relay tree of fan-out F (PROTOCOL.md §3.9) */
+    int relay_fanout;   /* 0: every trunk input direct; F: the relay tree of fan-out F (PROTOCOL.md §3.9);
+                           SHOAL_RELAY_GREEDY: the latency-aware schedule (coordinator/cluster/relaytree.h) */
+    double relay_peer_Bps, relay_hop_s; /* the hops' rate and latency the relay was priced with (plan.json
+                                           relay_rates, with nic_Bps, for the greedy schedule) */
     int *tslot;         /* [nworkers], caller's: part index of worker w, or -1 */
     uint64_t *count;    /* [nworkers], caller's: routed experts each should hold (sum = all) */
     double predicted_s; /* the choice's s/token */

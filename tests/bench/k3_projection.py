@@ -17,7 +17,11 @@ server holds x, computed node by node (the coordinator's sends at its NIC
 rate, each parent's at its link rate) in place of G x / NIC; (ii) one one-way
 hop (RTT/2 + the per-exchange software cost X) per level below the roots;
 (iii) a parent's link carries x once in and once per child out. And the best
-placement's s/token for one user and tokens/s for 8.
+placement's s/token for one user and tokens/s for 8. Since the latency-aware
+schedule (`--relay-fanout greedy`, `greedy_schedule`) the relay hop is inside
+each relayed copy's arrival (`timeline`) instead of (ii), every request carries
+a HDR-byte header on the coordinator's outgoing side, and greedy is a
+candidate for every spread over G >= 2.
 
 The coordinator's NIC is full duplex (plan_measured.h): per trunk step x goes
 out to the servers (or the roots) one after the other, and each reply comes
@@ -66,7 +70,8 @@ K = 16
 IMB = 1.2                  # load imbalance (assumed, as in the earlier projections)
 EFF = 0.82                 # kernel share of the read pass (measured, docs/PERFORMANCE.md)
 X = 0.1e-3                 # software cost per exchange beyond the RTT (assumed)
-HDR = 256                  # a relayed TRUNK_BATCH's header without x (segments, step id; bytes)
+HDR = 194                  # a TRUNK_BATCH's header without x (segments, layer; bytes; measured on k3-nano, as in
+                           # plan_measured.c SHOAL_PLAN_TBATCH_HDR), sent to every trunk server every step
 
 CLASSES = {
     "bare metal": {"link_Bps": 25e9 / 8, "rtt": 0.2e-3, "read": 100 * GB},
@@ -77,35 +82,103 @@ CLASSES = {
 }
 
 
-def tree_arrival(G, F, xb, nic, link, hop=None):
-    """when each of G servers holds xb bytes (F = 0: sent directly to each),
-    in the tree the coordinator builds (PROTOCOL.md §3.9, trunk_client.c
-    plan_tree): F roots fed by the coordinator one after the other at nic (at
-    most link each); then level by level, each level's members taking the
-    previous level's members in turn as parents (at most F children each), a
-    parent feeding its children one after the other at hop (the workers'
-    links to each other; default link). Returns (the arrival times, levels,
-    children of the busiest parent)."""
+def fixed_parents(G, F):
+    """the parents (-1: the coordinator) of the tree of fan-out F the
+    coordinator builds (PROTOCOL.md §3.9, trunk_client.c plan_tree): F roots,
+    then level by level each level's members taking the previous level's
+    members in turn as parents (at most F children each); F = 0: all direct"""
     R = F if F else G
-    t = [0.0] * G
-    lvl = [1] * G
-    nk = [0] * G
-    for i in range(min(R, G)):
-        t[i] = max((i + 1) * xb / nic, xb / link)
+    par = [-1] * G
     j, start, size = R, 0, R
     while j < G:
         nxt = 0
         for o in range(F * size):
             if j >= G:
                 break
-            p = start + o % size
-            nk[p] += 1
-            t[j] = t[p] + nk[p] * xb / (hop or link)
-            lvl[j] = lvl[p] + 1
+            par[j] = start + o % size
             j += 1
             nxt += 1
         start, size = start + size, nxt
+    return par
+
+
+def timeline(par, xb, nic, link, peer, lat, hdr=0.0):
+    """when each server can compute (plan_measured.h): the coordinator sends,
+    to each of its own children in server order, x with its header (xb + hdr
+    bytes, at nic, each arriving no sooner than xb / link), each followed by
+    the headers (hdr bytes each, in server order) of the servers of that
+    child's subtree; a relayed server's x arrives at its parent's x arrival +
+    its turn among the parent's sends x xb / peer + lat (the hop's one-way
+    latency + the forward's software cost), and it computes once it holds
+    both x and its header. Returns (the times each can compute, levels,
+    children of the busiest parent)."""
+    G = len(par)
+    tx, t, lvl, nk, root = [0.0] * G, [0.0] * G, [1] * G, [0] * G, list(range(G))
+    for j, p in enumerate(par):
+        if p >= 0:
+            root[j] = root[p]
+    hdr_at = [0.0] * G
+    sent = 0.0
+    for j, p in enumerate(par):
+        if p < 0:
+            sent += (xb + hdr) / nic
+            tx[j] = t[j] = max(sent, xb / link)
+            for k in range(j + 1, G):
+                if par[k] >= 0 and root[k] == j:
+                    sent += hdr / nic
+                    hdr_at[k] = sent
+        else:
+            nk[p] += 1
+            tx[j] = tx[p] + nk[p] * xb / peer + lat
+            t[j] = max(tx[j], hdr_at[j])
+            lvl[j] = lvl[p] + 1
     return t, max(lvl), max(nk)
+
+
+def tree_arrival(G, F, xb, nic, link, hop=None, lat=0.0, hdr=0.0):
+    """the timeline of the fan-out F tree (F = 0: all direct); the hops at
+    hop bytes/s (default link)"""
+    return timeline(fixed_parents(G, F), xb, nic, link, hop or link, lat, hdr)
+
+
+def greedy_schedule(G, xb, nic, peer, lat, max_sub=64):
+    """the latency-aware relay schedule (`--relay-fanout greedy`, PROTOCOL.md
+    §3.9, docs/PERFORMANCE.md "A latency-aware relay schedule"), from the rule
+    as documented: every holder of x keeps sending it -- the coordinator's
+    k-th copy arrives at k * xb / nic, a server that holds x at a delivers its
+    j-th child's at a + j * xb / peer + lat -- and the servers, in index
+    order, each go to the holder that delivers earliest; ties to the
+    coordinator, then to the earliest-served server; a server joins a root's
+    subtree only while it has fewer than max_sub members (else the
+    coordinator sends it). Returns [(parent or -1, its position among its
+    parent's sends, its root, arrival)] per server."""
+    c, d = xb / nic, xb / peer
+    out, kids, sub = [], [], {}
+    direct = 0
+    for i in range(G):
+        best, by = (direct + 1) * c, -1
+        for p in range(i):
+            if sub[out[p][2]] >= max_sub:
+                continue
+            when = out[p][3] + (kids[p] + 1) * d + lat
+            if when < best:
+                best, by = when, p
+        if by < 0:
+            direct += 1
+            out.append((-1, direct, i, best))
+            sub[i] = 0
+        else:
+            kids[by] += 1
+            out.append((by, kids[by], out[by][2], best))
+            sub[out[by][2]] += 1
+        kids.append(0)
+    return out
+
+
+def greedy_arrival(G, xb, nic, link, peer, lat, hdr=0.0):
+    """the timeline of greedy_schedule's tree (the schedule from x alone, as
+    the coordinator computes it; the timeline with the headers)"""
+    return timeline([p for p, _, _, _ in greedy_schedule(G, xb, nic, peer, lat)], xb, nic, link, peer, lat, hdr)
 
 
 def replies_in(t, b):
@@ -118,12 +191,16 @@ def replies_in(t, b):
     return done
 
 
-def step_time(G, F, xb, yb, nic, link):
+def step_time(G, F, xb, yb, nic, link, lat=0.0, hdr=0.0):
     """one trunk step's timeline (plan_measured.h): x out to the G servers (or
-    the F roots, then down the tree), each reply (yb) in as soon as its server
-    holds x, through the NIC's incoming side one after another, and no faster
-    than its own link. Returns (seconds, levels, children of the busiest parent)."""
-    t, levels, kids = tree_arrival(G, F, xb, nic, link)
+    the tree's roots, then down the tree: F fixed, or "greedy"), each reply
+    (yb) in as soon as its server holds x, through the NIC's incoming side one
+    after another, and no faster than its own link. Returns (seconds, levels,
+    children of the busiest parent)."""
+    if F == "greedy":
+        t, levels, kids = greedy_arrival(G, xb, nic, link, link, lat, hdr)
+    else:
+        t, levels, kids = tree_arrival(G, F, xb, nic, link, lat=lat, hdr=hdr)
     done = max(replies_in(t, [yb / nic] * G), max(ti + yb / link for ti in t))
     return done, levels, kids
 
@@ -150,24 +227,25 @@ def placement(cls, N, G, fanout=0, users=1):
         reads = max(hi, tr / B)
         coord = TRUNK_C / B * u
         rt = STEPS * rt1 + MOE * rt1
-        F = fanout if fanout and G > fanout else 0
+        F = fanout if fanout == "greedy" or (fanout and G > fanout) else 0
         nic = cls.get("nic_Bps", cls["link_Bps"])
-        step, levels, kids = step_time(G, F, X_IN / STEPS * u, Y_OUT / STEPS / G * u, nic, cls["link_Bps"])
-        rt += STEPS * (levels - 1) * (cls["rtt"] / 2 + X)   # one one-way hop per level below the roots
-        hdr = G * HDR * STEPS if F else 0.0                  # relayed requests' headers (x itself in the tree)
+        # every request's header in the timeline; a relay hop (RTT/2 + X) inside each relayed copy's arrival
+        step, levels, kids = step_time(G, F, X_IN / STEPS * u, Y_OUT / STEPS / G * u, nic, cls["link_Bps"],
+                                       cls["rtt"] / 2 + X, HDR)
     else:
         reads = EI / N / B
         coord = TRUNK_ALL / B + TRUNK_C / B * (u - 1)  # the trunk once per step, the attention part per sequence
         rt = MOE * rt1
-        step, kids, hdr, F = 0.0, 0, 0.0, 0
+        step, kids, F = 0.0, 0, 0
     # the coordinator's NIC, its two directions apart: every trunk step's timeline, every MoE exchange's (each of
     # the N workers' expected request out one after the other, its share of the k outputs in as ready), headers
     nic = cls.get("nic_Bps", cls["link_Bps"])
     inv = 1 - (1 - 1 / N) ** K
     exch = replies_in([(i + 1) * inv * ACT * u / nic for i in range(N)], [YEXP * u / N / nic] * N)
-    coord_wire = STEPS * step + MOE * exch + hdr / nic
+    coord_wire = STEPS * step + MOE * exch
     # each link its own (a trunk server's, the busiest): its x and its rows, its expert traffic; a parent x per child
-    link = ((X_IN + Y_OUT / G) * u if G else 0) + MOE * (ACT + YEXP / N) * u + (kids * X_IN * u if F else 0)
+    link = ((X_IN + Y_OUT / G) * u + STEPS * HDR if G else 0) + MOE * (ACT + YEXP / N) * u + \
+        (kids * X_IN * u if F else 0)
     wire = max(coord_wire, link / cls["link_Bps"])
     total = reads + coord + rt + wire
     mem_server = (TRUNK_R / G + FA if G else 0) + EXPERTS_ALL / N if G else EXPERTS_ALL / N
@@ -179,6 +257,8 @@ def placement(cls, N, G, fanout=0, users=1):
 def name(p):
     if not p["G"]:
         return "trunk local"
+    if p["fanout"] == "greedy":
+        return f"spread over {p['G']}, relay greedy"
     return f"spread over {p['G']}" + (f", relay tree F={p['fanout']}" if p["fanout"] else "")
 
 
@@ -214,6 +294,10 @@ def project():
             G = 4
             while G <= N:
                 tree += [placement(cls, N, G, F) for F in (2, 3, 4) if F < G]
+                G *= 2
+            G = 2
+            while G <= N:
+                tree.append(placement(cls, N, G, "greedy"))
                 G *= 2
             best_any = min(cands + tree, key=lambda p: p["total"])
             u8 = placement(cls, N, built["G"], users=8)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 33: uops per port of the AVX-512 MXFP4 GEMV's inner loop (the 4-row,
-# 1-token tile), both decodes, by llvm-mca. The loop is cut from the kernel as
+# Issue 33: uops per port of the MXFP4 GEMV's inner loop (AVX-512: the 4-row,
+# 1-token tile, both decodes; AVX2: the 2-row tile, OBJ = gemm_avx2.c.o and
+# FNS=mx_tile_2x1, MCPUS="znver3 haswell skylake"), by llvm-mca. The loop is cut from the kernel as
 # built (objdump of gemm_avx512.c.o: from the loop head to its backward
 # branch, the in-line prefetch branches kept as not taken, so the 4 row
 # prefetches issued every fourth group are counted every group), written to
@@ -9,6 +10,7 @@
 # Not a test: counts for docs/PERFORMANCE.md.
 # usage: tests/bench/mx_mca.sh [OBJ] [OUTDIR]   (OBJ default: build's gemm_avx512.c.o)
 #   FNS: the tile functions (default mx_tile_4x1 mx_tile_zx_4x1: the shift and vpmovzx decodes)
+#   MCPUS: the -mcpu models (default icelake-server sapphirerapids skylake-avx512)
 set -euo pipefail
 obj="${1:-build/CMakeFiles/shoal_kernels.dir/kernels/gemm_avx512.c.o}"
 out="${2:-/tmp/mx_mca}"
@@ -38,13 +40,13 @@ with open(sys.argv[2], 'w') as f:
         m = re.match(r'(j\w+)\s+[0-9a-f]+\s+<.*>', u)
         f.write('\t%s\n' % ('%s .Lhead' % m.group(1) if m else re.sub(r'<[^>]*>', '', u)))
 PY
-    for cpu in icelake-server sapphirerapids skylake-avx512; do
+    for cpu in ${MCPUS:-icelake-server sapphirerapids skylake-avx512}; do
         echo "== $fn -mcpu=$cpu ($(grep -c . "$out/$fn.s") lines)"
         "$mca" -mtriple=x86_64 -mcpu="$cpu" -iterations=400 "$out/$fn.s" > "$out/$fn.$cpu.txt" 2>&1 || true
         sed -n '/^Total Cycles/p;/^Total uOps/p;/^Block RThroughput/p' "$out/$fn.$cpu.txt"
-        sed -n '/^Resources:/,/^$/p' "$out/$fn.$cpu.txt" | grep -E 'Port(0|1|5)\b' | tr '\n' ' '; echo
+        sed -n '/^Resources:/,/^$/p' "$out/$fn.$cpu.txt" | grep -E 'Port(0|1|5)\b|Zn3FPP[0-3]\b' | tr '\n' ' '; echo
         sed -n '/^Resource pressure per iteration:/,/^$/p' "$out/$fn.$cpu.txt" | tail -n +2
         # vector ops by kind, per iteration (= per 4 row-groups)
-        grep -oE '^\s*(vpermps|vpmovzxbd|vpsrlvq|vpsrlq|vpsrld|vbroadcasti32x4|vfmadd[0-9]+ps)' "$out/$fn.s" | sort | uniq -c | tr '\n' ' '; echo
+        grep -oE '^\s*(vpermps|vpmovzxbd|vpsrlvq|vpsrlq|vpsrld|vpslld|vbroadcasti32x4|vbroadcasti128|vpshufb|vpunpck[lh]bw|vpand|vfmadd[0-9]+ps)' "$out/$fn.s" | sort | uniq -c | tr '\n' ' '; echo
     done
 done

@@ -11,7 +11,9 @@
 # usage: tests/bench/mx_t1_ab.sh OUT.jsonl ROUNDS NAME=BINDIR[:ENV=VAL] ...
 #   BINDIR holds shoal and bench_gemm (e.g. build/bin and build/tests in one
 #   folder of links); ENV=VAL is set for that configuration's runs (e.g.
-#   SHOAL_MX_DECODE=vpmovzx).
+#   SHOAL_MX_DECODE=vpmovzx). THREADS (default 1): the expert rows' --threads
+#   (the in-cache rows are one thread by construction). SHOAL_ISA from the
+#   caller's environment plays another ISA class (e.g. SHOAL_ISA=avx2).
 set -uo pipefail
 out="${1:?usage: mx_t1_ab.sh OUT.jsonl ROUNDS NAME=BINDIR[:ENV=VAL] ...}"
 rounds="${2:?rounds}"
@@ -30,7 +32,7 @@ for r in $(seq 1 "$rounds"); do
         dir="${rest%%:*}" envs=()
         [ "$dir" != "$rest" ] && envs=("${rest#*:}")
         load="$(cut -d' ' -f1-3 /proc/loadavg)"
-        env "${envs[@]}" "$dir/shoal" bench kernels --only expert --tokens 1 --threads 1 --json 2>/dev/null |
+        env "${envs[@]}" "$dir/shoal" bench kernels --only expert --tokens 1 --threads "${THREADS:-1}" --json 2>/dev/null |
             grep '^{' | tag "$r" "$name" "$load" >> "$out"
         env "${envs[@]}" "$dir/shoal" bench kernels --only in_cache --tokens 1 --threads 1 --json 2>/dev/null |
             grep '"gemv_mxfp4"' | tag "$r" "$name" "$load" >> "$out"

@@ -8,7 +8,8 @@ allow the coordinator's key and each other's (a relay parent connects to its
 children with its own key). Worker i holds part i of 4 of every trunk matrix
 and a quarter of the experts, and lists all 4 as --relay-peers.
 
-`shoal run --trunk remote --relay-fanout F` for F = 0 (direct), 2 and 3,
+`shoal run --trunk remote --relay-fanout F` for F = 0 (direct), 2, 3 and greedy
+(the latency-aware schedule, --relay-rates from the shaping and doctor's RTT),
 interleaved per round (one run of each per round, REPS rounds): decode s/token
 (1 / decode_tokens_per_s), the coordinator's trunk bytes sent per decoded
 token, relayed requests, fallbacks, and the ids against the in-process run;
@@ -60,14 +61,14 @@ def main():
     ap.add_argument("--rate-c", type=int, default=100, help="the coordinator's link, Mbit/s")
     ap.add_argument("--rate-w", type=int, default=1000, help="each worker's link, Mbit/s")
     ap.add_argument("--burst", default="8kb")
-    ap.add_argument("--fanouts", default="0,2,3")
+    ap.add_argument("--fanouts", default="0,2,3,greedy")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
         return 77
     model = os.path.abspath(a.model)
-    fans = [int(x) for x in a.fanouts.split(",")]
+    fans = [x if x == "greedy" else int(x) for x in a.fanouts.split(",")]
     tmp = tempfile.mkdtemp(prefix="shoal-relaybench-")
     for k in HOSTS:
         subprocess.run([BIN, "keygen", "-o", f"{tmp}/{k}"], check=True, capture_output=True)
@@ -124,13 +125,13 @@ def main():
                 print(r.stdout, flush=True)
             pred = {}
             for F, label in ((0, "trunk spread over 4"), (2, "spread over 4, relay F=2"),
-                             (3, "spread over 4, relay F=3")):
+                             (3, "spread over 4, relay F=3"), ("greedy", "spread over 4, relay greedy")):
                 m = re.search(r"^  " + re.escape(label) + r"\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
                               r"([\d.]+)", res["plan_output_forced_4"], re.M)
                 if m:
                     pred[F] = float(m.group(5))
             res["predicted_s_per_token"] = pred
-            cm = re.search(r"chosen: ([^,\n]+(?:, relay F=\d)?)", res["plan_output"])
+            cm = re.search(r"chosen: ([^,\n]+(?:, relay (?:F=\d|greedy))?)", res["plan_output"])
             res["plan_chose"] = cm.group(1) if cm else None
         else:
             print("doctor failed: " + r.stderr[-500:], flush=True)
@@ -139,10 +140,16 @@ def main():
                 "60000", "--expert-timeout-ms", "60000"]
         for e, w in zip(eps, HOSTS[1:]):
             base += ["--worker", e, "--worker-key", f"{tmp}/{w}.pub"]
+        # the greedy schedule's rates, as the plan prices it: the coordinator's link, the workers', and a hop of
+        # the slowest worker's RTT / 2 + the plan's 100 us overhead
+        rtt = max(w["rtt_p50_us"] for w in res["doctor"]["workers"]) if "doctor" in res else 200
+        res["relay_rates"] = rates = f"{a.rate_c / 1000!r},{a.rate_w / 1000!r},{rtt / 2 + 100!r}"
         for rnd in range(a.reps):
             for F in fans:
                 t0 = time.monotonic()
-                r = subprocess.run(base + ["--relay-fanout", str(F)], capture_output=True, text=True, timeout=900)
+                r = subprocess.run(base + ["--relay-fanout", str(F)] +
+                                   (["--relay-rates", rates] if F == "greedy" else []),
+                                   capture_output=True, text=True, timeout=900)
                 if r.returncode:
                     raise RuntimeError(f"F={F}: {r.stderr[-800:]}")
                 j = json.loads(r.stdout)
@@ -176,7 +183,7 @@ def main():
                                                  "max_s": max(ts), "paired_ratio_median": statistics.median(ratio),
                                                  "trunk_bytes_out_per_token": b}
         pm = pred.get(F, pred.get(str(F)))
-        print(f"{F:>3} {statistics.median(ts) * 1e3:16.1f} [{min(ts) * 1e3:8.1f}, {max(ts) * 1e3:8.1f}] {b:19.0f} "
+        print(f"{F!s:>3} {statistics.median(ts) * 1e3:16.1f} [{min(ts) * 1e3:8.1f}, {max(ts) * 1e3:8.1f}] {b:19.0f} "
               f"{statistics.median(ratio):11.3f} {pm * 1e3 if pm else float('nan'):13.1f} "
               f"{pm / statistics.median(ts) if pm else float('nan'):10.2f}")
     print(f"load {res['load_start']} -> {res['load_end']}; ids all same: "

@@ -18,6 +18,10 @@ sends is written here from the spec, not by shoal's client):
   inputs without requests: 8 parked, the 9th dropped, all counted on the
   worker's /metrics (shoal_expert_server_relay_*);
 - a root whose `fwd` names a peer it does not have: ERROR BAD_SHAPE.
+Coordinator cases: `shoal run --relay-fanout 0/2/3/greedy` against the
+in-process run (ids, logits, the tree's TRUNK_X counts per worker, the
+coordinator's trunk bytes exactly); a stopped relay parent; a plan's relay
+(greedy, with its relay_rates) honoured; CURVE relay links.
 Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS.
 """
 import json
@@ -33,6 +37,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+from k3_projection import greedy_schedule  # noqa: E402
 
 try:
     import msgpack
@@ -268,8 +274,8 @@ def sum_metric(urls, what):
 
 def case_coordinator():
     """4 trunk workers (rows i/4, relay peers of each other) and an expert
-    worker; `shoal run --trunk remote --relay-fanout F` for F = 0, 2, 3 against
-    the in-process run; then the same with --workers 4 (local workers given
+    worker; `shoal run --trunk remote --relay-fanout F` for F = 0, 2, 3 and
+    greedy (rates forcing a depth-3 unbalanced tree) against the in-process run; then the same with --workers 4 (local workers given
     each other as peers)."""
     rc, ref, ref_lg, err = run([])
     if not check("coordinator: in-process reference run", rc == 0 and ref and ref_lg, err[-300:]):
@@ -280,10 +286,18 @@ def case_coordinator():
         return
     base = ["--trunk", "remote"] + sum((["--worker", e] for e in [eex] + eps), [])
     sent = {}
-    for F in (0, 2, 3):
+    # greedy (relaytree.h): rates that make the coordinator 1000x slower than the peers and a 1 us hop, so
+    # that for every x size of the run (80 B .. 2.3 kB) the schedule of 4 members is w0 <- coordinator, w1 and
+    # w2 <- w0, w3 <- w1 (depth 3, children 2/1/0/0), and of 3 or 2 the first two places of it
+    rates = "0.000001,0.001,1"
+    sched = {n: [s[:2] for s in greedy_schedule(n, 2320.0, 1e-6 * 1e9 / 8, 1e-3 * 1e9 / 8, 1e-6)] for n in (2, 3, 4)}
+    check("greedy: the Python statement of the schedule for these rates: w0 <- C; w1, w2 <- w0; w3 <- w1",
+          sched[4] == [(-1, 1), (0, 1), (0, 2), (1, 1)] and sched[3] == sched[4][:3], f"{sched}")
+    for F in (0, 2, 3, "greedy"):
         b_in, b_bytes = sum_metric(urls, "in"), sum_metric(urls, "in_bytes")
         b_out = [relay_metric(u, f"w{i}", "out") for i, u in enumerate(urls)]
-        rc, j, lg, err = run(base + ["--relay-fanout", str(F)])
+        b_ins = [relay_metric(u, f"w{i}", "in") for i, u in enumerate(urls)]
+        rc, j, lg, err = run(base + ["--relay-fanout", str(F)] + (["--relay-rates", rates] if F == "greedy" else []))
         if not check(f"relay F={F}: run ok", rc == 0 and j, err[-400:]):
             continue
         check(f"relay F={F}: ids and logits identical to the in-process run",
@@ -297,6 +311,14 @@ def case_coordinator():
               f"{relayed} relayed, {j.get('trunk_relay_fallbacks')} fallbacks, workers took {n_in}")
         sent[F] = (j["trunk_wire_bytes_out"], n_in, n_bytes)
         outs = [relay_metric(u, f"w{i}", "out") - b_out[i] for i, u in enumerate(urls)]
+        if F == "greedy":
+            ins = [relay_metric(u, f"w{i}", "in") - b_ins[i] for i, u in enumerate(urls)]
+            s = ins[3]  # every step with 4 members gives w3 one input (through w1)
+            check("relay greedy: TRUNK_X per worker as the schedule says, every step: w0 sent 2 (to w1, w2), w1 "
+                  "took 1 and sent 1 (to w3), w2 and w3 took 1 each and sent none; all relayed by the tree",
+                  s > 0 and outs == [2 * s, s, 0, 0] and ins == [0, s, s, s] and relayed == 3 * s and
+                  j.get("trunk_relay_fanout") == "greedy", f"out {outs} in {ins} relayed {relayed}")
+            continue
         # the tree (PROTOCOL.md §3.9): F roots in worker order, then each level round the previous one's members;
         # with 4 workers F=2: w0 -> w2, w1 -> w3; F=3: w0 -> w3, w1 and w2 plain (steps with fewer workers
         # involved: F=2 with 3, w0 -> w2 only; F=3 with 3 or fewer, no tree)
@@ -304,6 +326,14 @@ def case_coordinator():
                       3: lambda o: o[0] > 0 and o[1] == o[2] == o[3] == 0}[F]
         check(f"relay F={F}: the roots forward as the tree says (TRUNK_X sent per worker {outs}), as many as "
               "were taken", want_shape(outs) and sum(outs) == n_in, f"{outs}, taken {n_in}")
+    if 0 in sent and "greedy" in sent:
+        # per step w1, w2, w3 get the header with 'xid' and 'wait_ms' (24 bytes more each, as below) and no x;
+        # w0, the root, x and the header with 'xid', 'wait_ms' and 'fwd' [[1, 0], [2, 0], [3, 1]]: 24 + 5 + 3 x 3
+        out0, (out, n_in, n_bytes) = sent[0][0], sent["greedy"]
+        want = out0 - n_bytes + 24 * n_in + 38 * (n_in // 3)
+        check(f"relay greedy: coordinator trunk bytes sent {out0} -> {out} = {out0} - {n_bytes} (x frames the "
+              f"workers took via TRUNK_X) + 24 x {n_in} (relay keys) + 38 x {n_in // 3} (the root's keys and fwd)",
+              out == want, f"got {out}, formula {want}")
     if 0 in sent:
         for F in (2, 3):
             if F not in sent:
@@ -323,6 +353,13 @@ def case_coordinator():
     rc, j, lg, err = run(["--workers", "2", "--trunk", "remote", "--relay-fanout", "1"])
     check("--relay-fanout 1: refused as a usage error (a chain relays nothing)", rc == 2 and "relay" in err,
           f"rc {rc} {err[-300:]}")
+    rc, j, lg, err = run(["--workers", "2", "--trunk", "remote", "--relay-fanout", "greedy"])
+    check("--relay-fanout greedy without rates (no --relay-rates, no plan): refused naming --relay-rates",
+          rc != 0 and "--relay-rates" in err, f"rc {rc} {err[-300:]}")
+    for bad in ("1,1", "0,1,5", "1,1,-2", "1,x,3"):
+        rc, j, lg, err = run(["--workers", "2", "--trunk", "remote", "--relay-fanout", "greedy", "--relay-rates", bad])
+        check(f"--relay-rates {bad}: refused as a usage error", rc == 2 and "--relay-rates" in err,
+              f"rc {rc} {err[-300:]}")
     # local workers (--workers 4 --trunk remote): each other's relay peers
     rc, j, lg, err = run(["--workers", "4", "--trunk", "remote", "--relay-fanout", "2"])
     check("--workers 4 --trunk remote --relay-fanout 2: ids and logits identical to the in-process run, "
@@ -332,10 +369,12 @@ def case_coordinator():
 
 def case_stopped_parent():
     """Rows replicated on two of 4 trunk workers (worker i: parts i and i+1 of
-    4), F = 2, --failover-ms 300: w0, a root of every tree it is in, is
-    SIGSTOPped once it has forwarded some inputs mid-stream; its children's
-    requests get no input, are resent directly, and w0's own rows go to their
-    other owners: the stream completes with the in-process ids and logits."""
+    4), F = 2 and then greedy (the depth-3 rates of case_coordinator),
+    --failover-ms 300: w0, a root of every tree it is in, is SIGSTOPped once
+    it has forwarded some inputs mid-stream; its children's requests (and
+    under greedy its grandchildren's) get no input, are resent directly, and
+    w0's own rows go to their other owners: the stream completes with the
+    in-process ids and logits."""
     rc, ref, ref_lg, err = run([], gen=24)
     if not check("stopped parent: in-process reference run", rc == 0 and ref and ref_lg, err[-300:]):
         return
@@ -344,36 +383,42 @@ def case_stopped_parent():
     eex = start_expert_worker()
     if not check("stopped parent: 4 replicated trunk workers up and linked", wait_linked(4)):
         return
-    stopped = []
+    for mode, extra in (("2", []), ("greedy", ["--relay-rates", "0.000001,0.001,1"])):
+        stopped = []
+        out0 = relay_metric(urls[0], "w0", "out") or 0
 
-    def stopper():
-        if harness.poll(lambda: (relay_metric(urls[0], "w0", "out") or 0) >= 40, 60):
-            w0.send_signal(signal.SIGSTOP)
-            stopped.append(time.monotonic())
-    th = threading.Thread(target=stopper)
-    th.start()
-    try:
-        rc, j, lg, err = run(["--trunk", "remote", "--relay-fanout", "2", "--failover-ms", "300",
-                              "--expert-timeout-ms", "20000"] + sum((["--worker", e] for e in [eex] + eps), []),
-                             gen=24)
-    finally:
-        th.join()
-        w0.send_signal(signal.SIGCONT)
-    check("stopped parent: w0 was SIGSTOPped mid-stream (after forwarding 40 inputs)", stopped != [])
-    check("stopped parent: the stream completes with the in-process ids and logits",
-          rc == 0 and j and j["generated_ids"] == ref["generated_ids"] and lg == ref_lg,
-          f"rc {rc} {err[-400:]}")
-    check("stopped parent: its children's requests were resent directly (trunk_relay_fallbacks >= 1)",
-          j is not None and j.get("trunk_relay_fallbacks", 0) >= 1 and j.get("trunk_relayed_requests", 0) > 0,
-          f"{j and {k_: v for k_, v in j.items() if 'relay' in k_}}")
+        def stopper():
+            if harness.poll(lambda: (relay_metric(urls[0], "w0", "out") or 0) >= out0 + 40, 60):
+                w0.send_signal(signal.SIGSTOP)
+                stopped.append(time.monotonic())
+        th = threading.Thread(target=stopper)
+        th.start()
+        try:
+            rc, j, lg, err = run(["--trunk", "remote", "--relay-fanout", mode, "--failover-ms", "300",
+                                  "--expert-timeout-ms", "20000"] + extra +
+                                 sum((["--worker", e] for e in [eex] + eps), []), gen=24)
+        finally:
+            th.join()
+            w0.send_signal(signal.SIGCONT)
+        tag = f"stopped parent (F={mode})"
+        check(f"{tag}: w0 was SIGSTOPped mid-stream (after forwarding 40 inputs)", stopped != [])
+        check(f"{tag}: the stream completes with the in-process ids and logits",
+              rc == 0 and j and j["generated_ids"] == ref["generated_ids"] and lg == ref_lg,
+              f"rc {rc} {err[-400:]}")
+        check(f"{tag}: its children's requests were resent directly (trunk_relay_fallbacks >= 1)",
+              j is not None and j.get("trunk_relay_fallbacks", 0) >= 1 and j.get("trunk_relayed_requests", 0) > 0,
+              f"{j and {k_: v for k_, v in j.items() if 'relay' in k_}}")
+        # w0 answers again (SIGCONT) before the next run: its backlog of late replies is dropped by the next
+        # coordinator (a new process, new connections)
 
 
 def case_plan():
     """plan.json's relay_fanout (`shoal plan --measured`, chosen behind a slow
-    shared NIC) is honoured: 4 workers started with `shoal expert --plan P
-    --name wI` take every trunk worker of the plan as relay peers, `shoal run
-    --plan P --trunk remote` relays with the plan's fan-out; ids and logits
-    identical to the in-process run."""
+    shared NIC: the greedy schedule, with its relay_rates) is honoured: 4
+    workers started with `shoal expert --plan P --name wI` take every trunk
+    worker of the plan as relay peers, `shoal run --plan P --trunk remote`
+    relays with the plan's schedule; ids and logits identical to the
+    in-process run."""
     rc, ref, ref_lg, err = run([])
     d = os.path.join(tmp, "plan")
     os.makedirs(d, exist_ok=True)
@@ -388,7 +433,10 @@ def case_plan():
                         f"{d}/doctor.json", "--nic-gbps", "0.008", "-o", f"{d}/plan.json"], capture_output=True,
                        text=True, timeout=60)
     pl = json.load(open(f"{d}/plan.json")) if r.returncode == 0 else None
-    if not check("plan: shoal plan --measured writes relay_fanout 2", pl and pl.get("relay_fanout") == 2,
+    # the greedy schedule (w0 feeding w1..w3 behind the 1 MB/s NIC) is the fastest here; plan.json carries the
+    # rates it was priced with, which run --plan takes
+    if not check("plan: shoal plan --measured writes relay_fanout greedy with its relay_rates",
+                 pl and pl.get("relay_fanout") == "greedy" and pl.get("relay_rates", {}).get("nic_gbps") == 0.008,
                  r.stdout[-800:] + r.stderr[-300:]):
         return
     for i, w in enumerate(pl["workers"]):  # the same plan on one host: ipc endpoints
@@ -408,8 +456,9 @@ def case_plan():
     if not check("plan: 4 workers from the plan, each other's relay peers", harness.poll(linked, 60)):
         return
     rc, j, lg, err = run(["--plan", f"{d}/plan.json", "--trunk", "remote"])
-    check("plan: run --plan relays with the plan's fan-out; ids and logits identical to the in-process run",
-          rc == 0 and j and j.get("trunk_relay_fanout") == 2 and j.get("trunk_relayed_requests", 0) > 0 and
+    check("plan: run --plan relays with the plan's schedule (greedy, its rates); ids and logits identical to the "
+          "in-process run",
+          rc == 0 and j and j.get("trunk_relay_fanout") == "greedy" and j.get("trunk_relayed_requests", 0) > 0 and
           j["generated_ids"] == ref["generated_ids"] and lg == ref_lg, f"rc {rc} {err[-400:]}")
 
 

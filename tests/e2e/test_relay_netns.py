@@ -13,15 +13,16 @@ children with its own key).
    WORKER_RAM each: k3-nano's trunk (6.1 MiB on the coordinator with the trunk
    local, 1.1 MiB spread) does not fit on the coordinator, nor its rows on 1 or
    2 workers (5.0 and 2.5 MiB), so the placements left are the spread over 4,
-   direct or through a relay tree (F = 2, 3); the plan must choose a tree
-   (plan.json relay_fanout). k3-nano rather than tiny-k3: its trunk inputs per
+   direct or through a relay tree (F = 2, 3, or the latency-aware schedule,
+   greedy); the plan must choose a tree (plan.json relay_fanout). k3-nano rather than tiny-k3: its trunk inputs per
    step are larger beside the ~200-byte request headers the plan's wire term
    leaves out (docs/PERFORMANCE.md), and its inputs x 4 outweigh its outputs,
    so the model ranks the trees by their own figures.
 3. The workers started from that plan in their namespaces (`shoal expert --plan
    --name`, the plan's trunk workers as relay peers, `--relay-keys`); every
    placement the plan priced is served from the coordinator's namespace
-   (`shoal run --plan --relay-fanout F`, F = 0, 2, 3), one greedy generation of
+   (`shoal run --plan --relay-fanout F`, F = 0, 2, 3, greedy with the plan's
+   relay_rates, or the rates it priced greedy with), one greedy generation of
    GEN tokens each, decode s/token = 1 / decode_tokens_per_s.
 Checks: the chosen placement's s/token within 10% of the fastest measured; each
 placement's prediction within 30% of its measured s/token; the ids identical to
@@ -57,7 +58,8 @@ WORKER_RAM = 2500000  # bytes: a quarter of the trunk rows and the experts fit, 
 COORD_MEM = "2MiB"    # the trunk spread (0.9 MiB) fits, the trunk local (3.7 MiB) does not
 GEN = int(os.environ.get("SHOAL_RELAY_GEN", "12"))
 PROMPT = "5,17,3,99"
-LABELS = {0: "trunk spread over 4", 2: "spread over 4, relay F=2", 3: "spread over 4, relay F=3"}
+LABELS = {0: "trunk spread over 4", 2: "spread over 4, relay F=2", 3: "spread over 4, relay F=3",
+          "greedy": "spread over 4, relay greedy"}
 N = harness.Netns("rn", 76, HOSTS)
 R = harness.Recorder(T)
 counts, record, check = R.counts, R.record, R.check
@@ -146,7 +148,7 @@ def main():
               r.stdout[-1500:])
         pred = {F: row(r.stdout, lab) for F, lab in LABELS.items()}
         if not check("the plan chooses a relay tree over the 4 (relay_fanout in plan.json), every placement priced",
-                     plan.get("trunk") == "spread" and plan.get("trunk_servers") == 4 and chosen in (2, 3) and
+                     plan.get("trunk") == "spread" and plan.get("trunk_servers") == 4 and chosen in (2, 3, "greedy") and
                      all(pred.values()), f"{json.dumps({k: plan.get(k) for k in ('trunk', 'trunk_servers', 'relay_fanout')})} {pred}"):
             return 1
         # 3. the plan's workers, each placement served
@@ -165,6 +167,11 @@ def main():
                 "--curve-keys", tmp, "--ids", PROMPT, "--gen", str(GEN), "--json", "--threads", "1", "--trunk", "remote",
                 "--hello-timeout-ms", "30000"]
         times = {F: [] for F in LABELS}
+        # the greedy schedule's rates: the plan's relay_rates when it chose it, else what it priced it with (the
+        # NIC and peer rates given to plan, the hop = the slowest worker's RTT / 2 + the 100 us overhead)
+        rr = plan.get("relay_rates") or {"nic_gbps": RATE_C / 1000, "peer_gbps": RATE_W / 1000,
+                                         "hop_us": max(w["rtt_p50_us"] for w in doc["workers"]) / 2 + 100}
+        rates = f"{rr['nic_gbps']!r},{rr['peer_gbps']!r},{rr['hop_us']!r}"
         runs = []
 
         def off():
@@ -173,7 +180,8 @@ def main():
             return best[chosen] > 1.1 * fastest or any(abs(pred[F] - best[F]) > 0.3 * best[F] for F in LABELS)
         for rnd in range(3):
             for F in LABELS:
-                r = sh(base + ["--relay-fanout", str(F)], check_rc=False, timeout=180)
+                r = sh(base + ["--relay-fanout", str(F)] + (["--relay-rates", rates] if F == "greedy" else []),
+                       check_rc=False, timeout=180)
                 if not check(f"round {rnd}: {LABELS[F]} served", r.returncode == 0, r.stderr[-800:]):
                     return 1
                 j = json.loads(r.stdout)
@@ -196,10 +204,10 @@ def main():
             check(f"{LABELS[F]}: prediction {pred[F] * 1e3:.1f} ms within 30% of the measured {best[F] * 1e3:.1f} ms",
                   abs(pred[F] - best[F]) <= 0.3 * best[F], "")
         bad = [(F, j["generated_ids"]) for F, j in runs if j["generated_ids"] != ref]
-        check(f"ids identical to the in-process run in every run ({len(runs)} runs, 3 placements)", not bad,
+        check(f"ids identical to the in-process run in every run ({len(runs)} runs, {len(LABELS)} placements)", not bad,
               f"{bad[:2]} vs {ref}")
         check("the relayed runs relayed, the direct ones did not", all(
-            (j.get("trunk_relayed_requests", 0) > 0) == (F > 0) for F, j in runs),
+            (j.get("trunk_relayed_requests", 0) > 0) == (F != 0) for F, j in runs),
             str([(F, j.get("trunk_relayed_requests"), j.get("trunk_relay_fallbacks")) for F, j in runs]))
         print(f"time: {time.monotonic() - t_start:.1f} s", flush=True)
         if os.environ.get("SHOAL_RELAY_NETNS_OUT"):  # the raw figures, for docs/data

@@ -267,8 +267,55 @@ static void t_planfile(void)
     CHECK(b && !strcmp(b->experts, "1-2:2-3") && !b->endpoint);
     CHECK(!strcmp(shoal_planfile_find(&p, "a")->listen, "tcp://0.0.0.0:1"));
     CHECK(!shoal_planfile_find(&p, "c"));
+    CHECK_EQ_INT(p.relay_fanout, 0);
     shoal_planfile_free(&p);
     unlink(path);
+}
+
+/* relay_fanout: 0, 2..4, or "greedy" with relay_rates (PROTOCOL.md §3.9) */
+static void t_planfile_relay(void)
+{
+    const char *w = "\"workers\":[{\"name\":\"a\",\"experts\":\"1-2:0-3\"}]";
+    struct {
+        const char *extra;
+        int rc, fanout;
+        double nic, peer, hop;
+    } cs[] = {
+        {"\"relay_fanout\":3", 0, 3, 0, 0, 0},
+        {"\"relay_fanout\":\"greedy\",\"relay_rates\":{\"nic_gbps\":1,\"peer_gbps\":2.5,\"hop_us\":350}", 0,
+         SHOAL_RELAY_GREEDY, 1, 2.5, 350},
+        {"\"relay_fanout\":\"greedy\",\"relay_rates\":{\"nic_gbps\":1,\"peer_gbps\":2.5,\"hop_us\":0}", 0,
+         SHOAL_RELAY_GREEDY, 1, 2.5, 0},
+        {"\"relay_fanout\":\"greedy\"", SHOAL_EFORMAT, 0, 0, 0, 0},
+        {"\"relay_fanout\":\"greedy\",\"relay_rates\":{\"nic_gbps\":0,\"peer_gbps\":2.5,\"hop_us\":1}",
+         SHOAL_EFORMAT, 0, 0, 0, 0},
+        {"\"relay_fanout\":\"greedy\",\"relay_rates\":{\"nic_gbps\":1,\"peer_gbps\":2.5,\"hop_us\":-1}",
+         SHOAL_EFORMAT, 0, 0, 0, 0},
+        {"\"relay_fanout\":\"greedy\",\"relay_rates\":{\"nic_gbps\":1,\"peer_gbps\":\"2\",\"hop_us\":1}",
+         SHOAL_EFORMAT, 0, 0, 0, 0},
+        {"\"relay_fanout\":\"fast\"", SHOAL_EFORMAT, 0, 0, 0, 0},
+        {"\"relay_fanout\":1", SHOAL_EFORMAT, 0, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        char path[] = "/tmp/shoal-test-plan-XXXXXX", doc[512], err[256];
+        int fd = mkstemp(path);
+        CHECK(fd >= 0);
+        snprintf(doc, sizeof doc, "{\"format\":\"shoal-plan\",\"version\":1,%s,%s}", w, cs[i].extra);
+        CHECK((size_t)write(fd, doc, strlen(doc)) == strlen(doc));
+        close(fd);
+        shoal_planfile p;
+        memset(&p, 0, sizeof p);
+        int rc = shoal_planfile_read(&p, path, err, sizeof err);
+        CHECK_MSG(rc == cs[i].rc, "%s: rc %d (%s)", cs[i].extra, rc, rc ? err : "");
+        if (!rc && !cs[i].rc) {
+            CHECK_EQ_INT(p.relay_fanout, cs[i].fanout);
+            CHECK(p.relay_nic_gbps == cs[i].nic && p.relay_peer_gbps == cs[i].peer && p.relay_hop_us == cs[i].hop);
+        }
+        if (rc)
+            CHECK_STR_CONTAINS(err, "relay_");
+        shoal_planfile_free(&p);
+        unlink(path);
+    }
 }
 
 int main(void)
@@ -283,5 +330,6 @@ int main(void)
     RUN(t_bytes);
     RUN(t_cluster);
     RUN(t_planfile);
+    RUN(t_planfile_relay);
     return test_finish();
 }
