@@ -446,17 +446,9 @@ static void mu_round_x(float *xb, int xs, uint8_t *lo, uint8_t *hi, const float 
         __attribute__((aligned(32))) uint32_t mn[8], mx[8];
         _mm256_store_si256((__m256i *)mn, fmin);
         _mm256_store_si256((__m256i *)mx, fmax);
-        int fl = 255, fh = 0;
-        for (int i = 0; i < 8; i++) {
-            fl = (int)mn[i] < fl ? (int)mn[i] : fl;
-            fh = (int)mx[i] > fh ? (int)mx[i] : fh;
-        }
         /* the bounds of gemm_avx512.c's fold path, and e >= 26 and fmax <= 219 for
          * the 2^24-scaled integer weights (mu_blk_fold) */
-        int j = (c - c0) / 32, l = 137 - fl < 26 ? 26 : 137 - fl, u = 371 - fh > 252 ? 252 : 371 - fh;
-        if (fl < 10 || fh > 219) /* tiny or huge (or non-finite) activations: no fold */
-            l = 255, u = 0;
-        lo[j] = (uint8_t)l, hi[j] = (uint8_t)u;
+        shoal__mu_fold_range(&lo[(c - c0) / 32], &hi[(c - c0) / 32], mn, mx, 8, 26, 219);
     }
 }
 

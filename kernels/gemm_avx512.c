@@ -471,15 +471,7 @@ static void mu_round_x(float *xb, int xs, uint8_t *lo, uint8_t *hi, const float 
         __attribute__((aligned(64))) uint32_t mn[16], mx[16];
         _mm512_store_si512((void *)mn, fmin);
         _mm512_store_si512((void *)mx, fmax);
-        int fl = 255, fh = 0;
-        for (int i = 0; i < 16; i++) {
-            fl = (int)mn[i] < fl ? (int)mn[i] : fl;
-            fh = (int)mx[i] > fh ? (int)mx[i] : fh;
-        }
-        int j = (c - c0) / 32, l = 137 - fl < 2 ? 2 : 137 - fl, u = 371 - fh > 252 ? 252 : 371 - fh;
-        if (fl < 10 || fh > 244) /* tiny or huge (or non-finite) activations: no fold */
-            l = 255, u = 0;
-        lo[j] = (uint8_t)l, hi[j] = (uint8_t)u;
+        shoal__mu_fold_range(&lo[(c - c0) / 32], &hi[(c - c0) / 32], mn, mx, 16, 2, 244);
     }
 }
 

@@ -1,6 +1,6 @@
-/* kernels: SSE2 pieces shared by the matrix-unit-order kernels of
- * gemm_avx512.c and gemm_avx2.c (include after <immintrin.h>). Internal to
- * kernels/. */
+/* kernels: SSE2 and scalar pieces shared by the matrix-unit-order kernels
+ * of gemm_avx512.c and gemm_avx2.c (include after <immintrin.h>). Internal
+ * to kernels/. */
 #ifndef SHOAL_KERNELS_MU_SSE_H
 #define SHOAL_KERNELS_MU_SSE_H
 
@@ -32,6 +32,26 @@ static inline __attribute__((always_inline)) void shoal__mu_transpose_b16(__m128
         out[4 * h + 2] = _mm_unpacklo_epi64(a[4 * h + 1], a[4 * h + 3]);
         out[4 * h + 3] = _mm_unpackhi_epi64(a[4 * h + 1], a[4 * h + 3]);
     }
+}
+
+/* The fold path's scale-code range of one 32-column block (gemm_avx512.c,
+ * "The fold path"): mn[0..n) / mx[0..n) the lanes' least nonzero (0xff: none)
+ * and greatest exponent fields of its rounded activations; emin the least
+ * code whose 2^(e - 127) times the kernel's weight scaling stays normal and
+ * fhmax the greatest exponent field its unscaled chains allow. The codes
+ * allowed, one inside each exact bound, go to *lo..*hi (*lo > *hi: none). */
+static inline void shoal__mu_fold_range(uint8_t *lo, uint8_t *hi, const uint32_t *mn, const uint32_t *mx, int n,
+                                        int emin, int fhmax)
+{
+    int fl = 255, fh = 0;
+    for (int i = 0; i < n; i++) {
+        fl = (int)mn[i] < fl ? (int)mn[i] : fl;
+        fh = (int)mx[i] > fh ? (int)mx[i] : fh;
+    }
+    int l = 137 - fl < emin ? emin : 137 - fl, u = 371 - fh > 252 ? 252 : 371 - fh;
+    if (fl < 10 || fh > fhmax) /* tiny or huge (or non-finite) activations: no fold */
+        l = 255, u = 0;
+    *lo = (uint8_t)l, *hi = (uint8_t)u;
 }
 
 #endif

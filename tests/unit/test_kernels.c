@@ -913,11 +913,15 @@ static void t_mu_mx_scales(void)
  * near and across those bounds, each ISA against the scalar specification,
  * bit for bit (NaN by class). One regime per matrix; in each column block
  * every activation has one exponent field F (the block's least and
- * greatest), different per block, and row r's scale code lies d = r % 25 - 12
- * from the block's exact bound:
- *   low:   F 20..99, e = 136 - F + d: for d < 0 products and partial sums
+ * greatest), different per block, and row r's scale code lies d from the
+ * block's exact bound, d = D + (r % 3) - 1 with D one of -12, -2, 0, 2, 12 per
+ * 16-row tile (a kernel folds a tile's block only when all 16 rows may: D =
+ * -2 tiles fold right at the bound, D = 0 tiles straddle it):
+ *   low:   F 20..125, e = 136 - F + d (at least 1: codes below AVX2's 26
+ *          too): for d < 0 products and partial sums
  *          below 2^-126 that the specification flushes one by one;
- *   high:  F 200..243, e = 372 - F + d, in odd blocks columns k and k + 2
+ *   high:  F 200..243 (block 2: 251, block 3: 246, past the AVX-512 fold's
+ *          limit on the greatest field), e = 372 - F + d, in odd blocks columns k and k + 2
  *          of equal code and opposite activation: for d > 0 products of
  *          2^128 and more, infinities (and inf - inf) in the specification
  *          where the folded chain cancels;
@@ -927,6 +931,12 @@ static void t_mu_mx_scales(void)
  * counts that leave single blocks after the fours, row tails. A kernel that
  * folded every block with 2 <= e <= 252, whatever its activations, fails
  * this test (checked by mutation, docs/PERFORMANCE.md). */
+static int fold_d(int r, int c)
+{
+    static const int D[5] = {-12, -2, 0, 2, 12};
+    return D[(r / 16 + c) % 5] + r % 3 - 1;
+}
+
 static void t_mu_mx_fold(void)
 {
     if (nisas < 2)
@@ -941,7 +951,7 @@ static void t_mu_mx_fold(void)
         mat m = mat_new(K_MXFP4, rows, cols);
         float *x = xmalloc((size_t)T * cols * 4);
         for (int b = 0; b < nb; b++) {
-            int F = reg == 0 ? 20 + (int)(rnd() % 80) : reg == 1 ? 200 + (int)(rnd() % 44) : 127;
+            int F = reg == 0 ? 20 + (int)(rnd() % 106) : reg != 1 ? 127 : b == 2 ? 251 : b == 3 ? 246 : 200 + (int)(rnd() % 44);
             for (int t = 0; t < T; t++)
                 for (int k = 32 * b; k < 32 * b + 32; k++) {
                     /* (1 + i/128) 2^(F-127): a bf16 value, its own rounding */
@@ -955,8 +965,8 @@ static void t_mu_mx_fold(void)
             if (reg == 2 && b == 4)
                 x[(size_t)(T - 1) * cols + 32 * b + 30] = -ldexpf(1.5f, 245 - 127);
             for (int r = 0; r < rows; r++) {
-                int d = r % 25 - 12, e = reg == 0 ? 136 - F + d : reg == 1 ? 372 - F + d : 110 + (int)(rnd() % 31);
-                m.scale[(size_t)r * nb + b] = (uint8_t)e;
+                int d = fold_d(r, (int)c), e = reg == 0 ? 136 - F + d : reg == 1 ? 372 - F + d : 110 + (int)(rnd() % 31);
+                m.scale[(size_t)r * nb + b] = (uint8_t)(e < 1 ? 1 : e > 254 ? 254 : e);
                 if (reg == 1 && b % 2) /* bytes 2i + 1 repeat bytes 2i: columns k and k + 2 share a code */
                     for (int j = 1; j < 16; j += 2)
                         m.packed[(size_t)r * (cols / 2) + 16 * b + j] = m.packed[(size_t)r * (cols / 2) + 16 * b + j - 1];
@@ -967,7 +977,7 @@ static void t_mu_mx_fold(void)
         shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
         mu_gemm(&m, ref, x, T);
         for (size_t j = 0; j < ny; j++) {
-            int d = (int)(j % (size_t)rows) % 25 - 12;
+            int d = fold_d((int)(j % (size_t)rows), (int)c);
             if (reg == 0 && d < -8)
                 zero_low += ref[j] == 0.0f;
             if (reg == 0 && d > 0)
