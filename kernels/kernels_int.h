@@ -144,6 +144,8 @@ extern const shoal__kernels_table *shoal__kernels_active;
 int shoal__kernels_gemm_rb(int row_bytes, int max);
 
 /* E2M1 code -> E2M1 value / 4 (codes 8..15 negate 0..7; code 8 is -0). */
+/* the mu MXFP4 fold path on (1) or off (0): shoal_kernels_set_mu_fold */
+extern int shoal__kernels_mu_fold;
 extern const float shoal__kernels_e2m1q[16];
 /* E8M0 code -> 2^(e-127) (exact, subnormal for e = 0), NaN for e = 255. */
 float shoal__kernels_e8m0(unsigned e);

@@ -49,7 +49,7 @@ static inline void shoal__mu_fold_range(uint8_t *lo, uint8_t *hi, const uint32_t
         fh = (int)mx[i] > fh ? (int)mx[i] : fh;
     }
     int l = 137 - fl < emin ? emin : 137 - fl, u = 371 - fh > 252 ? 252 : 371 - fh;
-    if (fl < 10 || fh > fhmax) /* tiny or huge (or non-finite) activations: no fold */
+    if (fl < 10 || fh > fhmax || !shoal__kernels_mu_fold) /* tiny or huge (or non-finite) activations, or off */
         l = 255, u = 0;
     *lo = (uint8_t)l, *hi = (uint8_t)u;
 }
