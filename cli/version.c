@@ -9,7 +9,7 @@
 /* Prints the version and the kernel variant this machine would use (CPUID, or
  * the SHOAL_ISA override): the ISA decides nothing about the results (every
  * matrix kernel is bit-identical across variants), only the speed. */
-/* the kernels' environment (SHOAL_ISA, SHOAL_MX_DECODE, SHOAL_AMX_VARIANT),
+/* the kernels' environment (SHOAL_ISA, SHOAL_MX_DECODE, SHOAL_MU_FOLD, SHOAL_AMX_VARIANT),
  * checked once before a command that computes: a bad value is a usage
  * mistake (exit 2) named the same way by every command */
 int shoal_cli_kernels_check(const char *cmd)
@@ -18,7 +18,7 @@ int shoal_cli_kernels_check(const char *cmd)
     if (rc >= 0)
         return 0;
     fprintf(stderr, "shoal %s: kernels: %s (SHOAL_ISA asks for a variant this CPU lacks, or SHOAL_ISA / "
-                    "SHOAL_MX_DECODE / SHOAL_AMX_VARIANT names an unknown one)\n", cmd, shoal_strerror(rc));
+                    "SHOAL_MX_DECODE / SHOAL_MU_FOLD / SHOAL_AMX_VARIANT names an unknown one)\n", cmd, shoal_strerror(rc));
     return 2;
 }
 
@@ -41,6 +41,8 @@ int shoal_cmd_version(int argc, char **argv)
         printf("mxfp4 decode %s\n", shoal_mx_decode_name(shoal_kernels_mx_decode()));
     /* the opt-in matrix-unit-order kernels (kernels/README.md): AMX only after its self-test */
     printf("mu-order kernels %s\n", shoal_kernels_mu_path());
+    if (!shoal_kernels_mu_fold()) /* SHOAL_MU_FOLD=off: the mu MXFP4 table path everywhere (same bits) */
+        printf("mu mxfp4 fold off\n");
     /* the numerics class a command runs without --numerics, and what --numerics mu computes with */
     printf("numerics %s (default; --numerics mu runs the matrix-unit order on %s)\n",
            shoal_numerics_name(shoal_kernels_numerics()), shoal_kernels_mu_engine());

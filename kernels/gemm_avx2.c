@@ -10,8 +10,11 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "kernels/kernels_int.h"
+#include "kernels/mu_sse.h"
+
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -411,19 +414,42 @@ static void gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, co
 #define MU_TT 4
 #define MU_RB 64
 
-static void mu_round_x(float *xb, int xs, const float *x, int cols, int t, int TT, int c0, int c1)
+/* x[t..t+TT) columns [c0, c1) rounded to bf16 -> xb[b * xs + c - c0]; and,
+ * per 32-column block j of the chunk, the scale codes [lo[j], hi[j]] for
+ * which the fold path computes that block exactly for all TT tokens (see
+ * mu_blk_fold; lo[j] > hi[j]: none; lo NULL: not wanted). */
+static void mu_round_x(float *xb, int xs, uint8_t *lo, uint8_t *hi, const float *x, int cols, int t, int TT, int c0,
+                       int c1)
 {
     const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
-    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u), quiet = _mm256_set1_epi32(0x00400000);
-    for (int b = 0; b < TT; b++)
-        for (int c = c0; c < c1; c += 8) {
-            __m256 v = _mm256_loadu_ps(x + (size_t)(t + b) * cols + c);
-            __m256i u = _mm256_castps_si256(v);
-            __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-            __m256i rn = _mm256_add_epi32(_mm256_add_epi32(u, bias), _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
-            rn = _mm256_blendv_epi8(rn, _mm256_or_si256(u, quiet), nan);
-            _mm256_store_ps(xb + (size_t)b * xs + (c - c0), _mm256_castsi256_ps(_mm256_and_si256(rn, hi)));
-        }
+    const __m256i himask = _mm256_set1_epi32((int)0xffff0000u), quiet = _mm256_set1_epi32(0x00400000);
+    const __m256i ff = _mm256_set1_epi32(0xff), zero = _mm256_setzero_si256();
+    for (int c = c0; c < c1; c += 32) {
+        __m256i fmin = ff, fmax = zero; /* exponent fields: least of the nonzero ones, greatest */
+        for (int b = 0; b < TT; b++)
+            for (int h = 0; h < 32; h += 8) {
+                __m256 v = _mm256_loadu_ps(x + (size_t)(t + b) * cols + c + h);
+                __m256i u = _mm256_castps_si256(v);
+                __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+                __m256i rn = _mm256_add_epi32(_mm256_add_epi32(u, bias), _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
+                rn = _mm256_and_si256(_mm256_blendv_epi8(rn, _mm256_or_si256(u, quiet), nan), himask);
+                _mm256_store_ps(xb + (size_t)b * xs + (c - c0) + h, _mm256_castsi256_ps(rn));
+                if (lo) {
+                    __m256i f = _mm256_and_si256(_mm256_srli_epi32(rn, 23), ff); /* 0: zero or subnormal (DAZ: zero) */
+                    /* a zero field counts as 0xff for the least */
+                    fmin = _mm256_min_epu32(fmin, _mm256_or_si256(f, _mm256_and_si256(_mm256_cmpeq_epi32(f, zero), ff)));
+                    fmax = _mm256_max_epu32(fmax, f);
+                }
+            }
+        if (!lo) /* bf16 weights: no fold path */
+            continue;
+        __attribute__((aligned(32))) uint32_t mn[8], mx[8];
+        _mm256_store_si256((__m256i *)mn, fmin);
+        _mm256_store_si256((__m256i *)mx, fmax);
+        /* the bounds of gemm_avx512.c's fold path, and e >= 26 and fmax <= 219 for
+         * the 2^24-scaled integer weights (mu_blk_fold) */
+        shoal__mu_fold_range(&lo[(c - c0) / 32], &hi[(c - c0) / 32], mn, mx, 8, 26, 219);
+    }
 }
 
 /* 8 x 8 dword transpose: d[j] lane i = r[i] lane j */
@@ -461,6 +487,9 @@ INLINE void mu_mx_dec(__m256i out[2], const uint8_t *p, unsigned e)
     }
 }
 
+/* Rows r..r+nr-1 (lanes past nr repeat the last row), tokens t..t+TT-1,
+ * columns [c0, c1): chains from +0 (c0 == 0) or st, to y (c1 == cols and y
+ * not NULL) or st. */
 INLINE void mu_tile(float *y, __m256 *st, const uint16_t *w, const uint8_t *packed, const uint8_t *scale,
                     const float *xb, int xs, int rows, int cols, int r, int nr, int t, int TT, int c0, int c1)
 {
@@ -505,7 +534,7 @@ INLINE void mu_tile(float *y, __m256 *st, const uint16_t *w, const uint8_t *pack
         }
     }
     for (int b = 0; b < TT; b++) {
-        if (c1 == cols) {
+        if (c1 == cols && y) {
             __attribute__((aligned(32))) float v[8];
             _mm256_store_ps(v, C[b]);
             for (int i = 0; i < nr; i++)
@@ -515,13 +544,191 @@ INLINE void mu_tile(float *y, __m256 *st, const uint16_t *w, const uint8_t *pack
     }
 }
 
+/* ---- MXFP4: the fold path (the fast path; gemm_avx512.c explains the fold) ----
+ * Lanes are 8 rows. The packed bytes are transposed first (8 rows x 16 bytes
+ * = 4 ymm: 4 loads, 4 vinserti128, 8 in-lane unpacks): Q[q] lane i = bytes
+ * 4q..4q+3 of row i's group. The chains run on integers: vpshufb looks up
+ * each byte's low (high) nibble in a table of 2 * E2M1 as int8 (0, +-1, +-2,
+ * +-3, +-4, +-6, +-8, +-12), giving the weights of columns 8q + 2m (8q + 2m +
+ * 1) in byte m of each lane; a second vpshufb moves byte m to the top of its
+ * dword (the rest zero), and vcvtdq2ps makes that int32, n * 2^24, exactly an
+ * fp32: the weight v = E2M1 * 2^(e-127) times 2^(152-e). So per block C =
+ * fma(E' + O', 2^(e-152), C), exact under the bounds of gemm_avx512.c plus two
+ * for the extra 2^25: 2^(e-152) normal (e >= 26), and the chains of the
+ * larger weights below 2^127 (activations' greatest exponent field <= 219).
+ * The weight of code 8 (-0) is +0 here: no result can tell, as every chain
+ * starts at +0, x + (+-0) is x for x nonzero and +0 for x = +0, and inside
+ * the bounds no result is tiny (an FTZ flush could make a -0). */
+
+/* Q[4] of one block (rows p + i * ld, i < 8): Q[q] lane i = bytes 4q..4q+3 of row i */
+INLINE void mu_bytes_t8(__m256i Q[4], const uint8_t *p, size_t ld)
+{
+    __m256i R[4]; /* R[k]: row k (low half), row k + 4 (high half) */
+    for (int k = 0; k < 4; k++)
+        R[k] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + k * ld))),
+                                       _mm_loadu_si128((const __m128i *)(p + (k + 4) * ld)), 1);
+    __m256i a0 = _mm256_unpacklo_epi32(R[0], R[1]), a1 = _mm256_unpackhi_epi32(R[0], R[1]);
+    __m256i a2 = _mm256_unpacklo_epi32(R[2], R[3]), a3 = _mm256_unpackhi_epi32(R[2], R[3]);
+    Q[0] = _mm256_unpacklo_epi64(a0, a2);
+    Q[1] = _mm256_unpackhi_epi64(a0, a2);
+    Q[2] = _mm256_unpacklo_epi64(a1, a3);
+    Q[3] = _mm256_unpackhi_epi64(a1, a3);
+}
+
+/* NB (1, 2 or 4) consecutive blocks of 8 rows p + i * ld by the fold path:
+ * C[b] = fma(E' + O', sc[n], C[b]) for block n = 0, 1, ...; sc[n] lane i =
+ * 2^(e - 152) of row i's block n, every e inside its block's fold range. */
+INLINE void mu_blk_fold(__m256 *C, const uint8_t *p, size_t ld, const __m256 *sc, const float *xc, int xs, int TT,
+                        int NB)
+{
+    const __m256i tab = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8,
+                                         12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    /* pos[m]: byte m of each dword to its top byte, the others zero (vpshufb
+     * indexes within 128-bit halves: dword d of a half takes byte 4d + m) */
+#define MU_POS(m)                                                                                            \
+    _mm256_setr_epi32(0x00808080 | (m) << 24, 0x04808080 | (m) << 24, 0x08808080 | (m) << 24,               \
+                      0x0c808080 | (m) << 24, 0x00808080 | (m) << 24, 0x04808080 | (m) << 24,               \
+                      0x08808080 | (m) << 24, 0x0c808080 | (m) << 24)
+    const __m256i pos0 = MU_POS(0), pos1 = MU_POS(1), pos2 = MU_POS(2), pos3 = MU_POS(3);
+#undef MU_POS
+    __m256i Q[4][4];
+#pragma GCC unroll 4
+    for (int n = 0; n < NB; n++)
+        mu_bytes_t8(Q[n], p + 16 * n, ld);
+    __m256 E[4][MU_TT], O[4][MU_TT];
+#pragma GCC unroll 4
+    for (int n = 0; n < NB; n++)
+#pragma GCC unroll 4
+        for (int b = 0; b < TT; b++)
+            E[n][b] = O[n][b] = _mm256_setzero_ps();
+    /* tokens inside the column loop: every chain keeps its order (pair 4q + m, q and m ascending) */
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++)
+#pragma GCC unroll 4
+        for (int n = 0; n < NB; n++) {
+            __m256i L = _mm256_shuffle_epi8(tab, _mm256_and_si256(Q[n][q], m4));
+            __m256i H = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi32(Q[n][q], 4), m4));
+#pragma GCC unroll 4
+            for (int m = 0; m < 4; m++) {
+                __m256i ps = m == 0 ? pos0 : m == 1 ? pos1 : m == 2 ? pos2 : pos3;
+                __m256 we = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(L, ps));
+                __m256 wo = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(H, ps));
+#pragma GCC unroll 4
+                for (int b = 0; b < TT; b++) {
+                    const float *xq = xc + (size_t)b * xs + 32 * n + 8 * q + 2 * m;
+                    E[n][b] = _mm256_fmadd_ps(we, _mm256_broadcast_ss(xq), E[n][b]);
+                    O[n][b] = _mm256_fmadd_ps(wo, _mm256_broadcast_ss(xq + 1), O[n][b]);
+                }
+            }
+        }
+#pragma GCC unroll 4
+    for (int n = 0; n < NB; n++)
+#pragma GCC unroll 4
+        for (int b = 0; b < TT; b++)
+            C[b] = _mm256_fmadd_ps(_mm256_add_ps(E[n][b], O[n][b]), sc[n], C[b]);
+}
+
+#define MU_SB 16 /* column blocks whose scales are transposed at a time */
+#ifndef MU_G
+#define MU_G 4 /* blocks per fold step at T = 1 (8 chains; 2 ran as fast, 1 slower) */
+#endif
+
+/* Rows r..r+7 (all 8 present), MXFP4, tokens t..t+TT-1, columns [c0, c1)
+ * (multiples of 32); chains as in mu_tile; flo[j], fhi[j]: block j's fold
+ * range (mu_round_x). Blocks outside it take mu_tile's table decode. */
+INLINE void mu_tile_mx(float *y, __m256 *st, const uint8_t *packed, const uint8_t *scale, const float *xb, int xs,
+                       const uint8_t *flo, const uint8_t *fhi, int rows, int cols, int r, int t, int TT, int c0,
+                       int c1)
+{
+    __m256 C[MU_TT];
+    for (int b = 0; b < TT; b++)
+        C[b] = c0 == 0 ? _mm256_setzero_ps() : st[b];
+    size_t ld = (size_t)cols / 2, ls = (size_t)cols / 32;
+    const uint8_t *p0 = packed + (size_t)r * ld, *s0 = scale + (size_t)r * ls;
+    const int G = TT == 1 ? MU_G : 1;
+    for (int cb = c0; cb < c1; cb += 32 * MU_SB) {
+        int nb = (c1 - cb) / 32 < MU_SB ? (c1 - cb) / 32 : MU_SB;
+        __m128i sv[16], sT[16];
+        __attribute__((aligned(16))) uint8_t sb[MU_SB][16];
+        for (int i = 0; i < 16; i++)
+            if (i < 8 && nb == MU_SB)
+                sv[i] = _mm_loadu_si128((const __m128i *)(s0 + i * ls + cb / 32));
+            else { /* rows 8..15 absent; the chunk's last blocks: read no byte past them */
+                __attribute__((aligned(16))) uint8_t tb[16] = {0};
+                if (i < 8)
+                    memcpy(tb, s0 + i * ls + cb / 32, (size_t)nb);
+                sv[i] = _mm_load_si128((const __m128i *)tb);
+            }
+        shoal__mu_transpose_b16(sT, sv);
+        unsigned fold = 0;
+        for (int j = 0; j < nb; j++) {
+            _mm_store_si128((__m128i *)sb[j], sT[j]);
+            int jc = (cb - c0) / 32 + j, lo = flo[jc], hi = fhi[jc];
+            __m128i v = sT[j], in = _mm_min_epu8(_mm_max_epu8(v, _mm_set1_epi8((char)lo)), _mm_set1_epi8((char)hi));
+            /* rows 0..7: lo <= e <= hi */
+            if (lo <= hi && (_mm_movemask_epi8(_mm_cmpeq_epi8(in, v)) & 0xff) == 0xff)
+                fold |= 1u << j;
+        }
+        for (int j = 0; j < nb;) {
+            int c = cb + 32 * j, g = j + G <= nb && (fold >> j & ((1u << G) - 1)) == (1u << G) - 1 ? G : 1;
+            /* 8 row streams of 16 bytes per block: a line of each row every 4
+             * blocks, prefetched in the next tile (rows are short) */
+            for (int u = 0; u < g; u++)
+                for (int i = 0; i < 2; i++)
+                    _mm_prefetch((const char *)(p0 + (size_t)(8 + 2 * ((j + u) & 3) + i) * ld + c / 2 + 16 * u),
+                                 _MM_HINT_T0);
+            if (fold >> j & 1) {
+                __m256 sc[4];
+                for (int u = 0; u < g; u++)
+                    sc[u] = _mm256_castsi256_ps(_mm256_slli_epi32(
+                        _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_load_si128((const __m128i *)sb[j + u])),
+                                         _mm256_set1_epi32(25)),
+                        23));
+                if (g == 4) {
+                    SHOAL__MCA_BEGIN("fold4");
+                    mu_blk_fold(C, p0 + c / 2, ld, sc, xb + (c - c0), xs, TT, 4);
+                    SHOAL__MCA_END();
+                }
+                else if (g == 2)
+                    mu_blk_fold(C, p0 + c / 2, ld, sc, xb + (c - c0), xs, TT, 2);
+                else
+                    mu_blk_fold(C, p0 + c / 2, ld, sc, xb + (c - c0), xs, TT, 1);
+                j += g;
+            } else {
+                /* the table path for this block: mu_tile over its 32 columns, chains continued */
+                __m256 st1[MU_TT];
+                for (int b = 0; b < TT; b++)
+                    st1[b] = C[b];
+                mu_tile(NULL, st1, NULL, packed, scale, xb + (c - c0), xs, rows, cols, r, 8, t, TT, c, c + 32);
+                for (int b = 0; b < TT; b++)
+                    C[b] = st1[b];
+                j++;
+            }
+        }
+    }
+    for (int b = 0; b < TT; b++) {
+        if (c1 == cols) {
+            __attribute__((aligned(32))) float v[8];
+            _mm256_store_ps(v, C[b]);
+            for (int i = 0; i < 8; i++)
+                y[(size_t)(t + b) * rows + r + i] = v[i];
+        } else
+            st[b] = C[b];
+    }
+}
+
 #define MU_TILE(TT)                                                                                          \
     __attribute__((noinline)) static void mu_tile_##TT(float *y, __m256 *st, const uint16_t *w,               \
                                                        const uint8_t *packed, const uint8_t *scale,           \
-                                                       const float *xb, int xs, int rows, int cols, int r, int nr, \
+                                                       const float *xb, int xs, const uint8_t *flo,          \
+                                                       const uint8_t *fhi, int rows, int cols, int r, int nr, \
                                                        int t, int c0, int c1)                                 \
     {                                                                                                        \
-        mu_tile(y, st, w, packed, scale, xb, xs, rows, cols, r, nr, t, TT, c0, c1);                          \
+        if (packed && nr == 8)                                                                               \
+            mu_tile_mx(y, st, packed, scale, xb, xs, flo, fhi, rows, cols, r, t, TT, c0, c1);                \
+        else                                                                                                 \
+            mu_tile(y, st, w, packed, scale, xb, xs, rows, cols, r, nr, t, TT, c0, c1);                      \
     }
 MU_TILE(1)
 MU_TILE(2)
@@ -532,26 +739,32 @@ __attribute__((noinline)) static void mu_rows(float *y, const uint16_t *w, const
                                               const float *x, int rows, int cols, int T, int r0, int r1)
 {
     __attribute__((aligned(32))) float xb[MU_XB];
+    uint8_t flo[MU_XB / 32], fhi[MU_XB / 32];
     __m256 st[MU_RB / 8 * MU_TT];
+    /* one token group and one column chunk (decode): rounded once per call */
+    int once = T <= MU_TT && cols <= MU_XB / T / 32 * 32;
+    if (once)
+        mu_round_x(xb, cols, packed ? flo : NULL, fhi, x, cols, 0, T, 0, cols);
     for (int rb = r0; rb < r1; rb += MU_RB) {
         int re = rb + MU_RB < r1 ? rb + MU_RB : r1;
         for (int t = 0; t < T; t += MU_TT) {
             int TT = T - t < MU_TT ? T - t : MU_TT;
-            int kc = MU_XB / TT / 32 * 32, xs = kc;
+            int kc = MU_XB / TT / 32 * 32, xs = once ? cols : kc;
             for (int c0 = 0; c0 < cols; c0 += kc) {
                 int c1 = c0 + kc < cols ? c0 + kc : cols;
-                mu_round_x(xb, xs, x, cols, t, TT, c0, c1);
+                if (!once)
+                    mu_round_x(xb, xs, packed ? flo : NULL, fhi, x, cols, t, TT, c0, c1);
                 for (int r = rb; r < re; r += 8) {
                     int nr = re - r < 8 ? re - r : 8;
                     __m256 *s = st + (size_t)(r - rb) / 8 * MU_TT;
                     if (TT == 4)
-                        mu_tile_4(y, s, w, packed, scale, xb, xs, rows, cols, r, nr, t, c0, c1);
+                        mu_tile_4(y, s, w, packed, scale, xb, xs, flo, fhi, rows, cols, r, nr, t, c0, c1);
                     else if (TT == 3)
-                        mu_tile_3(y, s, w, packed, scale, xb, xs, rows, cols, r, nr, t, c0, c1);
+                        mu_tile_3(y, s, w, packed, scale, xb, xs, flo, fhi, rows, cols, r, nr, t, c0, c1);
                     else if (TT == 2)
-                        mu_tile_2(y, s, w, packed, scale, xb, xs, rows, cols, r, nr, t, c0, c1);
+                        mu_tile_2(y, s, w, packed, scale, xb, xs, flo, fhi, rows, cols, r, nr, t, c0, c1);
                     else
-                        mu_tile_1(y, s, w, packed, scale, xb, xs, rows, cols, r, nr, t, c0, c1);
+                        mu_tile_1(y, s, w, packed, scale, xb, xs, flo, fhi, rows, cols, r, nr, t, c0, c1);
                 }
             }
         }

@@ -20,6 +20,8 @@
 
 #include "kernels/kernels_int.h"
 #include "kernels/mu_avx512.h"
+#include "kernels/mu_sse.h"
+
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -331,8 +333,10 @@ INLINE void mx_tile(float *y, __m512 *st, const uint8_t *packed, const uint8_t *
                 _mm_prefetch((const char *)s[a] + (size_t)R * ng + g, _MM_HINT_T0);
         for (int a = 0; a < R; a++) /* the same line of the next tile's row (rows are short, see MX_PF) */
             _mm_prefetch((const char *)p[a] + pf + 16 * g, _MM_HINT_T0);
+        SHOAL__MCA_BEGIN("mx4");
         for (int u = 0; u < 4; u++)
             mx_step(acc, p, s, xb + 32 * (g + u - g0), xs, R, TT, g + u, zx);
+        SHOAL__MCA_END();
     }
     for (; g < g1; g++) {
         if ((g & 15) == 0)
@@ -436,76 +440,82 @@ static void gemm_mxfp4_zx(float *y, const uint8_t *packed, const uint8_t *scale,
 #define MU_TT 4    /* tokens per pass */
 #define MU_RB 64   /* rows per row block (4 tiles of 16): saved chains 16 zmm */
 
-/* x[t..t+TT) columns [c0, c1) rounded to bf16 -> xb[b * xs + c - c0] */
-static void mu_round_x(float *xb, int xs, const float *x, int cols, int t, int TT, int c0, int c1)
+/* x[t..t+TT) columns [c0, c1) rounded to bf16 -> xb[b * xs + c - c0]; and,
+ * per 32-column block j of the chunk, the scale codes [lo[j], hi[j]] for
+ * which the fold path computes that block exactly for all TT tokens (see
+ * "The fold path" below; lo[j] > hi[j]: none; lo NULL: not wanted). */
+static void mu_round_x(float *xb, int xs, uint8_t *lo, uint8_t *hi, const float *x, int cols, int t, int TT, int c0,
+                       int c1)
 {
     const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x00400000);
-    for (int b = 0; b < TT; b++)
-        for (int c = c0; c < c1; c += 16) {
-            __m512 v = _mm512_loadu_ps(x + (size_t)(t + b) * cols + c);
-            __m512i u = _mm512_castps_si512(v);
-            __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-            __m512i rn = _mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(_mm512_srli_epi32(u, 16), one));
-            rn = _mm512_mask_or_epi32(rn, nan, u, quiet);
-            _mm512_store_ps(xb + (size_t)b * xs + (c - c0), _mm512_castsi512_ps(_mm512_and_si512(rn, hi)));
-        }
+    const __m512i himask = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x00400000);
+    const __m512i ff = _mm512_set1_epi32(0xff), zero = _mm512_setzero_si512();
+    for (int c = c0; c < c1; c += 32) {
+        __m512i fmin = ff, fmax = zero; /* exponent fields: least of the nonzero ones, greatest */
+        for (int b = 0; b < TT; b++)
+            for (int h = 0; h < 32; h += 16) {
+                __m512 v = _mm512_loadu_ps(x + (size_t)(t + b) * cols + c + h);
+                __m512i u = _mm512_castps_si512(v);
+                __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+                __m512i rn = _mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(_mm512_srli_epi32(u, 16), one));
+                rn = _mm512_and_si512(_mm512_mask_or_epi32(rn, nan, u, quiet), himask);
+                _mm512_store_ps(xb + (size_t)b * xs + (c - c0) + h, _mm512_castsi512_ps(rn));
+                if (lo) {
+                    __m512i f = _mm512_and_si512(_mm512_srli_epi32(rn, 23), ff); /* 0: zero or subnormal (DAZ: zero) */
+                    fmin = _mm512_mask_min_epu32(fmin, _mm512_test_epi32_mask(f, f), fmin, f);
+                    fmax = _mm512_max_epu32(fmax, f);
+                }
+            }
+        if (!lo) /* bf16 weights: no fold path */
+            continue;
+        __attribute__((aligned(64))) uint32_t mn[16], mx[16];
+        _mm512_store_si512((void *)mn, fmin);
+        _mm512_store_si512((void *)mx, fmax);
+        shoal__mu_fold_range(&lo[(c - c0) / 32], &hi[(c - c0) / 32], mn, mx, 16, 2, 244);
+    }
 }
 
-
-/* ---- MXFP4 decode in the transposed layout (the fast path) -----------------------
+/* ---- MXFP4: the fold path (the fast path) -----------------------------------------
  * Instead of decoding each row's group and transposing 16 x 16 dwords, the
  * packed bytes are transposed first (16 rows x 16 bytes = 4 zmm, 8 vpermt2d):
- * Q[q] lane i = bytes 4q..4q+3 of row i's group. The code of column 2p
- * (2p + 1) of every row is then the low (high) nibble of byte p = 4q + m.
- * vpermw reads bits 4:0 of each word index, so with the 16 E2M1 values as
- * bf16 twice in its 32-word table, vpermw of Q[q] >> 4s (s = 0..3) decodes,
- * per dword lane, the nibble at bit 4s (low word) and at bit 16 + 4s (high
- * word): bytes m and m + 2 in one lookup, lane i still row i. `<< 16` and
- * `& 0xffff0000` give the two as fp32, and one vmulps by the lane's
- * 2^(e-127) gives the weight. That product is the
- * specification's weight bit for bit whenever 2^(e-127) is a normal fp32,
- * i.e. for every scale code 1 <= e <= 254: E2M1 * 2^(e-127) has two
- * significant bits, so the product is exact when normal; a product of
- * magnitude >= 2^128 overflows to the signed infinity the specification
- * gives; one below 2^-126 is flushed by MXCSR FTZ to the zero of its sign
- * (the specification's daz); +-0 codes give +-0 (the scale is positive).
- * Scale code 0 (2^-127 is subnormal: DAZ would read it as 0) and 255 (NaN)
- * take the table path (kernels/mu_avx512.h) for that block; the chains
- * are the same either way, so mixed blocks are exact. */
+ * Q[q] lane i = bytes 4q..4q+3 of row i's group, so nibble n of a lane's
+ * dword (bits 4n..4n+3) is the code of column 8q + n of row i.
+ *
+ * The scale is folded out of the chains. The chains run on the bare E2M1
+ * values v (0, 0.5, ..., 6) instead of the weights v * 2^s (s = e - 127, one
+ * per row and block), and the block's sum joins C by C = fma(E' + O', 2^s, C)
+ * instead of C + (E + O). That is exact, bit for bit, when no operation of
+ * either version is tiny or overflows: rounding commutes with a power-of-two
+ * scale in the normal range, so E = E' * 2^s and O = O' * 2^s exactly, E + O
+ * = (E' + O') * 2^s, and the fma rounds the same sum C + (E + O) once, as the
+ * add does (then FTZ alike). The conditions, per block and for all its
+ * tokens, with fmin / fmax the least nonzero / greatest exponent field of the
+ * rounded activations a (a zero field is a zero or a subnormal that DAZ reads
+ * as zero): every product v * a = n * m * 2^(ea - 8) (v = n / 2, a = m *
+ * 2^(ea - 7)) is a multiple of g = 2^(fmin - 135), and so is every rounded
+ * partial sum, so a nonzero one is >= g in magnitude: no flush in either
+ * version when g * 2^min(s, 0) >= 2^-126, i.e. fmin >= 9 and e >= 136 -
+ * fmin; a chain of 16 products of |v| <= 6 stays below 2^(fmax - 119), E + O
+ * below 2^(fmax - 118): no overflow when fmax <= 245 and e <= 372 - fmax; and
+ * v * 2^s is itself the specification's weight (normal, finite, no DAZ) for
+ * 2 <= e <= 252. mu_round_x gives each block the codes allowed, one inside
+ * these bounds on each side. A block whose 16 rows are not all inside (scale
+ * codes 0, 1 and 253..255, activations below 2^-117 or from 2^118, infinities,
+ * NaN) takes the table path (kernels/mu_avx512.h), which computes the
+ * specification's chains directly; mixing the two per block is exact.
+ *
+ * The decode of a bare E2M1 code needs no scale: vpermps reads bits 3:0 of
+ * each dword index, so vpermps of X = Q[q] >> 4j from the 16 E2M1 values as
+ * fp32 gives column 8q + j; vpermw reads bits 4:0 of each word index, so the
+ * same X's high words index nibble 4 + j (with the 16 values as bf16, twice,
+ * in its 32-word table), and zero-masking the low words makes each dword
+ * that value as fp32: column 8q + 4 + j. Per 16 rows x 32 columns: 12
+ * shifts and 32 lookups for 32 weight vectors, no multiply. Two blocks go
+ * through at once (four chains of 16 dependent FMAs in flight instead of
+ * two: an FMA's latency is four of its issue slots). */
 
-/* out[j] byte i = in[i] byte j (16 x 16 bytes) */
-INLINE void mu_transpose_b16(__m128i out[16], const __m128i in[16])
-{
-    __m128i a[16], b[16];
-    for (int k = 0; k < 8; k++) {
-        a[k] = _mm_unpacklo_epi8(in[2 * k], in[2 * k + 1]);     /* rows 2k,2k+1: bytes 0..7 */
-        a[8 + k] = _mm_unpackhi_epi8(in[2 * k], in[2 * k + 1]); /* bytes 8..15 */
-    }
-    /* a[k] word j = (row 2k, row 2k+1) of byte j (k < 8), byte 8 + j (k >= 8) */
-    for (int h = 0; h < 2; h++)
-        for (int k = 0; k < 4; k++) {
-            b[8 * h + k] = _mm_unpacklo_epi16(a[8 * h + 2 * k], a[8 * h + 2 * k + 1]);
-            b[8 * h + 4 + k] = _mm_unpackhi_epi16(a[8 * h + 2 * k], a[8 * h + 2 * k + 1]);
-        }
-    /* b[8h + k] dword j = rows 4k..4k+3 of byte 8h + j (k < 4: j 0..3; k >= 4: byte 8h + 4 + j, rows 4(k-4)..) */
-    for (int h = 0; h < 4; h++) {
-        a[4 * h + 0] = _mm_unpacklo_epi32(b[4 * h + 0], b[4 * h + 1]);
-        a[4 * h + 1] = _mm_unpackhi_epi32(b[4 * h + 0], b[4 * h + 1]);
-        a[4 * h + 2] = _mm_unpacklo_epi32(b[4 * h + 2], b[4 * h + 3]);
-        a[4 * h + 3] = _mm_unpackhi_epi32(b[4 * h + 2], b[4 * h + 3]);
-    }
-    /* a[4h + 0] qword j = rows 0..7 of byte 4h' + j ... (ordered below) */
-    for (int h = 0; h < 4; h++) {
-        out[4 * h + 0] = _mm_unpacklo_epi64(a[4 * h + 0], a[4 * h + 2]);
-        out[4 * h + 1] = _mm_unpackhi_epi64(a[4 * h + 0], a[4 * h + 2]);
-        out[4 * h + 2] = _mm_unpacklo_epi64(a[4 * h + 1], a[4 * h + 3]);
-        out[4 * h + 3] = _mm_unpackhi_epi64(a[4 * h + 1], a[4 * h + 3]);
-    }
-}
 
 #define MU_SB 16  /* column blocks whose scales are transposed at a time */
-#define MU_PF 256 /* bytes ahead each row stream is prefetched */
 
 /* One 32-column block of rows p + i * ld (i < 16), the table path for scale
  * codes s[i]: v[b] = E + O of token b's chains (the caller adds it to C). */
@@ -528,18 +538,16 @@ __attribute__((noinline)) static void mu_blk_tab(__m512 *v, const uint8_t *p, si
     }
 }
 
-/* The same block by the transposed decode; sc lane i = 2^(e_i - 127) with
- * 1 <= e_i <= 254 (see above). */
-INLINE void mu_blk_fast(__m512 *v, const uint8_t *p, size_t ld, __m512 sc, __m512i e2m1, const float *xc, int xs,
-                        int TT)
+/* Q[4] of one block (rows p + i * ld, i < 16): Q[q] lane i = bytes 4q..4q+3 of row i */
+INLINE void mu_bytes_t(__m512i Q[4], const uint8_t *p, size_t ld)
 {
-    /* R[k] dword 4j + q = row 4k + j dword q; S: rows 0..7 (8..15) of dwords {0,1} / {2,3};
-     * Q[q] lane i = row i dword q */
+    /* R[k] dword 4j + q = row 4k + j dword q; S: rows 0..7 (8..15) of dwords {0,1} / {2,3} */
     const __m512i i1a = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
     const __m512i i1b = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
     const __m512i i2a = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
     const __m512i i2b = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    __m512i R[4], S[4], Q[4];
+    __m512i R[4], S[4];
+#pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         const uint8_t *pk = p + (size_t)4 * k * ld;
         R[k] = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)pk));
@@ -555,50 +563,74 @@ INLINE void mu_blk_fast(__m512 *v, const uint8_t *p, size_t ld, __m512 sc, __m51
     Q[1] = _mm512_permutex2var_epi32(S[0], i2b, S[2]);
     Q[2] = _mm512_permutex2var_epi32(S[1], i2a, S[3]);
     Q[3] = _mm512_permutex2var_epi32(S[1], i2b, S[3]);
-    /* tokens inside the column loop: every chain keeps its order (k = 0..15) */
-    __m512 E[MU_TT], O[MU_TT];
-    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-    for (int b = 0; b < TT; b++)
-        E[b] = O[b] = _mm512_setzero_ps();
-    for (int q = 0; q < 4; q++) {
-        __m512i D[4];
-        for (int s4 = 0; s4 < 4; s4++)
-            D[s4] = _mm512_permutexvar_epi16(s4 ? _mm512_srli_epi32(Q[q], 4 * s4) : Q[q], e2m1);
-        /* D[0]: E 4q, 4q+2; D[1]: O 4q, 4q+2; D[2]: E 4q+1, 4q+3; D[3]: O 4q+1, 4q+3 */
-        for (int m = 0; m < 4; m++) {
-            int k = 4 * q + m;
-            __m512i de = D[m & 1 ? 2 : 0], dq = D[m & 1 ? 3 : 1];
-            __m512 we = _mm512_castsi512_ps(m < 2 ? _mm512_slli_epi32(de, 16) : _mm512_and_si512(de, hi));
-            __m512 wo = _mm512_castsi512_ps(m < 2 ? _mm512_slli_epi32(dq, 16) : _mm512_and_si512(dq, hi));
-            we = _mm512_mul_ps(we, sc);
-            wo = _mm512_mul_ps(wo, sc);
-            for (int b = 0; b < TT; b++) {
-                E[b] = _mm512_fmadd_ps(we, _mm512_set1_ps(xc[(size_t)b * xs + 2 * k]), E[b]);
-                O[b] = _mm512_fmadd_ps(wo, _mm512_set1_ps(xc[(size_t)b * xs + 2 * k + 1]), O[b]);
+}
+
+/* NB (1 or 4) consecutive blocks of rows p + i * ld (i < 16) by the fold
+ * path: C[b] = fma(E' + O', sc[n], C[b]) for block n = 0, 1, ... sc[n] lane
+ * i = 2^(e - 127) of row i's block n, every e inside its block's fold range;
+ * t32: the E2M1 values as fp32; t16: as bf16 words, twice. The blocks' chains
+ * are interleaved four FMAs at a time (2 NB TT chains in flight). */
+INLINE void mu_blk_fold(__m512 *C, const uint8_t *p, size_t ld, const __m512 *sc, __m512 t32, __m512i t16,
+                        const float *xc, int xs, int TT, int NB)
+{
+    __m512i Q[4][4];
+#pragma GCC unroll 4
+    for (int n = 0; n < NB; n++)
+        mu_bytes_t(Q[n], p + 16 * n, ld);
+    __m512 E[4][MU_TT], O[4][MU_TT];
+#pragma GCC unroll 4
+    for (int n = 0; n < NB; n++)
+#pragma GCC unroll 4
+        for (int b = 0; b < TT; b++)
+            E[n][b] = O[n][b] = _mm512_setzero_ps();
+    /* tokens inside the column loop: every chain keeps its order (pair 4q + h, q and h ascending) */
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++)
+#pragma GCC unroll 4
+        for (int n = 0; n < NB; n++) {
+            /* w[m]: column 8q + m of block n (m = j: vpermps of X_j; m = 4 + j: vpermw of X_j) */
+            __m512 w[8];
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m512i X = j ? _mm512_srli_epi32(Q[n][q], 4 * j) : Q[n][q];
+                w[j] = _mm512_permutexvar_ps(X, t32);
+                w[4 + j] = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, X, t16));
             }
+            /* pair 4q + h: columns 8q + 2h (E) and 8q + 2h + 1 (O) */
+#pragma GCC unroll 4
+            for (int h = 0; h < 4; h++)
+#pragma GCC unroll 4
+                for (int b = 0; b < TT; b++) {
+                    const float *xq = xc + (size_t)b * xs + 32 * n + 8 * q + 2 * h;
+                    E[n][b] = _mm512_fmadd_ps(w[2 * h], _mm512_set1_ps(xq[0]), E[n][b]);
+                    O[n][b] = _mm512_fmadd_ps(w[2 * h + 1], _mm512_set1_ps(xq[1]), O[n][b]);
+                }
         }
-    }
-    for (int b = 0; b < TT; b++)
-        v[b] = _mm512_add_ps(E[b], O[b]);
+#pragma GCC unroll 4
+    for (int n = 0; n < NB; n++)
+#pragma GCC unroll 4
+        for (int b = 0; b < TT; b++)
+            C[b] = _mm512_fmadd_ps(_mm512_add_ps(E[n][b], O[n][b]), sc[n], C[b]);
 }
 
 /* Rows r..r+15 (all 16 present), MXFP4, tokens t..t+TT-1, columns [c0, c1)
- * (multiples of 32); chains as in mu_tile. */
+ * (multiples of 32); chains as in mu_tile; flo[j], fhi[j]: block j's fold
+ * range (mu_round_x). */
 INLINE void mu_tile_mx(float *y, __m512 *st, const uint8_t *packed, const uint8_t *scale, const float *xb, int xs,
-                       int rows, int cols, int r, int t, int TT, int c0, int c1)
+                       const uint8_t *flo, const uint8_t *fhi, int rows, int cols, int r, int t, int TT, int c0,
+                       int c1)
 {
     __m512 C[MU_TT];
     for (int b = 0; b < TT; b++)
         C[b] = c0 == 0 ? _mm512_setzero_ps() : st[b];
     size_t ld = (size_t)cols / 2, ls = (size_t)cols / 32;
     const uint8_t *p0 = packed + (size_t)r * ld, *s0 = scale + (size_t)r * ls;
-    const __m512 e2f = _mm512_mul_ps(_mm512_loadu_ps(shoal__kernels_e2m1q), _mm512_set1_ps(4.0f)); /* exact */
-    /* word j = word 2 (j mod 16) of the bf16 dwords: the 16 E2M1 values as bf16 (exact), twice */
-    const __m512i dup = _mm512_setr_epi32(0x00020000, 0x00060004, 0x000a0008, 0x000e000c, 0x00120010, 0x00160014,
-                                          0x001a0018, 0x001e001c, 0x00020000, 0x00060004, 0x000a0008, 0x000e000c,
-                                          0x00120010, 0x00160014, 0x001a0018, 0x001e001c);
-    const __m512i e2m1 = _mm512_permutexvar_epi16(dup, _mm512_srli_epi32(_mm512_castps_si512(e2f), 16));
-    const __m128i one = _mm_set1_epi8(1), lim = _mm_set1_epi8((char)254);
+    const __m512 t32 = _mm512_mul_ps(_mm512_loadu_ps(shoal__kernels_e2m1q), _mm512_set1_ps(4.0f)); /* exact */
+    /* word j = word 2 (j mod 16) + 1 of t32's dwords: the 16 E2M1 values as bf16 (exact), twice */
+    const __m512i dup = _mm512_setr_epi32(0x00030001, 0x00070005, 0x000b0009, 0x000f000d, 0x00130011, 0x00170015,
+                                          0x001b0019, 0x001f001d, 0x00030001, 0x00070005, 0x000b0009, 0x000f000d,
+                                          0x00130011, 0x00170015, 0x001b0019, 0x001f001d);
+    const __m512i t16 = _mm512_permutexvar_epi16(dup, _mm512_castps_si512(t32));
     for (int cb = c0; cb < c1; cb += 32 * MU_SB) {
         int nb = (c1 - cb) / 32 < MU_SB ? (c1 - cb) / 32 : MU_SB;
         __m128i sv[16], sT[16];
@@ -611,28 +643,48 @@ INLINE void mu_tile_mx(float *y, __m512 *st, const uint8_t *packed, const uint8_
                 memcpy(tb, s0 + i * ls + cb / 32, (size_t)nb);
                 sv[i] = _mm_load_si128((const __m128i *)tb);
             }
-        mu_transpose_b16(sT, sv);
-        unsigned slow = 0;
+        shoal__mu_transpose_b16(sT, sv);
+        unsigned fold = 0;
         for (int j = 0; j < nb; j++) {
             _mm_store_si128((__m128i *)sb[j], sT[j]);
-            /* fast when every lane's e - 1 < 254 (unsigned bytes): 1 <= e <= 254 */
-            slow |= (unsigned)(_mm_cmpge_epu8_mask(_mm_sub_epi8(sT[j], one), lim) != 0) << j;
+            int jc = (cb - c0) / 32 + j, lo = flo[jc], hi = fhi[jc];
+            /* no lane's e - lo >= hi - lo + 1 (unsigned bytes): lo <= e <= hi */
+            if (lo <= hi)
+                fold |= (unsigned)(_mm_cmpge_epu8_mask(_mm_sub_epi8(sT[j], _mm_set1_epi8((char)lo)),
+                                                       _mm_set1_epi8((char)(hi - lo + 1))) == 0)
+                        << j;
         }
-        for (int j = 0; j < nb; j++) {
-            int c = cb + 32 * j;
-            __m512 v[MU_TT];
-            /* 16 row streams of 16 bytes per block: a line of each row every 4 blocks */
-            for (int i = 0; i < 4; i++)
-                _mm_prefetch((const char *)(p0 + (size_t)(4 * (j & 3) + i) * ld + c / 2) + MU_PF, _MM_HINT_T0);
-            if (slow >> j & 1)
+        /* G blocks at a time by the fold path where all G fold: 8 chains at T = 1
+         * (2, 3, 4 tokens: one block, 4-8 chains, ran faster than two or four:
+         * docs/PERFORMANCE.md) */
+        const int G = TT == 1 ? 4 : 1;
+        for (int j = 0; j < nb;) {
+            int c = cb + 32 * j, g = j + G <= nb && (fold >> j & ((1u << G) - 1)) == (1u << G) - 1 ? G : 1;
+            /* 16 row streams of 16 bytes per block: a line of each row every 4
+             * blocks, prefetched in the next tile (rows are short; as in mx_tile) */
+            for (int u = 0; u < g; u++)
+                for (int i = 0; i < 4; i++)
+                    _mm_prefetch((const char *)(p0 + (size_t)(16 + 4 * ((j + u) & 3) + i) * ld + c / 2 + 16 * u),
+                                 _MM_HINT_T0);
+            if (fold >> j & 1) {
+                __m512 sc[4];
+                for (int u = 0; u < g; u++)
+                    sc[u] = _mm512_castsi512_ps(
+                        _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)sb[j + u])), 23));
+                if (g == 4) {
+                    SHOAL__MCA_BEGIN("fold4");
+                    mu_blk_fold(C, p0 + c / 2, ld, sc, t32, t16, xb + (c - c0), xs, TT, 4);
+                    SHOAL__MCA_END();
+                } else
+                    mu_blk_fold(C, p0 + c / 2, ld, sc, t32, t16, xb + (c - c0), xs, TT, 1);
+                j += g;
+            } else {
+                __m512 v[MU_TT];
                 mu_blk_tab(v, p0 + c / 2, ld, sb[j], xb + (c - c0), xs, TT);
-            else {
-                __m512i e = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)sb[j]));
-                mu_blk_fast(v, p0 + c / 2, ld, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)), e2m1, xb + (c - c0), xs,
-                            TT);
+                for (int b = 0; b < TT; b++)
+                    C[b] = _mm512_add_ps(C[b], v[b]);
+                j++;
             }
-            for (int b = 0; b < TT; b++)
-                C[b] = _mm512_add_ps(C[b], v[b]);
         }
     }
     for (int b = 0; b < TT; b++) {
@@ -699,11 +751,12 @@ INLINE void mu_tile(float *y, __m512 *st, const uint16_t *w, const uint8_t *pack
 #define MU_TILE(TT)                                                                                          \
     __attribute__((noinline)) static void mu_tile_##TT(float *y, __m512 *st, const uint16_t *w,               \
                                                        const uint8_t *packed, const uint8_t *scale,           \
-                                                       const float *xb, int xs, int rows, int cols, int r, int nr, \
+                                                       const float *xb, int xs, const uint8_t *flo,          \
+                                                       const uint8_t *fhi, int rows, int cols, int r, int nr, \
                                                        int t, int c0, int c1)                                 \
     {                                                                                                        \
         if (packed && nr == 16)                                                                              \
-            mu_tile_mx(y, st, packed, scale, xb, xs, rows, cols, r, t, TT, c0, c1);                          \
+            mu_tile_mx(y, st, packed, scale, xb, xs, flo, fhi, rows, cols, r, t, TT, c0, c1);                \
         else                                                                                                 \
             mu_tile(y, st, w, packed, scale, xb, xs, rows, cols, r, nr, t, TT, c0, c1);                      \
     }
@@ -716,26 +769,32 @@ __attribute__((noinline)) static void mu_rows(float *y, const uint16_t *w, const
                                               const float *x, int rows, int cols, int T, int r0, int r1)
 {
     __attribute__((aligned(64))) float xb[MU_XB];
+    uint8_t flo[MU_XB / 32], fhi[MU_XB / 32];
     __m512 st[MU_RB / 16 * MU_TT];
+    /* one token group and one column chunk (decode): rounded once per call */
+    int once = T <= MU_TT && cols <= MU_XB / T / 32 * 32;
+    if (once)
+        mu_round_x(xb, cols, packed ? flo : NULL, fhi, x, cols, 0, T, 0, cols);
     for (int rb = r0; rb < r1; rb += MU_RB) {
         int re = rb + MU_RB < r1 ? rb + MU_RB : r1;
         for (int t = 0; t < T; t += MU_TT) {
             int TT = T - t < MU_TT ? T - t : MU_TT;
-            int kc = MU_XB / TT / 32 * 32, xs = kc;
+            int kc = MU_XB / TT / 32 * 32, xs = once ? cols : kc;
             for (int c0 = 0; c0 < cols; c0 += kc) {
                 int c1 = c0 + kc < cols ? c0 + kc : cols;
-                mu_round_x(xb, xs, x, cols, t, TT, c0, c1);
+                if (!once)
+                    mu_round_x(xb, xs, packed ? flo : NULL, fhi, x, cols, t, TT, c0, c1);
                 for (int r = rb; r < re; r += 16) {
                     int nr = re - r < 16 ? re - r : 16;
                     __m512 *s = st + (size_t)(r - rb) / 16 * MU_TT;
                     if (TT == 4)
-                        mu_tile_4(y, s, w, packed, scale, xb, xs, rows, cols, r, nr, t, c0, c1);
+                        mu_tile_4(y, s, w, packed, scale, xb, xs, flo, fhi, rows, cols, r, nr, t, c0, c1);
                     else if (TT == 3)
-                        mu_tile_3(y, s, w, packed, scale, xb, xs, rows, cols, r, nr, t, c0, c1);
+                        mu_tile_3(y, s, w, packed, scale, xb, xs, flo, fhi, rows, cols, r, nr, t, c0, c1);
                     else if (TT == 2)
-                        mu_tile_2(y, s, w, packed, scale, xb, xs, rows, cols, r, nr, t, c0, c1);
+                        mu_tile_2(y, s, w, packed, scale, xb, xs, flo, fhi, rows, cols, r, nr, t, c0, c1);
                     else
-                        mu_tile_1(y, s, w, packed, scale, xb, xs, rows, cols, r, nr, t, c0, c1);
+                        mu_tile_1(y, s, w, packed, scale, xb, xs, flo, fhi, rows, cols, r, nr, t, c0, c1);
                 }
             }
         }

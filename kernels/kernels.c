@@ -1,4 +1,4 @@
-/* kernels: ISA choice (CPUID; SHOAL_ISA, SHOAL_MX_DECODE, SHOAL_AMX_MIN_T and SHOAL_AMX_VARIANT overrides read here and nowhere else)
+/* kernels: ISA choice (CPUID; SHOAL_ISA, SHOAL_MX_DECODE, SHOAL_MU_FOLD, SHOAL_AMX_MIN_T and SHOAL_AMX_VARIANT overrides read here and nowhere else)
  * and the public entry points, which split output rows (or heads, or output
  * columns) over OpenMP threads and call the active ISA's worker. A worker
  * computes every output element in the canonical order, so neither the split
@@ -107,6 +107,18 @@ static int isa_usable(shoal_isa isa)
 const char *shoal_mx_decode_name(shoal_mx_decode d)
 {
     return d == SHOAL_MX_DECODE_SHIFT ? "shift" : d == SHOAL_MX_DECODE_VPMOVZX ? "vpmovzx" : "?";
+}
+
+int shoal__kernels_mu_fold = 1;
+
+void shoal_kernels_set_mu_fold(int on)
+{
+    shoal__kernels_mu_fold = on != 0;
+}
+
+int shoal_kernels_mu_fold(void)
+{
+    return shoal__kernels_mu_fold;
 }
 
 shoal_mx_decode shoal_kernels_mx_decode(void)
@@ -219,6 +231,12 @@ int shoal_kernels_init(void)
             shoal_kernels_set_mx_decode(SHOAL_MX_DECODE_VPMOVZX);
         else
             return SHOAL_EINVAL;
+    }
+    const char *muf = getenv("SHOAL_MU_FOLD");
+    if (muf && *muf) {
+        if (strcmp(muf, "on") && strcmp(muf, "off"))
+            return SHOAL_EINVAL;
+        shoal_kernels_set_mu_fold(!strcmp(muf, "on"));
     }
     if (shoal_kernels_cpu_has(SHOAL_ISA_AVX512) && isa_usable(SHOAL_ISA_AVX512))
         mu_try_amx();

@@ -119,16 +119,23 @@ int shoal_kernels_set_amx_min_t(int n);
 int shoal_kernels_set_amx_variant(const char *name);
 /* The AVX-512 MXFP4 decode of the portable class (kernels/README.md, "MXFP4
  * (AVX-512)"): SHIFT (a broadcast load, qword shifts and two vpermps: two
- * shuffles per 32 weights; the default on Intel CPUs) or VPMOVZX (vpmovzxbd and
- * two vpermps: three shuffles; the default elsewhere). Bit-identical: a speed
- * choice only. shoal_kernels_init picks it by CPU vendor, or as the environment
- * variable SHOAL_MX_DECODE=shift|vpmovzx says; this call is for tests and
- * benchmarks. Not thread-safe: call it while no GEMM runs. Returns 0, or
+ * shuffles per 32 weights) or VPMOVZX (vpmovzxbd and two vpermps: three
+ * shuffles; the default everywhere until SHIFT is timed faster on an Intel
+ * CPU). Bit-identical: a speed choice only. shoal_kernels_init takes the
+ * default, or what the environment variable SHOAL_MX_DECODE=shift|vpmovzx
+ * says; this call is for tests and benchmarks. Not thread-safe: call it while no GEMM runs. Returns 0, or
  * SHOAL_EINVAL for an unknown value. */
 typedef enum { SHOAL_MX_DECODE_SHIFT = 0, SHOAL_MX_DECODE_VPMOVZX = 1 } shoal_mx_decode;
 int shoal_kernels_set_mx_decode(shoal_mx_decode d);
 shoal_mx_decode shoal_kernels_mx_decode(void);
 const char *shoal_mx_decode_name(shoal_mx_decode d); /* "shift" | "vpmovzx" */
+/* The mu class's MXFP4 fold path (kernels/README.md: the block scale folded
+ * out of the chains where that is exact, the table path elsewhere): on (1,
+ * the default) or off (0: the table path for every block). Bit-identical: a
+ * speed choice only, for A/B timings on a new CPU (SHOAL_MU_FOLD=on|off at
+ * init). Not thread-safe: call it while no GEMM runs. */
+void shoal_kernels_set_mu_fold(int on);
+int shoal_kernels_mu_fold(void);
 /* The same as one word: "amx", "avx512", "avx2" or "scalar" (metrics labels). */
 const char *shoal_kernels_mu_engine(void);
 

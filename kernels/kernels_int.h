@@ -144,6 +144,8 @@ extern const shoal__kernels_table *shoal__kernels_active;
 int shoal__kernels_gemm_rb(int row_bytes, int max);
 
 /* E2M1 code -> E2M1 value / 4 (codes 8..15 negate 0..7; code 8 is -0). */
+/* the mu MXFP4 fold path on (1) or off (0): shoal_kernels_set_mu_fold */
+extern int shoal__kernels_mu_fold;
 extern const float shoal__kernels_e2m1q[16];
 /* E8M0 code -> 2^(e-127) (exact, subnormal for e = 0), NaN for e = 255. */
 float shoal__kernels_e8m0(unsigned e);
@@ -164,5 +166,16 @@ static inline float shoal__bf16f(uint16_t h)
     } v = {.u = (uint32_t)h << 16};
     return v.f;
 }
+
+/* llvm-mca regions around hot loops: empty unless compiled with -DSHOAL_MCA
+ * (tests/bench/mu_mca.sh compiles a kernel file with it to assembly and
+ * feeds the regions to llvm-mca; never in a build). */
+#ifdef SHOAL_MCA
+#define SHOAL__MCA_BEGIN(name) __asm__ volatile("# LLVM-MCA-BEGIN " name)
+#define SHOAL__MCA_END() __asm__ volatile("# LLVM-MCA-END")
+#else
+#define SHOAL__MCA_BEGIN(name) ((void)0)
+#define SHOAL__MCA_END() ((void)0)
+#endif
 
 #endif

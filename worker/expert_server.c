@@ -830,7 +830,7 @@ int shoal_expert_server_run(const shoal_expert_server_opts *o, char *err, size_t
     if (o->threads > 0)
         omp_set_num_threads(o->threads);
     if ((rc = shoal_kernels_init())) {
-        shoal_err_set(err, errlen, rc, "kernels: cannot select them (SHOAL_ISA, SHOAL_MX_DECODE or SHOAL_AMX_VARIANT "
+        shoal_err_set(err, errlen, rc, "kernels: cannot select them (SHOAL_ISA, SHOAL_MX_DECODE, SHOAL_MU_FOLD or SHOAL_AMX_VARIANT "
                                        "names a kernel this build or CPU lacks?)");
         goto out;
     }

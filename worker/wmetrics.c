@@ -22,7 +22,7 @@
 #include "kernels/kernels.h"
 #include "proto/proto.h"
 
-#define NTYPES 12  /* message types 0 (undecodable) .. 11 */
+#define NTYPES 17  /* message types 0 (undecodable) .. 16 (TRUNK_X) */
 #define NPERR 12   /* ERROR codes 0 (unknown) .. 11 */
 
 struct shoal_wmetrics {
@@ -81,6 +81,19 @@ void shoal_wmetrics_close(shoal_wmetrics *wm)
         close(wm->lfd);
     free(wm->hits);
     free(wm);
+}
+
+/* the types a worker is sent: requests and the two notices */
+static int worker_bound(int t)
+{
+    switch (t) {
+    case SHOAL_MSG_HELLO: case SHOAL_MSG_PING: case SHOAL_MSG_STATS: case SHOAL_MSG_SHUTDOWN:
+    case SHOAL_MSG_EXPERT_BATCH: case SHOAL_MSG_PREFETCH: case SHOAL_MSG_TRUNK_BATCH: case SHOAL_MSG_PROBE:
+    case SHOAL_MSG_TRUNK_X:
+        return 1;
+    default:
+        return 0;
+    }
 }
 
 /* ---- updates ------------------------------------------------------------ */
@@ -233,7 +246,7 @@ void shoal_wmetrics_write(shoal_wmetrics *wm, shoal_metrics_buf *b)
     for (int t = 0; t < NTYPES; t++) {
         uint64_t v = shoal_metrics_get(&wm->requests[t]);
         const char *tn = t ? shoal_msg_type_name(t) : "?";
-        if (!v && (t == 0 || t % 2 == 0)) /* replies never arrive: list request types always, others if seen */
+        if (!v && !worker_bound(t)) /* list what a worker is sent always, the rest (replies, "?") if seen */
             continue;
         shoal_metrics_label l[2] = {{"worker", wm->id}, {"type", tn}};
         shoal_metrics_sample(b, "shoal_expert_server_requests_total", l, 2, (double)v);

@@ -467,7 +467,7 @@ int shoal_model_open(shoal_model **out, const char *dir, const shoal_model_opts 
         omp_set_num_threads(opts->threads);
     rc = shoal_kernels_init();
     if (rc) {
-        shoal_err_set(err, errlen, rc, "kernels: cannot select them (SHOAL_ISA, SHOAL_MX_DECODE or SHOAL_AMX_VARIANT names a kernel this build or CPU lacks?)");
+        shoal_err_set(err, errlen, rc, "kernels: cannot select them (SHOAL_ISA, SHOAL_MX_DECODE, SHOAL_MU_FOLD or SHOAL_AMX_VARIANT names a kernel this build or CPU lacks?)");
         goto fail;
     }
 

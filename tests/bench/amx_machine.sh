@@ -25,6 +25,8 @@
 #   5. prefill on equal work against llama-bench (tests/bench/prefill_anchor.py),
 #      1 thread, 256 tokens: base and the 3 variants (QUICK: 1) fastest in step
 #      3's GEMMs (bf16 T = 256, MXFP4 T = 64), interleaved with the anchor;
+#   4c. the mu class's MXFP4 fold path on and off (SHOAL_MU_FOLD), bench_gemm
+#      mxfp4mu T = 1, 2, 4 on the AVX-512 emulation, 3 interleaved rounds;
 #   4b (run last). the two AVX-512 MXFP4 decodes of the portable class against
 #      each other (tests/bench/mx_t1_ab.sh: expert GEMV vs the read pass,
 #      in-cache GEMV, bench_gemm mxfp4 T = 1..8), as many interleaved rounds as
@@ -273,6 +275,32 @@ if [ -n "${LLAMA:-}" ] && [ -x "$LLAMA/llama-bench" ] && [ -f "$work/anchor.gguf
     fi
 else
     say "prefill vs llama-bench: skipped (no llama-bench or models)"
+fi
+# 4c. the mu class's MXFP4 fold path against its table path (SHOAL_MU_FOLD=on/off,
+#     the same bits) on this CPU's AVX-512 emulation, which decode (T < 8) runs on an
+#     AMX machine: bench_gemm mxfp4mu, expert shape, T = 1, 2, 4, 3 interleaved rounds
+#     (~30 s); on Intel llvm-mca scores the fold step worse than the old block (issue 33,
+#     eighth session), so this decides whether it stays the default there.
+if [ "$(( budget + 30 - $(elapsed) ))" -gt 40 ] || [ -n "${MX_ROUNDS:-}" ]; then
+    : > "$out/mu_fold.jsonl"
+    for r in 1 2 3; do
+        for f in $([ $((r % 2)) = 1 ] && echo "on off" || echo "off on"); do
+            SHOAL_MU_FOLD=$f SHOAL_ISA=avx512 "$BIN/bench_gemm" mxfp4mu 3072 3584 1,2,4 --reps 5 2>>"$log" |
+                grep '^{' | sed "s/^{/{\"round\":$r,\"fold\":\"$f\",/" >> "$out/mu_fold.jsonl"
+        done
+    done
+    say "mu MXFP4 fold on/off (gmacs_cpu by T, 3 rounds): $($py - "$out/mu_fold.jsonl" <<'PYEOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+out = []
+for T in sorted({r.get("T") for r in rows if r.get("T") is not None}):
+    med = {f: statistics.median(r["gmacs_cpu"] for r in rows if r.get("T") == T and r["fold"] == f) for f in ("on", "off")}
+    out.append(f"T={T} on {med['on']:.1f} off {med['off']:.1f} ({med['on'] / med['off']:.2f}x)")
+print("; ".join(out))
+PYEOF
+) ($(elapsed) s)"
+else
+    say "SKIPPED mu fold on/off: no time left in the budget of $budget s ($(elapsed) s)"
 fi
 # 4b. the two AVX-512 MXFP4 decodes of the portable class (shift: two shuffles
 #     per 32 weights, opt-in; vpmovzx: three, the default), interleaved rounds

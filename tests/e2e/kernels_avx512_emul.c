@@ -59,7 +59,7 @@ int main(void)
 {
     shoal__kernels_table e;
     memset(&e, 0, sizeof e);
-    if (!shoal_test_fill_avx512_emul(&e) || !e.gemm_mxfp4 || !e.gemm_mxfp4_zx) {
+    if (!shoal_test_fill_avx512_emul(&e) || !e.gemm_mxfp4 || !e.gemm_mxfp4_zx || !e.gemm_mxfp4_mu || !e.gemm_bf16_mu) {
         result("fill", 0, "the AVX-512 file compiled to its fallback");
         return 1;
     }
@@ -67,11 +67,14 @@ int main(void)
     int cols_l[] = {32, 64, 96, 160, 544, 1056, 8224};
     int T_l[] = {1, 2, 3, 4, 5, 7, 9};
     char msg[256] = "";
-    int ok[4] = {1, 1, 1, 1}; /* bf16, f32, MXFP4 shift decode, MXFP4 vpmovzx decode */
-    for (int k = 0; k < 4; k++)
+    /* bf16, f32, MXFP4 shift decode, MXFP4 vpmovzx decode, and the matrix-unit
+     * order: bf16, MXFP4 (fold and table paths: scale codes 0, 2, 255 in some blocks) */
+    int ok[6] = {1, 1, 1, 1, 1, 1};
+    for (int k = 0; k < 6; k++)
         for (size_t ri = 0; ri < sizeof rows_l / sizeof *rows_l; ri++)
             for (size_t ci = 0; ci < sizeof cols_l / sizeof *cols_l; ci++) {
-                int rows = rows_l[ri], cols = cols_l[ci], T = T_l[(ri + 2 * ci) % 7];
+                /* (the mu kernels at T = 1, decode's four-block step, for every other width) */
+                int rows = rows_l[ri], cols = cols_l[ci], T = k >= 4 && ci % 2 == 0 ? 1 : T_l[(ri + 2 * ci) % 7];
                 size_t n = (size_t)rows * cols;
                 uint16_t *wb = malloc(n * 2);
                 float *wf = malloc(n * 4), *x = malloc((size_t)T * cols * 4);
@@ -82,8 +85,11 @@ int main(void)
                 }
                 for (size_t i = 0; i < n / 2; i++)
                     p[i] = (uint8_t)rnd();
+                /* the mu kernels: the special codes in whole column blocks (b % 7 == 3), so
+                 * the blocks between take the fold path four at a time */
                 for (size_t i = 0; i < n / 32; i++)
-                    s[i] = (uint8_t)(i % 7 == 3 ? (i % 3 == 0 ? 0 : i % 3 == 1 ? 2 : 255) : 118 + rnd() % 12);
+                    s[i] = (uint8_t)((k >= 4 ? i % (size_t)(cols / 32) : i) % 7 == 3 ? (i % 3 == 0 ? 0 : i % 3 == 1 ? 2 : 255)
+                                                                                  : 118 + rnd() % 12);
                 for (size_t i = 0; i < (size_t)T * cols; i++)
                     x[i] = i % 13 == 0 ? 0.0f : fr(-3, 3);
                 size_t ny = (size_t)T * rows;
@@ -94,6 +100,12 @@ int main(void)
                 } else if (k == 1) {
                     shoal__kernels_gemm_f32_scalar(ya, wf, x, rows, cols, T, 0, rows);
                     e.gemm_f32(yb, wf, x, rows, cols, T, 0, rows);
+                } else if (k == 4) {
+                    shoal__kernels_gemm_bf16_mu_scalar(ya, wb, x, rows, cols, T, 0, rows);
+                    e.gemm_bf16_mu(yb, wb, x, rows, cols, T, 0, rows);
+                } else if (k == 5) {
+                    shoal__kernels_gemm_mxfp4_mu_scalar(ya, p, s, x, rows, cols, T, 0, rows);
+                    e.gemm_mxfp4_mu(yb, p, s, x, rows, cols, T, 0, rows);
                 } else {
                     shoal__kernels_gemm_mxfp4_scalar(ya, p, s, x, rows, cols, T, 0, rows);
                     (k == 2 ? e.gemm_mxfp4 : e.gemm_mxfp4_zx)(yb, p, s, x, rows, cols, T, 0, rows);
@@ -109,6 +121,8 @@ int main(void)
     result("gemm_f32_bit_identical", ok[1], msg);
     result("gemm_mxfp4_bit_identical", ok[2], msg);
     result("gemm_mxfp4_vpmovzx_bit_identical", ok[3], msg);
+    result("gemm_bf16_mu_bit_identical", ok[4], msg);
+    result("gemm_mxfp4_mu_bit_identical", ok[5], msg);
 
     int gok = 1;
     for (int sh = 0; sh < 4; sh++) {

@@ -14,8 +14,9 @@ grep -q -w avx2 /proc/cpuinfo && grep -q -w fma /proc/cpuinfo || skip "CPU lacks
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 # the AVX-512 file with its ISA guard opened and the intrinsics from SIMDe
-# (kernels/mu_avx512.h, which it includes, inlined first so the renames reach it)
+# (kernels/mu_avx512.h and mu_sse.h, which it includes, inlined first so the renames reach them)
 sed -e '/#include "kernels\/mu_avx512.h"/{r '"$src"'/kernels/mu_avx512.h
+d}' -e '/#include "kernels\/mu_sse.h"/{r '"$src"'/kernels/mu_sse.h
 d}' "$src/kernels/gemm_avx512.c" |
 sed -e 's|^#if defined(__x86_64__) && defined(__AVX512F__).*|#if 1|' -e '/^    defined(__AVX512DQ__)$/d' \
     -e 's|#include <immintrin.h>|#include <simde/x86/avx512.h>\n#include "tests/e2e/kernels_avx512_emul_shim.h"|' \

@@ -907,6 +907,109 @@ static void t_mu_mx_scales(void)
     CHECK_MSG(n > 0 && finite > 0 && tiny > 0, "n %d finite %d tiny %d", n, finite, tiny);
 }
 
+/* The fold path of the MXFP4 mu kernels (kernels/README.md, "Matrix-unit
+ * order": a block's scale leaves its chains when its activations' exponents
+ * and its rows' scale codes are inside bounds; otherwise the table path),
+ * near and across those bounds, each ISA against the scalar specification,
+ * bit for bit (NaN by class). One regime per matrix; in each column block
+ * every activation has one exponent field F (the block's least and
+ * greatest), different per block, and row r's scale code lies d from the
+ * block's exact bound, d = D + (r % 3) - 1 with D one of -12, -2, 0, 2, 12 per
+ * 16-row tile (a kernel folds a tile's block only when all 16 rows may: D =
+ * -2 tiles fold right at the bound, D = 0 tiles straddle it):
+ *   low:   F 20..125, e = 136 - F + d (at least 1: codes below AVX2's 26
+ *          too): for d < 0 products and partial sums
+ *          below 2^-126 that the specification flushes one by one;
+ *   high:  F 200..243 (block 2: 251, block 3: 246, past the AVX-512 fold's
+ *          limit on the greatest field), e = 372 - F + d, in odd blocks columns k and k + 2
+ *          of equal code and opposite activation: for d > 0 products of
+ *          2^128 and more, infinities (and inf - inf) in the specification
+ *          where the folded chain cancels;
+ *   mixed: typical blocks (|a| in [0.5, 2), e 110..140), one with a single
+ *          activation of exponent field 9 (tiny) and one of 245 (huge).
+ * Shapes: T = 1 (four blocks at a time on AVX-512) and 2, 3 (one), block
+ * counts that leave single blocks after the fours, row tails. A kernel that
+ * folded every block with 2 <= e <= 252, whatever its activations, fails
+ * this test (checked by mutation, docs/PERFORMANCE.md). */
+static int fold_d(int r, int c)
+{
+    static const int D[5] = {-12, -2, 0, 2, 12};
+    return D[(r / 16 + c) % 5] + r % 3 - 1;
+}
+
+static void t_mu_mx_fold(void)
+{
+    if (nisas < 2)
+        SKIP("only the scalar variant runs on this CPU");
+    static const int cases[][4] = {{37, 160, 1, 0}, {64, 256, 2, 0}, {48, 672, 3, 0}, {37, 160, 1, 1},
+                                   {64, 256, 3, 1}, {48, 672, 1, 1}, {37, 288, 1, 2}, {64, 672, 2, 2},
+                                   {80, 1056, 1, 2}};
+    shoal_isa keep = shoal_kernels_isa();
+    int n = 0, zero_low = 0, nonzero_low = 0, nonfinite_high = 0, finite_high = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        int rows = cases[c][0], cols = cases[c][1], T = cases[c][2], reg = cases[c][3], nb = cols / 32;
+        mat m = mat_new(K_MXFP4, rows, cols);
+        float *x = xmalloc((size_t)T * cols * 4);
+        for (int b = 0; b < nb; b++) {
+            int F = reg == 0 ? 20 + (int)(rnd() % 106) : reg != 1 ? 127 : b == 2 ? 251 : b == 3 ? 246 : 200 + (int)(rnd() % 44);
+            for (int t = 0; t < T; t++)
+                for (int k = 32 * b; k < 32 * b + 32; k++) {
+                    /* (1 + i/128) 2^(F-127): a bf16 value, its own rounding */
+                    float v = ldexpf(1.0f + (float)(rnd() % 128) / 128.0f, F - 127 - (reg == 2 && rnd() % 2));
+                    x[(size_t)t * cols + k] = rnd() % 2 ? v : -v;
+                    if (reg == 1 && b % 2 && k % 4 >= 2)
+                        x[(size_t)t * cols + k] = -x[(size_t)t * cols + k - 2];
+                }
+            if (reg == 2 && b == 1)
+                x[32 * b + 5] = ldexpf(1.25f, 9 - 127);
+            if (reg == 2 && b == 4)
+                x[(size_t)(T - 1) * cols + 32 * b + 30] = -ldexpf(1.5f, 245 - 127);
+            for (int r = 0; r < rows; r++) {
+                int d = fold_d(r, (int)c), e = reg == 0 ? 136 - F + d : reg == 1 ? 372 - F + d : 110 + (int)(rnd() % 31);
+                m.scale[(size_t)r * nb + b] = (uint8_t)(e < 1 ? 1 : e > 254 ? 254 : e);
+                if (reg == 1 && b % 2) /* bytes 2i + 1 repeat bytes 2i: columns k and k + 2 share a code */
+                    for (int j = 1; j < 16; j += 2)
+                        m.packed[(size_t)r * (cols / 2) + 16 * b + j] = m.packed[(size_t)r * (cols / 2) + 16 * b + j - 1];
+            }
+        }
+        size_t ny = (size_t)T * rows;
+        float *ref = xmalloc(ny * 4), *got = xmalloc(ny * 4);
+        shoal_kernels_set_isa(SHOAL_ISA_SCALAR);
+        mu_gemm(&m, ref, x, T);
+        for (size_t j = 0; j < ny; j++) {
+            int d = fold_d((int)(j % (size_t)rows), (int)c);
+            if (reg == 0 && d < -8)
+                zero_low += ref[j] == 0.0f;
+            if (reg == 0 && d > 0)
+                nonzero_low += ref[j] != 0.0f;
+            if (reg == 1 && d > 8)
+                nonfinite_high += !isfinite(ref[j]);
+            if (reg == 1 && d < 0)
+                finite_high += isfinite(ref[j]) != 0;
+        }
+        /* and with the fold path off (SHOAL_MU_FOLD=off: the table path for every block), the same bits */
+        for (int i = 1; i < 2 * nisas - 1; i++) {
+            shoal_kernels_set_isa((shoal_isa)isas[(i - 1) % (nisas - 1) + 1]);
+            shoal_kernels_set_mu_fold(i < nisas);
+            memset(got, 0x5a, ny * 4);
+            mu_gemm(&m, got, x, T);
+            int bad = first_diff(ref, got, ny);
+            CHECK_MSG(bad < 0, "mu mxfp4 fold %s (fold %s) %dx%d T=%d regime %d: output %d (row %d) %a, spec %a",
+                      shoal_isa_name(shoal_kernels_isa()), i < nisas ? "on" : "off", rows, cols, T, reg, bad,
+                      bad < 0 ? 0 : bad % rows, bad < 0 ? 0 : got[bad], bad < 0 ? 0 : ref[bad]);
+            n++;
+        }
+        shoal_kernels_set_mu_fold(1);
+        free(ref), free(got), free(x);
+        mat_free(&m);
+    }
+    shoal_kernels_set_isa(keep);
+    /* the inputs did what they were built for: flushed and kept sums, overflowed and finite ones */
+    CHECK_MSG(n > 0 && zero_low > 0 && nonzero_low > 0 && nonfinite_high > 0 && finite_high > 0,
+              "n %d zero_low %d nonzero_low %d nonfinite_high %d finite_high %d", n, zero_low, nonzero_low,
+              nonfinite_high, finite_high);
+}
+
 /* The wire form of the mu class (PROTOCOL.md 1.7): shoal_mu_round_bf16 gives
  * the oracle's bf16 value for every input class (typical, halfway cases, the
  * band that rounds up to 2^-126, subnormal, signed zero, infinities; NaN stays
@@ -1696,6 +1799,7 @@ int main(int argc, char **argv)
     RUN(t_mu_probes);
     RUN(t_mu_isa);
     RUN(t_mu_mx_scales);
+    RUN(t_mu_mx_fold);
     RUN(t_mu_wire_round);
     RUN(t_mu_selftest);
     RUN(t_mu_amx);

@@ -85,6 +85,35 @@ static double get(const char *text, size_t len, const char *name, const char *k,
     return c.val;
 }
 
+/* the types of 1.3-1.8 (TRUNK_BATCH 12, PROBE 14, TRUNK_X 16) are counted under
+ * their names, not as "?" (they were, with a table sized for 0..11) */
+static void t_later_types(void)
+{
+    shoal_wmetrics *wm = NULL;
+    char err[128];
+    shoal_wmetrics_opts o = {.id = "w1", .num_layers = 3, .is_moe = is_moe, .num_experts = 8, .expert_bytes = 1000,
+                             .owned = 16};
+    CHECK_EQ_INT(shoal_wmetrics_open(&wm, &o, err, sizeof err), 0);
+    if (!wm)
+        return;
+    shoal_wmetrics_request(wm, SHOAL_MSG_TRUNK_BATCH, 10);
+    shoal_wmetrics_request(wm, SHOAL_MSG_TRUNK_BATCH, 10);
+    shoal_wmetrics_request(wm, SHOAL_MSG_PROBE, 10);
+    shoal_wmetrics_request(wm, SHOAL_MSG_TRUNK_X, 10);
+    shoal_wmetrics_request(wm, SHOAL_MSG_TRUNK_X, 10);
+    shoal_wmetrics_request(wm, SHOAL_MSG_TRUNK_X, 10);
+    shoal_wmetrics_request(wm, 17, 10); /* past the last type: "?" */
+    shoal_metrics_buf b = {0};
+    shoal_wmetrics_write(wm, &b);
+    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "TRUNK_BATCH"), 2, 0);
+    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "PROBE"), 1, 0);
+    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "TRUNK_X"), 3, 0);
+    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "?"), 1, 0);
+    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "EXPERT_BATCH"), 0, 0);
+    shoal_metrics_buf_free(&b);
+    shoal_wmetrics_close(wm);
+}
+
 static void t_counters(void)
 {
     shoal_wmetrics *wm = build();
@@ -99,6 +128,9 @@ static void t_counters(void)
     CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "HELLO"), 1, 0);
     CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "?"), 1, 0);
     CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "PING"), 0, 0);
+    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "TRUNK_BATCH"), 0, 0);
+    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "PROBE"), 0, 0);
+    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "TRUNK_X"), 0, 0);
     CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_errors_total", "code", "NOT_OWNED"), 1, 0);
     CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_errors_total", "code", "MALFORMED"), 1, 0);
     CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_errors_total", "code", "BAD_ROUTE"), 0, 0);
@@ -226,6 +258,7 @@ int main(void)
     }
     test_binary = "test_wmetrics";
     RUN(t_counters);
+    RUN(t_later_types);
     RUN(t_http);
     return test_finish();
 }
