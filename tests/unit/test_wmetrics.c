@@ -105,11 +105,12 @@ static void t_later_types(void)
     shoal_wmetrics_request(wm, 17, 10); /* past the last type: "?" */
     shoal_metrics_buf b = {0};
     shoal_wmetrics_write(wm, &b);
-    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "TRUNK_BATCH"), 2, 0);
-    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "PROBE"), 1, 0);
-    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "TRUNK_X"), 3, 0);
-    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "?"), 1, 0);
-    CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", "EXPERT_BATCH"), 0, 0);
+    static const struct {
+        const char *type;
+        double n;
+    } want[] = {{"TRUNK_BATCH", 2}, {"PROBE", 1}, {"TRUNK_X", 3}, {"?", 1}, {"EXPERT_BATCH", 0}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        CHECK_NEAR(get(b.p, b.len, "shoal_expert_server_requests_total", "type", want[i].type), want[i].n, 0);
     shoal_metrics_buf_free(&b);
     shoal_wmetrics_close(wm);
 }
