@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/st.h"
 #include "kernels/kernels_int.h"
 
 static const shoal__kernels_table scalar_table = {
@@ -377,6 +378,94 @@ void shoal_gemm_mxfp4_mu(float *y, const uint8_t *packed, const uint8_t *scale, 
 {
     shoal__gemm_mxfp4_fn fn = shoal__kernels_active->gemm_mxfp4_mu;
     ROW_SPLIT(fn(y, packed, scale, x, rows, cols, T, r0, r1));
+}
+
+/* ---- one routed expert -------------------------------------------------------
+ * y = bf16(W2 · SiTU(W1 x, W3 x)) in ONE parallel region, not one per matrix:
+ * at T = 1 a K3 expert matrix streams in about 0.1 ms, and with passive
+ * waiting every region costs a futex wake-up of the other threads (~40 us,
+ * docs/PERFORMANCE.md, "Routed experts: one parallel region per expert").
+ * Each thread computes its rows of W1 and W3 (the same split as ROW_SPLIT),
+ * applies SiTU-GLU to those rows, waits at one barrier (W2 reads all of h),
+ * then computes its rows of W2 and rounds them to bf16. Every output element
+ * is still computed whole by the same worker in the canonical order, so the
+ * bits are those of the matrix-at-a-time form for any thread count. W2's
+ * fp32 rows go through the dead h3 half of the scratch in chunks: thread i
+ * owns floats [i*T*cw, (i+1)*T*cw) of it, cw = f / threads rows. */
+static void expert_rows(float *y, const shoal_expert_w *e, const void *w, const uint8_t *scale, const float *x,
+                        int rows, int cols, int T, int r0, int r1)
+{
+    switch (e->kind) {
+    case SHOAL_EXPERT_MXFP4: {
+        shoal__gemm_mxfp4_fn fn = numerics == SHOAL_NUMERICS_MU ? shoal__kernels_active->gemm_mxfp4_mu
+                                                                 : shoal__kernels_active->gemm_mxfp4;
+        fn(y, w, scale, x, rows, cols, T, r0, r1);
+        break;
+    }
+    case SHOAL_EXPERT_BF16: {
+        shoal__gemm_bf16_fn fn = numerics == SHOAL_NUMERICS_MU ? shoal__kernels_active->gemm_bf16_mu
+                                                                : shoal__kernels_active->gemm_bf16;
+        fn(y, w, x, rows, cols, T, r0, r1);
+        break;
+    }
+    case SHOAL_EXPERT_F32:
+        shoal__kernels_active->gemm_f32(y, w, x, rows, cols, T, r0, r1);
+        break;
+    }
+}
+
+/* W2 rows [r0, r1) of an expert: start row r0 of the matrix, n rows */
+static const void *expert_w2_at(const shoal_expert_w *e, int r0, const uint8_t **scale)
+{
+    size_t f = (size_t)e->f;
+    *scale = e->w2_scale ? e->w2_scale + (size_t)r0 * (f / 32) : NULL;
+    switch (e->kind) {
+    case SHOAL_EXPERT_MXFP4:
+        return (const uint8_t *)e->w2 + (size_t)r0 * (f / 2);
+    case SHOAL_EXPERT_BF16:
+        return (const uint16_t *)e->w2 + (size_t)r0 * f;
+    default:
+        return (const float *)e->w2 + (size_t)r0 * f;
+    }
+}
+
+void shoal_expert_ffn(uint16_t *y, const shoal_expert_w *e, const float *x, int T, float b1, float b2,
+                      float *scratch)
+{
+    int d = e->d, f = e->f;
+    float *h1 = scratch, *h3 = scratch + (size_t)T * f;
+    long work = 3L * f * d * T;
+    int want = omp_get_max_threads(), most = f / ROW_BLOCK > 0 ? f / ROW_BLOCK : 1;
+    want = want < most ? want : most;
+#pragma omp parallel num_threads(want) if (work >= PAR_MIN_WORK)
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int nb = (f + ROW_BLOCK - 1) / ROW_BLOCK;
+        int r0 = (int)((long)nb * id / nt) * ROW_BLOCK, r1 = (int)((long)nb * (id + 1) / nt) * ROW_BLOCK;
+        r1 = r1 < f ? r1 : f;
+        if (r1 > r0) {
+            expert_rows(h1, e, e->w1, e->w1_scale, x, f, d, T, r0, r1);
+            expert_rows(h3, e, e->w3, e->w3_scale, x, f, d, T, r0, r1);
+            for (int t = 0; t < T; t++)
+                shoal_situ_glu(h1 + (size_t)t * f + r0, h1 + (size_t)t * f + r0, h3 + (size_t)t * f + r0, r1 - r0,
+                               b1, b2);
+        }
+#pragma omp barrier
+        nb = (d + ROW_BLOCK - 1) / ROW_BLOCK;
+        int a0 = (int)((long)nb * id / nt) * ROW_BLOCK, a1 = (int)((long)nb * (id + 1) / nt) * ROW_BLOCK;
+        a1 = a1 < d ? a1 : d;
+        int cw = f / nt; /* >= ROW_BLOCK: nt <= f / ROW_BLOCK */
+        float *out = h3 + (size_t)id * T * cw;
+        for (int c0 = a0; c0 < a1; c0 += cw) {
+            int n = a1 - c0 < cw ? a1 - c0 : cw;
+            const uint8_t *sc;
+            const void *w = expert_w2_at(e, c0, &sc);
+            expert_rows(out, e, w, sc, h1, n, f, T, 0, n);
+            for (int t = 0; t < T; t++)
+                for (int j = 0; j < n; j++)
+                    y[(size_t)t * d + c0 + j] = shoal_f32_to_bf16(out[(size_t)t * n + j]);
+        }
+    }
 }
 
 /* ---- the start-up self-test of a matrix-unit-order kernel ---------------------

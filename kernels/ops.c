@@ -230,39 +230,5 @@ void shoal_topk(int32_t *idx, const float *score, int n, int k)
     }
 }
 
-/* ---- routed expert ------------------------------------------------------ */
-
-static void expert_gemm(float *y, const shoal_expert_w *e, const void *w, const uint8_t *scale, const float *x,
-                        int rows, int cols, int T, size_t row0)
-{
-    switch (e->kind) {
-    case SHOAL_EXPERT_MXFP4:
-        shoal_gemm_mxfp4(y, (const uint8_t *)w + row0 * (cols / 2), scale + row0 * (cols / 32), x, rows, cols, T);
-        break;
-    case SHOAL_EXPERT_BF16:
-        shoal_gemm_bf16(y, (const uint16_t *)w + row0 * cols, x, rows, cols, T);
-        break;
-    case SHOAL_EXPERT_F32:
-        shoal_gemm_f32(y, (const float *)w + row0 * cols, x, rows, cols, T);
-        break;
-    }
-}
-
-void shoal_expert_ffn(uint16_t *y, const shoal_expert_w *e, const float *x, int T, float b1, float b2,
-                      float *scratch)
-{
-    int d = e->d, f = e->f;
-    float *h1 = scratch, *h3 = scratch + (size_t)T * f;
-    expert_gemm(h1, e, e->w1, e->w1_scale, x, f, d, T, 0);
-    expert_gemm(h3, e, e->w3, e->w3_scale, x, f, d, T, 0);
-    shoal_situ_glu(h1, h1, h3, T * f, b1, b2);
-    /* W2 output rows in chunks of at most f, so each chunk's [T, n] fp32
-     * result fits in the h3 half of the scratch. */
-    for (int r0 = 0; r0 < d; r0 += f) {
-        int n = d - r0 < f ? d - r0 : f;
-        expert_gemm(h3, e, e->w2, e->w2_scale, h1, n, f, T, (size_t)r0);
-        for (int t = 0; t < T; t++)
-            for (int j = 0; j < n; j++)
-                y[(size_t)t * d + r0 + j] = shoal_f32_to_bf16(h3[(size_t)t * n + j]);
-    }
-}
+/* The routed expert (shoal_expert_ffn) is in kernels.c, beside the other
+ * threaded entry points: one parallel region for all of its matrices. */
