@@ -429,41 +429,87 @@ static const void *expert_w2_at(const shoal_expert_w *e, int r0, const uint8_t *
     }
 }
 
-void shoal_expert_ffn(uint16_t *y, const shoal_expert_w *e, const float *x, int T, float b1, float b2,
-                      float *scratch)
+/* thread id of nt: its rows of W1 and W3, SiTU-GLU on them into h1 */
+static void expert_w13(const shoal_expert_w *e, const float *x, int T, float b1, float b2, float *scratch, int id,
+                       int nt)
 {
     int d = e->d, f = e->f;
     float *h1 = scratch, *h3 = scratch + (size_t)T * f;
-    long work = 3L * f * d * T;
-    int want = omp_get_max_threads(), most = f / ROW_BLOCK > 0 ? f / ROW_BLOCK : 1;
+    int nb = (f + ROW_BLOCK - 1) / ROW_BLOCK;
+    int r0 = (int)((long)nb * id / nt) * ROW_BLOCK, r1 = (int)((long)nb * (id + 1) / nt) * ROW_BLOCK;
+    r1 = r1 < f ? r1 : f;
+    if (r1 <= r0)
+        return;
+    expert_rows(h1, e, e->w1, e->w1_scale, x, f, d, T, r0, r1);
+    expert_rows(h3, e, e->w3, e->w3_scale, x, f, d, T, r0, r1);
+    for (int t = 0; t < T; t++)
+        shoal_situ_glu(h1 + (size_t)t * f + r0, h1 + (size_t)t * f + r0, h3 + (size_t)t * f + r0, r1 - r0, b1, b2);
+}
+
+/* thread id of nt: its rows of W2 over all of h1, rounded to bf16 into y */
+static void expert_w2(uint16_t *y, const shoal_expert_w *e, int T, float *scratch, int id, int nt)
+{
+    int d = e->d, f = e->f;
+    float *h1 = scratch, *h3 = scratch + (size_t)T * f;
+    int nb = (d + ROW_BLOCK - 1) / ROW_BLOCK;
+    int a0 = (int)((long)nb * id / nt) * ROW_BLOCK, a1 = (int)((long)nb * (id + 1) / nt) * ROW_BLOCK;
+    a1 = a1 < d ? a1 : d;
+    int cw = f / nt; /* >= ROW_BLOCK: nt <= f / ROW_BLOCK */
+    float *out = h3 + (size_t)id * T * cw;
+    for (int c0 = a0; c0 < a1; c0 += cw) {
+        int n = a1 - c0 < cw ? a1 - c0 : cw;
+        const uint8_t *sc;
+        const void *w = expert_w2_at(e, c0, &sc);
+        expert_rows(out, e, w, sc, h1, n, f, T, 0, n);
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < n; j++)
+                y[(size_t)t * d + c0 + j] = shoal_f32_to_bf16(out[(size_t)t * n + j]);
+    }
+}
+
+void shoal_expert_ffn(uint16_t *y, const shoal_expert_w *e, const float *x, int T, float b1, float b2,
+                      float *scratch)
+{
+    long work = 3L * e->f * e->d * T;
+    int want = omp_get_max_threads(), most = e->f / ROW_BLOCK > 0 ? e->f / ROW_BLOCK : 1;
     want = want < most ? want : most;
-#pragma omp parallel num_threads(want) if (work >= PAR_MIN_WORK)
+    if (want <= 1 || work < PAR_MIN_WORK || omp_in_parallel()) {
+        expert_w13(e, x, T, b1, b2, scratch, 0, 1);
+        expert_w2(y, e, T, scratch, 0, 1);
+        return;
+    }
+#pragma omp parallel num_threads(want)
     {
         int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        int nb = (f + ROW_BLOCK - 1) / ROW_BLOCK;
-        int r0 = (int)((long)nb * id / nt) * ROW_BLOCK, r1 = (int)((long)nb * (id + 1) / nt) * ROW_BLOCK;
-        r1 = r1 < f ? r1 : f;
-        if (r1 > r0) {
-            expert_rows(h1, e, e->w1, e->w1_scale, x, f, d, T, r0, r1);
-            expert_rows(h3, e, e->w3, e->w3_scale, x, f, d, T, r0, r1);
-            for (int t = 0; t < T; t++)
-                shoal_situ_glu(h1 + (size_t)t * f + r0, h1 + (size_t)t * f + r0, h3 + (size_t)t * f + r0, r1 - r0,
-                               b1, b2);
-        }
+        expert_w13(e, x, T, b1, b2, scratch, id, nt);
 #pragma omp barrier
-        nb = (d + ROW_BLOCK - 1) / ROW_BLOCK;
-        int a0 = (int)((long)nb * id / nt) * ROW_BLOCK, a1 = (int)((long)nb * (id + 1) / nt) * ROW_BLOCK;
-        a1 = a1 < d ? a1 : d;
-        int cw = f / nt; /* >= ROW_BLOCK: nt <= f / ROW_BLOCK */
-        float *out = h3 + (size_t)id * T * cw;
-        for (int c0 = a0; c0 < a1; c0 += cw) {
-            int n = a1 - c0 < cw ? a1 - c0 : cw;
-            const uint8_t *sc;
-            const void *w = expert_w2_at(e, c0, &sc);
-            expert_rows(out, e, w, sc, h1, n, f, T, 0, n);
-            for (int t = 0; t < T; t++)
-                for (int j = 0; j < n; j++)
-                    y[(size_t)t * d + c0 + j] = shoal_f32_to_bf16(out[(size_t)t * n + j]);
+        expert_w2(y, e, T, scratch, id, nt);
+    }
+}
+
+void shoal_expert_ffn_many(uint16_t *const *y, const shoal_expert_w *const *e, const float *const *x, const int *T,
+                           int n, float b1, float b2, float *scratch, int scratch_threads)
+{
+    int nt = omp_get_max_threads(), maxT = 1, f = 1;
+    nt = nt < scratch_threads ? nt : scratch_threads;
+    nt = nt > 1 ? nt : 1;
+    for (int i = 0; i < n; i++) {
+        maxT = T[i] > maxT ? T[i] : maxT;
+        f = e[i]->f > f ? e[i]->f : f;
+    }
+    if (nt == 1 || n < 4 * nt || omp_in_parallel()) {
+        for (int i = 0; i < n; i++)
+            shoal_expert_ffn(y[i], e[i], x[i], T[i], b1, b2, scratch);
+        return;
+    }
+    /* whole experts per thread, each on one thread (no nested region) */
+#pragma omp parallel num_threads(nt)
+    {
+        float *scr = scratch + (size_t)omp_get_thread_num() * 2 * (size_t)maxT * (size_t)f;
+#pragma omp for schedule(dynamic, 1)
+        for (int i = 0; i < n; i++) {
+            expert_w13(e[i], x[i], T[i], b1, b2, scr, 0, 1);
+            expert_w2(y[i], e[i], T[i], scr, 0, 1);
         }
     }
 }

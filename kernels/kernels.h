@@ -225,6 +225,16 @@ typedef struct {
  * scratch: 2*T*f floats. */
 void shoal_expert_ffn(uint16_t *y, const shoal_expert_w *e, const float *x, int T, float b1, float b2,
                       float *scratch);
+/* n experts in one call (a MoE layer in decode): expert i over T[i] tokens
+ * x[i][T[i], d] -> y[i][T[i], d], each output exactly shoal_expert_ffn's.
+ * With at least 4 experts per thread the threads take whole experts (one
+ * parallel region for the lot, no barrier between experts: at T = 1 a
+ * region per expert costs wake-ups comparable to the expert's own time on
+ * a shared machine); otherwise it calls shoal_expert_ffn expert by expert.
+ * scratch: scratch_threads * 2 * maxT * f floats, maxT = the largest T[i];
+ * at most scratch_threads threads run (>= 1). */
+void shoal_expert_ffn_many(uint16_t *const *y, const shoal_expert_w *const *e, const float *const *x, const int *T,
+                           int n, float b1, float b2, float *scratch, int scratch_threads);
 
 
 /* ---- memory read pass -------------------------------------------------- */

@@ -1,4 +1,5 @@
 /* In-process routed experts (experts_local.h). */
+#include <omp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +22,18 @@ typedef struct {
     int *count, *start, *list; /* [E], [E+1], [maxT * k] */
     float *xg, *ffn;           /* [maxT, lat], [2 * maxT * f] */
     uint16_t *yg;              /* [maxT, lat] */
+    /* the one-call path (shoal_expert_ffn_many) for at most MANY_ROWS (token,
+     * slot) pairs, i.e. decode: rows grouped by expert, threads take whole experts */
+    int nth;                   /* threads the scratch is sized for */
+    float *xm, *ffm;           /* [MANY_ROWS, lat], [nth, 2 * min(maxT, MANY_ROWS) * f] */
+    uint16_t *ym;              /* [MANY_ROWS, lat] */
+    const shoal_expert_w **pe; /* [E] per selected expert */
+    const float **px;
+    uint16_t **py;
+    int *pt;
 } local;
+
+#define MANY_ROWS 64
 
 size_t shoal_experts_local_expert_bytes(const shoal_k3cfg *c, shoal_expert_kind kind)
 {
@@ -82,6 +94,31 @@ static int gather(void *self, uint16_t *y, char *err, size_t errlen)
         l->list[l->start[e] + l->count[e]++] = i;
     }
     const shoal_expert_w *W = l->w + (size_t)l->moe_idx[l->layer] * E;
+    if (T * k <= MANY_ROWS) {
+        /* every row at once, grouped by expert; one call for the layer */
+        int n = 0;
+        for (int e = 0; e < E; e++) {
+            int c = l->count[e];
+            if (!c)
+                continue;
+            const int *li = l->list + l->start[e];
+            for (int j = 0; j < c; j++)
+                memcpy(l->xm + (size_t)(l->start[e] + j) * lat, l->z + (size_t)(li[j] / k) * lat,
+                       sizeof(float) * (size_t)lat);
+            l->pe[n] = &W[e];
+            l->px[n] = l->xm + (size_t)l->start[e] * lat;
+            l->py[n] = l->ym + (size_t)l->start[e] * lat;
+            l->pt[n] = c;
+            n++;
+        }
+        shoal_expert_ffn_many(l->py, l->pe, l->px, l->pt, n, l->cfg.situ_beta, l->cfg.situ_linear_beta, l->ffm,
+                              l->nth);
+        for (int i = 0; i < T * k; i++)
+            memcpy(y + (size_t)l->list[i] * lat, l->ym + (size_t)i * lat, sizeof(uint16_t) * (size_t)lat);
+        (void)err;
+        (void)errlen;
+        return 0;
+    }
     for (int e = 0; e < E; e++) {
         int n = l->count[e];
         if (!n)
@@ -111,6 +148,13 @@ static void lclose(void *self)
     free(l->xg);
     free(l->ffn);
     free(l->yg);
+    free(l->xm);
+    free(l->ffm);
+    free(l->ym);
+    free(l->pe);
+    free(l->px);
+    free(l->py);
+    free(l->pt);
     free(l);
 }
 
@@ -253,6 +297,15 @@ int shoal_experts_local_open(shoal_experts *out, const shoal_st *st, const shoal
     l->xg = shoal_xcalloc(T * (size_t)d + 1, sizeof(float));
     l->ffn = shoal_xcalloc(2 * T * (size_t)f + 1, sizeof(float));
     l->yg = shoal_xcalloc(T * (size_t)d + 1, sizeof(uint16_t));
+    size_t mt = T < MANY_ROWS ? T : MANY_ROWS;
+    l->nth = omp_get_max_threads();
+    l->xm = shoal_xcalloc(MANY_ROWS * (size_t)d, sizeof(float));
+    l->ym = shoal_xcalloc(MANY_ROWS * (size_t)d, sizeof(uint16_t));
+    l->ffm = shoal_xcalloc((size_t)l->nth * 2 * mt * (size_t)f + 1, sizeof(float));
+    l->pe = shoal_xcalloc((size_t)l->E, sizeof *l->pe);
+    l->px = shoal_xcalloc((size_t)l->E, sizeof *l->px);
+    l->py = shoal_xcalloc((size_t)l->E, sizeof *l->py);
+    l->pt = shoal_xcalloc((size_t)l->E, sizeof *l->pt);
     out->vt = &local_vt;
     out->self = l;
     return 0;

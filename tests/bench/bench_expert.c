@@ -5,11 +5,14 @@
  * figures for docs/PERFORMANCE.md ("Routed experts: one parallel region per
  * expert"). Rows, interleaved round by round in one process, the order
  * rotated every round:
- *   ffn     shoal_expert_ffn per expert (the code under measurement)
+ *   many    shoal_expert_ffn_many over the layer's experts (threads take whole
+ *           experts: one region per layer; what the in-process engine calls)
+ *   ffn     shoal_expert_ffn per expert (one region per expert; the worker)
  *   matrix  the matrix-at-a-time form it replaced, from public kernels:
  *           shoal_gemm_mxfp4 for W1, W3, shoal_situ_glu, W2 in chunks of f rows
- *           (one OpenMP region per GEMV); its bf16 output must equal ffn's
- *           bit for bit (checked every round; a mismatch fails the run)
+ *           (one OpenMP region per GEMV); the bf16 outputs of many, ffn and
+ *           matrix must be equal bit for bit (checked every round on layer 0;
+ *           a mismatch fails the run)
  *   sweep   a 256-bit XOR sweep over the same weight bytes, split in 1 MiB
  *           pieces over the threads (the bound of bench_engine)
  *   read    shoal_read_bw_pass over 512 MiB of other memory (`shoal bench`)
@@ -193,13 +196,18 @@ int main(int argc, char **argv)
            "isa=%s\n",
            D, F, E, L, threads, rounds, ebytes, lbytes, file ? "file-mmap" : "malloc",
            shoal_isa_name(shoal_kernels_isa()));
-    enum { NROW = 4 };
-    static const char *names[NROW] = {"ffn", "matrix", "sweep", "read"};
-    double *t[NROW], *ratio[2];
+    enum { NROW = 5, NK = 3 };
+    static const char *names[NROW] = {"ffn", "matrix", "many", "sweep", "read"};
+    double *t[NROW], *ratio[NK];
     for (int k = 0; k < NROW; k++)
         t[k] = calloc((size_t)rounds, sizeof(double));
-    ratio[0] = calloc((size_t)rounds, sizeof(double));
-    ratio[1] = calloc((size_t)rounds, sizeof(double));
+    for (int k = 0; k < NK; k++)
+        ratio[k] = calloc((size_t)rounds, sizeof(double));
+    float *mscr = aligned_alloc(64, sizeof(float) * 2 * F * (size_t)threads);
+    uint16_t *yc = malloc(2 * (size_t)D * E), *py[64];
+    const shoal_expert_w *pe[64];
+    const float *px[64];
+    int pt[64];
     int layer = 0, bad = 0;
     /* round -1: warm-up (the cold faults of --file, reported apart) */
     for (int r = -1; r < rounds; r++) {
@@ -219,12 +227,19 @@ int main(int argc, char **argv)
                 dt = now() - t0;
                 layer = (layer + 1) % L;
             } else if (k == 2) {
+                for (int e = 0; e < E; e++)
+                    py[e] = yc + (size_t)e * D, pe[e] = &lw[e], px[e] = x, pt[e] = 1;
+                double t0 = now();
+                shoal_expert_ffn_many(py, pe, px, pt, E, 4.0f, 25.0f, mscr, threads);
+                dt = now() - t0;
+                layer = (layer + 1) % L;
+            } else if (k == 3) {
                 dt = sweep(buf + (size_t)layer * lbytes, lbytes, &sink);
                 layer = (layer + 1) % L;
             } else {
                 dt = (double)rb_words * 8 / 1e9 / shoal_read_bw_pass(rb, rb_words, threads, &sink);
             }
-            double gbps = (k == 3 ? (double)rb_words * 8 : (double)lbytes) / dt / 1e9;
+            double gbps = (k == 4 ? (double)rb_words * 8 : (double)lbytes) / dt / 1e9;
             printf("round=%d row=%s s=%.6f gbps=%.3f%s\n", r, names[k], dt, gbps, r < 0 ? " (warm-up)" : "");
             if (r >= 0)
                 t[k][r] = dt;
@@ -234,25 +249,27 @@ int main(int argc, char **argv)
             for (int e = 0; e < E; e++) {
                 shoal_expert_ffn(ya + (size_t)e * D, &lw[e], x, 1, 4.0f, 25.0f, scr);
                 ffn_matrix(yb + (size_t)e * D, &lw[e], x, scr);
+                py[e] = yc + (size_t)e * D, pe[e] = &lw[e], px[e] = x, pt[e] = 1;
             }
+            shoal_expert_ffn_many(py, pe, px, pt, E, 4.0f, 25.0f, mscr, threads);
         }
-        if (r >= 0 && memcmp(ya, yb, 2 * (size_t)D * E)) {
-            printf("round=%d MISMATCH: shoal_expert_ffn and the matrix-at-a-time form differ\n", r);
+        if (r >= 0 && (memcmp(ya, yb, 2 * (size_t)D * E) || memcmp(ya, yc, 2 * (size_t)D * E))) {
+            printf("round=%d MISMATCH: many / ffn / the matrix-at-a-time form differ\n", r);
             bad = 1;
         }
         if (r >= 0) {
-            ratio[0][r] = t[2][r] / t[0][r];
-            ratio[1][r] = t[2][r] / t[1][r];
+            for (int k = 0; k < NK; k++)
+                ratio[k][r] = t[3][r] / t[k][r];
         }
     }
     for (int k = 0; k < NROW; k++) {
         double s[1000];
         memcpy(s, t[k], sizeof(double) * (size_t)rounds);
         qsort(s, (size_t)rounds, sizeof(double), cmpd);
-        double bytes = k == 3 ? (double)rb_words * 8 : (double)lbytes;
+        double bytes = k == 4 ? (double)rb_words * 8 : (double)lbytes;
         printf("summary row=%s threads=%d s_median=%.6f s_min=%.6f s_max=%.6f gbps_median=%.3f", names[k], threads,
                s[rounds / 2], s[0], s[rounds - 1], bytes / s[rounds / 2] / 1e9);
-        if (k < 2) {
+        if (k < NK) {
             memcpy(s, ratio[k], sizeof(double) * (size_t)rounds);
             qsort(s, (size_t)rounds, sizeof(double), cmpd);
             printf(" ratio_to_sweep_median=%.3f min=%.3f max=%.3f", s[rounds / 2], s[0], s[rounds - 1]);

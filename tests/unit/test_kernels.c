@@ -1734,6 +1734,132 @@ static void t_expert_ffn(void)
     }
 }
 
+static shoal_expert_w expert_of(int k, const mat *w1, const mat *w3, const mat *w2, int d, int f)
+{
+    shoal_expert_w e = {.kind = k == K_BF16 ? SHOAL_EXPERT_BF16 : k == K_F32 ? SHOAL_EXPERT_F32 : SHOAL_EXPERT_MXFP4,
+                        .d = d,
+                        .f = f};
+    if (k == K_MXFP4) {
+        e.w1 = w1->packed, e.w3 = w3->packed, e.w2 = w2->packed;
+        e.w1_scale = w1->scale, e.w3_scale = w3->scale, e.w2_scale = w2->scale;
+    } else if (k == K_BF16) {
+        e.w1 = w1->wb, e.w3 = w3->wb, e.w2 = w2->wb;
+    } else {
+        e.w1 = w1->wf, e.w3 = w3->wf, e.w2 = w2->wf;
+    }
+    return e;
+}
+
+/* The expert FFN by its definition, one public GEMM at a time:
+ * y = bf16(W2 · SiTU-GLU(W1 x, W3 x)) (SPEC §3.6). */
+static void expert_by_matrices(uint16_t *y, int k, const mat *w1, const mat *w3, const mat *w2, const float *x, int T,
+                               int d, int f)
+{
+    float *h1 = xmalloc((size_t)T * f * 4), *h3 = xmalloc((size_t)T * f * 4), *o = xmalloc((size_t)T * d * 4);
+    if (k == K_MXFP4) {
+        shoal_gemm_mxfp4(h1, w1->packed, w1->scale, x, f, d, T);
+        shoal_gemm_mxfp4(h3, w3->packed, w3->scale, x, f, d, T);
+    } else if (k == K_BF16) {
+        shoal_gemm_bf16(h1, w1->wb, x, f, d, T);
+        shoal_gemm_bf16(h3, w3->wb, x, f, d, T);
+    } else {
+        shoal_gemm_f32(h1, w1->wf, x, f, d, T);
+        shoal_gemm_f32(h3, w3->wf, x, f, d, T);
+    }
+    shoal_situ_glu(h1, h1, h3, T * f, 4.0f, 25.0f);
+    if (k == K_MXFP4)
+        shoal_gemm_mxfp4(o, w2->packed, w2->scale, h1, d, f, T);
+    else if (k == K_BF16)
+        shoal_gemm_bf16(o, w2->wb, h1, d, f, T);
+    else
+        shoal_gemm_f32(o, w2->wf, h1, d, f, T);
+    for (size_t i = 0; i < (size_t)T * d; i++)
+        y[i] = shoal_f32_to_bf16(o[i]);
+    free(h1), free(h3), free(o);
+}
+
+/* shoal_expert_ffn splits one expert's rows over the threads in one parallel
+ * region (W2 through per-thread chunks of the scratch): the bits of the
+ * matrix-at-a-time definition at 1, 2 and 3 threads, on every ISA; the shape
+ * is above PAR_MIN_WORK so the region really runs threaded, d > f and d not a
+ * multiple of the chunk so W2 takes several chunks per thread. */
+static void expert_split_one_isa(void)
+{
+    int d = 672, f = 448, Ts[] = {1, 3};
+    for (int k = 0; k < 3; k++)
+        for (int ti = 0; ti < 2; ti++) {
+            int T = Ts[ti];
+            mat w1 = mat_new((mkind)k, f, d), w3 = mat_new((mkind)k, f, d), w2 = mat_new((mkind)k, d, f);
+            shoal_expert_w e = expert_of(k, &w1, &w3, &w2, d, f);
+            float *x = frand_vec((size_t)T * d, -1, 1), *scr = xmalloc((size_t)2 * T * f * 4);
+            uint16_t *want = xmalloc((size_t)T * d * 2), *got = xmalloc((size_t)T * d * 2);
+            expert_by_matrices(want, k, &w1, &w3, &w2, x, T, d, f);
+            int nth[] = {1, 2, 3};
+            for (int j = 0; j < 3; j++) {
+                omp_set_num_threads(nth[j]);
+                memset(got, 0xff, (size_t)T * d * 2);
+                shoal_expert_ffn(got, &e, x, T, 4.0f, 25.0f, scr);
+                CHECK_MSG(!memcmp(got, want, (size_t)T * d * 2), "expert_ffn %s T=%d threads=%d: not the bits of the matrix-at-a-time form",
+                          kind_name[k], T, nth[j]);
+            }
+            omp_set_num_threads(2);
+            free(x), free(scr), free(want), free(got);
+            mat_free(&w1), mat_free(&w2), mat_free(&w3);
+        }
+}
+
+static void t_expert_ffn_split(void)
+{
+    for_each_isa(expert_split_one_isa, "expert ffn split");
+}
+
+/* shoal_expert_ffn_many: threads take whole experts (13 experts: >= 4 per
+ * thread at 2 and 3 threads) or, with fewer, it runs them one by one; every
+ * output the bits of shoal_expert_ffn on that expert alone at 1 thread. Mixed
+ * kinds and token counts, one scratch block per thread. */
+static void t_expert_ffn_many(void)
+{
+    enum { N = 13 };
+    int d = 96, f = 64, Tmax = 3;
+    mat m[N][3];
+    shoal_expert_w e[N];
+    const shoal_expert_w *pe[N];
+    const float *px[N];
+    uint16_t *py[N], *want[N];
+    int T[N];
+    for (int i = 0; i < N; i++) {
+        int k = i % 3;
+        T[i] = 1 + i % Tmax;
+        m[i][0] = mat_new((mkind)k, f, d), m[i][1] = mat_new((mkind)k, f, d), m[i][2] = mat_new((mkind)k, d, f);
+        e[i] = expert_of(k, &m[i][0], &m[i][1], &m[i][2], d, f);
+        pe[i] = &e[i];
+        px[i] = frand_vec((size_t)T[i] * d, -1, 1);
+        py[i] = xmalloc((size_t)T[i] * d * 2);
+        want[i] = xmalloc((size_t)T[i] * d * 2);
+    }
+    float *scr = xmalloc((size_t)3 * 2 * Tmax * f * 4);
+    omp_set_num_threads(1);
+    for (int i = 0; i < N; i++)
+        shoal_expert_ffn(want[i], &e[i], px[i], T[i], 4.0f, 25.0f, scr);
+    int nth[] = {1, 2, 3}, ns[] = {N, 5};
+    for (int j = 0; j < 3; j++)
+        for (int a = 0; a < 2; a++) {
+            omp_set_num_threads(nth[j]);
+            for (int i = 0; i < N; i++)
+                memset(py[i], 0xff, (size_t)T[i] * d * 2);
+            shoal_expert_ffn_many(py, pe, px, T, ns[a], 4.0f, 25.0f, scr, 3);
+            for (int i = 0; i < ns[a]; i++)
+                CHECK_MSG(!memcmp(py[i], want[i], (size_t)T[i] * d * 2), "expert_ffn_many n=%d threads=%d expert %d differs",
+                          ns[a], nth[j], i);
+        }
+    omp_set_num_threads(2);
+    for (int i = 0; i < N; i++) {
+        free((void *)px[i]), free(py[i]), free(want[i]);
+        mat_free(&m[i][0]), mat_free(&m[i][1]), mat_free(&m[i][2]);
+    }
+    free(scr);
+}
+
 /* SHOAL_ISA is read once, at init: run this binary again with it set. */
 static void isa_probe(const char *value, char *out, size_t outlen)
 {
@@ -1815,6 +1941,8 @@ int main(int argc, char **argv)
     RUN(t_mla_attend);
     RUN(t_mla_prefill);
     RUN(t_expert_ffn);
+    RUN(t_expert_ffn_split);
+    RUN(t_expert_ffn_many);
     RUN(t_amx_variant_names);
     RUN(t_amx_variants_tiles); /* last: on AMX it leaves the base variant selected */
     return test_finish();
