@@ -73,7 +73,9 @@ static int submit(void *self, int layer, int T, int k, const float *z, const int
 
 /* Computes on gather: in-process there is nothing to overlap with. Tokens are
  * grouped by expert (counting sort, stable in (t, slot) order), each selected
- * expert runs once over all its tokens, in ascending expert id. */
+ * expert runs once over all its tokens: up to MANY_ROWS rows all experts in
+ * one shoal_expert_ffn_many call (threads take whole experts: no parallel
+ * region per expert), beyond that in ascending expert id. */
 static int gather(void *self, uint16_t *y, char *err, size_t errlen)
 {
     local *l = self;

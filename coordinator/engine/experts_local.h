@@ -2,9 +2,11 @@
  * every MoE layer bound as a borrowed view of the model's tensor store and run
  * with kernels' shoal_expert_ffn. Tokens are grouped by expert, so each
  * selected expert's weights are read once per submitted chunk for all the
- * tokens routed to it; experts run in ascending id order and in parallel over
- * experts' output rows inside the kernel. submit() computes everything;
- * gather() copies out. The engine opens it when remote_experts is 0; tests and
+ * tokens routed to it. Up to 64 (token, slot) rows (decode) the selected
+ * experts go to kernels' shoal_expert_ffn_many in one call, threads taking
+ * whole experts; larger chunks run expert by expert in ascending id order,
+ * each in parallel over its output rows. The bits are the same either way.
+ * gather() computes everything and copies out. The engine opens it when remote_experts is 0; tests and
  * the distributed issue may open one to compare against.
  * Thread-safety: one outstanding request per object, one caller at a time. */
 #ifndef SHOAL_EXPERTS_LOCAL_H

@@ -14,6 +14,7 @@ bin="${SHOAL_BUILD:-$here/build}/tests/bench_engine"
 {
     echo "# bench_engine raw rows (docs/PERFORMANCE.md, engine section)"
     echo "# commit $(git -C "$here" rev-parse HEAD)$(git -C "$here" diff --quiet HEAD -- coordinator kernels common tests/bench || echo ' (dirty)')"
+    echo "# build $bin"
     echo "# command $bin $model $*"
     echo "# date $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "# cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cpus online"
