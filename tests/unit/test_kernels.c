@@ -1785,9 +1785,9 @@ static void expert_by_matrices(uint16_t *y, int k, const mat *w1, const mat *w3,
  * multiple of the chunk so W2 takes several chunks per thread. */
 static void expert_split_one_isa(void)
 {
-    int d = 672, f = 448, Ts[] = {1, 3};
+    int d = 672, f = 448, Ts[] = {1, 3, 40}; /* 40: past the small-T tiles, into the token blocks */
     for (int k = 0; k < 3; k++)
-        for (int ti = 0; ti < 2; ti++) {
+        for (int ti = 0; ti < 3; ti++) {
             int T = Ts[ti];
             mat w1 = mat_new((mkind)k, f, d), w3 = mat_new((mkind)k, f, d), w2 = mat_new((mkind)k, d, f);
             shoal_expert_w e = expert_of(k, &w1, &w3, &w2, d, f);
