@@ -49,6 +49,7 @@
 #include "coordinator/obs/cmetrics.h"
 #include "coordinator/engine/sampler.h"
 #include "kernels/kernels.h"
+#include "tests/bench/bench_util.h"
 
 static double now(void)
 {
@@ -61,28 +62,7 @@ static double now(void)
  * independent chains so the loads, not the XORs, set the pace. With AVX2 the
  * same loop runs on 256-bit vectors (GCC vector extensions, chosen at run time),
  * because 64-bit loads cannot saturate memory from one core and would understate
- * the bound the 256-bit GEMV kernels are held to. */
-typedef uint64_t v4u64 __attribute__((vector_size(32)));
-
-__attribute__((target("avx2"))) static uint64_t sweep_avx2(const uint8_t *p, size_t n)
-{
-    v4u64 a = {0}, b = {0}, c = {0}, d = {0};
-    size_t vecs = (n / 128) * 4;
-    for (size_t i = 0; i < vecs; i += 4) {
-        v4u64 w0, w1, w2, w3;
-        memcpy(&w0, p + 32 * i, 32);
-        memcpy(&w1, p + 32 * (i + 1), 32);
-        memcpy(&w2, p + 32 * (i + 2), 32);
-        memcpy(&w3, p + 32 * (i + 3), 32);
-        a ^= w0;
-        b ^= w1;
-        c ^= w2;
-        d ^= w3;
-    }
-    v4u64 x = a ^ b ^ c ^ d;
-    return x[0] ^ x[1] ^ x[2] ^ x[3];
-}
-
+ * the bound the 256-bit GEMV kernels are held to (bench_sweep_avx2, bench_util.h). */
 static uint64_t sweep_scalar(const uint8_t *p, size_t n)
 {
     uint64_t a = 0, b = 0, c = 0, d = 0;
@@ -101,7 +81,7 @@ static int use_avx2;
 
 static uint64_t sweep(const uint8_t *p, size_t n)
 {
-    return use_avx2 ? sweep_avx2(p, n) : sweep_scalar(p, n);
+    return use_avx2 ? bench_sweep_avx2(p, n) : sweep_scalar(p, n);
 }
 
 typedef struct {

@@ -36,6 +36,7 @@
 
 #include "common/st.h"
 #include "kernels/kernels.h"
+#include "tests/bench/bench_util.h"
 
 static double now(void)
 {
@@ -44,35 +45,7 @@ static double now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
-static uint64_t rs = 88172645463325252ull;
-static uint32_t rnd(void)
-{
-    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
-    return (uint32_t)(rs >> 11);
-}
-
-typedef uint64_t v4u64 __attribute__((vector_size(32)));
-__attribute__((target("avx2"))) static uint64_t sweep1(const uint8_t *p, size_t n)
-{
-    v4u64 a = {0}, b = {0}, c = {0}, d = {0};
-    size_t vecs = (n / 128) * 4;
-    for (size_t i = 0; i < vecs; i += 4) {
-        v4u64 w0, w1, w2, w3;
-        memcpy(&w0, p + 32 * i, 32);
-        memcpy(&w1, p + 32 * (i + 1), 32);
-        memcpy(&w2, p + 32 * (i + 2), 32);
-        memcpy(&w3, p + 32 * (i + 3), 32);
-        a ^= w0, b ^= w1, c ^= w2, d ^= w3;
-    }
-    v4u64 x = a ^ b ^ c ^ d;
-    return x[0] ^ x[1] ^ x[2] ^ x[3];
-}
 
 static double sweep(const uint8_t *p, size_t n, uint64_t *sink)
 {
@@ -82,7 +55,7 @@ static double sweep(const uint8_t *p, size_t n, uint64_t *sink)
 #pragma omp parallel for schedule(static) reduction(^ : acc)
     for (size_t k = 0; k < pieces; k++) {
         size_t off = k << 20, len = n - off < (1u << 20) ? n - off : (1u << 20);
-        acc ^= sweep1(p + off, len);
+        acc ^= bench_sweep_avx2(p + off, len);
     }
     *sink ^= acc;
     return now() - t0;
@@ -145,7 +118,7 @@ int main(int argc, char **argv)
         for (size_t off = 0; off < total; off += 1 << 20) {
             size_t n = total - off < (1u << 20) ? total - off : (1u << 20);
             for (size_t i = 0; i < n; i++)
-                tmp[i] = (uint8_t)rnd();
+                tmp[i] = (uint8_t)bench_rnd();
             if (pwrite(fd, tmp, n, (off_t)off) != (ssize_t)n) {
                 perror("bench_expert: write");
                 return 1;
@@ -160,7 +133,7 @@ int main(int argc, char **argv)
     } else {
         buf = aligned_alloc(64, (total + 63) / 64 * 64);
         for (size_t i = 0; i < total; i++)
-            buf[i] = (uint8_t)rnd();
+            buf[i] = (uint8_t)bench_rnd();
     }
     shoal_expert_w *w = calloc((size_t)E * L, sizeof *w);
     for (int i = 0; i < E * L; i++) {
@@ -176,15 +149,15 @@ int main(int argc, char **argv)
         /* E8M0 scales near 2^0 (118..133): finite outputs, no NaN code */
         uint8_t *s1 = b + p1, *s3 = b + mbytes + p1, *s2 = b + 2 * mbytes + p2;
         for (size_t j = 0; j < (size_t)F * (D / 32); j++)
-            s1[j] = (uint8_t)(118 + rnd() % 16), s3[j] = (uint8_t)(118 + rnd() % 16);
+            s1[j] = (uint8_t)(118 + bench_rnd() % 16), s3[j] = (uint8_t)(118 + bench_rnd() % 16);
         for (size_t j = 0; j < (size_t)D * (F / 32); j++)
-            s2[j] = (uint8_t)(118 + rnd() % 16);
+            s2[j] = (uint8_t)(118 + bench_rnd() % 16);
     }
     if (file) /* the cold round below faults the pages in afresh */
         madvise(buf, total, MADV_DONTNEED);
     float *x = aligned_alloc(64, sizeof(float) * D), *scr = aligned_alloc(64, sizeof(float) * 2 * F);
     for (int i = 0; i < D; i++)
-        x[i] = ((float)(rnd() % 2001) - 1000.0f) / 1000.0f;
+        x[i] = ((float)(bench_rnd() % 2001) - 1000.0f) / 1000.0f;
     uint16_t *ya = malloc(2 * (size_t)D * E), *yb = malloc(2 * (size_t)D * E);
     size_t rb_words = (512u << 20) / 8;
     uint64_t *rb = aligned_alloc(64, rb_words * 8), sink = 0;
@@ -265,13 +238,13 @@ int main(int argc, char **argv)
     for (int k = 0; k < NROW; k++) {
         double s[1000];
         memcpy(s, t[k], sizeof(double) * (size_t)rounds);
-        qsort(s, (size_t)rounds, sizeof(double), cmpd);
+        qsort(s, (size_t)rounds, sizeof(double), bench_cmpd);
         double bytes = k == 4 ? (double)rb_words * 8 : (double)lbytes;
         printf("summary row=%s threads=%d s_median=%.6f s_min=%.6f s_max=%.6f gbps_median=%.3f", names[k], threads,
                s[rounds / 2], s[0], s[rounds - 1], bytes / s[rounds / 2] / 1e9);
         if (k < NK) {
             memcpy(s, ratio[k], sizeof(double) * (size_t)rounds);
-            qsort(s, (size_t)rounds, sizeof(double), cmpd);
+            qsort(s, (size_t)rounds, sizeof(double), bench_cmpd);
             printf(" ratio_to_sweep_median=%.3f min=%.3f max=%.3f", s[rounds / 2], s[0], s[rounds - 1]);
         }
         printf("\n");

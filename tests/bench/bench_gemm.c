@@ -20,6 +20,7 @@
 #include "common/err.h"
 #include "kernels/kernels.h"
 #include "kernels/kernels_int.h"
+#include "tests/bench/bench_util.h"
 
 static double now(clockid_t c)
 {
@@ -28,18 +29,6 @@ static double now(clockid_t c)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static uint64_t rs = 88172645463325252ull;
-static uint32_t rnd(void)
-{
-    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
-    return (uint32_t)(rs >> 11);
-}
 
 int main(int argc, char **argv)
 {
@@ -126,19 +115,19 @@ int main(int argc, char **argv)
         return 4;
     }
     for (size_t i = 0; i < wb * copies; i++)
-        w[i] = (uint8_t)rnd();
+        w[i] = (uint8_t)bench_rnd();
     if (k == 0)
         for (size_t i = 0; i < wb * copies / 2; i++) /* bf16 in [-2, 2]: exponent byte 0x3e..0x3f */
-            ((uint16_t *)w)[i] = (uint16_t)((((uint16_t *)w)[i] & 0x80ff) | 0x3e00 | ((rnd() & 1) << 8));
+            ((uint16_t *)w)[i] = (uint16_t)((((uint16_t *)w)[i] & 0x80ff) | 0x3e00 | ((bench_rnd() & 1) << 8));
     if (k == 1)
         for (size_t i = 0; i < wb * copies / 4; i++)
-            ((float *)w)[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
+            ((float *)w)[i] = (float)(bench_rnd() % 2001) / 1000.0f - 1.0f;
     if (k == 2)
         for (int c = 0; c < copies; c++)
             for (size_t i = n / 2; i < wb; i++)
-                w[(size_t)c * wb + i] = (uint8_t)(118 + rnd() % 12);
+                w[(size_t)c * wb + i] = (uint8_t)(118 + bench_rnd() % 12);
     for (size_t i = 0; i < (size_t)Tmax * cols; i++)
-        x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
+        x[i] = (float)(bench_rnd() % 2001) / 1000.0f - 1.0f;
     printf("# bench_gemm %s %dx%d isa %s threads %d copies %d reps %d l2 %ld KiB\n", kind, rows, cols,
            shoal_isa_name(shoal_kernels_isa()), threads, copies, reps, shoal_kernels_l2_bytes() >> 10);
     for (int ti = 0; ti < nT; ti++) {
@@ -171,8 +160,8 @@ int main(int argc, char **argv)
             double *wv = wt + (size_t)v * reps, *cv = ct + (size_t)v * reps;
             if (vname[v])
                 shoal_kernels_set_amx_variant(vname[v]); /* for the row's mu_path */
-            qsort(wv, reps, sizeof *wv, cmpd);
-            qsort(cv, reps, sizeof *cv, cmpd);
+            qsort(wv, reps, sizeof *wv, bench_cmpd);
+            qsort(cv, reps, sizeof *cv, bench_cmpd);
             double mac = (double)n * T / 1e9;
             printf("{\"kind\":\"%s\",\"shape\":\"%dx%d\",\"T\":%d,\"threads\":%d,\"isa\":\"%s\",\"gmacs\":%.2f,"
                    "\"gmacs_min\":%.2f,\"gmacs_max\":%.2f,\"gmacs_cpu\":%.2f,\"gbps\":%.2f,\"amx_variant\":\"%s\","
