@@ -346,10 +346,20 @@ int shoal_numerics_parse(const char *s, shoal_numerics *out)
     return 0;
 }
 
+/* the active ISA's bf16 / MXFP4 worker of the active numerics class */
+static shoal__gemm_bf16_fn bf16_fn(void)
+{
+    return numerics == SHOAL_NUMERICS_MU ? shoal__kernels_active->gemm_bf16_mu : shoal__kernels_active->gemm_bf16;
+}
+
+static shoal__gemm_mxfp4_fn mxfp4_fn(void)
+{
+    return numerics == SHOAL_NUMERICS_MU ? shoal__kernels_active->gemm_mxfp4_mu : shoal__kernels_active->gemm_mxfp4;
+}
+
 void shoal_gemm_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int T)
 {
-    shoal__gemm_bf16_fn fn =
-        numerics == SHOAL_NUMERICS_MU ? shoal__kernels_active->gemm_bf16_mu : shoal__kernels_active->gemm_bf16;
+    shoal__gemm_bf16_fn fn = bf16_fn();
     ROW_SPLIT(fn(y, w, x, rows, cols, T, r0, r1));
 }
 
@@ -362,8 +372,7 @@ void shoal_gemm_f32(float *y, const float *w, const float *x, int rows, int cols
 void shoal_gemm_mxfp4(float *y, const uint8_t *packed, const uint8_t *scale, const float *x, int rows, int cols,
                       int T)
 {
-    shoal__gemm_mxfp4_fn fn =
-        numerics == SHOAL_NUMERICS_MU ? shoal__kernels_active->gemm_mxfp4_mu : shoal__kernels_active->gemm_mxfp4;
+    shoal__gemm_mxfp4_fn fn = mxfp4_fn();
     ROW_SPLIT(fn(y, packed, scale, x, rows, cols, T, r0, r1));
 }
 
@@ -396,18 +405,12 @@ static void expert_rows(float *y, const shoal_expert_w *e, const void *w, const 
                         int rows, int cols, int T, int r0, int r1)
 {
     switch (e->kind) {
-    case SHOAL_EXPERT_MXFP4: {
-        shoal__gemm_mxfp4_fn fn = numerics == SHOAL_NUMERICS_MU ? shoal__kernels_active->gemm_mxfp4_mu
-                                                                 : shoal__kernels_active->gemm_mxfp4;
-        fn(y, w, scale, x, rows, cols, T, r0, r1);
+    case SHOAL_EXPERT_MXFP4:
+        mxfp4_fn()(y, w, scale, x, rows, cols, T, r0, r1);
         break;
-    }
-    case SHOAL_EXPERT_BF16: {
-        shoal__gemm_bf16_fn fn = numerics == SHOAL_NUMERICS_MU ? shoal__kernels_active->gemm_bf16_mu
-                                                                : shoal__kernels_active->gemm_bf16;
-        fn(y, w, x, rows, cols, T, r0, r1);
+    case SHOAL_EXPERT_BF16:
+        bf16_fn()(y, w, x, rows, cols, T, r0, r1);
         break;
-    }
     case SHOAL_EXPERT_F32:
         shoal__kernels_active->gemm_f32(y, w, x, rows, cols, T, r0, r1);
         break;
@@ -467,6 +470,14 @@ static void expert_w2(uint16_t *y, const shoal_expert_w *e, int T, float *scratc
     }
 }
 
+/* a whole expert on the calling thread */
+static void expert_alone(uint16_t *y, const shoal_expert_w *e, const float *x, int T, float b1, float b2,
+                         float *scratch)
+{
+    expert_w13(e, x, T, b1, b2, scratch, 0, 1);
+    expert_w2(y, e, T, scratch, 0, 1);
+}
+
 void shoal_expert_ffn(uint16_t *y, const shoal_expert_w *e, const float *x, int T, float b1, float b2,
                       float *scratch)
 {
@@ -474,8 +485,7 @@ void shoal_expert_ffn(uint16_t *y, const shoal_expert_w *e, const float *x, int 
     int want = omp_get_max_threads(), most = e->f / ROW_BLOCK > 0 ? e->f / ROW_BLOCK : 1;
     want = want < most ? want : most;
     if (want <= 1 || work < PAR_MIN_WORK || omp_in_parallel()) {
-        expert_w13(e, x, T, b1, b2, scratch, 0, 1);
-        expert_w2(y, e, T, scratch, 0, 1);
+        expert_alone(y, e, x, T, b1, b2, scratch);
         return;
     }
 #pragma omp parallel num_threads(want)
@@ -508,8 +518,7 @@ void shoal_expert_ffn_many(uint16_t *const *y, const shoal_expert_w *const *e, c
         float *scr = scratch + (size_t)omp_get_thread_num() * 2 * (size_t)maxT * (size_t)f;
 #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < n; i++) {
-            expert_w13(e[i], x[i], T[i], b1, b2, scr, 0, 1);
-            expert_w2(y[i], e[i], T[i], scr, 0, 1);
+            expert_alone(y[i], e[i], x[i], T[i], b1, b2, scr);
         }
     }
 }
