@@ -282,6 +282,21 @@ class Serve:
         return terminate(self.p, 30)
 
 
+def st_headers(model_dir):
+    """(tensor name, header entry) of every tensor of a model directory's
+    .safetensors files, files in name order, read from the headers (8-byte
+    little-endian length, then JSON; the format itself, not shoal's reader)."""
+    import struct
+    for fn in sorted(os.listdir(model_dir)):
+        if fn.endswith(".safetensors"):
+            with open(os.path.join(model_dir, fn), "rb") as f:
+                n = struct.unpack("<Q", f.read(8))[0]
+                h = json.loads(f.read(n))
+            for k, v in h.items():
+                if k != "__metadata__":
+                    yield k, v
+
+
 def k3_encoder(model_dir):
     """(tiktoken Encoding, {special token: id}) of a K3 model directory's
     tokenizer (tiktoken.model, tokenizer_config.json) with the K3

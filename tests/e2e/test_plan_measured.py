@@ -43,7 +43,6 @@ import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -90,17 +89,12 @@ def row(text, label):
 def trunk_bytes(model):
     """bytes of every non-expert tensor but the embedding table (the trunk read per token)"""
     tot = 0
-    for fn in sorted(os.listdir(model)):
-        if fn.endswith(".safetensors"):
-            with open(os.path.join(model, fn), "rb") as f:
-                n = struct.unpack("<Q", f.read(8))[0]
-                h = json.loads(f.read(n))
-            for k, v in h.items():
-                if k == "__metadata__" or not k.startswith("language_model."):
-                    continue
-                if (".experts." in k and "shared_experts" not in k) or "embed_tokens" in k:
-                    continue
-                tot += v["data_offsets"][1] - v["data_offsets"][0]
+    for k, v in harness.st_headers(model):
+        if not k.startswith("language_model."):
+            continue
+        if (".experts." in k and "shared_experts" not in k) or "embed_tokens" in k:
+            continue
+        tot += v["data_offsets"][1] - v["data_offsets"][0]
     return tot
 
 
@@ -108,21 +102,14 @@ def coord_bytes(model):
     """(trunk local, spread): what the coordinator holds -- every non-expert tensor, or those no row spec takes
     (PROTOCOL.md 7.1: row-shardable = every 2-D trunk matrix of >= 2 rows but embed_tokens and kv_b_proj)"""
     local = spread = 0
-    for fn in sorted(os.listdir(model)):
-        if fn.endswith(".safetensors"):
-            with open(os.path.join(model, fn), "rb") as f:
-                n = struct.unpack("<Q", f.read(8))[0]
-                h = json.loads(f.read(n))
-            for k, v in h.items():
-                if k == "__metadata__" or not k.startswith("language_model."):
-                    continue
-                if ".experts." in k and "shared_experts" not in k:
-                    continue
-                b = v["data_offsets"][1] - v["data_offsets"][0]
-                local += b
-                shardable = len(v["shape"]) == 2 and v["shape"][0] >= 2 and not k.endswith("embed_tokens.weight") \
-                    and not k.endswith("kv_b_proj.weight")
-                spread += 0 if shardable else b
+    for k, v in harness.st_headers(model):
+        if not k.startswith("language_model.") or (".experts." in k and "shared_experts" not in k):
+            continue
+        b = v["data_offsets"][1] - v["data_offsets"][0]
+        local += b
+        shardable = len(v["shape"]) == 2 and v["shape"][0] >= 2 and not k.endswith("embed_tokens.weight") \
+            and not k.endswith("kv_b_proj.weight")
+        spread += 0 if shardable else b
     return local, spread
 
 
@@ -134,23 +121,18 @@ def case_whole_experts():
     c = json.load(open(os.path.join(TINY, "config.json")))
     c = c.get("text_config", c)
     tr = fa = eb = 0
-    for fn in sorted(os.listdir(TINY)):
-        if fn.endswith(".safetensors"):
-            with open(os.path.join(TINY, fn), "rb") as f:
-                n = struct.unpack("<Q", f.read(8))[0]
-                h = json.loads(f.read(n))
-            for k, v in h.items():
-                if k == "__metadata__" or not k.startswith("language_model."):
-                    continue
-                b = v["data_offsets"][1] - v["data_offsets"][0]
-                if ".experts.0." in k and ".layers.%d." % c["first_k_dense_replace"] in k:
-                    eb += b  # one routed expert's tensors
-                if ".experts." in k and "shared_experts" not in k:
-                    continue
-                if len(v["shape"]) == 2 and v["shape"][0] >= 2 and not k.endswith(("embed_tokens.weight",
-                                                                                  "kv_b_proj.weight")):
-                    tr += b
-                    fa += b if k.endswith(".f_a_proj.weight") else 0
+    for k, v in harness.st_headers(TINY):
+        if not k.startswith("language_model."):
+            continue
+        b = v["data_offsets"][1] - v["data_offsets"][0]
+        if ".experts.0." in k and ".layers.%d." % c["first_k_dense_replace"] in k:
+            eb += b  # one routed expert's tensors
+        if ".experts." in k and "shared_experts" not in k:
+            continue
+        if len(v["shape"]) == 2 and v["shape"][0] >= 2 and not k.endswith(("embed_tokens.weight",
+                                                                          "kv_b_proj.weight")):
+            tr += b
+            fa += b if k.endswith(".f_a_proj.weight") else 0
     rows = tr / 2 + fa / 2  # a trunk server of 2: half the rows, every f_a whole
     man = os.path.join(tmp, "cluster-whole.json")
     json.dump({"format": "shoal-cluster", "version": 1, "coordinator": "c", "worker_port": 5555,

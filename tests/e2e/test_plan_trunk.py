@@ -25,7 +25,6 @@ Each case appends PASS/FAIL/SKIP lines to $SHOAL_TEST_RESULTS. Time: ~10 s.
 """
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -47,16 +46,7 @@ def sh(*args, timeout=60):
 
 
 def tensors(d):
-    out = {}
-    for fn in sorted(os.listdir(d)):
-        if fn.endswith(".safetensors"):
-            with open(os.path.join(d, fn), "rb") as f:
-                n = struct.unpack("<Q", f.read(8))[0]
-                h = json.loads(f.read(n))
-            for k, v in h.items():
-                if k != "__metadata__":
-                    out[k] = (v["shape"], v["data_offsets"][1] - v["data_offsets"][0])
-    return out
+    return {k: (v["shape"], v["data_offsets"][1] - v["data_offsets"][0]) for k, v in harness.st_headers(d)}
 
 
 def cluster(tmp, budgets, name):

@@ -53,17 +53,7 @@ def run(model, extra, timeout=90):
 
 def matrix_rows(model):
     """{name: rows} of the 2-D trunk tensors, from the safetensors headers."""
-    import struct
-    rows = {}
-    for fn in sorted(os.listdir(model)):
-        if fn.endswith(".safetensors"):
-            with open(os.path.join(model, fn), "rb") as f:
-                n = struct.unpack("<Q", f.read(8))[0]
-                h = json.loads(f.read(n))
-            for k, v in h.items():
-                if k != "__metadata__" and len(v["shape"]) == 2:
-                    rows[k] = v["shape"][0]
-    return rows
+    return {k: v["shape"][0] for k, v in harness.st_headers(model) if len(v["shape"]) == 2}
 
 
 def case_run():
