@@ -18,6 +18,7 @@ tests: network namespaces on one bridge, tc shaping, delay relays, teardown.
 import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -295,6 +296,21 @@ def st_headers(model_dir):
             for k, v in h.items():
                 if k != "__metadata__":
                     yield k, v
+
+
+def moe_split(model_dir, n):
+    """n --experts specs splitting every MoE layer's experts into n equal runs"""
+    c = json.load(open(os.path.join(model_dir, "config.json")))
+    c = c.get("text_config", c)
+    L0, L, E = c["first_k_dense_replace"], c["num_hidden_layers"], c["num_experts"]
+    return [f"{L0}-{L - 1}:{i * E // n}-{(i + 1) * E // n - 1}" for i in range(n)]
+
+
+def plan_row(text, label):
+    """the five figures of a `shoal plan --measured` table row (reads, coordinator,
+    round trips, wire, s/token), or None when no row has that label"""
+    m = re.search(r"^  " + re.escape(label) + r"\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", text, re.M)
+    return [float(x) for x in m.groups()] if m else None
 
 
 def k3_encoder(model_dir):

@@ -81,13 +81,6 @@ def relays(delay):
             for w in ("w0", "w1", "w2")]
 
 
-def moe_split(n):
-    c = json.load(open(os.path.join(TINY, "config.json")))
-    c = c.get("text_config", c)
-    L0, L, E = c["first_k_dense_replace"], c["num_hidden_layers"], c["num_experts"]
-    return [f"{L0}-{L - 1}:{i * E // n}-{(i + 1) * E // n - 1}" for i in range(n)]
-
-
 def doctor(tmp, extra):
     args = [*N.prefix("c"), BIN, "doctor", "--model", TINY, "--curve-secret", f"{tmp}/c.key",
             "--hello-timeout-ms", "20000"]
@@ -110,7 +103,7 @@ def main():
     try:
         for k in ("c", "w0", "w1", "w2"):
             sh([BIN, "keygen", "-o", f"{tmp}/{k}"])
-        for w, ex in zip(("w0", "w1", "w2"), moe_split(3)):
+        for w, ex in zip(("w0", "w1", "w2"), harness.moe_split(TINY, 3)):
             procs.append(subprocess.Popen(
                 [*N.prefix(w), BIN, "expert", "--model", TINY, "--experts", ex, "--listen",
                  f"tcp://{IP[w]}:5555", "--id", w, "--threads", "1", "--curve-secret", f"{tmp}/{w}.key",

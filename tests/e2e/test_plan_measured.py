@@ -81,11 +81,6 @@ def plan(doc, extra=()):
     return r, (json.load(open(out)) if r.returncode == 0 else None)
 
 
-def row(text, label):
-    m = re.search(r"^  " + re.escape(label) + r"\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", text, re.M)
-    return [float(x) for x in m.groups()] if m else None
-
-
 def trunk_bytes(model):
     """bytes of every non-expert tensor but the embedding table (the trunk read per token)"""
     tot = 0
@@ -222,7 +217,7 @@ def case_relay():
         r, p = plan(doc, ["--nic-gbps", "0.008"] + extra)
         m = re.search(r"(\d+) serial trunk steps .*trunk inputs ([\d.]+) kB per trunk server .*outputs ([\d.]+) kB; "
                       r"expert request ([\d.]+) kB", r.stdout)
-        direct = row(r.stdout, "trunk spread over 4")
+        direct = harness.plan_row(r.stdout, "trunk spread over 4")
         if not check(f"relay: planned with a shared 1 MB/s NIC{tag}", r.returncode == 0 and p and m and direct,
                      r.stdout[-1500:] + r.stderr[-300:]):
             continue
@@ -250,7 +245,7 @@ def case_relay():
         best = None
         for F in (2, 3, "greedy"):
             lab = f"spread over 4, relay {'greedy' if F == 'greedy' else f'F={F}'}"
-            got = row(r.stdout, lab)
+            got = harness.plan_row(r.stdout, lab)
             want_wire, levels = wire(F)
             check(f"{lab}{tag}: round trips as the direct spread's ({direct[2]:.4f} s: the hops are in the wire "
                   f"term), wire {want_wire:.4f} s (the step's timeline through the tree, {levels} levels, each hop "
@@ -262,7 +257,7 @@ def case_relay():
         if not extra:
             labs = ("trunk spread over 4", "spread over 4, relay F=2", "spread over 4, relay F=3",
                     "spread over 4, relay greedy")
-            tot = {l: row(r.stdout, l) for l in labs}
+            tot = {l: harness.plan_row(r.stdout, l) for l in labs}
             chosen = [l for l in r.stdout.splitlines() if "<- chosen" in l]
             low = min(v[4] for v in tot.values() if v)
             pick = [l for l in labs if chosen and chosen[0].strip().startswith(l)]
@@ -275,7 +270,7 @@ def case_relay():
             check(f"relay: the greedy schedule here ({[s[0] for s in sched]} parents) is a tree, and not later than "
                   "F = 2 or 3 (its wire term at most theirs)",
                   any(s[0] >= 0 for s in sched) and
-                  row(r.stdout, "spread over 4, relay greedy")[3] <= min(row(r.stdout, f"spread over 4, relay F={F}")[3]
+                  harness.plan_row(r.stdout, "spread over 4, relay greedy")[3] <= min(harness.plan_row(r.stdout, f"spread over 4, relay F={F}")[3]
                                                                          for F in (2, 3)) + 1e-4, r.stdout[-1500:])
             if p and p.get("relay_fanout") == "greedy":
                 rr = p.get("relay_rates", {})
@@ -289,7 +284,7 @@ def case_relay():
     r, p = plan(doc, ["--nic-gbps", "0.1", "--peer-gbps", "0.1"])
     m = re.search(r"(\d+) serial trunk steps .*trunk inputs ([\d.]+) kB per trunk server", r.stdout)
     xb = float(m.group(2)) * 1e3 / int(m.group(1)) if m else 1.0
-    g, d = row(r.stdout, "spread over 4, relay greedy"), row(r.stdout, "trunk spread over 4")
+    g, d = harness.plan_row(r.stdout, "spread over 4, relay greedy"), harness.plan_row(r.stdout, "trunk spread over 4")
     sched = greedy_schedule(4, xb, 0.1e9 / 8, 0.1e9 / 8, rtt / 2 + ovh)
     check("relay: behind a 100 Mbit/s NIC the greedy schedule is all-direct (the Python statement says so too), "
           "priced as the direct spread; the tie goes to direct (no relay_fanout)",
@@ -317,7 +312,7 @@ def main():
     if check("trunk local written", r.returncode == 0 and p and p["trunk"] == "local", r.stderr[-400:]):
         cnt = {w["name"]: w["expert_count"] for w in p["workers"]}
         check("experts split by measured bandwidth 2:1: 128 and 64", cnt == {"w0": 128, "w1": 64}, str(cnt))
-        rl = row(r.stdout, "trunk local")
+        rl = harness.plan_row(r.stdout, "trunk local")
         check("round trips term = 8 MoE layers x (100 + 100) us = 0.0016 s", rl and abs(rl[2] - 0.0016) < 1e-4,
               r.stdout[-1200:])
     r, p = plan(doctor([1e10, 1e10], 10000, 1e9, coord_bw=1e10))
@@ -329,7 +324,7 @@ def main():
     if ok:
         specs = sorted(w.get("trunk", "").split(",")[0] for w in p["workers"])
         check("ROWSPECs *:0/2 and *:1/2", specs == ["*:0/2", "*:1/2"], str(specs))
-        rl = row(r.stdout, "trunk local")
+        rl = harness.plan_row(r.stdout, "trunk local")
         want = trunk_bytes(TINY) / (1e6 * 0.82)
         check(f"trunk local's coordinator term = trunk bytes / (1 MB/s x 0.82) = {want:.3f} s",
               rl and abs(rl[1] - want) <= 0.002 * want, str(rl))
@@ -359,7 +354,7 @@ def main():
         m = re.search(r"trunk inputs ([\d.]+) kB per trunk server .*expert request ([\d.]+) kB", r.stdout)
         ok = r.returncode == 0 and p is not None and m is not None
         if check(f"numerics {cls}: planned", ok, r.stdout[-800:] + r.stderr[-300:]):
-            got[cls] = (float(m.group(1)), float(m.group(2)), row(r.stdout, "trunk spread over 2"), doc,
+            got[cls] = (float(m.group(1)), float(m.group(2)), harness.plan_row(r.stdout, "trunk spread over 2"), doc,
                         p["measured"].get("numerics"))
     if len(got) == 3:
         (xp, ap, rp, _, np_), (xm, am, rm, _, nm), (xd, ad, rd, _, nd) = got["portable"], got["mu"], got["mu (doctor.json)"]

@@ -66,18 +66,6 @@ counts, record, check = R.counts, R.record, R.check
 sh = harness.sh
 
 
-def moe_split(n):
-    c = json.load(open(os.path.join(MODEL, "config.json")))
-    c = c.get("text_config", c)
-    L0, L, E = c["first_k_dense_replace"], c["num_hidden_layers"], c["num_experts"]
-    return [f"{L0}-{L - 1}:{i * E // n}-{(i + 1) * E // n - 1}" for i in range(n)]
-
-
-def row(text, label):
-    m = re.search(r"^  " + re.escape(label) + r"\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", text, re.M)
-    return float(m.group(5)) if m else None
-
-
 def main():
     if os.geteuid() != 0:
         record("SKIP", "all", "needs root (network namespaces)")
@@ -103,7 +91,7 @@ def main():
         ep = {w: f"tcp://{N.ip[w]}:5555" for w in WORKERS}
         # 1. doctor, against workers holding a quarter of the experts each (no trunk rows: doctor measures hosts
         # and links)
-        for w, ex in zip(WORKERS, moe_split(4)):
+        for w, ex in zip(WORKERS, harness.moe_split(MODEL, 4)):
             procs.append(N.popen(w, [BIN, "expert", "--model", MODEL, "--experts", ex, "--listen", ep[w], "--id", w,
                                      "--threads", "1", "--curve-secret", f"{tmp}/{w}.key", "--curve-allow",
                                      f"{tmp}/allow"], stdout=subprocess.DEVNULL,
@@ -146,7 +134,7 @@ def main():
         check("the spreads over 1 and 2 do not fit the workers' budgets",
               all(re.search(r"^  trunk spread over " + g + r"\s+does not fit", r.stdout, re.M) for g in ("1", "2")),
               r.stdout[-1500:])
-        pred = {F: row(r.stdout, lab) for F, lab in LABELS.items()}
+        pred = {F: (harness.plan_row(r.stdout, lab) or [None] * 5)[4] for F, lab in LABELS.items()}
         if not check("the plan chooses a relay tree over the 4 (relay_fanout in plan.json), every placement priced",
                      plan.get("trunk") == "spread" and plan.get("trunk_servers") == 4 and chosen in (2, 3, "greedy") and
                      all(pred.values()), f"{json.dumps({k: plan.get(k) for k in ('trunk', 'trunk_servers', 'relay_fanout')})} {pred}"):
